@@ -1,0 +1,348 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The NATS micro service. `nats micro ls` lists it as ServiceName.
+const (
+	ServiceName        = "tether"
+	ServiceDescription = "Tether fleet coordinator: run jobs on nodes through their tunnels"
+)
+
+// Request/reply subjects of the public NATS API, version 1.
+const (
+	// SubjectExec takes an ExecRequest and streams replies: output messages
+	// (HeaderType stdout or stderr; raw bytes; HeaderNode, HeaderSeq) in order,
+	// then exactly one result message (HeaderType result; JSON ExecResult).
+	// An invalid request gets one micro error reply instead and runs nothing.
+	SubjectExec = "tether.v1.exec"
+	// SubjectNodes takes a NodesRequest (an empty body is allowed) and replies
+	// with a NodesResponse.
+	SubjectNodes = "tether.v1.nodes"
+	// SubjectCancel takes a CancelRequest and replies with a CancelResponse.
+	SubjectCancel = "tether.v1.cancel"
+)
+
+// Reply headers on SubjectExec's streamed replies.
+const (
+	HeaderJob  = "Tether-Job"  // the job id, on every reply
+	HeaderType = "Tether-Type" // ReplyStdout, ReplyStderr or ReplyResult
+	HeaderNode = "Tether-Node" // the node an output chunk came from
+	HeaderSeq  = "Tether-Seq"  // decimal sequence number, from 0, across the job's replies
+)
+
+// Values of HeaderType.
+const (
+	ReplyStdout = "stdout"
+	ReplyStderr = "stderr"
+	ReplyResult = "result"
+)
+
+// Limits of the NATS API.
+const (
+	// MaxRequestSize bounds an API request body, in bytes (NATS's default
+	// max_payload).
+	MaxRequestSize = 1 << 20
+	// MaxStdinSize bounds ExecRequest.Stdin once decoded, in bytes.
+	MaxStdinSize = 512 << 10
+	// MaxJobIDLen bounds a client-chosen job id.
+	MaxJobIDLen = 64
+	// MaxArgs bounds len(ExecRequest.Argv).
+	MaxArgs = 4096
+	// MaxEnv bounds len(ExecRequest.Env).
+	MaxEnv = 1024
+)
+
+// Duration is a time.Duration that encodes as a Go duration string ("1m30s")
+// and decodes from either such a string or a JSON number of seconds.
+type Duration time.Duration
+
+// MarshalJSON encodes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON accepts "90s", "1m30s" or 90 (seconds, may be fractional).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %v", s, err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return fmt.Errorf("duration %s: want a string like \"30s\" or a number of seconds", b)
+	}
+	if f < 0 || f > float64(1<<62)/1e9 {
+		return fmt.Errorf("duration %s: out of range", b)
+	}
+	*d = Duration(f * float64(time.Second))
+	return nil
+}
+
+// Target names the nodes a job runs on. Exactly one field is set.
+type Target struct {
+	Node     string `json:"node,omitempty"`     // one node id
+	Selector string `json:"selector,omitempty"` // a label selector (ParseSelector)
+	All      bool   `json:"all,omitempty"`      // every connected node
+}
+
+// String describes the target for messages: "node a", "selector k=v", "all".
+func (t Target) String() string {
+	switch {
+	case t.Node != "":
+		return "node " + t.Node
+	case t.Selector != "":
+		return "selector " + t.Selector
+	case t.All:
+		return "all nodes"
+	}
+	return "no target"
+}
+
+// ExecRequest is the body of a SubjectExec request.
+type ExecRequest struct {
+	// ID is an optional client-chosen job id (1–64 of [A-Za-z0-9-_.]), used to
+	// cancel the job through SubjectCancel. The coordinator picks one if empty
+	// and reports it in HeaderJob.
+	ID     string `json:"id,omitempty"`
+	Target Target `json:"target"`
+	// Script runs through `bash -s` (NeMo Gym's SSH run semantics); Argv runs
+	// without a shell. Exactly one is set.
+	Script string            `json:"script,omitempty"`
+	Argv   []string          `json:"argv,omitempty"`
+	Env    map[string]string `json:"env,omitempty"`
+	Cwd    string            `json:"cwd,omitempty"`
+	// Timeout bounds each node's run; zero means the coordinator's default.
+	Timeout Duration `json:"timeout,omitempty"`
+	// Stdin is fed to the process (base64 in JSON); argv mode only.
+	Stdin []byte `json:"stdin,omitempty"`
+	// MaxParallel bounds how many nodes run at once; zero means the
+	// coordinator's default.
+	MaxParallel int `json:"max_parallel,omitempty"`
+	// OutputLimit caps each of stdout and stderr per node, in bytes; zero
+	// means the agent's default.
+	OutputLimit int64 `json:"output_limit,omitempty"`
+}
+
+// ExecResult is the final reply of a SubjectExec request.
+type ExecResult struct {
+	ID      string       `json:"id"`
+	Results []NodeResult `json:"results"`
+}
+
+// NodeResult is one node's outcome. Error is set, and ExitCode is -1, when the
+// node could not run the job at all (unreachable, tunnel lost, start failed).
+type NodeResult struct {
+	Node            string  `json:"node"`
+	ExitCode        int     `json:"exit_code"`
+	Signal          string  `json:"signal,omitempty"`
+	TimedOut        bool    `json:"timed_out,omitempty"`
+	Cancelled       bool    `json:"cancelled,omitempty"`
+	DurationMS      float64 `json:"duration_ms"`
+	StdoutBytes     int64   `json:"stdout_bytes"`
+	StderrBytes     int64   `json:"stderr_bytes"`
+	StdoutTruncated bool    `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool    `json:"stderr_truncated,omitempty"`
+	Error           string  `json:"error,omitempty"`
+	ErrorCode       string  `json:"error_code,omitempty"`
+}
+
+// OK reports whether the node ran the job and it exited 0.
+func (r *NodeResult) OK() bool { return r.Error == "" && r.ExitCode == 0 }
+
+// NodesRequest is the body of a SubjectNodes request.
+type NodesRequest struct {
+	Selector string `json:"selector,omitempty"`
+}
+
+// NodeInfo describes one connected node.
+type NodeInfo struct {
+	ID            string            `json:"id"`
+	Labels        map[string]string `json:"labels"`
+	Capacity      Capacity          `json:"capacity"`
+	AgentVersion  string            `json:"agent_version"`
+	Coordinator   string            `json:"coordinator"`
+	SessionID     string            `json:"session_id"`
+	RemoteAddr    string            `json:"remote_addr"`
+	ConnectedAt   time.Time         `json:"connected_at"`
+	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	RTTMicros     int64             `json:"rtt_us"`
+	RunningExecs  int               `json:"running_execs"`
+}
+
+// NodesResponse is the reply to SubjectNodes, sorted by node id.
+type NodesResponse struct {
+	Nodes []NodeInfo `json:"nodes"`
+}
+
+// CancelRequest is the body of a SubjectCancel request.
+type CancelRequest struct {
+	ID string `json:"id"`
+}
+
+// CancelResponse is the reply to SubjectCancel.
+type CancelResponse struct {
+	ID        string `json:"id"`
+	Cancelled bool   `json:"cancelled"`
+}
+
+// APIError is an error reply of the NATS API. It travels in the micro error
+// headers (Nats-Service-Error-Code: Status as decimal, Nats-Service-Error:
+// Message) and, as JSON, in the body, so clients can branch on Code.
+type APIError struct {
+	Status  int    `json:"status"`  // HTTP-like class: 400, 404, 409, 413, 500, 503
+	Code    string `json:"code"`    // stable slug, one of the Err* codes below
+	Message string `json:"message"` // what failed and where
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("tether: %s (%d %s)", e.Message, e.Status, e.Code)
+}
+
+// Is makes errors.Is match APIErrors by Code.
+func (e *APIError) Is(target error) bool {
+	var t *APIError
+	return errors.As(target, &t) && t.Code == e.Code
+}
+
+// Stable API error codes.
+const (
+	ErrCodeMalformed    = "malformed_request" // body is not valid JSON of the right shape
+	ErrCodeUnknownField = "unknown_field"     // body has a field the API does not define
+	ErrCodeInvalid      = "invalid_request"   // a field's value is invalid
+	ErrCodeNoTarget     = "no_target"         // no node, selector or all
+	ErrCodeTooLarge     = "too_large"         // body, script or stdin over its limit
+	ErrCodeUnknownNode  = "unknown_node"      // the named node is not connected
+	ErrCodeNoMatch      = "no_match"          // the selector matched no connected node
+	ErrCodeDuplicateJob = "duplicate_job"     // a running job already has this id
+	ErrCodeNotFound     = "not_found"         // no running job has this id
+	ErrCodeUnavailable  = "unavailable"       // the coordinator is shutting down
+	ErrCodeInternal     = "internal"          // a bug or an unexpected failure
+)
+
+// NewAPIError builds an APIError with a formatted message.
+func NewAPIError(status int, code, format string, args ...any) *APIError {
+	return &APIError{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// DecodeRequest decodes an API request body strictly into v: unknown fields,
+// trailing data and bodies over MaxRequestSize are errors. An empty body
+// decodes as "{}".
+func DecodeRequest(data []byte, v any) *APIError {
+	if len(data) > MaxRequestSize {
+		return NewAPIError(413, ErrCodeTooLarge, "request body is %d bytes, over the %d byte limit", len(data), MaxRequestSize)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		data = []byte("{}")
+	}
+	if err := decodeStrict(data, v); err != nil {
+		msg := err.Error()
+		if strings.HasPrefix(msg, "json: unknown field ") {
+			return NewAPIError(400, ErrCodeUnknownField, "request has %s", strings.TrimPrefix(msg, "json: "))
+		}
+		return NewAPIError(400, ErrCodeMalformed, "request body is not valid: %s", strings.TrimPrefix(msg, "json: "))
+	}
+	return nil
+}
+
+// DecodeExecRequest decodes and validates a SubjectExec request body.
+func DecodeExecRequest(data []byte) (*ExecRequest, *APIError) {
+	var r ExecRequest
+	if e := DecodeRequest(data, &r); e != nil {
+		return nil, e
+	}
+	if e := r.Validate(); e != nil {
+		return nil, e
+	}
+	return &r, nil
+}
+
+// Validate checks r and returns the first class of problem found, with every
+// problem of that class in the message.
+func (r *ExecRequest) Validate() *APIError {
+	if r.ID != "" && (len(r.ID) > MaxJobIDLen || !validSegment(r.ID, MaxJobIDLen)) {
+		return NewAPIError(400, ErrCodeInvalid, "id %q: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", r.ID, MaxJobIDLen)
+	}
+	n := 0
+	if r.Target.Node != "" {
+		n++
+		if err := ValidNodeID(r.Target.Node); err != nil {
+			return NewAPIError(400, ErrCodeInvalid, "target: %v", err)
+		}
+	}
+	if r.Target.Selector != "" {
+		n++
+		if _, err := ParseSelector(r.Target.Selector); err != nil {
+			return NewAPIError(400, ErrCodeInvalid, "target: %v", err)
+		}
+	}
+	if r.Target.All {
+		n++
+	}
+	switch {
+	case n == 0:
+		return NewAPIError(400, ErrCodeNoTarget, "request has no target: set target.node, target.selector or target.all")
+	case n > 1:
+		return NewAPIError(400, ErrCodeInvalid, "target: set exactly one of node, selector and all")
+	}
+	if len(r.Script) > MaxScriptSize {
+		return NewAPIError(413, ErrCodeTooLarge, "script is %d bytes, over the %d byte limit", len(r.Script), MaxScriptSize)
+	}
+	if len(r.Stdin) > MaxStdinSize {
+		return NewAPIError(413, ErrCodeTooLarge, "stdin is %d bytes, over the %d byte limit", len(r.Stdin), MaxStdinSize)
+	}
+	if len(r.Argv) > MaxArgs || len(r.Env) > MaxEnv {
+		return NewAPIError(413, ErrCodeTooLarge, "argv has %d entries and env %d, limits are %d and %d", len(r.Argv), len(r.Env), MaxArgs, MaxEnv)
+	}
+	if r.Timeout < 0 {
+		return NewAPIError(400, ErrCodeInvalid, "timeout %v is negative", time.Duration(r.Timeout))
+	}
+	if r.MaxParallel < 0 {
+		return NewAPIError(400, ErrCodeInvalid, "max_parallel %d is negative", r.MaxParallel)
+	}
+	p := r.Params(0)
+	if err := p.Validate(); err != nil {
+		return NewAPIError(400, ErrCodeInvalid, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
+}
+
+// Params returns the exec stream params for r, using timeout when r has none.
+func (r *ExecRequest) Params(timeout time.Duration) ExecParams {
+	if r.Timeout > 0 {
+		timeout = time.Duration(r.Timeout)
+	}
+	return ExecParams{
+		Script:      r.Script,
+		Argv:        r.Argv,
+		Env:         r.Env,
+		Cwd:         r.Cwd,
+		TimeoutMS:   ceilMillis(timeout),
+		Stdin:       len(r.Stdin) > 0,
+		OutputLimit: r.OutputLimit,
+	}
+}
+
+// ceilMillis rounds d up to whole milliseconds, so a positive timeout never
+// becomes 0 ("no timeout") on the wire.
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}

@@ -1,0 +1,106 @@
+package protocol
+
+import (
+	"fmt"
+	"time"
+)
+
+// ControlParams are the params of the control stream's header. The control
+// stream is the first stream the agent opens on a new session.
+type ControlParams struct{}
+
+// Capacity describes a node's resources as the agent measured them at start.
+type Capacity struct {
+	CPUs        int    `json:"cpus"`                // logical CPUs (runtime.NumCPU)
+	MemoryBytes uint64 `json:"memory_bytes"`        // MemTotal from /proc/meminfo, bytes; 0 if unknown
+	GPUs        int    `json:"gpus"`                // GPUs listed by nvidia-smi; 0 if none or no nvidia-smi
+	GPUModel    string `json:"gpu_model,omitempty"` // name of the first GPU, e.g. "NVIDIA H100 80GB HBM3"
+}
+
+// Hello is the agent's first message on the control stream.
+type Hello struct {
+	// ProtocolVersion is the agent's Version.
+	ProtocolVersion int `json:"protocol_version"`
+	// Token is the join token. It is never logged.
+	Token string `json:"token"`
+	// NodeID names the node; unique in the fleet. See ValidNodeID.
+	NodeID string `json:"node_id"`
+	// Labels are the node's labels, matched by selectors.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Capacity is what the node has.
+	Capacity Capacity `json:"capacity"`
+	// AgentVersion is the agent binary's version string.
+	AgentVersion string `json:"agent_version"`
+	// Targets names the local targets the agent will dial (reserved for the
+	// dial stream kind).
+	Targets []string `json:"targets,omitempty"`
+}
+
+// Validate reports the first problem with h's identity fields. It does not
+// check the token.
+func (h *Hello) Validate() error {
+	if h.ProtocolVersion != Version {
+		return fmt.Errorf("hello: %w: agent speaks %d, coordinator %d", ErrVersion, h.ProtocolVersion, Version)
+	}
+	if err := ValidNodeID(h.NodeID); err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	if err := ValidateLabels(h.Labels); err != nil {
+		return fmt.Errorf("hello: node %q: %w", h.NodeID, err)
+	}
+	return nil
+}
+
+// Limits are the coordinator's limits the agent must respect.
+type Limits struct {
+	// MaxFrameSize is the largest frame payload the coordinator accepts.
+	MaxFrameSize int `json:"max_frame_size"`
+}
+
+// Welcome accepts a Hello.
+type Welcome struct {
+	SessionID     string `json:"session_id"`
+	CoordinatorID string `json:"coordinator_id"`
+	// HeartbeatInterval is how often the agent sends Heartbeat frames, in
+	// milliseconds. The coordinator drops a session that sends none for three
+	// intervals.
+	HeartbeatIntervalMS int64  `json:"heartbeat_interval_ms"`
+	Limits              Limits `json:"limits"`
+}
+
+// HeartbeatInterval returns HeartbeatIntervalMS as a duration.
+func (w *Welcome) HeartbeatInterval() time.Duration {
+	return time.Duration(w.HeartbeatIntervalMS) * time.Millisecond
+}
+
+// Heartbeat is sent by the agent on the control stream every heartbeat
+// interval.
+type Heartbeat struct {
+	// RTTMicros is the last measured tunnel round trip (a yamux ping), in
+	// microseconds; 0 if not measured yet.
+	RTTMicros int64 `json:"rtt_us"`
+	// RunningExecs counts exec operations in flight on the agent.
+	RunningExecs int `json:"running_execs"`
+}
+
+// ErrorInfo is the payload of FrameError and FrameReject.
+type ErrorInfo struct {
+	// Code is a stable machine-readable code (the Code* constants).
+	Code string `json:"code"`
+	// Message says what failed and where, for humans.
+	Message string `json:"message"`
+}
+
+func (e *ErrorInfo) Error() string { return e.Code + ": " + e.Message }
+
+// Error codes carried in ErrorInfo on the tunnel. They are stable.
+const (
+	CodeAuth        = "auth_failed"      // bad or missing join token
+	CodeVersion     = "version_mismatch" // protocol versions differ
+	CodeBadHello    = "bad_hello"        // hello failed validation
+	CodeBadRequest  = "bad_request"      // stream params invalid
+	CodeUnsupported = "unsupported_kind" // the agent does not serve this kind
+	CodeStartFailed = "start_failed"     // the process could not be started
+	CodeShutdown    = "shutting_down"    // the peer is draining
+	CodeInternal    = "internal"         // a bug or an unexpected failure
+)

@@ -1,0 +1,55 @@
+// Package protocol owns every wire format Tether speaks: the tunnel's
+// per-stream header and frames, the control messages exchanged on the first
+// stream (hello, welcome, heartbeat), the parameters of each stream kind, and
+// the public NATS API (subjects, JSON request and reply types, header names
+// and error codes).
+//
+// It is pure encode/decode over io.Reader and io.Writer. It must not open
+// sockets, start processes or import NATS; the dependency test in
+// cmd/internal/repocheck enforces this. Every decoder has a size limit and a
+// fuzz test.
+//
+// # Tunnel streams
+//
+// One yamux stream carries one operation. The opener writes a stream header
+// first:
+//
+//	+---------+--------+-------------------+----------------------+
+//	| version | kind   | length            | params (JSON)        |
+//	| uint8   | uint8  | uint32 big endian | length bytes         |
+//	+---------+--------+-------------------+----------------------+
+//
+// version is [Version]; a peer that does not speak it answers with an error
+// frame and closes the stream. kind is a [Kind]; params is the JSON encoding
+// of the kind's parameter struct ([ControlParams], [ExecParams], ...) and is
+// at most [MaxHeaderSize] bytes. Unknown JSON fields in params are rejected so that a
+// newer peer's request is never half understood.
+//
+// After the header both directions carry frames:
+//
+//	+--------+-------------------+----------------------+
+//	| type   | length            | payload              |
+//	| uint8  | uint32 big endian | length bytes         |
+//	+--------+-------------------+----------------------+
+//
+// length is at most [MaxFrameSize]. Data frames ([FrameStdin],
+// [FrameStdout], [FrameStderr]) carry raw bytes; the others carry JSON.
+// Which frames are legal depends on the stream kind:
+//
+//   - control: the agent sends [FrameHello]; the coordinator answers
+//     [FrameWelcome] or [FrameReject] (then closes). Afterwards the agent
+//     sends [FrameHeartbeat] every Welcome.HeartbeatInterval.
+//   - exec: the coordinator sends [FrameStdin]* then [FrameStdinClose], and
+//     may send [FrameCancel] at any time; the agent sends [FrameStdout] and
+//     [FrameStderr] as output is produced, then exactly one [FrameExit] or
+//     [FrameError], then closes the stream.
+//
+// A stream that breaks without a final frame (the session died) means the
+// operation's outcome is unknown; the agent kills work it can no longer
+// report.
+//
+// # NATS API
+//
+// See api.go: subjects live under "tether.v1.", bodies are JSON, errors use
+// the NATS micro error headers with the stable codes listed there.
+package protocol

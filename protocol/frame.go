@@ -1,0 +1,163 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the tunnel protocol version carried in every stream header and in
+// Hello. Peers with different versions refuse each other with a clear error.
+const Version = 1
+
+// Size limits of the tunnel protocol. Decoders reject anything larger before
+// allocating for it.
+const (
+	// MaxHeaderSize bounds a stream header's JSON params, in bytes.
+	MaxHeaderSize = 64 << 10
+	// MaxFrameSize bounds one frame's payload, in bytes.
+	MaxFrameSize = 1 << 20
+	// ChunkSize is the payload size senders use for data frames: large
+	// enough to amortise framing, small enough to interleave streams.
+	ChunkSize = 32 << 10
+)
+
+// Sentinel errors; callers branch on them with errors.Is.
+var (
+	ErrVersion       = errors.New("protocol: unsupported protocol version")
+	ErrTooLarge      = errors.New("protocol: message exceeds size limit")
+	ErrUnknownKind   = errors.New("protocol: unknown stream kind")
+	ErrUnknownFrame  = errors.New("protocol: unknown frame type")
+	ErrUnexpected    = errors.New("protocol: unexpected frame")
+	ErrMalformedJSON = errors.New("protocol: malformed JSON payload")
+)
+
+// FrameType says what a frame's payload is.
+type FrameType uint8
+
+// Frame types. Values are part of the wire format: never renumber.
+const (
+	FrameStdin      FrameType = 1  // raw bytes for the process's stdin
+	FrameStdinClose FrameType = 2  // no payload: stdin is at EOF
+	FrameStdout     FrameType = 3  // raw bytes the process wrote to stdout
+	FrameStderr     FrameType = 4  // raw bytes the process wrote to stderr
+	FrameExit       FrameType = 5  // JSON ExitStatus; the last frame of an exec
+	FrameError      FrameType = 6  // JSON ErrorInfo; the operation failed
+	FrameCancel     FrameType = 7  // no payload: stop the operation now
+	FrameHello      FrameType = 16 // JSON Hello (agent → coordinator)
+	FrameWelcome    FrameType = 17 // JSON Welcome (coordinator → agent)
+	FrameReject     FrameType = 18 // JSON ErrorInfo (coordinator → agent)
+	FrameHeartbeat  FrameType = 19 // JSON Heartbeat (agent → coordinator)
+)
+
+var frameNames = map[FrameType]string{
+	FrameStdin: "stdin", FrameStdinClose: "stdin-close", FrameStdout: "stdout",
+	FrameStderr: "stderr", FrameExit: "exit", FrameError: "error",
+	FrameCancel: "cancel", FrameHello: "hello", FrameWelcome: "welcome",
+	FrameReject: "reject", FrameHeartbeat: "heartbeat",
+}
+
+// String returns the frame type's name, or "frame(N)" for unknown types.
+func (t FrameType) String() string {
+	if n, ok := frameNames[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("frame(%d)", uint8(t))
+}
+
+// Valid reports whether t is a known frame type.
+func (t FrameType) Valid() bool { _, ok := frameNames[t]; return ok }
+
+// Frame is one decoded frame. Payload aliases the buffer it was read into
+// unless documented otherwise.
+type Frame struct {
+	Type    FrameType
+	Payload []byte
+}
+
+// frameHeaderSize is the fixed prefix of a frame: type and length.
+const frameHeaderSize = 5
+
+// WriteFrame writes one frame as a single Write call, so that a frame is never
+// split across transport records by the writer. It fails with ErrTooLarge if
+// payload exceeds MaxFrameSize.
+func WriteFrame(w io.Writer, t FrameType, payload []byte) error {
+	if len(payload) > MaxFrameSize {
+		return fmt.Errorf("write %s frame of %d bytes: %w (max %d)", t, len(payload), ErrTooLarge, MaxFrameSize)
+	}
+	buf := make([]byte, frameHeaderSize+len(payload))
+	buf[0] = byte(t)
+	binary.BigEndian.PutUint32(buf[1:5], uint32(len(payload)))
+	copy(buf[frameHeaderSize:], payload)
+	_, err := w.Write(buf)
+	return err
+}
+
+// WriteJSONFrame encodes v as JSON and writes it as one frame of type t.
+func WriteJSONFrame(w io.Writer, t FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s frame: %w", t, err)
+	}
+	return WriteFrame(w, t, b)
+}
+
+// FrameReader decodes frames from a stream, reusing one buffer. It is not safe
+// for concurrent use.
+type FrameReader struct {
+	r   io.Reader
+	hdr [frameHeaderSize]byte
+	buf []byte
+	// Max bounds the payload size accepted; zero means MaxFrameSize.
+	Max int
+}
+
+// NewFrameReader returns a FrameReader reading from r.
+func NewFrameReader(r io.Reader) *FrameReader { return &FrameReader{r: r} }
+
+// Next reads the next frame. The returned payload is valid until the next call
+// to Next. It returns io.EOF at a clean end of stream (between frames),
+// io.ErrUnexpectedEOF for a truncated frame, ErrUnknownFrame for an unknown
+// type and ErrTooLarge for an oversized payload; in the last two cases
+// nothing is allocated for the payload.
+func (fr *FrameReader) Next() (Frame, error) {
+	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
+		return Frame{}, err
+	}
+	t := FrameType(fr.hdr[0])
+	n := binary.BigEndian.Uint32(fr.hdr[1:5])
+	if !t.Valid() {
+		return Frame{}, fmt.Errorf("read frame: %w: %d", ErrUnknownFrame, fr.hdr[0])
+	}
+	max := fr.Max
+	if max <= 0 {
+		max = MaxFrameSize
+	}
+	if uint64(n) > uint64(max) {
+		return Frame{}, fmt.Errorf("read %s frame of %d bytes: %w (max %d)", t, n, ErrTooLarge, max)
+	}
+	if cap(fr.buf) < int(n) {
+		fr.buf = make([]byte, n)
+	}
+	p := fr.buf[:n]
+	if _, err := io.ReadFull(fr.r, p); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, fmt.Errorf("read %s frame payload: %w", t, err)
+	}
+	return Frame{Type: t, Payload: p}, nil
+}
+
+// DecodeJSON decodes a frame's JSON payload into v, wrapping failures in
+// ErrMalformedJSON. Unknown fields are ignored: reports and statuses may grow
+// new optional fields within a protocol version. (Requests, which must be
+// understood whole, are decoded strictly; see ReadHeader.)
+func DecodeJSON(payload []byte, v any) error {
+	if err := json.Unmarshal(payload, v); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformedJSON, err)
+	}
+	return nil
+}

@@ -1,0 +1,130 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// Kind is a stream's operation type, the second byte of its header.
+type Kind uint8
+
+// Stream kinds. Values are part of the wire format: never renumber.
+const (
+	KindControl Kind = 1 // the session's first stream: hello, welcome, heartbeats
+	KindExec    Kind = 2 // run a process; params ExecParams
+	KindCopy    Kind = 3 // reserved: tar stream with mirror semantics
+	KindPTY     Kind = 4 // reserved: interactive terminal
+	KindSSH     Kind = 5 // reserved: the agent's own SSH server
+	KindDial    Kind = 6 // reserved: raw bytes to an allow-listed local target
+)
+
+var kindNames = map[Kind]string{
+	KindControl: "control", KindExec: "exec", KindCopy: "copy",
+	KindPTY: "pty", KindSSH: "ssh", KindDial: "dial",
+}
+
+// Kinds lists every defined stream kind, for pre-initialising metric labels.
+func Kinds() []Kind {
+	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial}
+}
+
+// String returns the kind's name, or "kind(N)" for unknown kinds.
+func (k Kind) String() string {
+	if n, ok := kindNames[k]; ok {
+		return n
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Valid reports whether k is a defined stream kind.
+func (k Kind) Valid() bool { _, ok := kindNames[k]; return ok }
+
+// headerPrefixSize is the fixed part of a stream header: version, kind, length.
+const headerPrefixSize = 6
+
+// Header is a decoded stream header. Params holds the raw JSON parameters; use
+// DecodeParams to decode them into the kind's struct.
+type Header struct {
+	Version uint8
+	Kind    Kind
+	Params  json.RawMessage
+}
+
+// WriteHeader encodes params as JSON and writes a stream header of kind k in
+// one Write call. It fails with ErrTooLarge if the params exceed MaxHeaderSize.
+func WriteHeader(w io.Writer, k Kind, params any) error {
+	b, err := json.Marshal(params)
+	if err != nil {
+		return fmt.Errorf("encode %s stream header: %w", k, err)
+	}
+	if len(b) > MaxHeaderSize {
+		return fmt.Errorf("write %s stream header of %d bytes: %w (max %d)", k, len(b), ErrTooLarge, MaxHeaderSize)
+	}
+	buf := make([]byte, headerPrefixSize+len(b))
+	buf[0] = Version
+	buf[1] = byte(k)
+	binary.BigEndian.PutUint32(buf[2:6], uint32(len(b)))
+	copy(buf[headerPrefixSize:], b)
+	_, err = w.Write(buf)
+	return err
+}
+
+// ReadHeader reads one stream header. It returns ErrVersion for a header of
+// another protocol version, ErrUnknownKind for an undefined kind and
+// ErrTooLarge for params over MaxHeaderSize, in each case before reading the
+// params. The params are returned raw and unvalidated.
+func ReadHeader(r io.Reader) (Header, error) {
+	var p [headerPrefixSize]byte
+	if _, err := io.ReadFull(r, p[:]); err != nil {
+		return Header{}, fmt.Errorf("read stream header: %w", err)
+	}
+	h := Header{Version: p[0], Kind: Kind(p[1])}
+	if h.Version != Version {
+		return h, fmt.Errorf("read stream header: %w: got %d, want %d", ErrVersion, h.Version, Version)
+	}
+	if !h.Kind.Valid() {
+		return h, fmt.Errorf("read stream header: %w: %d", ErrUnknownKind, p[1])
+	}
+	n := binary.BigEndian.Uint32(p[2:6])
+	if n > MaxHeaderSize {
+		return h, fmt.Errorf("read %s stream header of %d bytes: %w (max %d)", h.Kind, n, ErrTooLarge, MaxHeaderSize)
+	}
+	h.Params = make([]byte, n)
+	if _, err := io.ReadFull(r, h.Params); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return h, fmt.Errorf("read %s stream header params: %w", h.Kind, err)
+	}
+	return h, nil
+}
+
+// DecodeParams decodes the header's params strictly into v: unknown fields and
+// trailing data are errors (ErrMalformedJSON), because a request that is only
+// partly understood must not run.
+func (h Header) DecodeParams(v any) error {
+	if err := decodeStrict(h.Params, v); err != nil {
+		return fmt.Errorf("%s stream params: %w: %v", h.Kind, ErrMalformedJSON, err)
+	}
+	return nil
+}
+
+// decodeStrict decodes one JSON value, rejecting unknown fields and trailing
+// data.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return fmt.Errorf("trailing data after JSON value")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("trailing data after JSON value")
+	}
+	return nil
+}

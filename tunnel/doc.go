@@ -1,0 +1,21 @@
+// Package tunnel owns the agent–coordinator transport: TLS over TCP dialing,
+// the yamux session with Tether's tuned configuration, typed stream
+// open/accept (a protocol stream header on every stream), the agent's
+// redialer (several coordinator addresses, capped exponential backoff with
+// full jitter), and the development PKI helpers.
+//
+// It knows nothing of jobs, sandboxes or NATS, and must not import the agent
+// or coordinator packages.
+//
+// Goroutines: a Session runs yamux's receive and send loops, plus its
+// keepalive loop when Config.KeepAliveInterval is positive; Close stops them
+// all. OpenStream runs no goroutine of its own. Redialer.Run runs in the
+// caller's goroutine.
+//
+// Frame coalescing: stock yamux writes a data frame as two Writes (the
+// 12-byte header, then the body). Over TLS each Write becomes its own record
+// and syscall, which costs throughput and small-message latency. Sessions
+// wrap their net.Conn in a coalescing writer that holds a data-frame header
+// and sends it in the same Write as the body that always follows it (see
+// coalesce.go). yamux itself is unmodified.
+package tunnel

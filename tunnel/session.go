@@ -1,0 +1,242 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Config tunes a Session. The zero value is not valid; start from
+// DefaultConfig.
+type Config struct {
+	// MaxStreamWindow is each stream's receive window, in bytes. Larger
+	// windows keep a single bulk stream from stalling on round trips; memory
+	// is only used while data is buffered. Default 16 MiB (yamux's own default
+	// of 256 KiB halves single-stream throughput over TLS).
+	MaxStreamWindow uint32
+	// KeepAliveInterval is how often the session pings its peer; a ping
+	// unanswered within WriteTimeout closes the session, so a dead peer is
+	// found within KeepAliveInterval+WriteTimeout. Zero disables pings (the
+	// coordinator relies on agent heartbeats instead, saving a goroutine per
+	// agent). Default 10 s.
+	KeepAliveInterval time.Duration
+	// WriteTimeout bounds a frame's wait to be written, and a ping's wait for
+	// its answer. Default 10 s.
+	WriteTimeout time.Duration
+	// AcceptBacklog bounds streams opened by the peer but not yet accepted.
+	// Default 256.
+	AcceptBacklog int
+	// HeaderTimeout bounds the wait for a stream header after a stream is
+	// accepted. Default 10 s.
+	HeaderTimeout time.Duration
+	// Logger receives yamux's messages at debug level. Nil discards them.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the configuration agents use.
+func DefaultConfig() Config {
+	return Config{
+		MaxStreamWindow:   16 << 20,
+		KeepAliveInterval: 10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		AcceptBacklog:     256,
+		HeaderTimeout:     10 * time.Second,
+	}
+}
+
+// Validate reports every invalid field.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.MaxStreamWindow < 256<<10 {
+		errs = append(errs, fmt.Errorf("tunnel config: MaxStreamWindow %d is below yamux's minimum of 262144", c.MaxStreamWindow))
+	}
+	if c.KeepAliveInterval < 0 {
+		errs = append(errs, fmt.Errorf("tunnel config: KeepAliveInterval %v is negative", c.KeepAliveInterval))
+	}
+	if c.WriteTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("tunnel config: WriteTimeout %v must be positive", c.WriteTimeout))
+	}
+	if c.AcceptBacklog <= 0 {
+		errs = append(errs, fmt.Errorf("tunnel config: AcceptBacklog %d must be positive", c.AcceptBacklog))
+	}
+	if c.HeaderTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("tunnel config: HeaderTimeout %v must be positive", c.HeaderTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) yamux() *yamux.Config {
+	yc := yamux.DefaultConfig()
+	yc.MaxStreamWindowSize = c.MaxStreamWindow
+	yc.EnableKeepAlive = c.KeepAliveInterval > 0
+	if yc.EnableKeepAlive {
+		yc.KeepAliveInterval = c.KeepAliveInterval
+	}
+	yc.ConnectionWriteTimeout = c.WriteTimeout
+	yc.AcceptBacklog = c.AcceptBacklog
+	// Opening a stream only waits for a backlog slot; OpenStream's ctx
+	// bounds that. yamux's own open timeout would kill the whole session.
+	yc.StreamOpenTimeout = 0
+	yc.LogOutput = nil
+	yc.Logger = yamuxLogger{c.Logger}
+	return yc
+}
+
+// yamuxLogger bridges yamux's printf logger to slog at debug level.
+type yamuxLogger struct{ l *slog.Logger }
+
+func (y yamuxLogger) Print(v ...any) {
+	if y.l != nil {
+		y.l.Debug(fmt.Sprint(v...), "component", "yamux")
+	}
+}
+func (y yamuxLogger) Printf(format string, v ...any) {
+	if y.l != nil {
+		y.l.Debug(fmt.Sprintf(format, v...), "component", "yamux")
+	}
+}
+func (y yamuxLogger) Println(v ...any) { y.Print(v...) }
+
+// Session is a multiplexed tunnel over one connection. It is safe for
+// concurrent use.
+type Session struct {
+	y   *yamux.Session
+	cfg Config
+}
+
+// Client starts the dialing side's session over conn (the agent). The
+// Session owns conn: closing the Session closes it.
+func Client(conn net.Conn, cfg Config) (*Session, error) { return newSession(conn, cfg, true) }
+
+// Server starts the listening side's session over conn (the coordinator). The
+// Session owns conn.
+func Server(conn net.Conn, cfg Config) (*Session, error) { return newSession(conn, cfg, false) }
+
+func newSession(conn net.Conn, cfg Config, client bool) (*Session, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cc := &coalesceConn{Conn: conn}
+	var (
+		y   *yamux.Session
+		err error
+	)
+	if client {
+		y, err = yamux.Client(cc, cfg.yamux())
+	} else {
+		y, err = yamux.Server(cc, cfg.yamux())
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("tunnel: start session with %s: %w", conn.RemoteAddr(), err)
+	}
+	return &Session{y: y, cfg: cfg}, nil
+}
+
+// Open opens a stream of kind k and writes its header with params. It gives
+// up when ctx ends. The caller owns the returned stream and must Close it;
+// Close half-closes (the peer reads EOF), and the stream is released once
+// both sides closed.
+func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux.Stream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		st  *yamux.Stream
+		err error
+	}
+	// OpenStream blocks only while the peer's accept backlog is full; run
+	// it aside so ctx can win.
+	ch := make(chan result, 1)
+	go func() {
+		st, err := s.y.OpenStream()
+		ch <- result{st, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.st != nil {
+				r.st.Close()
+			}
+		}()
+		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), ctx.Err())
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), r.err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		r.st.SetWriteDeadline(d)
+	}
+	if err := protocol.WriteHeader(r.st, k, params); err != nil {
+		r.st.Close()
+		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), err)
+	}
+	r.st.SetWriteDeadline(time.Time{})
+	return r.st, nil
+}
+
+// Accept waits for the peer to open a stream and reads its header, waiting at
+// most Config.HeaderTimeout for it. It returns io.EOF once the session is
+// closed. A stream whose header is malformed is answered with an error frame
+// and closed, and the error is returned together with a nil stream; callers
+// log it and keep accepting.
+func (s *Session) Accept(ctx context.Context) (*yamux.Stream, protocol.Header, error) {
+	st, err := s.y.AcceptStreamWithContext(ctx)
+	if err != nil {
+		if errors.Is(err, yamux.ErrSessionShutdown) {
+			return nil, protocol.Header{}, io.EOF
+		}
+		return nil, protocol.Header{}, err
+	}
+	st.SetReadDeadline(time.Now().Add(s.cfg.HeaderTimeout))
+	h, err := protocol.ReadHeader(st)
+	st.SetReadDeadline(time.Time{})
+	if err != nil {
+		code := protocol.CodeBadRequest
+		if errors.Is(err, protocol.ErrVersion) {
+			code = protocol.CodeVersion
+		} else if errors.Is(err, protocol.ErrUnknownKind) {
+			code = protocol.CodeUnsupported
+		}
+		st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{Code: code, Message: err.Error()})
+		st.Close()
+		return nil, h, fmt.Errorf("tunnel: stream %d from %s: %w", st.StreamID(), s.RemoteAddr(), err)
+	}
+	return st, h, nil
+}
+
+// Ping measures the round trip to the peer. It fails after
+// Config.WriteTimeout without an answer.
+func (s *Session) Ping() (time.Duration, error) { return s.y.Ping() }
+
+// GoAway tells the peer to open no more streams; streams in flight continue.
+func (s *Session) GoAway() error { return s.y.GoAway() }
+
+// Close closes the session, every stream on it and the connection.
+func (s *Session) Close() error { return s.y.Close() }
+
+// Done is closed when the session has ended, for whatever reason.
+func (s *Session) Done() <-chan struct{} { return s.y.CloseChan() }
+
+// IsClosed reports whether the session has ended.
+func (s *Session) IsClosed() bool { return s.y.IsClosed() }
+
+// NumStreams reports the number of open streams.
+func (s *Session) NumStreams() int { return s.y.NumStreams() }
+
+// RemoteAddr is the peer's address.
+func (s *Session) RemoteAddr() net.Addr { return s.y.RemoteAddr() }
+
+// LocalAddr is this end's address.
+func (s *Session) LocalAddr() net.Addr { return s.y.LocalAddr() }
