@@ -1,0 +1,149 @@
+package tunnel
+
+import (
+	"context"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Benchmarks for issue 2's target (b): single-stream bulk throughput through a
+// tunnel stream over TLS, against the baseline of plain TLS over loopback TCP
+// without yamux, measured in the same run. Compare MB/s across sub-benchmarks:
+//
+//	go test -run '^$' -bench 'Throughput|RoundTrip' -count 5 ./tunnel
+//
+// "stock" turns frame coalescing off to show what it saves; "256KiB" uses
+// yamux's default window.
+
+const benchChunk = 64 << 10
+
+func BenchmarkThroughput(b *testing.B) {
+	b.Run("baseline=plain-tls", func(b *testing.B) {
+		c, s := tlsPair(b)
+		defer c.Close()
+		defer s.Close()
+		benchCopy(b, c, s)
+	})
+	for _, v := range []struct {
+		name     string
+		window   uint32
+		coalesce bool
+	}{
+		{"tunnel-tls-16MiB", 16 << 20, true},
+		{"tunnel-tls-16MiB-stock", 16 << 20, false},
+		{"tunnel-tls-256KiB", 256 << 10, true},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			w, r := streamPair(b, v.window, v.coalesce)
+			benchCopy(b, w, r)
+		})
+	}
+}
+
+// BenchmarkRoundTrip measures a 64-byte request/response on one stream, the
+// shape of control traffic, against the same over plain TLS.
+func BenchmarkRoundTrip(b *testing.B) {
+	b.Run("baseline=plain-tls", func(b *testing.B) {
+		c, s := tlsPair(b)
+		defer c.Close()
+		defer s.Close()
+		benchPingPong(b, c, s)
+	})
+	for _, coalesce := range []bool{true, false} {
+		name := "tunnel-tls"
+		if !coalesce {
+			name += "-stock"
+		}
+		b.Run(name, func(b *testing.B) {
+			w, r := streamPair(b, 16<<20, coalesce)
+			benchPingPong(b, w, r)
+		})
+	}
+}
+
+// streamPair returns both ends of one tunnel stream over TLS.
+func streamPair(b *testing.B, window uint32, coalesce bool) (io.ReadWriteCloser, io.ReadWriteCloser) {
+	b.Helper()
+	c, s := tlsPair(b)
+	cfg := DefaultConfig()
+	cfg.MaxStreamWindow = window
+	cfg.KeepAliveInterval = 0
+	cs, err := newSession(c, cfg, true, coalesce)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ss, err := newSession(s, cfg, false, coalesce)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cs.Close(); ss.Close() })
+	ctx := context.Background()
+	type acc struct {
+		st  io.ReadWriteCloser
+		err error
+	}
+	ch := make(chan acc, 1)
+	go func() {
+		st, _, err := ss.Accept(ctx)
+		ch <- acc{st, err}
+	}()
+	w, err := cs.Open(ctx, protocol.KindExec, struct{}{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := <-ch
+	if a.err != nil {
+		b.Fatal(a.err)
+	}
+	return w, a.st
+}
+
+func benchCopy(b *testing.B, w io.Writer, r io.Reader) {
+	buf := make([]byte, benchChunk)
+	done := make(chan error, 1)
+	total := int64(b.N) * benchChunk
+	go func() {
+		_, err := io.CopyN(io.Discard, r, total)
+		done <- err
+	}()
+	b.SetBytes(benchChunk)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchPingPong(b *testing.B, a, z io.ReadWriter) {
+	msg := make([]byte, 64)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(z, buf); err != nil {
+				return
+			}
+			if _, err := z.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := a.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(a, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+var _ net.Conn = (*coalesceConn)(nil)

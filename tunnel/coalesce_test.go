@@ -1,0 +1,69 @@
+package tunnel
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"testing"
+)
+
+// recordConn records each Write as a separate record.
+type recordConn struct {
+	net.Conn
+	writes [][]byte
+}
+
+func (r *recordConn) Write(p []byte) (int, error) {
+	r.writes = append(r.writes, append([]byte(nil), p...))
+	return len(p), nil
+}
+
+func yamuxHeader(typ byte, flags uint16, id, length uint32) []byte {
+	h := make([]byte, yamuxHeaderSize)
+	h[1] = typ
+	binary.BigEndian.PutUint16(h[2:4], flags)
+	binary.BigEndian.PutUint32(h[4:8], id)
+	binary.BigEndian.PutUint32(h[8:12], length)
+	return h
+}
+
+func TestCoalesceConn(t *testing.T) {
+	small := []byte("hello")
+	large := bytes.Repeat([]byte{7}, coalesceMax*3)
+	windowUpdate := yamuxHeader(1, 0, 3, 1<<20) // type 1: length is a window delta, no body follows
+	synOnly := yamuxHeader(0, 1, 5, 0)          // data header with no body
+
+	rc := &recordConn{}
+	c := &coalesceConn{Conn: rc}
+	steps := [][]byte{
+		yamuxHeader(0, 0, 3, uint32(len(small))), small,
+		windowUpdate,
+		synOnly,
+		yamuxHeader(0, 0, 3, uint32(len(large))), large,
+	}
+	var want bytes.Buffer
+	for _, s := range steps {
+		n, err := c.Write(s)
+		if err != nil || n != len(s) {
+			t.Fatalf("Write = %d, %v; want %d", n, err, len(s))
+		}
+		want.Write(s)
+	}
+	if got := bytes.Join(rc.writes, nil); !bytes.Equal(got, want.Bytes()) {
+		t.Fatal("byte stream changed by coalescing")
+	}
+	// header+small in one write; window update; syn; header+first part of
+	// large; rest of large.
+	if len(rc.writes) != 5 {
+		t.Fatalf("got %d writes, want 5", len(rc.writes))
+	}
+	if len(rc.writes[0]) != yamuxHeaderSize+len(small) {
+		t.Errorf("first write is %d bytes, want header+body %d", len(rc.writes[0]), yamuxHeaderSize+len(small))
+	}
+	if len(rc.writes[3]) != coalesceMax {
+		t.Errorf("large body's first write is %d bytes, want %d", len(rc.writes[3]), coalesceMax)
+	}
+	if cap(c.buf) > coalesceMax {
+		t.Errorf("scratch buffer grew to %d, over %d", cap(c.buf), coalesceMax)
+	}
+}
