@@ -1,0 +1,272 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// Agent is the node daemon. Create it with New and call Run once.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	running atomic.Int64 // execs in flight, for heartbeats
+}
+
+// New checks cfg, fills its zero fields with defaults and returns an Agent.
+// It does not touch the network or the file system.
+func New(cfg Config) (*Agent, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if dir, err := filepath.Abs(cfg.DataDir); err == nil {
+		cfg.DataDir = dir
+	}
+	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
+	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer)}, nil
+}
+
+// Run creates the data directory, measures the node's capacity, then keeps a
+// session with one of the coordinators until ctx is done, redialing with
+// backoff after every failure, rejection or disconnect. It returns nil once
+// ctx is done and everything it started has stopped: no goroutine and no
+// exec process group is left behind (an exec's background child that
+// redirected its output away is the one exception; see the package doc). It
+// returns an error only if it cannot start. Run must be called once.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("agent %s: create data dir: %w", a.cfg.NodeID, err)
+	}
+	capacity := a.cfg.Capacity
+	if capacity == nil {
+		c := DetectCapacity(ctx)
+		capacity = &c
+	}
+	a.log.Info("agent starting", "coordinators", a.cfg.Coordinators, "labels", a.cfg.Labels,
+		"cpus", capacity.CPUs, "memory_bytes", capacity.MemoryBytes, "gpus", capacity.GPUs,
+		"gpu_model", capacity.GPUModel, "version", a.cfg.Version, "data_dir", a.cfg.DataDir)
+
+	dial := a.cfg.Dial
+	if dial == nil {
+		tc := tunnel.TunedTLS(a.cfg.TLS)
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			return tunnel.DialTLS(ctx, addr, tc)
+		}
+	}
+	hello := protocol.Hello{
+		ProtocolVersion: protocol.Version,
+		Token:           a.cfg.Token,
+		NodeID:          a.cfg.NodeID,
+		Labels:          a.cfg.Labels,
+		Capacity:        *capacity,
+		AgentVersion:    a.cfg.Version,
+	}
+	r := &tunnel.Redialer{
+		Addrs: a.cfg.Coordinators,
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
+			defer cancel()
+			return dial(dctx, addr)
+		},
+		Backoff: a.cfg.Backoff,
+		Logger:  a.log,
+		OnRetry: func(int, error) { a.m.reconnects.Inc() },
+	}
+	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) error {
+		return a.serve(ctx, conn, addr, &hello)
+	})
+	a.log.Info("agent stopped")
+	return nil
+}
+
+// serve runs one tunnel session over conn: handshake, heartbeats, streams. It
+// returns when the session ends or ctx is done, after every exec of the
+// session ended. It returns an error when the session could not be
+// established (so the redialer moves on to the next address), nil when an
+// established session ended.
+func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *protocol.Hello) error {
+	sess, err := tunnel.Client(conn, a.cfg.Tunnel)
+	if err != nil {
+		return fmt.Errorf("agent %s: tunnel to %s: %w", a.cfg.NodeID, addr, err)
+	}
+	defer sess.Close()
+	// Closing the session when ctx ends unblocks every read and write on it.
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		sess.Close()
+		close(closed)
+	})
+	defer func() {
+		if !stop() {
+			<-closed
+		}
+	}()
+	ctl, welcome, err := a.handshake(ctx, sess, addr, hello)
+	if err != nil {
+		return err
+	}
+	interval := welcome.HeartbeatInterval()
+	if interval <= 0 {
+		interval = defaultHeartbeat
+	}
+	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
+	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval)
+	a.m.connected.Set(1)
+	defer a.m.connected.Set(0)
+
+	sctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.heartbeat(sctx, sess, ctl, interval, log)
+	}()
+	a.serveStreams(sctx, sess)
+	cancel()
+	sess.Close()
+	wg.Wait()
+	log.Info("disconnected from coordinator")
+	return nil
+}
+
+// handshake opens the control stream, sends hello and waits for welcome.
+func (a *Agent) handshake(ctx context.Context, sess *tunnel.Session, addr string, hello *protocol.Hello) (*yamux.Stream, *protocol.Welcome, error) {
+	hctx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
+	defer cancel()
+	ctl, err := sess.Open(hctx, protocol.KindControl, protocol.ControlParams{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent %s: open control stream to %s: %w", a.cfg.NodeID, addr, err)
+	}
+	deadline := time.Now().Add(a.cfg.HandshakeTimeout)
+	ctl.SetWriteDeadline(deadline)
+	if err := protocol.WriteJSONFrame(ctl, protocol.FrameHello, hello); err != nil {
+		return nil, nil, fmt.Errorf("agent %s: send hello to %s: %w", a.cfg.NodeID, addr, err)
+	}
+	ctl.SetWriteDeadline(time.Time{})
+	// Session loss closes the stream, so the read below also ends then.
+	ctl.SetReadDeadline(deadline)
+	f, err := protocol.NewFrameReader(ctl).Next()
+	ctl.SetReadDeadline(time.Time{})
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, nil, fmt.Errorf("agent %s: wait for welcome from %s: %w", a.cfg.NodeID, addr, err)
+	}
+	switch f.Type {
+	case protocol.FrameWelcome:
+		var w protocol.Welcome
+		if err := protocol.DecodeJSON(f.Payload, &w); err != nil {
+			return nil, nil, fmt.Errorf("agent %s: welcome from %s: %w", a.cfg.NodeID, addr, err)
+		}
+		return ctl, &w, nil
+	case protocol.FrameReject:
+		info := &protocol.ErrorInfo{}
+		if err := protocol.DecodeJSON(f.Payload, info); err != nil {
+			return nil, nil, fmt.Errorf("agent %s: reject from %s: %w", a.cfg.NodeID, addr, err)
+		}
+		a.log.Error("coordinator rejected agent: "+info.Error(), "coordinator", addr, "code", info.Code, "message", info.Message)
+		return nil, nil, fmt.Errorf("agent %s: coordinator %s rejected agent: %w", a.cfg.NodeID, addr, info)
+	default:
+		return nil, nil, fmt.Errorf("agent %s: handshake with %s: %w: got %s frame, want welcome or reject",
+			a.cfg.NodeID, addr, protocol.ErrUnexpected, f.Type)
+	}
+}
+
+// heartbeat writes a Heartbeat on the control stream right away and then
+// every interval, until ctx is done. A failed write closes the session.
+func (a *Agent) heartbeat(ctx context.Context, sess *tunnel.Session, ctl *yamux.Stream, interval time.Duration, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var rtt time.Duration
+	for {
+		// Ping blocks until the answer or the tunnel's write timeout; a
+		// failed ping keeps the last RTT (keepalives judge liveness).
+		if d, err := sess.Ping(); err == nil {
+			rtt = d
+		} else if ctx.Err() == nil {
+			log.Debug("ping failed", "err", err)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		hb := protocol.Heartbeat{RTTMicros: rtt.Microseconds(), RunningExecs: int(a.running.Load())}
+		ctl.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+		if err := protocol.WriteJSONFrame(ctl, protocol.FrameHeartbeat, &hb); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("heartbeat failed; closing session", "err", err)
+				sess.Close()
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// serveStreams accepts the streams the coordinator opens on sess and serves
+// each by kind, until sess ends or ctx is done. On return every stream
+// handler it started has returned (so every exec was killed or ended).
+func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	// A stream's reads see a plain EOF when the session dies, which an exec
+	// cannot tell from a half-close: cancel ctx instead.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		st, h, err := sess.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil || sess.IsClosed() || errors.Is(err, io.EOF) {
+				return
+			}
+			// A malformed header: Accept already answered the stream.
+			a.log.Warn("rejected stream", "err", err)
+			continue
+		}
+		a.m.streams.WithLabelValues(h.Kind.String()).Inc()
+		switch h.Kind {
+		case protocol.KindExec:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a.serveExec(ctx, st, h)
+			}()
+		default:
+			a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
+			st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+			protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{
+				Code:    protocol.CodeUnsupported,
+				Message: fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind),
+			})
+			st.Close()
+		}
+	}
+}

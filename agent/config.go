@@ -1,0 +1,203 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// Defaults used by DefaultConfig and for zero fields in New.
+const (
+	DefaultOutputLimit      = 64 << 20
+	DefaultKillGrace        = 2 * time.Second
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultPipeWait         = time.Second
+	// defaultHeartbeat is used when a Welcome carries no usable interval.
+	defaultHeartbeat = 10 * time.Second
+)
+
+// Config configures an Agent. Zero fields mean their default (see each
+// field); Coordinators, Token and TLS are required.
+type Config struct {
+	// NodeID names this node in the fleet (see protocol.ValidNodeID). Empty
+	// means the host name, as os.Hostname returns it.
+	NodeID string
+	// Labels are the node's labels, matched by selectors. Optional.
+	Labels map[string]string
+	// Coordinators are the coordinators' tunnel addresses (host:port), tried
+	// in turn. At least one is required.
+	Coordinators []string
+	// Token is the join token sent in Hello. Required. It is never logged.
+	Token string
+	// TLS is the client TLS configuration (RootCAs, ServerName, client
+	// certificate). Required unless Dial is set; it is cloned and tuned
+	// with tunnel.TunedTLS.
+	TLS *tls.Config
+	// DataDir is the working directory of execs that name no Cwd (a relative
+	// Cwd is taken relative to it). It is
+	// created (0700) if missing. Empty means DefaultDataDir().
+	DataDir string
+	// Tunnel tunes the yamux session. The zero value means
+	// tunnel.DefaultConfig(): keepalive every 10 s with a 10 s write
+	// timeout, so a dead coordinator is noticed within 20 s.
+	Tunnel tunnel.Config
+	// Backoff paces redials after a failed dial, a rejected hello or a lost
+	// session. The zero value means tunnel's defaults (500 ms base, 30 s cap,
+	// full jitter).
+	Backoff tunnel.Backoff
+	// OutputLimit is the default cap, in bytes, on each of an exec's stdout
+	// and stderr when its params name none; output past it is read and
+	// dropped and the exit status says so. Zero means 64 MiB.
+	OutputLimit int64
+	// KillGrace is the wait between SIGTERM and SIGKILL when an exec's
+	// process group is killed (timeout, cancel, lost session). Zero means
+	// 2 s.
+	KillGrace time.Duration
+	// PipeWait bounds how long an exec whose main process exited waits for
+	// its stdout and stderr pipes to close (a background child may still
+	// hold them) before its process group is killed. Zero means 1 s.
+	PipeWait time.Duration
+	// HandshakeTimeout bounds opening the control stream and waiting for
+	// Welcome or Reject after each dial. Zero means 10 s.
+	HandshakeTimeout time.Duration
+	// Version is the agent's version string, reported in Hello.
+	Version string
+	// Capacity, if set, is reported in Hello instead of what
+	// DetectCapacity measures at the start of Run. Tests set it to skip
+	// detection.
+	Capacity *protocol.Capacity
+	// Logger receives the agent's logs. Nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the agent's metrics. Nil means a private registry
+	// (never prometheus.DefaultRegisterer).
+	Registerer prometheus.Registerer
+	// Dial opens a connection to a coordinator address. Nil means
+	// tunnel.DialTLS with TLS. Test hook: tests may dial plain TCP or
+	// inject failures.
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+}
+
+// DefaultConfig returns a Config with every default filled in. Coordinators,
+// Token and TLS must still be set.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeID:           host,
+		DataDir:          DefaultDataDir(),
+		Tunnel:           tunnel.DefaultConfig(),
+		OutputLimit:      DefaultOutputLimit,
+		KillGrace:        DefaultKillGrace,
+		PipeWait:         DefaultPipeWait,
+		HandshakeTimeout: DefaultHandshakeTimeout,
+	}
+}
+
+// DefaultDataDir is /var/lib/tether/agent when running as root, else
+// ~/.local/state/tether/agent (falling back to the temporary directory when
+// there is no home directory).
+func DefaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/tether/agent"
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "tether", "agent")
+	}
+	return filepath.Join(os.TempDir(), "tether-agent")
+}
+
+// withDefaults returns c with its zero fields replaced by defaults.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.NodeID == "" {
+		c.NodeID = d.NodeID
+	}
+	if c.DataDir == "" {
+		c.DataDir = d.DataDir
+	}
+	if c.Tunnel == (tunnel.Config{}) {
+		c.Tunnel = d.Tunnel
+	}
+	if c.OutputLimit == 0 {
+		c.OutputLimit = d.OutputLimit
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = d.KillGrace
+	}
+	if c.PipeWait == 0 {
+		c.PipeWait = d.PipeWait
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Tunnel.Logger == nil {
+		c.Tunnel.Logger = c.Logger
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	return c
+}
+
+// Validate reports every problem with c, joined. Zero fields that have a
+// default are accepted.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeID != "" {
+		if err := protocol.ValidNodeID(c.NodeID); err != nil {
+			errs = append(errs, fmt.Errorf("agent config: NodeID: %w", err))
+		}
+	}
+	if err := protocol.ValidateLabels(c.Labels); err != nil {
+		errs = append(errs, fmt.Errorf("agent config: Labels: %w", err))
+	}
+	if len(c.Coordinators) == 0 {
+		errs = append(errs, errors.New("agent config: Coordinators: at least one coordinator address is required"))
+	}
+	for _, addr := range c.Coordinators {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("agent config: Coordinators: %q is not host:port", addr))
+		}
+	}
+	if strings.TrimSpace(c.Token) == "" {
+		errs = append(errs, errors.New("agent config: Token: a join token is required"))
+	}
+	if c.TLS == nil && c.Dial == nil {
+		errs = append(errs, errors.New("agent config: TLS: a client TLS configuration is required"))
+	}
+	if c.Tunnel != (tunnel.Config{}) {
+		if err := c.Tunnel.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("agent config: Tunnel: %w", err))
+		}
+	}
+	if c.Backoff.Base < 0 || c.Backoff.Max < 0 {
+		errs = append(errs, fmt.Errorf("agent config: Backoff: Base %v and Max %v must not be negative", c.Backoff.Base, c.Backoff.Max))
+	}
+	if c.OutputLimit < 0 {
+		errs = append(errs, fmt.Errorf("agent config: OutputLimit %d is negative", c.OutputLimit))
+	}
+	if c.KillGrace < 0 {
+		errs = append(errs, fmt.Errorf("agent config: KillGrace %v is negative", c.KillGrace))
+	}
+	if c.PipeWait < 0 {
+		errs = append(errs, fmt.Errorf("agent config: PipeWait %v is negative", c.PipeWait))
+	}
+	if c.HandshakeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("agent config: HandshakeTimeout %v is negative", c.HandshakeTimeout))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,40 @@
+// Package agent owns the node daemon: it dials out to a coordinator through
+// the tunnel package, introduces itself on the control stream (hello with the
+// node's id, labels and capacity; welcome or reject), keeps the session alive
+// with heartbeats, and serves the streams the coordinator opens. Today it
+// serves the exec kind (exec.go); every other kind is answered with an
+// unsupported_kind error frame.
+//
+// Goroutines. Agent.Run runs the session loop in the caller's goroutine
+// (tunnel.Redialer: dial, serve one session, back off, redial). For each
+// session it starts:
+//
+//   - the heartbeat loop, which pings the coordinator for the RTT and writes
+//     a Heartbeat frame on the control stream every Welcome.HeartbeatInterval;
+//   - the accept loop (in the session goroutine), which reads stream headers
+//     and dispatches each stream, plus one watcher that cancels the session's
+//     context when the tunnel dies;
+//   - per exec stream: the handler goroutine, which starts the process and
+//     drives it to its end (timeout, cancel, kill escalation, pipe drain); a
+//     waiter (cmd.Wait); a frame reader (stdin and cancel from the
+//     coordinator); one copier per output pipe (stdout, stderr); and, when
+//     the process has a stdin pipe, one stdin feeder (script text for
+//     bash -s, or stdin frames in argv mode).
+//
+// Run also closes the session from a context.AfterFunc callback when its
+// context ends, so that no read or write on the tunnel outlives it.
+//
+// Every goroutine is owned: a session does not end until its execs ended, and
+// an exec does not end until its process group was killed or exited and its
+// copiers returned. When the session ends (coordinator gone, Run's context
+// done) every exec of that session is killed (SIGTERM to its process group,
+// SIGKILL after Config.KillGrace), because its result can no longer be
+// reported. A background child that redirected its output away from the
+// exec's pipes is left running when its parent exits normally.
+//
+// The agent must not import the coordinator package, nats.go or nats-server:
+// it speaks to the fleet only through the tunnel.
+//
+// The only mutex is each exec's frame-write lock (one writer at a time on
+// the stream); it is never held while taking another lock.
+package agent

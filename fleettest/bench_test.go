@@ -1,0 +1,319 @@
+package fleettest_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// The system benchmarks of issue 2, each reported against a baseline measured
+// in the same run:
+//
+//	(a) BenchmarkExecRoundTrip: NATS request → coordinator → tunnel → agent
+//	    runs /bin/true as argv → final reply, against os/exec running
+//	    /bin/true locally. Reports p50/p99 in µs besides ns/op.
+//	(c) BenchmarkIdleAgentMemory: coordinator RSS per idle connected agent
+//	    with 1,000 agents, against a process holding 1,000 bare TLS
+//	    connections. The coordinator runs in a child process (this test
+//	    binary re-executed) so that its RSS is its own.
+//
+// Run: go test -run '^$' -bench . -benchtime 2000x ./fleettest
+
+func TestMain(m *testing.M) {
+	switch os.Getenv("TETHER_FLEETTEST_CHILD") {
+	case "coordinator":
+		childCoordinator()
+		return
+	case "tls":
+		childTLSServer()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func BenchmarkExecRoundTrip(b *testing.B) {
+	b.Run("baseline=local-os-exec", func(b *testing.B) {
+		lat := make([]time.Duration, 0, b.N)
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			if err := exec.Command("/bin/true").Run(); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		reportPercentiles(b, lat)
+	})
+	for _, agents := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("tether-agents=%d", agents), func(b *testing.B) {
+			if agents > 1 && testing.Short() {
+				b.Skip("1000 agents in -short mode")
+			}
+			f := fleettest.Start(b, fleettest.Options{Agents: agents})
+			ctx := context.Background()
+			req := protocol.ExecRequest{Target: protocol.Target{Node: "node-0"}, Argv: []string{"/bin/true"}}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r := req
+				t0 := time.Now()
+				res, err := f.Client.Exec(ctx, &r, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+				if len(res.Results) != 1 || !res.Results[0].OK() {
+					b.Fatalf("result %+v", res.Results)
+				}
+			}
+			reportPercentiles(b, lat)
+		})
+	}
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) }
+	b.ReportMetric(p(0.50), "p50-µs")
+	b.ReportMetric(p(0.99), "p99-µs")
+}
+
+const idleAgents = 1000
+
+func BenchmarkIdleAgentMemory(b *testing.B) {
+	if testing.Short() {
+		b.Skip("starts 1000 agents")
+	}
+	b.Run("baseline=bare-tls", func(b *testing.B) {
+		child := startChild(b, "tls")
+		base := rssKiB(b, child.pid)
+		conns := make([]net.Conn, 0, idleAgents)
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for i := 0; i < idleAgents; i++ {
+			c, err := tunnel.DialTLS(context.Background(), child.addr, child.tls)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.Write([]byte("x")) // make the server finish its side and block in Read
+			conns = append(conns, c)
+		}
+		child.waitCount(b, idleAgents)
+		reportPerConn(b, base, rssKiB(b, child.pid))
+	})
+	b.Run("tether-coordinator", func(b *testing.B) {
+		child := startChild(b, "coordinator")
+		nc, err := nats.Connect(child.natsURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nc.Close()
+		base := rssKiB(b, child.pid)
+		fleettest.Dial(b, child.addr, child.tls, child.token, idleAgents)
+		cl := client.New(nc)
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			nodes, err := cl.Nodes(context.Background(), "")
+			if err == nil && len(nodes) == idleAgents {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("only %d agents registered: %v", len(nodes), err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		// Let heartbeats and GC settle, then read RSS once.
+		time.Sleep(2 * time.Second)
+		reportPerConn(b, base, rssKiB(b, child.pid))
+	})
+}
+
+func reportPerConn(b *testing.B, before, after int64) {
+	b.ReportMetric(float64(after-before)/idleAgents, "KiB/agent")
+	b.ReportMetric(float64(after), "RSS-KiB")
+	for i := 0; i < b.N; i++ {
+	}
+}
+
+type child struct {
+	pid                   int
+	addr, natsURL, token  string
+	tls                   *tls.Config
+	lines                 *bufio.Scanner
+}
+
+// startChild re-executes the test binary as a coordinator or a bare TLS
+// server, in a fresh data dir, and reads its READY line.
+func startChild(b *testing.B, role string) *child {
+	b.Helper()
+	dir := b.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TETHER_FLEETTEST_CHILD="+role, "TETHER_FLEETTEST_DIR="+dir, "GOMAXPROCS=2")
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close() // the child exits when stdin closes
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() {
+		b.Fatalf("child %s printed nothing", role)
+	}
+	f := strings.Fields(sc.Text())
+	if len(f) != 4 || f[0] != "READY" {
+		b.Fatalf("child %s: %q", role, sc.Text())
+	}
+	cliTLS, err := tunnel.LoadClientTLS(filepath.Join(dir, "pki", tunnel.CAFile))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cliTLS.ServerName = "localhost"
+	return &child{pid: cmd.Process.Pid, addr: f[1], natsURL: f[2], token: f[3], tls: cliTLS, lines: sc}
+}
+
+// waitCount waits for the TLS child to report n established connections.
+func (c *child) waitCount(b *testing.B, n int) {
+	for c.lines.Scan() {
+		if v, _ := strconv.Atoi(c.lines.Text()); v >= n {
+			return
+		}
+	}
+	b.Fatal("TLS child stopped before reaching the connection count")
+}
+
+func rssKiB(b *testing.B, pid int) int64 {
+	runtime.GC()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n
+		}
+	}
+	b.Fatal("no VmRSS")
+	return 0
+}
+
+func childPKI() (*tls.Config, string) {
+	dir := os.Getenv("TETHER_FLEETTEST_DIR")
+	pki, err := tunnel.EnsureDevPKI(filepath.Join(dir, "pki"), nil)
+	if err != nil {
+		panic(err)
+	}
+	cfg, err := tunnel.LoadServerTLS(pki.ServerCert, pki.ServerKey)
+	if err != nil {
+		panic(err)
+	}
+	return cfg, dir
+}
+
+func childCoordinator() {
+	srvTLS, dir := childPKI()
+	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats")})
+	if err != nil {
+		panic(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		panic(err)
+	}
+	cfg := coordinator.DefaultConfig()
+	cfg.Token = "bench-token"
+	cfg.NATS = nc
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { io.Copy(io.Discard, os.Stdin); cancel() }()
+	fmt.Printf("READY %s %s %s\n", ln.Addr(), ns.ClientURL(), cfg.Token)
+	c.Serve(ctx, tls.NewListener(ln, srvTLS))
+	nc.Close()
+	ns.Shutdown()
+}
+
+// childTLSServer holds every TLS connection it accepts, with one goroutine
+// blocked in Read per connection (the least any server holding idle clients
+// does), and prints the count of established connections.
+func childTLSServer() {
+	srvTLS, _ := childPKI()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", srvTLS)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("READY %s - -\n", ln.Addr())
+	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
+	established := make(chan struct{}, 1024)
+	go func() {
+		n := 0
+		for range established {
+			n++
+			if n%100 == 0 {
+				fmt.Println(n)
+			}
+		}
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			var buf [1]byte
+			if _, err := c.Read(buf[:]); err != nil {
+				return
+			}
+			established <- struct{}{}
+			for {
+				if _, err := c.Read(buf[:]); err != nil {
+					c.Close()
+					return
+				}
+			}
+		}()
+	}
+}

@@ -1,0 +1,218 @@
+// Package fleettest runs a whole Tether fleet inside one test process: an
+// embedded nats-server with JetStream, a coordinator serving real TLS tunnels
+// on loopback, and N real agents dialing it. Tests and benchmarks use it to
+// exercise the system end to end without building binaries; the multi-process
+// tests live in e2e/.
+//
+// It is a test helper: only _test.go files and benchmarks import it. It may
+// import agent, coordinator and client, which nothing else may combine.
+//
+// Goroutines: Start runs the coordinator's Serve and each agent's Run in
+// goroutines owned by the Fleet; the test's Cleanup stops and waits for all.
+package fleettest
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// Options configure a Fleet. The zero value starts one agent named "node-0".
+type Options struct {
+	// Agents is the number of agents to start; default 1.
+	Agents int
+	// NodeID names agent i; default "node-<i>".
+	NodeID func(i int) string
+	// Labels labels agent i; default {"index": "<i>"}.
+	Labels func(i int) map[string]string
+	// HeartbeatInterval is the coordinator's; default 5 s.
+	HeartbeatInterval time.Duration
+	// Logger receives every component's logs; nil discards.
+	Logger *slog.Logger
+}
+
+// Fleet is a running coordinator with its agents.
+type Fleet struct {
+	NATS        *server.Server
+	NC          *nats.Conn
+	Client      *client.Client
+	Coordinator *coordinator.Coordinator
+	// TunnelAddr is where agents dial.
+	TunnelAddr string
+	// ClientTLS trusts the fleet's CA; AddAgent uses it.
+	ClientTLS *tls.Config
+
+	opts   Options
+	token  string
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	agents int
+}
+
+// Start starts a fleet and waits until every agent is registered. Everything
+// is stopped when the test ends.
+func Start(tb testing.TB, opts Options) *Fleet {
+	tb.Helper()
+	if opts.Agents == 0 {
+		opts.Agents = 1
+	}
+	if opts.NodeID == nil {
+		opts.NodeID = func(i int) string { return fmt.Sprintf("node-%d", i) }
+	}
+	if opts.Labels == nil {
+		opts.Labels = func(i int) map[string]string { return map[string]string{"index": fmt.Sprint(i)} }
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	dir := tb.TempDir()
+	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats"), Logger: opts.Logger,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+
+	pki, err := tunnel.EnsureDevPKI(filepath.Join(dir, "pki"), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srvTLS, err := tunnel.LoadServerTLS(pki.ServerCert, pki.ServerKey)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cliTLS, err := tunnel.LoadClientTLS(pki.CACert)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cliTLS.ServerName = "localhost"
+
+	f := &Fleet{NATS: ns, NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
+	ccfg := coordinator.DefaultConfig()
+	ccfg.ID = "fleettest"
+	ccfg.Token = f.token
+	ccfg.NATS = nc
+	ccfg.Logger = opts.Logger
+	if opts.HeartbeatInterval > 0 {
+		ccfg.HeartbeatInterval = opts.HeartbeatInterval
+	}
+	c, err := coordinator.New(ccfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f.Coordinator = c
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f.TunnelAddr = ln.Addr().String()
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	tb.Cleanup(f.stop)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		if err := c.Serve(f.ctx, tls.NewListener(ln, srvTLS)); err != nil {
+			opts.Logger.Error("coordinator stopped", "err", err)
+		}
+	}()
+	for i := 0; i < opts.Agents; i++ {
+		f.AddAgent(tb)
+	}
+	f.WaitNodes(tb, opts.Agents)
+	return f
+}
+
+// Dial starts n agents (node-0 … node-<n-1>) against a coordinator that runs
+// elsewhere, such as in a child process, and returns without waiting for them
+// to register. They stop when the test ends.
+func Dial(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int) *Fleet {
+	tb.Helper()
+	f := &Fleet{TunnelAddr: addr, ClientTLS: clientTLS, token: token}
+	f.opts.NodeID = func(i int) string { return fmt.Sprintf("node-%d", i) }
+	f.opts.Labels = func(i int) map[string]string { return map[string]string{"index": fmt.Sprint(i)} }
+	f.opts.Logger = slog.New(slog.DiscardHandler)
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	tb.Cleanup(f.stop)
+	for i := 0; i < n; i++ {
+		f.AddAgent(tb)
+	}
+	return f
+}
+
+// AddAgent starts one more agent, numbered after the existing ones, and
+// returns its node id. It does not wait for registration.
+func (f *Fleet) AddAgent(tb testing.TB) string {
+	tb.Helper()
+	f.mu.Lock()
+	i := f.agents
+	f.agents++
+	f.mu.Unlock()
+	cfg := agent.DefaultConfig()
+	cfg.NodeID = f.opts.NodeID(i)
+	cfg.Labels = f.opts.Labels(i)
+	cfg.Coordinators = []string{f.TunnelAddr}
+	cfg.Token = f.token
+	cfg.TLS = f.ClientTLS
+	cfg.DataDir = tb.TempDir()
+	cfg.Version = "fleettest"
+	cfg.Logger = f.opts.Logger
+	// Capacity detection forks nvidia-smi lookups; a thousand agents share
+	// one machine, so measure once.
+	capy := protocol.Capacity{CPUs: 2}
+	cfg.Capacity = &capy
+	cfg.Backoff = tunnel.Backoff{Base: 50 * time.Millisecond, Max: time.Second}
+	a, err := agent.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		a.Run(f.ctx)
+	}()
+	return cfg.NodeID
+}
+
+// WaitNodes waits until at least n nodes are connected.
+func (f *Fleet) WaitNodes(tb testing.TB, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(time.Duration(30+n/20) * time.Second)
+	for {
+		got := len(f.Coordinator.Nodes(protocol.Selector{}))
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("fleettest: %d of %d nodes connected before the deadline", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (f *Fleet) stop() {
+	f.cancel()
+	f.wg.Wait()
+}
