@@ -199,7 +199,10 @@ func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux
 func (s *Session) Accept(ctx context.Context) (*yamux.Stream, protocol.Header, error) {
 	st, err := s.y.AcceptStreamWithContext(ctx)
 	if err != nil {
-		if errors.Is(err, yamux.ErrSessionShutdown) {
+		// yamux reports a dead session in several ways (shutdown,
+		// keepalive timeout, connection error); callers only need to know
+		// that no more streams will come.
+		if errors.Is(err, yamux.ErrSessionShutdown) || s.y.IsClosed() {
 			return nil, protocol.Header{}, io.EOF
 		}
 		return nil, protocol.Header{}, err

@@ -1,0 +1,307 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Defaults used when the corresponding Client field is zero.
+const (
+	DefaultRequestTimeout = 10 * time.Second
+	DefaultCancelGrace    = 5 * time.Second
+)
+
+// Reply subscription limits of Exec. Output is drained as fast as the
+// OutputHandler accepts it; the limits only matter when the handler blocks
+// (a paused terminal, a full pipe), and they are generous so that a burst of
+// fan-out output is buffered rather than dropped. Past them nats.go drops
+// replies and Exec reports the sequence gap.
+const (
+	execPendingMsgs  = -1        // no limit on the number of replies
+	execPendingBytes = 256 << 20 // 256 MiB of buffered replies
+)
+
+// OutputHandler receives one chunk of a node's output. stream is
+// protocol.ReplyStdout or protocol.ReplyStderr. Calls come from the goroutine
+// that called Exec, one at a time, in the order the coordinator sent them;
+// the handler may keep data.
+type OutputHandler func(node, stream string, data []byte)
+
+// Client calls Tether's NATS API over a connection it does not own: closing
+// NC is the caller's job. The zero values of the tuning fields select the
+// defaults. A Client is safe for concurrent use.
+type Client struct {
+	// NC is the NATS connection requests go through. Required.
+	NC *nats.Conn
+	// RequestTimeout bounds Nodes and Cancel when their ctx has no deadline,
+	// and Exec's check that a coordinator received the request. Zero means
+	// DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// CancelGrace is how long Exec keeps waiting for a job's final result
+	// after its ctx ended and it asked the coordinator to cancel the job.
+	// Zero means DefaultCancelGrace.
+	CancelGrace time.Duration
+}
+
+// New returns a Client using nc with default timeouts.
+func New(nc *nats.Conn) *Client { return &Client{NC: nc} }
+
+func (c *Client) requestTimeout() time.Duration {
+	if c.RequestTimeout > 0 {
+		return c.RequestTimeout
+	}
+	return DefaultRequestTimeout
+}
+
+func (c *Client) cancelGrace() time.Duration {
+	if c.CancelGrace > 0 {
+		return c.CancelGrace
+	}
+	return DefaultCancelGrace
+}
+
+// noCoordinator is the error for a request nobody answered with a 503.
+func (c *Client) noCoordinator(subject string) error {
+	return fmt.Errorf("no Tether coordinator is serving %s at %s (%w)", subject, c.NC.ConnectedUrlRedacted(), nats.ErrNoResponders)
+}
+
+// NewJobID returns a random job id suitable for ExecRequest.ID.
+func NewJobID() string {
+	var b [12]byte
+	rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// Exec runs req and blocks until its final result arrives, calling out (which
+// may be nil) for every output chunk as it streams in.
+//
+// If req.ID is empty Exec sets it to a fresh NewJobID, so the caller can read
+// the job id from req. req is validated locally first (an invalid request
+// returns the *protocol.APIError the coordinator would send). A request the
+// coordinator rejects returns its *protocol.APIError and nothing ran. No
+// coordinator at all returns an error wrapping nats.ErrNoResponders.
+//
+// Exec waits for the result as long as ctx allows (see the package doc for
+// why there is no reply timeout). When ctx ends first, Exec publishes a
+// protocol.CancelRequest for the job and keeps reading for up to
+// CancelGrace: it then returns the (cancelled) result, if it arrived, together
+// with an error wrapping ctx.Err(). A gap in the replies' sequence numbers is
+// an error; the job is then cancelled too.
+//
+// The result reports each node's outcome; a node that failed or exited
+// non-zero is not an error of Exec.
+func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out OutputHandler) (*protocol.ExecResult, error) {
+	if c.NC == nil {
+		return nil, errors.New("client: exec: nil NATS connection")
+	}
+	if req.ID == "" {
+		req.ID = NewJobID()
+	}
+	if e := req.Validate(); e != nil {
+		return nil, e
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("exec job %s: %w", req.ID, err)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("exec job %s: encode request: %w", req.ID, err)
+	}
+	if out == nil {
+		out = func(string, string, []byte) {}
+	}
+
+	inbox := c.NC.NewInbox()
+	sub, err := c.NC.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("exec job %s: subscribe to replies: %w", req.ID, err)
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(execPendingMsgs, execPendingBytes); err != nil {
+		return nil, fmt.Errorf("exec job %s: set reply limits: %w", req.ID, err)
+	}
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: inbox, Data: body}); err != nil {
+		return nil, fmt.Errorf("exec job %s: publish request: %w", req.ID, err)
+	}
+	// The flush round trip orders a possible 503 "no responders" status
+	// ahead of its PONG, so after it the status (if any) is already queued
+	// on sub and the loop below sees it first.
+	fctx, fcancel := context.WithTimeout(ctx, c.requestTimeout())
+	err = c.NC.FlushWithContext(fctx)
+	fcancel()
+	if err != nil && ctx.Err() == nil {
+		c.cancelJob(req.ID)
+		return nil, fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.NC.ConnectedUrlRedacted(), err)
+	}
+
+	r := execReader{id: req.ID, out: out}
+	wait := ctx
+	var cause error // ctx's error once the job was cancelled because of it
+	for {
+		msg, err := sub.NextMsgWithContext(wait)
+		if err != nil {
+			switch {
+			case errors.Is(err, nats.ErrNoResponders):
+				return nil, c.noCoordinator(protocol.SubjectExec)
+			case cause == nil && ctx.Err() != nil:
+				// The caller gave up: cancel the job and give the
+				// coordinator a moment to report what it stopped.
+				cause = ctx.Err()
+				c.cancelJob(req.ID)
+				gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cancelGrace())
+				defer gcancel()
+				wait = gctx
+				continue
+			case cause != nil:
+				return nil, fmt.Errorf("exec job %s: %w (cancel requested; no result within %v)", req.ID, cause, c.cancelGrace())
+			}
+			c.cancelJob(req.ID)
+			return nil, fmt.Errorf("exec job %s: read reply: %w", req.ID, err)
+		}
+		res, err := r.handle(msg)
+		if err != nil {
+			var apiErr *protocol.APIError
+			if !errors.As(err, &apiErr) {
+				c.cancelJob(req.ID)
+			}
+			return nil, err
+		}
+		if res != nil {
+			if cause != nil {
+				return res, fmt.Errorf("exec job %s: %w", req.ID, cause)
+			}
+			return res, nil
+		}
+	}
+}
+
+// cancelJob asks the coordinator to cancel job id, best effort: the caller
+// is already failing or giving up, and the publish is flushed by nats.go's
+// background flusher.
+func (c *Client) cancelJob(id string) {
+	body, _ := json.Marshal(protocol.CancelRequest{ID: id})
+	_ = c.NC.Publish(protocol.SubjectCancel, body)
+}
+
+// execReader checks and dispatches the replies of one exec request.
+type execReader struct {
+	id      string
+	out     OutputHandler
+	nextSeq uint64
+}
+
+// handle processes one reply. It returns the result when msg is the final
+// reply, or an error that ends the request.
+func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
+	if e := apiError(msg); e != nil {
+		return nil, e
+	}
+	typ := msg.Header.Get(protocol.HeaderType)
+	if s := msg.Header.Get(protocol.HeaderSeq); s != "" {
+		seq, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("exec job %s: %s reply has a bad %s header %q", r.id, typ, protocol.HeaderSeq, s)
+		}
+		if seq != r.nextSeq {
+			return nil, fmt.Errorf("exec job %s: reply %d is missing (next reply has sequence %d): output was lost, e.g. because this client fell behind", r.id, r.nextSeq, seq)
+		}
+		r.nextSeq++
+	} else if typ == protocol.ReplyStdout || typ == protocol.ReplyStderr {
+		return nil, fmt.Errorf("exec job %s: %s reply has no %s header", r.id, typ, protocol.HeaderSeq)
+	}
+	switch typ {
+	case protocol.ReplyStdout, protocol.ReplyStderr:
+		r.out(msg.Header.Get(protocol.HeaderNode), typ, msg.Data)
+	case protocol.ReplyResult:
+		var res protocol.ExecResult
+		if err := json.Unmarshal(msg.Data, &res); err != nil {
+			return nil, fmt.Errorf("exec job %s: decode result: %w", r.id, err)
+		}
+		return &res, nil
+	}
+	// Other reply types are newer than this client; their sequence number
+	// has been accounted for above.
+	return nil, nil
+}
+
+// apiError returns the micro error carried by msg, or nil if msg is not an
+// error reply.
+func apiError(msg *nats.Msg) *protocol.APIError {
+	code := msg.Header.Get(micro.ErrorCodeHeader)
+	if code == "" {
+		return nil
+	}
+	var e protocol.APIError
+	if err := json.Unmarshal(msg.Data, &e); err == nil && e.Code != "" {
+		if e.Message == "" {
+			e.Message = msg.Header.Get(micro.ErrorHeader)
+		}
+		return &e
+	}
+	// Not one of ours (e.g. a plain micro error): keep what the headers say.
+	status, _ := strconv.Atoi(code)
+	return &protocol.APIError{Status: status, Code: "unknown", Message: msg.Header.Get(micro.ErrorHeader)}
+}
+
+// Nodes lists the connected nodes matching selector (empty: all), sorted by
+// id. A ctx without deadline is bounded by RequestTimeout.
+func (c *Client) Nodes(ctx context.Context, selector string) ([]protocol.NodeInfo, error) {
+	var resp protocol.NodesResponse
+	if err := c.request(ctx, protocol.SubjectNodes, protocol.NodesRequest{Selector: selector}, &resp); err != nil {
+		return nil, err
+	}
+	return resp.Nodes, nil
+}
+
+// Cancel asks the coordinator to cancel the running job id and returns its
+// answer. A job that is unknown or already finished is reported by the
+// coordinator as a *protocol.APIError with code protocol.ErrCodeNotFound. A
+// ctx without deadline is bounded by RequestTimeout.
+func (c *Client) Cancel(ctx context.Context, id string) (*protocol.CancelResponse, error) {
+	var resp protocol.CancelResponse
+	if err := c.request(ctx, protocol.SubjectCancel, protocol.CancelRequest{ID: id}, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// request does one JSON request/reply round trip on subject.
+func (c *Client) request(ctx context.Context, subject string, req, resp any) error {
+	if c.NC == nil {
+		return fmt.Errorf("client: %s: nil NATS connection", subject)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("%s: encode request: %w", subject, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.requestTimeout())
+		defer cancel()
+	}
+	msg, err := c.NC.RequestWithContext(ctx, subject, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return c.noCoordinator(subject)
+	}
+	if err != nil {
+		return fmt.Errorf("%s request to %s: %w", subject, c.NC.ConnectedUrlRedacted(), err)
+	}
+	if e := apiError(msg); e != nil {
+		return e
+	}
+	if err := json.Unmarshal(msg.Data, resp); err != nil {
+		return fmt.Errorf("%s: decode reply: %w", subject, err)
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+// Package client is the Go client of Tether's public NATS API: it submits
+// jobs to tether.v1.exec and streams their output, lists nodes through
+// tether.v1.nodes and cancels jobs through tether.v1.cancel. The wire format
+// (subjects, headers, JSON bodies, error codes) is defined in package
+// protocol; this package only drives it over a caller-owned *nats.Conn.
+//
+// # Exec and its waits
+//
+// The coordinator does not acknowledge an exec request, and a job that prints
+// nothing sends nothing until its final result, which may be hours later.
+// So Exec cannot use a "first reply" timeout without breaking long, silent
+// jobs. Instead it detects a missing coordinator deterministically: after
+// publishing the request it flushes the connection (bounded by
+// Client.RequestTimeout). The server answers a request nobody subscribes to
+// with a 503 "no responders" status before it answers the flush's PING, so
+// once the flush returns, either that status is already queued on the reply
+// subscription or a coordinator has the request. From then on Exec waits for
+// replies for as long as ctx allows; callers bound a job with ctx (and with
+// ExecRequest.Timeout, which the coordinator enforces). A coordinator that
+// dies mid-job is therefore only noticed through ctx, and so is a final
+// result lost while the NATS connection was reconnecting (lost output
+// replies are noticed as a sequence gap once the next reply arrives).
+//
+// Output replies carry a sequence number; a gap (for example replies dropped
+// because the caller's output handler was slower than the job and the
+// subscription's pending limit was reached) is an error naming the missing
+// number, never silently lost output. When Exec gives up on a job that may
+// still be running (ctx ended, a gap, a broken connection) it asks the
+// coordinator to cancel it, so abandoned jobs do not keep running.
+//
+// # Goroutines and concurrency
+//
+// The package starts no goroutines of its own; nats.go delivers messages on
+// its connection's reader goroutine into a per-call synchronous subscription
+// that the calling goroutine drains. A Client is safe for concurrent use;
+// each call uses its own reply inbox.
+//
+// # Imports
+//
+// client depends on protocol and nats.go only. It must not import agent,
+// coordinator or tunnel: a job submitter needs none of them, and the
+// dependency test in cmd/internal/repocheck enforces it.
+package client

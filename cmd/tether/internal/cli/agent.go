@@ -1,0 +1,182 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// agentOptions are the flags of `tether agent`.
+type agentOptions struct {
+	// Coordinators are the coordinators' tunnel addresses (host:port), tried
+	// in turn. Required.
+	Coordinators []string
+	// TokenFile holds the join token (whitespace is trimmed). Empty means
+	// $TETHER_TOKEN; one of them is required.
+	TokenFile string
+	// CAFile is the CA certificate (PEM) the coordinators' certificates
+	// must chain to, e.g. a dev coordinator's DATA-DIR/pki/ca.crt. Empty
+	// means the system roots.
+	CAFile string
+	// ServerName is the name to verify in the coordinator's certificate.
+	// Empty means each address's host.
+	ServerName string
+	// NodeID names this node. Empty means the host name.
+	NodeID string
+	// Labels are the node's labels, "k=v,k2=v2". Optional.
+	Labels string
+	// DataDir is the working directory of jobs that name none. Default:
+	// agent.DefaultDataDir() (/var/lib/tether/agent as root).
+	DataDir string
+	// MetricsAddr, if set, serves the agent's /metrics there. Default: off.
+	MetricsAddr string
+	// Log configures logging to stderr.
+	Log logOptions
+
+	labels map[string]string // Labels, parsed by Validate
+}
+
+func defaultAgentOptions() agentOptions {
+	return agentOptions{DataDir: agent.DefaultDataDir(), Log: defaultLogOptions()}
+}
+
+// Validate reports every invalid option; envToken is $TETHER_TOKEN.
+func (o *agentOptions) Validate(envToken string) error {
+	var errs []error
+	if len(o.Coordinators) == 0 {
+		errs = append(errs, errors.New("--coordinator is required"))
+	}
+	for _, a := range o.Coordinators {
+		if err := checkHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("--coordinator: %w", err))
+		}
+	}
+	if o.TokenFile == "" && envToken == "" {
+		errs = append(errs, fmt.Errorf("a join token is required: give --token-file or set %s", tokenEnv))
+	}
+	if o.NodeID != "" {
+		if err := protocol.ValidNodeID(o.NodeID); err != nil {
+			errs = append(errs, fmt.Errorf("--node-id: %w", err))
+		}
+	}
+	labels, err := protocol.ParseLabels(o.Labels)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--labels: %w", err))
+	}
+	o.labels = labels
+	if o.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is required"))
+	}
+	if o.MetricsAddr != "" {
+		if err := checkHostPort(o.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-addr: %w", err))
+		}
+	}
+	if err := o.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func newAgentCmd(e *env) *cobra.Command {
+	o := defaultAgentOptions()
+	cmd := &cobra.Command{
+		Use:   "agent --coordinator ADDR[,ADDR...] (--token-file FILE | TETHER_TOKEN=...)",
+		Short: "Run a node agent: dial out to a coordinator and run its jobs",
+		Args:  cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(e.getenv(tokenEnv)); err != nil {
+				return usage(err)
+			}
+			log := o.Log.logger(e.stderr)
+			return runAgent(cmd.Context(), &o, e.getenv(tokenEnv), log)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated)")
+	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token (default: $TETHER_TOKEN)")
+	f.StringVar(&o.CAFile, "ca-file", o.CAFile, "CA certificate to trust for the coordinator (default: system roots)")
+	f.StringVar(&o.ServerName, "server-name", o.ServerName, "name to verify in the coordinator's certificate (default: the address's host)")
+	f.StringVar(&o.NodeID, "node-id", o.NodeID, "node id (default: host name)")
+	f.StringVar(&o.Labels, "labels", o.Labels, "node labels k=v,k2=v2")
+	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "working directory of jobs that name none")
+	f.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "serve /metrics on this address (default: off)")
+	o.Log.addFlags(cmd)
+	return cmd
+}
+
+// runAgent runs the agent until ctx is done. o must be valid.
+func runAgent(ctx context.Context, o *agentOptions, envToken string, log *slog.Logger) error {
+	token, _, err := resolveToken(o.TokenFile, envToken, "")
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := tunnel.LoadClientTLS(o.CAFile)
+	if err != nil {
+		return err
+	}
+	tlsCfg.ServerName = o.ServerName
+	reg := newRegistry()
+	cfg := agent.DefaultConfig()
+	if o.NodeID != "" {
+		cfg.NodeID = o.NodeID
+	}
+	cfg.Labels = o.labels
+	cfg.Coordinators = o.Coordinators
+	cfg.Token = token
+	cfg.TLS = tlsCfg
+	cfg.DataDir = o.DataDir
+	cfg.Version = version
+	cfg.Logger = log
+	cfg.Registerer = reg
+	a, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	if o.MetricsAddr == "" {
+		return a.Run(ctx)
+	}
+	stop, err := serveMetrics(o.MetricsAddr, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return a.Run(ctx)
+}
+
+// serveMetrics serves g's /metrics on addr until stop is called; stop waits
+// for the server goroutine.
+func serveMetrics(addr string, g prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close()
+		}
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server failed", "err", err)
+		}
+	}, nil
+}

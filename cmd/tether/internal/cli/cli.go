@@ -1,0 +1,221 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+)
+
+// version is the release version, set at build time with
+// -ldflags "-X github.com/tetherfleet/tether/cmd/tether/internal/cli.version=v1.2.3".
+var version = "dev"
+
+// Exit codes shared by several commands (see the package doc).
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitTimedOut    = 124
+	exitInterrupted = 130
+)
+
+// Run runs the tether command line with args (without the program name) and
+// returns the process exit code. Errors are printed to stderr as
+// "tether: <error>". ctx ending (SIGINT, SIGTERM) stops daemons cleanly and
+// cancels client operations.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return run(ctx, args, &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, now: time.Now})
+}
+
+// env is what commands may use of the process: its streams, its environment
+// and its clock. Tests substitute all of them.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	now            func() time.Time
+	// reached is set once a command's RunE starts: an error before it is a
+	// usage error (unknown command, bad flag, wrong arguments).
+	reached bool
+}
+
+// exitError ends Run with code. A nil err prints nothing (the command has
+// already reported, e.g. a remote exit code).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError marks a problem with the command line: exit code 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// usage wraps err (which may be a joined list) as a usage error; nil stays nil.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &usageError{err}
+}
+
+func run(ctx context.Context, args []string, e *env) int {
+	root := newRootCmd(e)
+	root.SetArgs(args)
+	root.SetIn(e.stdin)
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			printError(e.stderr, ee.err)
+		}
+		return ee.code
+	}
+	var ue *usageError
+	if errors.As(err, &ue) || !e.reached {
+		printError(e.stderr, err)
+		path := "tether"
+		if cmd != nil {
+			path = cmd.CommandPath()
+		}
+		fmt.Fprintf(e.stderr, "Run '%s --help' for usage.\n", path)
+		return exitUsage
+	}
+	printError(e.stderr, err)
+	return exitFailure
+}
+
+// printError prints err as "tether: ..." with each line of a joined error on
+// its own line.
+func printError(w io.Writer, err error) {
+	for _, line := range strings.Split(err.Error(), "\n") {
+		fmt.Fprintf(w, "tether: %s\n", strings.TrimPrefix(line, "tether: "))
+	}
+}
+
+// runE adapts a command body: it records that the command line was parsed.
+func (e *env) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		e.reached = true
+		return fn(cmd, args)
+	}
+}
+
+func newRootCmd(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "tether",
+		Short: "Run jobs on a fleet of nodes reached through their outbound tunnels",
+		Long: `Tether runs jobs on nodes that are reachable only through the tunnels
+their agents dial out to a coordinator. Jobs are submitted through NATS, with
+this CLI or any NATS client.
+
+Start everything locally with 'tether dev', then try 'tether exec --all -- uname -a'.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			cmd.Help()
+			return usage(errors.New("a command is required"))
+		}),
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.AddCommand(
+		newVersionCmd(e),
+		newCoordinatorCmd(e),
+		newAgentCmd(e),
+		newDevCmd(e),
+		newExecCmd(e),
+		newNodesCmd(e),
+	)
+	return root
+}
+
+// versionString is the version line of `tether version`.
+func versionString() string {
+	return fmt.Sprintf("tether %s (%s %s/%s)", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+func newVersionCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: e.runE(func(*cobra.Command, []string) error {
+			_, err := fmt.Fprintln(e.stdout, versionString())
+			return err
+		}),
+	}
+}
+
+// logOptions are the logging flags of the daemon commands.
+type logOptions struct {
+	// Format is "text" (default; logfmt-like) or "json".
+	Format string
+	// Level is "debug", "info" (default), "warn" or "error".
+	Level string
+}
+
+func defaultLogOptions() logOptions { return logOptions{Format: "text", Level: "info"} }
+
+func (o *logOptions) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&o.Format, "log-format", o.Format, "log format: text or json")
+	cmd.Flags().StringVar(&o.Level, "log-level", o.Level, "log level: debug, info, warn or error")
+}
+
+// Validate reports every invalid logging option.
+func (o *logOptions) Validate() error {
+	var errs []error
+	if o.Format != "text" && o.Format != "json" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", o.Format))
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(o.Level)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", o.Level))
+	}
+	return errors.Join(errs...)
+}
+
+// logger builds the slog logger writing to w. o must be valid.
+func (o *logOptions) logger(w io.Writer) *slog.Logger {
+	var l slog.Level
+	l.UnmarshalText([]byte(o.Level))
+	ho := &slog.HandlerOptions{Level: l}
+	if o.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho))
+	}
+	return slog.New(slog.NewTextHandler(w, ho))
+}
+
+// newRegistry returns the registry a daemon serves on /metrics: its
+// components' metrics plus the Go runtime and process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}

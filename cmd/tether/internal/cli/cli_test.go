@@ -1,0 +1,342 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+const defaultTestTimeout = 30 * time.Second
+
+// syncBuffer is a bytes.Buffer safe for a command writing while the test
+// reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// result is one run of the command line.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCLI runs the command line with the environment vars (nil: empty).
+func runCLI(ctx context.Context, vars map[string]string, stdin string, args ...string) result {
+	var stdout, stderr syncBuffer
+	e := &env{
+		stdin:  strings.NewReader(stdin),
+		stdout: &stdout,
+		stderr: &stderr,
+		getenv: func(k string) string { return vars[k] },
+		now:    time.Now,
+	}
+	code := run(ctx, args, e)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestVersion(t *testing.T) {
+	r := runCLI(testCtx(t), nil, "", "version")
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	want := "tether dev (" + runtime.Version()
+	if !strings.HasPrefix(r.stdout, want) {
+		t.Errorf("version = %q, want prefix %q", r.stdout, want)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("secret\n"), 0o600)
+	tests := []struct {
+		name string
+		args []string
+		want []string // substrings of stderr
+	}{
+		{"no command", nil, []string{"a command is required"}},
+		{"unknown command", []string{"frobnicate"}, []string{`unknown command "frobnicate"`}},
+		{"unknown flag", []string{"nodes", "--frob"}, []string{"unknown flag: --frob", "Run 'tether nodes --help'"}},
+		{"exec no target", []string{"exec", "--", "true"}, []string{"no target: give --node, --selector or --all"}},
+		{"exec node and all", []string{"exec", "--node", "a", "--all", "--", "true"}, []string{"give only one of --node, --selector and --all"}},
+		{"exec nothing to run", []string{"exec", "--all"}, []string{"nothing to run"}},
+		{"exec argv and script", []string{"exec", "--all", "--script", "x.sh", "--", "true"}, []string{"either a command after -- or --script"}},
+		{"exec stdin with script", []string{"exec", "--all", "--stdin", "--script", "x.sh"}, []string{"--stdin works with a command only"}},
+		{"exec bad env", []string{"exec", "--all", "--env", "NOEQUALS", "--", "true"}, []string{`--env "NOEQUALS": want KEY=VALUE`}},
+		{"exec bad selector", []string{"exec", "--selector", "a in (", "--", "true"}, []string{"--selector"}},
+		{"exec several problems", []string{"exec", "--timeout", "-1s"}, []string{"no target", "nothing to run", "--timeout -1s is negative"}},
+		{"agent without coordinator", []string{"agent", "--token-file", tokenFile}, []string{"--coordinator is required"}},
+		{"agent without token", []string{"agent", "--coordinator", "c:7443"}, []string{"a join token is required"}},
+		{"agent bad coordinator", []string{"agent", "--coordinator", "nohostport", "--token-file", tokenFile}, []string{`"nohostport" is not host:port`}},
+		{"agent bad labels", []string{"agent", "--coordinator", "c:7443", "--token-file", tokenFile, "--labels", "gpu"}, []string{"--labels", `label "gpu": want key=value`}},
+		{"agent bad node id", []string{"agent", "--coordinator", "c:7443", "--token-file", tokenFile, "--node-id", "a b"}, []string{"--node-id"}},
+		{"agent bad log format", []string{"agent", "--coordinator", "c:7443", "--token-file", tokenFile, "--log-format", "xml"}, []string{`--log-format "xml"`}},
+		{"coordinator half TLS", []string{"coordinator", "--tls-cert", "a.pem"}, []string{"--tls-cert and --tls-key go together"}},
+		{"coordinator bad listen", []string{"coordinator", "--listen", "7443"}, []string{"--listen"}},
+		{"dev bad port", []string{"dev", "--nats-port", "70000"}, []string{"--nats-port 70000"}},
+		{"nodes bad selector", []string{"nodes", "--selector", "!"}, []string{"--selector"}},
+		{"version with args", []string{"version", "extra"}, []string{"unknown command"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCLI(testCtx(t), nil, "", tt.args...)
+			if r.code != exitUsage {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", r.code, exitUsage, r.stderr)
+			}
+			if !strings.HasPrefix(r.stderr, "tether: ") {
+				t.Errorf("stderr does not start with \"tether: \": %q", r.stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+				}
+			}
+		})
+	}
+}
+
+func TestAgentEmptyTokenFile(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte(" \n\t"), 0o600)
+	r := runCLI(testCtx(t), nil, "", "agent", "--coordinator", "127.0.0.1:1", "--token-file", tokenFile, "--data-dir", t.TempDir())
+	if r.code != exitFailure || !strings.Contains(r.stderr, "token file "+tokenFile+" is empty") {
+		t.Errorf("exit %d, stderr %q; want 1 naming the empty file", r.code, r.stderr)
+	}
+}
+
+func TestNATSURLPrecedence(t *testing.T) {
+	tests := []struct {
+		name string
+		flag string
+		env  string
+		want string
+	}{
+		{"default", "", "", "nats://127.0.0.1:4222"},
+		{"env", "", "nats://env:4222", "nats://env:4222"},
+		{"flag wins", "nats://flag:4222", "nats://env:4222", "nats://flag:4222"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := natsOptions{URL: tt.flag}
+			got := o.resolveURL(func(k string) string {
+				if k == natsURLEnv {
+					return tt.env
+				}
+				return ""
+			})
+			if got != tt.want {
+				t.Errorf("resolveURL = %q, want %q", got, tt.want)
+			}
+		})
+	}
+	// Through the command line: the error names the URL it tried.
+	r := runCLI(testCtx(t), map[string]string{natsURLEnv: "nats://127.0.0.1:1"}, "", "nodes")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "connect to NATS at nats://127.0.0.1:1") {
+		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestResolveToken(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "given")
+	os.WriteFile(file, []byte("  from-file \n"), 0o600)
+
+	tok, src, err := resolveToken(file, "from-env", dir)
+	if err != nil || tok != "from-file" || src != file {
+		t.Errorf("file: got %q, %q, %v", tok, src, err)
+	}
+	tok, src, err = resolveToken("", "from-env", dir)
+	if err != nil || tok != "from-env" || src != "$TETHER_TOKEN" {
+		t.Errorf("env: got %q, %q, %v", tok, src, err)
+	}
+	gen, src, err := resolveToken("", "", dir)
+	if err != nil || len(gen) != 64 || src != filepath.Join(dir, joinTokenFile) {
+		t.Fatalf("generate: got %q, %q, %v", gen, src, err)
+	}
+	if fi, err := os.Stat(src); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("generated token file: %v, mode %v", err, fi.Mode())
+	}
+	again, _, err := resolveToken("", "", dir)
+	if err != nil || again != gen {
+		t.Errorf("second start: got %q, %v; want the same token", again, err)
+	}
+	if _, _, err := resolveToken("", "", ""); err == nil {
+		t.Error("no source and no directory: want an error")
+	}
+}
+
+func TestExecOutcome(t *testing.T) {
+	ok := protocol.NodeResult{Node: "a", ExitCode: 0}
+	tests := []struct {
+		name      string
+		single    bool
+		timeout   time.Duration
+		results   []protocol.NodeResult
+		wantCode  int
+		wantLines []string
+	}{
+		{"single ok", true, 0, []protocol.NodeResult{ok}, 0, nil},
+		{"single exit code", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 3}}, 3, nil},
+		{"single signal", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 137, Signal: "SIGKILL"}}, 137,
+			[]string{"node a: killed by signal SIGKILL (exit code 137)"}},
+		{"single timeout", true, 5 * time.Second, []protocol.NodeResult{{Node: "a", ExitCode: 137, TimedOut: true}}, 124,
+			[]string{"node a: timed out after 5s"}},
+		{"single timeout default", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 137, TimedOut: true, DurationMS: 1500.2}}, 124,
+			[]string{"node a: timed out after 1.5s"}},
+		{"single unreachable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost", ErrorCode: "unavailable"}}, 1,
+			[]string{"node a: tunnel lost (unavailable)"}},
+		{"single missing result", true, 0, nil, 1, []string{"job j: expected one node's result, got 0"}},
+		{"single truncated", true, 0, []protocol.NodeResult{{Node: "a", StdoutTruncated: true, StdoutBytes: 99}}, 0,
+			[]string{"node a: stdout was truncated (99 bytes produced)"}},
+		{"multi ok", false, 0, []protocol.NodeResult{ok, {Node: "b"}}, 0, nil},
+		{"multi failures", false, time.Second, []protocol.NodeResult{
+			ok,
+			{Node: "b", ExitCode: 2},
+			{Node: "c", ExitCode: -1, Error: "unreachable"},
+			{Node: "d", ExitCode: 137, TimedOut: true},
+			{Node: "e", ExitCode: 143, Cancelled: true},
+		}, 1, []string{
+			"node b: exit code 2",
+			"node c: unreachable",
+			"node d: timed out after 1s",
+			"node e: cancelled",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, lines := execOutcome(tt.single, tt.timeout, &protocol.ExecResult{ID: "j", Results: tt.results})
+			if code != tt.wantCode {
+				t.Errorf("code = %d, want %d", code, tt.wantCode)
+			}
+			if diff := cmp.Diff(tt.wantLines, lines); diff != "" {
+				t.Errorf("lines (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestExecRequest(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "s.sh")
+	os.WriteFile(script, []byte("echo from file\n"), 0o644)
+	tests := []struct {
+		name  string
+		opts  execOptions
+		argv  []string
+		stdin string
+		want  protocol.ExecRequest
+	}{
+		{"argv", execOptions{All: true, Env: []string{"A=1", "B=x=y"}, Cwd: "/tmp", Timeout: time.Minute, MaxParallel: 4},
+			[]string{"echo", "hi"}, "",
+			protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"echo", "hi"}, Env: map[string]string{"A": "1", "B": "x=y"},
+				Cwd: "/tmp", Timeout: protocol.Duration(time.Minute), MaxParallel: 4}},
+		{"stdin", execOptions{Node: "n1", Stdin: true}, []string{"wc", "-c"}, "data",
+			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"wc", "-c"}, Stdin: []byte("data")}},
+		{"script file", execOptions{Selector: "gpu=true", Script: script}, nil, "",
+			protocol.ExecRequest{Target: protocol.Target{Selector: "gpu=true"}, Script: "echo from file\n"}},
+		{"script stdin", execOptions{All: true, Script: "-"}, nil, "echo from stdin",
+			protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "echo from stdin"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.opts.Validate(tt.argv); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			got, err := tt.opts.request(tt.argv, strings.NewReader(tt.stdin))
+			if err != nil {
+				t.Fatalf("request: %v", err)
+			}
+			if diff := cmp.Diff(&tt.want, got); diff != "" {
+				t.Errorf("request (-want +got):\n%s", diff)
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("built request is invalid: %v", err)
+			}
+		})
+	}
+}
+
+func TestNodesTable(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	nodes := []protocol.NodeInfo{
+		{ID: "gpu-1", Labels: map[string]string{"zone": "a", "gpu": "true"}, Capacity: protocol.Capacity{CPUs: 64, MemoryBytes: 512 << 30, GPUs: 8, GPUModel: "H100"},
+			Coordinator: "c1", ConnectedAt: now.Add(-3 * time.Hour), LastHeartbeat: now.Add(-2 * time.Second), RTTMicros: 1530},
+		{ID: "small", Capacity: protocol.Capacity{CPUs: 2}, Coordinator: "c1", ConnectedAt: now.Add(-90 * time.Second), LastHeartbeat: now, RTTMicros: 250},
+	}
+	var b bytes.Buffer
+	if err := writeNodesTable(&b, nodes, now); err != nil {
+		t.Fatal(err)
+	}
+	want := `ID     LABELS           CPUS  MEMORY  GPUS    RTT    CONNECTED  LAST SEEN  COORDINATOR
+gpu-1  gpu=true,zone=a  64    512.0Gi  8×H100  1.53ms  3h         2s         c1
+small  -                2     -       0       250µs  1m         0s         c1
+`
+	// tabwriter counts bytes, so the multi-byte × and µ shift columns;
+	// compare fields instead of exact spacing.
+	if diff := cmp.Diff(fields(want), fields(b.String())); diff != "" {
+		t.Errorf("table (-want +got):\n%s\ngot:\n%s", diff, b.String())
+	}
+}
+
+func fields(s string) [][]string {
+	var out [][]string
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		out = append(out, strings.Fields(l))
+	}
+	return out
+}
+
+func TestFormatAge(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	for d, want := range map[time.Duration]string{
+		0: "0s", 59 * time.Second: "59s", 61 * time.Second: "1m", 2 * time.Hour: "2h", 47 * time.Hour: "47h", 72 * time.Hour: "3d", -time.Second: "0s",
+	} {
+		if got := formatAge(now, now.Add(-d)); got != want {
+			t.Errorf("formatAge(%v) = %q, want %q", d, got, want)
+		}
+	}
+	if got := formatAge(now, time.Time{}); got != "-" {
+		t.Errorf("formatAge(zero) = %q", got)
+	}
+}
+
+func TestDialAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		":7443":          "127.0.0.1:7443",
+		"[::]:7443":      "127.0.0.1:7443",
+		"0.0.0.0:1":      "127.0.0.1:1",
+		"10.0.0.1:7443":  "10.0.0.1:7443",
+		"localhost:7443": "localhost:7443",
+	} {
+		if got := dialAddr(in); got != want {
+			t.Errorf("dialAddr(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,370 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// coordinatorOptions are the flags of `tether coordinator`.
+type coordinatorOptions struct {
+	// DataDir holds the generated join token, the dev PKI and the embedded
+	// NATS server's JetStream store. Created 0700 if missing. Default
+	// /var/lib/tether as root, else ~/.local/state/tether/coordinator.
+	DataDir string
+	// Listen is the agent tunnel listener's address (TLS). Default ":7443".
+	Listen string
+	// HTTPAddr is the admin listener (/metrics, /healthz, /readyz). Default
+	// "127.0.0.1:7080".
+	HTTPAddr string
+	// NATSURL names an external NATS server. Empty (default) starts an
+	// embedded one with JetStream, storing under DataDir/nats.
+	NATSURL string
+	// NATSCreds is a NATS credentials file for NATSURL. Optional.
+	NATSCreds string
+	// NATSListen is the embedded NATS server's client address, host:port;
+	// port 0 picks a free port. Default "127.0.0.1:4222". Ignored with
+	// NATSURL.
+	NATSListen string
+	// TokenFile holds the join token agents must present. Empty means
+	// $TETHER_TOKEN, else DataDir/join-token, generated (0600) on first
+	// start.
+	TokenFile string
+	// TLSCert and TLSKey are the tunnel listener's certificate and key
+	// (PEM). Both empty (default) generates a development CA and
+	// certificate under DataDir/pki, covering localhost and TLSHosts.
+	TLSCert, TLSKey string
+	// TLSHosts are extra DNS names or IPs the development certificate
+	// covers (the names agents dial). Ignored with TLSCert.
+	TLSHosts []string
+	// ID names the coordinator. Default: the host name.
+	ID string
+	// Heartbeat is the agent heartbeat interval; a session silent for three
+	// intervals is dropped. Zero means the coordinator's default (5 s).
+	Heartbeat time.Duration
+	// ExecTimeout is the timeout of jobs whose request names none. Zero
+	// (default) means none.
+	ExecTimeout time.Duration
+	// Log configures logging to stderr.
+	Log logOptions
+}
+
+func defaultCoordinatorOptions() coordinatorOptions {
+	return coordinatorOptions{
+		DataDir:    defaultStateDir("/var/lib/tether", "coordinator"),
+		Listen:     ":7443",
+		HTTPAddr:   "127.0.0.1:7080",
+		NATSListen: "127.0.0.1:4222",
+		Log:        defaultLogOptions(),
+	}
+}
+
+// defaultStateDir is rootDir when running as root, else
+// $XDG_STATE_HOME/tether/name (~/.local/state/tether/name), falling back to
+// the temporary directory when there is no home directory.
+func defaultStateDir(rootDir, name string) string {
+	if os.Geteuid() == 0 {
+		return rootDir
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "tether", name)
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "tether", name)
+	}
+	return filepath.Join(os.TempDir(), "tether-"+name)
+}
+
+// Validate reports every invalid option.
+func (o *coordinatorOptions) Validate() error {
+	var errs []error
+	if o.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is required"))
+	}
+	if err := checkHostPort(o.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("--listen: %w", err))
+	}
+	if err := checkHostPort(o.HTTPAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--http-addr: %w", err))
+	}
+	if o.NATSURL == "" {
+		if _, _, err := splitNATSListen(o.NATSListen); err != nil {
+			errs = append(errs, fmt.Errorf("--nats-listen: %w", err))
+		}
+	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if o.Heartbeat < 0 {
+		errs = append(errs, fmt.Errorf("--heartbeat %v is negative", o.Heartbeat))
+	}
+	if o.ExecTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
+	}
+	if err := o.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkHostPort checks a listen or dial address.
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%q: bad port", addr)
+	}
+	return nil
+}
+
+// splitNATSListen splits host:port for the embedded server; port 0 becomes
+// server.RANDOM_PORT.
+func splitNATSListen(addr string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("%q is not host:port", addr)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%q: port must be 0-65535", addr)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	return host, port, nil
+}
+
+func newCoordinatorCmd(e *env) *cobra.Command {
+	o := defaultCoordinatorOptions()
+	cmd := &cobra.Command{
+		Use:   "coordinator",
+		Short: "Run a coordinator: agent tunnel listener, NATS API, admin endpoints",
+		Long: `Run a coordinator. Agents dial its tunnel listener (TLS); jobs arrive through
+the NATS micro service "tether" (tether.v1.exec, tether.v1.nodes,
+tether.v1.cancel). Without --nats-url it embeds a NATS server with JetStream.
+Without --tls-cert it generates a development CA under the data directory:
+give agents its ca.crt with --ca-file. Without --token-file or TETHER_TOKEN it
+generates a join token in the data directory.`,
+		Args: cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return usage(err)
+			}
+			log := o.Log.logger(e.stderr)
+			reg := newRegistry()
+			cs, err := startCoordinator(o, e.getenv(tokenEnv), log, reg)
+			if err != nil {
+				return err
+			}
+			return cs.serve(cmd.Context())
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the join token, dev PKI and embedded NATS store")
+	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS)")
+	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
+	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
+	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "NATS credentials file for --nats-url")
+	f.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "embedded NATS client listen address (port 0: any free port)")
+	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the agents' join token (default: $TETHER_TOKEN, else DATA-DIR/join-token, generated)")
+	f.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "tunnel TLS certificate (PEM); default: dev PKI in DATA-DIR/pki")
+	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
+	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
+	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
+	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval (0: coordinator default, 5s)")
+	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
+	o.Log.addFlags(cmd)
+	return cmd
+}
+
+// coordinatorInfo is where a started coordinator can be reached.
+type coordinatorInfo struct {
+	TunnelAddr string // the tunnel listener's bound address
+	NATSURL    string // the NATS server the API is served on
+	AdminAddr  string // the admin listener's bound address
+	CAFile     string // the dev CA agents must trust; empty with --tls-cert
+	Token      string // the join token
+	TokenFrom  string // the token's file, or "$TETHER_TOKEN"
+}
+
+// coordinatorServer is a coordinator whose listeners are bound and whose
+// NATS connection is up, ready to serve.
+type coordinatorServer struct {
+	info     coordinatorInfo
+	log      *slog.Logger
+	coord    *coordinator.Coordinator
+	tunnelLn net.Listener
+	adminLn  net.Listener
+	admin    *http.Server
+	nc       *nats.Conn
+	ns       *server.Server // nil with an external NATS
+}
+
+// startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
+// external), listeners. On error it releases everything it acquired. The
+// caller must call serve, which releases everything when it returns.
+func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, reg *prometheus.Registry) (cs *coordinatorServer, err error) {
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("coordinator: create data dir: %w", err)
+	}
+	cs = &coordinatorServer{log: log}
+	cs.info.Token, cs.info.TokenFrom, err = resolveToken(o.TokenFile, envToken, o.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+
+	var tlsCfg *tls.Config
+	if o.TLSCert != "" {
+		tlsCfg, err = tunnel.LoadServerTLS(o.TLSCert, o.TLSKey)
+	} else {
+		hosts := append([]string(nil), o.TLSHosts...)
+		if h, _, _ := net.SplitHostPort(o.Listen); h != "" && h != "0.0.0.0" && h != "::" {
+			hosts = append(hosts, h)
+		}
+		if hn, herr := os.Hostname(); herr == nil && hn != "" {
+			hosts = append(hosts, hn)
+		}
+		var pki tunnel.DevPKI
+		pki, err = tunnel.EnsureDevPKI(filepath.Join(o.DataDir, "pki"), hosts)
+		if err == nil {
+			cs.info.CAFile = pki.CACert
+			tlsCfg, err = tunnel.LoadServerTLS(pki.ServerCert, pki.ServerKey)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+
+	id := o.ID
+	if id == "" {
+		id = coordinator.DefaultConfig().ID
+	}
+	natsOpts := []nats.Option{nats.Name("tether-coordinator " + id), nats.MaxReconnects(-1)}
+	url := o.NATSURL
+	if url == "" {
+		host, port, _ := splitNATSListen(o.NATSListen)
+		cs.ns, err = coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{
+			Host:       host,
+			Port:       port,
+			StoreDir:   filepath.Join(o.DataDir, "nats"),
+			ServerName: "tether-" + id,
+			Logger:     log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		undo = append(undo, func() { cs.ns.Shutdown(); cs.ns.WaitForShutdown() })
+		url = cs.ns.ClientURL()
+		natsOpts = append(natsOpts, nats.InProcessServer(cs.ns))
+	} else if o.NATSCreds != "" {
+		natsOpts = append(natsOpts, nats.UserCredentials(o.NATSCreds))
+	}
+	cs.info.NATSURL = url
+	cs.nc, err = nats.Connect(url, natsOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: connect to NATS at %s: %w", url, err)
+	}
+	undo = append(undo, cs.nc.Close)
+
+	cfg := coordinator.DefaultConfig()
+	cfg.ID = id
+	cfg.Token = cs.info.Token
+	cfg.NATS = cs.nc
+	cfg.Version = version
+	if o.Heartbeat > 0 {
+		cfg.HeartbeatInterval = o.Heartbeat
+	}
+	cfg.DefaultTimeout = o.ExecTimeout
+	cfg.Logger = log
+	cfg.Registerer = reg
+	cs.coord, err = coordinator.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: tunnel listener: %w", err)
+	}
+	undo = append(undo, func() { ln.Close() })
+	cs.info.TunnelAddr = ln.Addr().String()
+	cs.tunnelLn = tls.NewListener(ln, tlsCfg)
+
+	cs.adminLn, err = net.Listen("tcp", o.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: admin listener: %w", err)
+	}
+	cs.info.AdminAddr = cs.adminLn.Addr().String()
+	cs.admin = &http.Server{Handler: cs.coord.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+	return cs, nil
+}
+
+// serve runs the coordinator until ctx is done, then drains it and stops the
+// admin server, the NATS connection and the embedded NATS server, in that
+// order. It returns nil after a drain caused by ctx.
+func (cs *coordinatorServer) serve(ctx context.Context) error {
+	cs.log.Info("coordinator started",
+		"tunnel_addr", cs.info.TunnelAddr,
+		"nats_url", cs.info.NATSURL,
+		"admin_addr", cs.info.AdminAddr,
+		"ca_file", cs.info.CAFile,
+		"token_from", cs.info.TokenFrom)
+
+	adminDone := make(chan error, 1)
+	go func() { adminDone <- cs.admin.Serve(cs.adminLn) }()
+
+	err := cs.coord.Serve(ctx, cs.tunnelLn)
+
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := cs.admin.Shutdown(sctx); serr != nil {
+		cs.admin.Close()
+	}
+	if aerr := <-adminDone; !errors.Is(aerr, http.ErrServerClosed) {
+		cs.log.Error("admin server failed", "err", aerr)
+	}
+	cs.nc.Close()
+	if cs.ns != nil {
+		cs.ns.Shutdown()
+		cs.ns.WaitForShutdown()
+	}
+	cs.log.Info("coordinator stopped")
+	return err
+}
+
+// close releases a coordinatorServer that will not be served.
+func (cs *coordinatorServer) close() {
+	cs.tunnelLn.Close()
+	cs.adminLn.Close()
+	cs.nc.Close()
+	if cs.ns != nil {
+		cs.ns.Shutdown()
+		cs.ns.WaitForShutdown()
+	}
+}

@@ -1,0 +1,274 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// devOptions are the flags of `tether dev`.
+type devOptions struct {
+	// DataDir holds the dev PKI, the join token, the NATS store and the
+	// agent's working directory. Default $XDG_STATE_HOME/tether/dev, i.e.
+	// ~/.local/state/tether/dev (as root too: dev mode is per user).
+	// Instances running side by side need distinct data directories.
+	DataDir string
+	// NATSPort is the embedded NATS server's port on 127.0.0.1; 0 picks a
+	// free port. Default 4222.
+	NATSPort int
+	// TunnelAddr is the tunnel listener, which the local agent dials.
+	// Default "127.0.0.1:7443"; port 0 picks a free port.
+	TunnelAddr string
+	// HTTPAddr is the admin listener. Default "127.0.0.1:7080"; port 0 picks
+	// a free port.
+	HTTPAddr string
+	// Log configures logging to stderr.
+	Log logOptions
+}
+
+func defaultDevOptions() devOptions {
+	dir := filepath.Join(os.TempDir(), "tether-dev")
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		dir = filepath.Join(d, "tether", "dev")
+	} else if home, err := os.UserHomeDir(); err == nil {
+		dir = filepath.Join(home, ".local", "state", "tether", "dev")
+	}
+	return devOptions{
+		DataDir:    dir,
+		NATSPort:   4222,
+		TunnelAddr: "127.0.0.1:7443",
+		HTTPAddr:   "127.0.0.1:7080",
+		Log:        defaultLogOptions(),
+	}
+}
+
+// Validate reports every invalid option.
+func (o *devOptions) Validate() error {
+	var errs []error
+	if o.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is required"))
+	}
+	if o.NATSPort < 0 || o.NATSPort > 65535 {
+		errs = append(errs, fmt.Errorf("--nats-port %d: want 0-65535", o.NATSPort))
+	}
+	if err := checkHostPort(o.TunnelAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--tunnel-addr: %w", err))
+	}
+	if err := checkHostPort(o.HTTPAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--http-addr: %w", err))
+	}
+	if err := o.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func newDevCmd(e *env) *cobra.Command {
+	o := defaultDevOptions()
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a coordinator, embedded NATS and one local agent, with zero config",
+		Long: `Run a complete local Tether: a coordinator with its embedded NATS server
+(JetStream on), and one agent on this machine connected to it through a real
+TLS tunnel over loopback. The dev CA, join token and NATS store live in the
+data directory. Ctrl-C stops everything.
+
+To run several side by side, give each its own --data-dir and ports.`,
+		Args: cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return usage(err)
+			}
+			return runDev(cmd.Context(), &o, e)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the dev PKI, token, NATS store and agent")
+	f.IntVar(&o.NATSPort, "nats-port", o.NATSPort, "embedded NATS port on 127.0.0.1 (0: any free port)")
+	f.StringVar(&o.TunnelAddr, "tunnel-addr", o.TunnelAddr, "tunnel listen address")
+	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
+	o.Log.addFlags(cmd)
+	return cmd
+}
+
+// devNodeID is the local agent's node id: the host name when it is a valid
+// node id, else "dev".
+func devNodeID() string {
+	if h, err := os.Hostname(); err == nil && protocol.ValidNodeID(h) == nil {
+		return h
+	}
+	return "dev"
+}
+
+// runDev runs the dev stack until ctx is done. Shutdown order: the agent
+// first (so it does not redial a draining coordinator), then the coordinator
+// (drain, NATS connection, embedded server). o must be valid.
+func runDev(ctx context.Context, o *devOptions, e *env) error {
+	log := o.Log.logger(e.stderr)
+	co := defaultCoordinatorOptions()
+	co.DataDir = o.DataDir
+	co.Listen = o.TunnelAddr
+	co.HTTPAddr = o.HTTPAddr
+	co.NATSListen = net.JoinHostPort("127.0.0.1", strconv.Itoa(o.NATSPort))
+	co.ID = "dev"
+	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
+	cs, err := startCoordinator(co, "", log, newRegistry())
+	if err != nil {
+		return err
+	}
+
+	acfg, err := devAgentConfig(o, cs.info, log)
+	var a *agent.Agent
+	if err == nil {
+		a, err = agent.New(acfg)
+	}
+	if err != nil {
+		cs.close()
+		return fmt.Errorf("dev agent: %w", err)
+	}
+
+	coordCtx, stopCoord := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCoord()
+	devCtx, stopDev := context.WithCancel(ctx)
+	defer stopDev()
+
+	coordDone := make(chan error, 1)
+	go func() { coordDone <- cs.serve(coordCtx) }()
+	agentDone := make(chan error, 1)
+	go func() { agentDone <- a.Run(devCtx) }()
+	bannerDone := make(chan struct{})
+	go func() {
+		defer close(bannerDone)
+		announceDev(devCtx, e.stdout, o, cs.info, acfg.NodeID, log)
+	}()
+
+	var coordErr, agentErr error
+	coordExited, agentExited := false, false
+	select {
+	case <-ctx.Done():
+	case coordErr = <-coordDone:
+		coordExited = true
+	case agentErr = <-agentDone:
+		agentExited = true
+	}
+	stopDev()
+	<-bannerDone
+	if !agentExited {
+		agentErr = <-agentDone
+	}
+	stopCoord()
+	if !coordExited {
+		coordErr = <-coordDone
+	}
+	if coordErr == nil && agentErr == nil && ctx.Err() == nil {
+		// Only ctx should stop the dev stack.
+		return errors.New("dev: stopped unexpectedly")
+	}
+	return errors.Join(coordErr, agentErr)
+}
+
+// devAgentConfig configures the local agent to dial the dev coordinator.
+func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger) (agent.Config, error) {
+	cfg := agent.DefaultConfig()
+	tlsCfg, err := tunnel.LoadClientTLS(info.CAFile)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.NodeID = devNodeID()
+	cfg.Labels = map[string]string{"dev": "true"}
+	cfg.Coordinators = []string{dialAddr(info.TunnelAddr)}
+	cfg.Token = info.Token
+	cfg.TLS = tlsCfg
+	cfg.DataDir = filepath.Join(o.DataDir, "agent")
+	cfg.Version = version
+	cfg.Logger = log
+	// The agent's metrics stay private: the admin endpoint serves the
+	// coordinator's.
+	return cfg, nil
+}
+
+// dialAddr turns a listener's address into one to dial: an unspecified host
+// (":7443", "[::]:7443") becomes loopback.
+func dialAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// announceDev waits until the local agent is registered, as seen through the
+// public NATS API, then prints where everything is and what to try.
+func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, nodeID string, log *slog.Logger) {
+	nc, err := nats.Connect(info.NATSURL, nats.Name("tether-dev banner"))
+	if err != nil {
+		log.Error("dev: connect to NATS to check the agent", "err", err)
+		return
+	}
+	defer nc.Close()
+	c := client.New(nc)
+	warn := time.NewTimer(30 * time.Second)
+	defer warn.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		nodes, err := c.Nodes(rctx, "")
+		cancel()
+		if err == nil && slices.ContainsFunc(nodes, func(n protocol.NodeInfo) bool { return n.ID == nodeID }) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-warn.C:
+			log.Warn("dev: the local agent has not registered yet", "node_id", nodeID, "last_err", err)
+		case <-tick.C:
+		}
+	}
+	fmt.Fprint(w, devBanner(o, info, nodeID))
+}
+
+// devBanner is what `tether dev` prints once it is ready.
+func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
+	var b strings.Builder
+	tetherFlag, natsFlag := "", ""
+	if info.NATSURL != defaultNATSURL {
+		tetherFlag = " --nats-url " + info.NATSURL
+		natsFlag = " -s " + info.NATSURL
+	}
+	fmt.Fprintf(&b, "\nTether dev is ready.\n\n")
+	fmt.Fprintf(&b, "  NATS URL:   %s\n", info.NATSURL)
+	fmt.Fprintf(&b, "  tunnel:     %s (CA %s)\n", info.TunnelAddr, info.CAFile)
+	fmt.Fprintf(&b, "  admin:      http://%s/metrics\n", info.AdminAddr)
+	fmt.Fprintf(&b, "  node:       %s (labels dev=true)\n", nodeID)
+	fmt.Fprintf(&b, "  data dir:   %s\n", o.DataDir)
+	fmt.Fprintf(&b, "  join token: %s\n\n", info.TokenFrom)
+	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
+	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
+	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
+	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
+	fmt.Fprintf(&b, "  nats%s micro ls\n\n", natsFlag)
+	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
+	return b.String()
+}

@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// checkFor polls f until it returns nil or d passes.
+func checkFor(t testing.TB, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDevSmoke runs `tether dev` on random ports and drives it with the
+// client commands, all through run, then stops it with ctx.
+func TestDevSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack")
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	var code int
+	done := make(chan struct{}) // closed when run returned code
+	go func() {
+		defer close(done)
+		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn"}, e)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	})
+
+	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+	var url string
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := urlRE.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+		}
+		url = m[1]
+		return nil
+	})
+	for _, w := range []string{"tether exec", "--all -- uname -a", "nats -s " + url + " micro ls", "Ctrl-C"} {
+		if !strings.Contains(stdout.String(), w) {
+			t.Errorf("banner lacks %q:\n%s", w, stdout.String())
+		}
+	}
+
+	node := devNodeID()
+	r := runCLI(testCtx(t), nil, "", "nodes", "--json", "--nats-url", url)
+	if r.code != 0 {
+		t.Fatalf("nodes: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var nodes protocol.NodesResponse
+	if err := json.Unmarshal([]byte(r.stdout), &nodes); err != nil {
+		t.Fatalf("nodes --json: %v\n%s", err, r.stdout)
+	}
+	if len(nodes.Nodes) != 1 || nodes.Nodes[0].ID != node || nodes.Nodes[0].Labels["dev"] != "true" {
+		t.Fatalf("nodes = %+v, want the dev node %s", nodes.Nodes, node)
+	}
+
+	// TETHER_NATS_URL is honoured too.
+	r = runCLI(testCtx(t), map[string]string{natsURLEnv: url}, "", "exec", "--all", "--", "echo", "hi")
+	if r.code != 0 || r.stdout != node+" | hi\n" {
+		t.Errorf("exec --all: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+	if r.code != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
+		t.Errorf("exec --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "no-such-node", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, "unknown_node") {
+		t.Errorf("exec unknown node: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", node, "--timeout", "200ms", "--", "sleep", "10")
+	if r.code != exitTimedOut || !strings.Contains(r.stderr, "tether: node "+node+": timed out after 200ms") {
+		t.Errorf("exec timeout: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	// Interrupting exec cancels the remote job and exits 130.
+	ictx, interrupt := context.WithCancel(testCtx(t))
+	defer interrupt()
+	var iout, ierr syncBuffer
+	ie := &env{stdin: strings.NewReader(""), stdout: &iout, stderr: &ierr, getenv: func(string) string { return "" }, now: time.Now}
+	icode := make(chan int, 1)
+	go func() {
+		icode <- run(ictx, []string{"exec", "--nats-url", url, "--all", "--", "sh", "-c", "echo started; sleep 30"}, ie)
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		if !strings.Contains(iout.String(), "started") {
+			return errorString("job not started yet")
+		}
+		return nil
+	})
+	interrupt()
+	select {
+	case c := <-icode:
+		if c != exitInterrupted || !strings.Contains(ierr.String(), "node "+node+": cancelled") {
+			t.Errorf("interrupted exec: exit %d, stderr %q", c, ierr.String())
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("interrupted exec did not return")
+	}
+
+	cancel()
+	select {
+	case <-done:
+		if code != 0 {
+			t.Errorf("dev exit code %d after ctx cancel; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("dev did not stop within the timeout")
+	}
+}
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }

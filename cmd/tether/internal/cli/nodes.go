@@ -1,0 +1,162 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// nodesOptions are the flags of `tether nodes`.
+type nodesOptions struct {
+	// Selector filters nodes by label. Empty lists every node.
+	Selector string
+	// JSON prints the protocol.NodesResponse instead of a table.
+	JSON bool
+	// NATS says how to reach the API.
+	NATS natsOptions
+}
+
+// Validate reports every invalid option.
+func (o *nodesOptions) Validate() error {
+	if o.Selector != "" {
+		if _, err := protocol.ParseSelector(o.Selector); err != nil {
+			return fmt.Errorf("--selector: %w", err)
+		}
+	}
+	return nil
+}
+
+func newNodesCmd(e *env) *cobra.Command {
+	var o nodesOptions
+	cmd := &cobra.Command{
+		Use:   "nodes [--selector S] [--json]",
+		Short: "List connected nodes",
+		Args:  cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return usage(err)
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			nodes, err := c.Nodes(cmd.Context(), o.Selector)
+			if err != nil {
+				return err
+			}
+			if o.JSON {
+				if nodes == nil {
+					nodes = []protocol.NodeInfo{}
+				}
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(protocol.NodesResponse{Nodes: nodes})
+			}
+			return writeNodesTable(e.stdout, nodes, e.now())
+		}),
+	}
+	cmd.Flags().StringVar(&o.Selector, "selector", "", "list only nodes matching this label selector")
+	cmd.Flags().BoolVar(&o.JSON, "json", false, "print the API's JSON response")
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+// writeNodesTable prints nodes as an aligned table; ages are relative to now.
+func writeNodesTable(w io.Writer, nodes []protocol.NodeInfo, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tLABELS\tCPUS\tMEMORY\tGPUS\tRTT\tCONNECTED\tLAST SEEN\tCOORDINATOR")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			n.ID, formatLabels(n.Labels), n.Capacity.CPUs, formatBytes(n.Capacity.MemoryBytes),
+			formatGPUs(n.Capacity), formatRTT(n.RTTMicros),
+			formatAge(now, n.ConnectedAt), formatAge(now, n.LastHeartbeat), n.Coordinator)
+	}
+	return tw.Flush()
+}
+
+// formatLabels renders labels as sorted k=v pairs, "-" when none.
+func formatLabels(l map[string]string) string {
+	if len(l) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + l[k]
+	}
+	return strings.Join(keys, ",")
+}
+
+// formatBytes renders a size in binary units ("15.6Gi"), "-" when unknown.
+func formatBytes(n uint64) string {
+	if n == 0 {
+		return "-"
+	}
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, i := float64(n), -1
+	for v >= unit && i < 5 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f%ci", v, "KMGTPE"[i])
+}
+
+func formatGPUs(c protocol.Capacity) string {
+	if c.GPUs == 0 {
+		return "0"
+	}
+	if c.GPUModel == "" {
+		return fmt.Sprint(c.GPUs)
+	}
+	return fmt.Sprintf("%d×%s", c.GPUs, c.GPUModel)
+}
+
+// formatRTT renders the tunnel round trip, "-" when not measured yet.
+func formatRTT(us int64) string {
+	if us <= 0 {
+		return "-"
+	}
+	d := time.Duration(us) * time.Microsecond
+	switch {
+	case d < time.Millisecond:
+		return d.String()
+	case d < time.Second:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// formatAge renders now-t coarsely: "45s", "12m", "3h", "2d"; "-" for a zero t.
+func formatAge(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}

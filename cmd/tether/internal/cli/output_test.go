@@ -1,0 +1,109 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// countingWriter records each Write as one element.
+type countingWriter struct{ writes []string }
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.writes = append(w.writes, string(p))
+	return len(p), nil
+}
+
+func TestLinePrefixer(t *testing.T) {
+	tests := []struct {
+		name   string
+		chunks []string
+		want   string
+	}{
+		{"one line", []string{"hello\n"}, "n | hello\n"},
+		{"two lines one chunk", []string{"a\nb\n"}, "n | a\nn | b\n"},
+		{"line split across chunks", []string{"hel", "lo\nwor", "ld\n"}, "n | hello\nn | world\n"},
+		{"partial last line flushed", []string{"a\nno newline"}, "n | a\nn | no newline\n"},
+		{"empty lines", []string{"\n\n"}, "n | \nn | \n"},
+		{"empty chunk", []string{""}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			p := newLinePrefixer(&b, "n | ")
+			for _, c := range tt.chunks {
+				if n, err := p.Write([]byte(c)); n != len(c) || err != nil {
+					t.Fatalf("Write(%q) = %d, %v", c, n, err)
+				}
+			}
+			if err := p.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if got := b.String(); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// Complete lines of one chunk go out in a single write, and an incomplete
+// line in none, so prefixers sharing a writer interleave only whole lines.
+func TestLinePrefixerWritesWholeLines(t *testing.T) {
+	var w countingWriter
+	a := newLinePrefixer(&w, "a | ")
+	b := newLinePrefixer(&w, "b | ")
+	a.Write([]byte("1\n2\npart"))
+	b.Write([]byte("x\n"))
+	a.Write([]byte("ial\n"))
+	want := []string{"a | 1\na | 2\n", "b | x\n", "a | partial\n"}
+	if strings.Join(w.writes, "|") != strings.Join(want, "|") {
+		t.Errorf("writes = %q, want %q", w.writes, want)
+	}
+}
+
+func TestLinePrefixerBoundsPartialLine(t *testing.T) {
+	var b bytes.Buffer
+	p := newLinePrefixer(&b, "n | ")
+	long := strings.Repeat("x", maxPartialLine)
+	p.Write([]byte(long))
+	if got, want := b.String(), "n | "+long+"\n"; got != want {
+		t.Fatalf("a line of maxPartialLine bytes was not broken: got %d bytes", len(got))
+	}
+}
+
+func TestExecOutputModes(t *testing.T) {
+	chunks := []struct{ node, stream, data string }{
+		{"a", "stdout", "one\ntw"},
+		{"b", "stderr", "oops\n"},
+		{"a", "stdout", "o\n"},
+		{"b", "stdout", "tail"},
+	}
+	tests := []struct {
+		name             string
+		prefix, json     bool
+		wantOut, wantErr string
+	}{
+		{"raw", false, false, "one\ntwo\ntail", "oops\n"},
+		{"prefixed", true, false, "a | one\na | two\nb | tail\n", "b | oops\n"},
+		{"json", false, true,
+			`{"node":"a","stream":"stdout","data":"one\ntw"}` + "\n" +
+				`{"node":"b","stream":"stderr","data":"oops\n"}` + "\n" +
+				`{"node":"a","stream":"stdout","data":"o\n"}` + "\n" +
+				`{"node":"b","stream":"stdout","data":"tail"}` + "\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			o := newExecOutput(&out, &errOut, tt.prefix, tt.json)
+			for _, c := range chunks {
+				o.handle(c.node, c.stream, []byte(c.data))
+			}
+			if err := o.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != tt.wantOut || errOut.String() != tt.wantErr {
+				t.Errorf("stdout %q stderr %q, want %q and %q", out.String(), errOut.String(), tt.wantOut, tt.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,8 @@
+// Package e2e holds Tether's multi-process end-to-end tests. They build the
+// tether binary (with -race) and run it as a coordinator and as agents on
+// loopback, then drive the fleet through NATS with a plain nats.go client and
+// through the CLI, as a user would.
+//
+// The tests carry the build tag e2e: run them with `make test-e2e` or
+// `go test -tags e2e ./e2e/`. Pass -tether-bin=PATH to test a prebuilt binary.
+package e2e
