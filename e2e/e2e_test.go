@@ -137,12 +137,12 @@ func checkFor(t *testing.T, d time.Duration, cond func() error) {
 }
 
 type fleet struct {
-	dataDir, tokenFile           string
+	dataDir, tokenFile            string
 	tunnelAddr, httpAddr, natsURL string
-	coordArgs                    []string
-	coord                        *proc
-	nc                           *nats.Conn
-	cl                           *client.Client
+	coordArgs                     []string
+	coord                         *proc
+	nc                            *nats.Conn
+	cl                            *client.Client
 }
 
 func startFleet(t *testing.T) *fleet {

@@ -162,10 +162,10 @@ func reportPerConn(b *testing.B, before, after int64) {
 }
 
 type child struct {
-	pid                   int
-	addr, natsURL, token  string
-	tls                   *tls.Config
-	lines                 *bufio.Scanner
+	pid                  int
+	addr, natsURL, token string
+	tls                  *tls.Config
+	lines                *bufio.Scanner
 }
 
 // startChild re-executes the test binary as a coordinator or a bare TLS

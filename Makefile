@@ -1,0 +1,122 @@
+# Tether — build, test and packaging entry points.
+#
+# `make help` lists the targets; each documented target has a `## ` comment.
+# `make test` is the one test command: CI (.ci/run) and the README call it.
+# Nothing here needs the network except the Go module proxy (go downloads);
+# the docker targets build from local files only (there may be no registry).
+
+SHELL       := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X github.com/tetherfleet/tether/cmd/tether/internal/cli.version=$(VERSION)
+BIN       := bin/tether
+
+# Extra flags for every `go test` (e.g. GOTESTFLAGS=-v or -run=TestFoo).
+GOTESTFLAGS ?=
+# Per-target duration of `make fuzz`, and which packages it searches for Fuzz* targets.
+FUZZTIME  ?= 20s
+FUZZPKGS  ?= ./...
+# `make bench` settings.
+BENCHCOUNT ?= 5
+BENCHPKGS  ?= ./...
+
+# Images. The agent image is built FROM $(AGENT_BASE), made by `make docker-base`.
+IMAGE_TAG   ?= dev
+COORD_IMAGE ?= tether/coordinator:$(IMAGE_TAG)
+AGENT_IMAGE ?= tether/agent:$(IMAGE_TAG)
+AGENT_BASE  ?= tether/agent-base:local
+DOCKER_CTX  := build/docker
+# Set DEBOOTSTRAP=0 to force the host-assembled agent base even when debootstrap exists.
+DEBOOTSTRAP ?= auto
+
+.PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
+        docker docker-context docker-base docker-coordinator docker-agent dev clean
+
+help: ## list the targets
+	@echo "usage: make <target> [VAR=value]"
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-20s %s\n", $$1, $$2}'
+
+build: ## build the static binary bin/tether (VERSION=... to override the version)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tether
+
+test: ## the one test command (CI runs it): unit tests, then e2e, all under -race
+	@# One after the other even under make -j: both load the 2 cores fully.
+	@$(MAKE) --no-print-directory test-unit
+	@$(MAKE) --no-print-directory test-e2e
+
+test-unit: ## unit and package tests under -race
+	$(GO) test -race -count=1 $(GOTESTFLAGS) ./...
+
+test-e2e: ## end-to-end tests (./e2e, build tag e2e; they build the binary themselves)
+	@if [ -d e2e ]; then \
+		echo "$(GO) test -race -count=1 -tags e2e $(GOTESTFLAGS) ./e2e/..."; \
+		$(GO) test -race -count=1 -tags e2e $(GOTESTFLAGS) ./e2e/...; \
+	else \
+		echo "WARNING: no ./e2e directory: end-to-end tests skipped" >&2; \
+	fi
+
+fuzz: ## run every Fuzz* target in FUZZPKGS for FUZZTIME each (default 20s)
+	@found=0; \
+	for pkg in $$($(GO) list $(FUZZPKGS)); do \
+		list=$$($(GO) test -list '^Fuzz' "$$pkg"); \
+		for f in $$(grep -E '^Fuzz' <<<"$$list" || true); do \
+			found=1; \
+			echo "==> $$pkg $$f ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) "$$pkg"; \
+		done; \
+	done; \
+	if [ $$found = 0 ]; then echo "no Fuzz* targets found in $(FUZZPKGS)"; fi
+
+bench: ## benchmarks (count BENCHCOUNT) into bench.txt; summarised by benchstat if installed
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) $(BENCHPKGS) | tee bench.txt
+	@if command -v benchstat >/dev/null 2>&1; then benchstat bench.txt; \
+	else echo "(benchstat not installed: go install golang.org/x/perf/cmd/benchstat@latest)"; fi
+
+vet: ## go vet ./...
+	$(GO) vet ./...
+
+fmt-check: ## fail if any Go file is not gofmt-formatted
+	@out="$$(find . -name '*.go' -not -path './.git/*' -not -path './build/*' -not -path '*/testdata/*' -print0 | xargs -0 -r gofmt -l)"; \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+generate: ## regenerate generated code (go generate ./...)
+	$(GO) generate ./...
+
+# --- containers -------------------------------------------------------------
+# No image is ever pulled: the coordinator image is FROM scratch, the agent
+# image FROM a base assembled locally by `make docker-base`. Both copy the
+# static binary built on the host, so `docker` depends on `build`.
+
+docker: build docker-context docker-coordinator docker-agent ## build both images (tether/coordinator:dev, tether/agent:dev)
+
+docker-context: build ## stage CA roots, passwd and data dirs for the images in build/docker
+	rm -rf $(DOCKER_CTX)
+	mkdir -p $(DOCKER_CTX)/rootfs/etc/ssl/certs $(DOCKER_CTX)/rootfs/tmp $(DOCKER_CTX)/data
+	chmod 1777 $(DOCKER_CTX)/rootfs/tmp
+	cp /etc/ssl/certs/ca-certificates.crt $(DOCKER_CTX)/rootfs/etc/ssl/certs/ca-certificates.crt
+	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/data:/sbin/nologin\n' \
+		> $(DOCKER_CTX)/rootfs/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' > $(DOCKER_CTX)/rootfs/etc/group
+	touch $(DOCKER_CTX)/data/.keep
+
+docker-base: ## build the agent base image tether/agent-base:local (debootstrap if present, else from host binaries)
+	DEBOOTSTRAP=$(DEBOOTSTRAP) deploy/docker/agent-base.sh $(AGENT_BASE)
+
+docker-coordinator: docker-context ## build the coordinator image only
+	docker build -f Dockerfile.coordinator -t $(COORD_IMAGE) .
+
+docker-agent: docker-context ## build the agent image only (builds the base first if it is missing)
+	@docker image inspect $(AGENT_BASE) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-base
+	docker build -f Dockerfile.agent --build-arg BASE=$(AGENT_BASE) -t $(AGENT_IMAGE) .
+
+# --- local runs ---------------------------------------------------------------
+
+dev: build ## build, then run `tether dev` (coordinator + embedded NATS + one agent); DEV_FLAGS=... adds flags
+	./$(BIN) dev $(DEV_FLAGS)
+
+clean: ## remove build outputs
+	rm -rf bin build bench.txt
