@@ -1,0 +1,361 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// maxHelloSize bounds the Hello frame, in bytes: a node id, 64 labels,
+// capacity and a version string fit easily.
+const maxHelloSize = 64 << 10
+
+// maxHeartbeatSize bounds a Heartbeat frame, in bytes.
+const maxHeartbeatSize = 4 << 10
+
+// agentConn is one accepted agent connection, from TCP accept to close. The
+// drain closes every agentConn to end its goroutine.
+type agentConn struct {
+	conn net.Conn
+	mu   sync.Mutex
+	sess *tunnel.Session // set once the tunnel session exists
+}
+
+// close closes the session if there is one, else the raw connection.
+func (ac *agentConn) close() {
+	ac.mu.Lock()
+	s := ac.sess
+	ac.mu.Unlock()
+	if s != nil {
+		s.Close()
+		return
+	}
+	ac.conn.Close()
+}
+
+func (ac *agentConn) setSession(s *tunnel.Session) {
+	ac.mu.Lock()
+	ac.sess = s
+	ac.mu.Unlock()
+}
+
+// node is a registered agent session. Fields other than the atomics are
+// immutable after registration.
+type node struct {
+	id          string
+	sess        *tunnel.Session
+	hello       protocol.Hello // Token cleared
+	sessionID   string
+	remoteAddr  string
+	connectedAt time.Time
+
+	lastHeartbeat atomic.Int64 // unix nanoseconds
+	rttMicros     atomic.Int64
+	runningExecs  atomic.Int64
+}
+
+// startConn starts the goroutine that owns conn, unless the drain began.
+func (c *Coordinator) startConn(conn net.Conn) {
+	ac := &agentConn{conn: conn}
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		conn.Close()
+		return
+	}
+	c.conns[ac] = struct{}{}
+	c.connWG.Add(1)
+	life := c.life
+	c.mu.Unlock()
+	go func() {
+		defer c.connWG.Done()
+		defer func() {
+			c.mu.Lock()
+			delete(c.conns, ac)
+			c.mu.Unlock()
+		}()
+		c.serveConn(life, ac)
+	}()
+}
+
+// handshakeError is a refused handshake: the metric reason, and what the
+// agent is told in FrameReject (no reject is sent when info is nil).
+type handshakeError struct {
+	reason string
+	info   *protocol.ErrorInfo
+	err    error
+}
+
+func (e *handshakeError) Error() string { return e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+func refuse(reason, code string, err error) *handshakeError {
+	var info *protocol.ErrorInfo
+	if code != "" {
+		info = &protocol.ErrorInfo{Code: code, Message: err.Error()}
+	}
+	return &handshakeError{reason: reason, info: info, err: err}
+}
+
+// serveConn runs one agent connection: handshake, registration, then the
+// heartbeat reader on the control stream until the session ends.
+func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) {
+	remote := ac.conn.RemoteAddr().String()
+	log := c.log.With("remote_addr", remote)
+	deadline := time.Now().Add(c.cfg.HandshakeTimeout)
+
+	if tc, ok := ac.conn.(*tls.Conn); ok {
+		hctx, cancel := context.WithDeadline(ctx, deadline)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			reason := reasonProtocol
+			if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+				reason = reasonTimeout
+			}
+			if ctx.Err() == nil {
+				c.m.authFailures.WithLabelValues(reason).Inc()
+				log.Debug("agent TLS handshake failed", "reason", reason, "err", err)
+			}
+			ac.conn.Close()
+			return
+		}
+	}
+
+	sess, err := tunnel.Server(ac.conn, c.cfg.Tunnel)
+	if err != nil {
+		log.Warn("start tunnel session", "err", err)
+		return // tunnel.Server closed the conn
+	}
+	ac.setSession(sess)
+	defer sess.Close()
+
+	ctrl, hello, herr := c.handshake(ctx, sess, deadline)
+	if herr != nil {
+		if ctx.Err() != nil {
+			return // shutting down: not the agent's fault
+		}
+		c.m.authFailures.WithLabelValues(herr.reason).Inc()
+		attrs := []any{"reason", herr.reason, "err", herr.err}
+		if hello != nil && hello.NodeID != "" {
+			attrs = append(attrs, "node_id", hello.NodeID)
+		}
+		switch herr.reason {
+		case reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello:
+			log.Warn("agent refused", attrs...)
+		default:
+			log.Debug("agent handshake failed", attrs...)
+		}
+		if herr.info != nil && ctrl != nil {
+			ctrl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
+			protocol.WriteJSONFrame(ctrl, protocol.FrameReject, herr.info)
+			ctrl.Close()
+		}
+		return
+	}
+	defer ctrl.Close()
+
+	if hello.Labels == nil {
+		hello.Labels = map[string]string{} // listed as {}, not null
+	}
+	n := &node{
+		id:          hello.NodeID,
+		sess:        sess,
+		hello:       *hello,
+		sessionID:   rand.Text(),
+		remoteAddr:  remote,
+		connectedAt: time.Now().UTC(),
+	}
+	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
+	log = log.With("node_id", n.id, "session_id", n.sessionID)
+
+	if !c.register(n, log) {
+		ctrl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
+		protocol.WriteJSONFrame(ctrl, protocol.FrameReject, &protocol.ErrorInfo{
+			Code:    protocol.CodeShutdown,
+			Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID),
+		})
+		return
+	}
+	defer c.deregister(n)
+
+	ctrl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
+	err = protocol.WriteJSONFrame(ctrl, protocol.FrameWelcome, &protocol.Welcome{
+		SessionID:           n.sessionID,
+		CoordinatorID:       c.cfg.ID,
+		HeartbeatIntervalMS: c.cfg.HeartbeatInterval.Milliseconds(),
+		Limits:              protocol.Limits{MaxFrameSize: protocol.MaxFrameSize},
+	})
+	ctrl.SetWriteDeadline(time.Time{})
+	if err != nil {
+		log.Warn("send welcome", "err", err)
+		return
+	}
+	log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion)
+
+	err = c.readHeartbeats(ctrl, n)
+	switch {
+	case ctx.Err() != nil:
+		log.Debug("agent session closed by shutdown")
+	case errors.Is(err, io.EOF) || sess.IsClosed():
+		log.Info("agent disconnected", "err", err)
+	default:
+		log.Warn("agent session dropped", "err", err)
+	}
+}
+
+// handshake accepts the control stream and checks its Hello. On failure the
+// control stream, when there is one, is returned for the reject frame.
+func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadline time.Time) (*yamux.Stream, *protocol.Hello, *handshakeError) {
+	actx, cancel := context.WithDeadline(ctx, deadline)
+	st, h, err := sess.Accept(actx)
+	cancel()
+	if err != nil {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+			return nil, nil, refuse(reasonTimeout, "", fmt.Errorf("no control stream within %v: %w", c.cfg.HandshakeTimeout, err))
+		case errors.Is(err, protocol.ErrVersion):
+			return nil, nil, refuse(reasonVersion, "", err) // Accept already answered
+		default:
+			return nil, nil, refuse(reasonProtocol, "", fmt.Errorf("accept control stream: %w", err))
+		}
+	}
+	c.m.streamsOpened.WithLabelValues(h.Kind.String()).Inc()
+	if h.Kind != protocol.KindControl {
+		return st, nil, refuse(reasonProtocol, protocol.CodeBadRequest, fmt.Errorf("first stream is %s, want control", h.Kind))
+	}
+	if err := h.DecodeParams(&protocol.ControlParams{}); err != nil {
+		return st, nil, refuse(reasonProtocol, protocol.CodeBadRequest, err)
+	}
+
+	st.SetReadDeadline(deadline)
+	fr := protocol.NewFrameReader(st)
+	fr.Max = maxHelloSize
+	f, err := fr.Next()
+	st.SetReadDeadline(time.Time{})
+	if err != nil {
+		if isTimeout(err) {
+			return st, nil, refuse(reasonTimeout, "", fmt.Errorf("no hello within %v: %w", c.cfg.HandshakeTimeout, err))
+		}
+		return st, nil, refuse(reasonProtocol, protocol.CodeBadHello, fmt.Errorf("read hello: %w", err))
+	}
+	if f.Type != protocol.FrameHello {
+		return st, nil, refuse(reasonProtocol, protocol.CodeBadHello, fmt.Errorf("got %s frame, want hello: %w", f.Type, protocol.ErrUnexpected))
+	}
+	var hello protocol.Hello
+	if err := protocol.DecodeJSON(f.Payload, &hello); err != nil {
+		return st, nil, refuse(reasonBadHello, protocol.CodeBadHello, fmt.Errorf("decode hello: %w", err))
+	}
+	token := hello.Token
+	hello.Token = "" // never kept, never logged
+	if token == "" {
+		return st, &hello, refuse(reasonNoToken, protocol.CodeAuth, errors.New("hello has no join token"))
+	}
+	if !c.tokenOK(token) {
+		return st, &hello, refuse(reasonBadToken, protocol.CodeAuth, errors.New("join token is not valid"))
+	}
+	if err := hello.Validate(); err != nil {
+		if errors.Is(err, protocol.ErrVersion) {
+			return st, &hello, refuse(reasonVersion, protocol.CodeVersion, err)
+		}
+		return st, &hello, refuse(reasonBadHello, protocol.CodeBadHello, err)
+	}
+	return st, &hello, nil
+}
+
+// tokenOK compares token with the configured one in constant time. Both are
+// hashed first so that not even the length leaks.
+func (c *Coordinator) tokenOK(token string) bool {
+	got := sha256.Sum256([]byte(token))
+	want := sha256.Sum256([]byte(c.cfg.Token))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
+
+// register adds n to the registry, replacing (and closing) a live session of
+// the same node id: the newer session wins. It reports false if the drain
+// began.
+func (c *Coordinator) register(n *node, log *slog.Logger) bool {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return false
+	}
+	old := c.nodes[n.id]
+	_, seen := c.seen[n.id]
+	c.nodes[n.id] = n
+	c.seen[n.id] = struct{}{}
+	c.m.agentsConnected.Set(float64(len(c.nodes)))
+	c.mu.Unlock()
+	if old != nil || seen {
+		c.m.reconnects.Inc()
+	}
+	if old != nil {
+		log.Warn("node id already connected: replacing the older session",
+			"old_session_id", old.sessionID, "old_remote_addr", old.remoteAddr)
+		old.sess.Close()
+	}
+	return true
+}
+
+// deregister removes n from the registry unless a newer session replaced it.
+func (c *Coordinator) deregister(n *node) {
+	c.mu.Lock()
+	if c.nodes[n.id] == n {
+		delete(c.nodes, n.id)
+	}
+	c.m.agentsConnected.Set(float64(len(c.nodes)))
+	c.mu.Unlock()
+}
+
+// readHeartbeats reads the control stream until it fails or stays silent for
+// three heartbeat intervals.
+func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
+	fr := protocol.NewFrameReader(ctrl)
+	fr.Max = maxHeartbeatSize
+	window := 3 * c.cfg.HeartbeatInterval
+	for {
+		ctrl.SetReadDeadline(time.Now().Add(window))
+		f, err := fr.Next()
+		if err != nil {
+			if isTimeout(err) {
+				return fmt.Errorf("node %s: no heartbeat for %v: %w", n.id, window, err)
+			}
+			return fmt.Errorf("node %s: read control stream: %w", n.id, err)
+		}
+		if f.Type != protocol.FrameHeartbeat {
+			return fmt.Errorf("node %s: control stream: got %s frame, want heartbeat: %w", n.id, f.Type, protocol.ErrUnexpected)
+		}
+		var hb protocol.Heartbeat
+		if err := protocol.DecodeJSON(f.Payload, &hb); err != nil {
+			return fmt.Errorf("node %s: heartbeat: %w", n.id, err)
+		}
+		n.lastHeartbeat.Store(time.Now().UnixNano())
+		n.rttMicros.Store(hb.RTTMicros)
+		n.runningExecs.Store(int64(hb.RunningExecs))
+	}
+}
+
+// isTimeout reports whether err is a deadline expiry of a conn or stream.
+func isTimeout(err error) bool {
+	if errors.Is(err, yamux.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,163 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// Config configures a Coordinator. Start from DefaultConfig; New also fills
+// zero durations and limits with their defaults, so a partly filled Config
+// works too.
+type Config struct {
+	// ID names this coordinator in Welcome messages, node listings and error
+	// messages. Default: the host name.
+	ID string
+	// Token is the join token agents must present in their Hello. Required.
+	// It is compared in constant time and never logged.
+	Token string
+	// NATS is the connection the micro service runs on and replies are
+	// published to. Required. The caller owns it: the coordinator never
+	// closes it.
+	NATS *nats.Conn
+	// Version is the coordinator's version, reported by the micro service
+	// (which requires semver: a non-semver Version is reported as "0.1.0"
+	// there, and kept verbatim in the service metadata).
+	Version string
+	// HeartbeatInterval is how often agents are told to send heartbeats. A
+	// session that sends nothing for three intervals is dropped. Default 5 s.
+	HeartbeatInterval time.Duration
+	// HandshakeTimeout bounds an agent's TLS handshake plus its Hello.
+	// Default 10 s.
+	HandshakeTimeout time.Duration
+	// DefaultTimeout is the exec timeout used when a request has none. Zero
+	// means no timeout.
+	DefaultTimeout time.Duration
+	// MaxParallel bounds how many nodes of one job run at once when the
+	// request does not say. Default 64.
+	MaxParallel int
+	// DrainTimeout bounds how long Serve waits, once its ctx is done, for
+	// jobs in flight to finish before it cancels them. Default 10 s.
+	DrainTimeout time.Duration
+	// CancelGrace bounds how long a node has to report its exit status after
+	// it was sent a cancel (job cancelled, coordinator shutting down, or the
+	// request's timeout overrun); past it the node's result is an error.
+	// Default 5 s.
+	CancelGrace time.Duration
+	// Tunnel tunes the agent sessions. Default: tunnel.DefaultConfig() with
+	// KeepAliveInterval 0 — agents ping, and the coordinator watches their
+	// heartbeats instead, which saves a goroutine per agent. A zero Tunnel is
+	// replaced by that default.
+	Tunnel tunnel.Config
+	// Logger receives the coordinator's logs. Nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the coordinator's metrics. Nil registers them in a
+	// private registry (never prometheus.DefaultRegisterer). One Registerer
+	// holds the metrics of one Coordinator.
+	Registerer prometheus.Registerer
+}
+
+// Defaults of Config.
+const (
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultMaxParallel       = 64
+	DefaultDrainTimeout      = 10 * time.Second
+	DefaultCancelGrace       = 5 * time.Second
+)
+
+// DefaultConfig returns a Config with every default filled in. Token and NATS
+// must still be set.
+func DefaultConfig() Config {
+	id, err := os.Hostname()
+	if err != nil || id == "" {
+		id = "coordinator"
+	}
+	return Config{
+		ID:                id,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		HandshakeTimeout:  DefaultHandshakeTimeout,
+		MaxParallel:       DefaultMaxParallel,
+		DrainTimeout:      DefaultDrainTimeout,
+		CancelGrace:       DefaultCancelGrace,
+		Tunnel:            defaultTunnel(),
+	}
+}
+
+func defaultTunnel() tunnel.Config {
+	t := tunnel.DefaultConfig()
+	t.KeepAliveInterval = 0
+	return t
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ID == "" {
+		c.ID = d.ID
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = d.HeartbeatInterval
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.MaxParallel == 0 {
+		c.MaxParallel = d.MaxParallel
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = d.DrainTimeout
+	}
+	if c.CancelGrace == 0 {
+		c.CancelGrace = d.CancelGrace
+	}
+	if c.Tunnel == (tunnel.Config{}) {
+		c.Tunnel = d.Tunnel
+	}
+	return c
+}
+
+// Validate reports every problem with c, joined. It does not apply defaults:
+// zero durations are accepted here because New replaces them.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Token == "" {
+		errs = append(errs, errors.New("coordinator config: Token is required"))
+	}
+	if c.NATS == nil {
+		errs = append(errs, errors.New("coordinator config: NATS connection is required"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"HeartbeatInterval", c.HeartbeatInterval},
+		{"HandshakeTimeout", c.HandshakeTimeout},
+		{"DefaultTimeout", c.DefaultTimeout},
+		{"DrainTimeout", c.DrainTimeout},
+		{"CancelGrace", c.CancelGrace},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("coordinator config: %s %v is negative", d.name, d.v))
+		}
+	}
+	if c.HeartbeatInterval > 0 && c.HeartbeatInterval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("coordinator config: HeartbeatInterval %v is below 1ms", c.HeartbeatInterval))
+	}
+	if c.MaxParallel < 0 {
+		errs = append(errs, fmt.Errorf("coordinator config: MaxParallel %d is negative", c.MaxParallel))
+	}
+	if c.Tunnel != (tunnel.Config{}) {
+		if err := c.Tunnel.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("coordinator config: Tunnel: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,86 @@
+package coordinator
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Reasons of tether_coordinator_auth_failures_total: why an agent's
+// handshake was refused.
+const (
+	reasonBadToken = "bad_token" // the Hello's token is wrong
+	reasonNoToken  = "no_token"  // the Hello has no token
+	reasonVersion  = "version"   // protocol versions differ
+	reasonBadHello = "bad_hello" // the Hello failed validation
+	reasonTimeout  = "timeout"   // TLS handshake or Hello not done in time
+	reasonProtocol = "protocol"  // anything else: TLS failure, wrong first stream or frame
+)
+
+// Outcomes of tether_coordinator_exec_results_total, one per node run.
+const (
+	outcomeSuccess   = "success"   // exited 0
+	outcomeFailure   = "failure"   // exited non-zero
+	outcomeTimeout   = "timeout"   // the exec timeout killed it
+	outcomeCancelled = "cancelled" // cancelled by a client or by shutdown
+	outcomeError     = "error"     // could not run or the result is unknown
+)
+
+// metrics are the coordinator's Prometheus collectors.
+type metrics struct {
+	agentsConnected prometheus.Gauge
+	reconnects      prometheus.Counter
+	authFailures    *prometheus.CounterVec
+	streamsOpened   *prometheus.CounterVec
+	execDuration    prometheus.Histogram
+	execResults     *prometheus.CounterVec
+}
+
+// newMetrics builds the collectors, registers them with reg and
+// pre-initialises every bounded label value to zero.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		agentsConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tether_coordinator_agents_connected",
+			Help: "Agents with an established tunnel session.",
+		}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_coordinator_tunnel_reconnects_total",
+			Help: "Sessions registered by a node id seen before, or replacing a live session.",
+		}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_auth_failures_total",
+			Help: "Agent handshakes refused, by reason.",
+		}, []string{"reason"}),
+		streamsOpened: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_streams_opened_total",
+			Help: "Tunnel streams opened or accepted by the coordinator, by kind.",
+		}, []string{"kind"}),
+		execDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tether_coordinator_exec_duration_seconds",
+			Help:    "Wall time of one node's exec, from stream open to final frame.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800},
+		}),
+		execResults: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_exec_results_total",
+			Help: "Node exec results, by outcome.",
+		}, []string{"outcome"}),
+	}
+	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol} {
+		m.authFailures.WithLabelValues(r)
+	}
+	for _, k := range protocol.Kinds() {
+		m.streamsOpened.WithLabelValues(k.String())
+	}
+	for _, o := range []string{outcomeSuccess, outcomeFailure, outcomeTimeout, outcomeCancelled, outcomeError} {
+		m.execResults.WithLabelValues(o)
+	}
+	for _, c := range []prometheus.Collector{m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,228 @@
+package coordinator_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  coordinator.Config
+		want []string // substrings of the error; none means valid
+	}{
+		{"empty", coordinator.Config{}, []string{"Token is required", "NATS connection is required"}},
+		{"negative", coordinator.Config{HeartbeatInterval: -1, MaxParallel: -2, CancelGrace: -3},
+			[]string{"Token", "NATS", "HeartbeatInterval -1ns is negative", "MaxParallel -2 is negative", "CancelGrace -3ns is negative"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if err == nil {
+				t.Fatal("Validate() = nil, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Validate() = %q, want it to mention %q", err, w)
+				}
+			}
+			if _, err := coordinator.New(tt.cfg); err == nil {
+				t.Error("New accepted an invalid config")
+			}
+		})
+	}
+	d := coordinator.DefaultConfig()
+	if d.ID == "" || d.HeartbeatInterval != 5*time.Second || d.MaxParallel != 64 || d.Tunnel.KeepAliveInterval != 0 {
+		t.Errorf("DefaultConfig() = %+v", d)
+	}
+}
+
+func TestHelloWelcome(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.dialAgent(t, agentOpts{id: "node-a", labels: map[string]string{"role": "web"}, heartbeat: true})
+	if a.reject != nil {
+		t.Fatalf("rejected: %v", a.reject)
+	}
+	w := a.welcome
+	if w.CoordinatorID != "coord-test" || w.HeartbeatIntervalMS != 1000 || w.SessionID == "" || w.Limits.MaxFrameSize != protocol.MaxFrameSize {
+		t.Errorf("welcome = %+v", w)
+	}
+	nodes := h.c.Nodes(protocol.Selector{})
+	if len(nodes) != 1 {
+		t.Fatalf("Nodes() = %+v, want one", nodes)
+	}
+	n := nodes[0]
+	if n.ID != "node-a" || n.SessionID != w.SessionID || n.Coordinator != "coord-test" || n.AgentVersion != "fake-1.0" ||
+		n.Capacity.CPUs != 2 || n.ConnectedAt.IsZero() || n.RemoteAddr == "" {
+		t.Errorf("node info = %+v", n)
+	}
+	if diff := cmp.Diff(map[string]string{"role": "web"}, n.Labels); diff != "" {
+		t.Errorf("labels (-want +got):\n%s", diff)
+	}
+	if got := h.metric("tether_coordinator_agents_connected"); got != 1 {
+		t.Errorf("agents_connected = %v, want 1", got)
+	}
+	if got := h.metric("tether_coordinator_streams_opened_total", "kind", "control"); got != 1 {
+		t.Errorf("streams_opened{control} = %v, want 1", got)
+	}
+
+	a.close()
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := len(h.c.Nodes(protocol.Selector{})); n != 0 {
+			return fmt.Errorf("%d nodes still registered", n)
+		}
+		return nil
+	})
+	if got := h.metric("tether_coordinator_agents_connected"); got != 0 {
+		t.Errorf("agents_connected after disconnect = %v, want 0", got)
+	}
+}
+
+func TestHandshakeRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	tests := []struct {
+		name     string
+		o        agentOpts
+		wantCode string
+	}{
+		{"wrong token", agentOpts{id: "n1", token: "nope"}, protocol.CodeAuth},
+		{"no token", agentOpts{id: "n2", token: "-"}, protocol.CodeAuth},
+		{"version", agentOpts{id: "n3", version: protocol.Version + 1}, protocol.CodeVersion},
+		{"bad node id", agentOpts{id: "not a node id!"}, protocol.CodeBadHello},
+		{"bad label", agentOpts{id: "n5", labels: map[string]string{"-bad": "x"}}, protocol.CodeBadHello},
+		{"exec first", agentOpts{id: "n6", firstKind: protocol.KindExec}, protocol.CodeBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := h.dialAgent(t, tt.o)
+			if a.openErr != nil {
+				a.waitClosed() // refused before the reject could be read
+				return
+			}
+			if a.reject == nil {
+				t.Fatalf("welcomed (%+v), want a reject", a.welcome)
+			}
+			if a.reject.Code != tt.wantCode {
+				t.Errorf("reject = %+v, want code %s", a.reject, tt.wantCode)
+			}
+			if strings.Contains(a.reject.Message, testToken) {
+				t.Errorf("reject message leaks the token: %q", a.reject.Message)
+			}
+			a.waitClosed()
+		})
+	}
+	want := `
+# HELP tether_coordinator_auth_failures_total Agent handshakes refused, by reason.
+# TYPE tether_coordinator_auth_failures_total counter
+tether_coordinator_auth_failures_total{reason="bad_hello"} 2
+tether_coordinator_auth_failures_total{reason="bad_token"} 1
+tether_coordinator_auth_failures_total{reason="no_token"} 1
+tether_coordinator_auth_failures_total{reason="protocol"} 1
+tether_coordinator_auth_failures_total{reason="timeout"} 0
+tether_coordinator_auth_failures_total{reason="version"} 1
+`
+	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(want), "tether_coordinator_auth_failures_total"); err != nil {
+		t.Error(err)
+	}
+	if n := h.c.Nodes(protocol.Selector{}); len(n) != 0 {
+		t.Errorf("refused agents registered: %+v", n)
+	}
+}
+
+func TestHandshakeTimeout(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) { c.HandshakeTimeout = 300 * time.Millisecond })
+	// A tunnel that never sends its Hello.
+	a := h.dialAgent(t, agentOpts{id: "quiet", noHello: true})
+	a.waitClosed()
+	// A TCP connection that never starts TLS.
+	raw, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	if n, err := raw.Read(make([]byte, 1)); err == nil || isTimeoutErr(err) {
+		t.Fatalf("raw connection: read %d bytes, %v; want it closed by the coordinator", n, err)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if got := h.metric("tether_coordinator_auth_failures_total", "reason", "timeout"); got != 2 {
+			return fmt.Errorf("auth_failures{timeout} = %v, want 2", got)
+		}
+		return nil
+	})
+}
+
+func TestDuplicateNodeReplaces(t *testing.T) {
+	h := newHarness(t, nil)
+	a1 := h.dialAgent(t, agentOpts{id: "node-a", heartbeat: true})
+	a2 := h.dialAgent(t, agentOpts{id: "node-a", heartbeat: true})
+	if a1.reject != nil || a2.reject != nil {
+		t.Fatalf("rejected: %v %v", a1.reject, a2.reject)
+	}
+	a1.waitClosed() // the newer session wins
+	nodes := h.c.Nodes(protocol.Selector{})
+	if len(nodes) != 1 || nodes[0].SessionID != a2.welcome.SessionID {
+		t.Fatalf("Nodes() = %+v, want only a2's session %s", nodes, a2.welcome.SessionID)
+	}
+	if got := h.metric("tether_coordinator_tunnel_reconnects_total"); got != 1 {
+		t.Errorf("reconnects = %v, want 1", got)
+	}
+	if got := h.metric("tether_coordinator_agents_connected"); got != 1 {
+		t.Errorf("agents_connected = %v, want 1", got)
+	}
+
+	// A node seen before that comes back after a clean disconnect is a
+	// reconnect too.
+	a2.close()
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := len(h.c.Nodes(protocol.Selector{})); n != 0 {
+			return fmt.Errorf("%d nodes registered", n)
+		}
+		return nil
+	})
+	a3 := h.dialAgent(t, agentOpts{id: "node-a"})
+	if a3.reject != nil {
+		t.Fatal(a3.reject)
+	}
+	if got := h.metric("tether_coordinator_tunnel_reconnects_total"); got != 2 {
+		t.Errorf("reconnects = %v, want 2", got)
+	}
+}
+
+func TestHeartbeatTimeout(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) { c.HeartbeatInterval = 100 * time.Millisecond })
+	beating := h.dialAgent(t, agentOpts{id: "beating", heartbeat: true})
+	silent := h.dialAgent(t, agentOpts{id: "silent"})
+	silent.waitClosed()
+	checkFor(t, defaultTestTimeout, func() error {
+		nodes := h.c.Nodes(protocol.Selector{})
+		if len(nodes) != 1 || nodes[0].ID != "beating" {
+			return fmt.Errorf("nodes = %+v, want only beating", nodes)
+		}
+		n := nodes[0]
+		if n.RTTMicros != 1234 || !n.LastHeartbeat.After(n.ConnectedAt) {
+			return errors.New("no heartbeat recorded yet")
+		}
+		return nil
+	})
+	select {
+	case <-beating.sess.Done():
+		t.Fatal("the heartbeating agent was dropped")
+	default:
+	}
+}
+
+func isTimeoutErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
