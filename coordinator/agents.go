@@ -83,14 +83,26 @@ func (c *Coordinator) startConn(conn net.Conn) {
 	c.connWG.Add(1)
 	life := c.life
 	c.mu.Unlock()
+	done := func() {
+		c.mu.Lock()
+		delete(c.conns, ac)
+		c.mu.Unlock()
+		c.connWG.Done()
+	}
 	go func() {
-		defer c.connWG.Done()
-		defer func() {
-			c.mu.Lock()
-			delete(c.conns, ac)
-			c.mu.Unlock()
+		rest := c.serveConn(life, ac)
+		if rest == nil {
+			done()
+			return
+		}
+		// The handshake (TLS, JSON) grew this goroutine's stack to several
+		// times its initial size, and an idle agent's cost is mostly stacks.
+		// The long-lived heartbeat reader therefore continues on a fresh
+		// goroutine, which starts small (BenchmarkIdleAgentMemory).
+		go func() {
+			defer done()
+			rest()
 		}()
-		c.serveConn(life, ac)
 	}()
 }
 
@@ -113,9 +125,11 @@ func refuse(reason, code string, err error) *handshakeError {
 	return &handshakeError{reason: reason, info: info, err: err}
 }
 
-// serveConn runs one agent connection: handshake, registration, then the
-// heartbeat reader on the control stream until the session ends.
-func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) {
+// serveConn runs one agent connection's handshake and registration. When the
+// agent is registered it returns the rest of the connection's life (the
+// heartbeat reader on the control stream until the session ends), which the
+// caller runs; otherwise it returns nil and the connection is closed.
+func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()) {
 	remote := ac.conn.RemoteAddr().String()
 	log := c.log.With("remote_addr", remote)
 	deadline := time.Now().Add(c.cfg.HandshakeTimeout)
@@ -134,22 +148,29 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) {
 				log.Debug("agent TLS handshake failed", "reason", reason, "err", err)
 			}
 			ac.conn.Close()
-			return
+			return nil
 		}
 	}
 
 	sess, err := tunnel.Server(ac.conn, c.cfg.Tunnel)
 	if err != nil {
 		log.Warn("start tunnel session", "err", err)
-		return // tunnel.Server closed the conn
+		return nil // tunnel.Server closed the conn
 	}
 	ac.setSession(sess)
-	defer sess.Close()
+	// Until the agent is registered and welcomed, every return closes the
+	// session; afterwards rest owns it.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			sess.Close()
+		}
+	}()
 
 	ctrl, hello, herr := c.handshake(ctx, sess, deadline)
 	if herr != nil {
 		if ctx.Err() != nil {
-			return // shutting down: not the agent's fault
+			return nil // shutting down: not the agent's fault
 		}
 		c.m.authFailures.WithLabelValues(herr.reason).Inc()
 		attrs := []any{"reason", herr.reason, "err", herr.err}
@@ -167,9 +188,13 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) {
 			protocol.WriteJSONFrame(ctrl, protocol.FrameReject, herr.info)
 			ctrl.Close()
 		}
-		return
+		return nil
 	}
-	defer ctrl.Close()
+	defer func() {
+		if !handedOff {
+			ctrl.Close()
+		}
+	}()
 
 	if hello.Labels == nil {
 		hello.Labels = map[string]string{} // listed as {}, not null
@@ -191,9 +216,13 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) {
 			Code:    protocol.CodeShutdown,
 			Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID),
 		})
-		return
+		return nil
 	}
-	defer c.deregister(n)
+	defer func() {
+		if !handedOff {
+			c.deregister(n)
+		}
+	}()
 
 	ctrl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
 	err = protocol.WriteJSONFrame(ctrl, protocol.FrameWelcome, &protocol.Welcome{
@@ -205,11 +234,22 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) {
 	ctrl.SetWriteDeadline(time.Time{})
 	if err != nil {
 		log.Warn("send welcome", "err", err)
-		return
+		return nil
 	}
 	log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion)
+	handedOff = true
+	return func() {
+		defer sess.Close()
+		defer ctrl.Close()
+		defer c.deregister(n)
+		c.readUntilGone(ctx, sess, ctrl, n, log)
+	}
+}
 
-	err = c.readHeartbeats(ctrl, n)
+// readUntilGone reads the agent's heartbeats until the session ends, and
+// logs why it ended.
+func (c *Coordinator) readUntilGone(ctx context.Context, sess *tunnel.Session, ctrl *yamux.Stream, n *node, log *slog.Logger) {
+	err := c.readHeartbeats(ctrl, n)
 	switch {
 	case ctx.Err() != nil:
 		log.Debug("agent session closed by shutdown")

@@ -94,6 +94,9 @@ func DefaultConfig() Config {
 func defaultTunnel() tunnel.Config {
 	t := tunnel.DefaultConfig()
 	t.KeepAliveInterval = 0
+	// Agents open only their control stream; yamux preallocates the
+	// backlog per session.
+	t.AcceptBacklog = 16
 	return t
 }
 

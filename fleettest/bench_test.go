@@ -10,7 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,7 +109,7 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 	}
 	b.Run("baseline=bare-tls", func(b *testing.B) {
 		child := startChild(b, "tls")
-		base := rssKiB(b, child.pid)
+		base := child.rss(b)
 		conns := make([]net.Conn, 0, idleAgents)
 		defer func() {
 			for _, c := range conns {
@@ -125,7 +125,7 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 			conns = append(conns, c)
 		}
 		child.waitCount(b, idleAgents)
-		reportPerConn(b, base, rssKiB(b, child.pid))
+		reportPerConn(b, base, child.rss(b))
 	})
 	b.Run("tether-coordinator", func(b *testing.B) {
 		child := startChild(b, "coordinator")
@@ -134,7 +134,7 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer nc.Close()
-		base := rssKiB(b, child.pid)
+		base := child.rss(b)
 		fleettest.Dial(b, child.addr, child.tls, child.token, idleAgents)
 		cl := client.New(nc)
 		deadline := time.Now().Add(2 * time.Minute)
@@ -148,9 +148,9 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		// Let heartbeats and GC settle, then read RSS once.
+		// Let every agent finish its first heartbeat, then measure.
 		time.Sleep(2 * time.Second)
-		reportPerConn(b, base, rssKiB(b, child.pid))
+		reportPerConn(b, base, child.rss(b))
 	})
 }
 
@@ -166,6 +166,7 @@ type child struct {
 	addr, natsURL, token string
 	tls                  *tls.Config
 	lines                *bufio.Scanner
+	stdin                io.Writer // commands for serveChildCommands
 }
 
 // startChild re-executes the test binary as a coordinator or a bare TLS
@@ -205,7 +206,7 @@ func startChild(b *testing.B, role string) *child {
 		b.Fatal(err)
 	}
 	cliTLS.ServerName = "localhost"
-	return &child{pid: cmd.Process.Pid, addr: f[1], natsURL: f[2], token: f[3], tls: cliTLS, lines: sc}
+	return &child{pid: cmd.Process.Pid, addr: f[1], natsURL: f[2], token: f[3], tls: cliTLS, lines: sc, stdin: stdin}
 }
 
 // waitCount waits for the TLS child to report n established connections.
@@ -218,8 +219,20 @@ func (c *child) waitCount(b *testing.B, n int) {
 	b.Fatal("TLS child stopped before reaching the connection count")
 }
 
+// rss asks the child to collect and scavenge, then reads its VmRSS.
+func (c *child) rss(b *testing.B) int64 {
+	b.Helper()
+	fmt.Fprintln(c.stdin, "gc")
+	for c.lines.Scan() {
+		if c.lines.Text() == "gc-done" {
+			return rssKiB(b, c.pid)
+		}
+	}
+	b.Fatal("child stopped before answering gc")
+	return 0
+}
+
 func rssKiB(b *testing.B, pid int) int64 {
-	runtime.GC()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
@@ -232,6 +245,24 @@ func rssKiB(b *testing.B, pid int) int64 {
 	}
 	b.Fatal("no VmRSS")
 	return 0
+}
+
+// serveChildCommands reads the parent's commands on stdin until EOF: "gc"
+// collects garbage and returns freed memory to the OS, then answers
+// "gc-done", so that both children are measured at their retained size, not
+// at wherever their garbage collector happened to be. It collects four
+// times because the runtime halves an idle goroutine's oversized stack at
+// most once per collection; a long-running coordinator gets there by itself.
+func serveChildCommands() {
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if sc.Text() == "gc" {
+			for i := 0; i < 4; i++ {
+				debug.FreeOSMemory()
+			}
+			fmt.Println("gc-done")
+		}
+	}
 }
 
 func childPKI() (*tls.Config, string) {
@@ -269,7 +300,7 @@ func childCoordinator() {
 		panic(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { io.Copy(io.Discard, os.Stdin); cancel() }()
+	go func() { serveChildCommands(); cancel() }()
 	fmt.Printf("READY %s %s %s\n", ln.Addr(), ns.ClientURL(), cfg.Token)
 	c.Serve(ctx, tls.NewListener(ln, srvTLS))
 	nc.Close()
@@ -286,7 +317,7 @@ func childTLSServer() {
 		panic(err)
 	}
 	fmt.Printf("READY %s - -\n", ln.Addr())
-	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
+	go func() { serveChildCommands(); os.Exit(0) }()
 	established := make(chan struct{}, 1024)
 	go func() {
 		n := 0

@@ -3,6 +3,7 @@ package tunnel
 import (
 	"encoding/binary"
 	"net"
+	"sync"
 )
 
 // yamux frame header layout (hashicorp/yamux spec.md): version uint8,
@@ -16,6 +17,12 @@ const (
 	coalesceMax = 64 << 10
 )
 
+// bufPool holds coalescing buffers of coalesceMax bytes. They are borrowed
+// for one Write and returned, so an idle session holds none: with a thousand
+// mostly idle agents per coordinator, a buffer per session would cost more
+// than the rest of the session.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, coalesceMax); return &b }}
+
 // coalesceConn merges each yamux data-frame header with the first part of its
 // body into one Write. It relies on one fact of yamux's send loop: a data
 // header with a non-zero length is always followed, by the same goroutine,
@@ -26,19 +33,18 @@ const (
 type coalesceConn struct {
 	net.Conn
 	hdr     [yamuxHeaderSize]byte
-	pending bool   // hdr holds a data header awaiting its body
-	buf     []byte // scratch for header+body, grown up to coalesceMax
+	pending bool // hdr holds a data header awaiting its body
 }
 
 func (c *coalesceConn) Write(p []byte) (int, error) {
 	if c.pending {
 		c.pending = false
 		n := min(len(p), coalesceMax-yamuxHeaderSize)
-		if cap(c.buf) < yamuxHeaderSize+n {
-			c.buf = make([]byte, 0, min(coalesceMax, max(4096, 2*(yamuxHeaderSize+n))))
-		}
-		b := append(append(c.buf[:0], c.hdr[:]...), p[:n]...)
-		if _, err := c.Conn.Write(b); err != nil {
+		bp := bufPool.Get().(*[]byte)
+		b := append(append((*bp)[:0], c.hdr[:]...), p[:n]...)
+		_, err := c.Conn.Write(b)
+		bufPool.Put(bp)
+		if err != nil {
 			return 0, err
 		}
 		if n == len(p) {
