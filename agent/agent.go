@@ -154,14 +154,18 @@ func (a *Agent) handshake(ctx context.Context, sess *tunnel.Session, addr string
 	}
 	deadline := time.Now().Add(a.cfg.HandshakeTimeout)
 	ctl.SetWriteDeadline(deadline)
-	if err := protocol.WriteJSONFrame(ctl, protocol.FrameHello, hello); err != nil {
-		return nil, nil, fmt.Errorf("agent %s: send hello to %s: %w", a.cfg.NodeID, addr, err)
-	}
+	// yamux may report the hello's write as failed when the coordinator
+	// already answered and closed (a fast reject), so a failed write still
+	// reads what the coordinator said before giving up.
+	writeErr := protocol.WriteJSONFrame(ctl, protocol.FrameHello, hello)
 	ctl.SetWriteDeadline(time.Time{})
 	// Session loss closes the stream, so the read below also ends then.
 	ctl.SetReadDeadline(deadline)
 	f, err := protocol.NewFrameReader(ctl).Next()
 	ctl.SetReadDeadline(time.Time{})
+	if err != nil && writeErr != nil {
+		return nil, nil, fmt.Errorf("agent %s: send hello to %s: %w", a.cfg.NodeID, addr, writeErr)
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
