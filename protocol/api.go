@@ -28,7 +28,22 @@ const (
 	SubjectNodes = "tether.v1.nodes"
 	// SubjectCancel takes a CancelRequest and replies with a CancelResponse.
 	SubjectCancel = "tether.v1.cancel"
+	// SubjectStream takes a StreamRequest, opens a tunnel stream of that
+	// kind to the node, and relays its bytes over a NATS pipe (pipe.go) in
+	// both directions until either end closes. Clients use it for copies,
+	// terminals and interactive exec.
+	SubjectStream = "tether.v1.stream"
 )
+
+// StreamRequest is the body of a SubjectStream request.
+type StreamRequest struct {
+	Node string `json:"node"`
+	// Kind is the stream kind's name: "exec", "copy" or "pty".
+	Kind string `json:"kind"`
+	// Params are the kind's params (ExecParams, CopyParams, PTYParams), sent
+	// to the agent in the stream header; the agent validates them.
+	Params json.RawMessage `json:"params"`
+}
 
 // Reply headers on SubjectExec's streamed replies.
 const (

@@ -50,6 +50,19 @@ const (
 	FrameWelcome    FrameType = 17 // JSON Welcome (coordinator → agent)
 	FrameReject     FrameType = 18 // JSON ErrorInfo (coordinator → agent)
 	FrameHeartbeat  FrameType = 19 // JSON Heartbeat (agent → coordinator)
+
+	// Copy frames (copy.go).
+	FrameManifest    FrameType = 32 // JSON []ManifestEntry: part of what the receiver has
+	FrameManifestEnd FrameType = 33 // JSON ManifestEnd: the receiver's manifest is complete
+	FrameEntry       FrameType = 34 // JSON CopyEntry: the next entry of the source tree
+	FrameFileData    FrameType = 35 // raw bytes of the current file entry
+	FrameEntryEnd    FrameType = 36 // JSON EntryEnd: the current file is complete
+	FrameCopyEnd     FrameType = 37 // JSON CopyEnd: the sender sent every entry
+	FrameCopyDone    FrameType = 38 // JSON CopyResult: the receiver committed the copy
+
+	// Terminal frames (pty.go).
+	FrameResize FrameType = 40 // JSON WindowSize: the terminal changed size
+	FrameSignal FrameType = 41 // JSON Signal: deliver a signal to the process group
 )
 
 var frameNames = map[FrameType]string{
@@ -57,6 +70,9 @@ var frameNames = map[FrameType]string{
 	FrameStderr: "stderr", FrameExit: "exit", FrameError: "error",
 	FrameCancel: "cancel", FrameHello: "hello", FrameWelcome: "welcome",
 	FrameReject: "reject", FrameHeartbeat: "heartbeat",
+	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
+	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
+	FrameCopyDone: "copy-done", FrameResize: "resize", FrameSignal: "signal",
 }
 
 // String returns the frame type's name, or "frame(N)" for unknown types.

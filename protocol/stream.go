@@ -15,8 +15,8 @@ type Kind uint8
 const (
 	KindControl Kind = 1 // the session's first stream: hello, welcome, heartbeats
 	KindExec    Kind = 2 // run a process; params ExecParams
-	KindCopy    Kind = 3 // reserved: tar stream with mirror semantics
-	KindPTY     Kind = 4 // reserved: interactive terminal
+	KindCopy    Kind = 3 // mirror a file or tree; params CopyParams (copy.go)
+	KindPTY     Kind = 4 // interactive terminal; params PTYParams (pty.go)
 	KindSSH     Kind = 5 // reserved: the agent's own SSH server
 	KindDial    Kind = 6 // reserved: raw bytes to an allow-listed local target
 )

@@ -1,0 +1,66 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+)
+
+// PTY streams (KindPTY) run a process on a pseudo-terminal on the node. The
+// client sends FrameStdin (keystrokes), FrameResize and FrameSignal; the agent
+// sends FrameStdout (the terminal's output: stdout and stderr are one stream
+// on a terminal) and, when the process exits, FrameExit, then closes.
+// FrameStdinClose sends the terminal's EOF character. Closing the stream or
+// FrameCancel hangs up: the process group gets SIGHUP, then SIGKILL.
+
+// PTYParams are the params of a pty stream's header.
+type PTYParams struct {
+	// Argv is the command; empty runs the user's login shell.
+	Argv []string          `json:"argv,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	// Term is the TERM value for the process; default "xterm-256color".
+	Term string `json:"term,omitempty"`
+	// Rows and Cols are the initial window size; 0 means 24×80.
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+}
+
+// Validate reports every problem with p.
+func (p *PTYParams) Validate() error {
+	var errs []error
+	if len(p.Argv) > 0 && p.Argv[0] == "" {
+		errs = append(errs, errors.New("argv[0] is empty"))
+	}
+	if len(p.Argv) > MaxArgs {
+		errs = append(errs, fmt.Errorf("argv has %d entries, over %d", len(p.Argv), MaxArgs))
+	}
+	for k := range p.Env {
+		if k == "" || containsAny(k, "=\x00") {
+			errs = append(errs, fmt.Errorf("env key %q is invalid (empty, or contains '=' or NUL)", k))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WindowSize is the payload of FrameResize.
+type WindowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Signal is the payload of FrameSignal: a signal name without "SIG" ("INT",
+// "TERM", "QUIT", "HUP", "USR1", "USR2", "WINCH", "KILL").
+type Signal struct {
+	Name string `json:"name"`
+}
+
+func containsAny(s, chars string) bool {
+	for i := 0; i < len(s); i++ {
+		for j := 0; j < len(chars); j++ {
+			if s[i] == chars[j] {
+				return true
+			}
+		}
+	}
+	return false
+}
