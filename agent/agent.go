@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,10 +24,14 @@ import (
 
 // Agent is the node daemon. Create it with New and call Run once.
 type Agent struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	running atomic.Int64 // execs in flight, for heartbeats
+	cfg      Config
+	log      *slog.Logger
+	m        *metrics
+	running  atomic.Int64 // execs in flight, for heartbeats and Config.MaxExecs
+	sessions atomic.Int64 // sessions welcomed so far, for Hello.Reconnects
+	// dataWriteTimeout bounds one output frame's wait for the coordinator
+	// to make room (dataWriteTimeout in exec.go); tests shorten it.
+	dataWriteTimeout time.Duration
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -38,7 +45,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.DataDir = dir
 	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
-	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer)}, nil
+	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout}, nil
 }
 
 // Run creates the data directory, measures the node's capacity, then keeps a
@@ -88,7 +95,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		OnRetry: func(int, error) { a.m.reconnects.Inc() },
 	}
 	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) error {
-		return a.serve(ctx, conn, addr, &hello)
+		h := hello
+		h.Reconnects = int(a.sessions.Load())
+		return a.serve(ctx, conn, addr, &h)
 	})
 	a.log.Info("agent stopped")
 	return nil
@@ -124,6 +133,7 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 	if interval <= 0 {
 		interval = defaultHeartbeat
 	}
+	a.sessions.Add(1)
 	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
 	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval)
 	a.m.connected.Set(1)
@@ -192,24 +202,54 @@ func (a *Agent) handshake(ctx context.Context, sess *tunnel.Session, addr string
 	}
 }
 
+// pinger is what the heartbeat loop needs of a session: *tunnel.Session
+// in production, a fake in tests.
+type pinger interface {
+	Ping() (time.Duration, error)
+	Close() error
+}
+
 // heartbeat writes a Heartbeat on the control stream right away and then
 // every interval, until ctx is done. A failed write closes the session.
-func (a *Agent) heartbeat(ctx context.Context, sess *tunnel.Session, ctl *yamux.Stream, interval time.Duration, log *slog.Logger) {
+//
+// The RTT is measured by a goroutine the loop owns, pinging once per
+// interval: a ping may wait up to the tunnel's write timeout for its answer,
+// and heartbeats must not wait behind it (the coordinator would count them
+// late). Each heartbeat carries the last RTT measured. On return the pinger
+// goroutine has returned too; it ends when ctx is done and its ping in
+// flight, if any, returned (closing the session ends it).
+func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, interval time.Duration, log *slog.Logger) {
+	var rttMicros atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			// A failed ping keeps the last RTT (keepalives judge
+			// liveness).
+			if d, err := sess.Ping(); err == nil {
+				rttMicros.Store(d.Microseconds())
+			} else if ctx.Err() == nil {
+				log.Debug("ping failed", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	var rtt time.Duration
 	for {
-		// Ping blocks until the answer or the tunnel's write timeout; a
-		// failed ping keeps the last RTT (keepalives judge liveness).
-		if d, err := sess.Ping(); err == nil {
-			rtt = d
-		} else if ctx.Err() == nil {
-			log.Debug("ping failed", "err", err)
-		}
 		if ctx.Err() != nil {
 			return
 		}
-		hb := protocol.Heartbeat{RTTMicros: rtt.Microseconds(), RunningExecs: int(a.running.Load())}
+		hb := protocol.Heartbeat{RTTMicros: rttMicros.Load(), RunningExecs: int(a.running.Load())}
 		ctl.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
 		if err := protocol.WriteJSONFrame(ctl, protocol.FrameHeartbeat, &hb); err != nil {
 			if ctx.Err() == nil {
@@ -246,31 +286,77 @@ func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
 		}
 	}()
 	for {
-		st, h, err := sess.Accept(ctx)
+		st, err := sess.AcceptRaw(ctx)
 		if err != nil {
 			if ctx.Err() != nil || sess.IsClosed() || errors.Is(err, io.EOF) {
 				return
 			}
-			// A malformed header: Accept already answered the stream.
-			a.log.Warn("rejected stream", "err", err)
+			a.log.Warn("accept stream", "err", err)
 			continue
 		}
-		a.m.streams.WithLabelValues(h.Kind.String()).Inc()
-		switch h.Kind {
-		case protocol.KindExec:
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a.serveExec(ctx, st, h)
-			}()
-		default:
-			a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
-			st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
-			protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{
-				Code:    protocol.CodeUnsupported,
-				Message: fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind),
-			})
-			st.Close()
-		}
+		// The header is read in the stream's own goroutine, so that one
+		// slow opener cannot hold up the others.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.serveStream(ctx, sess, st)
+		}()
 	}
+}
+
+// serveStream reads st's header and serves st by kind. It returns when the
+// stream's operation ended, and st is closed.
+func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux.Stream) {
+	h, err := sess.ReadHeader(st)
+	if err != nil {
+		// A missing or malformed header: ReadHeader answered and closed st.
+		a.log.Warn("rejected stream", "err", err)
+		return
+	}
+	a.m.streams.WithLabelValues(h.Kind.String()).Inc()
+	switch h.Kind {
+	case protocol.KindExec:
+		a.serveExec(ctx, st, h)
+	case protocol.KindPTY:
+		a.servePTY(ctx, st, h)
+	case protocol.KindCopy:
+		a.serveCopy(ctx, st, h)
+	default:
+		a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
+		a.refuse(st, protocol.CodeUnsupported, fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind))
+	}
+}
+
+// tokenEnvVar is the environment variable the tether CLI reads a join token
+// from. It is never passed on to child processes.
+const tokenEnvVar = "TETHER_TOKEN"
+
+// childEnv returns the environment of a process the agent starts for a
+// stream (exec, pty, ...): the agent's own environment without the join
+// token (TETHER_TOKEN), then PWD=dir as a shell would set it, then extra in
+// key order (os/exec keeps the last of duplicate keys, so extra overrides
+// everything before it, PWD included).
+func (a *Agent) childEnv(extra map[string]string, dir string) []string {
+	env := os.Environ()
+	out := make([]string, 0, len(env)+1+len(extra))
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k == tokenEnvVar {
+			continue
+		}
+		out = append(out, kv)
+	}
+	if dir != "" {
+		out = append(out, "PWD="+dir)
+	}
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		out = append(out, k+"="+extra[k])
+	}
+	return out
+}
+
+// refuse answers st with an error frame and closes it.
+func (a *Agent) refuse(st *yamux.Stream, code, msg string) {
+	st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+	protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{Code: code, Message: msg})
+	st.Close()
 }

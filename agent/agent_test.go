@@ -255,7 +255,9 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 
 	// The coordinator drops the session: the agent comes back by itself.
 	sess.Close()
-	recv(t, fc.hellos, "hello after the session was dropped")
+	if h := recv(t, fc.hellos, "hello after the session was dropped"); h.Reconnects != 1 {
+		t.Errorf("second hello has reconnects = %d, want 1", h.Reconnects)
+	}
 	recv(t, fc.sessions, "second session")
 	if got := testutil.ToFloat64(a.m.reconnects); got < 1 {
 		t.Errorf("reconnects_total = %v, want >= 1", got)

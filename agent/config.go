@@ -24,6 +24,7 @@ const (
 	DefaultKillGrace        = 2 * time.Second
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultPipeWait         = time.Second
+	DefaultMaxExecs         = 256
 	// defaultHeartbeat is used when a Welcome carries no usable interval.
 	defaultHeartbeat = 10 * time.Second
 )
@@ -72,6 +73,15 @@ type Config struct {
 	// HandshakeTimeout bounds opening the control stream and waiting for
 	// Welcome or Reject after each dial. Zero means 10 s.
 	HandshakeTimeout time.Duration
+	// MaxExecs bounds the exec operations running at once; an exec stream
+	// past it is answered with a busy error frame (protocol.CodeBusy). Zero
+	// means 256.
+	MaxExecs int
+	// CopyRoots are the absolute directories under which copy streams may
+	// write (push) and read (pull); a path is checked after resolving the
+	// symlinks of its existing part. A push may not replace a root itself.
+	// Empty means the data directory only.
+	CopyRoots []string
 	// Version is the agent's version string, reported in Hello.
 	Version string
 	// Capacity, if set, is reported in Hello instead of what
@@ -101,6 +111,7 @@ func DefaultConfig() Config {
 		KillGrace:        DefaultKillGrace,
 		PipeWait:         DefaultPipeWait,
 		HandshakeTimeout: DefaultHandshakeTimeout,
+		MaxExecs:         DefaultMaxExecs,
 	}
 }
 
@@ -140,6 +151,14 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.MaxExecs == 0 {
+		c.MaxExecs = d.MaxExecs
+	}
+	if len(c.CopyRoots) == 0 {
+		if dir, err := filepath.Abs(c.DataDir); err == nil {
+			c.CopyRoots = []string{dir}
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -198,6 +217,14 @@ func (c *Config) Validate() error {
 	}
 	if c.HandshakeTimeout < 0 {
 		errs = append(errs, fmt.Errorf("agent config: HandshakeTimeout %v is negative", c.HandshakeTimeout))
+	}
+	if c.MaxExecs < 0 {
+		errs = append(errs, fmt.Errorf("agent config: MaxExecs %d is negative", c.MaxExecs))
+	}
+	for _, r := range c.CopyRoots {
+		if !filepath.IsAbs(r) {
+			errs = append(errs, fmt.Errorf("agent config: CopyRoots: %q is not an absolute path", r))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -9,12 +9,17 @@
 // (tunnel.Redialer: dial, serve one session, back off, redial). For each
 // session it starts:
 //
-//   - the heartbeat loop, which pings the coordinator for the RTT and writes
-//     a Heartbeat frame on the control stream every Welcome.HeartbeatInterval;
-//   - the accept loop (in the session goroutine), which reads stream headers
-//     and dispatches each stream, plus one watcher that cancels the session's
-//     context when the tunnel dies;
-//   - per exec stream: the handler goroutine, which starts the process and
+//   - the heartbeat loop, which writes a Heartbeat frame on the control
+//     stream every Welcome.HeartbeatInterval, and its pinger, which measures
+//     the RTT once per interval (a ping may wait up to the tunnel's write
+//     timeout; heartbeats never wait for it, they carry the last RTT);
+//   - the accept loop (in the session goroutine), which accepts streams and
+//     starts one goroutine per stream, plus one watcher that cancels the
+//     session's context when the tunnel dies;
+//   - per stream: a goroutine that reads the stream's header (so a slow
+//     opener holds up only its own stream) and serves it by kind; an exec
+//     past Config.MaxExecs is refused with a busy error frame;
+//   - per exec stream, in that goroutine: the handler, which starts the process and
 //     drives it to its end (timeout, cancel, kill escalation, pipe drain); a
 //     waiter (cmd.Wait); a frame reader (stdin and cancel from the
 //     coordinator); one copier per output pipe (stdout, stderr); and, when
@@ -34,6 +39,10 @@
 //
 // The agent must not import the coordinator package, nats.go or nats-server:
 // it speaks to the fleet only through the tunnel.
+//
+// Processes the agent starts get its environment without TETHER_TOKEN
+// (Agent.childEnv). An output frame write that fails or stalls closes the
+// stream and kills the exec, since no valid frame can follow a partial one.
 //
 // The only mutex is each exec's frame-write lock (one writer at a time on
 // the stream); it is never held while taking another lock.

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,8 +28,10 @@ const (
 	// seen once the process reads (timeouts and session loss still apply).
 	stdinQueue = 8
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
-	// to make room. Past it the stream counts as broken: later output is
-	// read and dropped so the process never blocks on a dead consumer.
+	// to make room. Past it the stream counts as broken: it is closed (the
+	// coordinator sees a truncated frame, not a stream that merely went
+	// quiet), the process group is killed since its result can no longer
+	// be reported, and output is read and dropped until it is gone.
 	dataWriteTimeout = time.Minute
 	// groupPoll is how often the end of an exec checks whether a process
 	// group it sent SIGTERM to is gone yet.
@@ -42,19 +43,30 @@ const (
 // error) unless ctx ends first (the session is gone: the process group is
 // killed and nothing can be reported). It closes st and returns once the
 // process group is dead or exited and every goroutine it started returned.
+//
+// An exec beyond Config.MaxExecs running at once is refused with a busy error
+// frame.
 func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Header) {
-	a.running.Add(1)
+	if n := a.running.Add(1); n > int64(a.cfg.MaxExecs) {
+		a.running.Add(-1)
+		a.log.Warn("exec refused: at the limit of concurrent execs", "stream", st.StreamID(), "max_execs", a.cfg.MaxExecs)
+		a.refuse(st, protocol.CodeBusy, fmt.Sprintf("node %s is running %d execs, its limit", a.cfg.NodeID, a.cfg.MaxExecs))
+		return
+	}
 	a.m.execsRunning.Inc()
 	defer func() {
 		a.running.Add(-1)
 		a.m.execsRunning.Dec()
 	}()
 	defer st.Close()
+	broken := make(chan struct{})
 	x := &execution{
-		a:   a,
-		st:  st,
-		w:   &frameWriter{st: st, finalTimeout: a.cfg.Tunnel.WriteTimeout},
-		log: a.log.With("stream", st.StreamID()),
+		a:  a,
+		st: st,
+		w: &frameWriter{st: st, finalTimeout: a.cfg.Tunnel.WriteTimeout, dataTimeout: a.dataWriteTimeout,
+			onBroken: func() { close(broken) }},
+		broken: broken,
+		log:    a.log.With("stream", st.StreamID()),
 	}
 	if err := h.DecodeParams(&x.p); err != nil {
 		x.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
@@ -71,11 +83,12 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 // goroutine, except w (shared, locked) and the copiers' counters (written by
 // each copier, read by the handler after the copier returned).
 type execution struct {
-	a   *Agent
-	st  *yamux.Stream
-	w   *frameWriter
-	log *slog.Logger
-	p   protocol.ExecParams
+	a      *Agent
+	st     *yamux.Stream
+	w      *frameWriter
+	broken <-chan struct{} // closed when an output write failed and w closed st
+	log    *slog.Logger
+	p      protocol.ExecParams
 
 	stdout, stderr outputCount
 }
@@ -113,17 +126,7 @@ func (x *execution) command() (*exec.Cmd, string) {
 			cmd.Dir = filepath.Clean(x.p.Cwd)
 		}
 	}
-	// PWD as a shell would set it; the params may override it.
-	cmd.Env = append(os.Environ(), "PWD="+cmd.Dir)
-	keys := make([]string, 0, len(x.p.Env))
-	for k := range x.p.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		// os/exec keeps the last of duplicate keys, so these override.
-		cmd.Env = append(cmd.Env, k+"="+x.p.Env[k])
-	}
+	cmd.Env = x.a.childEnv(x.p.Env, cmd.Dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd, name
 }
@@ -233,6 +236,7 @@ func (x *execution) run(ctx context.Context) {
 		drainC              <-chan time.Time
 		drainStage          int
 		ctxDone             = ctx.Done()
+		brokenC             = x.broken
 		cancelC             = (<-chan struct{})(cancelCh)
 	)
 	kill := func(sig syscall.Signal) {
@@ -287,6 +291,16 @@ func (x *execution) run(ctx context.Context) {
 				continue
 			}
 			terminate()
+		case <-brokenC:
+			brokenC = nil
+			lost = true
+			x.log.Warn("exec stream broken by a stalled output write; killing process group", "pgid", pgid)
+			if exited {
+				killSent = true
+				kill(syscall.SIGKILL)
+				continue
+			}
+			terminate()
 		case <-graceC:
 			graceC = nil
 			killSent = true
@@ -325,7 +339,7 @@ func (x *execution) run(ctx context.Context) {
 	a.m.execDuration.Observe(end.Sub(start).Seconds())
 	switch {
 	case lost:
-		x.log.Info("exec ended without a session; result dropped", "pid", pgid)
+		x.log.Info("exec ended without a usable stream; result dropped", "pid", pgid)
 	case err != nil:
 		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %q: %v", a.cfg.NodeID, name, err))
 	default:
@@ -492,18 +506,36 @@ type frameWriter struct {
 	st           *yamux.Stream
 	err          error // first write error; later writes are skipped
 	finalTimeout time.Duration
+	// dataTimeout bounds one data frame's write; zero means
+	// dataWriteTimeout.
+	dataTimeout time.Duration
+	// onBroken, if set, is called once (under mu) after a failed data
+	// write closed the stream.
+	onBroken func()
 }
 
-// data writes one output frame, waiting at most dataWriteTimeout for room.
+// data writes one output frame, waiting at most dataTimeout for room. A
+// write that fails or stalls may have sent part of the frame, so the stream
+// is closed at once: the peer then reads a truncated frame (an error it
+// reports) instead of waiting on a stream that can never carry a valid frame
+// again. Later writes are skipped.
 func (w *frameWriter) data(t protocol.FrameType, p []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
 		return w.err
 	}
-	w.st.SetWriteDeadline(time.Now().Add(dataWriteTimeout))
+	d := w.dataTimeout
+	if d <= 0 {
+		d = dataWriteTimeout
+	}
+	w.st.SetWriteDeadline(time.Now().Add(d))
 	if err := protocol.WriteFrame(w.st, t, p); err != nil {
 		w.err = fmt.Errorf("write %s frame on stream %d: %w", t, w.st.StreamID(), err)
+		w.st.Close()
+		if w.onBroken != nil {
+			w.onBroken()
+		}
 	}
 	return w.err
 }

@@ -360,7 +360,7 @@ func TestExecErrors(t *testing.T) {
 		{"command not found", protocol.KindExec, protocol.ExecParams{Argv: []string{"/nonexistent/tool", "x"}}, protocol.CodeStartFailed, []string{"node-a", "/nonexistent/tool"}},
 		{"not on PATH", protocol.KindExec, protocol.ExecParams{Argv: []string{"no-such-tool-xyz"}}, protocol.CodeStartFailed, []string{"node-a", "no-such-tool-xyz"}},
 		{"cwd missing", protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Cwd: "/nonexistent/dir"}, protocol.CodeStartFailed, []string{"node-a", "/nonexistent/dir"}},
-		{"reserved kind", protocol.KindCopy, struct{}{}, protocol.CodeUnsupported, []string{"node-a", "copy"}},
+		{"reserved kind", protocol.KindSSH, struct{}{}, protocol.CodeUnsupported, []string{"node-a", "ssh"}},
 		{"control kind from the coordinator", protocol.KindControl, protocol.ControlParams{}, protocol.CodeUnsupported, []string{"control"}},
 		{"undefined kind", protocol.Kind(99), struct{}{}, protocol.CodeUnsupported, []string{"99"}},
 	}

@@ -14,6 +14,8 @@ type metrics struct {
 	streams      *prometheus.CounterVec
 	execsRunning prometheus.Gauge
 	execDuration prometheus.Histogram
+	copies       *prometheus.CounterVec
+	copyBytes    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,6 +43,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			// 1 ms to about 70 min.
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 12),
 		}),
+	}
+	m.copies = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_copies_total",
+		Help: "Copy streams served, by direction (push: to the node, pull: from it) and result (ok, error).",
+	}, []string{"direction", "result"})
+	m.copyBytes = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_copy_bytes_total",
+		Help: "File data bytes of committed copies, by direction (push: written on the node, pull: read from it).",
+	}, []string{"direction"})
+	for _, d := range []string{protocol.CopyPush, protocol.CopyPull} {
+		m.copyBytes.WithLabelValues(d)
+		for _, r := range []string{"ok", "error"} {
+			m.copies.WithLabelValues(d, r)
+		}
 	}
 	for _, k := range protocol.Kinds() {
 		m.streams.WithLabelValues(k.String())

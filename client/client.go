@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -255,13 +257,40 @@ func apiError(msg *nats.Msg) *protocol.APIError {
 }
 
 // Nodes lists the connected nodes matching selector (empty: all), sorted by
-// id. A ctx without deadline is bounded by RequestTimeout.
+// id. It asks for pages of protocol.DefaultNodesLimit nodes until it has
+// them all (halving the page size if a page is too large for the NATS
+// server's max payload); nodes that come or go meanwhile may be missed or
+// listed, but never twice. Each request is bounded by RequestTimeout when
+// ctx has no deadline.
 func (c *Client) Nodes(ctx context.Context, selector string) ([]protocol.NodeInfo, error) {
-	var resp protocol.NodesResponse
-	if err := c.request(ctx, protocol.SubjectNodes, protocol.NodesRequest{Selector: selector}, &resp); err != nil {
-		return nil, err
+	var all []protocol.NodeInfo
+	seen := map[string]bool{}
+	limit := protocol.DefaultNodesLimit
+	for offset := 0; ; {
+		var resp protocol.NodesResponse
+		err := c.request(ctx, protocol.SubjectNodes, protocol.NodesRequest{Selector: selector, Limit: limit, Offset: offset}, &resp)
+		if errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeTooLarge}) && limit > 1 {
+			limit /= 2
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range resp.Nodes {
+			if !seen[n.ID] {
+				seen[n.ID] = true
+				all = append(all, n)
+			}
+		}
+		offset += len(resp.Nodes)
+		// A coordinator that predates paging reports no total: its one
+		// reply was the whole list.
+		if len(resp.Nodes) == 0 || offset >= resp.Total {
+			break
+		}
 	}
-	return resp.Nodes, nil
+	slices.SortFunc(all, func(a, b protocol.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
+	return all, nil
 }
 
 // Cancel asks the coordinator to cancel the running job id and returns its

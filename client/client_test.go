@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -428,4 +429,49 @@ func TestCancel(t *testing.T) {
 		t.Errorf("response (-want +got):\n%s", diff)
 	}
 	f.waitCancel(t, "job-1")
+}
+
+// Nodes pages through a long list transparently.
+func TestNodesPages(t *testing.T) {
+	s := runServer(t)
+	var nodes []protocol.NodeInfo
+	for i := range 1234 {
+		nodes = append(nodes, protocol.NodeInfo{ID: fmt.Sprintf("n%04d", i), Labels: map[string]string{}})
+	}
+	var (
+		mu    sync.Mutex
+		pages []protocol.NodesRequest
+	)
+	newFake(t, s, nil, func(m *nats.Msg) {
+		var req protocol.NodesRequest
+		json.Unmarshal(m.Data, &req)
+		mu.Lock()
+		pages = append(pages, req)
+		mu.Unlock()
+		if req.Limit > 300 {
+			// As if the page did not fit the server's max payload.
+			microError(m, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "reply too large"))
+			return
+		}
+		from := min(req.Offset, len(nodes))
+		to := min(from+req.Limit, len(nodes))
+		b, _ := json.Marshal(protocol.NodesResponse{Nodes: nodes[from:to], Total: len(nodes)})
+		m.Respond(b)
+	})
+	c := client.New(connect(t, s))
+	got, err := c.Nodes(testCtx(t), "")
+	if err != nil {
+		t.Fatalf("Nodes: %v", err)
+	}
+	if diff := cmp.Diff(nodes, got); diff != "" {
+		t.Errorf("nodes (-want +got):\n%s", diff)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []protocol.NodesRequest{{Limit: 500}, {Limit: 250}, {Limit: 250, Offset: 250}, {Limit: 250, Offset: 500},
+		{Limit: 250, Offset: 750}, {Limit: 250, Offset: 1000}, {Limit: 250, Offset: 1250}}
+	want = want[:len(want)-1] // 1234 nodes: the page at 1000 holds the last 234
+	if diff := cmp.Diff(want, pages); diff != "" {
+		t.Errorf("requests (-want +got):\n%s", diff)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 
@@ -28,6 +29,25 @@ const maxHelloSize = 64 << 10
 
 // maxHeartbeatSize bounds a Heartbeat frame, in bytes.
 const maxHeartbeatSize = 4 << 10
+
+// maxAgentString bounds a free-form string an agent supplies (versions, GPU
+// model, error messages, signal names) as the coordinator keeps and relays
+// it, in bytes; longer ones are cut (truncateAgentString).
+const maxAgentString = 1 << 10
+
+// truncateAgentString cuts s to at most maxAgentString bytes, at a UTF-8
+// character boundary, marking the cut with "...".
+func truncateAgentString(s string) string {
+	if len(s) <= maxAgentString {
+		return s
+	}
+	const mark = "..."
+	cut := maxAgentString - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
 
 // agentConn is one accepted agent connection, from TCP accept to close. The
 // drain closes every agentConn to end its goroutine.
@@ -70,12 +90,26 @@ type node struct {
 	runningExecs  atomic.Int64
 }
 
-// startConn starts the goroutine that owns conn, unless the drain began.
+// startConn starts the goroutine that owns conn, unless the drain began or
+// MaxHandshakes handshakes are already in progress (then conn is closed
+// unread and counted as an auth failure, reason overload).
 func (c *Coordinator) startConn(conn net.Conn) {
+	select {
+	case c.handshakes <- struct{}{}:
+	default:
+		c.m.authFailures.WithLabelValues(reasonOverload).Inc()
+		c.log.Warn("agent connection refused: too many handshakes in progress",
+			"remote_addr", conn.RemoteAddr().String(), "max_handshakes", c.cfg.MaxHandshakes)
+		conn.Close()
+		return
+	}
+	// The handshake slot is released when the handshake ends, whatever
+	// its outcome (serveConn), or here if no goroutine starts.
 	ac := &agentConn{conn: conn}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
+		<-c.handshakes
 		conn.Close()
 		return
 	}
@@ -128,8 +162,10 @@ func refuse(reason, code string, err error) *handshakeError {
 // serveConn runs one agent connection's handshake and registration. When the
 // agent is registered it returns the rest of the connection's life (the
 // heartbeat reader on the control stream until the session ends), which the
-// caller runs; otherwise it returns nil and the connection is closed.
+// caller runs; otherwise it returns nil and the connection is closed. It
+// releases the connection's handshake slot (startConn) when it returns.
 func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()) {
+	defer func() { <-c.handshakes }()
 	remote := ac.conn.RemoteAddr().String()
 	log := c.log.With("remote_addr", remote)
 	deadline := time.Now().Add(c.cfg.HandshakeTimeout)
@@ -138,6 +174,13 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		hctx, cancel := context.WithDeadline(ctx, deadline)
 		err := tc.HandshakeContext(hctx)
 		cancel()
+		if errors.Is(err, io.EOF) {
+			// Closed before sending a byte: a load balancer's or port
+			// scanner's health check, not a failed agent.
+			log.Debug("connection closed before the TLS handshake began")
+			ac.conn.Close()
+			return nil
+		}
 		if err != nil {
 			reason := reasonProtocol
 			if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
@@ -302,6 +345,12 @@ func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadl
 	if err := protocol.DecodeJSON(f.Payload, &hello); err != nil {
 		return st, nil, refuse(reasonBadHello, protocol.CodeBadHello, fmt.Errorf("decode hello: %w", err))
 	}
+	// Free-form fields are kept for listings: bound them.
+	hello.AgentVersion = truncateAgentString(hello.AgentVersion)
+	hello.Capacity.GPUModel = truncateAgentString(hello.Capacity.GPUModel)
+	for i, t := range hello.Targets {
+		hello.Targets[i] = truncateAgentString(t)
+	}
 	token := hello.Token
 	hello.Token = "" // never kept, never logged
 	if token == "" {
@@ -329,7 +378,9 @@ func (c *Coordinator) tokenOK(token string) bool {
 
 // register adds n to the registry, replacing (and closing) a live session of
 // the same node id: the newer session wins. It reports false if the drain
-// began.
+// began. A session counts as a reconnect when the agent says it had one
+// before (Hello.Reconnects) or when it replaces a live one; the coordinator
+// keeps no memory of nodes that left, so that memory stays bounded.
 func (c *Coordinator) register(n *node, log *slog.Logger) bool {
 	c.mu.Lock()
 	if c.closing {
@@ -337,12 +388,10 @@ func (c *Coordinator) register(n *node, log *slog.Logger) bool {
 		return false
 	}
 	old := c.nodes[n.id]
-	_, seen := c.seen[n.id]
 	c.nodes[n.id] = n
-	c.seen[n.id] = struct{}{}
 	c.m.agentsConnected.Set(float64(len(c.nodes)))
 	c.mu.Unlock()
-	if old != nil || seen {
+	if old != nil || n.hello.Reconnects > 0 {
 		c.m.reconnects.Inc()
 	}
 	if old != nil {
@@ -364,11 +413,12 @@ func (c *Coordinator) deregister(n *node) {
 }
 
 // readHeartbeats reads the control stream until it fails or stays silent for
-// three heartbeat intervals.
+// three heartbeat intervals plus the tunnel's write timeout (the time a
+// heartbeat may legitimately spend waiting to be written on a busy tunnel).
 func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 	fr := protocol.NewFrameReader(ctrl)
 	fr.Max = maxHeartbeatSize
-	window := 3 * c.cfg.HeartbeatInterval
+	window := 3*c.cfg.HeartbeatInterval + c.cfg.Tunnel.WriteTimeout
 	for {
 		ctrl.SetReadDeadline(time.Now().Add(window))
 		f, err := fr.Next()

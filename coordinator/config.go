@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/tunnel"
 )
 
@@ -37,6 +38,14 @@ type Config struct {
 	// HandshakeTimeout bounds an agent's TLS handshake plus its Hello.
 	// Default 10 s.
 	HandshakeTimeout time.Duration
+	// MaxHandshakes bounds the agent connections in their handshake (TLS
+	// and Hello) at once. A connection past it is closed at once and
+	// counted as an auth failure with reason "overload". It bounds what
+	// unauthenticated peers can make the coordinator hold. Default 256.
+	MaxHandshakes int
+	// MaxJobs bounds the exec jobs in flight; an exec request past it gets
+	// 503 unavailable. Default 1024.
+	MaxJobs int
 	// DefaultTimeout is the exec timeout used when a request has none. Zero
 	// means no timeout.
 	DefaultTimeout time.Duration
@@ -54,8 +63,16 @@ type Config struct {
 	// Tunnel tunes the agent sessions. Default: tunnel.DefaultConfig() with
 	// KeepAliveInterval 0 — agents ping, and the coordinator watches their
 	// heartbeats instead, which saves a goroutine per agent. A zero Tunnel is
-	// replaced by that default.
+	// replaced by that default. AcceptBacklog is always set to 1: the
+	// coordinator accepts only the control stream, and yamux resets any
+	// stream an agent opens past the backlog instead of buffering up to a
+	// receive window (256 KiB) for each.
 	Tunnel tunnel.Config
+	// Pipe tunes the NATS pipes of stream relays (tether.v1.stream): window,
+	// message size and keepalive. The zero value selects natspipe's
+	// defaults (8 MiB, 128 KiB, 5 s); clients must use the same KeepAlive.
+	// Its Logger defaults to Logger.
+	Pipe natspipe.Config
 	// Logger receives the coordinator's logs. Nil discards them.
 	Logger *slog.Logger
 	// Registerer receives the coordinator's metrics. Nil registers them in a
@@ -68,6 +85,8 @@ type Config struct {
 const (
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultMaxHandshakes     = 256
+	DefaultMaxJobs           = 1024
 	DefaultMaxParallel       = 64
 	DefaultDrainTimeout      = 10 * time.Second
 	DefaultCancelGrace       = 5 * time.Second
@@ -84,6 +103,8 @@ func DefaultConfig() Config {
 		ID:                id,
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		HandshakeTimeout:  DefaultHandshakeTimeout,
+		MaxHandshakes:     DefaultMaxHandshakes,
+		MaxJobs:           DefaultMaxJobs,
 		MaxParallel:       DefaultMaxParallel,
 		DrainTimeout:      DefaultDrainTimeout,
 		CancelGrace:       DefaultCancelGrace,
@@ -94,9 +115,10 @@ func DefaultConfig() Config {
 func defaultTunnel() tunnel.Config {
 	t := tunnel.DefaultConfig()
 	t.KeepAliveInterval = 0
-	// Agents open only their control stream; yamux preallocates the
-	// backlog per session.
-	t.AcceptBacklog = 16
+	// Agents open only their control stream, and the coordinator never
+	// accepts another: a backlog of one makes yamux reset every further
+	// stream an agent opens (see Config.Tunnel).
+	t.AcceptBacklog = 1
 	return t
 }
 
@@ -112,6 +134,12 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
 	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = d.MaxHandshakes
+	}
+	if c.MaxJobs == 0 {
+		c.MaxJobs = d.MaxJobs
+	}
 	if c.MaxParallel == 0 {
 		c.MaxParallel = d.MaxParallel
 	}
@@ -124,6 +152,7 @@ func (c Config) withDefaults() Config {
 	if c.Tunnel == (tunnel.Config{}) {
 		c.Tunnel = d.Tunnel
 	}
+	c.Tunnel.AcceptBacklog = 1
 	return c
 }
 
@@ -156,6 +185,15 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxParallel < 0 {
 		errs = append(errs, fmt.Errorf("coordinator config: MaxParallel %d is negative", c.MaxParallel))
+	}
+	if c.MaxHandshakes < 0 {
+		errs = append(errs, fmt.Errorf("coordinator config: MaxHandshakes %d is negative", c.MaxHandshakes))
+	}
+	if c.MaxJobs < 0 {
+		errs = append(errs, fmt.Errorf("coordinator config: MaxJobs %d is negative", c.MaxJobs))
+	}
+	if err := c.Pipe.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("coordinator config: Pipe: %w", err))
 	}
 	if c.Tunnel != (tunnel.Config{}) {
 		if err := c.Tunnel.Validate(); err != nil {

@@ -30,7 +30,8 @@ type Coordinator struct {
 	m   *metrics
 	reg prometheus.Registerer
 
-	serving atomic.Bool // Serve is running and not yet draining
+	serving    atomic.Bool   // Serve is running and not yet draining
+	handshakes chan struct{} // one token per agent connection in its handshake (MaxHandshakes)
 
 	// mu guards the fields below. It is never held while doing I/O.
 	mu      sync.Mutex
@@ -39,10 +40,10 @@ type Coordinator struct {
 	life    context.Context         // Serve's lifetime; parent of jobs and handshakes
 	conns   map[*agentConn]struct{} // every live agent connection, registered or not
 	nodes   map[string]*node        // registered sessions by node id
-	seen    map[string]struct{}     // node ids ever registered, for the reconnect metric
 	jobs    map[string]*job         // running jobs by id
 	connWG  sync.WaitGroup          // one per agent connection goroutine
 	jobWG   sync.WaitGroup          // one per running job goroutine
+	relays  relaySet                // running stream relays (relay.go)
 	svc     micro.Service           // set while serving
 }
 
@@ -74,8 +75,9 @@ func New(cfg Config) (*Coordinator, error) {
 		reg:   reg,
 		conns: map[*agentConn]struct{}{},
 		nodes: map[string]*node{},
-		seen:  map[string]struct{}{},
 		jobs:  map[string]*job{},
+
+		handshakes: make(chan struct{}, cfg.MaxHandshakes),
 	}, nil
 }
 
@@ -165,6 +167,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 	jobsDone := make(chan struct{})
 	go func() {
 		c.jobWG.Wait()
+		c.relays.wait()
 		close(jobsDone)
 	}()
 	t := time.NewTimer(c.cfg.DrainTimeout)
@@ -182,6 +185,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		for _, j := range running {
 			j.cancel()
 		}
+		c.relays.abortAll(fmt.Errorf("coordinator %s is shutting down", c.cfg.ID))
 		// Each node reader gives up CancelGrace after its cancel, so this
 		// wait is bounded.
 		<-jobsDone

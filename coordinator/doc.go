@@ -11,28 +11,44 @@
 //
 // # Agent sessions
 //
-// Agents dial out to the coordinator. Per connection, one goroutine does the
-// TLS handshake, starts the yamux session (tunnel.Server), accepts the
+// Agents dial out to the coordinator. At most MaxHandshakes connections are
+// in their handshake at once; more are closed unread (auth failure reason
+// "overload"), which bounds what unauthenticated peers can make the
+// coordinator hold. Per connection, one goroutine does the TLS handshake (a
+// connection closed before its first byte is a health check, logged at debug
+// and not counted), starts the yamux session (tunnel.Server), accepts the
 // control stream, checks the Hello (join token in constant time, protocol
-// version, node id and labels), registers the node (a newer session of the
-// same node id replaces and closes the older one), sends the Welcome, and then
-// reads heartbeats on the control stream with a read deadline of three
-// heartbeat intervals. Silence or an error drops the session. No goroutine
-// accepts further streams from agents: the coordinator opens the streams it
-// needs (exec), which keeps an idle agent's cost to one goroutine plus
-// yamux's two.
+// version, node id and labels; free-form fields cut to 1 KiB), registers the
+// node (a newer session of the same node id replaces and closes the older
+// one), sends the Welcome, and then reads heartbeats on the control stream
+// with a read deadline of three heartbeat intervals plus the tunnel's write
+// timeout. Silence or an error drops the session. No goroutine accepts
+// further streams from agents: the coordinator opens the streams it needs
+// (exec), which keeps an idle agent's cost to one goroutine plus yamux's two.
+// The session's accept backlog is one, so yamux resets any further stream an
+// agent opens instead of buffering it.
+//
+// The registry holds connected nodes only. Reconnects are counted from the
+// agent's own count (Hello.Reconnects) and from replaced live sessions.
 //
 // # Jobs
 //
 // micro runs each endpoint's handler on a single goroutine of the NATS
 // connection, so handlers decode and validate synchronously (a bad request
 // gets a micro error and runs nothing) and hand the run to a job goroutine.
+// At most MaxJobs jobs are in flight; more requests get 503 unavailable.
 // A job opens one exec stream per target node, at most MaxParallel at once,
-// publishes output chunks to the request's reply subject as they arrive
-// (headers Tether-Job, Tether-Type, Tether-Node, Tether-Seq; one sequence per
-// job, publishes serialised so wire order is seq order), and ends with one
-// result message. The coordinator does not know how an agent runs a process;
-// it only speaks the exec stream's frames.
+// looking each node up when its run starts (a node that left meanwhile gets
+// an error result), publishes output chunks to the request's reply subject
+// as they arrive (headers Tether-Job, Tether-Type, Tether-Node, Tether-Seq;
+// one sequence per job, publishes serialised so wire order is seq order;
+// a chunk larger than the NATS server's max payload is split), and ends with
+// one result message (or a 413 too_large error if the result does not fit
+// the max payload). Whenever it gives up on an exec stream without a final
+// frame (a protocol error, a publish failure, a cancel not answered in
+// time) it writes a cancel frame before closing the stream, so the agent
+// kills the process group. The coordinator does not know how an agent runs
+// a process; it only speaks the exec stream's frames.
 //
 // # Goroutines
 //

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -49,6 +51,16 @@ func StartEmbeddedNATS(cfg EmbeddedNATSConfig) (*server.Server, error) {
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
 		NoLog:      cfg.Logger == nil,
+	}
+	// nats-server only logs a failed bind and then never becomes ready; try
+	// the address first so a busy port is reported at once, by its cause.
+	if cfg.Port > 0 {
+		addr := net.JoinHostPort(host, strconv.Itoa(cfg.Port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("embedded NATS: %w", err)
+		}
+		ln.Close()
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -1,6 +1,7 @@
 package coordinator_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,7 +73,19 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*coordinator.Config)) *harness {
 	t.Helper()
-	s := natstest.Run(t)
+	return newHarnessNATS(t, nil, mutate)
+}
+
+// newHarnessNATS is newHarness with natsOpts (if not nil) adjusting the
+// nats-server's options.
+func newHarnessNATS(t *testing.T, natsOpts func(*server.Options), mutate func(*coordinator.Config)) *harness {
+	t.Helper()
+	var s *server.Server
+	if natsOpts != nil {
+		s = natstest.Run(t, natsOpts)
+	} else {
+		s = natstest.Run(t)
+	}
 	nc, err := nats.Connect(s.ClientURL(), nats.Name("coordinator"))
 	if err != nil {
 		t.Fatal(err)
@@ -305,13 +319,15 @@ func (c *concurrency) leave() { c.cur.Add(-1) }
 
 // agentOpts configures a fake agent.
 type agentOpts struct {
-	id        string
-	token     string            // default testToken; "-" sends none
-	labels    map[string]string // default none
-	version   int               // protocol version in Hello; default protocol.Version
-	noHello   bool              // open the control stream but never send a Hello
-	firstKind protocol.Kind     // kind of the first stream; default control
-	heartbeat bool              // send heartbeats
+	id           string
+	token        string            // default testToken; "-" sends none
+	labels       map[string]string // default none
+	version      int               // protocol version in Hello; default protocol.Version
+	noHello      bool              // open the control stream but never send a Hello
+	firstKind    protocol.Kind     // kind of the first stream; default control
+	heartbeat    bool              // send heartbeats
+	reconnects   int               // Hello.Reconnects
+	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
 	gauge   *concurrency // shared concurrency tracking for the "slow" command
@@ -388,7 +404,8 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		NodeID:          o.id,
 		Labels:          o.labels,
 		Capacity:        protocol.Capacity{CPUs: 2, MemoryBytes: 1 << 30},
-		AgentVersion:    "fake-1.0",
+		AgentVersion:    cmp.Or(o.agentVersion, "fake-1.0"),
+		Reconnects:      o.reconnects,
 	}
 	// A write error is not fatal yet: yamux may report "session shutdown"
 	// for a frame that was sent when the coordinator answered and closed

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -12,7 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -23,13 +26,21 @@ import (
 // the session alive.
 const execSlack = 30 * time.Second
 
+// cancelWriteTimeout bounds the cancel frame written to an exec stream the
+// coordinator gives up on, just before closing it.
+const cancelWriteTimeout = time.Second
+
+// replyHeaderRoom is what a reply's NATS headers (Tether-Job, -Type, -Node,
+// -Seq, or a micro error's) may take of the server's max payload, in bytes.
+const replyHeaderRoom = 1 << 10
+
 // job is one exec request in flight. Its goroutine (run) starts one goroutine
 // per node, at most maxParallel at a time, and waits for them.
 type job struct {
 	c           *Coordinator
 	id          string
-	reply       string // the request's reply subject
-	targets     []*node
+	reply       string   // the request's reply subject
+	targets     []string // node ids, sorted; each is looked up when its run starts
 	params      protocol.ExecParams
 	stdin       []byte
 	maxParallel int
@@ -37,9 +48,8 @@ type job struct {
 	cancel      context.CancelFunc
 
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
-	pubMu     sync.Mutex
-	seq       uint64
-	pubFailed bool // a publish failed (logged once)
+	pubMu sync.Mutex
+	seq   uint64
 }
 
 // run executes the job on every target and publishes the final result.
@@ -70,6 +80,14 @@ func (j *job) run() {
 		log.Error("encode exec result", "err", err)
 		return
 	}
+	if max := j.maxData(); max > 0 && len(body) > max {
+		e := protocol.NewAPIError(413, protocol.ErrCodeTooLarge,
+			"result of job %s for %d nodes is %d bytes, over the server's max payload %d; use per-node results: target fewer nodes per job",
+			j.id, len(results), len(body), max+replyHeaderRoom)
+		log.Warn("exec result too large to publish; replying with an error", "nodes", len(results), "bytes", len(body), "max_payload", max+replyHeaderRoom)
+		j.publishError(e)
+		return
+	}
 	j.publish("", protocol.ReplyResult, body)
 	log.Debug("job finished")
 }
@@ -79,7 +97,7 @@ func (j *job) run() {
 func (j *job) fanOut(results []protocol.NodeResult) {
 	sem := make(chan struct{}, j.maxParallel)
 	var wg sync.WaitGroup
-	for i, n := range j.targets {
+	for i, id := range j.targets {
 		acquired := false
 		select {
 		case sem <- struct{}{}:
@@ -90,36 +108,40 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 			if acquired {
 				<-sem
 			}
-			results[i] = j.notStarted(n)
+			results[i] = j.notStarted(id)
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results[i] = j.runNode(n)
+			results[i] = j.runNode(id)
 		}()
 	}
 	wg.Wait()
 }
 
 // notStarted is the result of a node the job was cancelled before reaching.
-func (j *job) notStarted(n *node) protocol.NodeResult {
+func (j *job) notStarted(id string) protocol.NodeResult {
 	r := protocol.NodeResult{
-		Node:      n.id,
+		Node:      id,
 		ExitCode:  -1,
 		Cancelled: true,
-		Error:     fmt.Sprintf("node %s: job %s was cancelled before it started there", n.id, j.id),
+		Error:     fmt.Sprintf("node %s: job %s was cancelled before it started there", id, j.id),
 	}
 	j.c.m.execResults.WithLabelValues(outcomeCancelled).Inc()
 	return r
 }
 
-// runNode runs the job on one node through a new exec stream and returns
-// the node's result. It never fails: problems become the result's Error.
-func (j *job) runNode(n *node) (res protocol.NodeResult) {
+// runNode runs the job on node id through a new exec stream and returns the
+// node's result. The node's session is looked up now, when its run starts
+// (in a fan-out that may be long after the request arrived). It never fails:
+// problems become the result's Error. Whenever it gives up on the stream
+// without having read a final frame, it writes a cancel frame before closing
+// the stream, so that the agent kills the process group.
+func (j *job) runNode(id string) (res protocol.NodeResult) {
 	c := j.c
-	res.Node = n.id
+	res.Node = id
 	start := time.Now()
 	defer func() {
 		d := time.Since(start)
@@ -133,6 +155,13 @@ func (j *job) runNode(n *node) (res protocol.NodeResult) {
 		res.ExitCode = -1
 		res.Error = fmt.Sprintf(format, args...)
 		return res
+	}
+
+	c.mu.Lock()
+	n := c.nodes[id]
+	c.mu.Unlock()
+	if n == nil {
+		return fail("node %s disconnected before its run started", id)
 	}
 
 	ctx := j.ctx
@@ -153,7 +182,16 @@ func (j *job) runNode(n *node) (res protocol.NodeResult) {
 		return fail("node %s: open exec stream: %v", n.id, err)
 	}
 	c.m.streamsOpened.WithLabelValues(protocol.KindExec.String()).Inc()
-	defer st.Close()
+	final := false // a final frame (exit or error) was read
+	defer func() {
+		if !final {
+			st.SetWriteDeadline(time.Now().Add(cancelWriteTimeout))
+			if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
+				c.log.Debug("send cancel before closing exec stream", "job_id", j.id, "node_id", n.id, "stream_id", st.StreamID(), "err", err)
+			}
+		}
+		st.Close()
+	}()
 
 	// On cancel, tell the agent to stop and give it CancelGrace to report.
 	// AfterFunc runs no goroutine unless ctx ends; if it started, wait for it.
@@ -181,33 +219,50 @@ func (j *job) runNode(n *node) (res protocol.NodeResult) {
 		}
 	}
 
+	protoErr := func(format string, args ...any) protocol.NodeResult {
+		return fail("node %s: exec stream %d: protocol error: %s", n.id, st.StreamID(), fmt.Sprintf(format, args...))
+	}
 	fr := protocol.NewFrameReader(st)
 	for {
 		f, err := fr.Next()
 		if err != nil {
-			if cancelSent.Load() && isTimeout(err) {
+			switch {
+			case cancelSent.Load() && isTimeout(err):
 				res.Cancelled = j.ctx.Err() != nil
 				return fail("node %s: no exit status within %v of cancelling job %s", n.id, c.cfg.CancelGrace, j.id)
+			case errors.Is(err, io.EOF), errors.Is(err, yamux.ErrConnectionReset), n.sess.IsClosed():
+				// The stream or the whole session ended between frames,
+				// or the session died mid-frame.
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return fail("node %s: tunnel lost during exec: %v", n.id, err)
+			default:
+				// A truncated frame on a live session, an unknown frame
+				// type, an oversized frame.
+				return protoErr("%v", err)
 			}
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return fail("node %s: tunnel lost during exec: %v", n.id, err)
 		}
 		switch f.Type {
-		case protocol.FrameStdout:
-			res.StdoutBytes += int64(len(f.Payload))
-			j.publish(n.id, protocol.ReplyStdout, f.Payload)
-		case protocol.FrameStderr:
-			res.StderrBytes += int64(len(f.Payload))
-			j.publish(n.id, protocol.ReplyStderr, f.Payload)
+		case protocol.FrameStdout, protocol.FrameStderr:
+			typ := protocol.ReplyStdout
+			if f.Type == protocol.FrameStderr {
+				typ = protocol.ReplyStderr
+				res.StderrBytes += int64(len(f.Payload))
+			} else {
+				res.StdoutBytes += int64(len(f.Payload))
+			}
+			if err := j.publishOutput(n.id, typ, f.Payload); err != nil {
+				return fail("node %s: output reply lost, giving up: %v", n.id, err)
+			}
 		case protocol.FrameExit:
 			var es protocol.ExitStatus
 			if err := protocol.DecodeJSON(f.Payload, &es); err != nil {
-				return fail("node %s: exit status: %v", n.id, err)
+				return protoErr("exit status: %v", err)
 			}
+			final = true
 			res.ExitCode = es.ExitCode
-			res.Signal = es.Signal
+			res.Signal = truncateAgentString(es.Signal)
 			res.TimedOut = es.TimedOut
 			res.Cancelled = es.Cancelled
 			res.DurationMS = es.DurationMS
@@ -219,12 +274,13 @@ func (j *job) runNode(n *node) (res protocol.NodeResult) {
 		case protocol.FrameError:
 			var ei protocol.ErrorInfo
 			if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
-				return fail("node %s: error frame: %v", n.id, err)
+				return protoErr("error frame: %v", err)
 			}
-			res.ErrorCode = ei.Code
-			return fail("node %s: %s", n.id, ei.Message)
+			final = true
+			res.ErrorCode = truncateAgentString(ei.Code)
+			return fail("node %s: %s", n.id, truncateAgentString(ei.Message))
 		default:
-			return fail("node %s: exec stream %d: unexpected %s frame: %v", n.id, st.StreamID(), f.Type, protocol.ErrUnexpected)
+			return protoErr("unexpected %s frame: %v", f.Type, protocol.ErrUnexpected)
 		}
 	}
 }
@@ -242,25 +298,74 @@ func writeStdin(w io.Writer, data []byte) error {
 	return protocol.WriteFrame(w, protocol.FrameStdinClose, nil)
 }
 
+// maxData returns the largest reply body that fits the NATS server's max
+// payload next to the reply's headers, or 0 if the limit is unknown (not
+// connected).
+func (j *job) maxData() int {
+	mp := int(j.c.cfg.NATS.MaxPayload())
+	if mp <= 0 {
+		return 0
+	}
+	return max(mp-replyHeaderRoom, 1)
+}
+
+// publishOutput publishes one output chunk, split into several replies (each
+// with its own sequence number) if it does not fit the server's max payload.
+func (j *job) publishOutput(nodeID, typ string, data []byte) error {
+	max := j.maxData()
+	for {
+		n := len(data)
+		if max > 0 {
+			n = min(n, max)
+		}
+		if err := j.publish(nodeID, typ, data[:n]); err != nil {
+			return err
+		}
+		data = data[n:]
+		if len(data) == 0 {
+			return nil
+		}
+	}
+}
+
 // publish sends one reply of the job with the next sequence number. Replies
-// are published under pubMu, so their order on the wire is seq order.
-func (j *job) publish(nodeID, typ string, data []byte) {
-	j.pubMu.Lock()
-	defer j.pubMu.Unlock()
+// are published under pubMu, so their order on the wire is seq order. A
+// failed publish is logged (at warn: the client will see a gap or never see
+// its result) and returned.
+func (j *job) publish(nodeID, typ string, data []byte) error {
 	h := nats.Header{}
-	h.Set(protocol.HeaderJob, j.id)
 	h.Set(protocol.HeaderType, typ)
 	if nodeID != "" {
 		h.Set(protocol.HeaderNode, nodeID)
 	}
+	return j.publishMsg(h, data, typ)
+}
+
+// publishError sends e as the job's last reply, a micro error as the API's
+// other errors are (status and message in the micro headers, e as the JSON
+// body).
+func (j *job) publishError(e *protocol.APIError) error {
+	body, _ := json.Marshal(e)
+	h := nats.Header{}
+	h.Set(micro.ErrorCodeHeader, strconv.Itoa(e.Status))
+	h.Set(micro.ErrorHeader, e.Message)
+	return j.publishMsg(h, body, "error")
+}
+
+// publishMsg adds the job and sequence headers to h and publishes.
+func (j *job) publishMsg(h nats.Header, data []byte, what string) error {
+	j.pubMu.Lock()
+	defer j.pubMu.Unlock()
+	h.Set(protocol.HeaderJob, j.id)
 	h.Set(protocol.HeaderSeq, strconv.FormatUint(j.seq, 10))
 	j.seq++
 	// PublishMsg copies data into the connection's buffer before returning,
 	// so the caller may reuse it.
-	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Header: h, Data: data}); err != nil && !j.pubFailed {
-		j.pubFailed = true
-		j.c.log.Warn("publish exec reply", "job_id", j.id, "type", typ, "err", err)
+	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Header: h, Data: data}); err != nil {
+		j.c.log.Warn("publish exec reply", "job_id", j.id, "type", what, "bytes", len(data), "err", err)
+		return fmt.Errorf("job %s: publish %s reply: %w", j.id, what, err)
 	}
+	return nil
 }
 
 // outcome classifies a node result for the exec results metric.

@@ -17,6 +17,7 @@ const (
 	reasonBadHello = "bad_hello" // the Hello failed validation
 	reasonTimeout  = "timeout"   // TLS handshake or Hello not done in time
 	reasonProtocol = "protocol"  // anything else: TLS failure, wrong first stream or frame
+	reasonOverload = "overload"  // MaxHandshakes handshakes were in progress: closed unread
 )
 
 // Outcomes of tether_coordinator_exec_results_total, one per node run.
@@ -48,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_coordinator_tunnel_reconnects_total",
-			Help: "Sessions registered by a node id seen before, or replacing a live session.",
+			Help: "Sessions registered by an agent that had a session before (its hello's reconnects is above 0), or replacing a live session of the same node id.",
 		}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_coordinator_auth_failures_total",
@@ -68,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Node exec results, by outcome.",
 		}, []string{"outcome"}),
 	}
-	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol} {
+	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload} {
 		m.authFailures.WithLabelValues(r)
 	}
 	for _, k := range protocol.Kinds() {

@@ -49,6 +49,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"exec", protocol.SubjectExec, c.handleExec},
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},
+		{"stream", protocol.SubjectStream, c.handleStream},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, e.h, micro.WithEndpointSubject(e.subject)); err != nil {
@@ -64,13 +65,27 @@ func (c *Coordinator) startService() (micro.Service, error) {
 func (c *Coordinator) replyError(req micro.Request, e *protocol.APIError) {
 	body, _ := json.Marshal(e)
 	if err := req.Error(strconv.Itoa(e.Status), e.Message, body); err != nil {
-		c.log.Debug("send error reply", "subject", req.Subject(), "code", e.Code, "err", err)
+		c.log.Warn("send error reply", "subject", req.Subject(), "code", e.Code, "err", err)
 	}
 }
 
-func (c *Coordinator) replyJSON(req micro.Request, v any) {
-	if err := req.RespondJSON(v); err != nil {
-		c.log.Debug("send reply", "subject", req.Subject(), "err", err)
+// replyJSON sends v as the JSON reply, or a 413 too_large error if it does
+// not fit the NATS server's max payload (what, e.g. "3 nodes", and hint say
+// what was too large and what to do instead).
+func (c *Coordinator) replyJSON(req micro.Request, v any, what, hint string) {
+	body, err := json.Marshal(v)
+	if err != nil { // cannot happen: plain data
+		c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "encode reply: %v", err))
+		return
+	}
+	if mp := int(c.cfg.NATS.MaxPayload()); mp > 0 && len(body)+replyHeaderRoom > mp {
+		c.log.Warn("reply too large to publish; replying with an error", "subject", req.Subject(), "bytes", len(body), "max_payload", mp)
+		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge,
+			"reply with %s is %d bytes, over the server's max payload %d; %s", what, len(body), mp, hint))
+		return
+	}
+	if err := req.Respond(body); err != nil {
+		c.log.Warn("send reply", "subject", req.Subject(), "err", err)
 	}
 }
 
@@ -103,11 +118,15 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	if maxParallel == 0 {
 		maxParallel = c.cfg.MaxParallel
 	}
+	ids := make([]string, len(targets))
+	for i, n := range targets {
+		ids[i] = n.id
+	}
 	j := &job{
 		c:           c,
 		id:          id,
 		reply:       req.Reply(),
-		targets:     targets,
+		targets:     ids,
 		params:      r.Params(c.cfg.DefaultTimeout),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
@@ -117,6 +136,12 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	if c.closing || c.life == nil {
 		c.mu.Unlock()
 		c.replyError(req, c.unavailable())
+		return
+	}
+	if len(c.jobs) >= c.cfg.MaxJobs {
+		c.mu.Unlock()
+		c.log.Warn("exec request refused: too many jobs in flight", "max_jobs", c.cfg.MaxJobs)
+		c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s has %d jobs in flight", c.cfg.ID, c.cfg.MaxJobs))
 		return
 	}
 	if _, dup := c.jobs[id]; dup {
@@ -179,19 +204,28 @@ func (c *Coordinator) sortedNodesLocked(sel protocol.Selector) []*node {
 	return ns
 }
 
-// handleNodes lists the connected nodes matching the request's selector.
+// handleNodes lists one page of the connected nodes matching the request's
+// selector.
 func (c *Coordinator) handleNodes(req micro.Request) {
 	var r protocol.NodesRequest
 	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
 		c.replyError(req, e)
 		return
 	}
-	sel, err := protocol.ParseSelector(r.Selector)
-	if err != nil {
-		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "selector: %v", err))
+	if e := r.Validate(); e != nil {
+		c.replyError(req, e)
 		return
 	}
-	c.replyJSON(req, protocol.NodesResponse{Nodes: c.Nodes(sel)})
+	sel, _ := protocol.ParseSelector(r.Selector) // Validate parsed it
+	all := c.Nodes(sel)
+	limit := r.Limit
+	if limit == 0 {
+		limit = protocol.DefaultNodesLimit
+	}
+	from := min(r.Offset, len(all))
+	to := min(from+limit, len(all))
+	resp := protocol.NodesResponse{Nodes: all[from:to], Total: len(all)}
+	c.replyJSON(req, resp, fmt.Sprintf("%d nodes", to-from), "ask for fewer with a smaller limit")
 }
 
 // handleCancel cancels a running job: each of its nodes is sent a cancel and
@@ -215,5 +249,5 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	}
 	j.cancel()
 	c.log.Info("job cancelled by request", "job_id", r.ID)
-	c.replyJSON(req, protocol.CancelResponse{ID: r.ID, Cancelled: true})
+	c.replyJSON(req, protocol.CancelResponse{ID: r.ID, Cancelled: true}, "a cancel response", "raise the server's max_payload")
 }

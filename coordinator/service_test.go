@@ -386,7 +386,7 @@ func TestServiceInfo(t *testing.T) {
 		subjects = append(subjects, e.Subject)
 	}
 	slices.Sort(subjects)
-	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectNodes}
+	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectNodes, protocol.SubjectStream}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, subjects); diff != "" {
 		t.Errorf("endpoint subjects (-want +got):\n%s", diff)

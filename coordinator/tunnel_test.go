@@ -127,6 +127,7 @@ func TestHandshakeRefused(t *testing.T) {
 tether_coordinator_auth_failures_total{reason="bad_hello"} 2
 tether_coordinator_auth_failures_total{reason="bad_token"} 1
 tether_coordinator_auth_failures_total{reason="no_token"} 1
+tether_coordinator_auth_failures_total{reason="overload"} 0
 tether_coordinator_auth_failures_total{reason="protocol"} 1
 tether_coordinator_auth_failures_total{reason="timeout"} 0
 tether_coordinator_auth_failures_total{reason="version"} 1
@@ -181,29 +182,51 @@ func TestDuplicateNodeReplaces(t *testing.T) {
 		t.Errorf("agents_connected = %v, want 1", got)
 	}
 
-	// A node seen before that comes back after a clean disconnect is a
-	// reconnect too.
+	// An agent that says it had a session before is a reconnect, even
+	// after a clean disconnect; a fresh agent process (reconnects 0) is
+	// not. The coordinator remembers nothing of nodes that left.
 	a2.close()
-	checkFor(t, defaultTestTimeout, func() error {
-		if n := len(h.c.Nodes(protocol.Selector{})); n != 0 {
-			return fmt.Errorf("%d nodes registered", n)
-		}
-		return nil
-	})
-	a3 := h.dialAgent(t, agentOpts{id: "node-a"})
+	waitNoNodes := func() {
+		t.Helper()
+		checkFor(t, defaultTestTimeout, func() error {
+			if n := len(h.c.Nodes(protocol.Selector{})); n != 0 {
+				return fmt.Errorf("%d nodes registered", n)
+			}
+			return nil
+		})
+	}
+	waitNoNodes()
+	a3 := h.dialAgent(t, agentOpts{id: "node-a", reconnects: 1})
 	if a3.reject != nil {
 		t.Fatal(a3.reject)
 	}
 	if got := h.metric("tether_coordinator_tunnel_reconnects_total"); got != 2 {
 		t.Errorf("reconnects = %v, want 2", got)
 	}
+	a3.close()
+	waitNoNodes()
+	a4 := h.dialAgent(t, agentOpts{id: "node-a"})
+	if a4.reject != nil {
+		t.Fatal(a4.reject)
+	}
+	if got := h.metric("tether_coordinator_tunnel_reconnects_total"); got != 2 {
+		t.Errorf("reconnects after a fresh agent = %v, want 2", got)
+	}
 }
 
 func TestHeartbeatTimeout(t *testing.T) {
-	h := newHarness(t, func(c *coordinator.Config) { c.HeartbeatInterval = 100 * time.Millisecond })
+	// Silence is judged over 3 intervals plus the tunnel's write timeout.
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.HeartbeatInterval = 100 * time.Millisecond
+		c.Tunnel.WriteTimeout = 200 * time.Millisecond
+	})
+	start := time.Now()
 	beating := h.dialAgent(t, agentOpts{id: "beating", heartbeat: true})
 	silent := h.dialAgent(t, agentOpts{id: "silent"})
 	silent.waitClosed()
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Errorf("silent agent dropped after %v, before its 500ms window", d)
+	}
 	checkFor(t, defaultTestTimeout, func() error {
 		nodes := h.c.Nodes(protocol.Selector{})
 		if len(nodes) != 1 || nodes[0].ID != "beating" {

@@ -180,29 +180,76 @@ type NodeResult struct {
 // OK reports whether the node ran the job and it exited 0.
 func (r *NodeResult) OK() bool { return r.Error == "" && r.ExitCode == 0 }
 
-// NodesRequest is the body of a SubjectNodes request.
+// Paging of SubjectNodes.
+const (
+	// DefaultNodesLimit is the page size when NodesRequest.Limit is 0.
+	DefaultNodesLimit = 500
+	// MaxNodesLimit bounds NodesRequest.Limit.
+	MaxNodesLimit = 1000
+)
+
+// NodesRequest is the body of a SubjectNodes request. The matching nodes are
+// sorted by id and one page of them is returned: Limit nodes from Offset.
 type NodesRequest struct {
+	// Selector filters nodes by label (ParseSelector); empty matches all.
 	Selector string `json:"selector,omitempty"`
+	// Limit is the page size, 1 to MaxNodesLimit; 0 means
+	// DefaultNodesLimit.
+	Limit int `json:"limit,omitempty"`
+	// Offset is how many matching nodes to skip, from 0.
+	Offset int `json:"offset,omitempty"`
+}
+
+// Validate checks r's paging fields and selector.
+func (r *NodesRequest) Validate() *APIError {
+	if r.Limit < 0 || r.Limit > MaxNodesLimit {
+		return NewAPIError(400, ErrCodeInvalid, "limit %d: must be 0 (default %d) to %d", r.Limit, DefaultNodesLimit, MaxNodesLimit)
+	}
+	if r.Offset < 0 {
+		return NewAPIError(400, ErrCodeInvalid, "offset %d is negative", r.Offset)
+	}
+	if _, err := ParseSelector(r.Selector); err != nil {
+		return NewAPIError(400, ErrCodeInvalid, "selector: %v", err)
+	}
+	return nil
 }
 
 // NodeInfo describes one connected node.
 type NodeInfo struct {
-	ID            string            `json:"id"`
-	Labels        map[string]string `json:"labels"`
-	Capacity      Capacity          `json:"capacity"`
-	AgentVersion  string            `json:"agent_version"`
-	Coordinator   string            `json:"coordinator"`
-	SessionID     string            `json:"session_id"`
-	RemoteAddr    string            `json:"remote_addr"`
-	ConnectedAt   time.Time         `json:"connected_at"`
-	LastHeartbeat time.Time         `json:"last_heartbeat"`
-	RTTMicros     int64             `json:"rtt_us"`
-	RunningExecs  int               `json:"running_execs"`
+	// ID is the node id (ValidNodeID).
+	ID string `json:"id"`
+	// Labels are the node's labels; never null.
+	Labels map[string]string `json:"labels"`
+	// Capacity is what the agent measured at its start.
+	Capacity Capacity `json:"capacity"`
+	// AgentVersion is the agent binary's version string (at most 1 KiB).
+	AgentVersion string `json:"agent_version"`
+	// Coordinator is the id of the coordinator the node is connected to.
+	Coordinator string `json:"coordinator"`
+	// SessionID names the node's current tunnel session.
+	SessionID string `json:"session_id"`
+	// RemoteAddr is the agent's address (host:port) as the coordinator
+	// sees it.
+	RemoteAddr string `json:"remote_addr"`
+	// ConnectedAt is when the current session was welcomed (UTC).
+	ConnectedAt time.Time `json:"connected_at"`
+	// LastHeartbeat is when the last heartbeat arrived (UTC); ConnectedAt
+	// until the first one.
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	// RTTMicros is the tunnel round trip the agent last measured, in
+	// microseconds; 0 if not measured yet.
+	RTTMicros int64 `json:"rtt_us"`
+	// RunningExecs counts the exec operations the agent reported in flight
+	// in its last heartbeat.
+	RunningExecs int `json:"running_execs"`
 }
 
-// NodesResponse is the reply to SubjectNodes, sorted by node id.
+// NodesResponse is the reply to SubjectNodes: one page of the matching
+// nodes, sorted by id.
 type NodesResponse struct {
 	Nodes []NodeInfo `json:"nodes"`
+	// Total is how many nodes matched, across all pages.
+	Total int `json:"total"`
 }
 
 // CancelRequest is the body of a SubjectCancel request.
@@ -225,6 +272,7 @@ type APIError struct {
 	Message string `json:"message"` // what failed and where
 }
 
+// Error returns "tether: message (status code)".
 func (e *APIError) Error() string {
 	return fmt.Sprintf("tether: %s (%d %s)", e.Message, e.Status, e.Code)
 }
@@ -333,6 +381,20 @@ func (r *ExecRequest) Validate() *APIError {
 	p := r.Params(0)
 	if err := p.Validate(); err != nil {
 		return NewAPIError(400, ErrCodeInvalid, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	// The params travel in the exec stream's header: check what they weigh
+	// encoded (escapes of control characters can inflate a script sixfold),
+	// leaving room for the timeout a coordinator's default may add.
+	b, err := MarshalJSON(p)
+	if err != nil {
+		return NewAPIError(400, ErrCodeInvalid, "exec params cannot be encoded: %v", err)
+	}
+	limit := MaxHeaderSize
+	if p.TimeoutMS == 0 {
+		limit -= len(`,"timeout_ms":9223372036854775807`)
+	}
+	if len(b) > limit {
+		return NewAPIError(413, ErrCodeTooLarge, "exec params (script, argv, env, cwd) encode to %d bytes, over the %d byte stream header limit", len(b), limit)
 	}
 	return nil
 }

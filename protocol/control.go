@@ -34,6 +34,10 @@ type Hello struct {
 	// Targets names the local targets the agent will dial (reserved for the
 	// dial stream kind).
 	Targets []string `json:"targets,omitempty"`
+	// Reconnects counts the sessions this agent process had before this
+	// one (0 on the first). The coordinator counts a Hello with Reconnects
+	// above 0 as a tunnel reconnect.
+	Reconnects int `json:"reconnects,omitempty"`
 }
 
 // Validate reports the first problem with h's identity fields. It does not
@@ -53,19 +57,24 @@ func (h *Hello) Validate() error {
 
 // Limits are the coordinator's limits the agent must respect.
 type Limits struct {
-	// MaxFrameSize is the largest frame payload the coordinator accepts.
+	// MaxFrameSize is the largest frame payload the coordinator accepts,
+	// in bytes.
 	MaxFrameSize int `json:"max_frame_size"`
 }
 
 // Welcome accepts a Hello.
 type Welcome struct {
-	SessionID     string `json:"session_id"`
+	// SessionID names this session (random text); it appears in the node
+	// listing and in both sides' logs.
+	SessionID string `json:"session_id"`
+	// CoordinatorID is the welcoming coordinator's id.
 	CoordinatorID string `json:"coordinator_id"`
-	// HeartbeatInterval is how often the agent sends Heartbeat frames, in
-	// milliseconds. The coordinator drops a session that sends none for three
-	// intervals.
-	HeartbeatIntervalMS int64  `json:"heartbeat_interval_ms"`
-	Limits              Limits `json:"limits"`
+	// HeartbeatIntervalMS is how often the agent sends Heartbeat frames, in
+	// milliseconds. The coordinator drops a session that sends none for
+	// three intervals plus its tunnel write timeout.
+	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms"`
+	// Limits are the coordinator's limits the agent must respect.
+	Limits Limits `json:"limits"`
 }
 
 // HeartbeatInterval returns HeartbeatIntervalMS as a duration.
@@ -91,6 +100,8 @@ type ErrorInfo struct {
 	Message string `json:"message"`
 }
 
+// Error returns "code: message", so an ErrorInfo can be returned and
+// wrapped as an error.
 func (e *ErrorInfo) Error() string { return e.Code + ": " + e.Message }
 
 // Error codes carried in ErrorInfo on the tunnel. They are stable.
@@ -101,6 +112,7 @@ const (
 	CodeBadRequest  = "bad_request"      // stream params invalid
 	CodeUnsupported = "unsupported_kind" // the agent does not serve this kind
 	CodeStartFailed = "start_failed"     // the process could not be started
+	CodeBusy        = "busy"             // the agent is at its limit of concurrent operations
 	CodeShutdown    = "shutting_down"    // the peer is draining
 	CodeInternal    = "internal"         // a bug or an unexpected failure
 )

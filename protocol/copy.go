@@ -113,6 +113,12 @@ type CopyEntry struct {
 	Link string `json:"link,omitempty"`
 	// Keep says the receiver's copy is already identical: no data follows.
 	Keep bool `json:"keep,omitempty"`
+	// TotalFiles and TotalBytes are set on the root entry only: how many
+	// file entries the source has and how many data bytes will follow
+	// (the files whose content travels), so the receiver can report
+	// progress. Optional; zero means unknown.
+	TotalFiles int   `json:"total_files,omitempty"`
+	TotalBytes int64 `json:"total_bytes,omitempty"`
 }
 
 // Validate checks e's path, type and fields.
@@ -140,6 +146,9 @@ func (e *CopyEntry) Validate() error {
 	}
 	if e.Mode&^0o7777 != 0 {
 		return fmt.Errorf("copy entry %q: mode %o has bits outside 07777", e.Path, e.Mode)
+	}
+	if e.TotalFiles < 0 || e.TotalBytes < 0 || (e.Path != "." && (e.TotalFiles != 0 || e.TotalBytes != 0)) {
+		return fmt.Errorf("copy entry %q: totals are only allowed, non-negative, on the root entry", e.Path)
 	}
 	if e.Keep && e.Type != EntryFile {
 		return fmt.Errorf("copy entry %q: only files can be kept", e.Path)
@@ -169,7 +178,7 @@ type CopyResult struct {
 
 // ValidCopyPath checks a path in a copy stream: "." for the root, else a
 // clean, relative, slash-separated path whose components are neither empty,
-// "." nor "..", without NUL or backslash-free surprises, at most
+// ".", nor "..", and without NUL, at most
 // MaxCopyPathLen bytes. It is the first of two defences: receivers also open
 // every path through an os.Root, which refuses symlink escapes.
 func ValidCopyPath(p string) error {

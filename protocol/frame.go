@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -111,13 +112,42 @@ func WriteFrame(w io.Writer, t FrameType, payload []byte) error {
 	return err
 }
 
-// WriteJSONFrame encodes v as JSON and writes it as one frame of type t.
+// WriteJSONFrame encodes v as JSON (without HTML escaping, see MarshalJSON)
+// and writes it as one frame of type t, in one Write call.
 func WriteJSONFrame(w io.Writer, t FrameType, v any) error {
-	b, err := json.Marshal(v)
+	buf, err := encodeJSON(frameHeaderSize, v)
 	if err != nil {
 		return fmt.Errorf("encode %s frame: %w", t, err)
 	}
-	return WriteFrame(w, t, b)
+	n := len(buf) - frameHeaderSize
+	if n > MaxFrameSize {
+		return fmt.Errorf("write %s frame of %d bytes: %w (max %d)", t, n, ErrTooLarge, MaxFrameSize)
+	}
+	buf[0] = byte(t)
+	binary.BigEndian.PutUint32(buf[1:5], uint32(n))
+	_, err = w.Write(buf)
+	return err
+}
+
+// MarshalJSON encodes v as the protocol writes JSON in headers and frames:
+// like json.Marshal, but without escaping '<', '>' and '&' (which would
+// inflate a script made of them sixfold). Use it to measure what a header
+// or frame will weigh.
+func MarshalJSON(v any) ([]byte, error) { return encodeJSON(0, v) }
+
+// encodeJSON returns prefix zero bytes followed by v's JSON encoding (no
+// HTML escaping, no trailing newline), so that callers can fill in a frame
+// or header prefix and write everything at once.
+func encodeJSON(prefix int, v any) ([]byte, error) {
+	var b bytes.Buffer
+	b.Write(make([]byte, prefix))
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	out := b.Bytes()
+	return out[:len(out)-1], nil // Encode ends with a newline
 }
 
 // FrameReader decodes frames from a stream, reusing one buffer. It is not safe

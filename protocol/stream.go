@@ -53,21 +53,21 @@ type Header struct {
 	Params  json.RawMessage
 }
 
-// WriteHeader encodes params as JSON and writes a stream header of kind k in
-// one Write call. It fails with ErrTooLarge if the params exceed MaxHeaderSize.
+// WriteHeader encodes params as JSON (see MarshalJSON) and writes a stream
+// header of kind k in one Write call. It fails with ErrTooLarge if the params
+// exceed MaxHeaderSize.
 func WriteHeader(w io.Writer, k Kind, params any) error {
-	b, err := json.Marshal(params)
+	buf, err := encodeJSON(headerPrefixSize, params)
 	if err != nil {
 		return fmt.Errorf("encode %s stream header: %w", k, err)
 	}
-	if len(b) > MaxHeaderSize {
-		return fmt.Errorf("write %s stream header of %d bytes: %w (max %d)", k, len(b), ErrTooLarge, MaxHeaderSize)
+	n := len(buf) - headerPrefixSize
+	if n > MaxHeaderSize {
+		return fmt.Errorf("write %s stream header of %d bytes: %w (max %d)", k, n, ErrTooLarge, MaxHeaderSize)
 	}
-	buf := make([]byte, headerPrefixSize+len(b))
 	buf[0] = Version
 	buf[1] = byte(k)
-	binary.BigEndian.PutUint32(buf[2:6], uint32(len(b)))
-	copy(buf[headerPrefixSize:], b)
+	binary.BigEndian.PutUint32(buf[2:6], uint32(n))
 	_, err = w.Write(buf)
 	return err
 }

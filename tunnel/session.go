@@ -192,21 +192,52 @@ func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux
 }
 
 // Accept waits for the peer to open a stream and reads its header, waiting at
-// most Config.HeaderTimeout for it. It returns io.EOF once the session is
-// closed. A stream whose header is malformed is answered with an error frame
-// and closed, and the error is returned together with a nil stream; callers
-// log it and keep accepting.
+// most Config.HeaderTimeout for it: AcceptRaw followed by ReadHeader. It
+// returns io.EOF once the session is closed. A stream whose header is
+// malformed is answered with an error frame and closed, and the error is
+// returned together with a nil stream; callers log it and keep accepting.
+//
+// Accept blocks the caller while it waits for the header, so a peer that
+// opens a stream and sends nothing holds up the next Accept for up to
+// HeaderTimeout. Servers of many streams use AcceptRaw and call ReadHeader
+// in each stream's own goroutine instead.
 func (s *Session) Accept(ctx context.Context) (*yamux.Stream, protocol.Header, error) {
+	st, err := s.AcceptRaw(ctx)
+	if err != nil {
+		return nil, protocol.Header{}, err
+	}
+	h, err := s.ReadHeader(st)
+	if err != nil {
+		return nil, h, err
+	}
+	return st, h, nil
+}
+
+// AcceptRaw waits for the peer to open a stream and returns it without
+// reading its header; the caller must call ReadHeader (or close the stream).
+// It returns io.EOF once the session is closed, and ctx's error when ctx
+// ends first.
+func (s *Session) AcceptRaw(ctx context.Context) (*yamux.Stream, error) {
 	st, err := s.y.AcceptStreamWithContext(ctx)
 	if err != nil {
 		// yamux reports a dead session in several ways (shutdown,
 		// keepalive timeout, connection error); callers only need to know
 		// that no more streams will come.
 		if errors.Is(err, yamux.ErrSessionShutdown) || s.y.IsClosed() {
-			return nil, protocol.Header{}, io.EOF
+			return nil, io.EOF
 		}
-		return nil, protocol.Header{}, err
+		return nil, err
 	}
+	return st, nil
+}
+
+// ReadHeader reads the header of a stream returned by AcceptRaw, waiting at
+// most Config.HeaderTimeout for it. If the header is missing or malformed it
+// answers with an error frame (code version_mismatch, unsupported_kind or
+// bad_request), closes st and returns the error (wrapping the protocol
+// sentinel); the caller must not use st then. It is safe to call from any
+// goroutine, one call per stream.
+func (s *Session) ReadHeader(st *yamux.Stream) (protocol.Header, error) {
 	st.SetReadDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 	h, err := protocol.ReadHeader(st)
 	st.SetReadDeadline(time.Time{})
@@ -220,9 +251,9 @@ func (s *Session) Accept(ctx context.Context) (*yamux.Stream, protocol.Header, e
 		st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{Code: code, Message: err.Error()})
 		st.Close()
-		return nil, h, fmt.Errorf("tunnel: stream %d from %s: %w", st.StreamID(), s.RemoteAddr(), err)
+		return h, fmt.Errorf("tunnel: stream %d from %s: %w", st.StreamID(), s.RemoteAddr(), err)
 	}
-	return st, h, nil
+	return h, nil
 }
 
 // Ping measures the round trip to the peer. It fails after

@@ -13,8 +13,9 @@ import (
 // Run starts a nats-server with JetStream on 127.0.0.1 and a random port,
 // with logging off and no signal handlers, its store in a temporary
 // directory. The server is shut down when the test ends. Connect with
-// nats.Connect(s.ClientURL()).
-func Run(tb testing.TB) *server.Server {
+// nats.Connect(s.ClientURL()). Each mutate function may adjust the options
+// (e.g. MaxPayload) before the server starts.
+func Run(tb testing.TB, mutate ...func(*server.Options)) *server.Server {
 	tb.Helper()
 	opts := &server.Options{
 		Host:      "127.0.0.1",
@@ -23,6 +24,9 @@ func Run(tb testing.TB) *server.Server {
 		NoSigs:    true,
 		JetStream: true,
 		StoreDir:  tb.TempDir(),
+	}
+	for _, m := range mutate {
+		m(opts)
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

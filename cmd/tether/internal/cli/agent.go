@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -97,11 +98,16 @@ func newAgentCmd(e *env) *cobra.Command {
 		Short: "Run a node agent: dial out to a coordinator and run its jobs",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			if err := o.Validate(e.getenv(tokenEnv)); err != nil {
+			envToken := e.getenv(tokenEnv)
+			// Read once, then gone from the process environment, so that
+			// nothing the agent starts can inherit it (the agent also
+			// filters it out of every job's environment).
+			os.Unsetenv(tokenEnv)
+			if err := o.Validate(envToken); err != nil {
 				return usage(err)
 			}
 			log := o.Log.logger(e.stderr)
-			return runAgent(cmd.Context(), &o, e.getenv(tokenEnv), log)
+			return runAgent(cmd.Context(), &o, envToken, log)
 		}),
 	}
 	f := cmd.Flags()

@@ -152,6 +152,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		newDevCmd(e),
 		newExecCmd(e),
 		newNodesCmd(e),
+		newShellCmd(e),
 	)
 	return root
 }

@@ -340,3 +340,17 @@ func TestDialAddr(t *testing.T) {
 		}
 	}
 }
+
+// The agent command removes TETHER_TOKEN from its environment once read, so
+// that no process it starts inherits the secret.
+func TestAgentUnsetsTokenEnv(t *testing.T) {
+	t.Setenv(tokenEnv, "from-env")
+	r := runCLI(testCtx(t), map[string]string{tokenEnv: "from-env"}, "", "agent", "--coordinator", "127.0.0.1:1",
+		"--ca-file", filepath.Join(t.TempDir(), "missing.crt"), "--data-dir", t.TempDir())
+	if r.code == exitOK {
+		t.Fatalf("agent with a missing CA file exited 0")
+	}
+	if v, ok := os.LookupEnv(tokenEnv); ok {
+		t.Errorf("%s = %q still set after the agent command read it", tokenEnv, v)
+	}
+}

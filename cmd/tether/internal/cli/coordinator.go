@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -19,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
 
@@ -216,6 +221,7 @@ type coordinatorServer struct {
 	admin    *http.Server
 	nc       *nats.Conn
 	ns       *server.Server // nil with an external NATS
+	unlock   func()         // releases the data dir lock
 }
 
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
@@ -233,7 +239,24 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("coordinator: create data dir: %w", err)
 	}
-	cs = &coordinatorServer{log: log}
+	unlock, err := lockDataDir(o.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	undo = append(undo, unlock)
+	cs = &coordinatorServer{log: log, unlock: unlock}
+	// Bind the listeners before anything slow, so a busy port fails at once.
+	rawLn, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: tunnel listener: %w", err)
+	}
+	undo = append(undo, func() { rawLn.Close() })
+	cs.adminLn, err = net.Listen("tcp", o.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: admin listener: %w", err)
+	}
+	adminLn := cs.adminLn
+	undo = append(undo, func() { adminLn.Close() })
 	cs.info.Token, cs.info.TokenFrom, err = resolveToken(o.TokenFile, envToken, o.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
@@ -279,7 +302,8 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
-		undo = append(undo, func() { cs.ns.Shutdown(); cs.ns.WaitForShutdown() })
+		ns := cs.ns // cs is nil by the time undo runs on an error return
+		undo = append(undo, func() { ns.Shutdown(); ns.WaitForShutdown() })
 		url = cs.ns.ClientURL()
 		natsOpts = append(natsOpts, nats.InProcessServer(cs.ns))
 	} else if o.NATSCreds != "" {
@@ -291,6 +315,9 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: connect to NATS at %s: %w", url, err)
 	}
 	undo = append(undo, cs.nc.Close)
+	if err := checkSoleCoordinator(cs.nc); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = id
@@ -308,18 +335,8 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, err
 	}
 
-	ln, err := net.Listen("tcp", o.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: tunnel listener: %w", err)
-	}
-	undo = append(undo, func() { ln.Close() })
-	cs.info.TunnelAddr = ln.Addr().String()
-	cs.tunnelLn = tls.NewListener(ln, tlsCfg)
-
-	cs.adminLn, err = net.Listen("tcp", o.HTTPAddr)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: admin listener: %w", err)
-	}
+	cs.info.TunnelAddr = rawLn.Addr().String()
+	cs.tunnelLn = tls.NewListener(rawLn, tlsCfg)
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = &http.Server{Handler: cs.coord.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
 	return cs, nil
@@ -354,6 +371,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		cs.ns.Shutdown()
 		cs.ns.WaitForShutdown()
 	}
+	cs.unlock()
 	cs.log.Info("coordinator stopped")
 	return err
 }
@@ -367,4 +385,50 @@ func (cs *coordinatorServer) close() {
 		cs.ns.Shutdown()
 		cs.ns.WaitForShutdown()
 	}
+	cs.unlock()
+}
+
+// lockDataDir takes an exclusive lock on dir/lock for the life of the
+// process, so that two coordinators never share a NATS store, token or PKI.
+// The lock is released by the returned func (or when the process exits).
+func lockDataDir(dir string) (unlock func(), err error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data dir: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		owner, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("data dir %s is in use by another tether process (pid %s); give this one its own --data-dir", dir, strings.TrimSpace(string(owner)))
+		}
+		return nil, fmt.Errorf("lock data dir %s: %w", dir, err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	var once sync.Once
+	return func() { once.Do(func() { f.Close() }) }, nil
+}
+
+// checkSoleCoordinator refuses to start a second coordinator on a NATS
+// server that already has one: requests are load-balanced across the
+// service's instances, and a coordinator only reaches the nodes whose
+// tunnels it holds, so a second one would answer "unknown node" for the
+// first one's nodes. (Routing between coordinators is not built yet.)
+func checkSoleCoordinator(nc *nats.Conn) error {
+	msg, err := nc.Request("$SRV.PING."+protocol.ServiceName, nil, 500*time.Millisecond)
+	if err != nil {
+		return nil // no responders or no answer: nobody serves the API
+	}
+	var ping struct {
+		ID       string            `json:"id"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	json.Unmarshal(msg.Data, &ping)
+	who := ping.Metadata["coordinator_id"]
+	if who == "" {
+		who = "service instance " + ping.ID
+	}
+	return fmt.Errorf("another coordinator (%s) already serves the %q API on %s; this release supports one coordinator per NATS server", who, protocol.ServiceName, nc.ConnectedUrlRedacted())
 }

@@ -161,8 +161,10 @@ the nodes matching a label selector, or on all nodes, and stream their output.
 With several target nodes every line is prefixed with "node-id | ". The exit
 code is the remote exit code for --node (124 on timeout), and 0 or 1 (any
 node failed) otherwise. Ctrl-C cancels the job on every node and exits 130.
-With --json, stdout carries one {"node","stream","data"} object per output
-chunk, then the result object.`,
+With --json, stdout carries one JSON object per output chunk, then the
+result object. A chunk is {"node","stream","data"} with data as a string
+when the chunk is valid UTF-8, and {"node","stream","data_b64"} with the raw
+bytes in base64 otherwise (binary output), so no byte is ever mangled.`,
 		Example: `  tether exec --all -- uname -a
   tether exec --selector gpu=true --timeout 1m -- nvidia-smi
   tether exec --node web-1 --script deploy.sh

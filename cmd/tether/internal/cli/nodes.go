@@ -59,7 +59,7 @@ func newNodesCmd(e *env) *cobra.Command {
 				}
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(protocol.NodesResponse{Nodes: nodes})
+				return enc.Encode(protocol.NodesResponse{Nodes: nodes, Total: len(nodes)})
 			}
 			return writeNodesTable(e.stdout, nodes, e.now())
 		}),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"unicode/utf8"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -81,22 +82,61 @@ type execOutput struct {
 	json           *json.Encoder
 	prefixers      map[[2]string]*linePrefixer
 	order          []*linePrefixer // creation order, for Flush
-	err            error
+	// partial holds, in --json mode, the start of a UTF-8 character that a
+	// chunk boundary cut, per node and stream, until the next chunk.
+	partial      map[[2]string][]byte
+	partialOrder [][2]string // first-seen order, for Flush
+	err          error
 }
 
 func newExecOutput(stdout, stderr io.Writer, prefix, asJSON bool) *execOutput {
 	o := &execOutput{stdout: stdout, stderr: stderr, prefix: prefix, prefixers: map[[2]string]*linePrefixer{}}
 	if asJSON {
 		o.json = json.NewEncoder(stdout)
+		o.json.SetEscapeHTML(false)
 	}
 	return o
 }
 
-// outputLine is one output chunk in --json mode.
+// outputLine is one output chunk in --json mode. Exactly one of Data and
+// DataB64 is set: Data when the chunk is valid UTF-8 (JSON strings cannot
+// carry anything else without mangling it), else DataB64, the raw bytes in
+// base64.
 type outputLine struct {
-	Node   string `json:"node"`
-	Stream string `json:"stream"`
-	Data   string `json:"data"`
+	Node    string  `json:"node"`
+	Stream  string  `json:"stream"`
+	Data    *string `json:"data,omitempty"`
+	DataB64 []byte  `json:"data_b64,omitempty"`
+}
+
+// jsonChunk writes one --json output line for data.
+func (o *execOutput) jsonChunk(node, stream string, data []byte) error {
+	l := outputLine{Node: node, Stream: stream}
+	if utf8.Valid(data) {
+		s := string(data)
+		l.Data = &s
+	} else {
+		l.DataB64 = data
+	}
+	return o.json.Encode(l)
+}
+
+// incompleteTail returns how many bytes at the end of b are the start of a
+// UTF-8 character cut short (0 to 3).
+func incompleteTail(b []byte) int {
+	for n := 1; n <= utf8.UTFMax-1 && n <= len(b); n++ {
+		c := b[len(b)-n]
+		if c < 0x80 {
+			return 0 // ASCII: nothing cut
+		}
+		if utf8.RuneStart(c) {
+			if utf8.FullRune(b[len(b)-n:]) {
+				return 0
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 // handle is the client.OutputHandler.
@@ -106,7 +146,23 @@ func (o *execOutput) handle(node, stream string, data []byte) {
 	}
 	switch {
 	case o.json != nil:
-		o.err = o.json.Encode(outputLine{Node: node, Stream: stream, Data: string(data)})
+		// A chunk boundary may cut a character in two; hold its start back
+		// for the next chunk so that text stays text.
+		k := [2]string{node, stream}
+		if p, ok := o.partial[k]; ok && len(p) > 0 {
+			data = append(p, data...)
+		}
+		cut := incompleteTail(data)
+		if o.partial == nil {
+			o.partial = map[[2]string][]byte{}
+		}
+		if _, seen := o.partial[k]; !seen {
+			o.partialOrder = append(o.partialOrder, k)
+		}
+		o.partial[k] = append([]byte(nil), data[len(data)-cut:]...)
+		if data = data[:len(data)-cut]; len(data) > 0 {
+			o.err = o.jsonChunk(node, stream, data)
+		}
 	case o.prefix:
 		k := [2]string{node, stream}
 		p := o.prefixers[k]
@@ -128,8 +184,16 @@ func (o *execOutput) writer(stream string) io.Writer {
 	return o.stdout
 }
 
-// Flush completes partial lines and returns the first write error.
+// Flush completes partial lines (or, in --json mode, writes held-back bytes)
+// and returns the first write error.
 func (o *execOutput) Flush() error {
+	for _, k := range o.partialOrder {
+		if p := o.partial[k]; len(p) > 0 && o.err == nil {
+			o.err = o.jsonChunk(k[0], k[1], p)
+		}
+		delete(o.partial, k)
+	}
+	o.partialOrder = nil
 	for _, p := range o.order {
 		if err := p.Flush(); err != nil && o.err == nil {
 			o.err = err

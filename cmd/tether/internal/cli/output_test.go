@@ -107,3 +107,28 @@ func TestExecOutputModes(t *testing.T) {
 		})
 	}
 }
+
+func TestExecOutputJSONNonUTF8(t *testing.T) {
+	var b bytes.Buffer
+	o := newExecOutput(&b, &b, false, true)
+	o.handle("n", "stdout", []byte("plain <text> & more\n"))
+	o.handle("n", "stdout", []byte{0xff, 0x00, 0xfe})
+	// "é" (c3 a9) cut in two by a chunk boundary stays text.
+	o.handle("n", "stderr", []byte("caf\xc3"))
+	o.handle("n", "stderr", []byte("\xa9!"))
+	// A cut character at the very end is flushed as raw bytes.
+	o.handle("n", "stdout", []byte("end\xe2\x82"))
+	if err := o.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"node":"n","stream":"stdout","data":"plain <text> & more\n"}
+{"node":"n","stream":"stdout","data_b64":"/wD+"}
+{"node":"n","stream":"stderr","data":"caf"}
+{"node":"n","stream":"stderr","data":"é!"}
+{"node":"n","stream":"stdout","data":"end"}
+{"node":"n","stream":"stdout","data_b64":"4oI="}
+`
+	if got := b.String(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}

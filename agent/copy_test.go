@@ -1,0 +1,225 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tetherfleet/tether/mirror"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// writeTree creates files (path -> content) under root.
+func writeTree(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for p, c := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// readTree returns the regular files under root (path -> content).
+func readTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		out[rel] = string(b)
+		return nil
+	})
+	return out
+}
+
+func copyCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestCopyPushAndPull(t *testing.T) {
+	h := newHarness(t, nil)
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"a": "alpha", "sub/b": "beta"})
+	dst := filepath.Join(h.a.cfg.DataDir, "jobs", "gym-job-1")
+	writeTree(t, dst, map[string]string{"extra": "x"})
+
+	// Push with --delete: the extra file goes (NeMo Gym's copy).
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, Delete: true})
+	res, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FilesWritten != 2 || res.Deleted != 1 {
+		t.Errorf("push result %+v", res)
+	}
+	want := map[string]string{"a": "alpha", "sub/b": "beta"}
+	if got := readTree(t, dst); !equalMaps(got, want) {
+		t.Errorf("pushed tree %v, want %v", got, want)
+	}
+
+	// Pull it back.
+	local := filepath.Join(t.TempDir(), "back")
+	s = h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: dst})
+	if _, err := mirror.Receive(copyCtx(t), local, s.st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTree(t, local); !equalMaps(got, want) {
+		t.Errorf("pulled tree %v, want %v", got, want)
+	}
+	waitFor(t, 5*time.Second, "copy metrics", func() bool {
+		return testutil.ToFloat64(h.a.m.copies.WithLabelValues("pull", "ok")) == 1
+	})
+	if got := testutil.ToFloat64(h.a.m.copyBytes.WithLabelValues("push")); got != 9 {
+		t.Errorf("push bytes metric = %v, want 9", got)
+	}
+	if got := testutil.ToFloat64(h.a.m.copyBytes.WithLabelValues("pull")); got != 9 {
+		t.Errorf("pull bytes metric = %v, want 9", got)
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestCopyRefusesPathsOutsideRoots(t *testing.T) {
+	outside := t.TempDir()
+	writeTree(t, outside, map[string]string{"secret": "s"})
+	h := newHarness(t, nil)
+	data := h.a.cfg.DataDir
+	if err := os.Symlink(outside, filepath.Join(data, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"pwned": "x"})
+
+	cases := []struct {
+		name string
+		p    protocol.CopyParams
+		want string
+	}{
+		{"push outside", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(outside, "x")}, "is not inside a copy root"},
+		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "resolved to " + filepath.Join(outside, "x")},
+		{"push onto the root", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "is not inside a copy root"},
+		{"push dotdot", protocol.CopyParams{Direction: protocol.CopyPush, Path: data + "/../x"}, "is not inside a copy root"},
+		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not under a copy root"},
+		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "resolved to"},
+		{"relative path", protocol.CopyParams{Direction: protocol.CopyPush, Path: "x"}, "must be absolute"},
+		{"bad direction", protocol.CopyParams{Direction: "sideways", Path: data + "/x"}, "direction"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := h.open(t, protocol.KindCopy, tc.p)
+			var err error
+			if tc.p.Direction == protocol.CopyPull {
+				_, err = mirror.Receive(copyCtx(t), filepath.Join(t.TempDir(), "local"), s.st, mirror.Options{})
+			} else {
+				_, err = mirror.Send(copyCtx(t), src, s.st, mirror.Options{})
+			}
+			var pe *mirror.PeerError
+			if !errors.As(err, &pe) || pe.Info.Code != protocol.CodeBadRequest || !strings.Contains(pe.Info.Message, tc.want) {
+				t.Fatalf("copy error = %v, want a bad_request containing %q", err, tc.want)
+			}
+			if tc.name == "push outside" && !strings.Contains(pe.Info.Message, data) {
+				t.Errorf("refusal %q does not name the copy roots", pe.Info.Message)
+			}
+		})
+	}
+	if got := readTree(t, outside); !equalMaps(got, map[string]string{"secret": "s"}) {
+		t.Errorf("outside directory changed: %v", got)
+	}
+}
+
+func TestCopyRootsConfig(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CopyRoots = []string{"relative/dir", "/ok"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "relative/dir") {
+		t.Errorf("Validate = %v, want an error naming the relative root", err)
+	}
+	cfg = testConfig(t)
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.cfg.CopyRoots) != 1 || a.cfg.CopyRoots[0] != cfg.DataDir {
+		t.Errorf("default CopyRoots = %v, want [%s]", a.cfg.CopyRoots, cfg.DataDir)
+	}
+	// An extra root is honoured.
+	extra := t.TempDir()
+	h := newHarness(t, func(c *Config) { c.CopyRoots = []string{extra} })
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"f": "1"})
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(extra, "new", "d")})
+	if _, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCopyAbortLeavesDestination(t *testing.T) {
+	h := newHarness(t, nil)
+	dst := filepath.Join(h.a.cfg.DataDir, "dst")
+	writeTree(t, dst, map[string]string{"old": "o"})
+
+	// The client stops mid-copy: a cancel frame, then the stream closed.
+	for _, how := range []string{"cancel", "close"} {
+		s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, Delete: true})
+		for {
+			f, err := s.fr.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == protocol.FrameManifestEnd {
+				break
+			}
+		}
+		protocol.WriteJSONFrame(s.st, protocol.FrameEntry, protocol.CopyEntry{Path: ".", Type: "dir", Mode: 0o755})
+		protocol.WriteJSONFrame(s.st, protocol.FrameEntry, protocol.CopyEntry{Path: "new", Type: "file", Size: 10, Mode: 0o644})
+		protocol.WriteFrame(s.st, protocol.FrameFileData, []byte("12345"))
+		if how == "cancel" {
+			protocol.WriteFrame(s.st, protocol.FrameCancel, nil)
+		} else {
+			s.st.Close()
+		}
+		want := float64(1)
+		if how == "close" {
+			want = 2
+		}
+		waitFor(t, 5*time.Second, "failed copy", func() bool {
+			return testutil.ToFloat64(h.a.m.copies.WithLabelValues("push", "error")) == want
+		})
+		if got := readTree(t, dst); !equalMaps(got, map[string]string{"old": "o"}) {
+			t.Errorf("%s: destination changed: %v", how, got)
+		}
+		ents, _ := os.ReadDir(h.a.cfg.DataDir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".tether-stage-") {
+				t.Errorf("%s: stage %s left", how, e.Name())
+			}
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tetherfleet/tether/natspipe"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Stream is a tunnel stream to an agent, relayed by the coordinator over a
+// NATS pipe (tether.v1.stream). Its bytes are the stream kind's frames:
+// protocol.WriteFrame and protocol.NewFrameReader work on it. Read and Write
+// may be used from two goroutines at once; Close may be called from any.
+type Stream struct {
+	p    *natspipe.Pipe
+	node string
+	kind protocol.Kind
+}
+
+// OpenStream asks the coordinator to open a stream of kind (exec, copy or
+// pty) with params (the kind's params struct, sent to the agent in the
+// stream header) to node, and returns it once the coordinator opened the
+// tunnel stream and the pipe. ctx bounds only this handshake; a ctx without
+// deadline is bounded by RequestTimeout. A request the coordinator refuses
+// (unknown node, bad kind or params) returns its *protocol.APIError; no
+// coordinator at all returns an error wrapping nats.ErrNoResponders.
+//
+// The caller must Close the stream. Pipe tuning is natspipe's default
+// (8 MiB window, 5 s keepalive, peer gone after 15 s of silence).
+func (c *Client) OpenStream(ctx context.Context, node string, kind protocol.Kind, params any) (*Stream, error) {
+	if c.NC == nil {
+		return nil, errors.New("client: open stream: nil NATS connection")
+	}
+	raw, err := protocol.MarshalJSON(params)
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream to node %s: encode params: %w", kind, node, err)
+	}
+	body, err := json.Marshal(protocol.StreamRequest{Node: node, Kind: kind.String(), Params: raw})
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream to node %s: encode request: %w", kind, node, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.requestTimeout())
+		defer cancel()
+	}
+	p, err := natspipe.Dial(ctx, c.NC, protocol.SubjectStream, nil, body, natspipe.Config{})
+	if err != nil {
+		var rej *natspipe.RejectedError
+		switch {
+		case errors.As(err, &rej):
+			if e := apiError(rej.Msg); e != nil {
+				return nil, e
+			}
+			return nil, fmt.Errorf("open %s stream to node %s: %w", kind, node, err)
+		case errors.Is(err, nats.ErrNoResponders):
+			return nil, c.noCoordinator(protocol.SubjectStream)
+		}
+		return nil, fmt.Errorf("open %s stream to node %s through %s: %w", kind, node, c.NC.ConnectedUrlRedacted(), err)
+	}
+	return &Stream{p: p, node: node, kind: kind}, nil
+}
+
+// wrap names the stream in errors other than io.EOF.
+func (s *Stream) wrap(err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return fmt.Errorf("%s stream on node %s: %w", s.kind, s.node, err)
+}
+
+// Read reads the agent's bytes. It returns io.EOF after the agent closed
+// its side, and an error naming the node when the stream was aborted (the
+// coordinator lost the tunnel, the pipe went silent, Close was called).
+func (s *Stream) Read(p []byte) (int, error) {
+	n, err := s.p.Read(p)
+	return n, s.wrap(err)
+}
+
+// Write sends bytes to the agent. It blocks while the pipe's window is
+// full.
+func (s *Stream) Write(p []byte) (int, error) {
+	n, err := s.p.Write(p)
+	return n, s.wrap(err)
+}
+
+// CloseWrite half-closes the stream: the agent reads EOF after the bytes
+// written so far. Reading goes on.
+func (s *Stream) CloseWrite() error { return s.wrap(s.p.CloseWrite()) }
+
+// Close aborts both directions (if they have not ended already) and
+// releases the pipe. The coordinator then sends the agent FrameCancel (at a
+// frame boundary) and closes the tunnel stream, so the operation stops.
+// Calling it again does nothing.
+func (s *Stream) Close() error { return s.wrap(s.p.Close()) }
+
+// Err returns why the stream failed, or nil if it is healthy or ended
+// cleanly.
+func (s *Stream) Err() error { return s.wrap(s.p.Err()) }
+
+// Node is the node the stream goes to.
+func (s *Stream) Node() string { return s.node }
+
+var _ io.ReadWriteCloser = (*Stream)(nil)

@@ -1,0 +1,86 @@
+package cli
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func testCoordinatorOptions(t *testing.T, dir string) coordinatorOptions {
+	o := defaultCoordinatorOptions()
+	o.DataDir = dir
+	o.Listen = "127.0.0.1:0"
+	o.HTTPAddr = "127.0.0.1:0"
+	o.NATSListen = "127.0.0.1:0"
+	return o
+}
+
+func TestCoordinatorStartFailuresAreClean(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+
+	t.Run("busy tunnel port", func(t *testing.T) {
+		o := testCoordinatorOptions(t, t.TempDir())
+		o.Listen = busy.Addr().String()
+		_, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+		if err == nil || !strings.Contains(err.Error(), "tunnel listener") || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("err = %v, want the tunnel listener's bind error", err)
+		}
+	})
+	t.Run("busy NATS port", func(t *testing.T) {
+		o := testCoordinatorOptions(t, t.TempDir())
+		o.NATSListen = busy.Addr().String()
+		_, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("err = %v, want the NATS bind error", err)
+		}
+	})
+
+	first, err := startCoordinator(testCoordinatorOptions(t, dir), "tok", log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.close()
+	t.Run("shared data dir", func(t *testing.T) {
+		_, err := startCoordinator(testCoordinatorOptions(t, dir), "tok", log, prometheus.NewRegistry())
+		if err == nil || !strings.Contains(err.Error(), "in use by another tether process") {
+			t.Fatalf("err = %v, want the data dir lock error", err)
+		}
+	})
+	t.Run("second coordinator on the same NATS", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- first.serve(ctx) }()
+		defer func() { cancel(); <-done }()
+		// Wait until the first one serves the API.
+		checkReady(t, first)
+		o := testCoordinatorOptions(t, t.TempDir())
+		o.NATSURL = first.info.NATSURL
+		_, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+		if err == nil || !strings.Contains(err.Error(), "already serves") {
+			t.Fatalf("err = %v, want a refusal naming the other coordinator", err)
+		}
+	})
+}
+
+func checkReady(t *testing.T, cs *coordinatorServer) {
+	t.Helper()
+	deadline := time.Now().Add(defaultTestTimeout)
+	for !cs.coord.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("coordinator not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

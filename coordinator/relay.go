@@ -1,0 +1,369 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/natspipe"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// relayKinds are the stream kinds a client may open through SubjectStream.
+// Every one of them frames its bytes with protocol frames and accepts
+// FrameCancel from the coordinator's side, which the relay relies on to
+// abort (see relay.finishWrite).
+var relayKinds = map[string]protocol.Kind{
+	protocol.KindExec.String(): protocol.KindExec,
+	protocol.KindCopy.String(): protocol.KindCopy,
+	protocol.KindPTY.String():  protocol.KindPTY,
+}
+
+// handleStream validates a stream request and starts its relay. Everything
+// that makes the request invalid is answered here with a micro error; the
+// tunnel stream is opened by the relay goroutine, which answers with the
+// pipe's open message (or an error) once it knows.
+func (c *Coordinator) handleStream(req micro.Request) {
+	if req.Reply() == "" {
+		c.log.Debug("stream request without a reply subject ignored")
+		return
+	}
+	var r protocol.StreamRequest
+	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	kind, ok := relayKinds[r.Kind]
+	if !ok {
+		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "kind %q: want exec, copy or pty", r.Kind))
+		return
+	}
+	if err := protocol.ValidNodeID(r.Node); err != nil {
+		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "node: %v", err))
+		return
+	}
+	params := bytes.TrimSpace(r.Params)
+	switch {
+	case len(params) > protocol.MaxHeaderSize:
+		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "params are %d bytes, over the %d byte limit", len(params), protocol.MaxHeaderSize))
+		return
+	case len(params) == 0 || params[0] != '{':
+		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: want the %s stream's params as a JSON object", kind))
+		return
+	}
+	if err := protocol.ValidPipeInbox(req.Reply()); err != nil {
+		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "reply subject: %v", err))
+		return
+	}
+
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.replyError(req, c.unavailable())
+		return
+	}
+	n, ok := c.nodes[r.Node]
+	if !ok {
+		c.mu.Unlock()
+		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", r.Node, c.cfg.ID))
+		return
+	}
+	rel := &relay{
+		c:       c,
+		req:     req,
+		n:       n,
+		kind:    kind,
+		params:  json.RawMessage(params),
+		log:     c.log.With("node_id", n.id, "kind", kind.String()),
+		aborted: make(chan struct{}),
+	}
+	rel.ctx, rel.cancel = context.WithCancel(c.life)
+	c.relays.add(rel)
+	c.mu.Unlock()
+
+	go rel.run()
+}
+
+// relaySet tracks the running relays so the drain can abort and wait for
+// them. Its zero value is ready. mu is a leaf lock (taken under
+// Coordinator.mu by handleStream, never the other way round).
+type relaySet struct {
+	mu sync.Mutex
+	m  map[*relay]struct{}
+	wg sync.WaitGroup
+}
+
+func (s *relaySet) add(r *relay) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[*relay]struct{}{}
+	}
+	s.m[r] = struct{}{}
+	s.wg.Add(1)
+}
+
+func (s *relaySet) done(r *relay) {
+	s.mu.Lock()
+	delete(s.m, r)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// abortAll aborts every running relay with reason.
+func (s *relaySet) abortAll(reason error) {
+	s.mu.Lock()
+	rs := make([]*relay, 0, len(s.m))
+	for r := range s.m {
+		rs = append(rs, r)
+	}
+	s.mu.Unlock()
+	for _, r := range rs {
+		r.abort(reason)
+	}
+}
+
+// wait blocks until every relay returned.
+func (s *relaySet) wait() { s.wg.Wait() }
+
+// relay is one SubjectStream request: a tunnel stream to a node and a NATS
+// pipe to the client, with bytes copied both ways. Its goroutine (run)
+// copies pipe→stream itself and starts one more for stream→pipe.
+type relay struct {
+	c      *Coordinator
+	req    micro.Request
+	n      *node
+	kind   protocol.Kind
+	params json.RawMessage
+	log    *slog.Logger
+	ctx    context.Context // bounds the stream open; cancelled by abort
+	cancel context.CancelFunc
+
+	abortOnce sync.Once
+	aborted   chan struct{} // closed by abort, after the pipe was closed
+
+	// mu guards st and pipe, set once both are open.
+	mu   sync.Mutex
+	st   *yamux.Stream
+	pipe *natspipe.Pipe
+}
+
+// run opens the tunnel stream and the pipe, relays until both directions
+// ended or either side failed, and releases everything.
+func (r *relay) run() {
+	c := r.c
+	defer c.relays.done(r)
+	defer r.cancel()
+
+	octx, ocancel := context.WithTimeout(r.ctx, c.cfg.Tunnel.WriteTimeout)
+	st, err := r.n.sess.Open(octx, r.kind, r.params)
+	ocancel()
+	if err != nil {
+		if r.ctx.Err() != nil {
+			c.replyError(r.req, c.unavailable())
+			return
+		}
+		c.replyError(r.req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: open %s stream: %v", r.n.id, r.kind, err))
+		return
+	}
+	st.SetWriteDeadline(time.Time{})
+	c.m.streamsOpened.WithLabelValues(r.kind.String()).Inc()
+
+	pcfg := c.cfg.Pipe
+	if pcfg.Logger == nil {
+		pcfg.Logger = c.log
+	}
+	p, err := natspipe.Accept(c.cfg.NATS, r.req.Reply(), pcfg)
+	if err != nil {
+		st.Close()
+		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
+		return
+	}
+	log := r.log.With("stream_id", st.StreamID(), "pipe", p.LocalInbox())
+	log.Debug("relay started")
+	r.mu.Lock()
+	r.st, r.pipe = st, p
+	r.mu.Unlock()
+	select {
+	case <-r.aborted: // the drain came first: do what abort could not
+		r.abortIO(st, p, c.unavailable())
+	default:
+	}
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.streamToPipe(st, p)
+	}()
+	r.pipeToStream(st, p)
+	wg.Wait()
+
+	p.Close() // after both eofs this only tells the client we are gone
+	st.Close()
+	if err := p.Err(); err != nil {
+		log.Info("relay aborted", "err", err)
+	} else {
+		log.Debug("relay finished")
+	}
+}
+
+// pipeToStream copies the client's bytes to the node. At the client's eof
+// it half-closes the stream (the agent reads io.EOF); on any failure it
+// aborts the relay and tells the agent (finishWrite).
+func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
+	fw := &frameCursor{w: st}
+	_, err := p.WriteTo(fw)
+	if err == nil {
+		if err := st.Close(); err != nil {
+			r.abort(r.lost(err))
+		}
+		return
+	}
+	select {
+	case <-r.aborted:
+	default:
+		if fw.err != nil {
+			r.abort(r.lost(fw.err))
+		} else {
+			r.abort(err) // the client closed, went silent or broke the pipe
+		}
+	}
+	r.finishWrite(st, fw)
+}
+
+// finishWrite ends the aborted relay's write side. The coordinator does not
+// interpret the kinds' frames, but it follows their framing (frameCursor):
+// at a frame boundary it writes FrameCancel, which every relayed kind
+// accepts as "stop now", then closes the stream. If the client's bytes
+// stopped mid-frame it only closes: the agent then reads a truncated frame,
+// an error, which the handlers also treat as a cancel. (yamux has no
+// stream reset, and a bare close reads as a clean EOF, i.e. a half-close.)
+func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
+	if fw.err == nil && fw.atBoundary() {
+		st.SetWriteDeadline(time.Now().Add(r.c.cfg.Tunnel.WriteTimeout))
+		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
+			r.log.Debug("send cancel on abort", "err", err)
+		}
+	}
+	st.Close()
+}
+
+// streamToPipe copies the node's bytes to the client. At the stream's EOF
+// it half-closes the pipe (the client reads io.EOF) unless the EOF came
+// from the session dying; on failure it aborts the relay and then drains
+// what the agent still sends, for at most CancelGrace.
+func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
+	buf := make([]byte, protocol.DefaultPipeMessage)
+	for {
+		n, err := st.Read(buf)
+		if n > 0 {
+			if _, werr := p.Write(buf[:n]); werr != nil {
+				r.abort(werr)
+				break
+			}
+		}
+		if err == io.EOF {
+			select {
+			case <-r.n.sess.Done():
+				// yamux reports a dead session as EOF on its streams.
+				r.abort(r.lost(errors.New("session closed")))
+			default:
+				if err := p.CloseWrite(); err != nil {
+					r.abort(err)
+				}
+				return
+			}
+			break
+		}
+		if err != nil {
+			r.abort(r.lost(err))
+			break
+		}
+	}
+	// Aborted: let the agent finish its final frames without filling the
+	// stream's receive window, until it closes or CancelGrace passes.
+	io.Copy(io.Discard, st)
+}
+
+// lost wraps a tunnel stream failure.
+func (r *relay) lost(err error) error {
+	return fmt.Errorf("tunnel to node %s lost: %w", r.n.id, err)
+}
+
+// abort ends the relay once: it cancels a stream open in progress, unblocks
+// a write to the node, bounds the drain of the node's bytes by CancelGrace
+// and closes the pipe, telling the client reason.
+func (r *relay) abort(reason error) {
+	r.abortOnce.Do(func() {
+		r.cancel()
+		r.mu.Lock()
+		st, p := r.st, r.pipe
+		r.mu.Unlock()
+		if st != nil {
+			r.abortIO(st, p, reason)
+		}
+		close(r.aborted)
+	})
+}
+
+func (r *relay) abortIO(st *yamux.Stream, p *natspipe.Pipe, reason error) {
+	st.SetWriteDeadline(time.Now()) // pipeToStream resets it for the cancel frame
+	st.SetReadDeadline(time.Now().Add(r.c.cfg.CancelGrace))
+	p.CloseWithError(reason)
+}
+
+// frameCursor passes writes through to w and tracks where the bytes are in
+// the protocol's frame layout (type byte, uint32 length, payload), so the
+// relay knows whether it may inject a frame. It does not look at frame
+// types or payloads.
+type frameCursor struct {
+	w    io.Writer
+	err  error   // the first write error
+	hdr  int     // header bytes of the current frame seen, 0..4
+	lenb [4]byte // the length field so far
+	left uint64  // payload bytes of the current frame still to come
+}
+
+func (f *frameCursor) Write(b []byte) (int, error) {
+	n, err := f.w.Write(b)
+	f.advance(b[:n])
+	if err != nil && f.err == nil {
+		f.err = err
+	}
+	return n, err
+}
+
+func (f *frameCursor) advance(b []byte) {
+	for len(b) > 0 {
+		if f.left > 0 {
+			k := min(uint64(len(b)), f.left)
+			f.left -= k
+			b = b[k:]
+			continue
+		}
+		if f.hdr > 0 {
+			f.lenb[f.hdr-1] = b[0]
+		}
+		f.hdr++
+		b = b[1:]
+		if f.hdr == 5 {
+			f.hdr = 0
+			f.left = uint64(binary.BigEndian.Uint32(f.lenb[:]))
+		}
+	}
+}
+
+// atBoundary reports whether the bytes written so far end with a whole
+// frame.
+func (f *frameCursor) atBoundary() bool { return f.hdr == 0 && f.left == 0 }

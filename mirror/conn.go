@@ -1,0 +1,290 @@
+package mirror
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+const (
+	// chunkSize is the payload of a file data frame.
+	chunkSize = 128 << 10
+	// bufSize sizes the buffered reader and writer on the stream: room for
+	// a data frame plus many small frames.
+	bufSize = 256 << 10
+	// finalTimeout bounds writing the last frame (error, cancel) once the
+	// copy already failed.
+	finalTimeout = 2 * time.Second
+	// progressEvery is the least time between two progress callbacks.
+	progressEvery = 100 * time.Millisecond
+)
+
+// ErrCanceled is returned when the peer sent FrameCancel.
+var ErrCanceled = errors.New("mirror: copy canceled by the peer")
+
+// PeerError is the error the peer reported with FrameError.
+type PeerError struct {
+	Info protocol.ErrorInfo
+}
+
+func (e *PeerError) Error() string { return "peer failed: " + e.Info.Error() }
+
+// Unwrap gives access to the peer's ErrorInfo with errors.As.
+func (e *PeerError) Unwrap() error { return &e.Info }
+
+// Options tune a copy. The zero value copies by size and mtime and keeps
+// destination entries the source lacks.
+type Options struct {
+	// Delete removes destination entries the source lacks (rsync
+	// --delete). Only the receiver uses it.
+	Delete bool
+	// Checksum compares files by SHA-256 instead of size and mtime. Both
+	// ends must agree: the receiver puts digests in its manifest, the
+	// sender hashes its files to compare.
+	Checksum bool
+	// Progress, if set, is called from the copying goroutine at most every
+	// 100 ms and once at the end of a successful copy.
+	Progress func(Progress)
+	// Logger receives debug and warning logs. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Progress is a copy's progress so far.
+type Progress struct {
+	// Files counts the file entries handled (sent or kept), of TotalFiles
+	// in the source.
+	Files, TotalFiles int
+	// Bytes counts the file data bytes moved, of TotalBytes that must move
+	// (kept files do not count). The sender knows the totals after its
+	// walk; the receiver learns them from the root entry.
+	Bytes, TotalBytes int64
+}
+
+func (o *Options) logger() *slog.Logger {
+	if o.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return o.Logger
+}
+
+// progress rate-limits Options.Progress.
+type progress struct {
+	fn   func(Progress)
+	last time.Time
+	p    Progress
+}
+
+func (p *progress) tick(force bool) {
+	if p.fn == nil {
+		return
+	}
+	now := time.Now()
+	if !force && now.Sub(p.last) < progressEvery {
+		return
+	}
+	p.last = now
+	p.fn(p.p)
+}
+
+// deadliner is what net.Conn and yamux streams offer to unblock I/O.
+type deadliner interface {
+	SetDeadline(time.Time) error
+}
+
+// conn is the framed stream of one copy: buffered in both directions, with
+// a way to unblock pending I/O (abort).
+type conn struct {
+	rw     io.ReadWriter
+	dl     deadliner // nil if rw has no deadlines
+	closer io.Closer // used when dl is nil
+	fr     *protocol.FrameReader
+	bw     *bufio.Writer
+	hdr    [5]byte
+
+	mu      sync.Mutex // guards aborted (abort may run from AfterFunc)
+	aborted bool
+}
+
+func newConn(rw io.ReadWriter) (*conn, error) {
+	c := &conn{rw: rw, bw: bufio.NewWriterSize(rw, bufSize)}
+	c.fr = protocol.NewFrameReader(bufio.NewReaderSize(rw, bufSize))
+	if d, ok := rw.(deadliner); ok {
+		c.dl = d
+	} else if cl, ok := rw.(io.Closer); ok {
+		c.closer = cl
+	} else {
+		return nil, errors.New("mirror: the stream must implement SetDeadline or io.Closer")
+	}
+	return c, nil
+}
+
+// abort unblocks every pending and future read and write on the stream.
+func (c *conn) abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted {
+		return
+	}
+	c.aborted = true
+	if c.dl != nil {
+		c.dl.SetDeadline(time.Unix(1, 0))
+	} else {
+		c.closer.Close()
+	}
+}
+
+func (c *conn) isAborted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.aborted
+}
+
+// watch aborts the stream when ctx ends. The returned stop function
+// returns once no abort from ctx can happen any more.
+func (c *conn) watch(ctx context.Context) (stop func()) {
+	done := make(chan struct{})
+	s := context.AfterFunc(ctx, func() {
+		defer close(done)
+		c.abort()
+	})
+	return func() {
+		if !s() && ctx.Err() != nil {
+			<-done
+		}
+	}
+}
+
+// writeFrame buffers one frame.
+func (c *conn) writeFrame(t protocol.FrameType, payload []byte) error {
+	if len(payload) > protocol.MaxFrameSize {
+		return fmt.Errorf("write %s frame of %d bytes: %w", t, len(payload), protocol.ErrTooLarge)
+	}
+	c.hdr[0] = byte(t)
+	binary.BigEndian.PutUint32(c.hdr[1:], uint32(len(payload)))
+	if _, err := c.bw.Write(c.hdr[:]); err != nil {
+		return err
+	}
+	_, err := c.bw.Write(payload)
+	return err
+}
+
+// writeJSON buffers one JSON frame.
+func (c *conn) writeJSON(t protocol.FrameType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s frame: %w", t, err)
+	}
+	return c.writeFrame(t, b)
+}
+
+func (c *conn) flush() error { return c.bw.Flush() }
+
+// final writes a last frame (error or cancel) after the copy failed, best
+// effort and bounded by finalTimeout when the stream has deadlines. It
+// must not run concurrently with other I/O on the stream.
+func (c *conn) final(t protocol.FrameType, v any) {
+	if c.dl == nil && c.isAborted() {
+		return // closed
+	}
+	if c.dl != nil {
+		c.dl.SetDeadline(time.Now().Add(finalTimeout))
+		defer c.dl.SetDeadline(time.Time{})
+	}
+	var payload []byte
+	if v != nil {
+		payload, _ = json.Marshal(v)
+	}
+	if c.bw.Flush() == nil {
+		if c.writeFrame(t, payload) == nil {
+			c.bw.Flush()
+		}
+		return
+	}
+	// The buffered writer is broken; the frame goes straight out.
+	protocol.WriteFrame(c.rw, t, payload)
+}
+
+// next reads the next frame, turning the peer's FrameError and FrameCancel
+// into errors (*PeerError, ErrCanceled) and a clean EOF into
+// io.ErrUnexpectedEOF: no copy conversation may end between frames.
+func (c *conn) next() (protocol.Frame, error) {
+	f, err := c.fr.Next()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return f, fmt.Errorf("read frame: %w", err)
+	}
+	switch f.Type {
+	case protocol.FrameError:
+		pe := &PeerError{}
+		if err := protocol.DecodeJSON(f.Payload, &pe.Info); err != nil {
+			return f, fmt.Errorf("peer failed with an unreadable error frame: %w", err)
+		}
+		return f, pe
+	case protocol.FrameCancel:
+		return f, ErrCanceled
+	}
+	return f, nil
+}
+
+// isPeerAbort reports whether err came from the peer (so it must not be
+// echoed back).
+func isPeerAbort(err error) bool {
+	var pe *PeerError
+	return errors.As(err, &pe) || errors.Is(err, ErrCanceled)
+}
+
+// modeBits converts a FileMode's permission and special bits to the
+// 07777 bits of the wire.
+func modeBits(m fs.FileMode) uint32 {
+	b := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		b |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		b |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		b |= 0o1000
+	}
+	return b
+}
+
+// fileMode converts 07777 wire bits to a FileMode for chmod.
+func fileMode(b uint32) fs.FileMode {
+	m := fs.FileMode(b & 0o777)
+	if b&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	if b&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if b&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
+
+// entryType is the wire type of a FileInfo, or "" for types a copy skips.
+func entryType(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return protocol.EntryDir
+	case m.IsRegular():
+		return protocol.EntryFile
+	case m&fs.ModeSymlink != 0:
+		return protocol.EntrySymlink
+	}
+	return ""
+}
