@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ type Agent struct {
 	m        *metrics
 	running  atomic.Int64 // execs in flight, for heartbeats and Config.MaxExecs
 	sessions atomic.Int64 // sessions welcomed so far, for Hello.Reconnects
+	instance string       // random id of this agent process, for Hello.Instance
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
 	// to make room (dataWriteTimeout in exec.go); tests shorten it.
 	dataWriteTimeout time.Duration
@@ -45,7 +47,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.DataDir = dir
 	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
-	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout}, nil
+	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text()}, nil
 }
 
 // Run creates the data directory, measures the node's capacity, then keeps a
@@ -97,6 +99,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) error {
 		h := hello
 		h.Reconnects = int(a.sessions.Load())
+		h.Instance = a.instance
 		return a.serve(ctx, conn, addr, &h)
 	})
 	a.log.Info("agent stopped")

@@ -219,6 +219,10 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Labels:          map[string]string{"zone": "a", "gpu": "h100"},
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
+		Instance:        a.instance,
+	}
+	if len(hello.Instance) < 16 {
+		t.Errorf("hello instance %q: want a random process id", hello.Instance)
 	}
 	if diff := cmp.Diff(want, hello); diff != "" {
 		t.Errorf("hello (-want +got):\n%s", diff)

@@ -188,7 +188,12 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 			}
 			if ctx.Err() == nil {
 				c.m.authFailures.WithLabelValues(reason).Inc()
-				log.Debug("agent TLS handshake failed", "reason", reason, "err", err)
+				// Usually an agent that does not trust our certificate (wrong
+				// --ca-file): worth a warning, but at most one every few
+				// seconds, since a misconfigured fleet retries in a loop.
+				c.tlsWarn.Do(func() {
+					log.Warn("agent TLS handshake failed (further failures counted in tether_coordinator_auth_failures_total, logged at most every 10s)", "reason", reason, "err", err)
+				})
 			}
 			ac.conn.Close()
 			return nil
@@ -253,12 +258,13 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
 	log = log.With("node_id", n.id, "session_id", n.sessionID)
 
-	if !c.register(n, log) {
+	if refusal := c.register(n, log); refusal != nil {
+		if refusal.Code == protocol.CodeDuplicate {
+			c.m.authFailures.WithLabelValues(reasonDuplicate).Inc()
+			log.Warn("agent refused", "reason", reasonDuplicate, "err", refusal.Message)
+		}
 		ctrl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
-		protocol.WriteJSONFrame(ctrl, protocol.FrameReject, &protocol.ErrorInfo{
-			Code:    protocol.CodeShutdown,
-			Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID),
-		})
+		protocol.WriteJSONFrame(ctrl, protocol.FrameReject, refusal)
 		return nil
 	}
 	defer func() {
@@ -376,18 +382,29 @@ func (c *Coordinator) tokenOK(token string) bool {
 	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 }
 
-// register adds n to the registry, replacing (and closing) a live session of
-// the same node id: the newer session wins. It reports false if the drain
-// began. A session counts as a reconnect when the agent says it had one
-// before (Hello.Reconnects) or when it replaces a live one; the coordinator
-// keeps no memory of nodes that left, so that memory stays bounded.
-func (c *Coordinator) register(n *node, log *slog.Logger) bool {
+// register adds n to the registry. A node id that is already connected is
+// taken over only by the same agent process (Hello.Instance: a reconnect that
+// beat the old session's timeout) or when the old session missed two
+// heartbeats; otherwise the newcomer is refused with CodeDuplicate, because
+// two live agents with one node id would replace each other forever and
+// jobs would run on whichever holds the id at the moment. It also refuses
+// everything once the drain began. The returned ErrorInfo is the refusal.
+func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
-		return false
+		return &protocol.ErrorInfo{Code: protocol.CodeShutdown, Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)}
 	}
 	old := c.nodes[n.id]
+	if old != nil && old.hello.Instance != n.hello.Instance {
+		since := time.Since(time.Unix(0, old.lastHeartbeat.Load()))
+		if since < 2*c.cfg.HeartbeatInterval {
+			c.mu.Unlock()
+			return &protocol.ErrorInfo{Code: protocol.CodeDuplicate, Message: fmt.Sprintf(
+				"node id %q is already connected to coordinator %s from %s (another agent process, heard from %v ago); give each agent its own --node-id",
+				n.id, c.cfg.ID, old.remoteAddr, since.Round(time.Millisecond))}
+		}
+	}
 	c.nodes[n.id] = n
 	c.m.agentsConnected.Set(float64(len(c.nodes)))
 	c.mu.Unlock()
@@ -399,7 +416,7 @@ func (c *Coordinator) register(n *node, log *slog.Logger) bool {
 			"old_session_id", old.sessionID, "old_remote_addr", old.remoteAddr)
 		old.sess.Close()
 	}
-	return true
+	return nil
 }
 
 // deregister removes n from the registry unless a newer session replaced it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/time/rate"
 	"log/slog"
 	"maps"
 	"net"
@@ -25,10 +26,11 @@ import (
 // and serves the NATS API that runs jobs on them. Create it with New and run
 // it with Serve. Its methods are safe for concurrent use.
 type Coordinator struct {
-	cfg Config
-	log *slog.Logger
-	m   *metrics
-	reg prometheus.Registerer
+	tlsWarn rate.Sometimes // rate-limits TLS handshake failure warnings
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	reg     prometheus.Registerer
 
 	serving    atomic.Bool   // Serve is running and not yet draining
 	handshakes chan struct{} // one token per agent connection in its handshake (MaxHandshakes)
@@ -69,13 +71,14 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	return &Coordinator{
-		cfg:   cfg,
-		log:   log.With("component", "coordinator", "coordinator_id", cfg.ID),
-		m:     m,
-		reg:   reg,
-		conns: map[*agentConn]struct{}{},
-		nodes: map[string]*node{},
-		jobs:  map[string]*job{},
+		tlsWarn: rate.Sometimes{Interval: 10 * time.Second},
+		cfg:     cfg,
+		log:     log.With("component", "coordinator", "coordinator_id", cfg.ID),
+		m:       m,
+		reg:     reg,
+		conns:   map[*agentConn]struct{}{},
+		nodes:   map[string]*node{},
+		jobs:    map[string]*job{},
 
 		handshakes: make(chan struct{}, cfg.MaxHandshakes),
 	}, nil

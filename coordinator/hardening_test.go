@@ -368,8 +368,8 @@ func TestMetricsReasonsPreinitialised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 7 {
-		t.Errorf("%d auth failure reasons, want 7 (with overload)", n)
+	if n != 8 {
+		t.Errorf("%d auth failure reasons, want 8 (with overload and duplicate)", n)
 	}
 }
 

@@ -327,6 +327,7 @@ type agentOpts struct {
 	firstKind    protocol.Kind     // kind of the first stream; default control
 	heartbeat    bool              // send heartbeats
 	reconnects   int               // Hello.Reconnects
+	instance     string            // Hello.Instance; default "instance-<id>"
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
@@ -406,6 +407,7 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		Capacity:        protocol.Capacity{CPUs: 2, MemoryBytes: 1 << 30},
 		AgentVersion:    cmp.Or(o.agentVersion, "fake-1.0"),
 		Reconnects:      o.reconnects,
+		Instance:        instanceOf(o),
 	}
 	// A write error is not fatal yet: yamux may report "session shutdown"
 	// for a frame that was sent when the coordinator answered and closed
@@ -584,4 +586,11 @@ func scriptedExec(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams) {
 	default:
 		protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{Code: protocol.CodeBadRequest, Message: "fake agent: unknown command " + cmd})
 	}
+}
+
+func instanceOf(o agentOpts) string {
+	if o.instance != "" {
+		return o.instance
+	}
+	return "instance-" + o.id
 }

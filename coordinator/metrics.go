@@ -11,13 +11,14 @@ import (
 // Reasons of tether_coordinator_auth_failures_total: why an agent's
 // handshake was refused.
 const (
-	reasonBadToken = "bad_token" // the Hello's token is wrong
-	reasonNoToken  = "no_token"  // the Hello has no token
-	reasonVersion  = "version"   // protocol versions differ
-	reasonBadHello = "bad_hello" // the Hello failed validation
-	reasonTimeout  = "timeout"   // TLS handshake or Hello not done in time
-	reasonProtocol = "protocol"  // anything else: TLS failure, wrong first stream or frame
-	reasonOverload = "overload"  // MaxHandshakes handshakes were in progress: closed unread
+	reasonBadToken  = "bad_token" // the Hello's token is wrong
+	reasonNoToken   = "no_token"  // the Hello has no token
+	reasonVersion   = "version"   // protocol versions differ
+	reasonBadHello  = "bad_hello" // the Hello failed validation
+	reasonTimeout   = "timeout"   // TLS handshake or Hello not done in time
+	reasonProtocol  = "protocol"  // anything else: TLS failure, wrong first stream or frame
+	reasonOverload  = "overload"  // MaxHandshakes handshakes were in progress: closed unread
+	reasonDuplicate = "duplicate" // another live agent instance holds the node id
 )
 
 // Outcomes of tether_coordinator_exec_results_total, one per node run.
@@ -69,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Node exec results, by outcome.",
 		}, []string{"outcome"}),
 	}
-	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload} {
+	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload, reasonDuplicate} {
 		m.authFailures.WithLabelValues(r)
 	}
 	for _, k := range protocol.Kinds() {

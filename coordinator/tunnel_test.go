@@ -126,6 +126,7 @@ func TestHandshakeRefused(t *testing.T) {
 # TYPE tether_coordinator_auth_failures_total counter
 tether_coordinator_auth_failures_total{reason="bad_hello"} 2
 tether_coordinator_auth_failures_total{reason="bad_token"} 1
+tether_coordinator_auth_failures_total{reason="duplicate"} 0
 tether_coordinator_auth_failures_total{reason="no_token"} 1
 tether_coordinator_auth_failures_total{reason="overload"} 0
 tether_coordinator_auth_failures_total{reason="protocol"} 1
@@ -161,6 +162,41 @@ func TestHandshakeTimeout(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func TestDuplicateNodeFromAnotherAgentIsRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	a1 := h.dialAgent(t, agentOpts{id: "node-a", heartbeat: true, instance: "one"})
+	if a1.reject != nil {
+		t.Fatal(a1.reject)
+	}
+	a2 := h.dialAgent(t, agentOpts{id: "node-a", heartbeat: true, instance: "two"})
+	if a2.reject == nil || a2.reject.Code != protocol.CodeDuplicate || !strings.Contains(a2.reject.Message, "node-a") {
+		t.Fatalf("second agent with the same node id: reject %+v, want %s naming the node", a2.reject, protocol.CodeDuplicate)
+	}
+	nodes := h.c.Nodes(protocol.Selector{})
+	if len(nodes) != 1 || nodes[0].SessionID != a1.welcome.SessionID {
+		t.Fatalf("Nodes() = %+v, want a1's session kept", nodes)
+	}
+	if got := h.metric("tether_coordinator_auth_failures_total", "reason", "duplicate"); got != 1 {
+		t.Errorf("duplicate refusals = %v, want 1", got)
+	}
+}
+
+func TestDuplicateNodeReplacesStaleSession(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) { c.HeartbeatInterval = 50 * time.Millisecond })
+	// a1 sends no heartbeats after its hello: once two intervals passed,
+	// another agent process may take the node id over.
+	a1 := h.dialAgent(t, agentOpts{id: "node-a", instance: "one"})
+	if a1.reject != nil {
+		t.Fatal(a1.reject)
+	}
+	time.Sleep(150 * time.Millisecond)
+	a2 := h.dialAgent(t, agentOpts{id: "node-a", heartbeat: true, instance: "two"})
+	if a2.reject != nil {
+		t.Fatalf("takeover of a silent session refused: %v", a2.reject)
+	}
+	a1.waitClosed()
 }
 
 func TestDuplicateNodeReplaces(t *testing.T) {

@@ -10,6 +10,10 @@ import (
 	"os"
 	"path"
 	"slices"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -21,29 +25,37 @@ const maxManifestEntries = 4 << 20
 // walkTree calls fn for every entry below root's directory rel (not rel
 // itself), parents before children, names in byte order. It never follows
 // symlinks: they are reported, not entered. Paths are slash separated and
-// relative to root.
+// relative to root. Entries are stat'ed relative to their directory's
+// descriptor (fstatat), never by a path from the root.
 func walkTree(root *os.Root, rel string, fn func(rel string, fi fs.FileInfo) error) error {
-	d, err := root.Open(rel)
+	d, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return fmt.Errorf("open directory %q: %w", rel, err)
 	}
 	names, err := d.Readdirnames(-1)
-	d.Close()
 	if err != nil {
+		d.Close()
 		return fmt.Errorf("read directory %q: %w", rel, err)
 	}
 	slices.Sort(names)
+	infos := make([]fs.FileInfo, 0, len(names))
+	dfd := int(d.Fd())
 	for _, name := range names {
-		p := name
-		if rel != "." {
-			p = rel + "/" + name
-		}
-		fi, err := root.Lstat(p)
-		if err != nil {
-			if os.IsNotExist(err) {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err == unix.ENOENT {
 				continue // removed while walking
 			}
-			return fmt.Errorf("lstat %q: %w", p, err)
+			d.Close()
+			return fmt.Errorf("lstat %q: %w", path.Join(rel, name), err)
+		}
+		infos = append(infos, newStatInfo(name, &st))
+	}
+	d.Close()
+	for _, fi := range infos {
+		p := fi.Name()
+		if rel != "." {
+			p = rel + "/" + p
 		}
 		if err := fn(p, fi); err != nil {
 			return err
@@ -55,6 +67,104 @@ func walkTree(root *os.Root, rel string, fn func(rel string, fi fs.FileInfo) err
 		}
 	}
 	return nil
+}
+
+// statInfo is an fs.FileInfo made from a unix.Stat_t.
+type statInfo struct {
+	name  string
+	size  int64
+	mode  fs.FileMode
+	mtime time.Time
+}
+
+func newStatInfo(name string, st *unix.Stat_t) *statInfo {
+	fi := &statInfo{name: name, size: st.Size, mtime: time.Unix(st.Mtim.Unix())}
+	fi.mode = fs.FileMode(st.Mode & 0o777)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		fi.mode |= fs.ModeDir
+	case unix.S_IFLNK:
+		fi.mode |= fs.ModeSymlink
+	case unix.S_IFREG:
+	case unix.S_IFIFO:
+		fi.mode |= fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		fi.mode |= fs.ModeSocket
+	case unix.S_IFCHR:
+		fi.mode |= fs.ModeDevice | fs.ModeCharDevice
+	default:
+		fi.mode |= fs.ModeDevice
+	}
+	if st.Mode&unix.S_ISUID != 0 {
+		fi.mode |= fs.ModeSetuid
+	}
+	if st.Mode&unix.S_ISGID != 0 {
+		fi.mode |= fs.ModeSetgid
+	}
+	if st.Mode&unix.S_ISVTX != 0 {
+		fi.mode |= fs.ModeSticky
+	}
+	return fi
+}
+
+func (fi *statInfo) Name() string       { return fi.name }
+func (fi *statInfo) Size() int64        { return fi.size }
+func (fi *statInfo) Mode() fs.FileMode  { return fi.mode }
+func (fi *statInfo) ModTime() time.Time { return fi.mtime }
+func (fi *statInfo) IsDir() bool        { return fi.mode.IsDir() }
+func (fi *statInfo) Sys() any           { return nil }
+
+// dirCache keeps the directory of the last entry open, so that entries of
+// one directory (consecutive in walk order) are reached with
+// single-component *at calls on its descriptor instead of a path walk
+// from the root each time. Directories are opened through the os.Root,
+// which refuses symlink escapes.
+type dirCache struct {
+	root *os.Root
+	rel  string
+	dir  *os.File
+}
+
+// fd returns a descriptor of the directory rel of the root.
+func (c *dirCache) fd(rel string) (int, error) {
+	if c.dir != nil && c.rel == rel {
+		return int(c.dir.Fd()), nil
+	}
+	c.close()
+	d, err := c.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, err
+	}
+	c.dir, c.rel = d, rel
+	return int(d.Fd()), nil
+}
+
+func (c *dirCache) close() {
+	if c.dir != nil {
+		c.dir.Close()
+		c.dir = nil
+	}
+}
+
+// openAt opens name in the directory dfd without following a symlink.
+func openAt(dfd int, name string, flags int, perm uint32) (*os.File, error) {
+	for {
+		fd, err := unix.Openat(dfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "openat", Path: name, Err: err}
+		}
+		return os.NewFile(uintptr(fd), name), nil
+	}
+}
+
+// setMtimeAt sets the mtime of name in dfd (itself if a symlink), leaving
+// the atime alone.
+func setMtimeAt(dfd int, name string, mtime int64) error {
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(mtime)}
+	return unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // hashFile returns the hex SHA-256 of the file name in root and its size.

@@ -128,6 +128,7 @@ type receiver struct {
 	dst, parent, base string
 
 	pf     *os.File // the parent directory: flock and renameat2
+	pfd    int      // pf's descriptor
 	root   *os.Root // the parent directory
 	locked bool
 
@@ -138,6 +139,8 @@ type receiver struct {
 
 	stage     string   // stage name in the parent; "" until created
 	stageRoot *os.Root // the stage, when the source is a directory
+	newDirs   dirCache // directories of the stage
+	oldDirs   dirCache // directories of the old tree
 	rootType  string   // the source root's type
 	committed bool
 
@@ -210,9 +213,9 @@ func (r *receiver) open() error {
 	if err1 != nil || err2 != nil || !os.SameFile(a, b) || !a.IsDir() {
 		return fmt.Errorf("parent directory %s changed while opening it or is not a directory", r.parent)
 	}
-	fd := int(r.pf.Fd())
+	r.pfd = int(r.pf.Fd())
 	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		err := unix.Flock(r.pfd, unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			r.locked = true
 			break
@@ -304,6 +307,7 @@ func (r *receiver) scanOld() error {
 		if r.oldRoot, err = r.root.OpenRoot(r.base); err != nil {
 			return fmt.Errorf("open destination: %w", err)
 		}
+		r.oldDirs.root = r.oldRoot
 		add(".", fi)
 		if err := walkTree(r.oldRoot, ".", add); err != nil {
 			return fmt.Errorf("scan destination: %w", err)
@@ -323,12 +327,25 @@ func (r *receiver) oldPath(rel string) string {
 	return r.base + "/" + rel
 }
 
-// stagePath is a staged entry's path in the parent root.
-func (r *receiver) stagePath(rel string) string {
+// at returns a directory descriptor and a name for the staged entry rel.
+// The directory is one this copy created (entry checks that) opened
+// through the stage's os.Root, and the name is a single component, so the
+// *at calls on them cannot leave the stage.
+func (r *receiver) at(rel string) (int, string, error) {
 	if rel == "." {
-		return r.stage
+		return r.pfd, r.stage, nil
 	}
-	return r.stage + "/" + rel
+	fd, err := r.newDirs.fd(parentOf(rel))
+	return fd, path.Base(rel), err
+}
+
+// oldAt is at for the old tree.
+func (r *receiver) oldAt(rel string) (int, string, error) {
+	if rel == "." {
+		return r.pfd, r.base, nil
+	}
+	fd, err := r.oldDirs.fd(parentOf(rel))
+	return fd, path.Base(rel), err
 }
 
 // sendManifest describes dst to the sender.
@@ -445,17 +462,14 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 	switch e.Type {
 	case protocol.EntryDir:
 		if e.Path != "." {
-			if err := r.stageRoot.Mkdir(e.Path, 0o700); err != nil {
-				return fmt.Errorf("entry %q: mkdir: %w", e.Path, err)
+			if err := r.mkdir(e.Path); err != nil {
+				return fmt.Errorf("entry %q: %w", e.Path, err)
 			}
 		}
 		r.dirs = append(r.dirs, dirMeta{rel: e.Path, mode: e.Mode, mtime: e.MtimeNS})
 	case protocol.EntrySymlink:
-		if err := r.stageRoot.Symlink(e.Link, e.Path); err != nil {
-			return fmt.Errorf("entry %q: symlink: %w", e.Path, err)
-		}
-		if err := r.lchtimes(e.Path, e.MtimeNS); err != nil {
-			return fmt.Errorf("entry %q: set symlink mtime: %w", e.Path, err)
+		if err := r.symlink(e.Link, e.Path, e.MtimeNS); err != nil {
+			return fmt.Errorf("entry %q: %w", e.Path, err)
 		}
 	case protocol.EntryFile:
 		if e.Keep {
@@ -468,6 +482,33 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 			return fmt.Errorf("entry %q: create: %w", e.Path, err)
 		}
 		r.cur = &incoming{e: *e, f: f, h: sha256.New()}
+	}
+	return nil
+}
+
+// mkdir creates the staged directory rel, private until finish.
+func (r *receiver) mkdir(rel string) error {
+	fd, name, err := r.at(rel)
+	if err == nil {
+		err = unix.Mkdirat(fd, name, 0o700)
+	}
+	if err != nil {
+		return fmt.Errorf("mkdir: %w", err)
+	}
+	return nil
+}
+
+// symlink creates the staged symlink rel with its own mtime.
+func (r *receiver) symlink(target, rel string, mtime int64) error {
+	fd, name, err := r.at(rel)
+	if err != nil {
+		return fmt.Errorf("symlink: %w", err)
+	}
+	if err := unix.Symlinkat(target, fd, name); err != nil {
+		return fmt.Errorf("symlink: %w", err)
+	}
+	if err := setMtimeAt(fd, name, mtime); err != nil {
+		return fmt.Errorf("set symlink mtime: %w", err)
 	}
 	return nil
 }
@@ -496,6 +537,7 @@ func (r *receiver) createStage(e *protocol.CopyEntry) error {
 			return fmt.Errorf("open stage: %w", err)
 		}
 		r.stageRoot = sr
+		r.newDirs.root = sr
 		return nil
 	}
 	// A file root: the stage is the file itself, created by createFile or
@@ -507,30 +549,11 @@ func (r *receiver) createStage(e *protocol.CopyEntry) error {
 // createFile creates a new, empty staged file; it never opens an
 // existing one.
 func (r *receiver) createFile(rel string) (*os.File, error) {
-	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL
-	if rel == "." {
-		return r.root.OpenFile(r.stage, flags, 0o600)
-	}
-	return r.stageRoot.OpenFile(rel, flags, 0o600)
-}
-
-// chtimes sets a staged file's or directory's mtime (atime is left alone).
-func (r *receiver) chtimes(rel string, mtime int64) error {
-	if rel == "." && r.rootType == protocol.EntryFile {
-		return r.root.Chtimes(r.stage, time.Time{}, time.Unix(0, mtime))
-	}
-	return r.stageRoot.Chtimes(rel, time.Time{}, time.Unix(0, mtime))
-}
-
-// lchtimes sets a staged symlink's own mtime.
-func (r *receiver) lchtimes(rel string, mtime int64) error {
-	d, err := r.stageRoot.Open(parentOf(rel))
+	fd, name, err := r.at(rel)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer d.Close()
-	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(mtime)}
-	return unix.UtimesNanoAt(int(d.Fd()), path.Base(rel), ts, unix.AT_SYMLINK_NOFOLLOW)
+	return openAt(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 }
 
 // keep puts the destination's identical file into the stage: a hard link
@@ -543,33 +566,59 @@ func (r *receiver) keep(e *protocol.CopyEntry) error {
 	}
 	r.res.FilesKept++
 	if o.mode == e.Mode && o.mtime == e.MtimeNS {
-		if fi, err := r.root.Lstat(r.oldPath(e.Path)); err == nil && fi.Mode().IsRegular() && fi.Size() == o.size {
-			err := r.root.Link(r.oldPath(e.Path), r.stagePath(e.Path))
-			if err == nil {
-				return nil
-			}
-			r.log.Debug("hard link failed; copying", "path", e.Path, "err", err)
+		err := r.link(e.Path, o)
+		if err == nil {
+			return nil
 		}
+		r.log.Debug("hard link failed; copying", "path", e.Path, "err", err)
 	}
-	if err := r.copyOld(e.Path, e.Size); err != nil {
+	f, err := r.copyOld(e.Path, e.Size)
+	if err != nil {
 		return fmt.Errorf("entry %q: copy unchanged file: %w", e.Path, err)
 	}
-	return r.setFileMeta(e.Path, nil, e.Mode, e.MtimeNS)
+	return r.setFileMeta(e.Path, f, e.Mode, e.MtimeNS)
 }
 
-// copyOld copies the old file rel into the stage.
-func (r *receiver) copyOld(rel string, size int64) error {
-	src, err := r.root.Open(r.oldPath(rel))
+// link hard-links the old file o into the stage at rel, if it is still
+// the regular file the scan saw.
+func (r *receiver) link(rel string, o *oldEntry) error {
+	ofd, oname, err := r.oldAt(o.rel)
 	if err != nil {
 		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(ofd, oname, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != o.size {
+		return fmt.Errorf("%q changed since the scan", o.rel)
+	}
+	nfd, nname, err := r.at(rel)
+	if err != nil {
+		return err
+	}
+	// Flags 0: a symlink would be linked itself, never followed.
+	return unix.Linkat(ofd, oname, nfd, nname, 0)
+}
+
+// copyOld copies the old file rel into a new staged file, which it
+// returns open.
+func (r *receiver) copyOld(rel string, size int64) (*os.File, error) {
+	ofd, oname, err := r.oldAt(rel)
+	if err != nil {
+		return nil, err
+	}
+	src, err := openAt(ofd, oname, unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
 	}
 	defer src.Close()
 	if fi, err := src.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
-		return fmt.Errorf("destination file changed during the copy")
+		return nil, fmt.Errorf("destination file changed during the copy")
 	}
 	dst, err := r.createFile(rel)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if r.buf == nil {
 		r.buf = make([]byte, chunkSize)
@@ -578,32 +627,28 @@ func (r *receiver) copyOld(rel string, size int64) error {
 	if err == nil && n != size {
 		err = fmt.Errorf("destination file changed during the copy")
 	}
-	if cerr := dst.Close(); err == nil {
-		err = cerr
+	if err != nil {
+		dst.Close()
+		return nil, err
 	}
-	return err
+	return dst, nil
 }
 
-// setFileMeta chmods (through f if open) and sets the mtime of a staged
-// file.
+// setFileMeta chmods the open staged file f, closes it and sets its
+// mtime.
 func (r *receiver) setFileMeta(rel string, f *os.File, mode uint32, mtime int64) error {
-	var err error
-	if f != nil {
-		err = f.Chmod(fileMode(mode))
-	} else if rel == "." {
-		err = r.root.Chmod(r.stage, fileMode(mode))
-	} else {
-		err = r.stageRoot.Chmod(rel, fileMode(mode))
+	err := unix.Fchmod(int(f.Fd()), mode&0o7777)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("entry %q: chmod: %w", rel, err)
+		return fmt.Errorf("entry %q: chmod and close: %w", rel, err)
 	}
-	if f != nil {
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("entry %q: close: %w", rel, err)
-		}
+	fd, name, err := r.at(rel)
+	if err == nil {
+		err = setMtimeAt(fd, name, mtime)
 	}
-	if err := r.chtimes(rel, mtime); err != nil {
+	if err != nil {
 		return fmt.Errorf("entry %q: set mtime: %w", rel, err)
 	}
 	return nil
@@ -676,7 +721,7 @@ func (r *receiver) finish() error {
 		if err := r.stageRoot.Chmod(d.rel, fileMode(d.mode)); err != nil {
 			return fmt.Errorf("entry %q: chmod: %w", d.rel, err)
 		}
-		if err := r.chtimes(d.rel, d.mtime); err != nil {
+		if err := r.stageRoot.Chtimes(d.rel, time.Time{}, time.Unix(0, d.mtime)); err != nil {
 			return fmt.Errorf("entry %q: set mtime: %w", d.rel, err)
 		}
 	}
@@ -688,8 +733,8 @@ func (r *receiver) finish() error {
 func (r *receiver) carry(o *oldEntry) error {
 	switch o.typ {
 	case protocol.EntryDir:
-		if err := r.stageRoot.Mkdir(o.rel, 0o700); err != nil {
-			return fmt.Errorf("keep %q: mkdir: %w", o.rel, err)
+		if err := r.mkdir(o.rel); err != nil {
+			return fmt.Errorf("keep %q: %w", o.rel, err)
 		}
 		r.dirs = append(r.dirs, dirMeta{rel: o.rel, mode: o.mode, mtime: o.mtime})
 	case protocol.EntrySymlink:
@@ -697,24 +742,32 @@ func (r *receiver) carry(o *oldEntry) error {
 		if err != nil {
 			return fmt.Errorf("keep %q: readlink: %w", o.rel, err)
 		}
-		if err := r.stageRoot.Symlink(target, o.rel); err != nil {
-			return fmt.Errorf("keep %q: symlink: %w", o.rel, err)
+		if err := r.symlink(target, o.rel, o.mtime); err != nil {
+			return fmt.Errorf("keep %q: %w", o.rel, err)
 		}
-		if err := r.lchtimes(o.rel, o.mtime); err != nil {
-			return fmt.Errorf("keep %q: set symlink mtime: %w", o.rel, err)
-		}
-	default:
-		if err := r.root.Link(r.oldPath(o.rel), r.stagePath(o.rel)); err != nil {
-			if o.typ != protocol.EntryFile {
-				r.log.Warn("cannot keep special file", "path", o.rel, "err", err)
-				return nil
-			}
-			if err := r.copyOld(o.rel, o.size); err != nil {
+	case protocol.EntryFile:
+		if err := r.link(o.rel, o); err != nil {
+			f, err := r.copyOld(o.rel, o.size)
+			if err != nil {
 				return fmt.Errorf("keep %q: %w", o.rel, err)
 			}
-			if err := r.setFileMeta(o.rel, nil, o.mode, o.mtime); err != nil {
+			if err := r.setFileMeta(o.rel, f, o.mode, o.mtime); err != nil {
 				return err
 			}
+		}
+	default:
+		// A special file is linked as it is (linkat never follows).
+		ofd, oname, err := r.oldAt(o.rel)
+		if err != nil {
+			return fmt.Errorf("keep %q: %w", o.rel, err)
+		}
+		nfd, nname, err := r.at(o.rel)
+		if err != nil {
+			return fmt.Errorf("keep %q: %w", o.rel, err)
+		}
+		if err := unix.Linkat(ofd, oname, nfd, nname, 0); err != nil {
+			r.log.Warn("cannot keep special file", "path", o.rel, "err", err)
+			return nil
 		}
 	}
 	r.created[o.rel] = o.typ
@@ -723,7 +776,7 @@ func (r *receiver) carry(o *oldEntry) error {
 
 // commit swaps the stage into place.
 func (r *receiver) commit() error {
-	pfd := int(r.pf.Fd())
+	pfd := r.pfd
 	var err error
 	if r.oldType != "" {
 		err = unix.Renameat2(pfd, r.stage, pfd, r.base, unix.RENAME_EXCHANGE)
@@ -744,7 +797,7 @@ func (r *receiver) commit() error {
 // commitFallback commits with two plain renames where renameat2 flags are
 // not supported: old tree aside under a stage name, new tree into place.
 func (r *receiver) commitFallback() error {
-	pfd := int(r.pf.Fd())
+	pfd := r.pfd
 	if r.oldType == "" {
 		if err := unix.Renameat(pfd, r.stage, pfd, r.base); err != nil {
 			return fmt.Errorf("commit: rename stage into place: %w", err)
@@ -776,6 +829,8 @@ func (r *receiver) cleanup() {
 		r.cur.f.Close()
 		r.cur = nil
 	}
+	r.newDirs.close()
+	r.oldDirs.close()
 	if r.stageRoot != nil {
 		r.stageRoot.Close()
 	}

@@ -10,10 +10,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -42,6 +45,7 @@ func Send(ctx context.Context, src string, conn io.ReadWriter, opts Options) (*p
 	stop := c.watch(ctx)
 	res, err := s.run()
 	stop()
+	s.dirs.close()
 	if s.root != nil {
 		s.root.Close()
 	}
@@ -93,6 +97,7 @@ type sender struct {
 
 	abs  string
 	root *os.Root // the source directory; nil for a file source
+	dirs dirCache // directories of root
 
 	entries []srcEntry
 	buf     []byte
@@ -225,6 +230,7 @@ func (s *sender) walk() error {
 		if s.root, err = os.OpenRoot(s.abs); err != nil {
 			return fmt.Errorf("open source: %w", err)
 		}
+		s.dirs.root = s.root
 		add(".", fi)
 		return walkTree(s.root, ".", add)
 	case fi.Mode().IsRegular():
@@ -268,12 +274,16 @@ func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
 	return nil
 }
 
-// open opens a source file.
+// open opens a source file, never following a symlink below the root.
 func (s *sender) open(rel string) (*os.File, error) {
 	if s.root == nil {
 		return os.Open(s.abs)
 	}
-	return s.root.Open(rel)
+	fd, err := s.dirs.fd(parentOf(rel))
+	if err != nil {
+		return nil, err
+	}
+	return openAt(fd, path.Base(rel), unix.O_RDONLY, 0)
 }
 
 func (s *sender) hash(rel string) (string, error) {
@@ -349,11 +359,8 @@ func (s *sender) sendFile(e *srcEntry) error {
 		s.prog.p.Bytes += n
 		s.prog.tick(false)
 	}
-	var one [1]byte
-	if n, _ := f.Read(one[:]); n > 0 {
-		s.local = true
-		return fmt.Errorf("source file %q grew while being read (beyond %d bytes)", e.Path, ce.Size)
-	}
+	// A file that grew, shrank or was rewritten in place while we read
+	// it shows a new size or mtime.
 	if fi2, err := f.Stat(); err != nil || fi2.Size() != fi.Size() || !fi2.ModTime().Equal(fi.ModTime()) {
 		s.local = true
 		return fmt.Errorf("source file %q changed while being read", e.Path)

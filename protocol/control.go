@@ -38,6 +38,13 @@ type Hello struct {
 	// one (0 on the first). The coordinator counts a Hello with Reconnects
 	// above 0 as a tunnel reconnect.
 	Reconnects int `json:"reconnects,omitempty"`
+	// Instance identifies the agent process: random, fixed for the life of
+	// the process. A session for a node id that is already connected
+	// replaces the old one only when it comes from the same instance (a
+	// reconnect) or when the old one stopped heartbeating; otherwise it is
+	// refused with CodeDuplicate, so two agents misconfigured with one node
+	// id cannot keep knocking each other off.
+	Instance string `json:"instance,omitempty"`
 }
 
 // Validate reports the first problem with h's identity fields. It does not
@@ -112,6 +119,7 @@ const (
 	CodeBadRequest  = "bad_request"      // stream params invalid
 	CodeUnsupported = "unsupported_kind" // the agent does not serve this kind
 	CodeStartFailed = "start_failed"     // the process could not be started
+	CodeDuplicate   = "duplicate_node"    // the node id is connected from another agent
 	CodeBusy        = "busy"             // the agent is at its limit of concurrent operations
 	CodeShutdown    = "shutting_down"    // the peer is draining
 	CodeInternal    = "internal"         // a bug or an unexpected failure

@@ -8,14 +8,21 @@ import (
 
 // ExecParams are the params of an exec stream's header.
 //
-// Exactly one of Script and Argv is set. A Script runs as `bash -s` with the
-// script on stdin, the way NeMo Gym's SSH executor runs `run(commands)`
-// (reference/wire-facts.md §4.1): the commands are joined by newlines and only
-// the script's last status counts. An Argv runs directly, without a shell,
-// found through PATH.
+// Exactly one of Script, Argv and Commands is set. A Script runs as `bash -s`
+// with the script on stdin, the way NeMo Gym's SSH executor runs
+// `run(commands)` (reference/wire-facts.md §4.1): the commands are joined by
+// newlines and only the script's last status counts. An Argv runs directly,
+// without a shell, found through PATH. Commands without FailFast are the
+// same as a Script of the commands joined by "\n"; with FailFast each
+// command runs through `bash -c`, one after the other in the same cwd and
+// environment, and the batch stops at the first that exits non-zero
+// (NeMo Gym's local run); ExitStatus.FailedCommand then names it.
 type ExecParams struct {
-	Script string            `json:"script,omitempty"`
-	Argv   []string          `json:"argv,omitempty"`
+	Script   string   `json:"script,omitempty"`
+	Argv     []string `json:"argv,omitempty"`
+	Commands []string `json:"commands,omitempty"`
+	// FailFast runs Commands one by one, stopping at the first failure.
+	FailFast bool              `json:"fail_fast,omitempty"`
 	Env    map[string]string `json:"env,omitempty"` // added to the agent's environment
 	Cwd    string            `json:"cwd,omitempty"` // working directory; empty = agent's data dir default
 	// TimeoutMS kills the process group after this many milliseconds; 0 = no
@@ -28,6 +35,26 @@ type ExecParams struct {
 	// is discarded (the process keeps running) and ExitStatus says so. 0 means
 	// the agent's default.
 	OutputLimit int64 `json:"output_limit,omitempty"`
+	// Detach starts the job in its own session, writing its output to files
+	// on the node, and answers with an ExitStatus whose Detached is set as
+	// soon as it started. The job survives the stream and the tunnel; it is
+	// queried and cancelled through job streams (KindJob) by JobID.
+	Detach bool `json:"detach,omitempty"`
+	// JobID names a detached job on the node (required with Detach; the
+	// coordinator sends the exec job's id). Same syntax as ExecRequest.ID.
+	JobID string `json:"job_id,omitempty"`
+}
+
+// ShellScript returns the script p runs through `bash -s`, or "" when p runs
+// an argv or fail-fast commands.
+func (p *ExecParams) ShellScript() string {
+	switch {
+	case p.Script != "":
+		return p.Script
+	case len(p.Commands) > 0 && !p.FailFast:
+		return strings.Join(p.Commands, "\n")
+	}
+	return ""
 }
 
 // MaxScriptSize bounds a script's length, in bytes. It is below
@@ -37,28 +64,59 @@ const MaxScriptSize = 48 << 10
 // Validate reports every problem with p, joined.
 func (p *ExecParams) Validate() error {
 	var errs []error
+	n := 0
+	for _, set := range []bool{p.Script != "", len(p.Argv) > 0, len(p.Commands) > 0} {
+		if set {
+			n++
+		}
+	}
 	switch {
-	case p.Script == "" && len(p.Argv) == 0:
-		errs = append(errs, errors.New("one of script or argv is required"))
-	case p.Script != "" && len(p.Argv) > 0:
-		errs = append(errs, errors.New("script and argv are mutually exclusive"))
+	case n == 0:
+		errs = append(errs, errors.New("nothing to run: one of script, argv or commands is required"))
+	case n > 1:
+		errs = append(errs, errors.New("script, argv and commands are mutually exclusive"))
 	}
 	if len(p.Argv) > 0 && p.Argv[0] == "" {
 		errs = append(errs, errors.New("argv[0] is empty"))
 	}
-	if len(p.Script) > MaxScriptSize {
-		errs = append(errs, fmt.Errorf("script is %d bytes, over the %d byte limit", len(p.Script), MaxScriptSize))
+	if size := len(p.ShellScript()); size > MaxScriptSize {
+		errs = append(errs, fmt.Errorf("script is %d bytes, over the %d byte limit", size, MaxScriptSize))
+	}
+	if len(p.Commands) > MaxArgs {
+		errs = append(errs, fmt.Errorf("commands has %d entries, over the limit of %d", len(p.Commands), MaxArgs))
+	}
+	if p.FailFast && len(p.Commands) == 0 {
+		errs = append(errs, errors.New("fail_fast needs commands"))
 	}
 	if p.Script != "" && p.Stdin {
 		errs = append(errs, errors.New("stdin cannot be combined with script: bash -s reads the script from stdin; use argv"))
 	}
-	for k := range p.Env {
+	if len(p.Commands) > 0 && p.Stdin {
+		errs = append(errs, errors.New("stdin cannot be combined with commands; use argv"))
+	}
+	for k, v := range p.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			errs = append(errs, fmt.Errorf("env key %q is invalid (empty, or contains '=' or NUL)", k))
+			errs = append(errs, fmt.Errorf("env key %s is invalid (empty, or contains '=' or NUL)", Clip(k)))
+		} else if strings.Contains(v, "\x00") {
+			errs = append(errs, fmt.Errorf("env %s: value contains NUL", Clip(k)))
 		}
 	}
+	if strings.Contains(p.Cwd, "\x00") {
+		errs = append(errs, errors.New("cwd contains NUL"))
+	}
 	if p.TimeoutMS < 0 {
-		errs = append(errs, fmt.Errorf("timeout_ms %d is negative", p.TimeoutMS))
+		errs = append(errs, errors.New("timeout must not be negative"))
+	}
+	if p.Detach {
+		if p.Stdin {
+			errs = append(errs, errors.New("stdin cannot be combined with detach"))
+		}
+		if p.FailFast {
+			errs = append(errs, errors.New("fail_fast cannot be combined with detach: use a script with set -e"))
+		}
+		if !validSegment(p.JobID, MaxJobIDLen) {
+			errs = append(errs, fmt.Errorf("job_id %s: a detached job needs an id of 1-%d characters of [A-Za-z0-9-_.]", Clip(p.JobID), MaxJobIDLen))
+		}
 	}
 	if p.OutputLimit < 0 {
 		errs = append(errs, fmt.Errorf("output_limit %d is negative", p.OutputLimit))
@@ -88,4 +146,15 @@ type ExitStatus struct {
 	// output limit was dropped.
 	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool `json:"stderr_truncated,omitempty"`
+	// FailedCommand is the index in ExecParams.Commands of the command that
+	// stopped a fail-fast batch (exited non-zero, timed out or was
+	// cancelled); nil when none did.
+	FailedCommand *int `json:"failed_command,omitempty"`
+	// OutputCut is set when the main process exited but something kept its
+	// output pipes open past the agent's pipe wait, and the agent killed
+	// the process group to end the job (output after that was lost).
+	OutputCut bool `json:"output_cut,omitempty"`
+	// Detached is set when the job was started detached (ExecParams.Detach):
+	// it is running, and ExitCode means nothing yet.
+	Detached bool `json:"detached,omitempty"`
 }
