@@ -34,6 +34,8 @@ type Agent struct {
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
 	// to make room (dataWriteTimeout in exec.go); tests shorten it.
 	dataWriteTimeout time.Duration
+	// jobs are the detached jobs this agent supervises (jobs.go).
+	jobs jobTable
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -324,6 +326,8 @@ func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux
 		a.servePTY(ctx, st, h)
 	case protocol.KindCopy:
 		a.serveCopy(ctx, st, h)
+	case protocol.KindJob:
+		a.serveJob(ctx, st, h)
 	default:
 		a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
 		a.refuse(st, protocol.CodeUnsupported, fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind))

@@ -398,7 +398,7 @@ func TestNewFillsDefaults(t *testing.T) {
 	}
 	c := a.cfg
 	host, _ := os.Hostname()
-	if c.NodeID != host || c.OutputLimit != 64<<20 || c.KillGrace != 2*time.Second || c.PipeWait != time.Second ||
+	if c.NodeID != host || c.OutputLimit != 64<<20 || c.KillGrace != 2*time.Second || c.PipeWait != 0 || c.JobRetention != 24*time.Hour ||
 		c.Tunnel.KeepAliveInterval != 10*time.Second || c.Tunnel.WriteTimeout != 10*time.Second ||
 		c.Logger == nil || c.Registerer == nil || !filepath.IsAbs(c.DataDir) {
 		t.Errorf("defaults not filled: %+v", c)

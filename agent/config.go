@@ -23,7 +23,8 @@ const (
 	DefaultOutputLimit      = 64 << 20
 	DefaultKillGrace        = 2 * time.Second
 	DefaultHandshakeTimeout = 10 * time.Second
-	DefaultPipeWait         = time.Second
+	DefaultPipeWait         = 0
+	DefaultJobRetention     = 24 * time.Hour
 	DefaultMaxExecs         = 256
 	// defaultHeartbeat is used when a Welcome carries no usable interval.
 	defaultHeartbeat = 10 * time.Second
@@ -68,8 +69,14 @@ type Config struct {
 	KillGrace time.Duration
 	// PipeWait bounds how long an exec whose main process exited waits for
 	// its stdout and stderr pipes to close (a background child may still
-	// hold them) before its process group is killed. Zero means 1 s.
+	// hold them) before its process group is killed and the exit status
+	// says output_cut. Zero (the default) waits until the pipes close, as
+	// ssh does: a background child that keeps stdout open keeps the job
+	// going until it exits or the job's timeout kills the group.
 	PipeWait time.Duration
+	// JobRetention is how long the files of a finished detached job are
+	// kept under DataDir/jobs before they are deleted. Zero means 24 h.
+	JobRetention time.Duration
 	// HandshakeTimeout bounds opening the control stream and waiting for
 	// Welcome or Reject after each dial. Zero means 10 s.
 	HandshakeTimeout time.Duration
@@ -110,6 +117,7 @@ func DefaultConfig() Config {
 		OutputLimit:      DefaultOutputLimit,
 		KillGrace:        DefaultKillGrace,
 		PipeWait:         DefaultPipeWait,
+		JobRetention:     DefaultJobRetention,
 		HandshakeTimeout: DefaultHandshakeTimeout,
 		MaxExecs:         DefaultMaxExecs,
 	}
@@ -146,8 +154,8 @@ func (c Config) withDefaults() Config {
 	if c.KillGrace == 0 {
 		c.KillGrace = d.KillGrace
 	}
-	if c.PipeWait == 0 {
-		c.PipeWait = d.PipeWait
+	if c.JobRetention == 0 {
+		c.JobRetention = DefaultJobRetention
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
@@ -214,6 +222,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PipeWait < 0 {
 		errs = append(errs, fmt.Errorf("agent config: PipeWait %v is negative", c.PipeWait))
+	}
+	if c.JobRetention < 0 {
+		errs = append(errs, fmt.Errorf("agent config: JobRetention %v is negative", c.JobRetention))
 	}
 	if c.HandshakeTimeout < 0 {
 		errs = append(errs, fmt.Errorf("agent config: HandshakeTimeout %v is negative", c.HandshakeTimeout))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -39,10 +40,13 @@ const (
 )
 
 // serveExec runs the exec stream st: it decodes and checks the params, runs
-// the process, streams its output and writes exactly one final frame (exit or
-// error) unless ctx ends first (the session is gone: the process group is
-// killed and nothing can be reported). It closes st and returns once the
-// process group is dead or exited and every goroutine it started returned.
+// the process (or, in fail-fast mode, each command in turn), streams its
+// output and writes exactly one final frame (exit or error) unless ctx ends
+// first (the session is gone: the process group is killed and nothing can be
+// reported). It closes st and returns once the process group is dead or
+// exited and every goroutine it started returned. A detached exec
+// (ExecParams.Detach) is handed to the job table (jobs.go) and answered as
+// soon as it started.
 //
 // An exec beyond Config.MaxExecs running at once is refused with a busy error
 // frame.
@@ -73,7 +77,11 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 		return
 	}
 	if err := x.p.Validate(); err != nil {
-		x.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: exec params: %v", a.cfg.NodeID, err))
+		x.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: exec params: %s", a.cfg.NodeID, strings.ReplaceAll(err.Error(), "\n", "; ")))
+		return
+	}
+	if x.p.Detach {
+		a.startDetached(x)
 		return
 	}
 	x.run(ctx)
@@ -90,12 +98,15 @@ type execution struct {
 	log    *slog.Logger
 	p      protocol.ExecParams
 
+	// stdout and stderr count the output of every process of the exec
+	// (fail-fast batches run several); the limit applies to the sum.
 	stdout, stderr outputCount
 }
 
-// outputCount is what one copier saw.
+// outputCount is what the copiers of one output stream saw.
 type outputCount struct {
-	total     int64
+	total     int64 // bytes read
+	sent      int64 // bytes forwarded (at most the limit)
 	truncated bool
 }
 
@@ -107,64 +118,195 @@ func (x *execution) fail(code, msg string) {
 	}
 }
 
-// command builds the process from the params, not yet started.
-func (x *execution) command() (*exec.Cmd, string) {
-	var cmd *exec.Cmd
-	var name string
-	if x.p.Script != "" {
-		cmd = exec.Command("bash", "-s")
-		name = "bash -s"
-	} else {
-		cmd = exec.Command(x.p.Argv[0], x.p.Argv[1:]...)
-		name = x.p.Argv[0]
-	}
-	// A relative Cwd is taken relative to the data directory.
-	cmd.Dir = x.a.cfg.DataDir
-	if x.p.Cwd != "" {
-		cmd.Dir = filepath.Join(x.a.cfg.DataDir, x.p.Cwd)
-		if filepath.IsAbs(x.p.Cwd) {
-			cmd.Dir = filepath.Clean(x.p.Cwd)
-		}
-	}
-	cmd.Env = x.a.childEnv(x.p.Env, cmd.Dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	return cmd, name
+// procSpec is one process an exec runs.
+type procSpec struct {
+	argv   []string
+	name   string // for messages: "bash -s", "bash -c" or argv[0]
+	script string // fed on stdin (bash -s); "" for none
+	stdin  bool   // stdin frames are fed to it
 }
 
-// run starts the process and sees it through to the final frame.
+// processes lists what the params run: one process, or one per command in
+// fail-fast mode.
+func (x *execution) processes() []procSpec {
+	if s := x.p.ShellScript(); s != "" {
+		return []procSpec{{argv: []string{"bash", "-s"}, name: "bash -s", script: s}}
+	}
+	if x.p.FailFast {
+		specs := make([]procSpec, len(x.p.Commands))
+		for i, c := range x.p.Commands {
+			specs[i] = procSpec{argv: []string{"bash", "-c", c}, name: "bash -c"}
+		}
+		return specs
+	}
+	return []procSpec{{argv: x.p.Argv, name: x.p.Argv[0], stdin: x.p.Stdin}}
+}
+
+// workDir resolves the params' cwd (relative to the data directory) and
+// checks that it is a directory, so that a bad cwd is reported as such
+// rather than as a failure to start the command.
+func (a *Agent) workDir(cwd string) (string, error) {
+	dir := a.cfg.DataDir
+	if cwd != "" {
+		dir = filepath.Join(a.cfg.DataDir, cwd)
+		if filepath.IsAbs(cwd) {
+			dir = filepath.Clean(cwd)
+		}
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("cwd %s: no such file or directory", dir)
+	case err != nil:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return "", fmt.Errorf("cwd %s: %v", dir, err)
+	case !fi.IsDir():
+		return "", fmt.Errorf("cwd %s: not a directory", dir)
+	}
+	return dir, nil
+}
+
+// runState is what ends an exec, shared by its processes: the channels are
+// set to nil once they fired, and the flags record what happened.
+type runState struct {
+	timeout <-chan time.Time
+	cancel  <-chan struct{}
+	ctxDone <-chan struct{}
+	broken  <-chan struct{}
+
+	timedOut, cancelled, lost bool
+	outputCut                 bool
+}
+
+// stopping reports whether the exec must not start another process.
+func (rs *runState) stopping() bool { return rs.timedOut || rs.cancelled || rs.lost }
+
+// procResult is how one process ended.
+type procResult struct {
+	cmd     *exec.Cmd
+	waitErr error
+	end     time.Time
+}
+
+// run runs the processes of the exec and sees them through to the final
+// frame.
 func (x *execution) run(ctx context.Context) {
 	a := x.a
-	cmd, name := x.command()
+	dir, err := a.workDir(x.p.Cwd)
+	if err != nil {
+		x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+		return
+	}
+	specs := x.processes()
+
+	var wg sync.WaitGroup
+	done := make(chan struct{}) // closed when the handler is finishing
+	cancelCh := make(chan struct{}, 1)
+	var stdinCh chan []byte
+	if x.p.Stdin {
+		stdinCh = make(chan []byte, stdinQueue)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		x.readFrames(stdinCh, cancelCh, done)
+	}()
+	defer func() {
+		// Stop the frame reader wherever it blocks.
+		close(done)
+		x.st.SetReadDeadline(time.Now())
+		wg.Wait()
+	}()
+
+	rs := &runState{cancel: cancelCh, ctxDone: ctx.Done(), broken: x.broken}
+	if x.p.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(x.p.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		rs.timeout = t.C
+	}
+	limit := x.p.OutputLimit
+	if limit == 0 {
+		limit = a.cfg.OutputLimit
+	}
+
+	start := time.Now()
+	var last procResult
+	var failed *int
+	for i, spec := range specs {
+		if rs.stopping() {
+			break
+		}
+		r, err := x.runProcess(spec, dir, limit, rs, stdinCh)
+		if err != nil {
+			x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: start %s: %v", a.cfg.NodeID, spec.name, err))
+			return
+		}
+		last = r
+		if x.p.FailFast && (rs.stopping() || r.cmd.ProcessState == nil || !r.cmd.ProcessState.Success()) {
+			failed = &i
+			break
+		}
+	}
+	a.m.execDuration.Observe(last.end.Sub(start).Seconds())
+
+	status, err := x.status(last, start, rs)
+	switch {
+	case rs.lost:
+		x.log.Info("exec ended without a usable stream; result dropped")
+	case err != nil:
+		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %s: %v", a.cfg.NodeID, specs[0].name, err))
+	default:
+		status.FailedCommand = failed
+		x.log.Info("exec finished", "exit_code", status.ExitCode, "signal", status.Signal,
+			"timed_out", status.TimedOut, "cancelled", status.Cancelled, "duration_ms", status.DurationMS,
+			"output_cut", status.OutputCut)
+		if err := x.w.final(protocol.FrameExit, status); err != nil {
+			x.log.Warn("exec result not delivered", "err", err)
+		}
+	}
+}
+
+// runProcess starts one process of the exec in its own process group and
+// drives it to its end: it returns once the group is dead or its leader
+// exited and its output pipes were closed (or abandoned). It fails only when
+// the process could not be started.
+func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runState, stdinCh <-chan []byte) (procResult, error) {
+	a := x.a
+	cmd := exec.Command(spec.argv[0], spec.argv[1:]...)
+	cmd.Dir = dir
+	cmd.Env = a.childEnv(x.p.Env, dir)
+	// Pdeathsig: if the agent dies (even by SIGKILL) the kernel kills the
+	// leader. The rest of its group survives that; see the package doc.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	// Our own pipes (not cmd.StdoutPipe): os/exec then runs no copying
 	// goroutines and Wait returns as soon as the leader exits, and we can
 	// put deadlines on the read ends.
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: stdout pipe: %v", a.cfg.NodeID, err))
-		return
+		return procResult{}, fmt.Errorf("stdout pipe: %w", err)
 	}
 	defer outR.Close()
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		outW.Close()
-		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: stderr pipe: %v", a.cfg.NodeID, err))
-		return
+		return procResult{}, fmt.Errorf("stderr pipe: %w", err)
 	}
 	defer errR.Close()
 	var inR, inW *os.File
-	if x.p.Script != "" || x.p.Stdin {
+	if spec.script != "" || spec.stdin {
 		if inR, inW, err = os.Pipe(); err != nil {
 			outW.Close()
 			errW.Close()
-			x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: stdin pipe: %v", a.cfg.NodeID, err))
-			return
+			return procResult{}, fmt.Errorf("stdin pipe: %w", err)
 		}
 		cmd.Stdin = inR
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 
-	start := time.Now()
 	err = cmd.Start()
 	// The child holds its own copies now.
 	outW.Close()
@@ -176,14 +318,21 @@ func (x *execution) run(ctx context.Context) {
 		if inW != nil {
 			inW.Close()
 		}
-		x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: start %q in %s: %v", a.cfg.NodeID, name, cmd.Dir, err))
-		return
+		return procResult{}, err
 	}
 	pgid := cmd.Process.Pid
-	x.log.Debug("exec started", "cmd", name, "pid", pgid)
+	log := x.log.With("pid", pgid)
+	log.Debug("exec started", "cmd", spec.name)
 
 	var wg sync.WaitGroup
-	done := make(chan struct{}) // closed when the handler is finishing
+	procDone := make(chan struct{}) // closed when this process's run ends
+	defer func() {
+		close(procDone)
+		if inW != nil {
+			inW.SetWriteDeadline(time.Now())
+		}
+		wg.Wait()
+	}()
 	waitCh := make(chan error, 1)
 	wg.Add(1)
 	go func() {
@@ -191,10 +340,6 @@ func (x *execution) run(ctx context.Context) {
 		waitCh <- cmd.Wait()
 	}()
 	copyDone := make(chan struct{}, 2)
-	limit := x.p.OutputLimit
-	if limit == 0 {
-		limit = a.cfg.OutputLimit
-	}
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -206,45 +351,38 @@ func (x *execution) run(ctx context.Context) {
 		x.copyOut(errR, protocol.FrameStderr, limit, &x.stderr)
 		copyDone <- struct{}{}
 	}()
-	cancelCh := make(chan struct{}, 1)
-	var stdinCh chan []byte
-	if x.p.Stdin {
-		stdinCh = make(chan []byte, stdinQueue)
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		x.readFrames(stdinCh, cancelCh, done)
-	}()
 	if inW != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			feedStdin(inW, x.p.Script, stdinCh, done)
+			feedStdin(inW, spec.script, stdinCh, procDone)
 		}()
 	}
 
 	var (
-		exited              bool
-		waitErr             error
-		end                 time.Time
-		copiers             = 2
-		timedOut, cancelled bool
-		lost                bool
-		termSent, killSent  bool
-		timeoutC, graceC    <-chan time.Time
-		drainC              <-chan time.Time
-		drainStage          int
-		ctxDone             = ctx.Done()
-		brokenC             = x.broken
-		cancelC             = (<-chan struct{})(cancelCh)
+		res                = procResult{cmd: cmd}
+		exited             bool
+		copiers            = 2
+		termSent, killSent bool
+		graceC, drainC     <-chan time.Time
+		abandonC           <-chan time.Time
+		abandoned          bool
 	)
 	kill := func(sig syscall.Signal) {
 		if err := syscall.Kill(-pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-			x.log.Warn("kill process group", "pgid", pgid, "signal", signalName(sig), "err", err)
+			log.Warn("kill process group", "pgid", pgid, "signal", signalName(sig), "err", err)
 		}
 	}
-	terminate := func() {
+	// end stops the group: SIGTERM and a grace while the leader runs,
+	// SIGKILL at once when only the rest of its group is left.
+	end := func() {
+		if exited {
+			if !killSent {
+				killSent = true
+				kill(syscall.SIGKILL)
+			}
+			return
+		}
 		if termSent || killSent {
 			return
 		}
@@ -252,77 +390,64 @@ func (x *execution) run(ctx context.Context) {
 		kill(syscall.SIGTERM)
 		graceC = time.After(a.cfg.KillGrace)
 	}
-	if x.p.TimeoutMS > 0 {
-		t := time.NewTimer(time.Duration(x.p.TimeoutMS) * time.Millisecond)
-		defer t.Stop()
-		timeoutC = t.C
-	}
 	for !exited || copiers > 0 {
 		select {
-		case waitErr = <-waitCh:
-			exited, end = true, time.Now()
-			timeoutC = nil
-			drainC = time.After(a.cfg.PipeWait)
+		case res.waitErr = <-waitCh:
+			exited, res.end = true, time.Now()
+			if a.cfg.PipeWait > 0 && !killSent {
+				drainC = time.After(a.cfg.PipeWait)
+			}
 		case <-copyDone:
 			copiers--
-		case <-timeoutC:
-			timeoutC = nil
-			timedOut = true
-			x.log.Info("exec timed out; killing process group", "pgid", pgid, "timeout_ms", x.p.TimeoutMS)
-			terminate()
-		case <-cancelC:
-			cancelC = nil
-			if exited {
-				// The outcome is known; just do not leave the group behind.
-				killSent = true
-				kill(syscall.SIGKILL)
-				continue
+		case <-rs.timeout:
+			rs.timeout = nil
+			rs.timedOut = true
+			log.Info("exec timed out; killing process group", "timeout_ms", x.p.TimeoutMS)
+			end()
+		case <-rs.cancel:
+			rs.cancel = nil
+			if !exited && !rs.timedOut {
+				rs.cancelled = true
 			}
-			cancelled = !timedOut
-			x.log.Info("exec cancelled; killing process group", "pgid", pgid)
-			terminate()
-		case <-ctxDone:
-			ctxDone = nil
-			lost = true
-			x.log.Info("session gone; killing process group", "pgid", pgid)
-			if exited {
-				killSent = true
-				kill(syscall.SIGKILL)
-				continue
-			}
-			terminate()
-		case <-brokenC:
-			brokenC = nil
-			lost = true
-			x.log.Warn("exec stream broken by a stalled output write; killing process group", "pgid", pgid)
-			if exited {
-				killSent = true
-				kill(syscall.SIGKILL)
-				continue
-			}
-			terminate()
+			log.Info("exec cancelled; killing process group")
+			end()
+		case <-rs.ctxDone:
+			rs.ctxDone = nil
+			rs.lost = true
+			log.Info("session gone; killing process group")
+			end()
+		case <-rs.broken:
+			rs.broken = nil
+			rs.lost = true
+			log.Warn("exec stream broken by a stalled output write; killing process group")
+			end()
 		case <-graceC:
 			graceC = nil
 			killSent = true
 			kill(syscall.SIGKILL)
 		case <-drainC:
-			if drainStage == 0 {
-				// The leader is gone but something still holds its output
-				// pipes: a background child. The job is over; end the group.
-				x.log.Info("exec exited but its output pipes are still open; killing process group", "pgid", pgid)
-				drainStage = 1
-				killSent = true
-				kill(syscall.SIGKILL)
-				drainC = time.After(a.cfg.PipeWait)
-				continue
-			}
+			// The leader is gone but something still holds its output
+			// pipes past PipeWait: a background child. End the group.
+			drainC = nil
+			rs.outputCut = true
+			log.Info("exec exited but its output pipes are still open past the pipe wait; killing process group", "pipe_wait", a.cfg.PipeWait)
+			killSent = true
+			kill(syscall.SIGKILL)
+		case <-abandonC:
 			// Held by a process outside the group (it called setsid):
 			// stop reading.
-			x.log.Warn("output pipes still open after killing the process group; abandoning them", "pgid", pgid)
-			drainC = nil
+			abandonC = nil
+			abandoned = true
+			log.Warn("output pipes still open after killing the process group; abandoning them")
 			outR.SetReadDeadline(time.Now())
 			errR.SetReadDeadline(time.Now())
 		}
+		if exited && killSent && !abandoned && abandonC == nil && copiers > 0 {
+			abandonC = time.After(a.cfg.KillGrace)
+		}
+	}
+	if res.end.IsZero() {
+		res.end = time.Now()
 	}
 	// SIGTERM was sent but not SIGKILL: give the rest of the group its
 	// grace, then kill what is left.
@@ -334,45 +459,27 @@ func (x *execution) run(ctx context.Context) {
 		case <-time.After(groupPoll):
 		}
 	}
-
-	status, err := x.status(cmd, waitErr, start, end, timedOut, cancelled)
-	a.m.execDuration.Observe(end.Sub(start).Seconds())
-	switch {
-	case lost:
-		x.log.Info("exec ended without a usable stream; result dropped", "pid", pgid)
-	case err != nil:
-		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %q: %v", a.cfg.NodeID, name, err))
-	default:
-		x.log.Info("exec finished", "pid", pgid, "exit_code", status.ExitCode, "signal", status.Signal,
-			"timed_out", status.TimedOut, "cancelled", status.Cancelled, "duration_ms", status.DurationMS)
-		if err := x.w.final(protocol.FrameExit, status); err != nil {
-			x.log.Warn("exec result not delivered", "err", err)
-		}
-	}
-
-	// Stop the frame reader and the stdin feeder, wherever they block.
-	close(done)
-	x.st.SetReadDeadline(time.Now())
-	if inW != nil {
-		inW.SetWriteDeadline(time.Now())
-	}
-	wg.Wait()
+	return res, nil
 }
 
-// status builds the exit status from the leader's wait result.
-func (x *execution) status(cmd *exec.Cmd, waitErr error, start, end time.Time, timedOut, cancelled bool) (*protocol.ExitStatus, error) {
-	ps := cmd.ProcessState
-	if ps == nil {
-		return nil, waitErr
+// status builds the exit status from the last process's wait result.
+func (x *execution) status(r procResult, start time.Time, rs *runState) (*protocol.ExitStatus, error) {
+	if r.cmd == nil || r.cmd.ProcessState == nil {
+		if r.waitErr == nil {
+			r.waitErr = errors.New("no process ran")
+		}
+		return nil, r.waitErr
 	}
+	ps := r.cmd.ProcessState
 	s := &protocol.ExitStatus{
-		DurationMS:      float64(end.Sub(start).Microseconds()) / 1000,
+		DurationMS:      float64(r.end.Sub(start).Microseconds()) / 1000,
 		StdoutBytes:     x.stdout.total,
 		StderrBytes:     x.stderr.total,
 		StdoutTruncated: x.stdout.truncated,
 		StderrTruncated: x.stderr.truncated,
-		TimedOut:        timedOut,
-		Cancelled:       cancelled,
+		TimedOut:        rs.timedOut,
+		Cancelled:       rs.cancelled,
+		OutputCut:       rs.outputCut,
 	}
 	ws, ok := ps.Sys().(syscall.WaitStatus)
 	switch {
@@ -382,7 +489,7 @@ func (x *execution) status(cmd *exec.Cmd, waitErr error, start, end time.Time, t
 	default:
 		s.ExitCode = ps.ExitCode()
 	}
-	if timedOut {
+	if rs.timedOut {
 		s.ExitCode = 124
 	}
 	return s, nil
@@ -394,14 +501,13 @@ func (x *execution) status(cmd *exec.Cmd, waitErr error, start, end time.Time, t
 // blocks on a full pipe.
 func (x *execution) copyOut(r *os.File, t protocol.FrameType, limit int64, c *outputCount) {
 	buf := make([]byte, protocol.ChunkSize)
-	var sent int64
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			c.total += int64(n)
-			keep := min(int64(n), limit-sent)
+			keep := min(int64(n), limit-c.sent)
 			if keep > 0 {
-				sent += keep
+				c.sent += keep
 				x.w.data(t, buf[:keep])
 			}
 			if keep < int64(n) {

@@ -354,7 +354,7 @@ func TestExecErrors(t *testing.T) {
 		wantCode string
 		wantIn   []string // substrings of the message
 	}{
-		{"no script or argv", protocol.KindExec, protocol.ExecParams{}, protocol.CodeBadRequest, []string{"node-a", "one of script or argv"}},
+		{"no script or argv", protocol.KindExec, protocol.ExecParams{}, protocol.CodeBadRequest, []string{"node-a", "one of script, argv or commands"}},
 		{"script with stdin", protocol.KindExec, protocol.ExecParams{Script: "cat", Stdin: true}, protocol.CodeBadRequest, []string{"stdin"}},
 		{"unknown param field", protocol.KindExec, map[string]any{"argv": []string{"true"}, "bogus": 1}, protocol.CodeBadRequest, []string{"bogus"}},
 		{"command not found", protocol.KindExec, protocol.ExecParams{Argv: []string{"/nonexistent/tool", "x"}}, protocol.CodeStartFailed, []string{"node-a", "/nonexistent/tool"}},

@@ -19,9 +19,12 @@ import (
 const (
 	// chunkSize is the payload of a file data frame.
 	chunkSize = 128 << 10
-	// bufSize sizes the buffered reader and writer on the stream: room for
-	// a data frame plus many small frames.
+	// bufSize sizes the buffered writer on the stream (many small frames
+	// go out in one write; data frames bypass it).
 	bufSize = 256 << 10
+	// readBufSize sizes the buffered reader: small frames come out of it,
+	// most of a data frame's payload is read straight into place.
+	readBufSize = 64 << 10
 	// finalTimeout bounds writing the last frame (error, cancel) once the
 	// copy already failed.
 	finalTimeout = 2 * time.Second
@@ -117,7 +120,7 @@ type conn struct {
 
 func newConn(rw io.ReadWriter) (*conn, error) {
 	c := &conn{rw: rw, bw: bufio.NewWriterSize(rw, bufSize)}
-	c.fr = protocol.NewFrameReader(bufio.NewReaderSize(rw, bufSize))
+	c.fr = protocol.NewFrameReader(bufio.NewReaderSize(rw, readBufSize))
 	if d, ok := rw.(deadliner); ok {
 		c.dl = d
 	} else if cl, ok := rw.(io.Closer); ok {
@@ -175,6 +178,21 @@ func (c *conn) writeFrame(t protocol.FrameType, payload []byte) error {
 		return err
 	}
 	_, err := c.bw.Write(payload)
+	return err
+}
+
+// writeData writes a data frame built in place: frame[:5] is free for the
+// header and frame[5:] is the payload. It bypasses the buffer (flushing
+// what is in it first) so that the payload is not copied.
+func (c *conn) writeData(frame []byte) error {
+	frame[0] = byte(protocol.FrameFileData)
+	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
+	if c.bw.Buffered() > 0 {
+		if err := c.bw.Flush(); err != nil {
+			return err
+		}
+	}
+	_, err := c.rw.Write(frame)
 	return err
 }
 

@@ -16,9 +16,12 @@
 // Safety of the receiver. Every path in the stream is checked with
 // protocol.ValidCopyPath; every entry's parent must be a directory this
 // copy created in the stage (so a symlink the sender created earlier can
-// never be traversed); files are created with O_EXCL through an os.Root
-// opened on the stage (which refuses symlink escapes a second time); the
-// old tree is only read and hard-linked, never written. Every file's size
+// never be traversed); every staged entry is created by a single-component
+// *at call (files with O_EXCL|O_NOFOLLOW) on such a directory, opened
+// through an os.Root on the stage (which refuses symlink escapes a second
+// time); the old tree is only read and hard-linked (linkat without
+// following), never written. Unchanged files whose mode and mtime also
+// match are hard-linked from the old tree; the others are rewritten. Every file's size
 // and SHA-256 are checked before the commit. Any failure, a cancelled
 // context, a FrameCancel or FrameError from the peer, or the stream ending
 // before FrameCopyEnd removes the stage and leaves the destination as it

@@ -60,7 +60,9 @@ func TestMaliciousSender(t *testing.T) {
 	file := func(p string, size int64) frame {
 		return entryF(protocol.CopyEntry{Path: p, Type: "file", Mode: 0o644, MtimeNS: mt, Size: size})
 	}
-	dir := func(p string) frame { return entryF(protocol.CopyEntry{Path: p, Type: "dir", Mode: 0o755, MtimeNS: mt}) }
+	dir := func(p string) frame {
+		return entryF(protocol.CopyEntry{Path: p, Type: "dir", Mode: 0o755, MtimeNS: mt})
+	}
 	link := func(p, target string) frame {
 		return entryF(protocol.CopyEntry{Path: p, Type: "symlink", MtimeNS: mt, Link: target})
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -229,7 +228,7 @@ func jsonFrame(t protocol.FrameType, v any) frame {
 }
 
 func entryF(e protocol.CopyEntry) frame { return jsonFrame(protocol.FrameEntry, e) }
-func dataF(s string) frame               { return frame{protocol.FrameFileData, []byte(s)} }
+func dataF(s string) frame              { return frame{protocol.FrameFileData, []byte(s)} }
 func endF(data string) frame {
 	sum := sha256.Sum256([]byte(data))
 	return jsonFrame(protocol.FrameEntryEnd, protocol.EntryEnd{SHA256: hex.EncodeToString(sum[:])})
@@ -317,5 +316,3 @@ func fatalIf(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
-
-var _ = fmt.Sprintf

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -429,5 +428,3 @@ func TestMain(m *testing.M) {
 	syscall.Umask(0o022)
 	os.Exit(m.Run())
 }
-
-var _ = time.Second

@@ -100,7 +100,8 @@ type sender struct {
 	dirs dirCache // directories of root
 
 	entries []srcEntry
-	buf     []byte
+	buf     []byte // for hashing
+	frame   []byte // a data frame: header and chunk
 
 	// local says the failure is ours (the receiver must be told).
 	local bool
@@ -120,6 +121,7 @@ func (s *sender) run() (*protocol.CopyResult, error) {
 		return nil, err
 	}
 	s.buf = make([]byte, chunkSize)
+	s.frame = make([]byte, 5+chunkSize)
 	if err := s.walk(); err != nil {
 		s.local = true
 		return nil, err
@@ -342,8 +344,8 @@ func (s *sender) sendFile(e *srcEntry) error {
 	}
 	h := sha256.New()
 	for left := ce.Size; left > 0; {
-		n := min(int64(len(s.buf)), left)
-		chunk := s.buf[:n]
+		n := min(int64(len(s.frame)-5), left)
+		chunk := s.frame[5 : 5+n]
 		if _, err := io.ReadFull(f, chunk); err != nil {
 			s.local = true
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -352,7 +354,7 @@ func (s *sender) sendFile(e *srcEntry) error {
 			return fmt.Errorf("read %q: %w", e.Path, err)
 		}
 		h.Write(chunk)
-		if err := s.c.writeFrame(protocol.FrameFileData, chunk); err != nil {
+		if err := s.c.writeData(s.frame[:5+n]); err != nil {
 			return fmt.Errorf("send data of %q: %w", e.Path, err)
 		}
 		left -= n

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -18,10 +19,14 @@ const (
 
 // Request/reply subjects of the public NATS API, version 1.
 const (
-	// SubjectExec takes an ExecRequest and streams replies: output messages
-	// (HeaderType stdout or stderr; raw bytes; HeaderNode, HeaderSeq) in order,
-	// then exactly one result message (HeaderType result; JSON ExecResult).
-	// An invalid request gets one micro error reply instead and runs nothing.
+	// SubjectExec takes an ExecRequest and streams replies, each with
+	// HeaderJob and HeaderSeq: output messages (HeaderType stdout or stderr;
+	// raw bytes; HeaderNode), one node-result message per node as it
+	// finishes (JSON NodeResult; HeaderNode), keepalive messages (empty)
+	// after every KeepAliveInterval of silence, then exactly one result
+	// message (HeaderType result; JSON ExecResult). An invalid request gets
+	// one micro error reply instead and runs nothing. Messages of HeaderType
+	// probe (no HeaderSeq, empty) may also arrive; clients ignore them.
 	SubjectExec = "tether.v1.exec"
 	// SubjectNodes takes a NodesRequest (an empty body is allowed) and replies
 	// with a NodesResponse.
@@ -33,6 +38,16 @@ const (
 	// both directions until either end closes. Clients use it for copies,
 	// terminals and interactive exec.
 	SubjectStream = "tether.v1.stream"
+	// SubjectJobStatus takes a JobRequest and replies with a JobStatus of a
+	// detached job.
+	SubjectJobStatus = "tether.v1.job.status"
+	// SubjectJobOutput takes a JobOutputRequest and replies with raw bytes
+	// of a detached job's stdout or stderr file, with HeaderTotal and
+	// HeaderEOF.
+	SubjectJobOutput = "tether.v1.job.output"
+	// SubjectJobCancel takes a JobRequest, kills a detached job's process
+	// group and replies with its JobStatus.
+	SubjectJobCancel = "tether.v1.job.cancel"
 )
 
 // StreamRequest is the body of a SubjectStream request.
@@ -48,17 +63,32 @@ type StreamRequest struct {
 // Reply headers on SubjectExec's streamed replies.
 const (
 	HeaderJob  = "Tether-Job"  // the job id, on every reply
-	HeaderType = "Tether-Type" // ReplyStdout, ReplyStderr or ReplyResult
-	HeaderNode = "Tether-Node" // the node an output chunk came from
+	HeaderType = "Tether-Type" // one of the Reply* values
+	HeaderNode = "Tether-Node" // the node an output chunk or node result is about
 	HeaderSeq  = "Tether-Seq"  // decimal sequence number, from 0, across the job's replies
 )
 
 // Values of HeaderType.
 const (
-	ReplyStdout = "stdout"
-	ReplyStderr = "stderr"
-	ReplyResult = "result"
+	ReplyStdout     = "stdout"
+	ReplyStderr     = "stderr"
+	ReplyNodeResult = "node-result" // JSON NodeResult, one per node as it finishes
+	ReplyKeepAlive  = "keepalive"   // empty; the job is still running
+	ReplyResult     = "result"      // JSON ExecResult; the last reply
+	// ReplyProbe marks an empty message without HeaderSeq that the
+	// coordinator publishes to check that the client still listens.
+	ReplyProbe = "probe"
 )
+
+// Headers of SubjectJobOutput replies.
+const (
+	HeaderTotal = "Tether-Total" // decimal size of the output file so far
+	HeaderEOF   = "Tether-EOF"   // "true" when the reply reaches the end and the job exited
+)
+
+// DefaultKeepAliveInterval is how often a coordinator sends a keepalive reply
+// to a silent exec job's client, and probes that the client still listens.
+const DefaultKeepAliveInterval = 5 * time.Second
 
 // Limits of the NATS API.
 const (
@@ -73,7 +103,20 @@ const (
 	MaxArgs = 4096
 	// MaxEnv bounds len(ExecRequest.Env).
 	MaxEnv = 1024
+	// MaxJobOutputLimit bounds JobOutputRequest.Limit.
+	MaxJobOutputLimit = 512 << 10
+	// ClipLen bounds how much of a client-supplied value an error message
+	// repeats.
+	ClipLen = 64
 )
+
+// Clip quotes s for an error message, cut to ClipLen bytes ("…" marks a cut).
+func Clip(s string) string {
+	if len(s) <= ClipLen {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:ClipLen]) + "…"
+}
 
 // Duration is a time.Duration that encodes as a Go duration string ("1m30s")
 // and decodes from either such a string or a JSON number of seconds.
@@ -84,8 +127,13 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 	return json.Marshal(time.Duration(d).String())
 }
 
-// UnmarshalJSON accepts "90s", "1m30s" or 90 (seconds, may be fractional).
+// UnmarshalJSON accepts "90s", "1m30s" or 90 (seconds, may be fractional);
+// null leaves d unchanged. Negative values decode (validation rejects them
+// with a clearer message than a decoding error could give).
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	if len(b) > 0 && b[0] == '"' {
 		var s string
 		if err := json.Unmarshal(b, &s); err != nil {
@@ -93,21 +141,27 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		}
 		v, err := time.ParseDuration(s)
 		if err != nil {
-			return fmt.Errorf("duration %q: %v", s, err)
+			return &durationError{fmt.Sprintf("%s is not a duration: want a string like \"30s\" or a number of seconds", Clip(s))}
 		}
 		*d = Duration(v)
 		return nil
 	}
 	f, err := strconv.ParseFloat(string(b), 64)
 	if err != nil {
-		return fmt.Errorf("duration %s: want a string like \"30s\" or a number of seconds", b)
+		return &durationError{"want a string like \"30s\" or a number of seconds"}
 	}
-	if f < 0 || f > float64(1<<62)/1e9 {
-		return fmt.Errorf("duration %s: out of range", b)
+	if f > float64(1<<62)/1e9 || f < -float64(1<<62)/1e9 {
+		return &durationError{fmt.Sprintf("%s seconds is out of range", Clip(string(b)))}
 	}
 	*d = Duration(f * float64(time.Second))
 	return nil
 }
+
+// durationError is a Duration decoding problem; DecodeRequest names the
+// field it happened in.
+type durationError struct{ msg string }
+
+func (e *durationError) Error() string { return e.msg }
 
 // Target names the nodes a job runs on. Exactly one field is set.
 type Target struct {
@@ -137,11 +191,16 @@ type ExecRequest struct {
 	ID     string `json:"id,omitempty"`
 	Target Target `json:"target"`
 	// Script runs through `bash -s` (NeMo Gym's SSH run semantics); Argv runs
-	// without a shell. Exactly one is set.
-	Script string            `json:"script,omitempty"`
-	Argv   []string          `json:"argv,omitempty"`
-	Env    map[string]string `json:"env,omitempty"`
-	Cwd    string            `json:"cwd,omitempty"`
+	// without a shell; Commands are a batch (see ExecParams). Exactly one is
+	// set.
+	Script   string   `json:"script,omitempty"`
+	Argv     []string `json:"argv,omitempty"`
+	Commands []string `json:"commands,omitempty"`
+	// FailFast runs Commands one by one through `bash -c`, stopping at the
+	// first that fails; without it Commands are one `bash -s` script.
+	FailFast bool              `json:"fail_fast,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
 	// Timeout bounds each node's run; zero means the coordinator's default.
 	Timeout Duration `json:"timeout,omitempty"`
 	// Stdin is fed to the process (base64 in JSON); argv mode only.
@@ -152,12 +211,27 @@ type ExecRequest struct {
 	// OutputLimit caps each of stdout and stderr per node, in bytes; zero
 	// means the agent's default.
 	OutputLimit int64 `json:"output_limit,omitempty"`
+	// Detach starts the job detached on each node (output to files there,
+	// surviving tunnel loss) and replies as soon as it started; query it
+	// with SubjectJobStatus, SubjectJobOutput and SubjectJobCancel.
+	Detach bool `json:"detach,omitempty"`
 }
 
 // ExecResult is the final reply of a SubjectExec request.
 type ExecResult struct {
-	ID      string       `json:"id"`
+	ID string `json:"id"`
+	// Results are the nodes' outcomes sorted by node id, unless
+	// ResultsOmitted.
 	Results []NodeResult `json:"results"`
+	// ResultsOmitted is set when the results did not fit the NATS server's
+	// max payload; they were each sent as a node-result reply, and the
+	// client rebuilds the list from those.
+	ResultsOmitted bool `json:"results_omitted,omitempty"`
+	// Nodes, Succeeded and Failed count the job's nodes and those whose
+	// result is and is not OK.
+	Nodes     int `json:"nodes"`
+	Succeeded int `json:"succeeded"`
+	Failed    int `json:"failed"`
 }
 
 // NodeResult is one node's outcome. Error is set, and ExitCode is -1, when the
@@ -175,9 +249,32 @@ type NodeResult struct {
 	StderrTruncated bool    `json:"stderr_truncated,omitempty"`
 	Error           string  `json:"error,omitempty"`
 	ErrorCode       string  `json:"error_code,omitempty"`
+	// Failure is set when the job ran and failed (non-zero exit, signal,
+	// timeout), in NeMo Gym's error shape: "Command failed (exec on
+	// <node>) with exit code N:\n  <command>\n<stderr stripped>", with the
+	// last 64 KiB of the node's stderr.
+	Failure string `json:"failure,omitempty"`
+	// FailedCommand is the index of the command that stopped a fail-fast
+	// batch; nil when none did.
+	FailedCommand *int `json:"failed_command,omitempty"`
+	// OutputCut is set when the agent killed the process group because
+	// something kept the output pipes open after the main process exited.
+	OutputCut bool `json:"output_cut,omitempty"`
+	// Detached is set when the job was started detached on the node and
+	// is running there (see ExecRequest.Detach).
+	Detached bool `json:"detached,omitempty"`
 }
 
-// OK reports whether the node ran the job and it exited 0.
+// Node result error codes set by the coordinator (agents' codes are the
+// Code* constants of control.go).
+const (
+	// ResultCodeShutdown: the coordinator cancelled the job because it is
+	// shutting down.
+	ResultCodeShutdown = "shutdown"
+)
+
+// OK reports whether the node ran (or started, when detached) the job and
+// it exited 0.
 func (r *NodeResult) OK() bool { return r.Error == "" && r.ExitCode == 0 }
 
 // Paging of SubjectNodes.
@@ -294,7 +391,8 @@ const (
 	ErrCodeNoMatch      = "no_match"          // the selector matched no connected node
 	ErrCodeDuplicateJob = "duplicate_job"     // a running job already has this id
 	ErrCodeNotFound     = "not_found"         // no running job has this id
-	ErrCodeUnavailable  = "unavailable"       // the coordinator is shutting down
+	ErrCodeUnavailable  = "unavailable"       // the coordinator is shutting down, or a node did not answer
+	ErrCodeUnsupported  = "unsupported"       // the node's agent does not support the operation
 	ErrCodeInternal     = "internal"          // a bug or an unexpected failure
 )
 
@@ -305,7 +403,8 @@ func NewAPIError(status int, code, format string, args ...any) *APIError {
 
 // DecodeRequest decodes an API request body strictly into v: unknown fields,
 // trailing data and bodies over MaxRequestSize are errors. An empty body
-// decodes as "{}".
+// decodes as "{}". A value of the wrong JSON type is reported by its field
+// path and the JSON type expected.
 func DecodeRequest(data []byte, v any) *APIError {
 	if len(data) > MaxRequestSize {
 		return NewAPIError(413, ErrCodeTooLarge, "request body is %d bytes, over the %d byte limit", len(data), MaxRequestSize)
@@ -314,13 +413,74 @@ func DecodeRequest(data []byte, v any) *APIError {
 		data = []byte("{}")
 	}
 	if err := decodeStrict(data, v); err != nil {
+		var te *json.UnmarshalTypeError
+		var de *durationError
 		msg := err.Error()
-		if strings.HasPrefix(msg, "json: unknown field ") {
-			return NewAPIError(400, ErrCodeUnknownField, "request has %s", strings.TrimPrefix(msg, "json: "))
+		switch {
+		case strings.HasPrefix(msg, "json: unknown field "):
+			return NewAPIError(400, ErrCodeUnknownField, "request has unknown field %s", Clip(strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)))
+		case errors.As(err, &te):
+			field := te.Field
+			if field == "" {
+				return NewAPIError(400, ErrCodeMalformed, "request body must be a JSON object, not %s", jsonValueName(te.Value))
+			}
+			return NewAPIError(400, ErrCodeMalformed, "%s: want %s, got %s", field, jsonTypeName(te.Type), jsonValueName(te.Value))
+		case errors.As(err, &de):
+			// Only Duration fields produce it; the one there is is timeout.
+			return NewAPIError(400, ErrCodeMalformed, "timeout: %s", de.msg)
 		}
-		return NewAPIError(400, ErrCodeMalformed, "request body is not valid: %s", strings.TrimPrefix(msg, "json: "))
+		return NewAPIError(400, ErrCodeMalformed, "request body is not valid JSON: %s", strings.TrimPrefix(msg, "json: "))
 	}
 	return nil
+}
+
+// jsonTypeName names the JSON type a Go type decodes from.
+func jsonTypeName(t reflect.Type) string {
+	if t == nil {
+		return "a JSON value"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == reflect.TypeFor[Duration]() {
+		return `a duration string like "30s" or a number of seconds`
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a base64 string"
+		}
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "a JSON value"
+}
+
+// jsonValueName turns encoding/json's description of a value ("string",
+// "number 1.5", "array", "object", "bool") into plain words.
+func jsonValueName(v string) string {
+	switch {
+	case v == "bool":
+		return "a boolean"
+	case v == "array", v == "object":
+		return "an " + v
+	case v == "string":
+		return "a string"
+	case strings.HasPrefix(v, "number"):
+		return v
+	}
+	return v
 }
 
 // DecodeExecRequest decodes and validates a SubjectExec request body.
@@ -329,17 +489,30 @@ func DecodeExecRequest(data []byte) (*ExecRequest, *APIError) {
 	if e := DecodeRequest(data, &r); e != nil {
 		return nil, e
 	}
+	if r.Script == "" && len(r.Argv) == 0 && len(r.Commands) == 0 && hasKey(data, "script") {
+		return nil, NewAPIError(400, ErrCodeInvalid, "script is empty")
+	}
 	if e := r.Validate(); e != nil {
 		return nil, e
 	}
 	return &r, nil
 }
 
+// hasKey reports whether the JSON object data has the top-level key k.
+func hasKey(data []byte, k string) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return false
+	}
+	_, ok := m[k]
+	return ok
+}
+
 // Validate checks r and returns the first class of problem found, with every
 // problem of that class in the message.
 func (r *ExecRequest) Validate() *APIError {
 	if r.ID != "" && (len(r.ID) > MaxJobIDLen || !validSegment(r.ID, MaxJobIDLen)) {
-		return NewAPIError(400, ErrCodeInvalid, "id %q: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", r.ID, MaxJobIDLen)
+		return NewAPIError(400, ErrCodeInvalid, "id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(r.ID), MaxJobIDLen)
 	}
 	n := 0
 	if r.Target.Node != "" {
@@ -369,16 +542,23 @@ func (r *ExecRequest) Validate() *APIError {
 	if len(r.Stdin) > MaxStdinSize {
 		return NewAPIError(413, ErrCodeTooLarge, "stdin is %d bytes, over the %d byte limit", len(r.Stdin), MaxStdinSize)
 	}
-	if len(r.Argv) > MaxArgs || len(r.Env) > MaxEnv {
-		return NewAPIError(413, ErrCodeTooLarge, "argv has %d entries and env %d, limits are %d and %d", len(r.Argv), len(r.Env), MaxArgs, MaxEnv)
+	if len(r.Argv) > MaxArgs || len(r.Commands) > MaxArgs || len(r.Env) > MaxEnv {
+		return NewAPIError(413, ErrCodeTooLarge, "argv has %d entries, commands %d and env %d; limits are %d, %d and %d",
+			len(r.Argv), len(r.Commands), len(r.Env), MaxArgs, MaxArgs, MaxEnv)
+	}
+	if size := len(strings.Join(r.Commands, "\n")); size > MaxScriptSize {
+		return NewAPIError(413, ErrCodeTooLarge, "commands are %d bytes, over the %d byte limit", size, MaxScriptSize)
 	}
 	if r.Timeout < 0 {
-		return NewAPIError(400, ErrCodeInvalid, "timeout %v is negative", time.Duration(r.Timeout))
+		return NewAPIError(400, ErrCodeInvalid, "timeout must not be negative")
 	}
 	if r.MaxParallel < 0 {
 		return NewAPIError(400, ErrCodeInvalid, "max_parallel %d is negative", r.MaxParallel)
 	}
 	p := r.Params(0)
+	if p.Detach && p.JobID == "" {
+		p.JobID = "placeholder" // the coordinator picks the id
+	}
 	if err := p.Validate(); err != nil {
 		return NewAPIError(400, ErrCodeInvalid, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
@@ -404,15 +584,22 @@ func (r *ExecRequest) Params(timeout time.Duration) ExecParams {
 	if r.Timeout > 0 {
 		timeout = time.Duration(r.Timeout)
 	}
-	return ExecParams{
+	p := ExecParams{
 		Script:      r.Script,
 		Argv:        r.Argv,
+		Commands:    r.Commands,
+		FailFast:    r.FailFast,
 		Env:         r.Env,
 		Cwd:         r.Cwd,
 		TimeoutMS:   ceilMillis(timeout),
 		Stdin:       len(r.Stdin) > 0,
 		OutputLimit: r.OutputLimit,
+		Detach:      r.Detach,
 	}
+	if r.Detach {
+		p.JobID = r.ID
+	}
+	return p
 }
 
 // ceilMillis rounds d up to whole milliseconds, so a positive timeout never

@@ -32,7 +32,20 @@ func TestDecodeExecRequest(t *testing.T) {
 		{"no command", `{"target":{"node":"a"}}`, protocol.ErrCodeInvalid},
 		{"script and stdin", `{"target":{"node":"a"},"script":"cat","stdin":"eA=="}`, protocol.ErrCodeInvalid},
 		{"bad timeout", `{"target":{"node":"a"},"argv":["x"],"timeout":"soon"}`, protocol.ErrCodeMalformed},
-		{"negative timeout", `{"target":{"node":"a"},"argv":["x"],"timeout":-1}`, protocol.ErrCodeMalformed},
+		{"negative timeout", `{"target":{"node":"a"},"argv":["x"],"timeout":-1}`, protocol.ErrCodeInvalid},
+		{"negative timeout string", `{"target":{"node":"a"},"argv":["x"],"timeout":"-5s"}`, protocol.ErrCodeInvalid},
+		{"null timeout", `{"target":{"node":"a"},"argv":["x"],"timeout":null}`, ""},
+		{"empty script", `{"target":{"node":"a"},"script":""}`, protocol.ErrCodeInvalid},
+		{"env value with NUL", `{"target":{"node":"a"},"argv":["x"],"env":{"A":"b\u0000c"}}`, protocol.ErrCodeInvalid},
+		{"commands", `{"target":{"node":"a"},"commands":["echo a","false"]}`, ""},
+		{"commands fail fast", `{"target":{"node":"a"},"commands":["echo a","false"],"fail_fast":true}`, ""},
+		{"fail fast without commands", `{"target":{"node":"a"},"script":"x","fail_fast":true}`, protocol.ErrCodeInvalid},
+		{"commands and argv", `{"target":{"node":"a"},"commands":["x"],"argv":["y"]}`, protocol.ErrCodeInvalid},
+		{"commands with stdin", `{"target":{"node":"a"},"commands":["cat"],"stdin":"eA=="}`, protocol.ErrCodeInvalid},
+		{"detach", `{"target":{"node":"a"},"script":"sleep 1","detach":true}`, ""},
+		{"detach with stdin", `{"target":{"node":"a"},"argv":["cat"],"stdin":"eA==","detach":true}`, protocol.ErrCodeInvalid},
+		{"detach fail fast", `{"target":{"node":"a"},"commands":["x"],"fail_fast":true,"detach":true}`, protocol.ErrCodeInvalid},
+		{"wrong type", `{"target":{"node":5},"argv":["x"]}`, protocol.ErrCodeMalformed},
 		{"bad id", `{"id":"a/b","target":{"node":"a"},"argv":["x"]}`, protocol.ErrCodeInvalid},
 		{"oversized script", `{"target":{"node":"a"},"script":"` + strings.Repeat("x", protocol.MaxScriptSize+1) + `"}`, protocol.ErrCodeTooLarge},
 		{"oversized body", `{"target":{"node":"a"},"script":"` + strings.Repeat("x", protocol.MaxRequestSize) + `"}`, protocol.ErrCodeTooLarge},
@@ -75,5 +88,74 @@ func TestDurationJSON(t *testing.T) {
 	b, _ := json.Marshal(protocol.Duration(90 * time.Second))
 	if string(b) != `"1m30s"` {
 		t.Errorf("Marshal = %s", b)
+	}
+}
+
+func TestDecodeExecRequestMessages(t *testing.T) {
+	long := strings.Repeat("x", 500)
+	tests := []struct {
+		name, body, want string
+	}{
+		{"negative number timeout", `{"target":{"node":"a"},"argv":["x"],"timeout":-1}`, "timeout must not be negative"},
+		{"negative string timeout", `{"target":{"node":"a"},"argv":["x"],"timeout":"-5s"}`, "timeout must not be negative"},
+		{"empty script", `{"target":{"node":"a"},"script":""}`, "script is empty"},
+		{"node of the wrong type", `{"target":{"node":5},"argv":["x"]}`, "target.node: want a string, got number"},
+		{"argv of the wrong type", `{"target":{"node":"a"},"argv":"ls"}`, "argv: want an array, got a string"},
+		{"fail_fast of the wrong type", `{"target":{"node":"a"},"commands":["x"],"fail_fast":"yes"}`, "fail_fast: want true or false, got a string"},
+		{"bad timeout string", `{"target":{"node":"a"},"argv":["x"],"timeout":"soon"}`, `timeout: "soon" is not a duration`},
+		{"timeout of the wrong type", `{"target":{"node":"a"},"argv":["x"],"timeout":[1]}`, "timeout: want"},
+		{"not an object", `[1]`, "must be a JSON object"},
+		{"env value NUL", `{"target":{"node":"a"},"argv":["x"],"env":{"K":"a\u0000"}}`, `env "K": value contains NUL`},
+		{"long id is clipped", `{"id":"` + long + `","target":{"node":"a"},"argv":["x"]}`, `"` + strings.Repeat("x", 64) + `"…`},
+		{"long node is clipped", `{"target":{"node":"` + long + `"},"argv":["x"]}`, `"` + strings.Repeat("x", 64) + `"…`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, e := protocol.DecodeExecRequest([]byte(tt.body))
+			if e == nil {
+				t.Fatal("no error")
+			}
+			if !strings.Contains(e.Message, tt.want) {
+				t.Errorf("message %q does not contain %q", e.Message, tt.want)
+			}
+			if strings.Contains(e.Message, "Go struct") || strings.Contains(e.Message, "protocol.") || strings.Contains(e.Message, long) {
+				t.Errorf("message %q leaks Go names or echoes a long value", e.Message)
+			}
+		})
+	}
+}
+
+func TestShellScript(t *testing.T) {
+	for _, tt := range []struct {
+		p    protocol.ExecParams
+		want string
+	}{
+		{protocol.ExecParams{Script: "a"}, "a"},
+		{protocol.ExecParams{Commands: []string{"echo a", "false"}}, "echo a\nfalse"},
+		{protocol.ExecParams{Commands: []string{"echo a"}, FailFast: true}, ""},
+		{protocol.ExecParams{Argv: []string{"x"}}, ""},
+	} {
+		if got := tt.p.ShellScript(); got != tt.want {
+			t.Errorf("%+v: ShellScript = %q, want %q", tt.p, got, tt.want)
+		}
+	}
+}
+
+func TestJobParamsValidate(t *testing.T) {
+	for _, tt := range []struct {
+		p  protocol.JobParams
+		ok bool
+	}{
+		{protocol.JobParams{Op: "status", ID: "j1"}, true},
+		{protocol.JobParams{Op: "output", ID: "j1", Stream: "stderr", Offset: 5, Limit: 10}, true},
+		{protocol.JobParams{Op: "output", ID: "j1", Stream: "stdin"}, false},
+		{protocol.JobParams{Op: "output", ID: "j1", Stream: "stdout", Limit: protocol.MaxJobOutputLimit + 1}, false},
+		{protocol.JobParams{Op: "output", ID: "j1", Stream: "stdout", Offset: -1}, false},
+		{protocol.JobParams{Op: "delete", ID: "j1"}, false},
+		{protocol.JobParams{Op: "cancel", ID: "../x"}, false},
+	} {
+		if err := tt.p.Validate(); (err == nil) != tt.ok {
+			t.Errorf("%+v: Validate = %v, want ok=%v", tt.p, err, tt.ok)
+		}
 	}
 }

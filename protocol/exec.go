@@ -23,8 +23,8 @@ type ExecParams struct {
 	Commands []string `json:"commands,omitempty"`
 	// FailFast runs Commands one by one, stopping at the first failure.
 	FailFast bool              `json:"fail_fast,omitempty"`
-	Env    map[string]string `json:"env,omitempty"` // added to the agent's environment
-	Cwd    string            `json:"cwd,omitempty"` // working directory; empty = agent's data dir default
+	Env      map[string]string `json:"env,omitempty"` // added to the agent's environment
+	Cwd      string            `json:"cwd,omitempty"` // working directory; empty = agent's data dir default
 	// TimeoutMS kills the process group after this many milliseconds; 0 = no
 	// timeout.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`

@@ -64,6 +64,9 @@ const (
 	// Terminal frames (pty.go).
 	FrameResize FrameType = 40 // JSON WindowSize: the terminal changed size
 	FrameSignal FrameType = 41 // JSON Signal: deliver a signal to the process group
+
+	// Job frames (job.go).
+	FrameJob FrameType = 48 // JSON JobStatus or JobOutputEnd: a job stream's answer
 )
 
 var frameNames = map[FrameType]string{
@@ -74,6 +77,7 @@ var frameNames = map[FrameType]string{
 	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameResize: "resize", FrameSignal: "signal",
+	FrameJob: "job",
 }
 
 // String returns the frame type's name, or "frame(N)" for unknown types.

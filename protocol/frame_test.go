@@ -128,7 +128,7 @@ func TestHeaderErrors(t *testing.T) {
 }
 
 func TestDecodeParamsStrict(t *testing.T) {
-	for _, params := range []string{`{"argv":["x"],"detach":true}`, `{"argv":["x"]} {}`, `{"argv":`, `[]`} {
+	for _, params := range []string{`{"argv":["x"],"bogus":true}`, `{"argv":["x"]} {}`, `{"argv":`, `[]`} {
 		h := protocol.Header{Version: protocol.Version, Kind: protocol.KindExec, Params: []byte(params)}
 		var p protocol.ExecParams
 		if err := h.DecodeParams(&p); !errors.Is(err, protocol.ErrMalformedJSON) {

@@ -131,7 +131,7 @@ func ValidNodeID(id string) error {
 		return errors.New("node id is empty")
 	}
 	if !validSegment(id, MaxNodeIDLen) {
-		return fmt.Errorf("node id %q: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", id, MaxNodeIDLen)
+		return fmt.Errorf("node id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(id), MaxNodeIDLen)
 	}
 	return nil
 }

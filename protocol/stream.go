@@ -19,16 +19,17 @@ const (
 	KindPTY     Kind = 4 // interactive terminal; params PTYParams (pty.go)
 	KindSSH     Kind = 5 // reserved: the agent's own SSH server
 	KindDial    Kind = 6 // reserved: raw bytes to an allow-listed local target
+	KindJob     Kind = 7 // query or cancel a detached job; params JobParams (job.go)
 )
 
 var kindNames = map[Kind]string{
 	KindControl: "control", KindExec: "exec", KindCopy: "copy",
-	KindPTY: "pty", KindSSH: "ssh", KindDial: "dial",
+	KindPTY: "pty", KindSSH: "ssh", KindDial: "dial", KindJob: "job",
 }
 
 // Kinds lists every defined stream kind, for pre-initialising metric labels.
 func Kinds() []Kind {
-	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial}
+	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial, KindJob}
 }
 
 // String returns the kind's name, or "kind(N)" for unknown kinds.
