@@ -29,6 +29,19 @@
 // Run also closes the session from a context.AfterFunc callback when its
 // context ends, so that no read or write on the tunnel outlives it.
 //
+// A fail-fast batch runs its commands one after the other in the same
+// handler, each with its own waiter and copiers. Every exec leader is
+// started with a parent-death signal (SIGKILL), so an agent killed with
+// SIGKILL does not leave leaders running; the rest of their process groups
+// survive that unless the service manager reaps the cgroup.
+//
+// Detached execs (jobs.go) are the exception to the rules below: they run
+// in their own session, outlive their stream and the session, and are
+// supervised by one goroutine per job (plus its waiter and two copiers into
+// the job's files) owned by the Agent's job table, which ends when the job
+// exits. Run does not wait for them. Job streams (KindJob) query, read and
+// cancel them.
+//
 // Every goroutine is owned: a session does not end until its execs ended, and
 // an exec does not end until its process group was killed or exited and its
 // copiers returned. When the session ends (coordinator gone, Run's context

@@ -280,6 +280,9 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	cmd.Env = a.childEnv(x.p.Env, dir)
 	// Pdeathsig: if the agent dies (even by SIGKILL) the kernel kills the
 	// leader. The rest of its group survives that; see the package doc.
+	// Linux ties the signal to the forking thread, not the process: nothing
+	// in the agent may end an OS thread (a goroutine that exits while
+	// locked with runtime.LockOSThread), or it would kill leaders early.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	// Our own pipes (not cmd.StdoutPipe): os/exec then runs no copying

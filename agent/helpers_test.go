@@ -126,6 +126,7 @@ type execStream struct {
 	order          []protocol.FrameType // data frame types, consecutive repeats merged
 	exit           *protocol.ExitStatus
 	errInfo        *protocol.ErrorInfo
+	job            []byte // the payload of a job stream's FrameJob answer
 }
 
 func (e *execStream) send(t *testing.T, ft protocol.FrameType, payload []byte) {
@@ -145,7 +146,7 @@ func (e *execStream) next(t *testing.T) bool {
 	if err != nil {
 		t.Fatalf("read frame: %v", err)
 	}
-	if e.exit != nil || e.errInfo != nil {
+	if e.exit != nil || e.errInfo != nil || e.job != nil {
 		t.Fatalf("%s frame after the final frame", f.Type)
 	}
 	switch f.Type {
@@ -166,6 +167,8 @@ func (e *execStream) next(t *testing.T) bool {
 		if err := protocol.DecodeJSON(f.Payload, e.exit); err != nil {
 			t.Fatal(err)
 		}
+	case protocol.FrameJob:
+		e.job = bytes.Clone(f.Payload)
 	case protocol.FrameError:
 		e.errInfo = &protocol.ErrorInfo{}
 		if err := protocol.DecodeJSON(f.Payload, e.errInfo); err != nil {
@@ -192,7 +195,7 @@ func (e *execStream) finish(t *testing.T) {
 	t.Helper()
 	for e.next(t) {
 	}
-	if e.exit == nil && e.errInfo == nil {
+	if e.exit == nil && e.errInfo == nil && e.job == nil {
 		t.Fatal("stream ended without an exit or error frame")
 	}
 }

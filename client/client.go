@@ -22,7 +22,24 @@ import (
 const (
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultCancelGrace    = 5 * time.Second
+	// DefaultKeepAliveTimeout is how long Exec waits without any reply
+	// before it decides the coordinator is gone: three times 15 s, well
+	// above the coordinator's keepalive interval (5 s by default).
+	DefaultKeepAliveTimeout = 3 * 15 * time.Second
 )
+
+// ErrCoordinatorSilent is matched (errors.Is) by the error Exec returns when
+// nothing at all arrived for a job for KeepAliveTimeout.
+var ErrCoordinatorSilent = errors.New("client: coordinator stopped answering")
+
+// silentError is the error of a job whose coordinator fell silent.
+type silentError struct{ id string }
+
+func (e *silentError) Error() string {
+	return fmt.Sprintf("coordinator stopped answering for job %s; it may have restarted — the job was cancelled or is lost", e.id)
+}
+
+func (e *silentError) Is(target error) bool { return target == ErrCoordinatorSilent }
 
 // Reply subscription limits of Exec. Output is drained as fast as the
 // OutputHandler accepts it; the limits only matter when the handler blocks
@@ -40,6 +57,20 @@ const (
 // the handler may keep data.
 type OutputHandler func(node, stream string, data []byte)
 
+// NodeResultHandler receives one node's result as soon as the node finished,
+// from the goroutine that called ExecWith, in arrival order, interleaved with
+// output calls (a node's output comes before its result).
+type NodeResultHandler func(r *protocol.NodeResult)
+
+// ExecOptions are the optional callbacks of ExecWith. Nil fields are
+// skipped.
+type ExecOptions struct {
+	// Output receives output chunks.
+	Output OutputHandler
+	// NodeResult receives each node's result as the node finishes.
+	NodeResult NodeResultHandler
+}
+
 // Client calls Tether's NATS API over a connection it does not own: closing
 // NC is the caller's job. The zero values of the tuning fields select the
 // defaults. A Client is safe for concurrent use.
@@ -54,6 +85,11 @@ type Client struct {
 	// after its ctx ended and it asked the coordinator to cancel the job.
 	// Zero means DefaultCancelGrace.
 	CancelGrace time.Duration
+	// KeepAliveTimeout is how long Exec waits with no reply at all (output,
+	// node result, keepalive) before it gives up on the job: the
+	// coordinator sends keepalives while a job is silent, so silence means
+	// it is gone. Zero means DefaultKeepAliveTimeout.
+	KeepAliveTimeout time.Duration
 }
 
 // New returns a Client using nc with default timeouts.
@@ -64,6 +100,13 @@ func (c *Client) requestTimeout() time.Duration {
 		return c.RequestTimeout
 	}
 	return DefaultRequestTimeout
+}
+
+func (c *Client) keepAliveTimeout() time.Duration {
+	if c.KeepAliveTimeout > 0 {
+		return c.KeepAliveTimeout
+	}
+	return DefaultKeepAliveTimeout
 }
 
 func (c *Client) cancelGrace() time.Duration {
@@ -86,7 +129,15 @@ func NewJobID() string {
 }
 
 // Exec runs req and blocks until its final result arrives, calling out (which
-// may be nil) for every output chunk as it streams in.
+// may be nil) for every output chunk as it streams in. It is ExecWith with
+// only an output handler.
+func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out OutputHandler) (*protocol.ExecResult, error) {
+	return c.ExecWith(ctx, req, ExecOptions{Output: out})
+}
+
+// ExecWith runs req and blocks until its final result arrives, calling
+// opts.Output for every output chunk and opts.NodeResult for every node's
+// result as they stream in.
 //
 // If req.ID is empty Exec sets it to a fresh NewJobID, so the caller can read
 // the job id from req. req is validated locally first (an invalid request
@@ -101,9 +152,15 @@ func NewJobID() string {
 // with an error wrapping ctx.Err(). A gap in the replies' sequence numbers is
 // an error; the job is then cancelled too.
 //
-// The result reports each node's outcome; a node that failed or exited
-// non-zero is not an error of Exec.
-func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out OutputHandler) (*protocol.ExecResult, error) {
+// When no reply at all arrives for KeepAliveTimeout (the coordinator sends
+// keepalives to silent jobs), ExecWith asks for a cancel and returns an error
+// matching ErrCoordinatorSilent.
+//
+// The result reports each node's outcome, sorted by node; a node that failed
+// or exited non-zero is not an error of Exec. When the coordinator's result
+// omits the per-node list (too large for one NATS message), ExecWith rebuilds
+// it from the node-result replies.
+func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts ExecOptions) (*protocol.ExecResult, error) {
 	if c.NC == nil {
 		return nil, errors.New("client: exec: nil NATS connection")
 	}
@@ -120,8 +177,13 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 	if err != nil {
 		return nil, fmt.Errorf("exec job %s: encode request: %w", req.ID, err)
 	}
+	out := opts.Output
 	if out == nil {
 		out = func(string, string, []byte) {}
+	}
+	onResult := opts.NodeResult
+	if onResult == nil {
+		onResult = func(*protocol.NodeResult) {}
 	}
 
 	inbox := c.NC.NewInbox()
@@ -147,15 +209,23 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 		return nil, fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.NC.ConnectedUrlRedacted(), err)
 	}
 
-	r := execReader{id: req.ID, out: out}
+	r := execReader{id: req.ID, out: out, onResult: onResult}
 	wait := ctx
 	var cause error // ctx's error once the job was cancelled because of it
 	for {
-		msg, err := sub.NextMsgWithContext(wait)
+		mctx, mcancel := context.WithTimeout(wait, c.keepAliveTimeout())
+		msg, err := sub.NextMsgWithContext(mctx)
+		silent := mctx.Err() != nil && wait.Err() == nil
+		mcancel()
 		if err != nil {
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
 				return nil, c.noCoordinator(protocol.SubjectExec)
+			case silent && cause == nil:
+				c.cancelJob(req.ID)
+				return nil, &silentError{id: req.ID}
+			case silent:
+				return nil, fmt.Errorf("exec job %s: %w (cancel requested; no result within %v)", req.ID, cause, c.cancelGrace())
 			case cause == nil && ctx.Err() != nil:
 				// The caller gave up: cancel the job and give the
 				// coordinator a moment to report what it stopped.
@@ -198,9 +268,11 @@ func (c *Client) cancelJob(id string) {
 
 // execReader checks and dispatches the replies of one exec request.
 type execReader struct {
-	id      string
-	out     OutputHandler
-	nextSeq uint64
+	id       string
+	out      OutputHandler
+	onResult NodeResultHandler
+	nextSeq  uint64
+	results  []protocol.NodeResult // from node-result replies
 }
 
 // handle processes one reply. It returns the result when msg is the final
@@ -210,6 +282,9 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 		return nil, e
 	}
 	typ := msg.Header.Get(protocol.HeaderType)
+	if typ == protocol.ReplyProbe {
+		return nil, nil // a liveness probe: its delivery is the answer
+	}
 	if s := msg.Header.Get(protocol.HeaderSeq); s != "" {
 		seq, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -225,10 +300,27 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 	switch typ {
 	case protocol.ReplyStdout, protocol.ReplyStderr:
 		r.out(msg.Header.Get(protocol.HeaderNode), typ, msg.Data)
+	case protocol.ReplyNodeResult:
+		var nr protocol.NodeResult
+		if err := json.Unmarshal(msg.Data, &nr); err != nil {
+			return nil, fmt.Errorf("exec job %s: decode node result: %w", r.id, err)
+		}
+		r.results = append(r.results, nr)
+		r.onResult(&nr)
+	case protocol.ReplyKeepAlive:
+		// Its arrival (and sequence number) is all it says.
 	case protocol.ReplyResult:
 		var res protocol.ExecResult
 		if err := json.Unmarshal(msg.Data, &res); err != nil {
 			return nil, fmt.Errorf("exec job %s: decode result: %w", r.id, err)
+		}
+		if res.ResultsOmitted {
+			if len(r.results) != res.Nodes {
+				return nil, fmt.Errorf("exec job %s: the result lists no nodes and %d node results arrived for %d nodes", r.id, len(r.results), res.Nodes)
+			}
+			res.Results = slices.Clone(r.results)
+			slices.SortFunc(res.Results, func(a, b protocol.NodeResult) int { return strings.Compare(a.Node, b.Node) })
+			res.ResultsOmitted = false
 		}
 		return &res, nil
 	}

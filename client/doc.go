@@ -1,6 +1,7 @@
 // Package client is the Go client of Tether's public NATS API: it submits
 // jobs to tether.v1.exec and streams their output, lists nodes through
-// tether.v1.nodes and cancels jobs through tether.v1.cancel. The wire format
+// tether.v1.nodes, cancels jobs through tether.v1.cancel and reaches
+// detached jobs through tether.v1.job.* (jobs.go). The wire format
 // (subjects, headers, JSON bodies, error codes) is defined in package
 // protocol; this package only drives it over a caller-owned *nats.Conn.
 //
@@ -8,18 +9,22 @@
 //
 // The coordinator does not acknowledge an exec request, and a job that prints
 // nothing sends nothing until its final result, which may be hours later.
-// So Exec cannot use a "first reply" timeout without breaking long, silent
-// jobs. Instead it detects a missing coordinator deterministically: after
+// So Exec cannot use a "first reply" timeout. Instead it detects a missing coordinator deterministically: after
 // publishing the request it flushes the connection (bounded by
 // Client.RequestTimeout). The server answers a request nobody subscribes to
 // with a 503 "no responders" status before it answers the flush's PING, so
 // once the flush returns, either that status is already queued on the reply
 // subscription or a coordinator has the request. From then on Exec waits for
 // replies for as long as ctx allows; callers bound a job with ctx (and with
-// ExecRequest.Timeout, which the coordinator enforces). A coordinator that
-// dies mid-job is therefore only noticed through ctx, and so is a final
-// result lost while the NATS connection was reconnecting (lost output
-// replies are noticed as a sequence gap once the next reply arrives).
+// ExecRequest.Timeout, which the coordinator enforces). While a job runs the
+// coordinator sends a keepalive reply after every few seconds of silence, so
+// a coordinator that died mid-job (or a final result lost while the NATS
+// connection was reconnecting) is noticed after Client.KeepAliveTimeout
+// without any reply: Exec then fails with an error matching
+// ErrCoordinatorSilent (lost output replies are noticed sooner, as a
+// sequence gap once the next reply arrives). Node results stream in as each
+// node finishes (ExecWith's NodeResultHandler); when the final result is too
+// large for one message it omits them and Exec rebuilds the list.
 //
 // Output replies carry a sequence number; a gap (for example replies dropped
 // because the caller's output handler was slower than the job and the

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/natspipe"
+	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
 
@@ -55,6 +56,12 @@ type Config struct {
 	// DrainTimeout bounds how long Serve waits, once its ctx is done, for
 	// jobs in flight to finish before it cancels them. Default 10 s.
 	DrainTimeout time.Duration
+	// KeepAliveInterval is how often a running exec job's client gets a
+	// keepalive reply when the job is otherwise silent, and how often the
+	// coordinator probes that the client still listens (two failed probes
+	// in a row cancel the job). Default protocol.DefaultKeepAliveInterval
+	// (5 s); clients give up after 3×15 s of silence.
+	KeepAliveInterval time.Duration
 	// CancelGrace bounds how long a node has to report its exit status after
 	// it was sent a cancel (job cancelled, coordinator shutting down, or the
 	// request's timeout overrun); past it the node's result is an error.
@@ -108,6 +115,7 @@ func DefaultConfig() Config {
 		MaxParallel:       DefaultMaxParallel,
 		DrainTimeout:      DefaultDrainTimeout,
 		CancelGrace:       DefaultCancelGrace,
+		KeepAliveInterval: protocol.DefaultKeepAliveInterval,
 		Tunnel:            defaultTunnel(),
 	}
 }
@@ -149,6 +157,9 @@ func (c Config) withDefaults() Config {
 	if c.CancelGrace == 0 {
 		c.CancelGrace = d.CancelGrace
 	}
+	if c.KeepAliveInterval == 0 {
+		c.KeepAliveInterval = d.KeepAliveInterval
+	}
 	if c.Tunnel == (tunnel.Config{}) {
 		c.Tunnel = d.Tunnel
 	}
@@ -175,6 +186,7 @@ func (c *Config) Validate() error {
 		{"DefaultTimeout", c.DefaultTimeout},
 		{"DrainTimeout", c.DrainTimeout},
 		{"CancelGrace", c.CancelGrace},
+		{"KeepAliveInterval", c.KeepAliveInterval},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("coordinator config: %s %v is negative", d.name, d.v))

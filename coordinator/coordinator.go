@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -47,6 +48,12 @@ type Coordinator struct {
 	jobWG   sync.WaitGroup          // one per running job goroutine
 	relays  relaySet                // running stream relays (relay.go)
 	svc     micro.Service           // set while serving
+	// Liveness probes of exec jobs' clients (jobs.go): the wildcard
+	// subscription on probePrefix.*, and the running jobs by probe token.
+	probePrefix string
+	probeSub    *nats.Subscription
+	probes      map[string]*job
+	probeSeq    uint64
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.
@@ -186,13 +193,14 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		c.mu.Unlock()
 		c.log.Warn("cancelling jobs still running after drain timeout", "jobs", len(running), "drain_timeout", c.cfg.DrainTimeout)
 		for _, j := range running {
-			j.cancel()
+			j.cancel(c.shutdownCause())
 		}
 		c.relays.abortAll(fmt.Errorf("coordinator %s is shutting down", c.cfg.ID))
 		// Each node reader gives up CancelGrace after its cancel, so this
 		// wait is bounded.
 		<-jobsDone
 	}
+	c.stopProbes()
 
 	kill() // aborts handshakes in progress
 	c.mu.Lock()

@@ -1,7 +1,7 @@
 // Package coordinator is Tether's fleet coordinator. It owns the tunnel
 // listener and the registry of connected nodes, the dispatch of jobs from
 // the NATS API (the micro service "tether": tether.v1.exec, tether.v1.nodes,
-// tether.v1.cancel), the admin HTTP handler (/metrics, /healthz, /readyz) and
+// tether.v1.cancel, tether.v1.stream, tether.v1.job.*), the admin HTTP handler (/metrics, /healthz, /readyz) and
 // the embedded nats-server used when no external NATS is configured
 // (StartEmbeddedNATS).
 //
@@ -42,10 +42,18 @@
 // an error result), publishes output chunks to the request's reply subject
 // as they arrive (headers Tether-Job, Tether-Type, Tether-Node, Tether-Seq;
 // one sequence per job, publishes serialised so wire order is seq order;
-// a chunk larger than the NATS server's max payload is split), and ends with
-// one result message (or a 413 too_large error if the result does not fit
-// the max payload). Whenever it gives up on an exec stream without a final
-// frame (a protocol error, a publish failure, a cancel not answered in
+// a chunk larger than the NATS server's max payload is split) and one
+// node-result message per node as it finishes (with the node's failure in
+// NeMo Gym's shape, from the last 64 KiB of its stderr), and ends with one
+// result message (carrying counts only, results_omitted, if the full list does not
+// fit the max payload). While the job runs, a keeper goroutine publishes a
+// keepalive after silence and probes that the client still listens (jobs.go):
+// two probes answered "no responders" cancel the job. The drain cancels jobs
+// with a shutdown cause, which their node results report. The job.*
+// endpoints open one job stream to the node (a goroutine counted with the
+// jobs) and relay its answer.
+//
+// Whenever a job gives up on an exec stream without a final frame (a protocol error, a publish failure, a cancel not answered in
 // time) it writes a cancel frame before closing the stream, so the agent
 // kills the process group. The coordinator does not know how an agent runs
 // a process; it only speaks the exec stream's frames.
@@ -54,7 +62,9 @@
 //
 //   - the accept loop, started by Serve;
 //   - one per agent connection (handshake, then heartbeat reader);
-//   - one per running job, plus one per node of the job while it runs;
+//   - one per running job, plus one per node of the job while it runs, plus
+//     the job's keeper (keepalives and client probes);
+//   - one per job.* request while its job stream runs;
 //   - while a node's run is being cancelled, a short-lived context.AfterFunc
 //     that writes the cancel frame; the node goroutine waits for it.
 //
@@ -63,7 +73,8 @@
 //
 // # Locks
 //
-// Coordinator.mu guards the registry, the job table and the shutdown state;
+// Coordinator.mu guards the registry, the job table, the probe table and the
+// shutdown state;
 // it is never held during I/O. job.pubMu serialises a job's publishes. The
 // two are never held together. agentConn.mu is a leaf lock around one
 // pointer. Heartbeat data lives in atomics.

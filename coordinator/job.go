@@ -44,27 +44,45 @@ type job struct {
 	params      protocol.ExecParams
 	stdin       []byte
 	maxParallel int
-	ctx         context.Context // cancelled by SubjectCancel or the drain
-	cancel      context.CancelFunc
+	// command is what a failure message shows ran: "bash -s" for a script,
+	// the argv joined by spaces; empty in fail-fast mode (the failing
+	// command is shown).
+	command  string
+	commands []string        // the fail-fast commands
+	ctx      context.Context // cancelled by SubjectCancel, the drain or a vanished client
+	// cancel cancels ctx with a cause: nil (a cancel request), errShutdown
+	// or errClientGone.
+	cancel context.CancelCauseFunc
+	// probe is the token of the job's liveness probes (jobs.go).
+	probe string
+	// probeGone is set when a probe got a "no responders" status.
+	probeGone atomic.Bool
 
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
-	pubMu sync.Mutex
-	seq   uint64
+	pubMu   sync.Mutex
+	seq     uint64
+	lastPub time.Time // when the last sequenced reply was published
 }
 
 // run executes the job on every target and publishes the final result.
 func (j *job) run() {
-	defer j.cancel()
+	defer j.cancel(nil)
 	log := j.c.log.With("job_id", j.id)
 	log.Debug("job started", "nodes", len(j.targets), "max_parallel", j.maxParallel)
+	j.pubMu.Lock()
+	j.lastPub = time.Now()
+	j.pubMu.Unlock()
+	stopKeeper := j.startKeeper()
 
 	results := make([]protocol.NodeResult, len(j.targets))
 	if len(j.targets) == 1 {
 		// The common case: no fan-out, so no extra goroutine.
 		results[0] = j.runNode(j.targets[0])
+		j.publishNodeResult(&results[0])
 	} else {
 		j.fanOut(results)
 	}
+	stopKeeper()
 
 	// Forget the job before the final reply, so a client may reuse its id
 	// as soon as it sees the result.
@@ -75,21 +93,29 @@ func (j *job) run() {
 	j.c.mu.Unlock()
 
 	slices.SortFunc(results, func(a, b protocol.NodeResult) int { return strings.Compare(a.Node, b.Node) })
-	body, err := json.Marshal(protocol.ExecResult{ID: j.id, Results: results})
+	res := protocol.ExecResult{ID: j.id, Results: results, Nodes: len(results)}
+	for i := range results {
+		if results[i].OK() {
+			res.Succeeded++
+		} else {
+			res.Failed++
+		}
+	}
+	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)
 		return
 	}
 	if max := j.maxData(); max > 0 && len(body) > max {
-		e := protocol.NewAPIError(413, protocol.ErrCodeTooLarge,
-			"result of job %s for %d nodes is %d bytes, over the server's max payload %d; use per-node results: target fewer nodes per job",
-			j.id, len(results), len(body), max+replyHeaderRoom)
-		log.Warn("exec result too large to publish; replying with an error", "nodes", len(results), "bytes", len(body), "max_payload", max+replyHeaderRoom)
-		j.publishError(e)
-		return
+		// Every node's result went out as a node-result reply already:
+		// the client rebuilds the list from those.
+		log.Debug("exec result too large for one reply; sending counts only", "nodes", len(results), "bytes", len(body), "max_payload", max+replyHeaderRoom)
+		res.Results = nil
+		res.ResultsOmitted = true
+		body, _ = json.Marshal(res)
 	}
 	j.publish("", protocol.ReplyResult, body)
-	log.Debug("job finished")
+	log.Debug("job finished", "succeeded", res.Succeeded, "failed", res.Failed)
 }
 
 // fanOut runs the job on every target, at most maxParallel at once, one
@@ -109,6 +135,7 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 				<-sem
 			}
 			results[i] = j.notStarted(id)
+			j.publishNodeResult(&results[i])
 			continue
 		}
 		wg.Add(1)
@@ -116,6 +143,7 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			results[i] = j.runNode(id)
+			j.publishNodeResult(&results[i])
 		}()
 	}
 	wg.Wait()
@@ -127,8 +155,9 @@ func (j *job) notStarted(id string) protocol.NodeResult {
 		Node:      id,
 		ExitCode:  -1,
 		Cancelled: true,
-		Error:     fmt.Sprintf("node %s: job %s was cancelled before it started there", id, j.id),
+		Error:     fmt.Sprintf("job %s was cancelled before it started there", j.id),
 	}
+	j.cancelReason(&r)
 	j.c.m.execResults.WithLabelValues(outcomeCancelled).Inc()
 	return r
 }
@@ -143,10 +172,17 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	c := j.c
 	res.Node = id
 	start := time.Now()
+	var tail stderrTail
 	defer func() {
 		d := time.Since(start)
 		if res.DurationMS == 0 {
 			res.DurationMS = float64(d) / float64(time.Millisecond)
+		}
+		if res.Cancelled {
+			j.cancelReason(&res)
+		}
+		if res.Error == "" && res.ExitCode != 0 && !res.Detached && !res.Cancelled {
+			res.Failure = j.failure(id, &res, tail.bytes())
 		}
 		c.m.execDuration.Observe(d.Seconds())
 		c.m.execResults.WithLabelValues(outcome(&res)).Inc()
@@ -161,7 +197,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	n := c.nodes[id]
 	c.mu.Unlock()
 	if n == nil {
-		return fail("node %s disconnected before its run started", id)
+		return fail("disconnected before the job's run started there")
 	}
 
 	ctx := j.ctx
@@ -177,9 +213,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	if err != nil {
 		if j.ctx.Err() != nil {
 			res.Cancelled = true
-			return fail("node %s: job %s was cancelled before it started there", n.id, j.id)
+			return fail("job %s was cancelled before it started there", j.id)
 		}
-		return fail("node %s: open exec stream: %v", n.id, err)
+		return fail("open exec stream: %v", err)
 	}
 	c.m.streamsOpened.WithLabelValues(protocol.KindExec.String()).Inc()
 	final := false // a final frame (exit or error) was read
@@ -220,7 +256,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	}
 
 	protoErr := func(format string, args ...any) protocol.NodeResult {
-		return fail("node %s: exec stream %d: protocol error: %s", n.id, st.StreamID(), fmt.Sprintf(format, args...))
+		return fail("exec stream %d: protocol error: %s", st.StreamID(), fmt.Sprintf(format, args...))
 	}
 	fr := protocol.NewFrameReader(st)
 	for {
@@ -229,14 +265,14 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			switch {
 			case cancelSent.Load() && isTimeout(err):
 				res.Cancelled = j.ctx.Err() != nil
-				return fail("node %s: no exit status within %v of cancelling job %s", n.id, c.cfg.CancelGrace, j.id)
+				return fail("no exit status within %v of cancelling job %s", c.cfg.CancelGrace, j.id)
 			case errors.Is(err, io.EOF), errors.Is(err, yamux.ErrConnectionReset), n.sess.IsClosed():
 				// The stream or the whole session ended between frames,
 				// or the session died mid-frame.
 				if err == io.EOF {
 					err = io.ErrUnexpectedEOF
 				}
-				return fail("node %s: tunnel lost during exec: %v", n.id, err)
+				return fail("tunnel lost during exec: %v", err)
 			default:
 				// A truncated frame on a live session, an unknown frame
 				// type, an oversized frame.
@@ -249,11 +285,12 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			if f.Type == protocol.FrameStderr {
 				typ = protocol.ReplyStderr
 				res.StderrBytes += int64(len(f.Payload))
+				tail.write(f.Payload)
 			} else {
 				res.StdoutBytes += int64(len(f.Payload))
 			}
 			if err := j.publishOutput(n.id, typ, f.Payload); err != nil {
-				return fail("node %s: output reply lost, giving up: %v", n.id, err)
+				return fail("output reply lost, giving up: %v", err)
 			}
 		case protocol.FrameExit:
 			var es protocol.ExitStatus
@@ -270,6 +307,12 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.StderrBytes = es.StderrBytes
 			res.StdoutTruncated = es.StdoutTruncated
 			res.StderrTruncated = es.StderrTruncated
+			res.FailedCommand = es.FailedCommand
+			res.OutputCut = es.OutputCut
+			res.Detached = es.Detached
+			if es.Detached {
+				res.ExitCode = 0
+			}
 			return res
 		case protocol.FrameError:
 			var ei protocol.ErrorInfo
@@ -278,7 +321,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			}
 			final = true
 			res.ErrorCode = truncateAgentString(ei.Code)
-			return fail("node %s: %s", n.id, truncateAgentString(ei.Message))
+			return fail("%s", withoutNodePrefix(n.id, truncateAgentString(ei.Message)))
 		default:
 			return protoErr("unexpected %s frame: %v", f.Type, protocol.ErrUnexpected)
 		}
@@ -341,6 +384,21 @@ func (j *job) publish(nodeID, typ string, data []byte) error {
 	return j.publishMsg(h, data, typ)
 }
 
+// publishNodeResult sends r as a node-result reply, shortening its failure
+// text if the reply would not fit the server's max payload.
+func (j *job) publishNodeResult(r *protocol.NodeResult) {
+	body, err := json.Marshal(r)
+	if err != nil { // cannot happen: plain data
+		return
+	}
+	if max := j.maxData(); max > 0 && len(body) > max && r.Failure != "" {
+		short := *r
+		short.Failure = shortenFailure(short.Failure, len(body)-max+64)
+		body, _ = json.Marshal(&short)
+	}
+	j.publish(r.Node, protocol.ReplyNodeResult, body)
+}
+
 // publishError sends e as the job's last reply, a micro error as the API's
 // other errors are (status and message in the micro headers, e as the JSON
 // body).
@@ -354,14 +412,20 @@ func (j *job) publishError(e *protocol.APIError) error {
 
 // publishMsg adds the job and sequence headers to h and publishes.
 func (j *job) publishMsg(h nats.Header, data []byte, what string) error {
+	return j.publishMsgReply(h, data, what, "")
+}
+
+// publishMsgReply is publishMsg with a reply subject (a liveness probe).
+func (j *job) publishMsgReply(h nats.Header, data []byte, what, reply string) error {
 	j.pubMu.Lock()
 	defer j.pubMu.Unlock()
 	h.Set(protocol.HeaderJob, j.id)
 	h.Set(protocol.HeaderSeq, strconv.FormatUint(j.seq, 10))
 	j.seq++
+	j.lastPub = time.Now()
 	// PublishMsg copies data into the connection's buffer before returning,
 	// so the caller may reuse it.
-	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Header: h, Data: data}); err != nil {
+	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Reply: reply, Header: h, Data: data}); err != nil {
 		j.c.log.Warn("publish exec reply", "job_id", j.id, "type", what, "bytes", len(data), "err", err)
 		return fmt.Errorf("job %s: publish %s reply: %w", j.id, what, err)
 	}

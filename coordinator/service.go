@@ -50,10 +50,18 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},
 		{"stream", protocol.SubjectStream, c.handleStream},
+		{"job-status", protocol.SubjectJobStatus, c.handleJobStatus},
+		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
+		{"job-cancel", protocol.SubjectJobCancel, c.handleJobCancel},
+	}
+	if err := c.startProbes(); err != nil {
+		svc.Stop()
+		return nil, err
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, e.h, micro.WithEndpointSubject(e.subject)); err != nil {
 			svc.Stop()
+			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoint %s on %s: %w", e.name, e.subject, err)
 		}
 	}
@@ -122,6 +130,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	for i, n := range targets {
 		ids[i] = n.id
 	}
+	r.ID = id
 	j := &job{
 		c:           c,
 		id:          id,
@@ -130,6 +139,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		params:      r.Params(c.cfg.DefaultTimeout),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
+	}
+	j.command = shownCommand(&j.params)
+	if j.params.FailFast {
+		j.commands = j.params.Commands
 	}
 
 	c.mu.Lock()
@@ -146,10 +159,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	}
 	if _, dup := c.jobs[id]; dup {
 		c.mu.Unlock()
-		c.replyError(req, protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %q is already running", id))
+		c.replyError(req, protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s is already running", protocol.Clip(id)))
 		return
 	}
-	j.ctx, j.cancel = context.WithCancel(c.life)
+	j.ctx, j.cancel = context.WithCancelCause(c.life)
 	c.jobs[id] = j
 	c.jobWG.Add(1)
 	c.mu.Unlock()
@@ -168,7 +181,7 @@ func (c *Coordinator) resolve(t protocol.Target) ([]*node, *protocol.APIError) {
 	case t.Node != "":
 		n, ok := c.nodes[t.Node]
 		if !ok {
-			return nil, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", t.Node, c.cfg.ID)
+			return nil, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(t.Node), c.cfg.ID)
 		}
 		return []*node{n}, nil
 	case t.Selector != "":
@@ -178,7 +191,7 @@ func (c *Coordinator) resolve(t protocol.Target) ([]*node, *protocol.APIError) {
 		}
 		ns := c.sortedNodesLocked(sel)
 		if len(ns) == 0 {
-			return nil, protocol.NewAPIError(404, protocol.ErrCodeNoMatch, "selector %q matches no node connected to coordinator %s", t.Selector, c.cfg.ID)
+			return nil, protocol.NewAPIError(404, protocol.ErrCodeNoMatch, "selector %s matches no node connected to coordinator %s", protocol.Clip(t.Selector), c.cfg.ID)
 		}
 		return ns, nil
 	case t.All:
@@ -244,10 +257,10 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	j, ok := c.jobs[r.ID]
 	c.mu.Unlock()
 	if !ok {
-		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %q is running on coordinator %s", r.ID, c.cfg.ID))
+		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s is running on coordinator %s", protocol.Clip(r.ID), c.cfg.ID))
 		return
 	}
-	j.cancel()
+	j.cancel(nil)
 	c.log.Info("job cancelled by request", "job_id", r.ID)
 	c.replyJSON(req, protocol.CancelResponse{ID: r.ID, Cancelled: true}, "a cancel response", "raise the server's max_payload")
 }

@@ -37,7 +37,7 @@ func summarize(r execReply) []replySummary {
 			Job:  m.Header.Get(protocol.HeaderJob),
 			Seq:  m.Header.Get(protocol.HeaderSeq),
 		}
-		if s.Type != protocol.ReplyResult {
+		if s.Type != protocol.ReplyResult && s.Type != protocol.ReplyNodeResult {
 			s.Data = string(m.Data)
 		}
 		out = append(out, s)
@@ -66,14 +66,16 @@ func TestExecOutputAndExitCode(t *testing.T) {
 		{"stdout", "node-a", "job-1", "0", "hello\n"},
 		{"stderr", "node-a", "job-1", "1", "oops\n"},
 		{"stdout", "node-a", "job-1", "2", "bye\n"},
-		{"result", "", "job-1", "3", ""},
+		{"node-result", "node-a", "job-1", "3", ""},
+		{"result", "", "job-1", "4", ""},
 	}
 	if diff := cmp.Diff(want, summarize(r)); diff != "" {
 		t.Errorf("replies (-want +got):\n%s", diff)
 	}
 	wantResult := &protocol.ExecResult{ID: "job-1", Results: []protocol.NodeResult{
-		{Node: "node-a", ExitCode: 3, DurationMS: 1.5, StdoutBytes: 10, StderrBytes: 5},
-	}}
+		{Node: "node-a", ExitCode: 3, DurationMS: 1.5, StdoutBytes: 10, StderrBytes: 5,
+			Failure: "Command failed (exec on node-a) with exit code 3:\n  bash -s\noops"},
+	}, Nodes: 1, Failed: 1}
 	if diff := cmp.Diff(wantResult, r.result); diff != "" {
 		t.Errorf("result (-want +got):\n%s", diff)
 	}
@@ -200,7 +202,7 @@ func TestExecAgentDropsMidExec(t *testing.T) {
 	if !res[0].OK() {
 		t.Errorf("n1 = %+v, want success", res[0])
 	}
-	if res[1].ExitCode != -1 || !strings.HasPrefix(res[1].Error, "node n2: tunnel lost during exec: ") {
+	if res[1].ExitCode != -1 || !strings.HasPrefix(res[1].Error, "tunnel lost during exec: ") {
 		t.Errorf("n2 = %+v, want exit -1 and a tunnel-lost error", res[1])
 	}
 	if got := h.metric("tether_coordinator_exec_results_total", "outcome", "error"); got != 1 {
@@ -218,7 +220,7 @@ func TestExecAgentError(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	want := protocol.NodeResult{Node: "n1", ExitCode: -1, Error: "node n1: start bash: no such file", ErrorCode: protocol.CodeStartFailed}
+	want := protocol.NodeResult{Node: "n1", ExitCode: -1, Error: "start bash: no such file", ErrorCode: protocol.CodeStartFailed}
 	if diff := cmp.Diff(want, r.result.Results[0], cmpopts.IgnoreFields(protocol.NodeResult{}, "DurationMS")); diff != "" {
 		t.Errorf("result (-want +got):\n%s", diff)
 	}
@@ -285,7 +287,8 @@ func TestExecBadRequests(t *testing.T) {
 		wantMsg    string // substring
 	}{
 		{"malformed JSON", `{"target":`, 400, protocol.ErrCodeMalformed, "not valid"},
-		{"not an object", `[1,2]`, 400, protocol.ErrCodeMalformed, "not valid"},
+		{"not an object", `[1,2]`, 400, protocol.ErrCodeMalformed, "must be a JSON object"},
+		{"wrong type", `{"target":{"node":"node-a"},"argv":[1]}`, 400, protocol.ErrCodeMalformed, "argv: want a string, got number"},
 		{"unknown field", `{"target":{"node":"node-a"},"script":"ok","bogus":1}`, 400, protocol.ErrCodeUnknownField, `"bogus"`},
 		{"no target", `{"script":"ok"}`, 400, protocol.ErrCodeNoTarget, "no target"},
 		{"two targets", `{"target":{"node":"node-a","all":true},"script":"ok"}`, 400, protocol.ErrCodeInvalid, "exactly one"},
@@ -294,7 +297,9 @@ func TestExecBadRequests(t *testing.T) {
 		{"bad selector", `{"target":{"selector":"role in (a"},"script":"ok"}`, 400, protocol.ErrCodeInvalid, "selector"},
 		{"oversized script", string(mustJSON(t, protocol.ExecRequest{Target: protocol.Target{Node: "node-a"}, Script: strings.Repeat("x", protocol.MaxScriptSize+1)})), 413, protocol.ErrCodeTooLarge, "script"},
 		{"stdin with script", string(mustJSON(t, protocol.ExecRequest{Target: protocol.Target{Node: "node-a"}, Script: "cat", Stdin: []byte("x")})), 400, protocol.ErrCodeInvalid, "stdin"},
-		{"no command", `{"target":{"node":"node-a"}}`, 400, protocol.ErrCodeInvalid, "script or argv"},
+		{"no command", `{"target":{"node":"node-a"}}`, 400, protocol.ErrCodeInvalid, "one of script, argv or commands"},
+		{"empty script", `{"target":{"node":"node-a"},"script":""}`, 400, protocol.ErrCodeInvalid, "script is empty"},
+		{"negative timeout", `{"target":{"node":"node-a"},"script":"ok","timeout":"-5s"}`, 400, protocol.ErrCodeInvalid, "timeout must not be negative"},
 		{"bad job id", `{"id":"a b","target":{"node":"node-a"},"script":"ok"}`, 400, protocol.ErrCodeInvalid, "id"},
 	}
 	for _, tt := range tests {
@@ -386,7 +391,8 @@ func TestServiceInfo(t *testing.T) {
 		subjects = append(subjects, e.Subject)
 	}
 	slices.Sort(subjects)
-	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectNodes, protocol.SubjectStream}
+	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectNodes, protocol.SubjectStream,
+		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, subjects); diff != "" {
 		t.Errorf("endpoint subjects (-want +got):\n%s", diff)

@@ -66,12 +66,18 @@ type proc struct {
 
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startBin(t, *tetherBin, name, args...)
+}
+
+// startBin starts bin (a tether binary) as a process named name.
+func startBin(t *testing.T, bin, name string, args ...string) *proc {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	lf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(*tetherBin, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -232,6 +238,9 @@ func rawExec(t *testing.T, nc *nats.Conn, body string) (stdout, stderr map[strin
 		if m.Header.Get("Nats-Service-Error-Code") != "" {
 			return nil, nil, nil, m
 		}
+		if m.Header.Get(protocol.HeaderType) == protocol.ReplyProbe {
+			continue // a liveness probe: unsequenced, nothing to read
+		}
 		if seq := m.Header.Get(protocol.HeaderSeq); seq != strconv.Itoa(wantSeq) {
 			t.Fatalf("reply seq %q, want %d", seq, wantSeq)
 		}
@@ -242,6 +251,9 @@ func rawExec(t *testing.T, nc *nats.Conn, body string) (stdout, stderr map[strin
 			stdout[node] += string(m.Data)
 		case protocol.ReplyStderr:
 			stderr[node] += string(m.Data)
+		case protocol.ReplyNodeResult, protocol.ReplyKeepAlive:
+			// Each node's result as it finishes; the final result
+			// repeats them (it fits here).
 		case protocol.ReplyResult:
 			res = new(protocol.ExecResult)
 			if err := json.Unmarshal(m.Data, res); err != nil {

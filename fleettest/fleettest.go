@@ -44,6 +44,11 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	// Logger receives every component's logs; nil discards.
 	Logger *slog.Logger
+	// Coordinator, if set, adjusts the coordinator's config before New.
+	Coordinator func(c *coordinator.Config)
+	// Agent, if set, adjusts agent i's config before New (e.g. its Dial,
+	// to put a faulty connection under one agent).
+	Agent func(i int, c *agent.Config)
 }
 
 // Fleet is a running coordinator with its agents.
@@ -57,13 +62,14 @@ type Fleet struct {
 	// ClientTLS trusts the fleet's CA; AddAgent uses it.
 	ClientTLS *tls.Config
 
-	opts   Options
-	token  string
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	agents int
+	opts     Options
+	token    string
+	dataDirs map[string]string // node id → agent data dir (its copy root)
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	agents   int
 }
 
 // Start starts a fleet and waits until every agent is registered. Everything
@@ -95,6 +101,13 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(nc.Close)
+	// The coordinator reaches its embedded server in-process, as `tether
+	// coordinator` and `tether dev` do; clients (NC) connect over TCP.
+	coordNC, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(coordNC.Close)
 
 	pki, err := tunnel.EnsureDevPKI(filepath.Join(dir, "pki"), nil)
 	if err != nil {
@@ -114,10 +127,13 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	ccfg := coordinator.DefaultConfig()
 	ccfg.ID = "fleettest"
 	ccfg.Token = f.token
-	ccfg.NATS = nc
+	ccfg.NATS = coordNC
 	ccfg.Logger = opts.Logger
 	if opts.HeartbeatInterval > 0 {
 		ccfg.HeartbeatInterval = opts.HeartbeatInterval
+	}
+	if opts.Coordinator != nil {
+		opts.Coordinator(&ccfg)
 	}
 	c, err := coordinator.New(ccfg)
 	if err != nil {
@@ -177,6 +193,12 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 	cfg.Token = f.token
 	cfg.TLS = f.ClientTLS
 	cfg.DataDir = tb.TempDir()
+	f.mu.Lock()
+	if f.dataDirs == nil {
+		f.dataDirs = map[string]string{}
+	}
+	f.dataDirs[cfg.NodeID] = cfg.DataDir
+	f.mu.Unlock()
 	cfg.Version = "fleettest"
 	cfg.Logger = f.opts.Logger
 	// Capacity detection forks nvidia-smi lookups; a thousand agents share
@@ -184,6 +206,9 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 	capy := protocol.Capacity{CPUs: 2}
 	cfg.Capacity = &capy
 	cfg.Backoff = tunnel.Backoff{Base: 50 * time.Millisecond, Max: time.Second}
+	if f.opts.Agent != nil {
+		f.opts.Agent(i, &cfg)
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -194,6 +219,14 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 		a.Run(f.ctx)
 	}()
 	return cfg.NodeID
+}
+
+// DataDir returns the data directory of the agent with node id, which is
+// also its only copy root; "" for an unknown node.
+func (f *Fleet) DataDir(node string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dataDirs[node]
 }
 
 // WaitNodes waits until at least n nodes are connected.

@@ -2,11 +2,9 @@ package mirror
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
+	"github.com/tetherfleet/tether/mirror/mirrortest"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -22,48 +20,12 @@ import (
 
 // BenchmarkCopy1GiB copies a directory holding one 1 GiB file.
 func BenchmarkCopy1GiB(b *testing.B) {
-	src := filepath.Join(b.TempDir(), "src")
-	os.MkdirAll(src, 0o755)
-	writeRandom(b, filepath.Join(src, "big"), 1<<30)
-	benchCopy(b, src, 1<<30)
+	benchCopy(b, mirrortest.BigFileSource(b, 1<<30), 1<<30)
 }
 
 // BenchmarkCopyTree10k copies 10,000 files of 1 KiB in 100 directories.
 func BenchmarkCopyTree10k(b *testing.B) {
-	src := filepath.Join(b.TempDir(), "src")
-	r := rand.New(rand.NewPCG(1, 2))
-	buf := make([]byte, 1024)
-	for d := range 100 {
-		dir := filepath.Join(src, fmt.Sprintf("d%03d", d))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		for f := range 100 {
-			for i := range buf {
-				buf[i] = byte(r.Uint32())
-			}
-			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d", f)), buf, 0o644); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	benchCopy(b, src, 10000*1024)
-}
-
-func writeRandom(b *testing.B, p string, size int64) {
-	f, err := os.Create(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	r := rand.NewChaCha8([32]byte{1})
-	buf := make([]byte, 1<<20)
-	for left := size; left > 0; left -= int64(len(buf)) {
-		r.Read(buf)
-		if _, err := f.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchCopy(b, mirrortest.TreeSource(b, 100, 100, 1024), 10000*1024)
 }
 
 func benchCopy(b *testing.B, src string, size int64) {
@@ -73,7 +35,7 @@ func benchCopy(b *testing.B, src string, size int64) {
 	}
 	defer ln.Close()
 	out := b.TempDir()
-	rsyncURL := startRsyncd(b, out)
+	rsyncURL := mirrortest.Rsyncd(b, out)
 	ctx := context.Background()
 	b.SetBytes(size)
 	b.ResetTimer()
@@ -109,12 +71,7 @@ func benchCopy(b *testing.B, src string, size int64) {
 		os.RemoveAll(dst)
 		if rsyncURL != "" {
 			name := "r" + strconv.Itoa(i)
-			start := time.Now()
-			cmd := exec.Command("rsync", "-a", src+"/", rsyncURL+name+"/")
-			if o, err := cmd.CombinedOutput(); err != nil {
-				b.Fatalf("rsync: %v: %s", err, o)
-			}
-			rs += time.Since(start)
+			rs += mirrortest.Rsync(b, src, rsyncURL, name)
 			os.RemoveAll(filepath.Join(out, name))
 		}
 		b.StartTimer()
@@ -127,46 +84,4 @@ func benchCopy(b *testing.B, src string, size int64) {
 		b.ReportMetric(rsyncMBps, "rsync-MB/s")
 		b.ReportMetric(tetherMBps/rsyncMBps, "x-rsync")
 	}
-}
-
-// startRsyncd runs an rsync daemon serving dir as module "mod" on a free
-// loopback port until the benchmark ends, and returns the module's URL, or
-// "" when rsync is not installed.
-func startRsyncd(b *testing.B, dir string) string {
-	if _, err := exec.LookPath("rsync"); err != nil {
-		b.Log("rsync not installed: no baseline")
-		return ""
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	conf := filepath.Join(b.TempDir(), "rsyncd.conf")
-	os.WriteFile(conf, fmt.Appendf(nil, "address = 127.0.0.1\nport = %d\nuse chroot = no\n[mod]\npath = %s\nread only = no\n", port, dir), 0o644)
-	if os.Geteuid() == 0 {
-		os.WriteFile(conf, fmt.Appendf(nil, "address = 127.0.0.1\nport = %d\nuse chroot = no\nuid = root\ngid = root\n[mod]\npath = %s\nread only = no\n", port, dir), 0o644)
-	}
-	cmd := exec.Command("rsync", "--daemon", "--no-detach", "--config="+conf)
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("rsync daemon did not listen: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Sprintf("rsync://127.0.0.1:%d/mod/", port)
 }

@@ -51,7 +51,7 @@ type Options struct {
 	// Delete removes destination entries the source lacks (rsync
 	// --delete). Only the receiver uses it.
 	Delete bool
-	// Checksum compares files by SHA-256 instead of size and mtime. Both
+	// Checksum compares files by XXH3-128 instead of size and mtime. Both
 	// ends must agree: the receiver puts digests in its manifest, the
 	// sender hashes its files to compare.
 	Checksum bool

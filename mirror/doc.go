@@ -22,7 +22,7 @@
 // time); the old tree is only read and hard-linked (linkat without
 // following), never written. Unchanged files whose mode and mtime also
 // match are hard-linked from the old tree; the others are rewritten. Every file's size
-// and SHA-256 are checked before the commit. Any failure, a cancelled
+// and XXH3-128 checksum are checked before the commit. Any failure, a cancelled
 // context, a FrameCancel or FrameError from the peer, or the stream ending
 // before FrameCopyEnd removes the stage and leaves the destination as it
 // was.

@@ -230,8 +230,9 @@ func jsonFrame(t protocol.FrameType, v any) frame {
 func entryF(e protocol.CopyEntry) frame { return jsonFrame(protocol.FrameEntry, e) }
 func dataF(s string) frame              { return frame{protocol.FrameFileData, []byte(s)} }
 func endF(data string) frame {
-	sum := sha256.Sum256([]byte(data))
-	return jsonFrame(protocol.FrameEntryEnd, protocol.EntryEnd{SHA256: hex.EncodeToString(sum[:])})
+	h := newFileHash()
+	h.Write([]byte(data))
+	return jsonFrame(protocol.FrameEntryEnd, protocol.EntryEnd{XXH128: hashHex(h)})
 }
 func copyEndF(entries int, bytes int64) frame {
 	return jsonFrame(protocol.FrameCopyEnd, protocol.CopyEnd{Entries: entries, Bytes: bytes})

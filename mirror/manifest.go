@@ -1,8 +1,6 @@
 package mirror
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -167,19 +165,19 @@ func setMtimeAt(dfd int, name string, mtime int64) error {
 	return unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-// hashFile returns the hex SHA-256 of the file name in root and its size.
+// hashFile returns the hex XXH3-128 of the file name in root and its size.
 func hashFile(root *os.Root, name string, buf []byte) (string, int64, error) {
 	f, err := root.Open(name)
 	if err != nil {
 		return "", 0, err
 	}
 	defer f.Close()
-	h := sha256.New()
+	h := newFileHash()
 	n, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf)
 	if err != nil {
 		return "", 0, err
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	return hashHex(h), n, nil
 }
 
 // manifestWriter batches manifest entries into frames of at most

@@ -3,11 +3,11 @@ package mirror
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
+	"github.com/zeebo/xxh3"
+
 	"io"
 	"io/fs"
 	"log/slog"
@@ -158,7 +158,7 @@ type receiver struct {
 type incoming struct {
 	e       protocol.CopyEntry
 	f       *os.File
-	h       hash.Hash
+	h       *xxh3.Hasher
 	written int64
 }
 
@@ -366,7 +366,7 @@ func (r *receiver) sendManifest() error {
 					if err != nil {
 						return fmt.Errorf("hash %q: %w", o.rel, err)
 					}
-					e.SHA256 = sum
+					e.XXH128 = sum
 				}
 			}
 			if err := mw.add(&e); err != nil {
@@ -481,7 +481,7 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		if err != nil {
 			return fmt.Errorf("entry %q: create: %w", e.Path, err)
 		}
-		r.cur = &incoming{e: *e, f: f, h: sha256.New()}
+		r.cur = &incoming{e: *e, f: f, h: newFileHash()}
 	}
 	return nil
 }
@@ -683,8 +683,8 @@ func (r *receiver) entryEnd(end *protocol.EntryEnd) error {
 	if c.written != c.e.Size {
 		return violationf("entry %q: got %d of %d bytes", c.e.Path, c.written, c.e.Size)
 	}
-	if sum := hex.EncodeToString(c.h.Sum(nil)); sum != end.SHA256 {
-		return violationf("entry %q: checksum mismatch: received data hashes to %s, sender says %s", c.e.Path, sum, end.SHA256)
+	if sum := hashHex(c.h); sum != end.XXH128 {
+		return violationf("entry %q: checksum mismatch: received data hashes to %s, sender says %s", c.e.Path, sum, end.XXH128)
 	}
 	r.cur = nil
 	if err := r.setFileMeta(c.e.Path, c.f, c.e.Mode, c.e.MtimeNS); err != nil {

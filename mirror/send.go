@@ -2,8 +2,6 @@ package mirror
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -255,12 +253,12 @@ func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
 		e.send = true
 		if m != nil && m.Type == protocol.EntryFile && m.Size == e.Size {
 			if s.opts.Checksum {
-				if m.SHA256 != "" {
+				if m.XXH128 != "" {
 					sum, err := s.hash(e.Path)
 					if err != nil {
 						return err
 					}
-					e.send = sum != m.SHA256
+					e.send = sum != m.XXH128
 				}
 			} else {
 				e.send = m.MtimeNS != e.MtimeNS
@@ -294,11 +292,11 @@ func (s *sender) hash(rel string) (string, error) {
 		return "", fmt.Errorf("open %q: %w", rel, err)
 	}
 	defer f.Close()
-	h := sha256.New()
+	h := newFileHash()
 	if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, s.buf); err != nil {
 		return "", fmt.Errorf("read %q: %w", rel, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hashHex(h), nil
 }
 
 // sendEntries writes every entry and the data of the files that travel.
@@ -342,7 +340,7 @@ func (s *sender) sendFile(e *srcEntry) error {
 	if err := s.c.writeJSON(protocol.FrameEntry, &ce); err != nil {
 		return fmt.Errorf("send entry %q: %w", e.Path, err)
 	}
-	h := sha256.New()
+	h := newFileHash()
 	for left := ce.Size; left > 0; {
 		n := min(int64(len(s.frame)-5), left)
 		chunk := s.frame[5 : 5+n]
@@ -367,7 +365,7 @@ func (s *sender) sendFile(e *srcEntry) error {
 		s.local = true
 		return fmt.Errorf("source file %q changed while being read", e.Path)
 	}
-	if err := s.c.writeJSON(protocol.FrameEntryEnd, &protocol.EntryEnd{SHA256: hex.EncodeToString(h.Sum(nil))}); err != nil {
+	if err := s.c.writeJSON(protocol.FrameEntryEnd, &protocol.EntryEnd{XXH128: hashHex(h)}); err != nil {
 		return fmt.Errorf("send end of %q: %w", e.Path, err)
 	}
 	s.prog.p.Files++

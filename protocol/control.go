@@ -119,7 +119,7 @@ const (
 	CodeBadRequest  = "bad_request"      // stream params invalid
 	CodeUnsupported = "unsupported_kind" // the agent does not serve this kind
 	CodeStartFailed = "start_failed"     // the process could not be started
-	CodeDuplicate   = "duplicate_node"    // the node id is connected from another agent
+	CodeDuplicate   = "duplicate_node"   // the node id is connected from another agent
 	CodeBusy        = "busy"             // the agent is at its limit of concurrent operations
 	CodeShutdown    = "shutting_down"    // the peer is draining
 	CodeInternal    = "internal"         // a bug or an unexpected failure

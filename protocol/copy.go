@@ -21,7 +21,7 @@ import (
 //     FrameManifestEnd.
 //  2. The sender walks the source in lexical order and sends, per entry,
 //     FrameEntry; for a regular file whose content must travel (Keep false)
-//     it follows with FrameFileData* and FrameEntryEnd (the SHA-256 of the
+//     it follows with FrameFileData* and FrameEntryEnd (the XXH3-128 of the
 //     bytes sent). Then FrameCopyEnd.
 //  3. The receiver verifies every checksum, builds the new tree in a staging
 //     directory beside the destination, swaps it into place atomically, and
@@ -49,7 +49,7 @@ type CopyParams struct {
 	// Delete removes destination entries the source lacks (rsync --delete,
 	// what NeMo Gym's copy does). Without it they are kept.
 	Delete bool `json:"delete,omitempty"`
-	// Checksum compares files by SHA-256 instead of size and mtime, so a
+	// Checksum compares files by XXH3-128 instead of size and mtime, so a
 	// changed file with an unchanged size and mtime is still sent.
 	Checksum bool `json:"checksum,omitempty"`
 }
@@ -86,9 +86,9 @@ type ManifestEntry struct {
 	Size    int64  `json:"size,omitempty"`
 	Mode    uint32 `json:"mode"`     // permission bits (0o7777)
 	MtimeNS int64  `json:"mtime_ns"` // modification time, ns since the epoch
-	// SHA256 is the hex digest of a regular file, present only when the
-	// copy asked for checksums.
-	SHA256 string `json:"sha256,omitempty"`
+	// XXH128 is the XXH3-128 digest of a regular file (32 hex digits, high
+	// half first), present only when the copy asked for checksums.
+	XXH128 string `json:"xxh128,omitempty"`
 }
 
 // ManifestEnd closes the receiver's manifest.
@@ -158,7 +158,7 @@ func (e *CopyEntry) Validate() error {
 
 // EntryEnd closes a file entry's data.
 type EntryEnd struct {
-	SHA256 string `json:"sha256"` // hex digest of the bytes sent
+	XXH128 string `json:"xxh128"` // XXH3-128 of the bytes sent, as in ManifestEntry
 }
 
 // CopyEnd closes the sender's side.

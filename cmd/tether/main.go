@@ -14,12 +14,17 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// After the first signal, restore the default handling so that a
-	// second Ctrl-C kills a process that is still draining.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	// The first signal cancels ctx with the signal as its cause (client
+	// commands exit 130 for SIGINT, 143 for SIGTERM); then the default
+	// handling is restored so that a second Ctrl-C kills a process that is
+	// still draining.
 	go func() {
-		<-ctx.Done()
-		stop()
+		s := <-sigs
+		cancel(cli.SignalCause(s))
+		signal.Reset(os.Interrupt, syscall.SIGTERM)
 	}()
 	os.Exit(cli.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }

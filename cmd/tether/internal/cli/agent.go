@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,16 @@ type agentOptions struct {
 	DataDir string
 	// MetricsAddr, if set, serves the agent's /metrics there. Default: off.
 	MetricsAddr string
+	// PipeWait, if positive, kills an exec's process group this long after
+	// its main process exited when something still holds its output pipes
+	// (agent.Config.PipeWait). Zero waits for the pipes, as ssh does.
+	PipeWait time.Duration
+	// CopyRoots are the absolute directories copies may write or read
+	// under. Empty means the data directory only.
+	CopyRoots []string
+	// JobRetention is how long finished detached jobs' files are kept.
+	// Zero means agent.DefaultJobRetention.
+	JobRetention time.Duration
 	// Log configures logging to stderr.
 	Log logOptions
 
@@ -63,6 +74,14 @@ func (o *agentOptions) Validate(envToken string) error {
 		if err := checkHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("--coordinator: %w", err))
 		}
+	}
+	for _, r := range o.CopyRoots {
+		if !filepath.IsAbs(r) {
+			errs = append(errs, fmt.Errorf("--copy-root %q: must be an absolute path", r))
+		}
+	}
+	if o.PipeWait < 0 || o.JobRetention < 0 {
+		errs = append(errs, errors.New("--pipe-wait and --job-retention must not be negative"))
 	}
 	if o.TokenFile == "" && envToken == "" {
 		errs = append(errs, fmt.Errorf("a join token is required: give --token-file or set %s", tokenEnv))
@@ -119,6 +138,9 @@ func newAgentCmd(e *env) *cobra.Command {
 	f.StringVar(&o.Labels, "labels", o.Labels, "node labels k=v,k2=v2")
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "working directory of jobs that name none")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "serve /metrics on this address (default: off)")
+	f.DurationVar(&o.PipeWait, "pipe-wait", o.PipeWait, "after a job's main process exited, kill its process group if its output is still open this long later (default 0: wait, like ssh)")
+	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep finished detached jobs' output this long (default 24h)")
+	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory copies may write to and read from (repeatable or comma-separated; default: the data dir)")
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -144,6 +166,11 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, log *slog.L
 	cfg.Token = token
 	cfg.TLS = tlsCfg
 	cfg.DataDir = o.DataDir
+	cfg.PipeWait = o.PipeWait
+	cfg.CopyRoots = o.CopyRoots
+	if o.JobRetention > 0 {
+		cfg.JobRetention = o.JobRetention
+	}
 	cfg.Version = version
 	cfg.Logger = log
 	cfg.Registerer = reg

@@ -153,6 +153,8 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		newExecCmd(e),
 		newNodesCmd(e),
 		newShellCmd(e),
+		newJobCmd(e),
+		newCpCmd(e),
 	)
 	return root
 }

@@ -88,8 +88,8 @@ func TestUsageErrors(t *testing.T) {
 		{"exec no target", []string{"exec", "--", "true"}, []string{"no target: give --node, --selector or --all"}},
 		{"exec node and all", []string{"exec", "--node", "a", "--all", "--", "true"}, []string{"give only one of --node, --selector and --all"}},
 		{"exec nothing to run", []string{"exec", "--all"}, []string{"nothing to run"}},
-		{"exec argv and script", []string{"exec", "--all", "--script", "x.sh", "--", "true"}, []string{"either a command after -- or --script"}},
-		{"exec stdin with script", []string{"exec", "--all", "--stdin", "--script", "x.sh"}, []string{"--stdin works with a command only"}},
+		{"exec argv and script", []string{"exec", "--all", "--script", "x.sh", "--", "true"}, []string{"give only one of a command after --, -c and --script"}},
+		{"exec stdin with script", []string{"exec", "--all", "--stdin", "--script", "x.sh"}, []string{"--stdin works with a command after -- only"}},
 		{"exec bad env", []string{"exec", "--all", "--env", "NOEQUALS", "--", "true"}, []string{`--env "NOEQUALS": want KEY=VALUE`}},
 		{"exec bad selector", []string{"exec", "--selector", "a in (", "--", "true"}, []string{"--selector"}},
 		{"exec several problems", []string{"exec", "--timeout", "-1s"}, []string{"no target", "nothing to run", "--timeout -1s is negative"}},
@@ -223,12 +223,16 @@ func TestExecOutcome(t *testing.T) {
 			{Node: "c", ExitCode: -1, Error: "unreachable"},
 			{Node: "d", ExitCode: 137, TimedOut: true},
 			{Node: "e", ExitCode: 143, Cancelled: true},
+			{Node: "f", StderrTruncated: true, StderrBytes: 7},
 		}, 1, []string{
-			"node b: exit code 2",
-			"node c: unreachable",
-			"node d: timed out after 1s",
-			"node e: cancelled",
+			// The other failures are in the summary table.
+			"node f: stderr was truncated (7 bytes produced)",
 		}},
+		{"single shutdown", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Cancelled: true,
+			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 1,
+			[]string{"node a: coordinator c1 is shutting down; job cancelled"}},
+		{"single output cut", true, 0, []protocol.NodeResult{{Node: "a", OutputCut: true}}, 0,
+			[]string{"node a: output cut: the command exited but something kept its output open, so its process group was killed"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -94,7 +94,8 @@ func TestDevSmoke(t *testing.T) {
 		t.Errorf("exec --all: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
-	if r.code != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
+	wantErr := "err\nCommand failed (exec on " + node + ") with exit code 7:\n  sh -c echo out; echo err >&2; exit 7\nerr\n"
+	if r.code != 7 || r.stdout != "out\n" || r.stderr != wantErr {
 		t.Errorf("exec --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "no-such-node", "--", "true")
@@ -125,7 +126,7 @@ func TestDevSmoke(t *testing.T) {
 	interrupt()
 	select {
 	case c := <-icode:
-		if c != exitInterrupted || !strings.Contains(ierr.String(), "node "+node+": cancelled") {
+		if c != exitInterrupted || !regexp.MustCompile(`(?m)^`+node+` +\d+ +\S+ +cancelled$`).MatchString(ierr.String()) {
 			t.Errorf("interrupted exec: exit %d, stderr %q", c, ierr.String())
 		}
 	case <-time.After(defaultTestTimeout):

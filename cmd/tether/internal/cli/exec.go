@@ -2,16 +2,18 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -22,6 +24,7 @@ type execOptions struct {
 	Selector string
 	All      bool
 	// Timeout bounds each node's run. Zero means the coordinator's default.
+	// The flag takes a duration or a plain number of seconds.
 	Timeout time.Duration
 	// MaxParallel bounds how many nodes run at once. Zero means the
 	// coordinator's default.
@@ -39,6 +42,17 @@ type execOptions struct {
 	// Script is a file whose content runs through `bash -s` ("-" reads it
 	// from standard input). Exclusive with a command after "--".
 	Script string
+	// Commands are shell commands (-c, repeatable): joined by newlines into
+	// one `bash -s` script, or with FailFast run one by one until the
+	// first failure. Exclusive with Script and a command after "--".
+	Commands []string
+	// FailFast runs Commands one by one, stopping at the first failure.
+	FailFast bool
+	// Summary prints every node in the final table of a multi-node job,
+	// not only the failed ones.
+	Summary bool
+	// Detach starts the job detached on each node and returns at once.
+	Detach bool
 	// NATS says how to reach the API.
 	NATS natsOptions
 }
@@ -68,14 +82,29 @@ func (o *execOptions) Validate(argv []string) error {
 	case targets > 1:
 		errs = append(errs, errors.New("give only one of --node, --selector and --all"))
 	}
-	switch {
-	case o.Script == "" && len(argv) == 0:
-		errs = append(errs, errors.New("nothing to run: give a command after -- or --script FILE"))
-	case o.Script != "" && len(argv) > 0:
-		errs = append(errs, errors.New("give either a command after -- or --script, not both"))
+	sources := 0
+	for _, set := range []bool{o.Script != "", len(argv) > 0, len(o.Commands) > 0} {
+		if set {
+			sources++
+		}
 	}
-	if o.Stdin && o.Script != "" {
-		errs = append(errs, errors.New("--stdin works with a command only: a script is itself bash's standard input"))
+	switch {
+	case sources == 0:
+		errs = append(errs, errors.New("nothing to run: give a command after --, -c CMD or --script FILE"))
+	case sources > 1:
+		errs = append(errs, errors.New("give only one of a command after --, -c and --script"))
+	}
+	if o.FailFast && len(o.Commands) == 0 {
+		errs = append(errs, errors.New("--fail-fast needs -c commands"))
+	}
+	if o.Stdin && (o.Script != "" || len(o.Commands) > 0) {
+		errs = append(errs, errors.New("--stdin works with a command after -- only: a script is itself bash's standard input"))
+	}
+	if o.Detach && o.Stdin {
+		errs = append(errs, errors.New("--stdin cannot be combined with --detach"))
+	}
+	if o.Detach && o.FailFast {
+		errs = append(errs, errors.New("--fail-fast cannot be combined with --detach: use a script with set -e"))
 	}
 	if o.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("--timeout %v is negative", o.Timeout))
@@ -100,9 +129,12 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 	req := &protocol.ExecRequest{
 		Target:      protocol.Target{Node: o.Node, Selector: o.Selector, All: o.All},
 		Argv:        argv,
+		Commands:    o.Commands,
+		FailFast:    o.FailFast,
 		Cwd:         o.Cwd,
 		Timeout:     protocol.Duration(o.Timeout),
 		MaxParallel: o.MaxParallel,
+		Detach:      o.Detach,
 	}
 	if len(o.Env) > 0 {
 		req.Env = map[string]string{}
@@ -153,22 +185,37 @@ func readLimited(r io.Reader, limit int, what string) ([]byte, error) {
 func newExecCmd(e *env) *cobra.Command {
 	var o execOptions
 	cmd := &cobra.Command{
-		Use:   "exec (--node ID | --selector k=v,... | --all) [flags] (-- CMD [ARGS...] | --script FILE)",
-		Short: "Run a command or script on nodes and stream its output",
-		Long: `Run a command (without a shell) or a script (through 'bash -s') on one node, on
-the nodes matching a label selector, or on all nodes, and stream their output.
+		Use:   "exec (--node ID | --selector k=v,... | --all) [flags] (-- CMD [ARGS...] | -c CMD... | --script FILE)",
+		Short: "Run a command, a batch or a script on nodes and stream its output",
+		Long: `Run a command (without a shell), a batch of shell commands (-c, repeatable) or
+a script (through 'bash -s') on one node, on the nodes matching a label
+selector, or on all nodes, and stream their output.
 
-With several target nodes every line is prefixed with "node-id | ". The exit
-code is the remote exit code for --node (124 on timeout), and 0 or 1 (any
-node failed) otherwise. Ctrl-C cancels the job on every node and exits 130.
-With --json, stdout carries one JSON object per output chunk, then the
-result object. A chunk is {"node","stream","data"} with data as a string
-when the chunk is valid UTF-8, and {"node","stream","data_b64"} with the raw
-bytes in base64 otherwise (binary output), so no byte is ever mangled.`,
+A batch of -c commands runs like NeMo Gym's SSH executor: joined by newlines
+into one 'bash -s' script, where only the last command's status counts. With
+--fail-fast the commands run one by one (each through 'bash -c', in the same
+cwd and environment) and the batch stops at the first that fails. A failed
+node is reported as "Command failed (exec on NODE) with exit code N:", the
+command and the node's stderr.
+
+With several target nodes every line is prefixed with "node-id | ", a live
+progress line is shown on a terminal, and a table of the failed nodes (every
+node with --summary) and the totals end the run. The exit code is the remote
+exit code for --node (124 on timeout), and 0 or 1 (any node failed)
+otherwise. Ctrl-C cancels the job on every node and exits 130 (143 on
+SIGTERM). With --json, stdout carries one JSON object per line: output
+chunks {"node","stream","data"} (or "data_b64" with the raw bytes in base64
+when a chunk is not valid UTF-8), each node's result as {"node_result":
+{...}} when it finishes, then the result object.
+
+With --detach the job is started on each node in its own session, its output
+kept in files there; it survives the tunnel and is queried with 'tether job'.`,
 		Example: `  tether exec --all -- uname -a
   tether exec --selector gpu=true --timeout 1m -- nvidia-smi
   tether exec --node web-1 --script deploy.sh
-  echo data | tether exec --node web-1 --stdin -- wc -c`,
+  tether exec --node web-1 -c 'cd /srv' -c 'make' --fail-fast
+  echo data | tether exec --node web-1 --stdin -- wc -c
+  tether exec --node web-1 --detach -- ./train.sh`,
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			if err := o.Validate(args); err != nil {
 				return usage(err)
@@ -183,16 +230,48 @@ bytes in base64 otherwise (binary output), so no byte is ever mangled.`,
 	f.StringVar(&o.Node, "node", "", "run on this node")
 	f.StringVar(&o.Selector, "selector", "", "run on the nodes matching this label selector (k=v,k2!=v2,k3 in (a,b))")
 	f.BoolVar(&o.All, "all", false, "run on every connected node")
-	f.DurationVar(&o.Timeout, "timeout", 0, "kill the command on a node after this long (default: the coordinator's)")
+	f.Var(secondsDuration{&o.Timeout}, "timeout", "kill the command on a node after this long: 30s, 5m or a number of seconds (default: the coordinator's)")
 	f.IntVar(&o.MaxParallel, "max-parallel", 0, "run on at most this many nodes at once (default: the coordinator's)")
-	f.BoolVar(&o.JSON, "json", false, "print output chunks and the result as JSON lines")
+	f.BoolVar(&o.JSON, "json", false, "print output chunks, node results and the result as JSON lines")
 	f.StringArrayVar(&o.Env, "env", nil, "set an environment variable KEY=VALUE (repeatable)")
 	f.StringVar(&o.Cwd, "cwd", "", "remote working directory")
 	f.BoolVar(&o.Stdin, "stdin", false, "forward standard input to the command (read fully first)")
 	f.StringVar(&o.Script, "script", "", "run this script file through bash -s ('-': standard input)")
+	f.StringArrayVarP(&o.Commands, "command", "c", nil, "a shell command of the batch (repeatable)")
+	f.BoolVar(&o.FailFast, "fail-fast", false, "run the -c commands one by one and stop at the first failure")
+	f.BoolVar(&o.Summary, "summary", false, "list every node in the final table, not only the failed ones")
+	f.BoolVar(&o.Detach, "detach", false, "start the job detached on each node and return (see 'tether job')")
 	o.NATS.addFlags(cmd)
 	return cmd
 }
+
+// secondsDuration is a duration flag that also takes a plain number of
+// seconds, like the API's timeout field.
+type secondsDuration struct{ d *time.Duration }
+
+func (f secondsDuration) Set(s string) error {
+	// A negative value is accepted here and reported by Validate with the
+	// other problems of the command line.
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		*f.d = time.Duration(n * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration like 30s or 5m, or a number of seconds")
+	}
+	*f.d = d
+	return nil
+}
+
+func (f secondsDuration) String() string {
+	if f.d == nil || *f.d == 0 {
+		return "0s"
+	}
+	return f.d.String()
+}
+
+func (f secondsDuration) Type() string { return "duration" }
 
 // runExec submits the job and maps its outcome to an exit code. o must be
 // valid.
@@ -207,18 +286,55 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	}
 	defer closeNC()
 
-	out := newExecOutput(e.stdout, e.stderr, o.multi(), o.JSON)
-	res, err := c.Exec(ctx, req, out.handle)
+	stdout, stderr := e.stdout, e.stderr
+	var prog *progress
+	if o.multi() && !o.JSON && isTerminal(e.stderr) {
+		// The node count is for display only: nodes may come and go
+		// before the job resolves its target.
+		total := 0
+		if ns, err := c.Nodes(ctx, o.Selector); err == nil {
+			total = len(ns)
+		}
+		maxPar := o.MaxParallel
+		if maxPar == 0 {
+			maxPar = coordinator.DefaultMaxParallel
+		}
+		prog = newProgress(e.stderr, total, maxPar)
+		stdout, stderr = prog.writer(e.stdout), prog.writer(e.stderr)
+		prog.start()
+	}
+	out := newExecOutput(stdout, stderr, o.multi(), o.JSON)
+	start := e.now()
+	res, err := c.ExecWith(ctx, req, client.ExecOptions{
+		Output: out.handle,
+		NodeResult: func(r *protocol.NodeResult) {
+			if prog != nil {
+				prog.nodeDone(r.OK())
+			}
+			if o.JSON {
+				out.nodeResult(r)
+				return
+			}
+			if r.Failure != "" {
+				// Complete this node's partial lines first.
+				out.FlushNode(r.Node)
+				fmt.Fprintf(stderr, "%s\n", r.Failure)
+			}
+		},
+	})
 	out.Flush()
+	if prog != nil {
+		prog.stop()
+	}
 	interrupted := ctx.Err() != nil && errors.Is(err, ctx.Err())
 	if res == nil {
 		if interrupted {
-			return &exitError{code: exitInterrupted, err: fmt.Errorf("interrupted: %w", err)}
+			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", err)}
 		}
 		return err
 	}
 	if o.JSON {
-		if err := json.NewEncoder(e.stdout).Encode(res); err != nil {
+		if err := out.json.Encode(res); err != nil {
 			return fmt.Errorf("write result: %w", err)
 		}
 	}
@@ -226,8 +342,20 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	for _, l := range lines {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)
 	}
+	if o.multi() && !o.JSON {
+		if err := writeSummary(e.stderr, res, o.Timeout, o.Summary, e.now().Sub(start)); err != nil {
+			return err
+		}
+	}
+	if o.Detach && !o.JSON {
+		for _, r := range res.Results {
+			if r.Detached {
+				fmt.Fprintf(e.stderr, "tether: job %s started detached on node %s; see: tether job status --node %s %s\n", res.ID, r.Node, r.Node, res.ID)
+			}
+		}
+	}
 	if interrupted {
-		code = exitInterrupted
+		code = interruptCode(ctx)
 	}
 	if code == exitOK {
 		return nil
@@ -237,7 +365,8 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 
 // execOutcome maps a result to the exit code and the messages for stderr.
 // single is true for a --node job; timeout is the requested per-node
-// timeout, if any.
+// timeout, if any. A multi-node job's failed nodes are listed by its
+// summary table instead, so only truncation notes are returned for them.
 func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (int, []string) {
 	if single && len(res.Results) != 1 {
 		return exitFailure, []string{fmt.Sprintf("job %s: expected one node's result, got %d", res.ID, len(res.Results))}
@@ -255,10 +384,14 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 				lines = append(lines, fmt.Sprintf("node %s: %s was truncated (%d bytes produced)", r.Node, s.name, s.n))
 			}
 		}
+		if r.OutputCut {
+			lines = append(lines, fmt.Sprintf("node %s: output cut: the command exited but something kept its output open, so its process group was killed", r.Node))
+		}
 		nodeCode, msg := nodeOutcome(r, timeout)
-		// A single node's plain exit code speaks for itself, as with ssh.
+		// A single node's plain exit code speaks for itself (its failure
+		// text was printed), as with ssh.
 		plainExit := r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == ""
-		if msg != "" && !(single && plainExit) {
+		if single && msg != "" && !plainExit {
 			lines = append(lines, fmt.Sprintf("node %s: %s", r.Node, msg))
 		}
 		switch {
@@ -272,21 +405,26 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 }
 
 // nodeOutcome is one node's exit code as a single-node job would report it,
-// and a description when it did not succeed.
+// and a description when it did not succeed (without the node's name).
 func nodeOutcome(r *protocol.NodeResult, timeout time.Duration) (int, string) {
 	switch {
+	case r.ErrorCode == protocol.ResultCodeShutdown:
+		return exitFailure, r.Error
 	case r.TimedOut:
 		d := timeout
 		if d <= 0 {
 			d = time.Duration(r.DurationMS * float64(time.Millisecond)).Round(time.Millisecond)
 		}
 		return exitTimedOut, fmt.Sprintf("timed out after %v", d)
-	case r.Cancelled:
+	case r.Cancelled && r.Error == "":
 		return exitInterrupted, "cancelled"
 	case r.Error != "":
 		msg := r.Error
 		if r.ErrorCode != "" {
 			msg += " (" + r.ErrorCode + ")"
+		}
+		if r.Cancelled {
+			return exitInterrupted, msg
 		}
 		return exitFailure, msg
 	case r.Signal != "":

@@ -177,6 +177,39 @@ func (o *execOutput) handle(node, stream string, data []byte) {
 	}
 }
 
+// nodeResultLine is a node's result in --json mode.
+type nodeResultLine struct {
+	NodeResult *protocol.NodeResult `json:"node_result"`
+}
+
+// nodeResult writes one --json node result line, after the node's held-back
+// output bytes.
+func (o *execOutput) nodeResult(r *protocol.NodeResult) {
+	o.FlushNode(r.Node)
+	if o.err == nil && o.json != nil {
+		o.err = o.json.Encode(nodeResultLine{r})
+	}
+}
+
+// FlushNode completes node's partial lines (or, in --json mode, writes its
+// held-back bytes): the node is done, nothing more will come from it.
+func (o *execOutput) FlushNode(node string) {
+	for _, stream := range []string{protocol.ReplyStdout, protocol.ReplyStderr} {
+		k := [2]string{node, stream}
+		if p := o.partial[k]; len(p) > 0 && o.err == nil {
+			o.err = o.jsonChunk(node, stream, p)
+		}
+		if o.partial != nil {
+			o.partial[k] = nil
+		}
+		if p := o.prefixers[k]; p != nil {
+			if err := p.Flush(); err != nil && o.err == nil {
+				o.err = err
+			}
+		}
+	}
+}
+
 func (o *execOutput) writer(stream string) io.Writer {
 	if stream == protocol.ReplyStderr {
 		return o.stderr

@@ -1,0 +1,81 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// JobStatus returns the status of detached job id on node (see
+// protocol.ExecRequest.Detach). An unknown job is a *protocol.APIError with
+// code protocol.ErrCodeNotFound. A ctx without deadline is bounded by
+// RequestTimeout.
+func (c *Client) JobStatus(ctx context.Context, node, id string) (*protocol.JobStatus, error) {
+	var st protocol.JobStatus
+	if err := c.request(ctx, protocol.SubjectJobStatus, protocol.JobRequest{Node: node, ID: id}, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// JobCancel kills detached job id on node (SIGTERM to its process group,
+// SIGKILL after the agent's kill grace) and returns its status afterwards.
+func (c *Client) JobCancel(ctx context.Context, node, id string) (*protocol.JobStatus, error) {
+	var st protocol.JobStatus
+	if err := c.request(ctx, protocol.SubjectJobCancel, protocol.JobRequest{Node: node, ID: id}, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// JobOutput is one read of a detached job's output file.
+type JobOutput struct {
+	Data []byte
+	// Total is the file's size when it was read.
+	Total int64
+	// EOF is set when Data reaches Total and the job exited.
+	EOF bool
+}
+
+// JobOutput reads at most limit bytes (0: protocol.MaxJobOutputLimit) of
+// detached job id's stream ("stdout" or "stderr") on node from offset.
+func (c *Client) JobOutput(ctx context.Context, node, id, stream string, offset, limit int64) (*JobOutput, error) {
+	if c.NC == nil {
+		return nil, errors.New("client: job output: nil NATS connection")
+	}
+	req := protocol.JobOutputRequest{Node: node, ID: id, Stream: stream, Offset: offset, Limit: limit}
+	if e := req.Validate(); e != nil {
+		return nil, e
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: encode request: %w", protocol.SubjectJobOutput, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.requestTimeout())
+		defer cancel()
+	}
+	msg, err := c.NC.RequestWithContext(ctx, protocol.SubjectJobOutput, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, c.noCoordinator(protocol.SubjectJobOutput)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s request to %s: %w", protocol.SubjectJobOutput, c.NC.ConnectedUrlRedacted(), err)
+	}
+	if e := apiError(msg); e != nil {
+		return nil, e
+	}
+	out := &JobOutput{Data: msg.Data}
+	if out.Total, err = strconv.ParseInt(msg.Header.Get(protocol.HeaderTotal), 10, 64); err != nil {
+		return nil, fmt.Errorf("%s: reply has a bad %s header: %w", protocol.SubjectJobOutput, protocol.HeaderTotal, err)
+	}
+	out.EOF = msg.Header.Get(protocol.HeaderEOF) == "true"
+	return out, nil
+}

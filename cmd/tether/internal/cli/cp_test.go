@@ -1,0 +1,109 @@
+package cli
+
+import (
+	"bytes"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tetherfleet/tether/fleettest"
+)
+
+func TestParseCopyEnd(t *testing.T) {
+	for _, tt := range []struct {
+		in         string
+		node, path string
+		bad        bool
+	}{
+		{in: "./dir", path: "./dir"},
+		{in: "/abs/x", path: "/abs/x"},
+		{in: "node-a:/srv/x", node: "node-a", path: "/srv/x"},
+		{in: "node-a:/srv/x/../y", node: "node-a", path: "/srv/y"},
+		{in: "./a:b", path: "./a:b"},
+		{in: "dir/a:b", path: "dir/a:b"},
+		{in: "node-a:relative", bad: true},
+		{in: "bad node:/x", bad: true},
+		{in: "", bad: true},
+	} {
+		got, err := parseCopyEnd(tt.in)
+		if (err != nil) != tt.bad || (!tt.bad && (got.node != tt.node || got.path != tt.path)) {
+			t.Errorf("parseCopyEnd(%q) = %+v, %v", tt.in, got, err)
+		}
+	}
+}
+
+func TestCpUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"cp", "a", "b"},
+		{"cp", "n1:/a", "n2:/b"},
+		{"cp", "only-one"},
+		{"cp", "--progress", "sometimes", "a", "n:/b"},
+	} {
+		if r := runCLI(testCtx(t), nil, "", args...); r.code != 2 {
+			t.Errorf("%v: code %d (%s), want usage error 2", args, r.code, r.stderr)
+		}
+	}
+}
+
+func TestCpFleet(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	url := f.NATS.ClientURL()
+	root := f.DataDir("node-0")
+
+	src := filepath.Join(t.TempDir(), "src")
+	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	big := make([]byte, 3<<20)
+	rand.Read(big)
+	os.WriteFile(filepath.Join(src, "big.bin"), big, 0o640)
+	os.WriteFile(filepath.Join(src, "sub", "a.txt"), []byte("a\n"), 0o600)
+	os.Symlink("sub/a.txt", filepath.Join(src, "link"))
+
+	remote := filepath.Join(root, "dst")
+	os.MkdirAll(remote, 0o755)
+	os.WriteFile(filepath.Join(remote, "extra"), []byte("x"), 0o644)
+
+	r := runCLI(testCtx(t), nil, "", "cp", "--delete", "--nats-url", url, src, "node-0:"+remote)
+	if r.code != 0 || !strings.Contains(r.stderr, "2 files written") {
+		t.Fatalf("push: code %d stderr %q", r.code, r.stderr)
+	}
+	if got, _ := os.ReadFile(filepath.Join(remote, "big.bin")); !bytes.Equal(got, big) {
+		t.Fatal("big.bin differs after push")
+	}
+	if _, err := os.Stat(filepath.Join(remote, "extra")); !os.IsNotExist(err) {
+		t.Fatalf("--delete kept the extra file: %v", err)
+	}
+	if l, _ := os.Readlink(filepath.Join(remote, "link")); l != "sub/a.txt" {
+		t.Fatalf("symlink = %q", l)
+	}
+	if fi, _ := os.Stat(filepath.Join(remote, "sub", "a.txt")); fi == nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode not kept: %v", fi)
+	}
+
+	// A second push sends nothing.
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, src, "node-0:"+remote)
+	if r.code != 0 || !strings.Contains(r.stderr, "0 files written") {
+		t.Fatalf("re-push: code %d stderr %q", r.code, r.stderr)
+	}
+
+	// Pull it back.
+	back := filepath.Join(t.TempDir(), "back")
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, "node-0:"+remote, back)
+	if r.code != 0 {
+		t.Fatalf("pull: code %d stderr %q", r.code, r.stderr)
+	}
+	if got, _ := os.ReadFile(filepath.Join(back, "big.bin")); !bytes.Equal(got, big) {
+		t.Fatal("big.bin differs after pull")
+	}
+
+	// Outside the agent's copy roots: refused, nothing written.
+	outside := filepath.Join(t.TempDir(), "outside")
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, src, "node-0:"+outside)
+	if r.code != 1 || !strings.Contains(r.stderr, outside) {
+		t.Fatalf("outside roots: code %d stderr %q", r.code, r.stderr)
+	}
+	if _, err := os.Stat(outside); !os.IsNotExist(err) {
+		t.Fatalf("refused copy created %s", outside)
+	}
+}

@@ -1,0 +1,184 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+func TestSecondsDurationFlag(t *testing.T) {
+	for in, want := range map[string]time.Duration{"5": 5 * time.Second, "1.5": 1500 * time.Millisecond, "2m": 2 * time.Minute, "-1": -time.Second} {
+		var d time.Duration
+		if err := (secondsDuration{&d}).Set(in); err != nil || d != want {
+			t.Errorf("Set(%q) = %v, %v; want %v", in, d, err, want)
+		}
+	}
+	var d time.Duration
+	if err := (secondsDuration{&d}).Set("soon"); err == nil {
+		t.Error("Set(soon) succeeded")
+	}
+}
+
+func TestInterruptCode(t *testing.T) {
+	for _, tt := range []struct {
+		cause error
+		want  int
+	}{
+		{SignalCause(syscall.SIGTERM), 143},
+		{SignalCause(syscall.SIGINT), 130},
+		{nil, 130},
+	} {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(tt.cause)
+		if got := interruptCode(ctx); got != tt.want {
+			t.Errorf("cause %v: code %d, want %d", tt.cause, got, tt.want)
+		}
+	}
+}
+
+func TestProgressLine(t *testing.T) {
+	var term syncBuffer
+	p := newProgress(&term, 1000, 64)
+	for i := range 12 {
+		p.nodeDone(i%4 != 0)
+	}
+	if got, want := p.line(), "12/1000 done · 3 failed · 64 running"; got != want {
+		t.Errorf("line = %q, want %q", got, want)
+	}
+	p.mu.Lock()
+	p.drawLocked()
+	p.mu.Unlock()
+	// An output line clears the progress line first, then the ticker
+	// redraws it.
+	p.writer(&term).Write([]byte("node-1 | hello\n"))
+	if got, want := term.String(), "\r\033[K12/1000 done · 3 failed · 64 running\r\033[Knode-1 | hello\n"; got != want {
+		t.Errorf("terminal = %q, want %q", got, want)
+	}
+	p.start()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.HasSuffix(term.String(), "running") {
+		if time.Now().After(deadline) {
+			t.Fatal("progress line not redrawn")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.stop()
+	if !strings.HasSuffix(term.String(), "\r\033[K") {
+		t.Errorf("progress line not cleared at the end: %q", term.String())
+	}
+}
+
+func TestWriteSummary(t *testing.T) {
+	res := &protocol.ExecResult{Results: []protocol.NodeResult{
+		{Node: "a", DurationMS: 10},
+		{Node: "b", ExitCode: 2, DurationMS: 1500, Failure: "Command failed (exec on b) with exit code 2:\n  bash -s\nboom"},
+		{Node: "c", ExitCode: -1, Error: "tunnel lost during exec: EOF"},
+	}}
+	var w bytes.Buffer
+	if err := writeSummary(&w, res, 0, false, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	want := "NODE  EXIT  DURATION  RESULT\n" +
+		"b     2     1.5s      Command failed (exec on b) with exit code 2:\n" +
+		"c     -1    0s        tunnel lost during exec: EOF\n" +
+		"3 nodes: 1 succeeded, 2 failed (2s)\n"
+	if w.String() != want {
+		t.Errorf("summary =\n%s\nwant\n%s", w.String(), want)
+	}
+	w.Reset()
+	writeSummary(&w, res, 0, true, time.Second)
+	if !strings.Contains(w.String(), "\na     0     10ms      ok\n") {
+		t.Errorf("--summary table lacks the ok node:\n%s", w.String())
+	}
+}
+
+// The exec and job commands against an in-process fleet.
+func TestExecAndJobCommandsOnFleet(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Agents: 3})
+	url := f.NATS.ClientURL()
+	ctx := testCtx(t)
+
+	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "-c", "echo a", "-c", "echo oops >&2; exit 3", "-c", "echo b", "--fail-fast")
+	if r.code != 3 || r.stdout != "a\n" || r.stderr != "oops\nCommand failed (exec on node-0) with exit code 3:\n  echo oops >&2; exit 3\noops\n" {
+		t.Errorf("fail-fast: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "-c", "false", "-c", "echo a")
+	if r.code != 0 || r.stdout != "a\n" {
+		t.Errorf("batch as a script: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--timeout", "1", "--", "sleep", "10")
+	if r.code != exitTimedOut || !strings.Contains(r.stderr, "timed out after 1s") {
+		t.Errorf("--timeout 1: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--cwd", "/nonexistent", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, "tether: node node-0: cwd /nonexistent: no such file or directory (start_failed)") || strings.Count(r.stderr, "node-0") != 1 {
+		t.Errorf("bad cwd: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	// Fan-out: a table of the failed nodes and the totals.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--all", "--", "sh", "-c", `echo hi; [ "$(pwd)" = / ] || test "${PWD##*/}" != x; case $TETHER_N in *) exit 0;; esac`)
+	if r.code != 0 || !strings.Contains(r.stderr, "3 nodes: 3 succeeded, 0 failed") || strings.Contains(r.stderr, "NODE") {
+		t.Errorf("fan-out ok: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--all", "--summary", "-c", "exit 5")
+	if r.code != 1 || !regexp.MustCompile(`(?m)^node-1 +5 +\S+ +Command failed \(exec on node-1\) with exit code 5:$`).MatchString(r.stderr) ||
+		!strings.Contains(r.stderr, "3 nodes: 0 succeeded, 3 failed") {
+		t.Errorf("fan-out failed: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	// --json: chunks, node results, then the result.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--selector", "index in (0,2)", "--json", "--", "echo", "x")
+	var chunks, nodeResults int
+	var last map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("--json line %q: %v", line, err)
+		}
+		switch {
+		case m["stream"] != nil:
+			chunks++
+		case m["node_result"] != nil:
+			nodeResults++
+		}
+		last = m
+	}
+	if r.code != 0 || chunks != 2 || nodeResults != 2 || last["results"] == nil {
+		t.Errorf("--json: exit %d, %d chunks, %d node results, last %v\n%s", r.code, chunks, nodeResults, last, r.stdout)
+	}
+
+	// Detached job and the job commands.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-2", "--detach", "-c", "echo out", "-c", "echo err >&2", "-c", "sleep 0.3")
+	m := regexp.MustCompile(`job (\S+) started detached on node node-2`).FindStringSubmatch(r.stderr)
+	if r.code != 0 || m == nil {
+		t.Fatalf("--detach: exit %d, stderr %q", r.code, r.stderr)
+	}
+	id := m[1]
+	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, "--node", "node-2", "--follow", "--poll", "50ms", id)
+	if r.code != 0 || r.stdout != "out\n" || r.stderr != "err\n" {
+		t.Errorf("job logs --follow: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", id)
+	if r.code != 0 || !strings.Contains(r.stdout, "state:    exited") || !strings.Contains(r.stdout, "exit:     0") {
+		t.Errorf("job status: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-2", "--detach", "--", "sleep", "60")
+	id = regexp.MustCompile(`job (\S+) started`).FindStringSubmatch(r.stderr)[1]
+	r = runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, "--node", "node-2", "--json", id)
+	var st protocol.JobStatus
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || !st.Cancelled || st.State != protocol.JobExited {
+		t.Errorf("job cancel: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", "nope")
+	if r.code != 1 || !strings.Contains(r.stderr, "not_found") {
+		t.Errorf("unknown job: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,198 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// jobOptions are the flags of `tether job ...`.
+type jobOptions struct {
+	// Node is the node the detached job runs on. Required.
+	Node string
+	// JSON prints the status as JSON (status, cancel).
+	JSON bool
+	// Follow keeps polling the output until the job exited (logs).
+	Follow bool
+	// Poll is the --follow polling interval.
+	Poll time.Duration
+	NATS natsOptions
+}
+
+// Validate reports every invalid option; args are the positional arguments.
+func (o *jobOptions) Validate(args []string) error {
+	var errs []error
+	if err := protocol.ValidNodeID(o.Node); err != nil {
+		errs = append(errs, fmt.Errorf("--node: %w", err))
+	}
+	if len(args) != 1 {
+		errs = append(errs, errors.New("give the job id"))
+	}
+	if o.Poll <= 0 {
+		errs = append(errs, fmt.Errorf("--poll %v must be positive", o.Poll))
+	}
+	return errors.Join(errs...)
+}
+
+func newJobCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "job",
+		Short: "Query, read and cancel detached jobs (exec --detach)",
+		Long: `A job started with 'tether exec --detach' runs in its own session on its node
+and keeps its output in files there (up to the output limit), surviving the
+tunnel. These commands reach it by node and job id. Finished jobs' files are
+kept for the agent's job retention (24 h by default).`,
+		Args: cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			cmd.Help()
+			return usage(errors.New("a subcommand is required: status, logs or cancel"))
+		}),
+	}
+	cmd.AddCommand(
+		newJobSubCmd(e, "status", "Show a detached job's state, exit code and output sizes", runJobStatus),
+		newJobSubCmd(e, "logs", "Print a detached job's stdout, then its stderr", runJobLogs),
+		newJobSubCmd(e, "cancel", "Kill a detached job's process group", runJobCancel),
+	)
+	return cmd
+}
+
+func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error) *cobra.Command {
+	o := jobOptions{Poll: time.Second}
+	cmd := &cobra.Command{
+		Use:   name + " --node NODE JOB-ID",
+		Short: short,
+		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
+			if err := o.Validate(args); err != nil {
+				return usage(err)
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			err = run(cmd.Context(), c, &o, args[0], e)
+			if err != nil && cmd.Context().Err() != nil {
+				return &exitError{code: interruptCode(cmd.Context()), err: fmt.Errorf("interrupted: %w", err)}
+			}
+			return err
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Node, "node", "", "the node the job runs on")
+	switch name {
+	case "status", "cancel":
+		f.BoolVar(&o.JSON, "json", false, "print the status as JSON")
+	case "logs":
+		f.BoolVar(&o.Follow, "follow", false, "keep printing new output until the job exited")
+		f.DurationVar(&o.Poll, "poll", o.Poll, "how often --follow polls")
+	}
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	st, err := c.JobStatus(ctx, o.Node, id)
+	if err != nil {
+		return err
+	}
+	return printJobStatus(e.stdout, st, o.JSON)
+}
+
+func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	st, err := c.JobCancel(ctx, o.Node, id)
+	if err != nil {
+		return err
+	}
+	return printJobStatus(e.stdout, st, o.JSON)
+}
+
+// printJobStatus prints st as JSON or as "key: value" lines.
+func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(st)
+	}
+	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, st.State)
+	if st.ExitCode != nil {
+		fmt.Fprintf(w, "exit:     %d", *st.ExitCode)
+		switch {
+		case st.TimedOut:
+			fmt.Fprint(w, " (timed out)")
+		case st.Cancelled:
+			fmt.Fprint(w, " (cancelled)")
+		case st.Signal != "":
+			fmt.Fprintf(w, " (signal %s)", st.Signal)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "started:  %s\n", st.StartedAt.Format(time.RFC3339))
+	if st.FinishedAt != nil {
+		fmt.Fprintf(w, "finished: %s (%v)\n", st.FinishedAt.Format(time.RFC3339), st.FinishedAt.Sub(st.StartedAt).Round(time.Millisecond))
+	}
+	trunc := func(b bool) string {
+		if b {
+			return " (truncated)"
+		}
+		return ""
+	}
+	_, err := fmt.Fprintf(w, "stdout:   %d bytes%s\nstderr:   %d bytes%s\n", st.StdoutBytes, trunc(st.StdoutTruncated), st.StderrBytes, trunc(st.StderrTruncated))
+	return err
+}
+
+// runJobLogs prints the job's stdout then its stderr; with --follow it
+// polls both, printing new bytes as they come, until the job exited and
+// both were read to the end.
+func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	offsets := map[string]int64{}
+	read := func(stream string, w io.Writer) (eof bool, err error) {
+		for {
+			out, err := c.JobOutput(ctx, o.Node, id, stream, offsets[stream], 0)
+			if err != nil {
+				return false, err
+			}
+			if len(out.Data) > 0 {
+				if _, err := w.Write(out.Data); err != nil {
+					return false, err
+				}
+				offsets[stream] += int64(len(out.Data))
+			}
+			if offsets[stream] >= out.Total || len(out.Data) == 0 {
+				return out.EOF, nil
+			}
+		}
+	}
+	if !o.Follow {
+		if _, err := read(protocol.ReplyStdout, e.stdout); err != nil {
+			return err
+		}
+		_, err := read(protocol.ReplyStderr, e.stderr)
+		return err
+	}
+	t := time.NewTicker(o.Poll)
+	defer t.Stop()
+	for {
+		outEOF, err := read(protocol.ReplyStdout, e.stdout)
+		if err != nil {
+			return err
+		}
+		errEOF, err := read(protocol.ReplyStderr, e.stderr)
+		if err != nil {
+			return err
+		}
+		if outEOF && errEOF {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

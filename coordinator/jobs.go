@@ -1,0 +1,404 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// stderrTailSize is how much of a node's stderr the coordinator keeps for
+// the failure message of its result.
+const stderrTailSize = 64 << 10
+
+// Causes of a job's cancellation other than a cancel request.
+var (
+	// errClientGone: the client stopped listening (see job.startKeeper).
+	errClientGone = errors.New("client disappeared")
+)
+
+// shutdownError is the cause of jobs cancelled by the drain.
+type shutdownError struct{ id string }
+
+func (e *shutdownError) Error() string {
+	return fmt.Sprintf("coordinator %s is shutting down; job cancelled", e.id)
+}
+
+// shutdownCause returns the cancel cause the drain gives running jobs.
+func (c *Coordinator) shutdownCause() error { return &shutdownError{id: c.cfg.ID} }
+
+// cancelReason replaces a cancelled node result's error with why the job
+// was cancelled, when that was not a cancel request.
+func (j *job) cancelReason(r *protocol.NodeResult) {
+	cause := context.Cause(j.ctx)
+	var se *shutdownError
+	switch {
+	case errors.As(cause, &se):
+		r.Error = se.Error()
+		r.ErrorCode = protocol.ResultCodeShutdown
+	case errors.Is(cause, errClientGone):
+		r.Error = "the client disappeared; job cancelled"
+	}
+}
+
+// stderrTail keeps the last stderrTailSize bytes written to it.
+type stderrTail struct{ b []byte }
+
+func (t *stderrTail) write(p []byte) {
+	if len(p) >= stderrTailSize {
+		t.b = append(t.b[:0], p[len(p)-stderrTailSize:]...)
+		return
+	}
+	t.b = append(t.b, p...)
+	if len(t.b) > 2*stderrTailSize {
+		t.b = append(t.b[:0], t.b[len(t.b)-stderrTailSize:]...)
+	}
+}
+
+func (t *stderrTail) bytes() []byte {
+	if len(t.b) > stderrTailSize {
+		return t.b[len(t.b)-stderrTailSize:]
+	}
+	return t.b
+}
+
+// failure formats a failed node's result the way NeMo Gym reports a failed
+// command (reference/wire-facts.md §4.1): "Command failed (exec on <node>)
+// with exit code N:\n  <command>\n<stderr stripped>".
+func (j *job) failure(node string, r *protocol.NodeResult, stderr []byte) string {
+	cmd := j.command
+	if i := r.FailedCommand; i != nil && *i >= 0 && *i < len(j.commands) {
+		cmd = j.commands[*i]
+	}
+	return fmt.Sprintf("Command failed (exec on %s) with exit code %d:\n  %s\n%s",
+		node, r.ExitCode, cmd, strings.TrimSpace(string(stderr)))
+}
+
+// shownCommand is what a failure message shows for a request: `bash -s`
+// for a script or a batch run as one script (as NeMo Gym's SSH run shows
+// its ssh argv), the argv joined by spaces, or "" in fail-fast mode (the
+// failing command is shown instead).
+func shownCommand(p *protocol.ExecParams) string {
+	switch {
+	case p.FailFast:
+		return ""
+	case p.ShellScript() != "":
+		return "bash -s"
+	}
+	return strings.Join(p.Argv, " ")
+}
+
+// withoutNodePrefix strips the "node <id>: " an agent puts in front of its
+// messages: a node result names its node in its own field.
+func withoutNodePrefix(id, msg string) string {
+	return strings.TrimPrefix(msg, "node "+id+": ")
+}
+
+// shortenFailure cuts n bytes from the start of a failure message's stderr
+// part (keeping its first two lines, the command failed line and the
+// command), marking the cut.
+func shortenFailure(f string, n int) string {
+	head := 0
+	for k := 0; k < 2; k++ {
+		i := strings.IndexByte(f[head:], '\n')
+		if i < 0 {
+			return f
+		}
+		head += i + 1
+	}
+	rest := f[head:]
+	if n >= len(rest) {
+		return f[:head] + "…"
+	}
+	return f[:head] + "…" + rest[n:]
+}
+
+// Liveness. While a job runs, its keeper goroutine wakes every
+// Config.KeepAliveInterval. If nothing was published for half an interval
+// it publishes a keepalive reply (sequenced, so clients can tell a silent
+// job from a dead coordinator), else an unsequenced probe message. Either
+// carries a reply subject on the coordinator's probe inbox
+// (<inbox>.<token>, one wildcard subscription for every job): when the
+// client's reply subscription is gone, the NATS server answers with a 503
+// "no responders" status there. Two probes in a row answered that way
+// cancel the job (cause errClientGone).
+
+// startProbes subscribes to the probe inbox. Serve calls it before serving.
+func (c *Coordinator) startProbes() error {
+	prefix := c.cfg.NATS.NewInbox()
+	sub, err := c.cfg.NATS.Subscribe(prefix+".*", c.handleProbeReply)
+	if err != nil {
+		return fmt.Errorf("coordinator: subscribe to probe inbox: %w", err)
+	}
+	c.mu.Lock()
+	c.probePrefix = prefix
+	c.probeSub = sub
+	c.probes = map[string]*job{}
+	c.mu.Unlock()
+	return nil
+}
+
+// stopProbes ends the probe subscription once no job runs.
+func (c *Coordinator) stopProbes() {
+	c.mu.Lock()
+	sub := c.probeSub
+	c.probeSub = nil
+	c.mu.Unlock()
+	if sub != nil {
+		sub.Unsubscribe()
+	}
+}
+
+// handleProbeReply runs on the subscription's goroutine for each answer to
+// a probe; only a no-responders status means something.
+func (c *Coordinator) handleProbeReply(m *nats.Msg) {
+	if m.Header.Get("Status") != "503" {
+		return
+	}
+	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	c.mu.Lock()
+	j := c.probes[token]
+	c.mu.Unlock()
+	if j != nil {
+		j.probeGone.Store(true)
+	}
+}
+
+// startKeeper starts the job's keeper goroutine and returns the function
+// that stops it and waits for it.
+func (j *job) startKeeper() (stop func()) {
+	c := j.c
+	iv := c.cfg.KeepAliveInterval
+	c.mu.Lock()
+	c.probeSeq++
+	j.probe = strconv.FormatUint(c.probeSeq, 10)
+	prefix := c.probePrefix
+	if c.probes != nil {
+		c.probes[j.probe] = j
+	}
+	c.mu.Unlock()
+	probeSubject := ""
+	if prefix != "" {
+		probeSubject = prefix + "." + j.probe
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(iv)
+		defer t.Stop()
+		gone := 0
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if j.probeGone.Swap(false) {
+				gone++
+			} else {
+				gone = 0
+			}
+			if gone >= 2 {
+				if j.ctx.Err() == nil {
+					c.log.Warn(fmt.Sprintf("client of job %s disappeared; cancelling", j.id), "job_id", j.id)
+					j.cancel(errClientGone)
+				}
+				continue
+			}
+			j.keepAlive(iv, probeSubject)
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+		c.mu.Lock()
+		delete(c.probes, j.probe)
+		c.mu.Unlock()
+	}
+}
+
+// keepAlive publishes a keepalive reply if the job was silent for half an
+// interval, else a probe, both with the probe subject as reply subject.
+func (j *job) keepAlive(iv time.Duration, probeSubject string) {
+	j.pubMu.Lock()
+	silent := time.Since(j.lastPub) >= iv/2
+	j.pubMu.Unlock()
+	if silent {
+		h := nats.Header{}
+		h.Set(protocol.HeaderType, protocol.ReplyKeepAlive)
+		j.publishMsgReply(h, nil, protocol.ReplyKeepAlive, probeSubject)
+		return
+	}
+	if probeSubject == "" {
+		return
+	}
+	h := nats.Header{}
+	h.Set(protocol.HeaderType, protocol.ReplyProbe)
+	h.Set(protocol.HeaderJob, j.id)
+	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Reply: probeSubject, Header: h}); err != nil {
+		j.c.log.Debug("publish probe", "job_id", j.id, "err", err)
+	}
+}
+
+// Detached job endpoints: each validates its request, then a goroutine the
+// coordinator owns (counted in jobWG) opens a job stream to the node and
+// relays the answer.
+
+// jobAnswerTimeout bounds the wait for a job stream's answer; a cancel
+// waits for the agent's kill grace.
+const jobAnswerTimeout = 30 * time.Second
+
+func (c *Coordinator) handleJobStatus(req micro.Request) {
+	var r protocol.JobRequest
+	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	if e := r.Validate(); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	c.goJobOp(req, r.Node, &protocol.JobParams{Op: protocol.JobOpStatus, ID: r.ID})
+}
+
+func (c *Coordinator) handleJobCancel(req micro.Request) {
+	var r protocol.JobRequest
+	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	if e := r.Validate(); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	c.goJobOp(req, r.Node, &protocol.JobParams{Op: protocol.JobOpCancel, ID: r.ID})
+}
+
+func (c *Coordinator) handleJobOutput(req micro.Request) {
+	var r protocol.JobOutputRequest
+	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	if e := r.Validate(); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	c.goJobOp(req, r.Node, r.Params())
+}
+
+// goJobOp looks the node up and runs the job stream in a goroutine.
+func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobParams) {
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.replyError(req, c.unavailable())
+		return
+	}
+	n, ok := c.nodes[nodeID]
+	if !ok {
+		c.mu.Unlock()
+		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(nodeID), c.cfg.ID))
+		return
+	}
+	life := c.life
+	c.jobWG.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.jobWG.Done()
+		c.runJobOp(life, req, n, p)
+	}()
+}
+
+// runJobOp opens a job stream to n with p and replies with its answer.
+func (c *Coordinator) runJobOp(ctx context.Context, req micro.Request, n *node, p *protocol.JobParams) {
+	ctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
+	defer cancel()
+	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
+	st, err := n.sess.Open(octx, protocol.KindJob, p)
+	ocancel()
+	if err != nil {
+		c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: open job stream: %v", n.id, err))
+		return
+	}
+	c.m.streamsOpened.WithLabelValues(protocol.KindJob.String()).Inc()
+	defer st.Close()
+	stop := context.AfterFunc(ctx, func() { st.SetReadDeadline(time.Now()) })
+	defer stop()
+
+	var data []byte
+	fr := protocol.NewFrameReader(st)
+	for {
+		f, err := fr.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: job stream ended without an answer: %v", n.id, err))
+			return
+		}
+		switch f.Type {
+		case protocol.FrameStdout:
+			if int64(len(data)+len(f.Payload)) > protocol.MaxJobOutputLimit {
+				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job output answer over the %d byte limit", n.id, protocol.MaxJobOutputLimit))
+				return
+			}
+			data = append(data, f.Payload...)
+		case protocol.FrameError:
+			var ei protocol.ErrorInfo
+			if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
+				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
+				return
+			}
+			msg := "node " + n.id + ": " + withoutNodePrefix(n.id, truncateAgentString(ei.Message))
+			switch ei.Code {
+			case "job_not_found":
+				c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%s", msg))
+			case protocol.CodeBadRequest:
+				c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%s", msg))
+			case protocol.CodeUnsupported:
+				c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeUnsupported, "node %s: its agent does not support detached jobs", n.id))
+			default:
+				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "%s", msg))
+			}
+			return
+		case protocol.FrameJob:
+			if p.Op == protocol.JobOpOutput {
+				var end protocol.JobOutputEnd
+				if err := protocol.DecodeJSON(f.Payload, &end); err != nil {
+					c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
+					return
+				}
+				h := micro.Headers{}
+				h[protocol.HeaderTotal] = []string{strconv.FormatInt(end.Total, 10)}
+				h[protocol.HeaderEOF] = []string{strconv.FormatBool(end.EOF)}
+				if err := req.Respond(data, micro.WithHeaders(h)); err != nil {
+					c.log.Warn("send job output reply", "node_id", n.id, "job_id", p.ID, "err", err)
+				}
+				return
+			}
+			var js protocol.JobStatus
+			if err := protocol.DecodeJSON(f.Payload, &js); err != nil {
+				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
+				return
+			}
+			js.Node = n.id
+			c.replyJSON(req, js, "a job status", "raise the server's max_payload")
+			return
+		default:
+			c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: unexpected %s frame", n.id, f.Type))
+			return
+		}
+	}
+}
