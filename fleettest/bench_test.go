@@ -41,12 +41,16 @@ import (
 // Run: go test -run '^$' -bench . -benchtime 2000x ./fleettest
 
 func TestMain(m *testing.M) {
+	fleettest.RunAgentHostIfChild()
 	switch os.Getenv("TETHER_FLEETTEST_CHILD") {
 	case "coordinator":
 		childCoordinator()
 		return
 	case "tls":
 		childTLSServer()
+		return
+	case "forks":
+		childForks()
 		return
 	}
 	os.Exit(m.Run())

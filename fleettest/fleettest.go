@@ -12,12 +12,18 @@
 package fleettest
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,6 +50,14 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	// Logger receives every component's logs; nil discards.
 	Logger *slog.Logger
+	// Processes, when above 1, runs the agents in that many child
+	// processes (this test binary re-executed; its TestMain must call
+	// RunAgentHostIfChild first) instead of in the test process. A Go
+	// process forks one child at a time (syscall.ForkLock), so a fleet
+	// whose agents should run commands in parallel, as separate nodes do,
+	// needs several processes. Options.Labels and Options.NodeID are not
+	// used for child agents: they are node-<i> with label index=<i>.
+	Processes int
 	// Coordinator, if set, adjusts the coordinator's config before New.
 	Coordinator func(c *coordinator.Config)
 	// Agent, if set, adjusts agent i's config before New (e.g. its Dial,
@@ -154,11 +168,108 @@ func Start(tb testing.TB, opts Options) *Fleet {
 			opts.Logger.Error("coordinator stopped", "err", err)
 		}
 	}()
-	for i := 0; i < opts.Agents; i++ {
-		f.AddAgent(tb)
+	if opts.Processes > 1 {
+		f.startAgentHosts(tb, pki.CACert)
+	} else {
+		for i := 0; i < opts.Agents; i++ {
+			f.AddAgent(tb)
+		}
 	}
 	f.WaitNodes(tb, opts.Agents)
 	return f
+}
+
+// agentHostEnv marks a re-executed test binary as an agent host and carries
+// its job: "ADDR|TOKEN|CAFILE|FIRST|COUNT".
+const agentHostEnv = "TETHER_FLEETTEST_AGENT_HOST"
+
+// RunAgentHostIfChild must be called first in the TestMain of a package that
+// starts fleets with Options.Processes > 1. In the test process it returns
+// at once. In an agent host child it runs that child's agents until its
+// standard input closes, then exits the process.
+func RunAgentHostIfChild() {
+	spec := os.Getenv(agentHostEnv)
+	if spec == "" {
+		return
+	}
+	parts := strings.Split(spec, "|")
+	if len(parts) != 5 {
+		fmt.Fprintf(os.Stderr, "fleettest: bad %s %q\n", agentHostEnv, spec)
+		os.Exit(2)
+	}
+	first, _ := strconv.Atoi(parts[3])
+	count, _ := strconv.Atoi(parts[4])
+	cliTLS, err := tunnel.LoadClientTLS(parts[2])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleettest:", err)
+		os.Exit(2)
+	}
+	cliTLS.ServerName = "localhost"
+	dir, err := os.MkdirTemp("", "fleettest-agents")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleettest:", err)
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := first; i < first+count; i++ {
+		cfg := agentConfig(fmt.Sprintf("node-%d", i), map[string]string{"index": fmt.Sprint(i)},
+			parts[0], parts[1], cliTLS, filepath.Join(dir, fmt.Sprint(i)), slog.New(slog.DiscardHandler))
+		a, err := agent.New(cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleettest:", err)
+			os.Exit(2)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.Run(ctx)
+		}()
+	}
+	fmt.Println("READY")
+	io.Copy(io.Discard, os.Stdin)
+	cancel()
+	wg.Wait()
+	os.RemoveAll(dir)
+	os.Exit(0)
+}
+
+// startAgentHosts runs the fleet's agents in Options.Processes children.
+func (f *Fleet) startAgentHosts(tb testing.TB, caFile string) {
+	tb.Helper()
+	n, p := f.opts.Agents, f.opts.Processes
+	for k := 0; k < p; k++ {
+		first, count := k*n/p, (k+1)*n/p-k*n/p
+		cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%s|%d|%d", agentHostEnv, f.TunnelAddr, f.token, caFile, first, count))
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() {
+			stdin.Close() // the child stops its agents and exits
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		})
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != "READY" {
+			tb.Fatalf("fleettest: agent host %d: %q, %v (does TestMain call fleettest.RunAgentHostIfChild?)", k, line, err)
+		}
+	}
 }
 
 // Dial starts n agents (node-0 … node-<n-1>) against a coordinator that runs
@@ -186,26 +297,13 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 	i := f.agents
 	f.agents++
 	f.mu.Unlock()
-	cfg := agent.DefaultConfig()
-	cfg.NodeID = f.opts.NodeID(i)
-	cfg.Labels = f.opts.Labels(i)
-	cfg.Coordinators = []string{f.TunnelAddr}
-	cfg.Token = f.token
-	cfg.TLS = f.ClientTLS
-	cfg.DataDir = tb.TempDir()
+	cfg := agentConfig(f.opts.NodeID(i), f.opts.Labels(i), f.TunnelAddr, f.token, f.ClientTLS, tb.TempDir(), f.opts.Logger)
 	f.mu.Lock()
 	if f.dataDirs == nil {
 		f.dataDirs = map[string]string{}
 	}
 	f.dataDirs[cfg.NodeID] = cfg.DataDir
 	f.mu.Unlock()
-	cfg.Version = "fleettest"
-	cfg.Logger = f.opts.Logger
-	// Capacity detection forks nvidia-smi lookups; a thousand agents share
-	// one machine, so measure once.
-	capy := protocol.Capacity{CPUs: 2}
-	cfg.Capacity = &capy
-	cfg.Backoff = tunnel.Backoff{Base: 50 * time.Millisecond, Max: time.Second}
 	if f.opts.Agent != nil {
 		f.opts.Agent(i, &cfg)
 	}
@@ -219,6 +317,25 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 		a.Run(f.ctx)
 	}()
 	return cfg.NodeID
+}
+
+// agentConfig is the configuration of fleet agent i.
+func agentConfig(id string, labels map[string]string, addr, token string, tlsCfg *tls.Config, dataDir string, log *slog.Logger) agent.Config {
+	cfg := agent.DefaultConfig()
+	cfg.NodeID = id
+	cfg.Labels = labels
+	cfg.Coordinators = []string{addr}
+	cfg.Token = token
+	cfg.TLS = tlsCfg
+	cfg.DataDir = dataDir
+	cfg.Version = "fleettest"
+	cfg.Logger = log
+	// Capacity detection looks for nvidia-smi; a thousand agents share one
+	// machine, so report a fixed capacity.
+	capy := protocol.Capacity{CPUs: 2}
+	cfg.Capacity = &capy
+	cfg.Backoff = tunnel.Backoff{Base: 50 * time.Millisecond, Max: time.Second}
+	return cfg
 }
 
 // DataDir returns the data directory of the agent with node id, which is
