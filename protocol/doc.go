@@ -42,7 +42,19 @@
 //   - exec: the coordinator sends [FrameStdin]* then [FrameStdinClose], and
 //     may send [FrameCancel] at any time; the agent sends [FrameStdout] and
 //     [FrameStderr] as output is produced, then exactly one [FrameExit] or
-//     [FrameError], then closes the stream.
+//     [FrameError], then closes the stream. Params may carry a batch
+//     (Commands, FailFast) or ask for a detached job (Detach, JobID).
+//   - copy: a manifest, entries with data and checksums, and a commit; see
+//     copy.go. [FrameFileData] carries raw bytes.
+//   - pty: a terminal: stdin, output, resize, signals, exit; see pty.go.
+//   - job: one query of a detached job (status, output, cancel), answered
+//     with [FrameJob] (and [FrameStdout] for output).
+//
+// Every kind a client reaches through the coordinator's stream relay
+// (exec, copy, pty) accepts [FrameCancel] at any point: the relay, which
+// does not parse the streams it carries beyond frame boundaries, sends one
+// when the client vanished before the operation ended. yamux has no stream
+// reset, so an abort must be said in-band.
 //
 // A stream that breaks without a final frame (the session died) means the
 // operation's outcome is unknown; the agent kills work it can no longer
@@ -51,5 +63,7 @@
 // # NATS API
 //
 // See api.go: subjects live under "tether.v1.", bodies are JSON, errors use
-// the NATS micro error headers with the stable codes listed there.
+// the NATS micro error headers with the stable codes listed there. Byte
+// streams between a NATS client and a tunnel stream (tether.v1.stream) run
+// over the flow-controlled pipe of pipe.go.
 package protocol
