@@ -178,7 +178,7 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	pr.finish()
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("cp %s to %s: interrupted; %s is unchanged", from, to, to)
+			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("cp %s to %s: interrupted; %s is unchanged", from, to, to)}
 		}
 		return fmt.Errorf("cp %s to %s: %w", from, to, err)
 	}

@@ -322,7 +322,7 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 	interrupted := ctx.Err() != nil
 	switch {
 	case out.exit != nil && interrupted:
-		return &exitError{code: exitInterrupted}
+		return &exitError{code: interruptCode(ctx)}
 	case out.exit != nil:
 		if out.exit.ExitCode == 0 {
 			return nil
@@ -331,7 +331,7 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 	case out.errInfo != nil:
 		return fmt.Errorf("node %s: %w", s.node, out.errInfo)
 	case interrupted:
-		return &exitError{code: exitInterrupted, err: fmt.Errorf("interrupted: %w", ctx.Err())}
+		return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", ctx.Err())}
 	case out.err != nil:
 		return fmt.Errorf("node %s: %w", s.node, out.err)
 	default:
