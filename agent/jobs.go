@@ -477,6 +477,20 @@ func (a *Agent) serveJob(ctx context.Context, st *yamux.Stream, h protocol.Heade
 	notFound := func() {
 		a.refuse(st, codeJobNotFound, fmt.Sprintf("node %s has no detached job %s", a.cfg.NodeID, protocol.Clip(p.ID)))
 	}
+	// status reads the job's status, answering the failure itself when
+	// there is none to read.
+	status := func() (protocol.JobStatus, bool) {
+		js, err := a.jobStatus(p.ID)
+		if errors.Is(err, errJobNotFound) {
+			notFound()
+			return protocol.JobStatus{}, false
+		}
+		if err != nil {
+			a.refuse(st, protocol.CodeInternal, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+			return protocol.JobStatus{}, false
+		}
+		return js, true
+	}
 	answer := func(v any) {
 		st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
 		if err := protocol.WriteJSONFrame(st, protocol.FrameJob, v); err != nil {
@@ -485,13 +499,8 @@ func (a *Agent) serveJob(ctx context.Context, st *yamux.Stream, h protocol.Heade
 	}
 	switch p.Op {
 	case protocol.JobOpStatus:
-		js, err := a.jobStatus(p.ID)
-		if errors.Is(err, errJobNotFound) {
-			notFound()
-			return
-		}
-		if err != nil {
-			a.refuse(st, protocol.CodeInternal, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+		js, ok := status()
+		if !ok {
 			return
 		}
 		answer(js)
@@ -513,20 +522,14 @@ func (a *Agent) serveJob(ctx context.Context, st *yamux.Stream, h protocol.Heade
 			}
 			t.Stop()
 		}
-		js, err := a.jobStatus(p.ID)
-		if errors.Is(err, errJobNotFound) {
-			notFound()
-			return
-		}
-		if err != nil {
-			a.refuse(st, protocol.CodeInternal, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+		js, ok := status()
+		if !ok {
 			return
 		}
 		answer(js)
 	case protocol.JobOpOutput:
-		js, err := a.jobStatus(p.ID)
-		if errors.Is(err, errJobNotFound) {
-			notFound()
+		js, ok := status()
+		if !ok {
 			return
 		}
 		f, err := os.Open(filepath.Join(a.jobsDir(), p.ID, p.Stream))

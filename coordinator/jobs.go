@@ -259,40 +259,21 @@ func (j *job) keepAlive(iv time.Duration, probeSubject string) {
 // waits for the agent's kill grace.
 const jobAnswerTimeout = 30 * time.Second
 
-func (c *Coordinator) handleJobStatus(req micro.Request) {
-	var r protocol.JobRequest
-	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
-		c.replyError(req, e)
-		return
+// jobOpHandler serves tether.v1.job.status or .cancel: both take a
+// JobRequest and ask the node for one job operation.
+func (c *Coordinator) jobOpHandler(op string) micro.HandlerFunc {
+	return func(req micro.Request) {
+		var r protocol.JobRequest
+		if !c.decodeValid(req, &r) {
+			return
+		}
+		c.goJobOp(req, r.Node, &protocol.JobParams{Op: op, ID: r.ID})
 	}
-	if e := r.Validate(); e != nil {
-		c.replyError(req, e)
-		return
-	}
-	c.goJobOp(req, r.Node, &protocol.JobParams{Op: protocol.JobOpStatus, ID: r.ID})
-}
-
-func (c *Coordinator) handleJobCancel(req micro.Request) {
-	var r protocol.JobRequest
-	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
-		c.replyError(req, e)
-		return
-	}
-	if e := r.Validate(); e != nil {
-		c.replyError(req, e)
-		return
-	}
-	c.goJobOp(req, r.Node, &protocol.JobParams{Op: protocol.JobOpCancel, ID: r.ID})
 }
 
 func (c *Coordinator) handleJobOutput(req micro.Request) {
 	var r protocol.JobOutputRequest
-	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
-		c.replyError(req, e)
-		return
-	}
-	if e := r.Validate(); e != nil {
-		c.replyError(req, e)
+	if !c.decodeValid(req, &r) {
 		return
 	}
 	c.goJobOp(req, r.Node, r.Params())

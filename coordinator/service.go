@@ -50,9 +50,9 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},
 		{"stream", protocol.SubjectStream, c.handleStream},
-		{"job-status", protocol.SubjectJobStatus, c.handleJobStatus},
+		{"job-status", protocol.SubjectJobStatus, c.jobOpHandler(protocol.JobOpStatus)},
 		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
-		{"job-cancel", protocol.SubjectJobCancel, c.handleJobCancel},
+		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
 	}
 	if err := c.startProbes(); err != nil {
 		svc.Stop()
@@ -217,16 +217,25 @@ func (c *Coordinator) sortedNodesLocked(sel protocol.Selector) []*node {
 	return ns
 }
 
+// decodeValid decodes req's body strictly into v and validates it; on a
+// problem it replies with the API error and returns false.
+func (c *Coordinator) decodeValid(req micro.Request, v interface{ Validate() *protocol.APIError }) bool {
+	e := protocol.DecodeRequest(req.Data(), v)
+	if e == nil {
+		e = v.Validate()
+	}
+	if e != nil {
+		c.replyError(req, e)
+		return false
+	}
+	return true
+}
+
 // handleNodes lists one page of the connected nodes matching the request's
 // selector.
 func (c *Coordinator) handleNodes(req micro.Request) {
 	var r protocol.NodesRequest
-	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
-		c.replyError(req, e)
-		return
-	}
-	if e := r.Validate(); e != nil {
-		c.replyError(req, e)
+	if !c.decodeValid(req, &r) {
 		return
 	}
 	sel, _ := protocol.ParseSelector(r.Selector) // Validate parsed it
