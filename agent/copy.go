@@ -93,6 +93,7 @@ func (a *Agent) copyPath(p *protocol.CopyParams) (string, error) {
 		}
 		resolved = filepath.Join(parent, filepath.Base(clean))
 	}
+	isRoot := false
 	for _, root := range a.cfg.CopyRoots {
 		root = filepath.Clean(root)
 		if r, err := filepath.EvalSymlinks(root); err == nil {
@@ -101,6 +102,7 @@ func (a *Agent) copyPath(p *protocol.CopyParams) (string, error) {
 		if resolved == root && p.Direction == protocol.CopyPull {
 			return resolved, nil
 		}
+		isRoot = isRoot || resolved == root
 		if resolved != root && (root == "/" || strings.HasPrefix(resolved, root+"/")) {
 			return resolved, nil
 		}
@@ -112,6 +114,11 @@ func (a *Agent) copyPath(p *protocol.CopyParams) (string, error) {
 	shown := clean
 	if resolved != clean {
 		shown = fmt.Sprintf("%s (resolved to %s)", clean, resolved)
+	}
+	if isRoot {
+		// A push replaces its destination whole, and a root cannot be
+		// replaced: its parent is outside every root.
+		return "", fmt.Errorf("node %s: copy destination %s is a copy root itself; copy to a path below it, e.g. %s", a.cfg.NodeID, shown, filepath.Join(clean, "NAME"))
 	}
 	return "", fmt.Errorf("node %s: copy path %s is not %s a copy root (%s)", a.cfg.NodeID, shown, what, strings.Join(a.cfg.CopyRoots, ", "))
 }

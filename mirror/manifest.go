@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -116,30 +117,57 @@ func (fi *statInfo) Sys() any           { return nil }
 // one directory (consecutive in walk order) are reached with
 // single-component *at calls on its descriptor instead of a path walk
 // from the root each time. Directories are opened through the os.Root,
-// which refuses symlink escapes.
+// which refuses symlink escapes. It is used by one goroutine; hold lends
+// the open directory to another (a writer or reader worker), which keeps
+// it open until released.
 type dirCache struct {
 	root *os.Root
 	rel  string
-	dir  *os.File
+	dir  *dirRef
+}
+
+// dirRef is an open directory shared by a dirCache and the workers it lent
+// it to; the last release closes it.
+type dirRef struct {
+	f    *os.File
+	fd   int // f's descriptor, valid until the last release
+	refs atomic.Int32
+}
+
+func (d *dirRef) release() {
+	if d.refs.Add(-1) == 0 {
+		d.f.Close()
+	}
 }
 
 // fd returns a descriptor of the directory rel of the root.
 func (c *dirCache) fd(rel string) (int, error) {
 	if c.dir != nil && c.rel == rel {
-		return int(c.dir.Fd()), nil
+		return c.dir.fd, nil
 	}
 	c.close()
 	d, err := c.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return -1, err
 	}
-	c.dir, c.rel = d, rel
-	return int(d.Fd()), nil
+	c.dir, c.rel = &dirRef{f: d, fd: int(d.Fd())}, rel
+	c.dir.refs.Store(1)
+	return c.dir.fd, nil
+}
+
+// hold returns the directory rel of the root open, for the caller to
+// release.
+func (c *dirCache) hold(rel string) (*dirRef, error) {
+	if _, err := c.fd(rel); err != nil {
+		return nil, err
+	}
+	c.dir.refs.Add(1)
+	return c.dir, nil
 }
 
 func (c *dirCache) close() {
 	if c.dir != nil {
-		c.dir.Close()
+		c.dir.release()
 		c.dir = nil
 	}
 }

@@ -148,16 +148,21 @@ type receiver struct {
 	dirs    []dirMeta
 	cur     *incoming
 
+	pool *writerPool // writes small files; nil until the first one
+
 	entries   int   // FrameEntry frames received
 	dataBytes int64 // file data bytes received
 	res       protocol.CopyResult
 	buf       []byte
 }
 
-// incoming is the file whose data is arriving.
+// incoming is the file whose data is arriving: into f, or for a small
+// file into buf (then dir holds its directory for the writer).
 type incoming struct {
 	e       protocol.CopyEntry
 	f       *os.File
+	buf     []byte
+	dir     *dirRef
 	h       *xxh3.Hasher
 	written int64
 }
@@ -177,6 +182,15 @@ func (r *receiver) run() (*protocol.CopyResult, error) {
 	}
 	if err := r.receive(); err != nil {
 		return nil, err
+	}
+	if r.pool != nil {
+		// Every small file is written before directory modes and times
+		// are applied, and before the commit.
+		err := r.pool.wait(false)
+		r.pool = nil
+		if err != nil {
+			return nil, err
+		}
 	}
 	if err := r.finish(); err != nil {
 		return nil, err
@@ -440,6 +454,11 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 	if err := e.Validate(); err != nil {
 		return violationf("%v", err)
 	}
+	if r.pool != nil {
+		if err := r.pool.failure(); err != nil {
+			return err
+		}
+	}
 	r.entries++
 	if _, dup := r.created[e.Path]; dup {
 		return violationf("entry %q: duplicate", e.Path)
@@ -476,6 +495,19 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 			r.prog.p.Files++
 			r.prog.tick(false)
 			return r.keep(e)
+		}
+		if r.rootType == protocol.EntryDir && e.Size <= smallFile {
+			// Gathered in memory, verified, then written by the pool.
+			dir, err := r.newDirs.hold(parentOf(e.Path))
+			if err != nil {
+				return fmt.Errorf("entry %q: open directory: %w", e.Path, err)
+			}
+			if r.pool == nil {
+				r.pool = newWriterPool()
+			}
+			r.pool.budget.acquire(e.Size)
+			r.cur = &incoming{e: *e, dir: dir, buf: make([]byte, 0, e.Size), h: newFileHash()}
+			return nil
 		}
 		f, err := r.createFile(e.Path)
 		if err != nil {
@@ -634,22 +666,15 @@ func (r *receiver) copyOld(rel string, size int64) (*os.File, error) {
 	return dst, nil
 }
 
-// setFileMeta chmods the open staged file f, closes it and sets its
-// mtime.
+// setFileMeta chmods the open staged file f, sets its mtime and closes
+// it.
 func (r *receiver) setFileMeta(rel string, f *os.File, mode uint32, mtime int64) error {
-	err := unix.Fchmod(int(f.Fd()), mode&0o7777)
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	err := fdMeta(int(f.Fd()), mode, mtime)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close: %w", cerr)
 	}
 	if err != nil {
-		return fmt.Errorf("entry %q: chmod and close: %w", rel, err)
-	}
-	fd, name, err := r.at(rel)
-	if err == nil {
-		err = setMtimeAt(fd, name, mtime)
-	}
-	if err != nil {
-		return fmt.Errorf("entry %q: set mtime: %w", rel, err)
+		return fmt.Errorf("entry %q: %w", rel, err)
 	}
 	return nil
 }
@@ -663,7 +688,9 @@ func (r *receiver) data(p []byte) error {
 	if c.written+int64(len(p)) > c.e.Size {
 		return violationf("entry %q: more data than its size %d", c.e.Path, c.e.Size)
 	}
-	if _, err := c.f.Write(p); err != nil {
+	if c.buf != nil {
+		c.buf = append(c.buf, p...)
+	} else if _, err := c.f.Write(p); err != nil {
 		return fmt.Errorf("entry %q: write: %w", c.e.Path, err)
 	}
 	c.h.Write(p)
@@ -687,7 +714,9 @@ func (r *receiver) entryEnd(end *protocol.EntryEnd) error {
 		return violationf("entry %q: checksum mismatch: received data hashes to %s, sender says %s", c.e.Path, sum, end.XXH128)
 	}
 	r.cur = nil
-	if err := r.setFileMeta(c.e.Path, c.f, c.e.Mode, c.e.MtimeNS); err != nil {
+	if c.buf != nil {
+		r.pool.submit(writeJob{rel: c.e.Path, dir: c.dir, name: path.Base(c.e.Path), data: c.buf, mode: c.e.Mode, mtime: c.e.MtimeNS})
+	} else if err := r.setFileMeta(c.e.Path, c.f, c.e.Mode, c.e.MtimeNS); err != nil {
 		return err
 	}
 	r.res.FilesWritten++
@@ -826,8 +855,18 @@ func (r *receiver) commitFallback() error {
 // after a commit) and releases everything.
 func (r *receiver) cleanup() {
 	if r.cur != nil {
-		r.cur.f.Close()
+		if r.cur.f != nil {
+			r.cur.f.Close()
+		}
+		if r.cur.dir != nil {
+			r.cur.dir.release()
+		}
 		r.cur = nil
+	}
+	if r.pool != nil {
+		// No writer may touch the stage once its removal starts.
+		r.pool.wait(true)
+		r.pool = nil
 	}
 	r.newDirs.close()
 	r.oldDirs.close()

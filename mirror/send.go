@@ -300,9 +300,72 @@ func (s *sender) hash(rel string) (string, error) {
 }
 
 // sendEntries writes every entry and the data of the files that travel.
+// Small files are read ahead by a pool (in walk order, within a window
+// bounded in files and bytes) while earlier ones go out.
 func (s *sender) sendEntries() error {
+	var pool *readerPool
+	ahead := make(map[int]*readJob) // read-ahead jobs by entry index
+	next := 0                       // the next entry to consider for read-ahead
+	defer func() {
+		if pool != nil {
+			pool.stop()
+		}
+		for _, j := range ahead {
+			<-j.done
+		}
+	}()
 	for i := range s.entries {
 		e := &s.entries[i]
+		if e.send && s.root != nil && e.Size <= smallFile {
+			if pool == nil {
+				pool = newReaderPool()
+			}
+			next = max(next, i)
+			for ; next < len(s.entries) && len(ahead) < maxReadAhead; next++ {
+				n := &s.entries[next]
+				if !n.send || n.Size > smallFile {
+					continue
+				}
+				if next > i && !pool.budget.tryAcquire(n.Size) {
+					break
+				}
+				if next == i {
+					pool.budget.acquire(n.Size)
+				}
+				dir, err := s.dirs.hold(parentOf(n.Path))
+				if err != nil {
+					pool.budget.release(n.Size)
+					if next == i {
+						s.local = true
+						return fmt.Errorf("open %q: %w", n.Path, err)
+					}
+					break // reported when its turn comes
+				}
+				j := &readJob{rel: n.Path, dir: dir, name: path.Base(n.Path), size: n.Size, done: make(chan struct{})}
+				ahead[next] = j
+				pool.jobs <- j
+			}
+			j := ahead[i]
+			if j == nil {
+				return fmt.Errorf("internal error: no read-ahead for %q", e.Path)
+			}
+			select {
+			case <-j.done:
+			default:
+				// Let the receiver work on what is buffered meanwhile.
+				if err := s.c.flush(); err != nil {
+					return fmt.Errorf("send entry %q: %w", e.Path, err)
+				}
+				<-j.done
+			}
+			delete(ahead, i)
+			err := s.sendRead(e, j)
+			pool.budget.release(j.size)
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		if e.send {
 			if err := s.sendFile(e); err != nil {
 				return err
@@ -317,6 +380,35 @@ func (s *sender) sendEntries() error {
 			s.prog.tick(false)
 		}
 	}
+	return nil
+}
+
+// sendRead sends a file read ahead by the pool, or streams it if it grew
+// too big since the walk.
+func (s *sender) sendRead(e *srcEntry, j *readJob) error {
+	if j.err != nil {
+		s.local = true
+		return j.err
+	}
+	if j.big {
+		return s.sendFile(e)
+	}
+	ce := e.CopyEntry
+	ce.Mode, ce.MtimeNS, ce.Size = modeBits(newStatInfo("", &j.st).Mode()), j.st.Mtim.Nano(), j.st.Size
+	if err := s.c.writeJSON(protocol.FrameEntry, &ce); err != nil {
+		return fmt.Errorf("send entry %q: %w", e.Path, err)
+	}
+	if len(j.data) > 0 {
+		if err := s.c.writeFrame(protocol.FrameFileData, j.data); err != nil {
+			return fmt.Errorf("send data of %q: %w", e.Path, err)
+		}
+	}
+	if err := s.c.writeJSON(protocol.FrameEntryEnd, &protocol.EntryEnd{XXH128: j.sum}); err != nil {
+		return fmt.Errorf("send end of %q: %w", e.Path, err)
+	}
+	s.prog.p.Bytes += int64(len(j.data))
+	s.prog.p.Files++
+	s.prog.tick(false)
 	return nil
 }
 
