@@ -47,16 +47,37 @@
 // writing, they unblock pending I/O with a past deadline (or by closing
 // the stream). They never close the stream otherwise: the caller does.
 //
-// Goroutines. Receive runs in the caller's goroutine. Send starts one
-// reader goroutine for the data phase (it watches for the receiver's
-// FrameCopyDone, or an early FrameError or FrameCancel that must stop the
-// writes) and waits for it before returning. Progress callbacks run in the
-// caller's goroutine.
+// Small files (at most 128 KiB). Per-file system calls, not bytes, bound
+// a copy of many small files, so both ends overlap them with the stream
+// (pool.go). The sender sends every directory entry before the other
+// entries (each kind in walk order, so parents still precede children):
+// the receiver builds the directory skeleton first, as rsync's generator
+// does. Four reader goroutines open, read and hash the next small files
+// (at most 128 files or 16 MiB ahead); results are sent strictly in walk
+// order, with the same checks as the streaming path (metadata from the
+// open file, a file that changes while read fails the copy). The receiver
+// gathers a small file in memory, verifies its size and checksum there,
+// and only then hands it to one of two writer goroutines, which create it
+// exactly as above (single-component openat with O_EXCL|O_NOFOLLOW on a
+// held descriptor of a directory this copy created), write it, and set
+// its mode and mtime on the open descriptor. At most 16 MiB of verified
+// data waits for the writers. The first writer failure fails the copy;
+// every writer is finished before directory modes and times are applied,
+// before the commit, and before a failed copy's stage is removed.
 //
-// Memory is bounded: file data moves in 128 KiB frames through one reused
-// buffer; the source walk and the destination manifest are held in memory
-// (about 200 bytes per entry) and the manifest is sent in frames of at most
-// 1 MiB.
+// Goroutines. Receive runs in the caller's goroutine, plus the two writer
+// goroutines of the first small file on, which it waits for before
+// returning. Send starts one reader goroutine for the data phase (it
+// watches for the receiver's FrameCopyDone, or an early FrameError or
+// FrameCancel that must stop the writes) and the four read-ahead
+// goroutines, and waits for all of them before returning. Progress
+// callbacks run in the caller's goroutine.
+//
+// Memory is bounded: large files move in 128 KiB frames through one reused
+// buffer; small files in flight are bounded as above (16 MiB per end, plus
+// at most 128 files read ahead); the source walk and the destination
+// manifest are held in memory (about 200 bytes per entry) and the manifest
+// is sent in frames of at most 1 MiB.
 //
 // This package must not import NATS, the agent, the coordinator or the
 // tunnel: it speaks frames over any byte stream.

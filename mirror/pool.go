@@ -23,7 +23,10 @@ const (
 	// smallFile is the largest file moved whole through the workers.
 	smallFile = chunkSize
 	// writers and readers are the worker counts of each end.
-	writers = 6
+	// Creating files in one directory serializes on the directory's lock,
+	// so more writers only spin; two keep one creating while the other
+	// writes and closes.
+	writers = 2
 	readers = 4
 	// maxInFlight bounds the bytes of small files held in memory by
 	// each end (queued, being written, or read ahead).
@@ -238,12 +241,12 @@ type readJob struct {
 	name string
 	size int64 // the walk's size: what the budget holds
 
-	done  chan struct{}
-	st    unix.Stat_t
-	data  []byte
-	sum   string
-	big   bool
-	err   error // always the source's fault
+	done chan struct{}
+	st   unix.Stat_t
+	data []byte
+	sum  string
+	big  bool
+	err  error // always the source's fault
 }
 
 // readerPool reads small source files ahead of the sender.

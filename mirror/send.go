@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -232,7 +234,11 @@ func (s *sender) walk() error {
 		}
 		s.dirs.root = s.root
 		add(".", fi)
-		return walkTree(s.root, ".", add)
+		if err := walkTree(s.root, ".", add); err != nil {
+			return err
+		}
+		dirsFirst(s.entries)
+		return nil
 	case fi.Mode().IsRegular():
 		return add(".", fi)
 	}
@@ -463,4 +469,24 @@ func (s *sender) sendFile(e *srcEntry) error {
 	s.prog.p.Files++
 	s.prog.tick(false)
 	return nil
+}
+
+// dirsFirst reorders a walk (parents before children) so that every
+// directory comes before every other entry, keeping the walk's order
+// within each kind, so parents still precede children. The receiver then
+// creates the whole directory skeleton before the first file, the way
+// rsync's generator runs ahead of its receiver; on ext4 this spreads the
+// new directories (and so their files' inodes) better and makes file
+// creation markedly cheaper when a tree was just deleted nearby.
+func dirsFirst(entries []srcEntry) {
+	slices.SortStableFunc(entries, func(a, b srcEntry) int {
+		return cmp.Compare(kindRank(a.Type), kindRank(b.Type))
+	})
+}
+
+func kindRank(t string) int {
+	if t == protocol.EntryDir {
+		return 0
+	}
+	return 1
 }

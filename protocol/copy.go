@@ -49,6 +49,11 @@ type CopyParams struct {
 	// Delete removes destination entries the source lacks (rsync --delete,
 	// what NeMo Gym's copy does). Without it they are kept.
 	Delete bool `json:"delete,omitempty"`
+	// Into says the destination names a directory (the user wrote a
+	// trailing slash): a file source is copied into it as DST/NAME, the
+	// directory being created if needed. A file source onto an existing
+	// directory lands inside it too, with or without Into.
+	Into bool `json:"into,omitempty"`
 	// Checksum compares files by XXH3-128 instead of size and mtime, so a
 	// changed file with an unchanged size and mtime is still sent.
 	Checksum bool `json:"checksum,omitempty"`
@@ -119,6 +124,9 @@ type CopyEntry struct {
 	// progress. Optional; zero means unknown.
 	TotalFiles int   `json:"total_files,omitempty"`
 	TotalBytes int64 `json:"total_bytes,omitempty"`
+	// Name is the source's base name, on the root entry only: a file copied
+	// onto a directory (or with CopyParams.Into) lands at DST/Name.
+	Name string `json:"name,omitempty"`
 }
 
 // Validate checks e's path, type and fields.
@@ -152,6 +160,9 @@ func (e *CopyEntry) Validate() error {
 	}
 	if e.Keep && e.Type != EntryFile {
 		return fmt.Errorf("copy entry %q: only files can be kept", e.Path)
+	}
+	if e.Name != "" && (e.Path != "." || ValidCopyPath(e.Name) != nil || strings.Contains(e.Name, "/")) {
+		return fmt.Errorf("copy entry %q: name %q must be one path component, on the root entry only", e.Path, Clip(e.Name))
 	}
 	return nil
 }
