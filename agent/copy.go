@@ -42,7 +42,7 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 	}
 	log = log.With("direction", p.Direction, "path", path)
 	log.Info("copy started", "delete", p.Delete, "checksum", p.Checksum)
-	opts := mirror.Options{Delete: p.Delete, Checksum: p.Checksum, Logger: log}
+	opts := mirror.Options{Delete: p.Delete, Checksum: p.Checksum, Into: p.Into, Logger: log}
 	start := time.Now()
 	var res *protocol.CopyResult
 	if p.Direction == protocol.CopyPush {

@@ -51,6 +51,11 @@ type Options struct {
 	// Delete removes destination entries the source lacks (rsync
 	// --delete). Only the receiver uses it.
 	Delete bool
+	// Into says the destination names a directory (a trailing slash): a
+	// file source is copied into it as DST/NAME, creating it if needed.
+	// Only the receiver uses it. (A file onto an existing directory lands
+	// inside it even without Into.)
+	Into bool
 	// Checksum compares files by XXH3-128 instead of size and mtime. Both
 	// ends must agree: the receiver puts digests in its manifest, the
 	// sender hashes its files to compare.

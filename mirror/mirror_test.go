@@ -189,24 +189,45 @@ func TestReplaceTypes(t *testing.T) {
 	tree := filepath.Join(dir, "tree")
 	build(t, tree, spec{"a": "a", "b/c": "c"})
 
-	for _, tc := range []struct{ name, src string }{{"dir over file", tree}, {"file over dir", file}} {
-		t.Run(tc.name, func(t *testing.T) {
-			dst := filepath.Join(t.TempDir(), "dst")
-			other := file
-			if tc.src == file {
-				other = tree
-			}
-			mustCopy(t, other, dst, Options{})
-			mustCopy(t, tc.src, dst, Options{Delete: true})
-			copyEqual(t, tc.src, dst)
-			noStage(t, filepath.Dir(dst))
-		})
-	}
-	// A symlink at the destination is replaced, not followed.
+	t.Run("dir over file needs delete", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "dst")
+		mustCopy(t, file, dst, Options{})
+		if _, r, _ := runCopy(t, tree, dst, Options{}); r.err == nil || !strings.Contains(r.err.Error(), "--delete") {
+			t.Fatalf("directory over a file without delete: %v, want a refusal naming --delete", r.err)
+		}
+		copyEqual(t, file, dst)
+		mustCopy(t, tree, dst, Options{Delete: true})
+		copyEqual(t, tree, dst)
+		noStage(t, filepath.Dir(dst))
+	})
+	t.Run("file onto dir lands inside", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "dst")
+		mustCopy(t, tree, dst, Options{})
+		mustCopy(t, file, dst, Options{Delete: true})
+		copyEqual(t, file, filepath.Join(dst, "file"))
+		if got, _ := os.ReadFile(filepath.Join(dst, "a")); string(got) != "a" {
+			t.Fatalf("the directory's own files were touched: a = %q", got)
+		}
+		noStage(t, filepath.Dir(dst))
+		noStage(t, dst)
+	})
+	t.Run("file into a new dir", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "new")
+		mustCopy(t, file, dst, Options{Into: true})
+		copyEqual(t, file, filepath.Join(dst, "file"))
+	})
+	t.Run("file into a file", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "dst")
+		fatalIf(t, os.WriteFile(dst, []byte("x"), 0o644))
+		if _, r, _ := runCopy(t, file, dst, Options{Into: true}); r.err == nil {
+			t.Fatal("copy into a file named as a directory succeeded")
+		}
+	})
+	// A symlink at the destination is replaced (with delete), not followed.
 	dst := filepath.Join(t.TempDir(), "dst")
 	target := t.TempDir()
 	fatalIf(t, os.Symlink(target, dst))
-	mustCopy(t, tree, dst, Options{})
+	mustCopy(t, tree, dst, Options{Delete: true})
 	copyEqual(t, tree, dst)
 	if len(listDir(t, target)) != 0 {
 		t.Errorf("copy wrote through the destination symlink")

@@ -467,6 +467,9 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		if e.Path != "." {
 			return violationf("entry %q: the first entry must be the root \".\"", e.Path)
 		}
+		if err := r.placeRoot(e); err != nil {
+			return err
+		}
 		if err := r.createStage(e); err != nil {
 			return err
 		}
@@ -541,6 +544,59 @@ func (r *receiver) symlink(target, rel string, mtime int64) error {
 	}
 	if err := setMtimeAt(fd, name, mtime); err != nil {
 		return fmt.Errorf("set symlink mtime: %w", err)
+	}
+	return nil
+}
+
+// placeRoot decides where the source root e goes before anything is staged.
+// A file copied onto an existing directory, or into one (Options.Into),
+// lands inside it at DST/NAME, as cp and scp put it; the receiver then moves
+// to that target (its parent, lock and manifest). A directory replaces a
+// destination that is not a directory only with Options.Delete: silently
+// turning someone's file into a tree is a surprise nobody asked for.
+func (r *receiver) placeRoot(e *protocol.CopyEntry) error {
+	switch {
+	case e.Type == protocol.EntryFile && (r.oldType == protocol.EntryDir || r.opts.Into):
+		if r.oldType != "" && r.oldType != protocol.EntryDir {
+			return fmt.Errorf("destination %s/ names a directory, but it is a %s", r.dst, r.oldType)
+		}
+		if e.Name == "" {
+			return violationf("root file entry has no name to copy it into directory %s with", r.dst)
+		}
+		return r.moveInto(e.Name)
+	case e.Type == protocol.EntryDir && r.oldType != "" && r.oldType != protocol.EntryDir && !r.opts.Delete:
+		return fmt.Errorf("destination %s is a %s; copying a directory onto it would replace it (use --delete to allow that)", r.dst, r.oldType)
+	}
+	return nil
+}
+
+// moveInto retargets the receiver from dst to dst/name, which must not be a
+// directory: the old parent is released and the new one opened, locked and
+// scanned. Nothing was staged yet.
+func (r *receiver) moveInto(name string) error {
+	if r.oldRoot != nil {
+		r.oldRoot.Close()
+		r.oldRoot = nil
+	}
+	r.oldDirs.close()
+	r.oldDirs = dirCache{}
+	r.root.Close()
+	r.root = nil
+	r.pf.Close() // releases the flock
+	r.pf, r.locked = nil, false
+	r.old, r.oldBy, r.oldType = nil, nil, ""
+
+	r.dst = filepath.Join(r.dst, name)
+	r.parent, r.base = filepath.Dir(r.dst), name
+	r.log = r.log.With("into", r.dst)
+	if err := r.open(); err != nil {
+		return err
+	}
+	if err := r.scanOld(); err != nil {
+		return err
+	}
+	if r.oldType == protocol.EntryDir {
+		return fmt.Errorf("cannot copy a file onto %s: it is a directory", r.dst)
 	}
 	return nil
 }

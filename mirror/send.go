@@ -276,6 +276,10 @@ func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
 		}
 	}
 	s.entries[0].TotalFiles, s.entries[0].TotalBytes = files, bytes
+	if s.entries[0].Type == protocol.EntryFile {
+		// A file copied onto a directory lands inside it under this name.
+		s.entries[0].Name = filepath.Base(s.abs)
+	}
 	s.prog.p.TotalFiles, s.prog.p.TotalBytes = files, bytes
 	return nil
 }

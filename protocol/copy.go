@@ -19,7 +19,9 @@ import (
 //  1. The receiver describes what it has at the destination: FrameManifest*
 //     (JSON arrays of ManifestEntry, each frame at most MaxFrameSize) then
 //     FrameManifestEnd.
-//  2. The sender walks the source in lexical order and sends, per entry,
+//  2. The sender walks the source and sends, per entry (parents before
+//     children; Tether's sender sends every directory first, then the
+//     rest in lexical order, so a receiver can create files in parallel),
 //     FrameEntry; for a regular file whose content must travel (Keep false)
 //     it follows with FrameFileData* and FrameEntryEnd (the XXH3-128 of the
 //     bytes sent). Then FrameCopyEnd.

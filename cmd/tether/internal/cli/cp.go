@@ -40,6 +40,7 @@ type cpOptions struct {
 type copyEnd struct {
 	node string // empty for a local path
 	path string
+	into bool // written with a trailing slash: names a directory
 }
 
 func (c copyEnd) String() string {
@@ -55,9 +56,10 @@ func parseCopyEnd(s string) (copyEnd, error) {
 	if s == "" {
 		return copyEnd{}, errors.New("empty path")
 	}
+	into := len(s) > 1 && strings.HasSuffix(s, "/")
 	i := strings.IndexByte(s, ':')
 	if i <= 0 || strings.Contains(s[:i], "/") {
-		return copyEnd{path: s}, nil
+		return copyEnd{path: s, into: into}, nil
 	}
 	node, p := s[:i], s[i+1:]
 	if err := protocol.ValidNodeID(node); err != nil {
@@ -66,7 +68,7 @@ func parseCopyEnd(s string) (copyEnd, error) {
 	if !path.IsAbs(p) {
 		return copyEnd{}, fmt.Errorf("%q: the path on the node must be absolute", s)
 	}
-	return copyEnd{node: node, path: path.Clean(p)}, nil
+	return copyEnd{node: node, path: path.Clean(p), into: into}, nil
 }
 
 // Validate checks the options and the two ends; exactly one end must be on
@@ -106,9 +108,13 @@ func newCpCmd(e *env) *cobra.Command {
 SRC and DST is NODE:PATH (an absolute path on the node), the other a local
 path.
 
-DST becomes a copy of SRC (like 'rsync -a SRC/ DST', not 'cp -r SRC DST/'):
-modes, modification times and symlinks are kept, symlinks are copied as
-links and never followed, and files whose size and mtime match (or whose
+A directory SRC is mirrored: DST becomes a copy of it (like
+'rsync -a SRC/ DST', not 'cp -r SRC DST/'). A file SRC copied onto an
+existing directory, or onto a DST written with a trailing slash, lands
+inside it as DST/NAME, as with cp and scp; replacing a file with a
+directory needs --delete. Modes, modification times and symlinks are kept,
+symlinks inside the tree are copied as links and never followed (a SRC
+that is a symlink is followed), and files whose size and mtime match (or whose
 XXH3-128 checksum matches, with --checksum) are not sent again. With --delete,
 entries of DST that SRC lacks are removed, as NeMo Gym's copy does.
 
@@ -149,7 +155,7 @@ one of the agent's copy roots.`,
 
 // runCp copies from → to through a copy stream opened with op.
 func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op streamOpener) error {
-	params := protocol.CopyParams{Delete: o.Delete, Checksum: o.Checksum}
+	params := protocol.CopyParams{Delete: o.Delete, Checksum: o.Checksum, Into: to.into}
 	node := to.node
 	if node != "" {
 		params.Direction, params.Path = protocol.CopyPush, to.path
@@ -167,7 +173,7 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	defer st.Close()
 
 	pr := newCopyProgress(o.Progress, e)
-	opts := mirror.Options{Delete: o.Delete, Checksum: o.Checksum, Progress: pr.update}
+	opts := mirror.Options{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Progress: pr.update}
 	start := time.Now()
 	var res *protocol.CopyResult
 	if params.Direction == protocol.CopyPush {

@@ -97,6 +97,32 @@ func TestCpFleet(t *testing.T) {
 		t.Fatal("big.bin differs after pull")
 	}
 
+	// A file onto a directory lands inside it (push and pull), never
+	// replacing the directory.
+	one := filepath.Join(t.TempDir(), "one.txt")
+	os.WriteFile(one, []byte("one\n"), 0o644)
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, one, "node-0:"+remote)
+	if r.code != 0 {
+		t.Fatalf("file onto remote dir: code %d stderr %q", r.code, r.stderr)
+	}
+	if got, _ := os.ReadFile(filepath.Join(remote, "one.txt")); string(got) != "one\n" {
+		t.Fatalf("file onto remote dir: %q", got)
+	}
+	if got, _ := os.ReadFile(filepath.Join(remote, "big.bin")); !bytes.Equal(got, big) {
+		t.Fatal("file onto remote dir changed the directory's other files")
+	}
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, one, "node-0:"+filepath.Join(root, "newdir")+"/")
+	if got, _ := os.ReadFile(filepath.Join(root, "newdir", "one.txt")); r.code != 0 || string(got) != "one\n" {
+		t.Fatalf("file into new remote dir/: code %d stderr %q content %q", r.code, r.stderr, got)
+	}
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, "node-0:"+filepath.Join(remote, "one.txt"), back)
+	if got, _ := os.ReadFile(filepath.Join(back, "one.txt")); r.code != 0 || string(got) != "one\n" {
+		t.Fatalf("pull file onto local dir: code %d stderr %q content %q", r.code, r.stderr, got)
+	}
+	if got, _ := os.ReadFile(filepath.Join(back, "big.bin")); !bytes.Equal(got, big) {
+		t.Fatal("pulling a file onto a local dir replaced the directory")
+	}
+
 	// Outside the agent's copy roots: refused, nothing written.
 	outside := filepath.Join(t.TempDir(), "outside")
 	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, src, "node-0:"+outside)
