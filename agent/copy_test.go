@@ -125,7 +125,7 @@ func TestCopyRefusesPathsOutsideRoots(t *testing.T) {
 	}{
 		{"push outside", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(outside, "x")}, "is not inside a copy root"},
 		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "resolved to " + filepath.Join(outside, "x")},
-		{"push onto the root", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "is not inside a copy root"},
+		{"push onto the root", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "is a copy root itself"},
 		{"push dotdot", protocol.CopyParams{Direction: protocol.CopyPush, Path: data + "/../x"}, "is not inside a copy root"},
 		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not under a copy root"},
 		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "resolved to"},
