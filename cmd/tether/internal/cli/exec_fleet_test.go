@@ -170,6 +170,13 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "state:    exited") || !strings.Contains(r.stdout, "exit:     0") {
 		t.Errorf("job status: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
+	// --follow ends with the job's own exit code.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-2", "--detach", "--", "sh", "-c", "exit 6")
+	id6 := regexp.MustCompile(`job (\S+) started`).FindStringSubmatch(r.stderr)[1]
+	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, "--node", "node-2", "--follow", "--poll", "50ms", id6)
+	if r.code != 6 {
+		t.Errorf("job logs --follow of a job that exited 6: exit %d, stderr %q", r.code, r.stderr)
+	}
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-2", "--detach", "--", "sleep", "60")
 	id = regexp.MustCompile(`job (\S+) started`).FindStringSubmatch(r.stderr)[1]
 	r = runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, "--node", "node-2", "--json", id)

@@ -148,7 +148,7 @@ func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
 
 // runJobLogs prints the job's stdout then its stderr; with --follow it
 // polls both, printing new bytes as they come, until the job exited and
-// both were read to the end.
+// both were read to the end, then exits with the job's exit code.
 func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
 	offsets := map[string]int64{}
 	read := func(stream string, w io.Writer) (eof bool, err error) {
@@ -187,6 +187,15 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 			return err
 		}
 		if outEOF && errEOF {
+			// Like `tail --pid` plus wait: the follower ends with the
+			// job's own exit code, so scripts can branch on it.
+			st, err := c.JobStatus(ctx, o.Node, id)
+			if err != nil {
+				return err
+			}
+			if st.ExitCode != nil && *st.ExitCode != 0 {
+				return &exitError{code: *st.ExitCode}
+			}
 			return nil
 		}
 		select {
