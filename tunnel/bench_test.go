@@ -34,6 +34,8 @@ func BenchmarkThroughput(b *testing.B) {
 	}{
 		{"tunnel-tls-16MiB", 16 << 20, true},
 		{"tunnel-tls-16MiB-stock", 16 << 20, false},
+		{"tunnel-tls-1MiB", 1 << 20, true},
+		{"tunnel-tls-1MiB-stock", 1 << 20, false},
 		{"tunnel-tls-256KiB", 256 << 10, true},
 	} {
 		b.Run(v.name, func(b *testing.B) {

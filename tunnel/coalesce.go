@@ -11,10 +11,12 @@ import (
 const (
 	yamuxHeaderSize = 12
 	yamuxTypeData   = 0
-	// coalesceMax bounds how much of a body is copied next to the header.
-	// The rest is written straight from yamux's buffer, so a session never
-	// holds more than this much extra memory, however large its window.
-	coalesceMax = 64 << 10
+	// coalesceMax bounds how much of a body is copied next to the header:
+	// one TLS record's worth (16 KiB of plaintext), so the header rides in
+	// the first record and the rest of a large body is written straight
+	// from yamux's buffer. Copying more only adds memmove for bodies that
+	// span several records anyway.
+	coalesceMax = 16 << 10
 )
 
 // bufPool holds coalescing buffers of coalesceMax bytes. They are borrowed
