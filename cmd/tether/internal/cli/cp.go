@@ -186,6 +186,12 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 		if ctx.Err() != nil {
 			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("cp %s to %s: interrupted; %s is unchanged", from, to, to)}
 		}
+		// The agent's own error says what failed on the node; the local
+		// layers it travelled through (mirror, pipe) add nothing for users.
+		var pe *mirror.PeerError
+		if errors.As(err, &pe) {
+			return fmt.Errorf("cp %s to %s: %s", from, to, pe.Info.Message)
+		}
 		return fmt.Errorf("cp %s to %s: %w", from, to, err)
 	}
 	if !o.Quiet {

@@ -172,7 +172,11 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 		}
 	}
 	n := len(res.Results)
-	_, err := fmt.Fprintf(w, "%d nodes: %d succeeded, %d failed (%v)\n", n, n-failed, failed, elapsed.Round(time.Millisecond))
+	noun := "nodes"
+	if n == 1 {
+		noun = "node"
+	}
+	_, err := fmt.Fprintf(w, "%d %s: %d succeeded, %d failed (%v)\n", n, noun, n-failed, failed, elapsed.Round(time.Millisecond))
 	return err
 }
 
