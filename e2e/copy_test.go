@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,6 +88,7 @@ func TestCopyEndToEnd(t *testing.T) {
 		if testing.Short() {
 			t.Skip("copies 1 GiB")
 		}
+		needDisk(t, 4<<30)
 		src := mirrortest.BigFileSource(t, 1<<30)
 		dst := filepath.Join(root, "big")
 		_, errOut, code := runCLI(t, f.natsURL, "", "cp", src, "e2e-copy:"+dst)
@@ -103,6 +105,7 @@ func TestCopyEndToEnd(t *testing.T) {
 	})
 
 	t.Run("agent killed mid-copy leaves the old tree intact", func(t *testing.T) {
+		needDisk(t, 4<<30)
 		dst := filepath.Join(root, "tree")
 		old := filepath.Join(t.TempDir(), "old")
 		os.MkdirAll(filepath.Join(old, "sub"), 0o755)
@@ -231,4 +234,17 @@ func cliCommand(ctx context.Context, natsURL string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, *tetherBin, args...)
 	cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)
 	return cmd
+}
+
+// needDisk skips a test that needs bytes of free space in the temp dir,
+// saying so, rather than failing it on a full disk.
+func needDisk(t *testing.T, bytes uint64) {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(os.TempDir(), &st); err != nil {
+		return
+	}
+	if free := st.Bavail * uint64(st.Bsize); free < bytes {
+		t.Skipf("needs %d MiB free in %s, has %d MiB", bytes>>20, os.TempDir(), free>>20)
+	}
 }
