@@ -87,7 +87,7 @@ func TestWriteSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "NODE  EXIT  DURATION  RESULT\n" +
-		"b     2     1.5s      Command failed (exec on b) with exit code 2:\n" +
+		"b     2     1.5s      exit 2: bash -s: boom\n" +
 		"c     -1    0s        tunnel lost during exec: EOF\n" +
 		"3 nodes: 1 succeeded, 2 failed (2s)\n"
 	if w.String() != want {
@@ -129,7 +129,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Errorf("fan-out ok: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--all", "--summary", "-c", "exit 5")
-	if r.code != 1 || !regexp.MustCompile(`(?m)^node-1 +5 +\S+ +Command failed \(exec on node-1\) with exit code 5:$`).MatchString(r.stderr) ||
+	if r.code != 1 || !regexp.MustCompile(`(?m)^node-1 +5 +\S+ +exit 5: bash -s$`).MatchString(r.stderr) ||
 		!strings.Contains(r.stderr, "3 nodes: 0 succeeded, 3 failed") {
 		t.Errorf("fan-out failed: exit %d, stderr %q", r.code, r.stderr)
 	}

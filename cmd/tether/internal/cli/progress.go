@@ -190,7 +190,21 @@ func summaryText(r *protocol.NodeResult, timeout time.Duration) string {
 		return "ok"
 	}
 	if r.Failure != "" && !r.TimedOut {
-		return firstLine(r.Failure)
+		// The failure reads "Command failed (…) with exit code N:",
+		// "  COMMAND", then stderr: the table shows the exit code, the
+		// command and stderr's first line, which say more than line one.
+		lines := strings.SplitN(r.Failure, "\n", 4)
+		text := fmt.Sprintf("exit %d", r.ExitCode)
+		if len(lines) > 1 {
+			text += ": " + strings.TrimSpace(lines[1])
+		}
+		if len(lines) > 2 && strings.TrimSpace(lines[2]) != "" {
+			text += ": " + strings.TrimSpace(lines[2])
+		}
+		if len(text) > 120 {
+			text = text[:117] + "..."
+		}
+		return text
 	}
 	_, msg := nodeOutcome(r, timeout)
 	return firstLine(msg)
