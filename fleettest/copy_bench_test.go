@@ -2,11 +2,9 @@ package fleettest_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/mirror"
@@ -31,15 +29,9 @@ func BenchmarkCopy(b *testing.B) {
 func benchFleetCopy(b *testing.B, src string, size int64) {
 	f := fleettest.Start(b, fleettest.Options{})
 	root := f.DataDir("node-0")
-	rsyncDir := b.TempDir()
-	rsyncURL := mirrortest.Rsyncd(b, rsyncDir)
 	ctx := context.Background()
-	var tether, rs time.Duration
-	b.SetBytes(size)
-	b.ResetTimer()
-	for i := range b.N {
+	mirrortest.CompareWithRsync(b, src, size, func(i int) string {
 		dst := filepath.Join(root, "dst"+strconv.Itoa(i))
-		start := time.Now()
 		st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &protocol.CopyParams{Direction: protocol.CopyPush, Path: dst})
 		if err != nil {
 			b.Fatal(err)
@@ -48,22 +40,6 @@ func benchFleetCopy(b *testing.B, src string, size int64) {
 			b.Fatal(err)
 		}
 		st.Close()
-		tether += time.Since(start)
-		b.StopTimer()
-		os.RemoveAll(dst)
-		if rsyncURL != "" {
-			name := "r" + strconv.Itoa(i)
-			rs += mirrortest.Rsync(b, src, rsyncURL, name)
-			os.RemoveAll(filepath.Join(rsyncDir, name))
-		}
-		b.StartTimer()
-	}
-	b.StopTimer()
-	t := float64(size) * float64(b.N) / tether.Seconds() / 1e6
-	b.ReportMetric(t, "tether-MB/s")
-	if rsyncURL != "" {
-		r := float64(size) * float64(b.N) / rs.Seconds() / 1e6
-		b.ReportMetric(r, "rsync-MB/s")
-		b.ReportMetric(t/r, "x-rsync")
-	}
+		return dst
+	})
 }

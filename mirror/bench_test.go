@@ -4,11 +4,9 @@ import (
 	"context"
 	"github.com/tetherfleet/tether/mirror/mirrortest"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 )
 
 // The benchmarks copy through an in-process TCP loopback connection and
@@ -28,6 +26,7 @@ func BenchmarkCopyTree10k(b *testing.B) {
 	benchCopy(b, mirrortest.TreeSource(b, 100, 100, 1024), 10000*1024)
 }
 
+// benchCopy copies src through an in-process TCP loopback connection.
 func benchCopy(b *testing.B, src string, size int64) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -35,17 +34,9 @@ func benchCopy(b *testing.B, src string, size int64) {
 	}
 	defer ln.Close()
 	out := b.TempDir()
-	rsyncURL := mirrortest.Rsyncd(b, out)
 	ctx := context.Background()
-	b.SetBytes(size)
-	b.ResetTimer()
-	// Iterations alternate tether and rsync so that both see the same
-	// machine (page cache, write-back, other load); only tether's run
-	// under the benchmark's timer.
-	var tether, rs time.Duration
-	for i := range b.N {
+	mirrortest.CompareWithRsync(b, src, size, func(i int) string {
 		dst := filepath.Join(out, "t"+strconv.Itoa(i))
-		start := time.Now()
 		rc := make(chan error, 1)
 		go func() {
 			c, err := ln.Accept()
@@ -66,22 +57,6 @@ func benchCopy(b *testing.B, src string, size int64) {
 		if err := <-rc; err != nil || serr != nil {
 			b.Fatalf("copy: send %v, receive %v", serr, err)
 		}
-		tether += time.Since(start)
-		b.StopTimer()
-		os.RemoveAll(dst)
-		if rsyncURL != "" {
-			name := "r" + strconv.Itoa(i)
-			rs += mirrortest.Rsync(b, src, rsyncURL, name)
-			os.RemoveAll(filepath.Join(out, name))
-		}
-		b.StartTimer()
-	}
-	b.StopTimer()
-	tetherMBps := float64(size) * float64(b.N) / tether.Seconds() / 1e6
-	b.ReportMetric(tetherMBps, "tether-MB/s")
-	if rsyncURL != "" {
-		rsyncMBps := float64(size) * float64(b.N) / rs.Seconds() / 1e6
-		b.ReportMetric(rsyncMBps, "rsync-MB/s")
-		b.ReportMetric(tetherMBps/rsyncMBps, "x-rsync")
-	}
+		return dst
+	})
 }

@@ -117,3 +117,40 @@ func Rsync(tb testing.TB, src, url, name string) time.Duration {
 	}
 	return time.Since(start)
 }
+
+// CompareWithRsync times copyOnce(i) for b.N iterations, each copying src
+// (size bytes) to a fresh destination that copyOnce returns, and alternates
+// every iteration with `rsync -a` of src to an rsync daemon on loopback, so
+// both see the same machine (page cache, write-back, other load). Only
+// copyOnce runs under the benchmark's timer. It reports tether-MB/s and, when
+// rsync is installed, rsync-MB/s and x-rsync (tether's speed over rsync's:
+// at least 1 means not slower). Destinations are removed between iterations.
+func CompareWithRsync(b *testing.B, src string, size int64, copyOnce func(i int) (dst string)) {
+	b.Helper()
+	rsyncDir := b.TempDir()
+	url := Rsyncd(b, rsyncDir)
+	var tether, rs time.Duration
+	b.SetBytes(size)
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		dst := copyOnce(i)
+		tether += time.Since(start)
+		b.StopTimer()
+		os.RemoveAll(dst)
+		if url != "" {
+			name := "r" + fmt.Sprint(i)
+			rs += Rsync(b, src, url, name)
+			os.RemoveAll(filepath.Join(rsyncDir, name))
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	t := float64(size) * float64(b.N) / tether.Seconds() / 1e6
+	b.ReportMetric(t, "tether-MB/s")
+	if url != "" {
+		r := float64(size) * float64(b.N) / rs.Seconds() / 1e6
+		b.ReportMetric(r, "rsync-MB/s")
+		b.ReportMetric(t/r, "x-rsync")
+	}
+}
