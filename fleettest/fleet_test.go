@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -63,5 +64,34 @@ func TestFleetAgentReconnects(t *testing.T) {
 	}
 	if nodes[0].Capacity.CPUs != 2 || nodes[0].AgentVersion != "fleettest" {
 		t.Fatalf("hello not reflected in registry: %+v", nodes[0])
+	}
+}
+
+func TestFleetAgentsInChildProcesses(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Agents: 4, Processes: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	pids := map[string]string{}
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "echo $PPID"},
+		func(node, stream string, data []byte) {
+			mu.Lock()
+			pids[node] += string(data)
+			mu.Unlock()
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Results) != 4 {
+		t.Fatalf("got %d results, want 4: %+v", len(res.Results), res.Results)
+	}
+	// Each child process hosts two agents: their jobs have two distinct
+	// parents, neither of which is this test process.
+	distinct := map[string]bool{}
+	for _, p := range pids {
+		distinct[p] = true
+	}
+	if len(distinct) != 2 || distinct[fmt.Sprintf("%d\n", os.Getpid())] {
+		t.Fatalf("job parents %v: want two agent host processes, not this one (%d)", pids, os.Getpid())
 	}
 }
