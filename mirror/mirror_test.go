@@ -210,6 +210,12 @@ func TestReplaceTypes(t *testing.T) {
 		}
 		noStage(t, filepath.Dir(dst))
 		noStage(t, dst)
+		// Copying it again sends nothing: it is compared with DST/NAME.
+		res, _ := mustCopy(t, file, dst, Options{})
+		if res.FilesWritten != 0 || res.FilesKept != 1 {
+			t.Fatalf("re-copy of a file into a directory: %+v, want it kept", res)
+		}
+		copyEqual(t, file, filepath.Join(dst, "file"))
 	})
 	t.Run("file into a new dir", func(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "new")

@@ -256,6 +256,11 @@ func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
 		}
 		files++
 		m := man[e.Path]
+		if e.Path == "." && man["."] != nil && man["."].Type == protocol.EntryDir {
+			// A file onto a directory lands inside it (see Receive), so
+			// compare with what the directory holds under the file's name.
+			m = man[filepath.Base(s.abs)]
+		}
 		e.send = true
 		if m != nil && m.Type == protocol.EntryFile && m.Size == e.Size {
 			if s.opts.Checksum {

@@ -168,6 +168,10 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	}
 	st, err := op.OpenStream(ctx, node, protocol.KindCopy, &params)
 	if err != nil {
+		var ae *protocol.APIError
+		if errors.As(err, &ae) {
+			return fmt.Errorf("cp %s to %s: %s (%s)", from, to, ae.Message, ae.Code)
+		}
 		return fmt.Errorf("cp %s to %s: %w", from, to, err)
 	}
 	defer st.Close()
@@ -196,8 +200,8 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	}
 	if !o.Quiet {
 		el := time.Since(start)
-		fmt.Fprintf(e.stderr, "copied %s to %s: %d files written (%s), %d unchanged, %d deleted in %s (%s/s)\n",
-			from, to, res.FilesWritten, humanBytes(res.BytesWritten), res.FilesKept, res.Deleted,
+		fmt.Fprintf(e.stderr, "copied %s to %s: %d %s written (%s), %d unchanged, %d deleted in %s (%s/s)\n",
+			from, to, res.FilesWritten, plural(res.FilesWritten, "file", "files"), humanBytes(res.BytesWritten), res.FilesKept, res.Deleted,
 			el.Round(time.Millisecond), humanBytes(int64(float64(res.BytesWritten)/max(el.Seconds(), 1e-3))))
 	}
 	return nil
@@ -269,4 +273,12 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// plural picks the noun for n.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -102,7 +102,7 @@ func TestCpFleet(t *testing.T) {
 	one := filepath.Join(t.TempDir(), "one.txt")
 	os.WriteFile(one, []byte("one\n"), 0o644)
 	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, one, "node-0:"+remote)
-	if r.code != 0 {
+	if r.code != 0 || !strings.Contains(r.stderr, "1 file written") {
 		t.Fatalf("file onto remote dir: code %d stderr %q", r.code, r.stderr)
 	}
 	if got, _ := os.ReadFile(filepath.Join(remote, "one.txt")); string(got) != "one\n" {
@@ -121,6 +121,12 @@ func TestCpFleet(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(back, "big.bin")); !bytes.Equal(got, big) {
 		t.Fatal("pulling a file onto a local dir replaced the directory")
+	}
+
+	// An unknown node: the coordinator's reason once, with its code.
+	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, one, "nosuch:/x")
+	if r.code != 1 || strings.Count(r.stderr, "tether:") != 1 || !strings.Contains(r.stderr, "(unknown_node)") {
+		t.Fatalf("unknown node: code %d stderr %q", r.code, r.stderr)
 	}
 
 	// Outside the agent's copy roots: refused, nothing written.
