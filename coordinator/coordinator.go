@@ -319,5 +319,6 @@ func (n *node) info(coordinatorID string) protocol.NodeInfo {
 		LastHeartbeat: time.Unix(0, n.lastHeartbeat.Load()).UTC(),
 		RTTMicros:     n.rttMicros.Load(),
 		RunningExecs:  int(n.runningExecs.Load()),
+		Targets:       slices.Clone(n.hello.Targets),
 	}
 }

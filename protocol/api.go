@@ -339,6 +339,9 @@ type NodeInfo struct {
 	// RunningExecs counts the exec operations the agent reported in flight
 	// in its last heartbeat.
 	RunningExecs int `json:"running_execs"`
+	// Targets names the local targets the agent dials (Hello.Targets), e.g.
+	// "openshell", "opensandbox".
+	Targets []string `json:"targets,omitempty"`
 }
 
 // NodesResponse is the reply to SubjectNodes: one page of the matching

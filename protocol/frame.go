@@ -67,6 +67,11 @@ const (
 
 	// Job frames (job.go).
 	FrameJob FrameType = 48 // JSON JobStatus or JobOutputEnd: a job stream's answer
+
+	// Dial and inventory streams (inventory.go).
+	FrameDialOK       FrameType = 64 // no payload: the target is connected; raw bytes follow
+	FrameInventory    FrameType = 65 // JSON InventoryPage
+	FrameInventoryEnd FrameType = 66 // JSON InventoryEnd: the last frame of an inventory stream
 )
 
 var frameNames = map[FrameType]string{
@@ -77,7 +82,8 @@ var frameNames = map[FrameType]string{
 	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameResize: "resize", FrameSignal: "signal",
-	FrameJob: "job",
+	FrameJob: "job", FrameDialOK: "dial-ok", FrameInventory: "inventory",
+	FrameInventoryEnd: "inventory-end",
 }
 
 // String returns the frame type's name, or "frame(N)" for unknown types.

@@ -13,23 +13,25 @@ type Kind uint8
 
 // Stream kinds. Values are part of the wire format: never renumber.
 const (
-	KindControl Kind = 1 // the session's first stream: hello, welcome, heartbeats
-	KindExec    Kind = 2 // run a process; params ExecParams
-	KindCopy    Kind = 3 // mirror a file or tree; params CopyParams (copy.go)
-	KindPTY     Kind = 4 // interactive terminal; params PTYParams (pty.go)
-	KindSSH     Kind = 5 // reserved: the agent's own SSH server
-	KindDial    Kind = 6 // reserved: raw bytes to an allow-listed local target
-	KindJob     Kind = 7 // query or cancel a detached job; params JobParams (job.go)
+	KindControl   Kind = 1 // the session's first stream: hello, welcome, heartbeats
+	KindExec      Kind = 2 // run a process; params ExecParams
+	KindCopy      Kind = 3 // mirror a file or tree; params CopyParams (copy.go)
+	KindPTY       Kind = 4 // interactive terminal; params PTYParams (pty.go)
+	KindSSH       Kind = 5 // reserved: the agent's own SSH server
+	KindDial      Kind = 6 // raw bytes to an allow-listed local target; params DialParams (inventory.go)
+	KindJob       Kind = 7 // query or cancel a detached job; params JobParams (job.go)
+	KindInventory Kind = 8 // list the sandboxes of the agent's gateways; params InventoryParams
 )
 
 var kindNames = map[Kind]string{
 	KindControl: "control", KindExec: "exec", KindCopy: "copy",
 	KindPTY: "pty", KindSSH: "ssh", KindDial: "dial", KindJob: "job",
+	KindInventory: "inventory",
 }
 
 // Kinds lists every defined stream kind, for pre-initialising metric labels.
 func Kinds() []Kind {
-	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial, KindJob}
+	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial, KindJob, KindInventory}
 }
 
 // String returns the kind's name, or "kind(N)" for unknown kinds.
