@@ -72,6 +72,7 @@ const (
 	FrameDialOK       FrameType = 64 // no payload: the target is connected; raw bytes follow
 	FrameInventory    FrameType = 65 // JSON InventoryPage
 	FrameInventoryEnd FrameType = 66 // JSON InventoryEnd: the last frame of an inventory stream
+	FrameSandboxOp    FrameType = 67 // JSON SandboxOpResult: a sandbox stream's answer
 )
 
 var frameNames = map[FrameType]string{
@@ -83,7 +84,7 @@ var frameNames = map[FrameType]string{
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameResize: "resize", FrameSignal: "signal",
 	FrameJob: "job", FrameDialOK: "dial-ok", FrameInventory: "inventory",
-	FrameInventoryEnd: "inventory-end",
+	FrameInventoryEnd: "inventory-end", FrameSandboxOp: "sandbox-op",
 }
 
 // String returns the frame type's name, or "frame(N)" for unknown types.

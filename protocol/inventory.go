@@ -122,3 +122,56 @@ func ValidTargetName(s string) error {
 	}
 	return nil
 }
+
+// SandboxOpParams are the params of a sandbox stream (KindSandbox): one
+// operation on one sandbox of the agent's gateways, run by the agent with
+// its own gateway credentials. The agent answers with one FrameSandboxOp
+// (JSON SandboxOpResult) or a FrameError (CodeUnknownTarget when the agent
+// has no gateway of that provider, CodeDialFailed when the gateway cannot
+// be reached, CodeInternal for any other gateway error, message verbatim).
+type SandboxOpParams struct {
+	// Op is the operation; only SandboxOpDelete is defined.
+	Op string `json:"op"`
+	// Provider selects the gateway: ProviderOpenShell or ProviderOpenSandbox.
+	Provider string `json:"provider"`
+	// ID is the OpenSandbox sandbox id (OpenSandbox addresses by id).
+	ID string `json:"id,omitempty"`
+	// Workspace and Name address an OpenShell sandbox (DeleteSandbox takes
+	// them, not the id; wire-facts §1.3).
+	Workspace string `json:"workspace,omitempty"`
+	Name      string `json:"name,omitempty"`
+}
+
+// SandboxOpDelete deletes the sandbox. Deleting one that is not found is
+// done: the result says NotFound.
+const SandboxOpDelete = "delete"
+
+// Validate reports the first problem with p.
+func (p *SandboxOpParams) Validate() error {
+	if p.Op != SandboxOpDelete {
+		return fmt.Errorf("sandbox op %q: want %q", p.Op, SandboxOpDelete)
+	}
+	switch p.Provider {
+	case ProviderOpenShell:
+		if p.Name == "" {
+			return fmt.Errorf("sandbox op %s: an OpenShell sandbox needs its name", p.Op)
+		}
+	case ProviderOpenSandbox:
+		if p.ID == "" {
+			return fmt.Errorf("sandbox op %s: an OpenSandbox sandbox needs its id", p.Op)
+		}
+	default:
+		return fmt.Errorf("sandbox op %s: provider %q: want %q or %q", p.Op, p.Provider, ProviderOpenShell, ProviderOpenSandbox)
+	}
+	return nil
+}
+
+// SandboxOpResult is the payload of FrameSandboxOp.
+type SandboxOpResult struct {
+	// Deleted is the gateway's answer: OpenShell DeleteSandboxResponse.deleted
+	// (false when the compute was already gone), true for an OpenSandbox 204.
+	Deleted bool `json:"deleted"`
+	// NotFound says the gateway did not know the sandbox (OpenShell
+	// NOT_FOUND, OpenSandbox 404): it is gone.
+	NotFound bool `json:"not_found,omitempty"`
+}

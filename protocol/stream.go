@@ -21,17 +21,18 @@ const (
 	KindDial      Kind = 6 // raw bytes to an allow-listed local target; params DialParams (inventory.go)
 	KindJob       Kind = 7 // query or cancel a detached job; params JobParams (job.go)
 	KindInventory Kind = 8 // list the sandboxes of the agent's gateways; params InventoryParams
+	KindSandbox   Kind = 9 // one operation on a sandbox of the agent's gateways; params SandboxOpParams
 )
 
 var kindNames = map[Kind]string{
 	KindControl: "control", KindExec: "exec", KindCopy: "copy",
 	KindPTY: "pty", KindSSH: "ssh", KindDial: "dial", KindJob: "job",
-	KindInventory: "inventory",
+	KindInventory: "inventory", KindSandbox: "sandbox",
 }
 
 // Kinds lists every defined stream kind, for pre-initialising metric labels.
 func Kinds() []Kind {
-	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial, KindJob, KindInventory}
+	return []Kind{KindControl, KindExec, KindCopy, KindPTY, KindSSH, KindDial, KindJob, KindInventory, KindSandbox}
 }
 
 // String returns the kind's name, or "kind(N)" for unknown kinds.
