@@ -88,6 +88,10 @@ type node struct {
 	lastHeartbeat atomic.Int64 // unix nanoseconds
 	rttMicros     atomic.Int64
 	runningExecs  atomic.Int64
+	// inventoried is set once an inventory of this session listed every
+	// gateway completely and the ledger took it (sandboxes.go); the reaper
+	// treats the node as unknown until then.
+	inventoried atomic.Bool
 }
 
 // startConn starts the goroutine that owns conn, unless the drain began or
@@ -408,6 +412,7 @@ func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
 	c.nodes[n.id] = n
 	c.m.agentsConnected.Set(float64(len(c.nodes)))
 	c.mu.Unlock()
+	c.nodeUp(n)
 	if old != nil || n.hello.Reconnects > 0 {
 		c.m.reconnects.Inc()
 	}

@@ -54,6 +54,10 @@ type Coordinator struct {
 	probeSub    *nats.Subscription
 	probes      map[string]*job
 	probeSeq    uint64
+	// Sandbox inventories (sandboxes.go): node ids that just registered,
+	// and Sync requests.
+	nodeUps chan string
+	syncs   chan chan struct{}
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.
@@ -88,6 +92,8 @@ func New(cfg Config) (*Coordinator, error) {
 		jobs:    map[string]*job{},
 
 		handshakes: make(chan struct{}, cfg.MaxHandshakes),
+		nodeUps:    make(chan string, 1024),
+		syncs:      make(chan chan struct{}),
 	}, nil
 }
 

@@ -20,13 +20,15 @@ import (
 )
 
 // relayKinds are the stream kinds a client may open through SubjectStream.
-// Every one of them frames its bytes with protocol frames and accepts
-// FrameCancel from the coordinator's side, which the relay relies on to
-// abort (see relay.finishWrite).
+// Every one of them but dial frames its bytes with protocol frames and
+// accepts FrameCancel from the coordinator's side, which the relay relies on
+// to abort (see relay.finishWrite); a dial stream carries raw bytes after
+// the agent's first frame, so an aborted dial relay only closes.
 var relayKinds = map[string]protocol.Kind{
 	protocol.KindExec.String(): protocol.KindExec,
 	protocol.KindCopy.String(): protocol.KindCopy,
 	protocol.KindPTY.String():  protocol.KindPTY,
+	protocol.KindDial.String(): protocol.KindDial,
 }
 
 // handleStream validates a stream request and starts its relay. Everything
@@ -45,7 +47,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 	kind, ok := relayKinds[r.Kind]
 	if !ok {
-		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "kind %q: want exec, copy or pty", r.Kind))
+		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "kind %q: want exec, copy, pty or dial", r.Kind))
 		return
 	}
 	if err := protocol.ValidNodeID(r.Node); err != nil {
@@ -250,7 +252,7 @@ func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
 // an error, which the handlers also treat as a cancel. (yamux has no
 // stream reset, and a bare close reads as a clean EOF, i.e. a half-close.)
 func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
-	if fw.err == nil && fw.atBoundary() {
+	if r.kind != protocol.KindDial && fw.err == nil && fw.atBoundary() {
 		st.SetWriteDeadline(time.Now().Add(r.c.cfg.Tunnel.WriteTimeout))
 		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 			r.log.Debug("send cancel on abort", "err", err)

@@ -155,6 +155,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		newShellCmd(e),
 		newJobCmd(e),
 		newCpCmd(e),
+		newForwardCmd(e),
 	)
 	return root
 }

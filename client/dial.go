@@ -1,0 +1,58 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// ErrDialRefused is wrapped by Dial's error when the node's agent answered
+// but refused the dial: it has no such target (protocol.CodeUnknownTarget)
+// or could not reach it (protocol.CodeDialFailed, CodeBusy).
+var ErrDialRefused = errors.New("dial refused by the node")
+
+// Dial opens a raw byte stream to target (an allow-listed name such as
+// "openshell") on node, through the coordinator and the node's tunnel (a
+// dial stream relayed over a NATS pipe). It returns once the agent has
+// connected to the target. ctx bounds only the setup.
+//
+// Errors: a *protocol.APIError when the coordinator refuses (unknown node,
+// bad target name); an error wrapping ErrDialRefused with the agent's
+// *protocol.ErrorInfo when the agent refuses. The caller must Close the
+// stream; CloseWrite half-closes toward the target.
+func (c *Client) Dial(ctx context.Context, node, target string) (*Stream, error) {
+	if err := protocol.ValidTargetName(target); err != nil {
+		return nil, fmt.Errorf("dial %s on node %s: %w", target, node, err)
+	}
+	s, err := c.OpenStream(ctx, node, protocol.KindDial, protocol.DialParams{Target: target})
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { s.p.CloseWithError(context.Cause(ctx)) })
+	f, err := protocol.NewFrameReader(s).Next()
+	stop()
+	if err != nil {
+		s.Close()
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("dial %s on node %s: no answer from the agent: %w", target, node, err)
+	}
+	switch f.Type {
+	case protocol.FrameDialOK:
+		return s, nil
+	case protocol.FrameError:
+		s.Close()
+		var ei protocol.ErrorInfo
+		if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
+			return nil, fmt.Errorf("dial %s on node %s: %w", target, node, err)
+		}
+		return nil, fmt.Errorf("dial %s on node %s: %w: %w", target, node, ErrDialRefused, &ei)
+	default:
+		s.Close()
+		return nil, fmt.Errorf("dial %s on node %s: %w: %s frame", target, node, protocol.ErrUnexpected, f.Type)
+	}
+}

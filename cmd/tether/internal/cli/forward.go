@@ -1,0 +1,186 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// defaultForwardAddr is where `tether forward` listens when no LOCAL_ADDR
+// is given: loopback, a port the kernel picks.
+const defaultForwardAddr = "127.0.0.1:0"
+
+// forwardOptions are the flags of `tether forward`.
+type forwardOptions struct {
+	// NATS says how to reach the API.
+	NATS natsOptions
+}
+
+// forwardArgs are the positional arguments of `tether forward`.
+type forwardArgs struct {
+	Node, Target, Local string
+}
+
+// parseForwardArgs checks NODE TARGET [LOCAL_ADDR]. LOCAL_ADDR may be a
+// port alone ("8080" or ":8080"), which binds 127.0.0.1. Only loopback
+// addresses are accepted: the gateways behind a forward trust loopback
+// callers, so a forward must not make them reachable from the network.
+func parseForwardArgs(args []string) (forwardArgs, error) {
+	a := forwardArgs{Node: args[0], Target: args[1], Local: defaultForwardAddr}
+	var errs []error
+	if err := protocol.ValidNodeID(a.Node); err != nil {
+		errs = append(errs, fmt.Errorf("node: %w", err))
+	}
+	if err := protocol.ValidTargetName(a.Target); err != nil {
+		errs = append(errs, fmt.Errorf("target: %w", err))
+	}
+	if len(args) == 3 {
+		local := args[2]
+		if !strings.Contains(local, ":") {
+			local = ":" + local
+		}
+		host, port, err := net.SplitHostPort(local)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("local address %q: want [HOST:]PORT", args[2]))
+		case host == "" || host == "localhost":
+			a.Local = net.JoinHostPort("127.0.0.1", port)
+		default:
+			ip := net.ParseIP(host)
+			if ip == nil || !ip.IsLoopback() {
+				errs = append(errs, fmt.Errorf("local address %q: forwards listen on loopback only (127.0.0.1, ::1): the target behind it trusts local callers", args[2]))
+			}
+			a.Local = local
+		}
+	}
+	return a, errors.Join(errs...)
+}
+
+func newForwardCmd(e *env) *cobra.Command {
+	var o forwardOptions
+	cmd := &cobra.Command{
+		Use:   "forward NODE TARGET [LOCAL_ADDR]",
+		Short: "Forward a local port to a target on a node (like kubectl port-forward)",
+		Long: `Forward listens on LOCAL_ADDR (default 127.0.0.1 on a free port) and carries
+every connection to TARGET on NODE through the node's tunnel. TARGET is one of
+the targets the node's agent is configured for (see "tether nodes --json":
+targets), e.g. openshell or opensandbox. It runs until interrupted.
+
+Examples:
+  tether forward gpu-07 openshell 8080     # grpcurl -plaintext 127.0.0.1:8080 ...
+  tether forward gpu-07 opensandbox`,
+		Args: cobra.RangeArgs(2, 3),
+		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
+			a, err := parseForwardArgs(args)
+			if err != nil {
+				return usage(err)
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			return runForward(cmd.Context(), e, c, a)
+		}),
+	}
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+// runForward checks that the node serves the target, listens, and serves
+// connections until ctx ends.
+func runForward(ctx context.Context, e *env, c *client.Client, a forwardArgs) error {
+	nodes, err := c.Nodes(ctx, "")
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(nodes, func(n protocol.NodeInfo) bool { return n.ID == a.Node })
+	if i < 0 {
+		return fmt.Errorf("forward: node %q is not connected", a.Node)
+	}
+	if ts := nodes[i].Targets; !slices.Contains(ts, a.Target) {
+		serves := "no targets"
+		if len(ts) > 0 {
+			serves = strings.Join(ts, ", ")
+		}
+		return fmt.Errorf("forward: node %s has no target %q (it serves: %s)", a.Node, a.Target, serves)
+	}
+	ln, err := net.Listen("tcp", a.Local)
+	if err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	defer ln.Close()
+	fmt.Fprintf(e.stdout, "Forwarding from %s -> %s/%s\n", ln.Addr(), a.Node, a.Target)
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return &exitError{code: interruptCode(ctx)}
+			}
+			return fmt.Errorf("forward: accept on %s: %w", ln.Addr(), err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := forwardConn(ctx, c, a, conn); err != nil {
+				fmt.Fprintf(e.stderr, "tether forward: connection from %s: %v\n", conn.RemoteAddr(), err)
+			}
+		}()
+	}
+}
+
+// forwardConn carries one local connection to the target and back. Each
+// direction's end is passed on as a half-close; the connection ends when
+// both directions did, or when ctx ends.
+func forwardConn(ctx context.Context, c *client.Client, a forwardArgs, conn net.Conn) error {
+	defer conn.Close()
+	s, err := c.Dial(ctx, a.Node, a.Target)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close(); s.Close() })
+	defer stop()
+	errc := make(chan error, 2)
+	go func() {
+		_, err := io.Copy(s, conn)
+		if err == nil {
+			err = s.CloseWrite()
+		}
+		errc <- err
+	}()
+	go func() {
+		_, err := io.Copy(conn, s)
+		if tc, ok := conn.(*net.TCPConn); ok && err == nil {
+			err = tc.CloseWrite()
+		}
+		errc <- err
+	}()
+	var first error
+	for range 2 {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			conn.Close()
+			s.Close()
+		}
+	}
+	if ctx.Err() != nil || errors.Is(first, net.ErrClosed) {
+		return nil
+	}
+	return first
+}
