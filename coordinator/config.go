@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/natspipe"
@@ -80,6 +81,9 @@ type Config struct {
 	// defaults (8 MiB, 128 KiB, 5 s); clients must use the same KeepAlive.
 	// Its Logger defaults to Logger.
 	Pipe natspipe.Config
+	// Endpoints, if set, adds more endpoints to the micro service "tether"
+	// when it starts (the sandbox ledger's lease and sandbox endpoints).
+	Endpoints func(micro.Service) error
 	// Logger receives the coordinator's logs. Nil discards them.
 	Logger *slog.Logger
 	// Registerer receives the coordinator's metrics. Nil registers them in a

@@ -65,6 +65,13 @@ func (c *Coordinator) startService() (micro.Service, error) {
 			return nil, fmt.Errorf("coordinator: add endpoint %s on %s: %w", e.name, e.subject, err)
 		}
 	}
+	if c.cfg.Endpoints != nil {
+		if err := c.cfg.Endpoints(svc); err != nil {
+			svc.Stop()
+			c.stopProbes()
+			return nil, fmt.Errorf("coordinator: add endpoints: %w", err)
+		}
+	}
 	return svc, nil
 }
 
