@@ -83,8 +83,12 @@ fmt-check: ## fail if any Go file is not gofmt-formatted
 	@out="$$(find . -name '*.go' -not -path './.git/*' -not -path './build/*' -not -path '*/testdata/*' -print0 | xargs -0 -r gofmt -l)"; \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-generate: ## regenerate generated code (go generate ./...)
-	$(GO) generate ./...
+generate: ## regenerate generated code with pinned generators (protoc-gen-go v1.36.12 into bin/tools; needs protoc)
+	@# protoc-gen-go is pinned here, installed into a local bin directory and put first on
+	@# PATH for the go:generate lines (protocol/openshell/doc.go); protoc itself comes
+	@# from the system (any version with proto3 optional, >= 3.15).
+	GOBIN="$(CURDIR)/bin/tools" $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	PATH="$(CURDIR)/bin/tools:$$PATH" $(GO) generate ./...
 
 # --- containers -------------------------------------------------------------
 # No image is ever pulled: the coordinator image is FROM scratch, the agent
