@@ -36,6 +36,12 @@ type Agent struct {
 	dataWriteTimeout time.Duration
 	// jobs are the detached jobs this agent supervises (jobs.go).
 	jobs jobTable
+	// targets are the addresses dial streams may reach, by target name
+	// (Config.OpenShell, Config.OpenSandbox, Config.Targets); targetNames
+	// are their names, sorted, for Hello and error messages.
+	targets     map[string]string
+	targetNames []string
+	dialing     atomic.Int64 // dial streams open, for Config.MaxDials
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -49,7 +55,9 @@ func New(cfg Config) (*Agent, error) {
 		cfg.DataDir = dir
 	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
-	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text()}, nil
+	targets := cfg.targetTable()
+	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
+		targets: targets, targetNames: slices.Sorted(maps.Keys(targets))}, nil
 }
 
 // Run creates the data directory, measures the node's capacity, then keeps a
@@ -70,7 +78,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent starting", "coordinators", a.cfg.Coordinators, "labels", a.cfg.Labels,
 		"cpus", capacity.CPUs, "memory_bytes", capacity.MemoryBytes, "gpus", capacity.GPUs,
-		"gpu_model", capacity.GPUModel, "version", a.cfg.Version, "data_dir", a.cfg.DataDir)
+		"gpu_model", capacity.GPUModel, "version", a.cfg.Version, "data_dir", a.cfg.DataDir, "targets", a.targetNames)
 
 	dial := a.cfg.Dial
 	if dial == nil {
@@ -86,6 +94,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Labels:          a.cfg.Labels,
 		Capacity:        *capacity,
 		AgentVersion:    a.cfg.Version,
+		Targets:         a.targetNames,
 	}
 	r := &tunnel.Redialer{
 		Addrs: a.cfg.Coordinators,
@@ -328,26 +337,34 @@ func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux
 		a.serveCopy(ctx, st, h)
 	case protocol.KindJob:
 		a.serveJob(ctx, st, h)
+	case protocol.KindDial:
+		a.serveDial(ctx, st, h)
 	default:
 		a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
 		a.refuse(st, protocol.CodeUnsupported, fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind))
 	}
 }
 
-// tokenEnvVar is the environment variable the tether CLI reads a join token
-// from. It is never passed on to child processes.
-const tokenEnvVar = "TETHER_TOKEN"
+// secretEnvVars are the environment variables the tether CLI reads secrets
+// from: the join token and the gateways' credentials. They are never passed
+// on to child processes.
+var secretEnvVars = map[string]bool{
+	"TETHER_TOKEN":               true,
+	"TETHER_OPENSHELL_TOKEN":     true,
+	"TETHER_OPENSANDBOX_API_KEY": true,
+}
 
 // childEnv returns the environment of a process the agent starts for a
-// stream (exec, pty, ...): the agent's own environment without the join
-// token (TETHER_TOKEN), then PWD=dir as a shell would set it, then extra in
-// key order (os/exec keeps the last of duplicate keys, so extra overrides
-// everything before it, PWD included).
+// stream (exec, pty, ...): the agent's own environment without its secrets
+// (TETHER_TOKEN, TETHER_OPENSHELL_TOKEN, TETHER_OPENSANDBOX_API_KEY), then
+// PWD=dir as a shell would set it, then extra in key order (os/exec keeps
+// the last of duplicate keys, so extra overrides everything before it, PWD
+// included).
 func (a *Agent) childEnv(extra map[string]string, dir string) []string {
 	env := os.Environ()
 	out := make([]string, 0, len(env)+1+len(extra))
 	for _, kv := range env {
-		if k, _, _ := strings.Cut(kv, "="); k == tokenEnvVar {
+		if k, _, _ := strings.Cut(kv, "="); secretEnvVars[k] {
 			continue
 		}
 		out = append(out, kv)

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -89,6 +91,27 @@ type Config struct {
 	// symlinks of its existing part. A push may not replace a root itself.
 	// Empty means the data directory only.
 	CopyRoots []string
+	// OpenShell, if set, is the node's OpenShell gateway: dial target
+	// "openshell" and a source of the inventory.
+	OpenShell *OpenShellTarget
+	// OpenSandbox, if set, is the node's OpenSandbox lifecycle server: dial
+	// target "opensandbox" and a source of the inventory.
+	OpenSandbox *OpenSandboxTarget
+	// Targets are further dial targets, name → host:port (names per
+	// protocol.ValidTargetName; "openshell" and "opensandbox" are taken by
+	// the fields above). Dial streams reach only the configured targets:
+	// the gateways' addresses and these. Optional.
+	Targets map[string]string
+	// MaxDials bounds the dial streams open at once; a dial past it is
+	// answered with a busy error frame. Zero means 1024.
+	MaxDials int
+	// DialTimeout bounds connecting to a target for a dial stream. Zero
+	// means 10 s.
+	DialTimeout time.Duration
+	// InventoryTimeout bounds listing every gateway's sandboxes for one
+	// inventory stream; a gateway not done by then is reported incomplete.
+	// Zero means 60 s.
+	InventoryTimeout time.Duration
 	// Version is the agent's version string, reported in Hello.
 	Version string
 	// Capacity, if set, is reported in Hello instead of what
@@ -120,6 +143,9 @@ func DefaultConfig() Config {
 		JobRetention:     DefaultJobRetention,
 		HandshakeTimeout: DefaultHandshakeTimeout,
 		MaxExecs:         DefaultMaxExecs,
+		MaxDials:         DefaultMaxDials,
+		DialTimeout:      DefaultDialTimeout,
+		InventoryTimeout: DefaultInventoryTimeout,
 	}
 }
 
@@ -163,6 +189,30 @@ func (c Config) withDefaults() Config {
 	if c.MaxExecs == 0 {
 		c.MaxExecs = d.MaxExecs
 	}
+	if c.MaxDials == 0 {
+		c.MaxDials = d.MaxDials
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = d.DialTimeout
+	}
+	if c.InventoryTimeout == 0 {
+		c.InventoryTimeout = d.InventoryTimeout
+	}
+	// The gateways and targets are copied, so that the caller's values
+	// are never changed or shared.
+	if c.OpenShell != nil {
+		o := *c.OpenShell
+		o.Workspaces = slices.Clone(o.Workspaces)
+		if len(o.Workspaces) == 0 {
+			o.Workspaces = []string{DefaultOpenShellWorkspace}
+		}
+		c.OpenShell = &o
+	}
+	if c.OpenSandbox != nil {
+		o := *c.OpenSandbox
+		c.OpenSandbox = &o
+	}
+	c.Targets = maps.Clone(c.Targets)
 	if len(c.CopyRoots) == 0 {
 		if dir, err := filepath.Abs(c.DataDir); err == nil {
 			c.CopyRoots = []string{dir}
@@ -237,5 +287,6 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("agent config: CopyRoots: %q is not an absolute path", r))
 		}
 	}
+	errs = append(errs, c.validateTargets()...)
 	return errors.Join(errs...)
 }

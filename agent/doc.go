@@ -1,9 +1,14 @@
 // Package agent owns the node daemon: it dials out to a coordinator through
 // the tunnel package, introduces itself on the control stream (hello with the
 // node's id, labels and capacity; welcome or reject), keeps the session alive
-// with heartbeats, and serves the streams the coordinator opens. Today it
-// serves the exec kind (exec.go); every other kind is answered with an
-// unsupported_kind error frame.
+// with heartbeats, and serves the streams the coordinator opens: exec
+// (exec.go), pty, copy, job and dial (dial.go); any other kind is answered
+// with an unsupported_kind error frame.
+//
+// Dial streams reach only the targets the operator configured (the node's
+// OpenShell gateway, its OpenSandbox server and Config.Targets, listed in
+// Hello.Targets): a name is looked up in that table and nothing else is
+// ever dialled.
 //
 // Goroutines. Agent.Run runs the session loop in the caller's goroutine
 // (tunnel.Redialer: dial, serve one session, back off, redial). For each
@@ -19,6 +24,10 @@
 //   - per stream: a goroutine that reads the stream's header (so a slow
 //     opener holds up only its own stream) and serves it by kind; an exec
 //     past Config.MaxExecs is refused with a busy error frame;
+//   - per dial stream, in that goroutine: the handler, which copies from
+//     the target to the stream, and one copier from the stream to the
+//     target; both end when their direction ends (half-closes pass
+//     through), and a failure or the session's end ends both;
 //   - per exec stream, in that goroutine: the handler, which starts the process and
 //     drives it to its end (timeout, cancel, kill escalation, pipe drain); a
 //     waiter (cmd.Wait); a frame reader (stdin and cancel from the
@@ -53,8 +62,8 @@
 // The agent must not import the coordinator package, nats.go or nats-server:
 // it speaks to the fleet only through the tunnel.
 //
-// Processes the agent starts get its environment without TETHER_TOKEN
-// (Agent.childEnv). An output frame write that fails or stalls closes the
+// Processes the agent starts get its environment without TETHER_TOKEN,
+// TETHER_OPENSHELL_TOKEN and TETHER_OPENSANDBOX_API_KEY (Agent.childEnv). An output frame write that fails or stalls closes the
 // stream and kills the exec, since no valid frame can follow a partial one.
 //
 // The only mutex is each exec's frame-write lock (one writer at a time on

@@ -17,17 +17,21 @@ import (
 	"github.com/tetherfleet/tether/tunnel/tunneltest"
 )
 
-// The join token never reaches a job's environment, while the rest of the
-// agent's environment and the job's own variables do.
+// The join token and the gateway credentials never reach a job's
+// environment, while the rest of the agent's environment and the job's own
+// variables do.
 func TestExecEnvWithoutToken(t *testing.T) {
 	t.Setenv("TETHER_TOKEN", "agent-secret")
+	t.Setenv("TETHER_OPENSHELL_TOKEN", "agent-secret")
+	t.Setenv("TETHER_OPENSANDBOX_API_KEY", "agent-secret")
 	t.Setenv("TETHER_TEST_KEEP", "kept")
 	h := newHarness(t, nil)
 	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"env"}, Env: map[string]string{"JOB_VAR": "x"}})
 	e.finish(t)
 	out := e.stdout.String()
-	if strings.Contains(out, "agent-secret") || strings.Contains(out, "TETHER_TOKEN=") {
-		t.Errorf("job environment has the join token:\n%s", out)
+	if strings.Contains(out, "agent-secret") || strings.Contains(out, "TETHER_TOKEN=") ||
+		strings.Contains(out, "TETHER_OPENSHELL_TOKEN=") || strings.Contains(out, "TETHER_OPENSANDBOX_API_KEY=") {
+		t.Errorf("job environment has a secret:\n%s", out)
 	}
 	for _, want := range []string{"TETHER_TEST_KEEP=kept\n", "JOB_VAR=x\n", "PWD=" + h.a.cfg.DataDir + "\n"} {
 		if !strings.Contains(out, want) {

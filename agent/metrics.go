@@ -16,7 +16,26 @@ type metrics struct {
 	execDuration prometheus.Histogram
 	copies       *prometheus.CounterVec
 	copyBytes    *prometheus.CounterVec
+	dials        *prometheus.CounterVec
+	dialsOpen    prometheus.Gauge
+	dialBytes    *prometheus.CounterVec
+	listings     *prometheus.CounterVec
 }
+
+// Label values of the dial and inventory metrics.
+const (
+	dialOK            = "ok"
+	dialBusy          = "busy"
+	dialBadRequest    = "bad_request"
+	dialUnknownTarget = "unknown_target"
+	dialFailed        = "dial_failed"
+
+	toTarget   = "to_target"
+	fromTarget = "from_target"
+
+	listingComplete   = "complete"
+	listingIncomplete = "incomplete"
+)
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
@@ -52,6 +71,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "tether_agent_copy_bytes_total",
 		Help: "File data bytes of committed copies, by direction (push: written on the node, pull: read from it).",
 	}, []string{"direction"})
+	m.dials = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_dials_total",
+		Help: "Dial streams served, by result (ok, busy, bad_request, unknown_target, dial_failed).",
+	}, []string{"result"})
+	m.dialsOpen = f.NewGauge(prometheus.GaugeOpts{
+		Name: "tether_agent_dials_open",
+		Help: "Dial streams open: connecting to their target or carrying its bytes.",
+	})
+	m.dialBytes = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_dial_bytes_total",
+		Help: "Bytes carried by dial streams, by direction (to_target: from the coordinator to the target, from_target: back).",
+	}, []string{"direction"})
+	m.listings = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_inventory_listings_total",
+		Help: "Gateway listings done for inventory streams, by provider and result (complete, incomplete).",
+	}, []string{"provider", "result"})
+	for _, r := range []string{dialOK, dialBusy, dialBadRequest, dialUnknownTarget, dialFailed} {
+		m.dials.WithLabelValues(r)
+	}
+	for _, d := range []string{toTarget, fromTarget} {
+		m.dialBytes.WithLabelValues(d)
+	}
+	for _, p := range []string{protocol.ProviderOpenShell, protocol.ProviderOpenSandbox} {
+		for _, r := range []string{listingComplete, listingIncomplete} {
+			m.listings.WithLabelValues(p, r)
+		}
+	}
 	for _, d := range []string{protocol.CopyPush, protocol.CopyPull} {
 		m.copyBytes.WithLabelValues(d)
 		for _, r := range []string{"ok", "error"} {
