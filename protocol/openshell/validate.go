@@ -188,19 +188,17 @@ func MatchLabels(sel, labels map[string]string) bool {
 
 // Spec limits checked on CreateSandbox (wire-facts §1.4), in bytes or counts.
 const (
-	maxProviders        = 32
-	maxSpecEnv          = 128
-	maxSpecEnvKeyLen    = 256
-	maxSpecEnvValueLen  = 8192
-	maxPolicySize       = 262144
-	maxTemplateStruct   = 65536
-	maxTemplateString   = 1024
-	maxExecArgs         = 1024
-	maxExecArgLen       = 32 << 10
-	maxExecEnvValueLen  = 32 << 10
-	maxExecWorkdirLen   = 4096
-	maxSandboxIDLen     = 256
-	maxExecEnvKeyLength = 256
+	maxProviders       = 32
+	maxSpecEnv         = 128
+	maxSpecEnvKeyLen   = 256
+	maxSpecEnvValueLen = 8192
+	maxPolicySize      = 262144
+	maxTemplateStruct  = 65536
+	maxTemplateString  = 1024
+	maxExecArgs        = 1024
+	maxExecArgLen      = 32 << 10
+	maxExecEnvValueLen = 32 << 10
+	maxExecWorkdirLen  = 4096
 )
 
 // ValidateSpec checks the size limits of a CreateSandbox spec: at most 32
@@ -253,7 +251,7 @@ func ValidateSpec(spec *SandboxSpec) error {
 // ValidEnvKey reports whether k is a valid exec environment key:
 // ^[A-Za-z_][A-Za-z0-9_]*$.
 func ValidEnvKey(k string) bool {
-	if k == "" || len(k) > maxExecEnvKeyLength {
+	if k == "" {
 		return false
 	}
 	for i := 0; i < len(k); i++ {
@@ -274,8 +272,6 @@ func ValidateExecRequest(req *ExecSandboxRequest) error {
 	switch {
 	case req.GetSandboxId() == "":
 		return errors.New("sandbox_id is required")
-	case len(req.GetSandboxId()) > maxSandboxIDLen:
-		return fmt.Errorf("sandbox_id of %d bytes exceeds %d", len(req.GetSandboxId()), maxSandboxIDLen)
 	case len(req.GetCommand()) == 0:
 		return errors.New("command is required")
 	case len(req.GetCommand()) > maxExecArgs:
