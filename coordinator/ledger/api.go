@@ -1,0 +1,216 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// EndpointAdder is where AddEndpoints registers its endpoints: a
+// micro.Service (or a micro.Group with no prefix: the subjects are full).
+type EndpointAdder interface {
+	AddEndpoint(name string, h micro.Handler, opts ...micro.EndpointOpt) error
+}
+
+// apiTimeout bounds the KV writes of one API request.
+const apiTimeout = 10 * time.Second
+
+// replyRoom is what a reply's headers may take beyond its body.
+const replyRoom = 1024
+
+// AddEndpoints registers the lease and sandbox endpoints of the NATS API
+// (protocol.SubjectLease*, protocol.SubjectSandboxes*) on svc. r serves
+// dry runs of the reap endpoint; with r nil, reap requests get 503
+// unavailable. Handlers run on micro's goroutine per endpoint, one request
+// at a time; each does at most a few KV round trips.
+func (l *Ledger) AddEndpoints(svc EndpointAdder, r *Reaper) error {
+	endpoints := []struct {
+		name, subject string
+		h             micro.HandlerFunc
+	}{
+		{"lease-open", protocol.SubjectLeaseOpen, l.handleLeaseOpen},
+		{"lease-renew", protocol.SubjectLeaseRenew, l.handleLeaseRenew},
+		{"lease-close", protocol.SubjectLeaseClose, l.handleLeaseClose},
+		{"sandboxes-list", protocol.SubjectSandboxesList, l.handleList},
+		{"sandboxes-register", protocol.SubjectSandboxesRegister, l.handleRegister},
+		{"sandboxes-reap", protocol.SubjectSandboxesReap, func(req micro.Request) { l.handleReap(req, r) }},
+	}
+	for _, e := range endpoints {
+		if err := svc.AddEndpoint(e.name, e.h, micro.WithEndpointSubject(e.subject)); err != nil {
+			return fmt.Errorf("ledger: add endpoint %s on %s: %w", e.name, e.subject, err)
+		}
+	}
+	return nil
+}
+
+func (l *Ledger) replyError(req micro.Request, e *protocol.APIError) {
+	body, _ := json.Marshal(e)
+	if err := req.Error(strconv.Itoa(e.Status), e.Message, body); err != nil {
+		l.log.Warn("send error reply", "subject", req.Subject(), "code", e.Code, "err", err)
+	}
+}
+
+// replyJSON sends v, or a 413 if it does not fit the server's max payload.
+func (l *Ledger) replyJSON(req micro.Request, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		l.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "encode reply: %v", err))
+		return
+	}
+	if mp := int(l.cfg.NATS.MaxPayload()); mp > 0 && len(body)+replyRoom > mp {
+		l.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "reply is %d bytes, over the server's max payload %d; ask for a smaller page", len(body), mp))
+		return
+	}
+	if err := req.Respond(body); err != nil {
+		l.log.Warn("send reply", "subject", req.Subject(), "err", err)
+	}
+}
+
+// decode decodes and validates a request body, replying with the error.
+func (l *Ledger) decode(req micro.Request, v interface{ Validate() *protocol.APIError }) bool {
+	e := protocol.DecodeRequest(req.Data(), v)
+	if e == nil {
+		e = v.Validate()
+	}
+	if e != nil {
+		l.replyError(req, e)
+		return false
+	}
+	return true
+}
+
+// apiError maps a ledger error to the API's.
+func apiError(err error) *protocol.APIError {
+	switch {
+	case errors.Is(err, ErrLeaseNotFound):
+		return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%v", err)
+	case errors.Is(err, ErrLeaseClosed):
+		return protocol.NewAPIError(409, protocol.ErrCodeLeaseClosed, "%v", err)
+	case errors.Is(err, ErrNotReady), errors.Is(err, ErrClosed), errors.Is(err, context.DeadlineExceeded):
+		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "%v", err)
+	}
+	return protocol.NewAPIError(500, protocol.ErrCodeInternal, "%v", err)
+}
+
+func (l *Ledger) handleLeaseOpen(req micro.Request) {
+	var r protocol.LeaseOpenRequest
+	if !l.decode(req, &r) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	ls, err := l.OpenLease(ctx, r.Run, r.Holder, time.Duration(r.TTLMS)*time.Millisecond)
+	if err != nil {
+		l.replyError(req, apiError(err))
+		return
+	}
+	l.replyJSON(req, ls.Info())
+}
+
+func (l *Ledger) handleLeaseRenew(req micro.Request) {
+	var r protocol.LeaseRequest
+	if !l.decode(req, &r) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	ls, err := l.RenewLease(ctx, r.Run)
+	if err != nil {
+		l.replyError(req, apiError(err))
+		return
+	}
+	l.replyJSON(req, ls.Info())
+}
+
+func (l *Ledger) handleLeaseClose(req micro.Request) {
+	var r protocol.LeaseRequest
+	if !l.decode(req, &r) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	ls, err := l.CloseLease(ctx, r.Run)
+	if err != nil {
+		l.replyError(req, apiError(err))
+		return
+	}
+	l.replyJSON(req, ls.Info())
+}
+
+func (l *Ledger) handleList(req micro.Request) {
+	var r protocol.SandboxesListRequest
+	if !l.decode(req, &r) {
+		return
+	}
+	if !l.Ready() {
+		l.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "the sandbox ledger on coordinator %s is still loading", l.cfg.ID))
+		return
+	}
+	limit := r.Limit
+	if limit == 0 {
+		limit = protocol.DefaultSandboxesLimit
+	}
+	recs, next := l.page(Filter{Run: r.Run, Node: r.Node, State: r.State, Provider: r.Provider}, r.After, limit)
+	resp := protocol.SandboxesListResponse{Sandboxes: make([]protocol.SandboxInfo, len(recs)), Next: next}
+	for i, rec := range recs {
+		resp.Sandboxes[i] = rec.Info()
+	}
+	l.replyJSON(req, resp)
+}
+
+func (l *Ledger) handleRegister(req micro.Request) {
+	var r protocol.SandboxRegisterRequest
+	if !l.decode(req, &r) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	rec, err := l.Register(ctx, Record{
+		Provider: r.Provider, Node: r.Node, ID: r.ID, Name: r.Name, Workspace: r.Workspace,
+		Run: r.Run, Owner: r.Run, TTL: time.Duration(r.TTLMS) * time.Millisecond, Labels: r.Labels,
+	})
+	if err != nil {
+		l.replyError(req, apiError(err))
+		return
+	}
+	l.replyJSON(req, rec.Info())
+}
+
+// handleReap lists a run's candidates (or every candidate) for a dry run;
+// otherwise it closes the run's lease, which the active reaper (wherever
+// it runs) acts on at once, and lists what goes.
+func (l *Ledger) handleReap(req micro.Request, r *Reaper) {
+	var rq protocol.ReapRequest
+	if !l.decode(req, &rq) {
+		return
+	}
+	if r == nil {
+		l.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s runs no reaper", l.cfg.ID))
+		return
+	}
+	if !l.Ready() {
+		l.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "the sandbox ledger on coordinator %s is still loading", l.cfg.ID))
+		return
+	}
+	resp := protocol.ReapResponse{DryRun: rq.DryRun, Candidates: []protocol.ReapCandidate{}}
+	if !rq.DryRun {
+		ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+		defer cancel()
+		if _, err := l.CloseLease(ctx, rq.Run); err != nil {
+			l.replyError(req, apiError(err))
+			return
+		}
+		resp.Queued = true
+	}
+	for _, c := range r.PlanRun(rq.Run) {
+		resp.Candidates = append(resp.Candidates, protocol.ReapCandidate{Sandbox: c.Record.Info(), Reason: c.Reason, Blocked: c.Blocked})
+	}
+	l.replyJSON(req, resp)
+}
