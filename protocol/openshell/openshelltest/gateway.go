@@ -66,7 +66,20 @@ type Fault struct {
 	// committed but whose response was lost (NeMo Gym then retries with the
 	// same name and gets ALREADY_EXISTS). Streams send their events first.
 	AfterCommit bool
+	// Delay, for a unary method with AfterCommit, holds the response that
+	// long after the method committed (then fails it with Err, or answers
+	// normally when Err is nil): a slow gateway, so a test can kill the
+	// caller between the commit and the answer.
+	Delay time.Duration
 }
+
+// delayed is the after-commit fault of a Fault with a Delay.
+type delayed struct {
+	d   time.Duration
+	err error
+}
+
+func (d *delayed) Error() string { return fmt.Sprintf("delayed %v then %v", d.d, d.err) }
 
 // record is one sandbox; the *openshell.Sandbox is never handed out, only
 // clones of it.
@@ -612,6 +625,9 @@ func (g *Gateway) begin(ctx context.Context, method string) (after error, err er
 		delete(g.faults, method)
 	}
 	if f.AfterCommit {
+		if f.Delay > 0 {
+			return &delayed{f.Delay, f.Err}, nil
+		}
 		return f.Err, nil
 	}
 	return nil, f.Err

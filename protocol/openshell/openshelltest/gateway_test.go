@@ -704,3 +704,30 @@ func TestStopStartAndUnknownMethod(t *testing.T) {
 	err = conn.Invoke(ctxT(t), "/openshell.v1.OpenShell/ListProviders", &openshell.HealthRequest{}, new(openshell.HealthResponse))
 	wantCode(t, "undeclared method", err, codes.Unimplemented, "")
 }
+
+// A Fault with Delay holds a committed create's answer: the sandbox exists
+// before the caller hears of it.
+func TestFaultDelayHoldsCommittedAnswer(t *testing.T) {
+	g := openshelltest.New(openshelltest.Options{})
+	addr, err := g.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	g.Inject(openshell.MethodCreateSandbox, openshelltest.Fault{AfterCommit: true, Delay: 2 * time.Second})
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var resp openshell.SandboxResponse
+	err = cc.Invoke(ctx, openshell.MethodCreateSandbox, &openshell.CreateSandboxRequest{Name: "slow-1", Spec: &openshell.SandboxSpec{}}, &resp)
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("create with a 2 s delay and a 300 ms deadline: %v, want DEADLINE_EXCEEDED", err)
+	}
+	if len(g.Sandboxes("default")) != 1 {
+		t.Fatalf("sandboxes after the cut-off create: %d, want 1 (it committed)", len(g.Sandboxes("default")))
+	}
+}

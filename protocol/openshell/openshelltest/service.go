@@ -60,6 +60,16 @@ func unary[Req any, P interface {
 			if err != nil {
 				return nil, err
 			}
+			if d, ok := after.(*delayed); ok {
+				t := time.NewTimer(d.d)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return nil, status.FromContextError(ctx.Err()).Err()
+				}
+				after = d.err
+			}
 			if after != nil {
 				return nil, after
 			}
@@ -82,6 +92,9 @@ func streamHandler(method string, h func(*Gateway, grpc.ServerStream) error) grp
 		}
 		if err := h(g, stream); err != nil {
 			return err
+		}
+		if d, ok := after.(*delayed); ok {
+			return d.err
 		}
 		return after
 	}
