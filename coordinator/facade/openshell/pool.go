@@ -1,0 +1,126 @@
+package openshell
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/protocol/openshell"
+)
+
+// maxGatewayRecv bounds one message the facade accepts from a gateway, in
+// bytes. The gateway encodes without a limit; a full ListSandboxes page of
+// 1000 sandboxes with their specs can pass grpc's 4 MiB default.
+const maxGatewayRecv = 64 << 20
+
+// pruneEvery is how often, at most, conns of nodes that left or changed
+// session are closed.
+const pruneEvery = time.Second
+
+// errPoolClosed is returned for calls that race the facade's shutdown.
+var errPoolClosed = errors.New("openshell facade: shutting down")
+
+// pool holds one *grpc.ClientConn per node, whose dialer opens a tunnel dial
+// stream to the node's "openshell" target. A conn belongs to one tunnel
+// session: when the node reconnects (new session id) or leaves, the conn is
+// closed and the next call builds a new one. Safe for concurrent use.
+type pool struct {
+	fleet Fleet
+
+	mu        sync.Mutex
+	conns     map[string]*nodeConn // by node id
+	lastPrune time.Time
+	closed    bool
+}
+
+// nodeConn is the conn of one node's session.
+type nodeConn struct {
+	session string
+	cc      *grpc.ClientConn
+}
+
+func newPool(f Fleet) *pool { return &pool{fleet: f, conns: make(map[string]*nodeConn)} }
+
+// get returns the conn for n's current session, building it on first use.
+func (p *pool) get(n protocol.NodeInfo) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errPoolClosed
+	}
+	if c, ok := p.conns[n.ID]; ok {
+		if c.session == n.SessionID {
+			return c.cc, nil
+		}
+		// The node reconnected: the old conn's streams died with the
+		// old session.
+		c.cc.Close()
+		delete(p.conns, n.ID)
+	}
+	id := n.ID
+	cc, err := grpc.NewClient("passthrough:///"+id,
+		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is the transport security
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			return p.fleet.DialTarget(ctx, id, protocol.TargetOpenShell)
+		}),
+		grpc.WithNoProxy(),
+		grpc.WithDefaultCallOptions(
+			grpc.ForceCodecV2(rawCodec{}),
+			grpc.MaxCallSendMsgSize(openshell.MaxMessageSize),
+			grpc.MaxCallRecvMsgSize(maxGatewayRecv),
+		),
+		// A gateway that restarts is back within seconds: do not let grpc's
+		// default backoff (up to 120 s) fail calls long after that. No
+		// keepalive parameters: the tunnel has its own keepalive, and pings
+		// of our own could earn a GOAWAY too_many_pings (DESIGN §6).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			MinConnectTimeout: 20 * time.Second,
+		}),
+	)
+	if err != nil {
+		return nil, err
+	}
+	p.conns[id] = &nodeConn{session: n.SessionID, cc: cc}
+	return cc, nil
+}
+
+// prune closes the conns of nodes not in live (the connected nodes) or whose
+// session changed, at most once per pruneEvery.
+func (p *pool) prune(live []protocol.NodeInfo) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || now.Sub(p.lastPrune) < pruneEvery || len(p.conns) == 0 {
+		return
+	}
+	p.lastPrune = now
+	sessions := make(map[string]string, len(live))
+	for _, n := range live {
+		sessions[n.ID] = n.SessionID
+	}
+	for id, c := range p.conns {
+		if s, ok := sessions[id]; !ok || s != c.session {
+			c.cc.Close()
+			delete(p.conns, id)
+		}
+	}
+}
+
+// close closes every conn; later gets fail with errPoolClosed.
+func (p *pool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for id, c := range p.conns {
+		c.cc.Close()
+		delete(p.conns, id)
+	}
+}

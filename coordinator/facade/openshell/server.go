@@ -1,0 +1,420 @@
+package openshell
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/protocol/openshell"
+)
+
+// gRPC metadata keys and the label the facade reads. Every metadata key
+// starting with "tether-" is the facade's own: it is stripped before a call
+// goes to a gateway.
+const (
+	// MetaToken carries the caller's Tether credential (checked by
+	// Config.CheckToken). It is distinct from the gateway's own
+	// "authorization" header, which passes through untouched.
+	MetaToken = "tether-token"
+	// MetaNode names a node by id: where CreateSandbox places the sandbox,
+	// and where a call is sent instead of where the facade would route it
+	// (required for methods the facade does not route when more than one
+	// node has an OpenShell gateway).
+	MetaNode = "tether-node"
+	// MetaNodeSelector is a node label selector (protocol.ParseSelector)
+	// restricting where CreateSandbox places the sandbox.
+	MetaNodeSelector = "tether-node-selector"
+	// MetaRun is the run id (lease id) that owns a sandbox CreateSandbox
+	// makes; the reaper deletes it when that lease expires.
+	MetaRun = "tether-run"
+	// MetaTTL is the Tether-enforced time to live of a sandbox CreateSandbox
+	// makes, as a Go duration ("90m") or whole seconds ("5400"); "0" means
+	// none. Default: Config.DefaultTTL. OpenShell itself never expires a
+	// sandbox (wire-facts §6.12).
+	MetaTTL = "tether-ttl"
+	// LabelNode, as a CreateSandbox label, names the node to place the
+	// sandbox on. It is forwarded like every label (wire-facts §8.3: never
+	// rename what passes through); it is a valid OpenShell label.
+	LabelNode = "tether.node"
+)
+
+// ledgerTimeout bounds one ledger write after a gateway answered. The write
+// is detached from the caller's context: a caller that hangs up right after
+// its answer must not leave the ledger without the record.
+const ledgerTimeout = 5 * time.Second
+
+// maxCallerRecv bounds one message from a caller, in bytes. Messages above
+// openshell.MaxMessageSize but below this get the facade's own
+// RESOURCE_EXHAUSTED message; above it, grpc's.
+const maxCallerRecv = 4 << 20
+
+// Fleet is what the facade needs of the coordinator's registry of connected
+// nodes; *coordinator.Coordinator satisfies it.
+type Fleet interface {
+	// Nodes lists connected nodes matching sel (zero Selector = all);
+	// NodeInfo.Targets lists their targets.
+	Nodes(sel protocol.Selector) []protocol.NodeInfo
+	// DialTarget opens a dial stream to target on node; the returned conn
+	// carries raw bytes. Errors name node and target.
+	DialTarget(ctx context.Context, node, target string) (net.Conn, error)
+}
+
+// Ledger is what the facade needs of the sandbox ledger; *ledger.Ledger
+// satisfies it.
+type Ledger interface {
+	// Created records a sandbox a CreateSandbox through the facade made.
+	Created(ctx context.Context, r ledger.Record) error
+	// Deleting records a delete the gateway accepted (deleted=true).
+	Deleting(ctx context.Context, k ledger.Key) error
+	// Deleted records a sandbox its gateway confirmed gone.
+	Deleted(ctx context.Context, k ledger.Key) error
+	// ByID finds a record by provider and gateway id.
+	ByID(provider, id string) (ledger.Record, bool)
+	// ByName finds a record by provider, workspace and name.
+	ByName(provider, workspace, name string) (ledger.Record, bool)
+	// LiveOn counts the live sandboxes on node.
+	LiveOn(node string) int
+	// List lists records matching f.
+	List(f ledger.Filter) []ledger.Record
+}
+
+// Config configures a Server.
+type Config struct {
+	// Fleet is the registry of connected nodes. Required.
+	Fleet Fleet
+	// Ledger records creates and deletes and routes calls by name or id.
+	// Nil means no accounting: calls are routed by the facade's own index
+	// and by asking every node.
+	Ledger Ledger
+	// Logger receives the facade's logs; nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the facade's metrics; nil means a private
+	// registry nobody scrapes.
+	Registerer prometheus.Registerer
+	// DefaultTTL is the TTL recorded for a sandbox created without
+	// metadata tether-ttl. 0 means none.
+	DefaultTTL time.Duration
+	// CheckToken, when set, makes the facade an authentication boundary:
+	// every call must carry metadata tether-token that CheckToken accepts,
+	// or arrive over TLS with a verified client certificate; anything else
+	// gets UNAUTHENTICATED. Nil accepts every call (loopback binding).
+	CheckToken func(token string) bool
+	// TLS, when set, serves TLS with this config. For "client certificate
+	// or token", set ClientAuth to tls.VerifyClientCertIfGiven and ClientCAs.
+	TLS *tls.Config
+}
+
+// Server is the OpenShell facade: a gRPC server that looks like one
+// OpenShell gateway and forwards every call to a node's gateway through the
+// tunnel. Create with New, run with Serve, end with GracefulStop or Stop.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	gs   *grpc.Server
+	pool *pool
+	idx  *index
+
+	// wg tracks the goroutines that relay a caller's messages to a
+	// gateway; they end when their stream ends (see relay).
+	wg sync.WaitGroup
+
+	mu       sync.Mutex
+	inflight map[string]int // creates in flight, by node (placement load)
+
+	stopOnce sync.Once
+}
+
+// New builds a Server from cfg. It does not listen: call Serve.
+func New(cfg Config) (*Server, error) {
+	if cfg.Fleet == nil {
+		return nil, errors.New("openshell facade: Config.Fleet is required")
+	}
+	if cfg.DefaultTTL < 0 {
+		return nil, fmt.Errorf("openshell facade: Config.DefaultTTL %v is negative", cfg.DefaultTTL)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      log.With("component", "openshell-facade"),
+		m:        m,
+		pool:     newPool(cfg.Fleet),
+		idx:      newIndex(),
+		inflight: make(map[string]int),
+	}
+	opts := []grpc.ServerOption{
+		grpc.UnknownServiceHandler(s.handle),
+		grpc.ForceServerCodecV2(rawCodec{}),
+		grpc.MaxRecvMsgSize(maxCallerRecv),
+		grpc.WaitForHandlers(true),
+		// Callers behind load balancers may ping; be lenient rather than
+		// answer them with too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.gs = grpc.NewServer(opts...)
+	return s, nil
+}
+
+// Serve accepts gRPC connections on ln until GracefulStop or Stop, and
+// closes ln. It returns nil after a stop, else the accept error.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.gs.Serve(ln)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// GracefulStop stops accepting calls, waits for the calls in flight to end
+// (streams included: bound it by calling Stop from another goroutine), then
+// closes the connections to the gateways.
+func (s *Server) GracefulStop() {
+	s.gs.GracefulStop()
+	s.shutdown()
+}
+
+// Stop cancels every call in flight, waits for their handlers, and closes
+// the connections to the gateways.
+func (s *Server) Stop() {
+	s.gs.Stop()
+	s.shutdown()
+}
+
+func (s *Server) shutdown() {
+	s.stopOnce.Do(func() {
+		s.wg.Wait()
+		s.pool.close()
+	})
+}
+
+// handle serves every call (the server has no registered services).
+func (s *Server) handle(_ any, ss grpc.ServerStream) error {
+	start := time.Now()
+	full, _ := grpc.MethodFromServerStream(ss)
+	label := methodLabel(full)
+	err := s.serve(ss, full)
+	s.m.calls.WithLabelValues(label, status.Code(err).String()).Inc()
+	s.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
+	return err
+}
+
+// methodLabel returns the metric label of a full method path.
+func methodLabel(full string) string {
+	name, ok := strings.CutPrefix(full, "/"+openshell.ServiceName+"/")
+	if ok && slices.Contains(routedMethods, name) {
+		return name
+	}
+	return methodOther
+}
+
+// serve authorizes the call and routes it by method.
+func (s *Server) serve(ss grpc.ServerStream, full string) error {
+	ctx := ss.Context()
+	md, _ := metadata.FromIncomingContext(ctx)
+	if err := s.authorize(ctx, md); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(full, "/"+openshell.ServiceName+"/") {
+		svc, _, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
+		return status.Errorf(codes.Unimplemented, "unknown service %s (the Tether OpenShell facade serves %s)", svc, openshell.ServiceName)
+	}
+	c := &call{s: s, ss: ss, ctx: ctx, method: full, md: md, out: cleanMD(md)}
+	switch full {
+	case openshell.MethodCreateSandbox:
+		return c.create()
+	case openshell.MethodGetSandbox, openshell.MethodDeleteSandbox, openshell.MethodStopSandbox, openshell.MethodStartSandbox:
+		return c.byName()
+	case openshell.MethodExecSandbox, openshell.MethodWatchSandbox, openshell.MethodExecSandboxInteractive:
+		return c.byID()
+	case openshell.MethodListSandboxes:
+		return c.list()
+	case openshell.MethodHealth:
+		return c.health()
+	}
+	return c.other()
+}
+
+// authorize enforces Config.CheckToken (see there).
+func (s *Server) authorize(ctx context.Context, md metadata.MD) error {
+	if s.cfg.CheckToken == nil {
+		return nil
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+			return nil
+		}
+	}
+	if v := md.Get(MetaToken); len(v) == 1 && v[0] != "" && s.cfg.CheckToken(v[0]) {
+		return nil
+	}
+	s.m.authFailures.Inc()
+	return status.Error(codes.Unauthenticated, "tether: missing or invalid tether-token")
+}
+
+// cleanMD returns md without the keys that must not cross the facade: the
+// facade's own tether-* keys, HTTP/2 pseudo-headers and the transport's
+// headers (content-type, user-agent, te, grpc-*), which each side's gRPC
+// stack writes itself. grpc-status-details-bin is among them: the status a
+// handler returns carries the details already. Everything else, including
+// "authorization", passes verbatim.
+func cleanMD(md metadata.MD) metadata.MD {
+	out := make(metadata.MD, len(md))
+	for k, v := range md {
+		switch {
+		case strings.HasPrefix(k, "tether-"), strings.HasPrefix(k, ":"), strings.HasPrefix(k, "grpc-"),
+			k == "content-type", k == "user-agent", k == "te":
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// mdFirst returns md's first value of key, or "".
+func mdFirst(md metadata.MD, key string) string {
+	if v := md.Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// gatewayNodes returns the connected nodes matching sel that have an
+// OpenShell gateway, sorted by id. With the zero selector it also lets the
+// pool drop the conns of nodes that left.
+func (s *Server) gatewayNodes(sel protocol.Selector) []protocol.NodeInfo {
+	all := s.cfg.Fleet.Nodes(sel)
+	if sel.Empty() {
+		s.pool.prune(all)
+	}
+	out := make([]protocol.NodeInfo, 0, len(all))
+	for _, n := range all {
+		if slices.Contains(n.Targets, protocol.TargetOpenShell) {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, func(a, b protocol.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// findNode returns the node of nodes with id.
+func findNode(nodes []protocol.NodeInfo, id string) (protocol.NodeInfo, bool) {
+	for _, n := range nodes {
+		if n.ID == id {
+			return n, true
+		}
+	}
+	return protocol.NodeInfo{}, false
+}
+
+// leastLoaded returns the node of nodes (non-empty) with the fewest live
+// sandboxes (ledger, plus creates in flight through this facade), ties
+// broken by fewer running execs, then by id.
+func (s *Server) leastLoaded(nodes []protocol.NodeInfo) protocol.NodeInfo {
+	loads := make([]int, len(nodes))
+	s.mu.Lock()
+	for i, n := range nodes {
+		loads[i] = s.inflight[n.ID]
+	}
+	s.mu.Unlock()
+	best, bestLoad := nodes[0], -1
+	for i, n := range nodes {
+		load := loads[i]
+		if s.cfg.Ledger != nil {
+			load += s.cfg.Ledger.LiveOn(n.ID)
+		}
+		switch {
+		case bestLoad < 0, load < bestLoad,
+			load == bestLoad && n.RunningExecs < best.RunningExecs,
+			load == bestLoad && n.RunningExecs == best.RunningExecs && n.ID < best.ID:
+			best, bestLoad = n, load
+		}
+	}
+	return best
+}
+
+// startCreate counts a create in flight on node until the returned func is
+// called.
+func (s *Server) startCreate(node string) func() {
+	s.mu.Lock()
+	s.inflight[node]++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if s.inflight[node]--; s.inflight[node] <= 0 {
+			delete(s.inflight, node)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// recordByName returns the ledger's record of (ws, name) if it still stands
+// for a sandbox on a gateway (not deleted or lost).
+func (s *Server) recordByName(k wsName) (ledger.Record, bool) {
+	if s.cfg.Ledger == nil || k.name == "" {
+		return ledger.Record{}, false
+	}
+	r, ok := s.cfg.Ledger.ByName(protocol.ProviderOpenShell, k.ws, k.name)
+	if !ok || r.State == ledger.StateDeleted || r.State == ledger.StateLost {
+		return ledger.Record{}, false
+	}
+	return r, true
+}
+
+// recordByID is recordByName by gateway id.
+func (s *Server) recordByID(id string) (ledger.Record, bool) {
+	if s.cfg.Ledger == nil || id == "" {
+		return ledger.Record{}, false
+	}
+	r, ok := s.cfg.Ledger.ByID(protocol.ProviderOpenShell, id)
+	if !ok || r.State == ledger.StateDeleted || r.State == ledger.StateLost {
+		return ledger.Record{}, false
+	}
+	return r, true
+}
+
+// ledgerWrite runs one ledger write detached from the caller (bounded by
+// ledgerTimeout); a failure is logged and counted, never returned: the
+// inventory repairs the record.
+func (s *Server) ledgerWrite(ctx context.Context, op string, k ledger.Key, f func(context.Context) error) {
+	if s.cfg.Ledger == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerTimeout)
+	defer cancel()
+	if err := f(ctx); err != nil {
+		s.m.ledgerErrors.WithLabelValues(op).Inc()
+		s.log.Warn("ledger write failed", "op", op, "node", k.Node, "sandbox", k.ID, "err", err)
+	}
+}
