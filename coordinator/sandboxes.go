@@ -52,6 +52,16 @@ func (c *Coordinator) Reachable(nodeID string) bool {
 	return err == nil && !n.sess.IsClosed() && n.inventoried.Load()
 }
 
+// ConnectedSince returns when node's current session was welcomed, and
+// whether it has one. The reaper requires an inventory listed after it.
+func (c *Coordinator) ConnectedSince(nodeID string) (time.Time, bool) {
+	n, err := c.node(nodeID)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return n.connectedAt, true
+}
+
 // RunInventory keeps l in step with the gateways of every connected node:
 // it takes an inventory of each node whose agent serves a gateway every
 // interval (zero means DefaultInventoryInterval), of a node shortly after
@@ -142,6 +152,7 @@ func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids 
 // says afterwards whether it was complete.
 func (c *Coordinator) inventoryNode(ctx context.Context, l *ledger.Ledger, n *node) {
 	log := c.log.With("node_id", n.id, "session_id", n.sessionID)
+	listedAt := time.Now()
 	sbs, gws, err := c.inventory(ctx, n)
 	if err != nil {
 		n.inventoried.Store(false)
@@ -155,7 +166,7 @@ func (c *Coordinator) inventoryNode(ctx context.Context, l *ledger.Ledger, n *no
 			log.Warn("sandbox inventory incomplete", "target", g.Target, "err", g.Error)
 		}
 	}
-	if err := l.Reconcile(ctx, n.id, sbs, gws); err != nil {
+	if err := l.ReconcileAt(ctx, n.id, listedAt, sbs, gws); err != nil {
 		n.inventoried.Store(false)
 		log.Warn("sandbox inventory not reconciled", "err", err, "sandboxes", len(sbs))
 		return

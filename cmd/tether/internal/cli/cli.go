@@ -156,6 +156,8 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		newJobCmd(e),
 		newCpCmd(e),
 		newForwardCmd(e),
+		newSandboxesCmd(e),
+		newRunLeaseCmd(e),
 	)
 	return root
 }

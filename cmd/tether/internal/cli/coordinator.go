@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -66,6 +67,8 @@ type coordinatorOptions struct {
 	// ExecTimeout is the timeout of jobs whose request names none. Zero
 	// (default) means none.
 	ExecTimeout time.Duration
+	// Sandbox configures the facades, the ledger and the reaper.
+	Sandbox sandboxOptions
 	// Log configures logging to stderr.
 	Log logOptions
 }
@@ -76,6 +79,7 @@ func defaultCoordinatorOptions() coordinatorOptions {
 		Listen:     ":7443",
 		HTTPAddr:   "127.0.0.1:7080",
 		NATSListen: "127.0.0.1:4222",
+		Sandbox:    defaultSandboxOptions(),
 		Log:        defaultLogOptions(),
 	}
 }
@@ -121,6 +125,9 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	if o.ExecTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
+	}
+	if err := o.Sandbox.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := o.Log.Validate(); err != nil {
 		errs = append(errs, err)
@@ -196,6 +203,7 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
 	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval (0: coordinator default, 5s)")
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
+	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -208,6 +216,9 @@ type coordinatorInfo struct {
 	CAFile     string // the dev CA agents must trust; empty with --tls-cert
 	Token      string // the join token
 	TokenFrom  string // the token's file, or "$TETHER_TOKEN"
+	// OpenShellAddr and OpenSandboxAddr are the facades' bound addresses;
+	// empty when off.
+	OpenShellAddr, OpenSandboxAddr string
 }
 
 // coordinatorServer is a coordinator whose listeners are bound and whose
@@ -220,6 +231,8 @@ type coordinatorServer struct {
 	adminLn  net.Listener
 	admin    *http.Server
 	nc       *nats.Conn
+	sbx      *sandboxes.Service
+	sbxLn    *sandboxListeners
 	ns       *server.Server // nil with an external NATS
 	unlock   func()         // releases the data dir lock
 }
@@ -257,6 +270,18 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	}
 	adminLn := cs.adminLn
 	undo = append(undo, func() { adminLn.Close() })
+	sbxLn, err := o.Sandbox.bind()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	undo = append(undo, sbxLn.close)
+	cs.sbxLn = sbxLn
+	if sbxLn.openShell != nil {
+		cs.info.OpenShellAddr = sbxLn.openShell.Addr().String()
+	}
+	if sbxLn.openSandbox != nil {
+		cs.info.OpenSandboxAddr = sbxLn.openSandbox.Addr().String()
+	}
 	cs.info.Token, cs.info.TokenFrom, err = resolveToken(o.TokenFile, envToken, o.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
@@ -318,6 +343,14 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if err := checkSoleCoordinator(cs.nc); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
+	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cs.sbx, err = o.Sandbox.open(octx, sbxLn, o.DataDir, id, cs.nc, log, reg)
+	ocancel()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	sbx := cs.sbx // cs is nil by the time undo runs on an error return
+	undo = append(undo, func() { sbx.Ledger().Close() })
 
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = id
@@ -330,9 +363,13 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.DefaultTimeout = o.ExecTimeout
 	cfg.Logger = log
 	cfg.Registerer = reg
+	cfg.Endpoints = cs.sbx.Endpoints
 	cs.coord, err = coordinator.New(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if err := cs.sbx.Attach(cs.coord); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 
 	cs.info.TunnelAddr = rawLn.Addr().String()
@@ -351,16 +388,26 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		"nats_url", cs.info.NATSURL,
 		"admin_addr", cs.info.AdminAddr,
 		"ca_file", cs.info.CAFile,
+		"openshell_facade", cs.info.OpenShellAddr,
+		"opensandbox_facade", cs.info.OpenSandboxAddr,
 		"token_from", cs.info.TokenFrom)
 
 	adminDone := make(chan error, 1)
 	go func() { adminDone <- cs.admin.Serve(cs.adminLn) }()
+	sctx, scancel := context.WithCancel(ctx)
+	sbxDone := make(chan error, 1)
+	go func() { sbxDone <- cs.sbx.Run(sctx) }()
 
 	err := cs.coord.Serve(ctx, cs.tunnelLn)
+	scancel()
+	if serr := <-sbxDone; serr != nil {
+		cs.log.Error("sandbox services failed", "err", serr)
+		err = errors.Join(err, serr)
+	}
 
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	shctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if serr := cs.admin.Shutdown(sctx); serr != nil {
+	if serr := cs.admin.Shutdown(shctx); serr != nil {
 		cs.admin.Close()
 	}
 	if aerr := <-adminDone; !errors.Is(aerr, http.ErrServerClosed) {
@@ -378,6 +425,8 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 
 // close releases a coordinatorServer that will not be served.
 func (cs *coordinatorServer) close() {
+	cs.sbx.Ledger().Close()
+	cs.sbxLn.close()
 	cs.tunnelLn.Close()
 	cs.adminLn.Close()
 	cs.nc.Close()

@@ -39,6 +39,12 @@ type devOptions struct {
 	// HTTPAddr is the admin listener. Default "127.0.0.1:7080"; port 0 picks
 	// a free port.
 	HTTPAddr string
+	// OpenShellListen and OpenSandboxListen are the facades' addresses on
+	// loopback ("" turns one off). Defaults 127.0.0.1:7081 and :7082.
+	OpenShellListen, OpenSandboxListen string
+	// OpenShell and OpenSandbox are the local agent's gateways (host:port),
+	// reached through the facades; "" means none.
+	OpenShell, OpenSandbox string
 	// Log configures logging to stderr.
 	Log logOptions
 }
@@ -56,6 +62,9 @@ func defaultDevOptions() devOptions {
 		TunnelAddr: "127.0.0.1:7443",
 		HTTPAddr:   "127.0.0.1:7080",
 		Log:        defaultLogOptions(),
+
+		OpenShellListen:   defaultSandboxOptions().OpenShellListen,
+		OpenSandboxListen: defaultSandboxOptions().OpenSandboxListen,
 	}
 }
 
@@ -73,6 +82,23 @@ func (o *devOptions) Validate() error {
 	}
 	if err := checkHostPort(o.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr: %w", err))
+	}
+	for _, a := range []struct{ flag, addr string }{{"--openshell-listen", o.OpenShellListen}, {"--opensandbox-listen", o.OpenSandboxListen}} {
+		if a.addr == "" {
+			continue
+		}
+		if err := checkHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a.flag, err))
+		} else if secureAddr(a.addr) {
+			errs = append(errs, fmt.Errorf("%s %s: dev facades listen on loopback only; use `tether coordinator` with --facade-tls-cert to serve them on the network", a.flag, a.addr))
+		}
+	}
+	for _, a := range []struct{ flag, addr string }{{"--openshell", o.OpenShell}, {"--opensandbox", o.OpenSandbox}} {
+		if a.addr != "" {
+			if err := checkHostPort(a.addr); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", a.flag, err))
+			}
+		}
 	}
 	if err := o.Log.Validate(); err != nil {
 		errs = append(errs, err)
@@ -104,6 +130,10 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.IntVar(&o.NATSPort, "nats-port", o.NATSPort, "embedded NATS port on 127.0.0.1 (0: any free port)")
 	f.StringVar(&o.TunnelAddr, "tunnel-addr", o.TunnelAddr, "tunnel listen address")
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
+	f.StringVar(&o.OpenShellListen, "openshell-listen", o.OpenShellListen, `OpenShell gRPC facade address on loopback ("" turns it off)`)
+	f.StringVar(&o.OpenSandboxListen, "opensandbox-listen", o.OpenSandboxListen, `OpenSandbox HTTP facade address on loopback ("" turns it off)`)
+	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the local OpenShell gateway (host:port) the agent serves through the facade")
+	f.StringVar(&o.OpenSandbox, "opensandbox", o.OpenSandbox, "the local OpenSandbox server (host:port) the agent serves through the facade")
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -128,6 +158,8 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	co.HTTPAddr = o.HTTPAddr
 	co.NATSListen = net.JoinHostPort("127.0.0.1", strconv.Itoa(o.NATSPort))
 	co.ID = "dev"
+	co.Sandbox.OpenShellListen = o.OpenShellListen
+	co.Sandbox.OpenSandboxListen = o.OpenSandboxListen
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	cs, err := startCoordinator(co, "", log, newRegistry())
 	if err != nil {
@@ -199,6 +231,12 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger) (agen
 	cfg.DataDir = filepath.Join(o.DataDir, "agent")
 	cfg.Version = version
 	cfg.Logger = log
+	if o.OpenShell != "" {
+		cfg.OpenShell = &agent.OpenShellTarget{Addr: o.OpenShell, Token: os.Getenv(openShellTokenEnv)}
+	}
+	if o.OpenSandbox != "" {
+		cfg.OpenSandbox = &agent.OpenSandboxTarget{Addr: o.OpenSandbox, APIKey: os.Getenv(openSandboxAPIKeyEnv)}
+	}
 	// The agent's metrics stay private: the admin endpoint serves the
 	// coordinator's.
 	return cfg, nil
@@ -261,6 +299,12 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	fmt.Fprintf(&b, "  NATS URL:   %s\n", info.NATSURL)
 	fmt.Fprintf(&b, "  tunnel:     %s (CA %s)\n", info.TunnelAddr, info.CAFile)
 	fmt.Fprintf(&b, "  admin:      http://%s/metrics\n", info.AdminAddr)
+	if info.OpenShellAddr != "" {
+		fmt.Fprintf(&b, "  openshell:  %s (gRPC facade; point OPENSHELL_GATEWAY_ENDPOINT here)\n", info.OpenShellAddr)
+	}
+	if info.OpenSandboxAddr != "" {
+		fmt.Fprintf(&b, "  opensandbox: http://%s (facade; point OPENSANDBOX_DOMAIN here)\n", info.OpenSandboxAddr)
+	}
 	fmt.Fprintf(&b, "  node:       %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:   %s\n", o.DataDir)
 	fmt.Fprintf(&b, "  join token: %s\n\n", info.TokenFrom)
@@ -268,7 +312,8 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
 	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
-	fmt.Fprintf(&b, "  nats%s micro ls\n\n", natsFlag)
+	fmt.Fprintf(&b, "  nats%s micro ls\n", natsFlag)
+	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
 	return b.String()
 }

@@ -45,25 +45,31 @@ func resolveToken(file, envValue, genDir string) (token, source string, err erro
 		return "", "", fmt.Errorf("no join token: give --token-file or set %s", tokenEnv)
 	}
 	path := filepath.Join(genDir, joinTokenFile)
+	tok, err := loadOrCreateSecret(path)
+	return tok, path, err
+}
+
+// loadOrCreateSecret reads the secret (one line) in path, or creates path
+// (0600) with 32 random bytes in hex when it does not exist.
+func loadOrCreateSecret(path string) (string, error) {
 	tok, err := readTokenFile(path)
 	if err == nil {
-		return tok, path, nil
+		return tok, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
-		return "", "", err
+		return "", err
 	}
 	var b [32]byte
 	rand.Read(b[:])
 	tok = hex.EncodeToString(b[:])
-	// O_EXCL: two coordinators starting on one data dir must not each
-	// write a different token.
+	// O_EXCL: two processes starting on one data dir must not each write
+	// a different secret.
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
-		tok, err := readTokenFile(path)
-		return tok, path, err
+		return readTokenFile(path)
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("create join token: %w", err)
+		return "", fmt.Errorf("create %s: %w", path, err)
 	}
 	_, werr := f.WriteString(tok + "\n")
 	if cerr := f.Close(); werr == nil {
@@ -71,7 +77,7 @@ func resolveToken(file, envValue, genDir string) (token, source string, err erro
 	}
 	if werr != nil {
 		os.Remove(path)
-		return "", "", fmt.Errorf("write join token %s: %w", path, werr)
+		return "", fmt.Errorf("write %s: %w", path, werr)
 	}
-	return tok, path, nil
+	return tok, nil
 }

@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/fleettest"
+)
+
+func TestParseForwardArgs(t *testing.T) {
+	for _, tt := range []struct {
+		args      []string
+		local     string
+		wantError string
+	}{
+		{[]string{"n1", "openshell"}, "127.0.0.1:0", ""},
+		{[]string{"n1", "openshell", "8080"}, "127.0.0.1:8080", ""},
+		{[]string{"n1", "openshell", ":8080"}, "127.0.0.1:8080", ""},
+		{[]string{"n1", "openshell", "localhost:8080"}, "127.0.0.1:8080", ""},
+		{[]string{"n1", "openshell", "[::1]:8080"}, "[::1]:8080", ""},
+		{[]string{"n1", "openshell", "0.0.0.0:8080"}, "", "loopback only"},
+		{[]string{"n1", "openshell", "example.com:8080"}, "", "loopback only"},
+		{[]string{"n1", "Bad Target"}, "", "target"},
+		{[]string{"-x", "openshell"}, "", "node"},
+	} {
+		a, err := parseForwardArgs(tt.args)
+		if tt.wantError != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantError) {
+				t.Errorf("%q: err %v, want one containing %q", tt.args, err, tt.wantError)
+			}
+			continue
+		}
+		if err != nil || a.Local != tt.local {
+			t.Errorf("%q: local %q, err %v; want %q", tt.args, a.Local, err, tt.local)
+		}
+	}
+}
+
+// echoServer accepts connections and echoes each one's bytes until it
+// half-closes, then closes.
+func echoServer(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// tether forward carries connections to an allow-listed target and back,
+// half-closes included; unknown targets are refused before listening.
+func TestForwardOnFleet(t *testing.T) {
+	echo := echoServer(t)
+	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) {
+		c.Targets = map[string]string{"echo": echo}
+	}})
+	url := f.NATS.ClientURL()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+
+	r := runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-0", "ssh")
+	if r.code != 1 || !strings.Contains(r.stderr, `node node-0 has no target "ssh" (it serves: echo)`) {
+		t.Errorf("unknown target: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-9", "echo")
+	if r.code != 1 || !strings.Contains(r.stderr, `node "node-9" is not connected`) {
+		t.Errorf("unknown node: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	pr, pw := io.Pipe()
+	var stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: pw, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"forward", "--nats-url", url, "node-0", "echo"}, e); pw.Close() }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no listening line: %v (stderr %q)", err, stderr.String())
+	}
+	m := regexp.MustCompile(`^Forwarding from (127\.0\.0\.1:\d+) -> node-0/echo\n$`).FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("listening line %q", line)
+	}
+	go io.Copy(io.Discard, pr)
+	for i := range 3 { // several connections, one after the other and at once
+		conn, err := net.Dial("tcp", m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := strings.Repeat("ping", 1000*(i+1))
+		go func() { io.WriteString(conn, msg); conn.(*net.TCPConn).CloseWrite() }()
+		got, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil || string(got) != msg {
+			t.Errorf("connection %d: read %d bytes, err %v; want the %d bytes echoed", i, len(got), err, len(msg))
+		}
+	}
+	cancel()
+	if code := <-done; code != exitInterrupted {
+		t.Errorf("forward exit %d after cancel, want %d; stderr %q", code, exitInterrupted, stderr.String())
+	}
+}

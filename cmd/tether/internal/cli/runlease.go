@@ -1,0 +1,198 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Environment variables run-lease reads and sets. NEMO_GYM_RUN_ID is the
+// run id NeMo Gym's attribution labels sandboxes with (wire-facts §4.2).
+const (
+	runIDEnv      = "NEMO_GYM_RUN_ID"
+	tetherRunEnv  = "TETHER_RUN"
+	defaultLeaseT = 30 * time.Second
+)
+
+// runLeaseOptions are the flags of `tether run-lease`.
+type runLeaseOptions struct {
+	// Run is the run id; default $TETHER_RUN, else $NEMO_GYM_RUN_ID, else a
+	// random 12-hex id.
+	Run string
+	// TTL is the lease's TTL; renewals go every TTL/3.
+	TTL time.Duration
+	// Keep leaves the run's lease open when the command exits (it then
+	// expires after TTL), instead of closing it and reaping at once.
+	Keep bool
+	NATS natsOptions
+}
+
+func (o *runLeaseOptions) Validate() error {
+	var errs []error
+	if o.Run != "" {
+		if err := protocol.ValidRunID(o.Run); err != nil {
+			errs = append(errs, fmt.Errorf("--run: %w", err))
+		}
+	}
+	if o.TTL < protocol.MinLeaseTTL || o.TTL > protocol.MaxLeaseTTL {
+		errs = append(errs, fmt.Errorf("--ttl %v: must be %v to %v", o.TTL, protocol.MinLeaseTTL, protocol.MaxLeaseTTL))
+	}
+	return errors.Join(errs...)
+}
+
+func newRunLeaseCmd(e *env) *cobra.Command {
+	o := runLeaseOptions{TTL: defaultLeaseT}
+	cmd := &cobra.Command{
+		Use:   "run-lease [--run R] [--ttl D] -- COMMAND [ARG...]",
+		Short: "Run a command that owns a run's sandboxes for exactly as long as it lives",
+		Long: `run-lease opens the lease of a run, runs COMMAND with NEMO_GYM_RUN_ID and
+TETHER_RUN set to the run id, and renews the lease every TTL/3 while COMMAND
+runs. Sandboxes labelled with the run (NeMo Gym's nemo-gym.nvidia.com/run
+attribution, or created through a facade with the Tether-Run header) are
+owned by the lease: when COMMAND exits the lease is closed and they are
+reaped at once; if run-lease itself dies (kill -9, node loss), the lease
+expires after TTL and they are reaped then. Exits with COMMAND's exit code.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
+			if err := o.Validate(); err != nil {
+				return usage(err)
+			}
+			if cmd.ArgsLenAtDash() != 0 {
+				return usage(errors.New("put the command after --, as in: tether run-lease -- python train.py"))
+			}
+			if o.Run == "" {
+				o.Run = firstNonEmpty(e.getenv(tetherRunEnv), e.getenv(runIDEnv))
+			}
+			if o.Run == "" {
+				o.Run = newRunID()
+			} else if err := protocol.ValidRunID(o.Run); err != nil {
+				return usage(fmt.Errorf("run id from the environment: %w", err))
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			return runLease(cmd.Context(), e, c, o, args)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Run, "run", "", "run id (default: $TETHER_RUN, else $NEMO_GYM_RUN_ID, else a random id)")
+	f.DurationVar(&o.TTL, "ttl", o.TTL, "lease TTL: the run's sandboxes are reaped this long after run-lease dies")
+	f.BoolVar(&o.Keep, "keep", false, "leave the lease to expire after TTL when COMMAND exits, instead of reaping at once")
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// newRunID returns 12 random hex digits, like NeMo Gym's per-process run id.
+func newRunID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// runLease holds the lease around the command's life.
+func runLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions, args []string) error {
+	host, _ := os.Hostname()
+	holder := fmt.Sprintf("%s:%d %s", host, os.Getpid(), args[0])
+	if _, err := c.OpenLease(ctx, o.Run, o.TTL, clipHolder(holder)); err != nil {
+		return fmt.Errorf("run-lease: open lease of run %s: %w", o.Run, err)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	cmd.Env = append(os.Environ(), runIDEnv+"="+o.Run, tetherRunEnv+"="+o.Run)
+	// The command must not outlive its lease holder.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		closeLease(e, c, o)
+		return fmt.Errorf("run-lease: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	renew := time.NewTicker(o.TTL / 3)
+	defer renew.Stop()
+	warned := false
+	var werr error
+	for waiting := true; waiting; {
+		select {
+		case werr = <-done:
+			waiting = false
+		case <-ctx.Done():
+			sig := syscall.SIGINT
+			if interruptCode(ctx) == exitTerminated {
+				sig = syscall.SIGTERM
+			}
+			cmd.Process.Signal(sig)
+			werr = <-done
+			waiting = false
+		case <-renew.C:
+			rctx, cancel := context.WithTimeout(context.Background(), o.TTL/3)
+			_, err := c.RenewLease(rctx, o.Run)
+			cancel()
+			switch {
+			case err == nil:
+				if warned {
+					fmt.Fprintf(e.stderr, "tether run-lease: lease of run %s renewed again\n", o.Run)
+					warned = false
+				}
+			case errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeLeaseClosed}), errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeNotFound}):
+				fmt.Fprintf(e.stderr, "tether run-lease: the lease of run %s is gone (%v): its sandboxes are being reaped\n", o.Run, err)
+				warned = true
+			default:
+				fmt.Fprintf(e.stderr, "tether run-lease: renew lease of run %s: %v (retrying; it expires %v after the last renewal)\n", o.Run, err, o.TTL)
+				warned = true
+			}
+		}
+	}
+	if !o.Keep {
+		closeLease(e, c, o)
+	}
+	var ee *exec.ExitError
+	switch {
+	case werr == nil:
+		return nil
+	case errors.As(werr, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return &exitError{code: 128 + int(ws.Signal())}
+		}
+		return &exitError{code: ee.ExitCode()}
+	}
+	return fmt.Errorf("run-lease: %w", werr)
+}
+
+// closeLease ends the run: its sandboxes are reaped now.
+func closeLease(e *env, c *client.Client, o runLeaseOptions) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.CloseLease(ctx, o.Run); err != nil {
+		fmt.Fprintf(e.stderr, "tether run-lease: close lease of run %s: %v (it expires %v after the last renewal)\n", o.Run, err, o.TTL)
+	}
+}
+
+func clipHolder(s string) string {
+	if len(s) > protocol.MaxHolderLen {
+		return s[:protocol.MaxHolderLen]
+	}
+	return s
+}

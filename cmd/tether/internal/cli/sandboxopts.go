@@ -1,0 +1,232 @@
+package cli
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/coordinator/sandboxes"
+)
+
+// facadeTokenFile is the generated facade token in the data directory.
+const facadeTokenFile = "facade-token"
+
+// sandboxOptions are the coordinator's sandbox flags: facades, ledger,
+// reaper.
+type sandboxOptions struct {
+	// OpenShellListen and OpenSandboxListen are the facades' addresses;
+	// "" turns a facade off. Defaults 127.0.0.1:7081 and 127.0.0.1:7082.
+	OpenShellListen, OpenSandboxListen string
+	// TLSCert and TLSKey serve the facades over TLS; required for a facade
+	// that listens on a non-loopback address.
+	TLSCert, TLSKey string
+	// ClientCA, if set, lets callers authenticate with a client
+	// certificate signed by it instead of a token.
+	ClientCA string
+	// TokenFile holds the token facade callers present (gRPC metadata
+	// tether-token, HTTP header Tether-Token) when the facades are an
+	// authentication boundary. Default DATA-DIR/facade-token, generated.
+	TokenFile string
+	// ExternalHost is how OpenSandbox callers reach the facade, for the
+	// endpoints it rewrites; default the request's Host.
+	ExternalHost string
+	// DefaultTTL is the TTL of OpenShell sandboxes created through the
+	// facade without a tether-ttl (OpenShell has none of its own).
+	DefaultTTL time.Duration
+	// InventoryInterval is how often every node's gateways are listed.
+	InventoryInterval time.Duration
+	// ReapGrace is how long an unowned managed sandbox lives; negative
+	// never reaps unowned sandboxes.
+	ReapGrace time.Duration
+	// ReapRate bounds reaper deletes per second.
+	ReapRate float64
+	// DryRun makes the reaper log what it would delete, and delete nothing.
+	DryRun bool
+	// NoReaper turns the reaper off.
+	NoReaper bool
+}
+
+func defaultSandboxOptions() sandboxOptions {
+	return sandboxOptions{
+		OpenShellListen:   "127.0.0.1:7081",
+		OpenSandboxListen: "127.0.0.1:7082",
+		InventoryInterval: 30 * time.Second,
+		ReapGrace:         ledger.DefaultGrace,
+		ReapRate:          20,
+	}
+}
+
+func (o *sandboxOptions) addFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&o.OpenShellListen, "openshell-listen", o.OpenShellListen, `OpenShell gRPC facade address ("" turns it off)`)
+	f.StringVar(&o.OpenSandboxListen, "opensandbox-listen", o.OpenSandboxListen, `OpenSandbox HTTP facade address ("" turns it off)`)
+	f.StringVar(&o.TLSCert, "facade-tls-cert", o.TLSCert, "facade TLS certificate (PEM); required for a non-loopback facade address")
+	f.StringVar(&o.TLSKey, "facade-tls-key", o.TLSKey, "facade TLS key (PEM)")
+	f.StringVar(&o.ClientCA, "facade-client-ca", o.ClientCA, "CA (PEM) whose client certificates authenticate facade callers")
+	f.StringVar(&o.TokenFile, "facade-token-file", o.TokenFile, "token facade callers present as tether-token (default: DATA-DIR/facade-token, generated)")
+	f.StringVar(&o.ExternalHost, "facade-external-host", o.ExternalHost, "host[:port] OpenSandbox callers reach the facade at (default: the request's Host)")
+	f.DurationVar(&o.DefaultTTL, "sandbox-ttl", o.DefaultTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
+	f.DurationVar(&o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often every node's gateways are listed")
+	f.DurationVar(&o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
+	f.Float64Var(&o.ReapRate, "reap-rate", o.ReapRate, "reaper deletes per second, fleet-wide")
+	f.BoolVar(&o.DryRun, "reap-dry-run", o.DryRun, "log what the reaper would delete, delete nothing")
+	f.BoolVar(&o.NoReaper, "no-reaper", o.NoReaper, "do not run the reaper")
+}
+
+// secure reports whether addr needs the authentication boundary: it is not
+// a loopback address (the gateways behind the facades trust loopback).
+func secureAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil:
+		return true
+	case host == "localhost":
+		return false
+	}
+	ip := net.ParseIP(host) // nil for "" (every interface) and names
+	return ip == nil || !ip.IsLoopback()
+}
+
+// Validate reports every invalid option.
+func (o *sandboxOptions) Validate() error {
+	var errs []error
+	for _, a := range []struct{ flag, addr string }{{"--openshell-listen", o.OpenShellListen}, {"--opensandbox-listen", o.OpenSandboxListen}} {
+		if a.addr == "" {
+			continue
+		}
+		if err := checkHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a.flag, err))
+		} else if secureAddr(a.addr) && o.TLSCert == "" {
+			errs = append(errs, fmt.Errorf("%s %s is not a loopback address: the gateways behind the facade trust loopback callers, so give --facade-tls-cert and --facade-tls-key (callers then need the facade token or a client certificate)", a.flag, a.addr))
+		}
+	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		errs = append(errs, errors.New("--facade-tls-cert and --facade-tls-key go together"))
+	}
+	if o.ClientCA != "" && o.TLSCert == "" {
+		errs = append(errs, errors.New("--facade-client-ca needs --facade-tls-cert"))
+	}
+	if o.DefaultTTL < 0 {
+		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.DefaultTTL))
+	}
+	if o.InventoryInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--inventory-interval %v must be positive", o.InventoryInterval))
+	}
+	if o.ReapRate <= 0 {
+		errs = append(errs, fmt.Errorf("--reap-rate %v must be positive", o.ReapRate))
+	}
+	return errors.Join(errs...)
+}
+
+// sandboxListeners are the facades' bound listeners.
+type sandboxListeners struct {
+	openShell, openSandbox net.Listener
+}
+
+func (l *sandboxListeners) close() {
+	if l.openShell != nil {
+		l.openShell.Close()
+	}
+	if l.openSandbox != nil {
+		l.openSandbox.Close()
+	}
+}
+
+// bind binds the facade listeners, so a busy port fails at start.
+func (o *sandboxOptions) bind() (*sandboxListeners, error) {
+	var ls sandboxListeners
+	var err error
+	if o.OpenShellListen != "" {
+		if ls.openShell, err = net.Listen("tcp", o.OpenShellListen); err != nil {
+			return nil, fmt.Errorf("openshell facade listener: %w", err)
+		}
+	}
+	if o.OpenSandboxListen != "" {
+		if ls.openSandbox, err = net.Listen("tcp", o.OpenSandboxListen); err != nil {
+			ls.close()
+			return nil, fmt.Errorf("opensandbox facade listener: %w", err)
+		}
+	}
+	return &ls, nil
+}
+
+// open opens the ledger and prepares the facades' security. The result's
+// Attach and Run are the caller's.
+func (o *sandboxOptions) open(ctx context.Context, ls *sandboxListeners, dataDir, id string, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer) (*sandboxes.Service, error) {
+	cfg := sandboxes.Config{
+		NATS: nc, ID: id, Logger: log, Registerer: reg,
+		NoReaper:          o.NoReaper,
+		InventoryInterval: o.InventoryInterval,
+		OpenShell:         ls.openShell,
+		OpenSandbox:       ls.openSandbox,
+		ExternalHost:      o.ExternalHost,
+		DefaultTTL:        o.DefaultTTL,
+	}
+	cfg.Reaper.Grace = o.ReapGrace
+	cfg.Reaper.Rate = o.ReapRate
+	cfg.Reaper.DryRun = o.DryRun
+	if o.TLSCert != "" {
+		tlsCfg, err := o.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		cfg.OpenShellTLS, cfg.OpenSandboxTLS = tlsCfg, tlsCfg.Clone()
+		cfg.OpenSandboxTLS.NextProtos = []string{"http/1.1"} // WebSocket upgrades need HTTP/1.1
+		path := o.TokenFile
+		if path == "" {
+			path = filepath.Join(dataDir, facadeTokenFile)
+		}
+		tok, err := loadOrCreateSecret(path)
+		if err != nil {
+			return nil, fmt.Errorf("facade token: %w", err)
+		}
+		cfg.CheckToken = tokenChecker(tok)
+		log.Info("facades require a tether-token or a client certificate", "token_file", path)
+	}
+	return sandboxes.Open(ctx, cfg)
+}
+
+// tlsConfig loads the facades' certificate and, if given, the client CA.
+func (o *sandboxOptions) tlsConfig() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("facade TLS: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if o.ClientCA != "" {
+		pem, err := os.ReadFile(o.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("facade client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("facade client CA %s: no PEM certificate in it", o.ClientCA)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return cfg, nil
+}
+
+// tokenChecker compares tokens in constant time.
+func tokenChecker(want string) func(string) bool {
+	w := sha256.Sum256([]byte(want))
+	return func(got string) bool {
+		g := sha256.Sum256([]byte(got))
+		return subtle.ConstantTimeCompare(g[:], w[:]) == 1
+	}
+}

@@ -1,0 +1,237 @@
+// Package sandboxes runs the coordinator's sandbox services around one
+// Coordinator: the ledger (coordinator/ledger) and its NATS endpoints, the
+// inventory loop that keeps it in step with every node's gateways, the
+// reaper, and the OpenShell and OpenSandbox facades. It is the wiring the
+// `tether coordinator` command and the in-process test fleets share; each
+// part lives in its own package.
+//
+// Use: Open (the ledger, so its endpoints can be given to the coordinator's
+// micro service through coordinator.Config.Endpoints), coordinator.New,
+// Attach (reaper and facades), then Run next to Coordinator.Serve.
+package sandboxes
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
+	"github.com/tetherfleet/tether/coordinator/facade/openshell"
+	"github.com/tetherfleet/tether/coordinator/ledger"
+)
+
+// Config configures the sandbox services. NATS is required; everything
+// else has a default.
+type Config struct {
+	// NATS is the coordinator's connection; its server must have
+	// JetStream (the ledger's KV buckets). The caller owns it.
+	NATS *nats.Conn
+	// ID names the coordinator in events and in the reaper's lock.
+	ID string
+	// Ledger adjusts the ledger's configuration (attribution keys,
+	// retention...); NATS, ID, Logger and Registerer are set by Open.
+	Ledger ledger.Config
+	// Reaper adjusts the reaper; Deleter and Fleet are set by Attach.
+	// NoReaper turns it off (records are still kept).
+	Reaper   ledger.ReaperConfig
+	NoReaper bool
+	// InventoryInterval is how often every node's gateways are listed;
+	// zero means coordinator.DefaultInventoryInterval (30 s).
+	InventoryInterval time.Duration
+	// OpenShell, if set, serves the OpenShell gRPC facade on it, with TLS
+	// when OpenShellTLS is set.
+	OpenShell    net.Listener
+	OpenShellTLS *tls.Config
+	// OpenSandbox, if set, serves the OpenSandbox HTTP facade on it, with
+	// TLS when OpenSandboxTLS is set.
+	OpenSandbox    net.Listener
+	OpenSandboxTLS *tls.Config
+	// ExternalHost is the host[:port] OpenSandbox callers reach the facade
+	// at, written into rewritten endpoints; empty: the request's Host.
+	ExternalHost string
+	// CheckToken, when set, makes both facades an authentication boundary
+	// (a tether-token, or a verified client certificate). Nil: no check —
+	// only for facades bound to loopback.
+	CheckToken func(token string) bool
+	// DefaultTTL is the Tether TTL of OpenShell sandboxes created through
+	// the facade without a tether-ttl; zero means none.
+	DefaultTTL time.Duration
+	// Logger and Registerer receive every part's logs and metrics.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Service is the running sandbox services.
+type Service struct {
+	cfg    Config
+	log    *slog.Logger
+	ledger *ledger.Ledger
+	coord  *coordinator.Coordinator
+	reaper *ledger.Reaper
+	osh    *openshell.Server
+	osb    *opensandbox.Facade
+	osbSrv *http.Server
+}
+
+// Open opens the ledger and waits until it has loaded (bounded by ctx).
+func Open(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.NATS == nil {
+		return nil, errors.New("sandboxes: Config.NATS is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	lc := cfg.Ledger
+	lc.NATS, lc.ID, lc.Logger, lc.Registerer = cfg.NATS, cfg.ID, cfg.Logger, cfg.Registerer
+	l, err := ledger.Open(ctx, lc)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxes: %w", err)
+	}
+	if err := l.WaitReady(ctx); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("sandboxes: ledger load: %w", err)
+	}
+	return &Service{cfg: cfg, log: cfg.Logger, ledger: l}, nil
+}
+
+// Ledger returns the ledger.
+func (s *Service) Ledger() *ledger.Ledger { return s.ledger }
+
+// Reaper returns the reaper, nil before Attach or with NoReaper.
+func (s *Service) Reaper() *ledger.Reaper { return s.reaper }
+
+// Endpoints adds the ledger's lease and sandbox endpoints to the
+// coordinator's micro service; give it to coordinator.Config.Endpoints. It
+// runs when Serve starts the service, after Attach.
+func (s *Service) Endpoints(svc micro.Service) error {
+	return s.ledger.AddEndpoints(svc, s.reaper)
+}
+
+// Attach builds the reaper and the facades on c. Call it before
+// c.Serve, then Run.
+func (s *Service) Attach(c *coordinator.Coordinator) error {
+	s.coord = c
+	if !s.cfg.NoReaper {
+		rc := s.cfg.Reaper
+		rc.Deleter = deleter{c}
+		rc.Fleet = c
+		if rc.Logger == nil {
+			rc.Logger = s.log
+		}
+		r, err := ledger.NewReaper(s.ledger, rc)
+		if err != nil {
+			return fmt.Errorf("sandboxes: %w", err)
+		}
+		s.reaper = r
+	}
+	if s.cfg.OpenShell != nil {
+		srv, err := openshell.New(openshell.Config{
+			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
+			DefaultTTL: s.cfg.DefaultTTL, CheckToken: s.cfg.CheckToken, TLS: s.cfg.OpenShellTLS,
+		})
+		if err != nil {
+			return fmt.Errorf("sandboxes: %w", err)
+		}
+		s.osh = srv
+	}
+	if s.cfg.OpenSandbox != nil {
+		f, err := opensandbox.New(opensandbox.Config{
+			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
+			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken,
+		})
+		if err != nil {
+			return fmt.Errorf("sandboxes: %w", err)
+		}
+		s.osb = f
+		s.osbSrv = &http.Server{
+			Handler:           f,
+			TLSConfig:         s.cfg.OpenSandboxTLS,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		}
+	}
+	return nil
+}
+
+// Run runs the inventory loop, the reaper and the facades until ctx ends,
+// then stops them and closes the ledger. It returns the first failure of a
+// facade listener, or nil.
+func (s *Service) Run(ctx context.Context) error {
+	if s.coord == nil {
+		return errors.New("sandboxes: Run before Attach")
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	goRun := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil && ctx.Err() == nil {
+				s.log.Error(name+" stopped", "err", err)
+				cancel(fmt.Errorf("%s: %w", name, err))
+			}
+		}()
+	}
+	goRun("sandbox inventory", func() error { s.coord.RunInventory(ctx, s.ledger, s.cfg.InventoryInterval); return nil })
+	if s.reaper != nil {
+		goRun("reaper", func() error { return s.reaper.Run(ctx) })
+	}
+	if s.osh != nil {
+		s.log.Info("openshell facade listening", "addr", s.cfg.OpenShell.Addr().String(), "tls", s.cfg.OpenShellTLS != nil)
+		goRun("openshell facade", func() error { return s.osh.Serve(s.cfg.OpenShell) })
+	}
+	if s.osbSrv != nil {
+		s.log.Info("opensandbox facade listening", "addr", s.cfg.OpenSandbox.Addr().String(), "tls", s.cfg.OpenSandboxTLS != nil)
+		goRun("opensandbox facade", func() error {
+			var err error
+			if s.cfg.OpenSandboxTLS != nil {
+				err = s.osbSrv.ServeTLS(s.cfg.OpenSandbox, "", "")
+			} else {
+				err = s.osbSrv.Serve(s.cfg.OpenSandbox)
+			}
+			if errors.Is(err, http.ErrServerClosed) {
+				return nil
+			}
+			return err
+		})
+	}
+	<-ctx.Done()
+	if s.osh != nil {
+		s.osh.Stop()
+	}
+	if s.osbSrv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.osbSrv.Shutdown(sctx)
+		scancel()
+		s.osbSrv.Close()
+		s.osb.Close()
+	}
+	wg.Wait()
+	s.ledger.Close()
+	if parent.Err() != nil {
+		return nil
+	}
+	return context.Cause(ctx)
+}
+
+// deleter deletes through the coordinator (the agent runs the delete with
+// its own gateway credentials).
+type deleter struct{ c *coordinator.Coordinator }
+
+func (d deleter) Delete(ctx context.Context, r ledger.Record) error { return d.c.DeleteSandbox(ctx, r) }
