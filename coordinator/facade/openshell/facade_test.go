@@ -185,6 +185,10 @@ func TestRoutingByName(t *testing.T) {
 		t.Fatalf("start: %v", err)
 	}
 
+	// tether-node overrides the routing: node-a's gateway answers for itself.
+	_, err = e.get(metadataCtx(ctx, facade.MetaNode, "node-a"), "", "direct")
+	wantCode(t, "get on node-a", err, codes.NotFound, "sandbox not found")
+
 	// A stale hint: the ledger says node-a, the sandbox is on node-c.
 	moved, err := e.gws["node-c"].Create(&osh.CreateSandboxRequest{Spec: spec(), Name: "moved"})
 	if err != nil {
@@ -219,6 +223,10 @@ func TestRoutingByName(t *testing.T) {
 	_, err = e.get(ctx, "", "")
 	wantCode(t, "empty name", err, codes.InvalidArgument, "name is required")
 
+}
+
+func metadataCtx(ctx context.Context, kv ...string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
 // TestRoutingByID runs execs on sandboxes the facade did not create: found
@@ -691,5 +699,33 @@ func TestRelayVerbatim(t *testing.T) {
 	wantCode(t, "two nodes", err, codes.FailedPrecondition, facade.MetaNode)
 	if err := e.cc.Invoke(metadata.AppendToOutgoingContext(ctx, facade.MetaNode, "node-b"), svc+"Sum", wrapperspb.String("x"), &out); err != nil || out.GetValue() != "x" {
 		t.Fatalf("with tether-node: %v, %v", out.GetValue(), err)
+	}
+}
+
+// TestConcurrentCreatesSpread: creates in flight count as load, so a burst
+// spreads over the nodes before the ledger knows any of them.
+func TestConcurrentCreatesSpread(t *testing.T) {
+	e := newEnv(t, envConfig{nodes: []string{"node-a", "node-b"}})
+	for _, gw := range e.gws {
+		gw.Inject(osh.MethodCreateSandbox, openshelltest.Fault{AfterCommit: true, Delay: 300 * time.Millisecond, Times: 20})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Go(func() {
+			_, err := e.create(testCtx(t), &osh.CreateSandboxRequest{Spec: spec()})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := len(e.gws["node-a"].Sandboxes("")), len(e.gws["node-b"].Sandboxes(""))
+	if a != 10 || b != 10 {
+		t.Fatalf("burst of 20 placed %d on node-a, %d on node-b; want 10 and 10", a, b)
 	}
 }

@@ -93,14 +93,22 @@ func sandboxMeta(b []byte) (*openshell.ObjectMeta, error) {
 	return meta, nil
 }
 
+// listOverlap is how many rows each page of listAll re-reads of the page
+// before it: a sandbox deleted between two page reads shifts the rows after
+// it back by one, and without the overlap the next page would skip a row.
+// Rows read twice are dropped by id.
+const listOverlap = 16
+
 // listAll reads every sandbox n's gateway lists for base (its selector and
 // workspace fields; limit and offset are the facade's), page by page, and
 // indexes them.
 func (c *call) listAll(n protocol.NodeInfo, base *openshell.ListSandboxesRequest) ([]listed, error) {
 	var out []listed
-	for page := range maxListPages {
+	seen := make(map[string]bool)
+	offset := 0
+	for range maxListPages {
 		req := proto.CloneOf(base)
-		req.Limit, req.Offset = openshell.MaxListLimit, uint32(page*openshell.MaxListLimit)
+		req.Limit, req.Offset = openshell.MaxListLimit, uint32(offset)
 		b, err := proto.Marshal(req)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "tether: encode ListSandboxesRequest: %v", err)
@@ -114,14 +122,20 @@ func (c *call) listAll(n protocol.NodeInfo, base *openshell.ListSandboxesRequest
 			return nil, status.Errorf(codes.Unavailable, "tether: node %s: decode ListSandboxesResponse: %v", n.ID, err)
 		}
 		for _, r := range rows {
-			c.s.idx.learn(n.ID, r.meta.GetId(), openshell.Workspace(r.meta.GetWorkspace()), r.meta.GetName())
+			id := r.meta.GetId()
+			if id != "" && seen[id] {
+				continue
+			}
+			seen[id] = true
+			c.s.idx.learn(n.ID, id, openshell.Workspace(r.meta.GetWorkspace()), r.meta.GetName())
+			out = append(out, r)
 		}
-		out = append(out, rows...)
 		if len(rows) < openshell.MaxListLimit {
 			return out, nil
 		}
+		offset += openshell.MaxListLimit - listOverlap
 	}
-	return nil, status.Errorf(codes.Unavailable, "tether: node %s: ListSandboxes returned full pages past %d rows", n.ID, maxListPages*openshell.MaxListLimit)
+	return nil, status.Errorf(codes.Unavailable, "tether: node %s: ListSandboxes returned full pages past %d rows", n.ID, offset)
 }
 
 // listEach runs listAll for base on every node of nodes, at most

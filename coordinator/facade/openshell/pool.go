@@ -48,8 +48,25 @@ type nodeConn struct {
 
 func newPool(f Fleet) *pool { return &pool{fleet: f, conns: make(map[string]*nodeConn)} }
 
-// get returns the conn for n's current session, building it on first use.
+// get returns the conn for n's session, building it on first use. n comes
+// from a snapshot of the fleet that may be older than the conn cached for
+// the node; when the sessions differ, the fleet is asked which one is
+// current, so a stale snapshot never closes a fresh conn.
 func (p *pool) get(n protocol.NodeInfo) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	c, ok := p.conns[n.ID]
+	if ok && c.session == n.SessionID && !p.closed {
+		p.mu.Unlock()
+		return c.cc, nil
+	}
+	p.mu.Unlock()
+	if ok {
+		for _, cur := range p.fleet.Nodes(protocol.Selector{}) {
+			if cur.ID == n.ID {
+				n.SessionID = cur.SessionID
+			}
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -64,8 +81,17 @@ func (p *pool) get(n protocol.NodeInfo) (*grpc.ClientConn, error) {
 		c.cc.Close()
 		delete(p.conns, n.ID)
 	}
-	id := n.ID
-	cc, err := grpc.NewClient("passthrough:///"+id,
+	cc, err := p.dial(n.ID)
+	if err != nil {
+		return nil, err
+	}
+	p.conns[n.ID] = &nodeConn{session: n.SessionID, cc: cc}
+	return cc, nil
+}
+
+// dial builds the conn of node id (grpc connects on first use).
+func (p *pool) dial(id string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+id,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is the transport security
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			return p.fleet.DialTarget(ctx, id, protocol.TargetOpenShell)
@@ -85,11 +111,6 @@ func (p *pool) get(n protocol.NodeInfo) (*grpc.ClientConn, error) {
 			MinConnectTimeout: 20 * time.Second,
 		}),
 	)
-	if err != nil {
-		return nil, err
-	}
-	p.conns[id] = &nodeConn{session: n.SessionID, cc: cc}
-	return cc, nil
 }
 
 // prune closes the conns of nodes not in live (the connected nodes) or whose

@@ -56,17 +56,19 @@ func (c *call) create() error {
 	}
 	owner := mdFirst(c.md, MetaRun)
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
-	n, err := c.place(key, req.GetLabels())
+	n, release, err := c.place(key, req.GetLabels())
 	if err != nil {
 		return err
 	}
-	c.s.idx.addPending(key, pendingCreate{node: n.ID, owner: owner, ttl: ttl, labels: req.GetLabels()})
-	done := c.s.startCreate(n.ID)
+	// Counted in flight until the ledger has it (or the create failed).
+	defer release()
+	p := pendingCreate{node: n.ID, owner: owner, ttl: ttl, labels: req.GetLabels()}
+	c.s.idx.addPending(key, p)
 	a := c.invoke(n, c.method, first)
-	done()
 	if a.err == nil {
-		c.recordCreate(n.ID, key, a.resp, pendingCreate{node: n.ID, owner: owner, ttl: ttl, labels: req.GetLabels()})
+		c.recordCreate(n.ID, key, a.resp, p)
 	}
+	release()
 	return c.reply(a)
 }
 
@@ -92,16 +94,19 @@ func (c *call) ttl() (time.Duration, error) {
 // attempt landed (wire-facts §1.5, OS-3); else the node of label
 // tether.node; else metadata tether-node; else the least loaded node of
 // metadata tether-node-selector or of all nodes.
-func (c *call) place(key wsName, labels map[string]string) (protocol.NodeInfo, error) {
+//
+// release ends the create's count as in flight on the node (placement
+// load); it may be called more than once.
+func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo, release func(), err error) {
 	nodes := c.s.gatewayNodes(protocol.Selector{})
 	if key.name != "" {
 		if node, _, _ := c.s.knownName(key, true); node != "" {
 			n, ok := findNode(nodes, node)
 			if !ok {
-				return n, errNotConnected(fmt.Sprintf("sandbox %s/%s", key.ws, key.name), node)
+				return n, nil, errNotConnected(fmt.Sprintf("sandbox %s/%s", key.ws, key.name), node)
 			}
 			c.s.m.placements.WithLabelValues(placeExisting).Inc()
-			return n, nil
+			return n, c.s.startCreate(n.ID), nil
 		}
 	}
 	for _, pick := range []struct{ id, by, from string }{
@@ -113,27 +118,28 @@ func (c *call) place(key wsName, labels map[string]string) (protocol.NodeInfo, e
 		}
 		n, ok := findNode(nodes, pick.id)
 		if !ok {
-			return n, status.Errorf(codes.FailedPrecondition, "tether: %s=%s names no connected node with an openshell gateway", pick.from, pick.id)
+			return n, nil, status.Errorf(codes.FailedPrecondition, "tether: %s=%s names no connected node with an openshell gateway", pick.from, pick.id)
 		}
 		c.s.m.placements.WithLabelValues(pick.by).Inc()
-		return n, nil
+		return n, c.s.startCreate(n.ID), nil
 	}
 	by := placeLeastLoaded
 	if text := mdFirst(c.md, MetaNodeSelector); text != "" {
 		sel, err := protocol.ParseSelector(text)
 		if err != nil {
-			return protocol.NodeInfo{}, status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaNodeSelector, err)
+			return n, nil, status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaNodeSelector, err)
 		}
 		nodes, by = c.s.gatewayNodes(sel), placeSelector
 		if len(nodes) == 0 {
-			return protocol.NodeInfo{}, status.Errorf(codes.FailedPrecondition, "tether: no connected node matching %s %q has an openshell gateway", MetaNodeSelector, text)
+			return n, nil, status.Errorf(codes.FailedPrecondition, "tether: no connected node matching %s %q has an openshell gateway", MetaNodeSelector, text)
 		}
 	}
 	if len(nodes) == 0 {
-		return protocol.NodeInfo{}, errNoGateway()
+		return n, nil, errNoGateway()
 	}
 	c.s.m.placements.WithLabelValues(by).Inc()
-	return c.s.leastLoaded(nodes), nil
+	n, release = c.s.leastLoaded(nodes)
+	return n, release, nil
 }
 
 // knownName returns the node (and id, if known) that holds (workspace,

@@ -116,6 +116,8 @@ type Config struct {
 	// every call must carry metadata tether-token that CheckToken accepts,
 	// or arrive over TLS with a verified client certificate; anything else
 	// gets UNAUTHENTICATED. Nil accepts every call (loopback binding).
+	// It runs on every call, concurrently; it should compare in constant
+	// time.
 	CheckToken func(token string) bool
 	// TLS, when set, serves TLS with this config. For "client certificate
 	// or token", set ClientAuth to tls.VerifyClientCertIfGiven and ClientCAs.
@@ -338,22 +340,23 @@ func findNode(nodes []protocol.NodeInfo, id string) (protocol.NodeInfo, bool) {
 	return protocol.NodeInfo{}, false
 }
 
-// leastLoaded returns the node of nodes (non-empty) with the fewest live
+// leastLoaded picks the node of nodes (non-empty) with the fewest live
 // sandboxes (ledger, plus creates in flight through this facade), ties
-// broken by fewer running execs, then by id.
-func (s *Server) leastLoaded(nodes []protocol.NodeInfo) protocol.NodeInfo {
-	loads := make([]int, len(nodes))
-	s.mu.Lock()
-	for i, n := range nodes {
-		loads[i] = s.inflight[n.ID]
-	}
-	s.mu.Unlock()
-	best, bestLoad := nodes[0], -1
-	for i, n := range nodes {
-		load := loads[i]
-		if s.cfg.Ledger != nil {
-			load += s.cfg.Ledger.LiveOn(n.ID)
+// broken by fewer running execs, then by id, and counts a create in flight
+// on it until release is called. Choosing and counting happen under one
+// lock, so concurrent creates see each other and spread out.
+func (s *Server) leastLoaded(nodes []protocol.NodeInfo) (best protocol.NodeInfo, release func()) {
+	live := make([]int, len(nodes))
+	if s.cfg.Ledger != nil {
+		for i, n := range nodes {
+			live[i] = s.cfg.Ledger.LiveOn(n.ID)
 		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bestLoad := -1
+	for i, n := range nodes {
+		load := live[i] + s.inflight[n.ID]
 		switch {
 		case bestLoad < 0, load < bestLoad,
 			load == bestLoad && n.RunningExecs < best.RunningExecs,
@@ -361,21 +364,27 @@ func (s *Server) leastLoaded(nodes []protocol.NodeInfo) protocol.NodeInfo {
 			best, bestLoad = n, load
 		}
 	}
-	return best
+	return best, s.startCreateLocked(best.ID)
 }
 
-// startCreate counts a create in flight on node until the returned func is
-// called.
-func (s *Server) startCreate(node string) func() {
+// startCreate counts a create in flight on node until release is called.
+func (s *Server) startCreate(node string) (release func()) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.startCreateLocked(node)
+}
+
+func (s *Server) startCreateLocked(node string) func() {
 	s.inflight[node]++
-	s.mu.Unlock()
+	var once sync.Once
 	return func() {
-		s.mu.Lock()
-		if s.inflight[node]--; s.inflight[node] <= 0 {
-			delete(s.inflight, node)
-		}
-		s.mu.Unlock()
+		once.Do(func() {
+			s.mu.Lock()
+			if s.inflight[node]--; s.inflight[node] <= 0 {
+				delete(s.inflight, node)
+			}
+			s.mu.Unlock()
+		})
 	}
 }
 
