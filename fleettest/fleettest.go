@@ -34,6 +34,7 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -63,6 +64,10 @@ type Options struct {
 	// Agent, if set, adjusts agent i's config before New (e.g. its Dial,
 	// to put a faulty connection under one agent).
 	Agent func(i int, c *agent.Config)
+	// Gateways, if set, gives each in-process agent its own fake OpenShell
+	// gateway and OpenSandbox server and runs the coordinator's sandbox
+	// services (gateways.go). Not with Processes.
+	Gateways *GatewayOptions
 }
 
 // Fleet is a running coordinator with its agents.
@@ -84,6 +89,12 @@ type Fleet struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	agents   int
+
+	// With Options.Gateways: the sandbox services, and the facades'
+	// addresses (OpenShell gRPC, OpenSandbox HTTP host:port).
+	Sandboxes                          *sandboxes.Service
+	OpenShellFacade, OpenSandboxFacade string
+	gw                                 gatewayFleet
 }
 
 // Start starts a fleet and waits until every agent is registered. Everything
@@ -146,6 +157,9 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	if opts.HeartbeatInterval > 0 {
 		ccfg.HeartbeatInterval = opts.HeartbeatInterval
 	}
+	if opts.Gateways != nil {
+		f.openSandboxes(tb, coordNC, &ccfg)
+	}
 	if opts.Coordinator != nil {
 		opts.Coordinator(&ccfg)
 	}
@@ -161,6 +175,9 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	f.TunnelAddr = ln.Addr().String()
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(f.stop)
+	if opts.Gateways != nil {
+		f.attachSandboxes(tb)
+	}
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -304,6 +321,9 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 	}
 	f.dataDirs[cfg.NodeID] = cfg.DataDir
 	f.mu.Unlock()
+	if f.opts.Gateways != nil {
+		f.addGateways(tb, cfg.NodeID, &cfg)
+	}
 	if f.opts.Agent != nil {
 		f.opts.Agent(i, &cfg)
 	}
