@@ -282,9 +282,12 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 
 // serveStreams accepts the streams the coordinator opens on sess and serves
 // each by kind, until sess ends or ctx is done. On return every stream
-// handler it started has returned (so every exec was killed or ended).
+// handler it started has returned (so every exec was killed or ended), and
+// the session's gateway clients are closed.
 func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
 	ctx, cancel := context.WithCancel(ctx)
+	gw := &gatewayClients{cfg: &a.cfg}
+	defer gw.close() // after the handlers, below
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -313,14 +316,14 @@ func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.serveStream(ctx, sess, st)
+			a.serveStream(ctx, sess, st, gw)
 		}()
 	}
 }
 
 // serveStream reads st's header and serves st by kind. It returns when the
 // stream's operation ended, and st is closed.
-func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux.Stream) {
+func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux.Stream, gw *gatewayClients) {
 	h, err := sess.ReadHeader(st)
 	if err != nil {
 		// A missing or malformed header: ReadHeader answered and closed st.
@@ -339,6 +342,10 @@ func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux
 		a.serveJob(ctx, st, h)
 	case protocol.KindDial:
 		a.serveDial(ctx, st, h)
+	case protocol.KindInventory:
+		a.serveInventory(ctx, st, h, gw)
+	case protocol.KindSandbox:
+		a.serveSandboxOp(ctx, st, h, gw)
 	default:
 		a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
 		a.refuse(st, protocol.CodeUnsupported, fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind))

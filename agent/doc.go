@@ -2,13 +2,16 @@
 // the tunnel package, introduces itself on the control stream (hello with the
 // node's id, labels and capacity; welcome or reject), keeps the session alive
 // with heartbeats, and serves the streams the coordinator opens: exec
-// (exec.go), pty, copy, job and dial (dial.go); any other kind is answered
-// with an unsupported_kind error frame.
+// (exec.go), pty, copy, job, dial (dial.go), inventory (inventory.go) and
+// sandbox (sandbox.go); any other kind is answered with an
+// unsupported_kind error frame.
 //
 // Dial streams reach only the targets the operator configured (the node's
 // OpenShell gateway, its OpenSandbox server and Config.Targets, listed in
 // Hello.Targets): a name is looked up in that table and nothing else is
-// ever dialled.
+// ever dialled. Inventory and sandbox streams use the gateway package's
+// clients over loopback with the agent's own gateway credentials, which
+// never go into dial streams.
 //
 // Goroutines. Agent.Run runs the session loop in the caller's goroutine
 // (tunnel.Redialer: dial, serve one session, back off, redial). For each
@@ -28,6 +31,10 @@
 //     the target to the stream, and one copier from the stream to the
 //     target; both end when their direction ends (half-closes pass
 //     through), and a failure or the session's end ends both;
+//   - per inventory or sandbox stream: the handler, one reader watching
+//     for FrameCancel or the stream's end, and (inventory) one lister per
+//     gateway; the gRPC connection and HTTP transport they share belong to
+//     the session and are closed when its handlers returned;
 //   - per exec stream, in that goroutine: the handler, which starts the process and
 //     drives it to its end (timeout, cancel, kill escalation, pipe drain); a
 //     waiter (cmd.Wait); a frame reader (stdin and cancel from the
@@ -66,6 +73,7 @@
 // TETHER_OPENSHELL_TOKEN and TETHER_OPENSANDBOX_API_KEY (Agent.childEnv). An output frame write that fails or stalls closes the
 // stream and kills the exec, since no valid frame can follow a partial one.
 //
-// The only mutex is each exec's frame-write lock (one writer at a time on
-// the stream); it is never held while taking another lock.
+// The mutexes are each exec's frame-write lock (one writer at a time on
+// the stream) and the session's gateway-client lock (creating and closing
+// the clients); neither is held while taking another lock.
 package agent

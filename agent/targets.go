@@ -32,15 +32,15 @@ type OpenShellTarget struct {
 	// Required.
 	Addr string
 	// Token, if set, is sent as "authorization: Bearer <token>" on the
-	// agent's own inventory listing, and only there: dial streams carry the
-	// callers' bytes, whose authorization passes through untouched. It is
-	// never logged.
+	// agent's own calls (inventory listings, sandbox-stream deletes), and
+	// only there: dial streams carry the callers' bytes, whose
+	// authorization passes through untouched. It is never logged.
 	Token string
 	// Workspaces are the workspaces an inventory lists. Empty means
 	// ["default"].
 	Workspaces []string
-	// TLS, if set, is the client TLS configuration of the agent's inventory
-	// listing (dial streams are raw bytes: TLS, if any, is the caller's).
+	// TLS, if set, is the client TLS configuration of the agent's own calls
+	// (dial streams are raw bytes: TLS, if any, is the caller's).
 	// Nil means plaintext, as a gateway bound to loopback usually serves.
 	TLS *tls.Config
 }
@@ -53,7 +53,8 @@ type OpenSandboxTarget struct {
 	// 127.0.0.1:8090). Required.
 	Addr string
 	// APIKey, if set, is sent as OPEN-SANDBOX-API-KEY on the agent's own
-	// inventory listing (never added to dial streams). It is never logged.
+	// calls (inventory listings, sandbox-stream deletes), never added to
+	// dial streams. It is never logged.
 	APIKey string
 }
 
