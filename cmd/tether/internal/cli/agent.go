@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,11 +56,41 @@ type agentOptions struct {
 	// JobRetention is how long finished detached jobs' files are kept.
 	// Zero means agent.DefaultJobRetention.
 	JobRetention time.Duration
+	// OpenShell is the node's OpenShell gateway address (host:port): the
+	// dial target "openshell" and a source of the sandbox inventory.
+	// Optional.
+	OpenShell string
+	// OpenShellTokenFile holds the bearer token the agent sends to the
+	// OpenShell gateway on its own calls: inventory listings and the
+	// reaper's deletes (whitespace is trimmed). Empty means $TETHER_OPENSHELL_TOKEN, else none.
+	OpenShellTokenFile string
+	// OpenShellWorkspaces are the OpenShell workspaces the inventory lists.
+	// Empty means "default".
+	OpenShellWorkspaces []string
+	// OpenSandbox is the node's OpenSandbox lifecycle server address
+	// (host:port): the dial target "opensandbox" and a source of the
+	// sandbox inventory. Optional.
+	OpenSandbox string
+	// OpenSandboxAPIKeyFile holds the API key the agent sends to the
+	// OpenSandbox server on its own calls: inventory listings and the
+	// reaper's deletes. Empty means
+	// $TETHER_OPENSANDBOX_API_KEY, else none.
+	OpenSandboxAPIKeyFile string
+	// Targets are further dial targets, "NAME=HOST:PORT" each. Optional.
+	Targets []string
 	// Log configures logging to stderr.
 	Log logOptions
 
-	labels map[string]string // Labels, parsed by Validate
+	labels  map[string]string // Labels, parsed by Validate
+	targets map[string]string // Targets, parsed by Validate
 }
+
+// Environment variables holding the gateways' credentials, read (and then
+// removed from the environment) when their file flags are not given.
+const (
+	openShellTokenEnv    = "TETHER_OPENSHELL_TOKEN"
+	openSandboxAPIKeyEnv = "TETHER_OPENSANDBOX_API_KEY"
+)
 
 func defaultAgentOptions() agentOptions {
 	return agentOptions{DataDir: agent.DefaultDataDir(), Log: defaultLogOptions()}
@@ -107,7 +139,114 @@ func (o *agentOptions) Validate(envToken string) error {
 	if err := o.Log.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, o.validateTargets()...)
 	return errors.Join(errs...)
+}
+
+// validateTargets checks the gateway and target flags and parses Targets.
+func (o *agentOptions) validateTargets() []error {
+	var errs []error
+	if o.OpenShell != "" {
+		if err := checkTargetAddr(o.OpenShell); err != nil {
+			errs = append(errs, fmt.Errorf("--openshell: %w", err))
+		}
+	} else if o.OpenShellTokenFile != "" || len(o.OpenShellWorkspaces) > 0 {
+		errs = append(errs, errors.New("--openshell-token-file and --openshell-workspace need --openshell"))
+	}
+	for _, w := range o.OpenShellWorkspaces {
+		if strings.TrimSpace(w) == "" {
+			errs = append(errs, errors.New("--openshell-workspace: empty workspace name"))
+		}
+	}
+	if o.OpenSandbox != "" {
+		if err := checkTargetAddr(o.OpenSandbox); err != nil {
+			errs = append(errs, fmt.Errorf("--opensandbox: %w", err))
+		}
+	} else if o.OpenSandboxAPIKeyFile != "" {
+		errs = append(errs, errors.New("--opensandbox-api-key-file needs --opensandbox"))
+	}
+	o.targets = nil
+	for _, t := range o.Targets {
+		name, addr, ok := strings.Cut(t, "=")
+		if !ok {
+			errs = append(errs, fmt.Errorf("--target %q: want NAME=HOST:PORT", t))
+			continue
+		}
+		switch {
+		case name == protocol.TargetOpenShell || name == protocol.TargetOpenSandbox:
+			errs = append(errs, fmt.Errorf("--target %q: the name %s is reserved: give the gateway with --%s", t, name, name))
+			continue
+		case o.targets[name] != "":
+			errs = append(errs, fmt.Errorf("--target %q: target %s is given twice", t, name))
+			continue
+		}
+		if err := protocol.ValidTargetName(name); err != nil {
+			errs = append(errs, fmt.Errorf("--target: %w", err))
+			continue
+		}
+		if err := checkTargetAddr(addr); err != nil {
+			errs = append(errs, fmt.Errorf("--target %s: %w", name, err))
+			continue
+		}
+		if o.targets == nil {
+			o.targets = map[string]string{}
+		}
+		o.targets[name] = addr
+	}
+	return errs
+}
+
+// checkTargetAddr checks a dial target's address: host:port with a host
+// and a port number (the agent dials it as given; no service names).
+func checkTargetAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number from 1 to 65535", addr, port)
+	}
+	return nil
+}
+
+// agentSecrets are the gateway credentials, read from their files or the
+// environment.
+type agentSecrets struct {
+	openShellToken, openSandboxAPIKey string
+}
+
+// readAgentSecrets reads the gateway credentials o names: each from its
+// file when given (whitespace trimmed; an empty file is an error), else
+// from env (the values of TETHER_OPENSHELL_TOKEN and
+// TETHER_OPENSANDBOX_API_KEY). Errors name the file, never the secret.
+func readAgentSecrets(o *agentOptions, env agentSecrets) (agentSecrets, error) {
+	s := agentSecrets{
+		openShellToken:    strings.TrimSpace(env.openShellToken),
+		openSandboxAPIKey: strings.TrimSpace(env.openSandboxAPIKey),
+	}
+	read := func(flag, path string) (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", flag, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" {
+			return "", fmt.Errorf("%s: file %s is empty", flag, path)
+		}
+		return v, nil
+	}
+	var err error
+	if o.OpenShellTokenFile != "" {
+		if s.openShellToken, err = read("--openshell-token-file", o.OpenShellTokenFile); err != nil {
+			return s, err
+		}
+	}
+	if o.OpenSandboxAPIKeyFile != "" {
+		if s.openSandboxAPIKey, err = read("--opensandbox-api-key-file", o.OpenSandboxAPIKeyFile); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
 }
 
 func newAgentCmd(e *env) *cobra.Command {
@@ -118,15 +257,22 @@ func newAgentCmd(e *env) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			envToken := e.getenv(tokenEnv)
+			envSecrets := agentSecrets{openShellToken: e.getenv(openShellTokenEnv), openSandboxAPIKey: e.getenv(openSandboxAPIKeyEnv)}
 			// Read once, then gone from the process environment, so that
-			// nothing the agent starts can inherit it (the agent also
-			// filters it out of every job's environment).
-			os.Unsetenv(tokenEnv)
+			// nothing the agent starts can inherit them (the agent also
+			// filters them out of every job's environment).
+			for _, k := range []string{tokenEnv, openShellTokenEnv, openSandboxAPIKeyEnv} {
+				os.Unsetenv(k)
+			}
 			if err := o.Validate(envToken); err != nil {
 				return usage(err)
 			}
+			secrets, err := readAgentSecrets(&o, envSecrets)
+			if err != nil {
+				return err
+			}
 			log := o.Log.logger(e.stderr)
-			return runAgent(cmd.Context(), &o, envToken, log)
+			return runAgent(cmd.Context(), &o, envToken, secrets, log)
 		}),
 	}
 	f := cmd.Flags()
@@ -141,12 +287,18 @@ func newAgentCmd(e *env) *cobra.Command {
 	f.DurationVar(&o.PipeWait, "pipe-wait", o.PipeWait, "after a job's main process exited, kill its process group if its output is still open this long later (default 0: wait, like ssh)")
 	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep finished detached jobs' output this long (default 24h)")
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory copies may write to and read from (repeatable or comma-separated; default: the data dir)")
+	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the node's OpenShell gateway address host:port (dial target \"openshell\", listed in inventories)")
+	f.StringVar(&o.OpenShellTokenFile, "openshell-token-file", o.OpenShellTokenFile, "file holding the bearer token for the agent's own OpenShell calls (inventory, reaper deletes) (default: $"+openShellTokenEnv+", else none)")
+	f.StringArrayVar(&o.OpenShellWorkspaces, "openshell-workspace", nil, "OpenShell workspace to list in inventories (repeatable; default: default)")
+	f.StringVar(&o.OpenSandbox, "opensandbox", o.OpenSandbox, "the node's OpenSandbox lifecycle server address host:port (dial target \"opensandbox\", listed in inventories)")
+	f.StringVar(&o.OpenSandboxAPIKeyFile, "opensandbox-api-key-file", o.OpenSandboxAPIKeyFile, "file holding the API key for the agent's own OpenSandbox calls (inventory, reaper deletes) (default: $"+openSandboxAPIKeyEnv+", else none)")
+	f.StringArrayVar(&o.Targets, "target", nil, "further dial target NAME=HOST:PORT (repeatable)")
 	o.Log.addFlags(cmd)
 	return cmd
 }
 
 // runAgent runs the agent until ctx is done. o must be valid.
-func runAgent(ctx context.Context, o *agentOptions, envToken string, log *slog.Logger) error {
+func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets agentSecrets, log *slog.Logger) error {
 	token, _, err := resolveToken(o.TokenFile, envToken, "")
 	if err != nil {
 		return err
@@ -168,6 +320,13 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, log *slog.L
 	cfg.DataDir = o.DataDir
 	cfg.PipeWait = o.PipeWait
 	cfg.CopyRoots = o.CopyRoots
+	if o.OpenShell != "" {
+		cfg.OpenShell = &agent.OpenShellTarget{Addr: o.OpenShell, Token: secrets.openShellToken, Workspaces: o.OpenShellWorkspaces}
+	}
+	if o.OpenSandbox != "" {
+		cfg.OpenSandbox = &agent.OpenSandboxTarget{Addr: o.OpenSandbox, APIKey: secrets.openSandboxAPIKey}
+	}
+	cfg.Targets = o.targets
 	if o.JobRetention > 0 {
 		cfg.JobRetention = o.JobRetention
 	}
