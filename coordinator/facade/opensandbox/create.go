@@ -1,0 +1,126 @@
+package opensandbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/protocol"
+	osb "github.com/tetherfleet/tether/protocol/opensandbox"
+)
+
+// create places POST /sandboxes on a node and forwards it; modifyResponse
+// records a 202 (recordCreate).
+func (f *Facade) create(w http.ResponseWriter, r *http.Request, st *reqState) {
+	node, status, code, msg := f.place(r)
+	if status != 0 {
+		writeError(w, status, code, msg)
+		return
+	}
+	st.node, st.session = node.ID, node.SessionID
+	if owner := r.Header.Get(HeaderRun); len(owner) <= maxOwnerLen {
+		st.owner = owner
+	}
+	st.decode = true
+	f.forward(w, r, st)
+}
+
+// place picks the node for a create: the Tether-Node header's node, else
+// the least loaded node matching the Tether-Node-Selector header, else the
+// least loaded node with the target. When it cannot, it returns the
+// status, code and message to answer with.
+func (f *Facade) place(r *http.Request) (n protocol.NodeInfo, status int, code, msg string) {
+	nodeID := strings.TrimSpace(r.Header.Get(HeaderNode))
+	selText := strings.TrimSpace(r.Header.Get(HeaderNodeSelector))
+	switch {
+	case nodeID != "" && selText != "":
+		return n, http.StatusBadRequest, CodeInvalidPlacement, fmt.Sprintf("set at most one of the %s and %s headers", HeaderNode, HeaderNodeSelector)
+	case nodeID != "":
+		v := f.view()
+		if p := v.nodeProblem(nodeID); p != "" {
+			return n, http.StatusServiceUnavailable, CodeNodeUnavailable, fmt.Sprintf("cannot create on the %s node: %s", HeaderNode, p)
+		}
+		return v.all[nodeID], 0, "", ""
+	case selText != "":
+		sel, err := protocol.ParseSelector(selText)
+		if err != nil {
+			return n, http.StatusBadRequest, CodeInvalidPlacement, fmt.Sprintf("%s header: %v", HeaderNodeSelector, err)
+		}
+		f.view() // prune transports
+		var cands []protocol.NodeInfo
+		for _, c := range f.cfg.Fleet.Nodes(sel) {
+			if hasTarget(c) {
+				cands = append(cands, c)
+			}
+		}
+		if len(cands) == 0 {
+			return n, http.StatusServiceUnavailable, CodeNoNode, fmt.Sprintf("no connected node matching %s %q has the %s target", HeaderNodeSelector, selText, Target)
+		}
+		return f.leastLoaded(cands), 0, "", ""
+	}
+	v := f.view()
+	if len(v.targets) == 0 {
+		return n, http.StatusServiceUnavailable, CodeNoNode, fmt.Sprintf("no connected node has the %s target", Target)
+	}
+	return f.leastLoaded(v.targets), 0, "", ""
+}
+
+// leastLoaded returns the node of cands with the fewest live sandboxes in
+// the ledger; ties go to the smallest node id.
+func (f *Facade) leastLoaded(cands []protocol.NodeInfo) protocol.NodeInfo {
+	best, bestLoad := cands[0], f.cfg.Ledger.LiveOn(cands[0].ID)
+	for _, c := range cands[1:] {
+		l := f.cfg.Ledger.LiveOn(c.ID)
+		if l < bestLoad || (l == bestLoad && c.ID < best.ID) {
+			best, bestLoad = c, l
+		}
+	}
+	return best
+}
+
+// recordCreate records a create the node accepted (202). The body is read
+// and restored; a failure to decode or record is logged and counted, and
+// the caller still gets the node's answer.
+func (f *Facade) recordCreate(resp *http.Response, st *reqState) {
+	b, ok := readLimited(resp, maxDecodeBody)
+	if !ok {
+		f.ledgerFailed(resp, st, "", fmt.Errorf("create response from node %s not readable (over %d bytes, encoded, or failed)", st.node, maxDecodeBody))
+		return
+	}
+	var cr osb.CreateSandboxResponse
+	if err := json.Unmarshal(b, &cr); err != nil || cr.ID == "" {
+		if err == nil {
+			err = fmt.Errorf("no id")
+		}
+		f.ledgerFailed(resp, st, "", fmt.Errorf("decode create response from node %s: %w", st.node, err))
+		return
+	}
+	rec := ledger.Record{
+		Provider:  protocol.ProviderOpenSandbox,
+		Node:      st.node,
+		ID:        cr.ID,
+		Labels:    cr.Metadata,
+		Managed:   true,
+		Owner:     st.owner,
+		CreatedAt: cr.CreatedAt,
+		ExpiresAt: cr.ExpiresAt,
+		LastSeen:  f.now(),
+		State:     ledger.StateLive,
+		Source:    ledger.SourceFacade,
+	}
+	ctx, cancel := ledgerCtx(resp.Request.Context())
+	defer cancel()
+	if err := f.cfg.Ledger.Created(ctx, rec); err != nil {
+		f.ledgerFailed(resp, st, cr.ID, fmt.Errorf("record create: %w", err))
+		return
+	}
+	f.log.Info("sandbox created", "node", st.node, "id", cr.ID, "owner", st.owner)
+}
+
+// ledgerFailed logs and counts a ledger write the facade could not make.
+func (f *Facade) ledgerFailed(resp *http.Response, st *reqState, id string, err error) {
+	f.m.ledgerErrors.Inc()
+	f.log.Error("ledger write failed", "node", st.node, "id", id, "route", st.class, "status", resp.StatusCode, "err", err)
+}

@@ -1,0 +1,62 @@
+// Package opensandbox is the coordinator's OpenSandbox facade: one HTTP
+// endpoint that looks like an OpenSandbox lifecycle server (wire-facts §2)
+// and fronts the lifecycle servers of every node of the fleet, so that
+// NeMo Gym's OpenSandbox provider and the SDKs work unchanged against it.
+//
+// # Routing
+//
+// Every route is served at the root and under /v1, as the server does.
+// Requests reach a node's lifecycle server (node target "opensandbox")
+// through a tunnel dial stream: each node has its own http.Transport whose
+// DialContext calls Fleet.DialTarget; the transport is dropped when the
+// node's tunnel session changes or the node leaves.
+//
+//   - POST /sandboxes places the sandbox: on the node named by the
+//     Tether-Node header, else on the least loaded matching node of the
+//     Tether-Node-Selector header (protocol.ParseSelector), else on the least
+//     loaded node with the target (ledger live count, ties broken by id). The
+//     body is forwarded verbatim; a 202 is recorded in the ledger (managed,
+//     owner from the Tether-Run header). A ledger failure is logged and never
+//     fails the create.
+//   - GET /sandboxes fans out to every node with the target, reads every
+//     page with the caller's state and metadata filters passed verbatim,
+//     merges, sorts by (createdAt, id, node) and pages the result itself.
+//     It answers a complete list or an error naming the node that failed,
+//     never a silently partial list: a node whose request fails, or a node
+//     that holds live sandboxes in the ledger but is not connected, makes it
+//     a 502/503.
+//   - /sandboxes/{id} and every /sandboxes/{id}/... route go to the node the
+//     ledger names for the id; an id the ledger does not know is looked up
+//     on every node (GET /v1/sandboxes/{id}) and recorded.
+//   - The endpoint of GET /sandboxes/{id}/endpoints/{port} (with or without
+//     use_server_proxy) and any absolute Location header are rewritten to
+//     point back at the facade (wire-facts §8.1).
+//   - /sandboxes/{id}/proxy/{port}/... (the server proxy to execd) passes
+//     through httputil.ReverseProxy unbuffered (FlushInterval -1, so execd's
+//     server-sent events stream); a WebSocket upgrade is spliced byte for
+//     byte after the 101, so frames, pings and close codes (4001, 1008,
+//     1000) arrive as the node sent them.
+//
+// Errors of the facade itself have the server's flat shape
+// {"code":"TETHER::...","message":"..."} and name the node and target
+// concerned; errors of a node pass through verbatim.
+//
+// # Authentication boundary
+//
+// The lifecycle servers behind the facade trust loopback. When
+// Config.CheckToken is set, every request must carry a Tether-Token header
+// that it accepts or arrive over TLS with a verified client certificate;
+// else 401 TETHER::UNAUTHENTICATED. Tether-* headers never reach a node.
+// OPEN-SANDBOX-API-KEY and Authorization pass through untouched: they
+// belong to the node's server, which strips them on its proxy route.
+//
+// # Goroutines and ownership
+//
+// The facade runs no goroutine of its own. A list or an id lookup starts
+// one goroutine per node and waits for all of them before it answers.
+// Tunnel conns are tracked from dial to close; Close closes every one of
+// them (ending spliced WebSockets) and refuses later requests.
+//
+// It imports coordinator/ledger for the record types only, and never the
+// coordinator package: the coordinator satisfies Fleet.
+package opensandbox

@@ -1,0 +1,532 @@
+package opensandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/protocol"
+	osb "github.com/tetherfleet/tether/protocol/opensandbox"
+)
+
+// Headers the facade reads. Every header starting with "Tether-" is removed
+// before a request reaches a node.
+const (
+	// HeaderToken carries a coordinator-issued token when Config.CheckToken
+	// is set. It is distinct from the server's own OPEN-SANDBOX-API-KEY and
+	// Authorization headers, which pass through untouched.
+	HeaderToken = "Tether-Token"
+	// HeaderNode places a create on the node with exactly this id.
+	HeaderNode = "Tether-Node"
+	// HeaderNodeSelector places a create on the least loaded node whose
+	// labels match this selector (protocol.ParseSelector syntax).
+	HeaderNodeSelector = "Tether-Node-Selector"
+	// HeaderRun names the lease (run id) that owns a sandbox created with
+	// it; the ledger records it as the sandbox's Owner.
+	HeaderRun = "Tether-Run"
+)
+
+// tetherHeaderPrefix is the canonical prefix of the facade's own headers.
+const tetherHeaderPrefix = "Tether-"
+
+// Limits of what the facade reads into memory.
+const (
+	// maxDecodeBody bounds a response body the facade decodes or rewrites
+	// (create, get, renew, endpoint, id lookups); a larger one passes
+	// through unread.
+	maxDecodeBody = 1 << 20
+	// maxListPageBody bounds one list page from a node (200 sandboxes).
+	maxListPageBody = 32 << 20
+	// maxListPages bounds how many pages of 200 the facade reads from one
+	// node for a list (200,000 sandboxes).
+	maxListPages = 1000
+	// maxOwnerLen bounds the Tether-Run header's value.
+	maxOwnerLen = 256
+	// maxFound bounds the ids remembered from lookups (foundCache).
+	maxFound = 16384
+	// ledgerTimeout bounds one ledger write. Writes run even when the
+	// caller has gone: a create the server accepted must be recorded.
+	ledgerTimeout = 5 * time.Second
+)
+
+// Fleet is what the facade needs of the coordinator's node registry;
+// *coordinator.Coordinator satisfies it.
+type Fleet interface {
+	// Nodes lists connected nodes matching sel (zero Selector = all);
+	// NodeInfo.Targets lists their targets and NodeInfo.SessionID their
+	// current tunnel session.
+	Nodes(sel protocol.Selector) []protocol.NodeInfo
+	// DialTarget opens a dial stream to target on node; the returned conn
+	// carries raw bytes. Errors name the node and target.
+	DialTarget(ctx context.Context, node, target string) (net.Conn, error)
+}
+
+// Ledger is what the facade needs of the sandbox ledger; *ledger.Ledger
+// satisfies it.
+type Ledger interface {
+	// Created records a sandbox created through the facade (or a NeMo Gym
+	// one the facade found): the record becomes live and managed, and
+	// owned by r.Owner when set.
+	Created(ctx context.Context, r ledger.Record) error
+	// SetExpiry records a sandbox's new expiresAt; unknown keys are
+	// ignored.
+	SetExpiry(ctx context.Context, k ledger.Key, expiresAt time.Time) error
+	// Deleting records that a delete was forwarded to the node.
+	Deleting(ctx context.Context, k ledger.Key) error
+	// Deleted records that the node confirmed the sandbox gone.
+	Deleted(ctx context.Context, k ledger.Key) error
+	// ByID finds a sandbox by provider and id.
+	ByID(provider, id string) (ledger.Record, bool)
+	// List lists records (the facade asks for live OpenSandbox ones).
+	List(f ledger.Filter) []ledger.Record
+	// LiveOn counts the live sandboxes on node (placement).
+	LiveOn(node string) int
+}
+
+var _ Ledger = (*ledger.Ledger)(nil)
+
+// Config configures New.
+type Config struct {
+	// Fleet reaches the nodes. Required.
+	Fleet Fleet
+	// Ledger records creates and deletes and routes ids. Required.
+	Ledger Ledger
+	// Logger receives the facade's logs. Nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the facade's metrics. Nil registers them in a
+	// private registry (never prometheus.DefaultRegisterer).
+	Registerer prometheus.Registerer
+	// ExternalHost is the "host[:port]" (no scheme, no path) callers reach
+	// the facade at, used in rewritten endpoints and Location headers
+	// (like the server's server.eip). Empty: the request's Host header.
+	ExternalHost string
+	// CheckToken, when set, makes the facade an authentication boundary:
+	// every request needs a Tether-Token header it accepts, or a TLS
+	// connection with a verified client certificate. Nil: no check (the
+	// facade is bound to loopback).
+	CheckToken func(token string) bool
+}
+
+// Validate reports every problem of c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Fleet == nil {
+		errs = append(errs, errors.New("Fleet is required"))
+	}
+	if c.Ledger == nil {
+		errs = append(errs, errors.New("Ledger is required"))
+	}
+	if h := c.ExternalHost; h != "" && (strings.ContainsAny(h, "/?#@ ") || strings.Contains(h, "://")) {
+		errs = append(errs, fmt.Errorf("ExternalHost %q: want host[:port] without scheme or path", h))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("opensandbox facade config: %w", err)
+	}
+	return nil
+}
+
+// Facade is the OpenSandbox facade, an http.Handler. It does not listen on
+// its own: the caller serves it (TLS and client certificates are the
+// caller's listener's business; the facade only reads r.TLS). Safe for
+// concurrent use.
+type Facade struct {
+	cfg    Config
+	log    *slog.Logger
+	m      *metrics
+	tr     *transports
+	found  *foundCache
+	proxy  *httputil.ReverseProxy
+	closed atomic.Bool
+	now    func() time.Time
+}
+
+var _ http.Handler = (*Facade)(nil)
+
+// New returns a facade for cfg. It fails if cfg is invalid or its metrics
+// cannot be registered.
+func New(cfg Config) (*Facade, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	f := &Facade{cfg: cfg, log: cfg.Logger, now: time.Now}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
+	}
+	f.log = f.log.With("component", "opensandbox-facade")
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	f.m = m
+	f.tr = newTransports(cfg.Fleet)
+	f.found = newFoundCache(maxFound)
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite:        f.rewrite,
+		Transport:      nodeRoundTripper{f},
+		FlushInterval:  -1,
+		ModifyResponse: f.modifyResponse,
+		ErrorHandler:   f.proxyError,
+		ErrorLog:       slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+	}
+	return f, nil
+}
+
+// Close refuses further requests (503 TETHER::SHUTTING_DOWN) and closes
+// every tunnel conn, which ends forwarded requests and spliced WebSockets.
+// It does not wait for handlers to return; the caller's http.Server does.
+func (f *Facade) Close() error {
+	f.closed.Store(true)
+	f.tr.close()
+	return nil
+}
+
+// stateKey is the context key of a request's *reqState.
+type stateKey struct{}
+
+// reqState is what the facade knows about one request while it is
+// forwarded. It is written by the handler before forwarding and by
+// modifyResponse, both on the request's goroutine.
+type reqState struct {
+	route osb.Route
+	class string
+	// node and session are where the request goes.
+	node, session string
+	// rec is the sandbox's record (id routes), valid when hasRec; it is
+	// the ledger's own when fromLedger, else one the facade made up from
+	// a lookup.
+	rec        ledger.Record
+	hasRec     bool
+	fromLedger bool
+	// owner is the Tether-Run header of a create.
+	owner string
+	// host and scheme are how the caller addressed the facade.
+	host, scheme string
+	// decode is set when the facade reads the response body, so the
+	// request must not ask the node for a compressed one.
+	decode bool
+	// upgraded is set once a node answered 101.
+	upgraded bool
+}
+
+func stateOf(ctx context.Context) *reqState {
+	st, _ := ctx.Value(stateKey{}).(*reqState)
+	return st
+}
+
+// ServeHTTP serves one request of the lifecycle API (wire-facts §2.2) or
+// its server proxy. See the package doc for the routes.
+func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	w := &statusWriter{ResponseWriter: rw}
+	route, ok := osb.ParsePath(r.URL.Path)
+	st := &reqState{route: route, class: routeClass(route, ok, r.Method), host: f.externalHost(r), scheme: "http"}
+	if r.TLS != nil {
+		st.scheme = "https"
+	}
+	defer func() {
+		status := w.status
+		if status == 0 && st.upgraded {
+			status = http.StatusSwitchingProtocols
+		}
+		f.m.requests.WithLabelValues(st.class, statusClass(status)).Inc()
+	}()
+
+	if f.closed.Load() {
+		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "the OpenSandbox facade is shutting down")
+		return
+	}
+	if !f.authenticated(r) {
+		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the Tether OpenSandbox facade needs a Tether-Token header or a verified client certificate")
+		return
+	}
+	if !ok {
+		if r.URL.Path == "/health" && r.Method == http.MethodGet {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+			return
+		}
+		writeRouteNotFound(w)
+		return
+	}
+	switch route.Kind {
+	case osb.RouteSandboxes:
+		switch r.Method {
+		case http.MethodPost:
+			f.create(w, r, st)
+		case http.MethodGet:
+			f.list(w, r, st)
+		default:
+			writeMethodNotAllowed(w, "GET, POST")
+		}
+	default:
+		f.byID(w, r, st)
+	}
+}
+
+// routeClass names a request's route for metrics.
+func routeClass(rt osb.Route, ok bool, method string) string {
+	if !ok {
+		return classOther
+	}
+	switch rt.Kind {
+	case osb.RouteSandboxes:
+		if method == http.MethodPost {
+			return classCreate
+		}
+		return classList
+	case osb.RouteSandbox:
+		return classSandbox
+	case osb.RouteEndpoint:
+		return classEndpoint
+	case osb.RouteRenewExpiration:
+		return classRenew
+	case osb.RouteMetadata:
+		return classMetadata
+	case osb.RoutePause:
+		return classPause
+	case osb.RouteResume:
+		return classResume
+	case osb.RouteProxy:
+		return classProxy
+	}
+	return classOther
+}
+
+// authenticated reports whether r passes the authentication boundary.
+func (f *Facade) authenticated(r *http.Request) bool {
+	if f.cfg.CheckToken == nil {
+		return true
+	}
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		return true
+	}
+	tok := r.Header.Get(HeaderToken)
+	return tok != "" && f.cfg.CheckToken(tok)
+}
+
+// externalHost is the host[:port] callers reach the facade at.
+func (f *Facade) externalHost(r *http.Request) string {
+	if f.cfg.ExternalHost != "" {
+		return f.cfg.ExternalHost
+	}
+	return r.Host
+}
+
+// fleetView is one snapshot of the connected nodes.
+type fleetView struct {
+	all     map[string]protocol.NodeInfo // every connected node, by id
+	targets []protocol.NodeInfo          // nodes with the opensandbox target, by id
+}
+
+// view snapshots the fleet and drops the transports of nodes that left or
+// reconnected.
+func (f *Facade) view() fleetView {
+	nodes := f.cfg.Fleet.Nodes(protocol.Selector{})
+	v := fleetView{all: make(map[string]protocol.NodeInfo, len(nodes))}
+	live := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		v.all[n.ID] = n
+		live[n.ID] = n.SessionID
+		if hasTarget(n) {
+			v.targets = append(v.targets, n)
+		}
+	}
+	slices.SortFunc(v.targets, func(a, b protocol.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
+	f.tr.prune(live)
+	return v
+}
+
+func hasTarget(n protocol.NodeInfo) bool { return slices.Contains(n.Targets, Target) }
+
+// nodeProblem explains why node (from v) cannot take requests for the
+// opensandbox target, or returns "" when it can.
+func (v fleetView) nodeProblem(node string) string {
+	n, ok := v.all[node]
+	if !ok {
+		return fmt.Sprintf("node %s is not connected (target %s)", node, Target)
+	}
+	if !hasTarget(n) {
+		return fmt.Sprintf("node %s has no %s target (it serves: %s)", node, Target, strings.Join(n.Targets, ", "))
+	}
+	return ""
+}
+
+// forward sends r to st.node through the reverse proxy.
+func (f *Facade) forward(w http.ResponseWriter, r *http.Request, st *reqState) {
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	f.proxy.ServeHTTP(w, r)
+	if st.upgraded {
+		f.m.wsActive.Dec()
+	}
+}
+
+// nodeRoundTripper sends a forwarded request over its node's transport.
+type nodeRoundTripper struct{ f *Facade }
+
+func (t nodeRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	st := stateOf(req.Context())
+	tr, err := t.f.tr.get(st.node, st.session)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	resp, err := tr.RoundTrip(req)
+	t.f.m.forwardLatency.WithLabelValues(st.class).Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
+// forwardedHeaders are set on a forwarded request when the caller did not
+// set them, as the lifecycle server's own proxy does (wire-facts §2.5).
+const (
+	hdrXFF   = "X-Forwarded-For"
+	hdrXFH   = "X-Forwarded-Host"
+	hdrXFP   = "X-Forwarded-Proto"
+	hdrAccEn = "Accept-Encoding"
+)
+
+// rewrite prepares the outbound request: the node's transport dials the
+// tunnel whatever the URL's host, so the URL names no address; the
+// caller's Host header is kept (the node's server then names the facade in
+// what it builds from it); X-Forwarded-Host and -Proto are kept if the
+// caller sent them, else set; the caller's address is appended to
+// X-Forwarded-For; every Tether-* header is removed.
+func (f *Facade) rewrite(pr *httputil.ProxyRequest) {
+	st := stateOf(pr.In.Context())
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = Target
+	pr.Out.Host = pr.In.Host
+
+	h := pr.Out.Header
+	for _, k := range []string{hdrXFH, hdrXFP} {
+		if v := pr.In.Header.Values(k); len(v) > 0 {
+			h[k] = slices.Clone(v)
+		}
+	}
+	if h.Get(hdrXFH) == "" && pr.In.Host != "" {
+		h.Set(hdrXFH, pr.In.Host)
+	}
+	if h.Get(hdrXFP) == "" {
+		h.Set(hdrXFP, st.scheme)
+	}
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		if prior := pr.In.Header.Values(hdrXFF); len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		h.Set(hdrXFF, ip)
+	}
+	for k := range h {
+		if strings.HasPrefix(k, tetherHeaderPrefix) {
+			delete(h, k)
+		}
+	}
+	if st.decode {
+		h.Del(hdrAccEn)
+	}
+}
+
+// proxyError answers a request the reverse proxy could not forward.
+func (f *Facade) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	st := stateOf(r.Context())
+	if r.Context().Err() != nil {
+		// The caller went away; nobody reads an answer.
+		f.log.Debug("caller gone while forwarding", "node", st.node, "path", r.URL.Path, "err", err)
+		return
+	}
+	if errors.Is(err, errClosed) {
+		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "the OpenSandbox facade is shutting down")
+		return
+	}
+	f.log.Warn("forward failed", "node", st.node, "target", Target, "route", st.class, "err", err)
+	writeError(w, http.StatusBadGateway, CodeNodeUnavailable, fmt.Sprintf("forwarding to node %s, target %s: %v", st.node, Target, err))
+}
+
+// ledgerCtx returns a context for a ledger write that outlives the caller
+// (a create the server accepted must be recorded even if the caller left).
+func ledgerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), ledgerTimeout)
+}
+
+// statusWriter records the final status written (101 is never seen: the
+// reverse proxy writes it to the hijacked conn). It unwraps for
+// http.ResponseController, so Flush and Hijack reach the real writer.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// readLimited reads resp's body if it is at most limit bytes and not
+// content-encoded, restoring it for the caller either way; ok is false
+// when it was not read whole (too large, encoded, or a read error, which
+// then reaches the caller).
+func readLimited(resp *http.Response, limit int64) (b []byte, ok bool) {
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && ce != "identity" {
+		return nil, false
+	}
+	if resp.ContentLength > limit {
+		return nil, false
+	}
+	body := resp.Body
+	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	switch {
+	case err != nil:
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(b), errReader{err}), body}
+		return nil, false
+	case int64(len(b)) > limit:
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(b), body), body}
+		return nil, false
+	}
+	body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	return b, true
+}
+
+// replaceBody makes b resp's body, with a matching Content-Length.
+func replaceBody(resp *http.Response, b []byte) {
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	resp.ContentLength = int64(len(b))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+	resp.Header.Del("Transfer-Encoding")
+}
+
+// readCloser reads from one reader and closes another.
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// errReader always fails with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }

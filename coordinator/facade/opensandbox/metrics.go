@@ -1,0 +1,85 @@
+package opensandbox
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Route classes, the "route" label of the facade's metrics.
+const (
+	classCreate   = "create"           // POST /sandboxes
+	classList     = "list"             // GET /sandboxes
+	classSandbox  = "sandbox"          // /sandboxes/{id}: GET, DELETE
+	classEndpoint = "endpoint"         // /sandboxes/{id}/endpoints/{port}
+	classRenew    = "renew-expiration" // /sandboxes/{id}/renew-expiration
+	classMetadata = "metadata"         // /sandboxes/{id}/metadata
+	classPause    = "pause"            // /sandboxes/{id}/pause
+	classResume   = "resume"           // /sandboxes/{id}/resume
+	classProxy    = "proxy"            // /sandboxes/{id}/proxy/{port}/...
+	classOther    = "other"            // health, unknown paths
+)
+
+var routeClasses = []string{classCreate, classList, classSandbox, classEndpoint, classRenew, classMetadata, classPause, classResume, classProxy, classOther}
+
+// Status classes, the "status" label of requests_total: the answer's HTTP
+// status class, or "none" when the caller went away before one was written.
+var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "none"}
+
+// metrics are the facade's Prometheus collectors.
+type metrics struct {
+	requests       *prometheus.CounterVec
+	wsActive       prometheus.Gauge
+	wsTotal        prometheus.Counter
+	forwardLatency *prometheus.HistogramVec
+	ledgerErrors   prometheus.Counter
+}
+
+// newMetrics builds the collectors, registers them with reg and
+// pre-initialises every label value to zero.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_opensandbox_facade_requests_total",
+			Help: "Requests answered by the OpenSandbox facade, by route class and HTTP status class.",
+		}, []string{"route", "status"}),
+		wsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tether_opensandbox_facade_websocket_sessions",
+			Help: "WebSocket sessions currently spliced through the OpenSandbox facade.",
+		}),
+		wsTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_opensandbox_facade_websocket_sessions_total",
+			Help: "WebSocket sessions the OpenSandbox facade spliced (a node answered 101).",
+		}),
+		forwardLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tether_opensandbox_facade_forward_duration_seconds",
+			Help:    "Time from forwarding a request to a node's lifecycle server until its response headers arrived (tunnel dial included), by route class.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"route"}),
+		ledgerErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_opensandbox_facade_ledger_errors_total",
+			Help: "Ledger writes of the OpenSandbox facade that failed (the caller's request still succeeded).",
+		}),
+	}
+	for _, c := range routeClasses {
+		for _, s := range statusClasses {
+			m.requests.WithLabelValues(c, s)
+		}
+		m.forwardLatency.WithLabelValues(c)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.wsActive, m.wsTotal, m.forwardLatency, m.ledgerErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("opensandbox facade: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// statusClass maps an HTTP status to its "status" label; 0 is "none".
+func statusClass(code int) string {
+	if code < 100 || code > 599 {
+		return "none"
+	}
+	return strconv.Itoa(code/100) + "xx"
+}
