@@ -1,8 +1,8 @@
 package ledger_test
 
 import (
-	"fmt"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
