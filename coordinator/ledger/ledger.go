@@ -269,18 +269,28 @@ func Open(ctx context.Context, cfg Config) (*Ledger, error) {
 	return l, nil
 }
 
-// Close stops the watchers and waits for the goroutine applying them.
-// Writes after Close fail with ErrClosed. It does not close the NATS
-// connection.
+// Close stops the watchers and waits for the goroutine applying them,
+// which drains what they still deliver. Writes after Close fail with
+// ErrClosed. It does not close the NATS connection.
 func (l *Ledger) Close() error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	l.stop()
 	for _, w := range l.watchers {
 		w.Stop()
 	}
-	<-l.done
+	// Stopping a watcher closes its channel once its delivery goroutine
+	// ends; the loop drains until then. Should that never happen, give up
+	// waiting after a while.
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-l.done:
+	case <-t.C:
+		l.stop()
+		<-l.done
+	}
+	l.stop()
 	return nil
 }
 
@@ -331,10 +341,13 @@ func (l *Ledger) watch(ctx context.Context) {
 			b = bInventory
 		}
 		if !ok {
-			if ctx.Err() == nil {
+			if !l.closed.Load() {
 				l.log.Error("bucket watcher stopped (NATS connection closed?); the ledger no longer follows it", "bucket", []string{BucketSandboxes, BucketLeases, BucketInventory}[b])
 			}
 			chans[b] = nil
+			if !slices.ContainsFunc(chans, func(c <-chan jetstream.KeyValueEntry) bool { return c != nil }) {
+				return
+			}
 			continue
 		}
 		if e == nil {
