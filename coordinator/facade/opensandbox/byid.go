@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/protocol"
@@ -42,7 +43,7 @@ func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 			break
 		}
 		var done bool
-		rec, done = f.find(w, r, id, v)
+		rec, done = f.find(w, r, id, st.class, v)
 		if done {
 			return
 		}
@@ -126,11 +127,11 @@ type lookup struct {
 // answer verbatim; a node that failed → 502 TETHER::NODE_UNAVAILABLE (a
 // 404 would let NeMo Gym treat a sandbox as gone while its node was merely
 // unreachable); every node 404 (or no node) → the server's 404.
-func (f *Facade) find(w http.ResponseWriter, r *http.Request, id string, v fleetView) (rec ledger.Record, done bool) {
+func (f *Facade) find(w http.ResponseWriter, r *http.Request, id, class string, v fleetView) (rec ledger.Record, done bool) {
 	res := make([]lookup, len(v.targets))
 	var wg sync.WaitGroup
 	for i, n := range v.targets {
-		wg.Go(func() { res[i] = f.lookupOn(r.Context(), r, n, id) })
+		wg.Go(func() { res[i] = f.lookupOn(r.Context(), r, n, id, class) })
 	}
 	wg.Wait()
 
@@ -196,9 +197,9 @@ func snippet(b []byte) string {
 }
 
 // lookupOn asks node for sandbox id.
-func (f *Facade) lookupOn(ctx context.Context, r *http.Request, n protocol.NodeInfo, id string) lookup {
+func (f *Facade) lookupOn(ctx context.Context, r *http.Request, n protocol.NodeInfo, id, class string) lookup {
 	l := lookup{node: n}
-	resp, err := f.get(ctx, r, n, osb.VersionPrefix+osb.SandboxPath(url.PathEscape(id)))
+	resp, err := f.get(ctx, r, n, osb.VersionPrefix+osb.SandboxPath(url.PathEscape(id)), class)
 	if err != nil {
 		l.err = err
 		return l
@@ -213,8 +214,8 @@ func (f *Facade) lookupOn(ctx context.Context, r *http.Request, n protocol.NodeI
 }
 
 // get sends GET path (with query) to node n's lifecycle server, carrying
-// the caller's passHeaders and Host.
-func (f *Facade) get(ctx context.Context, r *http.Request, n protocol.NodeInfo, pathQuery string) (*http.Response, error) {
+// the caller's passHeaders and Host; its latency counts toward class.
+func (f *Facade) get(ctx context.Context, r *http.Request, n protocol.NodeInfo, pathQuery, class string) (*http.Response, error) {
 	tr, err := f.tr.get(n.ID, n.SessionID)
 	if err != nil {
 		return nil, err
@@ -230,7 +231,10 @@ func (f *Facade) get(ctx context.Context, r *http.Request, n protocol.NodeInfo, 
 		}
 	}
 	req.Header.Set("Accept", "application/json")
-	return tr.RoundTrip(req)
+	start := time.Now()
+	resp, err := tr.RoundTrip(req)
+	f.m.forwardLatency.WithLabelValues(class).Observe(time.Since(start).Seconds())
+	return resp, err
 }
 
 // recordFound remembers where a lookup found id and returns a record for

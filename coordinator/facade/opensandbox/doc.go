@@ -26,8 +26,15 @@
 //     that holds live sandboxes in the ledger but is not connected, makes it
 //     a 502/503.
 //   - /sandboxes/{id} and every /sandboxes/{id}/... route go to the node the
-//     ledger names for the id; an id the ledger does not know is looked up
-//     on every node (GET /v1/sandboxes/{id}) and recorded.
+//     ledger names for the id. An id the ledger does not know (or holds as
+//     deleted or lost) is looked up on every node (GET /v1/sandboxes/{id},
+//     all answers awaited): one node with it → routed there and remembered
+//     (and written to the ledger if its metadata marks it as NeMo Gym's:
+//     Ledger.Created makes a record managed, which the reaper acts on);
+//     several → 409; a node that failed → 502, never a 404 that would let a
+//     client think the sandbox gone; all 404 → the server's own 404.
+//     Deletes mark the record deleting, then deleted on 204 or 404;
+//     renew-expiration and GET record a new expiresAt (wire-facts §8.4).
 //   - The endpoint of GET /sandboxes/{id}/endpoints/{port} (with or without
 //     use_server_proxy) and any absolute Location header are rewritten to
 //     point back at the facade (wire-facts §8.1).

@@ -448,6 +448,11 @@ func (f *Facade) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		f.log.Debug("caller gone while forwarding", "node", st.node, "path", r.URL.Path, "err", err)
 		return
 	}
+	if st.upgraded {
+		// The 101 went out and the conn is hijacked: nothing can be written.
+		f.log.Debug("websocket splice ended with an error", "node", st.node, "path", r.URL.Path, "err", err)
+		return
+	}
 	if errors.Is(err, errClosed) {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "the OpenSandbox facade is shutting down")
 		return

@@ -2,6 +2,7 @@ package opensandbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,8 @@ import (
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/protocol"
+	osb "github.com/tetherfleet/tether/protocol/opensandbox"
+	"github.com/tetherfleet/tether/protocol/opensandbox/opensandboxtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -328,4 +331,82 @@ func (e *facadeEnv) do(t testing.TB, method, path string, hdr map[string]string,
 		t.Fatalf("%s %s: read body: %v", method, path, err)
 	}
 	return resp.StatusCode, resp.Header, b.String()
+}
+
+// startNode starts a fake lifecycle server (with execd) and connects it to
+// the fleet as node id.
+func (e *facadeEnv) startNode(t testing.TB, id string, labels map[string]string, cfg opensandboxtest.Config) *opensandboxtest.Server {
+	t.Helper()
+	s := opensandboxtest.Start(t, cfg)
+	e.fleet.add(id, s.Host(), labels)
+	return s
+}
+
+// createBody is a create request as NeMo Gym sends it (OSB-1), with
+// metadata md.
+func createBody(md map[string]string) string {
+	b, err := json.Marshal(map[string]any{
+		"image":          map[string]string{"uri": "python:3.12"},
+		"entrypoint":     []string{"tail", "-f", "/dev/null"},
+		"timeout":        600,
+		"env":            map[string]string{"A": "1"},
+		"metadata":       md,
+		"resourceLimits": map[string]string{"cpu": "2", "memory": "4096Mi"},
+		"extensions":     map[string]string{"imagePullPolicy": "IfNotPresent", "opensandbox.extensions.image-pull-policy": "IfNotPresent"},
+		"secureAccess":   false,
+	})
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// create creates a sandbox through the facade and returns its id.
+func (e *facadeEnv) create(t testing.TB, hdr map[string]string, md map[string]string) string {
+	t.Helper()
+	code, _, body := e.do(t, "POST", "/v1/sandboxes", hdr, createBody(md))
+	if code != http.StatusAccepted {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var cr osb.CreateSandboxResponse
+	mustJSON(t, body, &cr)
+	return cr.ID
+}
+
+// createDirect creates a sandbox on a node's fake, bypassing the facade.
+func createDirect(t testing.TB, s *opensandboxtest.Server, md map[string]string) string {
+	t.Helper()
+	req, err := http.NewRequest("POST", s.URL+"/v1/sandboxes", strings.NewReader(createBody(md)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Close = true // no idle conn outlives the test
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var cr osb.CreateSandboxResponse
+	if err := json.NewDecoder(resp.Body).Decode(&cr); err != nil || resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("direct create: %d %v", resp.StatusCode, err)
+	}
+	return cr.ID
+}
+
+func mustJSON(t testing.TB, body string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("decode %q: %v", body, err)
+	}
+}
+
+// requestsTo counts the requests node server s received for path.
+func requestsTo(s *opensandboxtest.Server, method, path string) int {
+	n := 0
+	for _, r := range s.Requests() {
+		if r.Method == method && r.Path == path {
+			n++
+		}
+	}
+	return n
 }

@@ -216,7 +216,7 @@ func (f *Facade) listOn(ctx context.Context, r *http.Request, n protocol.NodeInf
 		if filters != "" {
 			q = filters + "&" + q
 		}
-		resp, err := f.get(ctx, r, n, osb.VersionPrefix+osb.SandboxesPath+"?"+q)
+		resp, err := f.get(ctx, r, n, osb.VersionPrefix+osb.SandboxesPath+"?"+q, classList)
 		if err != nil {
 			nl.err = err
 			return nl
