@@ -484,3 +484,101 @@ func TestTwoReapersFencing(t *testing.T) {
 		t.Errorf("fenced reaper leads again: %+v", p)
 	}
 }
+
+func TestReaperPurgesAfterRetention(t *testing.T) {
+	re := newReaperEnv(t)
+	ctx := testContext(t)
+	inv := sandboxes(3, "r1")
+	re.l.reconcile(t, "n1", re.clock.Now(), inv, complete())
+	if _, err := re.l.CloseLease(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := re.l.OpenLease(ctx, "idle", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if p := re.pass(t); p.Reaped != 3 || p.Purged != 0 {
+		t.Fatalf("first pass = %+v", p)
+	}
+	re.clock.Advance(ledger.DefaultRetention + time.Second)
+	if p := re.pass(t); p.Purged != 3 {
+		t.Fatalf("pass after the retention = %+v, want the 3 records purged", p)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := re.l.Len(); n != 0 {
+			return fmt.Errorf("%d records left", n)
+		}
+		return nil
+	})
+	// The closed lease and the expired one go a day after they ended.
+	re.clock.Advance(ledger.DefaultLeaseRetention)
+	if p := re.pass(t); p.Purged != 2 {
+		t.Fatalf("pass after the lease retention = %+v, want 2 leases purged", p)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if ls := re.l.Leases(); len(ls) != 0 {
+			return fmt.Errorf("leases left: %v", ls)
+		}
+		return nil
+	})
+	// A sandbox of the purged run found later is unowned: reaped after
+	// the grace period.
+	re.l.reconcile(t, "n1", re.clock.Now(), inv[:1], complete())
+	if c := re.r.Plan(); len(c) != 0 {
+		t.Fatalf("plan within grace = %v", c)
+	}
+	re.clock.Advance(ledger.DefaultGrace + time.Second)
+	if c := re.r.Plan(); len(c) != 1 || c[0].Reason != protocol.ReasonUnowned {
+		t.Fatalf("plan after grace = %v", c)
+	}
+}
+
+func TestReaperConfig(t *testing.T) {
+	e := newEnv(t)
+	l := e.open()
+	if _, err := ledger.NewReaper(l.Ledger, ledger.ReaperConfig{}); err == nil || !strings.Contains(err.Error(), "deleter is required") || !strings.Contains(err.Error(), "fleet view is required") {
+		t.Errorf("empty config: %v", err)
+	}
+	if _, err := ledger.NewReaper(l.Ledger, ledger.ReaperConfig{Deleter: &deleter{}, Fleet: newFleet(), Interval: time.Minute, LockTTL: time.Second}); err == nil {
+		t.Error("a lock TTL under the interval was accepted")
+	}
+}
+
+// sessionFleet is a fleet that also says when each node's session began.
+type sessionFleet struct {
+	*fleet
+	mu    sync.Mutex
+	since map[string]time.Time
+}
+
+func (f *sessionFleet) ConnectedSince(node string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.since[node]
+	return t, ok
+}
+
+func TestReaperWaitsForInventoryAfterReconnect(t *testing.T) {
+	sf := &sessionFleet{fleet: newFleet(), since: map[string]time.Time{}}
+	re := newReaperEnv(t, func(c *ledger.ReaperConfig) { c.Fleet = sf })
+	re.l.reconcile(t, "n1", re.clock.Now(), sandboxes(2, "r1"), complete())
+	if _, err := re.l.CloseLease(testContext(t), "r1"); err != nil {
+		t.Fatal(err)
+	}
+	// The node flapped between two passes: the reaper never saw it down,
+	// but its session is newer than its last inventory.
+	re.clock.Advance(time.Second)
+	sf.mu.Lock()
+	sf.since["n1"] = re.clock.Now()
+	sf.mu.Unlock()
+	if c := re.r.Plan(); len(c) != 2 || c[0].Blocked != "no inventory since the node reconnected" {
+		t.Fatalf("plan = %v", c)
+	}
+	if p := re.pass(t); p.Reaped != 0 {
+		t.Fatalf("pass = %+v", p)
+	}
+	re.clock.Advance(time.Second)
+	re.l.reconcile(t, "n1", re.clock.Now(), sandboxes(2, "r1"), complete())
+	if p := re.pass(t); p.Reaped != 2 {
+		t.Fatalf("pass after an inventory = %+v", p)
+	}
+}
