@@ -2,7 +2,6 @@ package opensandbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -120,8 +119,8 @@ type lookup struct {
 }
 
 // find looks id up on every node with the target, in parallel, and waits
-// for all of them. Exactly one node answering 200 → its record, which is
-// also written to the ledger. Otherwise find answers the caller itself and
+// for all of them. Exactly one node answering 200 → a record naming it
+// (foundOn). Otherwise find answers the caller itself and
 // returns done: several 200s → 409 TETHER::AMBIGUOUS_SANDBOX; a 4xx other
 // than 404 (e.g. the server's 401 for a missing API key) → the first such
 // answer verbatim; a node that failed → 502 TETHER::NODE_UNAVAILABLE (a
@@ -156,7 +155,7 @@ func (f *Facade) find(w http.ResponseWriter, r *http.Request, id, class string, 
 		writeError(w, http.StatusConflict, CodeAmbiguousSandbox, fmt.Sprintf("sandbox %s exists on several nodes (%s); the ledger names none of them", id, strings.Join(names, ", ")))
 		return rec, true
 	case len(found) == 1:
-		return f.recordFound(r.Context(), found[0], id), false
+		return f.foundOn(found[0], id), false
 	case len(denied) > 0:
 		l := denied[0]
 		for _, k := range []string{"Content-Type", osb.HeaderRequestID, "Www-Authenticate"} {
@@ -237,53 +236,13 @@ func (f *Facade) get(ctx context.Context, r *http.Request, n protocol.NodeInfo, 
 	return resp, err
 }
 
-// recordFound remembers where a lookup found id and returns a record for
-// routing. A sandbox whose metadata marks it as NeMo Gym's is also written
-// to the ledger (Ledger.Created, which makes it managed and lets the reaper
-// act on it); any other is left to the inventories, so that a lookup never
-// hands the reaper a sandbox Tether does not manage.
-func (f *Facade) recordFound(ctx context.Context, l lookup, id string) ledger.Record {
+// foundOn remembers that a lookup found id on l's node and returns a
+// record to route by. It writes nothing to the ledger: Ledger.Created
+// would make the sandbox managed (and so a candidate for the reaper)
+// whatever its labels say, while the node's inventory applies the
+// ledger's own rules and records it soon anyway.
+func (f *Facade) foundOn(l lookup, id string) ledger.Record {
 	f.found.put(id, l.node.ID)
-	rec := ledger.Record{Provider: protocol.ProviderOpenSandbox, Node: l.node.ID, ID: id}
-	var sb osb.Sandbox
-	if err := json.Unmarshal(l.body, &sb); err != nil {
-		f.log.Warn("undecodable sandbox from node", "node", l.node.ID, "id", id, "err", err)
-		return rec
-	}
-	rec.Labels, rec.CreatedAt, rec.ExpiresAt = sb.Metadata, sb.CreatedAt, sb.ExpiresAt
-	if !nemoGym(sb.Metadata) {
-		f.log.Info("sandbox found on node", "node", l.node.ID, "id", id, "managed", false)
-		return rec
-	}
-	rec.LastSeen, rec.State, rec.Managed = f.now(), ledger.StateLive, true
-	lctx, cancel := ledgerCtx(ctx)
-	defer cancel()
-	if err := f.cfg.Ledger.Created(lctx, rec); err != nil {
-		f.m.ledgerErrors.Inc()
-		f.log.Error("ledger write failed", "node", l.node.ID, "id", id, "op", "found", "err", err)
-	} else {
-		f.log.Info("sandbox found on node", "node", l.node.ID, "id", id, "managed", true)
-	}
-	return rec
-}
-
-// NeMo Gym's markers (wire-facts §4.3, §8.2): the nemo-gym.sandbox=1 label
-// and its attribution metadata keys under nemo-gym.nvidia.com/.
-const (
-	nemoGymMarkerKey   = "nemo-gym.sandbox"
-	nemoGymMarkerValue = "1"
-	nemoGymKeyPrefix   = "nemo-gym.nvidia.com/"
-)
-
-// nemoGym reports whether metadata marks a sandbox as NeMo Gym's.
-func nemoGym(metadata map[string]string) bool {
-	if metadata[nemoGymMarkerKey] == nemoGymMarkerValue {
-		return true
-	}
-	for k := range metadata {
-		if strings.HasPrefix(k, nemoGymKeyPrefix) {
-			return true
-		}
-	}
-	return false
+	f.log.Info("sandbox found on node", "node", l.node.ID, "id", id)
+	return ledger.Record{Provider: protocol.ProviderOpenSandbox, Node: l.node.ID, ID: id}
 }

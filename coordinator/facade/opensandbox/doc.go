@@ -29,9 +29,9 @@
 //     ledger names for the id. An id the ledger does not know (or holds as
 //     deleted or lost) is looked up on every node (GET /v1/sandboxes/{id},
 //     all answers awaited): one node with it → routed there and remembered
-//     (and written to the ledger if its metadata marks it as NeMo Gym's:
-//     Ledger.Created makes a record managed, which the reaper acts on);
-//     several → 409; a node that failed → 502, never a 404 that would let a
+//     (not written to the ledger: the node's inventory records it under the
+//     ledger's own rules; Ledger.Created would make it managed, which the
+//     reaper acts on); several → 409; a node that failed → 502, never a 404 that would let a
 //     client think the sandbox gone; all 404 → the server's own 404.
 //     Deletes mark the record deleting, then deleted on 204 or 404;
 //     renew-expiration and GET record a new expiresAt (wire-facts §8.4).
