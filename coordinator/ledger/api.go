@@ -93,7 +93,7 @@ func apiError(err error) *protocol.APIError {
 		return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%v", err)
 	case errors.Is(err, ErrLeaseClosed):
 		return protocol.NewAPIError(409, protocol.ErrCodeLeaseClosed, "%v", err)
-	case errors.Is(err, ErrNotReady), errors.Is(err, ErrClosed), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, ErrClosed), errors.Is(err, context.DeadlineExceeded):
 		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "%v", err)
 	}
 	return protocol.NewAPIError(500, protocol.ErrCodeInternal, "%v", err)

@@ -52,8 +52,6 @@ const (
 
 // Errors callers branch on.
 var (
-	// ErrNotReady: the ledger has not finished loading its buckets.
-	ErrNotReady = errors.New("ledger: still loading")
 	// ErrLeaseNotFound: the run has no lease.
 	ErrLeaseNotFound = errors.New("ledger: lease not found")
 	// ErrLeaseClosed: the run's lease was closed.
