@@ -92,6 +92,9 @@ func TestAuthBoundary(t *testing.T) {
 	if node.last() != nil {
 		t.Fatal("an unauthenticated request reached the node")
 	}
+	if n := metricValue(t, e, "tether_opensandbox_facade_auth_failures_total"); n != 2 {
+		t.Errorf("auth failures = %v, want 2", n)
+	}
 
 	code, _, body := e.do(t, "GET", "/v1/sandboxes/sb-1", map[string]string{
 		opensandbox.HeaderToken: "good",

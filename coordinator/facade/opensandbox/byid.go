@@ -23,7 +23,7 @@ var passHeaders = []string{osb.HeaderAPIKey, "Authorization", osb.HeaderRequestI
 
 // byID routes a /sandboxes/{id}[/...] request to the node holding the
 // sandbox and forwards it. The node is the ledger's (unless its record is
-// deleted or lost), else one a recent lookup found, else the one a lookup
+// deleted), else one a recent lookup found, else the one a lookup
 // on every node finds now.
 func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 	id := st.route.ID
@@ -47,7 +47,7 @@ func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 			return
 		}
 	}
-	st.rec, st.hasRec = rec, true
+	st.rec = rec
 	st.node, st.session = rec.Node, v.all[rec.Node].SessionID
 
 	switch st.route.Kind {
@@ -69,10 +69,11 @@ func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 }
 
 // routable reports whether a record in state s names the node to route
-// to. A deleted or lost record does not: the id is looked up again.
-func routable(s ledger.State) bool {
-	return s != ledger.StateDeleted && s != ledger.StateLost
-}
+// to. A deleted record does not: the id is looked up again. A lost one
+// does: its node went away and may come back with it, and until then the
+// answer is 503, never a lookup's 404 that would make a client think it
+// gone.
+func routable(s ledger.State) bool { return s != ledger.StateDeleted }
 
 // foundCache remembers which node a lookup found an id on, for sandboxes
 // the ledger does not hold (not created through a facade, not yet in an

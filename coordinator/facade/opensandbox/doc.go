@@ -26,8 +26,8 @@
 //     that holds live sandboxes in the ledger but is not connected, makes it
 //     a 502/503.
 //   - /sandboxes/{id} and every /sandboxes/{id}/... route go to the node the
-//     ledger names for the id. An id the ledger does not know (or holds as
-//     deleted or lost) is looked up on every node (GET /v1/sandboxes/{id},
+//     ledger names for the id (503 while that node is away). An id the
+//     ledger does not know (or holds as deleted) is looked up on every node (GET /v1/sandboxes/{id},
 //     all answers awaited): one node with it → routed there and remembered
 //     (not written to the ledger: the node's inventory records it under the
 //     ledger's own rules; Ledger.Created would make it managed, which the

@@ -209,11 +209,9 @@ type reqState struct {
 	class string
 	// node and session are where the request goes.
 	node, session string
-	// rec is the sandbox's record (id routes), valid when hasRec; it is
-	// the ledger's own when fromLedger, else one the facade made up from
-	// a lookup.
+	// rec is the sandbox's record (id routes): the ledger's own when
+	// fromLedger, else one naming the node a lookup found it on.
 	rec        ledger.Record
-	hasRec     bool
 	fromLedger bool
 	// owner is the Tether-Run header of a create.
 	owner string
@@ -253,6 +251,7 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !f.authenticated(r) {
+		f.m.authFailures.Inc()
 		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the Tether OpenSandbox facade needs a Tether-Token header or a verified client certificate")
 		return
 	}

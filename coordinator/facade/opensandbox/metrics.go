@@ -34,6 +34,7 @@ type metrics struct {
 	wsTotal        prometheus.Counter
 	forwardLatency *prometheus.HistogramVec
 	ledgerErrors   prometheus.Counter
+	authFailures   prometheus.Counter
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -61,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_opensandbox_facade_ledger_errors_total",
 			Help: "Ledger writes of the OpenSandbox facade that failed (the caller's request still succeeded).",
 		}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_opensandbox_facade_auth_failures_total",
+			Help: "Requests the OpenSandbox facade refused with 401: no accepted Tether-Token and no verified client certificate.",
+		}),
 	}
 	for _, c := range routeClasses {
 		for _, s := range statusClasses {
@@ -68,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 		m.forwardLatency.WithLabelValues(c)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.wsActive, m.wsTotal, m.forwardLatency, m.ledgerErrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.wsActive, m.wsTotal, m.forwardLatency, m.ledgerErrors, m.authFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("opensandbox facade: register metrics: %w", err)
 		}

@@ -138,13 +138,19 @@ func TestLookupPassesAuthErrors(t *testing.T) {
 	}
 }
 
-// A deleted record does not route: the id is looked up again.
-func TestDeletedRecordLookedUpAgain(t *testing.T) {
+// A deleted record does not route: the id is looked up again. A lost one
+// does: while its node is away the answer is 503, not a 404.
+func TestDeletedAndLostRecords(t *testing.T) {
 	e := newFacadeEnv(t, nil)
 	b := e.startNode(t, "n2", nil, opensandboxtest.Config{})
 	id := createDirect(t, b, nil)
 	e.ledger.put(ledger.Record{Provider: protocol.ProviderOpenSandbox, Node: "gone", ID: id, State: ledger.StateDeleted})
 	if code, _, body := e.do(t, "GET", "/v1/sandboxes/"+id, nil, ""); code != 200 {
 		t.Errorf("get: %d %s", code, body)
+	}
+	e.ledger.put(ledger.Record{Provider: protocol.ProviderOpenSandbox, Node: "gone", ID: "sb-lost", State: ledger.StateLost})
+	code, _, body := e.do(t, "DELETE", "/v1/sandboxes/sb-lost", nil, "")
+	if c, _ := decodeError(t, body); code != http.StatusServiceUnavailable || c != opensandbox.CodeNodeUnavailable {
+		t.Errorf("delete of a lost sandbox on an absent node: %d %s", code, body)
 	}
 }
