@@ -75,6 +75,20 @@ func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 // gone.
 func routable(s ledger.State) bool { return s != ledger.StateDeleted }
 
+// fanOut runs do(0..n-1), at most maxFanOut at once, and waits for all.
+func fanOut(n int, do func(i int)) {
+	sem := make(chan struct{}, maxFanOut)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			do(i)
+		})
+	}
+	wg.Wait()
+}
+
 // foundCache remembers which node a lookup found an id on, for sandboxes
 // the ledger does not hold (not created through a facade, not yet in an
 // inventory), so that a client's next call does not ask every node again.
@@ -129,11 +143,7 @@ type lookup struct {
 // unreachable); every node 404 (or no node) → the server's 404.
 func (f *Facade) find(w http.ResponseWriter, r *http.Request, id, class string, v fleetView) (rec ledger.Record, done bool) {
 	res := make([]lookup, len(v.targets))
-	var wg sync.WaitGroup
-	for i, n := range v.targets {
-		wg.Go(func() { res[i] = f.lookupOn(r.Context(), r, n, id, class) })
-	}
-	wg.Wait()
+	fanOut(len(v.targets), func(i int) { res[i] = f.lookupOn(r.Context(), r, v.targets[i], id, class) })
 
 	var found, denied, failed []lookup
 	for _, l := range res {

@@ -60,7 +60,8 @@
 // # Goroutines and ownership
 //
 // The facade runs no goroutine of its own. A list or an id lookup starts
-// one goroutine per node and waits for all of them before it answers.
+// one goroutine per node (at most 64 at once) and waits for all of them
+// before it answers.
 // Tunnel conns are tracked from dial to close; Close closes every one of
 // them (ending spliced WebSockets) and refuses later requests.
 //

@@ -56,6 +56,8 @@ const (
 	maxListPages = 1000
 	// maxOwnerLen bounds the Tether-Run header's value.
 	maxOwnerLen = 256
+	// maxFanOut bounds the nodes one list or lookup asks at once.
+	maxFanOut = 64
 	// maxFound bounds the ids remembered from lookups (foundCache).
 	maxFound = 16384
 	// ledgerTimeout bounds one ledger write. Writes run even when the

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -40,11 +39,7 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 	filters := filterQuery(r.URL.RawQuery)
 
 	res := make([]nodeList, len(v.targets))
-	var wg sync.WaitGroup
-	for i, n := range v.targets {
-		wg.Go(func() { res[i] = f.listOn(r.Context(), r, n, filters) })
-	}
-	wg.Wait()
+	fanOut(len(v.targets), func(i int) { res[i] = f.listOn(r.Context(), r, v.targets[i], filters) })
 
 	var items []listItem
 	var failed []string
