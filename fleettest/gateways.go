@@ -180,13 +180,16 @@ func (n *netCut) isCut() bool { n.mu.Lock(); defer n.mu.Unlock(); return n.cut }
 
 func (n *netCut) set(cut bool) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.cut = cut
+	var conns []net.Conn
 	if cut {
 		for c := range n.conns {
-			c.Close()
+			conns = append(conns, c)
 		}
-		clear(n.conns)
+	}
+	n.mu.Unlock()
+	for _, c := range conns {
+		c.Close() // takes n.mu to untrack itself
 	}
 }
 
