@@ -160,7 +160,8 @@ func startFleet(t *testing.T) *fleet {
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f.natsURL = "nats://" + natsAddr
 	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr,
-		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", "1s"}
+		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", "1s",
+		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
 	nc, err := nats.Connect(f.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))

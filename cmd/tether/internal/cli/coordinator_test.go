@@ -17,6 +17,8 @@ func testCoordinatorOptions(t *testing.T, dir string) coordinatorOptions {
 	o.Listen = "127.0.0.1:0"
 	o.HTTPAddr = "127.0.0.1:0"
 	o.NATSListen = "127.0.0.1:0"
+	o.Sandbox.OpenShellListen = "127.0.0.1:0"
+	o.Sandbox.OpenSandboxListen = "127.0.0.1:0"
 	return o
 }
 
