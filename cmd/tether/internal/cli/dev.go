@@ -296,18 +296,18 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 		natsFlag = " -s " + info.NATSURL
 	}
 	fmt.Fprintf(&b, "\nTether dev is ready.\n\n")
-	fmt.Fprintf(&b, "  NATS URL:   %s\n", info.NATSURL)
-	fmt.Fprintf(&b, "  tunnel:     %s (CA %s)\n", info.TunnelAddr, info.CAFile)
-	fmt.Fprintf(&b, "  admin:      http://%s/metrics\n", info.AdminAddr)
+	fmt.Fprintf(&b, "  NATS URL:    %s\n", info.NATSURL)
+	fmt.Fprintf(&b, "  tunnel:      %s (CA %s)\n", info.TunnelAddr, info.CAFile)
+	fmt.Fprintf(&b, "  admin:       http://%s/metrics\n", info.AdminAddr)
 	if info.OpenShellAddr != "" {
-		fmt.Fprintf(&b, "  openshell:  %s (gRPC facade; point OPENSHELL_GATEWAY_ENDPOINT here)\n", info.OpenShellAddr)
+		fmt.Fprintf(&b, "  openshell:   %s (gRPC facade; point OPENSHELL_GATEWAY_ENDPOINT here)\n", info.OpenShellAddr)
 	}
 	if info.OpenSandboxAddr != "" {
 		fmt.Fprintf(&b, "  opensandbox: http://%s (facade; point OPENSANDBOX_DOMAIN here)\n", info.OpenSandboxAddr)
 	}
-	fmt.Fprintf(&b, "  node:       %s (labels dev=true)\n", nodeID)
-	fmt.Fprintf(&b, "  data dir:   %s\n", o.DataDir)
-	fmt.Fprintf(&b, "  join token: %s\n\n", info.TokenFrom)
+	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
+	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
+	fmt.Fprintf(&b, "  join token:  %s\n\n", info.TokenFrom)
 	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
