@@ -63,7 +63,7 @@ type OpenSandboxTarget struct {
 func (c *Config) validateTargets() []error {
 	var errs []error
 	if o := c.OpenShell; o != nil {
-		if err := checkTargetAddr(o.Addr); err != nil {
+		if err := CheckTargetAddr(o.Addr); err != nil {
 			errs = append(errs, fmt.Errorf("agent config: OpenShell.Addr: %w", err))
 		}
 		if err := checkSecret(o.Token); err != nil {
@@ -81,7 +81,7 @@ func (c *Config) validateTargets() []error {
 		}
 	}
 	if o := c.OpenSandbox; o != nil {
-		if err := checkTargetAddr(o.Addr); err != nil {
+		if err := CheckTargetAddr(o.Addr); err != nil {
 			errs = append(errs, fmt.Errorf("agent config: OpenSandbox.Addr: %w", err))
 		}
 		if err := checkSecret(o.APIKey); err != nil {
@@ -100,7 +100,7 @@ func (c *Config) validateTargets() []error {
 		if err := protocol.ValidTargetName(name); err != nil {
 			errs = append(errs, fmt.Errorf("agent config: Targets: %w", err))
 		}
-		if err := checkTargetAddr(c.Targets[name]); err != nil {
+		if err := CheckTargetAddr(c.Targets[name]); err != nil {
 			errs = append(errs, fmt.Errorf("agent config: Targets: target %q: %w", name, err))
 		}
 	}
@@ -118,7 +118,7 @@ func (c *Config) validateTargets() []error {
 
 // checkTargetAddr checks a target address: host:port with a non-empty
 // host and a port number from 1 to 65535.
-func checkTargetAddr(addr string) error {
+func CheckTargetAddr(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {
 		return fmt.Errorf("%q is not host:port", addr)

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -147,7 +146,7 @@ func (o *agentOptions) Validate(envToken string) error {
 func (o *agentOptions) validateTargets() []error {
 	var errs []error
 	if o.OpenShell != "" {
-		if err := checkTargetAddr(o.OpenShell); err != nil {
+		if err := agent.CheckTargetAddr(o.OpenShell); err != nil {
 			errs = append(errs, fmt.Errorf("--openshell: %w", err))
 		}
 	} else if o.OpenShellTokenFile != "" || len(o.OpenShellWorkspaces) > 0 {
@@ -159,7 +158,7 @@ func (o *agentOptions) validateTargets() []error {
 		}
 	}
 	if o.OpenSandbox != "" {
-		if err := checkTargetAddr(o.OpenSandbox); err != nil {
+		if err := agent.CheckTargetAddr(o.OpenSandbox); err != nil {
 			errs = append(errs, fmt.Errorf("--opensandbox: %w", err))
 		}
 	} else if o.OpenSandboxAPIKeyFile != "" {
@@ -184,7 +183,7 @@ func (o *agentOptions) validateTargets() []error {
 			errs = append(errs, fmt.Errorf("--target: %w", err))
 			continue
 		}
-		if err := checkTargetAddr(addr); err != nil {
+		if err := agent.CheckTargetAddr(addr); err != nil {
 			errs = append(errs, fmt.Errorf("--target %s: %w", name, err))
 			continue
 		}
@@ -194,19 +193,6 @@ func (o *agentOptions) validateTargets() []error {
 		o.targets[name] = addr
 	}
 	return errs
-}
-
-// checkTargetAddr checks a dial target's address: host:port with a host
-// and a port number (the agent dials it as given; no service names).
-func checkTargetAddr(addr string) error {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" {
-		return fmt.Errorf("%q is not host:port", addr)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("%q: port %q is not a number from 1 to 65535", addr, port)
-	}
-	return nil
 }
 
 // agentSecrets are the gateway credentials, read from their files or the
