@@ -311,17 +311,21 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 	}
 	now := time.Now().UTC()
 	j.mu.Lock()
-	j.st.State = protocol.JobExited
-	j.st.ExitCode = &code
-	j.st.Signal = signal
-	j.st.TimedOut = timedOut
-	j.st.Cancelled = cancelled
-	j.st.FinishedAt = &now
 	st := j.st
 	j.mu.Unlock()
+	st.State = protocol.JobExited
+	st.ExitCode = &code
+	st.Signal = signal
+	st.TimedOut = timedOut
+	st.Cancelled = cancelled
+	st.FinishedAt = &now
+	// status.json first: whoever sees the job exited may rely on it.
 	if err := writeJSONFile(filepath.Join(j.dir, "status.json"), st); err != nil {
 		log.Warn("write detached job status", "err", err)
 	}
+	j.mu.Lock()
+	j.st = st
+	j.mu.Unlock()
 	log.Info("detached job finished", "exit_code", code, "signal", signal, "timed_out", timedOut, "cancelled", cancelled)
 	a.jobs.mu.Lock()
 	if a.jobs.jobs[j.id] == j {

@@ -10,9 +10,11 @@
 // streams and context as parameters, and there are no package-level flag
 // variables (each command's options are a documented struct with defaults and
 // a Validate method). Flags are the only configuration source for now; the
-// environment is read only for TETHER_TOKEN (a secret) and TETHER_NATS_URL,
-// both through env.getenv, and for XDG_STATE_HOME/HOME when computing the
-// default data directories.
+// environment is read only for the secrets TETHER_TOKEN,
+// TETHER_OPENSHELL_TOKEN and TETHER_OPENSANDBOX_API_KEY (unset once read),
+// TETHER_NATS_URL, and TETHER_RUN/NEMO_GYM_RUN_ID (run-lease's run id), all
+// through env.getenv, and for XDG_STATE_HOME/HOME when computing the default
+// data directories.
 //
 // # Exit codes
 //
