@@ -166,7 +166,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 		return err
 	}
 
-	acfg, err := devAgentConfig(o, cs.info, log)
+	acfg, err := devAgentConfig(o, cs.info, log, e.getenv)
 	var a *agent.Agent
 	if err == nil {
 		a, err = agent.New(acfg)
@@ -217,7 +217,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 }
 
 // devAgentConfig configures the local agent to dial the dev coordinator.
-func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger) (agent.Config, error) {
+func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, getenv func(string) string) (agent.Config, error) {
 	cfg := agent.DefaultConfig()
 	tlsCfg, err := tunnel.LoadClientTLS(info.CAFile)
 	if err != nil {
@@ -232,10 +232,10 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger) (agen
 	cfg.Version = version
 	cfg.Logger = log
 	if o.OpenShell != "" {
-		cfg.OpenShell = &agent.OpenShellTarget{Addr: o.OpenShell, Token: os.Getenv(openShellTokenEnv)}
+		cfg.OpenShell = &agent.OpenShellTarget{Addr: o.OpenShell, Token: getenv(openShellTokenEnv)}
 	}
 	if o.OpenSandbox != "" {
-		cfg.OpenSandbox = &agent.OpenSandboxTarget{Addr: o.OpenSandbox, APIKey: os.Getenv(openSandboxAPIKeyEnv)}
+		cfg.OpenSandbox = &agent.OpenSandboxTarget{Addr: o.OpenSandbox, APIKey: getenv(openSandboxAPIKeyEnv)}
 	}
 	// The agent's metrics stay private: the admin endpoint serves the
 	// coordinator's.
