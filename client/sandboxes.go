@@ -97,3 +97,19 @@ func (c *Client) Reap(ctx context.Context, r protocol.ReapRequest) (*protocol.Re
 	}
 	return &resp, nil
 }
+
+// SyncSandboxes has the coordinator take every node's inventory now and
+// waits until the ledger reconciled them (up to 2 minutes; a ctx without a
+// deadline is bounded by that, not by RequestTimeout).
+func (c *Client) SyncSandboxes(ctx context.Context) (*protocol.SandboxesSyncResponse, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Minute+10*time.Second)
+		defer cancel()
+	}
+	var resp protocol.SandboxesSyncResponse
+	if err := c.request(ctx, protocol.SubjectSandboxesSync, struct{}{}, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}

@@ -227,8 +227,8 @@ func TestInventoryConvergesWithoutDuplicates(t *testing.T) {
 		}
 	}
 	f.OpenShell("node-0").Restart()
-	for range 3 {
-		if err := f.Coordinator.Sync(ctx); err != nil {
+	for range 3 { // through the NATS API, as `tether sandboxes --sync` does
+		if _, err := f.Client.SyncSandboxes(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -36,6 +36,12 @@ const (
 	// (SubjectLeaseClose) so the active reaper deletes the run's sandboxes
 	// now, and lists them.
 	SubjectSandboxesReap = "tether.v1.sandboxes.reap"
+	// SubjectSandboxesSync takes an empty body, takes an inventory of every
+	// connected node's gateways now, and replies with a SandboxesSyncResponse
+	// once the ledger has reconciled them (the inventories run every 30 s
+	// and when a node connects anyway). 503 ErrCodeUnavailable when it
+	// does not finish within the coordinator's limit (2 min).
+	SubjectSandboxesSync = "tether.v1.sandboxes.sync"
 	// SubjectSandboxEventPrefix prefixes the subjects of sandbox events:
 	// SubjectSandboxEventPrefix + one of the Event* values, carrying a JSON
 	// SandboxEvent. Subscribe to SubjectSandboxEventPrefix + ">" for all.
@@ -374,6 +380,13 @@ type ReapResponse struct {
 	// Queued is set when the run's lease was closed and the active reaper
 	// deletes the candidates now; follow them with SubjectSandboxesList.
 	Queued bool `json:"queued,omitempty"`
+}
+
+// SandboxesSyncResponse is the reply to SubjectSandboxesSync.
+type SandboxesSyncResponse struct {
+	// DurationMS is how long the inventories and their reconciliation
+	// took, in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
 }
 
 // SandboxEvent is the body of a sandbox event (SubjectSandboxEventPrefix +

@@ -13,11 +13,13 @@ package sandboxes
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,6 +31,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // Config configures the sandbox services. NATS is required; everything
@@ -118,7 +121,33 @@ func (s *Service) Reaper() *ledger.Reaper { return s.reaper }
 // coordinator's micro service; give it to coordinator.Config.Endpoints. It
 // runs when Serve starts the service, after Attach.
 func (s *Service) Endpoints(svc micro.Service) error {
-	return s.ledger.AddEndpoints(svc, s.reaper)
+	if err := s.ledger.AddEndpoints(svc, s.reaper); err != nil {
+		return err
+	}
+	if err := svc.AddEndpoint("sandboxes-sync", micro.HandlerFunc(s.handleSync), micro.WithEndpointSubject(protocol.SubjectSandboxesSync)); err != nil {
+		return fmt.Errorf("sandboxes: add endpoint sandboxes-sync on %s: %w", protocol.SubjectSandboxesSync, err)
+	}
+	return nil
+}
+
+// syncTimeout bounds one SubjectSandboxesSync request.
+const syncTimeout = 2 * time.Minute
+
+// handleSync takes every node's inventory now. micro serves an endpoint's
+// requests one at a time, so the wait runs on its own goroutine.
+func (s *Service) handleSync(req micro.Request) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+		defer cancel()
+		start := time.Now()
+		if err := s.coord.Sync(ctx); err != nil {
+			e := protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "%v", err)
+			body, _ := json.Marshal(e)
+			req.Error(strconv.Itoa(e.Status), e.Message, body)
+			return
+		}
+		req.RespondJSON(protocol.SandboxesSyncResponse{DurationMS: time.Since(start).Milliseconds()})
+	}()
 }
 
 // Attach builds the reaper and the facades on c. Call it before

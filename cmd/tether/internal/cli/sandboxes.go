@@ -19,6 +19,9 @@ type sandboxesOptions struct {
 	Run, Node, State, Provider string
 	// JSON prints the records as a JSON array instead of a table.
 	JSON bool
+	// Sync has every node list its gateways first, so the ledger is
+	// current (it is refreshed every 30 s anyway).
+	Sync bool
 	NATS natsOptions
 }
 
@@ -47,7 +50,7 @@ func (o *sandboxesOptions) Validate() error {
 func newSandboxesCmd(e *env) *cobra.Command {
 	var o sandboxesOptions
 	cmd := &cobra.Command{
-		Use:   "sandboxes [--run R] [--node N] [--state S] [--provider P] [--json]",
+		Use:   "sandboxes [--run R] [--node N] [--state S] [--provider P] [--sync] [--json]",
 		Short: "List the sandbox ledger: which run owns which sandbox on which node",
 		Long: `List the coordinator's sandbox ledger. Records come from the OpenShell and
 OpenSandbox facades, from the agents' inventories of their gateways and from
@@ -63,6 +66,11 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 				return err
 			}
 			defer closeNC()
+			if o.Sync {
+				if _, err := c.SyncSandboxes(cmd.Context()); err != nil {
+					return fmt.Errorf("sync: %w", err)
+				}
+			}
 			sbs, err := c.Sandboxes(cmd.Context(), protocol.SandboxesListRequest{Run: o.Run, Node: o.Node, State: o.State, Provider: o.Provider})
 			if err != nil {
 				return err
@@ -84,6 +92,7 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 	f.StringVar(&o.State, "state", "", "only sandboxes in this state (live, deleting, deleted, lost, leaked)")
 	f.StringVar(&o.Provider, "provider", "", "only sandboxes of this provider (openshell, opensandbox)")
 	f.BoolVar(&o.JSON, "json", false, "print the records as JSON")
+	f.BoolVar(&o.Sync, "sync", false, "have every node list its gateways first (the ledger is refreshed every 30s anyway)")
 	o.NATS.addFlags(cmd)
 	cmd.AddCommand(newSandboxesReapCmd(e))
 	return cmd
