@@ -34,6 +34,9 @@ const defaultTestTimeout = 60 * time.Second
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// Every process here is built with -race, whose runtime sleeps 1 s
+	// before exiting by default: seconds of teardown per test.
+	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
 	if *tetherBin == "" {
 		dir, err := os.MkdirTemp("", "tether-e2e-bin")
 		if err != nil {
@@ -89,7 +92,10 @@ func startBin(t *testing.T, bin, name string, args ...string) *proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
-		p.stop(t)
+		var ee *exec.ExitError
+		if err := p.stop(t); errors.As(err, &ee) && ee.ExitCode() == raceExit {
+			t.Errorf("%s: the race detector reported a data race (exit code %d); see its log", name, raceExit)
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("--- %s log ---\n%s", name, b)
@@ -97,6 +103,10 @@ func startBin(t *testing.T, bin, name string, args ...string) *proc {
 	})
 	return p
 }
+
+// raceExit is the exit code of a -race binary that detected a data race.
+// (A SIGKILLed process proves nothing either way.)
+const raceExit = 66
 
 // stop sends SIGTERM and waits for a clean exit, killing after 20 s.
 func (p *proc) stop(t *testing.T) error {

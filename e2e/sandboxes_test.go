@@ -90,7 +90,7 @@ type nodeGateways struct {
 // args and waits for the line with their addresses.
 func startGateways(t *testing.T, node string, args ...string) *nodeGateways {
 	t.Helper()
-	g := &nodeGateways{node: node, proc: raceChecked(t, startBin(t, fakeGatewaysBinary(t), "gateways-"+node, args...))}
+	g := &nodeGateways{node: node, proc: startBin(t, fakeGatewaysBinary(t), "gateways-"+node, args...)}
 	checkFor(t, 30*time.Second, func() error {
 		select {
 		case <-g.proc.done:
@@ -112,21 +112,6 @@ func startGateways(t *testing.T, node string, args ...string) *nodeGateways {
 	t.Cleanup(func() { cc.Close() })
 	g.osh = cc
 	return g
-}
-
-// raceExit is the exit code of a -race binary that detected a data race.
-const raceExit = 66
-
-// raceChecked makes the test fail if p, stopped at the test's end, exits
-// with the race detector's code. (A SIGKILLed process proves nothing.)
-func raceChecked(t *testing.T, p *proc) *proc {
-	t.Cleanup(func() { // runs before p's own cleanup, which then prints its log
-		var ee *exec.ExitError
-		if err := p.stop(t); errors.As(err, &ee) && ee.ExitCode() == raceExit {
-			t.Errorf("%s: the race detector reported a data race (exit code %d); see its log", p.name, raceExit)
-		}
-	})
-	return p
 }
 
 // gatewaySandbox is one sandbox as a fake gateway lists it.
@@ -207,9 +192,6 @@ type sandboxFleet struct {
 
 func startSandboxFleet(t *testing.T) *sandboxFleet {
 	t.Helper()
-	// Every process here is built with -race, whose runtime sleeps 1 s
-	// before exiting by default: 5 to 10 s of teardown per test.
-	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
 	f := &fleet{dataDir: t.TempDir()}
 	f.tokenFile = filepath.Join(t.TempDir(), "token")
 	os.WriteFile(f.tokenFile, []byte("e2e-secret-token\n"), 0o600)
@@ -227,7 +209,7 @@ func startSandboxFleet(t *testing.T) *sandboxFleet {
 		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", "1s",
 		"--openshell-listen", sf.openShellFacade, "--opensandbox-listen", sf.openSandboxFacade,
 		"--inventory-interval", "1s"}
-	f.coord = raceChecked(t, start(t, "coordinator", f.coordArgs...))
+	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
 	nc, err := nats.Connect(f.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -252,7 +234,7 @@ func startSandboxFleet(t *testing.T) *sandboxFleet {
 func (f *sandboxFleet) startNode(t *testing.T, node string, gwArgs ...string) *nodeGateways {
 	t.Helper()
 	g := startGateways(t, node, gwArgs...)
-	g.agent = raceChecked(t, f.startAgentBin(t, *tetherBin, node, "role=sandboxes", f.tokenFile, "--openshell", g.OpenShell, "--opensandbox", g.OpenSandbox))
+	g.agent = f.startAgentBin(t, *tetherBin, node, "role=sandboxes", f.tokenFile, "--openshell", g.OpenShell, "--opensandbox", g.OpenSandbox)
 	return g
 }
 
@@ -665,7 +647,7 @@ func TestChaosCoordinatorKilledMidCreate(t *testing.T) {
 		t.Fatal("the create through the facade succeeded although its coordinator was killed mid-call")
 	}
 
-	f.coord = raceChecked(t, start(t, "coordinator-restarted", f.coordArgs...))
+	f.coord = start(t, "coordinator-restarted", f.coordArgs...)
 	f.waitReady(t)
 	f.waitGatewayNodes(t, "chaos-a", "chaos-b")
 	var recs []protocol.SandboxInfo
