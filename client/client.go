@@ -118,7 +118,7 @@ func (c *Client) cancelGrace() time.Duration {
 
 // noCoordinator is the error for a request nobody answered with a 503.
 func (c *Client) noCoordinator(subject string) error {
-	return fmt.Errorf("no Tether coordinator is serving %s at %s (%w)", subject, c.NC.ConnectedUrlRedacted(), nats.ErrNoResponders)
+	return fmt.Errorf("no Tether coordinator is serving %s at %s (%w)", subject, c.serverName(), nats.ErrNoResponders)
 }
 
 // NewJobID returns a random job id suitable for ExecRequest.ID.
@@ -206,7 +206,7 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 	fcancel()
 	if err != nil && ctx.Err() == nil {
 		c.cancelJob(req.ID)
-		return nil, fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.NC.ConnectedUrlRedacted(), err)
+		return nil, fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.serverName(), err)
 	}
 
 	r := execReader{id: req.ID, out: out, onResult: onResult}
@@ -397,6 +397,15 @@ func (c *Client) Cancel(ctx context.Context, id string) (*protocol.CancelRespons
 	return &resp, nil
 }
 
+// serverName names the NATS server for errors: the connected URL, or the
+// configured servers while disconnected.
+func (c *Client) serverName() string {
+	if u := c.NC.ConnectedUrlRedacted(); u != "" {
+		return u
+	}
+	return "NATS (disconnected, reconnecting)"
+}
+
 // request does one JSON request/reply round trip on subject.
 func (c *Client) request(ctx context.Context, subject string, req, resp any) error {
 	if c.NC == nil {
@@ -416,7 +425,7 @@ func (c *Client) request(ctx context.Context, subject string, req, resp any) err
 		return c.noCoordinator(subject)
 	}
 	if err != nil {
-		return fmt.Errorf("%s request to %s: %w", subject, c.NC.ConnectedUrlRedacted(), err)
+		return fmt.Errorf("%s request to %s: %w", subject, c.serverName(), err)
 	}
 	if e := apiError(msg); e != nil {
 		return e

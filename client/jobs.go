@@ -67,7 +67,7 @@ func (c *Client) JobOutput(ctx context.Context, node, id, stream string, offset,
 		return nil, c.noCoordinator(protocol.SubjectJobOutput)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s request to %s: %w", protocol.SubjectJobOutput, c.NC.ConnectedUrlRedacted(), err)
+		return nil, fmt.Errorf("%s request to %s: %w", protocol.SubjectJobOutput, c.serverName(), err)
 	}
 	if e := apiError(msg); e != nil {
 		return nil, e

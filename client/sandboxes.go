@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -50,17 +51,26 @@ func (c *Client) leaseOp(ctx context.Context, subject, run string) (*protocol.Le
 }
 
 // Sandboxes lists the ledger's records matching f (its Limit is the page
-// size; After is ignored), following every page. Records are sorted by
-// ledger key (provider, node, id).
+// size; After is ignored), following every page and halving the page size
+// when a page is too large for the NATS server's max payload. Records are
+// sorted by ledger key (provider, node, id).
 func (c *Client) Sandboxes(ctx context.Context, f protocol.SandboxesListRequest) ([]protocol.SandboxInfo, error) {
 	f.After = ""
 	if e := f.Validate(); e != nil {
 		return nil, e
 	}
+	if f.Limit == 0 {
+		f.Limit = protocol.DefaultSandboxesLimit
+	}
 	var all []protocol.SandboxInfo
 	for {
 		var resp protocol.SandboxesListResponse
-		if err := c.request(ctx, protocol.SubjectSandboxesList, f, &resp); err != nil {
+		err := c.request(ctx, protocol.SubjectSandboxesList, f, &resp)
+		if errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeTooLarge}) && f.Limit > 1 {
+			f.Limit /= 2 // a page of large records: ask for fewer
+			continue
+		}
+		if err != nil {
 			return nil, err
 		}
 		all = append(all, resp.Sandboxes...)

@@ -62,7 +62,7 @@ func (c *Client) OpenStream(ctx context.Context, node string, kind protocol.Kind
 		case errors.Is(err, nats.ErrNoResponders):
 			return nil, c.noCoordinator(protocol.SubjectStream)
 		}
-		return nil, fmt.Errorf("open %s stream to node %s through %s: %w", kind, node, c.NC.ConnectedUrlRedacted(), err)
+		return nil, fmt.Errorf("open %s stream to node %s through %s: %w", kind, node, c.serverName(), err)
 	}
 	return &Stream{p: p, node: node, kind: kind}, nil
 }

@@ -45,6 +45,9 @@ type devOptions struct {
 	// OpenShell and OpenSandbox are the local agent's gateways (host:port),
 	// reached through the facades; "" means none.
 	OpenShell, OpenSandbox string
+	// SandboxTTL, ReapGrace and InventoryInterval are the coordinator's
+	// --sandbox-ttl, --reap-grace and --inventory-interval.
+	SandboxTTL, ReapGrace, InventoryInterval time.Duration
 	// Log configures logging to stderr.
 	Log logOptions
 }
@@ -65,6 +68,8 @@ func defaultDevOptions() devOptions {
 
 		OpenShellListen:   defaultSandboxOptions().OpenShellListen,
 		OpenSandboxListen: defaultSandboxOptions().OpenSandboxListen,
+		ReapGrace:         defaultSandboxOptions().ReapGrace,
+		InventoryInterval: defaultSandboxOptions().InventoryInterval,
 	}
 }
 
@@ -100,6 +105,12 @@ func (o *devOptions) Validate() error {
 			}
 		}
 	}
+	if o.SandboxTTL < 0 {
+		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.SandboxTTL))
+	}
+	if o.InventoryInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--inventory-interval %v must be positive", o.InventoryInterval))
+	}
 	if err := o.Log.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -134,6 +145,9 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.StringVar(&o.OpenSandboxListen, "opensandbox-listen", o.OpenSandboxListen, `OpenSandbox HTTP facade address on loopback ("" turns it off)`)
 	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the local OpenShell gateway (host:port) the agent serves through the facade")
 	f.StringVar(&o.OpenSandbox, "opensandbox", o.OpenSandbox, "the local OpenSandbox server (host:port) the agent serves through the facade")
+	f.DurationVar(&o.SandboxTTL, "sandbox-ttl", o.SandboxTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
+	f.DurationVar(&o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
+	f.DurationVar(&o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -160,6 +174,9 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	co.ID = "dev"
 	co.Sandbox.OpenShellListen = o.OpenShellListen
 	co.Sandbox.OpenSandboxListen = o.OpenSandboxListen
+	co.Sandbox.DefaultTTL = o.SandboxTTL
+	co.Sandbox.ReapGrace = o.ReapGrace
+	co.Sandbox.InventoryInterval = o.InventoryInterval
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	cs, err := startCoordinator(co, "", log, newRegistry())
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"syscall"
@@ -71,6 +72,9 @@ expires after TTL and they are reaped then. Exits with COMMAND's exit code.`,
 			if cmd.ArgsLenAtDash() != 0 {
 				return usage(errors.New("put the command after --, as in: tether run-lease -- python train.py"))
 			}
+			if cmd.Flags().Changed("run") && o.Run == "" {
+				return usage(errors.New("--run is empty; leave it out to use $TETHER_RUN, $NEMO_GYM_RUN_ID or a random id"))
+			}
 			if o.Run == "" {
 				o.Run = firstNonEmpty(e.getenv(tetherRunEnv), e.getenv(runIDEnv))
 			}
@@ -116,7 +120,10 @@ func runLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions, 
 	host, _ := os.Hostname()
 	holder := fmt.Sprintf("%s:%d %s", host, os.Getpid(), args[0])
 	if _, err := c.OpenLease(ctx, o.Run, o.TTL, clipHolder(holder)); err != nil {
-		return fmt.Errorf("run-lease: open lease of run %s: %w", o.Run, err)
+		if errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeLeaseClosed}) {
+			return fmt.Errorf("run-lease: run %s was closed earlier (its sandboxes were reaped) and cannot be reopened; give a new --run id", o.Run)
+		}
+		return fmt.Errorf("run-lease: %w", err)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
@@ -125,14 +132,20 @@ func runLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions, 
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		closeLease(e, c, o)
-		return fmt.Errorf("run-lease: %w", err)
+		// 127 and 126, as shells report a command not found or not
+		// executable.
+		code := 126
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		return &exitError{code: code, err: fmt.Errorf("run-lease: %w", err)}
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 
 	renew := time.NewTicker(o.TTL / 3)
 	defer renew.Stop()
-	warned := false
+	warned, gone := false, false
 	var werr error
 	for waiting := true; waiting; {
 		select {
@@ -157,8 +170,10 @@ func runLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions, 
 					warned = false
 				}
 			case errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeLeaseClosed}), errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeNotFound}):
-				fmt.Fprintf(e.stderr, "tether run-lease: the lease of run %s is gone (%v): its sandboxes are being reaped\n", o.Run, err)
-				warned = true
+				if !gone { // it cannot come back: say so once
+					fmt.Fprintf(e.stderr, "tether run-lease: the lease of run %s is gone (%v): its sandboxes are being reaped\n", o.Run, err)
+					gone = true
+				}
 			default:
 				fmt.Fprintf(e.stderr, "tether run-lease: renew lease of run %s: %v (retrying; it expires %v after the last renewal)\n", o.Run, err, o.TTL)
 				warned = true

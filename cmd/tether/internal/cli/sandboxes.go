@@ -133,6 +133,9 @@ func runOf(s protocol.SandboxInfo) string {
 // formatExpiry shows when s expires: the earlier of its gateway expiry and
 // Tether's TTL, as "in 5m" or "5m ago"; "-" when neither is set.
 func formatExpiry(now time.Time, s protocol.SandboxInfo) string {
+	if s.State == protocol.SandboxDeleted {
+		return "-"
+	}
 	exp := s.ExpiresAt
 	if s.TTLMS > 0 && !s.CreatedAt.IsZero() {
 		if t := s.CreatedAt.Add(time.Duration(s.TTLMS) * time.Millisecond); exp.IsZero() || t.Before(exp) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,6 +25,10 @@ import (
 
 // facadeTokenFile is the generated facade token in the data directory.
 const facadeTokenFile = "facade-token"
+
+// minFacadeToken is the shortest facade token accepted, in characters: the
+// token is all that stands between the network and every node's gateways.
+const minFacadeToken = 16
 
 // sandboxOptions are the coordinator's sandbox flags: facades, ledger,
 // reaper.
@@ -120,14 +125,17 @@ func (o *sandboxOptions) Validate() error {
 	if o.ClientCA != "" && o.TLSCert == "" {
 		errs = append(errs, errors.New("--facade-client-ca needs --facade-tls-cert"))
 	}
+	if o.TokenFile != "" && o.TLSCert == "" {
+		errs = append(errs, errors.New("--facade-token-file needs --facade-tls-cert: facades on loopback check no token"))
+	}
 	if o.DefaultTTL < 0 {
 		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.DefaultTTL))
 	}
 	if o.InventoryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--inventory-interval %v must be positive", o.InventoryInterval))
 	}
-	if o.ReapRate <= 0 {
-		errs = append(errs, fmt.Errorf("--reap-rate %v must be positive", o.ReapRate))
+	if !(o.ReapRate > 0) || math.IsInf(o.ReapRate, 1) { // NaN fails the comparison
+		errs = append(errs, fmt.Errorf("--reap-rate %v must be a positive number", o.ReapRate))
 	}
 	return errors.Join(errs...)
 }
@@ -186,13 +194,20 @@ func (o *sandboxOptions) open(ctx context.Context, ls *sandboxListeners, dataDir
 		}
 		cfg.OpenShellTLS, cfg.OpenSandboxTLS = tlsCfg, tlsCfg.Clone()
 		cfg.OpenSandboxTLS.NextProtos = []string{"http/1.1"} // WebSocket upgrades need HTTP/1.1
-		path := o.TokenFile
-		if path == "" {
+		path, tok := o.TokenFile, ""
+		if path != "" {
+			// A file the operator named must exist: creating it would
+			// lock out the callers that hold the intended token.
+			tok, err = readTokenFile(path)
+		} else {
 			path = filepath.Join(dataDir, facadeTokenFile)
+			tok, err = loadOrCreateSecret(path)
 		}
-		tok, err := loadOrCreateSecret(path)
 		if err != nil {
 			return nil, fmt.Errorf("facade token: %w", err)
+		}
+		if len(tok) < minFacadeToken {
+			return nil, fmt.Errorf("facade token in %s is %d characters; use at least %d random ones (e.g. openssl rand -hex 32)", path, len(tok), minFacadeToken)
 		}
 		cfg.CheckToken = tokenChecker(tok)
 		log.Info("facades require a tether-token or a client certificate", "token_file", path)
