@@ -165,6 +165,10 @@ func TestFacadeErrors(t *testing.T) {
 	e.fleet.setTargets("n2", "openshell", opensandbox.Target)
 	e.fleet.add("n3", node.addr(), nil)
 	e.fleet.setTargets("n3", "openshell")
+	// n2 holds a live sandbox, so a list or lookup without it would be
+	// incomplete (an unreachable node holding none is left out:
+	// TestDeadLifecycleServer).
+	e.ledger.put(ledger.Record{Provider: protocol.ProviderOpenSandbox, Node: "n2", ID: "sb-n2", State: ledger.StateLive})
 
 	tests := []struct {
 		name       string

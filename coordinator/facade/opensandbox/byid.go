@@ -148,6 +148,8 @@ func (f *Facade) find(w http.ResponseWriter, r *http.Request, id, class string, 
 	var found, denied, failed []lookup
 	for _, l := range res {
 		switch {
+		case l.err != nil && f.skippable(l.node, l.err):
+			// Its server cannot be dialed and it holds nothing.
 		case l.err != nil || l.status >= 500:
 			failed = append(failed, l)
 		case l.status == http.StatusOK:

@@ -14,17 +14,27 @@
 //   - POST /sandboxes places the sandbox: on the node named by the
 //     Tether-Node header, else on the least loaded matching node of the
 //     Tether-Node-Selector header (protocol.ParseSelector), else on the least
-//     loaded node with the target (ledger live count, ties broken by id). The
-//     body is forwarded verbatim; a 202 is recorded in the ledger (managed,
-//     owner from the Tether-Run header). A ledger failure is logged and never
-//     fails the create.
+//     loaded node with the target (ledger live count, ties broken by id);
+//     both headers together are a 400. Placement by load passes over nodes
+//     whose lifecycle server could not be dialed in the last 30 s (per node
+//     and tunnel session; a successful dial clears it) unless every
+//     candidate is failing, and a create whose dial fails (nothing was
+//     sent) goes to the next least loaded candidate, at most 3 nodes in
+//     all; a Tether-Node create is never moved. A Tether-Run header that is
+//     not a valid run id (protocol.ValidRunID) is a 400
+//     TETHER::INVALID_RUN. The body is forwarded verbatim; a 202 is
+//     recorded in the ledger (managed, owner from the Tether-Run header). A
+//     ledger failure is logged and never fails the create.
 //   - GET /sandboxes fans out to every node with the target, reads every
 //     page with the caller's state and metadata filters passed verbatim,
 //     merges, sorts by (createdAt, id, node) and pages the result itself.
 //     It answers a complete list or an error naming the node that failed,
 //     never a silently partial list: a node whose request fails, or a node
 //     that holds live sandboxes in the ledger but is not connected, makes it
-//     a 502/503.
+//     a 502/503. The one node left out is one whose lifecycle server cannot
+//     be dialed while the ledger holds no live OpenSandbox sandbox on it
+//     (id lookups leave it out too): one node's dead server must not fail
+//     every list.
 //   - /sandboxes/{id} and every /sandboxes/{id}/... route go to the node the
 //     ledger names for the id (503 while that node is away). An id the
 //     ledger does not know (or holds as deleted) is looked up on every node (GET /v1/sandboxes/{id},

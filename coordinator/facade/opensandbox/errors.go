@@ -27,6 +27,9 @@ const (
 	// CodeInvalidPlacement (400): the Tether-Node-Selector header does not
 	// parse, or both placement headers are set.
 	CodeInvalidPlacement = "TETHER::INVALID_PLACEMENT"
+	// CodeInvalidRun (400): the Tether-Run header is not a valid run id
+	// (protocol.ValidRunID).
+	CodeInvalidRun = "TETHER::INVALID_RUN"
 	// CodeAmbiguousSandbox (409): the ledger does not know the id and more
 	// than one node answered that it holds it.
 	CodeAmbiguousSandbox = "TETHER::AMBIGUOUS_SANDBOX"

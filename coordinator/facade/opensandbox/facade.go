@@ -36,7 +36,8 @@ const (
 	// labels match this selector (protocol.ParseSelector syntax).
 	HeaderNodeSelector = "Tether-Node-Selector"
 	// HeaderRun names the lease (run id) that owns a sandbox created with
-	// it; the ledger records it as the sandbox's Owner.
+	// it; the ledger records it as the sandbox's Owner. It must be a valid
+	// run id (protocol.ValidRunID).
 	HeaderRun = "Tether-Run"
 )
 
@@ -54,8 +55,6 @@ const (
 	// maxListPages bounds how many pages of 200 the facade reads from one
 	// node for a list (200,000 sandboxes).
 	maxListPages = 1000
-	// maxOwnerLen bounds the Tether-Run header's value.
-	maxOwnerLen = 256
 	// maxFanOut bounds the nodes one list or lookup asks at once.
 	maxFanOut = 64
 	// maxFound bounds the ids remembered from lookups (foundCache).
@@ -217,6 +216,11 @@ type reqState struct {
 	fromLedger bool
 	// owner is the Tether-Run header of a create.
 	owner string
+	// cands are the nodes a create placed by load may move to when the
+	// dial to node fails (nil: it may not; see nextNode), and tried the
+	// nodes it was tried on.
+	cands []protocol.NodeInfo
+	tried []string
 	// host and scheme are how the caller addressed the facade.
 	host, scheme string
 	// decode is set when the facade reads the response body, so the
@@ -368,6 +372,19 @@ func (v fleetView) nodeProblem(node string) string {
 	return ""
 }
 
+// nodeReason is nodeProblem as a predicate of the node ("is not
+// connected"), or "".
+func (v fleetView) nodeReason(node string) string {
+	n, ok := v.all[node]
+	if !ok {
+		return "is not connected"
+	}
+	if !hasTarget(n) {
+		return fmt.Sprintf("has no %s target (it serves: %s)", Target, strings.Join(n.Targets, ", "))
+	}
+	return ""
+}
+
 // forward sends r to st.node through the reverse proxy.
 func (f *Facade) forward(w http.ResponseWriter, r *http.Request, st *reqState) {
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
@@ -380,16 +397,37 @@ func (f *Facade) forward(w http.ResponseWriter, r *http.Request, st *reqState) {
 // nodeRoundTripper sends a forwarded request over its node's transport.
 type nodeRoundTripper struct{ f *Facade }
 
+// RoundTrip sends req to st.node. A create placed by load whose dial
+// failed (nothing of it was sent) goes to the next least loaded node
+// instead (Facade.nextNode).
 func (t nodeRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	st := stateOf(req.Context())
-	tr, err := t.f.tr.get(st.node, st.session)
-	if err != nil {
-		return nil, err
+	for {
+		tr, err := t.f.tr.get(st.node, st.session)
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		resp, err := tr.RoundTrip(req)
+		t.f.m.forwardLatency.WithLabelValues(st.class).Observe(time.Since(start).Seconds())
+		var de *dialError
+		if err == nil || st.cands == nil || !errors.As(err, &de) || errors.Is(err, errClosed) || req.Context().Err() != nil {
+			return resp, err
+		}
+		hasBody := req.Body != nil && req.Body != http.NoBody
+		if hasBody && req.GetBody == nil || !t.f.nextNode(st) {
+			return resp, err
+		}
+		next := req.Clone(req.Context())
+		if hasBody {
+			b, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			next.Body = b
+		}
+		req = next
 	}
-	start := time.Now()
-	resp, err := tr.RoundTrip(req)
-	t.f.m.forwardLatency.WithLabelValues(st.class).Observe(time.Since(start).Seconds())
-	return resp, err
 }
 
 // forwardedHeaders are set on a forwarded request when the caller did not

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,7 +34,7 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 	v := f.view()
 	if missing := f.missingNodes(v); len(missing) > 0 {
 		writeError(w, http.StatusServiceUnavailable, CodeNodeUnavailable,
-			fmt.Sprintf("cannot list every sandbox: the ledger has live sandboxes on %s", strings.Join(missing, "; ")))
+			fmt.Sprintf("cannot list every sandbox: %s; the list would be incomplete", strings.Join(missing, "; ")))
 		return
 	}
 	filters := filterQuery(r.URL.RawQuery)
@@ -56,6 +57,10 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 			return
 		}
 		if nl.err != nil {
+			if f.skippable(nl.info, nl.err) {
+				f.log.Debug("list: leaving out a node whose lifecycle server cannot be reached and that holds no live sandboxes", "node", nl.node, "err", nl.err)
+				continue
+			}
 			failed = append(failed, fmt.Sprintf("node %s, target %s: %v", nl.node, Target, nl.err))
 			continue
 		}
@@ -71,9 +76,10 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 	writeJSON(w, http.StatusOK, pageOf(items, page, pageSize))
 }
 
-// missingNodes names the nodes the ledger holds live OpenSandbox
+// missingNodes describes the nodes the ledger holds live OpenSandbox
 // sandboxes on that cannot be listed now (not connected, or without the
-// target), each with the reason.
+// target), each with the reason: "node X holds live sandboxes but is not
+// connected".
 func (f *Facade) missingNodes(v fleetView) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -82,12 +88,25 @@ func (f *Facade) missingNodes(v fleetView) []string {
 			continue
 		}
 		seen[rec.Node] = true
-		if p := v.nodeProblem(rec.Node); p != "" {
-			out = append(out, p)
+		if why := v.nodeReason(rec.Node); why != "" {
+			out = append(out, fmt.Sprintf("node %s holds live sandboxes but %s", rec.Node, why))
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// skippable reports whether a fan-out (list, id lookup) may leave out node
+// n, which failed with err: its lifecycle server cannot be dialed (err is
+// a failed dial and the last dial in its session failed) and the ledger
+// holds no live OpenSandbox sandbox on it, so it has nothing to
+// contribute. One node's dead server must not fail every list.
+func (f *Facade) skippable(n protocol.NodeInfo, err error) bool {
+	var de *dialError
+	if !errors.As(err, &de) || errors.Is(err, errClosed) || !f.tr.failing(n) {
+		return false
+	}
+	return len(f.cfg.Ledger.List(ledger.Filter{Provider: protocol.ProviderOpenSandbox, Node: n.ID, State: string(ledger.StateLive)})) == 0
 }
 
 // listResponse is the facade's GET /sandboxes body: the node's items
@@ -186,6 +205,7 @@ type listItem struct {
 // caller gets verbatim.
 type nodeList struct {
 	node       string
+	info       protocol.NodeInfo
 	items      []listItem
 	err        error
 	passStatus int
@@ -201,7 +221,7 @@ type nodePage struct {
 
 // listOn reads every page of node n's list with filters.
 func (f *Facade) listOn(ctx context.Context, r *http.Request, n protocol.NodeInfo, filters string) nodeList {
-	nl := nodeList{node: n.ID}
+	nl := nodeList{node: n.ID, info: n}
 	for page := 1; ; page++ {
 		if page > maxListPages {
 			nl.err = fmt.Errorf("more than %d pages of %d sandboxes", maxListPages, osb.MaxPageSize)

@@ -8,19 +8,32 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // errClosed is returned for requests that arrive after Close.
 var errClosed = errors.New("opensandbox facade: closed")
 
-// dialError is a failed tunnel dial to a node's lifecycle server.
+// failingFor is how long a node whose lifecycle server could not be
+// dialed counts as failing (placement by load passes it over) unless a
+// dial in the same tunnel session succeeds first.
+const failingFor = 30 * time.Second
+
+// dialError is a failed tunnel dial to a node's lifecycle server: nothing
+// of the request was sent.
 type dialError struct {
 	Node string
 	Err  error
 }
 
+// Error is Err's text, which names the node and target (Fleet.DialTarget's
+// contract), or says so itself.
 func (e *dialError) Error() string {
-	return fmt.Sprintf("dial %s on node %s: %v", Target, e.Node, e.Err)
+	if errors.Is(e.Err, errClosed) {
+		return fmt.Sprintf("dial %s on node %s: %v", Target, e.Node, e.Err)
+	}
+	return e.Err.Error()
 }
 
 func (e *dialError) Unwrap() error { return e.Err }
@@ -37,8 +50,13 @@ type transports struct {
 	mu     sync.Mutex
 	nodes  map[string]*nodeTransport // by node id
 	conns  map[*trackedConn]struct{}
+	health map[nodeSession]time.Time // when the last dial failed; absent after a success
 	closed bool
+	now    func() time.Time
 }
+
+// nodeSession is a node id and one of its tunnel sessions.
+type nodeSession struct{ node, session string }
 
 // nodeTransport is the transport of one node's tunnel session.
 type nodeTransport struct {
@@ -47,7 +65,8 @@ type nodeTransport struct {
 }
 
 func newTransports(fleet Fleet) *transports {
-	return &transports{fleet: fleet, nodes: map[string]*nodeTransport{}, conns: map[*trackedConn]struct{}{}}
+	return &transports{fleet: fleet, nodes: map[string]*nodeTransport{}, conns: map[*trackedConn]struct{}{},
+		health: map[nodeSession]time.Time{}, now: time.Now}
 }
 
 // get returns node's transport for its tunnel session session, replacing
@@ -63,7 +82,7 @@ func (t *transports) get(node, session string) (*http.Transport, error) {
 		t.mu.Unlock()
 		return old.tr, nil
 	}
-	nt := &nodeTransport{session: session, tr: t.newTransport(node)}
+	nt := &nodeTransport{session: session, tr: t.newTransport(node, session)}
 	t.nodes[node] = nt
 	t.mu.Unlock()
 	if ok {
@@ -82,6 +101,11 @@ func (t *transports) prune(live map[string]string) {
 		if s, ok := live[id]; !ok || s != nt.session {
 			drop = append(drop, nt.tr)
 			delete(t.nodes, id)
+		}
+	}
+	for k := range t.health {
+		if s, ok := live[k.node]; !ok || s != k.session {
+			delete(t.health, k)
 		}
 	}
 	t.mu.Unlock()
@@ -109,10 +133,10 @@ func (t *transports) close() {
 // lifecycle server's WebSocket proxy needs the Upgrade handshake), never
 // compresses or decompresses on its own (bodies pass verbatim), and dials
 // through the tunnel whatever address the request names.
-func (t *transports) newTransport(node string) *http.Transport {
+func (t *transports) newTransport(node, session string) *http.Transport {
 	return &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return t.dial(ctx, node)
+			return t.dial(ctx, node, session)
 		},
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
@@ -121,14 +145,23 @@ func (t *transports) newTransport(node string) *http.Transport {
 	}
 }
 
-// dial opens a tunnel conn to node's lifecycle server and tracks it.
-func (t *transports) dial(ctx context.Context, node string) (net.Conn, error) {
+// dial opens a tunnel conn to node's lifecycle server and tracks it. It
+// records the outcome for failing: a dial ended by its context (the
+// caller left, or its deadline passed) says nothing about the node.
+func (t *transports) dial(ctx context.Context, node, session string) (net.Conn, error) {
 	c, err := t.fleet.DialTarget(ctx, node, Target)
+	key := nodeSession{node, session}
 	if err != nil {
+		if ctx.Err() == nil {
+			t.mu.Lock()
+			t.health[key] = t.now()
+			t.mu.Unlock()
+		}
 		return nil, &dialError{Node: node, Err: err}
 	}
 	tc := &trackedConn{Conn: c, t: t}
 	t.mu.Lock()
+	delete(t.health, key)
 	if t.closed {
 		t.mu.Unlock()
 		c.Close()
@@ -137,6 +170,15 @@ func (t *transports) dial(ctx context.Context, node string) (net.Conn, error) {
 	t.conns[tc] = struct{}{}
 	t.mu.Unlock()
 	return tc, nil
+}
+
+// failing reports whether the last dial to n's lifecycle server in n's
+// tunnel session failed less than failingFor ago.
+func (t *transports) failing(n protocol.NodeInfo) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.health[nodeSession{n.ID, n.SessionID}]
+	return ok && t.now().Sub(at) < failingFor
 }
 
 // trackedConn is a tunnel conn that leaves the registry when closed.

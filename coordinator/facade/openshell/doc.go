@@ -42,15 +42,27 @@
 //     tether-node, else the least loaded node (ledger live count plus
 //     creates in flight; ties: fewer running execs, then id) among those
 //     matching metadata tether-node-selector, or all nodes with a gateway.
+//     A selector together with tether-node (or label tether.node) is
+//     INVALID_ARGUMENT. Placement by load passes over nodes whose gateway
+//     could not be dialed in the last 30 s (per node and tunnel session; a
+//     successful dial clears it), unless every candidate is failing; and
+//     when the chosen node's conn fails to connect (so nothing was sent),
+//     the create moves to the next least loaded candidate, at most 3 nodes
+//     in all. A create placed on a named node is never moved.
 //     A successful create is recorded in the ledger (managed, owner from
-//     metadata tether-run, TTL from tether-ttl or Config.DefaultTTL); a
-//     ledger failure is logged and counted, never returned.
+//     metadata tether-run, which must be a valid run id
+//     (protocol.ValidRunID) or the create is INVALID_ARGUMENT; TTL from
+//     tether-ttl, a non-negative Go duration or whole seconds with 0 for
+//     none, else Config.DefaultTTL); a ledger failure is logged and
+//     counted, never returned.
 //   - GetSandbox, DeleteSandbox, StopSandbox and StartSandbox address a
 //     sandbox by (workspace, name): they go to the node the ledger or the
 //     index names; a name nobody knows, or a NOT_FOUND where a hint
 //     pointed, is looked up with GetSandbox on every (other) node in
-//     parallel. Found nowhere: the gateway's own NOT_FOUND, or UNAVAILABLE
-//     naming the nodes that could not be asked (the sandbox may be there).
+//     parallel. Found on several nodes (names are unique per gateway
+//     only): FAILED_PRECONDITION asking for tether-node. Found nowhere:
+//     the gateway's own NOT_FOUND, or UNAVAILABLE naming the nodes that
+//     could not be asked (the sandbox may be there).
 //     A delete answered deleted=true marks the record deleting (the
 //     inventory confirms it gone); deleted=false or NOT_FOUND marks it
 //     deleted.
@@ -61,6 +73,12 @@
 //     (created_at_ms, name, workspace, id) and pages the merged list with
 //     the caller's limit and offset; any node failing makes it UNAVAILABLE
 //     naming the node (never a silently partial list).
+//
+// A fan-out (list, lookup by name or id) leaves out a node whose gateway
+// cannot be dialed (UNAVAILABLE after a failed dial) while the ledger
+// holds no live OpenShell sandbox on it: it has nothing to contribute, and
+// one node's dead gateway must not fail every list. With live sandboxes
+// on it, or without a ledger, it fails the call as above.
 //   - Health is answered by the first node whose gateway answers it.
 //   - Any other method goes to the node metadata tether-node names, or to
 //     the only node with a gateway; with several, FAILED_PRECONDITION asks

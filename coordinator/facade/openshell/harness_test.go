@@ -60,6 +60,26 @@ func (f *fleet) add(id, addr string, labels map[string]string) {
 	f.addrs[id] = addr
 }
 
+// setAddr points node id's "openshell" target at addr, in the same session
+// (the agent's gateway came back).
+func (f *fleet) setAddr(id, addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.addrs[id] = addr
+}
+
+// deadAddr returns a loopback address nothing listens on.
+func deadAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
 // remove disconnects node id.
 func (f *fleet) remove(id string) {
 	f.mu.Lock()

@@ -168,7 +168,9 @@ func (c *call) listEach(nodes []protocol.NodeInfo, base *openshell.ListSandboxes
 //
 // The answer is complete or an error, never a silently partial list: a
 // node that fails makes the call UNAVAILABLE naming it, and so does a node
-// that holds live sandboxes in the ledger but is not connected. A caller
+// that holds live sandboxes in the ledger but is not connected. The one
+// node left out is one whose gateway cannot be dialed while the ledger
+// holds no live OpenShell sandbox on it (Server.skippable). A caller
 // error (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED) passes
 // through verbatim. NOT_FOUND from a node means the workspace is not on
 // that gateway: it contributes no rows, unless no node has the workspace,
@@ -191,6 +193,7 @@ func (c *call) list() error {
 	var failed []string
 	notFound := 0
 	var firstNotFound error
+	counted := 0 // nodes whose answer counts
 	for i, err := range errs {
 		switch code := status.Code(err); {
 		case err == nil:
@@ -201,14 +204,19 @@ func (c *call) list() error {
 			if firstNotFound == nil {
 				firstNotFound = err
 			}
+		case c.s.skippable(nodes[i], err):
+			// Its gateway cannot be dialed and it holds nothing.
+			c.s.log.Debug("list: leaving out a node whose gateway cannot be reached and that holds no live sandboxes", "node", nodes[i].ID, "err", err)
+			continue
 		default:
 			failed = append(failed, fmt.Sprintf("node %s: %v", nodes[i].ID, err))
 		}
+		counted++
 	}
 	if len(failed) > 0 {
 		return status.Errorf(codes.Unavailable, "tether: list sandboxes: %s", strings.Join(failed, "; "))
 	}
-	if notFound > 0 && notFound == len(nodes) {
+	if notFound > 0 && notFound == counted {
 		return firstNotFound
 	}
 	var all []listed
@@ -255,7 +263,7 @@ func (s *Server) missingHolders(nodes []protocol.NodeInfo) error {
 		return nil
 	}
 	slices.Sort(missing)
-	return status.Errorf(codes.Unavailable, "tether: list sandboxes: node(s) %s hold live sandboxes but are not connected", strings.Join(missing, ", "))
+	return status.Errorf(codes.Unavailable, "tether: list sandboxes: node(s) %s hold live sandboxes but are not connected; the list would be incomplete", strings.Join(missing, ", "))
 }
 
 // scan looks for sandbox id on every node by listing each gateway's
@@ -274,7 +282,9 @@ func (c *call) scan(nodes []protocol.NodeInfo, id string) (string, error) {
 			}
 		}
 		if err != nil {
-			failed = append(failed, fmt.Sprintf("node %s: %v", nodes[i].ID, err))
+			if !c.s.skippable(nodes[i], err) {
+				failed = append(failed, fmt.Sprintf("node %s: %v", nodes[i].ID, err))
+			}
 			continue
 		}
 		for _, r := range perNode[i] {

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -24,6 +25,11 @@ const maxGatewayRecv = 64 << 20
 // session are closed.
 const pruneEvery = time.Second
 
+// failingFor is how long a node whose gateway could not be dialed counts as
+// failing (placement passes it over) unless a dial in the same session
+// succeeds first.
+const failingFor = 30 * time.Second
+
 // errPoolClosed is returned for calls that race the facade's shutdown.
 var errPoolClosed = errors.New("openshell facade: shutting down")
 
@@ -35,10 +41,15 @@ type pool struct {
 	fleet Fleet
 
 	mu        sync.Mutex
-	conns     map[string]*nodeConn // by node id
+	conns     map[string]*nodeConn      // by node id
+	health    map[nodeSession]time.Time // when the last dial failed; absent after a success
 	lastPrune time.Time
 	closed    bool
+	now       func() time.Time
 }
+
+// nodeSession is a node id and one of its tunnel sessions.
+type nodeSession struct{ node, session string }
 
 // nodeConn is the conn of one node's session.
 type nodeConn struct {
@@ -46,7 +57,34 @@ type nodeConn struct {
 	cc      *grpc.ClientConn
 }
 
-func newPool(f Fleet) *pool { return &pool{fleet: f, conns: make(map[string]*nodeConn)} }
+func newPool(f Fleet) *pool {
+	return &pool{fleet: f, conns: make(map[string]*nodeConn), health: make(map[nodeSession]time.Time), now: time.Now}
+}
+
+// dialed records the outcome of a dial to node's gateway in session. A
+// dial ended by its own context's cancellation (a conn closing) says
+// nothing about the node.
+func (p *pool) dialed(node, session string, err error) {
+	if err != nil && errors.Is(err, context.Canceled) {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.health[nodeSession{node, session}] = p.now()
+	} else {
+		delete(p.health, nodeSession{node, session})
+	}
+}
+
+// failing reports whether the last dial to n's gateway in n's session
+// failed less than failingFor ago.
+func (p *pool) failing(n protocol.NodeInfo) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.health[nodeSession{n.ID, n.SessionID}]
+	return ok && p.now().Sub(at) < failingFor
+}
 
 // get returns the conn for n's session, building it on first use. n comes
 // from a snapshot of the fleet that may be older than the conn cached for
@@ -81,7 +119,7 @@ func (p *pool) get(n protocol.NodeInfo) (*grpc.ClientConn, error) {
 		c.cc.Close()
 		delete(p.conns, n.ID)
 	}
-	cc, err := p.dial(n.ID)
+	cc, err := p.dial(n.ID, n.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -89,12 +127,44 @@ func (p *pool) get(n protocol.NodeInfo) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-// dial builds the conn of node id (grpc connects on first use).
-func (p *pool) dial(id string) (*grpc.ClientConn, error) {
+// unreachable reports whether n's gateway certainly cannot be reached now:
+// n's conn is connected, or connects (waiting at most as long as ctx),
+// or it fails to (the dial or the HTTP/2 handshake failed). When it
+// reports true, no call on the conn can have reached the gateway: grpc
+// sends calls only over a connected transport. A conn that is still
+// connecting when ctx ends is not reported.
+func (p *pool) unreachable(ctx context.Context, n protocol.NodeInfo) bool {
+	cc, err := p.get(n)
+	if err != nil {
+		return false // the call itself reports it
+	}
+	for {
+		st := cc.GetState()
+		switch st {
+		case connectivity.Ready:
+			return false
+		case connectivity.TransientFailure:
+			return true
+		case connectivity.Shutdown:
+			return false // closed under us (shutdown, reconnect): let the call say so
+		case connectivity.Idle:
+			cc.Connect()
+		}
+		if !cc.WaitForStateChange(ctx, st) {
+			return false
+		}
+	}
+}
+
+// dial builds the conn of node id's session (grpc connects on first use).
+// Every dial's outcome is recorded (dialed).
+func (p *pool) dial(id, session string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("passthrough:///"+id,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is the transport security
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return p.fleet.DialTarget(ctx, id, protocol.TargetOpenShell)
+			c, err := p.fleet.DialTarget(ctx, id, protocol.TargetOpenShell)
+			p.dialed(id, session, err)
+			return c, err
 		}),
 		grpc.WithNoProxy(),
 		grpc.WithDefaultCallOptions(
@@ -119,7 +189,7 @@ func (p *pool) prune(live []protocol.NodeInfo) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || now.Sub(p.lastPrune) < pruneEvery || len(p.conns) == 0 {
+	if p.closed || now.Sub(p.lastPrune) < pruneEvery || len(p.conns) == 0 && len(p.health) == 0 {
 		return
 	}
 	p.lastPrune = now
@@ -131,6 +201,11 @@ func (p *pool) prune(live []protocol.NodeInfo) {
 		if s, ok := sessions[id]; !ok || s != c.session {
 			c.cc.Close()
 			delete(p.conns, id)
+		}
+	}
+	for k := range p.health {
+		if s, ok := sessions[k.node]; !ok || s != k.session {
+			delete(p.health, k)
 		}
 	}
 }

@@ -39,6 +39,10 @@ func decodeErr(msg string, err error) error {
 	return status.Errorf(codes.InvalidArgument, "tether: decode %s: %v", msg, err)
 }
 
+// maxPlaceAttempts bounds the nodes a create placed by load is offered to
+// when the chosen node's gateway cannot be reached.
+const maxPlaceAttempts = 3
+
 // create places a CreateSandbox on a node, forwards it, and records the
 // sandbox the gateway made.
 func (c *call) create() error {
@@ -55,13 +59,36 @@ func (c *call) create() error {
 		return err
 	}
 	owner := mdFirst(c.md, MetaRun)
+	if owner != "" {
+		if err := protocol.ValidRunID(owner); err != nil {
+			return status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaRun, err)
+		}
+	}
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
-	n, release, err := c.place(key, req.GetLabels())
+	n, release, cands, err := c.place(key, req.GetLabels())
 	if err != nil {
 		return err
 	}
 	// Counted in flight until the ledger has it (or the create failed).
-	defer release()
+	defer func() { release() }()
+	// A node placed by load whose gateway cannot be reached is passed
+	// over for the next least loaded one: nothing was sent to it.
+	tried := map[string]bool{}
+	for attempt := 1; len(cands) > 1 && attempt < maxPlaceAttempts && c.s.pool.unreachable(c.ctx, n); attempt++ {
+		tried[n.ID] = true
+		var rest []protocol.NodeInfo
+		for _, m := range cands {
+			if !tried[m.ID] {
+				rest = append(rest, m)
+			}
+		}
+		if len(rest) == 0 {
+			break
+		}
+		release()
+		c.s.log.Warn("create: the chosen node's gateway cannot be reached; placing on the next least loaded node", "node", n.ID)
+		n, release = c.s.leastLoaded(rest)
+	}
 	p := pendingCreate{node: n.ID, owner: owner, ttl: ttl, labels: req.GetLabels()}
 	c.s.idx.addPending(key, p)
 	a := c.invoke(n, c.method, first)
@@ -73,7 +100,7 @@ func (c *call) create() error {
 }
 
 // ttl returns the TTL of a create: metadata tether-ttl, else
-// Config.DefaultTTL.
+// Config.DefaultTTL. "0" means no TTL.
 func (c *call) ttl() (time.Duration, error) {
 	v := mdFirst(c.md, MetaTTL)
 	if v == "" {
@@ -83,30 +110,54 @@ func (c *call) ttl() (time.Duration, error) {
 		return time.Duration(secs) * time.Second, nil
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %q: want a Go duration (90m) or whole seconds", MetaTTL, v)
+	switch {
+	case err == nil && d < 0, err != nil && strings.HasPrefix(v, "-") && isInt(v[1:]):
+		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %q: must not be negative (0 means no TTL)", MetaTTL, protocol.Clip(v))
+	case err != nil:
+		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %q: want a Go duration (90m) or whole seconds (5400); 0 means no TTL", MetaTTL, protocol.Clip(v))
 	}
 	return d, nil
+}
+
+// isInt reports whether s is a non-empty string of decimal digits.
+func isInt(s string) bool {
+	_, err := strconv.ParseUint(s, 10, 64)
+	return err == nil
 }
 
 // place chooses the node of a create of key: the node that already has
 // (workspace, name), so that a retry meets ALREADY_EXISTS where the first
 // attempt landed (wire-facts §1.5, OS-3); else the node of label
 // tether.node; else metadata tether-node; else the least loaded node of
-// metadata tether-node-selector or of all nodes.
+// metadata tether-node-selector or of all nodes. A selector together with
+// a node (label or metadata) is refused.
 //
+// cands are the nodes a placement by load chose among (nil otherwise): a
+// create may move to another of them when n's gateway cannot be reached.
 // release ends the create's count as in flight on the node (placement
 // load); it may be called more than once.
-func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo, release func(), err error) {
+func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo, release func(), cands []protocol.NodeInfo, err error) {
+	selText := mdFirst(c.md, MetaNodeSelector)
+	if selText != "" {
+		for _, set := range []struct{ v, what string }{
+			{mdFirst(c.md, MetaNode), "metadata " + MetaNode},
+			{labels[LabelNode], "label " + LabelNode},
+		} {
+			if set.v != "" {
+				return n, nil, nil, status.Errorf(codes.InvalidArgument,
+					"tether: set at most one of %s and metadata %s (both are set)", set.what, MetaNodeSelector)
+			}
+		}
+	}
 	nodes := c.s.gatewayNodes(protocol.Selector{})
 	if key.name != "" {
 		if node, _, _ := c.s.knownName(key, true); node != "" {
 			n, ok := findNode(nodes, node)
 			if !ok {
-				return n, nil, errNotConnected(fmt.Sprintf("sandbox %s/%s", key.ws, key.name), node)
+				return n, nil, nil, errNotConnected(fmt.Sprintf("sandbox %s/%s", key.ws, key.name), node)
 			}
 			c.s.m.placements.WithLabelValues(placeExisting).Inc()
-			return n, c.s.startCreate(n.ID), nil
+			return n, c.s.startCreate(n.ID), nil, nil
 		}
 	}
 	for _, pick := range []struct{ id, by, from string }{
@@ -118,28 +169,28 @@ func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo,
 		}
 		n, ok := findNode(nodes, pick.id)
 		if !ok {
-			return n, nil, status.Errorf(codes.FailedPrecondition, "tether: %s=%s names no connected node with an openshell gateway", pick.from, pick.id)
+			return n, nil, nil, status.Errorf(codes.FailedPrecondition, "tether: %s=%s names no connected node with an openshell gateway", pick.from, pick.id)
 		}
 		c.s.m.placements.WithLabelValues(pick.by).Inc()
-		return n, c.s.startCreate(n.ID), nil
+		return n, c.s.startCreate(n.ID), nil, nil
 	}
 	by := placeLeastLoaded
-	if text := mdFirst(c.md, MetaNodeSelector); text != "" {
-		sel, err := protocol.ParseSelector(text)
+	if selText != "" {
+		sel, err := protocol.ParseSelector(selText)
 		if err != nil {
-			return n, nil, status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaNodeSelector, err)
+			return n, nil, nil, status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaNodeSelector, err)
 		}
 		nodes, by = c.s.gatewayNodes(sel), placeSelector
 		if len(nodes) == 0 {
-			return n, nil, status.Errorf(codes.FailedPrecondition, "tether: no connected node matching %s %q has an openshell gateway", MetaNodeSelector, text)
+			return n, nil, nil, status.Errorf(codes.FailedPrecondition, "tether: no connected node matching %s %q has an openshell gateway", MetaNodeSelector, selText)
 		}
 	}
 	if len(nodes) == 0 {
-		return n, nil, errNoGateway()
+		return n, nil, nil, errNoGateway()
 	}
 	c.s.m.placements.WithLabelValues(by).Inc()
 	n, release = c.s.leastLoaded(nodes)
-	return n, release, nil
+	return n, release, nodes, nil
 }
 
 // knownName returns the node (and id, if known) that holds (workspace,
@@ -261,11 +312,21 @@ func (c *call) byName() error {
 		}
 		probe = &frame{b: b}
 	}
-	answers := c.invokeAll(rest, openshell.MethodGetSandbox, probe)
-	for _, a := range answers {
-		if a.err != nil {
-			continue
+	var answers, found []answer
+	for _, a := range c.invokeAll(rest, openshell.MethodGetSandbox, probe) {
+		switch {
+		case a.err == nil:
+			found = append(found, a)
+		case c.s.skippable(a.node, a.err):
+			// Its gateway cannot be dialed and it holds nothing.
+		default:
+			answers = append(answers, a)
 		}
+	}
+	switch len(found) {
+	case 0:
+	case 1:
+		a := found[0]
 		c.s.m.lookups.WithLabelValues(viaProbe).Inc()
 		id := c.learnSandbox(a.node.ID, key, a.resp)
 		if c.method == openshell.MethodGetSandbox {
@@ -274,6 +335,15 @@ func (c *call) byName() error {
 		b := c.invoke(a.node, c.method, first)
 		c.accountName(key, id, b)
 		return c.reply(b)
+	default:
+		// Names are unique per gateway only: made on two gateways
+		// directly, the name does not say which sandbox is meant.
+		var on []string
+		for _, a := range found {
+			on = append(on, a.node.ID)
+		}
+		return status.Errorf(codes.FailedPrecondition, "tether: sandbox name %s/%s exists on nodes %s; set %s to choose",
+			key.ws, key.name, andList(on), MetaNode)
 	}
 	c.s.m.lookups.WithLabelValues(viaNone).Inc()
 	if err := fanoutFailure(what, answers); err != nil {
@@ -310,6 +380,14 @@ func fanoutFailure(what string, answers []answer) error {
 		return nil
 	}
 	return status.Errorf(codes.Unavailable, "tether: %s: not found on the nodes that answered; %s", what, strings.Join(failed, "; "))
+}
+
+// andList joins ids as "a", "a and b", "a, b and c".
+func andList(ids []string) string {
+	if len(ids) < 2 {
+		return strings.Join(ids, "")
+	}
+	return strings.Join(ids[:len(ids)-1], ", ") + " and " + ids[len(ids)-1]
 }
 
 // without returns nodes without the node with id.

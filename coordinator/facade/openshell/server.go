@@ -40,14 +40,16 @@ const (
 	// node has an OpenShell gateway).
 	MetaNode = "tether-node"
 	// MetaNodeSelector is a node label selector (protocol.ParseSelector)
-	// restricting where CreateSandbox places the sandbox.
+	// restricting where CreateSandbox places the sandbox. It cannot be
+	// combined with MetaNode or LabelNode.
 	MetaNodeSelector = "tether-node-selector"
 	// MetaRun is the run id (lease id) that owns a sandbox CreateSandbox
-	// makes; the reaper deletes it when that lease expires.
+	// makes; the reaper deletes it when that lease expires. It must be a
+	// valid run id (protocol.ValidRunID).
 	MetaRun = "tether-run"
 	// MetaTTL is the Tether-enforced time to live of a sandbox CreateSandbox
-	// makes, as a Go duration ("90m") or whole seconds ("5400"); "0" means
-	// none. Default: Config.DefaultTTL. OpenShell itself never expires a
+	// makes, as a non-negative Go duration ("90m") or whole seconds
+	// ("5400"); "0" means no TTL. Default: Config.DefaultTTL. OpenShell itself never expires a
 	// sandbox (wire-facts §6.12).
 	MetaTTL = "tether-ttl"
 	// LabelNode, as a CreateSandbox label, names the node to place the
@@ -343,9 +345,20 @@ func findNode(nodes []protocol.NodeInfo, id string) (protocol.NodeInfo, bool) {
 // leastLoaded picks the node of nodes (non-empty) with the fewest live
 // sandboxes (ledger, plus creates in flight through this facade), ties
 // broken by fewer running execs, then by id, and counts a create in flight
-// on it until release is called. Choosing and counting happen under one
-// lock, so concurrent creates see each other and spread out.
+// on it until release is called. Nodes whose gateway could not be dialed
+// lately (pool.failing) are passed over unless every node is failing.
+// Choosing and counting happen under one lock, so concurrent creates see
+// each other and spread out.
 func (s *Server) leastLoaded(nodes []protocol.NodeInfo) (best protocol.NodeInfo, release func()) {
+	healthy := make([]protocol.NodeInfo, 0, len(nodes))
+	for _, n := range nodes {
+		if !s.pool.failing(n) {
+			healthy = append(healthy, n)
+		}
+	}
+	if len(healthy) > 0 {
+		nodes = healthy
+	}
 	live := make([]int, len(nodes))
 	if s.cfg.Ledger != nil {
 		for i, n := range nodes {
@@ -365,6 +378,17 @@ func (s *Server) leastLoaded(nodes []protocol.NodeInfo) (best protocol.NodeInfo,
 		}
 	}
 	return best, s.startCreateLocked(best.ID)
+}
+
+// skippable reports whether a fan-out may leave out node n, which failed
+// with err: its gateway cannot be dialed (a recent dial failed and err is
+// UNAVAILABLE) and the ledger holds no live OpenShell sandbox on it, so it
+// has nothing to contribute. Without a ledger nothing is skippable.
+func (s *Server) skippable(n protocol.NodeInfo, err error) bool {
+	if s.cfg.Ledger == nil || status.Code(err) != codes.Unavailable || !s.pool.failing(n) {
+		return false
+	}
+	return len(s.cfg.Ledger.List(ledger.Filter{Provider: protocol.ProviderOpenShell, Node: n.ID, State: string(ledger.StateLive)})) == 0
 }
 
 // startCreate counts a create in flight on node until release is called.
