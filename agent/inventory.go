@@ -246,10 +246,23 @@ func (a *Agent) serveInventory(ctx context.Context, st *yamux.Stream, h protocol
 	log.Debug("inventory sent", "gateways", len(end.Gateways), "duration", time.Since(start))
 }
 
+// keepLabels are the label keys a sandbox too large for a frame keeps
+// first when its labels are cut (protocol.BoundLabels): NeMo Gym's marker
+// and its attribution keys, prefixed and bare, which the ledger reads.
+var keepLabels = func() []string {
+	keys := []string{"nemo-gym.sandbox"}
+	for _, n := range []string{"run", "run-id", "team", "user", "workload"} {
+		keys = append(keys, "nemo-gym.nvidia.com/"+n, n)
+	}
+	return keys
+}()
+
 // sendInventoryPages writes sbs as FrameInventory pages of target, each at
 // most inventoryPageMax sandboxes and inventoryPageBytes of encoded
-// sandboxes. It returns how many were sent and the ids of those skipped for
-// being larger than a page by themselves; an error is a failed write.
+// sandboxes. A sandbox larger than a page by itself is sent with its labels
+// cut (protocol.BoundLabels keeping keepLabels first) and LabelsTruncated
+// set. It returns how many were sent and the ids of those skipped for being
+// larger than a page even so; an error is a failed write.
 func (a *Agent) sendInventoryPages(st *yamux.Stream, target string, sbs []protocol.Sandbox) (sent int, skipped []string, err error) {
 	flush := func(page []protocol.Sandbox) error {
 		if len(page) == 0 {
@@ -267,6 +280,11 @@ func (a *Agent) sendInventoryPages(st *yamux.Stream, target string, sbs []protoc
 	size := 0
 	for _, sb := range sbs {
 		b, err := protocol.MarshalJSON(&sb)
+		if err == nil && len(b)+1 > budget {
+			sb.Labels, _ = protocol.BoundLabels(sb.Labels, keepLabels)
+			sb.LabelsTruncated = true
+			b, err = protocol.MarshalJSON(&sb)
+		}
 		if err != nil || len(b)+1 > budget {
 			skipped = append(skipped, sb.ID)
 			continue

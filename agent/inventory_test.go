@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -305,8 +306,9 @@ func TestInventoryCancel(t *testing.T) {
 }
 
 // Pages stay under the frame limit: at most 500 sandboxes and under
-// MaxFrameSize each; a sandbox too large for any frame is left out and
-// named.
+// MaxFrameSize each; a sandbox too large for any frame is sent with its
+// labels cut (attribution and marker kept) and marked, unless it is too
+// large even so: then it is left out and named.
 func TestInventoryPages(t *testing.T) {
 	t.Parallel()
 	a, err := New(testConfig(t))
@@ -323,6 +325,14 @@ func TestInventoryPages(t *testing.T) {
 		sbs = append(sbs, protocol.Sandbox{Provider: "openshell", ID: fmt.Sprintf("big-%d", i), Labels: map[string]string{"k": big}})
 	}
 	sbs = append(sbs, protocol.Sandbox{Provider: "openshell", ID: "huge", Labels: map[string]string{"k": strings.Repeat("y", protocol.MaxFrameSize)}})
+	// 200k metadata entries (a 12.9 MB OpenSandbox create), attribution
+	// among them.
+	many := map[string]string{"nemo-gym.sandbox": "1", "nemo-gym.nvidia.com/run": "run-9", "team": "t", "zz-user": "u"}
+	for i := range 200_000 {
+		many[fmt.Sprintf("k%06d", i)] = strings.Repeat("v", 40)
+	}
+	sbs = append(sbs, protocol.Sandbox{Provider: "opensandbox", ID: "many", Labels: many})
+	sbs = append(sbs, protocol.Sandbox{Provider: "openshell", ID: "hugename", Name: strings.Repeat("n", protocol.MaxFrameSize)})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -349,22 +359,33 @@ func TestInventoryPages(t *testing.T) {
 	defer st.Close()
 	r := readInventory(t, &execStream{st: st, fr: protocol.NewFrameReader(st)})
 	res := recv(t, done, "the pages to be sent")
-	if res.err != nil || res.sent != 1208 || !slices.Equal(res.skipped, []string{"huge"}) {
-		t.Errorf("sent %d, skipped %v, err %v; want 1208 sent, huge skipped", res.sent, res.skipped, res.err)
+	if res.err != nil || res.sent != 1210 || !slices.Equal(res.skipped, []string{"hugename"}) {
+		t.Errorf("sent %d, skipped %v, err %v; want 1210 sent, hugename skipped", res.sent, res.skipped, res.err)
 	}
 	var sizes []int
 	var ids []string
+	cut := map[string]protocol.Sandbox{}
 	for _, p := range r.pages {
 		sizes = append(sizes, len(p.Sandboxes))
 		for _, sb := range p.Sandboxes {
 			ids = append(ids, sb.ID)
+			if sb.LabelsTruncated {
+				cut[sb.ID] = sb
+			}
 		}
 	}
-	if diff := cmp.Diff([]int{500, 500, 204, 3, 1}, sizes); diff != "" {
+	if diff := cmp.Diff([]int{500, 500, 204, 3, 3}, sizes); diff != "" {
 		t.Errorf("page sizes (-want +got):\n%s", diff)
 	}
-	if len(ids) != 1208 || ids[0] != "id-0" || ids[1207] != "big-6" {
+	if len(ids) != 1210 || ids[0] != "id-0" || ids[1209] != "many" {
 		t.Errorf("sent %d sandboxes, first %q, last %q", len(ids), ids[0], ids[len(ids)-1])
+	}
+	if len(cut) != 2 || len(cut["huge"].Labels["k"]) != protocol.MaxLabelValueLen {
+		t.Errorf("sandboxes sent with labels cut: %v; want huge (value clipped) and many", slices.Sorted(maps.Keys(cut)))
+	}
+	m := cut["many"].Labels
+	if len(m) != protocol.MaxRecordLabels || m["nemo-gym.sandbox"] != "1" || m["nemo-gym.nvidia.com/run"] != "run-9" || m["team"] != "t" || m["k000000"] == "" || m["zz-user"] != "" {
+		t.Errorf("labels of many: %d, want %d with the marker, run, team and the first others in key order", len(m), protocol.MaxRecordLabels)
 	}
 	if r.frameMax > protocol.MaxFrameSize {
 		t.Errorf("largest frame %d bytes, over MaxFrameSize", r.frameMax)

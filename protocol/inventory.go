@@ -41,6 +41,9 @@ type Sandbox struct {
 	Workspace string `json:"workspace,omitempty"`
 	// Labels are OpenShell's ObjectMeta.labels or OpenSandbox's metadata.
 	Labels map[string]string `json:"labels,omitempty"`
+	// LabelsTruncated says the agent sent a bounded copy of Labels
+	// (BoundLabels) because the sandbox did not fit a frame otherwise.
+	LabelsTruncated bool `json:"labels_truncated,omitempty"`
 	// State is the gateway's phase or state verbatim, e.g.
 	// "SANDBOX_PHASE_READY" (OpenShell) or "Running" (OpenSandbox).
 	State string `json:"state,omitempty"`

@@ -2,7 +2,9 @@ package protocol
 
 import (
 	"fmt"
+	"slices"
 	"time"
+	"unicode/utf8"
 )
 
 // Subjects of the sandbox ledger's NATS API (served by the micro service
@@ -28,13 +30,17 @@ const (
 	SubjectSandboxesList = "tether.v1.sandboxes.list"
 	// SubjectSandboxesRegister takes a SandboxRegisterRequest, records the
 	// sandbox in the ledger as managed (Source "register") and replies with
-	// its SandboxInfo.
+	// its SandboxInfo. A node the coordinators have never seen connected is
+	// 404 ErrCodeUnknownNode.
 	SubjectSandboxesRegister = "tether.v1.sandboxes.register"
 	// SubjectSandboxesReap takes a ReapRequest and replies with a
 	// ReapResponse. With dry_run it only lists what the reaper would delete
-	// (and why, or why not yet); without it, it closes the run's lease
-	// (SubjectLeaseClose) so the active reaper deletes the run's sandboxes
-	// now, and lists them.
+	// (and why, or why not yet); with a run too, it lists what reaping the
+	// run would delete, as if its lease were closed. Without dry_run, it
+	// closes the run's lease (SubjectLeaseClose) so the active reaper
+	// deletes the run's sandboxes now, and lists them. A run with no lease
+	// and no sandboxes is 404 ErrCodeNotFound, and nothing is created (a
+	// mistyped run id is not burnt).
 	SubjectSandboxesReap = "tether.v1.sandboxes.reap"
 	// SubjectSandboxesSync takes an empty body, takes an inventory of every
 	// connected node's gateways now, and replies with a SandboxesSyncResponse
@@ -114,6 +120,15 @@ const (
 	MaxHolderLen = 256
 	// MaxSandboxLabels bounds the labels of a registered sandbox.
 	MaxSandboxLabels = 256
+	// MaxRecordLabels, MaxRecordLabelBytes (keys plus values) and
+	// MaxLabelValueLen bound the labels the ledger stores of a sandbox,
+	// and those an agent sends of a sandbox too large for a frame
+	// (BoundLabels). A label whose key is longer than MaxLabelKeyLen is
+	// left out.
+	MaxRecordLabels     = 64
+	MaxRecordLabelBytes = 8 << 10
+	MaxLabelValueLen    = 256
+	MaxLabelKeyLen      = 256
 	// DefaultLeaseTTL is a lease's TTL when the open request has none.
 	DefaultLeaseTTL = time.Minute
 	// MinLeaseTTL and MaxLeaseTTL bound a lease's TTL.
@@ -143,6 +158,79 @@ func ValidRunID(run string) error {
 	return nil
 }
 
+// BoundLabels returns labels within the record bounds: the keys of keep
+// that labels has, in keep's order, then the other keys in sorted order,
+// each added while the labels stay within MaxRecordLabels labels and
+// MaxRecordLabelBytes (a label that would pass the byte bound is left
+// out), values clipped to MaxLabelValueLen bytes at a UTF-8 boundary and
+// keys longer than MaxLabelKeyLen left out. It returns labels itself when
+// they are within the bounds already, else a new map and true.
+func BoundLabels(labels map[string]string, keep []string) (map[string]string, bool) {
+	if within(labels) {
+		return labels, false
+	}
+	out := make(map[string]string, MaxRecordLabels)
+	size := 0
+	add := func(k, v string) {
+		if _, dup := out[k]; dup || len(out) == MaxRecordLabels || len(k) > MaxLabelKeyLen {
+			return
+		}
+		v = clipValue(v)
+		if size+len(k)+len(v) > MaxRecordLabelBytes {
+			return
+		}
+		out[k] = v
+		size += len(k) + len(v)
+	}
+	for _, k := range keep {
+		if v, ok := labels[k]; ok {
+			add(k, v)
+		}
+	}
+	rest := make([]string, 0, len(labels))
+	for k := range labels {
+		if _, done := out[k]; !done {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		if len(out) == MaxRecordLabels {
+			break
+		}
+		add(k, labels[k])
+	}
+	return out, true
+}
+
+// within reports whether labels are within BoundLabels' bounds.
+func within(labels map[string]string) bool {
+	if len(labels) > MaxRecordLabels {
+		return false
+	}
+	size := 0
+	for k, v := range labels {
+		if len(k) > MaxLabelKeyLen || len(v) > MaxLabelValueLen {
+			return false
+		}
+		size += len(k) + len(v)
+	}
+	return size <= MaxRecordLabelBytes
+}
+
+// clipValue cuts v to at most MaxLabelValueLen bytes, at a UTF-8
+// boundary.
+func clipValue(v string) string {
+	if len(v) <= MaxLabelValueLen {
+		return v
+	}
+	i := MaxLabelValueLen
+	for i > 0 && !utf8.RuneStart(v[i]) {
+		i--
+	}
+	return v[:i]
+}
+
 // SandboxInfo is one sandbox record of the ledger, as the NATS API returns
 // it and as the ledger stores it (the value of its key in the KV bucket
 // tether_sandboxes, with Revision 0). Times are UTC.
@@ -159,10 +247,17 @@ type SandboxInfo struct {
 	Workload string `json:"workload,omitempty"`
 	Run      string `json:"run,omitempty"`
 	// Labels are the gateway's labels (OpenShell) or metadata
-	// (OpenSandbox), verbatim.
+	// (OpenSandbox), verbatim unless LabelsTruncated.
 	Labels map[string]string `json:"labels,omitempty"`
-	// Managed: it carries NeMo Gym's marker label, or came through a
-	// facade or a registration.
+	// LabelsTruncated says Labels is a bounded copy of the gateway's
+	// labels (BoundLabels): the attribution keys and NeMo Gym's marker
+	// first, then others in key order, up to MaxRecordLabels labels and
+	// MaxRecordLabelBytes, values clipped to MaxLabelValueLen bytes.
+	LabelsTruncated bool `json:"labels_truncated,omitempty"`
+	// Managed: it carries NeMo Gym's marker label, or has an owning run
+	// (given at a facade create or registration, or a run attribution
+	// label), or was registered. Only managed sandboxes are reaped as
+	// unowned.
 	Managed bool `json:"managed,omitempty"`
 	// Owner is the lease (run id) that owns it when set explicitly; when
 	// empty, Run's lease owns it.
@@ -380,6 +475,10 @@ type ReapResponse struct {
 	// Queued is set when the run's lease was closed and the active reaper
 	// deletes the candidates now; follow them with SubjectSandboxesList.
 	Queued bool `json:"queued,omitempty"`
+	// Omitted counts the candidates left out (the last ones by key) so
+	// that the reply fits the server's max payload; list the run's
+	// sandboxes (SubjectSandboxesList) for all of them.
+	Omitted int `json:"omitted,omitempty"`
 }
 
 // SandboxesSyncResponse is the reply to SubjectSandboxesSync.

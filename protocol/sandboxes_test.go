@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +111,33 @@ func TestSandboxInfoJSON(t *testing.T) {
 	}
 	if protocol.ValidSandboxState("") {
 		t.Error(`ValidSandboxState("") = true`)
+	}
+}
+
+func TestBoundLabels(t *testing.T) {
+	small := map[string]string{"a": "b"}
+	if got, cut := protocol.BoundLabels(small, nil); cut || len(got) != 1 {
+		t.Errorf("labels within bounds: %v, cut %v", got, cut)
+	}
+	in := map[string]string{"z-keep": "1", "long-key-" + strings.Repeat("k", protocol.MaxLabelKeyLen): "x", "clip": strings.Repeat("ü", 200)}
+	for i := range 100 {
+		in[fmt.Sprintf("k%03d", i)] = strings.Repeat("v", 100)
+	}
+	got, cut := protocol.BoundLabels(in, []string{"missing", "z-keep"})
+	size := 0
+	for k, v := range got {
+		size += len(k) + len(v)
+		if len(k) > protocol.MaxLabelKeyLen || len(v) > protocol.MaxLabelValueLen {
+			t.Errorf("label %.20s… = %.20s… over the bounds", k, v)
+		}
+	}
+	if !cut || got["z-keep"] != "1" || got["k000"] == "" || len(got) > protocol.MaxRecordLabels || size > protocol.MaxRecordLabelBytes {
+		t.Errorf("bounded: cut %v, %d labels, %d bytes, z-keep %q", cut, len(got), size, got["z-keep"])
+	}
+	if v := got["clip"]; len(v) != 256 || v != strings.Repeat("ü", 128) {
+		t.Errorf("clipped value is %d bytes, not at a rune boundary or not a prefix", len(v))
+	}
+	if len(in) != 103 {
+		t.Error("BoundLabels changed its argument")
 	}
 }

@@ -25,12 +25,35 @@ const apiTimeout = 10 * time.Second
 // replyRoom is what a reply's headers may take beyond its body.
 const replyRoom = 1024
 
+// EndpointOption adjusts AddEndpoints.
+type EndpointOption func(*endpointOptions)
+
+type endpointOptions struct {
+	knownNode func(node string) bool
+}
+
+// WithKnownNode makes the register endpoint refuse, with 404
+// protocol.ErrCodeUnknownNode, a node that is not connected now
+// (connected(node) false) and that no coordinator ever took an inventory
+// of (no inventory status in BucketInventory): a registration for a node
+// that never existed would otherwise leave a live record that fleet-wide
+// listings wait for. Without it, any valid node id is accepted. The
+// coordinator passes e.g. its Reachable or ConnectedSince; connected must
+// be safe for concurrent use and must not block.
+func WithKnownNode(connected func(node string) bool) EndpointOption {
+	return func(o *endpointOptions) { o.knownNode = connected }
+}
+
 // AddEndpoints registers the lease and sandbox endpoints of the NATS API
 // (protocol.SubjectLease*, protocol.SubjectSandboxes*) on svc. r serves
-// dry runs of the reap endpoint; with r nil, reap requests get 503
-// unavailable. Handlers run on micro's goroutine per endpoint, one request
-// at a time; each does at most a few KV round trips.
-func (l *Ledger) AddEndpoints(svc EndpointAdder, r *Reaper) error {
+// the reap endpoint; with r nil, reap requests get 503 unavailable.
+// Handlers run on micro's goroutine per endpoint, one request at a time;
+// each does at most a few KV round trips.
+func (l *Ledger) AddEndpoints(svc EndpointAdder, r *Reaper, opts ...EndpointOption) error {
+	var o endpointOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	endpoints := []struct {
 		name, subject string
 		h             micro.HandlerFunc
@@ -39,7 +62,7 @@ func (l *Ledger) AddEndpoints(svc EndpointAdder, r *Reaper) error {
 		{"lease-renew", protocol.SubjectLeaseRenew, l.handleLeaseRenew},
 		{"lease-close", protocol.SubjectLeaseClose, l.handleLeaseClose},
 		{"sandboxes-list", protocol.SubjectSandboxesList, l.handleList},
-		{"sandboxes-register", protocol.SubjectSandboxesRegister, l.handleRegister},
+		{"sandboxes-register", protocol.SubjectSandboxesRegister, func(req micro.Request) { l.handleRegister(req, o.knownNode) }},
 		{"sandboxes-reap", protocol.SubjectSandboxesReap, func(req micro.Request) { l.handleReap(req, r) }},
 	}
 	for _, e := range endpoints {
@@ -162,12 +185,33 @@ func (l *Ledger) handleList(req micro.Request) {
 	for i, rec := range recs {
 		resp.Sandboxes[i] = rec.Info()
 	}
+	// A page ends early, with its own cursor, where the next record would
+	// take the reply over the server's max payload.
+	if mp := int(l.cfg.NATS.MaxPayload()); mp > 0 {
+		size := replyRoom + 64
+		for i := range resp.Sandboxes {
+			b, err := json.Marshal(&resp.Sandboxes[i])
+			if err != nil {
+				break // replyJSON reports it
+			}
+			key := recs[i].Key().kvKey()
+			if size += len(b) + 1; i > 0 && size+2*len(key) > mp {
+				resp.Sandboxes, resp.Next = resp.Sandboxes[:i], recs[i-1].Key().kvKey()
+				break
+			}
+		}
+	}
 	l.replyJSON(req, resp)
 }
 
-func (l *Ledger) handleRegister(req micro.Request) {
+func (l *Ledger) handleRegister(req micro.Request, knownNode func(string) bool) {
 	var r protocol.SandboxRegisterRequest
 	if !l.decode(req, &r) {
+		return
+	}
+	if knownNode != nil && !knownNode(r.Node) && !l.knownNode(r.Node) {
+		l.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode,
+			"node %s is not connected and no coordinator has ever seen it; register a sandbox on the node whose gateway holds it", r.Node))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
@@ -183,9 +227,11 @@ func (l *Ledger) handleRegister(req micro.Request) {
 	l.replyJSON(req, rec.Info())
 }
 
-// handleReap lists a run's candidates (or every candidate) for a dry run;
-// otherwise it closes the run's lease, which the active reaper (wherever
-// it runs) acts on at once, and lists what goes.
+// handleReap lists every candidate for a dry run without a run, and what
+// closing the run's lease would reap for a dry run with one; otherwise it
+// closes the run's lease, which the active reaper (wherever it runs) acts
+// on at once, and lists what goes. A run with no lease of its own and no
+// records is 404, so a mistyped run id is not closed (and burnt).
 func (l *Ledger) handleReap(req micro.Request, r *Reaper) {
 	var rq protocol.ReapRequest
 	if !l.decode(req, &rq) {
@@ -199,8 +245,15 @@ func (l *Ledger) handleReap(req micro.Request, r *Reaper) {
 		l.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "the sandbox ledger on coordinator %s is still loading", l.cfg.ID))
 		return
 	}
+	if rq.Run != "" && !l.hasLease(rq.Run) && len(l.runRecords(rq.Run)) == 0 {
+		l.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "run %s has no lease and no sandboxes", rq.Run))
+		return
+	}
 	resp := protocol.ReapResponse{DryRun: rq.DryRun, Candidates: []protocol.ReapCandidate{}}
-	if !rq.DryRun {
+	plan := r.PlanRun
+	if rq.DryRun {
+		plan = r.PlanReap
+	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 		defer cancel()
 		if _, err := l.CloseLease(ctx, rq.Run); err != nil {
@@ -209,8 +262,19 @@ func (l *Ledger) handleReap(req micro.Request, r *Reaper) {
 		}
 		resp.Queued = true
 	}
-	for _, c := range r.PlanRun(rq.Run) {
-		resp.Candidates = append(resp.Candidates, protocol.ReapCandidate{Sandbox: c.Record.Info(), Reason: c.Reason, Blocked: c.Blocked})
+	mp := int(l.cfg.NATS.MaxPayload())
+	size := replyRoom + 64
+	cands := plan(rq.Run)
+	for i, c := range cands {
+		rc := protocol.ReapCandidate{Sandbox: c.Record.Info(), Reason: c.Reason, Blocked: c.Blocked}
+		if mp > 0 {
+			b, _ := json.Marshal(&rc)
+			if size += len(b) + 1; size > mp {
+				resp.Omitted = len(cands) - i
+				break
+			}
+		}
+		resp.Candidates = append(resp.Candidates, rc)
 	}
 	l.replyJSON(req, resp)
 }

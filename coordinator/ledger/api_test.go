@@ -128,12 +128,13 @@ func TestAPI(t *testing.T) {
 		t.Errorf("listed %v", ids)
 	}
 
-	// Reap: a dry run lists, a real one closes the run and queues.
+	// Reap: a dry run lists what the reap would (as if the run were
+	// closed), a real one closes the run and queues.
 	var rr protocol.ReapResponse
 	if e := c.call(protocol.SubjectSandboxesReap, protocol.ReapRequest{Run: "run-1", DryRun: true}, &rr); e != nil {
 		t.Fatal(e)
 	}
-	if !rr.DryRun || len(rr.Candidates) != 0 {
+	if !rr.DryRun || rr.Queued || len(rr.Candidates) != 5 || rr.Candidates[0].Reason != protocol.ReasonRunClosed {
 		t.Errorf("dry run with a live lease = %+v", rr)
 	}
 	if e := c.call(protocol.SubjectSandboxesReap, protocol.ReapRequest{Run: "run-1"}, &rr); e != nil {

@@ -24,9 +24,15 @@
 // Deleting, Deleted, SetExpiry), agents' inventories (Reconcile) and
 // explicit registration (Register, and the NATS API). Attribution (team,
 // user, workload, run) is read from labels under configurable keys, bare or
-// prefixed (wire-facts §4.2, §8.2); a sandbox is managed when it carries
-// NeMo Gym's marker label nemo-gym.sandbox=1 or came through a facade or a
-// registration. An inventory creates or refreshes what it lists and, for
+// prefixed (wire-facts §4.2, §8.2); a sandbox is managed (reaped as
+// unowned past the grace period when no lease owns it) when it carries NeMo
+// Gym's marker label nemo-gym.sandbox=1, has an owning run (a facade's
+// Tether-Run, a registration's run, or a run attribution label), or was
+// registered; a plain sandbox created through a facade is recorded but not
+// managed. Labels are stored bounded (protocol.BoundLabels: the marker and
+// attribution keys first, then others in key order, up to 64 labels and
+// 8 KiB, values clipped to 256 bytes; LabelsTruncated says so), so no
+// record nears NATS's payload limit. An inventory creates or refreshes what it lists and, for
 // each provider the node listed completely, marks deleted what it lacks,
 // except records seen or changed after the listing started; an incomplete
 // listing changes nothing it lacks. The node's inventory status goes to the
@@ -52,7 +58,18 @@
 // inventory is missing, incomplete or older than its last outage. Deletes
 // go through a Deleter (not found = done), rate-limited, retried with
 // exponential backoff; after MaxAttempts failures a record is leaked.
-// Events go to tether.v1.events.sandbox.<event>.
+// Events go to tether.v1.events.sandbox.<event>. A node with no
+// inventory at all (named only by registrations) is lost once LostAfter
+// passed since its newest record was first seen.
+//
+// # API
+//
+// AddEndpoints serves leases, list (pages end early rather than pass the
+// server's max payload), register and reap. With WithKnownNode, register
+// refuses (404 unknown_node) a node that is not connected and was never
+// inventoried. A reap dry run with a run previews closing it (run_closed
+// for each of its sandboxes, Blocked as the reaper would be); reaping a run
+// with no lease and no records is 404 not_found and closes nothing.
 //
 // Goroutines: the ledger runs one (the watcher loop) until Close; Reaper.Run
 // runs in its caller's goroutine and starts at most Concurrency short-lived

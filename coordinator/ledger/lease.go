@@ -185,6 +185,15 @@ func (l *Ledger) getLease(ctx context.Context, run string) (Lease, bool, error) 
 	return ls, true, nil
 }
 
+// leaseClosedError is ErrLeaseClosed for one run, saying what to do.
+type leaseClosedError struct{ run string }
+
+func (e leaseClosedError) Error() string {
+	return "run " + e.run + " was closed; its sandboxes are reaped — start a new run with a new run id"
+}
+
+func (e leaseClosedError) Unwrap() error { return ErrLeaseClosed }
+
 // OpenLease opens run's lease for ttl (0 means protocol.DefaultLeaseTTL;
 // it must be within protocol.MinLeaseTTL and MaxLeaseTTL), held by holder
 // (free-form, for operators). Opening an open lease renews it with the new
@@ -200,7 +209,7 @@ func (l *Ledger) OpenLease(ctx context.Context, run, holder string, ttl time.Dur
 	now := l.now()
 	return l.mutateLease(ctx, run, func(cur Lease, exists bool) (Lease, bool, error) {
 		if exists && cur.Closed {
-			return cur, false, fmt.Errorf("open lease of run %s: %w", run, ErrLeaseClosed)
+			return cur, false, leaseClosedError{run}
 		}
 		next := cur
 		if !exists {
@@ -221,7 +230,7 @@ func (l *Ledger) RenewLease(ctx context.Context, run string) (Lease, error) {
 		case !exists:
 			return cur, false, fmt.Errorf("renew lease of run %s: %w", run, ErrLeaseNotFound)
 		case cur.Closed:
-			return cur, false, fmt.Errorf("renew lease of run %s: %w", run, ErrLeaseClosed)
+			return cur, false, leaseClosedError{run}
 		}
 		cur.RenewedAt, cur.ExpiresAt = now, now.Add(cur.TTL)
 		return cur, true, nil

@@ -175,6 +175,9 @@ type Ledger struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+	// keep are the label keys a bounded copy of labels keeps first: the
+	// marker, then every attribution key.
+	keep []string
 
 	sandboxes, leases, inventory, locks jetstream.KeyValue
 
@@ -221,6 +224,7 @@ func Open(ctx context.Context, cfg Config) (*Ledger, error) {
 	}
 	l := &Ledger{
 		cfg:      cfg,
+		keep:     append([]string{cfg.MarkerLabel}, cfg.Attribution.keys()...),
 		log:      cfg.Logger.With("component", "ledger"),
 		idx:      newIndex(),
 		leaseIdx: newLeaseIndex(),
@@ -499,6 +503,66 @@ func (l *Ledger) page(f Filter, after string, limit int) ([]Record, string) {
 	return out, next
 }
 
+// runRecords returns, sorted by key, the records of run (Filter{Run: run})
+// and the records the run's lease owns under the label form NeMo Gym's
+// OpenSandbox provider gives a long run id (when no lease has that form as
+// its own id).
+func (l *Ledger) runRecords(run string) []Record {
+	recs := l.List(Filter{Run: run})
+	s := sanitizeValue(run)
+	if s == run {
+		return recs
+	}
+	l.mu.RLock()
+	_, exact := l.leaseIdx.byRun[s]
+	l.mu.RUnlock()
+	if exact {
+		return recs
+	}
+	n := len(recs)
+	for _, r := range l.List(Filter{Run: s}) {
+		if r.OwnerLease() == s && !slices.ContainsFunc(recs[:n], func(o Record) bool { return o.Key() == r.Key() }) {
+			recs = append(recs, r)
+		}
+	}
+	if len(recs) > n {
+		slices.SortFunc(recs, func(a, b Record) int { return strings.Compare(a.Key().kvKey(), b.Key().kvKey()) })
+	}
+	return recs
+}
+
+// ownedBy reports whether a record naming id as its owner lease
+// (Record.OwnerLease) would be owned by run's lease, were it there: id is
+// the run id, or its label form when no lease has that as its own id.
+func (l *Ledger) ownedBy(id, run string) bool {
+	if id == run {
+		return true
+	}
+	if id != sanitizeValue(run) {
+		return false
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	_, exact := l.leaseIdx.byRun[id]
+	return !exact
+}
+
+// hasLease reports whether run has a lease of its own (open, expired or
+// closed).
+func (l *Ledger) hasLease(run string) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	_, ok := l.leaseIdx.byRun[run]
+	return ok
+}
+
+// knownNode reports whether some coordinator has reconciled an inventory
+// of node (its status is in BucketInventory): the node was connected.
+func (l *Ledger) knownNode(node string) bool {
+	_, ok := l.inventoryOf(node)
+	return ok
+}
+
 // LiveOn counts the live sandboxes on node (placement).
 func (l *Ledger) LiveOn(node string) int {
 	l.mu.RLock()
@@ -638,18 +702,30 @@ func (l *Ledger) managed(labels map[string]string) bool {
 	return ok && strings.TrimSpace(v) == l.cfg.MarkerValue
 }
 
+// bound returns the copy of labels the ledger stores (protocol.BoundLabels
+// keeping the marker and the attribution keys first), and whether it cut
+// anything.
+func (l *Ledger) bound(labels map[string]string) (map[string]string, bool) {
+	return protocol.BoundLabels(labels, l.keep)
+}
+
 // Created records that a facade saw a sandbox created on r.Node's gateway.
-// r needs Provider, Node and ID; the record becomes live, managed, Source
-// facade (if new), LastSeen now. Fields set in r (labels, name, workspace,
-// times, Owner, TTL, attribution) replace the record's; the rest of the
-// attribution is read from the labels.
+// r needs Provider, Node and ID; the record becomes live, Source facade (if
+// new), LastSeen now. Fields set in r (labels, name, workspace, times,
+// Owner, TTL, attribution) replace the record's; the rest of the
+// attribution is read from the labels, which are stored bounded. It is
+// managed (reaped as unowned past the grace period when no lease owns it)
+// only if it carries the marker label or has an owning run (Owner, or Run
+// given or read from the labels), or was managed before: r.Managed is
+// ignored, so a plain user's sandbox created through a facade is recorded
+// but never reaped as unowned.
 func (l *Ledger) Created(ctx context.Context, r Record) error {
 	_, err := l.upsertExplicit(ctx, r, SourceFacade)
 	return err
 }
 
 // Register records a sandbox a client announced (explicit registration):
-// as Created, with Source register.
+// as Created, with Source register, and always managed.
 func (l *Ledger) Register(ctx context.Context, r Record) (Record, error) {
 	return l.upsertExplicit(ctx, r, SourceRegister)
 }
@@ -678,7 +754,7 @@ func (l *Ledger) upsertExplicit(ctx context.Context, r Record, source string) (R
 		setIf(&next.Run, r.Run)
 		setIf(&next.Owner, r.Owner)
 		if r.Labels != nil {
-			next.Labels = r.Labels
+			next.Labels, next.LabelsTruncated = l.bound(r.Labels)
 		}
 		if !r.CreatedAt.IsZero() {
 			next.CreatedAt = r.CreatedAt.UTC()
@@ -690,7 +766,7 @@ func (l *Ledger) upsertExplicit(ctx context.Context, r Record, source string) (R
 			next.TTL = r.TTL
 		}
 		l.cfg.Attribution.attribute(&next)
-		next.Managed = true
+		next.Managed = next.Managed || source == SourceRegister || l.managed(next.Labels) || next.Owner != "" || next.Run != ""
 		next.LastSeen = now
 		if next.State != StateLive {
 			next.State, next.StateSince = StateLive, now

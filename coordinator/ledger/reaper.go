@@ -255,23 +255,44 @@ func (r *Reaper) Leader() bool {
 // changes nothing.
 func (r *Reaper) Plan() []Candidate { return r.PlanRun("") }
 
-// PlanRun is Plan restricted to one run's sandboxes ("" for all).
+// PlanRun is Plan restricted to one run's sandboxes ("" for all): those
+// naming it as Run or Owner, and those its lease owns under the label form
+// of a long run id.
 func (r *Reaper) PlanRun(run string) []Candidate {
-	cands, _ := r.plan(run, r.l.now())
+	cands, _ := r.plan(run, false, r.l.now())
+	return cands
+}
+
+// PlanReap is what reaping run (closing its lease) would delete: PlanRun
+// as if run's lease were closed, so each live sandbox it owns is a
+// candidate with reason run_closed (Blocked as usual). It changes nothing.
+func (r *Reaper) PlanReap(run string) []Candidate {
+	cands, _ := r.plan(run, run != "", r.l.now())
 	return cands
 }
 
 // nextDue returns the earliest future time a record becomes a candidate.
 func (r *Reaper) nextDue() time.Time {
-	_, next := r.plan("", r.l.now())
+	_, next := r.plan("", false, r.l.now())
 	return next
 }
 
-func (r *Reaper) plan(run string, now time.Time) ([]Candidate, time.Time) {
+// plan lists the candidates among run's records (every record for ""),
+// with run's lease taken as closed if closing, and the earliest future
+// time another record becomes one.
+func (r *Reaper) plan(run string, closing bool, now time.Time) ([]Candidate, time.Time) {
 	var out []Candidate
 	var next time.Time
-	for _, rec := range r.l.List(Filter{Run: run}) {
-		reason, due := r.reason(rec, now)
+	recs := r.l.List(Filter{})
+	closed := ""
+	if run != "" {
+		recs = r.l.runRecords(run)
+		if closing {
+			closed = run
+		}
+	}
+	for _, rec := range recs {
+		reason, due := r.reason(rec, closed, now)
 		if reason == "" {
 			if !due.IsZero() && (next.IsZero() || due.Before(next)) {
 				next = due
@@ -288,8 +309,8 @@ func (r *Reaper) plan(run string, now time.Time) ([]Candidate, time.Time) {
 }
 
 // reason says why rec should go now, or else when it next might (zero:
-// never by itself).
-func (r *Reaper) reason(rec Record, now time.Time) (string, time.Time) {
+// never by itself). With closed set, that run's lease is taken as closed.
+func (r *Reaper) reason(rec Record, closed string, now time.Time) (string, time.Time) {
 	switch rec.State {
 	case StateLive, StateDeleting, StateLost:
 	default:
@@ -303,6 +324,9 @@ func (r *Reaper) reason(rec Record, now time.Time) (string, time.Time) {
 	}
 	owned := false
 	if id := rec.OwnerLease(); id != "" {
+		if closed != "" && r.l.ownedBy(id, closed) {
+			return protocol.ReasonRunClosed, time.Time{}
+		}
 		if ls, ok := r.l.LeaseOf(id); ok {
 			switch {
 			case ls.Closed:
@@ -430,7 +454,7 @@ func (r *Reaper) ReapOnce(ctx context.Context) (Pass, error) {
 	if !r.cfg.DryRun {
 		p.Lost, p.Purged = r.maintain(ctx, now)
 	}
-	cands, _ := r.plan("", now)
+	cands, _ := r.plan("", false, now)
 	p.Candidates = len(cands)
 	due := cands[:0:0]
 	for _, c := range cands {
@@ -511,7 +535,7 @@ func (r *Reaper) reapOne(ctx context.Context, c Candidate) outcome {
 		if !exists {
 			return cur, false
 		}
-		if reason, _ = r.reason(cur, now); reason == "" || r.knowledgeGap(cur) != "" {
+		if reason, _ = r.reason(cur, "", now); reason == "" || r.knowledgeGap(cur) != "" {
 			reason = ""
 			return cur, false
 		}
@@ -598,21 +622,31 @@ func (r *Reaper) reapOne(ctx context.Context, c Candidate) outcome {
 // maintain marks the records of long-unreachable nodes lost and purges
 // deleted records and finished leases past their retention. It returns how
 // many records it marked lost and how many keys it purged.
+//
+// A node is known last at its last inventory or the last time a record of
+// it was seen; a node with no inventory at all (one that never connected,
+// named only by registrations) is known last when its newest record was
+// first seen, since a registration is no sign of the node.
 func (r *Reaper) maintain(ctx context.Context, now time.Time) (lost, purged int) {
 	for _, n := range r.l.nodes() {
 		if r.cfg.Fleet.Reachable(n) {
 			continue
 		}
 		var last time.Time
-		if inv, ok := r.l.inventoryOf(n); ok {
+		inv, hasInv := r.l.inventoryOf(n)
+		if hasInv {
 			last = inv.At
 		}
 		active := false
 		for _, rec := range r.l.List(Filter{Node: n}) {
 			if rec.State == StateLive || rec.State == StateDeleting {
 				active = true
-				if rec.LastSeen.After(last) {
-					last = rec.LastSeen
+				seen := rec.LastSeen
+				if !hasInv {
+					seen = rec.FirstSeen
+				}
+				if seen.After(last) {
+					last = seen
 				}
 			}
 		}

@@ -31,12 +31,12 @@ func (l *Ledger) Reconcile(ctx context.Context, node string, inv []protocol.Sand
 // ReconcileAt merges one inventory of node's gateways, whose listing
 // started at listedAt, into the ledger; it waits for the initial load
 // first. Every sandbox listed gets a record (created, Source inventory, or
-// refreshed: labels, attribution, times; Owner and TTL are never touched),
-// live unless its gateway shows it deleting. For each provider whose
-// gateways all listed completely (protocol.GatewayStatus.Complete), the
-// node's records of that provider absent from the listing become deleted,
-// unless they were seen or changed at or after listedAt (a create the
-// listing could not see yet). An incomplete gateway's absences change
+// refreshed: labels (bounded), attribution, times; Owner and TTL are never
+// touched), live unless its gateway shows it deleting. For each provider
+// whose gateways all listed completely (protocol.GatewayStatus.Complete),
+// the node's records of that provider absent from the listing become
+// deleted, unless they were seen or changed at or after listedAt (a create
+// the listing could not see yet). An incomplete gateway's absences change
 // nothing. Records whose state changed at or after listedAt keep it.
 // Afterwards it stores the node's inventory status, which the reaper
 // checks. Writes run WriteConcurrency at a time; the error joins the
@@ -155,12 +155,14 @@ func (l *Ledger) refresh(cur Record, exists bool, s *protocol.Sandbox, listedAt,
 	if s.Deleting {
 		want = StateDeleting
 	}
+	labels, cut := l.bound(s.Labels)
+	cut = cut || s.LabelsTruncated
 	if !exists {
 		r := Record{
-			Workspace: s.Workspace, Name: s.Name, Labels: s.Labels,
+			Workspace: s.Workspace, Name: s.Name, Labels: labels, LabelsTruncated: cut,
 			CreatedAt: s.CreatedAt.UTC(), ExpiresAt: s.ExpiresAt.UTC(),
 			FirstSeen: now, LastSeen: now, State: want, StateSince: now, Source: SourceInventory,
-			Managed: l.managed(s.Labels),
+			Managed: l.managed(labels),
 		}
 		if r.CreatedAt.IsZero() {
 			r.CreatedAt = now
@@ -169,9 +171,10 @@ func (l *Ledger) refresh(cur Record, exists bool, s *protocol.Sandbox, listedAt,
 		return r, true, ""
 	}
 	next := cur
-	if !maps.Equal(cur.Labels, s.Labels) {
-		next.Labels = s.Labels
+	if !maps.Equal(cur.Labels, labels) {
+		next.Labels = labels
 	}
+	next.LabelsTruncated = cut
 	if next.Workspace == "" {
 		next.Workspace = s.Workspace
 	}
@@ -179,7 +182,7 @@ func (l *Ledger) refresh(cur Record, exists bool, s *protocol.Sandbox, listedAt,
 		next.Name = s.Name
 	}
 	l.cfg.Attribution.attribute(&next)
-	next.Managed = cur.Managed || l.managed(s.Labels)
+	next.Managed = cur.Managed || l.managed(labels)
 	if !s.CreatedAt.IsZero() {
 		next.CreatedAt = s.CreatedAt.UTC()
 	}

@@ -53,10 +53,18 @@ type Record struct {
 	// Team, User, Workload and Run are the attribution the ledger extracts
 	// from Labels (Config.Attribution), unless set explicitly.
 	Team, User, Workload, Run string
-	// Labels are the gateway's labels or metadata, verbatim.
+	// Labels are the gateway's labels or metadata, verbatim unless
+	// LabelsTruncated: the ledger stores a bounded copy
+	// (protocol.BoundLabels: the marker and attribution keys first, then
+	// others in key order).
 	Labels map[string]string
-	// Managed: NeMo Gym's marker label (Config.MarkerLabel), or created
-	// through a facade, or registered.
+	// LabelsTruncated says Labels were cut to the bounds (by the ledger,
+	// or by the agent for a sandbox too large for a frame).
+	LabelsTruncated bool
+	// Managed: NeMo Gym's marker label (Config.MarkerLabel), or an owning
+	// run (Owner or Run, given or read from the labels), or registered.
+	// Only managed sandboxes are reaped as unowned; once managed, a record
+	// stays managed.
 	Managed bool
 	// Owner is the lease id (= run id) owning it when set by a facade or a
 	// registration; "" means the lease of Run, if any.
@@ -98,7 +106,7 @@ func (r Record) Info() protocol.SandboxInfo {
 	return protocol.SandboxInfo{
 		Provider: r.Provider, Node: r.Node, ID: r.ID, Name: r.Name, Workspace: r.Workspace,
 		Team: r.Team, User: r.User, Workload: r.Workload, Run: r.Run,
-		Labels: r.Labels, Managed: r.Managed, Owner: r.Owner,
+		Labels: r.Labels, LabelsTruncated: r.LabelsTruncated, Managed: r.Managed, Owner: r.Owner,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, FirstSeen: r.FirstSeen, LastSeen: r.LastSeen,
 		TTLMS: r.TTL.Milliseconds(), State: string(r.State), StateSince: r.StateSince,
 		Source: r.Source, Attempts: r.Attempts, LastError: r.LastError, Revision: r.Revision,
@@ -110,7 +118,7 @@ func recordFromInfo(i protocol.SandboxInfo) Record {
 	return Record{
 		Provider: i.Provider, Node: i.Node, ID: i.ID, Name: i.Name, Workspace: i.Workspace,
 		Team: i.Team, User: i.User, Workload: i.Workload, Run: i.Run,
-		Labels: i.Labels, Managed: i.Managed, Owner: i.Owner,
+		Labels: i.Labels, LabelsTruncated: i.LabelsTruncated, Managed: i.Managed, Owner: i.Owner,
 		CreatedAt: i.CreatedAt, ExpiresAt: i.ExpiresAt, FirstSeen: i.FirstSeen, LastSeen: i.LastSeen,
 		TTL: time.Duration(i.TTLMS) * time.Millisecond, State: State(i.State), StateSince: i.StateSince,
 		Source: i.Source, Attempts: i.Attempts, LastError: i.LastError, Revision: i.Revision,
@@ -134,7 +142,7 @@ func equalStored(a, b Record) bool {
 type scalars struct {
 	Provider, Node, Workspace, Name, ID string
 	Team, User, Workload, Run           string
-	Managed                             bool
+	LabelsTruncated, Managed            bool
 	Owner                               string
 	TTL                                 time.Duration
 	State                               State
@@ -145,7 +153,7 @@ type scalars struct {
 
 func withoutTimes(r Record) scalars {
 	return scalars{r.Provider, r.Node, r.Workspace, r.Name, r.ID, r.Team, r.User, r.Workload, r.Run,
-		r.Managed, r.Owner, r.TTL, r.State, r.Source, r.Attempts, r.LastError}
+		r.LabelsTruncated, r.Managed, r.Owner, r.TTL, r.State, r.Source, r.Attempts, r.LastError}
 }
 
 // validKey checks the parts of a record's key.
@@ -243,6 +251,21 @@ func (a Attribution) withDefaults() Attribution {
 		a.Run = []string{"run", "run-id"}
 	}
 	return a
+}
+
+// keys returns every label key a holds attribution under: each name of
+// each field under every prefix, then bare.
+func (a *Attribution) keys() []string {
+	var out []string
+	for _, names := range [][]string{a.Run, a.Team, a.User, a.Workload} {
+		for _, n := range names {
+			for _, p := range a.Prefixes {
+				out = append(out, p+n)
+			}
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // lookup returns the first non-empty value of names in labels, prefixed
