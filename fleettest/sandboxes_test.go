@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -245,4 +246,20 @@ func TestInventoryConvergesWithoutDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "run-g reaped", func() bool { a, _ := onGateways(t, f, "node-0"); return a == 0 })
+}
+
+// Registrations must name a node the coordinator has seen; a typo would
+// otherwise hold a live record (and block every merged list) for a node that
+// never comes.
+func TestRegisterRefusesUnknownNode(t *testing.T) {
+	f := sandboxFleet(t, nil)
+	ctx := context.Background()
+	_, err := f.Client.RegisterSandbox(ctx, protocol.SandboxRegisterRequest{Provider: protocol.ProviderOpenShell, Node: "nosuch", ID: "x1", Name: "phantom", Run: "ph"})
+	if !errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeUnknownNode}) {
+		t.Fatalf("register on an unknown node: %v, want unknown_node", err)
+	}
+	si, err := f.Client.RegisterSandbox(ctx, protocol.SandboxRegisterRequest{Provider: protocol.ProviderOpenShell, Node: "node-1", ID: "x2", Name: "known", Run: "ph"})
+	if err != nil || si.State != protocol.SandboxLive || !si.Managed {
+		t.Fatalf("register on a connected node: %+v, %v", si, err)
+	}
 }

@@ -121,7 +121,10 @@ func (s *Service) Reaper() *ledger.Reaper { return s.reaper }
 // coordinator's micro service; give it to coordinator.Config.Endpoints. It
 // runs when Serve starts the service, after Attach.
 func (s *Service) Endpoints(svc micro.Service) error {
-	if err := s.ledger.AddEndpoints(svc, s.reaper); err != nil {
+	// Registrations name a node this coordinator has seen: a typo would
+	// otherwise hold a live record for a node that never comes.
+	known := ledger.WithKnownNode(func(n string) bool { _, ok := s.coord.ConnectedSince(n); return ok })
+	if err := s.ledger.AddEndpoints(svc, s.reaper, known); err != nil {
 		return err
 	}
 	if err := svc.AddEndpoint("sandboxes-sync", micro.HandlerFunc(s.handleSync), micro.WithEndpointSubject(protocol.SubjectSandboxesSync)); err != nil {

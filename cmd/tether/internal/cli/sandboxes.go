@@ -225,5 +225,12 @@ func writeReapTable(w io.Writer, resp *protocol.ReapResponse) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", verb, c.Sandbox.Node, c.Sandbox.Provider,
 			sandboxName(c.Sandbox), dash(runOf(c.Sandbox)), c.Reason, dash(c.Blocked))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if resp.Omitted > 0 {
+		_, err := fmt.Fprintf(w, "… and %d more (see tether sandboxes --run)\n", resp.Omitted)
+		return err
+	}
+	return nil
 }
