@@ -88,9 +88,9 @@ type node struct {
 	lastHeartbeat atomic.Int64 // unix nanoseconds
 	rttMicros     atomic.Int64
 	runningExecs  atomic.Int64
-	// inventoried is set once an inventory of this session listed every
-	// gateway completely and the ledger took it (sandboxes.go); the reaper
-	// treats the node as unknown until then.
+	// inventoried is set once an inventory of this session was reconciled
+	// into the ledger (sandboxes.go); the reaper treats the node as unknown
+	// until then.
 	inventoried atomic.Bool
 }
 

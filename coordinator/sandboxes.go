@@ -43,10 +43,13 @@ func (c *Coordinator) nodeUp(n *node) {
 }
 
 // Reachable reports whether the reaper may act on node: its tunnel is up on
-// this coordinator and an inventory taken over this very session listed
-// every gateway completely. Until then the ledger's view of the node may be
+// this coordinator and an inventory taken over this very session has been
+// reconciled into the ledger. Until then the ledger's view of the node may be
 // stale, and nothing there may be deleted on its account (issue 4: never
-// delete on partial knowledge). It implements ledger.FleetView.
+// delete on partial knowledge). Whether that inventory listed a given
+// provider completely is the ledger's check, per provider: one dead gateway
+// must not stop reaping on the node's other one. It implements
+// ledger.FleetView.
 func (c *Coordinator) Reachable(nodeID string) bool {
 	n, err := c.node(nodeID)
 	return err == nil && !n.sess.IsClosed() && n.inventoried.Load()
@@ -171,7 +174,7 @@ func (c *Coordinator) inventoryNode(ctx context.Context, l *ledger.Ledger, n *no
 		log.Warn("sandbox inventory not reconciled", "err", err, "sandboxes", len(sbs))
 		return
 	}
-	n.inventoried.Store(complete && !n.sess.IsClosed())
+	n.inventoried.Store(!n.sess.IsClosed())
 	log.Debug("sandbox inventory reconciled", "sandboxes", len(sbs), "complete", complete)
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/fleettest"
@@ -262,4 +263,44 @@ func TestRegisterRefusesUnknownNode(t *testing.T) {
 	if err != nil || si.State != protocol.SandboxLive || !si.Managed {
 		t.Fatalf("register on a connected node: %+v, %v", si, err)
 	}
+}
+
+// One dead gateway on a node must not stop reaping through its other one:
+// completeness is judged per provider.
+func TestDeadGatewayDoesNotBlockTheOther(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Agents: 2, Gateways: &fleettest.GatewayOptions{},
+		Agent: func(i int, c *agent.Config) {
+			if i == 1 {
+				c.OpenSandbox.Addr = "127.0.0.1:1" // nothing listens
+			}
+		}})
+	ctx := context.Background()
+	if _, err := f.Client.OpenLease(ctx, "run-d", time.Minute, "test"); err != nil {
+		t.Fatal(err)
+	}
+	cc := openShellClient(t, f)
+	for i := range 3 {
+		createOpenShell(t, cc, "node-1", fmt.Sprintf("ng-d%d", i), "run-d")
+	}
+	if _, err := f.Client.SyncSandboxes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Client.CloseLease(ctx, "run-d"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "node-1's OpenShell sandboxes reaped while its OpenSandbox server is down", func() bool {
+		a, _ := onOpenShell(f, "node-1")
+		return a == 0
+	})
+}
+
+// onOpenShell counts node's OpenShell sandboxes not being deleted.
+func onOpenShell(f *fleettest.Fleet, node string) (int, error) {
+	n := 0
+	for _, sb := range f.OpenShell(node).Sandboxes("default") {
+		if sb.GetStatus().GetPhase() != openshell.SandboxPhase_SANDBOX_PHASE_DELETING {
+			n++
+		}
+	}
+	return n, nil
 }
