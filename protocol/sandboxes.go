@@ -14,7 +14,8 @@ const (
 	// SubjectLeaseOpen takes a LeaseOpenRequest and replies with the
 	// LeaseInfo: a new lease, or the run's open lease renewed (with the
 	// request's holder and TTL). A closed run's lease cannot be reopened:
-	// 409 ErrCodeLeaseClosed.
+	// 409 ErrCodeLeaseClosed; a live lease of another holder cannot be
+	// taken: 409 ErrCodeLeaseHeld.
 	SubjectLeaseOpen = "tether.v1.lease.open"
 	// SubjectLeaseRenew takes a LeaseRequest and replies with the renewed
 	// LeaseInfo (expires_at = now + its TTL). An unknown run is 404
@@ -59,6 +60,9 @@ const (
 	// ErrCodeLeaseClosed: the run's lease was closed; a closed run cannot
 	// be renewed or reopened (its sandboxes are being reaped).
 	ErrCodeLeaseClosed = "lease_closed"
+	// ErrCodeLeaseHeld: another holder holds the run's live lease; a
+	// second holder would end the run for the first when it closes.
+	ErrCodeLeaseHeld = "lease_held"
 )
 
 // Sandbox record states (SandboxInfo.State).

@@ -116,6 +116,8 @@ func apiError(err error) *protocol.APIError {
 		return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%v", err)
 	case errors.Is(err, ErrLeaseClosed):
 		return protocol.NewAPIError(409, protocol.ErrCodeLeaseClosed, "%v", err)
+	case errors.Is(err, ErrLeaseHeld):
+		return protocol.NewAPIError(409, protocol.ErrCodeLeaseHeld, "%v", err)
 	case errors.Is(err, ErrClosed), errors.Is(err, context.DeadlineExceeded):
 		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "%v", err)
 	}

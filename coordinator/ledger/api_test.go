@@ -60,6 +60,9 @@ func TestAPI(t *testing.T) {
 	if err := re.l.AddEndpoints(svc, re.r); err != nil {
 		t.Fatal(err)
 	}
+	if err := re.l.nc.Flush(); err != nil { // subscriptions first, then requests
+		t.Fatal(err)
+	}
 	c := apiClient{t, re.conn()}
 
 	// Leases.

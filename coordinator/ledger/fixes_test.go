@@ -142,6 +142,9 @@ func TestListPagesFitMaxPayload(t *testing.T) {
 	if err := re.l.AddEndpoints(svc, re.r); err != nil {
 		t.Fatal(err)
 	}
+	if err := re.l.nc.Flush(); err != nil { // subscriptions first, then requests
+		t.Fatal(err)
+	}
 	c := apiClient{t, re.conn()}
 	inv := sandboxes(300, "fat")
 	for i := range inv {
@@ -213,6 +216,11 @@ func apiEnv(t *testing.T, opts ...ledger.EndpointOption) (*reaperEnv, apiClient)
 	}
 	t.Cleanup(func() { svc.Stop() })
 	if err := re.l.AddEndpoints(svc, re.r, opts...); err != nil {
+		t.Fatal(err)
+	}
+	// The endpoints' subscriptions reach the server before any request
+	// from the client's own connection.
+	if err := re.l.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	return re, apiClient{t, re.conn()}
@@ -336,5 +344,26 @@ func TestReapUnknownRun(t *testing.T) {
 	re.l.reconcile(t, "n1", re.clock.Now(), sandboxes(2, "nolease"), complete())
 	if e := c.call(protocol.SubjectSandboxesReap, protocol.ReapRequest{Run: "nolease"}, &rr); e != nil || len(rr.Candidates) != 2 {
 		t.Errorf("reap of a run with records only: %+v, %v", rr, e)
+	}
+}
+
+// A live lease has one holder: a second one would close the run under the
+// first. The same holder may reopen it, and anyone once it expired.
+func TestLeaseHeldByAnother(t *testing.T) {
+	re, c := apiEnv(t)
+	var ls protocol.LeaseInfo
+	if e := c.call(protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "shared", TTLMS: 10000, Holder: "alice"}, &ls); e != nil {
+		t.Fatal(e)
+	}
+	e := c.call(protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "shared", TTLMS: 10000, Holder: "bob"}, &ls)
+	if e == nil || e.Status != 409 || e.Code != protocol.ErrCodeLeaseHeld || !strings.Contains(e.Message, `"alice"`) {
+		t.Fatalf("second holder: %+v, %v; want 409 lease_held naming alice", ls, e)
+	}
+	if e := c.call(protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "shared", TTLMS: 10000, Holder: "alice"}, &ls); e != nil || ls.Holder != "alice" {
+		t.Fatalf("the same holder again: %+v, %v", ls, e)
+	}
+	re.clock.Advance(11 * time.Second)
+	if e := c.call(protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "shared", TTLMS: 10000, Holder: "bob"}, &ls); e != nil || ls.Holder != "bob" {
+		t.Fatalf("another holder after expiry: %+v, %v", ls, e)
 	}
 }

@@ -211,6 +211,13 @@ func (l *Ledger) OpenLease(ctx context.Context, run, holder string, ttl time.Dur
 		if exists && cur.Closed {
 			return cur, false, leaseClosedError{run}
 		}
+		// A second holder of a live lease would end the run for the first
+		// one when it closes: refuse it. The same holder (a reconnect) or
+		// anyone once the lease expired may take it.
+		if exists && now.Before(cur.ExpiresAt) && cur.Holder != "" && holder != cur.Holder {
+			return cur, false, fmt.Errorf("%w: run %s is held by %q until %s (renewed); use another run id, or wait for it to close or expire",
+				ErrLeaseHeld, run, cur.Holder, cur.ExpiresAt.Format(time.RFC3339))
+		}
 		next := cur
 		if !exists {
 			next = Lease{OpenedAt: now}

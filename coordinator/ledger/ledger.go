@@ -56,6 +56,8 @@ var (
 	ErrLeaseNotFound = errors.New("ledger: lease not found")
 	// ErrLeaseClosed: the run's lease was closed.
 	ErrLeaseClosed = errors.New("ledger: lease closed")
+	// ErrLeaseHeld: another holder holds the run's live lease.
+	ErrLeaseHeld = errors.New("ledger: lease held by another holder")
 	// ErrClosed: the ledger was closed.
 	ErrClosed = errors.New("ledger: closed")
 )
