@@ -304,3 +304,24 @@ func onOpenShell(f *fleettest.Fleet, node string) (int, error) {
 	}
 	return n, nil
 }
+
+// A name deleted on one node (its record still "deleting" until the next
+// inventory) does not hold a create that names another node.
+func TestCreatePinnedAfterDeleteOfSameName(t *testing.T) {
+	f := sandboxFleet(t, func(c *sandboxes.Config) { c.InventoryInterval = time.Hour })
+	cc := openShellClient(t, f)
+	createOpenShell(t, cc, "node-1", "samename1", "run-s")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var del openshell.DeleteSandboxResponse
+	if err := cc.Invoke(ctx, openshell.MethodDeleteSandbox, &openshell.DeleteSandboxRequest{Name: "samename1"}, &del); err != nil || !del.GetDeleted() {
+		t.Fatalf("delete: %v, %v", &del, err)
+	}
+	sb := createOpenShell(t, cc, "node-0", "samename1", "run-s")
+	if r, ok := f.Sandboxes.Ledger().ByID(protocol.ProviderOpenShell, sb.GetMetadata().GetId()); !ok || r.Node != "node-0" {
+		t.Fatalf("re-created samename1 with tether.node=node-0: ledger %+v (found %v), want it on node-0", r, ok)
+	}
+	if len(f.OpenShell("node-0").Sandboxes("default")) != 1 {
+		t.Error("node-0's gateway does not have the re-created sandbox")
+	}
+}

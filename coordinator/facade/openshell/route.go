@@ -127,7 +127,8 @@ func isInt(s string) bool {
 
 // place chooses the node of a create of key: the node that already has
 // (workspace, name), so that a retry meets ALREADY_EXISTS where the first
-// attempt landed (wire-facts §1.5, OS-3); else the node of label
+// attempt landed (wire-facts §1.5, OS-3) — unless that sandbox is being
+// deleted and the create names its node; else the node of label
 // tether.node; else metadata tether-node; else the least loaded node of
 // metadata tether-node-selector or of all nodes. A selector together with
 // a node (label or metadata) is refused.
@@ -150,7 +151,12 @@ func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo,
 		}
 	}
 	nodes := c.s.gatewayNodes(protocol.Selector{})
-	if key.name != "" {
+	// A name being freed where it was does not hold an explicitly
+	// placed create there.
+	pinned := labels[LabelNode] != "" || mdFirst(c.md, MetaNode) != ""
+	r, known := c.s.recordByName(key)
+	freeing := known && r.State == ledger.StateDeleting && pinned
+	if key.name != "" && !freeing {
 		if node, _, _ := c.s.knownName(key, true); node != "" {
 			n, ok := findNode(nodes, node)
 			if !ok {
