@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -323,5 +327,37 @@ func TestCreatePinnedAfterDeleteOfSameName(t *testing.T) {
 	}
 	if len(f.OpenShell("node-0").Sandboxes("default")) != 1 {
 		t.Error("node-0's gateway does not have the re-created sandbox")
+	}
+}
+
+// A closed run takes no new sandboxes through either facade.
+func TestClosedRunRefusesCreates(t *testing.T) {
+	f := sandboxFleet(t, nil)
+	ctx := context.Background()
+	if _, err := f.Client.OpenLease(ctx, "run-c", time.Minute, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Client.CloseLease(ctx, "run-c"); err != nil {
+		t.Fatal(err)
+	}
+	cc := openShellClient(t, f)
+	octx := metadata.AppendToOutgoingContext(ctx, "tether-run", "run-c")
+	var resp openshell.SandboxResponse
+	err := cc.Invoke(octx, openshell.MethodCreateSandbox, &openshell.CreateSandboxRequest{Name: "late", Spec: &openshell.SandboxSpec{}}, &resp)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "run run-c was closed") {
+		t.Errorf("openshell create for a closed run: %v, want FAILED_PRECONDITION naming the run", err)
+	}
+	req, _ := http.NewRequest("POST", "http://"+f.OpenSandboxFacade+"/v1/sandboxes", strings.NewReader(`{"image":{"uri":"x"},"entrypoint":["tail"],"resourceLimits":{"cpu":"1"}}`))
+	req.Header.Set("Tether-Run", "run-c")
+	hr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Body.Close()
+	if hr.StatusCode != http.StatusConflict {
+		t.Errorf("opensandbox create for a closed run: status %d, want 409", hr.StatusCode)
+	}
+	if a, b := onGateways(t, f, "node-0"); a+b != 0 {
+		t.Errorf("node-0 has %d sandboxes after refused creates", a+b)
 	}
 }

@@ -30,6 +30,9 @@ const (
 	// CodeInvalidRun (400): the Tether-Run header is not a valid run id
 	// (protocol.ValidRunID).
 	CodeInvalidRun = "TETHER::INVALID_RUN"
+	// CodeRunClosed (409): the Tether-Run header names a run whose lease
+	// was closed.
+	CodeRunClosed = "TETHER::RUN_CLOSED"
 	// CodeAmbiguousSandbox (409): the ledger does not know the id and more
 	// than one node answered that it holds it.
 	CodeAmbiguousSandbox = "TETHER::AMBIGUOUS_SANDBOX"

@@ -63,6 +63,9 @@ func (c *call) create() error {
 		if err := protocol.ValidRunID(owner); err != nil {
 			return status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaRun, err)
 		}
+		if runClosed(c.s.cfg.Ledger, owner) {
+			return status.Errorf(codes.FailedPrecondition, "tether: metadata %s: run %s was closed (its sandboxes are reaped); start a new run with a new run id", MetaRun, owner)
+		}
 	}
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
 	n, release, cands, err := c.place(key, req.GetLabels())
@@ -607,4 +610,17 @@ func (c *call) other() error {
 			c.method, len(nodes), MetaNode)
 	}
 	return c.relay(n, nil)
+}
+
+// runClosed reports whether the ledger knows run's lease as closed: a
+// sandbox created for it would only be reaped again at once.
+func runClosed(l Ledger, run string) bool {
+	lc, ok := l.(interface {
+		LeaseOf(run string) (ledger.Lease, bool)
+	})
+	if !ok {
+		return false
+	}
+	ls, ok := lc.LeaseOf(run)
+	return ok && ls.Closed
 }
