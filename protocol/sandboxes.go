@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"strings"
 	"slices"
 	"time"
 	"unicode/utf8"
@@ -416,6 +417,12 @@ func (r *SandboxRegisterRequest) Validate() *APIError {
 	for _, f := range []struct{ name, v string }{{"id", r.ID}, {"name", r.Name}, {"workspace", r.Workspace}} {
 		if len(f.v) > MaxSandboxIDLen {
 			return NewAPIError(400, ErrCodeInvalid, "%s is %d bytes, over the %d byte limit", f.name, len(f.v), MaxSandboxIDLen)
+		}
+		// Gateways' ids, names and workspaces are printable words (UUIDs,
+		// DNS labels): anything else is a mistake that would also garble
+		// listings.
+		if i := strings.IndexFunc(f.v, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '/' || c == '\\' }); i >= 0 {
+			return NewAPIError(400, ErrCodeInvalid, "%s %s: character %q is not allowed (no spaces, control characters or slashes)", f.name, Clip(f.v), f.v[i])
 		}
 	}
 	if r.ID == "" {

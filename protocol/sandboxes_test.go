@@ -141,3 +141,20 @@ func TestBoundLabels(t *testing.T) {
 		t.Error("BoundLabels changed its argument")
 	}
 }
+
+func TestRegisterRefusesOddNames(t *testing.T) {
+	for _, r := range []protocol.SandboxRegisterRequest{
+		{Provider: protocol.ProviderOpenShell, Node: "n1", ID: "x1", Name: "x\ny"},
+		{Provider: protocol.ProviderOpenShell, Node: "n1", ID: "x1", Name: "ok", Workspace: "../w"},
+		{Provider: protocol.ProviderOpenSandbox, Node: "n1", ID: "a/b?c=d#e"},
+		{Provider: protocol.ProviderOpenSandbox, Node: "n1", ID: "a b"},
+	} {
+		if e := r.Validate(); e == nil || e.Code != protocol.ErrCodeInvalid {
+			t.Errorf("%+v: %v, want invalid_request", r, e)
+		}
+	}
+	ok := protocol.SandboxRegisterRequest{Provider: protocol.ProviderOpenShell, Node: "n1", ID: "6f1c0e9a-1b2c-4d5e-8f90-123456789abc", Name: "ng-0123456789abcdef", Workspace: "default"}
+	if e := ok.Validate(); e != nil {
+		t.Errorf("a valid registration: %v", e)
+	}
+}
