@@ -2,8 +2,8 @@ package protocol
 
 import (
 	"fmt"
-	"strings"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
