@@ -57,7 +57,7 @@ type Coordinator struct {
 	// Sandbox inventories (sandboxes.go): node ids that just registered,
 	// and Sync requests.
 	nodeUps chan string
-	syncs   chan chan struct{}
+	syncs   chan chan []protocol.SyncProblem
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.
@@ -93,7 +93,7 @@ func New(cfg Config) (*Coordinator, error) {
 
 		handshakes: make(chan struct{}, cfg.MaxHandshakes),
 		nodeUps:    make(chan string, 1024),
-		syncs:      make(chan chan struct{}),
+		syncs:      make(chan chan []protocol.SyncProblem),
 	}, nil
 }
 

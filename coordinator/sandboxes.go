@@ -1,11 +1,13 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,8 +94,7 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 			c.inventoryNodes(ctx, l, slices.Collect(mapsKeys(pending)))
 			clear(pending)
 		case done := <-c.syncs:
-			c.inventoryNodes(ctx, l, nil)
-			close(done)
+			done <- c.inventoryNodes(ctx, l, nil)
 		case <-t.C:
 			c.inventoryNodes(ctx, l, nil)
 		}
@@ -101,19 +102,21 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 }
 
 // Sync takes an inventory of every connected node now and returns once the
-// ledger has reconciled them (or ctx ends). It needs RunInventory running.
-func (c *Coordinator) Sync(ctx context.Context) error {
-	done := make(chan struct{})
+// ledger has reconciled them (or ctx ends), with what could not be listed:
+// a node whose inventory failed, or a gateway whose listing was incomplete.
+// It needs RunInventory running.
+func (c *Coordinator) Sync(ctx context.Context) ([]protocol.SyncProblem, error) {
+	done := make(chan []protocol.SyncProblem, 1)
 	select {
 	case c.syncs <- done:
 	case <-ctx.Done():
-		return fmt.Errorf("sandbox inventory sync: %w", ctx.Err())
+		return nil, fmt.Errorf("sandbox inventory sync: %w", ctx.Err())
 	}
 	select {
-	case <-done:
-		return nil
+	case p := <-done:
+		return p, nil
 	case <-ctx.Done():
-		return fmt.Errorf("sandbox inventory sync: %w", ctx.Err())
+		return nil, fmt.Errorf("sandbox inventory sync: %w", ctx.Err())
 	}
 }
 
@@ -128,8 +131,9 @@ func mapsKeys(m map[string]bool) func(func(string) bool) {
 }
 
 // inventoryNodes inventories the given nodes (nil: every connected node
-// with a gateway) in parallel and reconciles each into l.
-func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids []string) {
+// with a gateway) in parallel, reconciles each into l, and returns what
+// could not be listed.
+func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids []string) []protocol.SyncProblem {
 	c.mu.Lock()
 	var nodes []*node
 	for id, n := range c.nodes {
@@ -139,43 +143,55 @@ func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids 
 	}
 	c.mu.Unlock()
 	sem := make(chan struct{}, inventoryParallel)
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		problems []protocol.SyncProblem
+	)
 	for _, n := range nodes {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			c.inventoryNode(ctx, l, n)
+			p := c.inventoryNode(ctx, l, n)
+			mu.Lock()
+			problems = append(problems, p...)
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	slices.SortFunc(problems, func(a, b protocol.SyncProblem) int {
+		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Target, b.Target))
+	})
+	return problems
 }
 
 // inventoryNode takes one inventory of n and reconciles it. n.inventoried
 // says afterwards whether it was complete.
-func (c *Coordinator) inventoryNode(ctx context.Context, l *ledger.Ledger, n *node) {
+func (c *Coordinator) inventoryNode(ctx context.Context, l *ledger.Ledger, n *node) []protocol.SyncProblem {
 	log := c.log.With("node_id", n.id, "session_id", n.sessionID)
 	listedAt := time.Now()
 	sbs, gws, err := c.inventory(ctx, n)
 	if err != nil {
 		n.inventoried.Store(false)
 		log.Warn("sandbox inventory failed", "err", err)
-		return
+		return []protocol.SyncProblem{{Node: n.id, Error: err.Error()}}
 	}
-	complete := true
+	var problems []protocol.SyncProblem
 	for _, g := range gws {
 		if !g.Complete {
-			complete = false
+			problems = append(problems, protocol.SyncProblem{Node: n.id, Target: g.Target, Error: g.Error})
 			log.Warn("sandbox inventory incomplete", "target", g.Target, "err", g.Error)
 		}
 	}
 	if err := l.ReconcileAt(ctx, n.id, listedAt, sbs, gws); err != nil {
 		n.inventoried.Store(false)
 		log.Warn("sandbox inventory not reconciled", "err", err, "sandboxes", len(sbs))
-		return
+		return append(problems, protocol.SyncProblem{Node: n.id, Error: "ledger: " + err.Error()})
 	}
 	n.inventoried.Store(!n.sess.IsClosed())
-	log.Debug("sandbox inventory reconciled", "sandboxes", len(sbs), "complete", complete)
+	log.Debug("sandbox inventory reconciled", "sandboxes", len(sbs), "incomplete", len(problems))
+	return problems
 }
 
 // Inventory asks node's agent for the sandboxes of every gateway it is

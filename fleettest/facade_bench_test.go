@@ -166,7 +166,7 @@ func BenchmarkInventoryReconcile10k(b *testing.B) {
 		b.StartTimer()
 
 		start := time.Now()
-		if err := f.Coordinator.Sync(ctx); err != nil {
+		if _, err := f.Coordinator.Sync(ctx); err != nil {
 			b.Fatal(err)
 		}
 		first += time.Since(start)
@@ -179,7 +179,7 @@ func BenchmarkInventoryReconcile10k(b *testing.B) {
 		b.StartTimer()
 
 		start = time.Now()
-		if err := f.Coordinator.Sync(ctx); err != nil {
+		if _, err := f.Coordinator.Sync(ctx); err != nil {
 			b.Fatal(err)
 		}
 		repeat += time.Since(start)

@@ -335,7 +335,7 @@ func TestFacadeOpenShellAuthorization(t *testing.T) {
 	wantStatus(t, "exec without authorization", err, codes.Unauthenticated, "")
 	// The agent's inventory uses its own token: the record stays live and
 	// complete (no "incomplete" gateway holds the reaper back).
-	if err := f.Coordinator.Sync(facadeCtx(t)); err != nil {
+	if _, err := f.Coordinator.Sync(facadeCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if recs := openShellRecords(f, req.Name); len(recs) != 1 || recs[0].State != ledger.StateLive {

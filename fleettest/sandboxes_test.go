@@ -286,8 +286,12 @@ func TestDeadGatewayDoesNotBlockTheOther(t *testing.T) {
 	for i := range 3 {
 		createOpenShell(t, cc, "node-1", fmt.Sprintf("ng-d%d", i), "run-d")
 	}
-	if _, err := f.Client.SyncSandboxes(ctx); err != nil {
+	resp, err := f.Client.SyncSandboxes(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(resp.Incomplete) != 1 || resp.Incomplete[0].Node != "node-1" || resp.Incomplete[0].Target != "opensandbox" {
+		t.Errorf("sync with node-1's opensandbox down: incomplete %+v, want node-1/opensandbox", resp.Incomplete)
 	}
 	if _, err := f.Client.CloseLease(ctx, "run-d"); err != nil {
 		t.Fatal(err)

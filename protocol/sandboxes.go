@@ -497,6 +497,17 @@ type SandboxesSyncResponse struct {
 	// DurationMS is how long the inventories and their reconciliation
 	// took, in milliseconds.
 	DurationMS int64 `json:"duration_ms"`
+	// Incomplete lists what could not be listed; the ledger keeps its
+	// earlier view of those nodes and gateways.
+	Incomplete []SyncProblem `json:"incomplete,omitempty"`
+}
+
+// SyncProblem is a node (Target empty) whose inventory failed, or one of
+// its gateways whose listing was incomplete.
+type SyncProblem struct {
+	Node   string `json:"node"`
+	Target string `json:"target,omitempty"`
+	Error  string `json:"error"`
 }
 
 // SandboxEvent is the body of a sandbox event (SubjectSandboxEventPrefix +

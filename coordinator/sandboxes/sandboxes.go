@@ -143,13 +143,14 @@ func (s *Service) handleSync(req micro.Request) {
 		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 		defer cancel()
 		start := time.Now()
-		if err := s.coord.Sync(ctx); err != nil {
+		problems, err := s.coord.Sync(ctx)
+		if err != nil {
 			e := protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "%v", err)
 			body, _ := json.Marshal(e)
 			req.Error(strconv.Itoa(e.Status), e.Message, body)
 			return
 		}
-		req.RespondJSON(protocol.SandboxesSyncResponse{DurationMS: time.Since(start).Milliseconds()})
+		req.RespondJSON(protocol.SandboxesSyncResponse{DurationMS: time.Since(start).Milliseconds(), Incomplete: problems})
 	}()
 }
 

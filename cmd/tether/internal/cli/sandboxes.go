@@ -67,8 +67,16 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 			}
 			defer closeNC()
 			if o.Sync {
-				if _, err := c.SyncSandboxes(cmd.Context()); err != nil {
+				resp, err := c.SyncSandboxes(cmd.Context())
+				if err != nil {
 					return fmt.Errorf("sync: %w", err)
+				}
+				for _, p := range resp.Incomplete {
+					where := "node " + p.Node
+					if p.Target != "" {
+						where += " gateway " + p.Target
+					}
+					fmt.Fprintf(e.stderr, "tether: warning: sync: %s not listed (its records are as last seen): %s\n", where, p.Error)
 				}
 			}
 			sbs, err := c.Sandboxes(cmd.Context(), protocol.SandboxesListRequest{Run: o.Run, Node: o.Node, State: o.State, Provider: o.Provider})
