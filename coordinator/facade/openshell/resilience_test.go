@@ -98,7 +98,7 @@ func TestCreateMetadataValidation(t *testing.T) {
 		{"node and selector", []string{facade.MetaNode, "node-a", facade.MetaNodeSelector, "gpu=a100"}, "set at most one of"},
 		{"negative ttl", []string{facade.MetaTTL, "-5s"}, "must not be negative"},
 		{"negative ttl seconds", []string{facade.MetaTTL, "-5"}, "must not be negative"},
-		{"bad ttl", []string{facade.MetaTTL, "soon"}, "0 means no TTL"},
+		{"bad ttl", []string{facade.MetaTTL, "soon"}, `tether-ttl "soon": want a Go duration`},
 	} {
 		_, err := e.create(testCtx(t, c.kv...), &osh.CreateSandboxRequest{Spec: spec()})
 		wantCode(t, c.what, err, codes.InvalidArgument, c.msg)
@@ -109,6 +109,8 @@ func TestCreateMetadataValidation(t *testing.T) {
 	}
 	_, err = e.create(testCtx(t, facade.MetaNodeSelector, "gpu=a100"), &osh.CreateSandboxRequest{Spec: spec(), Labels: map[string]string{facade.LabelNode: "node-a"}})
 	wantCode(t, "label and selector", err, codes.InvalidArgument, "set at most one of")
+	_, err = e.create(testCtx(t, facade.MetaNode, "node-b"), &osh.CreateSandboxRequest{Spec: spec(), Labels: map[string]string{facade.LabelNode: "node-a"}})
+	wantCode(t, "label and metadata naming different nodes", err, codes.InvalidArgument, "name different nodes")
 	if n := e.gws["node-a"].Calls(osh.MethodCreateSandbox) + e.gws["node-b"].Calls(osh.MethodCreateSandbox); n != 1 {
 		t.Fatalf("%d creates reached gateways, want 1", n)
 	}

@@ -115,9 +115,9 @@ func (c *call) ttl() (time.Duration, error) {
 	d, err := time.ParseDuration(v)
 	switch {
 	case err == nil && d < 0, err != nil && strings.HasPrefix(v, "-") && isInt(v[1:]):
-		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %q: must not be negative (0 means no TTL)", MetaTTL, protocol.Clip(v))
+		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %s: must not be negative (0 means no TTL)", MetaTTL, protocol.Clip(v))
 	case err != nil:
-		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %q: want a Go duration (90m) or whole seconds (5400); 0 means no TTL", MetaTTL, protocol.Clip(v))
+		return 0, status.Errorf(codes.InvalidArgument, "tether: metadata %s %s: want a Go duration (90m) or whole seconds (5400); 0 means no TTL", MetaTTL, protocol.Clip(v))
 	}
 	return d, nil
 }
@@ -152,6 +152,10 @@ func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo,
 					"tether: set at most one of %s and metadata %s (both are set)", set.what, MetaNodeSelector)
 			}
 		}
+	}
+	if l, m := labels[LabelNode], mdFirst(c.md, MetaNode); l != "" && m != "" && l != m {
+		return n, nil, nil, status.Errorf(codes.InvalidArgument,
+			"tether: label %s=%s and metadata %s=%s name different nodes; set one", LabelNode, l, MetaNode, m)
 	}
 	nodes := c.s.gatewayNodes(protocol.Selector{})
 	// A name being freed where it was does not hold an explicitly
