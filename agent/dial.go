@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -101,7 +102,7 @@ func (a *Agent) serveDial(ctx context.Context, st *yamux.Stream, h protocol.Head
 // serveDial), and returns the bytes copied each way. It does not close st
 // or conn fully unless a direction failed or ctx ended; the caller closes
 // both.
-func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log *slog.Logger) (up, down int64) {
+func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log *slog.Logger) (up, downBytes int64) {
 	// abort ends both directions: the deadlines unblock a read or write
 	// in progress on the stream (its Close would only half-close it), and
 	// closing conn unblocks the target side.
@@ -115,10 +116,19 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 	stop := context.AfterFunc(ctx, abort)
 	defer stop()
 
+	// Once the coordinator's side has ended (a half-close, or a full close
+	// — yamux cannot tell them apart), a write it does not read within
+	// halfClosedWriteTimeout means nobody will: give up rather than hold
+	// the stream and its dial slot while a target that ignores the
+	// half-close keeps sending.
+	var upDone atomic.Bool
+	down := &halfClosedWriter{st: st, upDone: &upDone}
+
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer upDone.Store(true)
 		var err error
 		up, err = copyCounted(conn, st, a.m.dialBytes.WithLabelValues(toTarget))
 		if err != nil {
@@ -136,7 +146,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		}
 	}()
 	var err error
-	down, err = copyCounted(st, conn, a.m.dialBytes.WithLabelValues(fromTarget))
+	downBytes, err = copyCounted(down, conn, a.m.dialBytes.WithLabelValues(fromTarget))
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Debug("dial: copy from target ended", "err", err)
@@ -147,7 +157,24 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		st.Close()
 	}
 	wg.Wait()
-	return up, down
+	return up, downBytes
+}
+
+// halfClosedWriteTimeout bounds one write to a dial stream whose
+// coordinator side has ended (see relay).
+var halfClosedWriteTimeout = 30 * time.Second
+
+// halfClosedWriter writes to st, with a deadline per write once upDone.
+type halfClosedWriter struct {
+	st     *yamux.Stream
+	upDone *atomic.Bool
+}
+
+func (w *halfClosedWriter) Write(p []byte) (int, error) {
+	if w.upDone.Load() {
+		w.st.SetWriteDeadline(time.Now().Add(halfClosedWriteTimeout))
+	}
+	return w.st.Write(p)
 }
 
 // copyCounted copies src to dst until src's EOF (a nil error) or a failure,

@@ -422,3 +422,30 @@ func TestTargetsDefaultsAndHello(t *testing.T) {
 		t.Errorf("Hello.Targets (-want +got):\n%s", diff)
 	}
 }
+
+// A coordinator that closed its side and stopped reading does not hold the
+// stream and its dial slot while the target ignores the half-close and
+// keeps sending: a write unread for halfClosedWriteTimeout ends the dial.
+func TestDialEndsWhenClosedSideStopsReading(t *testing.T) {
+	old := halfClosedWriteTimeout
+	halfClosedWriteTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { halfClosedWriteTimeout = old })
+	addr := targetServer(t, func(c *net.TCPConn) {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	h := newHarness(t, func(c *Config) {
+		c.Targets = map[string]string{"firehose": addr}
+		c.MaxDials = 1
+	})
+	st, info := h.dial(t, "firehose")
+	if info != nil {
+		t.Fatal(info)
+	}
+	st.Close() // half-close, and never read again
+	waitFor(t, 10*time.Second, "the dial slot to be freed", func() bool { return h.a.dialing.Load() == 0 })
+}
