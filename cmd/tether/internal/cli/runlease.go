@@ -9,10 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/protocol"
@@ -142,44 +145,29 @@ func runLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions, 
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	// Renewals go on until the command has exited, also while it shuts
+	// down after a signal: its sandboxes are its own until then.
+	rctx, stopRenew := context.WithCancel(context.WithoutCancel(ctx))
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); renewLease(rctx, e, c, o) }()
 
-	renew := time.NewTicker(o.TTL / 3)
-	defer renew.Stop()
-	warned, gone := false, false
 	var werr error
-	for waiting := true; waiting; {
-		select {
-		case werr = <-done:
-			waiting = false
-		case <-ctx.Done():
-			sig := syscall.SIGINT
-			if interruptCode(ctx) == exitTerminated {
-				sig = syscall.SIGTERM
-			}
-			cmd.Process.Signal(sig)
-			werr = <-done
-			waiting = false
-		case <-renew.C:
-			rctx, cancel := context.WithTimeout(context.Background(), o.TTL/3)
-			_, err := c.RenewLease(rctx, o.Run)
-			cancel()
-			switch {
-			case err == nil:
-				if warned {
-					fmt.Fprintf(e.stderr, "tether run-lease: lease of run %s renewed again\n", o.Run)
-					warned = false
-				}
-			case errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeLeaseClosed}), errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeNotFound}):
-				if !gone { // it cannot come back: say so once
-					fmt.Fprintf(e.stderr, "tether run-lease: the lease of run %s is gone (%v): its sandboxes are being reaped\n", o.Run, err)
-					gone = true
-				}
-			default:
-				fmt.Fprintf(e.stderr, "tether run-lease: renew lease of run %s: %v (retrying; it expires %v after the last renewal)\n", o.Run, err, o.TTL)
-				warned = true
-			}
+	select {
+	case werr = <-done:
+	case <-ctx.Done():
+		// SIGTERM is passed on. SIGINT from a terminal already reached
+		// the command (same foreground process group): sending it again
+		// could cut its cleanup short, so it is passed on only when
+		// run-lease is not on a terminal (kill -INT, a supervisor).
+		if interruptCode(ctx) == exitTerminated {
+			cmd.Process.Signal(syscall.SIGTERM)
+		} else if !term.IsTerminal(int(os.Stdin.Fd())) {
+			cmd.Process.Signal(syscall.SIGINT)
 		}
+		werr = <-done
 	}
+	stopRenew()
+	<-renewed
 	if !o.Keep {
 		closeLease(e, c, o)
 	}
@@ -196,6 +184,44 @@ func runLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions, 
 	return fmt.Errorf("run-lease: %w", werr)
 }
 
+// renewLease renews the run's lease every TTL/3 until ctx ends. It warns
+// once when a renewal fails (and once when it works again), and once when
+// the lease is gone for good.
+func renewLease(ctx context.Context, e *env, c *client.Client, o runLeaseOptions) {
+	t := time.NewTicker(o.TTL / 3)
+	defer t.Stop()
+	failing, gone := false, false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, o.TTL/3)
+		_, err := c.RenewLease(rctx, o.Run)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			if failing {
+				fmt.Fprintf(e.stderr, "tether run-lease: lease of run %s renewed again\n", o.Run)
+				failing = false
+			}
+		case errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeLeaseClosed}), errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeNotFound}):
+			if !gone { // it cannot come back: say so once
+				fmt.Fprintf(e.stderr, "tether run-lease: the lease of run %s is gone (%v): its sandboxes are being reaped\n", o.Run, err)
+				gone = true
+			}
+		default:
+			if !failing {
+				fmt.Fprintf(e.stderr, "tether run-lease: renew lease of run %s: %v (retrying every %v; it expires %v after the last renewal)\n", o.Run, err, o.TTL/3, o.TTL)
+				failing = true
+			}
+		}
+	}
+}
+
 // closeLease ends the run: its sandboxes are reaped now.
 func closeLease(e *env, c *client.Client, o runLeaseOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -205,9 +231,16 @@ func closeLease(e *env, c *client.Client, o runLeaseOptions) {
 	}
 }
 
+// clipHolder cuts s to protocol.MaxHolderLen bytes at a character
+// boundary, with invalid UTF-8 replaced first (JSON would grow it).
 func clipHolder(s string) string {
-	if len(s) > protocol.MaxHolderLen {
-		return s[:protocol.MaxHolderLen]
+	s = strings.ToValidUTF8(s, "?")
+	if len(s) <= protocol.MaxHolderLen {
+		return s
 	}
-	return s
+	i := protocol.MaxHolderLen
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
 }

@@ -1,9 +1,13 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
@@ -40,5 +44,41 @@ func TestRunLeaseOnFleet(t *testing.T) {
 	}
 	if li, err := f.Client.RenewLease(ctx, "rl-keep"); err != nil || li.Closed {
 		t.Errorf("--keep leaves the lease open to expire: %+v, %v", li, err)
+	}
+}
+
+func TestClipHolder(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes
+	got := clipHolder(long)
+	if len(got) > protocol.MaxHolderLen || !utf8.ValidString(got) || len(got) < protocol.MaxHolderLen-1 {
+		t.Errorf("clipHolder(200×é) = %d bytes, valid %v", len(got), utf8.ValidString(got))
+	}
+	if got := clipHolder("a\xffb"); got != "a?b" {
+		t.Errorf("clipHolder(invalid UTF-8) = %q", got)
+	}
+}
+
+// While the command shuts down after SIGTERM, run-lease keeps its lease
+// alive: the sandboxes are the command's until it has exited.
+func TestRunLeaseRenewsDuringShutdown(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
+	ctx, cancel := context.WithCancelCause(testCtx(t))
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"run-lease", "--nats-url", f.NATS.ClientURL(), "--run", "rl-slow", "--ttl", "1s", "--keep", "--",
+			"sh", "-c", `trap 'sleep 2.5; exit 0' TERM; echo ready; while :; do sleep 0.05; done`}, e)
+	}()
+	for !strings.Contains(stdout.String(), "ready") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel(SignalCause(syscall.SIGTERM))
+	if code := <-done; code != 0 {
+		t.Fatalf("run-lease exit %d, stderr %q", code, stderr.String())
+	}
+	ls, ok := f.Sandboxes.Ledger().LeaseOf("rl-slow")
+	if !ok || ls.Expired(time.Now()) {
+		t.Errorf("lease right after a 2.5 s shutdown with a 1 s TTL: %+v (found %v), want it still live", ls, ok)
 	}
 }
