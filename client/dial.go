@@ -33,7 +33,10 @@ func (c *Client) Dial(ctx context.Context, node, target string) (*Stream, error)
 	}
 	stop := context.AfterFunc(ctx, func() { s.p.CloseWithError(context.Cause(ctx)) })
 	f, err := protocol.NewFrameReader(s).Next()
-	stop()
+	if !stop() && err == nil {
+		// ctx ended just as the answer came: the pipe is being closed.
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		s.Close()
 		if errors.Is(err, io.EOF) {

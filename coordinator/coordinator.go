@@ -56,8 +56,9 @@ type Coordinator struct {
 	probeSeq    uint64
 	// Sandbox inventories (sandboxes.go): node ids that just registered,
 	// and Sync requests.
-	nodeUps chan string
-	syncs   chan chan []protocol.SyncProblem
+	nodeUps          chan string
+	syncs            chan chan []protocol.SyncProblem
+	inventoryRunning atomic.Bool // RunInventory is running
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.

@@ -78,6 +78,8 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	c.inventoryRunning.Store(true)
+	defer c.inventoryRunning.Store(false)
 	pending := map[string]bool{}
 	var soon <-chan time.Time
 	for {
@@ -94,7 +96,20 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 			c.inventoryNodes(ctx, l, slices.Collect(mapsKeys(pending)))
 			clear(pending)
 		case done := <-c.syncs:
-			done <- c.inventoryNodes(ctx, l, nil)
+			// Syncs that queued up meanwhile share this round.
+			waiting := []chan []protocol.SyncProblem{done}
+			for more := true; more; {
+				select {
+				case d := <-c.syncs:
+					waiting = append(waiting, d)
+				default:
+					more = false
+				}
+			}
+			p := c.inventoryNodes(ctx, l, nil)
+			for _, d := range waiting {
+				d <- p
+			}
 		case <-t.C:
 			c.inventoryNodes(ctx, l, nil)
 		}
@@ -106,6 +121,9 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 // a node whose inventory failed, or a gateway whose listing was incomplete.
 // It needs RunInventory running.
 func (c *Coordinator) Sync(ctx context.Context) ([]protocol.SyncProblem, error) {
+	if !c.inventoryRunning.Load() {
+		return nil, errors.New("sandbox inventory sync: the inventory loop is not running")
+	}
 	done := make(chan []protocol.SyncProblem, 1)
 	select {
 	case c.syncs <- done:

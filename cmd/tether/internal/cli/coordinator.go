@@ -394,15 +394,29 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 
 	adminDone := make(chan error, 1)
 	go func() { adminDone <- cs.admin.Serve(cs.adminLn) }()
-	sctx, scancel := context.WithCancel(ctx)
+	// The sandbox services outlive the coordinator's drain (their
+	// endpoints answer until the micro service stops); if they fail, the
+	// coordinator drains and stops too rather than serve a closed ledger.
+	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer scancel()
 	sbxDone := make(chan error, 1)
 	go func() { sbxDone <- cs.sbx.Run(sctx) }()
-
-	err := cs.coord.Serve(ctx, cs.tunnelLn)
-	scancel()
-	if serr := <-sbxDone; serr != nil {
-		cs.log.Error("sandbox services failed", "err", serr)
-		err = errors.Join(err, serr)
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- cs.coord.Serve(cctx, cs.tunnelLn) }()
+	var err, sbxErr error
+	select {
+	case err = <-serveDone:
+		scancel()
+		sbxErr = <-sbxDone
+	case sbxErr = <-sbxDone:
+		ccancel()
+		err = <-serveDone
+	}
+	if sbxErr != nil {
+		cs.log.Error("sandbox services failed", "err", sbxErr)
+		err = errors.Join(err, sbxErr)
 	}
 
 	shctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -119,21 +121,33 @@ func runForward(ctx context.Context, e *env, c *client.Client, a forwardArgs) er
 	if err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
-	defer ln.Close()
 	fmt.Fprintf(e.stdout, "Forwarding from %s -> %s/%s\n", ln.Addr(), a.Node, a.Target)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 
 	var wg sync.WaitGroup
+	// Deferred calls run last first: the listener closes before the wait
+	// for the connections in flight.
 	defer wg.Wait()
+	defer ln.Close()
+	backoff := 5 * time.Millisecond
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return &exitError{code: interruptCode(ctx)}
 			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				// Out of file descriptors, say: wait and accept again.
+				fmt.Fprintf(e.stderr, "tether forward: accept on %s: %v; retrying in %v\n", ln.Addr(), err, backoff)
+				time.Sleep(backoff)
+				backoff = min(2*backoff, time.Second)
+				continue
+			}
 			return fmt.Errorf("forward: accept on %s: %w", ln.Addr(), err)
 		}
+		backoff = 5 * time.Millisecond
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
