@@ -182,6 +182,9 @@ func TestPartitionedNodeReapedOnlyAfterHeal(t *testing.T) {
 	}
 	f.Partition(t, "node-1")
 	eventually(t, 10*time.Second, "node-1 unreachable", func() bool { return len(f.Coordinator.Nodes(protocol.Selector{})) == 1 })
+	if resp, err := f.Client.SyncSandboxes(ctx); err != nil || len(resp.Incomplete) != 1 || resp.Incomplete[0].Node != "node-1" {
+		t.Errorf("sync during the partition: %+v, %v; want node-1 reported as not listed", resp, err)
+	}
 	if _, err := f.Client.CloseLease(ctx, "run-p"); err != nil {
 		t.Fatal(err)
 	}

@@ -150,6 +150,17 @@ func (s *Service) handleSync(req micro.Request) {
 			req.Error(strconv.Itoa(e.Status), e.Message, body)
 			return
 		}
+		// Nodes that hold records but are not connected were not listed
+		// either: say so, or a sync would look complete.
+		seen := map[string]bool{}
+		for _, st := range []ledger.State{ledger.StateLive, ledger.StateDeleting} {
+			for _, r := range s.ledger.List(ledger.Filter{State: string(st)}) {
+				if _, ok := s.coord.ConnectedSince(r.Node); !ok && !seen[r.Node] {
+					seen[r.Node] = true
+					problems = append(problems, protocol.SyncProblem{Node: r.Node, Error: "not connected: its records are as last seen"})
+				}
+			}
+		}
 		req.RespondJSON(protocol.SandboxesSyncResponse{DurationMS: time.Since(start).Milliseconds(), Incomplete: problems})
 	}()
 }

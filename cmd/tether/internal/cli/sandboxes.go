@@ -76,7 +76,7 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 					if p.Target != "" {
 						where += " gateway " + p.Target
 					}
-					fmt.Fprintf(e.stderr, "tether: warning: sync: %s not listed (its records are as last seen): %s\n", where, p.Error)
+					fmt.Fprintf(e.stderr, "tether: warning: sync: %s not listed: %s\n", where, p.Error)
 				}
 			}
 			sbs, err := c.Sandboxes(cmd.Context(), protocol.SandboxesListRequest{Run: o.Run, Node: o.Node, State: o.State, Provider: o.Provider})
