@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -111,31 +112,15 @@ func (c *Config) setDefaults() {
 		rand.Read(b[:])
 		c.ID = "ledger-" + hex.EncodeToString(b[:])
 	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
+	c.Replicas = cmp.Or(c.Replicas, 1)
 	c.Attribution = c.Attribution.withDefaults()
-	if c.MarkerLabel == "" {
-		c.MarkerLabel = DefaultMarkerLabel
-	}
-	if c.MarkerValue == "" {
-		c.MarkerValue = DefaultMarkerValue
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.LeaseRetention == 0 {
-		c.LeaseRetention = DefaultLeaseRetention
-	}
-	if c.TouchInterval == 0 {
-		c.TouchInterval = DefaultTouchInterval
-	}
-	if c.ListingSlack == 0 {
-		c.ListingSlack = DefaultListingSlack
-	}
-	if c.WriteConcurrency == 0 {
-		c.WriteConcurrency = DefaultWriteConcurrency
-	}
+	c.MarkerLabel = cmp.Or(c.MarkerLabel, DefaultMarkerLabel)
+	c.MarkerValue = cmp.Or(c.MarkerValue, DefaultMarkerValue)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.LeaseRetention = cmp.Or(c.LeaseRetention, DefaultLeaseRetention)
+	c.TouchInterval = cmp.Or(c.TouchInterval, DefaultTouchInterval)
+	c.ListingSlack = cmp.Or(c.ListingSlack, DefaultListingSlack)
+	c.WriteConcurrency = cmp.Or(c.WriteConcurrency, DefaultWriteConcurrency)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

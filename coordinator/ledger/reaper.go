@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -90,31 +91,18 @@ type ReaperConfig struct {
 }
 
 func (c *ReaperConfig) setDefaults(l *Ledger) {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.Interval, DefaultReapInterval)
-	def(&c.Grace, DefaultGrace)
-	def(&c.ExpirySlack, DefaultExpirySlack)
-	def(&c.Backoff, DefaultBackoff)
-	def(&c.MaxBackoff, DefaultMaxBackoff)
-	def(&c.LostAfter, DefaultLostAfter)
-	def(&c.DeleteTimeout, DefaultDeleteTimeout)
-	def(&c.LockTTL, DefaultLockTTL)
-	if c.Rate == 0 {
-		c.Rate = DefaultReapRate
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultReapParallel
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultReapBatch
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
+	c.Interval = cmp.Or(c.Interval, DefaultReapInterval)
+	c.Grace = cmp.Or(c.Grace, DefaultGrace)
+	c.ExpirySlack = cmp.Or(c.ExpirySlack, DefaultExpirySlack)
+	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.LostAfter = cmp.Or(c.LostAfter, DefaultLostAfter)
+	c.DeleteTimeout = cmp.Or(c.DeleteTimeout, DefaultDeleteTimeout)
+	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	c.Rate = cmp.Or(c.Rate, DefaultReapRate)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultReapParallel)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultReapBatch)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	if c.Logger == nil {
 		c.Logger = l.cfg.Logger
 	}
