@@ -108,6 +108,13 @@ func (l *Ledger) LeaseOf(id string) (Lease, bool) {
 	return l.leaseIdx.get(id)
 }
 
+// RunClosed reports whether run's lease was closed: the run is over and
+// its sandboxes are reaped, so a sandbox created for it now would be too.
+func (l *Ledger) RunClosed(run string) bool {
+	ls, ok := l.LeaseOf(run)
+	return ok && ls.Closed
+}
+
 // Leases returns every lease, sorted by run.
 func (l *Ledger) Leases() []Lease {
 	l.mu.RLock()

@@ -27,7 +27,7 @@ func (f *Facade) create(w http.ResponseWriter, r *http.Request, st *reqState) {
 			writeError(w, http.StatusBadRequest, CodeInvalidRun, fmt.Sprintf("%s header: %v", HeaderRun, err))
 			return
 		}
-		if runClosed(f.cfg.Ledger, owner) {
+		if f.cfg.Ledger.RunClosed(owner) {
 			writeError(w, http.StatusConflict, CodeRunClosed, fmt.Sprintf("%s header: run %s was closed (its sandboxes are reaped); start a new run with a new run id", HeaderRun, owner))
 			return
 		}
@@ -201,17 +201,4 @@ func (f *Facade) recordCreate(resp *http.Response, st *reqState) {
 func (f *Facade) ledgerFailed(resp *http.Response, st *reqState, id string, err error) {
 	f.m.ledgerErrors.Inc()
 	f.log.Error("ledger write failed", "node", st.node, "id", id, "route", st.class, "status", resp.StatusCode, "err", err)
-}
-
-// runClosed reports whether the ledger knows run's lease as closed: a
-// sandbox created for it would only be reaped again at once.
-func runClosed(l Ledger, run string) bool {
-	lc, ok := l.(interface {
-		LeaseOf(run string) (ledger.Lease, bool)
-	})
-	if !ok {
-		return false
-	}
-	ls, ok := lc.LeaseOf(run)
-	return ok && ls.Closed
 }

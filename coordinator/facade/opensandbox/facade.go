@@ -96,6 +96,9 @@ type Ledger interface {
 	List(f ledger.Filter) []ledger.Record
 	// LiveOn counts the live sandboxes on node (placement).
 	LiveOn(node string) int
+	// RunClosed reports whether run's lease was closed (a create for it is
+	// refused).
+	RunClosed(run string) bool
 }
 
 var _ Ledger = (*ledger.Ledger)(nil)

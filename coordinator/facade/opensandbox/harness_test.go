@@ -223,6 +223,9 @@ func (l *fakeLedger) List(f ledger.Filter) []ledger.Record {
 	return out
 }
 
+// RunClosed is false: the fake keeps no leases.
+func (l *fakeLedger) RunClosed(string) bool { return false }
+
 func (l *fakeLedger) LiveOn(node string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

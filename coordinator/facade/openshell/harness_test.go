@@ -210,6 +210,9 @@ func (l *fakeLedger) ByName(provider, ws, name string) (ledger.Record, bool) {
 	return found, ok
 }
 
+// RunClosed is false: the fake keeps no leases.
+func (l *fakeLedger) RunClosed(string) bool { return false }
+
 func (l *fakeLedger) LiveOn(node string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

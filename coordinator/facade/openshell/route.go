@@ -63,7 +63,7 @@ func (c *call) create() error {
 		if err := protocol.ValidRunID(owner); err != nil {
 			return status.Errorf(codes.InvalidArgument, "tether: metadata %s: %v", MetaRun, err)
 		}
-		if runClosed(c.s.cfg.Ledger, owner) {
+		if c.s.cfg.Ledger != nil && c.s.cfg.Ledger.RunClosed(owner) {
 			return status.Errorf(codes.FailedPrecondition, "tether: metadata %s: run %s was closed (its sandboxes are reaped); start a new run with a new run id", MetaRun, owner)
 		}
 	}
@@ -614,17 +614,4 @@ func (c *call) other() error {
 			c.method, len(nodes), MetaNode)
 	}
 	return c.relay(n, nil)
-}
-
-// runClosed reports whether the ledger knows run's lease as closed: a
-// sandbox created for it would only be reaped again at once.
-func runClosed(l Ledger, run string) bool {
-	lc, ok := l.(interface {
-		LeaseOf(run string) (ledger.Lease, bool)
-	})
-	if !ok {
-		return false
-	}
-	ls, ok := lc.LeaseOf(run)
-	return ok && ls.Closed
 }

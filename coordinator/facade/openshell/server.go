@@ -96,6 +96,9 @@ type Ledger interface {
 	LiveOn(node string) int
 	// List lists records matching f.
 	List(f ledger.Filter) []ledger.Record
+	// RunClosed reports whether run's lease was closed (a create for it is
+	// refused).
+	RunClosed(run string) bool
 }
 
 // Config configures a Server.
