@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/gateway"
 	"github.com/tetherfleet/tether/protocol"
@@ -160,24 +162,22 @@ func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids 
 		}
 	}
 	c.mu.Unlock()
-	sem := make(chan struct{}, inventoryParallel)
 	var (
-		wg       sync.WaitGroup
+		g        errgroup.Group
 		mu       sync.Mutex
 		problems []protocol.SyncProblem
 	)
+	g.SetLimit(inventoryParallel)
 	for _, n := range nodes {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
+		g.Go(func() error {
 			p := c.inventoryNode(ctx, l, n)
 			mu.Lock()
 			problems = append(problems, p...)
 			mu.Unlock()
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	g.Wait()
 	slices.SortFunc(problems, func(a, b protocol.SyncProblem) int {
 		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Target, b.Target))
 	})

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/protocol"
 	osb "github.com/tetherfleet/tether/protocol/opensandbox"
@@ -77,16 +79,12 @@ func routable(s ledger.State) bool { return s != ledger.StateDeleted }
 
 // fanOut runs do(0..n-1), at most maxFanOut at once, and waits for all.
 func fanOut(n int, do func(i int)) {
-	sem := make(chan struct{}, maxFanOut)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(maxFanOut)
 	for i := range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			do(i)
-		})
+		g.Go(func() error { do(i); return nil })
 	}
-	wg.Wait()
+	g.Wait()
 }
 
 // foundCache remembers which node a lookup found an id on, for sandboxes

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -80,18 +80,12 @@ func (c *call) invoke(n protocol.NodeInfo, method string, req *frame) answer {
 // at once, and returns the answers in the order of nodes.
 func (c *call) invokeAll(nodes []protocol.NodeInfo, method string, req *frame) []answer {
 	out := make([]answer, len(nodes))
-	sem := make(chan struct{}, maxParallel)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(maxParallel)
 	for i, n := range nodes {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			out[i] = c.invoke(n, method, req)
-		}()
+		g.Go(func() error { out[i] = c.invoke(n, method, req); return nil })
 	}
-	wg.Wait()
+	g.Wait()
 	return out
 }
 

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -143,18 +143,12 @@ func (c *call) listAll(n protocol.NodeInfo, base *openshell.ListSandboxesRequest
 func (c *call) listEach(nodes []protocol.NodeInfo, base *openshell.ListSandboxesRequest) ([][]listed, []error) {
 	rows := make([][]listed, len(nodes))
 	errs := make([]error, len(nodes))
-	sem := make(chan struct{}, maxParallel)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(maxParallel)
 	for i, n := range nodes {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			rows[i], errs[i] = c.listAll(n, base)
-		}()
+		g.Go(func() error { rows[i], errs[i] = c.listAll(n, base); return nil })
 	}
-	wg.Wait()
+	g.Wait()
 	return rows, errs
 }
 
