@@ -86,3 +86,24 @@ func checkReady(t *testing.T, cs *coordinatorServer) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// When a sandbox service fails (here a facade whose listener died), the
+// coordinator drains and stops with its error instead of serving lease and
+// sandbox endpoints against a closed ledger.
+func TestCoordinatorStopsWhenSandboxServicesFail(t *testing.T) {
+	cs, err := startCoordinator(testCoordinatorOptions(t, t.TempDir()), "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs.sbxLn.openShell.Close()
+	done := make(chan error, 1)
+	go func() { done <- cs.serve(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "openshell facade") {
+			t.Fatalf("serve = %v, want the openshell facade's failure", err)
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("the coordinator kept serving after its sandbox services failed")
+	}
+}
