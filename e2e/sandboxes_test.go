@@ -162,6 +162,25 @@ func (g *nodeGateways) list(ctx context.Context) ([]gatewaySandbox, error) {
 	return out, nil
 }
 
+// reapRun ends run with `tether sandboxes reap --run` and waits until none
+// of its sandboxes is left on gws; a leak fails the test, listing it.
+func reapRun(ctx context.Context, t *testing.T, f *sandboxFleet, run string, gws ...*nodeGateways) {
+	t.Helper()
+	if out, errOut, code := runCLI(t, f.natsURL, "", "sandboxes", "reap", "--run", run); code != 0 {
+		t.Fatalf("tether sandboxes reap --run %s: code %d, stdout %q, stderr %q", run, code, out, errOut)
+	}
+	checkFor(t, 20*time.Second, func() error {
+		left, err := onGateways(ctx, run, gws...)
+		if err != nil {
+			return err
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("%d sandboxes of closed run %s leaked: %v", len(left), run, left)
+		}
+		return nil
+	})
+}
+
 // onGateways lists every node's gateways, keeping the sandboxes of run
 // ("" for all).
 func onGateways(ctx context.Context, run string, gws ...*nodeGateways) ([]gatewaySandbox, error) {
@@ -698,19 +717,7 @@ func TestChaosCoordinatorKilledMidCreate(t *testing.T) {
 	}
 
 	// Nothing leaks: closing the run reaps all three.
-	if out, errOut, code := runCLI(t, f.natsURL, "", "sandboxes", "reap", "--run", run); code != 0 {
-		t.Fatalf("tether sandboxes reap --run %s: code %d, stdout %q, stderr %q", run, code, out, errOut)
-	}
-	checkFor(t, 20*time.Second, func() error {
-		left, err := onGateways(ctx, run, gws...)
-		if err != nil {
-			return err
-		}
-		if len(left) > 0 {
-			return fmt.Errorf("%d sandboxes of closed run %s leaked: %v", len(left), run, left)
-		}
-		return nil
-	})
+	reapRun(ctx, t, f, run, gws...)
 }
 
 // TestChaosGatewayStopped: a node's gateways hang (SIGSTOP) for a few
@@ -840,19 +847,7 @@ func TestChaosGatewayStopped(t *testing.T) {
 		t.Fatalf("after chaos-a's gateways resumed and restarted, the ledger disagrees with them:\n%v", err)
 	}
 
-	if out, errOut, code := runCLI(t, f.natsURL, "", "sandboxes", "reap", "--run", run); code != 0 {
-		t.Fatalf("tether sandboxes reap --run %s: code %d, stdout %q, stderr %q", run, code, out, errOut)
-	}
-	checkFor(t, 20*time.Second, func() error {
-		left, err := onGateways(ctx, run, g)
-		if err != nil {
-			return err
-		}
-		if len(left) > 0 {
-			return fmt.Errorf("%d sandboxes of closed run %s leaked: %v", len(left), run, left)
-		}
-		return nil
-	})
+	reapRun(ctx, t, f, run, g)
 }
 
 // TestChaosAgentPartitioned: a node's agent hangs (SIGSTOP: its tunnel
