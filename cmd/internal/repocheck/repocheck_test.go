@@ -223,6 +223,8 @@ func TestRulesCatchViolations(t *testing.T) {
 		mod + "/client":           {mod + "/protocol", "github.com/nats-io/nats.go", mod + "/tunnel"},
 		mod + "/cmd/tether":       {mod + "/agent", mod + "/coordinator", mod + "/client"},
 		mod + "/agentish":         {mod + "/coordinator"},
+		mod + "/gateway":          {mod + "/protocol", "google.golang.org/grpc", mod + "/coordinator/ledger"},
+		mod + "/protocol/x/xtest": {"net", "google.golang.org/grpc"},
 		mod + "/coordinatorextra": {mod + "/agent"},
 	}
 	want := []string{
@@ -233,6 +235,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		mod + "/protocol/sub imports net",
 		mod + "/tunnel imports " + mod + "/client",
 		mod + "/coordinator imports " + mod + "/agent",
+		mod + "/gateway imports " + mod + "/coordinator/ledger",
 		mod + "/client imports " + mod + "/tunnel",
 	}
 	var got []string
