@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -43,11 +44,26 @@ type result struct {
 	stdout, stderr string
 }
 
-// runCLI runs the command line with the environment vars (nil: empty).
+// runCLI runs the command line with the environment vars (nil: empty). An
+// empty stdin is /dev/null, as for a command run with `</dev/null` (or by
+// CI); any other is a reader, as a pipe is.
 func runCLI(ctx context.Context, vars map[string]string, stdin string, args ...string) result {
+	if stdin == "" {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			panic(err)
+		}
+		defer null.Close()
+		return runCLIWith(ctx, vars, null, args...)
+	}
+	return runCLIWith(ctx, vars, strings.NewReader(stdin), args...)
+}
+
+// runCLIWith runs the command line with stdin.
+func runCLIWith(ctx context.Context, vars map[string]string, stdin io.Reader, args ...string) result {
 	var stdout, stderr syncBuffer
 	e := &env{
-		stdin:  strings.NewReader(stdin),
+		stdin:  stdin,
 		stdout: &stdout,
 		stderr: &stderr,
 		getenv: func(k string) string { return vars[k] },
