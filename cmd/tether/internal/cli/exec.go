@@ -23,6 +23,9 @@ type execOptions struct {
 	Node     string
 	Selector string
 	All      bool
+	// SelectorGiven is set when --selector was on the command line, so
+	// that an empty one is refused rather than taken as no target.
+	SelectorGiven bool
 	// Timeout bounds each node's run. Zero means the coordinator's default.
 	// The flag takes a duration or a plain number of seconds.
 	Timeout time.Duration
@@ -67,11 +70,15 @@ func (o *execOptions) Validate(argv []string) error {
 			errs = append(errs, fmt.Errorf("--node: %w", err))
 		}
 	}
-	if o.Selector != "" {
+	switch {
+	case o.Selector != "":
 		targets++
 		if _, err := protocol.ParseSelector(o.Selector); err != nil {
 			errs = append(errs, fmt.Errorf("--selector: %w", err))
 		}
+	case o.SelectorGiven:
+		targets++
+		errs = append(errs, errors.New("--selector is empty: give at least one requirement, or --all for every node"))
 	}
 	if o.All {
 		targets++
@@ -217,6 +224,7 @@ kept in files there; it survives the tunnel and is queried with 'tether job'.`,
   echo data | tether exec --node web-1 --stdin -- wc -c
   tether exec --node web-1 --detach -- ./train.sh`,
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
+			o.SelectorGiven = cmd.Flags().Changed("selector")
 			if err := o.Validate(args); err != nil {
 				return usage(err)
 			}
