@@ -100,6 +100,7 @@ func (j *job) run() {
 		} else {
 			res.Failed++
 		}
+		res.Truncated = res.Truncated || results[i].Truncated
 	}
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
@@ -307,6 +308,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.StderrBytes = es.StderrBytes
 			res.StdoutTruncated = es.StdoutTruncated
 			res.StderrTruncated = es.StderrTruncated
+			res.Truncated = es.StdoutTruncated || es.StderrTruncated
 			res.FailedCommand = es.FailedCommand
 			res.OutputCut = es.OutputCut
 			res.Detached = es.Detached

@@ -184,7 +184,7 @@ func TestNATSURLPrecedence(t *testing.T) {
 	}
 	// Through the command line: the error names the URL it tried.
 	r := runCLI(testCtx(t), map[string]string{natsURLEnv: "nats://127.0.0.1:1"}, "", "nodes")
-	if r.code != exitFailure || !strings.Contains(r.stderr, "connect to NATS at nats://127.0.0.1:1") {
+	if r.code != exitTether || !strings.Contains(r.stderr, "connect to NATS at nats://127.0.0.1:1") {
 		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
 	}
 }
@@ -236,11 +236,29 @@ func TestExecOutcome(t *testing.T) {
 			[]string{"node a: timed out after 5s"}},
 		{"single timeout default", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 137, TimedOut: true, DurationMS: 1500.2}}, 124,
 			[]string{"node a: timed out after 1.5s"}},
-		{"single unreachable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost", ErrorCode: "unavailable"}}, 1,
+		{"single unreachable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost", ErrorCode: "unavailable"}}, 255,
 			[]string{"node a: tunnel lost (unavailable)"}},
-		{"single missing result", true, 0, nil, 1, []string{"job j: expected one node's result, got 0"}},
-		{"single truncated", true, 0, []protocol.NodeResult{{Node: "a", StdoutTruncated: true, StdoutBytes: 99}}, 0,
-			[]string{"node a: stdout was truncated (99 bytes produced)"}},
+		{"single tunnel lost", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost during exec: unexpected EOF"}}, 255,
+			[]string{"node a: tunnel lost during exec: unexpected EOF"}},
+		{"single internal error", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "node a: panic in exec handler", ErrorCode: protocol.CodeInternal}}, 255,
+			[]string{"node a: node a: panic in exec handler (internal)"}},
+		{"single busy", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "node a is running 64 execs, its limit", ErrorCode: protocol.CodeBusy}}, 255,
+			[]string{"node a: node a is running 64 execs, its limit (busy)"}},
+		{"single bad cwd", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "cwd /x: no such file or directory", ErrorCode: protocol.CodeStartFailed}}, 255,
+			[]string{"node a: cwd /x: no such file or directory (start_failed)"}},
+		{"single not found", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "start x: not found", ErrorCode: protocol.CodeCommandNotFound}}, 127,
+			[]string{"node a: start x: not found (command_not_found)"}},
+		{"single not executable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "start x: permission denied", ErrorCode: protocol.CodeNotExecutable}}, 126,
+			[]string{"node a: start x: permission denied (not_executable)"}},
+		{"single cancelled", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 143, Cancelled: true}}, 130,
+			[]string{"node a: cancelled"}},
+		{"single missing result", true, 0, nil, 255, []string{"job j: expected one node's result, got 0"}},
+		{"single truncated", true, 0, []protocol.NodeResult{{Node: "a", StdoutTruncated: true, StdoutBytes: 99}}, 254,
+			[]string{"node a: stdout was truncated at the output limit (99 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+		{"single truncated and failed", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 3, StderrTruncated: true, StderrBytes: 9}}, 3,
+			[]string{"node a: stderr was truncated at the output limit (9 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+		{"multi truncated", false, 0, []protocol.NodeResult{ok, {Node: "b", Truncated: true, StdoutTruncated: true, StdoutBytes: 5}}, 254,
+			[]string{"node b: stdout was truncated at the output limit (5 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
 		{"multi ok", false, 0, []protocol.NodeResult{ok, {Node: "b"}}, 0, nil},
 		{"multi failures", false, time.Second, []protocol.NodeResult{
 			ok,
@@ -251,10 +269,10 @@ func TestExecOutcome(t *testing.T) {
 			{Node: "f", StderrTruncated: true, StderrBytes: 7},
 		}, 1, []string{
 			// The other failures are in the summary table.
-			"node f: stderr was truncated (7 bytes produced)",
+			"node f: stderr was truncated at the output limit (7 bytes produced); raise --output-limit (1GiB, unlimited) to get it all",
 		}},
 		{"single shutdown", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Cancelled: true,
-			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 1,
+			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 255,
 			[]string{"node a: coordinator c1 is shutting down; job cancelled"}},
 		{"single output cut", true, 0, []protocol.NodeResult{{Node: "a", OutputCut: true}}, 0,
 			[]string{"node a: output cut: the command exited but something kept its output open, so its process group was killed"}},

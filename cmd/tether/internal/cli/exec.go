@@ -56,6 +56,9 @@ type execOptions struct {
 	Summary bool
 	// Detach starts the job detached on each node and returns at once.
 	Detach bool
+	// OutputLimit caps each of stdout and stderr per node, in bytes: 0
+	// means the agent's default (64 MiB), protocol.OutputUnlimited no cap.
+	OutputLimit int64
 	// NATS says how to reach the API.
 	NATS natsOptions
 }
@@ -141,6 +144,7 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		Cwd:         o.Cwd,
 		Timeout:     protocol.Duration(o.Timeout),
 		MaxParallel: o.MaxParallel,
+		OutputLimit: o.OutputLimit,
 		Detach:      o.Detach,
 	}
 	if len(o.Env) > 0 {
@@ -207,16 +211,34 @@ command and the node's stderr.
 
 With several target nodes every line is prefixed with "node-id | ", a live
 progress line is shown on a terminal, and a table of the failed nodes (every
-node with --summary) and the totals end the run. The exit code is the remote
-exit code for --node (124 on timeout), and 0 or 1 (any node failed)
-otherwise. Ctrl-C cancels the job on every node and exits 130 (143 on
-SIGTERM). With --json, stdout carries one JSON object per line: output
+node with --summary) and the totals end the run. Ctrl-C cancels the job on
+every node. With --json, stdout carries one JSON object per line: output
 chunks {"node","stream","data"} (or "data_b64" with the raw bytes in base64
 when a chunk is not valid UTF-8), each node's result as {"node_result":
 {...}} when it finishes, then the result object.
 
+Each of stdout and stderr is capped per node at --output-limit (default: the
+agent's, 64 MiB; "unlimited" for none); past it the output is dropped, the
+command runs on, and the result says "truncated": true.
+
 With --detach the job is started on each node in its own session, its output
-kept in files there; it survives the tunnel and is queried with 'tether job'.`,
+kept in files there; it survives the tunnel and is queried with 'tether job'.
+
+Exit codes, with --node:
+  0        the command exited 0
+  N        the command's own exit code (128+N when signal N killed it)
+  2        usage error: nothing was sent
+  124      the timeout killed the command
+  126      the command exists on the node but cannot be executed
+  127      the command was not found on the node
+  130/143  interrupted by SIGINT/SIGTERM: the job was cancelled
+  254      the command exited 0 but output past --output-limit was dropped
+  255      Tether failed: no coordinator, node not connected, cwd missing,
+           tunnel lost, coordinator shut down, internal error
+With --selector or --all: 0 when every node succeeded, 1 when any node failed
+(for any of the reasons above), 254 when every node succeeded but an output
+was truncated, 255 when Tether failed for the whole job (no node matched, no
+coordinator); 2, 130 and 143 as above.`,
 		Example: `  tether exec --all -- uname -a
   tether exec --selector gpu=true --timeout 1m -- nvidia-smi
   tether exec --node web-1 --script deploy.sh
@@ -249,6 +271,7 @@ kept in files there; it survives the tunnel and is queried with 'tether job'.`,
 	f.BoolVar(&o.FailFast, "fail-fast", false, "run the -c commands one by one and stop at the first failure")
 	f.BoolVar(&o.Summary, "summary", false, "list every node in the final table, not only the failed ones")
 	f.BoolVar(&o.Detach, "detach", false, "start the job detached on each node and return (see 'tether job')")
+	f.Var(outputLimitFlag{&o.OutputLimit}, "output-limit", "cap each of stdout and stderr per node: 64MiB, 1GiB, 1GB or unlimited (default: the agent's, 64 MiB)")
 	o.NATS.addFlags(cmd)
 	return cmd
 }
@@ -375,11 +398,16 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 // single is true for a --node job; timeout is the requested per-node
 // timeout, if any. A multi-node job's failed nodes are listed by its
 // summary table instead, so only truncation notes are returned for them.
+//
+// Single node: the node's code (nodeOutcome), or exitTruncated when it is 0
+// and an output was truncated. Several nodes: exitFailure when any node
+// failed, else exitTruncated when any output was truncated, else exitOK.
 func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (int, []string) {
 	if single && len(res.Results) != 1 {
-		return exitFailure, []string{fmt.Sprintf("job %s: expected one node's result, got %d", res.ID, len(res.Results))}
+		return exitTether, []string{fmt.Sprintf("job %s: expected one node's result, got %d", res.ID, len(res.Results))}
 	}
 	code := exitOK
+	truncated := false
 	var lines []string
 	for i := range res.Results {
 		r := &res.Results[i]
@@ -389,9 +417,10 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 			n         int64
 		}{{"stdout", r.StdoutTruncated, r.StdoutBytes}, {"stderr", r.StderrTruncated, r.StderrBytes}} {
 			if s.truncated {
-				lines = append(lines, fmt.Sprintf("node %s: %s was truncated (%d bytes produced)", r.Node, s.name, s.n))
+				lines = append(lines, fmt.Sprintf("node %s: %s was truncated at the output limit (%d bytes produced); raise --output-limit (1GiB, unlimited) to get it all", r.Node, s.name, s.n))
 			}
 		}
+		truncated = truncated || r.OutputTruncated()
 		if r.OutputCut {
 			lines = append(lines, fmt.Sprintf("node %s: output cut: the command exited but something kept its output open, so its process group was killed", r.Node))
 		}
@@ -409,15 +438,22 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 			code = exitFailure
 		}
 	}
+	if code == exitOK && truncated {
+		code = exitTruncated
+	}
 	return code, lines
 }
 
 // nodeOutcome is one node's exit code as a single-node job would report it,
-// and a description when it did not succeed (without the node's name).
+// and a description when it did not succeed (without the node's name): the
+// command's own code, 124 for a timeout, 130 for a cancel, 126 and 127 for
+// a command the node could not execute or find, and exitTether when Tether
+// failed (the coordinator shut down, the tunnel was lost, a bad cwd, an
+// internal error).
 func nodeOutcome(r *protocol.NodeResult, timeout time.Duration) (int, string) {
 	switch {
 	case r.ErrorCode == protocol.ResultCodeShutdown:
-		return exitFailure, r.Error
+		return exitTether, r.Error
 	case r.TimedOut:
 		d := timeout
 		if d <= 0 {
@@ -431,14 +467,32 @@ func nodeOutcome(r *protocol.NodeResult, timeout time.Duration) (int, string) {
 		if r.ErrorCode != "" {
 			msg += " (" + r.ErrorCode + ")"
 		}
-		if r.Cancelled {
+		switch {
+		case r.Cancelled:
 			return exitInterrupted, msg
+		case r.ErrorCode == protocol.CodeCommandNotFound:
+			return exitNotFound, msg
+		case r.ErrorCode == protocol.CodeNotExecutable:
+			return exitNotExecutable, msg
 		}
-		return exitFailure, msg
+		return exitTether, msg
 	case r.Signal != "":
 		return r.ExitCode, fmt.Sprintf("killed by signal %s (exit code %d)", r.Signal, r.ExitCode)
 	case r.ExitCode != 0:
 		return r.ExitCode, fmt.Sprintf("exit code %d", r.ExitCode)
 	}
 	return exitOK, ""
+}
+
+// errorInfoCode is the exit code of an operation the agent refused with an
+// error frame of code (protocol.ErrorInfo.Code): 127 and 126 for a command
+// it could not find or execute, as a shell reports them, else exitTether.
+func errorInfoCode(code string) int {
+	switch code {
+	case protocol.CodeCommandNotFound:
+		return exitNotFound
+	case protocol.CodeNotExecutable:
+		return exitNotExecutable
+	}
+	return exitTether
 }

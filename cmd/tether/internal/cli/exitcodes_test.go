@@ -100,7 +100,7 @@ func TestExecExitCodes(t *testing.T) {
 		{name: "interrupted", args: exec("--node", "node-0", "--", "sleep", "60"), ctx: cancelledCtx(syscall.SIGINT), code: 130},
 		{name: "terminated", args: exec("--node", "node-0", "--", "sleep", "60"), ctx: cancelledCtx(syscall.SIGTERM), code: 143},
 		{name: "output truncated", args: exec("--node", "node-0", "--output-limit", "1KiB", "--", "head", "-c", "5000", "/dev/zero"), code: 254, stderr: "stdout was truncated"},
-		{name: "node not connected", args: exec("--node", "node-9", "--", "true"), code: 255, stderr: "(unknown_node)"},
+		{name: "node not connected", args: exec("--node", "node-9", "--", "true"), code: 255, stderr: "unknown_node)"},
 		{name: "cwd does not exist", args: exec("--node", "node-0", "--cwd", "/nonexistent", "--", "true"), code: 255, stderr: "cwd /nonexistent: no such file or directory"},
 		{name: "coordinator unreachable", args: []string{"exec", "--nats-url", unreachable, "--node", "node-0", "--", "true"}, code: 255, stderr: "connect to NATS"},
 		{name: "no coordinator", args: []string{"exec", "--nats-url", idle, "--node", "node-0", "--", "true"}, code: 255, stderr: "no Tether coordinator"},
@@ -109,7 +109,7 @@ func TestExecExitCodes(t *testing.T) {
 		{name: "fan-out some node failed", args: exec("--all", "--", "test", "-e", "only-on-node-0"), code: 1, stderr: "2 nodes: 1 succeeded, 1 failed"},
 		{name: "fan-out command not found", args: exec("--all", "--", "no-such-command-tether-test"), code: 1, stderr: "command_not_found"},
 		{name: "fan-out truncated", args: exec("--all", "--output-limit", "4", "--", "echo", "0123456789"), code: 254, stderr: "stdout was truncated"},
-		{name: "fan-out no match", args: exec("--selector", "index=9", "--", "true"), code: 255, stderr: "(no_match)"},
+		{name: "fan-out no match", args: exec("--selector", "index=9", "--", "true"), code: 255, stderr: "no_match)"},
 		{name: "fan-out coordinator unreachable", args: []string{"exec", "--nats-url", unreachable, "--all", "--", "true"}, code: 255, stderr: "connect to NATS"},
 		{name: "fan-out no coordinator", args: []string{"exec", "--nats-url", idle, "--all", "--", "true"}, code: 255, stderr: "no Tether coordinator"},
 	})

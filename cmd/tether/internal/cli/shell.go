@@ -329,7 +329,7 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 		}
 		return &exitError{code: out.exit.ExitCode}
 	case out.errInfo != nil:
-		return fmt.Errorf("node %s: %w", s.node, out.errInfo)
+		return &exitError{code: errorInfoCode(out.errInfo.Code), err: fmt.Errorf("node %s: %w", s.node, out.errInfo)}
 	case interrupted:
 		return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", ctx.Err())}
 	case out.err != nil:
