@@ -304,8 +304,11 @@ func TestExecRequest(t *testing.T) {
 			[]string{"echo", "hi"}, "",
 			protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"echo", "hi"}, Env: map[string]string{"A": "1", "B": "x=y"},
 				Cwd: "/tmp", Timeout: protocol.Duration(time.Minute), MaxParallel: 4}},
-		{"stdin", execOptions{Node: "n1", Stdin: true}, []string{"wc", "-c"}, "data",
-			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"wc", "-c"}, Stdin: []byte("data")}},
+		{"stdin to several nodes", execOptions{All: true, Stdin: true}, []string{"wc", "-c"}, "data",
+			protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"wc", "-c"}, Stdin: []byte("data")}},
+		// One node's stdin is streamed (ExecStream), not in the request.
+		{"stdin to one node", execOptions{Node: "n1", Stdin: true}, []string{"wc", "-c"}, "data",
+			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"wc", "-c"}}},
 		{"script file", execOptions{Selector: "gpu=true", Script: script}, nil, "",
 			protocol.ExecRequest{Target: protocol.Target{Selector: "gpu=true"}, Script: "echo from file\n"}},
 		{"script stdin", execOptions{All: true, Script: "-"}, nil, "echo from stdin",

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
@@ -39,9 +40,15 @@ type execOptions struct {
 	// Cwd is the remote working directory. Empty means the agent's data
 	// directory.
 	Cwd string
-	// Stdin forwards local standard input (read fully first, at most
-	// protocol.MaxStdinSize bytes) to the command; argv mode only.
+	// Stdin forwards local standard input to the command even when it is a
+	// terminal, and to every node of a fan-out (read fully first, at most
+	// protocol.MaxStdinSize bytes, the same bytes to each node); argv mode
+	// only. Without it a standard input that is not a terminal is
+	// forwarded to a --node command anyway (stdinMode).
 	Stdin bool
+	// NoStdin never forwards standard input (ssh -n): the command reads
+	// /dev/null.
+	NoStdin bool
 	// Script is a file whose content runs through `bash -s` ("-" reads it
 	// from standard input). Exclusive with a command after "--".
 	Script string
@@ -111,7 +118,10 @@ func (o *execOptions) Validate(argv []string) error {
 		errs = append(errs, errors.New("--stdin works with a command after -- only: a script is itself bash's standard input"))
 	}
 	if o.Detach && o.Stdin {
-		errs = append(errs, errors.New("--stdin cannot be combined with --detach"))
+		errs = append(errs, errors.New("--stdin cannot be combined with --detach: a detached job has no standard input"))
+	}
+	if o.Stdin && o.NoStdin {
+		errs = append(errs, errors.New("give only one of --stdin and -n/--no-stdin"))
 	}
 	if o.Detach && o.FailFast {
 		errs = append(errs, errors.New("--fail-fast cannot be combined with --detach: use a script with set -e"))
@@ -133,8 +143,9 @@ func (o *execOptions) Validate(argv []string) error {
 // multi reports whether the target may be several nodes.
 func (o *execOptions) multi() bool { return o.Node == "" }
 
-// request builds the ExecRequest, reading the script or stdin from stdin as
-// asked. o must be valid.
+// request builds the ExecRequest, reading the script from stdin (--script -)
+// and, with o.Stdin on several nodes, the stdin bytes to send (buffered).
+// o must be valid.
 func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecRequest, error) {
 	req := &protocol.ExecRequest{
 		Target:      protocol.Target{Node: o.Node, Selector: o.Selector, All: o.All},
@@ -171,14 +182,94 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		}
 		req.Script = string(b)
 	}
-	if o.Stdin {
-		b, err := readLimited(stdin, protocol.MaxStdinSize, "standard input")
+	if o.Stdin && o.multi() {
+		b, err := io.ReadAll(io.LimitReader(stdin, protocol.MaxStdinSize+1))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read standard input: %w", err)
+		}
+		if len(b) > protocol.MaxStdinSize {
+			return nil, fmt.Errorf("standard input is over the %d byte limit of --stdin with several nodes (the same bytes go to each node, buffered): "+
+				"run it per node with --node, which streams standard input with no limit, or copy the data to the nodes with 'tether cp' first", protocol.MaxStdinSize)
 		}
 		req.Stdin = b
 	}
 	return req, nil
+}
+
+// stdinMode is what `tether exec` does with its standard input.
+type stdinMode int
+
+const (
+	stdinUnused   stdinMode = iota // the command reads /dev/null
+	stdinScript                    // --script -: standard input is the script
+	stdinStream                    // streamed to a --node command (ExecStream)
+	stdinBuffered                  // --stdin on several nodes: read fully, sent to each
+)
+
+// stdinMode decides, as ssh does, what standard input means for o: with
+// --node and a command after --, a standard input that is not a terminal
+// (a pipe, a file) is streamed to the command, as is any with --stdin; -n
+// never forwards it. Where it cannot be forwarded (a -c batch or a script
+// file, which bash -s reads from its own standard input; several nodes,
+// unless --stdin sends the same bytes to each; a detached job) it is left
+// unread, and warn says so when it was piped. kind is the local standard
+// input's kind (classifyStdin).
+func (o *execOptions) stdinMode(kind stdinKind) (mode stdinMode, warn string) {
+	switch {
+	case o.Script == "-":
+		return stdinScript, ""
+	case o.NoStdin:
+		return stdinUnused, ""
+	case o.Stdin && o.multi():
+		return stdinBuffered, ""
+	case o.Stdin:
+		return stdinStream, ""
+	case kind != stdinPiped:
+		return stdinUnused, ""
+	case o.Script != "" || len(o.Commands) > 0:
+		return stdinUnused, "standard input is not forwarded: -c and --script run through 'bash -s', which reads the script from its standard input; put the command after -- to give it standard input, or pass -n (or </dev/null) to say it has none"
+	case o.Detach:
+		return stdinUnused, "standard input is not forwarded: a detached job has no standard input; pass -n (or </dev/null) to say it has none"
+	case o.multi():
+		return stdinUnused, fmt.Sprintf("standard input is not forwarded to several nodes; pass --stdin to send the same bytes to each (buffered, at most %d KiB), or -n (or </dev/null) to say it has none", protocol.MaxStdinSize>>10)
+	}
+	return stdinStream, ""
+}
+
+// stdinKind is what a process's standard input is.
+type stdinKind int
+
+const (
+	stdinNone     stdinKind = iota // none: not open, /dev/null, or nil
+	stdinTerminal                  // a terminal
+	stdinPiped                     // anything else: a pipe, a file, a socket, an io.Reader
+)
+
+// classifyStdin tells what r, a command's standard input, is. A file
+// descriptor that is not open (fstat fails, as for a CI runner's closed
+// fd 0) and /dev/null are stdinNone; an io.Reader that is not an *os.File
+// is stdinPiped.
+func classifyStdin(r io.Reader) stdinKind {
+	if r == nil {
+		return stdinNone
+	}
+	f, ok := r.(*os.File)
+	if !ok {
+		return stdinPiped
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return stdinNone
+	}
+	if term.IsTerminal(int(f.Fd())) {
+		return stdinTerminal
+	}
+	if fi.Mode()&os.ModeCharDevice != 0 {
+		if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
+			return stdinNone
+		}
+	}
+	return stdinPiped
 }
 
 // readLimited reads r fully, failing if it holds more than limit bytes.
@@ -265,7 +356,8 @@ coordinator); 2, 130 and 143 as above.`,
 	f.BoolVar(&o.JSON, "json", false, "print output chunks, node results and the result as JSON lines")
 	f.StringArrayVar(&o.Env, "env", nil, "set an environment variable KEY=VALUE (repeatable)")
 	f.StringVar(&o.Cwd, "cwd", "", "remote working directory")
-	f.BoolVar(&o.Stdin, "stdin", false, "forward standard input to the command (read fully first)")
+	f.BoolVar(&o.Stdin, "stdin", false, "forward standard input even from a terminal, or to several nodes (buffered, at most 512 KiB)")
+	f.BoolVarP(&o.NoStdin, "no-stdin", "n", false, "do not forward standard input (as ssh -n): the command reads /dev/null")
 	f.StringVar(&o.Script, "script", "", "run this script file through bash -s ('-': standard input)")
 	f.StringArrayVarP(&o.Commands, "command", "c", nil, "a shell command of the batch (repeatable)")
 	f.BoolVar(&o.FailFast, "fail-fast", false, "run the -c commands one by one and stop at the first failure")
@@ -307,6 +399,11 @@ func (f secondsDuration) Type() string { return "duration" }
 // runExec submits the job and maps its outcome to an exit code. o must be
 // valid.
 func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
+	kind := classifyStdin(e.stdin)
+	mode, warn := o.stdinMode(kind)
+	if warn != "" {
+		fmt.Fprintf(e.stderr, "tether: warning: %s\n", warn)
+	}
 	req, err := o.request(argv, e.stdin)
 	if err != nil {
 		return err
@@ -336,7 +433,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	}
 	out := newExecOutput(stdout, stderr, o.multi(), o.JSON)
 	start := e.now()
-	res, err := c.ExecWith(ctx, req, client.ExecOptions{
+	opts := client.ExecOptions{
 		Output: out.handle,
 		NodeResult: func(r *protocol.NodeResult) {
 			if prog != nil {
@@ -352,7 +449,13 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 				fmt.Fprintf(stderr, "%s\n", r.Failure)
 			}
 		},
-	})
+	}
+	var res *protocol.ExecResult
+	if mode == stdinStream {
+		res, err = execStream(ctx, c, req, e.stdin, kind, opts)
+	} else {
+		res, err = c.ExecWith(ctx, req, opts)
+	}
 	out.Flush()
 	if prog != nil {
 		prog.stop()
@@ -495,4 +598,24 @@ func errorInfoCode(code string) int {
 		return exitNotExecutable
 	}
 	return exitTether
+}
+
+// execStream runs req on its node with stdin streamed to the command
+// (client.ExecStream). An *os.File is read through a stdinReader, whose
+// read ExecStream can interrupt once the command exited; a standard input
+// that is not open reads as empty.
+func execStream(ctx context.Context, c *client.Client, req *protocol.ExecRequest, stdin io.Reader, kind stdinKind, opts client.ExecOptions) (*protocol.ExecResult, error) {
+	if kind == stdinNone {
+		return c.ExecStream(ctx, req, strings.NewReader(""), opts)
+	}
+	if _, ok := stdin.(*os.File); !ok {
+		return c.ExecStream(ctx, req, stdin, opts)
+	}
+	in, stop, err := newStdinReader(stdin)
+	if err != nil {
+		return nil, err
+	}
+	defer in.close()
+	defer stop()
+	return c.ExecStream(ctx, req, in, opts)
 }

@@ -2,13 +2,18 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tetherfleet/tether/fleettest"
 )
@@ -149,10 +154,144 @@ func TestExecForwardsPipedStdin(t *testing.T) {
 			t.Errorf("--stdin over the limit: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 		}
 	})
+	t.Run("command exits before stdin ends", func(t *testing.T) {
+		r := runCLIWith(testCtx(t), nil, bytes.NewReader(data), "exec", "--nats-url", url, "--node", "node-0", "--", "head", "-c", "10")
+		if r.code != 0 || r.stdout != string(data[:10]) {
+			t.Errorf("exit %d, %d bytes of stdout, stderr %q", r.code, len(r.stdout), r.stderr)
+		}
+	})
+	t.Run("stdin never ends", func(t *testing.T) {
+		// An open pipe nobody writes to (a CI runner's, say) does not keep
+		// tether waiting once the command exited.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pr.Close()
+		defer pw.Close()
+		r := runCLIWith(testCtx(t), nil, pr, "exec", "--nats-url", url, "--node", "node-0", "--", "echo", "done")
+		if r.code != 0 || r.stdout != "done\n" {
+			t.Errorf("exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+	})
+	t.Run("interrupted", func(t *testing.T) {
+		// cat waits on a pipe that stays open; the interrupt cancels it on
+		// the node.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pr.Close()
+		defer pw.Close()
+		ctx, cancel := context.WithCancelCause(testCtx(t))
+		go func() {
+			pw.Write([]byte("first\n"))
+		}()
+		var stdout, stderr syncBuffer
+		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, []string{"exec", "--nats-url", url, "--node", "node-0", "--", "cat"}, e) }()
+		checkFor(t, defaultTestTimeout, func() error {
+			if stdout.String() != "first\n" {
+				return fmt.Errorf("stdout %q", stdout.String())
+			}
+			return nil
+		})
+		cancel(SignalCause(syscall.SIGINT))
+		if code := <-done; code != exitInterrupted {
+			t.Errorf("exit %d, want %d; stderr %q", code, exitInterrupted, stderr.String())
+		}
+	})
 	t.Run("detach", func(t *testing.T) {
 		r := runCLI(testCtx(t), nil, "data", "exec", "--nats-url", url, "--node", "node-0", "--detach", "--", "cat")
 		if r.code != 0 || !strings.Contains(r.stderr, "standard input is not forwarded") {
 			t.Errorf("exit %d, stderr %q", r.code, r.stderr)
 		}
 	})
+}
+
+// TestStdinMode: what exec does with its standard input, by target,
+// source of the commands, flags and kind of standard input.
+func TestStdinMode(t *testing.T) {
+	tests := []struct {
+		name string
+		o    execOptions
+		kind stdinKind
+		want stdinMode
+		warn string // part of the warning; "" for none
+	}{
+		{"piped to one node", execOptions{Node: "n"}, stdinPiped, stdinStream, ""},
+		{"terminal to one node", execOptions{Node: "n"}, stdinTerminal, stdinUnused, ""},
+		{"none to one node", execOptions{Node: "n"}, stdinNone, stdinUnused, ""},
+		{"--stdin from a terminal", execOptions{Node: "n", Stdin: true}, stdinTerminal, stdinStream, ""},
+		{"-n", execOptions{Node: "n", NoStdin: true}, stdinPiped, stdinUnused, ""},
+		{"script from stdin", execOptions{Node: "n", Script: "-"}, stdinPiped, stdinScript, ""},
+		{"script file", execOptions{Node: "n", Script: "f.sh"}, stdinPiped, stdinUnused, "bash -s"},
+		{"commands", execOptions{Node: "n", Commands: []string{"cat"}}, stdinPiped, stdinUnused, "bash -s"},
+		{"commands, -n", execOptions{Node: "n", Commands: []string{"cat"}, NoStdin: true}, stdinPiped, stdinUnused, ""},
+		{"commands, terminal", execOptions{Node: "n", Commands: []string{"cat"}}, stdinTerminal, stdinUnused, ""},
+		{"detached", execOptions{Node: "n", Detach: true}, stdinPiped, stdinUnused, "detached"},
+		{"fan-out", execOptions{All: true}, stdinPiped, stdinUnused, "--stdin"},
+		{"fan-out, selector", execOptions{Selector: "a=b"}, stdinPiped, stdinUnused, "several nodes"},
+		{"fan-out, none", execOptions{All: true}, stdinNone, stdinUnused, ""},
+		{"fan-out --stdin", execOptions{All: true, Stdin: true}, stdinPiped, stdinBuffered, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, warn := tt.o.stdinMode(tt.kind)
+			if got != tt.want || (tt.warn == "") != (warn == "") || !strings.Contains(warn, tt.warn) {
+				t.Errorf("stdinMode = %v, %q; want %v and a warning containing %q", got, warn, tt.want, tt.warn)
+			}
+		})
+	}
+}
+
+// TestClassifyStdin: /dev/null and a closed descriptor are no standard
+// input; a terminal is one; pipes, files and readers are piped.
+func TestClassifyStdin(t *testing.T) {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	closed, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	file, err := os.CreateTemp(t.TempDir(), "stdin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	zero, err := os.Open("/dev/zero")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zero.Close()
+	tm := newTerminal(t, 24, 80)
+	for _, tt := range []struct {
+		name string
+		r    io.Reader
+		want stdinKind
+	}{
+		{"nil", nil, stdinNone},
+		{"/dev/null", null, stdinNone},
+		{"closed", closed, stdinNone},
+		{"pipe", pr, stdinPiped},
+		{"file", file, stdinPiped},
+		{"/dev/zero", zero, stdinPiped},
+		{"reader", strings.NewReader("x"), stdinPiped},
+		{"terminal", tm.env().stdin, stdinTerminal},
+	} {
+		if got := classifyStdin(tt.r); got != tt.want {
+			t.Errorf("%s: classifyStdin = %v, want %v", tt.name, got, tt.want)
+		}
+	}
 }

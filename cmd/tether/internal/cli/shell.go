@@ -427,6 +427,7 @@ type stdinReader struct {
 	fd     int
 	wakeR  *os.File
 	wakeFd int
+	stop   func()
 }
 
 var errStdinStopped = errors.New("stdin reader stopped")
@@ -443,7 +444,20 @@ func newStdinReader(r io.Reader) (*stdinReader, func(), error) {
 	}
 	sr := &stdinReader{r: r, fd: int(f.Fd()), wakeR: wakeR, wakeFd: int(wakeR.Fd())}
 	var once sync.Once
-	return sr, func() { once.Do(func() { wakeW.Close() }) }, nil
+	sr.stop = func() { once.Do(func() { wakeW.Close() }) }
+	return sr, sr.stop, nil
+}
+
+// SetReadDeadline with a time that has passed stops the reader, as stop
+// does: a pending Read and every later one return an error. Other
+// deadlines are not supported (os.ErrNoDeadline), nor is any for a reader
+// that is not an *os.File.
+func (r *stdinReader) SetReadDeadline(t time.Time) error {
+	if r.stop == nil || time.Until(t) > 0 {
+		return os.ErrNoDeadline
+	}
+	r.stop()
+	return nil
 }
 
 // close releases the reader's end of the wake-up pipe once Read returned
