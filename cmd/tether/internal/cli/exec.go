@@ -315,6 +315,15 @@ command runs on, and the result says "truncated": true.
 With --detach the job is started on each node in its own session, its output
 kept in files there; it survives the tunnel and is queried with 'tether job'.
 
+Standard input, as with ssh: with --node and a command after --, a standard
+input that is not a terminal (a pipe, a redirected file) is streamed to the
+command with no size limit; -n (or </dev/null) gives it none, and --stdin
+forwards a terminal's too. -c and --script run through 'bash -s', which reads
+the script from its standard input, so stdin cannot reach them (--script -
+reads the script from it). Several nodes get it only with --stdin (the same
+bytes to each, buffered, at most 512 KiB), a detached job never; where piped
+stdin is not forwarded a warning says so.
+
 Exit codes, with --node:
   0        the command exited 0
   N        the command's own exit code (128+N when signal N killed it)
@@ -334,7 +343,8 @@ coordinator); 2, 130 and 143 as above.`,
   tether exec --selector gpu=true --timeout 1m -- nvidia-smi
   tether exec --node web-1 --script deploy.sh
   tether exec --node web-1 -c 'cd /srv' -c 'make' --fail-fast
-  echo data | tether exec --node web-1 --stdin -- wc -c
+  tar c ./data | tether exec --node web-1 -- tar x -C /srv
+  tether exec --all --stdin -- tee /etc/motd < motd.txt
   tether exec --node web-1 --detach -- ./train.sh`,
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			o.SelectorGiven = cmd.Flags().Changed("selector")

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
@@ -146,6 +148,18 @@ func TestClientCommandExitCodes(t *testing.T) {
 		{name: "run-lease command not found", args: []string{"run-lease", "--nats-url", url, "--", "/nonexistent/cmd"}, code: 127},
 		{name: "run-lease coordinator unreachable", args: []string{"run-lease", "--nats-url", unreachable, "--", "true"}, code: 255, stderr: "connect to NATS"},
 	})
+
+	// A shell whose standard input is not open gives the command an
+	// empty one instead of leaving it waiting.
+	closed, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	r := runCLIWith(testCtx(t), nil, closed, "shell", "node-0", "--nats-url", url, "--", "wc", "-c")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != "0" {
+		t.Errorf("shell with a closed stdin: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 }
 
 // TestExitCodeTableDocumented: `tether exec --help` carries the table.
@@ -183,6 +197,54 @@ func TestBlankSelectors(t *testing.T) {
 		_, err = f.Client.Exec(testCtx(t), &protocol.ExecRequest{Target: protocol.Target{Selector: sel}, Argv: []string{"true"}}, nil)
 		if !errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeInvalid}) {
 			t.Errorf("exec with selector %q: %v, want invalid_request", sel, err)
+		}
+	}
+}
+
+// TestExecOutputLimit: --output-limit raises or lowers the agent's cap, or
+// lifts it, on the job path and for detached jobs; a truncated detached
+// job's `job logs --follow` exits 254 too.
+func TestExecOutputLimit(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.OutputLimit = 1000 }})
+	url := f.NATS.ClientURL()
+	for _, tt := range []struct {
+		limit      []string
+		code, size int
+	}{
+		{nil, 254, 1000},
+		{[]string{"--output-limit", "2KiB"}, 254, 2048},
+		{[]string{"--output-limit", "10"}, 254, 10},
+		{[]string{"--output-limit", "unlimited"}, 0, 5000},
+		{[]string{"--output-limit", "1MB"}, 0, 5000},
+	} {
+		args := append(append([]string{"exec", "--nats-url", url, "--node", "node-0"}, tt.limit...), "--", "head", "-c", "5000", "/dev/zero")
+		r := runCLI(testCtx(t), nil, "", args...)
+		if r.code != tt.code || len(r.stdout) != tt.size {
+			t.Errorf("%v: exit %d, %d bytes; want %d, %d bytes; stderr %q", tt.limit, r.code, len(r.stdout), tt.code, tt.size, r.stderr)
+		}
+	}
+	for _, tt := range []struct {
+		limit      []string
+		code, size int
+	}{
+		{nil, 254, 1000},
+		{[]string{"--output-limit", "unlimited"}, 0, 5000},
+	} {
+		args := append(append([]string{"exec", "--nats-url", url, "--node", "node-0", "--detach"}, tt.limit...), "--", "head", "-c", "5000", "/dev/zero")
+		r := runCLI(testCtx(t), nil, "", args...)
+		m := regexp.MustCompile(`job (\S+) started detached`).FindStringSubmatch(r.stderr)
+		if r.code != 0 || m == nil {
+			t.Fatalf("--detach %v: exit %d, stderr %q", tt.limit, r.code, r.stderr)
+		}
+		r = runCLI(testCtx(t), nil, "", "job", "logs", "--nats-url", url, "--node", "node-0", "--follow", "--poll", "50ms", m[1])
+		if r.code != tt.code || len(r.stdout) != tt.size || (tt.code == 254) != strings.Contains(r.stderr, "stdout was truncated") {
+			t.Errorf("job logs --follow of --detach %v: exit %d, %d bytes; want %d, %d bytes; stderr %q", tt.limit, r.code, len(r.stdout), tt.code, tt.size, r.stderr)
+		}
+	}
+	for _, bad := range []string{"0", "-1", "5XB", "1.5GiB", "99999999999TiB"} {
+		r := runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "node-0", "--output-limit", bad, "--", "true")
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--output-limit") {
+			t.Errorf("--output-limit %s: exit %d, stderr %q; want a usage error", bad, r.code, r.stderr)
 		}
 	}
 }

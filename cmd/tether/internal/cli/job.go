@@ -49,7 +49,13 @@ func newJobCmd(e *env) *cobra.Command {
 		Long: `A job started with 'tether exec --detach' runs in its own session on its node
 and keeps its output in files there (up to the output limit), surviving the
 tunnel. These commands reach it by node and job id. Finished jobs' files are
-kept for the agent's job retention (24 h by default).`,
+kept for the agent's job retention (24 h by default).
+
+'logs --follow' ends with the job's exit code (124 when its timeout killed
+it, 128+N when signal N did), 254 when it exited 0 but its output was
+truncated at the output limit, and 255 when its outcome is unknown (lost).
+Every job command exits 255 when Tether failed (no coordinator, node not
+connected, no such job) and 2 for a usage error.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			cmd.Help()

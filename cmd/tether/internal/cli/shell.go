@@ -114,7 +114,12 @@ is streamed to it, and its stdout and stderr stay apart.
 
 Interrupting tether itself (its context ends, as on SIGINT or SIGTERM to
 tether) hangs up the remote terminal: its processes get SIGHUP, then
-SIGKILL.`,
+SIGKILL.
+
+Exit codes, as for 'tether exec --node': the remote command's own (128+N
+when signal N killed it), 126 or 127 when the node found CMD not executable
+or not at all, 130/143 when tether was interrupted, 2 for a usage error, and
+255 when Tether failed (no coordinator, node not connected, tunnel lost).`,
 		Example: `  tether shell node-a
   tether shell node-a htop
   tether shell node-a -- ls -la /srv
@@ -159,6 +164,13 @@ func runShell(ctx context.Context, o *shellOptions, node string, argv []string, 
 	}
 	if len(argv) == 0 {
 		argv = []string{"bash", "-s"}
+	}
+	if classifyStdin(e.stdin) == stdinNone {
+		// Not open at all (a CI runner's closed fd 0): the command reads
+		// an empty standard input rather than wait on one that never ends.
+		ec := *e
+		ec.stdin = strings.NewReader("")
+		e = &ec
 	}
 	params := &protocol.ExecParams{Argv: argv, Env: o.envMap(), Cwd: o.Cwd, Stdin: true}
 	st, err := op.OpenStream(ctx, node, protocol.KindExec, params)
