@@ -171,14 +171,14 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		if o.Script != "-" {
 			f, err := os.Open(o.Script)
 			if err != nil {
-				return nil, fmt.Errorf("read script: %w", err)
+				return nil, usage(fmt.Errorf("--script: %w", err))
 			}
 			defer f.Close()
 			r, name = f, o.Script
 		}
 		b, err := readLimited(r, protocol.MaxScriptSize, "script "+name)
 		if err != nil {
-			return nil, err
+			return nil, usage(err)
 		}
 		req.Script = string(b)
 	}
@@ -417,6 +417,11 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	req, err := o.request(argv, e.stdin)
 	if err != nil {
 		return err
+	}
+	// What the API would refuse is a usage error, found before anything is
+	// sent.
+	if apiErr := req.Validate(); apiErr != nil {
+		return usage(errors.New(apiErr.Message))
 	}
 	c, closeNC, err := o.NATS.connect(e.getenv)
 	if err != nil {
