@@ -241,7 +241,7 @@ func (x *execution) run(ctx context.Context) {
 		}
 		r, err := x.runProcess(spec, dir, limit, rs, stdinCh)
 		if err != nil {
-			x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: start %s: %v", a.cfg.NodeID, spec.name, err))
+			x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: start %s: %v", a.cfg.NodeID, spec.name, err))
 			return
 		}
 		last = r

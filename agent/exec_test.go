@@ -347,6 +347,10 @@ func TestExecOutputLimit(t *testing.T) {
 func TestExecErrors(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
+	badInterpreter := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(badInterpreter, []byte("#!/nonexistent/interpreter\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name     string
 		kind     protocol.Kind
@@ -357,8 +361,11 @@ func TestExecErrors(t *testing.T) {
 		{"no script or argv", protocol.KindExec, protocol.ExecParams{}, protocol.CodeBadRequest, []string{"node-a", "one of script, argv or commands"}},
 		{"script with stdin", protocol.KindExec, protocol.ExecParams{Script: "cat", Stdin: true}, protocol.CodeBadRequest, []string{"stdin"}},
 		{"unknown param field", protocol.KindExec, map[string]any{"argv": []string{"true"}, "bogus": 1}, protocol.CodeBadRequest, []string{"bogus"}},
-		{"command not found", protocol.KindExec, protocol.ExecParams{Argv: []string{"/nonexistent/tool", "x"}}, protocol.CodeStartFailed, []string{"node-a", "/nonexistent/tool"}},
-		{"not on PATH", protocol.KindExec, protocol.ExecParams{Argv: []string{"no-such-tool-xyz"}}, protocol.CodeStartFailed, []string{"node-a", "no-such-tool-xyz"}},
+		{"command not found", protocol.KindExec, protocol.ExecParams{Argv: []string{"/nonexistent/tool", "x"}}, protocol.CodeCommandNotFound, []string{"node-a", "/nonexistent/tool"}},
+		{"not on PATH", protocol.KindExec, protocol.ExecParams{Argv: []string{"no-such-tool-xyz"}}, protocol.CodeCommandNotFound, []string{"node-a", "no-such-tool-xyz"}},
+		{"a directory", protocol.KindExec, protocol.ExecParams{Argv: []string{"/"}}, protocol.CodeNotExecutable, []string{"node-a", "/"}},
+		{"not executable", protocol.KindExec, protocol.ExecParams{Argv: []string{"/etc/passwd"}}, protocol.CodeNotExecutable, []string{"node-a", "/etc/passwd"}},
+		{"missing interpreter", protocol.KindExec, protocol.ExecParams{Argv: []string{badInterpreter}}, protocol.CodeNotExecutable, []string{"node-a", badInterpreter}},
 		{"cwd missing", protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Cwd: "/nonexistent/dir"}, protocol.CodeStartFailed, []string{"node-a", "/nonexistent/dir"}},
 		{"reserved kind", protocol.KindSSH, struct{}{}, protocol.CodeUnsupported, []string{"node-a", "ssh"}},
 		{"control kind from the coordinator", protocol.KindControl, protocol.ControlParams{}, protocol.CodeUnsupported, []string{"control"}},

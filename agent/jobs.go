@@ -92,7 +92,7 @@ func (a *Agent) startDetached(x *execution) {
 	j, err := a.launchDetached(p, dir, jdir)
 	if err != nil {
 		os.RemoveAll(jdir)
-		x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+		x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
 	}
 	x.log.Info("detached job started", "job_id", j.id, "pid", j.pgid)

@@ -161,7 +161,7 @@ func (s *ptySession) run(ctx context.Context) {
 	start := time.Now()
 	m, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
-		s.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: start %q on a pty in %s: %v", a.cfg.NodeID, name, cmd.Dir, err))
+		s.fail(startFailCode(err, cmd.Dir), fmt.Sprintf("node %s: start %q on a pty in %s: %v", a.cfg.NodeID, name, cmd.Dir, err))
 		return
 	}
 	s.sid = cmd.Process.Pid

@@ -260,7 +260,8 @@ func TestPTYBadRequests(t *testing.T) {
 		{"empty argv[0]", protocol.PTYParams{Argv: []string{""}}, protocol.CodeBadRequest},
 		{"bad env key", protocol.PTYParams{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, protocol.CodeBadRequest},
 		{"unknown field", map[string]any{"argv": []string{"true"}, "bogus": 1}, protocol.CodeBadRequest},
-		{"no such command", protocol.PTYParams{Argv: []string{"/nonexistent/tether-test"}}, protocol.CodeStartFailed},
+		{"no such command", protocol.PTYParams{Argv: []string{"/nonexistent/tether-test"}}, protocol.CodeCommandNotFound},
+		{"not executable", protocol.PTYParams{Argv: []string{"/etc/passwd"}}, protocol.CodeNotExecutable},
 		{"no such cwd", protocol.PTYParams{Argv: []string{"true"}, Cwd: "/nonexistent/dir"}, protocol.CodeStartFailed},
 	}
 	for _, tt := range tests {

@@ -157,7 +157,9 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 // matching ErrCoordinatorSilent.
 //
 // The result reports each node's outcome, sorted by node; a node that failed
-// or exited non-zero is not an error of Exec. When the coordinator's result
+// or exited non-zero is not an error of Exec. Truncated is set on each node
+// result whose output was cut at the output limit, and on the result when
+// any was, also when the coordinator predates those fields. When the coordinator's result
 // omits the per-node list (too large for one NATS message), ExecWith rebuilds
 // it from the node-result replies.
 func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts ExecOptions) (*protocol.ExecResult, error) {
@@ -305,6 +307,7 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 		if err := json.Unmarshal(msg.Data, &nr); err != nil {
 			return nil, fmt.Errorf("exec job %s: decode node result: %w", r.id, err)
 		}
+		nr.Truncated = nr.OutputTruncated() // also from a coordinator that predates the field
 		r.results = append(r.results, nr)
 		r.onResult(&nr)
 	case protocol.ReplyKeepAlive:
@@ -321,6 +324,10 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 			res.Results = slices.Clone(r.results)
 			slices.SortFunc(res.Results, func(a, b protocol.NodeResult) int { return strings.Compare(a.Node, b.Node) })
 			res.ResultsOmitted = false
+		}
+		for i := range res.Results {
+			res.Results[i].Truncated = res.Results[i].OutputTruncated()
+			res.Truncated = res.Truncated || res.Results[i].Truncated
 		}
 		return &res, nil
 	}

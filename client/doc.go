@@ -33,12 +33,24 @@
 // still be running (ctx ended, a gap, a broken connection) it asks the
 // coordinator to cancel it, so abandoned jobs do not keep running.
 //
+// # Exec with streamed stdin
+//
+// An exec job's stdin travels in its request (ExecRequest.Stdin, at most
+// protocol.MaxStdinSize). ExecStream runs a command on one node through an
+// exec stream relayed by the coordinator (tether.v1.stream, OpenStream)
+// instead, so stdin is streamed as it is read, with no size limit and the
+// command's own pace as flow control; its output and result come in the
+// same shapes as ExecWith's.
+//
 // # Goroutines and concurrency
 //
-// The package starts no goroutines of its own; nats.go delivers messages on
-// its connection's reader goroutine into a per-call synchronous subscription
-// that the calling goroutine drains. A Client is safe for concurrent use;
-// each call uses its own reply inbox.
+// nats.go delivers messages on its connection's reader goroutine into a
+// per-call synchronous subscription that the calling goroutine drains.
+// ExecStream starts one goroutine that copies stdin to the stream (and one
+// that writes a cancel), and returns once they ended, except a stdin copier
+// blocked in a Read that cannot be interrupted (see ExecStream); natspipe
+// runs its own. Nothing else starts goroutines. A Client is safe for
+// concurrent use; each call uses its own reply inbox.
 //
 // # Imports
 //

@@ -44,12 +44,7 @@ type job struct {
 	params      protocol.ExecParams
 	stdin       []byte
 	maxParallel int
-	// command is what a failure message shows ran: "bash -s" for a script,
-	// the argv joined by spaces; empty in fail-fast mode (the failing
-	// command is shown).
-	command  string
-	commands []string        // the fail-fast commands
-	ctx      context.Context // cancelled by SubjectCancel, the drain or a vanished client
+	ctx         context.Context // cancelled by SubjectCancel, the drain or a vanished client
 	// cancel cancels ctx with a cause: nil (a cancel request), errShutdown
 	// or errClientGone.
 	cancel context.CancelCauseFunc
@@ -100,6 +95,7 @@ func (j *job) run() {
 		} else {
 			res.Failed++
 		}
+		res.Truncated = res.Truncated || results[i].Truncated
 	}
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
@@ -182,7 +178,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			j.cancelReason(&res)
 		}
 		if res.Error == "" && res.ExitCode != 0 && !res.Detached && !res.Cancelled {
-			res.Failure = j.failure(id, &res, tail.bytes())
+			res.Failure = protocol.FailureMessage(id, &j.params, &res, tail.bytes())
 		}
 		c.m.execDuration.Observe(d.Seconds())
 		c.m.execResults.WithLabelValues(outcome(&res)).Inc()
@@ -307,6 +303,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.StderrBytes = es.StderrBytes
 			res.StdoutTruncated = es.StdoutTruncated
 			res.StderrTruncated = es.StderrTruncated
+			res.Truncated = es.StdoutTruncated || es.StderrTruncated
 			res.FailedCommand = es.FailedCommand
 			res.OutputCut = es.OutputCut
 			res.Detached = es.Detached

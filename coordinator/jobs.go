@@ -18,7 +18,7 @@ import (
 
 // stderrTailSize is how much of a node's stderr the coordinator keeps for
 // the failure message of its result.
-const stderrTailSize = 64 << 10
+const stderrTailSize = protocol.FailureStderrTail
 
 // Causes of a job's cancellation other than a cancel request.
 var (
@@ -69,32 +69,6 @@ func (t *stderrTail) bytes() []byte {
 		return t.b[len(t.b)-stderrTailSize:]
 	}
 	return t.b
-}
-
-// failure formats a failed node's result the way NeMo Gym reports a failed
-// command (reference/wire-facts.md §4.1): "Command failed (exec on <node>)
-// with exit code N:\n  <command>\n<stderr stripped>".
-func (j *job) failure(node string, r *protocol.NodeResult, stderr []byte) string {
-	cmd := j.command
-	if i := r.FailedCommand; i != nil && *i >= 0 && *i < len(j.commands) {
-		cmd = j.commands[*i]
-	}
-	return fmt.Sprintf("Command failed (exec on %s) with exit code %d:\n  %s\n%s",
-		node, r.ExitCode, cmd, strings.TrimSpace(string(stderr)))
-}
-
-// shownCommand is what a failure message shows for a request: `bash -s`
-// for a script or a batch run as one script (as NeMo Gym's SSH run shows
-// its ssh argv), the argv joined by spaces, or "" in fail-fast mode (the
-// failing command is shown instead).
-func shownCommand(p *protocol.ExecParams) string {
-	switch {
-	case p.FailFast:
-		return ""
-	case p.ShellScript() != "":
-		return "bash -s"
-	}
-	return strings.Join(p.Argv, " ")
 }
 
 // withoutNodePrefix strips the "node <id>: " an agent puts in front of its

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -62,6 +63,9 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	case len(params) == 0 || params[0] != '{':
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: want the %s stream's params as a JSON object", kind))
 		return
+	}
+	if kind == protocol.KindExec {
+		params = withDefaultTimeout(params, c.cfg.DefaultTimeout)
 	}
 	if err := protocol.ValidPipeInbox(req.Reply()); err != nil {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "reply subject: %v", err))
@@ -369,3 +373,31 @@ func (f *frameCursor) advance(b []byte) {
 // atBoundary reports whether the bytes written so far end with a whole
 // frame.
 func (f *frameCursor) atBoundary() bool { return f.hdr == 0 && f.left == 0 }
+
+// withDefaultTimeout returns exec stream params with timeout_ms set to d
+// when they have none (absent or 0), as the job path applies
+// Config.DefaultTimeout: an exec through the relay (e.g. with streamed
+// stdin) is bounded like any other. Params that do not decode as a JSON
+// object, or that would outgrow the header limit, are returned unchanged
+// (the agent judges them).
+func withDefaultTimeout(params []byte, d time.Duration) []byte {
+	if d <= 0 {
+		return params
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(params, &m); err != nil {
+		return params
+	}
+	if v, ok := m["timeout_ms"]; ok && string(bytes.TrimSpace(v)) != "0" {
+		return params
+	}
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	m["timeout_ms"] = json.RawMessage(strconv.FormatInt(ms, 10))
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil || buf.Len() > protocol.MaxHeaderSize {
+		return params
+	}
+	return bytes.TrimSpace(buf.Bytes())
+}

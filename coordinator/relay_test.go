@@ -84,6 +84,33 @@ func TestRelayExecWithStdin(t *testing.T) {
 	}
 }
 
+// TestRelayExecDefaultTimeout: an exec stream without a timeout gets the
+// coordinator's default timeout, as an exec job does; its own timeout wins.
+func TestRelayExecDefaultTimeout(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+		c.DefaultTimeout = 200 * time.Millisecond
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	for _, tt := range []struct {
+		params   protocol.ExecParams
+		timedOut bool
+	}{
+		{protocol.ExecParams{Argv: []string{"sleep", "30"}}, true},
+		{protocol.ExecParams{Argv: []string{"sh", "-c", "sleep 0.5 && echo '<done>'"}, TimeoutMS: 20_000}, false},
+	} {
+		st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, tt.params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, es := readExec(t, st)
+		st.Close()
+		if es.TimedOut != tt.timedOut || (!tt.timedOut && out != "<done>\n") {
+			t.Errorf("%v: exit %+v, stdout %q; want timed out %v", tt.params.Argv, es, out, tt.timedOut)
+		}
+	}
+}
+
 func TestRelayRefusals(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)

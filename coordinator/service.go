@@ -147,10 +147,6 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
 	}
-	j.command = shownCommand(&j.params)
-	if j.params.FailFast {
-		j.commands = j.params.Commands
-	}
 
 	c.mu.Lock()
 	if c.closing || c.life == nil {

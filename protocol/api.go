@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -209,7 +210,8 @@ type ExecRequest struct {
 	// coordinator's default.
 	MaxParallel int `json:"max_parallel,omitempty"`
 	// OutputLimit caps each of stdout and stderr per node, in bytes; zero
-	// means the agent's default.
+	// means the agent's default (64 MiB), OutputUnlimited means no cap.
+	// Output past it is dropped and the node's result is Truncated.
 	OutputLimit int64 `json:"output_limit,omitempty"`
 	// Detach starts the job detached on each node (output to files there,
 	// surviving tunnel loss) and replies as soon as it started; query it
@@ -232,6 +234,10 @@ type ExecResult struct {
 	Nodes     int `json:"nodes"`
 	Succeeded int `json:"succeeded"`
 	Failed    int `json:"failed"`
+	// Truncated is set when any node's output was truncated (see
+	// NodeResult.Truncated): the output the client received is not all the
+	// job wrote.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // NodeResult is one node's outcome. Error is set, and ExitCode is -1, when the
@@ -247,8 +253,15 @@ type NodeResult struct {
 	StderrBytes     int64   `json:"stderr_bytes"`
 	StdoutTruncated bool    `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool    `json:"stderr_truncated,omitempty"`
-	Error           string  `json:"error,omitempty"`
-	ErrorCode       string  `json:"error_code,omitempty"`
+	// Truncated is StdoutTruncated || StderrTruncated: output past the
+	// output limit was dropped, so the output received is incomplete even
+	// when ExitCode is 0.
+	Truncated bool   `json:"truncated,omitempty"`
+	Error     string `json:"error,omitempty"`
+	// ErrorCode is the agent's ErrorInfo.Code (CodeCommandNotFound,
+	// CodeNotExecutable, CodeStartFailed, CodeBusy…) or a coordinator's
+	// ResultCode*; empty for a tunnel lost or a protocol error.
+	ErrorCode string `json:"error_code,omitempty"`
 	// Failure is set when the job ran and failed (non-zero exit, signal,
 	// timeout), in NeMo Gym's error shape: "Command failed (exec on
 	// <node>) with exit code N:\n  <command>\n<stderr stripped>", with the
@@ -274,8 +287,19 @@ const (
 )
 
 // OK reports whether the node ran (or started, when detached) the job and
-// it exited 0.
+// it exited 0. A truncated output does not make a result not OK (the
+// command succeeded); OutputTruncated tells.
 func (r *NodeResult) OK() bool { return r.Error == "" && r.ExitCode == 0 }
+
+// OutputTruncated reports whether output past the output limit was dropped
+// on either stream.
+func (r *NodeResult) OutputTruncated() bool {
+	return r.Truncated || r.StdoutTruncated || r.StderrTruncated
+}
+
+// OutputUnlimited is the OutputLimit (ExecRequest, ExecParams) that means no
+// cap: the agent forwards (or, detached, keeps) every byte.
+const OutputUnlimited int64 = math.MaxInt64
 
 // Paging of SubjectNodes.
 const (

@@ -118,9 +118,16 @@ const (
 	CodeBadHello    = "bad_hello"        // hello failed validation
 	CodeBadRequest  = "bad_request"      // stream params invalid
 	CodeUnsupported = "unsupported_kind" // the agent does not serve this kind
-	CodeStartFailed = "start_failed"     // the process could not be started
-	CodeDuplicate   = "duplicate_node"   // the node id is connected from another agent
-	CodeBusy        = "busy"             // the agent is at its limit of concurrent operations
-	CodeShutdown    = "shutting_down"    // the peer is draining
-	CodeInternal    = "internal"         // a bug or an unexpected failure
+	CodeStartFailed = "start_failed"     // the process could not be started (bad cwd, no resources); see also the two below
+	// CodeCommandNotFound: the program to start does not exist (not in
+	// PATH, or no file at its path); a shell's exit code 127.
+	CodeCommandNotFound = "command_not_found"
+	// CodeNotExecutable: the program exists but cannot be executed (no
+	// execute permission, a directory, not a format the kernel runs, a
+	// missing interpreter); a shell's exit code 126.
+	CodeNotExecutable = "not_executable"
+	CodeDuplicate     = "duplicate_node" // the node id is connected from another agent
+	CodeBusy          = "busy"           // the agent is at its limit of concurrent operations
+	CodeShutdown      = "shutting_down"  // the peer is draining
+	CodeInternal      = "internal"       // a bug or an unexpected failure
 )

@@ -33,7 +33,7 @@ type ExecParams struct {
 	Stdin bool `json:"stdin,omitempty"`
 	// OutputLimit caps each of stdout and stderr, in bytes; past it the output
 	// is discarded (the process keeps running) and ExitStatus says so. 0 means
-	// the agent's default.
+	// the agent's default; OutputUnlimited means no cap.
 	OutputLimit int64 `json:"output_limit,omitempty"`
 	// Detach starts the job in its own session, writing its output to files
 	// on the node, and answers with an ExitStatus whose Detached is set as

@@ -28,7 +28,8 @@ func TestSelector(t *testing.T) {
 		{"gpu=a100, zone in (us-east,us-west), !spot", true},
 		{"nemo-gym.nvidia.com/run=r1", true},
 		{"empty=", true},
-		{" gpu = a100 ,", true},
+		{" gpu = a100 ", true},
+		{"empty in (x,)", true}, // an empty value in a set is the value ""
 	}
 	for _, tt := range tests {
 		s, err := protocol.ParseSelector(tt.sel)
@@ -46,6 +47,48 @@ func TestSelectorErrors(t *testing.T) {
 	for _, sel := range []string{"a==b==c", "a in (b", "a in b)", "a in ((b))", "a b", "-a=b", "a=b c", "a in (b) x", "foo bar (x)", "!", "=v", strings.Repeat("a", protocol.MaxSelectorLen+1)} {
 		if _, err := protocol.ParseSelector(sel); err == nil {
 			t.Errorf("ParseSelector(%q) succeeded, want error", sel)
+		}
+	}
+}
+
+// Empty terms are errors, as in Kubernetes: a stray comma or a blank
+// selector must never widen a selector to every node.
+func TestSelectorEmptyTerms(t *testing.T) {
+	tests := []struct {
+		sel, want string
+	}{
+		{" ", "selector is blank"},
+		{"\t\n", "selector is blank"},
+		{",", "empty term at offset 0"},
+		{",,", "empty term at offset 0"},
+		{"a=b,,c=d", "empty term at offset 4"},
+		{",a=b", "empty term at offset 0"},
+		{"a=b,", "empty term at offset 4"},
+		{"a=b, ", "empty term at offset 4"},
+		{"a=b , ,c", "empty term at offset 5"},
+		{"a in (x),", "empty term at offset 9"},
+		{"a in ()", "a set needs at least one value"},
+	}
+	for _, tt := range tests {
+		_, err := protocol.ParseSelector(tt.sel)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseSelector(%q) = %v, want an error containing %q", tt.sel, err, tt.want)
+		}
+	}
+	// The empty string is no selector at all: callers decide what it
+	// means (tether.v1.nodes: no filter; an exec target: no target).
+	if s, err := protocol.ParseSelector(""); err != nil || !s.Empty() {
+		t.Errorf(`ParseSelector("") = %v, %v; want the empty selector`, s, err)
+	}
+	// The API refuses them with 400 invalid_request.
+	for _, sel := range []string{" ", ",", "a=b,,c=d"} {
+		r := protocol.ExecRequest{Target: protocol.Target{Selector: sel}, Argv: []string{"true"}}
+		if e := r.Validate(); e == nil || e.Status != 400 || e.Code != protocol.ErrCodeInvalid {
+			t.Errorf("exec with selector %q: Validate = %v, want 400 %s", sel, e, protocol.ErrCodeInvalid)
+		}
+		nr := protocol.NodesRequest{Selector: sel}
+		if e := nr.Validate(); e == nil || e.Status != 400 || e.Code != protocol.ErrCodeInvalid {
+			t.Errorf("nodes with selector %q: Validate = %v, want 400 %s", sel, e, protocol.ErrCodeInvalid)
 		}
 	}
 }

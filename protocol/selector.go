@@ -79,11 +79,24 @@ func (s Selector) Matches(labels map[string]string) bool {
 //
 // Keys and values follow the label rules (ValidLabelKey, ValidLabelValue).
 // Errors name the offending requirement and its byte offset.
+//
+// The empty string parses to the empty Selector (no requirements); what it
+// means is the caller's to say (tether.v1.nodes: no filter; an exec target:
+// no selector given). Anything else must hold at least one requirement and
+// no empty one: a blank selector (only spaces), a leading, trailing or
+// doubled comma, and a set with no value ("k in ()") are errors, as in
+// Kubernetes, so that a stray comma never widens a selector to every node.
 func ParseSelector(text string) (Selector, error) {
 	if len(text) > MaxSelectorLen {
 		return Selector{}, fmt.Errorf("selector is %d bytes, over the %d byte limit", len(text), MaxSelectorLen)
 	}
 	sel := Selector{text: text}
+	if text == "" {
+		return sel, nil
+	}
+	if strings.TrimSpace(text) == "" {
+		return Selector{}, fmt.Errorf("selector is blank (%d bytes of white space): give at least one requirement", len(text))
+	}
 	terms, err := splitTerms(text)
 	if err != nil {
 		return Selector{}, err
@@ -103,16 +116,20 @@ type term struct {
 	off int
 }
 
-// splitTerms splits at commas outside parentheses and trims each term.
+// splitTerms splits at commas outside parentheses and trims each term. An
+// empty term (nothing but white space before, between or after commas) is
+// an error naming its offset.
 func splitTerms(text string) ([]term, error) {
 	var out []term
 	depth, start := 0, 0
-	flush := func(end int) {
+	flush := func(end int) error {
 		raw := text[start:end]
 		s := strings.TrimSpace(raw)
-		if s != "" {
-			out = append(out, term{s: s, off: start + strings.Index(raw, s)})
+		if s == "" {
+			return fmt.Errorf("selector %s: empty term at offset %d (a leading, trailing or doubled comma)", Clip(text), start)
 		}
+		out = append(out, term{s: s, off: start + strings.Index(raw, s)})
+		return nil
 	}
 	for i := 0; i < len(text); i++ {
 		switch text[i] {
@@ -128,7 +145,9 @@ func splitTerms(text string) ([]term, error) {
 			}
 		case ',':
 			if depth == 0 {
-				flush(i)
+				if err := flush(i); err != nil {
+					return nil, err
+				}
 				start = i + 1
 			}
 		}
@@ -136,7 +155,9 @@ func splitTerms(text string) ([]term, error) {
 	if depth != 0 {
 		return nil, fmt.Errorf("selector: unclosed '('")
 	}
-	flush(len(text))
+	if err := flush(len(text)); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -172,8 +193,12 @@ func parseRequirement(t string) (Requirement, error) {
 		if head[1] == "notin" {
 			op = OpNotIn
 		}
+		set := t[i+1 : len(t)-1]
+		if strings.TrimSpace(set) == "" {
+			return Requirement{}, fmt.Errorf("a set needs at least one value: want '%s %s (v1,v2)'", head[0], head[1])
+		}
 		var vals []string
-		for _, v := range strings.Split(t[i+1:len(t)-1], ",") {
+		for _, v := range strings.Split(set, ",") {
 			v = strings.TrimSpace(v)
 			if err := ValidLabelValue(v); err != nil {
 				return Requirement{}, err

@@ -20,14 +20,54 @@ import (
 // -ldflags "-X github.com/tetherfleet/tether/cmd/tether/internal/cli.version=v1.2.3".
 var version = "dev"
 
-// Exit codes shared by several commands (see the package doc).
+// Exit codes shared by several commands (see the package doc and the
+// README's table).
 const (
-	exitOK          = 0
-	exitFailure     = 1
-	exitUsage       = 2
-	exitTimedOut    = 124
-	exitInterrupted = 130
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+	// exitTimedOut: the timeout killed the remote command (coreutils
+	// timeout(1)'s code).
+	exitTimedOut = 124
+	// exitNotExecutable and exitNotFound: the command exists but cannot
+	// be executed, or does not exist (a shell's codes).
+	exitNotExecutable = 126
+	exitNotFound      = 127
+	exitInterrupted   = 130
+	// exitTruncated: the command succeeded but output past the output
+	// limit was dropped.
+	exitTruncated = 254
+	// exitTether: Tether itself failed (ssh's 255): no coordinator, the
+	// node is not connected, the tunnel was lost, the coordinator shut
+	// down, an internal error. Client commands end with it for any error
+	// that is not a usage error or a code they chose.
+	exitTether = 255
 )
+
+// tetherFailures is the annotation that marks a client command (and its
+// subcommands): an error ends it with exitTether instead of exitFailure.
+const tetherFailures = "tether/failure-exit"
+
+// clientCommand marks cmd as a client command (see tetherFailures) and
+// returns it.
+func clientCommand(cmd *cobra.Command) *cobra.Command {
+	if cmd.Annotations == nil {
+		cmd.Annotations = map[string]string{}
+	}
+	cmd.Annotations[tetherFailures] = "255"
+	return cmd
+}
+
+// failureCode is the exit code of an error of cmd that carries none:
+// exitTether for client commands, exitFailure for the others.
+func failureCode(cmd *cobra.Command) int {
+	for c := cmd; c != nil; c = c.Parent() {
+		if c.Annotations[tetherFailures] != "" {
+			return exitTether
+		}
+	}
+	return exitFailure
+}
 
 // Run runs the tether command line with args (without the program name) and
 // returns the process exit code. Errors are printed to stderr as
@@ -107,7 +147,7 @@ func run(ctx context.Context, args []string, e *env) int {
 		return exitUsage
 	}
 	printError(e.stderr, err)
-	return exitFailure
+	return failureCode(cmd)
 }
 
 // printError prints err as "tether: ..." with each line of a joined error on
@@ -150,14 +190,14 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		newCoordinatorCmd(e),
 		newAgentCmd(e),
 		newDevCmd(e),
-		newExecCmd(e),
-		newNodesCmd(e),
-		newShellCmd(e),
-		newJobCmd(e),
+		clientCommand(newExecCmd(e)),
+		clientCommand(newNodesCmd(e)),
+		clientCommand(newShellCmd(e)),
+		clientCommand(newJobCmd(e)),
 		newCpCmd(e),
-		newForwardCmd(e),
-		newSandboxesCmd(e),
-		newRunLeaseCmd(e),
+		clientCommand(newForwardCmd(e)),
+		clientCommand(newSandboxesCmd(e)),
+		clientCommand(newRunLeaseCmd(e)),
 	)
 	return root
 }

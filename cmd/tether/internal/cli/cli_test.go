@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -43,11 +44,26 @@ type result struct {
 	stdout, stderr string
 }
 
-// runCLI runs the command line with the environment vars (nil: empty).
+// runCLI runs the command line with the environment vars (nil: empty). An
+// empty stdin is /dev/null, as for a command run with `</dev/null` (or by
+// CI); any other is a reader, as a pipe is.
 func runCLI(ctx context.Context, vars map[string]string, stdin string, args ...string) result {
+	if stdin == "" {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			panic(err)
+		}
+		defer null.Close()
+		return runCLIWith(ctx, vars, null, args...)
+	}
+	return runCLIWith(ctx, vars, strings.NewReader(stdin), args...)
+}
+
+// runCLIWith runs the command line with stdin.
+func runCLIWith(ctx context.Context, vars map[string]string, stdin io.Reader, args ...string) result {
 	var stdout, stderr syncBuffer
 	e := &env{
-		stdin:  strings.NewReader(stdin),
+		stdin:  stdin,
 		stdout: &stdout,
 		stderr: &stderr,
 		getenv: func(k string) string { return vars[k] },
@@ -168,7 +184,7 @@ func TestNATSURLPrecedence(t *testing.T) {
 	}
 	// Through the command line: the error names the URL it tried.
 	r := runCLI(testCtx(t), map[string]string{natsURLEnv: "nats://127.0.0.1:1"}, "", "nodes")
-	if r.code != exitFailure || !strings.Contains(r.stderr, "connect to NATS at nats://127.0.0.1:1") {
+	if r.code != exitTether || !strings.Contains(r.stderr, "connect to NATS at nats://127.0.0.1:1") {
 		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
 	}
 }
@@ -220,11 +236,29 @@ func TestExecOutcome(t *testing.T) {
 			[]string{"node a: timed out after 5s"}},
 		{"single timeout default", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 137, TimedOut: true, DurationMS: 1500.2}}, 124,
 			[]string{"node a: timed out after 1.5s"}},
-		{"single unreachable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost", ErrorCode: "unavailable"}}, 1,
+		{"single unreachable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost", ErrorCode: "unavailable"}}, 255,
 			[]string{"node a: tunnel lost (unavailable)"}},
-		{"single missing result", true, 0, nil, 1, []string{"job j: expected one node's result, got 0"}},
-		{"single truncated", true, 0, []protocol.NodeResult{{Node: "a", StdoutTruncated: true, StdoutBytes: 99}}, 0,
-			[]string{"node a: stdout was truncated (99 bytes produced)"}},
+		{"single tunnel lost", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "tunnel lost during exec: unexpected EOF"}}, 255,
+			[]string{"node a: tunnel lost during exec: unexpected EOF"}},
+		{"single internal error", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "node a: panic in exec handler", ErrorCode: protocol.CodeInternal}}, 255,
+			[]string{"node a: node a: panic in exec handler (internal)"}},
+		{"single busy", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "node a is running 64 execs, its limit", ErrorCode: protocol.CodeBusy}}, 255,
+			[]string{"node a: node a is running 64 execs, its limit (busy)"}},
+		{"single bad cwd", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "cwd /x: no such file or directory", ErrorCode: protocol.CodeStartFailed}}, 255,
+			[]string{"node a: cwd /x: no such file or directory (start_failed)"}},
+		{"single not found", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "start x: not found", ErrorCode: protocol.CodeCommandNotFound}}, 127,
+			[]string{"node a: start x: not found (command_not_found)"}},
+		{"single not executable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "start x: permission denied", ErrorCode: protocol.CodeNotExecutable}}, 126,
+			[]string{"node a: start x: permission denied (not_executable)"}},
+		{"single cancelled", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 143, Cancelled: true}}, 130,
+			[]string{"node a: cancelled"}},
+		{"single missing result", true, 0, nil, 255, []string{"job j: expected one node's result, got 0"}},
+		{"single truncated", true, 0, []protocol.NodeResult{{Node: "a", StdoutTruncated: true, StdoutBytes: 99}}, 254,
+			[]string{"node a: stdout was truncated at the output limit (99 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+		{"single truncated and failed", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 3, StderrTruncated: true, StderrBytes: 9}}, 3,
+			[]string{"node a: stderr was truncated at the output limit (9 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+		{"multi truncated", false, 0, []protocol.NodeResult{ok, {Node: "b", Truncated: true, StdoutTruncated: true, StdoutBytes: 5}}, 254,
+			[]string{"node b: stdout was truncated at the output limit (5 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
 		{"multi ok", false, 0, []protocol.NodeResult{ok, {Node: "b"}}, 0, nil},
 		{"multi failures", false, time.Second, []protocol.NodeResult{
 			ok,
@@ -235,10 +269,10 @@ func TestExecOutcome(t *testing.T) {
 			{Node: "f", StderrTruncated: true, StderrBytes: 7},
 		}, 1, []string{
 			// The other failures are in the summary table.
-			"node f: stderr was truncated (7 bytes produced)",
+			"node f: stderr was truncated at the output limit (7 bytes produced); raise --output-limit (1GiB, unlimited) to get it all",
 		}},
 		{"single shutdown", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Cancelled: true,
-			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 1,
+			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 255,
 			[]string{"node a: coordinator c1 is shutting down; job cancelled"}},
 		{"single output cut", true, 0, []protocol.NodeResult{{Node: "a", OutputCut: true}}, 0,
 			[]string{"node a: output cut: the command exited but something kept its output open, so its process group was killed"}},
@@ -270,8 +304,11 @@ func TestExecRequest(t *testing.T) {
 			[]string{"echo", "hi"}, "",
 			protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"echo", "hi"}, Env: map[string]string{"A": "1", "B": "x=y"},
 				Cwd: "/tmp", Timeout: protocol.Duration(time.Minute), MaxParallel: 4}},
-		{"stdin", execOptions{Node: "n1", Stdin: true}, []string{"wc", "-c"}, "data",
-			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"wc", "-c"}, Stdin: []byte("data")}},
+		{"stdin to several nodes", execOptions{All: true, Stdin: true}, []string{"wc", "-c"}, "data",
+			protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"wc", "-c"}, Stdin: []byte("data")}},
+		// One node's stdin is streamed (ExecStream), not in the request.
+		{"stdin to one node", execOptions{Node: "n1", Stdin: true}, []string{"wc", "-c"}, "data",
+			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"wc", "-c"}}},
 		{"script file", execOptions{Selector: "gpu=true", Script: script}, nil, "",
 			protocol.ExecRequest{Target: protocol.Target{Selector: "gpu=true"}, Script: "echo from file\n"}},
 		{"script stdin", execOptions{All: true, Script: "-"}, nil, "echo from stdin",

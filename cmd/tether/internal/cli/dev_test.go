@@ -100,7 +100,7 @@ func TestDevSmoke(t *testing.T) {
 		t.Errorf("exec --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "no-such-node", "--", "true")
-	if r.code != 1 || !strings.Contains(r.stderr, "unknown_node") {
+	if r.code != 255 || !strings.Contains(r.stderr, "unknown_node") {
 		t.Errorf("exec unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
 

@@ -18,12 +18,24 @@
 //
 // # Exit codes
 //
+// Who failed is in the code: the remote (or, for run-lease, local) command,
+// or Tether itself (ssh's convention).
+//
 //	0    success
-//	1    failure (an error, or for `exec` on several nodes: any node failed)
+//	N    `exec --node`, `shell`, `job logs --follow`, `run-lease`: the
+//	     command's own exit code (128+N when signal N killed it)
+//	1    `exec` on several nodes: some node failed; daemons and `cp`: failure
 //	2    usage error (bad flags or arguments); nothing was done
-//	124  `exec` on one node: the job timed out
-//	130  `exec`: interrupted (the remote job was cancelled)
-//	N    `exec` on one node: the remote exit code (128+signal when killed)
+//	23   `cp`: partial copy (rsync's code; see cp.go)
+//	124  the timeout killed the command
+//	126  the command exists on the node but cannot be executed
+//	127  the command was not found (on the node; locally for run-lease)
+//	130  interrupted (SIGINT; the remote job was cancelled); 143 on SIGTERM
+//	254  `exec`, `job logs --follow`: the command (every node) succeeded,
+//	     but output past the output limit was dropped
+//	255  a client command failed in Tether: no coordinator, node not
+//	     connected or no node matched, tunnel lost, coordinator shut down,
+//	     bad cwd, internal error (clientCommand, failureCode)
 //
 // # Exec output
 //

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
@@ -23,6 +24,9 @@ type execOptions struct {
 	Node     string
 	Selector string
 	All      bool
+	// SelectorGiven is set when --selector was on the command line, so
+	// that an empty one is refused rather than taken as no target.
+	SelectorGiven bool
 	// Timeout bounds each node's run. Zero means the coordinator's default.
 	// The flag takes a duration or a plain number of seconds.
 	Timeout time.Duration
@@ -36,9 +40,15 @@ type execOptions struct {
 	// Cwd is the remote working directory. Empty means the agent's data
 	// directory.
 	Cwd string
-	// Stdin forwards local standard input (read fully first, at most
-	// protocol.MaxStdinSize bytes) to the command; argv mode only.
+	// Stdin forwards local standard input to the command even when it is a
+	// terminal, and to every node of a fan-out (read fully first, at most
+	// protocol.MaxStdinSize bytes, the same bytes to each node); argv mode
+	// only. Without it a standard input that is not a terminal is
+	// forwarded to a --node command anyway (stdinMode).
 	Stdin bool
+	// NoStdin never forwards standard input (ssh -n): the command reads
+	// /dev/null.
+	NoStdin bool
 	// Script is a file whose content runs through `bash -s` ("-" reads it
 	// from standard input). Exclusive with a command after "--".
 	Script string
@@ -53,6 +63,9 @@ type execOptions struct {
 	Summary bool
 	// Detach starts the job detached on each node and returns at once.
 	Detach bool
+	// OutputLimit caps each of stdout and stderr per node, in bytes: 0
+	// means the agent's default (64 MiB), protocol.OutputUnlimited no cap.
+	OutputLimit int64
 	// NATS says how to reach the API.
 	NATS natsOptions
 }
@@ -67,11 +80,15 @@ func (o *execOptions) Validate(argv []string) error {
 			errs = append(errs, fmt.Errorf("--node: %w", err))
 		}
 	}
-	if o.Selector != "" {
+	switch {
+	case o.Selector != "":
 		targets++
 		if _, err := protocol.ParseSelector(o.Selector); err != nil {
 			errs = append(errs, fmt.Errorf("--selector: %w", err))
 		}
+	case o.SelectorGiven:
+		targets++
+		errs = append(errs, errors.New("--selector is empty: give at least one requirement, or --all for every node"))
 	}
 	if o.All {
 		targets++
@@ -101,7 +118,10 @@ func (o *execOptions) Validate(argv []string) error {
 		errs = append(errs, errors.New("--stdin works with a command after -- only: a script is itself bash's standard input"))
 	}
 	if o.Detach && o.Stdin {
-		errs = append(errs, errors.New("--stdin cannot be combined with --detach"))
+		errs = append(errs, errors.New("--stdin cannot be combined with --detach: a detached job has no standard input"))
+	}
+	if o.Stdin && o.NoStdin {
+		errs = append(errs, errors.New("give only one of --stdin and -n/--no-stdin"))
 	}
 	if o.Detach && o.FailFast {
 		errs = append(errs, errors.New("--fail-fast cannot be combined with --detach: use a script with set -e"))
@@ -123,8 +143,9 @@ func (o *execOptions) Validate(argv []string) error {
 // multi reports whether the target may be several nodes.
 func (o *execOptions) multi() bool { return o.Node == "" }
 
-// request builds the ExecRequest, reading the script or stdin from stdin as
-// asked. o must be valid.
+// request builds the ExecRequest, reading the script from stdin (--script -)
+// and, with o.Stdin on several nodes, the stdin bytes to send (buffered).
+// o must be valid.
 func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecRequest, error) {
 	req := &protocol.ExecRequest{
 		Target:      protocol.Target{Node: o.Node, Selector: o.Selector, All: o.All},
@@ -134,6 +155,7 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		Cwd:         o.Cwd,
 		Timeout:     protocol.Duration(o.Timeout),
 		MaxParallel: o.MaxParallel,
+		OutputLimit: o.OutputLimit,
 		Detach:      o.Detach,
 	}
 	if len(o.Env) > 0 {
@@ -149,25 +171,105 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		if o.Script != "-" {
 			f, err := os.Open(o.Script)
 			if err != nil {
-				return nil, fmt.Errorf("read script: %w", err)
+				return nil, usage(fmt.Errorf("--script: %w", err))
 			}
 			defer f.Close()
 			r, name = f, o.Script
 		}
 		b, err := readLimited(r, protocol.MaxScriptSize, "script "+name)
 		if err != nil {
-			return nil, err
+			return nil, usage(err)
 		}
 		req.Script = string(b)
 	}
-	if o.Stdin {
-		b, err := readLimited(stdin, protocol.MaxStdinSize, "standard input")
+	if o.Stdin && o.multi() {
+		b, err := io.ReadAll(io.LimitReader(stdin, protocol.MaxStdinSize+1))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read standard input: %w", err)
+		}
+		if len(b) > protocol.MaxStdinSize {
+			return nil, fmt.Errorf("standard input is over the %d byte limit of --stdin with several nodes (the same bytes go to each node, buffered): "+
+				"run it per node with --node, which streams standard input with no limit, or copy the data to the nodes with 'tether cp' first", protocol.MaxStdinSize)
 		}
 		req.Stdin = b
 	}
 	return req, nil
+}
+
+// stdinMode is what `tether exec` does with its standard input.
+type stdinMode int
+
+const (
+	stdinUnused   stdinMode = iota // the command reads /dev/null
+	stdinScript                    // --script -: standard input is the script
+	stdinStream                    // streamed to a --node command (ExecStream)
+	stdinBuffered                  // --stdin on several nodes: read fully, sent to each
+)
+
+// stdinMode decides, as ssh does, what standard input means for o: with
+// --node and a command after --, a standard input that is not a terminal
+// (a pipe, a file) is streamed to the command, as is any with --stdin; -n
+// never forwards it. Where it cannot be forwarded (a -c batch or a script
+// file, which bash -s reads from its own standard input; several nodes,
+// unless --stdin sends the same bytes to each; a detached job) it is left
+// unread, and warn says so when it was piped. kind is the local standard
+// input's kind (classifyStdin).
+func (o *execOptions) stdinMode(kind stdinKind) (mode stdinMode, warn string) {
+	switch {
+	case o.Script == "-":
+		return stdinScript, ""
+	case o.NoStdin:
+		return stdinUnused, ""
+	case o.Stdin && o.multi():
+		return stdinBuffered, ""
+	case o.Stdin:
+		return stdinStream, ""
+	case kind != stdinPiped:
+		return stdinUnused, ""
+	case o.Script != "" || len(o.Commands) > 0:
+		return stdinUnused, "standard input is not forwarded: -c and --script run through 'bash -s', which reads the script from its standard input; put the command after -- to give it standard input, or pass -n (or </dev/null) to say it has none"
+	case o.Detach:
+		return stdinUnused, "standard input is not forwarded: a detached job has no standard input; pass -n (or </dev/null) to say it has none"
+	case o.multi():
+		return stdinUnused, fmt.Sprintf("standard input is not forwarded to several nodes; pass --stdin to send the same bytes to each (buffered, at most %d KiB), or -n (or </dev/null) to say it has none", protocol.MaxStdinSize>>10)
+	}
+	return stdinStream, ""
+}
+
+// stdinKind is what a process's standard input is.
+type stdinKind int
+
+const (
+	stdinNone     stdinKind = iota // none: not open, /dev/null, or nil
+	stdinTerminal                  // a terminal
+	stdinPiped                     // anything else: a pipe, a file, a socket, an io.Reader
+)
+
+// classifyStdin tells what r, a command's standard input, is. A file
+// descriptor that is not open (fstat fails, as for a CI runner's closed
+// fd 0) and /dev/null are stdinNone; an io.Reader that is not an *os.File
+// is stdinPiped.
+func classifyStdin(r io.Reader) stdinKind {
+	if r == nil {
+		return stdinNone
+	}
+	f, ok := r.(*os.File)
+	if !ok {
+		return stdinPiped
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return stdinNone
+	}
+	if term.IsTerminal(int(f.Fd())) {
+		return stdinTerminal
+	}
+	if fi.Mode()&os.ModeCharDevice != 0 {
+		if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
+			return stdinNone
+		}
+	}
+	return stdinPiped
 }
 
 // readLimited reads r fully, failing if it holds more than limit bytes.
@@ -200,23 +302,52 @@ command and the node's stderr.
 
 With several target nodes every line is prefixed with "node-id | ", a live
 progress line is shown on a terminal, and a table of the failed nodes (every
-node with --summary) and the totals end the run. The exit code is the remote
-exit code for --node (124 on timeout), and 0 or 1 (any node failed)
-otherwise. Ctrl-C cancels the job on every node and exits 130 (143 on
-SIGTERM). With --json, stdout carries one JSON object per line: output
+node with --summary) and the totals end the run. Ctrl-C cancels the job on
+every node. With --json, stdout carries one JSON object per line: output
 chunks {"node","stream","data"} (or "data_b64" with the raw bytes in base64
 when a chunk is not valid UTF-8), each node's result as {"node_result":
 {...}} when it finishes, then the result object.
 
+Each of stdout and stderr is capped per node at --output-limit (default: the
+agent's, 64 MiB; "unlimited" for none); past it the output is dropped, the
+command runs on, and the result says "truncated": true.
+
 With --detach the job is started on each node in its own session, its output
-kept in files there; it survives the tunnel and is queried with 'tether job'.`,
+kept in files there; it survives the tunnel and is queried with 'tether job'.
+
+Standard input, as with ssh: with --node and a command after --, a standard
+input that is not a terminal (a pipe, a redirected file) is streamed to the
+command with no size limit; -n (or </dev/null) gives it none, and --stdin
+forwards a terminal's too. -c and --script run through 'bash -s', which reads
+the script from its standard input, so stdin cannot reach them (--script -
+reads the script from it). Several nodes get it only with --stdin (the same
+bytes to each, buffered, at most 512 KiB), a detached job never; where piped
+stdin is not forwarded a warning says so.
+
+Exit codes, with --node:
+  0        the command exited 0
+  N        the command's own exit code (128+N when signal N killed it)
+  2        usage error: nothing was sent
+  124      the timeout killed the command
+  126      the command exists on the node but cannot be executed
+  127      the command was not found on the node
+  130/143  interrupted by SIGINT/SIGTERM: the job was cancelled
+  254      the command exited 0 but output past --output-limit was dropped
+  255      Tether failed: no coordinator, node not connected, cwd missing,
+           tunnel lost, coordinator shut down, internal error
+With --selector or --all: 0 when every node succeeded, 1 when any node failed
+(for any of the reasons above), 254 when every node succeeded but an output
+was truncated, 255 when Tether failed for the whole job (no node matched, no
+coordinator); 2, 130 and 143 as above.`,
 		Example: `  tether exec --all -- uname -a
   tether exec --selector gpu=true --timeout 1m -- nvidia-smi
   tether exec --node web-1 --script deploy.sh
   tether exec --node web-1 -c 'cd /srv' -c 'make' --fail-fast
-  echo data | tether exec --node web-1 --stdin -- wc -c
+  tar c ./data | tether exec --node web-1 -- tar x -C /srv
+  tether exec --all --stdin -- tee /etc/motd < motd.txt
   tether exec --node web-1 --detach -- ./train.sh`,
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
+			o.SelectorGiven = cmd.Flags().Changed("selector")
 			if err := o.Validate(args); err != nil {
 				return usage(err)
 			}
@@ -235,12 +366,14 @@ kept in files there; it survives the tunnel and is queried with 'tether job'.`,
 	f.BoolVar(&o.JSON, "json", false, "print output chunks, node results and the result as JSON lines")
 	f.StringArrayVar(&o.Env, "env", nil, "set an environment variable KEY=VALUE (repeatable)")
 	f.StringVar(&o.Cwd, "cwd", "", "remote working directory")
-	f.BoolVar(&o.Stdin, "stdin", false, "forward standard input to the command (read fully first)")
+	f.BoolVar(&o.Stdin, "stdin", false, "forward standard input even from a terminal, or to several nodes (buffered, at most 512 KiB)")
+	f.BoolVarP(&o.NoStdin, "no-stdin", "n", false, "do not forward standard input (as ssh -n): the command reads /dev/null")
 	f.StringVar(&o.Script, "script", "", "run this script file through bash -s ('-': standard input)")
 	f.StringArrayVarP(&o.Commands, "command", "c", nil, "a shell command of the batch (repeatable)")
 	f.BoolVar(&o.FailFast, "fail-fast", false, "run the -c commands one by one and stop at the first failure")
 	f.BoolVar(&o.Summary, "summary", false, "list every node in the final table, not only the failed ones")
 	f.BoolVar(&o.Detach, "detach", false, "start the job detached on each node and return (see 'tether job')")
+	f.Var(outputLimitFlag{&o.OutputLimit}, "output-limit", "cap each of stdout and stderr per node: 64MiB, 1GiB, 1GB or unlimited (default: the agent's, 64 MiB)")
 	o.NATS.addFlags(cmd)
 	return cmd
 }
@@ -276,9 +409,19 @@ func (f secondsDuration) Type() string { return "duration" }
 // runExec submits the job and maps its outcome to an exit code. o must be
 // valid.
 func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
+	kind := classifyStdin(e.stdin)
+	mode, warn := o.stdinMode(kind)
+	if warn != "" {
+		fmt.Fprintf(e.stderr, "tether: warning: %s\n", warn)
+	}
 	req, err := o.request(argv, e.stdin)
 	if err != nil {
 		return err
+	}
+	// What the API would refuse is a usage error, found before anything is
+	// sent.
+	if apiErr := req.Validate(); apiErr != nil {
+		return usage(errors.New(apiErr.Message))
 	}
 	c, closeNC, err := o.NATS.connect(e.getenv)
 	if err != nil {
@@ -305,7 +448,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	}
 	out := newExecOutput(stdout, stderr, o.multi(), o.JSON)
 	start := e.now()
-	res, err := c.ExecWith(ctx, req, client.ExecOptions{
+	opts := client.ExecOptions{
 		Output: out.handle,
 		NodeResult: func(r *protocol.NodeResult) {
 			if prog != nil {
@@ -321,7 +464,13 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 				fmt.Fprintf(stderr, "%s\n", r.Failure)
 			}
 		},
-	})
+	}
+	var res *protocol.ExecResult
+	if mode == stdinStream {
+		res, err = execStream(ctx, c, req, e.stdin, kind, opts)
+	} else {
+		res, err = c.ExecWith(ctx, req, opts)
+	}
 	out.Flush()
 	if prog != nil {
 		prog.stop()
@@ -367,11 +516,16 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 // single is true for a --node job; timeout is the requested per-node
 // timeout, if any. A multi-node job's failed nodes are listed by its
 // summary table instead, so only truncation notes are returned for them.
+//
+// Single node: the node's code (nodeOutcome), or exitTruncated when it is 0
+// and an output was truncated. Several nodes: exitFailure when any node
+// failed, else exitTruncated when any output was truncated, else exitOK.
 func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (int, []string) {
 	if single && len(res.Results) != 1 {
-		return exitFailure, []string{fmt.Sprintf("job %s: expected one node's result, got %d", res.ID, len(res.Results))}
+		return exitTether, []string{fmt.Sprintf("job %s: expected one node's result, got %d", res.ID, len(res.Results))}
 	}
 	code := exitOK
+	truncated := false
 	var lines []string
 	for i := range res.Results {
 		r := &res.Results[i]
@@ -381,9 +535,10 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 			n         int64
 		}{{"stdout", r.StdoutTruncated, r.StdoutBytes}, {"stderr", r.StderrTruncated, r.StderrBytes}} {
 			if s.truncated {
-				lines = append(lines, fmt.Sprintf("node %s: %s was truncated (%d bytes produced)", r.Node, s.name, s.n))
+				lines = append(lines, fmt.Sprintf("node %s: %s was truncated at the output limit (%d bytes produced); raise --output-limit (1GiB, unlimited) to get it all", r.Node, s.name, s.n))
 			}
 		}
+		truncated = truncated || r.OutputTruncated()
 		if r.OutputCut {
 			lines = append(lines, fmt.Sprintf("node %s: output cut: the command exited but something kept its output open, so its process group was killed", r.Node))
 		}
@@ -401,15 +556,22 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 			code = exitFailure
 		}
 	}
+	if code == exitOK && truncated {
+		code = exitTruncated
+	}
 	return code, lines
 }
 
 // nodeOutcome is one node's exit code as a single-node job would report it,
-// and a description when it did not succeed (without the node's name).
+// and a description when it did not succeed (without the node's name): the
+// command's own code, 124 for a timeout, 130 for a cancel, 126 and 127 for
+// a command the node could not execute or find, and exitTether when Tether
+// failed (the coordinator shut down, the tunnel was lost, a bad cwd, an
+// internal error).
 func nodeOutcome(r *protocol.NodeResult, timeout time.Duration) (int, string) {
 	switch {
 	case r.ErrorCode == protocol.ResultCodeShutdown:
-		return exitFailure, r.Error
+		return exitTether, r.Error
 	case r.TimedOut:
 		d := timeout
 		if d <= 0 {
@@ -423,14 +585,52 @@ func nodeOutcome(r *protocol.NodeResult, timeout time.Duration) (int, string) {
 		if r.ErrorCode != "" {
 			msg += " (" + r.ErrorCode + ")"
 		}
-		if r.Cancelled {
+		switch {
+		case r.Cancelled:
 			return exitInterrupted, msg
+		case r.ErrorCode == protocol.CodeCommandNotFound:
+			return exitNotFound, msg
+		case r.ErrorCode == protocol.CodeNotExecutable:
+			return exitNotExecutable, msg
 		}
-		return exitFailure, msg
+		return exitTether, msg
 	case r.Signal != "":
 		return r.ExitCode, fmt.Sprintf("killed by signal %s (exit code %d)", r.Signal, r.ExitCode)
 	case r.ExitCode != 0:
 		return r.ExitCode, fmt.Sprintf("exit code %d", r.ExitCode)
 	}
 	return exitOK, ""
+}
+
+// errorInfoCode is the exit code of an operation the agent refused with an
+// error frame of code (protocol.ErrorInfo.Code): 127 and 126 for a command
+// it could not find or execute, as a shell reports them, else exitTether.
+func errorInfoCode(code string) int {
+	switch code {
+	case protocol.CodeCommandNotFound:
+		return exitNotFound
+	case protocol.CodeNotExecutable:
+		return exitNotExecutable
+	}
+	return exitTether
+}
+
+// execStream runs req on its node with stdin streamed to the command
+// (client.ExecStream). An *os.File is read through a stdinReader, whose
+// read ExecStream can interrupt once the command exited; a standard input
+// that is not open reads as empty.
+func execStream(ctx context.Context, c *client.Client, req *protocol.ExecRequest, stdin io.Reader, kind stdinKind, opts client.ExecOptions) (*protocol.ExecResult, error) {
+	if kind == stdinNone {
+		return c.ExecStream(ctx, req, strings.NewReader(""), opts)
+	}
+	if _, ok := stdin.(*os.File); !ok {
+		return c.ExecStream(ctx, req, stdin, opts)
+	}
+	in, stop, err := newStdinReader(stdin)
+	if err != nil {
+		return nil, err
+	}
+	defer in.close()
+	defer stop()
+	return c.ExecStream(ctx, req, in, opts)
 }

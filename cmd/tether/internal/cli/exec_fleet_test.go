@@ -81,6 +81,7 @@ func TestWriteSummary(t *testing.T) {
 		{Node: "a", DurationMS: 10},
 		{Node: "b", ExitCode: 2, DurationMS: 1500, Failure: "Command failed (exec on b) with exit code 2:\n  bash -s\nboom"},
 		{Node: "c", ExitCode: -1, Error: "tunnel lost during exec: EOF"},
+		{Node: "d", DurationMS: 20, StdoutTruncated: true},
 	}}
 	var w bytes.Buffer
 	if err := writeSummary(&w, res, 0, false, 2*time.Second); err != nil {
@@ -89,7 +90,8 @@ func TestWriteSummary(t *testing.T) {
 	want := "NODE  EXIT  DURATION  RESULT\n" +
 		"b     2     1.5s      exit 2: bash -s: boom\n" +
 		"c     -1    0s        tunnel lost during exec: EOF\n" +
-		"3 nodes: 1 succeeded, 2 failed (2s)\n"
+		"d     0     20ms      ok, output truncated\n" +
+		"4 nodes: 2 succeeded, 2 failed, 1 with output truncated (2s)\n"
 	if w.String() != want {
 		t.Errorf("summary =\n%s\nwant\n%s", w.String(), want)
 	}
@@ -119,7 +121,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Errorf("--timeout 1: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--cwd", "/nonexistent", "--", "true")
-	if r.code != 1 || !strings.Contains(r.stderr, "tether: node node-0: cwd /nonexistent: no such file or directory (start_failed)") || strings.Count(r.stderr, "node-0") != 1 {
+	if r.code != 255 || !strings.Contains(r.stderr, "tether: node node-0: cwd /nonexistent: no such file or directory (start_failed)") || strings.Count(r.stderr, "node-0") != 1 {
 		t.Errorf("bad cwd: exit %d, stderr %q", r.code, r.stderr)
 	}
 
@@ -185,7 +187,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Errorf("job cancel: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", "nope")
-	if r.code != 1 || !strings.Contains(r.stderr, "not_found") {
+	if r.code != 255 || !strings.Contains(r.stderr, "not_found") {
 		t.Errorf("unknown job: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

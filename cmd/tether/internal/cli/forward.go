@@ -76,7 +76,9 @@ func newForwardCmd(e *env) *cobra.Command {
 		Long: `Forward listens on LOCAL_ADDR (default 127.0.0.1 on a free port) and carries
 every connection to TARGET on NODE through the node's tunnel. TARGET is one of
 the targets the node's agent is configured for (see "tether nodes --json":
-targets), e.g. openshell or opensandbox. It runs until interrupted.
+targets), e.g. openshell or opensandbox. It runs until interrupted (exit code
+130, 143 on SIGTERM); it exits 255 when Tether failed (no coordinator, the
+node is not connected or does not serve TARGET) and 2 for a usage error.
 
 Examples:
   tether forward gpu-07 openshell 8080     # grpcurl -plaintext 127.0.0.1:8080 ...

@@ -78,11 +78,11 @@ func TestForwardOnFleet(t *testing.T) {
 	defer cancel()
 
 	r := runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-0", "ssh")
-	if r.code != 1 || !strings.Contains(r.stderr, `node node-0 has no target "ssh" (it serves: echo)`) {
+	if r.code != 255 || !strings.Contains(r.stderr, `node node-0 has no target "ssh" (it serves: echo)`) {
 		t.Errorf("unknown target: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-9", "echo")
-	if r.code != 1 || !strings.Contains(r.stderr, `node "node-9" is not connected`) {
+	if r.code != 255 || !strings.Contains(r.stderr, `node "node-9" is not connected`) {
 		t.Errorf("unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
 

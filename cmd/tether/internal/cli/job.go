@@ -49,7 +49,13 @@ func newJobCmd(e *env) *cobra.Command {
 		Long: `A job started with 'tether exec --detach' runs in its own session on its node
 and keeps its output in files there (up to the output limit), surviving the
 tunnel. These commands reach it by node and job id. Finished jobs' files are
-kept for the agent's job retention (24 h by default).`,
+kept for the agent's job retention (24 h by default).
+
+'logs --follow' ends with the job's exit code (124 when its timeout killed
+it, 128+N when signal N did), 254 when it exited 0 but its output was
+truncated at the output limit, and 255 when its outcome is unknown (lost).
+Every job command exits 255 when Tether failed (no coordinator, node not
+connected, no such job) and 2 for a usage error.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			cmd.Help()
@@ -193,10 +199,7 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 			if err != nil {
 				return err
 			}
-			if st.ExitCode != nil && *st.ExitCode != 0 {
-				return &exitError{code: *st.ExitCode}
-			}
-			return nil
+			return jobOutcome(e, st)
 		}
 		select {
 		case <-ctx.Done():
@@ -204,4 +207,34 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		case <-t.C:
 		}
 	}
+}
+
+// jobOutcome is how `job logs --follow` ends once a job's output was read
+// to the end: with the job's exit code (124 when its timeout killed it,
+// 128+N when signal N did), exitTruncated when it exited 0 but output past
+// the output limit was dropped, and exitTether when its outcome is unknown
+// (the job is lost).
+func jobOutcome(e *env, st *protocol.JobStatus) error {
+	var notes []string
+	for _, s := range []struct {
+		name      string
+		truncated bool
+		n         int64
+	}{{"stdout", st.StdoutTruncated, st.StdoutBytes}, {"stderr", st.StderrTruncated, st.StderrBytes}} {
+		if s.truncated {
+			notes = append(notes, fmt.Sprintf("job %s: %s was truncated at the output limit (%d bytes produced); start the job with a larger --output-limit to keep it all", st.ID, s.name, s.n))
+		}
+	}
+	for _, n := range notes {
+		fmt.Fprintf(e.stderr, "tether: %s\n", n)
+	}
+	switch {
+	case st.ExitCode == nil:
+		return &exitError{code: exitTether, err: fmt.Errorf("job %s on node %s is %s: its exit status is unknown", st.ID, st.Node, st.State)}
+	case *st.ExitCode != 0:
+		return &exitError{code: *st.ExitCode}
+	case len(notes) > 0:
+		return &exitError{code: exitTruncated}
+	}
+	return nil
 }

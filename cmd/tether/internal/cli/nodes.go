@@ -16,8 +16,11 @@ import (
 
 // nodesOptions are the flags of `tether nodes`.
 type nodesOptions struct {
-	// Selector filters nodes by label. Empty lists every node.
+	// Selector filters nodes by label. Not given lists every node.
 	Selector string
+	// SelectorGiven is set when --selector was on the command line: an
+	// empty one is then an error, not "every node".
+	SelectorGiven bool
 	// JSON prints the protocol.NodesResponse instead of a table.
 	JSON bool
 	// NATS says how to reach the API.
@@ -26,6 +29,9 @@ type nodesOptions struct {
 
 // Validate reports every invalid option.
 func (o *nodesOptions) Validate() error {
+	if o.SelectorGiven && o.Selector == "" {
+		return fmt.Errorf("--selector is empty: leave it out to list every node")
+	}
 	if o.Selector != "" {
 		if _, err := protocol.ParseSelector(o.Selector); err != nil {
 			return fmt.Errorf("--selector: %w", err)
@@ -41,6 +47,7 @@ func newNodesCmd(e *env) *cobra.Command {
 		Short: "List connected nodes",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			o.SelectorGiven = cmd.Flags().Changed("selector")
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}

@@ -144,17 +144,21 @@ func firstLine(s string) string {
 	return s
 }
 
-// writeSummary prints the table of a fan-out job's failed nodes (every node
-// when all is set) and the totals line.
+// writeSummary prints the table of a fan-out job's failed nodes and those
+// whose output was truncated (every node when all is set) and the totals
+// line.
 func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, all bool, elapsed time.Duration) error {
 	rows := make([]protocol.NodeResult, 0, len(res.Results))
-	failed := 0
+	failed, truncated := 0, 0
 	for _, r := range res.Results {
 		ok := r.OK()
 		if !ok {
 			failed++
 		}
-		if all || !ok {
+		if r.OutputTruncated() {
+			truncated++
+		}
+		if all || !ok || r.OutputTruncated() {
 			rows = append(rows, r)
 		}
 	}
@@ -176,7 +180,11 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 	if n == 1 {
 		noun = "node"
 	}
-	_, err := fmt.Fprintf(w, "%d %s: %d succeeded, %d failed (%v)\n", n, noun, n-failed, failed, elapsed.Round(time.Millisecond))
+	trunc := ""
+	if truncated > 0 {
+		trunc = fmt.Sprintf(", %d with output truncated", truncated)
+	}
+	_, err := fmt.Fprintf(w, "%d %s: %d succeeded, %d failed%s (%v)\n", n, noun, n-failed, failed, trunc, elapsed.Round(time.Millisecond))
 	return err
 }
 
@@ -184,8 +192,11 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 // wrong.
 func summaryText(r *protocol.NodeResult, timeout time.Duration) string {
 	if r.OK() {
-		if r.Detached {
+		switch {
+		case r.Detached:
 			return "started detached"
+		case r.OutputTruncated():
+			return "ok, output truncated"
 		}
 		return "ok"
 	}

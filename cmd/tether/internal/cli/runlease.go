@@ -66,7 +66,10 @@ runs. Sandboxes labelled with the run (NeMo Gym's nemo-gym.nvidia.com/run
 attribution, or created through a facade with the Tether-Run header) are
 owned by the lease: when COMMAND exits the lease is closed and they are
 reaped at once; if run-lease itself dies (kill -9, node loss), the lease
-expires after TTL and they are reaped then. Exits with COMMAND's exit code.`,
+expires after TTL and they are reaped then. Exits with COMMAND's exit code
+(128+N when signal N killed it), 126 or 127 when COMMAND cannot be executed
+or is not found (as a shell reports), and 255 when Tether failed (no
+coordinator, the lease could not be opened).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			if err := o.Validate(); err != nil {

@@ -28,7 +28,7 @@ func TestRunLeaseOnFleet(t *testing.T) {
 		t.Errorf("renew after the command exited: %v, want lease_closed", err)
 	}
 	r = runCLI(ctx, nil, "", "run-lease", "--nats-url", url, "--run", "rl-1", "--", "true")
-	if r.code != 1 || !strings.Contains(r.stderr, "run rl-1 was closed earlier") || !strings.Contains(r.stderr, "new --run id") {
+	if r.code != 255 || !strings.Contains(r.stderr, "run rl-1 was closed earlier") || !strings.Contains(r.stderr, "new --run id") {
 		t.Errorf("reusing a closed run: code %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, map[string]string{"NEMO_GYM_RUN_ID": "rl-env"}, "", "run-lease", "--nats-url", url, "--", "/nonexistent/cmd")

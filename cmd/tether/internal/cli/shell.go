@@ -114,7 +114,12 @@ is streamed to it, and its stdout and stderr stay apart.
 
 Interrupting tether itself (its context ends, as on SIGINT or SIGTERM to
 tether) hangs up the remote terminal: its processes get SIGHUP, then
-SIGKILL.`,
+SIGKILL.
+
+Exit codes, as for 'tether exec --node': the remote command's own (128+N
+when signal N killed it), 126 or 127 when the node found CMD not executable
+or not at all, 130/143 when tether was interrupted, 2 for a usage error, and
+255 when Tether failed (no coordinator, node not connected, tunnel lost).`,
 		Example: `  tether shell node-a
   tether shell node-a htop
   tether shell node-a -- ls -la /srv
@@ -159,6 +164,13 @@ func runShell(ctx context.Context, o *shellOptions, node string, argv []string, 
 	}
 	if len(argv) == 0 {
 		argv = []string{"bash", "-s"}
+	}
+	if classifyStdin(e.stdin) == stdinNone {
+		// Not open at all (a CI runner's closed fd 0): the command reads
+		// an empty standard input rather than wait on one that never ends.
+		ec := *e
+		ec.stdin = strings.NewReader("")
+		e = &ec
 	}
 	params := &protocol.ExecParams{Argv: argv, Env: o.envMap(), Cwd: o.Cwd, Stdin: true}
 	st, err := op.OpenStream(ctx, node, protocol.KindExec, params)
@@ -329,7 +341,7 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 		}
 		return &exitError{code: out.exit.ExitCode}
 	case out.errInfo != nil:
-		return fmt.Errorf("node %s: %w", s.node, out.errInfo)
+		return &exitError{code: errorInfoCode(out.errInfo.Code), err: fmt.Errorf("node %s: %w", s.node, out.errInfo)}
 	case interrupted:
 		return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", ctx.Err())}
 	case out.err != nil:
@@ -427,6 +439,7 @@ type stdinReader struct {
 	fd     int
 	wakeR  *os.File
 	wakeFd int
+	stop   func()
 }
 
 var errStdinStopped = errors.New("stdin reader stopped")
@@ -443,7 +456,20 @@ func newStdinReader(r io.Reader) (*stdinReader, func(), error) {
 	}
 	sr := &stdinReader{r: r, fd: int(f.Fd()), wakeR: wakeR, wakeFd: int(wakeR.Fd())}
 	var once sync.Once
-	return sr, func() { once.Do(func() { wakeW.Close() }) }, nil
+	sr.stop = func() { once.Do(func() { wakeW.Close() }) }
+	return sr, sr.stop, nil
+}
+
+// SetReadDeadline with a time that has passed stops the reader, as stop
+// does: a pending Read and every later one return an error. Other
+// deadlines are not supported (os.ErrNoDeadline), nor is any for a reader
+// that is not an *os.File.
+func (r *stdinReader) SetReadDeadline(t time.Time) error {
+	if r.stop == nil || time.Until(t) > 0 {
+		return os.ErrNoDeadline
+	}
+	r.stop()
+	return nil
 }
 
 // close releases the reader's end of the wake-up pipe once Read returned
