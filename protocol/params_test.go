@@ -81,3 +81,14 @@ func TestDecodeExecRequestEmptyCommand(t *testing.T) {
 		}
 	}
 }
+
+// A registered sandbox's id ends up in the reaper's OpenSandbox delete URL:
+// "." and ".." are not ids.
+func TestRegisterRefusesDotIDs(t *testing.T) {
+	for _, id := range []string{".", ".."} {
+		r := protocol.SandboxRegisterRequest{Provider: protocol.ProviderOpenSandbox, Node: "n", ID: id}
+		if e := r.Validate(); e == nil || e.Status != 400 {
+			t.Errorf("id %q: Validate = %v, want 400", id, e)
+		}
+	}
+}
