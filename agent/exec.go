@@ -103,7 +103,7 @@ type execution struct {
 	// group is killed and the exec answered with an internal error.
 	crash *crash
 	log   *slog.Logger
-	p      protocol.ExecParams
+	p     protocol.ExecParams
 
 	// stdout and stderr count the output of every process of the exec
 	// (fail-fast batches run several); the limit applies to the sum.

@@ -156,4 +156,3 @@ func TestPanicInDetachedJobSupervision(t *testing.T) {
 		t.Errorf("job fine: %+v", st)
 	}
 }
-
