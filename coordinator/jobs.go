@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -161,6 +162,7 @@ func (c *Coordinator) stopProbes() {
 // handleProbeReply runs on the subscription's goroutine for each answer to
 // a probe; only a no-responders status means something.
 func (c *Coordinator) handleProbeReply(m *nats.Msg) {
+	defer c.guard.Recover("probe reply", nil)
 	if m.Header.Get("Status") != "503" {
 		return
 	}
@@ -298,6 +300,7 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
+		defer c.guard.Recover("job "+p.Op, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.runJobOp(life, req, n, p)
 	}()
 }
