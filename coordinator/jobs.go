@@ -48,6 +48,9 @@ func (j *job) cancelReason(r *protocol.NodeResult) {
 		r.ErrorCode = protocol.ResultCodeShutdown
 	case errors.Is(cause, errClientGone):
 		r.Error = "the client disappeared; job cancelled"
+	case errors.As(cause, new(*panics.Error)):
+		r.Error = fmt.Sprintf("coordinator %s: %v; job cancelled", j.c.cfg.ID, cause)
+		r.ErrorCode = protocol.CodeInternal
 	}
 }
 
@@ -197,6 +200,9 @@ func (j *job) startKeeper() (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// Without its keeper the job's client would think the coordinator
+		// gone: end the job, its nodes reporting the internal error.
+		defer c.guard.Recover("exec job keeper", func(e *panics.Error) { j.cancel(e) })
 		t := time.NewTicker(iv)
 		defer t.Stop()
 		gone := 0
