@@ -168,9 +168,7 @@ func checkAnswer(t *testing.T, kind protocol.Kind, out []byte, logs *syncBuffer)
 		}
 		t.Fatalf("kind %s: the agent closed without a frame\n%s", kind, logs.String())
 	}
-	if os.Getenv("FUZZ_DEBUG") != "" {
-		t.Logf("kind %s: frames %v; tail %q", kind, types, out[max(0, len(out)-200):])
-	}
+	t.Logf("kind %s: frames %v; tail %q", kind, types, out[max(0, len(out)-200):]) // shown with -v
 	last := types[len(types)-1]
 	switch kind {
 	case protocol.KindCopy:

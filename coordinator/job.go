@@ -125,6 +125,7 @@ func (j *job) run() {
 func (j *job) fanOut(results []protocol.NodeResult) {
 	sem := make(chan struct{}, j.maxParallel)
 	var wg sync.WaitGroup
+	defer wg.Wait() // also if this loop panics: the node runs are the job's
 	for i, id := range j.targets {
 		acquired := false
 		select {
@@ -144,11 +145,11 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			defer j.c.guard.Recover("exec job node result", nil) // the result is kept; the client misses its node-result reply
 			results[i] = j.runNodeGuarded(id)
 			j.publishNodeResult(&results[i])
 		}()
 	}
-	wg.Wait()
 }
 
 // forget removes the job from the coordinator's running jobs, if it is
