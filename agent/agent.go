@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -42,6 +43,16 @@ type Agent struct {
 	targets     map[string]string
 	targetNames []string
 	dialing     atomic.Int64 // dial streams open, for Config.MaxDials
+	// guard contains panics of per-stream goroutines (panic.go).
+	guard *panics.Guard
+	// testHook, set only by tests, is called at named points of stream
+	// handling in the goroutine that reaches them (Agent.hook): "exec" in
+	// an exec's handler after its params were checked (v is the
+	// *protocol.ExecParams), "exec-output" in an exec's output copier for
+	// each chunk read (v is the *protocol.ExecParams), "job-output" in a
+	// detached job's stdout copier and "job-supervise" in its supervisor
+	// (v is the job id).
+	testHook func(point string, v any)
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -57,7 +68,8 @@ func New(cfg Config) (*Agent, error) {
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
 	targets := cfg.targetTable()
 	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
-		targets: targets, targetNames: slices.Sorted(maps.Keys(targets))}, nil
+		targets: targets, targetNames: slices.Sorted(maps.Keys(targets)),
+		guard: panics.New(cfg.Registerer, log, "agent")}, nil
 }
 
 // Run creates the data directory, measures the node's capacity, then keeps a
@@ -107,7 +119,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger:  a.log,
 		OnRetry: func(int, error) { a.m.reconnects.Inc() },
 	}
-	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) error {
+	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
+		// A panic in the session's own goroutine (the handshake, the
+		// accept loop) ends this session only: the redialer backs off
+		// and dials again.
+		defer a.guard.Recover("session", func(e *panics.Error) { err = fmt.Errorf("agent %s: session with %s: %w", a.cfg.NodeID, addr, e) })
 		h := hello
 		h.Reconnects = int(a.sessions.Load())
 		h.Instance = a.instance
@@ -155,15 +171,19 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	// Also when a panic unwinds the session: nothing of it outlives serve.
+	defer func() {
+		cancel()
+		sess.Close()
+		wg.Wait()
+	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("heartbeat", func(*panics.Error) { sess.Close() })
 		a.heartbeat(sctx, sess, ctl, interval, log)
 	}()
 	a.serveStreams(sctx, sess)
-	cancel()
-	sess.Close()
-	wg.Wait()
 	log.Info("disconnected from coordinator")
 	return nil
 }
@@ -239,6 +259,7 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("pinger", func(*panics.Error) { sess.Close() })
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
@@ -322,8 +343,13 @@ func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
 }
 
 // serveStream reads st's header and serves st by kind. It returns when the
-// stream's operation ended, and st is closed.
+// stream's operation ended, and st is closed. A panic is contained (each
+// handler answers its own stream with an internal error; this guard covers
+// the header and the dispatch).
 func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux.Stream, gw *gatewayClients) {
+	defer a.guard.Recover("stream", func(e *panics.Error) {
+		a.refuse(st, protocol.CodeInternal, fmt.Sprintf("node %s: %v", a.cfg.NodeID, e))
+	})
 	h, err := sess.ReadHeader(st)
 	if err != nil {
 		// A missing or malformed header: ReadHeader answered and closed st.

@@ -24,6 +24,8 @@ import (
 // leaves the destination as it was. It closes st.
 func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Header) {
 	defer st.Close()
+	// A copy's peer takes an error frame at any point (protocol/copy.go).
+	defer a.guard.Recover("copy stream", a.answerPanic(st, nil))
 	log := a.log.With("stream", st.StreamID())
 	var p protocol.CopyParams
 	if err := h.DecodeParams(&p); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -49,6 +50,15 @@ func (a *Agent) serveDial(ctx context.Context, st *yamux.Stream, h protocol.Head
 		a.dialing.Add(-1)
 		a.m.dialsOpen.Dec()
 	}()
+	// After FrameDialOK the stream carries the target's raw bytes, where
+	// no frame may follow: a panic then only closes it.
+	raw := false
+	defer a.guard.Recover("dial stream", func(e *panics.Error) {
+		if !raw {
+			a.answerPanic(st, nil)(e)
+		}
+		st.Close()
+	})
 	log := a.log.With("stream", st.StreamID())
 	var p protocol.DialParams
 	if err := h.DecodeParams(&p); err != nil {
@@ -90,6 +100,7 @@ func (a *Agent) serveDial(ctx context.Context, st *yamux.Stream, h protocol.Head
 		log.Warn("dial: write dial-ok", "err", err)
 		return
 	}
+	raw = true
 	st.SetWriteDeadline(time.Time{})
 	a.m.dials.WithLabelValues(dialOK).Inc()
 	log.Debug("dial connected")
@@ -129,6 +140,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 	go func() {
 		defer wg.Done()
 		defer upDone.Store(true)
+		defer a.guard.Recover("dial copier", func(*panics.Error) { abort() })
 		var err error
 		up, err = copyCounted(conn, st, a.m.dialBytes.WithLabelValues(toTarget))
 		if err != nil {

@@ -66,6 +66,20 @@
 // reported. A background child that redirected its output away from the
 // exec's pipes is left running when its parent exits normally.
 //
+// Panics (panic.go). Every per-stream goroutine above (handler, waiter,
+// copiers, frame reader, stdin feeder, listers, cancel watcher), each
+// detached job's supervisor, waiter and copiers, each session (the
+// redialer's callback: handshake and accept loop), its heartbeat loop and
+// its pinger defer internal/panics' Recover: a panic fails that stream with
+// a CodeInternal error frame (a detached job is killed and recorded lost; a
+// session is closed and redialled), is counted in
+// tether_panics_total{component="agent"} and logged once with its stack,
+// and the agent keeps serving everything else. A helper's panic makes its
+// handler kill the process group and answer with the internal error. Left
+// unguarded: Agent.Run's redial loop (it owns the agent's lifetime), the
+// session watcher in serveStreams and context.AfterFunc callbacks (no logic
+// of their own), and the goroutines of the tunnel and mirror packages.
+//
 // The agent must not import the coordinator package, nats.go or nats-server:
 // it speaks to the fleet only through the tunnel.
 //

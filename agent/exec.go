@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -70,8 +71,10 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 		w: &frameWriter{st: st, finalTimeout: a.cfg.Tunnel.WriteTimeout, dataTimeout: a.dataWriteTimeout,
 			onBroken: func() { close(broken) }},
 		broken: broken,
+		crash:  newCrash(),
 		log:    a.log.With("stream", st.StreamID()),
 	}
+	defer a.guard.Recover("exec stream", a.answerPanic(st, x.w))
 	if err := h.DecodeParams(&x.p); err != nil {
 		x.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
@@ -95,8 +98,12 @@ type execution struct {
 	st     *yamux.Stream
 	w      *frameWriter
 	broken <-chan struct{} // closed when an output write failed and w closed st
-	log    *slog.Logger
-	p      protocol.ExecParams
+	// crash records a panic contained in one of the exec's helper
+	// goroutines (copiers, frame reader, waiter, stdin feeder): the process
+	// group is killed and the exec answered with an internal error.
+	crash *crash
+	log   *slog.Logger
+	p     protocol.ExecParams
 
 	// stdout and stderr count the output of every process of the exec
 	// (fail-fast batches run several); the limit applies to the sum.
@@ -176,13 +183,15 @@ type runState struct {
 	cancel  <-chan struct{}
 	ctxDone <-chan struct{}
 	broken  <-chan struct{}
+	crashed <-chan struct{}
 
 	timedOut, cancelled, lost bool
 	outputCut                 bool
+	failed                    bool // a helper goroutine panicked
 }
 
 // stopping reports whether the exec must not start another process.
-func (rs *runState) stopping() bool { return rs.timedOut || rs.cancelled || rs.lost }
+func (rs *runState) stopping() bool { return rs.timedOut || rs.cancelled || rs.lost || rs.failed }
 
 // procResult is how one process ended.
 type procResult struct {
@@ -201,6 +210,7 @@ func (x *execution) run(ctx context.Context) {
 		return
 	}
 	specs := x.processes()
+	a.hook("exec", &x.p)
 
 	var wg sync.WaitGroup
 	done := make(chan struct{}) // closed when the handler is finishing
@@ -212,6 +222,7 @@ func (x *execution) run(ctx context.Context) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("exec frame reader", x.crash.report)
 		x.readFrames(stdinCh, cancelCh, done)
 	}()
 	defer func() {
@@ -221,7 +232,7 @@ func (x *execution) run(ctx context.Context) {
 		wg.Wait()
 	}()
 
-	rs := &runState{cancel: cancelCh, ctxDone: ctx.Done(), broken: x.broken}
+	rs := &runState{cancel: cancelCh, ctxDone: ctx.Done(), broken: x.broken, crashed: x.crash.done()}
 	if x.p.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(x.p.TimeoutMS) * time.Millisecond)
 		defer t.Stop()
@@ -256,6 +267,8 @@ func (x *execution) run(ctx context.Context) {
 	switch {
 	case rs.lost:
 		x.log.Info("exec ended without a usable stream; result dropped")
+	case rs.failed:
+		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: %v", a.cfg.NodeID, x.crash.error()))
 	case err != nil:
 		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %s: %v", a.cfg.NodeID, specs[0].name, err))
 	default:
@@ -336,28 +349,45 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 		}
 		wg.Wait()
 	}()
+	// A panic unwinding the loop below must not wait (above) for copiers
+	// of a process that keeps running: end the group and stop reading.
+	returned := false
+	defer func() {
+		if !returned {
+			syscall.Kill(-pgid, syscall.SIGKILL)
+			outR.SetReadDeadline(time.Now())
+			errR.SetReadDeadline(time.Now())
+		}
+	}()
 	waitCh := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("exec waiter", func(e *panics.Error) {
+			x.crash.report(e)
+			waitCh <- e
+		})
 		waitCh <- cmd.Wait()
 	}()
 	copyDone := make(chan struct{}, 2)
 	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		x.copyOut(outR, protocol.FrameStdout, limit, &x.stdout)
-		copyDone <- struct{}{}
-	}()
-	go func() {
-		defer wg.Done()
-		x.copyOut(errR, protocol.FrameStderr, limit, &x.stderr)
-		copyDone <- struct{}{}
-	}()
+	for _, c := range []struct {
+		r     *os.File
+		t     protocol.FrameType
+		count *outputCount
+	}{{outR, protocol.FrameStdout, &x.stdout}, {errR, protocol.FrameStderr, &x.stderr}} {
+		go func() {
+			defer wg.Done()
+			defer func() { copyDone <- struct{}{} }()
+			defer a.guard.Recover("exec output copier", x.crash.report)
+			x.copyOut(c.r, c.t, limit, c.count)
+		}()
+	}
 	if inW != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer a.guard.Recover("exec stdin feeder", x.crash.report)
 			feedStdin(inW, spec.script, stdinCh, procDone)
 		}()
 	}
@@ -424,6 +454,11 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 			rs.lost = true
 			log.Warn("exec stream broken by a stalled output write; killing process group")
 			end()
+		case <-rs.crashed:
+			rs.crashed = nil
+			rs.failed = true
+			log.Error("exec failed with an internal error; killing process group")
+			end()
 		case <-graceC:
 			graceC = nil
 			killSent = true
@@ -462,6 +497,7 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 		case <-time.After(groupPoll):
 		}
 	}
+	returned = true
 	return res, nil
 }
 
@@ -507,6 +543,7 @@ func (x *execution) copyOut(r *os.File, t protocol.FrameType, limit int64, c *ou
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			x.a.hook("exec-output", &x.p)
 			c.total += int64(n)
 			keep := min(int64(n), limit-c.sent)
 			if keep > 0 {
@@ -621,6 +658,9 @@ type frameWriter struct {
 	// onBroken, if set, is called once (under mu) after a failed data
 	// write closed the stream.
 	onBroken func()
+	// finished is set once the final frame was written; later data and
+	// final frames are skipped.
+	finished bool
 }
 
 // data writes one output frame, waiting at most dataTimeout for room. A
@@ -633,6 +673,9 @@ func (w *frameWriter) data(t protocol.FrameType, p []byte) error {
 	defer w.mu.Unlock()
 	if w.err != nil {
 		return w.err
+	}
+	if w.finished {
+		return errFinalWritten
 	}
 	d := w.dataTimeout
 	if d <= 0 {
@@ -649,13 +692,22 @@ func (w *frameWriter) data(t protocol.FrameType, p []byte) error {
 	return w.err
 }
 
-// final writes the operation's last frame as JSON.
+// errFinalWritten is what a frameWriter returns for a frame after the
+// final one, which it does not write.
+var errFinalWritten = errors.New("final frame already written")
+
+// final writes the operation's last frame as JSON, once: a later call
+// (a contained panic's error after the exit frame) writes nothing.
 func (w *frameWriter) final(t protocol.FrameType, v any) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
 		return w.err
 	}
+	if w.finished {
+		return errFinalWritten
+	}
+	w.finished = true
 	w.st.SetWriteDeadline(time.Now().Add(w.finalTimeout))
 	if err := protocol.WriteJSONFrame(w.st, t, v); err != nil {
 		w.err = fmt.Errorf("write %s frame on stream %d: %w", t, w.st.StreamID(), err)

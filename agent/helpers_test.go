@@ -76,6 +76,13 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
+	return newHarnessWith(t, mutate, nil)
+}
+
+// newHarnessWith is newHarness with prepare (if not nil) adjusting the
+// Agent (its test hook) before it serves.
+func newHarnessWith(t *testing.T, mutate func(*Config), prepare func(*Agent)) *harness {
+	t.Helper()
 	cfg := testConfig(t)
 	if mutate != nil {
 		mutate(&cfg)
@@ -83,6 +90,9 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(a)
 	}
 	client, srv := tunneltest.Pair(t)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tetherfleet/tether/gateway"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -174,6 +175,7 @@ func (g *gatewayClients) sources() []inventorySource {
 // closed.
 func (a *Agent) serveInventory(ctx context.Context, st *yamux.Stream, h protocol.Header, gw *gatewayClients) {
 	defer st.Close()
+	defer a.guard.Recover("inventory stream", a.answerPanic(st, nil))
 	log := a.log.With("stream", st.StreamID())
 	var p protocol.InventoryParams
 	if err := h.DecodeParams(&p); err != nil {
@@ -194,6 +196,7 @@ func (a *Agent) serveInventory(ctx context.Context, st *yamux.Stream, h protocol
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer a.guard.Recover("inventory lister", func(e *panics.Error) { results[i] = inventoryResult{nil, e} })
 			sbs, err := src.list(lctx)
 			results[i] = inventoryResult{sbs, err}
 		}()
@@ -310,6 +313,7 @@ func (a *Agent) watchCancel(st *yamux.Stream, cancel context.CancelFunc, log *sl
 	go func() {
 		defer close(done)
 		defer cancel()
+		defer a.guard.Recover("cancel watcher", nil)
 		fr := protocol.NewFrameReader(st)
 		for {
 			f, err := fr.Next()

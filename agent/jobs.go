@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -53,6 +54,8 @@ type detachedJob struct {
 	pgid     int
 	cancelCh chan struct{} // buffered 1: cancel requested
 	done     chan struct{} // closed once status.json is written
+
+	finishOnce sync.Once // finish runs once, also after a contained panic
 
 	mu sync.Mutex
 	st protocol.JobStatus
@@ -189,6 +192,13 @@ func (a *Agent) launchDetached(p *protocol.ExecParams, dir, jdir string) (*detac
 	a.jobs.mu.Unlock()
 	go func() {
 		defer a.jobs.wg.Done()
+		// The supervisor killed the job's group while unwinding; what is
+		// left to do is to record it as lost.
+		defer a.guard.Recover("detached job supervisor", func(e *panics.Error) {
+			st := j.snapshot()
+			st.State = protocol.JobLost
+			a.finishJob(j, st, a.log.With("job_id", j.id, "pid", j.pgid))
+		})
 		a.superviseJob(j, cmd, [2]*os.File{outR, errR}, files, limit, time.Duration(p.TimeoutMS)*time.Millisecond)
 	}()
 	return j, nil
@@ -210,19 +220,38 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 	var wg sync.WaitGroup
 	waitCh := make(chan error, 1)
 	copyDone := make(chan struct{}, 2)
+	cr := newCrash() // a helper below panicked
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("detached job waiter", func(e *panics.Error) {
+			cr.report(e)
+			waitCh <- e
+		})
 		waitCh <- cmd.Wait()
 	}()
 	for i := range pipes {
 		go func() {
 			defer wg.Done()
+			defer func() { copyDone <- struct{}{} }()
+			defer a.guard.Recover("detached job output copier", cr.report)
+			if i == 0 {
+				a.hook("job-output", j.id)
+			}
 			j.copyToFile(pipes[i], files[i], i == 1, limit, log)
-			copyDone <- struct{}{}
 		}()
 	}
 	defer wg.Wait()
+	// A panic unwinding the loop below must not wait (above) for copiers
+	// of a job that keeps running: end its group and stop reading.
+	returned := false
+	defer func() {
+		if !returned {
+			syscall.Kill(-j.pgid, syscall.SIGKILL)
+			pipes[0].SetReadDeadline(time.Now())
+			pipes[1].SetReadDeadline(time.Now())
+		}
+	}()
 
 	var timeoutC, graceC, abandonC <-chan time.Time
 	if timeout > 0 {
@@ -232,8 +261,9 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 	}
 	var (
 		exited, termSent, killSent, abandoned bool
-		timedOut, cancelled                   bool
+		timedOut, cancelled, crashed          bool
 		copiers                               = 2
+		crashC                                = cr.done()
 	)
 	kill := func(sig syscall.Signal) {
 		if err := syscall.Kill(-j.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -252,6 +282,7 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 		}
 	}
 	var waitErr error
+	a.hook("job-supervise", j.id)
 	for !exited || copiers > 0 {
 		select {
 		case waitErr = <-waitCh:
@@ -273,6 +304,13 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 			graceC = nil
 			killSent = true
 			kill(syscall.SIGKILL)
+		case <-crashC:
+			// Its outcome can no longer be told: end it now.
+			crashC = nil
+			crashed = true
+			log.Error("detached job failed with an internal error; killing its process group")
+			killSent = true
+			kill(syscall.SIGKILL)
 		case <-abandonC:
 			abandonC = nil
 			abandoned = true
@@ -292,6 +330,7 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 		case <-time.After(groupPoll):
 		}
 	}
+	returned = true
 
 	code := -1
 	var signal string
@@ -309,30 +348,41 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 	if timedOut {
 		code = 124
 	}
-	now := time.Now().UTC()
-	j.mu.Lock()
-	st := j.st
-	j.mu.Unlock()
+	st := j.snapshot()
 	st.State = protocol.JobExited
 	st.ExitCode = &code
 	st.Signal = signal
 	st.TimedOut = timedOut
 	st.Cancelled = cancelled
-	st.FinishedAt = &now
-	// status.json first: whoever sees the job exited may rely on it.
-	if err := writeJSONFile(filepath.Join(j.dir, "status.json"), st); err != nil {
-		log.Warn("write detached job status", "err", err)
+	if crashed {
+		st = j.snapshot()
+		st.State = protocol.JobLost
 	}
-	j.mu.Lock()
-	j.st = st
-	j.mu.Unlock()
-	log.Info("detached job finished", "exit_code", code, "signal", signal, "timed_out", timedOut, "cancelled", cancelled)
-	a.jobs.mu.Lock()
-	if a.jobs.jobs[j.id] == j {
-		delete(a.jobs.jobs, j.id)
-	}
-	a.jobs.mu.Unlock()
-	close(j.done)
+	a.finishJob(j, st, log)
+	log.Info("detached job finished", "state", st.State, "exit_code", code, "signal", signal, "timed_out", timedOut, "cancelled", cancelled)
+}
+
+// finishJob records the end of job j with status st (FinishedAt is set
+// here), removes it from the table and closes j.done, once: a later call
+// does nothing.
+func (a *Agent) finishJob(j *detachedJob, st protocol.JobStatus, log interface{ Warn(string, ...any) }) {
+	j.finishOnce.Do(func() {
+		now := time.Now().UTC()
+		st.FinishedAt = &now
+		// status.json first: whoever sees the job ended may rely on it.
+		if err := writeJSONFile(filepath.Join(j.dir, "status.json"), st); err != nil {
+			log.Warn("write detached job status", "err", err)
+		}
+		j.mu.Lock()
+		j.st = st
+		j.mu.Unlock()
+		a.jobs.mu.Lock()
+		if a.jobs.jobs[j.id] == j {
+			delete(a.jobs.jobs, j.id)
+		}
+		a.jobs.mu.Unlock()
+		close(j.done)
+	})
 }
 
 // copyToFile copies one output pipe into its file, keeping at most limit
@@ -468,6 +518,7 @@ func (a *Agent) sweepJobs(force bool) {
 // detached job. It closes st.
 func (a *Agent) serveJob(ctx context.Context, st *yamux.Stream, h protocol.Header) {
 	defer st.Close()
+	defer a.guard.Recover("job stream", a.answerPanic(st, nil))
 	var p protocol.JobParams
 	if err := h.DecodeParams(&p); err != nil {
 		a.refuse(st, protocol.CodeBadRequest, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -67,6 +68,7 @@ func (a *Agent) servePTY(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		w:   &frameWriter{st: st, finalTimeout: a.cfg.Tunnel.WriteTimeout},
 		log: a.log.With("stream", st.StreamID(), "kind", "pty"),
 	}
+	defer a.guard.Recover("pty stream", a.answerPanic(st, s.w))
 	if err := h.DecodeParams(&s.p); err != nil {
 		s.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
@@ -181,18 +183,37 @@ func (s *ptySession) run(ctx context.Context) {
 	outDone := make(chan struct{})
 	sigCh := make(chan syscall.Signal, ptySignalQueue)
 	hangupCh := make(chan hangupReason, 2)
+	cr := newCrash() // a helper below panicked
+	// A panic unwinding the loop below ends the terminal's session and
+	// waits for the helpers, as the normal end does.
+	returned := false
+	defer func() {
+		if !returned {
+			s.killSession(syscall.SIGKILL)
+			close(done)
+			s.st.SetReadDeadline(time.Now())
+			s.master.SetDeadline(time.Now())
+			wg.Wait()
+		}
+	}()
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("pty waiter", func(e *panics.Error) {
+			cr.report(e)
+			waitCh <- e
+		})
 		waitCh <- cmd.Wait()
 	}()
 	go func() {
 		defer wg.Done()
 		defer close(outDone)
+		defer a.guard.Recover("pty output copier", cr.report)
 		s.copyOut()
 	}()
 	go func() {
 		defer wg.Done()
+		defer a.guard.Recover("pty frame reader", cr.report)
 		s.readFrames(sigCh, hangupCh, done)
 	}()
 
@@ -201,6 +222,8 @@ func (s *ptySession) run(ctx context.Context) {
 		waitErr           error
 		end               time.Time
 		cancelled, lost   bool
+		failed            bool // a helper panicked
+		crashC            = cr.done()
 		hupSent, killSent bool
 		graceC, drainC    <-chan time.Time
 		drainStage        int
@@ -245,6 +268,10 @@ func (s *ptySession) run(ctx context.Context) {
 			ctxDone, lost = nil, true
 			s.log.Info("tunnel session gone; ending pty session", "pid", s.sid)
 			hangup()
+		case <-crashC:
+			crashC, failed = nil, true
+			s.log.Error("pty failed with an internal error; killing its session", "pid", s.sid)
+			killAll()
 		case <-graceC:
 			graceC = nil
 			killAll()
@@ -278,6 +305,8 @@ func (s *ptySession) run(ctx context.Context) {
 	switch {
 	case lost:
 		s.log.Info("pty ended without a session; result dropped", "pid", s.sid)
+	case failed:
+		s.fail(protocol.CodeInternal, fmt.Sprintf("node %s: %v", a.cfg.NodeID, cr.error()))
 	case err != nil:
 		s.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %q: %v", a.cfg.NodeID, name, err))
 	default:
@@ -290,6 +319,7 @@ func (s *ptySession) run(ctx context.Context) {
 	}
 
 	// Stop the frame reader wherever it blocks (stream read, terminal write).
+	returned = true
 	close(done)
 	s.st.SetReadDeadline(time.Now())
 	s.master.SetWriteDeadline(time.Now())

@@ -34,6 +34,7 @@ const sandboxOpTimeout = 45 * time.Second
 // written; st is closed.
 func (a *Agent) serveSandboxOp(ctx context.Context, st *yamux.Stream, h protocol.Header, gw *gatewayClients) {
 	defer st.Close()
+	defer a.guard.Recover("sandbox stream", a.answerPanic(st, nil))
 	log := a.log.With("stream", st.StreamID())
 	var p protocol.SandboxOpParams
 	if err := h.DecodeParams(&p); err != nil {

@@ -128,7 +128,8 @@ func (c *Coordinator) startConn(conn net.Conn) {
 		c.connWG.Done()
 	}
 	go func() {
-		rest := c.serveConn(life, ac)
+		var rest func()
+		c.containConn("agent handshake", ac, func() { rest = c.serveConn(life, ac) })
 		if rest == nil {
 			done()
 			return
@@ -139,7 +140,7 @@ func (c *Coordinator) startConn(conn net.Conn) {
 		// goroutine, which starts small (BenchmarkIdleAgentMemory).
 		go func() {
 			defer done()
-			rest()
+			c.containConn("agent session", ac, rest)
 		}()
 	}()
 }

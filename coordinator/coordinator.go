@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -32,6 +33,10 @@ type Coordinator struct {
 	log     *slog.Logger
 	m       *metrics
 	reg     prometheus.Registerer
+	guard   *panics.Guard // contains per-caller panics (panic.go)
+	// testHook, set only by tests (export_test.go), is called at named
+	// points in the goroutine that reaches them (Coordinator.hook).
+	testHook atomic.Pointer[func(point string)]
 
 	serving    atomic.Bool   // Serve is running and not yet draining
 	handshakes chan struct{} // one token per agent connection in its handshake (MaxHandshakes)
@@ -88,6 +93,7 @@ func New(cfg Config) (*Coordinator, error) {
 		log:     log.With("component", "coordinator", "coordinator_id", cfg.ID),
 		m:       m,
 		reg:     reg,
+		guard:   panics.New(reg, log.With("component", "coordinator", "coordinator_id", cfg.ID), "coordinator"),
 		conns:   map[*agentConn]struct{}{},
 		nodes:   map[string]*node{},
 		jobs:    map[string]*job{},

@@ -71,6 +71,23 @@
 // Serve waits for all of them before it returns. yamux adds its own receive
 // and send loops per session, stopped by closing the session.
 //
+// # Panics
+//
+// Every per-caller goroutine above, and every micro handler (its own and
+// those Config.Endpoints adds, through a wrapped service), contains a panic
+// (panic.go): the request gets a 500 internal micro error, a node run an
+// internal node result (the job's other nodes go on), a job whose goroutine
+// or keeper panicked an internal error as its last reply or its nodes
+// cancelled with it, a stream relay's client its pipe closed with an
+// internal error, an agent connection is closed (the agent redials), a
+// node's inventory counts as failed. Each is counted in
+// tether_panics_total{component="coordinator"} and logged once with its
+// stack; the coordinator keeps serving. Left unguarded, so that a panic
+// takes the process down and its supervisor restarts it: the goroutines
+// that own shared state or the daemon's lifetime (the accept loop, Serve's
+// drain, RunInventory's loop), context.AfterFunc callbacks, and the
+// goroutines of the tunnel and natspipe packages.
+//
 // # Locks
 //
 // Coordinator.mu guards the registry, the job table, the probe table and the

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -60,6 +61,9 @@ type job struct {
 }
 
 // run executes the job on every target and publishes the final result.
+// A panic unwinding it (contained by its caller, which then publishes an
+// internal error as the last reply) still stops the keeper and forgets the
+// job.
 func (j *job) run() {
 	defer j.cancel(nil)
 	log := j.c.log.With("job_id", j.id)
@@ -67,12 +71,14 @@ func (j *job) run() {
 	j.pubMu.Lock()
 	j.lastPub = time.Now()
 	j.pubMu.Unlock()
-	stopKeeper := j.startKeeper()
+	stopKeeper := sync.OnceFunc(j.startKeeper())
+	defer stopKeeper()
+	defer j.forget()
 
 	results := make([]protocol.NodeResult, len(j.targets))
 	if len(j.targets) == 1 {
 		// The common case: no fan-out, so no extra goroutine.
-		results[0] = j.runNode(j.targets[0])
+		results[0] = j.runNodeGuarded(j.targets[0])
 		j.publishNodeResult(&results[0])
 	} else {
 		j.fanOut(results)
@@ -81,11 +87,7 @@ func (j *job) run() {
 
 	// Forget the job before the final reply, so a client may reuse its id
 	// as soon as it sees the result.
-	j.c.mu.Lock()
-	if j.c.jobs[j.id] == j {
-		delete(j.c.jobs, j.id)
-	}
-	j.c.mu.Unlock()
+	j.forget()
 
 	slices.SortFunc(results, func(a, b protocol.NodeResult) int { return strings.Compare(a.Node, b.Node) })
 	res := protocol.ExecResult{ID: j.id, Results: results, Nodes: len(results)}
@@ -119,6 +121,7 @@ func (j *job) run() {
 func (j *job) fanOut(results []protocol.NodeResult) {
 	sem := make(chan struct{}, j.maxParallel)
 	var wg sync.WaitGroup
+	defer wg.Wait() // also if this loop panics: the node runs are the job's
 	for i, id := range j.targets {
 		acquired := false
 		select {
@@ -138,11 +141,38 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results[i] = j.runNode(id)
+			defer j.c.guard.Recover("exec job node result", nil) // the result is kept; the client misses its node-result reply
+			results[i] = j.runNodeGuarded(id)
 			j.publishNodeResult(&results[i])
 		}()
 	}
-	wg.Wait()
+}
+
+// forget removes the job from the coordinator's running jobs, if it is
+// still there.
+func (j *job) forget() {
+	j.c.mu.Lock()
+	if j.c.jobs[j.id] == j {
+		delete(j.c.jobs, j.id)
+	}
+	j.c.mu.Unlock()
+}
+
+// runNodeGuarded is runNode with a panic in it contained: the node's result
+// is then an internal error (ExitCode -1, ErrorCode protocol.CodeInternal)
+// and the job's other nodes go on.
+// It records the node run's metrics.
+func (j *job) runNodeGuarded(id string) (res protocol.NodeResult) {
+	start := time.Now()
+	defer func() {
+		j.c.m.execDuration.Observe(time.Since(start).Seconds())
+		j.c.m.execResults.WithLabelValues(outcome(&res)).Inc()
+	}()
+	defer j.c.guard.Recover("exec job node", func(e *panics.Error) {
+		res = protocol.NodeResult{Node: id, ExitCode: -1, Error: fmt.Sprintf("coordinator %s: %v", j.c.cfg.ID, e), ErrorCode: protocol.CodeInternal}
+	})
+	j.c.hook("exec node " + id)
+	return j.runNode(id)
 }
 
 // notStarted is the result of a node the job was cancelled before reaching.
@@ -180,8 +210,6 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 		if res.Error == "" && res.ExitCode != 0 && !res.Detached && !res.Cancelled {
 			res.Failure = protocol.FailureMessage(id, &j.params, &res, tail.bytes())
 		}
-		c.m.execDuration.Observe(d.Seconds())
-		c.m.execResults.WithLabelValues(outcome(&res)).Inc()
 	}()
 	fail := func(format string, args ...any) protocol.NodeResult {
 		res.ExitCode = -1

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -47,6 +48,9 @@ func (j *job) cancelReason(r *protocol.NodeResult) {
 		r.ErrorCode = protocol.ResultCodeShutdown
 	case errors.Is(cause, errClientGone):
 		r.Error = "the client disappeared; job cancelled"
+	case errors.As(cause, new(*panics.Error)):
+		r.Error = fmt.Sprintf("coordinator %s: %v; job cancelled", j.c.cfg.ID, cause)
+		r.ErrorCode = protocol.CodeInternal
 	}
 }
 
@@ -135,6 +139,7 @@ func (c *Coordinator) stopProbes() {
 // handleProbeReply runs on the subscription's goroutine for each answer to
 // a probe; only a no-responders status means something.
 func (c *Coordinator) handleProbeReply(m *nats.Msg) {
+	defer c.guard.Recover("probe reply", nil)
 	if m.Header.Get("Status") != "503" {
 		return
 	}
@@ -169,6 +174,9 @@ func (j *job) startKeeper() (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// Without its keeper the job's client would think the coordinator
+		// gone: end the job, its nodes reporting the internal error.
+		defer c.guard.Recover("exec job keeper", func(e *panics.Error) { j.cancel(e) })
 		t := time.NewTicker(iv)
 		defer t.Stop()
 		gone := 0
@@ -272,6 +280,7 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
+		defer c.guard.Recover("job "+p.Op, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.runJobOp(life, req, n, p)
 	}()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -170,6 +171,9 @@ func (r *relay) run() {
 	c := r.c
 	defer c.relays.done(r)
 	defer r.cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait() // after a contained panic too: the copier below
+	defer c.guard.Recover("stream relay", r.panicked)
 
 	octx, ocancel := context.WithTimeout(r.ctx, c.cfg.Tunnel.WriteTimeout)
 	st, err := r.n.sess.Open(octx, r.kind, r.params)
@@ -206,10 +210,10 @@ func (r *relay) run() {
 	default:
 	}
 
-	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer c.guard.Recover("stream relay copier", func(e *panics.Error) { r.abort(c.internalError(e)) })
 		r.streamToPipe(st, p)
 	}()
 	r.pipeToStream(st, p)
@@ -300,6 +304,25 @@ func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	// Aborted: let the agent finish its final frames without filling the
 	// stream's receive window, until it closes or CancelGrace passes.
 	io.Copy(io.Discard, st)
+}
+
+// panicked ends a relay whose goroutine panicked: the client is told of an
+// internal error (the request's error reply, or the pipe's close once it is
+// open), and the stream and pipe are released.
+func (r *relay) panicked(e *panics.Error) {
+	r.mu.Lock()
+	st, p := r.st, r.pipe
+	r.mu.Unlock()
+	if p == nil {
+		r.c.replyError(r.req, r.c.internalError(e))
+	}
+	r.abort(r.c.internalError(e))
+	if st != nil {
+		st.Close()
+	}
+	if p != nil {
+		p.Close()
+	}
 }
 
 // lost wraps a tunnel stream failure.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/gateway"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -170,7 +171,7 @@ func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids 
 	g.SetLimit(inventoryParallel)
 	for _, n := range nodes {
 		g.Go(func() error {
-			p := c.inventoryNode(ctx, l, n)
+			p := c.inventoryNodeGuarded(ctx, l, n)
 			mu.Lock()
 			problems = append(problems, p...)
 			mu.Unlock()
@@ -182,6 +183,17 @@ func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids 
 		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Target, b.Target))
 	})
 	return problems
+}
+
+// inventoryNodeGuarded is inventoryNode with a panic in it contained: the
+// node's inventory then counts as failed (a problem naming the internal
+// error), and the other nodes' go on.
+func (c *Coordinator) inventoryNodeGuarded(ctx context.Context, l *ledger.Ledger, n *node) (p []protocol.SyncProblem) {
+	defer c.guard.Recover("inventory", func(e *panics.Error) {
+		n.inventoried.Store(false)
+		p = []protocol.SyncProblem{{Node: n.id, Error: e.Error()}}
+	})
+	return c.inventoryNode(ctx, l, n)
 }
 
 // inventoryNode takes one inventory of n and reconciles it. n.inventoried

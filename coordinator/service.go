@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -59,14 +60,14 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		return nil, err
 	}
 	for _, e := range endpoints {
-		if err := svc.AddEndpoint(e.name, e.h, micro.WithEndpointSubject(e.subject)); err != nil {
+		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {
 			svc.Stop()
 			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoint %s on %s: %w", e.name, e.subject, err)
 		}
 	}
 	if c.cfg.Endpoints != nil {
-		if err := c.cfg.Endpoints(svc); err != nil {
+		if err := c.cfg.Endpoints(guardedService{svc, c}); err != nil {
 			svc.Stop()
 			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoints: %w", err)
@@ -172,6 +173,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 
 	go func() {
 		defer c.jobWG.Done()
+		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()
 }

@@ -563,18 +563,8 @@ func (r *ExecRequest) Validate() *APIError {
 	case n > 1:
 		return NewAPIError(400, ErrCodeInvalid, "target: set exactly one of node, selector and all")
 	}
-	if len(r.Script) > MaxScriptSize {
-		return NewAPIError(413, ErrCodeTooLarge, "script is %d bytes, over the %d byte limit", len(r.Script), MaxScriptSize)
-	}
 	if len(r.Stdin) > MaxStdinSize {
 		return NewAPIError(413, ErrCodeTooLarge, "stdin is %d bytes, over the %d byte limit", len(r.Stdin), MaxStdinSize)
-	}
-	if len(r.Argv) > MaxArgs || len(r.Commands) > MaxArgs || len(r.Env) > MaxEnv {
-		return NewAPIError(413, ErrCodeTooLarge, "argv has %d entries, commands %d and env %d; limits are %d, %d and %d",
-			len(r.Argv), len(r.Commands), len(r.Env), MaxArgs, MaxArgs, MaxEnv)
-	}
-	if size := len(strings.Join(r.Commands, "\n")); size > MaxScriptSize {
-		return NewAPIError(413, ErrCodeTooLarge, "commands are %d bytes, over the %d byte limit", size, MaxScriptSize)
 	}
 	if r.Timeout < 0 {
 		return NewAPIError(400, ErrCodeInvalid, "timeout must not be negative")
@@ -582,12 +572,17 @@ func (r *ExecRequest) Validate() *APIError {
 	if r.MaxParallel < 0 {
 		return NewAPIError(400, ErrCodeInvalid, "max_parallel %d is negative", r.MaxParallel)
 	}
+	// What runs is checked by the agent's own rules (ExecParams.Validate),
+	// on the params the coordinator will send.
 	p := r.Params(0)
 	if p.Detach && p.JobID == "" {
 		p.JobID = "placeholder" // the coordinator picks the id
 	}
 	if err := p.Validate(); err != nil {
-		return NewAPIError(400, ErrCodeInvalid, "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		if big := sizeErrors(err); len(big) > 0 {
+			return NewAPIError(413, ErrCodeTooLarge, "%s", joinLines(errors.Join(big...)))
+		}
+		return NewAPIError(400, ErrCodeInvalid, "%s", joinLines(err))
 	}
 	// The params travel in the exec stream's header: check what they weigh
 	// encoded (escapes of control characters can inflate a script sixfold),

@@ -61,7 +61,14 @@ func (p *ExecParams) ShellScript() string {
 // MaxHeaderSize because the script travels in the header's params.
 const MaxScriptSize = 48 << 10
 
-// Validate reports every problem with p, joined.
+// Validate reports every problem with p, joined. It is the one rule set
+// for exec params: the agent checks every exec header with it before it
+// runs anything, and ExecRequest.Validate checks a NATS request through it.
+// What it accepts the agent can start (or reports as start_failed: a
+// missing program or cwd); in particular every command of a batch is
+// non-empty ("commands[2] is empty"), since an empty one runs nothing and
+// leaves nothing to start. A whitespace-only command is a valid no-op, as
+// in bash. Problems of size match ErrTooLarge.
 func (p *ExecParams) Validate() error {
 	var errs []error
 	n := 0
@@ -79,11 +86,13 @@ func (p *ExecParams) Validate() error {
 	if len(p.Argv) > 0 && p.Argv[0] == "" {
 		errs = append(errs, errors.New("argv[0] is empty"))
 	}
-	if size := len(p.ShellScript()); size > MaxScriptSize {
-		errs = append(errs, fmt.Errorf("script is %d bytes, over the %d byte limit", size, MaxScriptSize))
+	errs = append(errs, checkArgs("argv", p.Argv, true)...)
+	errs = append(errs, checkArgs("commands", p.Commands, false)...)
+	if size := len(p.Script); size > MaxScriptSize {
+		errs = append(errs, tooLarge("script is %d bytes, over the %d byte limit", size, MaxScriptSize))
 	}
-	if len(p.Commands) > MaxArgs {
-		errs = append(errs, fmt.Errorf("commands has %d entries, over the limit of %d", len(p.Commands), MaxArgs))
+	if size := joinedLen(p.Commands); size > MaxScriptSize {
+		errs = append(errs, tooLarge("commands are %d bytes, over the %d byte limit", size, MaxScriptSize))
 	}
 	if p.FailFast && len(p.Commands) == 0 {
 		errs = append(errs, errors.New("fail_fast needs commands"))
@@ -94,18 +103,13 @@ func (p *ExecParams) Validate() error {
 	if len(p.Commands) > 0 && p.Stdin {
 		errs = append(errs, errors.New("stdin cannot be combined with commands; use argv"))
 	}
-	for k, v := range p.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			errs = append(errs, fmt.Errorf("env key %s is invalid (empty, or contains '=' or NUL)", Clip(k)))
-		} else if strings.Contains(v, "\x00") {
-			errs = append(errs, fmt.Errorf("env %s: value contains NUL", Clip(k)))
-		}
-	}
-	if strings.Contains(p.Cwd, "\x00") {
-		errs = append(errs, errors.New("cwd contains NUL"))
-	}
+	errs = append(errs, checkEnv(p.Env)...)
+	errs = append(errs, checkNoNUL("cwd", p.Cwd)...)
 	if p.TimeoutMS < 0 {
 		errs = append(errs, errors.New("timeout must not be negative"))
+	}
+	if p.TimeoutMS > MaxTimeoutMS {
+		errs = append(errs, fmt.Errorf("timeout_ms %d is over the limit of %d (about 146 years)", p.TimeoutMS, MaxTimeoutMS))
 	}
 	if p.Detach {
 		if p.Stdin {
@@ -122,6 +126,15 @@ func (p *ExecParams) Validate() error {
 		errs = append(errs, fmt.Errorf("output_limit %d is negative", p.OutputLimit))
 	}
 	return errors.Join(errs...)
+}
+
+// joinedLen is len(strings.Join(cmds, "\n")), without building it.
+func joinedLen(cmds []string) int {
+	n := max(len(cmds)-1, 0)
+	for _, c := range cmds {
+		n += len(c)
+	}
+	return n
 }
 
 // ExitStatus is the payload of FrameExit: how the process ended.

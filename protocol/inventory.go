@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -149,10 +150,20 @@ type SandboxOpParams struct {
 // done: the result says NotFound.
 const SandboxOpDelete = "delete"
 
-// Validate reports the first problem with p.
+// Validate reports the first problem with p: the agent checks every
+// sandbox header with it before it calls a gateway. Id, name and
+// workspace are at most MaxSandboxIDLen bytes without control characters;
+// the id, which the agent puts in an OpenSandbox URL path
+// (/v1/sandboxes/ID), is also not "." or ".." and has no '/' or '\\', so
+// that it can only name a sandbox.
 func (p *SandboxOpParams) Validate() error {
 	if p.Op != SandboxOpDelete {
 		return fmt.Errorf("sandbox op %q: want %q", p.Op, SandboxOpDelete)
+	}
+	for _, f := range []struct{ name, v string }{{"id", p.ID}, {"name", p.Name}, {"workspace", p.Workspace}} {
+		if err := checkSandboxRef(f.name, f.v); err != nil {
+			return fmt.Errorf("sandbox op %s: %w", p.Op, err)
+		}
 	}
 	switch p.Provider {
 	case ProviderOpenShell:
@@ -165,6 +176,21 @@ func (p *SandboxOpParams) Validate() error {
 		}
 	default:
 		return fmt.Errorf("sandbox op %s: provider %q: want %q or %q", p.Op, p.Provider, ProviderOpenShell, ProviderOpenSandbox)
+	}
+	return nil
+}
+
+// checkSandboxRef checks one field that names a sandbox on a gateway (see
+// SandboxOpParams.Validate).
+func checkSandboxRef(name, v string) error {
+	if len(v) > MaxSandboxIDLen {
+		return fmt.Errorf("%s is %d bytes, over the %d byte limit", name, len(v), MaxSandboxIDLen)
+	}
+	if i := strings.IndexFunc(v, func(c rune) bool { return c < ' ' || c == 0x7f }); i >= 0 {
+		return fmt.Errorf("%s %s: control character %q is not allowed", name, Clip(v), v[i])
+	}
+	if name == "id" && (v == "." || v == ".." || strings.ContainsAny(v, "/\\")) {
+		return fmt.Errorf("id %s: an id cannot be \".\" or \"..\" or contain '/' or '\\'", Clip(v))
 	}
 	return nil
 }

@@ -32,8 +32,10 @@ const (
 const (
 	JobRunning = "running"
 	JobExited  = "exited"
-	// JobLost: the agent restarted while the job ran and the job's process
-	// is gone; how it ended is unknown.
+	// JobLost: the job's process is gone and how it ended is unknown: the
+	// agent restarted while the job ran, or the agent's supervision of it
+	// failed with an internal error (the agent then killed its process
+	// group).
 	JobLost = "lost"
 )
 

@@ -1,9 +1,6 @@
 package protocol
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // PTY streams (KindPTY) run a process on a pseudo-terminal on the node. The
 // client sends FrameStdin (keystrokes), FrameResize and FrameSignal; the agent
@@ -25,20 +22,20 @@ type PTYParams struct {
 	Cols uint16 `json:"cols,omitempty"`
 }
 
-// Validate reports every problem with p.
+// Validate reports every problem with p, joined: the agent checks every
+// pty header with it before it starts anything. Argv (when set) has a
+// non-empty argv[0]; nothing that becomes a C string of the process (an
+// argument, an environment key or value, the cwd, the term) contains NUL;
+// argv and env are bounded by MaxArgs and MaxEnv.
 func (p *PTYParams) Validate() error {
 	var errs []error
 	if len(p.Argv) > 0 && p.Argv[0] == "" {
 		errs = append(errs, errors.New("argv[0] is empty"))
 	}
-	if len(p.Argv) > MaxArgs {
-		errs = append(errs, fmt.Errorf("argv has %d entries, over %d", len(p.Argv), MaxArgs))
-	}
-	for k := range p.Env {
-		if k == "" || containsAny(k, "=\x00") {
-			errs = append(errs, fmt.Errorf("env key %q is invalid (empty, or contains '=' or NUL)", k))
-		}
-	}
+	errs = append(errs, checkArgs("argv", p.Argv, true)...)
+	errs = append(errs, checkEnv(p.Env)...)
+	errs = append(errs, checkNoNUL("cwd", p.Cwd)...)
+	errs = append(errs, checkNoNUL("term", p.Term)...)
 	return errors.Join(errs...)
 }
 
@@ -52,15 +49,4 @@ type WindowSize struct {
 // "TERM", "QUIT", "HUP", "USR1", "USR2", "WINCH", "KILL").
 type Signal struct {
 	Name string `json:"name"`
-}
-
-func containsAny(s, chars string) bool {
-	for i := 0; i < len(s); i++ {
-		for j := 0; j < len(chars); j++ {
-			if s[i] == chars[j] {
-				return true
-			}
-		}
-	}
-	return false
 }

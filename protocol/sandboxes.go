@@ -424,6 +424,10 @@ func (r *SandboxRegisterRequest) Validate() *APIError {
 		if i := strings.IndexFunc(f.v, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '/' || c == '\\' }); i >= 0 {
 			return NewAPIError(400, ErrCodeInvalid, "%s %s: character %q is not allowed (no spaces, control characters or slashes)", f.name, Clip(f.v), f.v[i])
 		}
+		if f.name == "id" && (f.v == "." || f.v == "..") {
+			// The reaper deletes an OpenSandbox sandbox at /v1/sandboxes/ID.
+			return NewAPIError(400, ErrCodeInvalid, "id %s is not a sandbox id", Clip(f.v))
+		}
 	}
 	if r.ID == "" {
 		return NewAPIError(400, ErrCodeInvalid, "id is required")

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -162,6 +163,9 @@ type Ledger struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
+	// guard contains a panic of one write or one reap (its worker goes
+	// on with the next), counted as tether_panics_total{component="ledger"}.
+	guard *panics.Guard
 	// keep are the label keys a bounded copy of labels keeps first: the
 	// marker, then every attribution key.
 	keep []string
@@ -223,6 +227,7 @@ func Open(ctx context.Context, cfg Config) (*Ledger, error) {
 	if l.m, err = newMetrics(cfg.Registerer, l); err != nil {
 		return nil, err
 	}
+	l.guard = panics.New(cfg.Registerer, l.log, "ledger")
 	for _, b := range []struct {
 		kv   *jetstream.KeyValue
 		name string

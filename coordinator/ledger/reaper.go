@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/tetherfleet/tether/gateway"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -475,7 +476,7 @@ func (r *Reaper) ReapOnce(ctx context.Context) (Pass, error) {
 			go func() {
 				defer wg.Done()
 				for c := range work {
-					o := r.reapOne(ctx, c)
+					o := r.reapOneGuarded(ctx, c)
 					mu.Lock()
 					switch o {
 					case outcomeReaped:
@@ -507,6 +508,14 @@ const (
 	outcomeFailed
 	outcomeLeaked
 )
+
+// reapOneGuarded is reapOne with a panic in it contained: the candidate
+// then counts as failed (and is retried on a later pass) and the worker
+// goes on with the next.
+func (r *Reaper) reapOneGuarded(ctx context.Context, c Candidate) (o outcome) {
+	defer r.l.guard.Recover("reap", func(*panics.Error) { o = outcomeFailed })
+	return r.reapOne(ctx, c)
+}
 
 // reapOne deletes one candidate: it waits for the rate limiter, marks the
 // record deleting after checking (with CAS) that it still is a candidate

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -101,19 +102,26 @@ func (l *Ledger) ReconcileAt(ctx context.Context, node string, listedAt time.Tim
 		go func() {
 			defer wg.Done()
 			for o := range work {
-				var kind string // a disagreement the write settles
-				rec, wrote, err := l.mutate(ctx, o.k, func(cur Record, exists bool) (next Record, write bool) {
-					if o.sb != nil {
-						next, write, kind = l.refresh(cur, exists, o.sb, listedAt, now)
-					} else {
-						next, write, kind = l.absent(cur, exists, listedAt, now)
+				var err error
+				func() {
+					// A panic fails this write only.
+					defer l.guard.Recover("reconcile write", func(e *panics.Error) { err = e })
+					var kind string // a disagreement the write settles
+					var rec Record
+					var wrote bool
+					rec, wrote, err = l.mutate(ctx, o.k, func(cur Record, exists bool) (next Record, write bool) {
+						if o.sb != nil {
+							next, write, kind = l.refresh(cur, exists, o.sb, listedAt, now)
+						} else {
+							next, write, kind = l.absent(cur, exists, listedAt, now)
+						}
+						return next, write
+					})
+					if wrote && kind != "" {
+						l.m.disagreements.WithLabelValues(kind).Inc()
+						l.log.Info("ledger and gateway disagreed; the gateway wins", "kind", kind, "node_id", node, "provider", rec.Provider, "sandbox_id", rec.ID, "state", rec.State)
 					}
-					return next, write
-				})
-				if wrote && kind != "" {
-					l.m.disagreements.WithLabelValues(kind).Inc()
-					l.log.Info("ledger and gateway disagreed; the gateway wins", "kind", kind, "node_id", node, "provider", rec.Provider, "sandbox_id", rec.ID, "state", rec.State)
-				}
+				}()
 				if err != nil {
 					mu.Lock()
 					if nfail++; len(errs) < 3 {

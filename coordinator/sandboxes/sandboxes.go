@@ -31,6 +31,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -79,6 +80,7 @@ type Config struct {
 type Service struct {
 	cfg    Config
 	log    *slog.Logger
+	guard  *panics.Guard // contains a panic of one sync request
 	ledger *ledger.Ledger
 	coord  *coordinator.Coordinator
 	reaper *ledger.Reaper
@@ -108,7 +110,7 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 		l.Close()
 		return nil, fmt.Errorf("sandboxes: ledger load: %w", err)
 	}
-	return &Service{cfg: cfg, log: cfg.Logger, ledger: l}, nil
+	return &Service{cfg: cfg, log: cfg.Logger, ledger: l, guard: panics.New(cfg.Registerer, cfg.Logger, "coordinator")}, nil
 }
 
 // Ledger returns the ledger.
@@ -140,6 +142,11 @@ const syncTimeout = 2 * time.Minute
 // requests one at a time, so the wait runs on its own goroutine.
 func (s *Service) handleSync(req micro.Request) {
 	go func() {
+		defer s.guard.Recover("nats sandboxes-sync", func(e *panics.Error) {
+			ae := protocol.NewAPIError(500, protocol.ErrCodeInternal, "%v", e)
+			body, _ := json.Marshal(ae)
+			req.Error(strconv.Itoa(ae.Status), ae.Message, body)
+		})
 		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 		defer cancel()
 		start := time.Now()

@@ -9,9 +9,14 @@
 // peer (an error frame, a micro error reply, a gRPC status, an HTTP 500).
 //
 // Containment is for per-caller goroutines only. A panic in a goroutine
-// that owns shared state (a session's accept loop, the registry) may have
-// left that state half-updated; such goroutines are not guarded, so that
-// the process dies and its supervisor restarts it.
+// that owns shared state (the coordinator's accept loop, the ledger's
+// index watchers, the inventory loop) may have left that state
+// half-updated; such goroutines are not guarded, so that the process dies
+// and its supervisor restarts it. A per-connection loop whose deferred
+// cleanup tears down everything it owns (an agent's tunnel session) is
+// per-caller. A guarded goroutine's deferred calls run while the panic
+// unwinds, before Recover: any that waits for helpers must first end what
+// they wait on (kill the process, close the stream).
 //
 // This package imports no other Tether package; agent and coordinator both
 // use it.

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	osb "github.com/tetherfleet/tether/protocol/opensandbox"
 )
@@ -78,11 +79,16 @@ func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 func routable(s ledger.State) bool { return s != ledger.StateDeleted }
 
 // fanOut runs do(0..n-1), at most maxFanOut at once, and waits for all.
-func fanOut(n int, do func(i int)) {
+// A panic in do(i) is contained and handed to failed(i, err).
+func (f *Facade) fanOut(n int, do func(i int), failed func(i int, err error)) {
 	var g errgroup.Group
 	g.SetLimit(maxFanOut)
 	for i := range n {
-		g.Go(func() error { do(i); return nil })
+		g.Go(func() error {
+			defer f.guard.Recover("request on a node", func(e *panics.Error) { failed(i, e) })
+			do(i)
+			return nil
+		})
 	}
 	g.Wait()
 }
@@ -141,7 +147,8 @@ type lookup struct {
 // unreachable); every node 404 (or no node) → the server's 404.
 func (f *Facade) find(w http.ResponseWriter, r *http.Request, id, class string, v fleetView) (rec ledger.Record, done bool) {
 	res := make([]lookup, len(v.targets))
-	fanOut(len(v.targets), func(i int) { res[i] = f.lookupOn(r.Context(), r, v.targets[i], id, class) })
+	f.fanOut(len(v.targets), func(i int) { res[i] = f.lookupOn(r.Context(), r, v.targets[i], id, class) },
+		func(i int, err error) { res[i] = lookup{node: v.targets[i], err: err} })
 
 	var found, denied, failed []lookup
 	for _, l := range res {

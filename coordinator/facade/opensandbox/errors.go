@@ -38,6 +38,9 @@ const (
 	CodeAmbiguousSandbox = "TETHER::AMBIGUOUS_SANDBOX"
 	// CodeShuttingDown (503): the facade was closed.
 	CodeShuttingDown = "TETHER::SHUTTING_DOWN"
+	// CodeInternal (500): a bug in the facade, reached by this request
+	// (a contained panic, counted in tether_panics_total).
+	CodeInternal = "TETHER::INTERNAL"
 )
 
 // Target is the node target the facade dials: the node's OpenSandbox

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	osb "github.com/tetherfleet/tether/protocol/opensandbox"
 )
@@ -156,6 +157,10 @@ type Facade struct {
 	proxy  *httputil.ReverseProxy
 	closed atomic.Bool
 	now    func() time.Time
+	// guard contains a panic of one request's goroutines (ServeHTTP,
+	// fanOut): the caller gets a 500 or a cut connection, and the facade
+	// goes on.
+	guard *panics.Guard
 }
 
 var _ http.Handler = (*Facade)(nil)
@@ -180,7 +185,9 @@ func New(cfg Config) (*Facade, error) {
 		return nil, err
 	}
 	f.m = m
+	f.guard = panics.New(reg, f.log, "facade_opensandbox")
 	f.tr = newTransports(cfg.Fleet)
+	f.tr.guard = f.guard
 	f.found = newFoundCache(maxFound)
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite:        f.rewrite,
@@ -254,6 +261,14 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		}
 		f.m.requests.WithLabelValues(st.class, statusClass(status)).Inc()
 	}()
+	defer f.guard.Recover("request "+st.class, func(*panics.Error) {
+		if w.status != 0 || st.upgraded {
+			// Too late for a status: cut the connection, as net/http
+			// does for this value without logging it again.
+			panic(http.ErrAbortHandler)
+		}
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error in the Tether OpenSandbox facade")
+	})
 
 	if f.closed.Load() {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "the OpenSandbox facade is shutting down")

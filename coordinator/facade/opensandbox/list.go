@@ -40,7 +40,8 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 	filters := filterQuery(r.URL.RawQuery)
 
 	res := make([]nodeList, len(v.targets))
-	fanOut(len(v.targets), func(i int) { res[i] = f.listOn(r.Context(), r, v.targets[i], filters) })
+	f.fanOut(len(v.targets), func(i int) { res[i] = f.listOn(r.Context(), r, v.targets[i], filters) },
+		func(i int, err error) { res[i] = nodeList{node: v.targets[i].ID, info: v.targets[i], err: err} })
 
 	var items []listItem
 	var failed []string

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -46,6 +47,9 @@ func (e *dialError) Unwrap() error { return e.Err }
 // it (trackedConn.Close takes it).
 type transports struct {
 	fleet Fleet
+	// guard contains a panic of a dial, which net/http runs on its own
+	// goroutine: the dial fails instead. Nil until New sets it.
+	guard *panics.Guard
 
 	mu     sync.Mutex
 	nodes  map[string]*nodeTransport // by node id
@@ -135,7 +139,8 @@ func (t *transports) close() {
 // through the tunnel whatever address the request names.
 func (t *transports) newTransport(node, session string) *http.Transport {
 	return &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		DialContext: func(ctx context.Context, _, _ string) (c net.Conn, err error) {
+			defer t.guard.Recover("dial", func(e *panics.Error) { c, err = nil, &dialError{Node: node, Err: e} })
 			return t.dial(ctx, node, session)
 		},
 		DisableCompression:  true,

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -83,7 +84,11 @@ func (c *call) invokeAll(nodes []protocol.NodeInfo, method string, req *frame) [
 	var g errgroup.Group
 	g.SetLimit(maxParallel)
 	for i, n := range nodes {
-		g.Go(func() error { out[i] = c.invoke(n, method, req); return nil })
+		g.Go(func() error {
+			defer c.s.guard.Recover("call on a node", func(e *panics.Error) { out[i] = answer{node: n, err: internal(e)} })
+			out[i] = c.invoke(n, method, req)
+			return nil
+		})
 	}
 	g.Wait()
 	return out
@@ -136,6 +141,7 @@ func (c *call) relay(n protocol.NodeInfo, first *frame) error {
 	c.s.wg.Add(1)
 	go func() {
 		defer c.s.wg.Done()
+		defer c.s.guard.Recover("relay to gateway", func(e *panics.Error) { cancel(relayAbort{internal(e)}) })
 		c.toGateway(cs, first, cancel)
 	}()
 	// A nil header means the gateway answered trailers-only; so do we.

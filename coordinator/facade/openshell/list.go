@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -146,7 +147,11 @@ func (c *call) listEach(nodes []protocol.NodeInfo, base *openshell.ListSandboxes
 	var g errgroup.Group
 	g.SetLimit(maxParallel)
 	for i, n := range nodes {
-		g.Go(func() error { rows[i], errs[i] = c.listAll(n, base); return nil })
+		g.Go(func() error {
+			defer c.s.guard.Recover("list on a node", func(e *panics.Error) { rows[i], errs[i] = nil, internal(e) })
+			rows[i], errs[i] = c.listAll(n, base)
+			return nil
+		})
 	}
 	g.Wait()
 	return rows, errs

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -39,6 +40,9 @@ var errPoolClosed = errors.New("openshell facade: shutting down")
 // closed and the next call builds a new one. Safe for concurrent use.
 type pool struct {
 	fleet Fleet
+	// guard contains a panic of a dial, which grpc runs on its own
+	// goroutine: the dial fails instead. Nil until Server.New sets it.
+	guard *panics.Guard
 
 	mu        sync.Mutex
 	conns     map[string]*nodeConn      // by node id
@@ -161,8 +165,9 @@ func (p *pool) unreachable(ctx context.Context, n protocol.NodeInfo) bool {
 func (p *pool) dial(id, session string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("passthrough:///"+id,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is the transport security
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			c, err := p.fleet.DialTarget(ctx, id, protocol.TargetOpenShell)
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (c net.Conn, err error) {
+			defer p.guard.Recover("dial", func(e *panics.Error) { c, err = nil, e })
+			c, err = p.fleet.DialTarget(ctx, id, protocol.TargetOpenShell)
 			p.dialed(id, session, err)
 			return c, err
 		}),

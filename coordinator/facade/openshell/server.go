@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -139,6 +140,9 @@ type Server struct {
 	gs   *grpc.Server
 	pool *pool
 	idx  *index
+	// guard contains a panic of one call's goroutines: the caller gets
+	// INTERNAL (recoverStream, recoverUnary) and the server goes on.
+	guard *panics.Guard
 
 	// wg tracks the goroutines that relay a caller's messages to a
 	// gateway; they end when their stream ends (see relay).
@@ -177,8 +181,12 @@ func New(cfg Config) (*Server, error) {
 		pool:     newPool(cfg.Fleet),
 		idx:      newIndex(),
 		inflight: make(map[string]int),
+		guard:    panics.New(reg, log, "facade_openshell"),
 	}
+	s.pool.guard = s.guard
 	opts := []grpc.ServerOption{
+		grpc.ChainStreamInterceptor(s.recoverStream),
+		grpc.ChainUnaryInterceptor(s.recoverUnary),
 		grpc.UnknownServiceHandler(s.handle),
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(maxCallerRecv),
@@ -224,6 +232,26 @@ func (s *Server) shutdown() {
 		s.wg.Wait()
 		s.pool.close()
 	})
+}
+
+// recoverStream contains a panic of a call's handler: the caller gets
+// INTERNAL. (Every call goes through it: the server's one handler is the
+// unknown-service stream handler.)
+func (s *Server) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+	defer s.guard.Recover("call "+methodLabel(info.FullMethod), func(e *panics.Error) { err = internal(e) })
+	return h(srv, ss)
+}
+
+// recoverUnary is recoverStream for unary handlers, should one be
+// registered.
+func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+	defer s.guard.Recover("call "+methodLabel(info.FullMethod), func(e *panics.Error) { resp, err = nil, internal(e) })
+	return h(ctx, req)
+}
+
+// internal is the status of a call that hit a contained panic.
+func internal(e *panics.Error) error {
+	return status.Errorf(codes.Internal, "tether: OpenShell facade: %v", e)
 }
 
 // handle serves every call (the server has no registered services).

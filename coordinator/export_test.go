@@ -1,0 +1,13 @@
+package coordinator
+
+// SetTestHook makes c call f at named points, in the goroutine that reaches
+// them: "nats <endpoint>" before a NATS request's handler (e.g. "nats
+// nodes"), "exec node <id>" before a node run of an exec job. A panic in f
+// is one in that goroutine. nil removes the hook.
+func SetTestHook(c *Coordinator, f func(point string)) {
+	if f == nil {
+		c.testHook.Store(nil)
+		return
+	}
+	c.testHook.Store(&f)
+}

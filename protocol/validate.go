@@ -1,0 +1,101 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Shared checks of the stream params the agent turns into processes (exec,
+// pty). Each params type's Validate is the one rule set for its kind: the
+// agent runs it on every header it reads, and the coordinator runs the same
+// method on what it derives from a NATS request (ExecRequest.Validate goes
+// through ExecParams.Validate), so the two never disagree about what runs.
+
+// MaxTimeoutMS bounds ExecParams.TimeoutMS: 2^62 ns (about 146 years), the
+// largest timeout ExecRequest.Timeout decodes, so that the agent's and the
+// coordinator's time.Duration arithmetic on it cannot overflow.
+const MaxTimeoutMS = int64(1<<62) / int64(time.Millisecond)
+
+// sizeError is a validation problem of size: ExecRequest.Validate reports
+// it as 413 too_large. It matches ErrTooLarge.
+type sizeError struct{ msg string }
+
+func (e *sizeError) Error() string { return e.msg }
+func (e *sizeError) Unwrap() error { return ErrTooLarge }
+
+func tooLarge(format string, args ...any) error {
+	return &sizeError{msg: fmt.Sprintf(format, args...)}
+}
+
+// checkArgs checks a list that becomes C strings of a process (arguments
+// or, with emptyOK false, commands that must each run something): at most
+// MaxArgs entries, no NUL. Only the first bad entry of each kind is named,
+// so a long list cannot blow up the message.
+func checkArgs(name string, args []string, emptyOK bool) []error {
+	if len(args) > MaxArgs {
+		return []error{tooLarge("%s has %d entries, over the limit of %d", name, len(args), MaxArgs)}
+	}
+	var errs []error
+	empty, nul := -1, -1
+	for i, a := range args {
+		if a == "" && empty < 0 && !emptyOK {
+			empty = i
+		}
+		if nul < 0 && strings.IndexByte(a, 0) >= 0 {
+			nul = i
+		}
+	}
+	if empty >= 0 {
+		errs = append(errs, fmt.Errorf("%s[%d] is empty: an empty command runs nothing; leave it out", name, empty))
+	}
+	if nul >= 0 {
+		errs = append(errs, fmt.Errorf("%s[%d] contains NUL", name, nul))
+	}
+	return errs
+}
+
+// checkEnv checks variables added to a process's environment: at most
+// MaxEnv, keys non-empty without '=' or NUL, values without NUL.
+func checkEnv(env map[string]string) []error {
+	if len(env) > MaxEnv {
+		return []error{tooLarge("env has %d entries, over the limit of %d", len(env), MaxEnv)}
+	}
+	var errs []error
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			errs = append(errs, fmt.Errorf("env key %s is invalid (empty, or contains '=' or NUL)", Clip(k)))
+		} else if strings.IndexByte(v, 0) >= 0 {
+			errs = append(errs, fmt.Errorf("env %s: value contains NUL", Clip(k)))
+		}
+	}
+	return errs
+}
+
+// checkNoNUL reports a field that becomes a C string (a path, an
+// environment value) and contains NUL.
+func checkNoNUL(name, v string) []error {
+	if strings.IndexByte(v, 0) >= 0 {
+		return []error{fmt.Errorf("%s contains NUL", name)}
+	}
+	return nil
+}
+
+// sizeErrors returns the problems of err (a Validate result, possibly
+// joined) that are about size, or nil if none is.
+func sizeErrors(err error) []error {
+	var all []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		all = j.Unwrap()
+	} else {
+		all = []error{err}
+	}
+	var out []error
+	for _, e := range all {
+		if errors.Is(e, ErrTooLarge) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
