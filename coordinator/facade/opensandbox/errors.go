@@ -38,6 +38,14 @@ const (
 	CodeAmbiguousSandbox = "TETHER::AMBIGUOUS_SANDBOX"
 	// CodeShuttingDown (503): the facade was closed.
 	CodeShuttingDown = "TETHER::SHUTTING_DOWN"
+	// CodeMisdirected (421 Misdirected Request): the Host header names
+	// none of the facade's names (Config.Hosts), as a page that rebound
+	// its own name to this address sends. The message names the Host and
+	// the names the facade answers to.
+	CodeMisdirected = "TETHER::MISDIRECTED_REQUEST"
+	// CodeForbiddenOrigin (403): the request carries the Origin of a page
+	// of another site (a cross-site WebSocket or POST from a browser).
+	CodeForbiddenOrigin = "TETHER::FORBIDDEN_ORIGIN"
 )
 
 // Target is the node target the facade dials: the node's OpenSandbox

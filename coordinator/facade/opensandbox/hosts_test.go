@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/protocol"
@@ -224,4 +225,88 @@ func TestCutAnswerIsAnError(t *testing.T) {
 			t.Errorf("warn line %q lacks %q", cuts[0], want)
 		}
 	}
+}
+
+// TestHTTPServerLimits: the server the coordinator runs the facade in
+// bounds header reading, idle keep-alive connections and header size, and
+// bounds neither a whole request nor a whole answer (which would cut long
+// uploads, event streams and WebSockets). A header block over the limit
+// is answered 431.
+func TestHTTPServerLimits(t *testing.T) {
+	e := newFacadeEnv(t, nil)
+	srv := e.f.HTTPServer(nil)
+	if srv.ReadHeaderTimeout != opensandbox.ReadHeaderTimeout || srv.IdleTimeout != opensandbox.IdleTimeout || srv.MaxHeaderBytes != opensandbox.MaxHeaderBytes {
+		t.Errorf("HTTPServer limits: read header %v, idle %v, max header %d", srv.ReadHeaderTimeout, srv.IdleTimeout, srv.MaxHeaderBytes)
+	}
+	if srv.ReadTimeout != 0 || srv.WriteTimeout != 0 {
+		t.Errorf("HTTPServer sets ReadTimeout %v, WriteTimeout %v: they would cut long streams", srv.ReadTimeout, srv.WriteTimeout)
+	}
+	if opensandbox.ReadHeaderTimeout <= 0 || opensandbox.IdleTimeout <= 0 || opensandbox.MaxHeaderBytes <= 0 {
+		t.Error("a limit is off")
+	}
+	code, _ := e.getWithHost(t, e.host, "/health", map[string]string{"X-Filler": strings.Repeat("x", 2*opensandbox.MaxHeaderBytes)})
+	if code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("GET with %d bytes of headers: %d, want 431", 2*opensandbox.MaxHeaderBytes, code)
+	}
+}
+
+// TestConfiguredHosts: names added to the policy (e.g. with
+// --facade-allowed-hosts, or the external host) pass besides the loopback
+// ones; a facade on a non-loopback address with no extra names accepts any
+// Host but still refuses another site's Origin.
+func TestConfiguredHosts(t *testing.T) {
+	named, err := hostcheck.New(hostcheck.Config{Listen: "127.0.0.1:7082", Allowed: []string{"osb.example", "*.fleet.example"}, Hint: "add it with --facade-allowed-hosts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newFacadeEnv(t, func(c *opensandbox.Config) { c.Hosts = named })
+	for _, h := range []string{"osb.example:7082", "a.fleet.example", "localhost:7082", e.host} {
+		if code, body := e.getWithHost(t, h, "/health", nil); code != http.StatusOK {
+			t.Errorf("Host %s: %d %s, want 200", h, code, body)
+		}
+	}
+	code, body := e.getWithHost(t, "other.example", "/health", nil)
+	wantError(t, "Host other.example", code, body, http.StatusMisdirectedRequest, opensandbox.CodeMisdirected, `"other.example"`, "osb.example", "--facade-allowed-hosts")
+	code, body = e.getWithHost(t, "osb.example", "/health", map[string]string{"Origin": "https://a.fleet.example"})
+	if code != http.StatusOK {
+		t.Errorf("Origin of a configured name: %d %s", code, body)
+	}
+
+	remote, err := hostcheck.New(hostcheck.Config{Listen: "10.0.0.5:7082"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newFacadeEnv(t, func(c *opensandbox.Config) { c.Hosts = remote })
+	if code, body := r.getWithHost(t, "anything.example:7082", "/health", nil); code != http.StatusOK {
+		t.Errorf("remote facade, any Host: %d %s", code, body)
+	}
+	if code, body := r.getWithHost(t, "osb.example", "/health", map[string]string{"Origin": "https://osb.example"}); code != http.StatusOK {
+		t.Errorf("remote facade, same-origin page: %d %s", code, body)
+	}
+	code, body = r.getWithHost(t, "osb.example", "/health", map[string]string{"Origin": "https://attacker.example"})
+	wantError(t, "remote facade, another site's Origin", code, body, http.StatusForbidden, opensandbox.CodeForbiddenOrigin, "https://attacker.example")
+	if n := refusedCount(t, r, "origin"); n != 1 {
+		t.Errorf("refused_total{reason=origin} = %v, want 1", n)
+	}
+}
+
+// refusedCount returns tether_opensandbox_facade_refused_total{reason}.
+func refusedCount(t testing.TB, e *facadeEnv, reason string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "tether_opensandbox_facade_refused_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == reason {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no refused_total{reason=%q}", reason)
+	return 0
 }

@@ -398,8 +398,11 @@ func TestStreamedPOSTSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plainSrv := httptest.NewServer(f)
+	plainSrv := httptest.NewUnstartedServer(f)
+	plainSrv.Config = f.HTTPServer(nil)
+	plainSrv.Start()
 	tlsSrv := httptest.NewUnstartedServer(f)
+	tlsSrv.Config = f.HTTPServer(nil)
 	tlsSrv.StartTLS()
 	t.Cleanup(func() {
 		f.Close()
