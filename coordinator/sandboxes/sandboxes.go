@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -235,7 +236,8 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 // or "").
 func (s *Service) hostPolicy(ln net.Listener, external string) (*hostcheck.Policy, error) {
 	allowed := slices.Clone(s.cfg.AllowedHosts)
-	if external != "" {
+	// A malformed external host is opensandbox.Config.Validate's to report.
+	if external != "" && !strings.ContainsAny(external, "/@ ") {
 		h := external
 		if host, _, err := net.SplitHostPort(external); err == nil {
 			h = host

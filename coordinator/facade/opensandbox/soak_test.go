@@ -375,9 +375,12 @@ func (o *soakOutcome) note(kind *atomic.Int64, msg string) {
 // connection mid-answer (golang/go#40747).
 //
 // TETHER_SOAK_REQUESTS sets the number of requests per transport (default
-// soakDefault).
+// soakDefault, a fifth of it with -short).
 func TestStreamedPOSTSoak(t *testing.T) {
 	perTransport := soakDefault
+	if testing.Short() {
+		perTransport = soakDefault / 5
+	}
 	if v := os.Getenv(soakEnv); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
