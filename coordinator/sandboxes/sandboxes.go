@@ -19,7 +19,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -62,8 +65,18 @@ type Config struct {
 	OpenSandbox    net.Listener
 	OpenSandboxTLS *tls.Config
 	// ExternalHost is the host[:port] OpenSandbox callers reach the facade
-	// at, written into rewritten endpoints; empty: the request's Host.
+	// at, written into rewritten endpoints; empty: the request's Host. Its
+	// host is one of the OpenSandbox facade's allowed names.
 	ExternalHost string
+	// AllowedHosts are names (host names, IP addresses, *.domain) the
+	// facades answer to besides loopback ones and their listen addresses
+	// (Host header, :authority, Origin; see coordinator/facade/hostcheck).
+	// A facade on loopback answers to nothing else; one on another
+	// address answers to any name unless this is set.
+	AllowedHosts []string
+	// AllowedHostsHint ends the facades' refusals of a foreign name, e.g.
+	// "add it to --facade-allowed-hosts".
+	AllowedHostsHint string
 	// CheckToken, when set, makes both facades an authentication boundary
 	// (a tether-token, or a verified client certificate). Nil: no check —
 	// only for facades bound to loopback.
@@ -87,6 +100,8 @@ type Service struct {
 	osh    *openshell.Server
 	osb    *opensandbox.Facade
 	osbSrv *http.Server
+	// oshHosts and osbHosts are the facades' name policies (logged).
+	oshHosts, osbHosts *hostcheck.Policy
 }
 
 // Open opens the ledger and waits until it has loaded (bounded by ctx).
@@ -190,32 +205,57 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 		s.reaper = r
 	}
 	if s.cfg.OpenShell != nil {
+		hosts, err := s.hostPolicy(s.cfg.OpenShell, "")
+		if err != nil {
+			return err
+		}
 		srv, err := openshell.New(openshell.Config{
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			DefaultTTL: s.cfg.DefaultTTL, CheckToken: s.cfg.CheckToken, TLS: s.cfg.OpenShellTLS,
+			Hosts: hosts,
 		})
+		s.oshHosts = hosts
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)
 		}
 		s.osh = srv
 	}
 	if s.cfg.OpenSandbox != nil {
+		hosts, err := s.hostPolicy(s.cfg.OpenSandbox, s.cfg.ExternalHost)
+		if err != nil {
+			return err
+		}
 		f, err := opensandbox.New(opensandbox.Config{
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
-			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken,
+			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken, Hosts: hosts,
 		})
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)
 		}
-		s.osb = f
-		s.osbSrv = &http.Server{
-			Handler:           f,
-			TLSConfig:         s.cfg.OpenSandboxTLS,
-			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		}
+		s.osb, s.osbHosts = f, hosts
+		s.osbSrv = f.HTTPServer(s.cfg.OpenSandboxTLS)
 	}
 	return nil
+}
+
+// hostPolicy is the name policy of a facade listening on ln: loopback
+// names, ln's address, Config.AllowedHosts and external (a host[:port],
+// or "").
+func (s *Service) hostPolicy(ln net.Listener, external string) (*hostcheck.Policy, error) {
+	allowed := slices.Clone(s.cfg.AllowedHosts)
+	// A malformed external host is opensandbox.Config.Validate's to report.
+	if external != "" && !strings.ContainsAny(external, "/@ ") {
+		h := external
+		if host, _, err := net.SplitHostPort(external); err == nil {
+			h = host
+		}
+		allowed = append(allowed, h)
+	}
+	p, err := hostcheck.New(hostcheck.Config{Listen: ln.Addr().String(), Allowed: allowed, Hint: s.cfg.AllowedHostsHint})
+	if err != nil {
+		return nil, fmt.Errorf("sandboxes: facade on %s: %w", ln.Addr(), err)
+	}
+	return p, nil
 }
 
 // Run runs the inventory loop, the reaper and the facades until ctx ends,
@@ -244,11 +284,11 @@ func (s *Service) Run(ctx context.Context) error {
 		goRun("reaper", func() error { return s.reaper.Run(ctx) })
 	}
 	if s.osh != nil {
-		s.log.Info("openshell facade listening", "addr", s.cfg.OpenShell.Addr().String(), "tls", s.cfg.OpenShellTLS != nil)
+		s.log.Info("openshell facade listening", "addr", s.cfg.OpenShell.Addr().String(), "tls", s.cfg.OpenShellTLS != nil, "names", s.oshHosts.String())
 		goRun("openshell facade", func() error { return s.osh.Serve(s.cfg.OpenShell) })
 	}
 	if s.osbSrv != nil {
-		s.log.Info("opensandbox facade listening", "addr", s.cfg.OpenSandbox.Addr().String(), "tls", s.cfg.OpenSandboxTLS != nil)
+		s.log.Info("opensandbox facade listening", "addr", s.cfg.OpenSandbox.Addr().String(), "tls", s.cfg.OpenSandboxTLS != nil, "names", s.osbHosts.String())
 		goRun("opensandbox facade", func() error {
 			var err error
 			if s.cfg.OpenSandboxTLS != nil {

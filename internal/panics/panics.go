@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,7 +91,8 @@ func New(reg prometheus.Registerer, log *slog.Logger, component string) *Guard {
 // when the goroutine panics it counts and logs the panic, then calls report
 // (if not nil) with an *Error, and returns normally so that the goroutine's
 // other deferred calls run and it ends without taking the process down.
-// A panic inside report is not contained.
+// A panic inside report is not contained, and neither is
+// http.ErrAbortHandler, which is re-raised for net/http to handle.
 //
 // g may be nil (tests that build a bare value): the panic is then not
 // contained.
@@ -101,6 +103,13 @@ func (g *Guard) Recover(where string, report func(*Error)) {
 	v := recover()
 	if v == nil {
 		return
+	}
+	if v == http.ErrAbortHandler {
+		// net/http's signal to drop the connection of an answer that
+		// cannot be completed (httputil.ReverseProxy raises it when the
+		// upstream breaks mid-body): control flow, not a bug. It goes on
+		// to the server untouched, uncounted and unlogged.
+		panic(v)
 	}
 	e := &Error{Where: where, Value: v, Stack: debug.Stack()}
 	g.count.Inc()

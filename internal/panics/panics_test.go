@@ -2,6 +2,7 @@ package panics_test
 
 import (
 	"errors"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -65,5 +66,27 @@ func TestGo(t *testing.T) {
 	g.Go("job", func(e *panics.Error) { done <- e }, func() { panic(errors.New("bad")) })
 	if e := <-done; e.Unwrap() == nil || e.Unwrap().Error() != "bad" {
 		t.Errorf("Unwrap = %v, want bad", e.Unwrap())
+	}
+}
+
+func TestRecoverPassesErrAbortHandler(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := panics.New(reg, nil, "facade_opensandbox")
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		defer g.Recover("request", func(*panics.Error) { t.Error("report called for http.ErrAbortHandler") })
+		panic(http.ErrAbortHandler)
+	}()
+	if got != http.ErrAbortHandler {
+		t.Fatalf("recovered %v, want http.ErrAbortHandler re-raised", got)
+	}
+	const want = `
+# HELP tether_panics_total Panics contained in a per-connection, per-stream or per-request goroutine, by component. Each one failed one caller with an internal error; the daemon kept serving.
+# TYPE tether_panics_total counter
+tether_panics_total{component="facade_opensandbox"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), panics.MetricName); err != nil {
+		t.Error(err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/protocol"
@@ -123,6 +124,12 @@ func TestAuthClientCertificate(t *testing.T) {
 	node := newStubNode(t, nil)
 	e := newFacadeEnv(t, func(c *opensandbox.Config) {
 		c.CheckToken = func(string) bool { return false }
+		// A facade that checks tokens is on the network: any Host.
+		hosts, err := hostcheck.New(hostcheck.Config{Listen: "10.0.0.1:7082"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Hosts = hosts
 	})
 	e.fleet.add("n1", node.addr(), nil)
 	e.ledger.put(ledger.Record{Provider: protocol.ProviderOpenSandbox, Node: "n1", ID: "sb-1", State: ledger.StateLive})

@@ -67,6 +67,32 @@
 // OPEN-SANDBOX-API-KEY and Authorization pass through untouched: they
 // belong to the node's server, which strips them on its proxy route.
 //
+// # Names
+//
+// Before anything else, the Host header must name one of the facade's
+// names (Config.Hosts, see coordinator/facade/hostcheck; by default those
+// of a facade on loopback), else 421 TETHER::MISDIRECTED_REQUEST: a page
+// that rebound its own name to this address reaches nothing. A request
+// that carries an Origin of another site (a cross-site WebSocket upgrade
+// or POST from a browser) gets 403 TETHER::FORBIDDEN_ORIGIN. Both name
+// what they refused and what the facade accepts, and are counted in
+// refused_total{reason} and warned about at most once per 10 s.
+//
+// # Streams and limits
+//
+// Forwarded requests are served full duplex (http.ResponseController's
+// EnableFullDuplex): the HTTP/1 server otherwise closes the request body
+// when the answer's headers go out, while the reverse proxy's transport
+// may still read it, and the transport then drops the node's connection
+// mid-answer (golang/go#40747). An answer whose body the node's connection
+// still ends early reaches the caller as a broken stream (the server drops
+// the caller's connection: a short answer never looks whole), is counted
+// as requests_total{status="cut"} and warned about at most once per 10 s
+// with its route, sandbox and node. HTTPServer returns the server the
+// facade runs in, with a header timeout, an idle timeout and a header size
+// limit, and no timeout on a whole request or answer (long uploads, event
+// streams and WebSockets).
+//
 // # Goroutines and ownership
 //
 // The facade runs no goroutine of its own. A list or an id lookup starts

@@ -41,6 +41,14 @@ const (
 	// CodeInternal (500): a bug in the facade, reached by this request
 	// (a contained panic, counted in tether_panics_total).
 	CodeInternal = "TETHER::INTERNAL"
+	// CodeMisdirected (421 Misdirected Request): the Host header names
+	// none of the facade's names (Config.Hosts), as a page that rebound
+	// its own name to this address sends. The message names the Host and
+	// the names the facade answers to.
+	CodeMisdirected = "TETHER::MISDIRECTED_REQUEST"
+	// CodeForbiddenOrigin (403): the request carries the Origin of a page
+	// of another site (a cross-site WebSocket or POST from a browser).
+	CodeForbiddenOrigin = "TETHER::FORBIDDEN_ORIGIN"
 )
 
 // Target is the node target the facade dials: the node's OpenSandbox

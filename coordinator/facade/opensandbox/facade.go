@@ -3,6 +3,7 @@ package opensandbox
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
@@ -124,6 +126,11 @@ type Config struct {
 	// connection with a verified client certificate. Nil: no check (the
 	// facade is bound to loopback).
 	CheckToken func(token string) bool
+	// Hosts decides which Host headers and Origins the facade accepts
+	// (hostcheck: built from the listen address and the configured extra
+	// names). Nil: hostcheck.Loopback(), the names of a facade on
+	// loopback.
+	Hosts *hostcheck.Policy
 }
 
 // Validate reports every problem of c.
@@ -155,12 +162,16 @@ type Facade struct {
 	tr     *transports
 	found  *foundCache
 	proxy  *httputil.ReverseProxy
+	hosts  *hostcheck.Policy
 	closed atomic.Bool
 	now    func() time.Time
 	// guard contains a panic of one request's goroutines (ServeHTTP,
 	// fanOut): the caller gets a 500 or a cut connection, and the facade
 	// goes on.
 	guard *panics.Guard
+	// cutLog and refusedLog rate-limit the warnings about cut answers and
+	// refused names.
+	cutLog, refusedLog logEvery
 }
 
 var _ http.Handler = (*Facade)(nil)
@@ -171,7 +182,10 @@ func New(cfg Config) (*Facade, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	f := &Facade{cfg: cfg, log: cfg.Logger, now: time.Now}
+	f := &Facade{cfg: cfg, log: cfg.Logger, hosts: cfg.Hosts, now: time.Now}
+	if f.hosts == nil {
+		f.hosts = hostcheck.Loopback()
+	}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
 	}
@@ -198,6 +212,39 @@ func New(cfg Config) (*Facade, error) {
 		ErrorLog:       slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
 	}
 	return f, nil
+}
+
+// Limits of the HTTP server that HTTPServer returns.
+const (
+	// ReadHeaderTimeout bounds reading a request's headers, from the
+	// connection's first byte (or the end of the previous request).
+	ReadHeaderTimeout = 10 * time.Second
+	// IdleTimeout closes a keep-alive connection that carries no request
+	// for this long. Common clients drop idle ones sooner (httpx after
+	// 5 s, aiohttp after 15 s) and all reconnect on their own.
+	IdleTimeout = 2 * time.Minute
+	// MaxHeaderBytes bounds a request's line and headers (NeMo Gym's
+	// requests carry well under 4 KiB); more is answered 431.
+	MaxHeaderBytes = 64 << 10
+)
+
+// HTTPServer returns the http.Server that serves f, with tlsCfg (nil:
+// plaintext; for TLS, serve with ServeTLS(ln, "", "") and keep
+// NextProtos to http/1.1, which WebSocket upgrades need) and the limits
+// above. It sets no ReadTimeout or WriteTimeout: those bound a whole
+// request or answer, and would cut a long upload, execd's event stream of
+// a long command, or a spliced WebSocket (which IdleTimeout does not
+// touch either: it applies between requests only). The caller serves it
+// and shuts it down.
+func (f *Facade) HTTPServer(tlsCfg *tls.Config) *http.Server {
+	return &http.Server{
+		Handler:           f,
+		TLSConfig:         tlsCfg,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+	}
 }
 
 // Close refuses further requests (503 TETHER::SHUTTING_DOWN) and closes
@@ -238,6 +285,11 @@ type reqState struct {
 	decode bool
 	// upgraded is set once a node answered 101.
 	upgraded bool
+	// sent counts the answer's body bytes read from the node, and readErr
+	// is the error that ended them early (nil: EOF or not read); see
+	// cutDetector.
+	sent    int64
+	readErr error
 }
 
 func stateOf(ctx context.Context) *reqState {
@@ -254,12 +306,20 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil {
 		st.scheme = "https"
 	}
+	// This runs while the reverse proxy's http.ErrAbortHandler panic
+	// unwinds too (an answer cut mid-body), which must go on to the server
+	// so that it drops the caller's connection: ending the answer cleanly
+	// would make a cut answer look whole.
 	defer func() {
-		status := w.status
-		if status == 0 && st.upgraded {
-			status = http.StatusSwitchingProtocols
+		status := statusClass(w.status)
+		switch {
+		case w.status == 0 && st.upgraded:
+			status = statusClass(http.StatusSwitchingProtocols)
+		case st.readErr != nil && r.Context().Err() == nil:
+			status = statusCut
+			f.answerCut(r, st)
 		}
-		f.m.requests.WithLabelValues(st.class, statusClass(status)).Inc()
+		f.m.requests.WithLabelValues(st.class, status).Inc()
 	}()
 	defer f.guard.Recover("request "+st.class, func(*panics.Error) {
 		if w.status != 0 || st.upgraded {
@@ -270,6 +330,16 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error in the Tether OpenSandbox facade")
 	})
 
+	if err := f.hosts.Host("Host", r.Host); err != nil {
+		f.refused(r, "host", err)
+		writeError(w, http.StatusMisdirectedRequest, CodeMisdirected, err.Error())
+		return
+	}
+	if err := f.hosts.Origin(r.Header.Values("Origin"), r.Host); err != nil {
+		f.refused(r, "origin", err)
+		writeError(w, http.StatusForbidden, CodeForbiddenOrigin, err.Error())
+		return
+	}
 	if f.closed.Load() {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "the OpenSandbox facade is shutting down")
 		return
@@ -404,8 +474,18 @@ func (v fleetView) nodeReason(node string) string {
 }
 
 // forward sends r to st.node through the reverse proxy.
+//
+// The request is served full duplex: the reverse proxy's transport may
+// still be reading the caller's body (it reads once more past the end, to
+// check that the body ended) when the node's answer headers go out.
+// Without it the HTTP/1 server closes the body at that moment, that last
+// read fails, and the transport drops the node connection mid-answer
+// (golang/go#40747): streamed answers (execd's event stream) were cut
+// short for about 1% of requests that carry a body.
 func (f *Facade) forward(w http.ResponseWriter, r *http.Request, st *reqState) {
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	// HTTP/2 has no such limit, and its writer says so (ErrNotSupported).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	f.proxy.ServeHTTP(w, r)
 	if st.upgraded {
 		f.m.wsActive.Dec()
@@ -516,6 +596,43 @@ func (f *Facade) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	f.log.Warn("forward failed", "node", st.node, "target", Target, "route", st.class, "err", err)
 	writeError(w, http.StatusBadGateway, CodeNodeUnavailable, fmt.Sprintf("forwarding to node %s, target %s: %v", st.node, Target, err))
+}
+
+// answerCut reports an answer whose body the node's connection ended
+// early: the caller got a broken stream (the server drops its connection),
+// never a short one that looks whole. Warned at most once per logInterval.
+func (f *Facade) answerCut(r *http.Request, st *reqState) {
+	if ok, dropped := f.cutLog.allow(f.now()); ok {
+		f.log.Warn("streamed answer cut short by the node connection; the caller's stream was broken off", "route", st.class,
+			"sandbox", st.route.ID, "node", st.node, "method", r.Method, "path", r.URL.Path, "bytes", st.sent, "err", st.readErr,
+			"suppressed", dropped)
+	}
+}
+
+// refused reports a request refused for its Host or Origin (reason);
+// warned at most once per logInterval.
+func (f *Facade) refused(r *http.Request, reason string, err error) {
+	f.m.refused.WithLabelValues(reason).Inc()
+	if ok, dropped := f.refusedLog.allow(f.now()); ok {
+		f.log.Warn("request refused: foreign name", "reason", reason, "remote", r.RemoteAddr, "err", err, "suppressed", dropped)
+	}
+}
+
+// cutDetector is a forwarded answer's body: it counts the bytes read and
+// keeps the error that ended them early, so that ServeHTTP can tell a cut
+// answer from a whole one (the reverse proxy reports neither).
+type cutDetector struct {
+	io.ReadCloser
+	st *reqState
+}
+
+func (c *cutDetector) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.st.sent += int64(n)
+	if err != nil && err != io.EOF && c.st.readErr == nil {
+		c.st.readErr = err
+	}
+	return n, err
 }
 
 // ledgerCtx returns a context for a ledger write that outlives the caller

@@ -287,7 +287,10 @@ func newFacadeEnv(t testing.TB, mod func(*opensandbox.Config)) *facadeEnv {
 		t.Fatalf("New: %v", err)
 	}
 	e.f = f
-	e.srv = httptest.NewServer(f)
+	// Served as the coordinator serves it, limits included.
+	e.srv = httptest.NewUnstartedServer(f)
+	e.srv.Config = f.HTTPServer(nil)
+	e.srv.Start()
 	e.client = &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(func() {
 		e.client.CloseIdleConnections()

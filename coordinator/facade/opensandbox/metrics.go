@@ -23,9 +23,18 @@ const (
 
 var routeClasses = []string{classCreate, classList, classSandbox, classEndpoint, classRenew, classMetadata, classPause, classResume, classProxy, classOther}
 
+// statusCut is the "status" label of an answer whose status line went out
+// but whose body the node's connection ended early: an error, whatever
+// the status said.
+const statusCut = "cut"
+
 // Status classes, the "status" label of requests_total: the answer's HTTP
-// status class, or "none" when the caller went away before one was written.
-var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "none"}
+// status class, "none" when the caller went away before one was written,
+// or "cut" (statusCut).
+var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "none", statusCut}
+
+// Reasons of refused_total.
+var refusedReasons = []string{"host", "origin"}
 
 // metrics are the facade's Prometheus collectors.
 type metrics struct {
@@ -35,6 +44,7 @@ type metrics struct {
 	forwardLatency *prometheus.HistogramVec
 	ledgerErrors   prometheus.Counter
 	authFailures   prometheus.Counter
+	refused        *prometheus.CounterVec
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -43,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_opensandbox_facade_requests_total",
-			Help: "Requests answered by the OpenSandbox facade, by route class and HTTP status class.",
+			Help: "Requests answered by the OpenSandbox facade, by route class and HTTP status class; status \"cut\" is an answer whose body the node's connection ended early (the caller's stream was broken off).",
 		}, []string{"route", "status"}),
 		wsActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tether_opensandbox_facade_websocket_sessions",
@@ -66,6 +76,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_opensandbox_facade_auth_failures_total",
 			Help: "Requests the OpenSandbox facade refused with 401: no accepted Tether-Token and no verified client certificate.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_opensandbox_facade_refused_total",
+			Help: "Requests the OpenSandbox facade refused for the names they carry: reason host (421, the Host header names none of the facade's names) or origin (403, the Origin of a page of another site).",
+		}, []string{"reason"}),
+	}
+	for _, r := range refusedReasons {
+		m.refused.WithLabelValues(r)
 	}
 	for _, c := range routeClasses {
 		for _, s := range statusClasses {
@@ -73,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 		m.forwardLatency.WithLabelValues(c)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.wsActive, m.wsTotal, m.forwardLatency, m.ledgerErrors, m.authFailures} {
+	for _, c := range []prometheus.Collector{m.requests, m.wsActive, m.wsTotal, m.forwardLatency, m.ledgerErrors, m.authFailures, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("opensandbox facade: register metrics: %w", err)
 		}

@@ -24,6 +24,7 @@ func (f *Facade) modifyResponse(resp *http.Response) error {
 		f.m.wsTotal.Inc()
 		return nil
 	}
+	resp.Body = &cutDetector{ReadCloser: resp.Body, st: st}
 	f.rewriteLocation(resp, st)
 	method := resp.Request.Method
 	switch st.route.Kind {

@@ -87,6 +87,22 @@
 // Metadata tether-node also overrides the routing of the by-name and by-id
 // methods.
 //
+// # Names and limits
+//
+// A call whose :authority names none of the facade's names (Config.Hosts,
+// see coordinator/facade/hostcheck; by default those of a facade on
+// loopback) is refused with PERMISSION_DENIED naming the authority and the
+// accepted names, before it is authorized or routed; refusals are counted
+// in refused_total and warned about at most once per 10 s.
+//
+// Caller connections are bounded: at most Config.MaxConcurrentStreams calls
+// in flight each (callers queue more), Config.HandshakeTimeout to complete
+// the TLS handshake and HTTP/2 preface, GOAWAY after Config.MaxConnectionIdle
+// without a call, and a ping after 2 minutes of silence that must be
+// answered within 20 s. The keepalive policy is lenient (pings as often as
+// Config.MinPingInterval, with or without calls): a caller's pings must
+// never earn GOAWAY too_many_pings.
+//
 // # Authentication
 //
 // With Config.CheckToken set, every call must carry metadata tether-token

@@ -47,6 +47,7 @@ type metrics struct {
 	lookups      *prometheus.CounterVec
 	placements   *prometheus.CounterVec
 	ledgerErrors *prometheus.CounterVec
+	refused      prometheus.Counter
 }
 
 // routedMethods are the method label values besides methodOther.
@@ -82,6 +83,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_openshell_facade_ledger_errors_total",
 			Help: "Ledger writes that failed after a gateway answered (the caller's call still succeeds; inventory repairs the record), by operation.",
 		}, []string{"op"}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_openshell_facade_refused_total",
+			Help: "Calls refused with PERMISSION_DENIED because their :authority names none of the facade's names (Config.Hosts).",
+		}),
 	}
 	for _, meth := range slices.Concat(routedMethods, []string{methodOther}) {
 		m.duration.WithLabelValues(meth)
@@ -98,7 +103,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, v := range []string{opCreated, opDeleting, opDeleted} {
 		m.ledgerErrors.WithLabelValues(v)
 	}
-	for _, c := range []prometheus.Collector{m.calls, m.duration, m.authFailures, m.lookups, m.placements, m.ledgerErrors} {
+	for _, c := range []prometheus.Collector{m.calls, m.duration, m.authFailures, m.lookups, m.placements, m.ledgerErrors, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("openshell facade: register metrics: %w", err)
 		}

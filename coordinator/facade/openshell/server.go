@@ -1,6 +1,7 @@
 package openshell
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
@@ -68,6 +70,31 @@ const ledgerTimeout = 5 * time.Second
 // openshell.MaxMessageSize but below this get the facade's own
 // RESOURCE_EXHAUSTED message; above it, grpc's.
 const maxCallerRecv = 4 << 20
+
+// Defaults of the limits on caller connections (Config).
+const (
+	// DefaultMaxConcurrentStreams is Config.MaxConcurrentStreams' default:
+	// calls in flight on one caller connection. NeMo Gym runs one channel
+	// for all its rollouts; a caller with more calls queues them (gRPC
+	// clients wait for a free stream), it does not fail them.
+	DefaultMaxConcurrentStreams = 1000
+	// DefaultHandshakeTimeout is Config.HandshakeTimeout's default.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxConnectionIdle is Config.MaxConnectionIdle's default.
+	DefaultMaxConnectionIdle = 5 * time.Minute
+	// DefaultMinPingInterval is Config.MinPingInterval's default.
+	DefaultMinPingInterval = 5 * time.Second
+)
+
+// The facade's own keepalive toward callers: a connection silent for
+// keepaliveTime gets a ping, and is closed when the ping is not answered
+// within keepaliveTimeout (a dead peer under a long exec stream). gRPC
+// clients answer pings in their transport; none polices the pings it
+// receives.
+const (
+	keepaliveTime    = 2 * time.Minute
+	keepaliveTimeout = 20 * time.Second
+)
 
 // Fleet is what the facade needs of the coordinator's registry of connected
 // nodes; *coordinator.Coordinator satisfies it.
@@ -128,21 +155,51 @@ type Config struct {
 	// TLS, when set, serves TLS with this config. For "client certificate
 	// or token", set ClientAuth to tls.VerifyClientCertIfGiven and ClientCAs.
 	TLS *tls.Config
+	// Hosts decides which :authority values the facade accepts (see
+	// hostcheck; a call naming another host gets PERMISSION_DENIED). Nil:
+	// hostcheck.Loopback(), the names of a facade on loopback.
+	Hosts *hostcheck.Policy
+
+	// MaxConcurrentStreams bounds the calls in flight on one caller
+	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): callers queue
+	// the rest. Zero means DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2
+	// preface and settings; a connection that has not completed them by
+	// then is closed. Zero means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle closes a caller connection that has had no call in
+	// flight for this long (GOAWAY first; gRPC clients reconnect on their
+	// next call). Pings do not count as activity. Zero means
+	// DefaultMaxConnectionIdle.
+	MaxConnectionIdle time.Duration
+	// MinPingInterval is the shortest interval between a caller's
+	// keepalive pings that the facade tolerates, with or without calls in
+	// flight; a caller that pings faster three times gets GOAWAY
+	// too_many_pings. Zero means DefaultMinPingInterval. NeMo Gym's SDK
+	// sets no keepalive (its transport's BDP pings ride on data, which
+	// resets the count); callers behind load balancers often ping every
+	// 10-30 s.
+	MinPingInterval time.Duration
 }
 
 // Server is the OpenShell facade: a gRPC server that looks like one
 // OpenShell gateway and forwards every call to a node's gateway through the
 // tunnel. Create with New, run with Serve, end with GracefulStop or Stop.
 type Server struct {
-	cfg  Config
-	log  *slog.Logger
-	m    *metrics
-	gs   *grpc.Server
-	pool *pool
-	idx  *index
+	cfg   Config
+	log   *slog.Logger
+	m     *metrics
+	gs    *grpc.Server
+	pool  *pool
+	idx   *index
+	hosts *hostcheck.Policy
 	// guard contains a panic of one call's goroutines: the caller gets
 	// INTERNAL (recoverStream, recoverUnary) and the server goes on.
 	guard *panics.Guard
+
+	// refusedLog rate-limits the warnings about refused :authority values.
+	refusedLog logEvery
 
 	// wg tracks the goroutines that relay a caller's messages to a
 	// gateway; they end when their stream ends (see relay).
@@ -162,6 +219,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DefaultTTL < 0 {
 		return nil, fmt.Errorf("openshell facade: Config.DefaultTTL %v is negative", cfg.DefaultTTL)
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"HandshakeTimeout", cfg.HandshakeTimeout}, {"MaxConnectionIdle", cfg.MaxConnectionIdle}, {"MinPingInterval", cfg.MinPingInterval}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("openshell facade: Config.%s %v is negative", d.name, d.v)
+		}
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -180,10 +245,24 @@ func New(cfg Config) (*Server, error) {
 		m:        m,
 		pool:     newPool(cfg.Fleet),
 		idx:      newIndex(),
+		hosts:    cfg.Hosts,
 		inflight: make(map[string]int),
 		guard:    panics.New(reg, log, "facade_openshell"),
 	}
 	s.pool.guard = s.guard
+	if s.hosts == nil {
+		s.hosts = hostcheck.Loopback()
+	}
+	s.gs = grpc.NewServer(s.serverOptions()...)
+	return s, nil
+}
+
+// serverOptions are the grpc server's options: the raw forwarding, the
+// limits on caller connections (Config), TLS. Interceptors go here too
+// (grpc.ChainStreamInterceptor: every call is a stream of the unknown
+// service handler).
+func (s *Server) serverOptions() []grpc.ServerOption {
+	cfg := s.cfg
 	opts := []grpc.ServerOption{
 		grpc.ChainStreamInterceptor(s.recoverStream),
 		grpc.ChainUnaryInterceptor(s.recoverUnary),
@@ -191,15 +270,24 @@ func New(cfg Config) (*Server, error) {
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(maxCallerRecv),
 		grpc.WaitForHandlers(true),
-		// Callers behind load balancers may ping; be lenient rather than
-		// answer them with too_many_pings.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(cmp.Or(cfg.MaxConcurrentStreams, DefaultMaxConcurrentStreams)),
+		grpc.ConnectionTimeout(cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cmp.Or(cfg.MaxConnectionIdle, DefaultMaxConnectionIdle),
+			Time:              keepaliveTime,
+			Timeout:           keepaliveTimeout,
+		}),
+		// Lenient: a caller's pings (load balancers, client keepalive)
+		// must not earn GOAWAY too_many_pings (wire-facts §7, DESIGN §6).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             cmp.Or(cfg.MinPingInterval, DefaultMinPingInterval),
+			PermitWithoutStream: true,
+		}),
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 	}
-	s.gs = grpc.NewServer(opts...)
-	return s, nil
+	return opts
 }
 
 // Serve accepts gRPC connections on ln until GracefulStop or Stop, and
@@ -274,10 +362,14 @@ func methodLabel(full string) string {
 	return methodOther
 }
 
-// serve authorizes the call and routes it by method.
+// serve checks the call's :authority, authorizes it and routes it by
+// method.
 func (s *Server) serve(ss grpc.ServerStream, full string) error {
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
+	if err := s.checkAuthority(ctx, md); err != nil {
+		return err
+	}
 	if err := s.authorize(ctx, md); err != nil {
 		return err
 	}
@@ -299,6 +391,23 @@ func (s *Server) serve(ss grpc.ServerStream, full string) error {
 		return c.health()
 	}
 	return c.other()
+}
+
+// checkAuthority enforces Config.Hosts on the call's :authority.
+func (s *Server) checkAuthority(ctx context.Context, md metadata.MD) error {
+	err := s.hosts.Host(":authority", mdFirst(md, ":authority"))
+	if err == nil {
+		return nil
+	}
+	s.m.refused.Inc()
+	if ok, dropped := s.refusedLog.allow(time.Now()); ok {
+		remote := ""
+		if p, ok := peer.FromContext(ctx); ok {
+			remote = p.Addr.String()
+		}
+		s.log.Warn("call refused: foreign :authority", "remote", remote, "err", err, "suppressed", dropped)
+	}
+	return status.Error(codes.PermissionDenied, "tether: "+err.Error())
 }
 
 // authorize enforces Config.CheckToken (see there).

@@ -78,6 +78,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, route opensandbox
 			writeJSON(w, status, opensandbox.ErrorBody{Code: opensandbox.CodeRuntimeError, Message: "proxy to sandbox: " + err.Error()})
 		},
 	}
+	// Full duplex, as a real server's proxy behaves: without it the Go
+	// HTTP/1 server closes the request body when the answer's headers go
+	// out, the transport's last read of it fails, and it drops execd's
+	// connection mid-answer (golang/go#40747).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 

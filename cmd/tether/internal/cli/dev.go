@@ -42,6 +42,9 @@ type devOptions struct {
 	// OpenShellListen and OpenSandboxListen are the facades' addresses on
 	// loopback ("" turns one off). Defaults 127.0.0.1:7081 and :7082.
 	OpenShellListen, OpenSandboxListen string
+	// AllowedHosts are further names the facades answer to (the
+	// coordinator's --facade-allowed-hosts).
+	AllowedHosts []string
 	// OpenShell and OpenSandbox are the local agent's gateways (host:port),
 	// reached through the facades; "" means none.
 	OpenShell, OpenSandbox string
@@ -105,6 +108,9 @@ func (o *devOptions) Validate() error {
 			}
 		}
 	}
+	if err := checkAllowedHosts(o.AllowedHosts); err != nil {
+		errs = append(errs, err)
+	}
 	if o.SandboxTTL < 0 {
 		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.SandboxTTL))
 	}
@@ -143,6 +149,7 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
 	f.StringVar(&o.OpenShellListen, "openshell-listen", o.OpenShellListen, `OpenShell gRPC facade address on loopback ("" turns it off)`)
 	f.StringVar(&o.OpenSandboxListen, "opensandbox-listen", o.OpenSandboxListen, `OpenSandbox HTTP facade address on loopback ("" turns it off)`)
+	addAllowedHostsFlag(cmd, &o.AllowedHosts)
 	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the local OpenShell gateway (host:port) the agent serves through the facade")
 	f.StringVar(&o.OpenSandbox, "opensandbox", o.OpenSandbox, "the local OpenSandbox server (host:port) the agent serves through the facade")
 	f.DurationVar(&o.SandboxTTL, "sandbox-ttl", o.SandboxTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
@@ -174,6 +181,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	co.ID = "dev"
 	co.Sandbox.OpenShellListen = o.OpenShellListen
 	co.Sandbox.OpenSandboxListen = o.OpenSandboxListen
+	co.Sandbox.AllowedHosts = o.AllowedHosts
 	co.Sandbox.DefaultTTL = o.SandboxTTL
 	co.Sandbox.ReapGrace = o.ReapGrace
 	co.Sandbox.InventoryInterval = o.InventoryInterval

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 )
@@ -49,6 +50,11 @@ type sandboxOptions struct {
 	// ExternalHost is how OpenSandbox callers reach the facade, for the
 	// endpoints it rewrites; default the request's Host.
 	ExternalHost string
+	// AllowedHosts are further names the facades answer to (Host,
+	// :authority, Origin): host names, IP addresses, *.domain. A facade on
+	// loopback otherwise answers to loopback names only; one on another
+	// address to any name.
+	AllowedHosts []string
 	// DefaultTTL is the TTL of OpenShell sandboxes created through the
 	// facade without a tether-ttl (OpenShell has none of its own).
 	DefaultTTL time.Duration
@@ -84,12 +90,32 @@ func (o *sandboxOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.ClientCA, "facade-client-ca", o.ClientCA, "CA (PEM) whose client certificates authenticate facade callers")
 	f.StringVar(&o.TokenFile, "facade-token-file", o.TokenFile, "token facade callers present as tether-token (default: DATA-DIR/facade-token, generated)")
 	f.StringVar(&o.ExternalHost, "facade-external-host", o.ExternalHost, "host[:port] OpenSandbox callers reach the facade at (default: the request's Host)")
+	addAllowedHostsFlag(cmd, &o.AllowedHosts)
 	f.DurationVar(&o.DefaultTTL, "sandbox-ttl", o.DefaultTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
 	f.DurationVar(&o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often every node's gateways are listed")
 	f.DurationVar(&o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
 	f.Float64Var(&o.ReapRate, "reap-rate", o.ReapRate, "reaper deletes per second, fleet-wide")
 	f.BoolVar(&o.DryRun, "reap-dry-run", o.DryRun, "log what the reaper would delete, delete nothing")
 	f.BoolVar(&o.NoReaper, "no-reaper", o.NoReaper, "do not run the reaper")
+}
+
+// allowedHostsHint ends the facades' refusals of a foreign name.
+const allowedHostsHint = "if callers really use that name, add it to --facade-allowed-hosts"
+
+// addAllowedHostsFlag adds --facade-allowed-hosts to cmd.
+func addAllowedHostsFlag(cmd *cobra.Command, hosts *[]string) {
+	cmd.Flags().StringSliceVar(hosts, "facade-allowed-hosts", *hosts,
+		"further names the facades answer to (Host, :authority, Origin): host names, IPs, *.domain; comma-separated or repeated. "+
+			"Default: on loopback only localhost, 127.0.0.0/8, ::1; on another address any name")
+}
+
+// checkAllowedHosts reports the entries of --facade-allowed-hosts that are
+// not names.
+func checkAllowedHosts(hosts []string) error {
+	if _, err := hostcheck.New(hostcheck.Config{Allowed: hosts}); err != nil {
+		return fmt.Errorf("--facade-allowed-hosts: %w", err)
+	}
+	return nil
 }
 
 // secure reports whether addr needs the authentication boundary: it is not
@@ -127,6 +153,9 @@ func (o *sandboxOptions) Validate() error {
 	}
 	if o.TokenFile != "" && o.TLSCert == "" {
 		errs = append(errs, errors.New("--facade-token-file needs --facade-tls-cert: facades on loopback check no token"))
+	}
+	if err := checkAllowedHosts(o.AllowedHosts); err != nil {
+		errs = append(errs, err)
 	}
 	if o.DefaultTTL < 0 {
 		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.DefaultTTL))
@@ -183,6 +212,8 @@ func (o *sandboxOptions) open(ctx context.Context, ls *sandboxListeners, dataDir
 		OpenSandbox:       ls.openSandbox,
 		ExternalHost:      o.ExternalHost,
 		DefaultTTL:        o.DefaultTTL,
+		AllowedHosts:      o.AllowedHosts,
+		AllowedHostsHint:  allowedHostsHint,
 	}
 	cfg.Reaper.Grace = o.ReapGrace
 	cfg.Reaper.Rate = o.ReapRate
