@@ -306,6 +306,8 @@ func (c *Coordinator) readUntilGone(ctx context.Context, sess *tunnel.Session, c
 	switch {
 	case ctx.Err() != nil:
 		log.Debug("agent session closed by shutdown")
+	case errors.Is(err, tunnel.ErrPeerSilent):
+		log.Warn("agent session dropped: the agent went silent", "err", err)
 	case errors.Is(err, io.EOF) || sess.IsClosed():
 		log.Info("agent disconnected", "err", err)
 	default:
@@ -434,19 +436,19 @@ func (c *Coordinator) deregister(n *node) {
 	c.mu.Unlock()
 }
 
-// readHeartbeats reads the control stream until it fails or stays silent for
-// three heartbeat intervals plus the tunnel's write timeout (the time a
-// heartbeat may legitimately spend waiting to be written on a busy tunnel).
+// readHeartbeats reads the control stream until it fails. It sets no
+// deadline: the session's IdleTimeout (three heartbeat intervals) closes a
+// session from which nothing arrives, and so ends this read. Judging the
+// whole session rather than this stream keeps a busy agent whose heartbeat
+// waits behind a large frame from being taken for a dead one.
 func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 	fr := protocol.NewFrameReader(ctrl)
 	fr.Max = maxHeartbeatSize
-	window := 3*c.cfg.HeartbeatInterval + c.cfg.Tunnel.WriteTimeout
 	for {
-		ctrl.SetReadDeadline(time.Now().Add(window))
 		f, err := fr.Next()
 		if err != nil {
-			if isTimeout(err) {
-				return fmt.Errorf("node %s: no heartbeat for %v: %w", n.id, window, err)
+			if serr := n.sess.Err(); serr != nil {
+				err = serr // ErrPeerSilent says more than a closed stream
 			}
 			return fmt.Errorf("node %s: read control stream: %w", n.id, err)
 		}

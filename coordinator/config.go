@@ -35,7 +35,9 @@ type Config struct {
 	// there, and kept verbatim in the service metadata).
 	Version string
 	// HeartbeatInterval is how often agents are told to send heartbeats. A
-	// session that sends nothing for three intervals is dropped. Default 5 s.
+	// session from which nothing at all arrives (no heartbeat, ping or
+	// stream data) for three intervals is dropped: with the default, a dead
+	// or frozen agent is found within 15 s. Default 5 s.
 	HeartbeatInterval time.Duration
 	// HandshakeTimeout bounds an agent's TLS handshake plus its Hello.
 	// Default 10 s.
@@ -69,9 +71,10 @@ type Config struct {
 	// Default 5 s.
 	CancelGrace time.Duration
 	// Tunnel tunes the agent sessions. Default: tunnel.DefaultConfig() with
-	// KeepAliveInterval 0 — agents ping, and the coordinator watches their
-	// heartbeats instead, which saves a goroutine per agent. A zero Tunnel is
-	// replaced by that default. AcceptBacklog is always set to 1: the
+	// KeepAliveInterval 0 — agents ping, and the coordinator watches for
+	// their silence instead (IdleTimeout), which saves a goroutine per
+	// agent. A zero Tunnel is replaced by that default; a zero IdleTimeout
+	// by three HeartbeatIntervals. AcceptBacklog is always set to 1: the
 	// coordinator accepts only the control stream, and yamux resets any
 	// stream an agent opens past the backlog instead of buffering up to a
 	// receive window (256 KiB) for each.
@@ -166,6 +169,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Tunnel == (tunnel.Config{}) {
 		c.Tunnel = d.Tunnel
+	}
+	if c.Tunnel.IdleTimeout == 0 {
+		c.Tunnel.IdleTimeout = 3 * c.HeartbeatInterval
 	}
 	c.Tunnel.AcceptBacklog = 1
 	return c

@@ -67,6 +67,9 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	if err := cfg.Tunnel.Validate(); err != nil {
+		return nil, fmt.Errorf("coordinator config: Tunnel: %w", err)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -20,9 +20,11 @@
 // control stream, checks the Hello (join token in constant time, protocol
 // version, node id and labels; free-form fields cut to 1 KiB), registers the
 // node (a newer session of the same node id replaces and closes the older
-// one), sends the Welcome, and then reads heartbeats on the control stream
-// with a read deadline of three heartbeat intervals plus the tunnel's write
-// timeout. Silence or an error drops the session. No goroutine accepts
+// one), sends the Welcome, and then reads heartbeats on the control stream.
+// The session itself watches for silence (tunnel.Config.IdleTimeout, three
+// heartbeat intervals, a timer and no goroutine): an agent from which
+// nothing at all arrives for that long, a frozen one included, is dropped,
+// as is one whose control stream fails. No goroutine accepts
 // further streams from agents: the coordinator opens the streams it needs
 // (exec), which keeps an idle agent's cost to one goroutine plus yamux's two.
 // The session's accept backlog is one, so yamux resets any further stream an

@@ -326,6 +326,7 @@ type agentOpts struct {
 	noHello      bool              // open the control stream but never send a Hello
 	firstKind    protocol.Kind     // kind of the first stream; default control
 	heartbeat    bool              // send heartbeats
+	silent       bool              // send no yamux pings (a fake agent pings every 200ms by default)
 	reconnects   int               // Hello.Reconnects
 	instance     string            // Hello.Instance; default "instance-<id>"
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
@@ -379,7 +380,12 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		t.Fatal(err)
 	}
 	tcfg := tunnel.DefaultConfig()
-	tcfg.KeepAliveInterval = 0
+	// Pings keep a session that sends no heartbeats alive, as they keep a
+	// real agent's (the coordinator drops sessions it hears nothing from).
+	tcfg.KeepAliveInterval = 200 * time.Millisecond
+	if o.silent {
+		tcfg.KeepAliveInterval = 0
+	}
 	a.sess, err = tunnel.Client(conn, tcfg)
 	if err != nil {
 		t.Fatal(err)

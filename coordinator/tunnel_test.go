@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tetherfleet/tether/coordinator"
@@ -44,6 +45,12 @@ func TestConfigValidate(t *testing.T) {
 	d := coordinator.DefaultConfig()
 	if d.ID == "" || d.HeartbeatInterval != 5*time.Second || d.MaxParallel != 64 || d.Tunnel.KeepAliveInterval != 0 {
 		t.Errorf("DefaultConfig() = %+v", d)
+	}
+	bad := coordinator.DefaultConfig()
+	bad.Token, bad.NATS = "t", &nats.Conn{}
+	bad.Tunnel.KeepAliveInterval = 10 * time.Second // the derived IdleTimeout, 15s, is below twice that
+	if _, err := coordinator.New(bad); err == nil || !strings.Contains(err.Error(), "IdleTimeout 15s is below twice KeepAliveInterval") {
+		t.Errorf("New with pings every 10s and a 15s idle timeout = %v, want refused", err)
 	}
 }
 
@@ -251,33 +258,43 @@ func TestDuplicateNodeReplaces(t *testing.T) {
 }
 
 func TestHeartbeatTimeout(t *testing.T) {
-	// Silence is judged over 3 intervals plus the tunnel's write timeout.
+	// Silence is judged on the whole session over 3 intervals: an agent
+	// that only pings (no heartbeats) is kept, one that sends nothing at
+	// all is dropped, and the log says why.
+	var logs logBuffer
 	h := newHarness(t, func(c *coordinator.Config) {
 		c.HeartbeatInterval = 100 * time.Millisecond
 		c.Tunnel.WriteTimeout = 200 * time.Millisecond
+		c.Logger = testLoggerTo(t, &logs)
 	})
 	start := time.Now()
 	beating := h.dialAgent(t, agentOpts{id: "beating", heartbeat: true})
-	silent := h.dialAgent(t, agentOpts{id: "silent"})
+	pinging := h.dialAgent(t, agentOpts{id: "pinging"})
+	silent := h.dialAgent(t, agentOpts{id: "silent", silent: true})
 	silent.waitClosed()
-	if d := time.Since(start); d < 500*time.Millisecond {
-		t.Errorf("silent agent dropped after %v, before its 500ms window", d)
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("silent agent dropped after %v, before its 300ms window", d)
 	}
 	checkFor(t, defaultTestTimeout, func() error {
 		nodes := h.c.Nodes(protocol.Selector{})
-		if len(nodes) != 1 || nodes[0].ID != "beating" {
-			return fmt.Errorf("nodes = %+v, want only beating", nodes)
+		if len(nodes) != 2 || nodes[0].ID != "beating" || nodes[1].ID != "pinging" {
+			return fmt.Errorf("nodes = %+v, want beating and pinging", nodes)
 		}
 		n := nodes[0]
 		if n.RTTMicros != 1234 || !n.LastHeartbeat.After(n.ConnectedAt) {
 			return errors.New("no heartbeat recorded yet")
 		}
+		if !strings.Contains(logs.String(), "nothing received from the peer for 300ms") {
+			return errors.New("the drop is not logged with its cause yet")
+		}
 		return nil
 	})
-	select {
-	case <-beating.sess.Done():
-		t.Fatal("the heartbeating agent was dropped")
-	default:
+	for _, a := range []*fakeAgent{beating, pinging} {
+		select {
+		case <-a.sess.Done():
+			t.Fatalf("agent %s was dropped", a.o.id)
+		default:
+		}
 	}
 }
 

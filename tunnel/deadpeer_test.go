@@ -1,7 +1,9 @@
 package tunnel_test
 
 import (
+	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,4 +60,74 @@ func TestDefaultConfigFindsFrozenPeerWithinBound(t *testing.T) {
 		}
 		t.Logf("worst detection delay %v (bound %v)", worst, deadPeerBound)
 	})
+}
+
+// A session with IdleTimeout (the coordinator's side, which does not ping)
+// stays open while its peer pings, however long nothing else happens, and
+// closes within IdleTimeout of the peer's freeze, saying why.
+func TestIdleTimeoutClosesSilentSession(t *testing.T) {
+	tunneltest.Synctest(t, func(t *testing.T) {
+		cfg := tunnel.DefaultConfig()
+		cfg.KeepAliveInterval = 0
+		cfg.IdleTimeout = deadPeerBound
+		if got := cfg.DeadPeerBound(); got != deadPeerBound {
+			t.Fatalf("DeadPeerBound() = %v, want IdleTimeout %v", got, deadPeerBound)
+		}
+		for offset := time.Duration(0); offset < 10*time.Second; offset += 500 * time.Millisecond {
+			c, s := net.Pipe()
+			fs := tunneltest.NewFrozenConn(s)
+			pinger, err := tunnel.Client(c, tunnel.DefaultConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			watcher, err := tunnel.Server(fs, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Minute + offset)
+			if err := watcher.Err(); err != nil {
+				t.Fatalf("offset %v: session with a pinging peer ended: %v", offset, err)
+			}
+			fs.Freeze()
+			frozeAt := time.Now()
+			<-watcher.Done()
+			if d := time.Since(frozeAt); d > deadPeerBound {
+				t.Errorf("offset %v: closed %v after the freeze, want at most %v", offset, d, deadPeerBound)
+			}
+			if err := watcher.Err(); !errors.Is(err, tunnel.ErrPeerSilent) {
+				t.Errorf("Err() = %v, want ErrPeerSilent", err)
+			}
+			pinger.Close()
+			watcher.Close()
+		}
+		// Closed by its owner: Err says closed, not silent.
+		c, s := net.Pipe()
+		a, _ := tunnel.Client(c, cfg)
+		b, _ := tunnel.Server(s, cfg)
+		b.Close()
+		<-a.Done()
+		if err := b.Err(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Err() after Close = %v, want net.ErrClosed", err)
+		}
+		a.Close()
+	})
+}
+
+func TestDeadPeerBound(t *testing.T) {
+	d := tunnel.DefaultConfig()
+	if got := d.DeadPeerBound(); got > deadPeerBound {
+		t.Errorf("DefaultConfig().DeadPeerBound() = %v, want at most %v", got, deadPeerBound)
+	}
+	both := tunnel.Config{KeepAliveInterval: 5 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: 12 * time.Second}
+	if got := both.DeadPeerBound(); got != 12*time.Second {
+		t.Errorf("DeadPeerBound with both = %v, want the smaller, 12s", got)
+	}
+	if got := (&tunnel.Config{WriteTimeout: time.Second}).DeadPeerBound(); got != 0 {
+		t.Errorf("DeadPeerBound with neither = %v, want 0", got)
+	}
+	bad := tunnel.DefaultConfig()
+	bad.IdleTimeout = 6 * time.Second
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "IdleTimeout 6s is below twice KeepAliveInterval 5s") {
+		t.Errorf("Validate() = %v, want IdleTimeout below twice the ping interval refused", err)
+	}
 }

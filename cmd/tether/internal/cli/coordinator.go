@@ -61,8 +61,9 @@ type coordinatorOptions struct {
 	TLSHosts []string
 	// ID names the coordinator. Default: the host name.
 	ID string
-	// Heartbeat is the agent heartbeat interval; a session silent for three
-	// intervals is dropped. Zero means the coordinator's default (5 s).
+	// Heartbeat is the agent heartbeat interval; a session from which
+	// nothing arrives for three intervals is dropped. Zero means the
+	// coordinator's default (5 s).
 	Heartbeat time.Duration
 	// ExecTimeout is the timeout of jobs whose request names none. Zero
 	// (default) means none.
@@ -201,7 +202,7 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
 	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
-	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval (0: coordinator default, 5s)")
+	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
