@@ -53,8 +53,8 @@ func (f *flood) hold(ip string) {
 	f.mu.Unlock()
 }
 
-// churn keeps one silent connection from ip open, redialing as soon as the
-// coordinator closes it, until end.
+// churn connects from ip and closes at once, over and over, until end: the
+// reconnect loop that once logged a warning per connection.
 func (f *flood) churn(ip string) {
 	f.wg.Add(1)
 	go func() {
@@ -65,28 +65,24 @@ func (f *flood) churn(ip string) {
 				return
 			default:
 			}
-			c, err := f.dial(ip)
-			if err != nil {
+			if c, err := f.dial(ip); err == nil {
+				c.Close()
+			} else {
 				time.Sleep(10 * time.Millisecond)
-				continue
 			}
-			for {
-				c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-				_, err := c.Read(make([]byte, 1))
-				if isTimeoutErr(err) {
-					select {
-					case <-f.stop:
-						c.Close()
-						return
-					default:
-						continue
-					}
-				}
-				break // closed by the coordinator: redial
-			}
-			c.Close()
 		}
 	}()
+}
+
+// silent opens a connection from ip that sends nothing.
+func (f *flood) silent(ip string) net.Conn {
+	f.t.Helper()
+	c, err := f.dial(ip)
+	if err != nil {
+		f.t.Fatalf("flood: dial from %s: %v", ip, err)
+	}
+	f.t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // open counts the held connections the coordinator has not closed.
@@ -120,9 +116,9 @@ func (f *flood) end() {
 
 // Unauthenticated connections cannot lock a new agent out: hundreds of
 // connections that never finish their handshake, from many loopback
-// addresses and many from one address, some silent and redialing as soon as
-// they are cut, leave room for an agent from another address, which
-// registers at its first attempt.
+// addresses and many from one address, others that send nothing, and loops
+// that connect and close as fast as they can, leave room for an agent from
+// another address, which registers at its first attempt.
 //
 // The flood's connections are given a handshake budget longer than the
 // test (HandshakeTimeout), so the agent cannot be getting in because they
@@ -132,7 +128,8 @@ func (f *flood) end() {
 // handshake (milliseconds) is all it waits for. The wait the test allows is
 // its bounded defaultTestTimeout; the time taken is logged, not asserted.
 //
-// Every log line the flood can cause is rate-limited, and the refusals are
+// The connections that send nothing are cut after FirstByteTimeout, every
+// log line the flood can cause is rate-limited, and the refusals are
 // counted by reason.
 func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 	var logs logBuffer
@@ -141,15 +138,20 @@ func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 		c.Logger = testLoggerTo(t, &logs)
 	})
 	f := newFlood(t, h.addr)
-	// 300 stalled handshakes from 100 addresses, 50 more from one address.
-	for i := 0; i < 300; i++ {
-		f.hold(fmt.Sprintf("127.0.0.%d", 2+i%100))
-	}
+	// 50 stalled handshakes from one address, then 300 from 100 addresses.
 	for i := 0; i < 50; i++ {
 		f.hold("127.0.0.1")
 	}
-	// 20 silent connections that redial whenever they are cut.
+	for i := 0; i < 300; i++ {
+		f.hold(fmt.Sprintf("127.0.0.%d", 2+i%100))
+	}
+	// 20 connections that send nothing at all, and 10 loops that connect
+	// and close as fast as they can.
+	var silent []net.Conn
 	for i := 0; i < 20; i++ {
+		silent = append(silent, f.silent(fmt.Sprintf("127.0.3.%d", 1+i)))
+	}
+	for i := 0; i < 10; i++ {
 		f.churn(fmt.Sprintf("127.0.2.%d", 1+i))
 	}
 	// The flood fills the coordinator's handshake slots.
@@ -180,9 +182,22 @@ func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 		t.Errorf("auth_failures{source_limit} = %v, want the refusals of 127.0.0.1 past its share counted", got)
 	}
 
+	// The connections that sent nothing are cut after FirstByteTimeout,
+	// long before their HandshakeTimeout.
+	for _, c := range silent {
+		c.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+		if _, err := c.Read(make([]byte, 1)); isTimeoutErr(err) {
+			t.Fatalf("a connection that sent nothing is still open after %v", defaultTestTimeout)
+		}
+	}
+	if got := h.metric("tether_coordinator_auth_failures_total", "reason", "timeout"); got < float64(len(silent)) {
+		t.Errorf("auth_failures{timeout} = %v, want the %d silent connections counted", got, len(silent))
+	}
+
 	// The log stays small: the refusals are counted, not each logged.
 	f.end()
 	lines := strings.Count(logs.String(), "\n")
+	t.Logf("%d log lines for %d connections", lines, f.dials.Load())
 	if lines > 40 {
 		t.Errorf("%d log lines for a flood of %d connections (%d before the agent dialed), want at most 40 (rate-limited)", lines, f.dials.Load(), logsBefore)
 	}

@@ -129,7 +129,7 @@ func TestHandshakeRefused(t *testing.T) {
 		})
 	}
 	want := `
-# HELP tether_coordinator_auth_failures_total Agent handshakes refused, by reason.
+# HELP tether_coordinator_auth_failures_total Agent connections refused or cut before they registered, by reason.
 # TYPE tether_coordinator_auth_failures_total counter
 tether_coordinator_auth_failures_total{reason="bad_hello"} 2
 tether_coordinator_auth_failures_total{reason="bad_token"} 1
@@ -137,6 +137,7 @@ tether_coordinator_auth_failures_total{reason="duplicate"} 0
 tether_coordinator_auth_failures_total{reason="no_token"} 1
 tether_coordinator_auth_failures_total{reason="overload"} 0
 tether_coordinator_auth_failures_total{reason="protocol"} 1
+tether_coordinator_auth_failures_total{reason="source_limit"} 0
 tether_coordinator_auth_failures_total{reason="timeout"} 0
 tether_coordinator_auth_failures_total{reason="version"} 1
 `

@@ -68,6 +68,10 @@ type coordinatorOptions struct {
 	// ExecTimeout is the timeout of jobs whose request names none. Zero
 	// (default) means none.
 	ExecTimeout time.Duration
+	// MaxHandshakesPerSource bounds the agent handshakes in progress from
+	// one IPv4 address or IPv6 /64 (coordinator.Config). Zero means the
+	// coordinator's default (8).
+	MaxHandshakesPerSource int
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -126,6 +130,9 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	if o.ExecTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
+	}
+	if o.MaxHandshakesPerSource < 0 {
+		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative", o.MaxHandshakesPerSource))
 	}
 	if err := o.Sandbox.Validate(); err != nil {
 		errs = append(errs, err)
@@ -204,6 +211,8 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
 	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
+	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
+		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
 	return cmd
@@ -362,6 +371,9 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		cfg.HeartbeatInterval = o.Heartbeat
 	}
 	cfg.DefaultTimeout = o.ExecTimeout
+	if o.MaxHandshakesPerSource > 0 {
+		cfg.MaxHandshakesPerSource = o.MaxHandshakesPerSource
+	}
 	cfg.Logger = log
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
