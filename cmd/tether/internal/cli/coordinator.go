@@ -278,6 +278,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: admin listener: %w", err)
 	}
+	cs.adminLn = limitConns(cs.adminLn, adminLimits.MaxConns)
 	adminLn := cs.adminLn
 	undo = append(undo, func() { adminLn.Close() })
 	sbxLn, err := o.Sandbox.bind()
@@ -388,7 +389,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	cs.tunnelLn = tls.NewListener(rawLn, tlsCfg)
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
-	cs.admin = &http.Server{Handler: cs.coord.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
 }
 
