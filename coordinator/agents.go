@@ -493,8 +493,8 @@ func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 	for {
 		f, err := fr.Next()
 		if err != nil {
-			if serr := n.sess.Err(); serr != nil {
-				err = serr // ErrPeerSilent says more than a closed stream
+			if serr := n.sess.Err(); errors.Is(serr, tunnel.ErrPeerSilent) {
+				err = serr // says more than the closed stream
 			}
 			return fmt.Errorf("node %s: read control stream: %w", n.id, err)
 		}

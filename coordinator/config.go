@@ -113,15 +113,15 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultHandshakeTimeout  = 5 * time.Second
-	DefaultFirstByteTimeout  = 2 * time.Second
-	DefaultMaxHandshakes     = 256
-	DefaultMaxPerSource      = 8
-	DefaultMaxJobs           = 1024
-	DefaultMaxParallel       = 64
-	DefaultDrainTimeout      = 10 * time.Second
-	DefaultCancelGrace       = 5 * time.Second
+	DefaultHeartbeatInterval      = 5 * time.Second
+	DefaultHandshakeTimeout       = 5 * time.Second
+	DefaultFirstByteTimeout       = 2 * time.Second
+	DefaultMaxHandshakes          = 256
+	DefaultMaxHandshakesPerSource = 8
+	DefaultMaxJobs                = 1024
+	DefaultMaxParallel            = 64
+	DefaultDrainTimeout           = 10 * time.Second
+	DefaultCancelGrace            = 5 * time.Second
 )
 
 // DefaultConfig returns a Config with every default filled in. Token and NATS
@@ -137,7 +137,7 @@ func DefaultConfig() Config {
 		HandshakeTimeout:       DefaultHandshakeTimeout,
 		FirstByteTimeout:       DefaultFirstByteTimeout,
 		MaxHandshakes:          DefaultMaxHandshakes,
-		MaxHandshakesPerSource: DefaultMaxPerSource,
+		MaxHandshakesPerSource: DefaultMaxHandshakesPerSource,
 		MaxJobs:                DefaultMaxJobs,
 		MaxParallel:            DefaultMaxParallel,
 		DrainTimeout:           DefaultDrainTimeout,
