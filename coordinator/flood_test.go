@@ -138,6 +138,7 @@ func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 		c.Logger = testLoggerTo(t, &logs)
 	})
 	f := newFlood(t, h.addr)
+	floodStart := time.Now()
 	// 50 stalled handshakes from one address, then 300 from 100 addresses.
 	for i := 0; i < 50; i++ {
 		f.hold("127.0.0.1")
@@ -173,10 +174,13 @@ func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 		t.Fatalf("Nodes() = %+v, want node-legit", n)
 	}
 	t.Logf("agent registered %v after it dialed, during a flood of %d connections", took, f.dials.Load())
-	// It got in while the flood still waits: most stalled connections are
-	// still open, and the redialers are still being served.
-	if open := f.open(); open < 200 {
-		t.Errorf("%d of 350 stalled connections still open after the agent registered; want most (it must not wait for them to expire)", open)
+	// It got in while the flood still waits: none of the stalled
+	// connections expired (HandshakeTimeout), and the only handshake of a
+	// source is never cut to make room, so each of the 101 stalled sources
+	// still holds at least one. (How many more the fast redialers' places
+	// cut depends on timing.)
+	if open := f.open(); open < 101 {
+		t.Errorf("%d of 350 stalled connections still open after the agent registered; want at least one for each of the 101 sources", open)
 	}
 	if got := h.metric("tether_coordinator_auth_failures_total", "reason", "source_limit"); got < 1 {
 		t.Errorf("auth_failures{source_limit} = %v, want the refusals of 127.0.0.1 past its share counted", got)
@@ -194,11 +198,15 @@ func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 		t.Errorf("auth_failures{timeout} = %v, want the %d silent connections counted", got, len(silent))
 	}
 
-	// The log stays small: the refusals are counted, not each logged.
+	// The log stays small: the refusals are counted, not each logged. Each
+	// of the few messages the flood causes passes 3 times, then once per
+	// 10 s; the agent's own lines come on top.
 	f.end()
 	lines := strings.Count(logs.String(), "\n")
-	t.Logf("%d log lines for %d connections", lines, f.dials.Load())
-	if lines > 40 {
-		t.Errorf("%d log lines for a flood of %d connections (%d before the agent dialed), want at most 40 (rate-limited)", lines, f.dials.Load(), logsBefore)
+	const floodMessages, agentLines = 6, 10
+	bound := agentLines + floodMessages*(3+1+int(time.Since(floodStart)/(10*time.Second)))
+	t.Logf("%d log lines for %d connections (bound %d)", lines, f.dials.Load(), bound)
+	if lines > bound {
+		t.Errorf("%d log lines for a flood of %d connections (%d before the agent dialed), want at most %d (rate-limited)", lines, f.dials.Load(), logsBefore, bound)
 	}
 }

@@ -262,10 +262,11 @@ func TestHeartbeatTimeout(t *testing.T) {
 	// Silence is judged on the whole session over 3 intervals: an agent
 	// that only pings (no heartbeats) is kept, one that sends nothing at
 	// all is dropped, and the log says why.
+	// The window (3 s) leaves the pinging agent (every 200ms) a wide
+	// margin on a loaded machine.
 	var logs logBuffer
 	h := newHarness(t, func(c *coordinator.Config) {
-		c.HeartbeatInterval = 100 * time.Millisecond
-		c.Tunnel.WriteTimeout = 200 * time.Millisecond
+		c.HeartbeatInterval = time.Second
 		c.Logger = testLoggerTo(t, &logs)
 	})
 	start := time.Now()
@@ -273,8 +274,8 @@ func TestHeartbeatTimeout(t *testing.T) {
 	pinging := h.dialAgent(t, agentOpts{id: "pinging"})
 	silent := h.dialAgent(t, agentOpts{id: "silent", silent: true})
 	silent.waitClosed()
-	if d := time.Since(start); d < 300*time.Millisecond {
-		t.Errorf("silent agent dropped after %v, before its 300ms window", d)
+	if d := time.Since(start); d < 3*time.Second {
+		t.Errorf("silent agent dropped after %v, before its 3s window", d)
 	}
 	checkFor(t, defaultTestTimeout, func() error {
 		nodes := h.c.Nodes(protocol.Selector{})
@@ -285,7 +286,7 @@ func TestHeartbeatTimeout(t *testing.T) {
 		if n.RTTMicros != 1234 || !n.LastHeartbeat.After(n.ConnectedAt) {
 			return errors.New("no heartbeat recorded yet")
 		}
-		if !strings.Contains(logs.String(), "nothing received from the peer for 300ms") {
+		if !strings.Contains(logs.String(), "nothing received from the peer for 3s") {
 			return errors.New("the drop is not logged with its cause yet")
 		}
 		return nil
