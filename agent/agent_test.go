@@ -399,12 +399,12 @@ func TestNewFillsDefaults(t *testing.T) {
 	c := a.cfg
 	host, _ := os.Hostname()
 	if c.NodeID != host || c.OutputLimit != 64<<20 || c.KillGrace != 2*time.Second || c.PipeWait != 0 || c.JobRetention != 24*time.Hour ||
-		c.Tunnel.KeepAliveInterval != 10*time.Second || c.Tunnel.WriteTimeout != 10*time.Second ||
+		c.Tunnel.KeepAliveInterval != 5*time.Second || c.Tunnel.WriteTimeout != 10*time.Second ||
 		c.Logger == nil || c.Registerer == nil || !filepath.IsAbs(c.DataDir) {
 		t.Errorf("defaults not filled: %+v", c)
 	}
-	if d := c.Tunnel.KeepAliveInterval + c.Tunnel.WriteTimeout; d >= 30*time.Second {
-		t.Errorf("dead peer detection bound %v, want < 30s", d)
+	if d := c.Tunnel.DeadPeerBound(); d <= 0 || d > 15*time.Second {
+		t.Errorf("dead peer detection bound %v, want at most 15s", d)
 	}
 }
 

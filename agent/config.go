@@ -54,8 +54,11 @@ type Config struct {
 	// created (0700) if missing. Empty means DefaultDataDir().
 	DataDir string
 	// Tunnel tunes the yamux session. The zero value means
-	// tunnel.DefaultConfig(): keepalive every 10 s with a 10 s write
-	// timeout, so a dead coordinator is noticed within 20 s.
+	// tunnel.DefaultConfig(): a ping 5 s after the last answer, 10 s to
+	// answer it, so a dead or frozen coordinator is noticed within 15 s
+	// (Tunnel.DeadPeerBound). A heartbeat that cannot be written within
+	// WriteTimeout (the coordinator stopped reading and the buffers filled)
+	// closes the session too, within the same bound.
 	Tunnel tunnel.Config
 	// Backoff paces redials after a failed dial, a rejected hello or a lost
 	// session. The zero value means tunnel's defaults (500 ms base, 30 s cap,

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -52,7 +53,15 @@ func truncateAgentString(s string) string {
 // agentConn is one accepted agent connection, from TCP accept to close. The
 // drain closes every agentConn to end its goroutine.
 type agentConn struct {
-	conn net.Conn
+	conn   net.Conn
+	source netip.Prefix // what its handshake counts against (sourceOf)
+	// admitted is set while the connection holds a handshake place;
+	// guarded by admission.mu.
+	admitted bool
+	// evicted is set when its handshake was cut to make room for another
+	// source's; the cut is already counted, its failure is not.
+	evicted atomic.Bool
+
 	mu   sync.Mutex
 	sess *tunnel.Session // set once the tunnel session exists
 }
@@ -95,25 +104,34 @@ type node struct {
 }
 
 // startConn starts the goroutine that owns conn, unless the drain began or
-// MaxHandshakes handshakes are already in progress (then conn is closed
-// unread and counted as an auth failure, reason overload).
+// admission refuses it (too many handshakes in progress from its source,
+// or in all: then conn is closed unread and counted as an auth failure,
+// reason source_limit or overload). Admitting it may cut another source's
+// handshake (admission.enter), which is counted as overload.
 func (c *Coordinator) startConn(conn net.Conn) {
-	select {
-	case c.handshakes <- struct{}{}:
-	default:
-		c.m.authFailures.WithLabelValues(reasonOverload).Inc()
-		c.log.Warn("agent connection refused: too many handshakes in progress",
-			"remote_addr", conn.RemoteAddr().String(), "max_handshakes", c.cfg.MaxHandshakes)
+	ac := &agentConn{conn: conn, source: sourceOf(conn.RemoteAddr())}
+	victim, refused := c.admit.enter(ac)
+	if refused != "" {
+		c.m.authFailures.WithLabelValues(refused).Inc()
+		c.preauth.Warn("agent connection refused before its handshake (each one counted in tether_coordinator_auth_failures_total)",
+			"reason", refused, "remote_addr", conn.RemoteAddr().String(), "source", ac.source.String(),
+			"max_handshakes", c.cfg.MaxHandshakes, "max_handshakes_per_source", c.cfg.MaxHandshakesPerSource)
 		conn.Close()
 		return
 	}
-	// The handshake slot is released when the handshake ends, whatever
+	if victim != nil {
+		c.m.authFailures.WithLabelValues(reasonOverload).Inc()
+		c.preauth.Warn("agent handshake cut to make room for another source's (each one counted in tether_coordinator_auth_failures_total)",
+			"reason", reasonOverload, "remote_addr", victim.conn.RemoteAddr().String(), "source", victim.source.String(),
+			"for_remote_addr", conn.RemoteAddr().String(), "max_handshakes", c.cfg.MaxHandshakes)
+		victim.close()
+	}
+	// The handshake place is released when the handshake ends, whatever
 	// its outcome (serveConn), or here if no goroutine starts.
-	ac := &agentConn{conn: conn}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
-		<-c.handshakes
+		c.admit.leave(ac)
 		conn.Close()
 		return
 	}
@@ -170,18 +188,43 @@ func refuse(reason, code string, err error) *handshakeError {
 // caller runs; otherwise it returns nil and the connection is closed. It
 // releases the connection's handshake slot (startConn) when it returns.
 func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()) {
-	defer func() { <-c.handshakes }()
+	defer c.admit.leave(ac)
 	remote := ac.conn.RemoteAddr().String()
-	log := c.log.With("remote_addr", remote)
-	deadline := time.Now().Add(c.cfg.HandshakeTimeout)
+	// Until the Hello proved the join token, every line goes to the
+	// rate-limited log.
+	log := c.preauth.With("remote_addr", remote)
+	start := time.Now()
+	deadline := start.Add(c.cfg.HandshakeTimeout)
+	// failed reports whether a failure of this connection should be
+	// counted and logged: not when the drain or the admission cut it.
+	failed := func() bool { return ctx.Err() == nil && !ac.evicted.Load() }
 
 	if tc, ok := ac.conn.(*tls.Conn); ok {
-		hctx, cancel := context.WithDeadline(ctx, deadline)
-		err := tc.HandshakeContext(hctx)
-		cancel()
-		if errors.Is(err, io.EOF) {
+		// A silent connection is closed after FirstByteTimeout, well
+		// before the handshake's budget: an agent's ClientHello comes at
+		// once.
+		err := waitFirstByte(tc.NetConn(), start.Add(min(c.cfg.FirstByteTimeout, c.cfg.HandshakeTimeout)))
+		if errors.Is(err, errNoFirstByte) {
 			// Closed before sending a byte: a load balancer's or port
 			// scanner's health check, not a failed agent.
+			log.Debug("connection closed before the TLS handshake began")
+			ac.conn.Close()
+			return nil
+		}
+		if err != nil {
+			if failed() {
+				c.m.authFailures.WithLabelValues(reasonTimeout).Inc()
+				log.Debug("connection sent nothing; closed", "first_byte_timeout", c.cfg.FirstByteTimeout, "err", err)
+			}
+			ac.conn.Close()
+			return nil
+		}
+		hctx, cancel := context.WithDeadline(ctx, deadline)
+		err = tc.HandshakeContext(hctx)
+		cancel()
+		if errors.Is(err, io.EOF) {
+			// Closed before a whole ClientHello (peers whose first byte
+			// cannot be peeked at land here too).
 			log.Debug("connection closed before the TLS handshake began")
 			ac.conn.Close()
 			return nil
@@ -191,14 +234,12 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 			if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
 				reason = reasonTimeout
 			}
-			if ctx.Err() == nil {
+			if failed() {
 				c.m.authFailures.WithLabelValues(reason).Inc()
-				// Usually an agent that does not trust our certificate (wrong
-				// --ca-file): worth a warning, but at most one every few
-				// seconds, since a misconfigured fleet retries in a loop.
-				c.tlsWarn.Do(func() {
-					log.Warn("agent TLS handshake failed (further failures counted in tether_coordinator_auth_failures_total, logged at most every 10s)", "reason", reason, "err", err)
-				})
+				// Usually an agent that does not trust our certificate
+				// (wrong --ca-file): worth a warning, rate-limited, since a
+				// misconfigured fleet retries in a loop.
+				log.Warn("agent TLS handshake failed (each one counted in tether_coordinator_auth_failures_total)", "reason", reason, "err", err)
 			}
 			ac.conn.Close()
 			return nil
@@ -209,6 +250,10 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 	if err != nil {
 		log.Warn("start tunnel session", "err", err)
 		return nil // tunnel.Server closed the conn
+	}
+	if ac.evicted.Load() {
+		sess.Close() // cut while its TLS handshake finished
+		return nil
 	}
 	ac.setSession(sess)
 	// Until the agent is registered and welcomed, every return closes the
@@ -222,8 +267,8 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 
 	ctrl, hello, herr := c.handshake(ctx, sess, deadline)
 	if herr != nil {
-		if ctx.Err() != nil {
-			return nil // shutting down: not the agent's fault
+		if !failed() {
+			return nil // shutting down or cut: not the agent's fault, or counted
 		}
 		c.m.authFailures.WithLabelValues(herr.reason).Inc()
 		attrs := []any{"reason", herr.reason, "err", herr.err}
@@ -261,7 +306,8 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		connectedAt: time.Now().UTC(),
 	}
 	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
-	log = log.With("node_id", n.id, "session_id", n.sessionID)
+	// The join token is proven: from here on lines are not rate-limited.
+	log = c.log.With("remote_addr", remote, "node_id", n.id, "session_id", n.sessionID)
 
 	if refusal := c.register(n, log); refusal != nil {
 		if refusal.Code == protocol.CodeDuplicate {
@@ -307,6 +353,8 @@ func (c *Coordinator) readUntilGone(ctx context.Context, sess *tunnel.Session, c
 	switch {
 	case ctx.Err() != nil:
 		log.Debug("agent session closed by shutdown")
+	case errors.Is(err, tunnel.ErrPeerSilent):
+		log.Warn("agent session dropped: the agent went silent", "err", err)
 	case errors.Is(err, io.EOF) || sess.IsClosed():
 		log.Info("agent disconnected", "err", err)
 	default:
@@ -435,19 +483,19 @@ func (c *Coordinator) deregister(n *node) {
 	c.mu.Unlock()
 }
 
-// readHeartbeats reads the control stream until it fails or stays silent for
-// three heartbeat intervals plus the tunnel's write timeout (the time a
-// heartbeat may legitimately spend waiting to be written on a busy tunnel).
+// readHeartbeats reads the control stream until it fails. It sets no
+// deadline: the session's IdleTimeout (three heartbeat intervals) closes a
+// session from which nothing arrives, and so ends this read. Judging the
+// whole session rather than this stream keeps a busy agent whose heartbeat
+// waits behind a large frame from being taken for a dead one.
 func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 	fr := protocol.NewFrameReader(ctrl)
 	fr.Max = maxHeartbeatSize
-	window := 3*c.cfg.HeartbeatInterval + c.cfg.Tunnel.WriteTimeout
 	for {
-		ctrl.SetReadDeadline(time.Now().Add(window))
 		f, err := fr.Next()
 		if err != nil {
-			if isTimeout(err) {
-				return fmt.Errorf("node %s: no heartbeat for %v: %w", n.id, window, err)
+			if serr := n.sess.Err(); errors.Is(serr, tunnel.ErrPeerSilent) {
+				err = serr // says more than the closed stream
 			}
 			return fmt.Errorf("node %s: read control stream: %w", n.id, err)
 		}

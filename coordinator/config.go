@@ -35,16 +35,34 @@ type Config struct {
 	// there, and kept verbatim in the service metadata).
 	Version string
 	// HeartbeatInterval is how often agents are told to send heartbeats. A
-	// session that sends nothing for three intervals is dropped. Default 5 s.
+	// session from which nothing at all arrives (no heartbeat, ping or
+	// stream data) for three intervals is dropped: with the default, a dead
+	// or frozen agent is found within 15 s. Default 5 s.
 	HeartbeatInterval time.Duration
-	// HandshakeTimeout bounds an agent's TLS handshake plus its Hello.
-	// Default 10 s.
+	// HandshakeTimeout bounds an agent's TLS handshake plus its Hello, from
+	// the connection's accept. Default 5 s.
 	HandshakeTimeout time.Duration
+	// FirstByteTimeout bounds the wait, from accept, for a connection's
+	// first byte (the TLS ClientHello, which an agent sends at once); a
+	// connection silent for that long is closed and counted with reason
+	// "timeout". It applies to TCP connections (it peeks at the socket) and
+	// is capped by HandshakeTimeout. Default 2 s.
+	FirstByteTimeout time.Duration
 	// MaxHandshakes bounds the agent connections in their handshake (TLS
-	// and Hello) at once. A connection past it is closed at once and
-	// counted as an auth failure with reason "overload". It bounds what
-	// unauthenticated peers can make the coordinator hold. Default 256.
+	// and Hello) at once. When all are taken, a newcomer from a source with
+	// at least two handshakes fewer than the busiest source takes the place
+	// of that source's oldest handshake (which is cut); any other newcomer
+	// is closed unread. Both count as reason "overload". With
+	// MaxHandshakesPerSource it bounds what unauthenticated peers can make
+	// the coordinator hold, without letting a flood from a few sources keep
+	// agents from other sources out. Default 256.
 	MaxHandshakes int
+	// MaxHandshakesPerSource bounds the handshakes in progress from one
+	// source: one IPv4 address, or one IPv6 /64. A connection past it is
+	// closed unread and counted with reason "source_limit"; the agent
+	// retries with backoff. Raise it when many agents reach the coordinator
+	// through one NAT address and restart together. Default 8.
+	MaxHandshakesPerSource int
 	// MaxJobs bounds the exec jobs in flight; an exec request past it gets
 	// 503 unavailable. Default 1024.
 	MaxJobs int
@@ -69,9 +87,10 @@ type Config struct {
 	// Default 5 s.
 	CancelGrace time.Duration
 	// Tunnel tunes the agent sessions. Default: tunnel.DefaultConfig() with
-	// KeepAliveInterval 0 — agents ping, and the coordinator watches their
-	// heartbeats instead, which saves a goroutine per agent. A zero Tunnel is
-	// replaced by that default. AcceptBacklog is always set to 1: the
+	// KeepAliveInterval 0 — agents ping, and the coordinator watches for
+	// their silence instead (IdleTimeout), which saves a goroutine per
+	// agent. A zero Tunnel is replaced by that default; a zero IdleTimeout
+	// by three HeartbeatIntervals. AcceptBacklog is always set to 1: the
 	// coordinator accepts only the control stream, and yamux resets any
 	// stream an agent opens past the backlog instead of buffering up to a
 	// receive window (256 KiB) for each.
@@ -94,13 +113,15 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultHandshakeTimeout  = 10 * time.Second
-	DefaultMaxHandshakes     = 256
-	DefaultMaxJobs           = 1024
-	DefaultMaxParallel       = 64
-	DefaultDrainTimeout      = 10 * time.Second
-	DefaultCancelGrace       = 5 * time.Second
+	DefaultHeartbeatInterval      = 5 * time.Second
+	DefaultHandshakeTimeout       = 5 * time.Second
+	DefaultFirstByteTimeout       = 2 * time.Second
+	DefaultMaxHandshakes          = 256
+	DefaultMaxHandshakesPerSource = 8
+	DefaultMaxJobs                = 1024
+	DefaultMaxParallel            = 64
+	DefaultDrainTimeout           = 10 * time.Second
+	DefaultCancelGrace            = 5 * time.Second
 )
 
 // DefaultConfig returns a Config with every default filled in. Token and NATS
@@ -111,16 +132,18 @@ func DefaultConfig() Config {
 		id = "coordinator"
 	}
 	return Config{
-		ID:                id,
-		HeartbeatInterval: DefaultHeartbeatInterval,
-		HandshakeTimeout:  DefaultHandshakeTimeout,
-		MaxHandshakes:     DefaultMaxHandshakes,
-		MaxJobs:           DefaultMaxJobs,
-		MaxParallel:       DefaultMaxParallel,
-		DrainTimeout:      DefaultDrainTimeout,
-		CancelGrace:       DefaultCancelGrace,
-		KeepAliveInterval: protocol.DefaultKeepAliveInterval,
-		Tunnel:            defaultTunnel(),
+		ID:                     id,
+		HeartbeatInterval:      DefaultHeartbeatInterval,
+		HandshakeTimeout:       DefaultHandshakeTimeout,
+		FirstByteTimeout:       DefaultFirstByteTimeout,
+		MaxHandshakes:          DefaultMaxHandshakes,
+		MaxHandshakesPerSource: DefaultMaxHandshakesPerSource,
+		MaxJobs:                DefaultMaxJobs,
+		MaxParallel:            DefaultMaxParallel,
+		DrainTimeout:           DefaultDrainTimeout,
+		CancelGrace:            DefaultCancelGrace,
+		KeepAliveInterval:      protocol.DefaultKeepAliveInterval,
+		Tunnel:                 defaultTunnel(),
 	}
 }
 
@@ -146,8 +169,14 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
 	}
+	if c.FirstByteTimeout == 0 {
+		c.FirstByteTimeout = d.FirstByteTimeout
+	}
 	if c.MaxHandshakes == 0 {
 		c.MaxHandshakes = d.MaxHandshakes
+	}
+	if c.MaxHandshakesPerSource == 0 {
+		c.MaxHandshakesPerSource = d.MaxHandshakesPerSource
 	}
 	if c.MaxJobs == 0 {
 		c.MaxJobs = d.MaxJobs
@@ -166,6 +195,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Tunnel == (tunnel.Config{}) {
 		c.Tunnel = d.Tunnel
+	}
+	if c.Tunnel.IdleTimeout == 0 {
+		c.Tunnel.IdleTimeout = 3 * c.HeartbeatInterval
 	}
 	c.Tunnel.AcceptBacklog = 1
 	return c
@@ -187,6 +219,7 @@ func (c *Config) Validate() error {
 	}{
 		{"HeartbeatInterval", c.HeartbeatInterval},
 		{"HandshakeTimeout", c.HandshakeTimeout},
+		{"FirstByteTimeout", c.FirstByteTimeout},
 		{"DefaultTimeout", c.DefaultTimeout},
 		{"DrainTimeout", c.DrainTimeout},
 		{"CancelGrace", c.CancelGrace},
@@ -204,6 +237,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxHandshakes < 0 {
 		errs = append(errs, fmt.Errorf("coordinator config: MaxHandshakes %d is negative", c.MaxHandshakes))
+	}
+	if c.MaxHandshakesPerSource < 0 {
+		errs = append(errs, fmt.Errorf("coordinator config: MaxHandshakesPerSource %d is negative", c.MaxHandshakesPerSource))
 	}
 	if c.MaxJobs < 0 {
 		errs = append(errs, fmt.Errorf("coordinator config: MaxJobs %d is negative", c.MaxJobs))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/time/rate"
 	"log/slog"
 	"maps"
 	"net"
@@ -28,9 +27,11 @@ import (
 // and serves the NATS API that runs jobs on them. Create it with New and run
 // it with Serve. Its methods are safe for concurrent use.
 type Coordinator struct {
-	tlsWarn rate.Sometimes // rate-limits TLS handshake failure warnings
-	cfg     Config
-	log     *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// preauth is log, rate-limited per message: every line a peer can cause
+	// before it proved the join token goes there (lograte.go).
+	preauth *slog.Logger
 	m       *metrics
 	reg     prometheus.Registerer
 	guard   *panics.Guard // contains per-caller panics (panic.go)
@@ -38,8 +39,9 @@ type Coordinator struct {
 	// points in the goroutine that reaches them (Coordinator.hook).
 	testHook atomic.Pointer[func(point string)]
 
-	serving    atomic.Bool   // Serve is running and not yet draining
-	handshakes chan struct{} // one token per agent connection in its handshake (MaxHandshakes)
+	serving atomic.Bool // Serve is running and not yet draining
+	// admit bounds the agent connections in their handshake (admission.go).
+	admit *admission
 
 	// mu guards the fields below. It is never held while doing I/O.
 	mu      sync.Mutex
@@ -72,12 +74,19 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	if err := cfg.Tunnel.Validate(); err != nil {
+		return nil, fmt.Errorf("coordinator config: Tunnel: %w", err)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = log.With("component", "coordinator", "coordinator_id", cfg.ID)
+	preauth := slog.New(newRateLimitedHandler(log.Handler(), preauthLogInterval, preauthLogBurst))
 	if cfg.Tunnel.Logger == nil && cfg.Logger != nil {
-		cfg.Tunnel.Logger = cfg.Logger // yamux's messages, at debug level
+		// yamux's messages, at debug level (the bridge adds its own
+		// component); a session's peer may not have authenticated yet.
+		cfg.Tunnel.Logger = slog.New(newRateLimitedHandler(cfg.Logger.Handler(), preauthLogInterval, preauthLogBurst))
 	}
 	reg := cfg.Registerer
 	if reg == nil {
@@ -88,9 +97,9 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	return &Coordinator{
-		tlsWarn: rate.Sometimes{Interval: 10 * time.Second},
 		cfg:     cfg,
-		log:     log.With("component", "coordinator", "coordinator_id", cfg.ID),
+		log:     log,
+		preauth: preauth,
 		m:       m,
 		reg:     reg,
 		guard:   panics.New(reg, log.With("component", "coordinator", "coordinator_id", cfg.ID), "coordinator"),
@@ -98,9 +107,9 @@ func New(cfg Config) (*Coordinator, error) {
 		nodes:   map[string]*node{},
 		jobs:    map[string]*job{},
 
-		handshakes: make(chan struct{}, cfg.MaxHandshakes),
-		nodeUps:    make(chan string, 1024),
-		syncs:      make(chan chan []protocol.SyncProblem),
+		admit:   newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		nodeUps: make(chan string, 1024),
+		syncs:   make(chan chan []protocol.SyncProblem),
 	}, nil
 }
 
@@ -248,7 +257,7 @@ func (c *Coordinator) acceptLoop(ctx context.Context, ln net.Listener) error {
 			// Out of file descriptors and the like: back off and retry,
 			// as net/http does.
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			c.log.Warn("accept agent connection", "err", err, "retry_in", delay)
+			c.preauth.Warn("accept agent connection", "err", err, "retry_in", delay)
 			t := time.NewTimer(delay)
 			select {
 			case <-ctx.Done():

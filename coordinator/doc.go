@@ -11,19 +11,33 @@
 //
 // # Agent sessions
 //
-// Agents dial out to the coordinator. At most MaxHandshakes connections are
-// in their handshake at once; more are closed unread (auth failure reason
-// "overload"), which bounds what unauthenticated peers can make the
-// coordinator hold. Per connection, one goroutine does the TLS handshake (a
-// connection closed before its first byte is a health check, logged at debug
-// and not counted), starts the yamux session (tunnel.Server), accepts the
-// control stream, checks the Hello (join token in constant time, protocol
+// Agents dial out to the coordinator. Before a connection has proven the
+// join token it is held to little (admission.go): at most MaxHandshakes
+// connections are in their handshake at once, at most
+// MaxHandshakesPerSource of them from one source (an IPv4 address or an
+// IPv6 /64; past it: closed unread, reason "source_limit"). When all places
+// are taken, a newcomer from a source with at least two handshakes fewer
+// than the busiest one takes the place of that source's oldest handshake
+// (cut), else it is closed unread (both reason "overload"); so a flood from
+// a few sources cannot keep agents from other sources out. A connection
+// that sends nothing for FirstByteTimeout (2 s) is closed, and TLS plus
+// Hello must be done within HandshakeTimeout (5 s). Every line such a peer
+// can cause goes through a log rate-limited per message (lograte.go: three,
+// then one per 10 s, with the count of lines dropped); each refusal is
+// counted in tether_coordinator_auth_failures_total.
+//
+// Per connection, one goroutine waits for the first byte and does the TLS
+// handshake (a connection closed before its first byte is a health check,
+// logged at debug and not counted), starts the yamux session
+// (tunnel.Server), accepts the control stream, checks the Hello (join token in constant time, protocol
 // version, node id and labels; free-form fields cut to 1 KiB), registers the
 // node (a newer session of the same node id replaces and closes the older
-// one), sends the Welcome, and then reads heartbeats on the control stream
-// with a read deadline of three heartbeat intervals plus the tunnel's write
-// timeout. Silence or an error drops the session. No goroutine accepts
-// further streams from agents: the coordinator opens the streams it needs
+// one), sends the Welcome, and then reads heartbeats on the control stream.
+// The session itself watches for silence (tunnel.Config.IdleTimeout, three
+// heartbeat intervals, a timer and no goroutine): an agent from which
+// nothing at all arrives for that long, a frozen one included, is dropped,
+// as is one whose control stream fails. No goroutine accepts further
+// streams from agents: the coordinator opens the streams it needs
 // (exec), which keeps an idle agent's cost to one goroutine plus yamux's two.
 // The session's accept backlog is one, so yamux resets any further stream an
 // agent opens instead of buffering it.
@@ -94,7 +108,8 @@
 // shutdown state;
 // it is never held during I/O. job.pubMu serialises a job's publishes. The
 // two are never held together. agentConn.mu is a leaf lock around one
-// pointer. Heartbeat data lives in atomics.
+// pointer; admission.mu and the log limiter's mutex are leaf locks too.
+// Heartbeat data lives in atomics.
 //
 // # Imports
 //

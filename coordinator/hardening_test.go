@@ -86,6 +86,8 @@ func TestHandshakeLimitAndHealthChecks(t *testing.T) {
 	var logs logBuffer
 	h := newHarness(t, func(c *coordinator.Config) {
 		c.MaxHandshakes = 1
+		c.FirstByteTimeout = time.Minute // hold keeps its slot however slow the test
+		c.HandshakeTimeout = time.Minute
 		c.Logger = testLoggerTo(t, &logs)
 	})
 	// Holds the only handshake slot: TCP without TLS.
@@ -394,8 +396,8 @@ func TestMetricsReasonsPreinitialised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 8 {
-		t.Errorf("%d auth failure reasons, want 8 (with overload and duplicate)", n)
+	if n != 9 {
+		t.Errorf("%d auth failure reasons, want 9 (with overload, duplicate and source_limit)", n)
 	}
 }
 

@@ -326,9 +326,11 @@ type agentOpts struct {
 	noHello      bool              // open the control stream but never send a Hello
 	firstKind    protocol.Kind     // kind of the first stream; default control
 	heartbeat    bool              // send heartbeats
+	silent       bool              // send no yamux pings (a fake agent pings every 200ms by default)
 	reconnects   int               // Hello.Reconnects
 	instance     string            // Hello.Instance; default "instance-<id>"
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
+	localIP      string            // source address to dial from; default any
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
 	gauge   *concurrency // shared concurrency tracking for the "slow" command
@@ -373,12 +375,17 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 
 	dctx, dcancel := context.WithTimeout(ctx, defaultTestTimeout)
 	defer dcancel()
-	conn, err := tunnel.DialTLS(dctx, h.addr, h.clientTLS)
+	conn, err := h.dialTLS(dctx, o.localIP)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tcfg := tunnel.DefaultConfig()
-	tcfg.KeepAliveInterval = 0
+	// Pings keep a session that sends no heartbeats alive, as they keep a
+	// real agent's (the coordinator drops sessions it hears nothing from).
+	tcfg.KeepAliveInterval = 200 * time.Millisecond
+	if o.silent {
+		tcfg.KeepAliveInterval = 0
+	}
 	a.sess, err = tunnel.Client(conn, tcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -444,10 +451,33 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 	return a
 }
 
+// dialTLS dials the coordinator over TLS from localIP (any when empty).
+func (h *harness) dialTLS(ctx context.Context, localIP string) (net.Conn, error) {
+	if localIP == "" {
+		return tunnel.DialTLS(ctx, h.addr, h.clientTLS)
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
+	raw, err := d.DialContext(ctx, "tcp", h.addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := h.clientTLS.Clone()
+	cfg.ServerName = "127.0.0.1"
+	tc := tls.Client(raw, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("TLS handshake from %s: %w", localIP, err)
+	}
+	return tc, nil
+}
+
 // close ends the agent and waits for its goroutines.
 func (a *fakeAgent) close() {
 	a.once.Do(func() {
 		a.cancel()
+		if a.sess == nil {
+			return // the dial failed
+		}
 		a.sess.Close()
 		a.wg.Wait()
 	})

@@ -17,8 +17,11 @@ const (
 	reasonBadHello  = "bad_hello" // the Hello failed validation
 	reasonTimeout   = "timeout"   // TLS handshake or Hello not done in time
 	reasonProtocol  = "protocol"  // anything else: TLS failure, wrong first stream or frame
-	reasonOverload  = "overload"  // MaxHandshakes handshakes were in progress: closed unread
+	reasonOverload  = "overload"  // MaxHandshakes handshakes were in progress: closed unread, or cut to make room for another source
 	reasonDuplicate = "duplicate" // another live agent instance holds the node id
+	// reasonSourceLimit: MaxHandshakesPerSource handshakes from the same
+	// source (IPv4 address or IPv6 /64) were in progress: closed unread.
+	reasonSourceLimit = "source_limit"
 )
 
 // Outcomes of tether_coordinator_exec_results_total, one per node run.
@@ -54,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_coordinator_auth_failures_total",
-			Help: "Agent handshakes refused, by reason.",
+			Help: "Agent connections refused or cut before they registered, by reason.",
 		}, []string{"reason"}),
 		streamsOpened: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_coordinator_streams_opened_total",
@@ -70,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Node exec results, by outcome.",
 		}, []string{"outcome"}),
 	}
-	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload, reasonDuplicate} {
+	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload, reasonDuplicate, reasonSourceLimit} {
 		m.authFailures.WithLabelValues(r)
 	}
 	for _, k := range protocol.Kinds() {

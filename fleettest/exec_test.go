@@ -97,8 +97,10 @@ func (c *faultyConn) Close() error {
 func TestFanOutFrozenNodeDoesNotBlockOthers(t *testing.T) {
 	var bad faultyDial
 	f := fleettest.Start(t, fleettest.Options{
-		Agents:            4,
-		HeartbeatInterval: 100 * time.Millisecond,
+		Agents: 4,
+		// The coordinator drops the frozen session after 3 intervals of
+		// silence (3 s), long after the others' 0.3 s script.
+		HeartbeatInterval: time.Second,
 		Coordinator:       func(c *coordinator.Config) { c.Tunnel.WriteTimeout = time.Second },
 		Agent: func(i int, c *agent.Config) {
 			if i == 1 {

@@ -77,8 +77,8 @@ type Welcome struct {
 	// CoordinatorID is the welcoming coordinator's id.
 	CoordinatorID string `json:"coordinator_id"`
 	// HeartbeatIntervalMS is how often the agent sends Heartbeat frames, in
-	// milliseconds. The coordinator drops a session that sends none for
-	// three intervals plus its tunnel write timeout.
+	// milliseconds. The coordinator drops a session from which nothing at
+	// all (heartbeat, ping, stream data) arrives for three intervals.
 	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms"`
 	// Limits are the coordinator's limits the agent must respect.
 	Limits Limits `json:"limits"`

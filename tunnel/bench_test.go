@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -39,8 +40,30 @@ func BenchmarkThroughput(b *testing.B) {
 		{"tunnel-tls-256KiB", 256 << 10, true},
 	} {
 		b.Run(v.name, func(b *testing.B) {
-			w, r := streamPair(b, v.window, v.coalesce)
+			w, r := streamPair(b, v.window, v.coalesce, 0)
 			benchCopy(b, w, r)
+		})
+	}
+}
+
+// BenchmarkIdleWatch measures what Config.IdleTimeout (the coordinator's
+// silence watch: a clock reading per buffered read) costs, against the same
+// sessions without it, in the same run:
+//
+//	go test -run '^$' -bench IdleWatch -count 5 ./tunnel
+func BenchmarkIdleWatch(b *testing.B) {
+	for _, idle := range []time.Duration{0, 15 * time.Second} {
+		name := "baseline=no-watch"
+		if idle > 0 {
+			name = "idle-watch"
+		}
+		b.Run("throughput/"+name, func(b *testing.B) {
+			w, r := streamPair(b, 16<<20, true, idle)
+			benchCopy(b, w, r)
+		})
+		b.Run("roundtrip/"+name, func(b *testing.B) {
+			w, r := streamPair(b, 16<<20, true, idle)
+			benchPingPong(b, w, r)
 		})
 	}
 }
@@ -60,19 +83,21 @@ func BenchmarkRoundTrip(b *testing.B) {
 			name += "-stock"
 		}
 		b.Run(name, func(b *testing.B) {
-			w, r := streamPair(b, 16<<20, coalesce)
+			w, r := streamPair(b, 16<<20, coalesce, 0)
 			benchPingPong(b, w, r)
 		})
 	}
 }
 
-// streamPair returns both ends of one tunnel stream over TLS.
-func streamPair(b *testing.B, window uint32, coalesce bool) (io.ReadWriteCloser, io.ReadWriteCloser) {
+// streamPair returns both ends of one tunnel stream over TLS; idle is both
+// sessions' IdleTimeout.
+func streamPair(b *testing.B, window uint32, coalesce bool, idle time.Duration) (io.ReadWriteCloser, io.ReadWriteCloser) {
 	b.Helper()
 	c, s := tlsPair(b)
 	cfg := DefaultConfig()
 	cfg.MaxStreamWindow = window
 	cfg.KeepAliveInterval = 0
+	cfg.IdleTimeout = idle
 	cs, err := newSession(c, cfg, true, coalesce)
 	if err != nil {
 		b.Fatal(err)
@@ -149,3 +174,27 @@ func benchPingPong(b *testing.B, a, z io.ReadWriter) {
 }
 
 var _ net.Conn = (*coalesceConn)(nil)
+
+// zeroConn is a net.Conn whose Read returns at once, to measure what a
+// wrapper adds per Read.
+type zeroConn struct{ net.Conn }
+
+func (zeroConn) Read(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkIdleConnRead measures the clock reading idleConn adds to each
+// Read (yamux reads through a 4 KiB buffer, so at most once per 4 KiB),
+// against the bare conn, in the same run.
+func BenchmarkIdleConnRead(b *testing.B) {
+	buf := make([]byte, 4<<10)
+	for _, v := range []struct {
+		name string
+		c    net.Conn
+	}{{"baseline=bare", zeroConn{}}, {"idle-watch", newIdleConn(zeroConn{})}} {
+		b.Run(v.name, func(b *testing.B) {
+			b.SetBytes(int64(len(buf)))
+			for b.Loop() {
+				v.c.Read(buf)
+			}
+		})
+	}
+}

@@ -9,8 +9,16 @@
 //
 // Goroutines: a Session runs yamux's receive and send loops, plus its
 // keepalive loop when Config.KeepAliveInterval is positive; Close stops them
-// all. OpenStream runs no goroutine of its own. Redialer.Run runs in the
-// caller's goroutine.
+// all. Config.IdleTimeout adds a timer, not a goroutine (idle.go): it
+// re-arms itself for the time left and closes a session whose peer sent
+// nothing for that long. OpenStream runs no goroutine of its own.
+// Redialer.Run runs in the caller's goroutine.
+//
+// Dead peers: a peer that stopped answering with its connection left open
+// (a frozen process: writes still succeed into its kernel buffers) is found
+// within Config.DeadPeerBound, 15 s with DefaultConfig (pings) and with the
+// coordinator's IdleTimeout of three 5 s heartbeat intervals. The tests run
+// these bounds on synctest's fake clock (tunneltest.Synctest).
 //
 // Frame coalescing: stock yamux writes a data frame as two Writes (the
 // 12-byte header, then the body). Over TLS each Write becomes its own record

@@ -16,21 +16,37 @@ import (
 
 // Config tunes a Session. The zero value is not valid; start from
 // DefaultConfig.
+//
+// A session finds a dead peer (one that stopped answering with its
+// connection left open: a frozen process, a host that lost power behind a
+// NAT) by two means, either or both: its own pings (KeepAliveInterval,
+// answered within WriteTimeout) and the silence of the peer (IdleTimeout).
+// DeadPeerBound reports the resulting bound.
 type Config struct {
 	// MaxStreamWindow is each stream's receive window, in bytes. Larger
 	// windows keep a single bulk stream from stalling on round trips; memory
 	// is only used while data is buffered. Default 16 MiB (yamux's own default
 	// of 256 KiB halves single-stream throughput over TLS).
 	MaxStreamWindow uint32
-	// KeepAliveInterval is how often the session pings its peer; a ping
-	// unanswered within WriteTimeout closes the session, so a dead peer is
-	// found within KeepAliveInterval+WriteTimeout. Zero disables pings (the
-	// coordinator relies on agent heartbeats instead, saving a goroutine per
-	// agent). Default 10 s.
+	// KeepAliveInterval is how long the session waits after each answered
+	// ping before it pings its peer again; a ping not sent and answered
+	// within WriteTimeout closes the session, so a dead peer is found within
+	// KeepAliveInterval+WriteTimeout. Zero disables pings (the coordinator
+	// watches for silence instead, see IdleTimeout, saving a goroutine per
+	// agent). Default 5 s.
 	KeepAliveInterval time.Duration
 	// WriteTimeout bounds a frame's wait to be written, and a ping's wait for
 	// its answer. Default 10 s.
 	WriteTimeout time.Duration
+	// IdleTimeout, if positive, closes the session when nothing at all (no
+	// frame of any stream, no ping, no answer to one) has been read from the
+	// connection for that long; Err then reports ErrPeerSilent. It suits the
+	// side that does not ping, when its peer sends something more often
+	// (the agent's heartbeats and pings). With KeepAliveInterval set it must
+	// be at least twice that interval, so that the answers to our own pings
+	// keep a live session open. It costs a timer per session, no goroutine.
+	// Default 0 (off): agents rely on their pings.
+	IdleTimeout time.Duration
 	// AcceptBacklog bounds streams opened by the peer but not yet accepted.
 	// Default 256.
 	AcceptBacklog int
@@ -41,15 +57,32 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultConfig returns the configuration agents use.
+// DefaultConfig returns the configuration agents use: a dead coordinator is
+// found within 15 s (a ping 5 s after the last answer, 10 s to answer).
 func DefaultConfig() Config {
 	return Config{
 		MaxStreamWindow:   16 << 20,
-		KeepAliveInterval: 10 * time.Second,
+		KeepAliveInterval: 5 * time.Second,
 		WriteTimeout:      10 * time.Second,
 		AcceptBacklog:     256,
 		HeaderTimeout:     10 * time.Second,
 	}
+}
+
+// DeadPeerBound returns the longest a session with this configuration takes
+// to close itself once its peer stopped answering with the connection left
+// open: KeepAliveInterval+WriteTimeout with pings, IdleTimeout when set, the
+// smaller of the two with both. Zero means the session never finds a dead
+// peer by itself (its user must, e.g. by deadlines on its reads).
+func (c *Config) DeadPeerBound() time.Duration {
+	var d time.Duration
+	if c.KeepAliveInterval > 0 {
+		d = c.KeepAliveInterval + c.WriteTimeout
+	}
+	if c.IdleTimeout > 0 && (d == 0 || c.IdleTimeout < d) {
+		d = c.IdleTimeout
+	}
+	return d
 }
 
 // Validate reports every invalid field.
@@ -63,6 +96,13 @@ func (c *Config) Validate() error {
 	}
 	if c.WriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("tunnel config: WriteTimeout %v must be positive", c.WriteTimeout))
+	}
+	if c.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("tunnel config: IdleTimeout %v is negative", c.IdleTimeout))
+	}
+	if c.IdleTimeout > 0 && c.KeepAliveInterval > 0 && c.IdleTimeout < 2*c.KeepAliveInterval {
+		errs = append(errs, fmt.Errorf("tunnel config: IdleTimeout %v is below twice KeepAliveInterval %v: a live session would be closed between pings",
+			c.IdleTimeout, c.KeepAliveInterval))
 	}
 	if c.AcceptBacklog <= 0 {
 		errs = append(errs, fmt.Errorf("tunnel config: AcceptBacklog %d must be positive", c.AcceptBacklog))
@@ -108,8 +148,9 @@ func (y yamuxLogger) Println(v ...any) { y.Print(v...) }
 // Session is a multiplexed tunnel over one connection. It is safe for
 // concurrent use.
 type Session struct {
-	y   *yamux.Session
-	cfg Config
+	y    *yamux.Session
+	cfg  Config
+	idle *idleWatch // nil unless Config.IdleTimeout is set
 }
 
 // Client starts the dialing side's session over conn (the agent). The
@@ -128,8 +169,13 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		return nil, err
 	}
 	var cc net.Conn = conn
+	var ic *idleConn
+	if cfg.IdleTimeout > 0 {
+		ic = newIdleConn(cc)
+		cc = ic
+	}
 	if coalesce {
-		cc = &coalesceConn{Conn: conn}
+		cc = &coalesceConn{Conn: cc}
 	}
 	var (
 		y   *yamux.Session
@@ -144,7 +190,11 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		conn.Close()
 		return nil, fmt.Errorf("tunnel: start session with %s: %w", conn.RemoteAddr(), err)
 	}
-	return &Session{y: y, cfg: cfg}, nil
+	s := &Session{y: y, cfg: cfg}
+	if ic != nil {
+		s.idle = watchIdle(y, ic, cfg.IdleTimeout)
+	}
+	return s, nil
 }
 
 // Open opens a stream of kind k and writes its header with params. It gives
@@ -264,7 +314,29 @@ func (s *Session) Ping() (time.Duration, error) { return s.y.Ping() }
 func (s *Session) GoAway() error { return s.y.GoAway() }
 
 // Close closes the session, every stream on it and the connection.
-func (s *Session) Close() error { return s.y.Close() }
+func (s *Session) Close() error {
+	if s.idle != nil {
+		s.idle.stop()
+	}
+	return s.y.Close()
+}
+
+// Err reports why the session ended: nil while it is open; an error
+// wrapping ErrPeerSilent when it was closed because the peer sent nothing
+// for Config.IdleTimeout; net.ErrClosed for every other end (closed by
+// either side, a ping not answered in time, a connection error: yamux does
+// not tell them apart).
+func (s *Session) Err() error {
+	if !s.y.IsClosed() {
+		return nil
+	}
+	if s.idle != nil {
+		if err := s.idle.err(); err != nil {
+			return err
+		}
+	}
+	return net.ErrClosed
+}
 
 // Done is closed when the session has ended, for whatever reason.
 func (s *Session) Done() <-chan struct{} { return s.y.CloseChan() }

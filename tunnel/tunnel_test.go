@@ -263,12 +263,12 @@ func TestConfigValidate(t *testing.T) {
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	bad := Config{MaxStreamWindow: 1, KeepAliveInterval: -1}
+	bad := Config{MaxStreamWindow: 1, KeepAliveInterval: -1, IdleTimeout: -1}
 	err := bad.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}
-	for _, field := range []string{"MaxStreamWindow", "KeepAliveInterval", "WriteTimeout", "AcceptBacklog", "HeaderTimeout"} {
+	for _, field := range []string{"MaxStreamWindow", "KeepAliveInterval", "WriteTimeout", "IdleTimeout", "AcceptBacklog", "HeaderTimeout"} {
 		if !bytes.Contains([]byte(err.Error()), []byte(field)) {
 			t.Errorf("error does not name %s: %v", field, err)
 		}

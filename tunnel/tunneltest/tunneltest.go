@@ -1,5 +1,7 @@
 // Package tunneltest provides in-memory tunnel sessions for tests of packages
-// that run on top of a tunnel, the way grpc-go's bufconn serves gRPC tests.
+// that run on top of a tunnel, the way grpc-go's bufconn serves gRPC tests,
+// a connection whose peer can be frozen (FrozenConn), and Synctest, which
+// runs a test that uses yamux on testing/synctest's fake clock.
 // Only _test.go files import it.
 package tunneltest
 

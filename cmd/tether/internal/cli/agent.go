@@ -326,7 +326,7 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	if o.MetricsAddr == "" {
 		return a.Run(ctx)
 	}
-	stop, err := serveMetrics(o.MetricsAddr, reg, log)
+	_, stop, err := serveMetrics(o.MetricsAddr, reg, log)
 	if err != nil {
 		return err
 	}
@@ -334,20 +334,21 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	return a.Run(ctx)
 }
 
-// serveMetrics serves g's /metrics on addr until stop is called; stop waits
-// for the server goroutine.
-func serveMetrics(addr string, g prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+// serveMetrics serves g's /metrics on addr, with adminLimits, until stop
+// is called; stop waits for the server goroutine. bound is the listener's
+// address.
+func serveMetrics(addr string, g prometheus.Gatherer, log *slog.Logger) (bound net.Addr, stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics listener: %w", err)
+		return nil, nil, fmt.Errorf("metrics listener: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := newHTTPServer(mux, adminLimits)
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() { done <- srv.Serve(limitConns(ln, adminLimits.MaxConns)) }()
 	log.Info("serving metrics", "addr", ln.Addr().String())
-	return func() {
+	return ln.Addr(), func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if srv.Shutdown(ctx) != nil {

@@ -61,12 +61,17 @@ type coordinatorOptions struct {
 	TLSHosts []string
 	// ID names the coordinator. Default: the host name.
 	ID string
-	// Heartbeat is the agent heartbeat interval; a session silent for three
-	// intervals is dropped. Zero means the coordinator's default (5 s).
+	// Heartbeat is the agent heartbeat interval; a session from which
+	// nothing arrives for three intervals is dropped. Zero means the
+	// coordinator's default (5 s).
 	Heartbeat time.Duration
 	// ExecTimeout is the timeout of jobs whose request names none. Zero
 	// (default) means none.
 	ExecTimeout time.Duration
+	// MaxHandshakesPerSource bounds the agent handshakes in progress from
+	// one IPv4 address or IPv6 /64 (coordinator.Config). Zero means the
+	// coordinator's default (8).
+	MaxHandshakesPerSource int
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -125,6 +130,9 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	if o.ExecTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
+	}
+	if o.MaxHandshakesPerSource < 0 {
+		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative", o.MaxHandshakesPerSource))
 	}
 	if err := o.Sandbox.Validate(); err != nil {
 		errs = append(errs, err)
@@ -201,8 +209,10 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
 	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
-	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval (0: coordinator default, 5s)")
+	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
+	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
+		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
 	return cmd
@@ -268,6 +278,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: admin listener: %w", err)
 	}
+	cs.adminLn = limitConns(cs.adminLn, adminLimits.MaxConns)
 	adminLn := cs.adminLn
 	undo = append(undo, func() { adminLn.Close() })
 	sbxLn, err := o.Sandbox.bind()
@@ -361,6 +372,9 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		cfg.HeartbeatInterval = o.Heartbeat
 	}
 	cfg.DefaultTimeout = o.ExecTimeout
+	if o.MaxHandshakesPerSource > 0 {
+		cfg.MaxHandshakesPerSource = o.MaxHandshakesPerSource
+	}
 	cfg.Logger = log
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
@@ -375,7 +389,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	cs.tunnelLn = tls.NewListener(rawLn, tlsCfg)
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
-	cs.admin = &http.Server{Handler: cs.coord.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
 }
 
