@@ -393,16 +393,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, route opensandbo
 		return
 	}
 	s.sandboxes[sb.sb.ID] = sb
+	// Once listed, the sandbox is shared: list and get may turn it Running
+	// (viewLocked), so the answer is built from a copy taken under the lock.
+	v := sb.sb
 	s.mu.Unlock()
 
-	loc := opensandbox.SandboxPath(sb.sb.ID)
+	loc := opensandbox.SandboxPath(v.ID)
 	if route.V1 {
 		loc = opensandbox.VersionPrefix + loc
 	}
 	w.Header().Set("Location", "http://"+r.Host+loc)
 	writeJSON(w, http.StatusAccepted, opensandbox.CreateSandboxResponse{
-		ID: sb.sb.ID, Status: sb.sb.Status, Metadata: sb.sb.Metadata, Platform: sb.sb.Platform,
-		ExpiresAt: sb.sb.ExpiresAt, CreatedAt: sb.sb.CreatedAt, Entrypoint: sb.sb.Entrypoint,
+		ID: v.ID, Status: v.Status, Metadata: v.Metadata, Platform: v.Platform,
+		ExpiresAt: v.ExpiresAt, CreatedAt: v.CreatedAt, Entrypoint: v.Entrypoint,
 	})
 }
 
