@@ -32,6 +32,13 @@ var tetherBin = flag.String("tether-bin", "", "prebuilt tether binary (default: 
 
 const defaultTestTimeout = 60 * time.Second
 
+// heartbeat is the coordinators' --heartbeat in these tests. The
+// coordinator drops an agent after three intervals of silence; 2 s makes
+// that 6 s, short enough for the partition tests and long enough that an
+// agent starved of CPU on a loaded machine (a race build at load 30 can
+// stall a process for seconds) is not dropped mid-copy.
+const heartbeat = "2s"
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	// Every process here is built with -race, whose runtime sleeps 1 s
@@ -170,7 +177,7 @@ func startFleet(t *testing.T) *fleet {
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f.natsURL = "nats://" + natsAddr
 	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr,
-		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", "1s",
+		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)

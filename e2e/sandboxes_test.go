@@ -225,7 +225,7 @@ func startSandboxFleet(t *testing.T) *sandboxFleet {
 	// A fixed --id: a restarted coordinator takes the reaper lock its
 	// killed predecessor held at once, instead of waiting out its TTL.
 	f.coordArgs = []string{"coordinator", "--id", "e2e-chaos", "--data-dir", f.dataDir, "--listen", f.tunnelAddr,
-		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", "1s",
+		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", sf.openShellFacade, "--opensandbox-listen", sf.openSandboxFacade,
 		"--inventory-interval", "1s"}
 	f.coord = start(t, "coordinator", f.coordArgs...)
@@ -889,8 +889,8 @@ func TestChaosAgentPartitioned(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) }) // before its proc's cleanup stops it
-	// The coordinator drops a silent agent after three heartbeats (1 s)
-	// plus the tunnel's write timeout (10 s).
+	// The coordinator drops an agent once nothing arrived from it for
+	// three heartbeat intervals (3 × heartbeat).
 	checkFor(t, 30*time.Second, func() error {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
