@@ -331,6 +331,9 @@ type agentOpts struct {
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
+	// header, if set, sees the header of every stream the coordinator
+	// opens, before it is served.
+	header func(h protocol.Header)
 	gauge   *concurrency // shared concurrency tracking for the "slow" command
 }
 
@@ -491,6 +494,9 @@ func (a *fakeAgent) acceptLoop() {
 				return
 			}
 			continue
+		}
+		if a.o.header != nil {
+			a.o.header(h)
 		}
 		if h.Kind != protocol.KindExec {
 			st.Close()
