@@ -334,7 +334,7 @@ type agentOpts struct {
 	// header, if set, sees the header of every stream the coordinator
 	// opens, before it is served.
 	header func(h protocol.Header)
-	gauge   *concurrency // shared concurrency tracking for the "slow" command
+	gauge  *concurrency // shared concurrency tracking for the "slow" command
 }
 
 // fakeAgent speaks the agent side of the tunnel protocol with scripted exec
