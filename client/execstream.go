@@ -295,11 +295,11 @@ func (x *execStream) frame(t protocol.FrameType, payload []byte) (*protocol.Node
 			StderrBytes:     es.StderrBytes,
 			StdoutTruncated: es.StdoutTruncated,
 			StderrTruncated: es.StderrTruncated,
-			Truncated:       es.StdoutTruncated || es.StderrTruncated,
 			FailedCommand:   es.FailedCommand,
 			OutputCut:       es.OutputCut,
 			Detached:        es.Detached,
 		}
+		r.Truncated = r.OutputTruncated()
 		if es.Detached {
 			r.ExitCode = 0
 		}

@@ -331,9 +331,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.StderrBytes = es.StderrBytes
 			res.StdoutTruncated = es.StdoutTruncated
 			res.StderrTruncated = es.StderrTruncated
-			res.Truncated = es.StdoutTruncated || es.StderrTruncated
 			res.FailedCommand = es.FailedCommand
 			res.OutputCut = es.OutputCut
+			res.Truncated = res.OutputTruncated()
 			res.Detached = es.Detached
 			if es.Detached {
 				res.ExitCode = 0
