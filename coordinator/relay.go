@@ -34,7 +34,9 @@ var relayKinds = map[string]protocol.Kind{
 }
 
 // handleStream validates a stream request and starts its relay. Everything
-// that makes the request invalid is answered here with a micro error; the
+// that makes the request invalid is answered here with a micro error, the
+// params included (protocol.StreamParamsAPIError: the agent's own checks of
+// the kind's params, 400 invalid_request or 413 too_large); the
 // tunnel stream is opened by the relay goroutine, which answers with the
 // pipe's open message (or an error) once it knows.
 func (c *Coordinator) handleStream(req micro.Request) {
@@ -63,6 +65,13 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		return
 	case len(params) == 0 || params[0] != '{':
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: want the %s stream's params as a JSON object", kind))
+		return
+	}
+	// The agent's own checks, on the request: what the agent would refuse
+	// gets its 400 (or 413) here, and never opens a stream. The bytes are
+	// passed on as they came.
+	if e := protocol.StreamParamsAPIError(kind, params); e != nil {
+		c.replyError(req, e)
 		return
 	}
 	if kind == protocol.KindExec {
@@ -401,8 +410,8 @@ func (f *frameCursor) atBoundary() bool { return f.hdr == 0 && f.left == 0 }
 // when they have none (absent or 0), as the job path applies
 // Config.DefaultTimeout: an exec through the relay (e.g. with streamed
 // stdin) is bounded like any other. Params that do not decode as a JSON
-// object, or that would outgrow the header limit, are returned unchanged
-// (the agent judges them).
+// object (handleStream refused those before), or that would outgrow the
+// header limit, are returned unchanged.
 func withDefaultTimeout(params []byte, d time.Duration) []byte {
 	if d <= 0 {
 		return params

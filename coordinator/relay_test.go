@@ -179,7 +179,6 @@ func TestRelayChecksParams(t *testing.T) {
 		{protocol.KindCopy, `{"direction":"sideways","path":"/srv"}`, 400, protocol.ErrCodeInvalid, `direction "sideways"`},
 		{protocol.KindCopy, `{"direction":"push","path":"srv"}`, 400, protocol.ErrCodeInvalid, "must be absolute"},
 		{protocol.KindDial, `{"target":"openshell","port":1}`, 400, protocol.ErrCodeInvalid, `unknown field "port"`},
-		{protocol.KindDial, `{"target":"Not a name"}`, 400, protocol.ErrCodeInvalid, "target name"},
 	} {
 		t.Run(tc.kind.String()+" "+tc.params[:min(len(tc.params), 40)], func(t *testing.T) {
 			st, err := c.OpenStream(ctx, "n1", tc.kind, json.RawMessage(tc.params))
