@@ -84,6 +84,8 @@ type node struct {
 	sessionID   string
 	remoteAddr  string
 	connectedAt time.Time
+	// ctl writes on the agent's control stream after Welcome (control.go).
+	ctl *controlWriter
 
 	lastHeartbeat atomic.Int64 // unix nanoseconds
 	rttMicros     atomic.Int64
@@ -259,6 +261,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		sessionID:   rand.Text(),
 		remoteAddr:  remote,
 		connectedAt: time.Now().UTC(),
+		ctl:         newControlWriter(ctrl, hello, c.cfg.Tunnel.WriteTimeout),
 	}
 	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
 	log = log.With("node_id", n.id, "session_id", n.sessionID)
@@ -291,6 +294,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		return nil
 	}
 	log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion)
+	n.ctl.welcomed()
 	handedOff = true
 	return func() {
 		defer sess.Close()

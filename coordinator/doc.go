@@ -66,7 +66,13 @@
 //     the job's keeper (keepalives and client probes);
 //   - one per job.* request while its job stream runs;
 //   - while a node's run is being cancelled, a short-lived context.AfterFunc
-//     that writes the cancel frame; the node goroutine waits for it.
+//     that writes the cancel frame; the node goroutine waits for it;
+//   - per stream relay (relay.go): its goroutine, which copies the client's
+//     bytes to the node, one copier of the node's bytes to the client, and
+//     one watch of the pipe, which cuts a write blocked on a node that
+//     does not read short and cancels the node's operation out of band
+//     (FrameCancelStream on the agent's control stream, control.go) when
+//     the client resets its direction (a cancel) or the pipe ends early.
 //
 // Serve waits for all of them before it returns. yamux adds its own receive
 // and send loops per session, stopped by closing the session.
@@ -93,7 +99,9 @@
 // Coordinator.mu guards the registry, the job table, the probe table and the
 // shutdown state;
 // it is never held during I/O. job.pubMu serialises a job's publishes. The
-// two are never held together. agentConn.mu is a leaf lock around one
+// two are never held together. controlWriter.mu is a leaf lock held while
+// one frame is written on an agent's control stream (bounded by the write
+// timeout); relay.mu is a leaf lock. agentConn.mu is a leaf lock around one
 // pointer. Heartbeat data lives in atomics.
 //
 // # Imports
