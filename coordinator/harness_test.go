@@ -328,6 +328,7 @@ type agentOpts struct {
 	heartbeat    bool              // send heartbeats
 	reconnects   int               // Hello.Reconnects
 	instance     string            // Hello.Instance; default "instance-<id>"
+	features     []string          // Hello.Features
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
@@ -411,6 +412,7 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		AgentVersion:    cmp.Or(o.agentVersion, "fake-1.0"),
 		Reconnects:      o.reconnects,
 		Instance:        instanceOf(o),
+		Features:        o.features,
 	}
 	// A write error is not fatal yet: yamux may report "session shutdown"
 	// for a frame that was sent when the coordinator answered and closed

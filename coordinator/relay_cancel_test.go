@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
+
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/fleettest"
@@ -200,4 +202,65 @@ func TestStreamCloseReachesPTYIgnoringStdin(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRelaySendsCancelStreamToAgentsThatTakeIt: when the client cancels
+// (Stream.Cancel) or goes away, an agent whose Hello listed cancel_stream
+// gets FrameCancelStream naming the stream on its control stream, besides
+// the in-band cancel; the stream's answer still reaches a cancelling
+// client.
+func TestRelaySendsCancelStreamToAgentsThatTakeIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cancel bool // Stream.Cancel; else Close
+	}{{"cancel", true}, {"close", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			ids := make(chan uint32, 1)
+			a := h.dialAgent(t, agentOpts{id: "n1", heartbeat: true, features: []string{protocol.FeatureCancelStream},
+				handler: func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams) {
+					ids <- st.StreamID()
+					// Reads nothing until told out of band, then
+					// answers as a cancelled command would.
+					<-a.ctx.Done()
+				}})
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			st, err := client.New(h.client).OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}, Stdin: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			var id uint32
+			select {
+			case id = <-ids:
+			case <-ctx.Done():
+				t.Fatal("the stream did not reach the agent")
+			}
+			if tc.cancel {
+				err = st.Cancel()
+			} else {
+				err = st.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.ctrl.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+			fr := protocol.NewFrameReader(a.ctrl)
+			for {
+				f, err := fr.Next()
+				if err != nil {
+					t.Fatalf("read the control stream: %v", err)
+				}
+				if f.Type != protocol.FrameCancelStream {
+					continue
+				}
+				var c protocol.CancelStream
+				if err := protocol.DecodeJSON(f.Payload, &c); err != nil || c.StreamID != id {
+					t.Fatalf("cancel-stream %s (%v), want stream %d", f.Payload, err, id)
+				}
+				return
+			}
+		})
+	}
 }
