@@ -337,13 +337,13 @@ func (r *relay) watch(st *yamux.Stream, p *natspipe.Pipe, copied, written <-chan
 
 // cancelAgent tells the agent, once, on the session's control stream, to
 // stop the operation of st (FrameCancelStream): a cancel that no stdin
-// queued in st can hold up. Nothing is sent when the operation is over
-// (the agent closed st), the session is gone or the agent does not take
-// such cancels (it then has only the in-band FrameCancel). It blocks for
-// at most the tunnel's write timeout.
+// queued in st can hold up. Nothing is sent for a dial (closing it is its
+// cancel), when the operation is over (the agent closed st), the session
+// is gone or the agent does not take such cancels (it then has only the
+// in-band FrameCancel). It blocks for at most the tunnel's write timeout.
 func (r *relay) cancelAgent(st *yamux.Stream) {
 	r.cancelOnce.Do(func() {
-		if r.agentEOF.Load() || r.n.sess.IsClosed() {
+		if r.kind == protocol.KindDial || r.agentEOF.Load() || r.n.sess.IsClosed() {
 			return
 		}
 		sent, err := r.n.ctl.cancelStream(st.StreamID())
