@@ -181,7 +181,7 @@ type Pipe struct {
 	wClosed bool           // CloseWrite sent eof
 	wReset  bool           // ResetWrite sent reset
 
-	// done is closed once the pipe failed or was closed (finishLocked);
+	// done is closed once the pipe failed or was closed (closeDoneLocked);
 	// peerReset once the peer's reset arrived. Both are closed under mu.
 	done, peerReset chan struct{}
 	doneClosed      bool
