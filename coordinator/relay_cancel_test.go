@@ -264,3 +264,58 @@ func TestRelaySendsCancelStreamToAgentsThatTakeIt(t *testing.T) {
 		})
 	}
 }
+
+// TestJobCancelReachesCommandIgnoringStdin: the same on the job path
+// (tether.v1.exec with stdin in the request, up to 512 KiB): a command
+// that never reads it leaves the agent's frame reader waiting behind it,
+// and the job's in-band cancel with it; the job's cancel reaches the
+// command anyway, the process is killed and the result says cancelled.
+func TestJobCancelReachesCommandIgnoringStdin(t *testing.T) {
+	f := cancelFleet(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var out bytes.Buffer
+	type ret struct {
+		res *protocol.ExecResult
+		err error
+	}
+	done := make(chan ret, 1)
+	go func() {
+		opts := clientOutput(&mu, &out)
+		res, err := f.Client.ExecWith(ctx, &protocol.ExecRequest{
+			Target: protocol.Target{Node: "node-0"},
+			Argv:   []string{"sh", "-c", "echo $$; exec sleep 1000"},
+			Stdin:  bytes.Repeat([]byte("y\n"), protocol.MaxStdinSize/2),
+		}, opts)
+		done <- ret{res, err}
+	}()
+	var pid int
+	checkFor(t, defaultTestTimeout, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		line, _, ok := strings.Cut(out.String(), "\n")
+		if !ok {
+			return errors.New("no pid printed yet")
+		}
+		var err error
+		pid, err = strconv.Atoi(line)
+		return err
+	})
+	cancel()
+	var r ret
+	select {
+	case r = <-done:
+	case <-time.After(defaultTestTimeout):
+		t.Fatalf("ExecWith did not return within %v of the cancel (process %d alive: %v)", defaultTestTimeout, pid, pidAlive(pid))
+	}
+	if r.res == nil || len(r.res.Results) != 1 || !r.res.Results[0].Cancelled || r.res.Results[0].Error != "" {
+		t.Errorf("ExecWith = %+v, %v; want the cancelled node result", r.res, r.err)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if pidAlive(pid) {
+			return fmt.Errorf("process %d still running after the job's cancel", pid)
+		}
+		return nil
+	})
+}
