@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -65,4 +66,17 @@ func (w *controlWriter) cancelStream(id uint32) (sent bool, err error) {
 		return false, w.err
 	}
 	return true, nil
+}
+
+// cancelStream sends the agent the out-of-band cancel of st's operation
+// (controlWriter.cancelStream) of job jobID, and logs a failure. It does
+// nothing once the session is gone. It blocks for at most the tunnel's
+// write timeout.
+func (n *node) cancelStream(st *yamux.Stream, jobID string, log *slog.Logger) {
+	if n.sess.IsClosed() {
+		return
+	}
+	if _, err := n.ctl.cancelStream(st.StreamID()); err != nil {
+		log.Warn("out-of-band cancel not sent", "job_id", jobID, "node_id", n.id, "stream_id", st.StreamID(), "err", err)
+	}
 }
