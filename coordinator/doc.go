@@ -55,7 +55,9 @@
 //
 // Whenever a job gives up on an exec stream without a final frame (a protocol error, a publish failure, a cancel not answered in
 // time) it writes a cancel frame before closing the stream, so the agent
-// kills the process group. The coordinator does not know how an agent runs
+// kills the process group; a cancel also goes out of band, on the agent's
+// control stream (control.go), since the in-band one can wait behind the
+// job's stdin when the command does not read it. The coordinator does not know how an agent runs
 // a process; it only speaks the exec stream's frames.
 //
 // # Goroutines
