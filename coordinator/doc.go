@@ -98,12 +98,14 @@
 //
 // # Locks
 //
+// controlWriter.mu (control.go) is a leaf lock held while one frame is
+// written on an agent's control stream (bounded by the write timeout);
+// relay.mu is a leaf lock.
+//
 // Coordinator.mu guards the registry, the job table, the probe table and the
 // shutdown state;
 // it is never held during I/O. job.pubMu serialises a job's publishes. The
-// two are never held together. controlWriter.mu is a leaf lock held while
-// one frame is written on an agent's control stream (bounded by the write
-// timeout); relay.mu is a leaf lock. agentConn.mu is a leaf lock around one
+// two are never held together. agentConn.mu is a leaf lock around one
 // pointer. Heartbeat data lives in atomics.
 //
 // # Imports
