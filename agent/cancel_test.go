@@ -66,7 +66,7 @@ func fillStdin(e *execStream) int64 {
 	chunk := make([]byte, protocol.ChunkSize)
 	var n int64
 	for {
-		e.st.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+		e.st.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		if err := protocol.WriteFrame(e.st, protocol.FrameStdin, chunk); err != nil {
 			return n
 		}

@@ -36,7 +36,7 @@ func TestControlWriter(t *testing.T) {
 					return
 				}
 				defer st.Close()
-				st.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+				st.SetReadDeadline(time.Now().Add(10 * time.Second))
 				f, err := protocol.NewFrameReader(st).Next()
 				if err != nil {
 					close(got)
