@@ -158,7 +158,7 @@ func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error },
 // agent's Hello did not ask for) ends the interpretation, not the reading:
 // the rest of the stream is read and dropped, so the coordinator's writes
 // never block on it.
-func (a *Agent) readControl(ctl *yamux.Stream, t *streamCancels, log *slog.Logger) {
+func (a *Agent) readControl(ctl io.Reader, t *streamCancels, log *slog.Logger) {
 	fr := protocol.NewFrameReader(ctl)
 	fr.Max = protocol.MaxControlFrameSize
 	for {

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -221,4 +223,39 @@ func TestControlStreamSurvivesBadFrames(t *testing.T) {
 	if e.exit == nil || e.exit.ExitCode != 0 || e.stdout.String() != "still serving\n" {
 		t.Errorf("exec after the bad frames: exit %+v, stdout %q", e.exit, e.stdout.String())
 	}
+}
+
+// FuzzReadControl: whatever a coordinator sends on the control stream, the
+// reader neither panics nor stops reading before the stream's end, and
+// cancels only registered streams, each at most once.
+func FuzzReadControl(f *testing.F) {
+	frame := func(t protocol.FrameType, payload string) []byte {
+		var b bytes.Buffer
+		protocol.WriteFrame(&b, t, []byte(payload))
+		return b.Bytes()
+	}
+	f.Add(frame(protocol.FrameCancelStream, `{"stream_id":2}`))
+	f.Add(append(frame(protocol.FrameCancelStream, `{"stream_id":2}`), frame(protocol.FrameCancelStream, `{"stream_id":4}`)...))
+	f.Add(frame(protocol.FrameCancelStream, `{"stream_id":-1}`))
+	f.Add(frame(protocol.FrameHeartbeat, `{}`))
+	f.Add([]byte{250, 0, 0, 0, 1, 'x'})
+	f.Add([]byte{byte(protocol.FrameCancelStream), 0xff, 0xff, 0xff, 0xff})
+	a := &Agent{}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tab := newStreamCancels()
+		var calls [2]int
+		tab.add(2, func() { calls[0]++ })
+		tab.add(4, func() { calls[1]++ })
+		r := bytes.NewReader(data)
+		a.readControl(r, tab, slog.New(slog.DiscardHandler))
+		if r.Len() != 0 {
+			t.Fatalf("reader stopped with %d bytes unread", r.Len())
+		}
+		if calls[0] > 1 || calls[1] > 1 {
+			t.Fatalf("a stream cancelled more than once: %v", calls)
+		}
+		if len(tab.early) > maxEarlyCancels || len(tab.order) != len(tab.early) {
+			t.Fatalf("early cancels: %d remembered, %d in order", len(tab.early), len(tab.order))
+		}
+	})
 }
