@@ -37,6 +37,9 @@ type Agent struct {
 	dataWriteTimeout time.Duration
 	// jobs are the detached jobs this agent supervises (jobs.go).
 	jobs jobTable
+	// cancels are the operations the coordinator can cancel out of band,
+	// per session (cancel.go).
+	cancels cancelRegistry
 	// targets are the addresses dial streams may reach, by target name
 	// (Config.OpenShell, Config.OpenSandbox, Config.Targets); targetNames
 	// are their names, sorted, for Hello and error messages.
@@ -107,6 +110,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Capacity:        *capacity,
 		AgentVersion:    a.cfg.Version,
 		Targets:         a.targetNames,
+		Features:        []string{protocol.FeatureCancelStream},
 	}
 	r := &tunnel.Redialer{
 		Addrs: a.cfg.Coordinators,
@@ -183,6 +187,7 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		defer a.guard.Recover("heartbeat", func(*panics.Error) { sess.Close() })
 		a.heartbeat(sctx, sess, ctl, interval, log)
 	}()
+	a.startControl(ctl, sess, &wg, log)
 	a.serveStreams(sctx, sess)
 	log.Info("disconnected from coordinator")
 	return nil
@@ -363,7 +368,11 @@ func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux
 	case protocol.KindPTY:
 		a.servePTY(ctx, st, h)
 	case protocol.KindCopy:
-		a.serveCopy(ctx, st, h)
+		// An out-of-band cancel aborts the copy as the session's end does.
+		cctx, stop := context.WithCancel(ctx)
+		defer stop()
+		defer a.cancels.add(st, stop)()
+		a.serveCopy(cctx, st, h)
 	case protocol.KindJob:
 		a.serveJob(ctx, st, h)
 	case protocol.KindDial:

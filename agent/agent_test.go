@@ -220,6 +220,7 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
 		Instance:        a.instance,
+		Features:        []string{protocol.FeatureCancelStream},
 	}
 	if len(hello.Instance) < 16 {
 		t.Errorf("hello instance %q: want a random process id", hello.Instance)

@@ -21,6 +21,10 @@
 //     stream every Welcome.HeartbeatInterval, and its pinger, which measures
 //     the RTT once per interval (a ping may wait up to the tunnel's write
 //     timeout; heartbeats never wait for it, they carry the last RTT);
+//   - the control reader (cancel.go), which reads the coordinator's frames
+//     on the control stream until the session ends and cancels, out of
+//     band, the exec, pty or copy a FrameCancelStream names (an in-band
+//     FrameCancel can be stuck behind stdin the command does not read);
 //   - the accept loop (in the session goroutine), which accepts streams and
 //     starts one goroutine per stream, plus one watcher that cancels the
 //     session's context when the tunnel dies;
@@ -69,8 +73,8 @@
 // Panics (panic.go). Every per-stream goroutine above (handler, waiter,
 // copiers, frame reader, stdin feeder, listers, cancel watcher), each
 // detached job's supervisor, waiter and copiers, each session (the
-// redialer's callback: handshake and accept loop), its heartbeat loop and
-// its pinger defer internal/panics' Recover: a panic fails that stream with
+// redialer's callback: handshake and accept loop), its heartbeat loop, its
+// pinger and its control reader defer internal/panics' Recover: a panic fails that stream with
 // a CodeInternal error frame (a detached job is killed and recorded lost; a
 // session is closed and redialled), is counted in
 // tether_panics_total{component="agent"} and logged once with its stack,

@@ -27,7 +27,8 @@ const (
 	// stdinQueue is how many stdin frames may wait between the frame reader
 	// and the stdin feeder. While it is full the frame reader waits, so a
 	// cancel frame queued behind stdin the process does not read is only
-	// seen once the process reads (timeouts and session loss still apply).
+	// seen once the process reads; the coordinator's out-of-band cancel
+	// (cancel.go) is seen at once.
 	stdinQueue = 8
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
 	// to make room. Past it the stream counts as broken: it is closed (the
@@ -219,6 +220,14 @@ func (x *execution) run(ctx context.Context) {
 	if x.p.Stdin {
 		stdinCh = make(chan []byte, stdinQueue)
 	}
+	// The coordinator's out-of-band cancel (cancel.go) is a FrameCancel
+	// that cannot be stuck behind stdin.
+	defer a.cancels.add(x.st, func() {
+		select {
+		case cancelCh <- struct{}{}:
+		default:
+		}
+	})()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

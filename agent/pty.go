@@ -183,6 +183,15 @@ func (s *ptySession) run(ctx context.Context) {
 	outDone := make(chan struct{})
 	sigCh := make(chan syscall.Signal, ptySignalQueue)
 	hangupCh := make(chan hangupReason, 2)
+	// The coordinator's out-of-band cancel (cancel.go): a FrameCancel that
+	// cannot be stuck behind keystrokes the terminal does not take. It
+	// sends at most once, readFrames too: the buffer holds both.
+	defer a.cancels.add(s.st, func() {
+		select {
+		case hangupCh <- hangupCancel:
+		default:
+		}
+	})()
 	cr := newCrash() // a helper below panicked
 	// A panic unwinding the loop below ends the terminal's session and
 	// waits for the helpers, as the normal end does.

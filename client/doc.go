@@ -46,8 +46,8 @@
 //
 // nats.go delivers messages on its connection's reader goroutine into a
 // per-call synchronous subscription that the calling goroutine drains.
-// ExecStream starts one goroutine that copies stdin to the stream (and one
-// that writes a cancel), and returns once they ended, except a stdin copier
+// ExecStream starts one goroutine that copies stdin to the stream (its
+// cancel is the pipe's reset, sent without one), and returns once it ended, except a stdin copier
 // blocked in a Read that cannot be interrupted (see ExecStream); natspipe
 // runs its own. Nothing else starts goroutines. A Client is safe for
 // concurrent use; each call uses its own reply inbox.

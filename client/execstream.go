@@ -29,11 +29,11 @@ import (
 // to a NewJobID if empty, though the coordinator does not know the run by
 // it: tether.v1.cancel does not reach it, ending ctx does).
 //
-// When ctx ends ExecStream asks the agent to cancel the command and waits
+// When ctx ends ExecStream cancels the command (Stream.Cancel: out of band,
+// so stdin the command leaves unread cannot hold the cancel up) and waits
 // up to CancelGrace for its (cancelled) exit status, returning it with an
-// error wrapping ctx.Err(). An agent cannot see the cancel while the command
-// leaves stdin unread and stdin has more queued: then only its timeout, or
-// its exit, ends it. A read error of stdin cancels the command too and is
+// error wrapping ctx.Err(); without the status the error still wraps
+// ctx.Err(). A read error of stdin cancels the command too and is
 // returned: the command never sees a cut stdin as its end. A stream that
 // breaks (tunnel lost, coordinator gone) is an error naming the node;
 // whether the command ran to its end is then unknown.
@@ -109,7 +109,6 @@ func (c *Client) ExecStream(ctx context.Context, req *protocol.ExecRequest, stdi
 	x.mu.Lock()
 	x.closed = true
 	x.mu.Unlock()
-	x.bg.Wait()
 	if res == nil {
 		return nil, err
 	}
@@ -142,7 +141,6 @@ type execStream struct {
 	stdinErr error      // a local read error of stdin, which cancelled the command
 	closed   bool       // ExecStream is returning: no more cancels
 	once     sync.Once
-	bg       sync.WaitGroup // the cancel frame's writer
 
 	tail   tailBuffer
 	counts [2]int64 // stdout, stderr bytes received
@@ -155,9 +153,8 @@ func (x *execStream) send(t protocol.FrameType, payload []byte) error {
 	return protocol.WriteFrame(x.st, t, payload)
 }
 
-// cancel asks the agent to stop the command, once. The frame is written
-// on a goroutine of its own (x.bg), since a stdin write may hold the
-// stream while its window is full: the caller does not wait for it.
+// cancel asks the agent to stop the command, once (Stream.Cancel). It does
+// not block: a stdin write blocked on the stream's window returns.
 func (x *execStream) cancel() {
 	x.once.Do(func() {
 		x.mu.Lock()
@@ -165,11 +162,7 @@ func (x *execStream) cancel() {
 		if x.closed {
 			return
 		}
-		x.bg.Add(1)
-		go func() {
-			defer x.bg.Done()
-			x.send(protocol.FrameCancel, nil)
-		}()
+		x.st.Cancel()
 	})
 }
 
@@ -246,6 +239,11 @@ func (x *execStream) run(ctx context.Context) (*protocol.NodeResult, error) {
 			if gaveUp.Load() {
 				return nil, fmt.Errorf("exec %s on node %s: %w (cancel requested; no exit status within %v)", x.id, x.node, ctx.Err(), x.cancelGrace)
 			}
+			if ctx.Err() != nil {
+				// A coordinator that predates the pipe's reset ends the
+				// stream at the cancel.
+				return nil, fmt.Errorf("exec %s on node %s: %w (cancel requested; the stream ended without an exit status: %v)", x.id, x.node, ctx.Err(), err)
+			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
@@ -295,11 +293,11 @@ func (x *execStream) frame(t protocol.FrameType, payload []byte) (*protocol.Node
 			StderrBytes:     es.StderrBytes,
 			StdoutTruncated: es.StdoutTruncated,
 			StderrTruncated: es.StderrTruncated,
-			Truncated:       es.StdoutTruncated || es.StderrTruncated,
 			FailedCommand:   es.FailedCommand,
 			OutputCut:       es.OutputCut,
 			Detached:        es.Detached,
 		}
+		r.Truncated = r.OutputTruncated()
 		if es.Detached {
 			r.ExitCode = 0
 		}

@@ -142,10 +142,10 @@ func (r *errReader) Read(p []byte) (int, error) {
 // cancelled and the error returned.
 func TestExecStreamStdinError(t *testing.T) {
 	s := runServer(t)
-	ended := make(chan protocol.FrameType, 1)
+	ended := make(chan error, 1)
 	fakeExecAgent(t, connect(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
-		_, end, _ := readStdin(p)
-		ended <- end
+		_, _, err := readStdin(p)
+		ended <- err
 		protocol.WriteJSONFrame(p, protocol.FrameExit, protocol.ExitStatus{ExitCode: 143, Cancelled: true})
 		p.CloseWrite()
 	})
@@ -157,8 +157,10 @@ func TestExecStreamStdinError(t *testing.T) {
 	if !errors.Is(err, broken) || !strings.Contains(err.Error(), "read standard input") {
 		t.Errorf("err = %v, want the read error", err)
 	}
-	if end := <-ended; end != protocol.FrameCancel {
-		t.Errorf("the agent saw stdin end with %v, want a cancel", end)
+	// The cancel is the pipe's reset (out of band; the coordinator then
+	// cancels the command), not a stdin close.
+	if err := <-ended; !errors.Is(err, natspipe.ErrPeerReset) {
+		t.Errorf("the agent's side saw stdin end with %v, want the client's reset (a cancel)", err)
 	}
 	if res == nil || !res.Results[0].Cancelled {
 		t.Errorf("result = %+v, want the cancelled exit", res)
@@ -170,8 +172,8 @@ func TestExecStreamCancel(t *testing.T) {
 	s := runServer(t)
 	fakeExecAgent(t, connect(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
 		protocol.WriteFrame(p, protocol.FrameStdout, []byte("started\n"))
-		if _, end, _ := readStdin(p); end != protocol.FrameCancel {
-			t.Errorf("fake agent: stdin ended with %v, want a cancel", end)
+		if _, _, err := readStdin(p); !errors.Is(err, natspipe.ErrPeerReset) {
+			t.Errorf("fake agent: stdin ended with %v, want the client's reset (a cancel)", err)
 		}
 		protocol.WriteJSONFrame(p, protocol.FrameExit, protocol.ExitStatus{ExitCode: 143, Cancelled: true})
 		p.CloseWrite()

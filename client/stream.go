@@ -94,6 +94,22 @@ func (s *Stream) Write(p []byte) (int, error) {
 // written so far. Reading goes on.
 func (s *Stream) CloseWrite() error { return s.wrap(s.p.CloseWrite()) }
 
+// Cancel stops the agent's operation now while its answer still arrives:
+// it abandons this direction out of band (natspipe.ResetWrite), so the
+// coordinator learns of it however many bytes written so far wait unread
+// in the pipe or the tunnel stream (stdin a command does not read, say). The
+// coordinator drops those bytes, tells the agent on the session's control
+// stream and in the stream itself, and half-closes the stream; Read then
+// returns the agent's last frames (an exec's cancelled exit status) and
+// io.EOF. Writes fail afterwards. It does not block; calling it again does
+// nothing. A coordinator that predates the pipe's reset aborts the whole
+// stream instead (as Close), and an agent that predates the out-of-band
+// cancel only sees the in-band one, behind those bytes.
+func (s *Stream) Cancel() error { return s.wrap(s.p.ResetWrite(errStreamCancelled)) }
+
+// errStreamCancelled is the reason a Cancel gives the coordinator.
+var errStreamCancelled = errors.New("cancelled by the client")
+
 // Close aborts both directions (if they have not ended already) and
 // releases the pipe. The coordinator then sends the agent FrameCancel (at a
 // frame boundary) and closes the tunnel stream, so the operation stops.

@@ -93,6 +93,8 @@ type node struct {
 	sessionID   string
 	remoteAddr  string
 	connectedAt time.Time
+	// ctl writes on the agent's control stream after Welcome (control.go).
+	ctl *controlWriter
 
 	lastHeartbeat atomic.Int64 // unix nanoseconds
 	rttMicros     atomic.Int64
@@ -304,6 +306,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		sessionID:   rand.Text(),
 		remoteAddr:  remote,
 		connectedAt: time.Now().UTC(),
+		ctl:         newControlWriter(ctrl, hello, c.cfg.Tunnel.WriteTimeout),
 	}
 	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
 	// The join token is proven: from here on lines are not rate-limited.
@@ -337,6 +340,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		return nil
 	}
 	log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion)
+	n.ctl.welcomed()
 	handedOff = true
 	return func() {
 		defer sess.Close()

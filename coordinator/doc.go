@@ -69,7 +69,9 @@
 //
 // Whenever a job gives up on an exec stream without a final frame (a protocol error, a publish failure, a cancel not answered in
 // time) it writes a cancel frame before closing the stream, so the agent
-// kills the process group. The coordinator does not know how an agent runs
+// kills the process group; a cancel also goes out of band, on the agent's
+// control stream (control.go), since the in-band one can wait behind the
+// job's stdin when the command does not read it. The coordinator does not know how an agent runs
 // a process; it only speaks the exec stream's frames.
 //
 // # Goroutines
@@ -80,7 +82,13 @@
 //     the job's keeper (keepalives and client probes);
 //   - one per job.* request while its job stream runs;
 //   - while a node's run is being cancelled, a short-lived context.AfterFunc
-//     that writes the cancel frame; the node goroutine waits for it.
+//     that writes the cancel frame; the node goroutine waits for it;
+//   - per stream relay (relay.go): its goroutine, which copies the client's
+//     bytes to the node, one copier of the node's bytes to the client, and
+//     one watch of the pipe, which cuts a write blocked on a node that
+//     does not read short and cancels the node's operation out of band
+//     (FrameCancelStream on the agent's control stream, control.go) when
+//     the client resets its direction (a cancel) or the pipe ends early.
 //
 // Serve waits for all of them before it returns. yamux adds its own receive
 // and send loops per session, stopped by closing the session.
@@ -103,6 +111,10 @@
 // goroutines of the tunnel and natspipe packages.
 //
 // # Locks
+//
+// controlWriter.mu (control.go) is a leaf lock held while one frame is
+// written on an agent's control stream (bounded by the write timeout);
+// relay.mu is a leaf lock.
 //
 // Coordinator.mu guards the registry, the job table, the probe table and the
 // shutdown state;

@@ -329,11 +329,15 @@ type agentOpts struct {
 	silent       bool              // send no yamux pings (a fake agent pings every 200ms by default)
 	reconnects   int               // Hello.Reconnects
 	instance     string            // Hello.Instance; default "instance-<id>"
+	features     []string          // Hello.Features
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	localIP      string            // source address to dial from; default any
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
-	gauge   *concurrency // shared concurrency tracking for the "slow" command
+	// header, if set, sees the header of every stream the coordinator
+	// opens, before it is served.
+	header func(h protocol.Header)
+	gauge  *concurrency // shared concurrency tracking for the "slow" command
 }
 
 // fakeAgent speaks the agent side of the tunnel protocol with scripted exec
@@ -415,6 +419,7 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		AgentVersion:    cmp.Or(o.agentVersion, "fake-1.0"),
 		Reconnects:      o.reconnects,
 		Instance:        instanceOf(o),
+		Features:        o.features,
 	}
 	// A write error is not fatal yet: yamux may report "session shutdown"
 	// for a frame that was sent when the coordinator answered and closed
@@ -521,6 +526,9 @@ func (a *fakeAgent) acceptLoop() {
 				return
 			}
 			continue
+		}
+		if a.o.header != nil {
+			a.o.header(h)
 		}
 		if h.Kind != protocol.KindExec {
 			st.Close()

@@ -243,8 +243,11 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	}
 	c.m.streamsOpened.WithLabelValues(protocol.KindExec.String()).Inc()
 	final := false // a final frame (exit or error) was read
+	// The out-of-band cancel (control.go), sent at most once.
+	cancelOOB := sync.OnceFunc(func() { n.cancelStream(st, j.id, c.log) })
 	defer func() {
 		if !final {
+			cancelOOB()
 			st.SetWriteDeadline(time.Now().Add(cancelWriteTimeout))
 			if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 				c.log.Debug("send cancel before closing exec stream", "job_id", j.id, "node_id", n.id, "stream_id", st.StreamID(), "err", err)
@@ -253,13 +256,16 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 		st.Close()
 	}()
 
-	// On cancel, tell the agent to stop and give it CancelGrace to report.
+	// On cancel, tell the agent to stop and give it CancelGrace to report:
+	// out of band first (the in-band cancel waits behind stdin the command
+	// may not read), then in band.
 	// AfterFunc runs no goroutine unless ctx ends; if it started, wait for it.
 	var cancelSent atomic.Bool
 	watchDone := make(chan struct{})
 	stopWatch := context.AfterFunc(ctx, func() {
 		defer close(watchDone)
 		cancelSent.Store(true)
+		cancelOOB()
 		st.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
 		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 			c.log.Debug("send cancel", "job_id", j.id, "node_id", n.id, "err", err)
@@ -331,9 +337,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.StderrBytes = es.StderrBytes
 			res.StdoutTruncated = es.StdoutTruncated
 			res.StderrTruncated = es.StderrTruncated
-			res.Truncated = es.StdoutTruncated || es.StderrTruncated
 			res.FailedCommand = es.FailedCommand
 			res.OutputCut = es.OutputCut
+			res.Truncated = res.OutputTruncated()
 			res.Detached = es.Detached
 			if es.Detached {
 				res.ExitCode = 0

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -34,7 +35,9 @@ var relayKinds = map[string]protocol.Kind{
 }
 
 // handleStream validates a stream request and starts its relay. Everything
-// that makes the request invalid is answered here with a micro error; the
+// that makes the request invalid is answered here with a micro error, the
+// params included (protocol.StreamParamsAPIError: the agent's own checks of
+// the kind's params, 400 invalid_request or 413 too_large); the
 // tunnel stream is opened by the relay goroutine, which answers with the
 // pipe's open message (or an error) once it knows.
 func (c *Coordinator) handleStream(req micro.Request) {
@@ -63,6 +66,13 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		return
 	case len(params) == 0 || params[0] != '{':
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: want the %s stream's params as a JSON object", kind))
+		return
+	}
+	// The agent's own checks, on the request: what the agent would refuse
+	// gets its 400 (or 413) here, and never opens a stream. The bytes are
+	// passed on as they came.
+	if e := protocol.StreamParamsAPIError(kind, params); e != nil {
+		c.replyError(req, e)
 		return
 	}
 	if kind == protocol.KindExec {
@@ -145,7 +155,9 @@ func (s *relaySet) wait() { s.wg.Wait() }
 
 // relay is one SubjectStream request: a tunnel stream to a node and a NATS
 // pipe to the client, with bytes copied both ways. Its goroutine (run)
-// copies pipe→stream itself and starts one more for stream→pipe.
+// copies pipe→stream itself and starts two more: one for stream→pipe, one
+// that watches the pipe (watch) for the client's reset or failure while the
+// copies may be blocked elsewhere.
 type relay struct {
 	c      *Coordinator
 	req    micro.Request
@@ -159,10 +171,18 @@ type relay struct {
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
 
-	// mu guards st and pipe, set once both are open.
+	// agentEOF is set when the agent closed its side of the stream: its
+	// operation is over, and there is nothing left to cancel.
+	agentEOF   atomic.Bool
+	cancelOnce sync.Once // the out-of-band cancel (cancelAgent)
+
+	// mu guards st and pipe, set once both are open, and writesDone.
 	mu   sync.Mutex
 	st   *yamux.Stream
 	pipe *natspipe.Pipe
+	// writesDone is set when pipeToStream stopped copying the client's
+	// bytes; watch no longer cuts its writes short then.
+	writesDone bool
 }
 
 // run opens the tunnel stream and the pipe, relays until both directions
@@ -210,13 +230,24 @@ func (r *relay) run() {
 	default:
 	}
 
-	wg.Add(1)
+	copied := make(chan struct{})  // streamToPipe returned
+	written := make(chan struct{}) // pipeToStream returned
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		defer close(copied)
 		defer c.guard.Recover("stream relay copier", func(e *panics.Error) { r.abort(c.internalError(e)) })
 		r.streamToPipe(st, p)
 	}()
-	r.pipeToStream(st, p)
+	go func() {
+		defer wg.Done()
+		defer c.guard.Recover("stream relay watch", func(e *panics.Error) { r.abort(c.internalError(e)) })
+		r.watch(st, p, copied, written)
+	}()
+	func() {
+		defer close(written)
+		r.pipeToStream(st, p)
+	}()
 	wg.Wait()
 
 	p.Close() // after both eofs this only tells the client we are gone
@@ -229,16 +260,32 @@ func (r *relay) run() {
 }
 
 // pipeToStream copies the client's bytes to the node. At the client's eof
-// it half-closes the stream (the agent reads io.EOF); on any failure it
-// aborts the relay and tells the agent (finishWrite).
+// it half-closes the stream (the agent reads io.EOF). When the client reset
+// its direction (a cancel: natspipe.ResetWrite) it tells the agent in band
+// too if it can (cancelInBand) and half-closes, and the agent's answer
+// goes on to the client. On any failure it aborts the relay and tells the
+// agent (finishWrite).
 func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
 	fw := &frameCursor{w: st}
 	_, err := p.WriteTo(fw)
+	r.mu.Lock()
+	r.writesDone = true // from here on the deadlines of st's writes are ours
+	r.mu.Unlock()
 	if err == nil {
 		if err := st.Close(); err != nil {
 			r.abort(r.lost(err))
 		}
 		return
+	}
+	select {
+	case <-p.PeerReset():
+		select {
+		case <-r.aborted:
+		default:
+			r.cancelInBand(st, fw)
+			return
+		}
+	default:
 	}
 	select {
 	case <-r.aborted:
@@ -250,6 +297,83 @@ func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
 		}
 	}
 	r.finishWrite(st, fw)
+}
+
+// watch follows the pipe while the copies run, since either may be blocked
+// where the pipe cannot wake it: pipeToStream writing the client's bytes
+// to a node that does not read them, streamToPipe waiting for a node that
+// has nothing to say. When the client reset its direction (its cancel) it
+// cuts pipeToStream's write short and cancels the agent's operation out of
+// band; when the pipe fails or is closed (the client vanished or aborted,
+// the drain) it aborts the relay and cancels the operation too. It returns
+// when both copies returned (copied, written), or after an abort.
+func (r *relay) watch(st *yamux.Stream, p *natspipe.Pipe, copied, written <-chan struct{}) {
+	reset := p.PeerReset()
+	for copied != nil || written != nil {
+		select {
+		case <-p.Done():
+			err := p.Err()
+			if err == nil {
+				err = natspipe.ErrClosed
+			}
+			r.abort(err)
+			r.cancelAgent(st)
+			return
+		case <-reset:
+			reset = nil
+			r.mu.Lock()
+			if !r.writesDone {
+				st.SetWriteDeadline(time.Now())
+			}
+			r.mu.Unlock()
+			r.cancelAgent(st)
+		case <-copied:
+			copied = nil
+		case <-written:
+			written = nil
+		}
+	}
+}
+
+// cancelAgent tells the agent, once, on the session's control stream, to
+// stop the operation of st (FrameCancelStream): a cancel that no stdin
+// queued in st can hold up. Nothing is sent for a dial (closing it is its
+// cancel), when the operation is over (the agent closed st), the session
+// is gone or the agent does not take such cancels (it then has only the
+// in-band FrameCancel). It blocks for at most the tunnel's write timeout.
+func (r *relay) cancelAgent(st *yamux.Stream) {
+	r.cancelOnce.Do(func() {
+		if r.kind == protocol.KindDial || r.agentEOF.Load() || r.n.sess.IsClosed() {
+			return
+		}
+		sent, err := r.n.ctl.cancelStream(st.StreamID())
+		switch {
+		case err != nil:
+			r.log.Warn("out-of-band cancel not sent", "stream_id", st.StreamID(), "err", err)
+		case sent:
+			r.log.Debug("out-of-band cancel sent", "stream_id", st.StreamID())
+		default:
+			r.log.Debug("agent takes no out-of-band cancel; in band only", "stream_id", st.StreamID())
+		}
+	})
+}
+
+// cancelInBand ends the write side of a relay whose client reset its
+// direction: FrameCancel when the client's bytes stopped at a frame
+// boundary (for an agent without the out-of-band cancel, or whose cancel
+// is not stuck), then a half-close. The write may wait up to the tunnel's
+// write timeout behind what the agent has not read; the agent's answer
+// keeps flowing to the client meanwhile (streamToPipe).
+func (r *relay) cancelInBand(st *yamux.Stream, fw *frameCursor) {
+	if r.kind != protocol.KindDial && fw.atBoundary() {
+		st.SetWriteDeadline(time.Now().Add(r.c.cfg.Tunnel.WriteTimeout))
+		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
+			r.log.Debug("send cancel after the client's reset", "err", err)
+		}
+	}
+	if err := st.Close(); err != nil {
+		r.abort(r.lost(err))
+	}
 }
 
 // finishWrite ends the aborted relay's write side. The coordinator does not
@@ -289,6 +413,7 @@ func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 				// yamux reports a dead session as EOF on its streams.
 				r.abort(r.lost(errors.New("session closed")))
 			default:
+				r.agentEOF.Store(true)
 				if err := p.CloseWrite(); err != nil {
 					r.abort(err)
 				}
@@ -401,8 +526,8 @@ func (f *frameCursor) atBoundary() bool { return f.hdr == 0 && f.left == 0 }
 // when they have none (absent or 0), as the job path applies
 // Config.DefaultTimeout: an exec through the relay (e.g. with streamed
 // stdin) is bounded like any other. Params that do not decode as a JSON
-// object, or that would outgrow the header limit, are returned unchanged
-// (the agent judges them).
+// object (handleStream refused those before), or that would outgrow the
+// header limit, are returned unchanged.
 func withDefaultTimeout(params []byte, d time.Duration) []byte {
 	if d <= 0 {
 		return params

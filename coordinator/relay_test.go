@@ -148,21 +148,71 @@ func TestRelayRefusals(t *testing.T) {
 	}
 }
 
-// TestRelayAgentRefusesParams: params the coordinator passes on but the
-// agent rejects come back as the kind's own error frame.
-func TestRelayAgentRefusesParams(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+// TestRelayChecksParams: the coordinator checks a relayed stream's params
+// with the agent's own rules (decoded strictly, then the kind's Validate)
+// and refuses bad ones on the request, as tether.v1.exec does: 400
+// invalid_request, or 413 too_large for what is too big; nothing reaches
+// the node. Good params reach it byte for byte.
+func TestRelayChecksParams(t *testing.T) {
+	h := newHarness(t, nil)
+	headers := make(chan protocol.Header, 16)
+	h.dialAgent(t, agentOpts{id: "n1", heartbeat: true, header: func(hd protocol.Header) { headers <- hd }})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, json.RawMessage(`{"no_such_field":1}`))
+	c := client.New(h.client)
+	many := `"` + strings.Repeat(`a","`, protocol.MaxArgs) + `a"`
+	for _, tc := range []struct {
+		kind   protocol.Kind
+		params string
+		status int
+		code   string
+		msg    string // part of the message
+	}{
+		{protocol.KindExec, `{"no_such_field":1}`, 400, protocol.ErrCodeInvalid, `unknown field "no_such_field"`},
+		{protocol.KindExec, `{"argv":[""]}`, 400, protocol.ErrCodeInvalid, "argv[0] is empty"},
+		{protocol.KindExec, `{"commands":["true",""]}`, 400, protocol.ErrCodeInvalid, "commands[1] is empty"},
+		{protocol.KindExec, `{}`, 400, protocol.ErrCodeInvalid, "nothing to run"},
+		{protocol.KindExec, `{"argv":["x"],"timeout_ms":-1}`, 400, protocol.ErrCodeInvalid, "timeout must not be negative"},
+		{protocol.KindExec, `{"argv":[` + many + `]}`, 413, protocol.ErrCodeTooLarge, "argv has 4097 entries"},
+		{protocol.KindPTY, `{"argv":["sh"],"cwd":"/tmp\u0000"}`, 400, protocol.ErrCodeInvalid, "cwd contains NUL"},
+		{protocol.KindPTY, `{"rows":"tall"}`, 400, protocol.ErrCodeInvalid, "pty"},
+		{protocol.KindCopy, `{"direction":"sideways","path":"/srv"}`, 400, protocol.ErrCodeInvalid, `direction "sideways"`},
+		{protocol.KindCopy, `{"direction":"push","path":"srv"}`, 400, protocol.ErrCodeInvalid, "must be absolute"},
+		{protocol.KindDial, `{"target":"openshell","port":1}`, 400, protocol.ErrCodeInvalid, `unknown field "port"`},
+	} {
+		t.Run(tc.kind.String()+" "+tc.params[:min(len(tc.params), 40)], func(t *testing.T) {
+			st, err := c.OpenStream(ctx, "n1", tc.kind, json.RawMessage(tc.params))
+			if err == nil {
+				st.Close()
+				t.Fatalf("stream opened, want %d %s", tc.status, tc.code)
+			}
+			var ae *protocol.APIError
+			if !errors.As(err, &ae) || ae.Status != tc.status || ae.Code != tc.code || !strings.Contains(ae.Message, tc.msg) {
+				t.Errorf("OpenStream = %v, want %d %s mentioning %q", err, tc.status, tc.code, tc.msg)
+			}
+		})
+	}
+	select {
+	case hd := <-headers:
+		t.Errorf("a %s stream with params %s reached the node", hd.Kind, hd.Params)
+	default:
+	}
+
+	// Good params are passed on as they were sent, not re-encoded (which
+	// would reorder the fields and undo the escape).
+	raw := `{"timeout_ms":5000,"argv":["ok","\u0041"]}`
+	st, err := c.OpenStream(ctx, "n1", protocol.KindExec, json.RawMessage(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	fr := protocol.NewFrameReader(st)
-	fm, err := fr.Next()
-	if err != nil || fm.Type != protocol.FrameError {
-		t.Fatalf("first frame %v %q, %v; want an error frame", fm.Type, fm.Payload, err)
+	select {
+	case hd := <-headers:
+		if string(hd.Params) != raw {
+			t.Errorf("node got params %s, want %s", hd.Params, raw)
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("the stream did not reach the node")
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -205,5 +206,59 @@ func TestExecExitCodesEndToEnd(t *testing.T) {
 		if code := r.wait(t); code != 255 || !strings.Contains(r.stderr.String(), "shutting down") {
 			t.Errorf("exit %d, stderr %q; want 255 naming the shutdown", code, r.stderr.String())
 		}
+	})
+}
+
+// TestExecCancelWithStdinUnreadEndToEnd: `yes | tether exec --node n --
+// sleep 1001`, then Ctrl-C: the command never reads its stdin and MiBs of
+// it wait in the pipe, the coordinator and the tunnel, yet the cancel
+// reaches the node at once (out of band): the process is killed and tether
+// exits 130 with the cancelled result.
+func TestExecCancelWithStdinUnreadEndToEnd(t *testing.T) {
+	f := startFleet(t)
+	f.startAgent(t, "e2e-yes", "role=yes", f.tokenFile)
+	f.waitNodes(t, "e2e-yes")
+
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fed atomic.Int64
+	feeding := make(chan struct{})
+	go func() { // yes
+		defer close(feeding)
+		chunk := bytes.Repeat([]byte("y\n"), 32<<10)
+		for {
+			n, err := pw.Write(chunk)
+			fed.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		pw.Close()
+		<-feeding
+	})
+	r := startCLI(t, f.natsURL, pr, "exec", "--node", "e2e-yes", "--", "sleep", "1001")
+	pr.Close() // the child has its copy
+	waitProcess(t, "sleep", "1001")
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := fed.Load(); n < 4<<20 {
+			return fmt.Errorf("%d bytes of stdin fed, want 4 MiB queued", n)
+		}
+		return nil
+	})
+	if err := r.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 130 || !strings.Contains(r.stderr.String(), "node e2e-yes: cancelled") {
+		t.Errorf("exit %d, want 130 and the cancel on stderr; stderr %q", code, r.stderr.String())
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if pids := processesWith("sleep", "1001"); len(pids) > 0 {
+			return fmt.Errorf("sleep 1001 still running: %v", pids)
+		}
+		return nil
 	})
 }

@@ -4,12 +4,19 @@
 // (tether.v1.stream); the client package wraps it as client.Stream.
 //
 // A Pipe is an io.ReadWriteCloser with TCP-like half-close (CloseWrite: the
-// peer reads io.EOF) and abort (Close or CloseWithError: the peer's reads
-// and writes fail with the reason). Ends are created by Dial (the opener:
-// subscribes its inbox, then publishes a request with that inbox as reply
-// subject and waits for the answering end's open message), Accept (the
-// answering end: subscribes its own inbox, then sends open to the opener's
-// inbox) or New (both subjects already known and subscribed).
+// peer reads io.EOF), abort (Close or CloseWithError: the peer's reads and
+// writes fail with the reason) and, like QUIC's RESET_STREAM, the abort of
+// one direction (ResetWrite: the peer drops what it has not read of it and
+// its reads fail with the reason at once, while it goes on writing). Done
+// and PeerReset are channels closed when the pipe failed or was closed and
+// when the peer reset its direction, for callers blocked elsewhere (the
+// coordinator's relay, writing to a tunnel stream).
+//
+// Ends are created by Dial (the opener: subscribes its inbox, then
+// publishes a request with that inbox as reply subject and waits for the
+// answering end's open message), Accept (the answering end: subscribes its
+// own inbox, then sends open to the opener's inbox) or New (both subjects
+// already known and subscribed).
 //
 // # Flow control and memory
 //

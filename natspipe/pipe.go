@@ -97,6 +97,11 @@ var (
 	ErrProtocol = errors.New("natspipe: protocol violation")
 	// ErrWriteClosed: Write after CloseWrite.
 	ErrWriteClosed = errors.New("natspipe: write after CloseWrite")
+	// ErrPeerReset: the peer reset its direction (ResetWrite); its reason,
+	// if any, is in the text. Reads fail with it; writes go on.
+	ErrPeerReset = errors.New("natspipe: peer reset its direction")
+	// ErrWriteReset: Write or CloseWrite after ResetWrite.
+	ErrWriteReset = errors.New("natspipe: write after ResetWrite")
 )
 
 // Error is a pipe failure: its text names the peer subject and the cause,
@@ -169,10 +174,17 @@ type Pipe struct {
 	used    uint64         // bytes consumed by the reader
 	granted uint64         // credit granted to the peer
 	rEOF    bool           // the peer's eof arrived
+	rReset  error          // the peer reset its direction: reads return this
 	credit  uint64         // credit the peer granted us
 	sent    uint64         // bytes published
 	sendSeq uint64         // seq of the next data message
 	wClosed bool           // CloseWrite sent eof
+	wReset  bool           // ResetWrite sent reset
+
+	// done is closed once the pipe failed or was closed (closeDoneLocked);
+	// peerReset once the peer's reset arrived. Both are closed under mu.
+	done, peerReset chan struct{}
+	doneClosed      bool
 }
 
 // newPipe builds an unsubscribed pipe.
@@ -188,15 +200,17 @@ func newPipe(nc *nats.Conn, local, peer string, cfg Config) (*Pipe, error) {
 		cfg.MaxMessage = max
 	}
 	p := &Pipe{
-		nc:      nc,
-		local:   local,
-		peer:    peer,
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "natspipe", "inbox", local),
-		epoch:   time.Now(),
-		seqVal:  []string{"0"},
-		granted: protocol.PipeInitialCredit,
-		credit:  protocol.PipeInitialCredit,
+		nc:        nc,
+		local:     local,
+		peer:      peer,
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "natspipe", "inbox", local),
+		epoch:     time.Now(),
+		seqVal:    []string{"0"},
+		granted:   protocol.PipeInitialCredit,
+		credit:    protocol.PipeInitialCredit,
+		done:      make(chan struct{}),
+		peerReset: make(chan struct{}),
 	}
 	p.dataHdr = nats.Header{protocol.HeaderPipeOp: {"data"}, protocol.HeaderPipeSeq: p.seqVal}
 	p.cond.L = &p.mu
@@ -362,6 +376,11 @@ func (p *Pipe) handle(msg *nats.Msg) {
 	}
 	switch m.Op {
 	case protocol.PipeData:
+		if p.rReset != nil {
+			// Published by a Write that was under way when the peer
+			// reset: dropped, like everything of that direction.
+			break
+		}
 		switch {
 		case p.rEOF:
 			p.failLocked(p.errorf(ErrProtocol, nil, "data message %d after eof", m.Seq), true)
@@ -390,6 +409,9 @@ func (p *Pipe) handle(msg *nats.Msg) {
 			}
 		}
 	case protocol.PipeEOF:
+		if p.rReset != nil {
+			break
+		}
 		if m.Seq != p.nextSeq {
 			p.failLocked(p.errorf(ErrLost, nil, "message %d lost (got eof after %d)", p.nextSeq, m.Seq), true)
 			return
@@ -401,8 +423,9 @@ func (p *Pipe) handle(msg *nats.Msg) {
 		if m.Error != "" {
 			e = p.errorf(ErrPeerClosed, nil, "closed by peer: %s", m.Error)
 		}
-		if p.rEOF {
-			// Everything the peer sent arrived: let the reader finish.
+		if p.rEOF || p.rReset != nil {
+			// Everything the peer sent arrived (or was abandoned by
+			// the peer): let the reader finish.
 			p.werr = e
 			p.cond.Broadcast()
 			p.mu.Unlock()
@@ -410,6 +433,17 @@ func (p *Pipe) handle(msg *nats.Msg) {
 		}
 		p.failLocked(e, false)
 		return
+	case protocol.PipeReset:
+		if p.rReset == nil {
+			e := p.errorf(ErrPeerReset, nil, "peer reset its direction")
+			if m.Error != "" {
+				e = p.errorf(ErrPeerReset, nil, "peer reset its direction: %s", m.Error)
+			}
+			p.rReset = e
+			p.queue, p.off = nil, 0
+			close(p.peerReset)
+			p.cond.Broadcast()
+		}
 	case protocol.PipePing:
 	case protocol.PipeOpen:
 		p.failLocked(p.errorf(ErrProtocol, nil, "unexpected open message"), true)
@@ -434,12 +468,21 @@ func (p *Pipe) failLocked(err error, tell bool) {
 	p.err = err
 	p.queue, p.off = nil, 0
 	p.stopTimerLocked()
+	p.closeDoneLocked()
 	p.cond.Broadcast()
 	peer := p.peer
 	p.mu.Unlock()
 	p.log.Debug("pipe failed", "peer", peer, "err", err)
 	if tell && peer != "" {
 		p.sendClose(peer, err.Error())
+	}
+}
+
+// closeDoneLocked closes the Done channel, once. p.mu must be held.
+func (p *Pipe) closeDoneLocked() {
+	if !p.doneClosed {
+		p.doneClosed = true
+		close(p.done)
 	}
 }
 
@@ -513,7 +556,7 @@ func (p *Pipe) sendClose(peer, reason string) {
 func (p *Pipe) consumedLocked(n int) uint64 {
 	p.used += uint64(n)
 	w := uint64(p.cfg.Window)
-	if p.granted-p.used <= w/2 && p.err == nil && !p.rEOF {
+	if p.granted-p.used <= w/2 && p.err == nil && !p.rEOF && p.rReset == nil {
 		p.granted = p.used + w
 		return p.granted
 	}
@@ -523,7 +566,7 @@ func (p *Pipe) consumedLocked(n int) uint64 {
 // waitReadLocked waits until data, EOF or an error is there and returns
 // the error to report if no data is. p.mu must be held.
 func (p *Pipe) waitReadLocked() error {
-	for len(p.queue) == 0 && p.err == nil && !p.rEOF && !p.closed {
+	for len(p.queue) == 0 && p.err == nil && !p.rEOF && p.rReset == nil && !p.closed {
 		p.cond.Wait()
 	}
 	if len(p.queue) > 0 {
@@ -534,13 +577,16 @@ func (p *Pipe) waitReadLocked() error {
 		return ErrClosed
 	case p.err != nil:
 		return p.err
+	case p.rReset != nil:
+		return p.rReset
 	}
 	return io.EOF
 }
 
 // Read reads the next bytes of the stream. It returns io.EOF after the
 // peer's CloseWrite (once everything before it was read), ErrClosed after
-// Close, and the failure otherwise.
+// Close, an error matching ErrPeerReset once the peer reset its direction
+// (unread bytes are dropped), and the failure otherwise.
 func (p *Pipe) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
@@ -611,6 +657,8 @@ func (p *Pipe) writeErrLocked() error {
 		return ErrClosed
 	case p.err != nil:
 		return p.err
+	case p.wReset:
+		return ErrWriteReset
 	case p.wClosed:
 		return ErrWriteClosed
 	case p.werr != nil:
@@ -707,6 +755,50 @@ func (p *Pipe) CloseWrite() error {
 	}})
 }
 
+// ResetWrite abandons this end's direction of the pipe at once, out of
+// band (the reset op of protocol/pipe.go): the peer drops every byte of it
+// that it has not read yet, and its reads fail with an error matching
+// ErrPeerReset that carries reason's text (if reason is not nil). A Write
+// blocked on credit returns, and later Writes and CloseWrite fail with
+// ErrWriteReset; unlike CloseWrite it does not wait for a Write in progress.
+// The other direction goes on: Read returns the peer's bytes until its eof
+// or close. Use it to say "stop, and forget what I sent" when the bytes
+// already sent may never be read (a command that does not read its stdin):
+// the peer learns of it at once. It returns the pipe's failure if it
+// already failed or was closed, else the error of publishing the reset;
+// calling it again does nothing and returns nil. A peer that predates the
+// reset op fails the whole pipe instead, as if Close had been called.
+func (p *Pipe) ResetWrite(reason error) error {
+	p.mu.Lock()
+	if err := p.writeErrLocked(); err != nil && err != ErrWriteClosed {
+		p.mu.Unlock()
+		if err == ErrWriteReset {
+			return nil
+		}
+		return err
+	}
+	p.wReset = true
+	peer := p.peer
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	h := nats.Header{protocol.HeaderPipeOp: {"reset"}}
+	if reason != nil {
+		h[protocol.HeaderPipeError] = []string{protocol.TruncatePipeError(reason.Error())}
+	}
+	return p.publish(&nats.Msg{Subject: peer, Header: h})
+}
+
+// Done returns a channel that is closed once the pipe failed (Err is then
+// set: a protocol violation, a lost message, the peer's silence, its close
+// before its eof) or was closed locally. A clean end (both eofs) does not
+// close it; a Close after it does.
+func (p *Pipe) Done() <-chan struct{} { return p.done }
+
+// PeerReset returns a channel that is closed once the peer reset its
+// direction (ResetWrite): what it sent and this end did not read yet is
+// gone, and Read fails with ErrPeerReset.
+func (p *Pipe) PeerReset() <-chan struct{} { return p.peerReset }
+
 // Close aborts the pipe: CloseWithError(nil).
 func (p *Pipe) Close() error { return p.CloseWithError(nil) }
 
@@ -730,6 +822,7 @@ func (p *Pipe) CloseWithError(reason error) error {
 	}
 	p.queue, p.off = nil, 0
 	p.stopTimerLocked()
+	p.closeDoneLocked()
 	p.cond.Broadcast()
 	peer := p.peer
 	p.mu.Unlock()

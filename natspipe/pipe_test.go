@@ -344,6 +344,107 @@ func TestAbort(t *testing.T) {
 	}
 }
 
+// TestResetWrite: a reset abandons one direction at once: the writer
+// blocked on credit returns, the peer's unread bytes are dropped and its
+// reads fail with the reason (before it read them: the reset is out of
+// band), while the other direction carries on to its eof.
+func TestResetWrite(t *testing.T) {
+	e := newEnv(t)
+	cfg := natspipe.Config{Window: protocol.PipeInitialCredit}
+	a, b := e.pair(t, cfg, cfg)
+	// a writes more than b, which does not read, lets it send.
+	wrote := make(chan error, 1)
+	go func() { _, err := a.Write(make([]byte, 1<<20)); wrote <- err }()
+	checkFor(t, defaultTestTimeout, func() error {
+		if b.Buffered() < protocol.PipeInitialCredit {
+			return errors.New("not filled")
+		}
+		return nil
+	})
+	select {
+	case <-b.PeerReset():
+		t.Fatal("PeerReset closed before the reset")
+	default:
+	}
+	if err := a.ResetWrite(errors.New("cancelled by the user")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ResetWrite(nil); err != nil {
+		t.Errorf("second ResetWrite = %v, want nil", err)
+	}
+	if err := waitErr(t, wrote); !errors.Is(err, natspipe.ErrWriteReset) {
+		t.Errorf("blocked Write = %v, want ErrWriteReset", err)
+	}
+	select {
+	case <-b.PeerReset():
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("PeerReset not closed")
+	}
+	if _, err := b.Read(make([]byte, 10)); !errors.Is(err, natspipe.ErrPeerReset) || !strings.HasSuffix(err.Error(), "peer reset its direction: cancelled by the user") {
+		t.Errorf("b.Read after the reset = %v, want ErrPeerReset with the reason", err)
+	}
+	if n := b.Buffered(); n != 0 {
+		t.Errorf("b still buffers %d bytes of the reset direction", n)
+	}
+	if _, err := a.Write([]byte("x")); !errors.Is(err, natspipe.ErrWriteReset) {
+		t.Errorf("a.Write after ResetWrite = %v, want ErrWriteReset", err)
+	}
+	if err := a.CloseWrite(); !errors.Is(err, natspipe.ErrWriteReset) {
+		t.Errorf("a.CloseWrite after ResetWrite = %v, want ErrWriteReset", err)
+	}
+	// b → a goes on, past several windows.
+	data := randomBytes(3*protocol.PipeInitialCredit+17, 7)
+	go b.Write(data)
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(a, got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("a read %v; want the %d bytes b wrote", err, len(data))
+	}
+	// Neither end failed; closing both is a clean end.
+	select {
+	case <-a.Done():
+		t.Error("a's Done closed before Close")
+	case <-b.Done():
+		t.Error("b's Done closed before Close")
+	default:
+	}
+	if a.Err() != nil || b.Err() != nil {
+		t.Errorf("Err after a reset: %v, %v; want nil", a.Err(), b.Err())
+	}
+	a.Close()
+	select {
+	case <-a.Done():
+	default:
+		t.Error("Done not closed by Close")
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		// a's close after its reset cuts only b's write side.
+		if _, err := b.Write([]byte("x")); !errors.Is(err, natspipe.ErrPeerClosed) {
+			return fmt.Errorf("b.Write after a's close = %v, want ErrPeerClosed", err)
+		}
+		return nil
+	})
+	if b.Err() != nil {
+		t.Errorf("b.Err = %v after a clean end, want nil", b.Err())
+	}
+	b.Close()
+}
+
+// TestDoneOnFailure: Done is closed when the pipe fails, e.g. by the
+// peer's abort.
+func TestDoneOnFailure(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.pair(t, natspipe.Config{}, natspipe.Config{})
+	a.Close()
+	select {
+	case <-b.Done():
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("b's Done not closed after a's close")
+	}
+	if !errors.Is(b.Err(), natspipe.ErrPeerClosed) {
+		t.Errorf("b.Err = %v, want ErrPeerClosed", b.Err())
+	}
+}
+
 func TestLocalCloseUnblocks(t *testing.T) {
 	e := newEnv(t)
 	cfg := natspipe.Config{Window: protocol.PipeInitialCredit}

@@ -234,7 +234,7 @@ type ExecResult struct {
 	Nodes     int `json:"nodes"`
 	Succeeded int `json:"succeeded"`
 	Failed    int `json:"failed"`
-	// Truncated is set when any node's output was truncated (see
+	// Truncated is set when any node's output was truncated or cut (see
 	// NodeResult.Truncated): the output the client received is not all the
 	// job wrote.
 	Truncated bool `json:"truncated,omitempty"`
@@ -253,9 +253,10 @@ type NodeResult struct {
 	StderrBytes     int64   `json:"stderr_bytes"`
 	StdoutTruncated bool    `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool    `json:"stderr_truncated,omitempty"`
-	// Truncated is StdoutTruncated || StderrTruncated: output past the
-	// output limit was dropped, so the output received is incomplete even
-	// when ExitCode is 0.
+	// Truncated is StdoutTruncated || StderrTruncated || OutputCut: output
+	// past the output limit was dropped, or output after the agent killed
+	// the process group was lost, so the output received is incomplete
+	// even when ExitCode is 0.
 	Truncated bool   `json:"truncated,omitempty"`
 	Error     string `json:"error,omitempty"`
 	// ErrorCode is the agent's ErrorInfo.Code (CodeCommandNotFound,
@@ -271,7 +272,9 @@ type NodeResult struct {
 	// batch; nil when none did.
 	FailedCommand *int `json:"failed_command,omitempty"`
 	// OutputCut is set when the agent killed the process group because
-	// something kept the output pipes open after the main process exited.
+	// something kept the output pipes open after the main process exited
+	// (the agent's pipe wait): output after that was lost, so Truncated is
+	// set too.
 	OutputCut bool `json:"output_cut,omitempty"`
 	// Detached is set when the job was started detached on the node and
 	// is running there (see ExecRequest.Detach).
@@ -291,10 +294,11 @@ const (
 // command succeeded); OutputTruncated tells.
 func (r *NodeResult) OK() bool { return r.Error == "" && r.ExitCode == 0 }
 
-// OutputTruncated reports whether output past the output limit was dropped
-// on either stream.
+// OutputTruncated reports whether the output received is incomplete:
+// output past the output limit was dropped on either stream, or output was
+// lost when the agent cut it (OutputCut).
 func (r *NodeResult) OutputTruncated() bool {
-	return r.Truncated || r.StdoutTruncated || r.StderrTruncated
+	return r.Truncated || r.StdoutTruncated || r.StderrTruncated || r.OutputCut
 }
 
 // OutputUnlimited is the OutputLimit (ExecRequest, ExecParams) that means no

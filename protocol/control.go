@@ -45,6 +45,11 @@ type Hello struct {
 	// refused with CodeDuplicate, so two agents misconfigured with one node
 	// id cannot keep knocking each other off.
 	Instance string `json:"instance,omitempty"`
+	// Features lists the optional parts of this protocol Version the agent
+	// speaks (Feature* constants). A coordinator uses a feature only with an
+	// agent that listed it, and ignores names it does not know, so agents
+	// and coordinators of different releases keep working together.
+	Features []string `json:"features,omitempty"`
 }
 
 // Validate reports the first problem with h's identity fields. It does not

@@ -38,7 +38,17 @@
 //
 //   - control: the agent sends [FrameHello]; the coordinator answers
 //     [FrameWelcome] or [FrameReject] (then closes). Afterwards the agent
-//     sends [FrameHeartbeat] every Welcome.HeartbeatInterval.
+//     sends [FrameHeartbeat] every Welcome.HeartbeatInterval, and the
+//     coordinator may send [FrameCancelStream] ([CancelStream], at most
+//     [MaxControlFrameSize] bytes) if the agent's Hello.Features listed
+//     [FeatureCancelStream]. Such an agent reads the control stream until
+//     the session ends; one that did not list it may never read it after
+//     Welcome, so the coordinator sends it nothing. Features are how this
+//     stream grows within a Version: a new coordinator→agent frame comes
+//     with a new feature name, a coordinator ignores feature names it does
+//     not know, and an agent that reads a frame it cannot parse (a
+//     coordinator breaking this rule) stops interpreting the stream but
+//     keeps reading it, so that the coordinator never blocks on it.
 //   - exec: the coordinator sends [FrameStdin]* then [FrameStdinClose], and
 //     may send [FrameCancel] at any time; the agent sends [FrameStdout] and
 //     [FrameStderr] as output is produced, then exactly one [FrameExit] or
@@ -53,8 +63,16 @@
 // Every kind a client reaches through the coordinator's stream relay
 // (exec, copy, pty) accepts [FrameCancel] at any point: the relay, which
 // does not parse the streams it carries beyond frame boundaries, sends one
-// when the client vanished before the operation ended. yamux has no stream
-// reset, so an abort must be said in-band.
+// when the client cancelled or vanished before the operation ended. yamux
+// has no stream reset, so an abort must be said in-band, and an in-band
+// cancel waits behind every byte the stream already carries: stdin a
+// command leaves unread fills the agent's pipe, the stream's window and the
+// relay's buffers, and the cancel never arrives. The relay therefore also
+// sends [FrameCancelStream] on the control stream (to an agent with
+// [FeatureCancelStream]), which the agent acts on as on a FrameCancel of
+// that stream: an exec's or pty's process group is killed and its exit
+// frame (cancelled) still sent if the stream can carry it; a copy is
+// aborted as when its session ends.
 //
 // A stream that breaks without a final frame (the session died) means the
 // operation's outcome is unknown; the agent kills work it can no longer

@@ -51,6 +51,10 @@ const (
 	FrameWelcome    FrameType = 17 // JSON Welcome (coordinator → agent)
 	FrameReject     FrameType = 18 // JSON ErrorInfo (coordinator → agent)
 	FrameHeartbeat  FrameType = 19 // JSON Heartbeat (agent → coordinator)
+	// FrameCancelStream (coordinator → agent, control stream): JSON
+	// CancelStream. Sent only to an agent whose Hello listed
+	// FeatureCancelStream.
+	FrameCancelStream FrameType = 20
 
 	// Copy frames (copy.go).
 	FrameManifest    FrameType = 32 // JSON []ManifestEntry: part of what the receiver has
@@ -79,7 +83,7 @@ var frameNames = map[FrameType]string{
 	FrameStdin: "stdin", FrameStdinClose: "stdin-close", FrameStdout: "stdout",
 	FrameStderr: "stderr", FrameExit: "exit", FrameError: "error",
 	FrameCancel: "cancel", FrameHello: "hello", FrameWelcome: "welcome",
-	FrameReject: "reject", FrameHeartbeat: "heartbeat",
+	FrameReject: "reject", FrameHeartbeat: "heartbeat", FrameCancelStream: "cancel-stream",
 	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameResize: "resize", FrameSignal: "signal",

@@ -1,6 +1,7 @@
 package protocol_test
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -90,5 +91,51 @@ func TestRegisterRefusesDotIDs(t *testing.T) {
 		if e := r.Validate(); e == nil || e.Status != 400 {
 			t.Errorf("id %q: Validate = %v, want 400", id, e)
 		}
+	}
+}
+
+// CheckStreamParams is the agent's check of a header's params, for a relay:
+// strict decoding, then the kind's Validate, errors matching
+// ErrMalformedJSON and ErrTooLarge; StreamParamsAPIError maps them to 400
+// and 413.
+func TestCheckStreamParams(t *testing.T) {
+	many := `"` + strings.Repeat(`x","`, protocol.MaxArgs) + `x"`
+	tests := []struct {
+		kind   protocol.Kind
+		params string
+		status int    // 0 = valid
+		want   string // part of the message
+	}{
+		{protocol.KindExec, `{"argv":["true"]}`, 0, ""},
+		{protocol.KindExec, `{"argv":["true"],"extra":1}`, 400, `exec stream params: protocol: malformed JSON payload: json: unknown field "extra"`},
+		{protocol.KindExec, `{"argv":["true"]}{}`, 400, "trailing data"},
+		{protocol.KindExec, `{"commands":[""]}`, 400, "exec params: commands[0] is empty"},
+		{protocol.KindExec, `{"argv":[""],"cwd":"\u0000"}`, 400, "exec params: argv[0] is empty; cwd contains NUL"},
+		{protocol.KindExec, `{"argv":[` + many + `],"cwd":"\u0000"}`, 413, "exec params: argv has 4097 entries, over the limit of 4096"},
+		{protocol.KindPTY, `{}`, 0, ""},
+		{protocol.KindPTY, `{"term":"x\u0000"}`, 400, "pty params: term contains NUL"},
+		{protocol.KindCopy, `{"direction":"pull","path":"/srv"}`, 0, ""},
+		{protocol.KindCopy, `{"direction":"pull"}`, 400, `copy params: path "": must be absolute`},
+		{protocol.KindDial, `{"target":"anything goes"}`, 0, ""}, // the node's allow-list judges
+		{protocol.KindDial, `{"target":"web","addr":"10.0.0.1:80"}`, 400, `unknown field "addr"`},
+		{protocol.KindJob, `{}`, 400, "no params check"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.kind.String()+" "+tt.params[:min(len(tt.params), 40)], func(t *testing.T) {
+			e := protocol.StreamParamsAPIError(tt.kind, []byte(tt.params))
+			if tt.status == 0 {
+				if e != nil {
+					t.Fatalf("refused: %v", e)
+				}
+				return
+			}
+			if e == nil || e.Status != tt.status || !strings.Contains(e.Message, tt.want) {
+				t.Fatalf("StreamParamsAPIError = %v, want %d mentioning %q", e, tt.status, tt.want)
+			}
+			err := protocol.CheckStreamParams(tt.kind, []byte(tt.params))
+			if big := errors.Is(err, protocol.ErrTooLarge); big != (tt.status == 413) {
+				t.Errorf("CheckStreamParams = %v: matches ErrTooLarge %v, want %v", err, big, tt.status == 413)
+			}
+		})
 	}
 }

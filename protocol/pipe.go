@@ -19,11 +19,11 @@ import (
 // publishes to it. A pipe message's meaning is in its NATS headers; only
 // data messages have a body.
 //
-//	Tether-Pipe-Op      data | ack | eof | close | ping | open   (always)
-//	Tether-Pipe-Seq     decimal uint64                          (data, eof)
-//	Tether-Pipe-Credit  decimal uint64                          (ack)
-//	Tether-Pipe-Error   text, at most MaxPipeErrorLen bytes     (close, optional)
-//	Tether-Pipe-Inbox   a NATS subject without wildcards        (open)
+//	Tether-Pipe-Op      data | ack | eof | close | ping | open | reset   (always)
+//	Tether-Pipe-Seq     decimal uint64                                  (data, eof)
+//	Tether-Pipe-Credit  decimal uint64                                  (ack)
+//	Tether-Pipe-Error   text, at most MaxPipeErrorLen bytes             (close, reset; optional)
+//	Tether-Pipe-Inbox   a NATS subject without wildcards                (open)
 //
 //   - data: the body is the next 1..MaxPipeMessage bytes of the stream.
 //     Seq counts the data messages of one direction from 0; the receiver
@@ -56,9 +56,22 @@ import (
 //     silent for 15s"). Both ends must use the same interval.
 //   - open: the first message of the answering end of a handshake (below);
 //     Tether-Pipe-Inbox is that end's inbox.
+//   - reset: abort the sender's direction only (QUIC's RESET_STREAM): the
+//     receiver drops every byte of that direction it has not read yet,
+//     ignores data and eof of that direction that arrive later (they may
+//     have been on their way), and its reads fail with the reason in
+//     Tether-Pipe-Error, if any. The other direction goes on: the peer
+//     that reset still reads, until eof or close. It says "stop now, and
+//     forget what I sent", out of band: a client cancelling an exec whose
+//     command leaves its stdin unread resets its direction, so that the
+//     coordinator learns of the cancel at once while the command's output
+//     and exit status still reach the client. A close after a reset cuts
+//     only what the receiver still had to send, as after an eof.
 //
 // Unknown ops are an error: a peer speaking a newer pipe version must not be
-// half understood. Headers other than these are ignored.
+// half understood. Headers other than these are ignored. (reset is the
+// newest op: a peer that predates it fails the pipe on receiving one, which
+// is the outcome of a close.)
 //
 // # Handshake on SubjectStream
 //
@@ -125,11 +138,12 @@ const (
 	PipeClose
 	PipePing
 	PipeOpen
+	PipeReset
 )
 
 var pipeOpNames = [...]string{
 	PipeData: "data", PipeAck: "ack", PipeEOF: "eof",
-	PipeClose: "close", PipePing: "ping", PipeOpen: "open",
+	PipeClose: "close", PipePing: "ping", PipeOpen: "open", PipeReset: "reset",
 }
 
 // String returns the op's wire name, or "op(N)" for invalid values.
@@ -141,7 +155,7 @@ func (o PipeOp) String() string {
 }
 
 // Valid reports whether o is a defined op.
-func (o PipeOp) Valid() bool { return o >= PipeData && o <= PipeOpen }
+func (o PipeOp) Valid() bool { return o >= PipeData && o <= PipeReset }
 
 // ErrPipeHeader is wrapped by every header validation error.
 var ErrPipeHeader = errors.New("protocol: invalid pipe message header")
@@ -162,6 +176,8 @@ func ParsePipeOp(s string) (PipeOp, error) {
 		return PipePing, nil
 	case "open":
 		return PipeOpen, nil
+	case "reset":
+		return PipeReset, nil
 	}
 	if s == "" {
 		return 0, fmt.Errorf("%w: no %s", ErrPipeHeader, HeaderPipeOp)
@@ -174,7 +190,7 @@ type PipeMsg struct {
 	Op     PipeOp
 	Seq    uint64 // data, eof
 	Credit uint64 // ack
-	Error  string // close; may be empty
+	Error  string // close, reset; may be empty
 	Inbox  string // open
 }
 
@@ -209,7 +225,7 @@ func ParsePipeHeader(h map[string][]string, bodyLen int) (PipeMsg, error) {
 		if m.Credit, err = pipeUint(h, HeaderPipeCredit); err != nil {
 			return m, err
 		}
-	case PipeClose:
+	case PipeClose, PipeReset:
 		m.Error = pipeFirst(h, HeaderPipeError)
 		if len(m.Error) > MaxPipeErrorLen {
 			return m, fmt.Errorf("%w: %s is %d bytes, over %d", ErrPipeHeader, HeaderPipeError, len(m.Error), MaxPipeErrorLen)
@@ -233,7 +249,7 @@ func (m PipeMsg) Header() map[string][]string {
 		h[HeaderPipeSeq] = []string{strconv.FormatUint(m.Seq, 10)}
 	case PipeAck:
 		h[HeaderPipeCredit] = []string{strconv.FormatUint(m.Credit, 10)}
-	case PipeClose:
+	case PipeClose, PipeReset:
 		if m.Error != "" {
 			h[HeaderPipeError] = []string{TruncatePipeError(m.Error)}
 		}

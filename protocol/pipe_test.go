@@ -38,6 +38,9 @@ func TestParsePipeHeader(t *testing.T) {
 		{"close", h(op, "close", protocol.HeaderPipeError, "boom"), 0, protocol.PipeMsg{Op: protocol.PipeClose, Error: "boom"}, ""},
 		{"close quiet", h(op, "close"), 0, protocol.PipeMsg{Op: protocol.PipeClose}, ""},
 		{"ping", h(op, "ping"), 0, protocol.PipeMsg{Op: protocol.PipePing}, ""},
+		{"reset", h(op, "reset", protocol.HeaderPipeError, "cancelled"), 0, protocol.PipeMsg{Op: protocol.PipeReset, Error: "cancelled"}, ""},
+		{"reset quiet", h(op, "reset"), 0, protocol.PipeMsg{Op: protocol.PipeReset}, ""},
+		{"reset with body", h(op, "reset"), 1, protocol.PipeMsg{Op: protocol.PipeReset}, "reset message has a 1 byte body"},
 		{"open", h(op, "open", protocol.HeaderPipeInbox, "_INBOX.abc.1"), 0, protocol.PipeMsg{Op: protocol.PipeOpen, Inbox: "_INBOX.abc.1"}, ""},
 		{"no op", h(seq, "1"), 0, protocol.PipeMsg{}, "no Tether-Pipe-Op"},
 		{"unknown op", h(op, "rst"), 0, protocol.PipeMsg{}, `unknown Tether-Pipe-Op "rst"`},
@@ -83,7 +86,7 @@ func TestParsePipeHeader(t *testing.T) {
 }
 
 func TestPipeOpString(t *testing.T) {
-	for o := protocol.PipeData; o <= protocol.PipeOpen; o++ {
+	for o := protocol.PipeData; o <= protocol.PipeReset; o++ {
 		back, err := protocol.ParsePipeOp(o.String())
 		if err != nil || back != o {
 			t.Errorf("ParsePipeOp(%q) = %v, %v", o.String(), back, err)

@@ -99,3 +99,67 @@ func sizeErrors(err error) []error {
 	}
 	return out
 }
+
+// CheckStreamParams checks params as the agent checks the header of a
+// stream of kind k before it serves it: decoded strictly into the kind's
+// params struct (Header.DecodeParams: unknown fields and trailing data are
+// errors), then, for exec, pty and copy, the struct's Validate; a dial's
+// target is the node's to judge (its allow-list), so dial params are only
+// decoded. Whoever passes params on to an agent (the coordinator's
+// SubjectStream relay) calls it to refuse what the agent would, with the
+// same words. The error matches ErrMalformedJSON for params that do not
+// decode, and ErrTooLarge when a problem is one of size; kinds other than
+// these four return an error matching ErrUnknownKind.
+func CheckStreamParams(k Kind, params []byte) error {
+	h := Header{Version: Version, Kind: k, Params: params}
+	var v interface{ Validate() error }
+	switch k {
+	case KindExec:
+		v = &ExecParams{}
+	case KindPTY:
+		v = &PTYParams{}
+	case KindCopy:
+		v = &CopyParams{}
+	case KindDial:
+		return h.DecodeParams(&DialParams{})
+	default:
+		return fmt.Errorf("%s stream params: %w: no params check for this kind", k, ErrUnknownKind)
+	}
+	if err := h.DecodeParams(v); err != nil {
+		return err
+	}
+	if err := v.Validate(); err != nil {
+		// As ExecRequest.Validate reports them: the size problems alone
+		// when there are any, so that the class of the error is clear.
+		if big := sizeErrors(err); len(big) > 0 {
+			err = errors.Join(big...)
+		}
+		return &paramsError{kind: k, err: err}
+	}
+	return nil
+}
+
+// paramsError is a failed Validate of a kind's params, named by kind
+// ("exec params: argv[0] is empty; env key ..."). It matches what err
+// matches (ErrTooLarge for size problems).
+type paramsError struct {
+	kind Kind
+	err  error
+}
+
+func (e *paramsError) Error() string { return e.kind.String() + " params: " + joinLines(e.err) }
+func (e *paramsError) Unwrap() error { return e.err }
+
+// StreamParamsAPIError is CheckStreamParams as a NATS API error, nil when
+// params are good: 413 too_large when a problem is one of size, else 400
+// invalid_request, as ExecRequest.Validate answers.
+func StreamParamsAPIError(k Kind, params []byte) *APIError {
+	err := CheckStreamParams(k, params)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrTooLarge):
+		return NewAPIError(413, ErrCodeTooLarge, "%v", err)
+	}
+	return NewAPIError(400, ErrCodeInvalid, "%v", err)
+}

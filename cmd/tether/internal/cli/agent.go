@@ -270,7 +270,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	f.StringVar(&o.Labels, "labels", o.Labels, "node labels k=v,k2=v2")
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "working directory of jobs that name none")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "serve /metrics on this address (default: off)")
-	f.DurationVar(&o.PipeWait, "pipe-wait", o.PipeWait, "after a job's main process exited, kill its process group if its output is still open this long later (default 0: wait, like ssh)")
+	f.DurationVar(&o.PipeWait, "pipe-wait", o.PipeWait, "after a job's main process exited, kill its process group if its output is still open this long later; the result is then output_cut and truncated (default 0: wait, like ssh)")
 	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep finished detached jobs' output this long (default 24h)")
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory copies may write to and read from (repeatable or comma-separated; default: the data dir)")
 	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the node's OpenShell gateway address host:port (dial target \"openshell\", listed in inventories)")

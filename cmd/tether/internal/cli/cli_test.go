@@ -274,8 +274,12 @@ func TestExecOutcome(t *testing.T) {
 		{"single shutdown", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Cancelled: true,
 			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 255,
 			[]string{"node a: coordinator c1 is shutting down; job cancelled"}},
-		{"single output cut", true, 0, []protocol.NodeResult{{Node: "a", OutputCut: true}}, 0,
-			[]string{"node a: output cut: the command exited but something kept its output open, so its process group was killed"}},
+		{"single output cut", true, 0, []protocol.NodeResult{{Node: "a", OutputCut: true}}, 254,
+			[]string{"node a: output cut: the command exited but a process it left behind kept its output open past the agent's --pipe-wait, so its process group was killed and output after that was lost"}},
+		{"single output cut and failed", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 1, OutputCut: true}}, 1,
+			[]string{"node a: output cut: the command exited but a process it left behind kept its output open past the agent's --pipe-wait, so its process group was killed and output after that was lost"}},
+		{"multi output cut", false, 0, []protocol.NodeResult{ok, {Node: "b", OutputCut: true}}, 254,
+			[]string{"node b: output cut: the command exited but a process it left behind kept its output open past the agent's --pipe-wait, so its process group was killed and output after that was lost"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/agent"
@@ -186,12 +187,13 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	co.Sandbox.ReapGrace = o.ReapGrace
 	co.Sandbox.InventoryInterval = o.InventoryInterval
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
-	cs, err := startCoordinator(co, "", log, newRegistry())
+	reg := newRegistry()
+	cs, err := startCoordinator(co, "", log, reg)
 	if err != nil {
 		return err
 	}
 
-	acfg, err := devAgentConfig(o, cs.info, log, e.getenv)
+	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
 	var a *agent.Agent
 	if err == nil {
 		a, err = agent.New(acfg)
@@ -241,8 +243,12 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	return errors.Join(coordErr, agentErr)
 }
 
-// devAgentConfig configures the local agent to dial the dev coordinator.
-func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, getenv func(string) string) (agent.Config, error) {
+// devAgentConfig configures the local agent to dial the dev coordinator. Its
+// metrics go to reg, the dev coordinator's registry, so the admin endpoint
+// serves both: their names do not collide (tether_agent_* beside
+// tether_coordinator_*), and both guards count into one
+// tether_panics_total vector, by component.
+func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, getenv func(string) string, reg prometheus.Registerer) (agent.Config, error) {
 	cfg := agent.DefaultConfig()
 	tlsCfg, err := tunnel.LoadClientTLS(info.CAFile)
 	if err != nil {
@@ -262,8 +268,7 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	if o.OpenSandbox != "" {
 		cfg.OpenSandbox = &agent.OpenSandboxTarget{Addr: o.OpenSandbox, APIKey: getenv(openSandboxAPIKeyEnv)}
 	}
-	// The agent's metrics stay private: the admin endpoint serves the
-	// coordinator's.
+	cfg.Registerer = reg
 	return cfg, nil
 }
 

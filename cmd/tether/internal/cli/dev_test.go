@@ -3,6 +3,9 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -76,6 +79,25 @@ func TestDevSmoke(t *testing.T) {
 		}
 	}
 
+	// The admin endpoint serves the dev agent's metrics beside the
+	// coordinator's: one registry.
+	m := regexp.MustCompile(`admin: +(http://\S+/metrics)`).FindStringSubmatch(stdout.String())
+	if m == nil {
+		t.Fatalf("banner lacks the admin URL:\n%s", stdout.String())
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		body, err := httpGet(m[1])
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{"\ntether_agent_tunnel_connected 1\n", "\ntether_coordinator_agents_connected 1\n", `tether_panics_total{component="agent"} 0`} {
+			if !strings.Contains(body, want) {
+				return errorString(fmt.Sprintf("%s lacks %q", m[1], strings.TrimSpace(want)))
+			}
+		}
+		return nil
+	})
+
 	node := devNodeID()
 	r := runCLI(testCtx(t), nil, "", "nodes", "--json", "--nats-url", url)
 	if r.code != 0 {
@@ -143,6 +165,23 @@ func TestDevSmoke(t *testing.T) {
 	case <-time.After(defaultTestTimeout):
 		t.Fatal("dev did not stop within the timeout")
 	}
+}
+
+// httpGet returns the body of a GET of url.
+func httpGet(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), nil
 }
 
 type errorString string

@@ -32,7 +32,8 @@
 //	127  the command was not found (on the node; locally for run-lease)
 //	130  interrupted (SIGINT; the remote job was cancelled); 143 on SIGTERM
 //	254  `exec`, `job logs --follow`: the command (every node) succeeded,
-//	     but output past the output limit was dropped
+//	     but its output is incomplete: output past the output limit was
+//	     dropped, or (`exec`) the agent's --pipe-wait cut it (output_cut)
 //	255  a client command failed in Tether: no coordinator, node not
 //	     connected or no node matched, tunnel lost, coordinator shut down,
 //	     bad cwd, internal error (clientCommand, failureCode)

@@ -310,7 +310,10 @@ when a chunk is not valid UTF-8), each node's result as {"node_result":
 
 Each of stdout and stderr is capped per node at --output-limit (default: the
 agent's, 64 MiB; "unlimited" for none); past it the output is dropped, the
-command runs on, and the result says "truncated": true.
+command runs on, and the result says "truncated": true. So does a result
+with "output_cut": true (an agent run with --pipe-wait killed the process
+group because a process left behind held the output open after the command
+exited; what it wrote later was lost).
 
 With --detach the job is started on each node in its own session, its output
 kept in files there; it survives the tunnel and is queried with 'tether job'.
@@ -332,12 +335,14 @@ Exit codes, with --node:
   126      the command exists on the node but cannot be executed
   127      the command was not found on the node
   130/143  interrupted by SIGINT/SIGTERM: the job was cancelled
-  254      the command exited 0 but output past --output-limit was dropped
+  254      the command exited 0 but its output is incomplete: output past
+           --output-limit was dropped, or the agent's --pipe-wait cut it
+           (a process left behind held it open; "output_cut")
   255      Tether failed: no coordinator, node not connected, cwd missing,
            tunnel lost, coordinator shut down, internal error
 With --selector or --all: 0 when every node succeeded, 1 when any node failed
 (for any of the reasons above), 254 when every node succeeded but an output
-was truncated, 255 when Tether failed for the whole job (no node matched, no
+was truncated or cut, 255 when Tether failed for the whole job (no node matched, no
 coordinator); 2, 130 and 143 as above.`,
 		Example: `  tether exec --all -- uname -a
   tether exec --selector gpu=true --timeout 1m -- nvidia-smi
@@ -540,7 +545,7 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 		}
 		truncated = truncated || r.OutputTruncated()
 		if r.OutputCut {
-			lines = append(lines, fmt.Sprintf("node %s: output cut: the command exited but something kept its output open, so its process group was killed", r.Node))
+			lines = append(lines, fmt.Sprintf("node %s: output cut: the command exited but a process it left behind kept its output open past the agent's --pipe-wait, so its process group was killed and output after that was lost", r.Node))
 		}
 		nodeCode, msg := nodeOutcome(r, timeout)
 		// A single node's plain exit code speaks for itself (its failure

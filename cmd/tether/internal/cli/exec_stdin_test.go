@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -200,6 +202,68 @@ func TestExecForwardsPipedStdin(t *testing.T) {
 		cancel(SignalCause(syscall.SIGINT))
 		if code := <-done; code != exitInterrupted {
 			t.Errorf("exit %d, want %d; stderr %q", code, exitInterrupted, stderr.String())
+		}
+	})
+	t.Run("interrupted with stdin unread", func(t *testing.T) {
+		// yes | tether exec --node node-0 -- sleep 1000, then Ctrl-C:
+		// MiBs of stdin wait unread in front of any in-band cancel; the
+		// cancel still reaches the node at once, the process is killed,
+		// and the cancelled result exits 130.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pr.Close()
+		var fed atomic.Int64
+		feeding := make(chan struct{})
+		go func() {
+			defer close(feeding)
+			chunk := bytes.Repeat([]byte("y\n"), 32<<10)
+			for {
+				n, err := pw.Write(chunk)
+				fed.Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		}()
+		defer func() {
+			pw.Close()
+			<-feeding
+		}()
+		ctx, cancel := context.WithCancelCause(testCtx(t))
+		var stdout, stderr syncBuffer
+		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, []string{"exec", "--nats-url", url, "--node", "node-0", "--", "sh", "-c", "echo $$; exec sleep 1000"}, e)
+		}()
+		var pid int
+		checkFor(t, defaultTestTimeout, func() error {
+			line, _, ok := strings.Cut(stdout.String(), "\n")
+			if !ok {
+				return fmt.Errorf("no pid yet; stderr %q", stderr.String())
+			}
+			pid, err = strconv.Atoi(line)
+			return err
+		})
+		checkFor(t, defaultTestTimeout, func() error {
+			if n := fed.Load(); n < 4<<20 {
+				return fmt.Errorf("%d bytes of stdin fed, want 4 MiB queued", n)
+			}
+			return nil
+		})
+		cancel(SignalCause(syscall.SIGINT))
+		select {
+		case code := <-done:
+			if code != exitInterrupted || !strings.Contains(stderr.String(), "node node-0: cancelled") {
+				t.Errorf("exit %d, want %d and the cancel on stderr; stderr %q", code, exitInterrupted, stderr.String())
+			}
+		case <-time.After(defaultTestTimeout):
+			t.Fatal("interrupted exec did not return")
+		}
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("process %d still running on the node", pid)
 		}
 	})
 	t.Run("detach", func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -247,5 +248,37 @@ func TestExecOutputLimit(t *testing.T) {
 		if r.code != exitUsage || !strings.Contains(r.stderr, "--output-limit") {
 			t.Errorf("--output-limit %s: exit %d, stderr %q; want a usage error", bad, r.code, r.stderr)
 		}
+	}
+}
+
+// TestExecOutputCutIsTruncated: an agent with --pipe-wait kills a job's
+// process group when a background child holds its output past the wait
+// after the main process exited; output after that is lost, so the result
+// is truncated: exit 254 (not 0), stderr says why, and the JSON result says
+// truncated, whether the exec ran as a job or streamed stdin.
+func TestExecOutputCutIsTruncated(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.PipeWait = 100 * time.Millisecond }})
+	url := f.NATS.ClientURL()
+	// The background sleep keeps stdout open after sh exited.
+	cmd := []string{"--", "sh", "-c", "sleep 30 & echo parent"}
+	for _, tc := range []struct {
+		name  string
+		stdin string // "" runs it as a job; otherwise streamed stdin
+	}{{"job", ""}, {"streamed stdin", "in\n"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"exec", "--nats-url", url, "--node", "node-0"}, cmd...)
+			r := runCLI(testCtx(t), nil, tc.stdin, args...)
+			if r.code != exitTruncated || r.stdout != "parent\n" || !strings.Contains(r.stderr, "node node-0: output cut") {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d and the output cut on stderr", r.code, r.stdout, r.stderr, exitTruncated)
+			}
+			args = append([]string{"exec", "--nats-url", url, "--node", "node-0", "--json"}, cmd...)
+			r = runCLI(testCtx(t), nil, tc.stdin, args...)
+			lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+			var res protocol.ExecResult
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || r.code != exitTruncated || !res.Truncated ||
+				len(res.Results) != 1 || !res.Results[0].Truncated || !res.Results[0].OutputCut {
+				t.Errorf("--json: exit %d, result %+v (%v)\n%s", r.code, res, err, r.stdout)
+			}
+		})
 	}
 }

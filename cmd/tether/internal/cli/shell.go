@@ -300,6 +300,12 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 			return
 		}
 		hungUp = true
+		// Out of band first (client.Stream.Cancel): stdin the remote
+		// command leaves unread can hold the in-band cancel up, and the
+		// stdin forwarder's write with it; the cancel ends that write.
+		if c, ok := s.st.(interface{ Cancel() error }); ok {
+			c.Cancel()
+		}
 		s.send(protocol.FrameCancel, nil)
 		giveUpC = time.After(shellExitWait)
 	}

@@ -1,14 +1,17 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -463,6 +466,71 @@ func TestShellFleet(t *testing.T) {
 	})
 	t.Run("interrupted", func(t *testing.T) {
 		driveInterrupt(t, nil, url)
+	})
+	t.Run("interrupted with stdin unread", func(t *testing.T) {
+		// yes | tether shell node-0 -- sleep, then Ctrl-C: the hang-up
+		// is not held up behind the MiBs of stdin the command leaves
+		// unread, and the command is killed.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pr.Close()
+		var fed atomic.Int64
+		feeding := make(chan struct{})
+		go func() {
+			defer close(feeding)
+			chunk := bytes.Repeat([]byte("y\n"), 32<<10)
+			for {
+				n, err := pw.Write(chunk)
+				fed.Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		}()
+		defer func() {
+			pw.Close()
+			<-feeding
+		}()
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		var stdout, stderr syncBuffer
+		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, []string{"shell", "node-0", "--nats-url", url, "--", "sh", "-c", "echo $$; exec sleep 1000"}, e)
+		}()
+		var pid int
+		checkFor(t, defaultTestTimeout, func() error {
+			line, _, ok := strings.Cut(stdout.String(), "\n")
+			if !ok {
+				return fmt.Errorf("no pid yet; stderr %q", stderr.String())
+			}
+			pid, err = strconv.Atoi(strings.TrimSpace(line))
+			return err
+		})
+		checkFor(t, defaultTestTimeout, func() error {
+			if n := fed.Load(); n < 4<<20 {
+				return fmt.Errorf("%d bytes of stdin fed, want 4 MiB queued", n)
+			}
+			return nil
+		})
+		cancel()
+		select {
+		case code := <-done:
+			if code != exitInterrupted {
+				t.Errorf("exit %d, want %d; stderr %q", code, exitInterrupted, stderr.String())
+			}
+		case <-time.After(defaultTestTimeout):
+			t.Fatal("interrupted shell did not return")
+		}
+		checkFor(t, defaultTestTimeout, func() error {
+			if syscall.Kill(pid, 0) == nil {
+				return fmt.Errorf("process %d still running on the node", pid)
+			}
+			return nil
+		})
 	})
 	t.Run("pipe", func(t *testing.T) {
 		r := runCLI(testCtx(t), nil, "echo out; echo err >&2; exit 6\n", "shell", "node-0", "--nats-url", url)
