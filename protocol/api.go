@@ -432,10 +432,25 @@ func NewAPIError(status int, code, format string, args ...any) *APIError {
 	return &APIError{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// DecodeRequest decodes an API request body strictly into v: unknown fields,
-// trailing data and bodies over MaxRequestSize are errors. An empty body
-// decodes as "{}". A value of the wrong JSON type is reported by its field
-// path and the JSON type expected.
+// DecodeRequest decodes an API request body strictly into v, because a
+// request that is only partly understood must not run. It refuses, with
+// the JSON path of what it names:
+//   - a key that is not exactly (case-sensitively) one of the struct's
+//     field names, at any depth: 400 unknown_field (`request has unknown
+//     field "target.Node" (field names are case-sensitive: the field is
+//     "node")`);
+//   - a key given twice in any object, field or map key (env), after
+//     unescaping: 400 malformed_request (`request has duplicate key
+//     "argv"`);
+//   - bytes that are not UTF-8, and \uXXXX escapes of unpaired UTF-16
+//     surrogates: 400 malformed_request (`request has invalid UTF-8 in
+//     "argv[1]" at byte offset 40`);
+//   - invalid JSON and trailing data: 400 malformed_request;
+//   - a body over MaxRequestSize: 413 too_large.
+//
+// An empty body decodes as "{}". A value of the wrong JSON type is reported
+// by its field path and the JSON type expected. v is not touched when a
+// key, UTF-8 or syntax problem is found.
 func DecodeRequest(data []byte, v any) *APIError {
 	if len(data) > MaxRequestSize {
 		return NewAPIError(413, ErrCodeTooLarge, "request body is %d bytes, over the %d byte limit", len(data), MaxRequestSize)
@@ -446,8 +461,15 @@ func DecodeRequest(data []byte, v any) *APIError {
 	if err := decodeStrict(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		var de *durationError
+		var je *JSONError
 		msg := err.Error()
 		switch {
+		case errors.As(err, &je):
+			code := ErrCodeMalformed
+			if je.Problem == ProblemUnknownField || je.Problem == ProblemFieldCase {
+				code = ErrCodeUnknownField
+			}
+			return NewAPIError(400, code, "request has %s", je.Error())
 		case strings.HasPrefix(msg, "json: unknown field "):
 			return NewAPIError(400, ErrCodeUnknownField, "request has unknown field %s", Clip(strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)))
 		case errors.As(err, &te):

@@ -22,8 +22,13 @@
 // version is [Version]; a peer that does not speak it answers with an error
 // frame and closes the stream. kind is a [Kind]; params is the JSON encoding
 // of the kind's parameter struct ([ControlParams], [ExecParams], ...) and is
-// at most [MaxHeaderSize] bytes. Unknown JSON fields in params are rejected so that a
-// newer peer's request is never half understood.
+// at most [MaxHeaderSize] bytes. Params are decoded strictly
+// ([Header.DecodeParams]) so that a request is never half understood: a
+// key that is not exactly (case-sensitively) a field name, a key given
+// twice in one object, bytes that are not UTF-8 and \u escapes of unpaired
+// surrogates are refused with a [*JSONError] naming the JSON path; JSON
+// frames ([DecodeJSON]) skip unknown keys but refuse the rest. See
+// strictjson.go.
 //
 // After the header both directions carry frames:
 //

@@ -213,12 +213,16 @@ func (fr *FrameReader) Next() (Frame, error) {
 }
 
 // DecodeJSON decodes a frame's JSON payload into v, wrapping failures in
-// ErrMalformedJSON. Unknown fields are ignored: reports and statuses may grow
-// new optional fields within a protocol version. (Requests, which must be
-// understood whole, are decoded strictly; see ReadHeader.)
+// ErrMalformedJSON. Unknown fields are skipped: reports and statuses may
+// grow new optional fields within a protocol version. But nothing is read
+// two ways: a key that matches a field only when case is ignored, a key
+// given twice in one object, bytes that are not UTF-8 and unpaired
+// surrogate escapes are errors (a *JSONError; see strictjson.go).
+// (Requests, which must be understood whole, are decoded strictly; see
+// Header.DecodeParams.)
 func DecodeJSON(payload []byte, v any) error {
-	if err := json.Unmarshal(payload, v); err != nil {
-		return fmt.Errorf("%w: %v", ErrMalformedJSON, err)
+	if err := decodeTolerant(payload, v); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformedJSON, err)
 	}
 	return nil
 }

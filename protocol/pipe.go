@@ -69,7 +69,10 @@ import (
 //     only what the receiver still had to send, as after an eof.
 //
 // Unknown ops are an error: a peer speaking a newer pipe version must not be
-// half understood. Headers other than these are ignored. (reset is the
+// half understood. So is a pipe header given twice (two values) or spelled
+// in another case ("tether-pipe-op"): NATS header names are
+// case-sensitive, and a relay or inspector that reads them otherwise would
+// see another message. Headers other than these are ignored. (reset is the
 // newest op: a peer that predates it fails the pipe on receiving one, which
 // is the outcome of a close.)
 //
@@ -195,12 +198,17 @@ type PipeMsg struct {
 }
 
 // ParsePipeHeader decodes and validates the pipe headers of a message. h is
-// the message's header map (a nats.Header converts to it); the first value
-// of each key counts. It checks that the op's required headers are present
-// and well formed, and bodyLen against the op: only data has a body, of
+// the message's header map (a nats.Header converts to it). Each pipe header
+// has at most one value and exactly the case of its Header* name; a second
+// value, or a name that equals one only when case is ignored, is an error
+// naming it. It checks that the op's required headers are present and well
+// formed, and bodyLen against the op: only data has a body, of
 // 1..MaxPipeMessage bytes.
 func ParsePipeHeader(h map[string][]string, bodyLen int) (PipeMsg, error) {
 	var m PipeMsg
+	if err := pipeHeadersUnambiguous(h); err != nil {
+		return m, err
+	}
 	op, err := ParsePipeOp(pipeFirst(h, HeaderPipeOp))
 	if err != nil {
 		return m, err
@@ -300,6 +308,31 @@ func TruncatePipeError(s string) string {
 		cut--
 	}
 	return s[:cut] + "..."
+}
+
+// pipeHeaderNames are the pipe's headers, in their one spelling.
+var pipeHeaderNames = [...]string{HeaderPipeOp, HeaderPipeSeq, HeaderPipeCredit, HeaderPipeError, HeaderPipeInbox}
+
+// pipeHeadersUnambiguous checks that no pipe header has two values and
+// none is spelled in another case.
+func pipeHeadersUnambiguous(h map[string][]string) error {
+	const prefix = "Tether-Pipe-"
+	for k, v := range h {
+		if len(k) < len(prefix) || !strings.EqualFold(k[:len(prefix)], prefix) {
+			continue
+		}
+		for _, name := range pipeHeaderNames {
+			switch {
+			case k == name:
+				if len(v) > 1 {
+					return fmt.Errorf("%w: %s given %d times", ErrPipeHeader, name, len(v))
+				}
+			case strings.EqualFold(k, name):
+				return fmt.Errorf("%w: header %q: pipe header names are case-sensitive (want %s)", ErrPipeHeader, pipeTrunc(k, 32), name)
+			}
+		}
+	}
+	return nil
 }
 
 func pipeFirst(h map[string][]string, k string) string {

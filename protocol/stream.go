@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -106,29 +105,16 @@ func ReadHeader(r io.Reader) (Header, error) {
 	return h, nil
 }
 
-// DecodeParams decodes the header's params strictly into v: unknown fields and
-// trailing data are errors (ErrMalformedJSON), because a request that is only
-// partly understood must not run.
+// DecodeParams decodes the header's params strictly into v, because a
+// request that is only partly understood must not run: a key that is not
+// exactly one of the struct's field names (case-sensitively), a key given
+// twice in one object, bytes that are not UTF-8, an unpaired surrogate
+// escape and trailing data are errors wrapping ErrMalformedJSON (with a
+// *JSONError naming the path, for all but syntax errors; see
+// strictjson.go).
 func (h Header) DecodeParams(v any) error {
 	if err := decodeStrict(h.Params, v); err != nil {
-		return fmt.Errorf("%s stream params: %w: %v", h.Kind, ErrMalformedJSON, err)
-	}
-	return nil
-}
-
-// decodeStrict decodes one JSON value, rejecting unknown fields and trailing
-// data.
-func decodeStrict(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if dec.More() {
-		return fmt.Errorf("trailing data after JSON value")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("trailing data after JSON value")
+		return fmt.Errorf("%s stream params: %w: %w", h.Kind, ErrMalformedJSON, err)
 	}
 	return nil
 }

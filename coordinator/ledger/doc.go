@@ -7,7 +7,12 @@
 // tether_sandboxes (history 1), keyed <provider>.<node>.<id> with node and
 // id encoded so that any string makes a valid key (kept when made of
 // [A-Za-z0-9_-], else "=" and lowercase base32hex). The value is a
-// protocol.SandboxInfo in JSON. Open binds or creates the buckets and
+// protocol.SandboxInfo in JSON, decoded with plain encoding/json, not
+// protocol's strict decoders: only coordinators write these buckets (with
+// json.Marshal, which never repeats a key, changes a field name's case or
+// writes invalid UTF-8), a newer coordinator may add fields during a
+// rolling upgrade, and whoever can write a bucket can write any record
+// anyway, so strictness would guard against nothing. Open binds or creates the buckets and
 // watches them: one goroutine applies every change to an in-memory index
 // (by key, by provider and id, by provider, workspace and name, by run, by
 // owner lease and by node), so several coordinators on one NATS share one
