@@ -107,7 +107,7 @@ func TestCheckStreamParams(t *testing.T) {
 		want   string // part of the message
 	}{
 		{protocol.KindExec, `{"argv":["true"]}`, 0, ""},
-		{protocol.KindExec, `{"argv":["true"],"extra":1}`, 400, `exec stream params: protocol: malformed JSON payload: json: unknown field "extra"`},
+		{protocol.KindExec, `{"argv":["true"],"extra":1}`, 400, `exec stream params: protocol: malformed JSON payload: unknown field "extra"`},
 		{protocol.KindExec, `{"argv":["true"]}{}`, 400, "trailing data"},
 		{protocol.KindExec, `{"commands":[""]}`, 400, "exec params: commands[0] is empty"},
 		{protocol.KindExec, `{"argv":[""],"cwd":"\u0000"}`, 400, "exec params: argv[0] is empty; cwd contains NUL"},
