@@ -16,8 +16,14 @@ import (
 	"github.com/tetherfleet/tether/protocol"
 )
 
-// raceIterations is how many copies each direction of the swap race runs.
-const raceIterations = 2000
+// raceIterations is how many copies each direction of the swap race runs
+// (a tenth with -short).
+func raceIterations() int {
+	if testing.Short() {
+		return 200
+	}
+	return 2000
+}
 
 // TestCopyRootsHoldUnderSymlinkRace swaps a directory inside the copy root
 // with a symlink to a directory outside it, as fast as the kernel allows
@@ -78,9 +84,10 @@ func TestCopyRootsHoldUnderSymlinkRace(t *testing.T) {
 	srcTree := t.TempDir()
 	writeTree(t, srcTree, map[string]string{"pushed": "pushed"})
 
+	n := raceIterations()
 	t.Run("push", func(t *testing.T) {
 		var ok, refused int
-		for i := range raceIterations {
+		for i := range n {
 			src := srcFile
 			if i%2 == 1 {
 				src = srcTree
@@ -109,15 +116,15 @@ func TestCopyRootsHoldUnderSymlinkRace(t *testing.T) {
 				escapes++
 			}
 		}
-		t.Logf("push: %d copies (%d landed, %d refused) during %d swaps: %d wrote outside the copy root", raceIterations, ok, refused, swaps.Load(), escapes)
+		t.Logf("push: %d copies (%d landed, %d refused) during %d swaps: %d wrote outside the copy root", n, ok, refused, swaps.Load(), escapes)
 		if escapes != 0 {
-			t.Errorf("%d of %d pushes wrote outside the copy root", escapes, raceIterations)
+			t.Errorf("%d of %d pushes wrote outside the copy root", escapes, n)
 		}
 	})
 
 	t.Run("pull", func(t *testing.T) {
 		var ok, refused, escapes int
-		for i := range raceIterations {
+		for i := range n {
 			src, what := filepath.Join(root, "d", "secret"), "secret"
 			if i%2 == 1 {
 				src, what = filepath.Join(root, "d", "tree"), "tree/secret"
@@ -147,9 +154,9 @@ func TestCopyRootsHoldUnderSymlinkRace(t *testing.T) {
 				t.Fatalf("pull %d: %v", i, err)
 			}
 		}
-		t.Logf("pull: %d copies (%d read, %d refused) during %d swaps: %d read from outside the copy root", raceIterations, ok, refused, swaps.Load(), escapes)
+		t.Logf("pull: %d copies (%d read, %d refused) during %d swaps: %d read from outside the copy root", n, ok, refused, swaps.Load(), escapes)
 		if escapes != 0 {
-			t.Errorf("%d of %d pulls read from outside the copy root", escapes, raceIterations)
+			t.Errorf("%d of %d pulls read from outside the copy root", escapes, n)
 		}
 	})
 	stopRacer()

@@ -59,7 +59,7 @@ func TestCopyPushAndPull(t *testing.T) {
 	h := newHarness(t, nil)
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "alpha", "sub/b": "beta"})
-	dst := filepath.Join(h.a.cfg.DataDir, "jobs", "gym-job-1")
+	dst := filepath.Join(h.a.cfg.DataDir, "gym", "gym-job-1")
 	writeTree(t, dst, map[string]string{"extra": "x"})
 
 	// Push with --delete: the extra file goes (NeMo Gym's copy).
@@ -125,11 +125,13 @@ func TestCopyRefusesPathsOutsideRoots(t *testing.T) {
 		want string
 	}{
 		{"push outside", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(outside, "x")}, "is not inside a copy root"},
-		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "resolved to " + filepath.Join(outside, "x")},
-		{"push onto the root", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "is a copy root itself"},
+		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "symlink escape points to " + outside + ", which is not inside a copy root"},
+		{"push onto the symlink", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape")}, "symlink escape points to " + outside},
+		{"push onto the data dir", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "holds the agent's own state"},
 		{"push dotdot", protocol.CopyParams{Direction: protocol.CopyPush, Path: data + "/../x"}, "is not inside a copy root"},
-		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not under a copy root"},
-		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "resolved to"},
+		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not inside a copy root"},
+		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "symlink escape points to " + outside},
+		{"pull below a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape", "secret")}, "symlink escape points to " + outside},
 		{"relative path", protocol.CopyParams{Direction: protocol.CopyPush, Path: "x"}, "must be absolute"},
 		{"bad direction", protocol.CopyParams{Direction: "sideways", Path: data + "/x"}, "direction"},
 	}
