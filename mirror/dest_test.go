@@ -1,6 +1,9 @@
 package mirror
 
 import (
+	"context"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -300,4 +303,50 @@ func TestNamesWithAnyBytes(t *testing.T) {
 			t.Errorf("name %q was mangled", n)
 		}
 	}
+}
+
+// TestStageBesideDestination looks at the file system in the middle of a
+// copy onto an existing directory: what arrived is staged beside the
+// destination (in its parent), so the destination shows nothing new until
+// the commit, and even a receiver killed then would leave it as it was.
+func TestStageBesideDestination(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	build(t, src, spec{"a": "new a!", "sub/big": strings.Repeat("b", 4<<20), "sub/z": "z"})
+	parent := t.TempDir()
+	dst := filepath.Join(parent, "dst")
+	build(t, dst, spec{"a": "old a", "sub/old": "o"})
+	before := digest(t, dst)
+	a, b := net.Pipe()
+	rc := make(chan error, 1)
+	looked := false
+	go func() {
+		_, err := Receive(context.Background(), dst, b, Options{Delete: true, Progress: func(p Progress) {
+			if p.Bytes == 0 || p.Bytes == p.TotalBytes || looked {
+				return
+			}
+			looked = true
+			if diff := cmp.Diff(before, digest(t, dst)); diff != "" {
+				t.Errorf("the destination changed before the commit:\n%s", diff)
+			}
+			stages := 0
+			for _, n := range listDir(t, parent) {
+				if strings.HasPrefix(n, tmpPrefix) {
+					stages++
+				}
+			}
+			if stages != 1 {
+				t.Errorf("parent holds %v, want the destination and one stage", listDir(t, parent))
+			}
+		}})
+		b.Close()
+		rc <- err
+	}()
+	_, err := Send(context.Background(), src, a, Options{})
+	a.Close()
+	fatalIf(t, errors.Join(err, <-rc))
+	if !looked {
+		t.Fatal("no progress callback in the middle of the copy")
+	}
+	copyEqual(t, src, dst)
+	noStage(t, parent)
 }

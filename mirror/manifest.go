@@ -156,20 +156,20 @@ func (fi *statInfo) Sys() any           { return nil }
 // dirCache keeps the directory of the last entry open, so that entries of
 // one directory (consecutive in walk order) are reached with
 // single-component *at calls on its descriptor instead of a path walk
-// each time. Directories are opened with openBeneath from base, at the
-// path phys gives for them (the directory's own path when phys is nil),
-// so no symlink is ever followed. It is used by one goroutine; hold lends
-// the open directory to another (a writer or reader worker), which keeps
-// it open until released.
+// each time. Directories are opened with openBeneath from a held
+// descriptor, at the path loc gives for them (base and the directory's
+// own path when loc is nil), so no symlink is ever followed. It is used by
+// one goroutine; hold lends the open directory to another (a writer or
+// reader worker), which keeps it open until released.
 type dirCache struct {
 	base int
-	phys func(rel string) string
+	loc  func(rel string) (base int, path string)
 	rel  string
 	dir  *dirRef
 }
 
-// dirRef is an open directory shared by a dirCache and the workers it lent
-// it to; the last release closes it.
+// dirRef is an open directory shared by its owner (a dirCache, a stage)
+// and the workers it lent it to; the last release closes it.
 type dirRef struct {
 	fd   int // valid until the last release
 	refs atomic.Int32
@@ -187,11 +187,11 @@ func (c *dirCache) fd(rel string) (int, error) {
 		return c.dir.fd, nil
 	}
 	c.close()
-	p := rel
-	if c.phys != nil {
-		p = c.phys(rel)
+	base, p := c.base, rel
+	if c.loc != nil {
+		base, p = c.loc(rel)
 	}
-	fd, err := openBeneath(c.base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return -1, &fs.PathError{Op: "open directory", Path: rel, Err: err}
 	}

@@ -63,8 +63,8 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 	r := &receiver{
 		c: c, opts: opts, log: opts.logger().With("dst", dst), dst: dst,
 		rsv: opts.resolver(), prot: opts.protected(), id: hex.EncodeToString(rnd[:]),
-		prog: progress{fn: opts.Progress}, base: -1, lockFd: -1,
-		created: make(map[string]string), dirs: make(map[string]*rdir),
+		prog: progress{fn: opts.Progress}, base: -1,
+		created: make(map[string]string), dirs: make(map[string]*rdir), viaStage: make(map[string]bool),
 		touched: make(map[string]bool), skipped: make(map[string]bool),
 	}
 	stop := c.watch(ctx)
@@ -139,23 +139,73 @@ type dirMeta struct {
 	mtime int64
 }
 
-// rdir is a directory of the new tree.
-type rdir struct {
-	phys string // its path below the receiver's base descriptor
-	old  bool   // an existing directory, updated in place
+// loc is where a directory is: path below the descriptor base.
+type loc struct {
+	base int
+	path string
 }
 
-// staged is a new or changed entry waiting under a temporary name in its
-// final directory (an old directory, or the destination's parent for the
-// root); everything below a staged directory is inside it under its final
-// names.
+// rdir is a directory of the new tree.
+type rdir struct {
+	loc loc
+	old bool // an existing directory, updated in place
+}
+
+// staged is a new or changed entry waiting to be renamed into place: in
+// the stage directory, or, where its final directory is on another mount
+// than the stage, under a temporary name beside its final one. Everything
+// below a staged directory is inside it under its final names.
 type staged struct {
 	rel      string
 	parent   string // its directory in the tree; "" for the root (the destination's parent)
-	temp     string
+	inStage  bool   // in the stage directory, else beside its final name
+	temp     string // its name there
 	typ      string // the new entry's type
 	replaces string // the old entry's type there, or ""
 	placed   bool
+}
+
+// stageDir is the directory a copy stages new and changed entries in:
+// beside the destination (in its parent) when that is on the same mount,
+// else inside the destination directory itself. It is created when the
+// first entry is staged.
+type stageDir struct {
+	parent int      // descriptor of the directory holding it
+	mnt    mountKey // parent's mount
+	name   string   // its name there; "" until created
+	ref    *dirRef  // its descriptor, lent to the writers
+	mtime  int64    // parent's mtime before the stage was created
+	seq    int
+}
+
+// mountKey identifies the mount a file is on: its mount ID where statx
+// reports one (Linux 5.8 on), else its device.
+type mountKey struct {
+	mnt    uint64
+	hasMnt bool
+	dev    uint64
+}
+
+func mountOf(fd int) mountKey {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_INO|unix.STATX_MNT_ID, &stx); err == nil {
+		k := mountKey{dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor)}
+		if stx.Mask&unix.STATX_MNT_ID != 0 {
+			k.mnt, k.hasMnt = stx.Mnt_id, true
+		}
+		return k
+	}
+	var st unix.Stat_t
+	unix.Fstat(fd, &st)
+	return mountKey{dev: uint64(st.Dev)}
+}
+
+// same reports whether a rename between files on a and b can work.
+func (a mountKey) same(b mountKey) bool {
+	if a.hasMnt && b.hasMnt {
+		return a.mnt == b.mnt
+	}
+	return a.dev == b.dev
 }
 
 // fix is a metadata update of a kept entry, applied at the commit: a
@@ -184,27 +234,29 @@ type receiver struct {
 	// The destination: the entry name in the directory pdir, or (name
 	// "") the directory ddir itself. ddir is set when the destination is
 	// an existing directory.
-	pdir   *os.File
-	name   string
-	ddir   *os.File
-	lockFd int // the locked directory's descriptor: ddir's or pdir's; -1 if unlocked
-	pmtime int64
+	pdir    *os.File
+	name    string
+	ddir    *os.File
+	stageP  bool  // the stage goes in pdir (else in ddir)
+	locks   []int // the locked directories' descriptors (pdir's, then ddir's)
+	pLocked bool  // pdir is locked
 
 	oldType string // "" if dst is absent
 	old     []oldEntry
 	oldBy   map[string]*oldEntry
 	mounts  []string // old directories that are mount points
 
-	base      int              // descriptor the tree's paths are relative to
+	base      int              // the destination directory's descriptor, in place
 	dirs      map[string]*rdir // directories of the new tree
 	cache     dirCache         // directories of the new tree
-	rootType  string           // the source root's type
+	stage     stageDir
+	viaStage  map[string]bool // old directory -> its new entries go through the stage
+	rootType  string          // the source root's type
 	committed bool
 
 	created map[string]string // path -> type, for every entry of the source
 	staged  []staged
-	touched map[string]bool // old directories holding a temporary entry
-	ptouch  bool            // the root is staged in pdir
+	touched map[string]bool // old directories holding a temporary entry beside its final one
 	fixes   []fix
 	dirMeta []dirMeta
 	skipped map[string]bool // paths the sender could not carry
@@ -278,9 +330,12 @@ func (r *receiver) run() (*protocol.CopyResult, error) {
 }
 
 // open takes the resolved destination t: it opens the destination
-// directory if there is one, locks it (or, for anything else, the parent
-// that will hold the new entry), checks it is not protected and removes
-// stale stages from a locked parent.
+// directory if there is one and locks what the copy changes: the
+// directory that will hold the stage (the destination's parent, unless it
+// is on another mount or unknown: a copy root, the working directory), and
+// the destination directory. Locks are taken parent first, so copies never
+// wait for each other in a cycle. It checks the destination is not
+// protected and removes stale stages from a locked parent.
 func (r *receiver) open(t target) error {
 	for attempt := 0; ; attempt++ {
 		if attempt == 8 {
@@ -304,6 +359,16 @@ func (r *receiver) open(t target) error {
 				continue // replaced since the fstatat
 			}
 			d := os.NewFile(uintptr(fd), t.name)
+			stageP := mountOf(pfd).same(mountOf(fd))
+			pLocked := false
+			if stageP {
+				if err := r.lock(pfd); err != nil {
+					d.Close()
+					t.dir.Close()
+					return err
+				}
+				pLocked = len(r.locks) > 0
+			}
 			if err := r.lock(fd); err != nil {
 				d.Close()
 				t.dir.Close()
@@ -315,7 +380,7 @@ func (r *receiver) open(t target) error {
 				d.Close()
 				continue // replaced while we waited for the lock
 			}
-			r.pdir, r.name, r.ddir = t.dir, t.name, d
+			r.pdir, r.name, r.ddir, r.stageP, r.pLocked = t.dir, t.name, d, stageP, pLocked
 		case err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK:
 			// A symlink appeared after the resolver followed the path:
 			// follow it again.
@@ -337,11 +402,7 @@ func (r *receiver) open(t target) error {
 				r.unlock()
 				continue // became a directory while we waited for the lock
 			}
-			r.pdir, r.name = t.dir, t.name
-			var pst unix.Stat_t
-			if unix.Fstat(pfd, &pst) == nil {
-				r.pmtime = pst.Mtim.Nano()
-			}
+			r.pdir, r.name, r.stageP, r.pLocked = t.dir, t.name, true, len(r.locks) == 1
 		}
 		break
 	}
@@ -352,7 +413,7 @@ func (r *receiver) open(t target) error {
 	} else if err := checkProtected(int(r.pdir.Fd()), r.name, r.prot, "copy destination "+r.dst); err != nil {
 		return err
 	}
-	if r.ddir == nil {
+	if r.stageP {
 		r.removeStale()
 	}
 	return nil
@@ -365,7 +426,7 @@ func (r *receiver) lock(fd int) error {
 	for {
 		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			r.lockFd = fd
+			r.locks = append(r.locks, fd)
 			return nil
 		}
 		if err == unix.EINTR {
@@ -373,7 +434,6 @@ func (r *receiver) lock(fd int) error {
 		}
 		if err != unix.EWOULDBLOCK {
 			r.log.Warn("cannot lock the destination; copying unlocked", "err", err)
-			r.lockFd = -1
 			return nil
 		}
 		// Another copy onto this destination is running: wait for it.
@@ -386,10 +446,10 @@ func (r *receiver) lock(fd int) error {
 }
 
 func (r *receiver) unlock() {
-	if r.lockFd >= 0 {
-		unix.Flock(r.lockFd, unix.LOCK_UN)
+	for _, fd := range r.locks {
+		unix.Flock(fd, unix.LOCK_UN)
 	}
-	r.lockFd = -1
+	r.locks = r.locks[:0]
 }
 
 // isTempName reports whether name looks like an entry this package
@@ -424,9 +484,9 @@ func (r *receiver) tempName() string {
 	return tmpPrefix + r.id + "-" + strconv.Itoa(r.seq)
 }
 
-// removeStale removes what killed copies staged in the locked parent:
-// every temporary entry when we hold the lock (every copy creating an
-// entry there takes it), else only old ones.
+// removeStale removes what killed copies staged in the destination's
+// parent: every stage when we hold its lock (every copy staging there
+// takes it), else only old ones.
 func (r *receiver) removeStale() {
 	pfd := int(r.pdir.Fd())
 	fd, err := openAt1(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -440,7 +500,7 @@ func (r *receiver) removeStale() {
 		if !isTempName(name) {
 			continue
 		}
-		if r.lockFd < 0 {
+		if !r.pLocked {
 			var st unix.Stat_t
 			if unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || time.Since(time.Unix(st.Mtim.Unix())) < staleAge {
 				continue
@@ -497,7 +557,7 @@ func (r *receiver) scanOld() error {
 		}
 		w.entry = func(rel string, fi *statInfo) error {
 			if isTempName(fi.Name()) {
-				if r.lockFd >= 0 && !busy[parentOf(rel)] {
+				if len(r.locks) > 0 && !busy[parentOf(rel)] {
 					stale = append(stale, rel)
 				}
 				return errSkipDir
@@ -754,24 +814,25 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 	case protocol.EntryDir:
 		r.dirMeta = append(r.dirMeta, dirMeta{rel: e.Path, mode: e.Mode, mtime: e.MtimeNS})
 		if o != nil && o.typ == protocol.EntryDir {
-			r.dirs[e.Path] = &rdir{phys: joinPhys(parent.phys, name), old: true}
+			r.dirs[e.Path] = &rdir{loc: loc{parent.loc.base, joinPhys(parent.loc.path, name)}, old: true}
 			return nil
 		}
-		fd, err := r.cache.fd(parentOf(e.Path))
+		ref, at, err := r.newEntry(e, parent, o)
 		if err != nil {
-			return fmt.Errorf("entry %q: %w", e.Path, err)
+			return err
 		}
-		n := r.newName(e, parent, o)
-		if err := unix.Mkdirat(fd, n, 0o700); err != nil {
+		err = unix.Mkdirat(ref.fd, at.name, 0o700)
+		ref.release()
+		if err != nil {
 			return fmt.Errorf("entry %q: mkdir: %w", e.Path, err)
 		}
-		r.dirs[e.Path] = &rdir{phys: joinPhys(parent.phys, n)}
+		r.dirs[e.Path] = &rdir{loc: at.loc}
 	case protocol.EntrySymlink:
-		fd, err := r.cache.fd(parentOf(e.Path))
-		if err != nil {
-			return fmt.Errorf("entry %q: %w", e.Path, err)
-		}
 		if o != nil && o.typ == protocol.EntrySymlink {
+			fd, err := r.cache.fd(parentOf(e.Path))
+			if err != nil {
+				return fmt.Errorf("entry %q: %w", e.Path, err)
+			}
 			if link, err := readlinkAt(fd, name); err == nil && link == e.Link {
 				if o.mtime != e.MtimeNS {
 					r.fixes = append(r.fixes, fix{rel: e.Path, typ: e.Type, mtime: e.MtimeNS})
@@ -779,11 +840,15 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 				return nil
 			}
 		}
-		n := r.newName(e, parent, o)
-		if err := unix.Symlinkat(e.Link, fd, n); err != nil {
+		ref, at, err := r.newEntry(e, parent, o)
+		if err != nil {
+			return err
+		}
+		defer ref.release()
+		if err := unix.Symlinkat(e.Link, ref.fd, at.name); err != nil {
 			return fmt.Errorf("entry %q: symlink: %w", e.Path, err)
 		}
-		if err := setMtimeAt(fd, n, e.MtimeNS); err != nil {
+		if err := setMtimeAt(ref.fd, at.name, e.MtimeNS); err != nil {
 			return fmt.Errorf("entry %q: set symlink mtime: %w", e.Path, err)
 		}
 	case protocol.EntryFile:
@@ -792,24 +857,22 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 			r.prog.tick(false)
 			return r.keep(e, o)
 		}
+		ref, at, err := r.newEntry(e, parent, o)
+		if err != nil {
+			return err
+		}
 		if e.Size <= smallFile {
-			// Gathered in memory, verified, then written by the pool.
-			dir, err := r.cache.hold(parentOf(e.Path))
-			if err != nil {
-				return fmt.Errorf("entry %q: %w", e.Path, err)
-			}
+			// Gathered in memory, verified, then written by the pool,
+			// which releases ref.
 			if r.pool == nil {
 				r.pool = newWriterPool()
 			}
 			r.pool.budget.acquire(e.Size)
-			r.cur = &incoming{e: *e, dir: dir, name: r.newName(e, parent, o), buf: make([]byte, 0, e.Size), h: newFileHash()}
+			r.cur = &incoming{e: *e, dir: ref, name: at.name, buf: make([]byte, 0, e.Size), h: newFileHash()}
 			return nil
 		}
-		fd, err := r.cache.fd(parentOf(e.Path))
-		if err != nil {
-			return fmt.Errorf("entry %q: %w", e.Path, err)
-		}
-		f, err := openAt(fd, r.newName(e, parent, o), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		f, err := openAt(ref.fd, at.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		ref.release()
 		if err != nil {
 			return fmt.Errorf("entry %q: create: %w", e.Path, err)
 		}
@@ -826,20 +889,88 @@ func joinPhys(dir, name string) string {
 	return dir + "/" + name
 }
 
-// newName returns the name the new entry e is created under in its parent
-// directory: a temporary name staged for the commit when the parent is an
-// old directory, else (inside a staged directory) its own name.
-func (r *receiver) newName(e *protocol.CopyEntry, parent *rdir, o *oldEntry) string {
+// where is where a new entry is created: name in a directory, which is
+// at loc.
+type where struct {
+	name string
+	loc  loc // the new entry's own location (for a directory)
+}
+
+// newEntry decides where the new entry e (whose old version is o, if any)
+// is created and returns its directory, held for the caller to release.
+// Below a new directory it is created under its own name; in an old
+// directory it is staged for the commit: in the stage directory, or
+// beside its final name where that directory is on another mount.
+func (r *receiver) newEntry(e *protocol.CopyEntry, parent *rdir, o *oldEntry) (*dirRef, where, error) {
+	prel := parentOf(e.Path)
 	if !parent.old {
-		return path.Base(e.Path)
+		ref, err := r.cache.hold(prel)
+		if err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		name := path.Base(e.Path)
+		return ref, where{name: name, loc: loc{parent.loc.base, joinPhys(parent.loc.path, name)}}, nil
 	}
-	s := staged{rel: e.Path, parent: parentOf(e.Path), temp: r.tempName(), typ: e.Type}
+	s := staged{rel: e.Path, parent: prel, typ: e.Type}
 	if o != nil {
 		s.replaces = o.typ
 	}
+	via, ok := r.viaStage[prel]
+	if !ok {
+		fd, err := r.cache.fd(prel)
+		if err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		via = mountOf(fd).same(r.stage.mnt)
+		r.viaStage[prel] = via
+	}
+	var ref *dirRef
+	var w where
+	if via {
+		var err error
+		if ref, w, err = r.inStage(); err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		s.inStage, s.temp = true, w.name
+	} else {
+		var err error
+		if ref, err = r.cache.hold(prel); err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		s.temp = r.tempName()
+		w = where{name: s.temp, loc: loc{parent.loc.base, joinPhys(parent.loc.path, s.temp)}}
+		r.touched[prel] = true
+	}
 	r.staged = append(r.staged, s)
-	r.touched[s.parent] = true
-	return s.temp
+	return ref, w, nil
+}
+
+// inStage returns the stage directory, held, and a new name in it; the
+// stage is created on first use.
+func (r *receiver) inStage() (*dirRef, where, error) {
+	st := &r.stage
+	if st.ref == nil {
+		var pst unix.Stat_t
+		if unix.Fstat(st.parent, &pst) == nil {
+			st.mtime = pst.Mtim.Nano()
+		}
+		name := r.tempName()
+		if err := unix.Mkdirat(st.parent, name, 0o700); err != nil {
+			return nil, where{}, fmt.Errorf("create stage: %w", err)
+		}
+		st.name = name
+		fd, err := openBeneath(st.parent, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return nil, where{}, fmt.Errorf("open stage: %w", err)
+		}
+		st.ref = &dirRef{fd: fd}
+		st.ref.refs.Store(1)
+		r.log.Debug("staging", "stage", name)
+	}
+	st.seq++
+	name := strconv.Itoa(st.seq)
+	st.ref.refs.Add(1)
+	return st.ref, where{name: name, loc: loc{st.ref.fd, name}}, nil
 }
 
 // placeRoot decides where the source root e goes before anything is staged.
@@ -889,10 +1020,10 @@ func (r *receiver) moveInto(name string) error {
 	return nil
 }
 
-// release closes the destination's descriptors, which drops the lock.
+// release closes the destination's descriptors, which drops the locks.
 func (r *receiver) release() {
 	r.cache.close()
-	r.lockFd = -1
+	r.locks, r.pLocked, r.stageP = nil, false, false
 	if r.ddir != nil {
 		r.ddir.Close()
 		r.ddir = nil
@@ -904,57 +1035,61 @@ func (r *receiver) release() {
 }
 
 // startRoot sets up the new tree for the root entry e: in place in an
-// existing directory, else staged in the destination's parent.
+// existing directory, else staged.
 func (r *receiver) startRoot(e *protocol.CopyEntry) error {
 	r.rootType = e.Type
 	if e.TotalFiles > 0 || e.TotalBytes > 0 {
 		r.prog.p.TotalFiles, r.prog.p.TotalBytes = e.TotalFiles, e.TotalBytes
 	}
+	if r.stageP {
+		r.stage.parent = int(r.pdir.Fd())
+	} else {
+		r.stage.parent = int(r.ddir.Fd())
+	}
+	r.stage.mnt = mountOf(r.stage.parent)
+	r.cache = dirCache{loc: r.loc}
 	if e.Type == protocol.EntryDir && r.oldType == protocol.EntryDir {
 		r.base = int(r.ddir.Fd())
-		r.dirs["."] = &rdir{phys: ".", old: true}
+		r.dirs["."] = &rdir{loc: loc{r.base, "."}, old: true}
 		r.dirMeta = append(r.dirMeta, dirMeta{rel: ".", mode: e.Mode, mtime: e.MtimeNS})
-		r.cache = dirCache{base: r.base, phys: r.phys}
 		r.log.Debug("updating in place", "type", e.Type)
 		return nil
 	}
 	// Absent, or a non-directory that the source replaces.
-	r.base = int(r.pdir.Fd())
-	r.cache = dirCache{base: r.base, phys: r.phys}
-	s := staged{rel: ".", temp: r.tempName(), typ: e.Type, replaces: r.oldType}
-	r.log.Debug("staging", "stage", s.temp, "type", e.Type)
+	if e.Type == protocol.EntryFile && e.Keep {
+		r.prog.p.Files++
+		r.prog.tick(false)
+		return r.keep(e, r.oldBy["."])
+	}
+	ref, w, err := r.inStage()
+	if err != nil {
+		return err
+	}
+	defer ref.release()
+	r.staged = append(r.staged, staged{rel: ".", inStage: true, temp: w.name, typ: e.Type, replaces: r.oldType})
 	switch e.Type {
 	case protocol.EntryDir:
-		if err := unix.Mkdirat(r.base, s.temp, 0o700); err != nil {
+		if err := unix.Mkdirat(ref.fd, w.name, 0o700); err != nil {
 			return fmt.Errorf("create stage: %w", err)
 		}
-		r.staged = append(r.staged, s)
-		r.ptouch = true
-		r.dirs["."] = &rdir{phys: s.temp}
+		r.dirs["."] = &rdir{loc: w.loc}
 		r.dirMeta = append(r.dirMeta, dirMeta{rel: ".", mode: e.Mode, mtime: e.MtimeNS})
 	case protocol.EntryFile:
-		if e.Keep {
-			r.prog.p.Files++
-			r.prog.tick(false)
-			return r.keep(e, r.oldBy["."])
-		}
-		f, err := openAt(r.base, s.temp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		f, err := openAt(ref.fd, w.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 		if err != nil {
 			return fmt.Errorf("create stage: %w", err)
 		}
-		r.staged = append(r.staged, s)
-		r.ptouch = true
 		r.cur = &incoming{e: *e, f: f, h: newFileHash()}
 	}
 	return nil
 }
 
-// phys maps a directory of the new tree to its path below base.
-func (r *receiver) phys(rel string) string {
+// loc maps a directory of the new tree to where it is.
+func (r *receiver) loc(rel string) (int, string) {
 	if d := r.dirs[rel]; d != nil {
-		return d.phys
+		return d.loc.base, d.loc.path
 	}
-	return rel
+	return r.base, rel
 }
 
 // keep handles a file the destination already has (o, the same size):
@@ -978,20 +1113,18 @@ func (r *receiver) keep(e *protocol.CopyEntry, o *oldEntry) error {
 		return fmt.Errorf("entry %q: copy unchanged file: %w", e.Path, err)
 	}
 	defer src.Close()
-	var dfd int
-	var name string
+	var ref *dirRef
+	var w where
 	if e.Path == "." {
-		s := staged{rel: ".", temp: r.tempName(), typ: e.Type, replaces: o.typ}
-		r.staged = append(r.staged, s)
-		r.ptouch = true
-		dfd, name = r.base, s.temp
-	} else {
-		if dfd, err = r.cache.fd(parentOf(e.Path)); err != nil {
+		if ref, w, err = r.inStage(); err != nil {
 			return fmt.Errorf("entry %q: %w", e.Path, err)
 		}
-		name = r.newName(e, r.dirs[parentOf(e.Path)], o)
+		r.staged = append(r.staged, staged{rel: ".", inStage: true, temp: w.name, typ: e.Type, replaces: o.typ})
+	} else if ref, w, err = r.newEntry(e, r.dirs[parentOf(e.Path)], o); err != nil {
+		return err
 	}
-	dst, err := openAt(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+	dst, err := openAt(ref.fd, w.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+	ref.release()
 	if err != nil {
 		return fmt.Errorf("entry %q: copy unchanged file: %w", e.Path, err)
 	}
@@ -1163,7 +1296,8 @@ func (r *receiver) finish() error {
 // setDirMeta sets the directory d's mode and mtime (only where they
 // differ, with onlyChanged).
 func (r *receiver) setDirMeta(d dirMeta, onlyChanged bool) error {
-	fd, err := openBeneath(r.base, r.phys(d.rel), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	base, p := r.loc(d.rel)
+	fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return fmt.Errorf("entry %q: open: %w", d.rel, err)
 	}
@@ -1185,7 +1319,7 @@ func (r *receiver) setDirMeta(d dirMeta, onlyChanged bool) error {
 // metadata of kept entries and old directories, deepest first. A failure
 // here leaves the entries already placed in place.
 func (r *receiver) commit() error {
-	var garbage []staged // old entries swapped out, under temporary names
+	var garbage []staged // old entries swapped out beside their names
 	placed := 0
 	fail := func(err error) error {
 		if placed > 0 {
@@ -1196,38 +1330,46 @@ func (r *receiver) commit() error {
 	}
 	for i := range r.staged {
 		s := &r.staged[i]
-		dfd, name := r.base, r.name
-		if s.rel != "." {
+		dfd, name := int(0), r.name
+		if s.rel == "." {
+			dfd = int(r.pdir.Fd())
+		} else {
 			var err error
 			if dfd, err = r.cache.fd(s.parent); err != nil {
 				return fail(err)
 			}
 			name = path.Base(s.rel)
 		}
+		sfd := dfd
+		if s.inStage {
+			sfd = r.stage.ref.fd
+		}
 		var err error
 		switch {
 		case s.replaces == "":
-			err = unix.Renameat2(dfd, s.temp, dfd, name, unix.RENAME_NOREPLACE)
+			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_NOREPLACE)
 			if err == unix.EINVAL || err == unix.ENOSYS {
-				err = unix.Renameat(dfd, s.temp, dfd, name)
+				err = unix.Renameat(sfd, s.temp, dfd, name)
 			}
 		case s.typ != protocol.EntryDir && s.replaces != protocol.EntryDir:
-			err = unix.Renameat(dfd, s.temp, dfd, name)
+			err = unix.Renameat(sfd, s.temp, dfd, name)
 		default:
-			err = unix.Renameat2(dfd, s.temp, dfd, name, unix.RENAME_EXCHANGE)
+			// The old entry ends under the temporary name (removed with
+			// the stage, or below).
+			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_EXCHANGE)
 			if err == unix.EINVAL || err == unix.ENOSYS {
 				// No renameat2 flags here: the old entry goes aside
 				// first, which leaves a moment without it.
 				aside := r.tempName()
 				if err = unix.Renameat(dfd, name, dfd, aside); err == nil {
-					if err = unix.Renameat(dfd, s.temp, dfd, name); err != nil {
+					if err = unix.Renameat(sfd, s.temp, dfd, name); err != nil {
 						unix.Renameat(dfd, aside, dfd, name)
 					} else {
 						garbage = append(garbage, staged{rel: s.rel, parent: s.parent, temp: aside})
 					}
 				}
-			} else if err == nil {
-				garbage = append(garbage, staged{rel: s.rel, parent: s.parent, temp: s.temp})
+			} else if err == nil && !s.inStage {
+				garbage = append(garbage, *s)
 			}
 		}
 		if err != nil {
@@ -1249,8 +1391,10 @@ func (r *receiver) commit() error {
 		}
 	}
 	for _, g := range garbage {
-		dfd := r.base
-		if g.rel != "." {
+		dfd := int(0)
+		if g.rel == "." {
+			dfd = int(r.pdir.Fd())
+		} else {
 			var err error
 			if dfd, err = r.cache.fd(g.parent); err != nil {
 				r.log.Warn("cannot remove the replaced entry", "path", g.rel, "err", err)
@@ -1261,6 +1405,7 @@ func (r *receiver) commit() error {
 			r.log.Warn("cannot remove the replaced entry", "path", g.rel, "err", err)
 		}
 	}
+	r.removeStage(r.ddir != nil && r.stageP)
 	for _, f := range r.fixes {
 		if err := r.applyFix(f); err != nil {
 			return fmt.Errorf("commit: %w", err)
@@ -1278,16 +1423,34 @@ func (r *receiver) commit() error {
 	return nil
 }
 
+// removeStage removes the stage directory with what is left in it (the
+// entries the new tree replaced, or everything after a failure), and puts
+// back its parent's mtime when restore is set.
+func (r *receiver) removeStage(restore bool) {
+	st := &r.stage
+	if st.ref == nil {
+		return
+	}
+	st.ref.release()
+	st.ref = nil
+	if err := removeAt(st.parent, st.name); err != nil {
+		r.log.Warn("cannot remove the copy's stage", "stage", st.name, "err", err)
+	}
+	if restore && st.mtime != 0 {
+		futimens(st.parent, st.mtime)
+	}
+}
+
 // applyFix sets a kept entry's metadata in place.
 func (r *receiver) applyFix(f fix) error {
-	dfd, name := r.base, r.name
+	dfd, name := 0, r.name
 	if f.rel != "." {
 		var err error
 		if dfd, err = r.cache.fd(parentOf(f.rel)); err != nil {
 			return fmt.Errorf("entry %q: %w", f.rel, err)
 		}
 		name = path.Base(f.rel)
-	} else if r.pdir != nil {
+	} else {
 		dfd = int(r.pdir.Fd())
 	}
 	if f.typ == protocol.EntrySymlink {
@@ -1335,28 +1498,25 @@ func (r *receiver) cleanup() {
 	if !r.committed {
 		for i := len(r.staged) - 1; i >= 0; i-- {
 			s := r.staged[i]
-			dfd := r.base
-			if s.rel != "." {
-				var err error
-				if dfd, err = r.cache.fd(s.parent); err != nil {
-					r.log.Warn("cannot remove a staged entry", "path", s.rel, "err", err)
-					continue
-				}
+			if s.inStage {
+				continue // removed with the stage
 			}
-			if err := removeAt(dfd, s.temp); err != nil {
+			fd, err := r.cache.fd(s.parent)
+			if err == nil {
+				err = removeAt(fd, s.temp)
+			}
+			if err != nil {
 				r.log.Warn("cannot remove a staged entry", "path", s.rel, "stage", s.temp, "err", err)
 			}
 		}
-		// Creating and removing the temporary entries changed their
+		// Creating and removing temporary entries changed their
 		// directories' mtimes: put them back.
 		for rel := range r.touched {
 			if o := r.oldBy[rel]; o != nil && r.dirs[rel] != nil {
 				r.setDirMeta(dirMeta{rel: rel, mode: o.mode, mtime: o.mtime}, true)
 			}
 		}
-		if r.ptouch && r.pdir != nil && r.pmtime != 0 {
-			futimens(int(r.pdir.Fd()), r.pmtime)
-		}
 	}
+	r.removeStage(true)
 	r.release()
 }

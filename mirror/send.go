@@ -110,8 +110,8 @@ type sender struct {
 	sent    int                 // FrameEntry frames sent
 	skipped int                 // FrameCopySkip frames sent
 	long    map[string]bool     // directories already skipped for overlong names
-	buf     []byte // for hashing
-	frame   []byte // a data frame: header and chunk
+	buf     []byte              // for hashing
+	frame   []byte              // a data frame: header and chunk
 
 	// local says the failure is ours (the receiver must be told).
 	local bool
