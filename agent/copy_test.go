@@ -241,7 +241,7 @@ func TestCopyNeverTouchesAgentState(t *testing.T) {
 	writeTree(t, src, map[string]string{"j1/status.json": "forged", "pwned": "x"})
 	before := readTree(t, data)
 
-	for _, dst := range []string{jobs, filepath.Join(jobs, "j1"), filepath.Join(jobs, "j2"), data} {
+	for _, dst := range []string{jobs, filepath.Join(jobs, "j1"), filepath.Join(jobs, "j2"), filepath.Join(jobs, "new", "deeper"), data} {
 		for _, del := range []bool{false, true} {
 			s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, Delete: del})
 			_, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{})
@@ -253,6 +253,9 @@ func TestCopyNeverTouchesAgentState(t *testing.T) {
 	}
 	if got := readTree(t, data); !equalMaps(got, before) {
 		t.Errorf("refused pushes changed the data dir: %v, was %v", got, before)
+	}
+	if ents, _ := os.ReadDir(jobs); len(ents) != 1 || ents[0].Name() != "j1" {
+		t.Errorf("refused pushes changed the jobs directory: %v", ents)
 	}
 
 	for _, p := range []string{jobs, filepath.Join(jobs, "j1"), filepath.Join(jobs, "j1", "stdout")} {

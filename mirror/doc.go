@@ -16,7 +16,9 @@
 // files) are skipped and named to the receiver, which keeps what the
 // destination has at those paths (even with Delete) and reports them in
 // CopyResult.SkippedEntries: the copy is partial. Options.Strict makes them
-// fail the copy instead, before anything changes.
+// fail the copy instead, before anything changes. Entries named like a
+// stage (".tether-tmp-…", ".tether-stage-…") are another copy's work in
+// progress and are never sent.
 //
 // The path each end names. Send's source and Receive's destination are
 // resolved once, in user space, one component at a time on descriptors

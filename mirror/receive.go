@@ -67,6 +67,7 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 		created: make(map[string]string), dirs: make(map[string]*rdir), viaStage: make(map[string]bool),
 		touched: make(map[string]bool), skipped: make(map[string]bool),
 	}
+	r.rsv.prot = r.prot
 	stop := c.watch(ctx)
 	res, err := r.run()
 	stop()
@@ -407,6 +408,10 @@ func (r *receiver) open(t target) error {
 		break
 	}
 	if r.ddir != nil {
+		var st unix.Stat_t
+		if id, err := fdID(int(r.ddir.Fd())); err == nil && unix.Stat("/", &st) == nil && id == idOf(&st) {
+			return refusef("copy destination %s is the root directory /: copy to a directory below it", r.dst)
+		}
 		if err := checkProtected(int(r.ddir.Fd()), "", r.prot, "copy destination "+r.dst); err != nil {
 			return err
 		}

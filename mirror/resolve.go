@@ -48,6 +48,9 @@ type target struct {
 type resolver struct {
 	roots []copyRoot // nil: not confined
 	names string     // the roots, for messages
+	// prot, if set, are protected files (Options.Protected): the walk
+	// creates no directory in or below one.
+	prot map[fileID]string
 }
 
 // copyRoot is one configured copy root.
@@ -219,6 +222,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 		}
 		fd, err := openBeneath(top, c, unix.O_PATH, 0)
 		if err == unix.ENOENT && !last && create {
+			if err := checkProtected(top, "", r.prot, "copy path "+p); err != nil {
+				return target{}, err
+			}
 			if err := unix.Mkdirat(top, c, 0o755); err != nil && err != unix.EEXIST {
 				return target{}, fmt.Errorf("create directory %q: %w", c, err)
 			}

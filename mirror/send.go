@@ -248,9 +248,14 @@ func (s *sender) walk() error {
 		if rel == "." {
 			return err
 		}
-		return s.skip(rel, err.Error())
+		return s.skip(rel, "cannot read the directory: "+errText(err))
 	}}
 	w.entry = func(rel string, fi *statInfo) error {
+		if isTempName(fi.Name()) {
+			// Another copy's stage, in progress or left by a killed
+			// one: never data of the source.
+			return errSkipDir
+		}
 		if what, ok := prot[fi.id]; ok {
 			s.log.Debug("skipping protected entry", "path", rel, "protected", what)
 			if err := s.skip(rel, "the agent's own state: never copied"); err != nil {
@@ -336,7 +341,7 @@ func (s *sender) add(rel string, fi *statInfo) error {
 		e.Mode = 0
 		fd, err := s.dirs.fd(parentOf(rel))
 		if err != nil {
-			return s.skip(rel, err.Error())
+			return s.skip(rel, "cannot read the directory holding it: "+errText(err))
 		}
 		link, err := readlinkAt(fd, path.Base(rel))
 		if err != nil {
@@ -401,11 +406,12 @@ func specialName(m fs.FileMode) string {
 	return "special file (" + m.Type().String() + ")"
 }
 
-// errText is err's text without the operation and path a PathError adds.
+// errText is the system's word for err (the errno's text) without the
+// operation and path around it.
 func errText(err error) string {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err.Error()
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
 	}
 	return err.Error()
 }
