@@ -54,11 +54,17 @@
 // place: it, and every directory of the tree that the source also has as a
 // directory, keeps its identity (inode), so a working directory, an open
 // descriptor, a bind mount or a mount point on it keeps working. Each new
-// or changed entry is created under a temporary name (".tether-tmp-" with
-// the copy's random id) in its final directory, so renames never cross a
-// mount point; a new directory is created under a temporary name and
-// filled under the final names inside it. A destination that is absent, or
-// a non-directory being replaced, is staged the same way in its parent.
+// or changed entry is created in one stage directory (".tether-tmp-" with
+// the copy's random id) beside the destination, in its parent, so that
+// nothing inside the destination changes before the commit, even if the
+// receiving process is killed. Where the parent is on another mount (the
+// destination is a mount point), unknown (a copy root, reached as such) or
+// not writable, the stage goes inside the destination; an entry whose
+// directory is on another mount than the stage (a mount inside the tree)
+// is staged in that directory under a temporary name instead, so renames
+// never cross a mount. A new directory is staged whole, filled under the
+// final names inside it. A destination that is absent, or a non-directory
+// being replaced, is staged the same way in its parent.
 // The commit then, in order: renames every staged entry into place (onto
 // a free name with renameat2(RENAME_NOREPLACE); a non-directory over a
 // non-directory with rename(2), which replaces it atomically; otherwise
@@ -80,15 +86,17 @@
 // which leaves a moment without it. Files are not fsynced (rsync does not
 // either).
 //
-// Concurrency on a destination. Receive holds an exclusive flock on the
-// destination directory (or, when it creates or replaces an entry, on the
-// parent directory) for the whole copy, so copies onto one destination
-// serialize; a copy onto a directory and one onto a directory inside it do
-// not. The copy holding the lock removes the temporary entries of killed
-// copies that it finds: in a locked parent, all; inside a destination
-// directory, all but those below a directory another copy holds locked.
-// Where the file system refuses flock (some NFS or Lustre mounts) copies
-// run unlocked and only stages older than a day are removed from a parent.
+// Concurrency on a destination. Receive holds an exclusive flock, for the
+// whole copy, on the directory that holds its stage (the destination's
+// parent, usually) and on the destination directory, parent first, so
+// copies onto one destination serialize, and so do copies into one
+// directory; a copy onto a directory and one onto a directory inside it do
+// not. The copy holding a directory's lock removes the stages of killed
+// copies it finds there (every copy staging there holds that lock), and,
+// inside a destination directory it updates, every temporary entry except
+// those below a directory another copy holds locked. Where the file system
+// refuses flock (some NFS or Lustre mounts) copies run unlocked and only
+// stages older than a day are removed from a parent.
 //
 // Connections. Send and Receive take the stream as an io.ReadWriter that
 // must also implement SetDeadline(time.Time) error (net.Conn, yamux

@@ -19,10 +19,15 @@ const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_N
 var (
 	openat2Once sync.Once
 	openat2OK   bool
+	// noOpenat2 makes tests take the fallback.
+	noOpenat2 bool
 )
 
 // haveOpenat2 reports whether openat2 works here (probed once).
 func haveOpenat2() bool {
+	if noOpenat2 {
+		return false
+	}
 	openat2Once.Do(func() {
 		fd, err := unix.Openat2(unix.AT_FDCWD, "/", &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: beneath})
 		if err == nil {

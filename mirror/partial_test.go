@@ -252,7 +252,7 @@ func TestNoDeleteThroughMountPoint(t *testing.T) {
 func TestResolveConfined(t *testing.T) {
 	top := t.TempDir()
 	root, other, outside := filepath.Join(top, "root"), filepath.Join(top, "other"), filepath.Join(top, "outside")
-	build(t, root, spec{"d/f": "f", "abs": "-> " + filepath.Join(root, "d"), "rel": "-> d", "up": "-> ../outside",
+	build(t, root, spec{"d/f": "f", "d/x/g": "g", "updown": "-> d/x/..", "abs": "-> " + filepath.Join(root, "d"), "rel": "-> d", "up": "-> ../outside",
 		"up2": "-> d/../../outside", "toother": "-> " + other, "loop": "-> loop", "dot": "-> .", "dotdot": "-> d/.."})
 	build(t, other, spec{"g": "g"})
 	build(t, outside, spec{"secret": "s"})
@@ -269,6 +269,8 @@ func TestResolveConfined(t *testing.T) {
 		{path: root, dir: "root"},
 		{path: root + "/dot", dir: "root"},
 		{path: root + "/dotdot", dir: "root"},
+		{path: root + "/updown", dir: "root", name: "d"},
+		{path: root + "/updown/x/..", dir: "root", name: "d"},
 		{path: root + "/up", err: "leads above the copy root"},
 		{path: root + "/up2/secret", err: "leads above the copy root"},
 		{path: root + "/../outside/secret", err: "is not inside a copy root"},
@@ -310,4 +312,53 @@ func TestResolveConfined(t *testing.T) {
 		t.Errorf("a path outside the roots is not a refusal: %v", err)
 	}
 	_ = protocol.CodeBadRequest
+}
+
+// TestStageInsideWhenParentNotWritable copies onto a directory whose
+// parent this user cannot write (a home directory in /home): the stage
+// goes inside the destination instead. Only meaningful when not root.
+func TestStageInsideWhenParentNotWritable(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root writes every directory")
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	build(t, src, spec{"a": "new a!", "sub/b": "b"})
+	parent := filepath.Join(t.TempDir(), "parent")
+	dst := filepath.Join(parent, "home")
+	build(t, dst, spec{"a": "old"})
+	fatalIf(t, os.Chmod(parent, 0o555))
+	t.Cleanup(func() { os.Chmod(parent, 0o755) })
+	mustCopy(t, src, dst, Options{Delete: true})
+	copyEqual(t, src, dst)
+	noStage(t, parent)
+}
+
+// TestWithoutOpenat2 runs lookups and a copy the way kernels without
+// openat2 do (one openat(O_NOFOLLOW) per component): a symlink on the way
+// is refused there too.
+func TestWithoutOpenat2(t *testing.T) {
+	noOpenat2 = true
+	t.Cleanup(func() { noOpenat2 = false })
+	dir := t.TempDir()
+	build(t, dir, spec{"d/e/f": "f", "l": "-> d", "d/le": "-> e"})
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fatalIf(t, err)
+	defer unix.Close(dfd)
+	if fd, err := openBeneath(dfd, "d/e/f", unix.O_RDONLY, 0); err != nil {
+		t.Errorf("open d/e/f: %v", err)
+	} else {
+		unix.Close(fd)
+	}
+	for _, p := range []string{"l/e/f", "d/le/f", "d/le", "l", "d/../d/e/f"} {
+		if fd, err := openBeneath(dfd, p, unix.O_RDONLY, 0); err == nil {
+			unix.Close(fd)
+			t.Errorf("open %s followed a symlink or climbed", p)
+		}
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	richTree(t, src)
+	dst := filepath.Join(t.TempDir(), "dst")
+	build(t, dst, spec{"a.txt": "old", "deep/x/old": "o"})
+	mustCopy(t, src, dst, Options{Delete: true})
+	copyEqual(t, src, dst)
 }

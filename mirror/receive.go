@@ -960,7 +960,17 @@ func (r *receiver) inStage() (*dirRef, where, error) {
 			st.mtime = pst.Mtim.Nano()
 		}
 		name := r.tempName()
-		if err := unix.Mkdirat(st.parent, name, 0o700); err != nil {
+		err := unix.Mkdirat(st.parent, name, 0o700)
+		if (err == unix.EACCES || err == unix.EPERM || err == unix.EROFS) && r.ddir != nil && st.parent != int(r.ddir.Fd()) {
+			// The parent is not ours to write (a home directory's
+			// parent): stage inside the destination, on the same mount.
+			st.parent = int(r.ddir.Fd())
+			if unix.Fstat(st.parent, &pst) == nil {
+				st.mtime = pst.Mtim.Nano()
+			}
+			err = unix.Mkdirat(st.parent, name, 0o700)
+		}
+		if err != nil {
 			return nil, where{}, fmt.Errorf("create stage: %w", err)
 		}
 		st.name = name

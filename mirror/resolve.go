@@ -130,7 +130,8 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 	if p == "" {
 		return target{}, errors.New("empty path")
 	}
-	var stack []int // directories held, the last one current; stack[0] is the anchor
+	var stack []int    // directories held, the last one current; stack[0] is the anchor
+	var names []string // names[i] is stack[i]'s name in stack[i-1]
 	defer func() {
 		for _, fd := range stack {
 			unix.Close(fd)
@@ -143,13 +144,13 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 		for _, fd := range stack {
 			unix.Close(fd)
 		}
-		stack = stack[:0]
+		stack, names = stack[:0], names[:0]
 		if r.roots == nil {
 			fd, err := openAt1(unix.AT_FDCWD, "/", unix.O_PATH|unix.O_DIRECTORY, 0)
 			if err != nil {
 				return err
 			}
-			stack = append(stack, fd)
+			stack, names = append(stack, fd), append(names, "")
 			queue = append(slices.Clone(comps), queue...)
 			return nil
 		}
@@ -165,7 +166,7 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			return fmt.Errorf("copy root %s: %w", cr.conf, err)
 		}
 		root = cr
-		stack = append(stack, fd)
+		stack, names = append(stack, fd), append(names, "")
 		queue = append(slices.Clone(rest), queue...)
 		return nil
 	}
@@ -184,7 +185,7 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 		if err != nil {
 			return target{}, fmt.Errorf("open the working directory: %w", err)
 		}
-		stack = append(stack, fd)
+		stack, names = append(stack, fd), append(names, "")
 		queue = components(p)
 	}
 	// where names the directory the walk is in, for messages.
@@ -207,7 +208,7 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			switch {
 			case len(stack) > 1:
 				unix.Close(top)
-				stack = stack[:len(stack)-1]
+				stack, names = stack[:len(stack)-1], names[:len(names)-1]
 			case r.roots != nil:
 				return target{}, refusef("copy path %s leads above the copy root %s", p, where())
 			default:
@@ -216,7 +217,7 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 					return target{}, err
 				}
 				unix.Close(top)
-				stack[0] = up
+				stack[0], names[0] = up, ""
 			}
 			continue
 		}
@@ -267,7 +268,7 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 				unix.Close(fd)
 				return r.result(stack, c)
 			}
-			stack = append(stack, fd)
+			stack, names = append(stack, fd), append(names, c)
 		default:
 			unix.Close(fd)
 			if !last {
@@ -276,8 +277,47 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			return r.result(stack, c)
 		}
 	}
-	// The walk ended on a directory it holds: ".", "..", a root.
+	// The walk ended on a directory it holds (through ".", "..", or a
+	// symlink to a root): name it in its parent when the walk knows it.
+	if n := len(stack); n > 1 {
+		return r.result(stack[:n-1], names[n-1])
+	}
+	if r.roots == nil {
+		if t, ok := parentOf1(stack[0]); ok {
+			return t, nil
+		}
+	}
 	return r.result(stack, "")
+}
+
+// parentOf1 finds the directory fd in its parent (not confined: the local
+// working directory), by identity: the target is then the parent and the
+// name, so that a copy onto it can stage beside it.
+func parentOf1(fd int) (target, bool) {
+	id, err := fdID(fd)
+	if err != nil {
+		return target{}, false
+	}
+	up, err := openAt1(fd, "..", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return target{}, false
+	}
+	d := os.NewFile(uintptr(up), "..")
+	if uid, err := fdID(up); err != nil || uid == id {
+		d.Close()
+		return target{}, false // the root directory
+	}
+	ents, err := d.ReadDir(-1)
+	if err == nil {
+		for _, e := range ents {
+			var st unix.Stat_t
+			if e.IsDir() && unix.Fstatat(up, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW) == nil && idOf(&st) == id {
+				return target{dir: d, name: e.Name()}, true
+			}
+		}
+	}
+	d.Close()
+	return target{}, false
 }
 
 // result opens the current directory of the walk for the target.
