@@ -90,10 +90,18 @@ type Config struct {
 	// means 256.
 	MaxExecs int
 	// CopyRoots are the absolute directories under which copy streams may
-	// write (push) and read (pull); a path is checked after resolving the
-	// symlinks of its existing part. A push may not replace a root itself.
-	// Empty means the data directory only.
+	// write (push) and read (pull). A path is resolved one component at a
+	// time on descriptors from the root that holds it; its symlinks are
+	// followed (the last one too, as cp does) only while they stay inside
+	// a copy root. Empty means the data directory only. Whatever the
+	// roots, a copy never writes or reads the agent's own state (the
+	// detached jobs' files under DataDir/jobs, so not the data dir as a
+	// whole either, and SecretFiles).
 	CopyRoots []string
+	// SecretFiles are files holding the agent's secrets (its join token,
+	// its gateways' credentials): no copy reads or writes them, whatever
+	// CopyRoots allow, by whatever path or hard link. Optional.
+	SecretFiles []string
 	// OpenShell, if set, is the node's OpenShell gateway: dial target
 	// "openshell" and a source of the inventory.
 	OpenShell *OpenShellTarget

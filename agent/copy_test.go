@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func TestCopyPushAndPull(t *testing.T) {
 	h := newHarness(t, nil)
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "alpha", "sub/b": "beta"})
-	dst := filepath.Join(h.a.cfg.DataDir, "jobs", "gym-job-1")
+	dst := filepath.Join(h.a.cfg.DataDir, "gym", "gym-job-1")
 	writeTree(t, dst, map[string]string{"extra": "x"})
 
 	// Push with --delete: the extra file goes (NeMo Gym's copy).
@@ -124,11 +125,13 @@ func TestCopyRefusesPathsOutsideRoots(t *testing.T) {
 		want string
 	}{
 		{"push outside", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(outside, "x")}, "is not inside a copy root"},
-		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "resolved to " + filepath.Join(outside, "x")},
-		{"push onto the root", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "is a copy root itself"},
+		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "symlink escape points to " + outside + ", which is not inside a copy root"},
+		{"push onto the symlink", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape")}, "symlink escape points to " + outside},
+		{"push onto the data dir", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "holds the agent's own state"},
 		{"push dotdot", protocol.CopyParams{Direction: protocol.CopyPush, Path: data + "/../x"}, "is not inside a copy root"},
-		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not under a copy root"},
-		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "resolved to"},
+		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not inside a copy root"},
+		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "symlink escape points to " + outside},
+		{"pull below a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape", "secret")}, "symlink escape points to " + outside},
 		{"relative path", protocol.CopyParams{Direction: protocol.CopyPush, Path: "x"}, "must be absolute"},
 		{"bad direction", protocol.CopyParams{Direction: "sideways", Path: data + "/x"}, "direction"},
 	}
@@ -221,5 +224,119 @@ func TestCopyAbortLeavesDestination(t *testing.T) {
 				t.Errorf("%s: stage %s left", how, e.Name())
 			}
 		}
+	}
+}
+
+// TestCopyNeverTouchesAgentState pushes onto and pulls from the agent's own
+// state (its data dir and the detached jobs' files under DataDir/jobs):
+// pushes are refused and change nothing, a pull of the jobs is refused and
+// a pull of the data dir leaves them out.
+func TestCopyNeverTouchesAgentState(t *testing.T) {
+	h := newHarness(t, nil)
+	data := h.a.cfg.DataDir
+	jobs := filepath.Join(data, "jobs")
+	writeTree(t, jobs, map[string]string{"j1/status.json": `{"state":"running"}`, "j1/stdout": "out"})
+	writeTree(t, data, map[string]string{"user/f": "user data"})
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"j1/status.json": "forged", "pwned": "x"})
+	before := readTree(t, data)
+
+	for _, dst := range []string{jobs, filepath.Join(jobs, "j1"), filepath.Join(jobs, "j2"), filepath.Join(jobs, "new", "deeper"), data} {
+		for _, del := range []bool{false, true} {
+			s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, Delete: del})
+			_, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{})
+			var pe *mirror.PeerError
+			if !errors.As(err, &pe) || pe.Info.Code != protocol.CodeBadRequest {
+				t.Errorf("push onto %s (delete %v): %v, want a bad_request refusal", dst, del, err)
+			}
+		}
+	}
+	if got := readTree(t, data); !equalMaps(got, before) {
+		t.Errorf("refused pushes changed the data dir: %v, was %v", got, before)
+	}
+	if ents, _ := os.ReadDir(jobs); len(ents) != 1 || ents[0].Name() != "j1" {
+		t.Errorf("refused pushes changed the jobs directory: %v", ents)
+	}
+
+	for _, p := range []string{jobs, filepath.Join(jobs, "j1"), filepath.Join(jobs, "j1", "stdout")} {
+		s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: p})
+		local := filepath.Join(t.TempDir(), "got")
+		_, err := mirror.Receive(copyCtx(t), local, s.st, mirror.Options{})
+		var pe *mirror.PeerError
+		if !errors.As(err, &pe) || pe.Info.Code != protocol.CodeBadRequest {
+			t.Errorf("pull of %s: %v, want a bad_request refusal", p, err)
+		}
+	}
+	// A pull of the whole data dir carries the user's files, not the jobs.
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: data})
+	local := filepath.Join(t.TempDir(), "got")
+	mirror.Receive(copyCtx(t), local, s.st, mirror.Options{})
+	got := readTree(t, local)
+	if got["user/f"] != "user data" {
+		t.Errorf("pull of the data dir: %v, want user/f", got)
+	}
+	for p := range got {
+		if strings.HasPrefix(p, "jobs") {
+			t.Errorf("pull of the data dir carried the agent's job state %s", p)
+		}
+	}
+}
+
+// TestCopyPushKeepsDestinationDirectory pushes onto a directory a process
+// runs in: the directory keeps its identity, so the process's working
+// directory (here a held descriptor) sees the new files.
+func TestCopyPushKeepsDestinationDirectory(t *testing.T) {
+	h := newHarness(t, nil)
+	dst := filepath.Join(h.a.cfg.DataDir, "srv")
+	writeTree(t, dst, map[string]string{"old": "o", "conf/a": "a1"})
+	held, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	before, _ := held.Stat()
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"conf/a": "a2-longer", "new": "n"})
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, Delete: true})
+	if _, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(dst)
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the destination directory was replaced (%v)", err)
+	}
+	names, err := held.Readdirnames(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	if want := []string{"conf", "new"}; !slices.Equal(names, want) {
+		t.Errorf("the held directory lists %v, want %v", names, want)
+	}
+}
+
+// TestCopyPathNotUTF8 pushes to and pulls from a node path whose name is
+// not UTF-8 (Linux allows any bytes but '/' and NUL), holding such names:
+// the bytes survive the stream header's JSON and the copy stream.
+func TestCopyPathNotUTF8(t *testing.T) {
+	h := newHarness(t, nil)
+	dst := filepath.Join(h.a.cfg.DataDir, "caf\xe9")
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"\xff\xfe": "x", "d\x80/f": "y"})
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst})
+	if _, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"\xff\xfe": "x", "d\x80/f": "y"}
+	if got := readTree(t, dst); !equalMaps(got, want) {
+		t.Errorf("pushed to %q: %q, want %q", dst, got, want)
+	}
+	local := filepath.Join(t.TempDir(), "back")
+	s = h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: dst})
+	if _, err := mirror.Receive(copyCtx(t), local, s.st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTree(t, local); !equalMaps(got, want) {
+		t.Errorf("pulled %q, want %q", got, want)
 	}
 }

@@ -150,7 +150,7 @@ func TestCopyEndToEnd(t *testing.T) {
 		}
 		ents, _ := os.ReadDir(root)
 		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), ".tether-stage-") {
+			if strings.HasPrefix(e.Name(), ".tether-stage-") || strings.HasPrefix(e.Name(), ".tether-tmp-") {
 				t.Errorf("stale stage %s left in %s", e.Name(), root)
 			}
 		}

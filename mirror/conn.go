@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -60,6 +62,29 @@ type Options struct {
 	// ends must agree: the receiver puts digests in its manifest, the
 	// sender hashes its files to compare.
 	Checksum bool
+	// Strict makes the copy all or nothing: an entry the sender cannot
+	// carry (a special file, a file or directory it cannot read, a name
+	// longer than protocol.MaxCopyPathLen, a protected file) fails the
+	// copy instead of being skipped and named in the result's
+	// SkippedEntries. Only the sender uses it.
+	Strict bool
+	// Roots, if set, confine the path this end names (Receive's dst,
+	// Send's src) to these absolute directories: the path must lie in
+	// one, and symlinks on the way (including the last component, which
+	// is followed as cp follows it) may not lead out of them; this is
+	// checked on descriptors, one component at a time, so a directory
+	// swapped for a symlink during the copy cannot redirect it (see
+	// resolve.go). Unset, the path is resolved as the kernel would, from
+	// the working directory's descriptor if relative: the local end of
+	// `tether cp`.
+	Roots []string
+	// Protected names files and directories no copy may write, replace,
+	// delete or read, whatever Roots allow: a destination at, above or
+	// below one is refused, a source below one too, and a source holding
+	// one skips it (named in SkippedEntries). They are identified by
+	// device and inode when the copy starts (a missing one is ignored), so
+	// a hard link or another path to them is caught as well.
+	Protected []string
 	// Progress, if set, is called from the copying goroutine at most every
 	// 100 ms and once at the end of a successful copy.
 	Progress func(Progress)
@@ -76,6 +101,29 @@ type Progress struct {
 	// (kept files do not count). The sender knows the totals after its
 	// walk; the receiver learns them from the root entry.
 	Bytes, TotalBytes int64
+}
+
+// resolver returns the resolver for the path this end names.
+func (o *Options) resolver() *resolver {
+	if len(o.Roots) == 0 {
+		return &resolver{}
+	}
+	return newResolver(o.Roots)
+}
+
+// protected returns the identities of o.Protected.
+func (o *Options) protected() map[fileID]string {
+	if len(o.Protected) == 0 {
+		return nil
+	}
+	ids := make(map[fileID]string, len(o.Protected))
+	for _, p := range o.Protected {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err == nil {
+			ids[idOf(&st)] = p
+		}
+	}
+	return ids
 }
 
 func (o *Options) logger() *slog.Logger {

@@ -34,6 +34,11 @@ func FuzzReceive(f *testing.F) {
 		{rootDirF(), entryF(protocol.CopyEntry{Path: "a", Type: "file", Size: 5, Keep: true, Mode: 0o644, MtimeNS: mt}), copyEndF(2, 0)},
 		{entryF(protocol.CopyEntry{Path: ".", Type: "file", Size: 3, Mode: 0o600}), dataF("abc"), endF("abc"), copyEndF(1, 3)},
 		{rootDirF(), entryF(protocol.CopyEntry{Path: "sub", Type: "dir", Mode: 0o500}), entryF(protocol.CopyEntry{Path: "sub/l", Type: "symlink", Link: "/"}), copyEndF(3, 0)},
+		{rootDirF(), jsonFrame(protocol.FrameCopySkip, protocol.CopySkip{Path: "a", Reason: "named pipe"}),
+			jsonFrame(protocol.FrameCopyEnd, protocol.CopyEnd{Entries: 1, Skipped: 1})},
+		{rootDirF(), entryF(protocol.CopyEntry{PathB64: "/w==", Type: "symlink", LinkB64: "Li4vLi4vb3V0c2lkZf8="}),
+			entryF(protocol.CopyEntry{PathB64: "/y94", Type: "file", Size: 1}), dataF("x"), endF("x"), copyEndF(3, 1)},
+		{rootDirF(), entryF(protocol.CopyEntry{Path: "sub", Type: "dir", Mode: 0o755})},
 	}
 	for _, s := range seeds {
 		f.Add(encode(s))

@@ -146,14 +146,18 @@ func listDir(t testing.TB, dir string) []string {
 	return names
 }
 
-// noStage fails if a stage is left in dir.
+// noStage fails if a staged entry is left in dir or below it.
 func noStage(t testing.TB, dir string) {
 	t.Helper()
-	for _, n := range listDir(t, dir) {
-		if strings.HasPrefix(n, stagePrefix) {
-			t.Errorf("stage %s left in %s", n, dir)
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
 		}
-	}
+		if n := d.Name(); strings.HasPrefix(n, stagePrefix) || strings.HasPrefix(n, tmpPrefix) {
+			t.Errorf("staged entry %s left", p)
+		}
+		return nil
+	})
 }
 
 var testTime = time.Date(2024, 5, 1, 12, 0, 0, 123456789, time.UTC)

@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -9,7 +10,6 @@ import (
 	"path"
 	"slices"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,27 +21,53 @@ import (
 // receiver cannot exhaust its memory.
 const maxManifestEntries = 4 << 20
 
-// walkTree calls fn for every entry below root's directory rel (not rel
-// itself), parents before children, names in byte order. It never follows
-// symlinks: they are reported, not entered. Paths are slash separated and
-// relative to root. Entries are stat'ed relative to their directory's
-// descriptor (fstatat), never by a path from the root.
-func walkTree(root *os.Root, rel string, fn func(rel string, fi fs.FileInfo) error) error {
-	d, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+// errSkipDir, returned by a walk's entry function for a directory, says
+// not to descend into it.
+var errSkipDir = errors.New("skip this directory")
+
+// walker lists a tree below a directory descriptor, parents before
+// children, names in byte order. It never follows symlinks: they are
+// reported, not entered. Paths are slash separated and relative to base;
+// every directory is opened with openBeneath from base and every entry
+// stat'ed relative to its directory's descriptor (fstatat), never by a
+// path from the root.
+type walker struct {
+	base int
+	// entry is called for every entry below the walk's start. For a
+	// directory it may return errSkipDir.
+	entry func(rel string, fi *statInfo) error
+	// dir, if set, is called with each directory's open descriptor (the
+	// start included) before its entries.
+	dir func(rel string, fd int) error
+	// bad, if set, is told about a directory that cannot be opened or
+	// read; returning nil goes on without its entries. Unset, the walk
+	// fails.
+	bad func(rel string, err error) error
+}
+
+// walk lists the tree below the directory rel.
+func (w *walker) walk(rel string) error {
+	fd, err := openBeneath(w.base, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return fmt.Errorf("open directory %q: %w", rel, err)
+		return w.failed(rel, fmt.Errorf("open directory %q: %w", rel, err))
+	}
+	d := os.NewFile(uintptr(fd), rel)
+	if w.dir != nil {
+		if err := w.dir(rel, fd); err != nil {
+			d.Close()
+			return err
+		}
 	}
 	names, err := d.Readdirnames(-1)
 	if err != nil {
 		d.Close()
-		return fmt.Errorf("read directory %q: %w", rel, err)
+		return w.failed(rel, fmt.Errorf("read directory %q: %w", rel, err))
 	}
 	slices.Sort(names)
-	infos := make([]fs.FileInfo, 0, len(names))
-	dfd := int(d.Fd())
+	infos := make([]*statInfo, 0, len(names))
 	for _, name := range names {
 		var st unix.Stat_t
-		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if err == unix.ENOENT {
 				continue // removed while walking
 			}
@@ -56,11 +82,15 @@ func walkTree(root *os.Root, rel string, fn func(rel string, fi fs.FileInfo) err
 		if rel != "." {
 			p = rel + "/" + p
 		}
-		if err := fn(p, fi); err != nil {
+		err := w.entry(p, fi)
+		if err == errSkipDir {
+			continue
+		}
+		if err != nil {
 			return err
 		}
 		if fi.IsDir() {
-			if err := walkTree(root, p, fn); err != nil {
+			if err := w.walk(p); err != nil {
 				return err
 			}
 		}
@@ -68,16 +98,26 @@ func walkTree(root *os.Root, rel string, fn func(rel string, fi fs.FileInfo) err
 	return nil
 }
 
-// statInfo is an fs.FileInfo made from a unix.Stat_t.
+func (w *walker) failed(rel string, err error) error {
+	if w.bad == nil {
+		return err
+	}
+	return w.bad(rel, err)
+}
+
+// statInfo is an fs.FileInfo made from a unix.Stat_t, with the file's
+// identity and link count.
 type statInfo struct {
 	name  string
 	size  int64
 	mode  fs.FileMode
 	mtime time.Time
+	id    fileID
+	nlink uint64
 }
 
 func newStatInfo(name string, st *unix.Stat_t) *statInfo {
-	fi := &statInfo{name: name, size: st.Size, mtime: time.Unix(st.Mtim.Unix())}
+	fi := &statInfo{name: name, size: st.Size, mtime: time.Unix(st.Mtim.Unix()), id: idOf(st), nlink: uint64(st.Nlink)}
 	fi.mode = fs.FileMode(st.Mode & 0o777)
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
@@ -116,47 +156,51 @@ func (fi *statInfo) Sys() any           { return nil }
 // dirCache keeps the directory of the last entry open, so that entries of
 // one directory (consecutive in walk order) are reached with
 // single-component *at calls on its descriptor instead of a path walk
-// from the root each time. Directories are opened through the os.Root,
-// which refuses symlink escapes. It is used by one goroutine; hold lends
-// the open directory to another (a writer or reader worker), which keeps
-// it open until released.
+// each time. Directories are opened with openBeneath from a held
+// descriptor, at the path loc gives for them (base and the directory's
+// own path when loc is nil), so no symlink is ever followed. It is used by
+// one goroutine; hold lends the open directory to another (a writer or
+// reader worker), which keeps it open until released.
 type dirCache struct {
-	root *os.Root
+	base int
+	loc  func(rel string) (base int, path string)
 	rel  string
 	dir  *dirRef
 }
 
-// dirRef is an open directory shared by a dirCache and the workers it lent
-// it to; the last release closes it.
+// dirRef is an open directory shared by its owner (a dirCache, a stage)
+// and the workers it lent it to; the last release closes it.
 type dirRef struct {
-	f    *os.File
-	fd   int // f's descriptor, valid until the last release
+	fd   int // valid until the last release
 	refs atomic.Int32
 }
 
 func (d *dirRef) release() {
 	if d.refs.Add(-1) == 0 {
-		d.f.Close()
+		unix.Close(d.fd)
 	}
 }
 
-// fd returns a descriptor of the directory rel of the root.
+// fd returns a descriptor of the directory rel.
 func (c *dirCache) fd(rel string) (int, error) {
 	if c.dir != nil && c.rel == rel {
 		return c.dir.fd, nil
 	}
 	c.close()
-	d, err := c.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
-	if err != nil {
-		return -1, err
+	base, p := c.base, rel
+	if c.loc != nil {
+		base, p = c.loc(rel)
 	}
-	c.dir, c.rel = &dirRef{f: d, fd: int(d.Fd())}, rel
+	fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open directory", Path: rel, Err: err}
+	}
+	c.dir, c.rel = &dirRef{fd: fd}, rel
 	c.dir.refs.Store(1)
 	return c.dir.fd, nil
 }
 
-// hold returns the directory rel of the root open, for the caller to
-// release.
+// hold returns the directory rel open, for the caller to release.
 func (c *dirCache) hold(rel string) (*dirRef, error) {
 	if _, err := c.fd(rel); err != nil {
 		return nil, err
@@ -193,19 +237,13 @@ func setMtimeAt(dfd int, name string, mtime int64) error {
 	return unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-// hashFile returns the hex XXH3-128 of the file name in root and its size.
-func hashFile(root *os.Root, name string, buf []byte) (string, int64, error) {
-	f, err := root.Open(name)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
+// hashFd returns the hex XXH3-128 of the open file f's content.
+func hashFd(f *os.File, buf []byte) (string, error) {
 	h := newFileHash()
-	n, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf)
-	if err != nil {
-		return "", 0, err
+	if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf); err != nil {
+		return "", err
 	}
-	return hashHex(h), n, nil
+	return hashHex(h), nil
 }
 
 // manifestWriter batches manifest entries into frames of at most
@@ -217,6 +255,7 @@ type manifestWriter struct {
 }
 
 func (m *manifestWriter) add(e *protocol.ManifestEntry) error {
+	e.EncodeNames()
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -272,7 +311,7 @@ func readManifest(c *conn) (map[string]*protocol.ManifestEntry, *protocol.Manife
 				return nil, nil, fmt.Errorf("read manifest: %w", err)
 			}
 			for _, e := range batch {
-				if e == nil || protocol.ValidCopyPath(e.Path) != nil {
+				if e == nil || e.DecodeNames() != nil || protocol.ValidCopyPath(e.Path) != nil {
 					return nil, nil, fmt.Errorf("read manifest: %w: bad entry", protocol.ErrUnexpected)
 				}
 				man[e.Path] = e

@@ -35,8 +35,9 @@ const (
 	maxReadAhead = 128
 )
 
-// smallIOHook, when set by a test, runs in a worker before it writes
-// ("write") or reads ("read") the small file rel; an error fails that file.
+// smallIOHook, when set by a test, runs before a small file rel is written
+// ("write") or read ("read"), and before any source file is opened
+// ("open"): an error fails that file (for "open", as the open's error).
 var smallIOHook func(op, rel string) error
 
 // budget bounds the bytes held by in-flight small files.
@@ -246,7 +247,10 @@ type readJob struct {
 	data []byte
 	sum  string
 	big  bool
-	err  error // always the source's fault
+	// openErr says the file could not be opened as a regular file (the
+	// sender may skip it); err that reading it failed.
+	openErr error
+	err     error // always the source's fault
 }
 
 // readerPool reads small source files ahead of the sender.
@@ -284,18 +288,23 @@ func (p *readerPool) stop() {
 // metadata from the open file and fails if the file changes while read.
 func readSmall(j *readJob) {
 	if smallIOHook != nil {
+		if err := smallIOHook("open", j.rel); err != nil {
+			j.openErr = fmt.Errorf("open %q: %w", j.rel, err)
+			return
+		}
 		if j.err = smallIOHook("read", j.rel); j.err != nil {
 			return
 		}
 	}
-	fd, err := openFd(j.dir.fd, j.name, unix.O_RDONLY, 0)
+	// O_NONBLOCK: a fifo swapped in since the walk must not block.
+	fd, err := openFd(j.dir.fd, j.name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
-		j.err = fmt.Errorf("open %q: %w", j.rel, err)
+		j.openErr = fmt.Errorf("open %q: %w", j.rel, err)
 		return
 	}
 	defer unix.Close(fd)
 	if err := unix.Fstat(fd, &j.st); err != nil || j.st.Mode&unix.S_IFMT != unix.S_IFREG {
-		j.err = fmt.Errorf("source file %q changed while copying (no longer a regular file)", j.rel)
+		j.openErr = fmt.Errorf("source file %q changed while copying: %w", j.rel, errNotRegular)
 		return
 	}
 	if j.st.Size > smallFile || j.st.Size > j.size {

@@ -6,61 +6,68 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/zeebo/xxh3"
-
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
 	"github.com/tetherfleet/tether/protocol"
 )
 
 const (
-	// stagePrefix starts the name of every staging directory.
+	// tmpPrefix starts the name of every entry a copy stages: a new or
+	// changed entry waits under a temporary name in its final directory
+	// until the commit renames it into place.
+	tmpPrefix = ".tether-tmp-"
+	// stagePrefix starts the staging directories of earlier versions,
+	// which a copy removes as stale too.
 	stagePrefix = ".tether-stage-"
 	// staleAge is how old an unlocked stage must be before a copy on a
 	// file system without flock removes it.
 	staleAge = 24 * time.Hour
-	// maxStageBase bounds the part of a stage's name copied from the
-	// destination's name, so the name fits in NAME_MAX.
-	maxStageBase = 200
 )
 
 // Receive makes dst a copy of what the peer sends on conn: it sends the
-// manifest of dst, receives and verifies every entry into a stage beside
-// dst, swaps the stage into place and answers FrameCopyDone with the
-// result. dst's parent directory is created if missing (mkdir -p). dst may
-// be absent, a directory, a file or anything else; it is replaced by the
-// source's type.
+// manifest of dst, receives and verifies every entry, stages each new or
+// changed one under a temporary name in its final directory, puts them
+// all in place at the end and answers FrameCopyDone with the result.
 //
-// On any failure (including ctx ending, the peer's FrameError or
-// FrameCancel, and the stream ending early) dst is left as it was, the
-// stage is removed, and a FrameError is sent unless the peer aborted or the
-// stream is gone. Receive blocks until the copy is committed or failed; it
-// does not close conn.
+// dst is resolved as Options.Roots say, following its symlinks, the last
+// one included (as cp and scp do); missing parent directories are created
+// (mkdir -p). An existing directory is updated in place, so it keeps its
+// identity (its inode: working directories, open descriptors, bind mounts
+// and mount points on it keep working); anything else is replaced by the
+// source's type (a directory over a non-directory only with
+// Options.Delete). Below dst nothing is ever followed.
+//
+// On any failure before the commit (including ctx ending, the peer's
+// FrameError or FrameCancel, and the stream ending early) dst is left as it
+// was, every temporary entry is removed, and a FrameError is sent unless
+// the peer aborted or the stream is gone. The commit itself renames one
+// entry after another (see the package documentation for that window).
+// Receive blocks until the copy is committed or failed; it does not close
+// conn.
 func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) (*protocol.CopyResult, error) {
 	c, err := newConn(conn)
 	if err != nil {
 		return nil, err
 	}
-	abs, err := filepath.Abs(dst)
-	if err != nil {
-		return nil, fmt.Errorf("mirror: receive %s: %w", dst, err)
-	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
 	r := &receiver{
-		c: c, opts: opts, log: opts.logger().With("dst", abs),
-		dst: abs, parent: filepath.Dir(abs), base: filepath.Base(abs),
-		prog:    progress{fn: opts.Progress},
-		created: make(map[string]string),
+		c: c, opts: opts, log: opts.logger().With("dst", dst), dst: dst,
+		rsv: opts.resolver(), prot: opts.protected(), id: hex.EncodeToString(rnd[:]),
+		prog: progress{fn: opts.Progress}, base: -1,
+		created: make(map[string]string), dirs: make(map[string]*rdir), viaStage: make(map[string]bool),
+		touched: make(map[string]bool), skipped: make(map[string]bool),
 	}
+	r.rsv.prot = r.prot
 	stop := c.watch(ctx)
 	res, err := r.run()
 	stop()
@@ -69,12 +76,12 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 		if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
 			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
-		err = fmt.Errorf("mirror: receive %s: %w", abs, err)
+		err = fmt.Errorf("mirror: receive %s: %w", dst, err)
 		if !r.committed && !isPeerAbort(err) {
 			if ctx.Err() != nil {
 				c.final(protocol.FrameCancel, nil)
 			} else {
-				c.final(protocol.FrameError, &protocol.ErrorInfo{Code: errorCode(err), Message: err.Error()})
+				c.final(protocol.FrameError, &protocol.ErrorInfo{Code: errorCode(err), Message: peerMessage(err)})
 			}
 		}
 		r.log.Debug("copy failed", "err", err)
@@ -86,10 +93,22 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 // errorCode picks the ErrorInfo code for a failed copy.
 func errorCode(err error) string {
 	var ve *violation
-	if errors.As(err, &ve) {
+	var rf *refusal
+	if errors.As(err, &ve) || errors.As(err, &rf) {
 		return protocol.CodeBadRequest
 	}
 	return protocol.CodeInternal
+}
+
+// peerMessage is what the peer is told about err: a refusal's own text
+// (it names the path and says why, for the user on the other end), else
+// the whole chain.
+func peerMessage(err error) string {
+	var rf *refusal
+	if errors.As(err, &rf) {
+		return rf.msg
+	}
+	return err.Error()
 }
 
 // violation marks a stream that breaks the copy protocol.
@@ -108,14 +127,96 @@ type oldEntry struct {
 	mode  uint32
 	mtime int64
 	size  int64
+	id    fileID
+	nlink uint64
+	mount bool // a directory on another device than its parent: a mount point
 }
 
-// dirMeta is a staged directory's final mode and mtime, applied after its
+// dirMeta is a directory's final mode and mtime, applied after its
 // children.
 type dirMeta struct {
 	rel   string
 	mode  uint32
 	mtime int64
+}
+
+// loc is where a directory is: path below the descriptor base.
+type loc struct {
+	base int
+	path string
+}
+
+// rdir is a directory of the new tree.
+type rdir struct {
+	loc loc
+	old bool // an existing directory, updated in place
+}
+
+// staged is a new or changed entry waiting to be renamed into place: in
+// the stage directory, or, where its final directory is on another mount
+// than the stage, under a temporary name beside its final one. Everything
+// below a staged directory is inside it under its final names.
+type staged struct {
+	rel      string
+	parent   string // its directory in the tree; "" for the root (the destination's parent)
+	inStage  bool   // in the stage directory, else beside its final name
+	temp     string // its name there
+	typ      string // the new entry's type
+	replaces string // the old entry's type there, or ""
+	placed   bool
+}
+
+// stageDir is the directory a copy stages new and changed entries in:
+// beside the destination (in its parent) when that is on the same mount,
+// else inside the destination directory itself. It is created when the
+// first entry is staged.
+type stageDir struct {
+	parent int      // descriptor of the directory holding it
+	mnt    mountKey // parent's mount
+	name   string   // its name there; "" until created
+	ref    *dirRef  // its descriptor, lent to the writers
+	mtime  int64    // parent's mtime before the stage was created
+	seq    int
+}
+
+// mountKey identifies the mount a file is on: its mount ID where statx
+// reports one (Linux 5.8 on), else its device.
+type mountKey struct {
+	mnt    uint64
+	hasMnt bool
+	dev    uint64
+}
+
+func mountOf(fd int) mountKey {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_INO|unix.STATX_MNT_ID, &stx); err == nil {
+		k := mountKey{dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor)}
+		if stx.Mask&unix.STATX_MNT_ID != 0 {
+			k.mnt, k.hasMnt = stx.Mnt_id, true
+		}
+		return k
+	}
+	var st unix.Stat_t
+	unix.Fstat(fd, &st)
+	return mountKey{dev: uint64(st.Dev)}
+}
+
+// same reports whether a rename between files on a and b can work.
+func (a mountKey) same(b mountKey) bool {
+	if a.hasMnt && b.hasMnt {
+		return a.mnt == b.mnt
+	}
+	return a.dev == b.dev
+}
+
+// fix is a metadata update of a kept entry, applied at the commit: a
+// file's mode and mtime, a symlink's mtime.
+type fix struct {
+	rel   string
+	typ   string
+	mode  uint32
+	mtime int64
+	id    fileID
 }
 
 // receiver is one Receive's state; it is used by one goroutine.
@@ -124,54 +225,71 @@ type receiver struct {
 	opts Options
 	log  *slog.Logger
 	prog progress
+	rsv  *resolver
+	prot map[fileID]string
+	id   string // random: this copy's temporary names carry it
+	seq  int
 
-	dst, parent, base string
+	dst string // as named (plus "/NAME" once a file moved into it)
 
-	pf     *os.File // the parent directory: flock and renameat2
-	pfd    int      // pf's descriptor
-	root   *os.Root // the parent directory
-	locked bool
+	// The destination: the entry name in the directory pdir, or (name
+	// "") the directory ddir itself. ddir is set when the destination is
+	// an existing directory.
+	pdir    *os.File
+	name    string
+	ddir    *os.File
+	stageP  bool  // the stage goes in pdir (else in ddir)
+	locks   []int // the locked directories' descriptors (pdir's, then ddir's)
+	pLocked bool  // pdir is locked
 
 	oldType string // "" if dst is absent
-	oldRoot *os.Root
 	old     []oldEntry
 	oldBy   map[string]*oldEntry
+	mounts  []string // old directories that are mount points
 
-	stage     string   // stage name in the parent; "" until created
-	stageRoot *os.Root // the stage, when the source is a directory
-	newDirs   dirCache // directories of the stage
-	oldDirs   dirCache // directories of the old tree
-	rootType  string   // the source root's type
+	base      int              // the destination directory's descriptor, in place
+	dirs      map[string]*rdir // directories of the new tree
+	cache     dirCache         // directories of the new tree
+	stage     stageDir
+	viaStage  map[string]bool // old directory -> its new entries go through the stage
+	rootType  string          // the source root's type
 	committed bool
 
-	created map[string]string // staged path -> type, for everything in the new tree
-	dirs    []dirMeta
+	created map[string]string // path -> type, for every entry of the source
+	staged  []staged
+	touched map[string]bool // old directories holding a temporary entry beside its final one
+	fixes   []fix
+	dirMeta []dirMeta
+	skipped map[string]bool // paths the sender could not carry
 	cur     *incoming
 
 	pool *writerPool // writes small files; nil until the first one
 
 	entries   int   // FrameEntry frames received
+	skips     int   // FrameCopySkip frames received
 	dataBytes int64 // file data bytes received
 	res       protocol.CopyResult
 	buf       []byte
 }
 
 // incoming is the file whose data is arriving: into f, or for a small
-// file into buf (then dir holds its directory for the writer).
+// file into buf (then dir and name say where the writer creates it).
 type incoming struct {
 	e       protocol.CopyEntry
 	f       *os.File
 	buf     []byte
 	dir     *dirRef
+	name    string
 	h       *xxh3.Hasher
 	written int64
 }
 
 func (r *receiver) run() (*protocol.CopyResult, error) {
-	if r.base == "/" || r.base == "." || r.base == ".." {
-		return nil, fmt.Errorf("cannot copy onto %q", r.dst)
+	t, err := r.rsv.resolve(r.dst, true)
+	if err != nil {
+		return nil, err
 	}
-	if err := r.open(); err != nil {
+	if err := r.open(t); err != nil {
 		return nil, err
 	}
 	if err := r.scanOld(); err != nil {
@@ -200,60 +318,160 @@ func (r *receiver) run() (*protocol.CopyResult, error) {
 	}
 	res := r.res
 	r.prog.tick(true)
-	if err := r.c.writeJSON(protocol.FrameCopyDone, &res); err != nil {
+	wire := res
+	wire.EncodeNames()
+	if err := r.c.writeJSON(protocol.FrameCopyDone, &wire); err != nil {
 		return &res, fmt.Errorf("committed, but sending copy-done failed: %w", err)
 	}
 	if err := r.c.flush(); err != nil {
 		return &res, fmt.Errorf("committed, but sending copy-done failed: %w", err)
 	}
-	r.log.Debug("copy committed", "entries", res.Entries, "written", res.FilesWritten, "kept", res.FilesKept, "bytes", res.BytesWritten, "deleted", res.Deleted)
+	r.log.Debug("copy committed", "entries", res.Entries, "written", res.FilesWritten, "kept", res.FilesKept, "bytes", res.BytesWritten, "deleted", res.Deleted, "skipped", res.Skipped)
 	return &res, nil
 }
 
-// open creates and opens the parent, locks it and removes stale stages.
-func (r *receiver) open() error {
-	if err := os.MkdirAll(r.parent, 0o755); err != nil {
-		return fmt.Errorf("create parent directory: %w", err)
-	}
-	var err error
-	if r.pf, err = os.Open(r.parent); err != nil {
-		return fmt.Errorf("open parent directory: %w", err)
-	}
-	if r.root, err = os.OpenRoot(r.parent); err != nil {
-		return fmt.Errorf("open parent directory: %w", err)
-	}
-	a, err1 := r.pf.Stat()
-	b, err2 := r.root.Stat(".")
-	if err1 != nil || err2 != nil || !os.SameFile(a, b) || !a.IsDir() {
-		return fmt.Errorf("parent directory %s changed while opening it or is not a directory", r.parent)
-	}
-	r.pfd = int(r.pf.Fd())
-	for {
-		err := unix.Flock(r.pfd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			r.locked = true
+// open takes the resolved destination t: it opens the destination
+// directory if there is one and locks what the copy changes: the
+// directory that will hold the stage (the destination's parent, unless it
+// is on another mount or unknown: a copy root, the working directory), and
+// the destination directory. Locks are taken parent first, so copies never
+// wait for each other in a cycle. It checks the destination is not
+// protected and removes stale stages from a locked parent.
+func (r *receiver) open(t target) error {
+	for attempt := 0; ; attempt++ {
+		if attempt == 8 {
+			t.dir.Close()
+			return fmt.Errorf("destination %s keeps changing while the copy opens it", r.dst)
+		}
+		if t.name == "" {
+			r.ddir = t.dir
+			if err := r.lock(int(r.ddir.Fd())); err != nil {
+				return err
+			}
 			break
+		}
+		pfd := int(t.dir.Fd())
+		var st unix.Stat_t
+		err := unix.Fstatat(pfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		switch {
+		case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			fd, err := openBeneath(pfd, t.name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+			if err != nil {
+				continue // replaced since the fstatat
+			}
+			d := os.NewFile(uintptr(fd), t.name)
+			stageP := mountOf(pfd).same(mountOf(fd))
+			pLocked := false
+			if stageP {
+				if err := r.lock(pfd); err != nil {
+					d.Close()
+					t.dir.Close()
+					return err
+				}
+				pLocked = len(r.locks) > 0
+			}
+			if err := r.lock(fd); err != nil {
+				d.Close()
+				t.dir.Close()
+				return err
+			}
+			var now unix.Stat_t
+			if id, err := fdID(fd); err != nil || unix.Fstatat(pfd, t.name, &now, unix.AT_SYMLINK_NOFOLLOW) != nil || idOf(&now) != id {
+				r.unlock()
+				d.Close()
+				continue // replaced while we waited for the lock
+			}
+			r.pdir, r.name, r.ddir, r.stageP, r.pLocked = t.dir, t.name, d, stageP, pLocked
+		case err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			// A symlink appeared after the resolver followed the path:
+			// follow it again.
+			t.dir.Close()
+			if t, err = r.rsv.resolve(r.dst, true); err != nil {
+				return err
+			}
+			continue
+		case err != nil && err != unix.ENOENT:
+			t.dir.Close()
+			return fmt.Errorf("lstat destination: %w", err)
+		default:
+			if err := r.lock(pfd); err != nil {
+				t.dir.Close()
+				return err
+			}
+			var now unix.Stat_t
+			if unix.Fstatat(pfd, t.name, &now, unix.AT_SYMLINK_NOFOLLOW) == nil && now.Mode&unix.S_IFMT == unix.S_IFDIR {
+				r.unlock()
+				continue // became a directory while we waited for the lock
+			}
+			r.pdir, r.name, r.stageP, r.pLocked = t.dir, t.name, true, len(r.locks) == 1
+		}
+		break
+	}
+	if r.ddir != nil {
+		var st unix.Stat_t
+		if id, err := fdID(int(r.ddir.Fd())); err == nil && unix.Stat("/", &st) == nil && id == idOf(&st) {
+			return refusef("copy destination %s is the root directory /: copy to a directory below it", r.dst)
+		}
+		if err := checkProtected(int(r.ddir.Fd()), "", r.prot, "copy destination "+r.dst); err != nil {
+			return err
+		}
+	} else if err := checkProtected(int(r.pdir.Fd()), r.name, r.prot, "copy destination "+r.dst); err != nil {
+		return err
+	}
+	if r.stageP {
+		r.removeStale()
+	}
+	return nil
+}
+
+// lock takes an exclusive flock on the directory fd, waiting for another
+// copy that holds it; where the file system refuses flock the copy runs
+// unlocked.
+func (r *receiver) lock(fd int) error {
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			r.locks = append(r.locks, fd)
+			return nil
 		}
 		if err == unix.EINTR {
 			continue
 		}
 		if err != unix.EWOULDBLOCK {
-			r.log.Warn("cannot lock the destination's parent; copying unlocked", "parent", r.parent, "err", err)
-			break
+			r.log.Warn("cannot lock the destination; copying unlocked", "err", err)
+			return nil
 		}
-		// Another copy into this directory is running: wait for it. The
-		// stream's abort (ctx) cannot interrupt this wait, so check it.
+		// Another copy onto this destination is running: wait for it.
+		// The stream's abort (ctx) cannot interrupt this wait, so check it.
 		if r.c.isAborted() {
-			return errors.New("canceled while waiting for another copy into the same directory")
+			return errors.New("canceled while waiting for another copy onto the same destination")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	r.removeStale()
-	return nil
 }
 
-// isStageName reports whether name looks like a stage this package made.
-func isStageName(name string) bool {
+func (r *receiver) unlock() {
+	for _, fd := range r.locks {
+		unix.Flock(fd, unix.LOCK_UN)
+	}
+	r.locks = r.locks[:0]
+}
+
+// isTempName reports whether name looks like an entry this package
+// staged: tmpPrefix, 16 hex digits, '-', a sequence number; or a stage
+// directory of earlier versions.
+func isTempName(name string) bool {
+	if rest, ok := strings.CutPrefix(name, tmpPrefix); ok {
+		id, seq, ok := strings.Cut(rest, "-")
+		if !ok || len(id) != 16 || seq == "" {
+			return false
+		}
+		if _, err := hex.DecodeString(id); err != nil {
+			return false
+		}
+		_, err := strconv.ParseUint(seq, 10, 64)
+		return err == nil
+	}
 	if !strings.HasPrefix(name, stagePrefix) || len(name) < len(stagePrefix)+18 {
 		return false
 	}
@@ -265,67 +483,137 @@ func isStageName(name string) bool {
 	return err == nil
 }
 
-// removeStale removes stages left by killed copies: every stage in the
-// parent when we hold the lock (every copy into the parent takes it), else
-// only old ones.
+// tempName returns a new temporary name.
+func (r *receiver) tempName() string {
+	r.seq++
+	return tmpPrefix + r.id + "-" + strconv.Itoa(r.seq)
+}
+
+// removeStale removes what killed copies staged in the destination's
+// parent: every stage when we hold its lock (every copy staging there
+// takes it), else only old ones.
 func (r *receiver) removeStale() {
-	d, err := r.root.Open(".")
+	pfd := int(r.pdir.Fd())
+	fd, err := openAt1(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return
 	}
+	d := os.NewFile(uintptr(fd), ".")
 	names, _ := d.Readdirnames(-1)
 	d.Close()
 	for _, name := range names {
-		if !isStageName(name) {
+		if !isTempName(name) {
 			continue
 		}
-		if !r.locked {
-			fi, err := r.root.Lstat(name)
-			if err != nil || time.Since(fi.ModTime()) < staleAge {
+		if !r.pLocked {
+			var st unix.Stat_t
+			if unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || time.Since(time.Unix(st.Mtim.Unix())) < staleAge {
 				continue
 			}
 		}
-		r.log.Info("removing stale copy stage", "stage", filepath.Join(r.parent, name))
-		if err := removeTree(r.root, name); err != nil {
-			r.log.Warn("cannot remove stale copy stage", "stage", filepath.Join(r.parent, name), "err", err)
+		r.log.Info("removing stale copy stage", "stage", name)
+		if err := removeAt(pfd, name); err != nil {
+			r.log.Warn("cannot remove stale copy stage", "stage", name, "err", err)
 		}
 	}
 }
 
-// scanOld records what dst has.
+// scanOld records what the destination has. In a directory it also
+// removes the temporary entries of killed copies, except below a
+// directory another copy holds locked (that copy is alive), and refuses a
+// destination holding a protected file.
 func (r *receiver) scanOld() error {
 	r.oldBy = make(map[string]*oldEntry)
-	fi, err := r.root.Lstat(r.base)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("lstat destination: %w", err)
-	}
-	r.oldType = entryType(fi.Mode())
-	if r.oldType == "" {
-		r.oldType = "other"
-	}
-	add := func(rel string, fi fs.FileInfo) error {
+	add := func(rel string, fi *statInfo, parentDev uint64) {
 		t := entryType(fi.Mode())
 		if t == "" {
 			t = "other"
 		}
-		r.old = append(r.old, oldEntry{rel: rel, typ: t, mode: modeBits(fi.Mode()), mtime: fi.ModTime().UnixNano(), size: fi.Size()})
-		return nil
+		r.old = append(r.old, oldEntry{rel: rel, typ: t, mode: modeBits(fi.Mode()), mtime: fi.ModTime().UnixNano(),
+			size: fi.Size(), id: fi.id, nlink: fi.nlink, mount: t == protocol.EntryDir && fi.id.dev != parentDev})
 	}
-	switch r.oldType {
-	case protocol.EntryFile:
-		add(".", fi)
-	case protocol.EntryDir:
-		if r.oldRoot, err = r.root.OpenRoot(r.base); err != nil {
-			return fmt.Errorf("open destination: %w", err)
+	switch {
+	case r.ddir != nil:
+		var st unix.Stat_t
+		if err := unix.Fstat(int(r.ddir.Fd()), &st); err != nil {
+			return fmt.Errorf("stat destination: %w", err)
 		}
-		r.oldDirs.root = r.oldRoot
-		add(".", fi)
-		if err := walkTree(r.oldRoot, ".", add); err != nil {
+		r.oldType = protocol.EntryDir
+		root := newStatInfo(".", &st)
+		add(".", root, root.id.dev)
+		busy := map[string]bool{}
+		devs := map[string]uint64{".": root.id.dev}
+		var stale []string
+		w := walker{base: int(r.ddir.Fd())}
+		w.dir = func(rel string, fd int) error {
+			if rel == "." {
+				return nil
+			}
+			b := busy[parentOf(rel)]
+			if !b {
+				if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err == unix.EWOULDBLOCK {
+					b = true
+				} else if err == nil {
+					unix.Flock(fd, unix.LOCK_UN)
+				}
+			}
+			busy[rel] = b
+			return nil
+		}
+		w.entry = func(rel string, fi *statInfo) error {
+			if isTempName(fi.Name()) {
+				if len(r.locks) > 0 && !busy[parentOf(rel)] {
+					stale = append(stale, rel)
+				}
+				return errSkipDir
+			}
+			if p, ok := r.prot[fi.id]; ok {
+				return refusef("copy destination %s holds the agent's own state (%s at %q): never copied onto", r.dst, p, rel)
+			}
+			add(rel, fi, devs[parentOf(rel)])
+			if fi.IsDir() {
+				devs[rel] = fi.id.dev
+			}
+			return nil
+		}
+		if err := w.walk("."); err != nil {
+			var rf *refusal
+			if errors.As(err, &rf) {
+				return err
+			}
 			return fmt.Errorf("scan destination: %w", err)
 		}
+		if len(stale) > 0 {
+			oc := dirCache{base: int(r.ddir.Fd())}
+			for _, rel := range stale {
+				r.log.Info("removing stale copy stage", "stage", rel)
+				fd, err := oc.fd(parentOf(rel))
+				if err == nil {
+					err = removeAt(fd, path.Base(rel))
+				}
+				if err != nil {
+					r.log.Warn("cannot remove stale copy stage", "stage", rel, "err", err)
+				}
+			}
+			oc.close()
+		}
+		for i := range r.old {
+			if r.old[i].mount && r.old[i].rel != "." {
+				r.mounts = append(r.mounts, r.old[i].rel)
+			}
+		}
+	default:
+		var st unix.Stat_t
+		err := unix.Fstatat(int(r.pdir.Fd()), r.name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err == unix.ENOENT {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("lstat destination: %w", err)
+		}
+		fi := newStatInfo(r.name, &st)
+		add(".", fi, fi.id.dev)
+		r.oldType = r.old[0].typ
 	}
 	for i := range r.old {
 		r.oldBy[r.old[i].rel] = &r.old[i]
@@ -333,33 +621,29 @@ func (r *receiver) scanOld() error {
 	return nil
 }
 
-// oldPath is an old entry's path in the parent root.
-func (r *receiver) oldPath(rel string) string {
+// openOld opens the old file rel for reading and checks it is still the
+// regular file the scan saw.
+func (r *receiver) openOld(rel string, cache *dirCache) (*os.File, error) {
+	o := r.oldBy[rel]
+	var f *os.File
+	var err error
 	if rel == "." {
-		return r.base
+		f, err = openAt(int(r.pdir.Fd()), r.name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	} else {
+		var fd int
+		if fd, err = cache.fd(parentOf(rel)); err == nil {
+			f, err = openAt(fd, path.Base(rel), unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		}
 	}
-	return r.base + "/" + rel
-}
-
-// at returns a directory descriptor and a name for the staged entry rel.
-// The directory is one this copy created (entry checks that) opened
-// through the stage's os.Root, and the name is a single component, so the
-// *at calls on them cannot leave the stage.
-func (r *receiver) at(rel string) (int, string, error) {
-	if rel == "." {
-		return r.pfd, r.stage, nil
+	if err != nil {
+		return nil, err
 	}
-	fd, err := r.newDirs.fd(parentOf(rel))
-	return fd, path.Base(rel), err
-}
-
-// oldAt is at for the old tree.
-func (r *receiver) oldAt(rel string) (int, string, error) {
-	if rel == "." {
-		return r.pfd, r.base, nil
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || idOf(&st) != o.id {
+		f.Close()
+		return nil, fmt.Errorf("%q changed since the scan", rel)
 	}
-	fd, err := r.oldDirs.fd(parentOf(rel))
-	return fd, path.Base(rel), err
+	return f, nil
 }
 
 // sendManifest describes dst to the sender.
@@ -367,20 +651,28 @@ func (r *receiver) sendManifest() error {
 	mw := &manifestWriter{c: r.c}
 	if r.oldType == protocol.EntryDir || r.oldType == protocol.EntryFile {
 		buf := make([]byte, chunkSize)
+		var oc dirCache
+		if r.ddir != nil {
+			oc.base = int(r.ddir.Fd())
+		}
+		defer oc.close()
 		for i := range r.old {
 			o := &r.old[i]
-			if o.typ == "other" || !utf8.ValidString(o.rel) || len(o.rel) > protocol.MaxCopyPathLen {
+			if o.typ == "other" || len(o.rel) > protocol.MaxCopyPathLen {
 				continue // never matches a source entry
 			}
 			e := protocol.ManifestEntry{Path: o.rel, Type: o.typ, Mode: o.mode, MtimeNS: o.mtime}
 			if o.typ == protocol.EntryFile {
 				e.Size = o.size
 				if r.opts.Checksum {
-					sum, _, err := hashFile(r.root, r.oldPath(o.rel), buf)
+					f, err := r.openOld(o.rel, &oc)
+					if err == nil {
+						e.XXH128, err = hashFd(f, buf)
+						f.Close()
+					}
 					if err != nil {
 						return fmt.Errorf("hash %q: %w", o.rel, err)
 					}
-					e.XXH128 = sum
 				}
 			}
 			if err := mw.add(&e); err != nil {
@@ -394,7 +686,7 @@ func (r *receiver) sendManifest() error {
 	return nil
 }
 
-// receive applies the sender's entries to the stage until FrameCopyEnd.
+// receive applies the sender's entries until FrameCopyEnd.
 func (r *receiver) receive() error {
 	for {
 		f, err := r.c.next()
@@ -408,6 +700,9 @@ func (r *receiver) receive() error {
 		case protocol.FrameEntry:
 			var e protocol.CopyEntry
 			if err := protocol.DecodeJSON(f.Payload, &e); err != nil {
+				return violationf("entry: %v", err)
+			}
+			if err := e.DecodeNames(); err != nil {
 				return violationf("entry: %v", err)
 			}
 			if err := r.entry(&e); err != nil {
@@ -425,6 +720,14 @@ func (r *receiver) receive() error {
 			if err := r.entryEnd(&end); err != nil {
 				return err
 			}
+		case protocol.FrameCopySkip:
+			var sk protocol.CopySkip
+			if err := protocol.DecodeJSON(f.Payload, &sk); err != nil {
+				return violationf("copy skip: %v", err)
+			}
+			if err := r.skip(&sk); err != nil {
+				return err
+			}
 		case protocol.FrameCopyEnd:
 			var end protocol.CopyEnd
 			if err := protocol.DecodeJSON(f.Payload, &end); err != nil {
@@ -436,14 +739,38 @@ func (r *receiver) receive() error {
 			if r.rootType == "" {
 				return violationf("copy ended without a root entry")
 			}
-			if end.Entries != r.entries || end.Bytes != r.dataBytes {
-				return violationf("copy end announces %d entries and %d bytes, received %d and %d", end.Entries, end.Bytes, r.entries, r.dataBytes)
+			if end.Entries != r.entries || end.Bytes != r.dataBytes || end.Skipped != r.skips {
+				return violationf("copy end announces %d entries, %d bytes and %d skips, received %d, %d and %d",
+					end.Entries, end.Bytes, end.Skipped, r.entries, r.dataBytes, r.skips)
 			}
 			return nil
 		default:
 			return violationf("unexpected %s frame", f.Type)
 		}
 	}
+}
+
+// skip records an entry the sender could not carry.
+func (r *receiver) skip(sk *protocol.CopySkip) error {
+	if err := sk.DecodeNames(); err != nil {
+		return violationf("%v", err)
+	}
+	if err := sk.Validate(); err != nil {
+		return violationf("%v", err)
+	}
+	if r.rootType == "" {
+		return violationf("copy skip %q before the root entry", sk.Path)
+	}
+	if r.cur != nil {
+		return violationf("copy skip %q inside file %q", sk.Path, r.cur.e.Path)
+	}
+	r.skips++
+	r.skipped[sk.Path] = true
+	r.res.Skipped++
+	if len(r.res.SkippedEntries) < protocol.MaxReportedSkips {
+		r.res.SkippedEntries = append(r.res.SkippedEntries, *sk)
+	}
+	return nil
 }
 
 // entry starts one entry of the new tree.
@@ -470,49 +797,87 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		if err := r.placeRoot(e); err != nil {
 			return err
 		}
-		if err := r.createStage(e); err != nil {
-			return err
-		}
-	} else if e.Path == "." {
+		r.created["."] = e.Type
+		return r.startRoot(e)
+	}
+	if e.Path == "." {
 		return violationf("entry \".\": duplicate root")
-	} else if r.created[parentOf(e.Path)] != protocol.EntryDir {
-		// Only directories this copy created may hold entries: this is
-		// what stops a symlink the sender made from being traversed.
+	}
+	parent := r.dirs[parentOf(e.Path)]
+	if parent == nil {
+		// Only directories of this copy may hold entries: this is what
+		// stops a symlink the sender made from being traversed.
 		return violationf("entry %q: parent %q is not a directory of this copy", e.Path, parentOf(e.Path))
 	}
 	r.created[e.Path] = e.Type
+	var o *oldEntry
+	if parent.old {
+		o = r.oldBy[e.Path]
+	}
+	name := path.Base(e.Path)
 	switch e.Type {
 	case protocol.EntryDir:
-		if e.Path != "." {
-			if err := r.mkdir(e.Path); err != nil {
+		r.dirMeta = append(r.dirMeta, dirMeta{rel: e.Path, mode: e.Mode, mtime: e.MtimeNS})
+		if o != nil && o.typ == protocol.EntryDir {
+			r.dirs[e.Path] = &rdir{loc: loc{parent.loc.base, joinPhys(parent.loc.path, name)}, old: true}
+			return nil
+		}
+		ref, at, err := r.newEntry(e, parent, o)
+		if err != nil {
+			return err
+		}
+		err = unix.Mkdirat(ref.fd, at.name, 0o700)
+		ref.release()
+		if err != nil {
+			return fmt.Errorf("entry %q: mkdir: %w", e.Path, err)
+		}
+		r.dirs[e.Path] = &rdir{loc: at.loc}
+	case protocol.EntrySymlink:
+		if o != nil && o.typ == protocol.EntrySymlink {
+			fd, err := r.cache.fd(parentOf(e.Path))
+			if err != nil {
 				return fmt.Errorf("entry %q: %w", e.Path, err)
 			}
+			if link, err := readlinkAt(fd, name); err == nil && link == e.Link {
+				if o.mtime != e.MtimeNS {
+					r.fixes = append(r.fixes, fix{rel: e.Path, typ: e.Type, mtime: e.MtimeNS})
+				}
+				return nil
+			}
 		}
-		r.dirs = append(r.dirs, dirMeta{rel: e.Path, mode: e.Mode, mtime: e.MtimeNS})
-	case protocol.EntrySymlink:
-		if err := r.symlink(e.Link, e.Path, e.MtimeNS); err != nil {
-			return fmt.Errorf("entry %q: %w", e.Path, err)
+		ref, at, err := r.newEntry(e, parent, o)
+		if err != nil {
+			return err
+		}
+		defer ref.release()
+		if err := unix.Symlinkat(e.Link, ref.fd, at.name); err != nil {
+			return fmt.Errorf("entry %q: symlink: %w", e.Path, err)
+		}
+		if err := setMtimeAt(ref.fd, at.name, e.MtimeNS); err != nil {
+			return fmt.Errorf("entry %q: set symlink mtime: %w", e.Path, err)
 		}
 	case protocol.EntryFile:
 		if e.Keep {
 			r.prog.p.Files++
 			r.prog.tick(false)
-			return r.keep(e)
+			return r.keep(e, o)
 		}
-		if r.rootType == protocol.EntryDir && e.Size <= smallFile {
-			// Gathered in memory, verified, then written by the pool.
-			dir, err := r.newDirs.hold(parentOf(e.Path))
-			if err != nil {
-				return fmt.Errorf("entry %q: open directory: %w", e.Path, err)
-			}
+		ref, at, err := r.newEntry(e, parent, o)
+		if err != nil {
+			return err
+		}
+		if e.Size <= smallFile {
+			// Gathered in memory, verified, then written by the pool,
+			// which releases ref.
 			if r.pool == nil {
 				r.pool = newWriterPool()
 			}
 			r.pool.budget.acquire(e.Size)
-			r.cur = &incoming{e: *e, dir: dir, buf: make([]byte, 0, e.Size), h: newFileHash()}
+			r.cur = &incoming{e: *e, dir: ref, name: at.name, buf: make([]byte, 0, e.Size), h: newFileHash()}
 			return nil
 		}
-		f, err := r.createFile(e.Path)
+		f, err := openAt(ref.fd, at.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		ref.release()
 		if err != nil {
 			return fmt.Errorf("entry %q: create: %w", e.Path, err)
 		}
@@ -521,31 +886,106 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 	return nil
 }
 
-// mkdir creates the staged directory rel, private until finish.
-func (r *receiver) mkdir(rel string) error {
-	fd, name, err := r.at(rel)
-	if err == nil {
-		err = unix.Mkdirat(fd, name, 0o700)
+// joinPhys joins a directory's physical path and a name.
+func joinPhys(dir, name string) string {
+	if dir == "." {
+		return name
 	}
-	if err != nil {
-		return fmt.Errorf("mkdir: %w", err)
-	}
-	return nil
+	return dir + "/" + name
 }
 
-// symlink creates the staged symlink rel with its own mtime.
-func (r *receiver) symlink(target, rel string, mtime int64) error {
-	fd, name, err := r.at(rel)
-	if err != nil {
-		return fmt.Errorf("symlink: %w", err)
+// where is where a new entry is created: name in a directory, which is
+// at loc.
+type where struct {
+	name string
+	loc  loc // the new entry's own location (for a directory)
+}
+
+// newEntry decides where the new entry e (whose old version is o, if any)
+// is created and returns its directory, held for the caller to release.
+// Below a new directory it is created under its own name; in an old
+// directory it is staged for the commit: in the stage directory, or
+// beside its final name where that directory is on another mount.
+func (r *receiver) newEntry(e *protocol.CopyEntry, parent *rdir, o *oldEntry) (*dirRef, where, error) {
+	prel := parentOf(e.Path)
+	if !parent.old {
+		ref, err := r.cache.hold(prel)
+		if err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		name := path.Base(e.Path)
+		return ref, where{name: name, loc: loc{parent.loc.base, joinPhys(parent.loc.path, name)}}, nil
 	}
-	if err := unix.Symlinkat(target, fd, name); err != nil {
-		return fmt.Errorf("symlink: %w", err)
+	s := staged{rel: e.Path, parent: prel, typ: e.Type}
+	if o != nil {
+		s.replaces = o.typ
 	}
-	if err := setMtimeAt(fd, name, mtime); err != nil {
-		return fmt.Errorf("set symlink mtime: %w", err)
+	via, ok := r.viaStage[prel]
+	if !ok {
+		fd, err := r.cache.fd(prel)
+		if err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		via = mountOf(fd).same(r.stage.mnt)
+		r.viaStage[prel] = via
 	}
-	return nil
+	var ref *dirRef
+	var w where
+	if via {
+		var err error
+		if ref, w, err = r.inStage(); err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		s.inStage, s.temp = true, w.name
+	} else {
+		var err error
+		if ref, err = r.cache.hold(prel); err != nil {
+			return nil, where{}, fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		s.temp = r.tempName()
+		w = where{name: s.temp, loc: loc{parent.loc.base, joinPhys(parent.loc.path, s.temp)}}
+		r.touched[prel] = true
+	}
+	r.staged = append(r.staged, s)
+	return ref, w, nil
+}
+
+// inStage returns the stage directory, held, and a new name in it; the
+// stage is created on first use.
+func (r *receiver) inStage() (*dirRef, where, error) {
+	st := &r.stage
+	if st.ref == nil {
+		var pst unix.Stat_t
+		if unix.Fstat(st.parent, &pst) == nil {
+			st.mtime = pst.Mtim.Nano()
+		}
+		name := r.tempName()
+		err := unix.Mkdirat(st.parent, name, 0o700)
+		if (err == unix.EACCES || err == unix.EPERM || err == unix.EROFS) && r.ddir != nil && st.parent != int(r.ddir.Fd()) {
+			// The parent is not ours to write (a home directory's
+			// parent): stage inside the destination, on the same mount.
+			st.parent = int(r.ddir.Fd())
+			if unix.Fstat(st.parent, &pst) == nil {
+				st.mtime = pst.Mtim.Nano()
+			}
+			err = unix.Mkdirat(st.parent, name, 0o700)
+		}
+		if err != nil {
+			return nil, where{}, fmt.Errorf("create stage: %w", err)
+		}
+		st.name = name
+		fd, err := openBeneath(st.parent, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return nil, where{}, fmt.Errorf("open stage: %w", err)
+		}
+		st.ref = &dirRef{fd: fd}
+		st.ref.refs.Store(1)
+		r.log.Debug("staging", "stage", name)
+	}
+	st.seq++
+	name := strconv.Itoa(st.seq)
+	st.ref.refs.Add(1)
+	return st.ref, where{name: name, loc: loc{st.ref.fd, name}}, nil
 }
 
 // placeRoot decides where the source root e goes before anything is staged.
@@ -571,25 +1011,19 @@ func (r *receiver) placeRoot(e *protocol.CopyEntry) error {
 }
 
 // moveInto retargets the receiver from dst to dst/name, which must not be a
-// directory: the old parent is released and the new one opened, locked and
-// scanned. Nothing was staged yet.
+// directory: the old destination is released and the new one resolved
+// (a symlink there is followed too), locked and scanned. Nothing was
+// staged yet.
 func (r *receiver) moveInto(name string) error {
-	if r.oldRoot != nil {
-		r.oldRoot.Close()
-		r.oldRoot = nil
-	}
-	r.oldDirs.close()
-	r.oldDirs = dirCache{}
-	r.root.Close()
-	r.root = nil
-	r.pf.Close() // releases the flock
-	r.pf, r.locked = nil, false
-	r.old, r.oldBy, r.oldType = nil, nil, ""
-
-	r.dst = filepath.Join(r.dst, name)
-	r.parent, r.base = filepath.Dir(r.dst), name
+	r.release()
+	r.old, r.oldBy, r.oldType, r.mounts = nil, nil, "", nil
+	r.dst = strings.TrimSuffix(r.dst, "/") + "/" + name
 	r.log = r.log.With("into", r.dst)
-	if err := r.open(); err != nil {
+	t, err := r.rsv.resolve(r.dst, true)
+	if err != nil {
+		return err
+	}
+	if err := r.open(t); err != nil {
 		return err
 	}
 	if err := r.scanOld(); err != nil {
@@ -601,125 +1035,126 @@ func (r *receiver) moveInto(name string) error {
 	return nil
 }
 
-// createStage makes the stage for the root entry e.
-func (r *receiver) createStage(e *protocol.CopyEntry) error {
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	base := r.base
-	if len(base) > maxStageBase {
-		base = base[:maxStageBase]
+// release closes the destination's descriptors, which drops the locks.
+func (r *receiver) release() {
+	r.cache.close()
+	r.locks, r.pLocked, r.stageP = nil, false, false
+	if r.ddir != nil {
+		r.ddir.Close()
+		r.ddir = nil
 	}
-	name := stagePrefix + base + "-" + hex.EncodeToString(rnd[:])
+	if r.pdir != nil {
+		r.pdir.Close()
+		r.pdir = nil
+	}
+}
+
+// startRoot sets up the new tree for the root entry e: in place in an
+// existing directory, else staged.
+func (r *receiver) startRoot(e *protocol.CopyEntry) error {
 	r.rootType = e.Type
-	r.log.Debug("staging", "stage", name, "type", e.Type)
 	if e.TotalFiles > 0 || e.TotalBytes > 0 {
 		r.prog.p.TotalFiles, r.prog.p.TotalBytes = e.TotalFiles, e.TotalBytes
 	}
-	if e.Type == protocol.EntryDir {
-		if err := r.root.Mkdir(name, 0o700); err != nil {
-			return fmt.Errorf("create stage: %w", err)
-		}
-		r.stage = name
-		sr, err := r.root.OpenRoot(name)
-		if err != nil {
-			return fmt.Errorf("open stage: %w", err)
-		}
-		r.stageRoot = sr
-		r.newDirs.root = sr
+	if r.stageP {
+		r.stage.parent = int(r.pdir.Fd())
+	} else {
+		r.stage.parent = int(r.ddir.Fd())
+	}
+	r.stage.mnt = mountOf(r.stage.parent)
+	r.cache = dirCache{loc: r.loc}
+	if e.Type == protocol.EntryDir && r.oldType == protocol.EntryDir {
+		r.base = int(r.ddir.Fd())
+		r.dirs["."] = &rdir{loc: loc{r.base, "."}, old: true}
+		r.dirMeta = append(r.dirMeta, dirMeta{rel: ".", mode: e.Mode, mtime: e.MtimeNS})
+		r.log.Debug("updating in place", "type", e.Type)
 		return nil
 	}
-	// A file root: the stage is the file itself, created by createFile or
-	// keep below.
-	r.stage = name
+	// Absent, or a non-directory that the source replaces.
+	if e.Type == protocol.EntryFile && e.Keep {
+		r.prog.p.Files++
+		r.prog.tick(false)
+		return r.keep(e, r.oldBy["."])
+	}
+	ref, w, err := r.inStage()
+	if err != nil {
+		return err
+	}
+	defer ref.release()
+	r.staged = append(r.staged, staged{rel: ".", inStage: true, temp: w.name, typ: e.Type, replaces: r.oldType})
+	switch e.Type {
+	case protocol.EntryDir:
+		if err := unix.Mkdirat(ref.fd, w.name, 0o700); err != nil {
+			return fmt.Errorf("create stage: %w", err)
+		}
+		r.dirs["."] = &rdir{loc: w.loc}
+		r.dirMeta = append(r.dirMeta, dirMeta{rel: ".", mode: e.Mode, mtime: e.MtimeNS})
+	case protocol.EntryFile:
+		f, err := openAt(ref.fd, w.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("create stage: %w", err)
+		}
+		r.cur = &incoming{e: *e, f: f, h: newFileHash()}
+	}
 	return nil
 }
 
-// createFile creates a new, empty staged file; it never opens an
-// existing one.
-func (r *receiver) createFile(rel string) (*os.File, error) {
-	fd, name, err := r.at(rel)
-	if err != nil {
-		return nil, err
+// loc maps a directory of the new tree to where it is.
+func (r *receiver) loc(rel string) (int, string) {
+	if d := r.dirs[rel]; d != nil {
+		return d.loc.base, d.loc.path
 	}
-	return openAt(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+	return r.base, rel
 }
 
-// keep puts the destination's identical file into the stage: a hard link
-// when its mode and mtime match too, else a fresh copy, so the old tree is
-// never modified.
-func (r *receiver) keep(e *protocol.CopyEntry) error {
-	o := r.oldBy[e.Path]
+// keep handles a file the destination already has (o, the same size):
+// nothing to do when its mode and mtime match; else they are set at the
+// commit, or, for a file with other hard links (whose other names must not
+// change), a fresh copy replaces it.
+func (r *receiver) keep(e *protocol.CopyEntry, o *oldEntry) error {
 	if o == nil || o.typ != protocol.EntryFile || o.size != e.Size {
 		return violationf("entry %q: kept, but the destination has no such file", e.Path)
 	}
 	r.res.FilesKept++
 	if o.mode == e.Mode && o.mtime == e.MtimeNS {
-		err := r.link(e.Path, o)
-		if err == nil {
-			return nil
-		}
-		r.log.Debug("hard link failed; copying", "path", e.Path, "err", err)
+		return nil
 	}
-	f, err := r.copyOld(e.Path, e.Size)
+	if o.nlink <= 1 {
+		r.fixes = append(r.fixes, fix{rel: e.Path, typ: protocol.EntryFile, mode: e.Mode, mtime: e.MtimeNS, id: o.id})
+		return nil
+	}
+	src, err := r.openOld(e.Path, &r.cache)
 	if err != nil {
 		return fmt.Errorf("entry %q: copy unchanged file: %w", e.Path, err)
 	}
-	return r.setFileMeta(e.Path, f, e.Mode, e.MtimeNS)
-}
-
-// link hard-links the old file o into the stage at rel, if it is still
-// the regular file the scan saw.
-func (r *receiver) link(rel string, o *oldEntry) error {
-	ofd, oname, err := r.oldAt(o.rel)
-	if err != nil {
-		return err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstatat(ofd, oname, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != o.size {
-		return fmt.Errorf("%q changed since the scan", o.rel)
-	}
-	nfd, nname, err := r.at(rel)
-	if err != nil {
-		return err
-	}
-	// Flags 0: a symlink would be linked itself, never followed.
-	return unix.Linkat(ofd, oname, nfd, nname, 0)
-}
-
-// copyOld copies the old file rel into a new staged file, which it
-// returns open.
-func (r *receiver) copyOld(rel string, size int64) (*os.File, error) {
-	ofd, oname, err := r.oldAt(rel)
-	if err != nil {
-		return nil, err
-	}
-	src, err := openAt(ofd, oname, unix.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
 	defer src.Close()
-	if fi, err := src.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
-		return nil, fmt.Errorf("destination file changed during the copy")
+	var ref *dirRef
+	var w where
+	if e.Path == "." {
+		if ref, w, err = r.inStage(); err != nil {
+			return fmt.Errorf("entry %q: %w", e.Path, err)
+		}
+		r.staged = append(r.staged, staged{rel: ".", inStage: true, temp: w.name, typ: e.Type, replaces: o.typ})
+	} else if ref, w, err = r.newEntry(e, r.dirs[parentOf(e.Path)], o); err != nil {
+		return err
 	}
-	dst, err := r.createFile(rel)
+	dst, err := openAt(ref.fd, w.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+	ref.release()
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("entry %q: copy unchanged file: %w", e.Path, err)
 	}
 	if r.buf == nil {
 		r.buf = make([]byte, chunkSize)
 	}
 	n, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, r.buf)
-	if err == nil && n != size {
-		err = fmt.Errorf("destination file changed during the copy")
+	if err == nil && n != e.Size {
+		err = errors.New("destination file changed during the copy")
 	}
 	if err != nil {
 		dst.Close()
-		return nil, err
+		return fmt.Errorf("entry %q: copy unchanged file: %w", e.Path, err)
 	}
-	return dst, nil
+	return r.setFileMeta(e.Path, dst, e.Mode, e.MtimeNS)
 }
 
 // setFileMeta chmods the open staged file f, sets its mtime and closes
@@ -771,7 +1206,7 @@ func (r *receiver) entryEnd(end *protocol.EntryEnd) error {
 	}
 	r.cur = nil
 	if c.buf != nil {
-		r.pool.submit(writeJob{rel: c.e.Path, dir: c.dir, name: path.Base(c.e.Path), data: c.buf, mode: c.e.Mode, mtime: c.e.MtimeNS})
+		r.pool.submit(writeJob{rel: c.e.Path, dir: c.dir, name: c.name, data: c.buf, mode: c.e.Mode, mtime: c.e.MtimeNS})
 	} else if err := r.setFileMeta(c.e.Path, c.f, c.e.Mode, c.e.MtimeNS); err != nil {
 		return err
 	}
@@ -782,133 +1217,284 @@ func (r *receiver) entryEnd(end *protocol.EntryEnd) error {
 	return nil
 }
 
-// finish carries over what the source lacks (without Delete), counts
-// deletions and applies directory modes and mtimes, deepest first.
-func (r *receiver) finish() error {
-	if r.rootType == protocol.EntryDir && r.oldType == protocol.EntryDir && !r.opts.Delete {
-		for i := range r.old {
-			o := &r.old[i]
-			if _, ok := r.created[o.rel]; ok || r.created[parentOf(o.rel)] != protocol.EntryDir {
-				continue
-			}
-			if err := r.carry(o); err != nil {
-				return err
-			}
+// kept reports whether the old entry rel is spared by a skip: the sender
+// could not carry it (or a directory holding it), so the destination's
+// version stays.
+func (r *receiver) kept(rel string) bool {
+	if len(r.skipped) == 0 {
+		return false
+	}
+	for p := rel; ; p = parentOf(p) {
+		if r.skipped[p] {
+			return true
+		}
+		if p == "." {
+			return false
 		}
 	}
+}
+
+// deletions lists the old entries the commit removes (Options.Delete):
+// the topmost ones the source lacks inside directories updated in place,
+// except those a skip spares. It also counts the entries of the new tree
+// and the old entries that go.
+func (r *receiver) deletions() []*oldEntry {
+	var del []*oldEntry
+	entries, deleted := len(r.created), 0
 	for i := range r.old {
-		if _, ok := r.created[r.old[i].rel]; !ok {
-			r.res.Deleted++
+		o := &r.old[i]
+		if _, ok := r.created[o.rel]; ok || o.rel == "." {
+			continue
+		}
+		// The nearest ancestor in the new tree decides.
+		top, a := o.rel, parentOf(o.rel)
+		for {
+			if _, ok := r.created[a]; ok {
+				break
+			}
+			top, a = a, parentOf(a)
+		}
+		d := r.dirs[a]
+		switch {
+		case d == nil || !d.old:
+			deleted++ // below an old entry the new tree replaced
+		case !r.opts.Delete || r.kept(top):
+			entries++
+		default:
+			deleted++
+			if top == o.rel {
+				del = append(del, o)
+			}
 		}
 	}
-	for i := len(r.dirs) - 1; i >= 0; i-- {
-		d := r.dirs[i]
-		if err := r.stageRoot.Chmod(d.rel, fileMode(d.mode)); err != nil {
-			return fmt.Errorf("entry %q: chmod: %w", d.rel, err)
-		}
-		if err := r.stageRoot.Chtimes(d.rel, time.Time{}, time.Unix(0, d.mtime)); err != nil {
-			return fmt.Errorf("entry %q: set mtime: %w", d.rel, err)
+	r.res.Entries, r.res.Deleted = entries, deleted
+	return del
+}
+
+// holdsMount reports whether the old directory rel is, or holds, a mount
+// point.
+func (r *receiver) holdsMount(rel string) bool {
+	for _, m := range r.mounts {
+		if m == rel || strings.HasPrefix(m, rel+"/") {
+			return true
 		}
 	}
-	r.res.Entries = len(r.created)
+	return false
+}
+
+// finish prepares the commit: it refuses to delete or replace a mount
+// point (before anything changed), and applies the modes and mtimes of
+// the directories this copy created, deepest first.
+func (r *receiver) finish() error {
+	for _, o := range r.deletions() {
+		if o.typ == protocol.EntryDir && r.holdsMount(o.rel) {
+			return fmt.Errorf("cannot delete %q: it is or holds a mount point", o.rel)
+		}
+	}
+	for _, s := range r.staged {
+		if s.replaces == protocol.EntryDir && s.rel != "." && r.holdsMount(s.rel) {
+			return fmt.Errorf("cannot replace %q with a %s: it is or holds a mount point", s.rel, s.typ)
+		}
+	}
+	for i := len(r.dirMeta) - 1; i >= 0; i-- {
+		d := r.dirMeta[i]
+		if r.dirs[d.rel].old {
+			continue // at the commit
+		}
+		if err := r.setDirMeta(d, false); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// carry puts an old entry the source lacks into the stage unchanged.
-func (r *receiver) carry(o *oldEntry) error {
-	switch o.typ {
-	case protocol.EntryDir:
-		if err := r.mkdir(o.rel); err != nil {
-			return fmt.Errorf("keep %q: %w", o.rel, err)
-		}
-		r.dirs = append(r.dirs, dirMeta{rel: o.rel, mode: o.mode, mtime: o.mtime})
-	case protocol.EntrySymlink:
-		target, err := r.oldRoot.Readlink(o.rel)
-		if err != nil {
-			return fmt.Errorf("keep %q: readlink: %w", o.rel, err)
-		}
-		if err := r.symlink(target, o.rel, o.mtime); err != nil {
-			return fmt.Errorf("keep %q: %w", o.rel, err)
-		}
-	case protocol.EntryFile:
-		if err := r.link(o.rel, o); err != nil {
-			f, err := r.copyOld(o.rel, o.size)
-			if err != nil {
-				return fmt.Errorf("keep %q: %w", o.rel, err)
-			}
-			if err := r.setFileMeta(o.rel, f, o.mode, o.mtime); err != nil {
-				return err
-			}
-		}
-	default:
-		// A special file is linked as it is (linkat never follows).
-		ofd, oname, err := r.oldAt(o.rel)
-		if err != nil {
-			return fmt.Errorf("keep %q: %w", o.rel, err)
-		}
-		nfd, nname, err := r.at(o.rel)
-		if err != nil {
-			return fmt.Errorf("keep %q: %w", o.rel, err)
-		}
-		if err := unix.Linkat(ofd, oname, nfd, nname, 0); err != nil {
-			r.log.Warn("cannot keep special file", "path", o.rel, "err", err)
+// setDirMeta sets the directory d's mode and mtime (only where they
+// differ, with onlyChanged).
+func (r *receiver) setDirMeta(d dirMeta, onlyChanged bool) error {
+	base, p := r.loc(d.rel)
+	fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("entry %q: open: %w", d.rel, err)
+	}
+	defer unix.Close(fd)
+	if onlyChanged {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err == nil && uint32(st.Mode)&0o7777 == d.mode&0o7777 && st.Mtim.Nano() == d.mtime {
 			return nil
 		}
 	}
-	r.created[o.rel] = o.typ
+	if err := fdMeta(fd, d.mode, d.mtime); err != nil {
+		return fmt.Errorf("entry %q: %w", d.rel, err)
+	}
 	return nil
 }
 
-// commit swaps the stage into place.
+// commit puts every staged entry in place, removes what the source lacks
+// (with Options.Delete) and what the new entries replaced, and applies the
+// metadata of kept entries and old directories, deepest first. A failure
+// here leaves the entries already placed in place.
 func (r *receiver) commit() error {
-	pfd := r.pfd
-	var err error
-	if r.oldType != "" {
-		err = unix.Renameat2(pfd, r.stage, pfd, r.base, unix.RENAME_EXCHANGE)
-	} else {
-		err = unix.Renameat2(pfd, r.stage, pfd, r.base, unix.RENAME_NOREPLACE)
+	var garbage []staged // old entries swapped out beside their names
+	placed := 0
+	fail := func(err error) error {
+		if placed > 0 {
+			r.committed = true // nothing to roll back to; the error says what is where
+			return fmt.Errorf("commit failed after %d of %d changed entries were put in place: %w", placed, len(r.staged), err)
+		}
+		return fmt.Errorf("commit: %w", err)
 	}
-	if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
-		return r.commitFallback()
+	for i := range r.staged {
+		s := &r.staged[i]
+		dfd, name := int(0), r.name
+		if s.rel == "." {
+			dfd = int(r.pdir.Fd())
+		} else {
+			var err error
+			if dfd, err = r.cache.fd(s.parent); err != nil {
+				return fail(err)
+			}
+			name = path.Base(s.rel)
+		}
+		sfd := dfd
+		if s.inStage {
+			sfd = r.stage.ref.fd
+		}
+		var err error
+		switch {
+		case s.replaces == "":
+			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_NOREPLACE)
+			if err == unix.EINVAL || err == unix.ENOSYS {
+				err = unix.Renameat(sfd, s.temp, dfd, name)
+			}
+		case s.typ != protocol.EntryDir && s.replaces != protocol.EntryDir:
+			err = unix.Renameat(sfd, s.temp, dfd, name)
+		default:
+			// The old entry ends under the temporary name (removed with
+			// the stage, or below).
+			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_EXCHANGE)
+			if err == unix.EINVAL || err == unix.ENOSYS {
+				// No renameat2 flags here: the old entry goes aside
+				// first, which leaves a moment without it.
+				aside := r.tempName()
+				if err = unix.Renameat(dfd, name, dfd, aside); err == nil {
+					if err = unix.Renameat(sfd, s.temp, dfd, name); err != nil {
+						unix.Renameat(dfd, aside, dfd, name)
+					} else {
+						garbage = append(garbage, staged{rel: s.rel, parent: s.parent, temp: aside})
+					}
+				}
+			} else if err == nil && !s.inStage {
+				garbage = append(garbage, *s)
+			}
+		}
+		if err != nil {
+			return fail(fmt.Errorf("put %q in place: %w", s.rel, err))
+		}
+		s.placed = true
+		placed++
 	}
-	if err != nil {
-		return fmt.Errorf("commit: rename stage into place: %w", err)
-	}
-	// The stage's name now holds the old tree (or nothing).
 	r.committed = true
+	if r.opts.Delete {
+		for _, o := range r.deletions() {
+			fd, err := r.cache.fd(parentOf(o.rel))
+			if err == nil {
+				err = removeAt(fd, path.Base(o.rel))
+			}
+			if err != nil {
+				return fmt.Errorf("commit: delete %q: %w", o.rel, err)
+			}
+		}
+	}
+	for _, g := range garbage {
+		dfd := int(0)
+		if g.rel == "." {
+			dfd = int(r.pdir.Fd())
+		} else {
+			var err error
+			if dfd, err = r.cache.fd(g.parent); err != nil {
+				r.log.Warn("cannot remove the replaced entry", "path", g.rel, "err", err)
+				continue
+			}
+		}
+		if err := removeAt(dfd, g.temp); err != nil {
+			r.log.Warn("cannot remove the replaced entry", "path", g.rel, "err", err)
+		}
+	}
+	r.removeStage(r.ddir != nil && r.stageP)
+	for _, f := range r.fixes {
+		if err := r.applyFix(f); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	for i := len(r.dirMeta) - 1; i >= 0; i-- {
+		d := r.dirMeta[i]
+		if !r.dirs[d.rel].old {
+			continue // set before the commit
+		}
+		if err := r.setDirMeta(d, true); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
 	return nil
 }
 
-// commitFallback commits with two plain renames where renameat2 flags are
-// not supported: old tree aside under a stage name, new tree into place.
-func (r *receiver) commitFallback() error {
-	pfd := r.pfd
-	if r.oldType == "" {
-		if err := unix.Renameat(pfd, r.stage, pfd, r.base); err != nil {
-			return fmt.Errorf("commit: rename stage into place: %w", err)
+// removeStage removes the stage directory with what is left in it (the
+// entries the new tree replaced, or everything after a failure), and puts
+// back its parent's mtime when restore is set.
+func (r *receiver) removeStage(restore bool) {
+	st := &r.stage
+	if st.ref == nil {
+		return
+	}
+	st.ref.release()
+	st.ref = nil
+	if err := removeAt(st.parent, st.name); err != nil {
+		r.log.Warn("cannot remove the copy's stage", "stage", st.name, "err", err)
+	}
+	if restore && st.mtime != 0 {
+		futimens(st.parent, st.mtime)
+	}
+}
+
+// applyFix sets a kept entry's metadata in place.
+func (r *receiver) applyFix(f fix) error {
+	dfd, name := 0, r.name
+	if f.rel != "." {
+		var err error
+		if dfd, err = r.cache.fd(parentOf(f.rel)); err != nil {
+			return fmt.Errorf("entry %q: %w", f.rel, err)
 		}
-		r.committed = true
+		name = path.Base(f.rel)
+	} else {
+		dfd = int(r.pdir.Fd())
+	}
+	if f.typ == protocol.EntrySymlink {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			return fmt.Errorf("entry %q: changed during the copy", f.rel)
+		}
+		if err := setMtimeAt(dfd, name, f.mtime); err != nil {
+			return fmt.Errorf("entry %q: set symlink mtime: %w", f.rel, err)
+		}
 		return nil
 	}
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	aside := stagePrefix + "old-" + hex.EncodeToString(rnd[:])
-	if err := unix.Renameat(pfd, r.base, pfd, aside); err != nil {
-		return fmt.Errorf("commit: move old destination aside: %w", err)
+	fd, err := openFd(dfd, name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("entry %q: %w", f.rel, err)
 	}
-	if err := unix.Renameat(pfd, r.stage, pfd, r.base); err != nil {
-		if rerr := unix.Renameat(pfd, aside, pfd, r.base); rerr != nil {
-			r.log.Error("cannot restore the old destination", "aside", filepath.Join(r.parent, aside), "err", rerr)
-		}
-		return fmt.Errorf("commit: rename stage into place: %w", err)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || idOf(&st) != f.id {
+		return fmt.Errorf("entry %q: changed during the copy", f.rel)
 	}
-	r.stage = aside
-	r.committed = true
+	if err := fdMeta(fd, f.mode, f.mtime); err != nil {
+		return fmt.Errorf("entry %q: %w", f.rel, err)
+	}
 	return nil
 }
 
-// cleanup removes the stage (the new tree after a failure, the old tree
-// after a commit) and releases everything.
+// cleanup removes what a failed copy staged, restores the mtimes of the
+// old directories it staged in, and releases everything.
 func (r *receiver) cleanup() {
 	if r.cur != nil {
 		if r.cur.f != nil {
@@ -920,53 +1506,32 @@ func (r *receiver) cleanup() {
 		r.cur = nil
 	}
 	if r.pool != nil {
-		// No writer may touch the stage once its removal starts.
+		// No writer may touch a staged entry once its removal starts.
 		r.pool.wait(true)
 		r.pool = nil
 	}
-	r.newDirs.close()
-	r.oldDirs.close()
-	if r.stageRoot != nil {
-		r.stageRoot.Close()
-	}
-	if r.oldRoot != nil {
-		r.oldRoot.Close()
-	}
-	if r.stage != "" && r.root != nil {
-		if err := removeTree(r.root, r.stage); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			r.log.Warn("cannot remove copy stage", "stage", filepath.Join(r.parent, r.stage), "err", err)
+	if !r.committed {
+		for i := len(r.staged) - 1; i >= 0; i-- {
+			s := r.staged[i]
+			if s.inStage {
+				continue // removed with the stage
+			}
+			fd, err := r.cache.fd(s.parent)
+			if err == nil {
+				err = removeAt(fd, s.temp)
+			}
+			if err != nil {
+				r.log.Warn("cannot remove a staged entry", "path", s.rel, "stage", s.temp, "err", err)
+			}
+		}
+		// Creating and removing temporary entries changed their
+		// directories' mtimes: put them back.
+		for rel := range r.touched {
+			if o := r.oldBy[rel]; o != nil && r.dirs[rel] != nil {
+				r.setDirMeta(dirMeta{rel: rel, mode: o.mode, mtime: o.mtime}, true)
+			}
 		}
 	}
-	if r.root != nil {
-		r.root.Close()
-	}
-	if r.pf != nil {
-		r.pf.Close() // releases the flock
-	}
-}
-
-// removeTree removes name (a file or a tree) in root, making directories
-// writable where that is what stops the removal.
-func removeTree(root *os.Root, name string) error {
-	err := root.RemoveAll(name)
-	if err == nil {
-		return nil
-	}
-	fi, lerr := root.Lstat(name)
-	if lerr != nil || !fi.IsDir() {
-		return err
-	}
-	sub, serr := root.OpenRoot(name)
-	if serr != nil {
-		return err
-	}
-	sub.Chmod(".", 0o700)
-	walkTree(sub, ".", func(rel string, fi fs.FileInfo) error {
-		if fi.IsDir() {
-			sub.Chmod(rel, 0o700)
-		}
-		return nil
-	})
-	sub.Close()
-	return root.RemoveAll(name)
+	r.removeStage(true)
+	r.release()
 }

@@ -12,9 +12,9 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -24,8 +24,13 @@ import (
 // Send streams src (a file or a directory tree) to the receiver on conn: it
 // reads the receiver's manifest, walks src, sends every entry (only the
 // data of files that differ), and waits for the receiver's FrameCopyDone,
-// whose result it returns. Symlinks below src are sent as links; src itself
-// is followed if it is a symlink. Other file types are skipped.
+// whose result it returns. src is resolved as Options.Roots say, following
+// its symlinks (the user named it); below it nothing is followed: symlinks
+// are sent as links. An entry it cannot carry (a special file, an
+// unreadable file or directory, a name longer than
+// protocol.MaxCopyPathLen, a protected file) is named to the receiver and
+// skipped, and the result counts it (Skipped), unless Options.Strict
+// makes that fail the copy.
 //
 // On a local failure (src unreadable, a file changing while it is read)
 // Send reports it to the receiver with FrameError; when ctx ends it sends
@@ -37,17 +42,16 @@ func Send(ctx context.Context, src string, conn io.ReadWriter, opts Options) (*p
 	if err != nil {
 		return nil, err
 	}
-	abs, err := filepath.Abs(src)
-	if err != nil {
-		return nil, fmt.Errorf("mirror: send %s: %w", src, err)
-	}
-	s := &sender{c: c, opts: opts, log: opts.logger().With("src", abs), abs: abs, prog: progress{fn: opts.Progress}}
+	s := &sender{c: c, opts: opts, log: opts.logger().With("src", src), src: src, base: -1, fileFd: -1, prog: progress{fn: opts.Progress}}
 	stop := c.watch(ctx)
 	res, err := s.run()
 	stop()
 	s.dirs.close()
-	if s.root != nil {
-		s.root.Close()
+	if s.base >= 0 {
+		unix.Close(s.base)
+	}
+	if s.fileFd >= 0 {
+		unix.Close(s.fileFd)
 	}
 	if err == nil {
 		return res, nil
@@ -55,7 +59,7 @@ func Send(ctx context.Context, src string, conn io.ReadWriter, opts Options) (*p
 	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w (%w)", err, cerr)
 	}
-	err = fmt.Errorf("mirror: send %s: %w", abs, err)
+	err = fmt.Errorf("mirror: send %s: %w", src, err)
 	// The reader must be gone before a final frame resets the deadlines,
 	// except after a local failure, where the reader may still be reading
 	// and the final frame goes first (abort clears the reader after it).
@@ -73,7 +77,7 @@ func Send(ctx context.Context, src string, conn io.ReadWriter, opts Options) (*p
 		c.final(protocol.FrameCancel, nil)
 	case s.local:
 		// The receiver has not been told yet.
-		c.final(protocol.FrameError, &protocol.ErrorInfo{Code: protocol.CodeInternal, Message: err.Error()})
+		c.final(protocol.FrameError, &protocol.ErrorInfo{Code: errorCode(err), Message: peerMessage(err)})
 		stopReader()
 	default:
 		stopReader()
@@ -95,13 +99,19 @@ type sender struct {
 	log  *slog.Logger
 	prog progress
 
-	abs  string
-	root *os.Root // the source directory; nil for a file source
-	dirs dirCache // directories of root
+	src    string   // as named
+	name   string   // its base name, for a file copied into a directory
+	base   int      // the source directory, or -1 for a file source
+	fileFd int      // the source file, or -1 for a directory source
+	dirs   dirCache // directories below base
 
 	entries []srcEntry
-	buf     []byte // for hashing
-	frame   []byte // a data frame: header and chunk
+	skips   []protocol.CopySkip // found by the walk, sent after the entries
+	sent    int                 // FrameEntry frames sent
+	skipped int                 // FrameCopySkip frames sent
+	long    map[string]bool     // directories already skipped for overlong names
+	buf     []byte              // for hashing
+	frame   []byte              // a data frame: header and chunk
 
 	// local says the failure is ours (the receiver must be told).
 	local bool
@@ -148,7 +158,7 @@ func (s *sender) run() (*protocol.CopyResult, error) {
 
 	err = s.sendEntries()
 	if err == nil {
-		err = s.c.writeJSON(protocol.FrameCopyEnd, &protocol.CopyEnd{Entries: len(s.entries), Bytes: s.prog.p.Bytes})
+		err = s.c.writeJSON(protocol.FrameCopyEnd, &protocol.CopyEnd{Entries: s.sent, Bytes: s.prog.p.Bytes, Skipped: s.skipped})
 		if err == nil {
 			sentEnd.Store(true)
 			err = s.c.flush()
@@ -189,61 +199,239 @@ func (s *sender) readDone(sentEnd *atomic.Bool) done {
 	if err := protocol.DecodeJSON(f.Payload, &res); err != nil {
 		return done{err: fmt.Errorf("copy-done: %w", err)}
 	}
+	if err := res.DecodeNames(); err != nil {
+		return done{err: fmt.Errorf("copy-done: %w", err)}
+	}
 	return done{res: &res}
 }
 
-// walk lists the source.
+// walk resolves the source and lists it.
 func (s *sender) walk() error {
-	fi, err := os.Stat(s.abs)
+	t, err := s.opts.resolver().resolve(s.src, false)
 	if err != nil {
+		return err
+	}
+	defer t.dir.Close()
+	s.name = path.Base(path.Clean(filepath.ToSlash(s.src)))
+	prot := s.opts.protected()
+	if err := checkProtected(int(t.dir.Fd()), t.name, prot, "copy source "+s.src); err != nil {
+		return err
+	}
+	var fd int
+	if t.name == "" {
+		fd, err = openAt1(int(t.dir.Fd()), ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	} else {
+		fd, err = openSource(int(t.dir.Fd()), t.name)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return refusef("copy source %s: no such file or directory", s.src)
+		}
+		return fmt.Errorf("open source: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
 		return fmt.Errorf("stat source: %w", err)
 	}
-	add := func(rel string, fi fs.FileInfo) error {
-		t := entryType(fi.Mode())
-		if t == "" {
-			s.log.Warn("skipping special file", "path", rel, "mode", fi.Mode().String())
-			return nil
-		}
-		if !utf8.ValidString(rel) {
-			return fmt.Errorf("source path %q is not valid UTF-8: a copy cannot carry it", rel)
-		}
-		if err := protocol.ValidCopyPath(rel); err != nil {
-			return fmt.Errorf("source entry: %w", err)
-		}
-		e := srcEntry{CopyEntry: protocol.CopyEntry{
-			Path: rel, Type: t, Mode: modeBits(fi.Mode()), MtimeNS: fi.ModTime().UnixNano(),
-		}}
-		switch t {
-		case protocol.EntryFile:
-			e.Size = fi.Size()
-		case protocol.EntrySymlink:
-			e.Mode = 0
-			link, err := s.root.Readlink(rel)
-			if err != nil {
-				return fmt.Errorf("readlink %q: %w", rel, err)
-			}
-			e.Link = link
-		}
-		s.entries = append(s.entries, e)
-		return nil
+	fi := newStatInfo(".", &st)
+	if !fi.IsDir() {
+		s.fileFd = fd
+		return s.add(".", fi)
 	}
-	switch {
-	case fi.IsDir():
-		if s.root, err = os.OpenRoot(s.abs); err != nil {
-			return fmt.Errorf("open source: %w", err)
-		}
-		s.dirs.root = s.root
-		add(".", fi)
-		if err := walkTree(s.root, ".", add); err != nil {
+	s.base = fd
+	s.dirs.base = fd
+	if err := s.add(".", fi); err != nil {
+		return err
+	}
+	w := walker{base: fd, bad: func(rel string, err error) error {
+		if rel == "." {
 			return err
 		}
-		dirsFirst(s.entries)
-		return nil
-	case fi.Mode().IsRegular():
-		return add(".", fi)
+		return s.skip(rel, "cannot read the directory: "+errText(err))
+	}}
+	w.entry = func(rel string, fi *statInfo) error {
+		if isTempName(fi.Name()) {
+			// Another copy's stage, in progress or left by a killed
+			// one: never data of the source.
+			return errSkipDir
+		}
+		if what, ok := prot[fi.id]; ok {
+			s.log.Debug("skipping protected entry", "path", rel, "protected", what)
+			if err := s.skip(rel, "the agent's own state: never copied"); err != nil {
+				return err
+			}
+			return errSkipDir
+		}
+		if len(rel) > protocol.MaxCopyPathLen {
+			dir := parentOf(rel)
+			if s.long[dir] {
+				return errSkipDir
+			}
+			if s.long == nil {
+				s.long = make(map[string]bool)
+			}
+			s.long[dir] = true
+			if err := s.skip(dir, fmt.Sprintf("holds names whose paths are longer than %d bytes: they are not copied", protocol.MaxCopyPathLen)); err != nil {
+				return err
+			}
+			return errSkipDir
+		}
+		return s.add(rel, fi)
 	}
-	return fmt.Errorf("source is neither a file nor a directory (%s)", fi.Mode().Type())
+	if err := w.walk("."); err != nil {
+		return err
+	}
+	if s.opts.Strict && len(s.skips) > 0 {
+		return s.strictFailure()
+	}
+	dirsFirst(s.entries)
+	return nil
 }
+
+// openSource opens the source entry name in dfd for reading, without
+// following a symlink and without opening anything but a directory or a
+// regular file (opening a device or a fifo can block or have effects).
+func openSource(dfd int, name string) (int, error) {
+	pfd, err := openBeneath(dfd, name, unix.O_PATH, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return openAt1(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	case unix.S_IFREG:
+		fd, err := openBeneath(dfd, name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return -1, err
+		}
+		if id, err := fdID(fd); err != nil || id != idOf(&st) {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%q changed while being opened", name)
+		}
+		return fd, nil
+	}
+	return -1, refusef("source is neither a file nor a directory (%s)", newStatInfo(name, &st).Mode().Type())
+}
+
+// add records the walk's entry rel.
+func (s *sender) add(rel string, fi *statInfo) error {
+	t := entryType(fi.Mode())
+	if t == "" {
+		if err := s.skip(rel, specialName(fi.Mode())+": only files, directories and symlinks are copied"); err != nil {
+			return err
+		}
+		return nil
+	}
+	if err := protocol.ValidCopyPath(rel); err != nil {
+		return fmt.Errorf("source entry: %w", err)
+	}
+	e := srcEntry{CopyEntry: protocol.CopyEntry{
+		Path: rel, Type: t, Mode: modeBits(fi.Mode()), MtimeNS: fi.ModTime().UnixNano(),
+	}}
+	switch t {
+	case protocol.EntryFile:
+		e.Size = fi.Size()
+	case protocol.EntrySymlink:
+		e.Mode = 0
+		fd, err := s.dirs.fd(parentOf(rel))
+		if err != nil {
+			return s.skip(rel, "cannot read the directory holding it: "+errText(err))
+		}
+		link, err := readlinkAt(fd, path.Base(rel))
+		if err != nil {
+			return s.skip(rel, "readlink: "+errText(err))
+		}
+		if len(link) > protocol.MaxCopyPathLen {
+			return s.skip(rel, fmt.Sprintf("symlink target longer than %d bytes", protocol.MaxCopyPathLen))
+		}
+		e.Link = link
+	}
+	s.entries = append(s.entries, e)
+	return nil
+}
+
+// skip records that the walk found an entry rel that cannot be copied
+// (which fails a strict copy once the walk is done).
+func (s *sender) skip(rel, reason string) error {
+	if !s.opts.Strict {
+		s.log.Warn("skipping source entry", "path", rel, "reason", reason)
+	}
+	s.skips = append(s.skips, protocol.CopySkip{Path: rel, Reason: reason})
+	return nil
+}
+
+// strictFailure is the error of a strict copy whose walk found entries it
+// cannot carry: it names them (the first 10).
+func (s *sender) strictFailure() error {
+	var b strings.Builder
+	for i, sk := range s.skips {
+		if i == 10 {
+			fmt.Fprintf(&b, "; and %d more", len(s.skips)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%q: %s", sk.Path, sk.Reason)
+	}
+	return fmt.Errorf("cannot copy %d %s (a strict copy is all or nothing: nothing was changed): %s",
+		len(s.skips), pluralEntries(len(s.skips)), b.String())
+}
+
+func pluralEntries(n int) string {
+	if n == 1 {
+		return "entry"
+	}
+	return "entries"
+}
+
+// specialName names the type of a file a copy does not carry.
+func specialName(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	}
+	return "special file (" + m.Type().String() + ")"
+}
+
+// errText is the system's word for err (the errno's text) without the
+// operation and path around it.
+func errText(err error) string {
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	return err.Error()
+}
+
+// skipReason says whether an error opening a source file found in the walk
+// makes it a skipped entry rather than a failed copy, and why.
+func skipReason(err error) (string, bool) {
+	switch {
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return "open: permission denied", true
+	case errors.Is(err, unix.ENOENT):
+		return "vanished while copying", true
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ENXIO), errors.Is(err, errNotRegular):
+		return "changed while copying: no longer a regular file", true
+	}
+	return "", false
+}
+
+// errNotRegular says a source file is not a regular file any more.
+var errNotRegular = errors.New("no longer a regular file")
 
 // plan decides which files travel, comparing with the manifest.
 func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
@@ -259,7 +447,7 @@ func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
 		if e.Path == "." && man["."] != nil && man["."].Type == protocol.EntryDir {
 			// A file onto a directory lands inside it (see Receive), so
 			// compare with what the directory holds under the file's name.
-			m = man[filepath.Base(s.abs)]
+			m = man[s.name]
 		}
 		e.send = true
 		if m != nil && m.Type == protocol.EntryFile && m.Size == e.Size {
@@ -283,22 +471,33 @@ func (s *sender) plan(man map[string]*protocol.ManifestEntry) error {
 	s.entries[0].TotalFiles, s.entries[0].TotalBytes = files, bytes
 	if s.entries[0].Type == protocol.EntryFile {
 		// A file copied onto a directory lands inside it under this name.
-		s.entries[0].Name = filepath.Base(s.abs)
+		s.entries[0].Name = s.name
 	}
 	s.prog.p.TotalFiles, s.prog.p.TotalBytes = files, bytes
 	return nil
 }
 
-// open opens a source file, never following a symlink below the root.
+// open opens a source file for reading, never following a symlink below
+// the source: the file source itself (from its start), or rel below the
+// source directory.
 func (s *sender) open(rel string) (*os.File, error) {
-	if s.root == nil {
-		return os.Open(s.abs)
+	if s.fileFd >= 0 {
+		fd, err := unix.Dup(s.fileFd)
+		if err != nil {
+			return nil, err
+		}
+		f := os.NewFile(uintptr(fd), s.src)
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			f.Close()
+			return nil, err
+		}
+		return f, nil
 	}
 	fd, err := s.dirs.fd(parentOf(rel))
 	if err != nil {
 		return nil, err
 	}
-	return openAt(fd, path.Base(rel), unix.O_RDONLY, 0)
+	return openAt(fd, path.Base(rel), unix.O_RDONLY|unix.O_NONBLOCK, 0)
 }
 
 func (s *sender) hash(rel string) (string, error) {
@@ -331,7 +530,7 @@ func (s *sender) sendEntries() error {
 	}()
 	for i := range s.entries {
 		e := &s.entries[i]
-		if e.send && s.root != nil && e.Size <= smallFile {
+		if e.send && s.base >= 0 && e.Size <= smallFile {
 			if pool == nil {
 				pool = newReaderPool()
 			}
@@ -387,20 +586,67 @@ func (s *sender) sendEntries() error {
 			}
 			continue
 		}
-		if err := s.c.writeJSON(protocol.FrameEntry, &e.CopyEntry); err != nil {
-			return fmt.Errorf("send entry %q: %w", e.Path, err)
+		if err := s.writeEntry(e.CopyEntry); err != nil {
+			return err
 		}
 		if e.Type == protocol.EntryFile {
 			s.prog.p.Files++
 			s.prog.tick(false)
 		}
 	}
+	// What the walk could not carry, named last: the receiver keeps what
+	// it has at those paths.
+	for i := range s.skips {
+		if err := s.writeSkip(s.skips[i]); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// writeEntry sends one entry.
+func (s *sender) writeEntry(ce protocol.CopyEntry) error {
+	p := ce.Path
+	ce.EncodeNames()
+	if err := s.c.writeJSON(protocol.FrameEntry, &ce); err != nil {
+		return fmt.Errorf("send entry %q: %w", p, err)
+	}
+	s.sent++
+	return nil
+}
+
+// writeSkip names an entry the copy does not carry.
+func (s *sender) writeSkip(sk protocol.CopySkip) error {
+	p := sk.Path
+	sk.EncodeNames()
+	if err := s.c.writeJSON(protocol.FrameCopySkip, &sk); err != nil {
+		return fmt.Errorf("send skip of %q: %w", p, err)
+	}
+	s.skipped++
+	return nil
+}
+
+// skipLate skips a file found by the walk that cannot be opened now, or
+// fails the copy if it is strict or the error is not one a skip covers.
+func (s *sender) skipLate(rel string, err error) error {
+	reason, ok := skipReason(err)
+	if !ok || s.opts.Strict {
+		s.local = true
+		if ok {
+			return fmt.Errorf("cannot copy %q: %s (a strict copy is all or nothing: nothing was changed)", rel, reason)
+		}
+		return err
+	}
+	s.log.Warn("skipping source entry", "path", rel, "reason", reason)
+	return s.writeSkip(protocol.CopySkip{Path: rel, Reason: reason})
 }
 
 // sendRead sends a file read ahead by the pool, or streams it if it grew
 // too big since the walk.
 func (s *sender) sendRead(e *srcEntry, j *readJob) error {
+	if j.openErr != nil {
+		return s.skipLate(e.Path, j.openErr)
+	}
 	if j.err != nil {
 		s.local = true
 		return j.err
@@ -410,8 +656,8 @@ func (s *sender) sendRead(e *srcEntry, j *readJob) error {
 	}
 	ce := e.CopyEntry
 	ce.Mode, ce.MtimeNS, ce.Size = modeBits(newStatInfo("", &j.st).Mode()), j.st.Mtim.Nano(), j.st.Size
-	if err := s.c.writeJSON(protocol.FrameEntry, &ce); err != nil {
-		return fmt.Errorf("send entry %q: %w", e.Path, err)
+	if err := s.writeEntry(ce); err != nil {
+		return err
 	}
 	if len(j.data) > 0 {
 		if err := s.c.writeFrame(protocol.FrameFileData, j.data); err != nil {
@@ -431,21 +677,32 @@ func (s *sender) sendRead(e *srcEntry, j *readJob) error {
 // taken from the open file, and a file that changes while it is read
 // fails the copy.
 func (s *sender) sendFile(e *srcEntry) error {
+	if smallIOHook != nil && s.fileFd < 0 {
+		if err := smallIOHook("open", e.Path); err != nil {
+			return s.skipLate(e.Path, fmt.Errorf("open %q: %w", e.Path, err))
+		}
+	}
 	f, err := s.open(e.Path)
 	if err != nil {
-		s.local = true
-		return fmt.Errorf("open %q: %w", e.Path, err)
+		if s.fileFd >= 0 {
+			s.local = true
+			return fmt.Errorf("open %q: %w", e.Path, err)
+		}
+		return s.skipLate(e.Path, fmt.Errorf("open %q: %w", e.Path, err))
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil || !fi.Mode().IsRegular() {
-		s.local = true
-		return fmt.Errorf("source file %q changed while copying (no longer a regular file)", e.Path)
+		if s.fileFd >= 0 {
+			s.local = true
+			return fmt.Errorf("source file %q changed while copying (no longer a regular file)", e.Path)
+		}
+		return s.skipLate(e.Path, errNotRegular)
 	}
 	ce := e.CopyEntry
 	ce.Mode, ce.MtimeNS, ce.Size = modeBits(fi.Mode()), fi.ModTime().UnixNano(), fi.Size()
-	if err := s.c.writeJSON(protocol.FrameEntry, &ce); err != nil {
-		return fmt.Errorf("send entry %q: %w", e.Path, err)
+	if err := s.writeEntry(ce); err != nil {
+		return err
 	}
 	h := newFileHash()
 	for left := ce.Size; left > 0; {

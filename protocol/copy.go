@@ -1,10 +1,14 @@
 package protocol
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
 	"strings"
+	"unicode/utf8"
 )
 
 // Copy streams (KindCopy) mirror a file or directory tree from a sender to a
@@ -25,14 +29,25 @@ import (
 //     FrameEntry; for a regular file whose content must travel (Keep false)
 //     it follows with FrameFileData* and FrameEntryEnd (the XXH3-128 of the
 //     bytes sent). Then FrameCopyEnd.
-//  3. The receiver verifies every checksum, builds the new tree in a staging
-//     directory beside the destination, swaps it into place atomically, and
+//     An entry the sender cannot carry (a special file, a file or
+//     directory it cannot read, a path longer than MaxCopyPathLen) is
+//     named in a FrameCopySkip instead, in walk order, unless the copy is
+//     strict, where it fails the copy.
+//  3. The receiver verifies every checksum, stages every new or changed
+//     entry under a temporary name, puts them all in place at the end, and
 //     answers FrameCopyDone (or FrameError). A copy that ends any other way
 //     leaves the destination as it was.
 //
 // Either side may send FrameError (and the client FrameCancel) at any time
 // to abort. Paths are relative to the copy's root, slash separated, and
 // checked with ValidCopyPath; the root itself is ".".
+//
+// Names. A Linux name is any bytes but '/' and NUL, while a JSON string
+// holds only UTF-8. Every name field (a path, a symlink target, a base
+// name) therefore has a twin with the suffix _b64: a name that is not
+// valid UTF-8 travels there in standard base64 (with padding) and the
+// plain field is empty. PutName and GetName convert; the types' EncodeNames
+// and DecodeNames apply them to every name field.
 
 // Copy directions.
 const (
@@ -46,8 +61,11 @@ type CopyParams struct {
 	Direction string `json:"direction"`
 	// Path is the absolute path on the node: the destination of a push, the
 	// source of a pull. The agent only accepts paths under its configured
-	// copy roots.
+	// copy roots. Any bytes but NUL: one that is not valid UTF-8 travels
+	// in path_b64 (MarshalJSON and UnmarshalJSON convert).
 	Path string `json:"path"`
+	// PathB64 is only set on the wire; decoded params hold Path.
+	PathB64 string `json:"path_b64,omitempty"`
 	// Delete removes destination entries the source lacks (rsync --delete,
 	// what NeMo Gym's copy does). Without it they are kept.
 	Delete bool `json:"delete,omitempty"`
@@ -59,6 +77,40 @@ type CopyParams struct {
 	// Checksum compares files by XXH3-128 instead of size and mtime, so a
 	// changed file with an unchanged size and mtime is still sent.
 	Checksum bool `json:"checksum,omitempty"`
+	// Strict makes the copy all or nothing: an entry the sender cannot
+	// carry fails the copy instead of being skipped. The sender applies it:
+	// the agent for a pull, the client itself for a push.
+	Strict bool `json:"strict,omitempty"`
+}
+
+// MarshalJSON encodes p with a Path that is not valid UTF-8 in PathB64
+// (see "Names" above), so that every byte survives.
+func (p CopyParams) MarshalJSON() ([]byte, error) {
+	type plain CopyParams
+	q := plain(p)
+	if q.PathB64 == "" {
+		q.Path, q.PathB64 = PutName(q.Path)
+	}
+	return json.Marshal(q)
+}
+
+// UnmarshalJSON decodes p strictly (unknown fields are an error) and moves
+// PathB64 back to Path.
+func (p *CopyParams) UnmarshalJSON(b []byte) error {
+	type plain CopyParams
+	var q plain
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&q); err != nil {
+		return err
+	}
+	path, err := GetName(q.Path, q.PathB64)
+	if err != nil {
+		return fmt.Errorf("path: %w", err)
+	}
+	q.Path, q.PathB64 = path, ""
+	*p = CopyParams(q)
+	return nil
 }
 
 // Validate reports every problem with p.
@@ -67,13 +119,44 @@ func (p *CopyParams) Validate() error {
 	if p.Direction != CopyPush && p.Direction != CopyPull {
 		errs = append(errs, fmt.Errorf("direction %q: want %q or %q", p.Direction, CopyPush, CopyPull))
 	}
-	if !path.IsAbs(p.Path) {
-		errs = append(errs, fmt.Errorf("path %q: must be absolute", p.Path))
-	}
-	if strings.ContainsRune(p.Path, 0) || len(p.Path) > MaxCopyPathLen {
+	np, err := GetName(p.Path, p.PathB64)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("path: %w", err))
+	case !path.IsAbs(np):
+		errs = append(errs, fmt.Errorf("path %s: must be absolute", Clip(np)))
+	case strings.ContainsRune(np, 0) || len(np) > MaxCopyPathLen:
 		errs = append(errs, fmt.Errorf("path: contains NUL or is longer than %d bytes", MaxCopyPathLen))
 	}
 	return errors.Join(errs...)
+}
+
+// PutName returns the wire form of a name (see "Names" above): (name, "")
+// when name is valid UTF-8, else ("", its base64).
+func PutName(name string) (plain, b64 string) {
+	if utf8.ValidString(name) {
+		return name, ""
+	}
+	return "", base64.StdEncoding.EncodeToString([]byte(name))
+}
+
+// GetName returns the name a (plain, b64) pair carries. It fails if both
+// are set or b64 is not base64.
+func GetName(plain, b64 string) (string, error) {
+	if b64 == "" {
+		return plain, nil
+	}
+	if plain != "" {
+		return "", fmt.Errorf("name %s has both a plain and a base64 form", Clip(plain))
+	}
+	if len(b64) > base64.StdEncoding.EncodedLen(MaxCopyPathLen) {
+		return "", fmt.Errorf("base64 name longer than %d bytes", MaxCopyPathLen)
+	}
+	b, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return "", fmt.Errorf("base64 name %s: %w", Clip(b64), err)
+	}
+	return string(b), nil
 }
 
 // Entry types.
@@ -89,6 +172,7 @@ const MaxCopyPathLen = 4096
 // ManifestEntry is one entry the receiver already has.
 type ManifestEntry struct {
 	Path    string `json:"path"`
+	PathB64 string `json:"path_b64,omitempty"` // see "Names" above
 	Type    string `json:"type"`
 	Size    int64  `json:"size,omitempty"`
 	Mode    uint32 `json:"mode"`     // permission bits (0o7777)
@@ -96,6 +180,19 @@ type ManifestEntry struct {
 	// XXH128 is the XXH3-128 digest of a regular file (32 hex digits, high
 	// half first), present only when the copy asked for checksums.
 	XXH128 string `json:"xxh128,omitempty"`
+}
+
+// EncodeNames moves a Path that is not valid UTF-8 to PathB64.
+func (e *ManifestEntry) EncodeNames() { e.Path, e.PathB64 = PutName(e.Path) }
+
+// DecodeNames moves PathB64 back to Path.
+func (e *ManifestEntry) DecodeNames() error {
+	p, err := GetName(e.Path, e.PathB64)
+	if err != nil {
+		return fmt.Errorf("manifest entry: path: %w", err)
+	}
+	e.Path, e.PathB64 = p, ""
+	return nil
 }
 
 // ManifestEnd closes the receiver's manifest.
@@ -111,13 +208,15 @@ type ManifestEnd struct {
 // (parents before children).
 type CopyEntry struct {
 	Path    string `json:"path"`
+	PathB64 string `json:"path_b64,omitempty"` // see "Names" above
 	Type    string `json:"type"`
 	Mode    uint32 `json:"mode"` // permission bits (0o7777)
 	MtimeNS int64  `json:"mtime_ns"`
 	// Size is a regular file's length in bytes.
 	Size int64 `json:"size,omitempty"`
 	// Link is a symlink's target, verbatim.
-	Link string `json:"link,omitempty"`
+	Link    string `json:"link,omitempty"`
+	LinkB64 string `json:"link_b64,omitempty"`
 	// Keep says the receiver's copy is already identical: no data follows.
 	Keep bool `json:"keep,omitempty"`
 	// TotalFiles and TotalBytes are set on the root entry only: how many
@@ -128,7 +227,32 @@ type CopyEntry struct {
 	TotalBytes int64 `json:"total_bytes,omitempty"`
 	// Name is the source's base name, on the root entry only: a file copied
 	// onto a directory (or with CopyParams.Into) lands at DST/Name.
-	Name string `json:"name,omitempty"`
+	Name    string `json:"name,omitempty"`
+	NameB64 string `json:"name_b64,omitempty"`
+}
+
+// EncodeNames moves each name field that is not valid UTF-8 to its _b64
+// twin.
+func (e *CopyEntry) EncodeNames() {
+	e.Path, e.PathB64 = PutName(e.Path)
+	e.Link, e.LinkB64 = PutName(e.Link)
+	e.Name, e.NameB64 = PutName(e.Name)
+}
+
+// DecodeNames moves each _b64 twin back to its name field.
+func (e *CopyEntry) DecodeNames() error {
+	var err error
+	if e.Path, err = GetName(e.Path, e.PathB64); err != nil {
+		return fmt.Errorf("copy entry: path: %w", err)
+	}
+	if e.Link, err = GetName(e.Link, e.LinkB64); err != nil {
+		return fmt.Errorf("copy entry %s: link: %w", Clip(e.Path), err)
+	}
+	if e.Name, err = GetName(e.Name, e.NameB64); err != nil {
+		return fmt.Errorf("copy entry %s: name: %w", Clip(e.Path), err)
+	}
+	e.PathB64, e.LinkB64, e.NameB64 = "", "", ""
+	return nil
 }
 
 // Validate checks e's path, type and fields.
@@ -174,10 +298,50 @@ type EntryEnd struct {
 	XXH128 string `json:"xxh128"` // XXH3-128 of the bytes sent, as in ManifestEntry
 }
 
+// CopySkip names an entry of the source the sender could not carry and
+// says why (FrameCopySkip). The receiver leaves whatever the destination
+// has at Path (and below it) as it is, even with CopyParams.Delete.
+type CopySkip struct {
+	Path    string `json:"path"`
+	PathB64 string `json:"path_b64,omitempty"` // see "Names" above
+	// Reason says why, for people: "named pipe: special files are not
+	// copied", "open: permission denied".
+	Reason string `json:"reason"`
+}
+
+// EncodeNames moves a Path that is not valid UTF-8 to PathB64.
+func (s *CopySkip) EncodeNames() { s.Path, s.PathB64 = PutName(s.Path) }
+
+// DecodeNames moves PathB64 back to Path.
+func (s *CopySkip) DecodeNames() error {
+	p, err := GetName(s.Path, s.PathB64)
+	if err != nil {
+		return fmt.Errorf("copy skip: path: %w", err)
+	}
+	s.Path, s.PathB64 = p, ""
+	return nil
+}
+
+// Validate checks the skip's path (ValidCopyPath) and reason.
+func (s *CopySkip) Validate() error {
+	if err := ValidCopyPath(s.Path); err != nil {
+		return fmt.Errorf("copy skip: %w", err)
+	}
+	if len(s.Reason) > 1024 {
+		return fmt.Errorf("copy skip %s: reason longer than 1024 bytes", Clip(s.Path))
+	}
+	return nil
+}
+
+// MaxReportedSkips bounds CopyResult.SkippedEntries; CopyResult.Skipped
+// counts them all.
+const MaxReportedSkips = 100
+
 // CopyEnd closes the sender's side.
 type CopyEnd struct {
-	Entries int   `json:"entries"` // FrameEntry frames sent
-	Bytes   int64 `json:"bytes"`   // file bytes sent
+	Entries int   `json:"entries"`           // FrameEntry frames sent
+	Bytes   int64 `json:"bytes"`             // file bytes sent
+	Skipped int   `json:"skipped,omitempty"` // FrameCopySkip frames sent
 }
 
 // CopyResult is the receiver's report of a committed copy.
@@ -187,6 +351,33 @@ type CopyResult struct {
 	FilesKept    int   `json:"files_kept"`    // files unchanged, not sent
 	BytesWritten int64 `json:"bytes_written"`
 	Deleted      int   `json:"deleted"` // destination entries removed (--delete)
+	// Skipped counts the source entries the sender could not carry: a
+	// copy with Skipped > 0 is partial. SkippedEntries names the first
+	// MaxReportedSkips of them, in walk order.
+	Skipped        int        `json:"skipped,omitempty"`
+	SkippedEntries []CopySkip `json:"skipped_entries,omitempty"`
+}
+
+// EncodeNames encodes the names of r.SkippedEntries (see "Names" above),
+// in a copy of the slice.
+func (r *CopyResult) EncodeNames() {
+	if len(r.SkippedEntries) == 0 {
+		return
+	}
+	r.SkippedEntries = append([]CopySkip(nil), r.SkippedEntries...)
+	for i := range r.SkippedEntries {
+		r.SkippedEntries[i].EncodeNames()
+	}
+}
+
+// DecodeNames decodes the names of r.SkippedEntries.
+func (r *CopyResult) DecodeNames() error {
+	for i := range r.SkippedEntries {
+		if err := r.SkippedEntries[i].DecodeNames(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ValidCopyPath checks a path in a copy stream: "." for the root, else a

@@ -64,6 +64,7 @@ const (
 	FrameEntryEnd    FrameType = 36 // JSON EntryEnd: the current file is complete
 	FrameCopyEnd     FrameType = 37 // JSON CopyEnd: the sender sent every entry
 	FrameCopyDone    FrameType = 38 // JSON CopyResult: the receiver committed the copy
+	FrameCopySkip    FrameType = 39 // JSON CopySkip: the sender skipped an entry it cannot carry
 
 	// Terminal frames (pty.go).
 	FrameResize FrameType = 40 // JSON WindowSize: the terminal changed size
@@ -86,7 +87,7 @@ var frameNames = map[FrameType]string{
 	FrameReject: "reject", FrameHeartbeat: "heartbeat", FrameCancelStream: "cancel-stream",
 	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
-	FrameCopyDone: "copy-done", FrameResize: "resize", FrameSignal: "signal",
+	FrameCopyDone: "copy-done", FrameCopySkip: "copy-skip", FrameResize: "resize", FrameSignal: "signal",
 	FrameJob: "job", FrameDialOK: "dial-ok", FrameInventory: "inventory",
 	FrameInventoryEnd: "inventory-end", FrameSandboxOp: "sandbox-op",
 }

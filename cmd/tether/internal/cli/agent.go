@@ -306,6 +306,12 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	cfg.DataDir = o.DataDir
 	cfg.PipeWait = o.PipeWait
 	cfg.CopyRoots = o.CopyRoots
+	// Copies never read or write the files holding the agent's secrets.
+	for _, f := range []string{o.TokenFile, o.OpenShellTokenFile, o.OpenSandboxAPIKeyFile} {
+		if f != "" {
+			cfg.SecretFiles = append(cfg.SecretFiles, f)
+		}
+	}
 	if o.OpenShell != "" {
 		cfg.OpenShell = &agent.OpenShellTarget{Addr: o.OpenShell, Token: secrets.openShellToken, Workspaces: o.OpenShellWorkspaces}
 	}

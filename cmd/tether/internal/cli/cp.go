@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,12 +23,20 @@ import (
 // its progress line: short copies print only the summary.
 const progressDelay = time.Second
 
+// exitPartial is `tether cp`'s exit code for a copy that skipped entries
+// it cannot carry (named on stderr) and copied the rest: rsync's "partial
+// transfer due to error".
+const exitPartial = 23
+
 // cpOptions are the flags of `tether cp`.
 type cpOptions struct {
 	// Delete removes destination entries the source lacks (rsync --delete).
 	Delete bool
 	// Checksum compares files by XXH3-128 instead of size and mtime.
 	Checksum bool
+	// Strict makes the copy all or nothing: an entry that cannot be
+	// carried fails it instead of being skipped.
+	Strict bool
 	// Progress is "auto" (when stderr is a terminal), "always" or "never".
 	Progress string
 	// Quiet drops the summary line.
@@ -113,15 +122,25 @@ A directory SRC is mirrored: DST becomes a copy of it (like
 existing directory, or onto a DST written with a trailing slash, lands
 inside it as DST/NAME, as with cp and scp; replacing a file with a
 directory needs --delete. Modes, modification times and symlinks are kept,
-symlinks inside the tree are copied as links and never followed (a SRC
-that is a symlink is followed), and files whose size and mtime match (or whose
-XXH3-128 checksum matches, with --checksum) are not sent again. With --delete,
-entries of DST that SRC lacks are removed, as NeMo Gym's copy does.
+symlinks inside the tree are copied as links and never followed (a SRC or
+DST that is a symlink is followed, as cp follows it), and files whose size
+and mtime match (or whose XXH3-128 checksum matches, with --checksum) are
+not sent again. With --delete, entries of DST that SRC lacks are removed,
+as NeMo Gym's copy does.
 
-The copy is atomic: the new tree is built beside DST, every file is
-verified by its XXH3-128 checksum, and only then is it swapped into place. A copy that is
-interrupted or fails leaves DST as it was. On the node, DST must lie under
-one of the agent's copy roots.`,
+An existing DST directory is updated in place: it keeps its identity, so a
+shell or a service working in it, open files, bind mounts and mount points
+keep working. Nothing changes until everything arrived: every new or
+changed entry is staged under a temporary name beside its final one and
+verified by its XXH3-128 checksum, then all are renamed into place at the
+end (like rsync --delay-updates). A copy that is interrupted or fails
+before that leaves DST as it was. On the node, DST must lie under one of
+the agent's copy roots, and the agent's own state is never copied.
+
+Entries a copy cannot carry (special files, unreadable files) are named on
+stderr and skipped, the rest is copied, and the exit code is 23 (as
+rsync's); with --strict such an entry fails the copy instead and nothing
+changes.`,
 		Example: `  tether cp ./configs node-a:/srv/configs
   tether cp --delete ./staging gpu-07:/lustre/jobs/gym-job-20261130
   tether cp node-a:/var/log/tether ./logs`,
@@ -147,6 +166,7 @@ one of the agent's copy roots.`,
 	f := cmd.Flags()
 	f.BoolVar(&o.Delete, "delete", false, "remove destination entries the source lacks")
 	f.BoolVar(&o.Checksum, "checksum", false, "compare files by XXH3-128 instead of size and mtime")
+	f.BoolVar(&o.Strict, "strict", false, "all or nothing: fail, changing nothing, if an entry cannot be copied (default: skip it, name it, exit 23)")
 	f.StringVar(&o.Progress, "progress", o.Progress, "progress line on stderr: auto (when a terminal), always or never")
 	f.BoolVarP(&o.Quiet, "quiet", "q", false, "print no summary")
 	o.NATS.addFlags(cmd)
@@ -155,7 +175,7 @@ one of the agent's copy roots.`,
 
 // runCp copies from → to through a copy stream opened with op.
 func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op streamOpener) error {
-	params := protocol.CopyParams{Delete: o.Delete, Checksum: o.Checksum, Into: to.into}
+	params := protocol.CopyParams{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Strict: o.Strict}
 	node := to.node
 	if node != "" {
 		params.Direction, params.Path = protocol.CopyPush, to.path
@@ -177,7 +197,7 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	defer st.Close()
 
 	pr := newCopyProgress(o.Progress, e)
-	opts := mirror.Options{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Progress: pr.update}
+	opts := mirror.Options{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Strict: o.Strict, Progress: pr.update}
 	start := time.Now()
 	var res *protocol.CopyResult
 	if params.Direction == protocol.CopyPush {
@@ -198,13 +218,41 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 		}
 		return fmt.Errorf("cp %s to %s: %w", from, to, err)
 	}
+	// Skipped entries are named even with --quiet: they are not copied.
+	for _, sk := range res.SkippedEntries {
+		fmt.Fprintf(e.stderr, "tether: cp: skipped %s: %s\n", skippedPath(from, sk.Path), sk.Reason)
+	}
+	if n := res.Skipped - len(res.SkippedEntries); n > 0 {
+		fmt.Fprintf(e.stderr, "tether: cp: skipped %d more %s\n", n, plural(n, "entry", "entries"))
+	}
 	if !o.Quiet {
 		el := time.Since(start)
 		fmt.Fprintf(e.stderr, "copied %s to %s: %d %s written (%s), %d unchanged, %d deleted in %s (%s/s)\n",
 			from, to, res.FilesWritten, plural(res.FilesWritten, "file", "files"), humanBytes(res.BytesWritten), res.FilesKept, res.Deleted,
 			el.Round(time.Millisecond), humanBytes(int64(float64(res.BytesWritten)/max(el.Seconds(), 1e-3))))
 	}
+	if res.Skipped > 0 {
+		return &exitError{code: exitPartial, err: fmt.Errorf("cp %s to %s: partial copy: %d %s could not be copied (named above; what %s had there is kept); everything else was copied",
+			from, to, res.Skipped, plural(res.Skipped, "entry", "entries"), to)}
+	}
 	return nil
+}
+
+// skippedPath shows a skipped entry's path (relative to the copy's
+// source) below the source the user named, quoted when it holds bytes a
+// terminal would not show as they are.
+func skippedPath(from copyEnd, rel string) string {
+	p := from.path
+	if rel != "." {
+		p = strings.TrimSuffix(p, "/") + "/" + rel
+	}
+	if q := strconv.Quote(p); q[1:len(q)-1] != p {
+		p = q
+	}
+	if from.node != "" {
+		return from.node + ":" + p
+	}
+	return p
 }
 
 // copyProgress draws a progress line on stderr once a copy ran for

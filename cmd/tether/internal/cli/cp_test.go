@@ -3,9 +3,11 @@ package cli
 import (
 	"bytes"
 	"crypto/rand"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tetherfleet/tether/fleettest"
@@ -139,5 +141,102 @@ func TestCpFleet(t *testing.T) {
 	}
 	if _, err := os.Stat(outside); !os.IsNotExist(err) {
 		t.Fatalf("refused copy created %s", outside)
+	}
+}
+
+// TestCpIntoWorkingDirectory is `tether cp NODE:DIR .`: the current
+// directory keeps its identity, so the shell is not left in a deleted
+// directory, and the next copy works too.
+func TestCpIntoWorkingDirectory(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	url := f.NATS.ClientURL()
+	remote := filepath.Join(f.DataDir("node-0"), "dir")
+	os.MkdirAll(filepath.Join(remote, "sub"), 0o755)
+	os.WriteFile(filepath.Join(remote, "sub", "a"), []byte("a"), 0o644)
+	cwd := filepath.Join(t.TempDir(), "work")
+	os.MkdirAll(cwd, 0o755)
+	before, _ := os.Stat(cwd)
+	t.Chdir(cwd)
+	for i := range 2 {
+		r := runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, "node-0:"+remote, ".")
+		if r.code != 0 {
+			t.Fatalf("pull %d into .: code %d stderr %q", i, r.code, r.stderr)
+		}
+		if _, err := os.Getwd(); err != nil {
+			t.Fatalf("pull %d into .: the current directory is gone: %v", i, err)
+		}
+		if b, err := os.ReadFile(filepath.Join("sub", "a")); err != nil || string(b) != "a" {
+			t.Fatalf("pull %d into .: sub/a = %q, %v", i, b, err)
+		}
+	}
+	if after, err := os.Stat(cwd); err != nil || !os.SameFile(before, after) {
+		t.Fatalf("%s was replaced by the pull (%v)", cwd, err)
+	}
+}
+
+// TestCpPartialExitCode copies a tree holding entries a copy cannot carry
+// (a named pipe, a socket): they are named, the rest is copied, and the
+// exit code is 23 (rsync's "partial transfer"), both ways. With --strict
+// nothing changes and the copy fails.
+func TestCpPartialExitCode(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{})
+	url := f.NATS.ClientURL()
+	root := f.DataDir("node-0")
+	mkTree := func(dir string) {
+		os.MkdirAll(filepath.Join(dir, "sub"), 0o755)
+		os.WriteFile(filepath.Join(dir, "ok.txt"), []byte("ok"), 0o644)
+		os.WriteFile(filepath.Join(dir, "sub", "b"), []byte("b"), 0o644)
+		if err := syscall.Mkfifo(filepath.Join(dir, "sub", "fifo"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "sock"), Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		ln.Close()
+	}
+	local := filepath.Join(t.TempDir(), "src")
+	mkTree(local)
+	remote := filepath.Join(root, "src")
+	mkTree(remote)
+
+	check := func(what string, r result, dst string) {
+		t.Helper()
+		if r.code != 23 {
+			t.Errorf("%s: code %d, want 23 (partial); stderr %q", what, r.code, r.stderr)
+		}
+		for _, name := range []string{"sub/fifo", "sock"} {
+			if !strings.Contains(r.stderr, name) {
+				t.Errorf("%s: stderr %q does not name the skipped %s", what, r.stderr, name)
+			}
+		}
+		for _, p := range []string{"ok.txt", "sub/b"} {
+			if _, err := os.Stat(filepath.Join(dst, p)); err != nil {
+				t.Errorf("%s: %s was not copied: %v", what, p, err)
+			}
+		}
+	}
+	pushed := filepath.Join(root, "pushed")
+	check("push", runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, local, "node-0:"+pushed), pushed)
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	check("pull", runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, "node-0:"+remote, pulled), pulled)
+
+	// --strict: all or nothing.
+	strictPush := filepath.Join(root, "strict")
+	r := runCLI(testCtx(t), nil, "", "cp", "--strict", "--nats-url", url, local, "node-0:"+strictPush)
+	if r.code == 0 || r.code == 23 || r.code == 2 || !strings.Contains(r.stderr, "sub/fifo") {
+		t.Errorf("strict push: code %d stderr %q, want a failure naming sub/fifo", r.code, r.stderr)
+	}
+	if _, err := os.Lstat(strictPush); !os.IsNotExist(err) {
+		t.Errorf("a failed strict push created %s (%v)", strictPush, err)
+	}
+	strictPull := filepath.Join(t.TempDir(), "strict")
+	r = runCLI(testCtx(t), nil, "", "cp", "--strict", "--nats-url", url, "node-0:"+remote, strictPull)
+	if r.code == 0 || r.code == 23 || r.code == 2 || !strings.Contains(r.stderr, "sub/fifo") {
+		t.Errorf("strict pull: code %d stderr %q, want a failure naming sub/fifo", r.code, r.stderr)
+	}
+	if _, err := os.Lstat(strictPull); !os.IsNotExist(err) {
+		t.Errorf("a failed strict pull created %s (%v)", strictPull, err)
 	}
 }
