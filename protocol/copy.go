@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -99,9 +98,10 @@ func (p CopyParams) MarshalJSON() ([]byte, error) {
 func (p *CopyParams) UnmarshalJSON(b []byte) error {
 	type plain CopyParams
 	var q plain
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&q); err != nil {
+	// The strict walker treats a type with its own UnmarshalJSON as one
+	// opaque value, so the field rules (exact names, no repeats, UTF-8)
+	// are applied here, to the plain shape.
+	if err := decodeStrict(b, &q); err != nil {
 		return err
 	}
 	path, err := GetName(q.Path, q.PathB64)
