@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -442,6 +443,7 @@ func DecodeRequest(data []byte, v any) *APIError {
 	if err := decodeStrict(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		var de *durationError
+		var be base64.CorruptInputError
 		msg := err.Error()
 		switch {
 		case strings.HasPrefix(msg, "json: unknown field "):
@@ -455,10 +457,44 @@ func DecodeRequest(data []byte, v any) *APIError {
 		case errors.As(err, &de):
 			// Only Duration fields produce it; the one there is is timeout.
 			return NewAPIError(400, ErrCodeMalformed, "timeout: %s", de.msg)
+		case errors.As(err, &be):
+			// encoding/json does not say which field; only []byte fields
+			// decode base64.
+			return NewAPIError(400, ErrCodeMalformed, "%s: not valid base64 (standard alphabet, padded): bad data at byte %d", base64Fields(v), int64(be))
 		}
 		return NewAPIError(400, ErrCodeMalformed, "request body is not valid JSON: %s", strings.TrimPrefix(msg, "json: "))
 	}
 	return nil
+}
+
+// base64Fields names the top-level fields of the struct v points to that
+// decode from base64 ([]byte), for an error message: "stdin", "stdin or
+// data", or "a base64 field" when there is none.
+func base64Fields(v any) string {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var names []string
+	if t != nil && t.Kind() == reflect.Struct {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if f.Type.Kind() != reflect.Slice || f.Type.Elem().Kind() != reflect.Uint8 {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" {
+				name = f.Name
+			}
+			if name != "-" {
+				names = append(names, name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "a base64 field"
+	}
+	return strings.Join(names, " or ")
 }
 
 // jsonTypeName names the JSON type a Go type decodes from.
@@ -587,16 +623,11 @@ func (r *ExecRequest) Validate() *APIError {
 	// The params travel in the exec stream's header: check what they weigh
 	// encoded (escapes of control characters can inflate a script sixfold),
 	// leaving room for the timeout a coordinator's default may add.
-	b, err := MarshalJSON(p)
-	if err != nil {
-		return NewAPIError(400, ErrCodeInvalid, "exec params cannot be encoded: %v", err)
-	}
-	limit := MaxHeaderSize
-	if p.TimeoutMS == 0 {
-		limit -= len(`,"timeout_ms":9223372036854775807`)
-	}
-	if len(b) > limit {
-		return NewAPIError(413, ErrCodeTooLarge, "exec params (script, argv, env, cwd) encode to %d bytes, over the %d byte stream header limit", len(b), limit)
+	if err := CheckHeaderSize("exec params (script, argv, env, cwd)", &p); err != nil {
+		if errors.Is(err, ErrTooLarge) {
+			return NewAPIError(413, ErrCodeTooLarge, "%v", err)
+		}
+		return NewAPIError(400, ErrCodeInvalid, "%v", err)
 	}
 	return nil
 }

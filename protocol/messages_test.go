@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -102,5 +103,27 @@ func TestHeaderLimitMessage(t *testing.T) {
 	_, e := protocol.DecodeExecRequest(body)
 	if e == nil || !strings.Contains(e.Message, want) {
 		t.Errorf("exec request: %v, want a message containing %q", e, want)
+	}
+}
+
+// CheckHeaderSize is what the CLI measures stream params with before it
+// sends them (shell, exec): the same limit and message as the API's.
+func TestCheckHeaderSize(t *testing.T) {
+	want := fmt.Sprintf("over the stream header limit of %d bytes (64 KiB)", protocol.MaxHeaderSize)
+	err := protocol.CheckHeaderSize("pty params", &protocol.PTYParams{Argv: []string{"echo", strings.Repeat("y", protocol.MaxHeaderSize)}})
+	if err == nil || !errors.Is(err, protocol.ErrTooLarge) || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "pty params are ") {
+		t.Errorf("CheckHeaderSize = %v, want ErrTooLarge containing %q", err, want)
+	}
+	if err := protocol.CheckHeaderSize("pty params", &protocol.PTYParams{Argv: []string{"true"}}); err != nil {
+		t.Errorf("CheckHeaderSize of small params = %v", err)
+	}
+	// Exec params without a timeout keep room for the coordinator's.
+	p := &protocol.ExecParams{Argv: []string{"echo", strings.Repeat("y", protocol.MaxHeaderSize-40)}}
+	if err := protocol.CheckHeaderSize("exec params", p); err == nil || !strings.Contains(err.Error(), "default timeout") {
+		t.Errorf("CheckHeaderSize near the limit = %v, want an error counting the default timeout", err)
+	}
+	p.TimeoutMS = 1000
+	if err := protocol.CheckHeaderSize("exec params", p); err != nil {
+		t.Errorf("CheckHeaderSize with a timeout = %v", err)
 	}
 }
