@@ -137,3 +137,25 @@ func TestDetachedJobCancelEndsOnceOnlyZombiesRemain(t *testing.T) {
 		t.Errorf("status = %+v, want cancelled by TERM", st)
 	}
 }
+
+// TestPTYHangupEndsOnceOnlyZombiesRemain: the same for a pty's hangup,
+// whose session is judged from /proc: a zombie left in it is not waited
+// for.
+func TestPTYHangupEndsOnceOnlyZombiesRemain(t *testing.T) {
+	needSetsid(t)
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.KillGrace = time.Hour })
+	dir := t.TempDir()
+	e := h.open(t, protocol.KindPTY, protocol.PTYParams{Argv: []string{"bash", "-c", zombieScript}, Cwd: dir})
+	e.until(t, "the pid", func() bool { return strings.Contains(e.stdout.String(), "\n") })
+	sid := firstLinePID(t, e.stdout.String())
+	waitZombieParent(t, dir)
+	e.send(t, protocol.FrameCancel, nil)
+	e.finish(t)
+	if e.exit == nil || e.exit.Signal != "HUP" {
+		t.Fatalf("exit = %+v, error %v; want ended by HUP", e.exit, e.errInfo)
+	}
+	if z := zombieMembers(t, sid); len(z) == 0 {
+		t.Errorf("the session's zombie is gone already; the test proved nothing")
+	}
+}

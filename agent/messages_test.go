@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,5 +57,35 @@ func TestJobNotFoundMessage(t *testing.T) {
 	e := h.jobOp(t, protocol.JobParams{Op: protocol.JobOpStatus, ID: "nope"})
 	if e.errInfo == nil || e.errInfo.Message != `node node-a: no detached job "nope"` {
 		t.Errorf("error = %+v, want the message %q", e.errInfo, `node node-a: no detached job "nope"`)
+	}
+}
+
+// A binary whose dynamic loader is missing is reported naming the loader.
+func TestMissingELFInterpreterMessage(t *testing.T) {
+	t.Parallel()
+	orig := "/bin/true"
+	interp := elfInterpreter(orig)
+	if interp == "" {
+		t.Skip(orig + " has no ELF interpreter")
+	}
+	b, err := os.ReadFile(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(b, []byte(interp+"\x00"))
+	bogus := "/no/such/ld"
+	if i < 0 || len(bogus) > len(interp) {
+		t.Skip("cannot patch the interpreter of " + orig)
+	}
+	copy(b[i:], bogus+strings.Repeat("\x00", len(interp)-len(bogus)))
+	bin := filepath.Join(t.TempDir(), "true")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, nil)
+	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{bin}})
+	e.finish(t)
+	if e.errInfo == nil || e.errInfo.Code != protocol.CodeNotExecutable || !strings.Contains(e.errInfo.Message, bogus+": bad ELF interpreter") {
+		t.Errorf("exit %+v, error %+v; want not_executable naming %s", e.exit, e.errInfo, bogus)
 	}
 }
