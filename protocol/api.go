@@ -34,6 +34,9 @@ const (
 	// with a NodesResponse.
 	SubjectNodes = "tether.v1.nodes"
 	// SubjectCancel takes a CancelRequest and replies with a CancelResponse.
+	// Published without a reply subject (fire and forget, as the Go client
+	// does when it gives up on a job) it cancels all the same and answers
+	// nothing; the job's result then reports the cancel.
 	SubjectCancel = "tether.v1.cancel"
 	// SubjectStream takes a StreamRequest, opens a tunnel stream of that
 	// kind to the node, and relays its bytes over a NATS pipe (pipe.go) in
