@@ -577,8 +577,10 @@ func hasKey(data []byte, k string) bool {
 // Validate checks r and returns the first class of problem found, with every
 // problem of that class in the message.
 func (r *ExecRequest) Validate() *APIError {
-	if r.ID != "" && (len(r.ID) > MaxJobIDLen || !validSegment(r.ID, MaxJobIDLen)) {
-		return NewAPIError(400, ErrCodeInvalid, "id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(r.ID), MaxJobIDLen)
+	if r.ID != "" {
+		if err := ValidJobID(r.ID); err != nil {
+			return NewAPIError(400, ErrCodeInvalid, "%v", err)
+		}
 	}
 	n := 0
 	if r.Target.Node != "" {
