@@ -9,7 +9,8 @@ import (
 )
 
 // groupScanEvery bounds how often a groupWatch reads /proc: the kill(2)
-// probe runs every poll, the scan at most this often.
+// probe runs every poll, the scan at most this often, and less often on a
+// node with so many processes that one scan takes over a tenth of it.
 const groupScanEvery = 100 * time.Millisecond
 
 // groupWatch tells the end of an exec (or detached job) whether the process
@@ -22,8 +23,9 @@ const groupScanEvery = 100 * time.Millisecond
 // which never reaps) would otherwise hold the exec's end, and so its result
 // and the client's Ctrl-C, for the whole grace. kill(-pgid, 0) answers
 // first: ESRCH (or EPERM) means no member at all; only when it finds members
-// is /proc read, at most every groupScanEvery, to tell live members from
-// zombies. Without /proc every member counts.
+// is /proc read, at once the first time and then at most every
+// groupScanEvery (or ten times as long as a scan took), to tell live members
+// from zombies. Without /proc every member counts.
 type groupWatch struct {
 	pgid     int
 	nextScan time.Time
@@ -38,8 +40,8 @@ func (w *groupWatch) alive() bool {
 	if now.Before(w.nextScan) {
 		return true
 	}
-	w.nextScan = now.Add(groupScanEvery)
 	procs, ok := liveProcs(func(p procInfo) bool { return p.pgrp == w.pgid })
+	w.nextScan = now.Add(max(groupScanEvery, 10*time.Since(now)))
 	return !ok || len(procs) > 0
 }
 

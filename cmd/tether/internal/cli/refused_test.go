@@ -150,3 +150,11 @@ func TestMessagesNameTheNodeOnce(t *testing.T) {
 		})
 	}
 }
+
+func TestFormatSizeSingular(t *testing.T) {
+	for n, want := range map[int64]string{1: "1 byte", 2: "2 bytes", 1 << 10: "1 KiB"} {
+		if got := formatSize(n); got != want {
+			t.Errorf("formatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
