@@ -112,6 +112,9 @@ func (o *execOptions) Validate(argv []string) error {
 	case sources > 1:
 		errs = append(errs, errors.New("give only one of a command after --, -c and --script"))
 	}
+	if len(argv) > 0 && argv[0] == "" {
+		errs = append(errs, errors.New("the command after -- is empty"))
+	}
 	if o.FailFast && len(o.Commands) == 0 {
 		errs = append(errs, errors.New("--fail-fast needs -c commands"))
 	}

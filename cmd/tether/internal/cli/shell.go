@@ -70,6 +70,9 @@ func (o *shellOptions) ptyParams(argv []string, termName string) *protocol.PTYPa
 // (an empty argv[0], NUL, too many arguments or variables) and the stream
 // header limit (protocol.CheckHeaderSize). terminal says which mode runs.
 func (o *shellOptions) checkParams(argv []string, terminal bool, termName string) error {
+	if len(argv) > 0 && argv[0] == "" {
+		return errors.New("the command after -- is empty")
+	}
 	if terminal {
 		p := o.ptyParams(argv, termName)
 		p.Rows, p.Cols = math.MaxUint16, math.MaxUint16 // the largest window
