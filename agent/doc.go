@@ -67,8 +67,11 @@
 // copiers returned. When the session ends (coordinator gone, Run's context
 // done) every exec of that session is killed (SIGTERM to its process group,
 // SIGKILL after Config.KillGrace), because its result can no longer be
-// reported. A background child that redirected its output away from the
-// exec's pipes is left running when its parent exits normally.
+// reported. A killed group is over once it has no live member: the grace
+// is not waited out for zombies that their new parent (init, slow to reap
+// in some containers) has not reaped yet (procs.go). A background child that
+// redirected its output away from the exec's pipes is left running when its
+// parent exits normally.
 //
 // Panics (panic.go). Every per-stream goroutine above (handler, waiter,
 // copiers, frame reader, stdin feeder, listers, cancel watcher), each

@@ -37,7 +37,7 @@ const (
 	// be reported, and output is read and dropped until it is gone.
 	dataWriteTimeout = time.Minute
 	// groupPoll is how often the end of an exec checks whether a process
-	// group it sent SIGTERM to is gone yet.
+	// group it sent SIGTERM to is gone yet (see groupWatch).
 	groupPoll = 20 * time.Millisecond
 )
 
@@ -261,7 +261,7 @@ func (x *execution) run(ctx context.Context) {
 		}
 		r, err := x.runProcess(spec, dir, limit, rs, stdinCh)
 		if err != nil {
-			x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: start %s: %v", a.cfg.NodeID, spec.name, err))
+			x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: start %s: %v", a.cfg.NodeID, spec.name, explainStart(err, dir)))
 			return
 		}
 		last = r
@@ -497,8 +497,10 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 		res.end = time.Now()
 	}
 	// SIGTERM was sent but not SIGKILL: give the rest of the group its
-	// grace, then kill what is left.
-	for termSent && !killSent && groupAlive(pgid) {
+	// grace, then kill what is left. Zombies are dead: a group of nothing
+	// else is over at once (see groupWatch).
+	group := groupWatch{pgid: pgid}
+	for termSent && !killSent && group.alive() {
 		select {
 		case <-graceC:
 			killSent = true
@@ -722,12 +724,6 @@ func (w *frameWriter) final(t protocol.FrameType, v any) error {
 		w.err = fmt.Errorf("write %s frame on stream %d: %w", t, w.st.StreamID(), err)
 	}
 	return w.err
-}
-
-// groupAlive reports whether process group pgid still has members (zombies
-// not yet reaped by their new parent count too).
-func groupAlive(pgid int) bool {
-	return syscall.Kill(-pgid, 0) == nil
 }
 
 // signalName returns a signal's name without the SIG prefix ("KILL").

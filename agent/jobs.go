@@ -161,7 +161,7 @@ func (a *Agent) launchDetached(p *protocol.ExecParams, dir, jdir string) (*detac
 		closeFiles()
 		outR.Close()
 		errR.Close()
-		return nil, fmt.Errorf("start %s: %w", cmd.Args[0], err)
+		return nil, fmt.Errorf("start %s: %w", cmd.Args[0], explainStart(err, dir))
 	}
 	j := &detachedJob{
 		id:       p.JobID,
@@ -322,7 +322,8 @@ func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.
 			abandonC = time.After(a.cfg.KillGrace)
 		}
 	}
-	for termSent && !killSent && groupAlive(j.pgid) {
+	group := groupWatch{pgid: j.pgid}
+	for termSent && !killSent && group.alive() {
 		select {
 		case <-graceC:
 			killSent = true
@@ -530,7 +531,7 @@ func (a *Agent) serveJob(ctx context.Context, st *yamux.Stream, h protocol.Heade
 	}
 	a.sweepJobs(false)
 	notFound := func() {
-		a.refuse(st, codeJobNotFound, fmt.Sprintf("node %s has no detached job %s", a.cfg.NodeID, protocol.Clip(p.ID)))
+		a.refuse(st, codeJobNotFound, fmt.Sprintf("node %s: no detached job %s", a.cfg.NodeID, protocol.Clip(p.ID)))
 	}
 	// status reads the job's status, answering the failure itself when
 	// there is none to read.

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -163,7 +162,7 @@ func (s *ptySession) run(ctx context.Context) {
 	start := time.Now()
 	m, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
-		s.fail(startFailCode(err, cmd.Dir), fmt.Sprintf("node %s: start %q on a pty in %s: %v", a.cfg.NodeID, name, cmd.Dir, err))
+		s.fail(startFailCode(err, cmd.Dir), fmt.Sprintf("node %s: start %q on a pty in %s: %v", a.cfg.NodeID, name, cmd.Dir, explainStart(err, cmd.Dir)))
 		return
 	}
 	s.sid = cmd.Process.Pid
@@ -521,9 +520,15 @@ func (s *ptySession) killSession(sig syscall.Signal) {
 	}
 }
 
-// sessionAlive reports whether the pty's session still has live members.
+// sessionAlive reports whether the pty's session still has live members
+// (zombies waiting to be reaped are dead and do not count). Without /proc it
+// falls back to the leader's process group, zombies included.
 func (s *ptySession) sessionAlive() bool {
-	return groupAlive(s.sid) || len(sessionProcs(s.sid)) > 0
+	procs, ok := liveProcs(func(p procInfo) bool { return p.sid == s.sid })
+	if !ok {
+		return syscall.Kill(-s.sid, 0) == nil
+	}
+	return len(procs) > 0
 }
 
 // inSession reports whether process group pgrp belongs to the pty's session.
@@ -539,41 +544,10 @@ func (s *ptySession) inSession(pgrp int) bool {
 	return false
 }
 
-// procInfo is what sessionProcs reports of one process.
-type procInfo struct{ pid, pgrp int }
-
 // sessionProcs lists the live (non-zombie) processes of session sid from
 // /proc. Where there is no /proc it returns nothing, and callers fall back to
 // the leader's process group.
 func sessionProcs(sid int) []procInfo {
-	dir, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []procInfo
-	for _, e := range dir {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue // exited meanwhile
-		}
-		st := string(b)
-		i := strings.LastIndexByte(st, ')')
-		if i < 0 {
-			continue
-		}
-		// After the command name: state ppid pgrp session ...
-		f := strings.Fields(st[i+1:])
-		if len(f) < 4 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if s, _ := strconv.Atoi(f[3]); s == sid {
-			g, _ := strconv.Atoi(f[2])
-			out = append(out, procInfo{pid: pid, pgrp: g})
-		}
-	}
-	return out
+	procs, _ := liveProcs(func(p procInfo) bool { return p.sid == sid })
+	return procs
 }

@@ -1,11 +1,16 @@
 package agent
 
 import (
+	"bytes"
+	"debug/elf"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -62,4 +67,89 @@ func startFailCode(err error, dir string) string {
 		return protocol.CodeNotExecutable
 	}
 	return protocol.CodeStartFailed
+}
+
+// startError is a failed start explained: Error is the explanation, Unwrap
+// the error Start returned (which startFailCode classifies).
+type startError struct {
+	msg string
+	err error
+}
+
+func (e *startError) Error() string { return e.msg }
+func (e *startError) Unwrap() error { return e.err }
+
+// explainStart returns err, from starting a program in dir, explained
+// where the errno alone misleads: execve's ENOENT for a file that exists
+// means that the interpreter it names is missing, so it becomes what a
+// shell says ("/usr/bin/python9: bad interpreter: no such file or
+// directory"), naming the interpreter from the file's #! line or, for an ELF
+// binary, its program interpreter (the dynamic loader). Any other err is
+// returned as it is.
+func explainStart(err error, dir string) error {
+	var pe *fs.PathError
+	if !errors.As(err, &pe) || pe.Op != "fork/exec" || !errors.Is(pe.Err, syscall.ENOENT) {
+		return err
+	}
+	path := pe.Path
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(dir, path)
+	}
+	if interp, ok := shebangInterpreter(path); ok {
+		if interp == "" {
+			return &startError{fmt.Sprintf("%s: its #! line names no interpreter", path), err}
+		}
+		return &startError{fmt.Sprintf("%s: bad interpreter: no such file or directory (named by the #! line of %s)", interp, path), err}
+	}
+	if interp := elfInterpreter(path); interp != "" {
+		return &startError{fmt.Sprintf("%s: bad ELF interpreter: no such file or directory (the dynamic loader %s needs)", interp, path), err}
+	}
+	return err
+}
+
+// shebangInterpreter reads the #! line of the file at path: ok is set when
+// the file starts with "#!", and interp is the interpreter it names (the
+// first word after "#!"; "" for none). The kernel reads at most 256 bytes of
+// it, and so does this.
+func shebangInterpreter(path string) (interp string, ok bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	buf := make([]byte, 256)
+	n, _ := io.ReadFull(f, buf)
+	line, found := bytes.CutPrefix(buf[:n], []byte("#!"))
+	if !found {
+		return "", false
+	}
+	if i := bytes.IndexByte(line, '\n'); i >= 0 {
+		line = line[:i]
+	}
+	fields := strings.Fields(string(line))
+	if len(fields) == 0 {
+		return "", true
+	}
+	return fields[0], true
+}
+
+// elfInterpreter returns the program interpreter (PT_INTERP) of the ELF
+// file at path, or "" when it is not one or has none.
+func elfInterpreter(path string) string {
+	f, err := elf.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(p.Open(), 4096))
+		if err != nil {
+			return ""
+		}
+		return strings.TrimRight(string(b), "\x00")
+	}
+	return ""
 }

@@ -262,7 +262,10 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 
 // cancelJob asks the coordinator to cancel job id, best effort: the caller
 // is already failing or giving up, and the publish is flushed by nats.go's
-// background flusher.
+// background flusher. It is published without a reply subject, which the
+// API documents (protocol.SubjectCancel): the coordinator cancels and
+// answers nothing; the job's result, which the caller may still be
+// reading, reports the cancel.
 func (c *Client) cancelJob(id string) {
 	body, _ := json.Marshal(protocol.CancelRequest{ID: id})
 	_ = c.NC.Publish(protocol.SubjectCancel, body)

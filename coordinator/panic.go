@@ -25,9 +25,12 @@ func (c *Coordinator) internalError(e *panics.Error) *protocol.APIError {
 }
 
 // guardHandler wraps h, the handler of endpoint name, so that a panic in
-// it answers the request with a 500 internal micro error.
+// it answers the request with a 500 internal micro error. Every endpoint
+// goes through it, so it is also where a request published without a reply
+// subject is made unanswerable (see unanswered).
 func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 	return micro.HandlerFunc(func(req micro.Request) {
+		req = unanswered(req)
 		defer c.guard.Recover("nats "+name, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.hook("nats " + name)
 		h.Handle(req)

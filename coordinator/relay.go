@@ -62,7 +62,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	params := bytes.TrimSpace(r.Params)
 	switch {
 	case len(params) > protocol.MaxHeaderSize:
-		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "params are %d bytes, over the %d byte limit", len(params), protocol.MaxHeaderSize))
+		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", protocol.HeaderSizeError("params", len(params))))
 		return
 	case len(params) == 0 || params[0] != '{':
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: want the %s stream's params as a JSON object", kind))

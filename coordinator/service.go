@@ -76,6 +76,26 @@ func (c *Coordinator) startService() (micro.Service, error) {
 	return svc, nil
 }
 
+// unanswered returns req as it is when it has a reply subject. A request
+// published without one (what the Go client does with the cancel it sends
+// when its context ends: it does not wait for an answer) is still served,
+// but its answers go nowhere: Respond, RespondJSON and Error do nothing and
+// succeed, where micro would fail them (nats.ErrMsgNoReply) and the reply
+// helpers would warn about every such request.
+func unanswered(req micro.Request) micro.Request {
+	if req.Reply() != "" {
+		return req
+	}
+	return noReply{req}
+}
+
+// noReply is a request without a reply subject (see unanswered).
+type noReply struct{ micro.Request }
+
+func (noReply) Respond([]byte, ...micro.RespondOpt) error               { return nil }
+func (noReply) RespondJSON(any, ...micro.RespondOpt) error              { return nil }
+func (noReply) Error(string, string, []byte, ...micro.RespondOpt) error { return nil }
+
 // replyError sends e as a micro error: the status as the error code header,
 // the message as the description and e as the JSON body.
 func (c *Coordinator) replyError(req micro.Request, e *protocol.APIError) {

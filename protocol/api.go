@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +34,9 @@ const (
 	// with a NodesResponse.
 	SubjectNodes = "tether.v1.nodes"
 	// SubjectCancel takes a CancelRequest and replies with a CancelResponse.
+	// Published without a reply subject (fire and forget, as the Go client
+	// does when it gives up on a job) it cancels all the same and answers
+	// nothing; the job's result then reports the cancel.
 	SubjectCancel = "tether.v1.cancel"
 	// SubjectStream takes a StreamRequest, opens a tunnel stream of that
 	// kind to the node, and relays its bytes over a NATS pipe (pipe.go) in
@@ -462,6 +466,7 @@ func DecodeRequest(data []byte, v any) *APIError {
 		var te *json.UnmarshalTypeError
 		var de *durationError
 		var je *JSONError
+		var be base64.CorruptInputError
 		msg := err.Error()
 		switch {
 		case errors.As(err, &je):
@@ -481,10 +486,44 @@ func DecodeRequest(data []byte, v any) *APIError {
 		case errors.As(err, &de):
 			// Only Duration fields produce it; the one there is is timeout.
 			return NewAPIError(400, ErrCodeMalformed, "timeout: %s", de.msg)
+		case errors.As(err, &be):
+			// encoding/json does not say which field; only []byte fields
+			// decode base64.
+			return NewAPIError(400, ErrCodeMalformed, "%s: not valid base64 (standard alphabet, padded): bad data at byte %d", base64Fields(v), int64(be))
 		}
 		return NewAPIError(400, ErrCodeMalformed, "request body is not valid JSON: %s", strings.TrimPrefix(msg, "json: "))
 	}
 	return nil
+}
+
+// base64Fields names the top-level fields of the struct v points to that
+// decode from base64 ([]byte), for an error message: "stdin", "stdin or
+// data", or "a base64 field" when there is none.
+func base64Fields(v any) string {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var names []string
+	if t != nil && t.Kind() == reflect.Struct {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if f.Type.Kind() != reflect.Slice || f.Type.Elem().Kind() != reflect.Uint8 {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" {
+				name = f.Name
+			}
+			if name != "-" {
+				names = append(names, name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "a base64 field"
+	}
+	return strings.Join(names, " or ")
 }
 
 // jsonTypeName names the JSON type a Go type decodes from.
@@ -564,8 +603,10 @@ func hasKey(data []byte, k string) bool {
 // Validate checks r and returns the first class of problem found, with every
 // problem of that class in the message.
 func (r *ExecRequest) Validate() *APIError {
-	if r.ID != "" && (len(r.ID) > MaxJobIDLen || !validSegment(r.ID, MaxJobIDLen)) {
-		return NewAPIError(400, ErrCodeInvalid, "id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(r.ID), MaxJobIDLen)
+	if r.ID != "" {
+		if err := ValidJobID(r.ID); err != nil {
+			return NewAPIError(400, ErrCodeInvalid, "%v", err)
+		}
 	}
 	n := 0
 	if r.Target.Node != "" {
@@ -613,16 +654,11 @@ func (r *ExecRequest) Validate() *APIError {
 	// The params travel in the exec stream's header: check what they weigh
 	// encoded (escapes of control characters can inflate a script sixfold),
 	// leaving room for the timeout a coordinator's default may add.
-	b, err := MarshalJSON(p)
-	if err != nil {
-		return NewAPIError(400, ErrCodeInvalid, "exec params cannot be encoded: %v", err)
-	}
-	limit := MaxHeaderSize
-	if p.TimeoutMS == 0 {
-		limit -= len(`,"timeout_ms":9223372036854775807`)
-	}
-	if len(b) > limit {
-		return NewAPIError(413, ErrCodeTooLarge, "exec params (script, argv, env, cwd) encode to %d bytes, over the %d byte stream header limit", len(b), limit)
+	if err := CheckHeaderSize("exec params (script, argv, env, cwd)", &p); err != nil {
+		if errors.Is(err, ErrTooLarge) {
+			return NewAPIError(413, ErrCodeTooLarge, "%v", err)
+		}
+		return NewAPIError(400, ErrCodeInvalid, "%v", err)
 	}
 	return nil
 }

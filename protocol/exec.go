@@ -68,7 +68,10 @@ const MaxScriptSize = 48 << 10
 // missing program or cwd); in particular every command of a batch is
 // non-empty ("commands[2] is empty"), since an empty one runs nothing and
 // leaves nothing to start. A whitespace-only command is a valid no-op, as
-// in bash. Problems of size match ErrTooLarge.
+// in bash. Nothing that reaches a process as a C string or through bash
+// (an argument, a command, the script, an environment key or value, the
+// cwd) may contain NUL: bash would drop it and run something else. Problems
+// of size match ErrTooLarge.
 func (p *ExecParams) Validate() error {
 	var errs []error
 	n := 0
@@ -88,6 +91,7 @@ func (p *ExecParams) Validate() error {
 	}
 	errs = append(errs, checkArgs("argv", p.Argv, true)...)
 	errs = append(errs, checkArgs("commands", p.Commands, false)...)
+	errs = append(errs, checkNoNUL("script", p.Script)...)
 	if size := len(p.Script); size > MaxScriptSize {
 		errs = append(errs, tooLarge("script is %d bytes, over the %d byte limit", size, MaxScriptSize))
 	}

@@ -70,10 +70,21 @@ func (p *JobParams) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("op %s: want status, output or cancel", Clip(p.Op)))
 	}
-	if !validSegment(p.ID, MaxJobIDLen) {
-		errs = append(errs, fmt.Errorf("id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(p.ID), MaxJobIDLen))
+	if err := ValidJobID(p.ID); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// ValidJobID checks a job id (ExecRequest.ID, JobParams.ID, a detached
+// job's JobID): 1 to MaxJobIDLen characters of [A-Za-z0-9-_.], starting and
+// ending with a letter or digit. It is the one rule for job ids: the API,
+// the agent and the CLI check them with it.
+func ValidJobID(id string) error {
+	if !validSegment(id, MaxJobIDLen) {
+		return fmt.Errorf("job id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(id), MaxJobIDLen)
+	}
+	return nil
 }
 
 // JobStatus describes a detached job.

@@ -29,7 +29,7 @@ func TestSelector(t *testing.T) {
 		{"nemo-gym.nvidia.com/run=r1", true},
 		{"empty=", true},
 		{" gpu = a100 ", true},
-		{"empty in (x,)", true}, // an empty value in a set is the value ""
+		{"empty in (x,y)", false},
 	}
 	for _, tt := range tests {
 		s, err := protocol.ParseSelector(tt.sel)

@@ -163,3 +163,41 @@ func StreamParamsAPIError(k Kind, params []byte) *APIError {
 	}
 	return NewAPIError(400, ErrCodeInvalid, "%v", err)
 }
+
+// timeoutRoom is what a coordinator's default timeout adds to the encoded
+// params of an exec that names none: `,"timeout_ms":N` at its longest.
+var timeoutRoom = len(`,"timeout_ms":9223372036854775807`)
+
+// HeaderSizeError is the error for params that are n bytes as JSON and do
+// not fit a stream header; what names them ("exec params (script, argv,
+// env, cwd)"). It matches ErrTooLarge and reads "WHAT are N bytes as JSON,
+// over the stream header limit of 65536 bytes (64 KiB)": every refusal of
+// params too large for a header gives that one number, MaxHeaderSize.
+func HeaderSizeError(what string, n int) error { return headerSizeError(what, n, "") }
+
+func headerSizeError(what string, n int, note string) error {
+	return tooLarge("%s are %d bytes as JSON%s, over the stream header limit of %d bytes (%d KiB)", what, n, note, MaxHeaderSize, MaxHeaderSize>>10)
+}
+
+// CheckHeaderSize encodes params as a stream header carries them
+// (MarshalJSON) and returns a HeaderSizeError when they would not fit
+// MaxHeaderSize. *ExecParams without a timeout are measured with the room a
+// coordinator's default timeout takes (it adds one on the job path and on
+// the stream relay), so that what passes here passes there too.
+func CheckHeaderSize(what string, params any) error {
+	b, err := MarshalJSON(params)
+	if err != nil {
+		return fmt.Errorf("%s cannot be encoded as JSON: %v", what, err)
+	}
+	n := len(b)
+	if p, ok := params.(*ExecParams); ok && p.TimeoutMS == 0 {
+		if n+timeoutRoom > MaxHeaderSize {
+			return headerSizeError(what, n+timeoutRoom, " (counting the coordinator's default timeout)")
+		}
+		return nil
+	}
+	if n > MaxHeaderSize {
+		return HeaderSizeError(what, n)
+	}
+	return nil
+}

@@ -169,9 +169,12 @@ func devNodeID() string {
 	return "dev"
 }
 
-// runDev runs the dev stack until ctx is done. Shutdown order: the agent
-// first (so it does not redial a draining coordinator), then the coordinator
-// (drain, NATS connection, embedded server). o must be valid.
+// runDev runs the dev stack until ctx is done. Shutdown order: the
+// coordinator first (drain: running jobs finish, or once its drain timeout
+// passed get the shutdown result, "coordinator dev is shutting down; job
+// cancelled", which needs the agent still serving to report them; then its
+// NATS connection and the embedded server), then the agent, which may try
+// once to redial the closed listener before it stops. o must be valid.
 func runDev(ctx context.Context, o *devOptions, e *env) error {
 	log := o.Log.logger(e.stderr)
 	co := defaultCoordinatorOptions()
@@ -203,9 +206,10 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 		return fmt.Errorf("dev agent: %w", err)
 	}
 
+	// Neither stops when ctx does: the order below does (see above).
 	coordCtx, stopCoord := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCoord()
-	devCtx, stopDev := context.WithCancel(ctx)
+	devCtx, stopDev := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDev()
 
 	coordDone := make(chan error, 1)
@@ -227,14 +231,14 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	case agentErr = <-agentDone:
 		agentExited = true
 	}
+	stopCoord()
+	if !coordExited {
+		coordErr = <-coordDone
+	}
 	stopDev()
 	<-bannerDone
 	if !agentExited {
 		agentErr = <-agentDone
-	}
-	stopCoord()
-	if !coordExited {
-		coordErr = <-coordDone
 	}
 	if coordErr == nil && agentErr == nil && ctx.Err() == nil {
 		// Only ctx should stop the dev stack.

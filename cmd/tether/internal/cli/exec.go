@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -111,6 +112,9 @@ func (o *execOptions) Validate(argv []string) error {
 	case sources > 1:
 		errs = append(errs, errors.New("give only one of a command after --, -c and --script"))
 	}
+	if len(argv) > 0 && argv[0] == "" {
+		errs = append(errs, errors.New("the command after -- is empty"))
+	}
 	if o.FailFast && len(o.Commands) == 0 {
 		errs = append(errs, errors.New("--fail-fast needs -c commands"))
 	}
@@ -128,6 +132,9 @@ func (o *execOptions) Validate(argv []string) error {
 	}
 	if o.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("--timeout %v is negative", o.Timeout))
+	}
+	if o.Timeout > maxTimeout {
+		errs = append(errs, fmt.Errorf("--timeout %v is over the limit of %v (about 146 years)", o.Timeout, maxTimeout))
 	}
 	if o.MaxParallel < 0 {
 		errs = append(errs, fmt.Errorf("--max-parallel %d is negative", o.MaxParallel))
@@ -180,6 +187,14 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		if err != nil {
 			return nil, usage(err)
 		}
+		if len(b) == 0 {
+			// Say it in the user's words: the API's would name its
+			// fields ("one of script, argv or commands").
+			if o.Script == "-" {
+				return nil, usage(errors.New("--script -: the script on standard input is empty: nothing to run (pipe the script in, or give its file)"))
+			}
+			return nil, usage(fmt.Errorf("--script %s: the script file is empty: nothing to run", o.Script))
+		}
 		req.Script = string(b)
 	}
 	if o.Stdin && o.multi() {
@@ -188,8 +203,10 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 			return nil, fmt.Errorf("read standard input: %w", err)
 		}
 		if len(b) > protocol.MaxStdinSize {
-			return nil, fmt.Errorf("standard input is over the %d byte limit of --stdin with several nodes (the same bytes go to each node, buffered): "+
-				"run it per node with --node, which streams standard input with no limit, or copy the data to the nodes with 'tether cp' first", protocol.MaxStdinSize)
+			// Nothing was sent: a usage error, like any other request
+			// the API would refuse.
+			return nil, usage(fmt.Errorf("standard input is over the %d byte (%d KiB) limit of --stdin with several nodes (the same bytes go to each node, buffered): "+
+				"run it per node with --node, which streams standard input with no limit, or copy the data to the nodes with 'tether cp' first", protocol.MaxStdinSize, protocol.MaxStdinSize>>10))
 		}
 		req.Stdin = b
 	}
@@ -383,6 +400,10 @@ coordinator); 2, 130 and 143 as above.`,
 	return cmd
 }
 
+// maxTimeout is the longest --timeout: what the API accepts
+// (protocol.MaxTimeoutMS).
+const maxTimeout = time.Duration(protocol.MaxTimeoutMS) * time.Millisecond
+
 // secondsDuration is a duration flag that also takes a plain number of
 // seconds, like the API's timeout field.
 type secondsDuration struct{ d *time.Duration }
@@ -391,6 +412,9 @@ func (f secondsDuration) Set(s string) error {
 	// A negative value is accepted here and reported by Validate with the
 	// other problems of the command line.
 	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		if math.IsNaN(n) || math.Abs(n) > maxTimeout.Seconds() {
+			return fmt.Errorf("%s seconds is over the limit of %v (about 146 years)", s, maxTimeout)
+		}
 		*f.d = time.Duration(n * float64(time.Second))
 		return nil
 	}
@@ -402,9 +426,11 @@ func (f secondsDuration) Set(s string) error {
 	return nil
 }
 
+// String is "" for zero, so that help shows no "(default 0s)" next to the
+// flag's own "(default: the coordinator's)".
 func (f secondsDuration) String() string {
 	if f.d == nil || *f.d == 0 {
-		return "0s"
+		return ""
 	}
 	return f.d.String()
 }

@@ -149,10 +149,11 @@ func TestExecForwardsPipedStdin(t *testing.T) {
 		if r.code != 0 || r.stdout != "node-0 | data\nnode-1 | data\n" && r.stdout != "node-1 | data\nnode-0 | data\n" {
 			t.Errorf("--stdin: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 		}
-		// ...up to the buffered path's limit, which the error names.
+		// ...up to the buffered path's limit, which the error names: a
+		// usage error (2), since nothing was sent.
 		big, _ := randomStdin(t, 600<<10)
 		r = runCLIWith(testCtx(t), nil, bytes.NewReader(big), "exec", "--nats-url", url, "--all", "--stdin", "--", "wc", "-c")
-		if r.code != 255 || r.stdout != "" || !strings.Contains(r.stderr, "524288 byte limit") || !strings.Contains(r.stderr, "--node") {
+		if r.code != exitUsage || r.stdout != "" || !strings.Contains(r.stderr, "524288 byte (512 KiB) limit") || !strings.Contains(r.stderr, "--node") {
 			t.Errorf("--stdin over the limit: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,9 +53,12 @@ func parseForwardArgs(args []string) (forwardArgs, error) {
 			local = ":" + local
 		}
 		host, port, err := net.SplitHostPort(local)
+		_, perr := strconv.ParseUint(port, 10, 16)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("local address %q: want [HOST:]PORT", args[2]))
+		case perr != nil:
+			errs = append(errs, fmt.Errorf("local address %q: port %q is not a number from 0 to 65535", args[2], port))
 		case host == "" || host == "localhost":
 			a.Local = net.JoinHostPort("127.0.0.1", port)
 		default:

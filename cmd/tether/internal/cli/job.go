@@ -27,7 +27,10 @@ type jobOptions struct {
 	NATS natsOptions
 }
 
-// Validate reports every invalid option; args are the positional arguments.
+// Validate reports every invalid option; args are the positional
+// arguments. What the API would refuse (a bad job id) is refused here, by
+// the protocol's own rules (protocol.ValidJobID, the requests' Validate), so
+// that nothing is sent.
 func (o *jobOptions) Validate(args []string) error {
 	var errs []error
 	if err := protocol.ValidNodeID(o.Node); err != nil {
@@ -35,9 +38,22 @@ func (o *jobOptions) Validate(args []string) error {
 	}
 	if len(args) != 1 {
 		errs = append(errs, errors.New("give the job id"))
+	} else if err := protocol.ValidJobID(args[0]); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Poll <= 0 {
 		errs = append(errs, fmt.Errorf("--poll %v must be positive", o.Poll))
+	}
+	if len(errs) == 0 {
+		// Anything else the API checks (none today).
+		for _, r := range []interface{ Validate() *protocol.APIError }{
+			&protocol.JobRequest{Node: o.Node, ID: args[0]},
+			&protocol.JobOutputRequest{Node: o.Node, ID: args[0], Stream: protocol.ReplyStdout},
+		} {
+			if e := r.Validate(); e != nil {
+				return errors.New(e.Message)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -55,7 +71,9 @@ kept for the agent's job retention (24 h by default).
 it, 128+N when signal N did), 254 when it exited 0 but its output was
 truncated at the output limit, and 255 when its outcome is unknown (lost).
 Every job command exits 255 when Tether failed (no coordinator, node not
-connected, no such job) and 2 for a usage error.`,
+connected, no such job) and 2 for a usage error, a job id the API would
+refuse included (1-64 characters of [A-Za-z0-9-_.], starting and ending with
+a letter or digit): nothing is sent then.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			cmd.Help()

@@ -52,6 +52,13 @@ func (o *runLeaseOptions) Validate() error {
 	if o.TTL < protocol.MinLeaseTTL || o.TTL > protocol.MaxLeaseTTL {
 		errs = append(errs, fmt.Errorf("--ttl %v: must be %v to %v", o.TTL, protocol.MinLeaseTTL, protocol.MaxLeaseTTL))
 	}
+	if len(errs) == 0 && o.Run != "" {
+		// Anything else the API would refuse of the lease request.
+		req := protocol.LeaseOpenRequest{Run: o.Run, TTLMS: o.TTL.Milliseconds()}
+		if e := req.Validate(); e != nil {
+			return errors.New(e.Message)
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -47,6 +48,50 @@ func (o *shellOptions) Validate(node string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// execParams are the params of the pipe mode (standard input not a
+// terminal): argv, default `bash -s`, with stdin streamed.
+func (o *shellOptions) execParams(argv []string) *protocol.ExecParams {
+	if len(argv) == 0 {
+		argv = []string{"bash", "-s"}
+	}
+	return &protocol.ExecParams{Argv: argv, Env: o.envMap(), Cwd: o.Cwd, Stdin: true}
+}
+
+// ptyParams are the params of the terminal mode, without the window size;
+// termName is the local $TERM.
+func (o *shellOptions) ptyParams(argv []string, termName string) *protocol.PTYParams {
+	return &protocol.PTYParams{Argv: argv, Env: o.envMap(), Cwd: o.Cwd, Term: termName}
+}
+
+// checkParams refuses, before anything is sent, the params the agent (or
+// the coordinator) would refuse, with their own rules: the kind's Validate
+// (an empty argv[0], NUL, too many arguments or variables) and the stream
+// header limit (protocol.CheckHeaderSize). terminal says which mode runs.
+func (o *shellOptions) checkParams(argv []string, terminal bool, termName string) error {
+	if len(argv) > 0 && argv[0] == "" {
+		return errors.New("the command after -- is empty")
+	}
+	if terminal {
+		p := o.ptyParams(argv, termName)
+		p.Rows, p.Cols = math.MaxUint16, math.MaxUint16 // the largest window
+		if err := p.Validate(); err != nil {
+			return err
+		}
+		return protocol.CheckHeaderSize("pty params (command, env, cwd)", p)
+	}
+	p := o.execParams(argv)
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return protocol.CheckHeaderSize("exec params (command, env, cwd)", p)
+}
+
+// terminalStdin returns r as a file when it is a terminal.
+func terminalStdin(r io.Reader) (*os.File, bool) {
+	f, ok := r.(*os.File)
+	return f, ok && term.IsTerminal(int(f.Fd()))
 }
 
 // env returns the --env flags as a map, nil when there are none.
@@ -138,6 +183,10 @@ or not at all, 130/143 when tether was interrupted, 2 for a usage error, and
 			if err := o.Validate(args[0]); err != nil {
 				return usage(err)
 			}
+			_, tty := terminalStdin(e.stdin)
+			if err := o.checkParams(args[1:], tty, e.getenv("TERM")); err != nil {
+				return usage(err)
+			}
 			c, closeNC, err := o.NATS.connect(e.getenv)
 			if err != nil {
 				return err
@@ -159,11 +208,8 @@ or not at all, 130/143 when tether was interrupted, 2 for a usage error, and
 // e.stdin is a terminal, else as a plain exec with stdin streamed. o must be
 // valid.
 func runShell(ctx context.Context, o *shellOptions, node string, argv []string, e *env, op streamOpener) error {
-	if f, ok := e.stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if f, ok := terminalStdin(e.stdin); ok {
 		return runTerminal(ctx, o, node, argv, f, e, op)
-	}
-	if len(argv) == 0 {
-		argv = []string{"bash", "-s"}
 	}
 	if classifyStdin(e.stdin) == stdinNone {
 		// Not open at all (a CI runner's closed fd 0): the command reads
@@ -172,13 +218,24 @@ func runShell(ctx context.Context, o *shellOptions, node string, argv []string, 
 		ec.stdin = strings.NewReader("")
 		e = &ec
 	}
-	params := &protocol.ExecParams{Argv: argv, Env: o.envMap(), Cwd: o.Cwd, Stdin: true}
-	st, err := op.OpenStream(ctx, node, protocol.KindExec, params)
+	st, err := op.OpenStream(ctx, node, protocol.KindExec, o.execParams(argv))
 	if err != nil {
-		return fmt.Errorf("node %s: open exec stream: %w", node, err)
+		return openStreamError(node, "exec", err)
 	}
 	s := &shellSession{node: node, st: st, e: e, pipe: true}
 	return s.run(ctx, nil)
+}
+
+// openStreamError is the error of a stream of kind that could not be
+// opened to node. The coordinator's refusal (an API error) says what failed
+// and names the node itself ("node N is not connected…"), so it stands as
+// it is.
+func openStreamError(node, kind string, err error) error {
+	var ae *protocol.APIError
+	if errors.As(err, &ae) {
+		return err
+	}
+	return fmt.Errorf("node %s: open %s stream: %w", node, kind, err)
 }
 
 // runTerminal runs the pty mode: raw local terminal, remote pseudo-terminal.
@@ -190,12 +247,12 @@ func runTerminal(ctx context.Context, o *shellOptions, node string, argv []strin
 	signal.Notify(sigCh, shellSignals...)
 	defer signal.Stop(sigCh)
 
-	params := &protocol.PTYParams{Argv: argv, Env: o.envMap(), Cwd: o.Cwd, Term: e.getenv("TERM")}
+	params := o.ptyParams(argv, e.getenv("TERM"))
 	size, _ := windowSize(fd)
 	params.Rows, params.Cols = size.Rows, size.Cols
 	st, err := op.OpenStream(ctx, node, protocol.KindPTY, params)
 	if err != nil {
-		return fmt.Errorf("node %s: open pty stream: %w", node, err)
+		return openStreamError(node, "pty", err)
 	}
 	old, err := term.MakeRaw(fd)
 	if err != nil {
@@ -347,7 +404,10 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 		}
 		return &exitError{code: out.exit.ExitCode}
 	case out.errInfo != nil:
-		return &exitError{code: errorInfoCode(out.errInfo.Code), err: fmt.Errorf("node %s: %w", s.node, out.errInfo)}
+		// As exec reports a node's error: its node once, then the
+		// agent's message (whose own "node N: " is dropped), then the code.
+		msg := strings.TrimPrefix(out.errInfo.Message, "node "+s.node+": ")
+		return &exitError{code: errorInfoCode(out.errInfo.Code), err: fmt.Errorf("node %s: %s (%s)", s.node, msg, out.errInfo.Code)}
 	case interrupted:
 		return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", ctx.Err())}
 	case out.err != nil:

@@ -53,6 +53,9 @@ func formatSize(n int64) string {
 			return fmt.Sprintf("%d %s", n/u.mult, u.suffix)
 		}
 	}
+	if n == 1 {
+		return "1 byte"
+	}
 	return fmt.Sprintf("%d bytes", n)
 }
 
