@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // control starts the agent's reader of the control stream on h's session,
@@ -193,7 +194,8 @@ func TestCancelStreamAbortsCopy(t *testing.T) {
 // interpretation but not the reading (the coordinator's writes never
 // block), and the session serves on.
 func TestControlStreamSurvivesBadFrames(t *testing.T) {
-	h := newHarness(t, nil)
+	// A 256 KiB window (yamux's least), so that 2 MiB is eight windows.
+	h := newHarnessTunnel(t, nil, nil, func(c *tunnel.Config) { c.MaxStreamWindow = 256 << 10 })
 	ctl := h.control(t)
 	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"sleep", "1000"}})
 	ctl.SetWriteDeadline(time.Now().Add(5 * time.Second))
@@ -207,9 +209,9 @@ func TestControlStreamSurvivesBadFrames(t *testing.T) {
 	}
 
 	// A frame from the future (type 250): then 2 MiB more, eight times the
-	// stream's 256 KiB window, which the agent must keep reading. (More
-	// only makes the test slow: on a loaded machine 20 MiB through the
-	// in-memory session hit the session's write timeout.)
+	// stream's window, which the agent must keep reading. (With the default
+	// 16 MiB window this needed 20 MiB, which hit the session's write
+	// timeout on a loaded machine.)
 	ctl.SetWriteDeadline(time.Now().Add(20 * time.Second))
 	if _, err := ctl.Write([]byte{250, 0, 0, 0, 0}); err != nil {
 		t.Fatal(err)

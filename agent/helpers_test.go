@@ -83,6 +83,13 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 // Agent (its test hook) before it serves.
 func newHarnessWith(t *testing.T, mutate func(*Config), prepare func(*Agent)) *harness {
 	t.Helper()
+	return newHarnessTunnel(t, mutate, prepare, nil)
+}
+
+// newHarnessTunnel is newHarnessWith over a tunnel pair whose config
+// tunnelMutate (if not nil) adjusted (tunneltest.PairWith).
+func newHarnessTunnel(t *testing.T, mutate func(*Config), prepare func(*Agent), tunnelMutate func(*tunnel.Config)) *harness {
+	t.Helper()
 	cfg := testConfig(t)
 	if mutate != nil {
 		mutate(&cfg)
@@ -94,7 +101,7 @@ func newHarnessWith(t *testing.T, mutate func(*Config), prepare func(*Agent)) *h
 	if prepare != nil {
 		prepare(a)
 	}
-	client, srv := tunneltest.Pair(t)
+	client, srv := tunneltest.PairWith(t, tunnelMutate)
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{a: a, client: client, srv: srv, done: make(chan struct{})}
 	go func() {

@@ -26,6 +26,18 @@ func Config(tb testing.TB) tunnel.Config {
 // session over loopback TCP. Both are closed when the test ends.
 func Pair(tb testing.TB) (client, server *tunnel.Session) {
 	tb.Helper()
+	return PairWith(tb, nil)
+}
+
+// PairWith is Pair with both sessions' config (Config) adjusted by mutate,
+// if not nil: e.g. a small MaxStreamWindow, so that a test can fill a
+// stream's window with little data.
+func PairWith(tb testing.TB, mutate func(*tunnel.Config)) (client, server *tunnel.Session) {
+	tb.Helper()
+	cfg := Config(tb)
+	if mutate != nil {
+		mutate(&cfg)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -48,11 +60,11 @@ func Pair(tb testing.TB) (client, server *tunnel.Session) {
 	if r.err != nil {
 		tb.Fatal(r.err)
 	}
-	client, err = tunnel.Client(cc, Config(tb))
+	client, err = tunnel.Client(cc, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	server, err = tunnel.Server(r.c, Config(tb))
+	server, err = tunnel.Server(r.c, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
