@@ -16,6 +16,10 @@ BIN       := bin/tether
 
 # Extra flags for every `go test` (e.g. GOTESTFLAGS=-v or -run=TestFoo).
 GOTESTFLAGS ?=
+# Per-package `go test -timeout`: a hung package panics with every goroutine's stack
+# after this long instead of running into CI's own limit (90 min) with no trace.
+TESTTIMEOUT ?= 15m
+E2ETIMEOUT  ?= 15m
 # Per-target duration of `make fuzz`, and which packages it searches for Fuzz* targets.
 FUZZTIME  ?= 20s
 FUZZPKGS  ?= ./...
@@ -43,18 +47,23 @@ help: ## list the targets
 build: ## build the static binary bin/tether (VERSION=... to override the version)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tether
 
-test: ## the one test command (CI runs it): unit tests, then e2e, all under -race
-	@# One after the other even under make -j: both load the 2 cores fully.
-	@$(MAKE) --no-print-directory test-unit
-	@$(MAKE) --no-print-directory test-e2e
+test: ## the one test command (CI runs it): unit tests, then e2e, all under -race; fails if either half fails
+	@# One after the other even under make -j: both load the 2 cores fully. The e2e half
+	@# runs even when the unit half fails, so one flaky package never hides the e2e
+	@# results; the exit status is non-zero if either half failed, naming which.
+	@failed=""; \
+	$(MAKE) --no-print-directory test-unit || failed="unit tests (make test-unit)"; \
+	$(MAKE) --no-print-directory test-e2e || failed="$${failed:+$$failed and }e2e tests (make test-e2e)"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED: $$failed" >&2; exit 1; fi; \
+	echo "make test: unit and e2e tests passed"
 
-test-unit: ## unit and package tests under -race
-	$(GO) test -race -count=1 $(GOTESTFLAGS) ./...
+test-unit: ## unit and package tests under -race (each package times out after TESTTIMEOUT)
+	$(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(GOTESTFLAGS) ./...
 
-test-e2e: ## end-to-end tests (./e2e, build tag e2e; they build the binary themselves)
+test-e2e: ## end-to-end tests (./e2e, build tag e2e; they build the binary themselves; E2ETIMEOUT per package)
 	@if [ -d e2e ]; then \
-		echo "$(GO) test -race -count=1 -tags e2e $(GOTESTFLAGS) ./e2e/..."; \
-		$(GO) test -race -count=1 -tags e2e $(GOTESTFLAGS) ./e2e/...; \
+		echo "$(GO) test -race -count=1 -timeout $(E2ETIMEOUT) -tags e2e $(GOTESTFLAGS) ./e2e/..."; \
+		$(GO) test -race -count=1 -timeout $(E2ETIMEOUT) -tags e2e $(GOTESTFLAGS) ./e2e/...; \
 	else \
 		echo "WARNING: no ./e2e directory: end-to-end tests skipped" >&2; \
 	fi

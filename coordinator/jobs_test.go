@@ -79,32 +79,52 @@ func TestExecFailureText(t *testing.T) {
 // A silent job gets keepalive replies, in the reply sequence.
 func TestExecKeepAlive(t *testing.T) {
 	h := newHarness(t, func(c *coordinator.Config) { c.KeepAliveInterval = 40 * time.Millisecond })
+	// A silent workload that ends only once its client has seen three
+	// keepalives: the count is the property, not how many fit in some time.
+	const want = 3
+	release := make(chan struct{})
 	h.dialAgent(t, agentOpts{id: "n1", handler: func(_ *fakeAgent, st *yamux.Stream, _ protocol.ExecParams) {
-		time.Sleep(300 * time.Millisecond) // a silent workload
+		select {
+		case <-release:
+		case <-t.Context().Done():
+		}
 		protocol.WriteJSONFrame(st, protocol.FrameExit, &protocol.ExitStatus{})
 	}})
-	r := h.exec(protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"x"}})
-	if r.err != nil {
-		t.Fatal(r.err)
+	inbox := nats.NewInbox()
+	sub, err := h.client.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := mustJSON(t, protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"x"}})
+	if err := h.client.PublishRequest(protocol.SubjectExec, inbox, body); err != nil {
+		t.Fatal(err)
 	}
 	keepalives := 0
 	var seqd []*nats.Msg
-	for _, m := range r.msgs {
+	for done := false; !done; {
+		m, err := sub.NextMsg(defaultTestTimeout)
+		if err != nil {
+			t.Fatalf("after %d keepalives of a silent job (want %d): %v", keepalives, want, err)
+		}
+		if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+			t.Fatalf("exec failed: %s %s", code, m.Data)
+		}
 		switch m.Header.Get(protocol.HeaderType) {
 		case protocol.ReplyKeepAlive:
-			keepalives++
+			if keepalives++; keepalives == want {
+				close(release)
+			}
 		case protocol.ReplyProbe:
 			if m.Header.Get(protocol.HeaderSeq) != "" {
 				t.Errorf("probe with a sequence number")
 			}
 			continue
+		case protocol.ReplyResult:
+			done = true
 		}
 		seqd = append(seqd, m)
 	}
 	checkSeq(t, execReply{msgs: seqd})
-	if keepalives < 3 {
-		t.Errorf("%d keepalives in 300ms at a 40ms interval, want at least 3", keepalives)
-	}
 }
 
 // A client whose reply subscription disappears gets its job cancelled.

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel/tunneltest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -52,6 +55,40 @@ func connect(tb testing.TB, s *server.Server) *nats.Conn {
 	}
 	tb.Cleanup(nc.Close)
 	return nc
+}
+
+// newBubbleEnv is newEnv for a synctest bubble: the server listens on no
+// port and both connections are in-process pipes to it, so every goroutine
+// and timer of the server, the clients and the pipes is in the bubble and
+// the keepalive schedule runs on the fake clock, however loaded the machine
+// is. Call it from a tunneltest.Synctest function (its own process: nats.go
+// pools timers across connections, and a timer made in a bubble must never
+// be used outside it).
+func newBubbleEnv(tb testing.TB) *env {
+	tb.Helper()
+	s, err := server.NewServer(&server.Options{DontListen: true, NoLog: true, NoSigs: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		tb.Fatal("nats-server not ready")
+	}
+	tb.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	e := &env{s: s}
+	for _, nc := range []**nats.Conn{&e.ncA, &e.ncB} {
+		c, err := nats.Connect("", nats.InProcessServer(s))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(c.Close)
+		*nc = c
+	}
+	return e
 }
 
 // env is a server with two connections: the dialing side's and the
@@ -462,57 +499,69 @@ func TestLocalCloseUnblocks(t *testing.T) {
 	}
 }
 
+// A peer that never answers is declared gone after PipeSilenceFactor
+// keepalives of silence, not before; meanwhile the pipe pings it every
+// KeepAlive, and it tells the peer why it gave up. On the bubble's clock
+// the schedule is exact: ticks every 10 ms, pings at 20 and 40 ms, the
+// verdict at 60 ms.
 func TestPeerSilent(t *testing.T) {
-	e := newEnv(t)
-	// A peer that exists but never answers: just a subscription.
-	mute, err := e.ncB.SubscribeSync("mute.peer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Unsubscribe()
-	start := time.Now()
-	p, err := natspipe.New(e.ncA, e.ncA.NewInbox(), "mute.peer", natspipe.Config{KeepAlive: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	_, err = p.Read(make([]byte, 1))
-	if !errors.Is(err, natspipe.ErrPeerGone) || err.Error() != "pipe to mute.peer: peer silent for 60ms" {
-		t.Fatalf("Read = %v, want ErrPeerGone \"pipe to mute.peer: peer silent for 60ms\"", err)
-	}
-	if d := time.Since(start); d < 60*time.Millisecond {
-		t.Errorf("declared silent after %v", d)
-	}
-	// The pipe pinged meanwhile and told the peer why it gave up.
-	var ops []string
-	for {
-		m, err := mute.NextMsg(100 * time.Millisecond)
+	tunneltest.Synctest(t, func(t *testing.T) {
+		e := newBubbleEnv(t)
+		// A peer that exists but never answers: just a subscription.
+		mute, err := e.ncB.SubscribeSync("mute.peer")
 		if err != nil {
-			break
+			t.Fatal(err)
 		}
-		ops = append(ops, m.Header.Get(protocol.HeaderPipeOp))
-	}
-	if len(ops) < 2 || ops[0] != "ping" || ops[len(ops)-1] != "close" {
-		t.Errorf("peer saw %v, want pings then close", ops)
-	}
+		defer mute.Unsubscribe()
+		e.ncB.Flush()
+		start := time.Now()
+		p, err := natspipe.New(e.ncA, e.ncA.NewInbox(), "mute.peer", natspipe.Config{KeepAlive: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		_, err = p.Read(make([]byte, 1))
+		if !errors.Is(err, natspipe.ErrPeerGone) || err.Error() != "pipe to mute.peer: peer silent for 60ms" {
+			t.Fatalf("Read = %v, want ErrPeerGone \"pipe to mute.peer: peer silent for 60ms\"", err)
+		}
+		if d := time.Since(start); d != 60*time.Millisecond {
+			t.Errorf("declared silent after %v, want 60ms (3 keepalives of 20ms)", d)
+		}
+		synctest.Wait() // the close reaches the mute peer's subscription
+		var ops []string
+		for {
+			m, err := mute.NextMsg(time.Second)
+			if err != nil {
+				break
+			}
+			ops = append(ops, m.Header.Get(protocol.HeaderPipeOp))
+		}
+		if want := []string{"ping", "ping", "close"}; !slices.Equal(ops, want) {
+			t.Errorf("peer saw %v, want %v", ops, want)
+		}
+	})
 }
 
+// Pings keep an idle pipe up on both ends: a second (50 silence windows of
+// 30 ms) without data leaves both healthy, and data still flows.
 func TestKeepAliveKeepsIdlePipe(t *testing.T) {
-	e := newEnv(t)
-	cfg := natspipe.Config{KeepAlive: 10 * time.Millisecond}
-	a, b := e.pair(t, cfg, cfg)
-	time.Sleep(150 * time.Millisecond) // 5 silence periods of idleness
-	if a.Err() != nil || b.Err() != nil {
-		t.Fatalf("idle pipe failed: %v / %v", a.Err(), b.Err())
-	}
-	if _, err := a.Write([]byte("still here")); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 20)
-	n, err := b.Read(buf)
-	if err != nil || string(buf[:n]) != "still here" {
-		t.Fatalf("read %q, %v", buf[:n], err)
-	}
+	tunneltest.Synctest(t, func(t *testing.T) {
+		e := newBubbleEnv(t)
+		cfg := natspipe.Config{KeepAlive: 10 * time.Millisecond}
+		a, b := e.pair(t, cfg, cfg)
+		time.Sleep(time.Second)
+		if a.Err() != nil || b.Err() != nil {
+			t.Fatalf("idle pipe failed: %v / %v", a.Err(), b.Err())
+		}
+		if _, err := a.Write([]byte("still here")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 20)
+		n, err := b.Read(buf)
+		if err != nil || string(buf[:n]) != "still here" {
+			t.Fatalf("read %q, %v", buf[:n], err)
+		}
+	})
 }
 
 func TestSequenceGap(t *testing.T) {

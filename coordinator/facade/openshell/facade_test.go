@@ -29,10 +29,15 @@ import (
 	"github.com/tetherfleet/tether/protocol/openshell/openshelltest"
 )
 
-// nodeOf returns the node whose gateway holds (ws, name), or "".
-func (e *env) nodeOf(ws, name string) string {
+// nodeOf returns the node whose gateway holds sandbox sb (its workspace,
+// name and id), or "". The id decides: names are unique per gateway only,
+// and the fake gateways draw generated names from 400 pet names, so another
+// gateway may hold a sandbox of the same name (a name alone picked the
+// gateway in map order: TestPlacement failed 13 runs in 1500).
+func (e *env) nodeOf(sb *osh.Sandbox) string {
+	md := sb.GetMetadata()
 	for id, gw := range e.gws {
-		if _, ok := gw.Sandbox(ws, name); ok {
+		if got, ok := gw.Sandbox(md.GetWorkspace(), md.GetName()); ok && got.GetMetadata().GetId() == md.GetId() {
 			return id
 		}
 	}
@@ -97,7 +102,7 @@ func TestPlacement(t *testing.T) {
 		if !cmp.Equal(sb.GetMetadata().GetLabels(), labels, cmp.Comparer(func(a, b map[string]string) bool { return maps.Equal(a, b) })) {
 			t.Errorf("labels %v came back as %v: they must pass verbatim", labels, sb.GetMetadata().GetLabels())
 		}
-		return e.nodeOf("", sb.GetMetadata().GetName()), nil
+		return e.nodeOf(sb), nil
 	}
 
 	t.Run("label", func(t *testing.T) {

@@ -44,7 +44,7 @@ func TestWithRealLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sb.GetMetadata().GetId()
-	node := e.nodeOf("", "ng-real")
+	node := e.nodeOf(sb)
 	var r ledger.Record
 	checkFor(t, defaultTestTimeout, func() error {
 		var ok bool

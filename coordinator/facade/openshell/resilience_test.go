@@ -28,7 +28,7 @@ func TestDeadGatewayNode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("create %d: %v", i, err)
 		}
-		if node := e.nodeOf("", sb.GetMetadata().GetName()); node != "node-e" {
+		if node := e.nodeOf(sb); node != "node-e" {
 			t.Fatalf("create %d placed on %q", i, node)
 		}
 	}
