@@ -25,8 +25,10 @@ import (
 // as ordinary tests; the fuzzer's finds are kept in testdata/fuzz/FuzzX.
 
 // maxProblemLen bounds the text of one problem of an error: enough for a
-// sentence, a field path and a few clipped values.
-const maxProblemLen = 600
+// sentence and three clipped values (protocol.Clip keeps 64 bytes, which
+// quote to at most 4*64+2 bytes when none is printable: a selector, its
+// term and the key in it).
+const maxProblemLen = 1200
 
 // checkProblems fails t if a problem of err is longer than maxProblemLen.
 // A joined error (errors.Join) is a list of problems; a wrapper around one
