@@ -39,6 +39,9 @@ type OpenSandbox struct {
 const (
 	// openSandboxPageSize is the server's largest page.
 	openSandboxPageSize = opensandbox.MaxPageSize
+	// openSandboxMaxPages bounds the pages of one listing (200,000
+	// sandboxes at the server's largest page).
+	openSandboxMaxPages = 1000
 	// openSandboxListTries bounds how often List restarts a listing whose
 	// total changed between pages.
 	openSandboxListTries = 3
@@ -87,15 +90,26 @@ func (o *OpenSandbox) list(ctx context.Context) ([]protocol.Sandbox, error) {
 		if err := o.do(ctx, http.MethodGet, "/v1/sandboxes?"+q.Encode(), &resp); err != nil {
 			return out, fmt.Errorf("page %d: %w", page, err)
 		}
+		fresh := 0
 		for _, sb := range resp.Items {
-			if seen[sb.ID] || !opensandbox.MatchMetadata(sb.Metadata, o.Metadata) {
+			if seen[sb.ID] {
 				continue
 			}
 			seen[sb.ID] = true
-			out = append(out, OpenSandboxSandbox(sb))
+			fresh++
+			if opensandbox.MatchMetadata(sb.Metadata, o.Metadata) {
+				out = append(out, OpenSandboxSandbox(sb))
+			}
 		}
 		p := resp.Pagination
 		switch {
+		case p.HasNextPage && fresh == 0 && len(resp.Items) > 0:
+			// A server that serves one page over and over (or only
+			// sandboxes already listed) would keep the listing going
+			// for as many pages as it claims.
+			return out, fmt.Errorf("page %d of %d holds only sandboxes of earlier pages and claims a next one", page, p.TotalPages)
+		case page >= openSandboxMaxPages && p.HasNextPage:
+			return out, fmt.Errorf("page %d: more than %d pages of %d sandboxes", page, openSandboxMaxPages, openSandboxPageSize)
 		case total >= 0 && p.TotalItems != total:
 			return out, fmt.Errorf("page %d: %w (%d, then %d)", page, errListChanged, total, p.TotalItems)
 		case !p.HasNextPage:

@@ -692,5 +692,11 @@ func ceilMillis(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	// d/ms rounded up, without d+ms-1, which overflows to a negative
+	// count for the longest durations ("2562047h47m16.854775807s").
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }

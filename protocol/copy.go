@@ -263,32 +263,32 @@ func (e *CopyEntry) Validate() error {
 	switch e.Type {
 	case EntryDir, EntryFile:
 		if e.Link != "" {
-			return fmt.Errorf("copy entry %q: a %s has no link target", e.Path, e.Type)
+			return fmt.Errorf("copy entry %s: a %s has no link target", Clip(e.Path), e.Type)
 		}
 	case EntrySymlink:
 		if e.Link == "" || len(e.Link) > MaxCopyPathLen || strings.ContainsRune(e.Link, 0) {
-			return fmt.Errorf("copy entry %q: symlink target is empty, too long or contains NUL", e.Path)
+			return fmt.Errorf("copy entry %s: symlink target is empty, too long or contains NUL", Clip(e.Path))
 		}
 		if e.Path == "." {
-			return fmt.Errorf("copy entry %q: the copy's root cannot be a symlink", e.Path)
+			return fmt.Errorf("copy entry %s: the copy's root cannot be a symlink", Clip(e.Path))
 		}
 	default:
-		return fmt.Errorf("copy entry %q: unknown type %q", e.Path, e.Type)
+		return fmt.Errorf("copy entry %s: unknown type %s", Clip(e.Path), Clip(e.Type))
 	}
 	if e.Size < 0 || (e.Type != EntryFile && e.Size != 0) {
-		return fmt.Errorf("copy entry %q: bad size %d for a %s", e.Path, e.Size, e.Type)
+		return fmt.Errorf("copy entry %s: bad size %d for a %s", Clip(e.Path), e.Size, e.Type)
 	}
 	if e.Mode&^0o7777 != 0 {
-		return fmt.Errorf("copy entry %q: mode %o has bits outside 07777", e.Path, e.Mode)
+		return fmt.Errorf("copy entry %s: mode %o has bits outside 07777", Clip(e.Path), e.Mode)
 	}
 	if e.TotalFiles < 0 || e.TotalBytes < 0 || (e.Path != "." && (e.TotalFiles != 0 || e.TotalBytes != 0)) {
-		return fmt.Errorf("copy entry %q: totals are only allowed, non-negative, on the root entry", e.Path)
+		return fmt.Errorf("copy entry %s: totals are only allowed, non-negative, on the root entry", Clip(e.Path))
 	}
 	if e.Keep && e.Type != EntryFile {
-		return fmt.Errorf("copy entry %q: only files can be kept", e.Path)
+		return fmt.Errorf("copy entry %s: only files can be kept", Clip(e.Path))
 	}
 	if e.Name != "" && (e.Path != "." || ValidCopyPath(e.Name) != nil || strings.Contains(e.Name, "/")) {
-		return fmt.Errorf("copy entry %q: name %q must be one path component, on the root entry only", e.Path, Clip(e.Name))
+		return fmt.Errorf("copy entry %s: name %s must be one path component, on the root entry only", Clip(e.Path), Clip(e.Name))
 	}
 	return nil
 }
@@ -390,17 +390,17 @@ func ValidCopyPath(p string) error {
 		return nil
 	}
 	if p == "" || len(p) > MaxCopyPathLen {
-		return fmt.Errorf("copy path %q: empty or longer than %d bytes", p, MaxCopyPathLen)
+		return fmt.Errorf("copy path %s: empty or longer than %d bytes", Clip(p), MaxCopyPathLen)
 	}
 	if strings.ContainsRune(p, 0) {
-		return fmt.Errorf("copy path %q: contains NUL", p)
+		return fmt.Errorf("copy path %s: contains NUL", Clip(p))
 	}
 	if path.IsAbs(p) || path.Clean(p) != p {
-		return fmt.Errorf("copy path %q: must be relative and clean", p)
+		return fmt.Errorf("copy path %s: must be relative and clean", Clip(p))
 	}
 	for _, c := range strings.Split(p, "/") {
 		if c == "" || c == "." || c == ".." {
-			return fmt.Errorf("copy path %q: component %q not allowed", p, c)
+			return fmt.Errorf("copy path %s: component %s not allowed", Clip(p), Clip(c))
 		}
 	}
 	return nil

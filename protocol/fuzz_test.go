@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -96,19 +99,54 @@ func FuzzExecRequest(f *testing.F) {
 	})
 }
 
+// FuzzSelector parses selectors as the API and the CLI do: what is
+// accepted has valid keys and values and no empty term, prints
+// (formatSelector) to a selector that parses to the same requirements, and
+// matches as its requirements say; what is refused is refused with a
+// short message that names the selector, however long it is.
 func FuzzSelector(f *testing.F) {
-	for _, s := range []string{"gpu=a100", "a in (b,c),!d", "x!=y, z", "a notin ()", "((", "a=b,,c"} {
+	for _, s := range []string{"gpu=a100", "a in (b,c),!d", "x!=y, z", "a notin ()", "((", "a=b,,c", " ", ",", "a in (b,)",
+		strings.Repeat("k", 4000) + " x", "a=" + strings.Repeat("v", 4000), "a in (" + strings.Repeat("(", 100), "!" + strings.Repeat("-", 4000)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
 		sel, err := protocol.ParseSelector(text)
 		if err != nil {
+			if len(err.Error()) > maxProblemLen {
+				t.Fatalf("selector %.100q: a message of %d bytes (is a value not clipped?): %.300q…", text, len(err.Error()), err.Error())
+			}
+			if !strings.HasPrefix(err.Error(), "selector ") {
+				t.Fatalf("selector %.100q: error does not name the selector: %v", text, err)
+			}
 			return
 		}
-		_ = sel.Matches(map[string]string{"a": "b"})
+		if text != "" && sel.Empty() {
+			t.Fatalf("non-empty selector %q accepted with no requirement", text)
+		}
+		labels := map[string]string{}
 		for _, r := range sel.Reqs {
 			if err := protocol.ValidLabelKey(r.Key); err != nil {
 				t.Fatalf("accepted invalid key: %v", err)
+			}
+			if (r.Op == protocol.OpExists || r.Op == protocol.OpNotExists) != (len(r.Values) == 0) {
+				t.Fatalf("selector %q: requirement %+v has the wrong number of values", text, r)
+			}
+			for _, v := range r.Values {
+				if err := protocol.ValidLabelValue(v); err != nil {
+					t.Fatalf("accepted invalid value: %v", err)
+				}
+			}
+			if len(r.Values) > 0 {
+				labels[r.Key] = r.Values[0]
+			}
+		}
+		again, err := protocol.ParseSelector(formatSelector(sel))
+		if err != nil || !cmp.Equal(sel.Reqs, again.Reqs) {
+			t.Fatalf("selector %q → %q → %+v, %v; want %+v", text, formatSelector(sel), again.Reqs, err, sel.Reqs)
+		}
+		for _, r := range sel.Reqs {
+			if want := r.Matches(labels); sel.Matches(labels) && !want {
+				t.Fatalf("selector %q matches %v but its requirement %+v does not", text, labels, r)
 			}
 		}
 	})

@@ -115,13 +115,13 @@ const (
 // letters, digits and '-', starting with a letter.
 func ValidTargetName(s string) error {
 	if len(s) == 0 || len(s) > 63 {
-		return fmt.Errorf("target name %q: want 1 to 63 characters", s)
+		return fmt.Errorf("target name %s: want 1 to 63 characters", Clip(s))
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		ok := c >= 'a' && c <= 'z' || i > 0 && (c >= '0' && c <= '9' || c == '-')
 		if !ok {
-			return fmt.Errorf("target name %q: want lowercase letters, digits and '-', starting with a letter", s)
+			return fmt.Errorf("target name %s: want lowercase letters, digits and '-', starting with a letter", Clip(s))
 		}
 	}
 	return nil
@@ -158,7 +158,7 @@ const SandboxOpDelete = "delete"
 // that it can only name a sandbox.
 func (p *SandboxOpParams) Validate() error {
 	if p.Op != SandboxOpDelete {
-		return fmt.Errorf("sandbox op %q: want %q", p.Op, SandboxOpDelete)
+		return fmt.Errorf("sandbox op %s: want %q", Clip(p.Op), SandboxOpDelete)
 	}
 	for _, f := range []struct{ name, v string }{{"id", p.ID}, {"name", p.Name}, {"workspace", p.Workspace}} {
 		if err := checkSandboxRef(f.name, f.v); err != nil {
@@ -175,7 +175,7 @@ func (p *SandboxOpParams) Validate() error {
 			return fmt.Errorf("sandbox op %s: an OpenSandbox sandbox needs its id", p.Op)
 		}
 	default:
-		return fmt.Errorf("sandbox op %s: provider %q: want %q or %q", p.Op, p.Provider, ProviderOpenShell, ProviderOpenSandbox)
+		return fmt.Errorf("sandbox op %s: provider %s: want %q or %q", p.Op, Clip(p.Provider), ProviderOpenShell, ProviderOpenSandbox)
 	}
 	return nil
 }

@@ -66,11 +66,11 @@ func ValidLabelKey(k string) error {
 		prefix := k[:i]
 		name = k[i+1:]
 		if !validDNSSubdomain(prefix, maxLabelPrefix) {
-			return fmt.Errorf("label key %q: prefix must be a lowercase DNS subdomain of at most %d characters", k, maxLabelPrefix)
+			return fmt.Errorf("label key %s: prefix must be a lowercase DNS subdomain of at most %d characters", Clip(k), maxLabelPrefix)
 		}
 	}
 	if !validSegment(name, maxLabelName) {
-		return fmt.Errorf("label key %q: name must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", k, maxLabelName)
+		return fmt.Errorf("label key %s: name must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(k), maxLabelName)
 	}
 	return nil
 }
@@ -81,7 +81,7 @@ func ValidLabelValue(v string) error {
 	if v == "" || validSegment(v, maxLabelValue) {
 		return nil
 	}
-	return fmt.Errorf("label value %q: must be empty or 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", v, maxLabelValue)
+	return fmt.Errorf("label value %s: must be empty or 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(v), maxLabelValue)
 }
 
 // ValidateLabels checks every key and value of m and their count.
@@ -95,14 +95,15 @@ func ValidateLabels(m map[string]string) error {
 			errs = append(errs, err)
 		}
 		if err := ValidLabelValue(m[k]); err != nil {
-			errs = append(errs, fmt.Errorf("key %q: %w", k, err))
+			errs = append(errs, fmt.Errorf("key %s: %w", Clip(k), err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // ParseLabels parses "k=v,k2=v2" into a map and validates it. An empty string
-// yields an empty map.
+// yields an empty map; a key given twice is an error. Errors quote the
+// offending part clipped (Clip).
 func ParseLabels(s string) (map[string]string, error) {
 	m := map[string]string{}
 	for _, part := range strings.Split(s, ",") {
@@ -112,9 +113,15 @@ func ParseLabels(s string) (map[string]string, error) {
 		}
 		k, v, ok := strings.Cut(part, "=")
 		if !ok {
-			return nil, fmt.Errorf("label %q: want key=value", part)
+			return nil, fmt.Errorf("label %s: want key=value", Clip(part))
 		}
-		m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		k = strings.TrimSpace(k)
+		if _, dup := m[k]; dup {
+			// Which one was meant is anyone's guess: say so rather than
+			// keep the last.
+			return nil, fmt.Errorf("label %s: key %s is given twice", Clip(part), Clip(k))
+		}
+		m[k] = strings.TrimSpace(v)
 	}
 	if err := ValidateLabels(m); err != nil {
 		return nil, err

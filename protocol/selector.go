@@ -207,10 +207,10 @@ func parseRequirement(t term) (Requirement, error) {
 	if i := strings.IndexByte(s, '('); i >= 0 {
 		head := strings.Fields(s[:i])
 		if len(head) != 2 || (head[1] != "in" && head[1] != "notin") {
-			return Requirement{}, fmt.Errorf("%q at offset %d: want 'key in (v1,v2)' or 'key notin (v1,v2)'", s, t.off)
+			return Requirement{}, fmt.Errorf("%s at offset %d: want 'key in (v1,v2)' or 'key notin (v1,v2)'", Clip(s), t.off)
 		}
 		if !strings.HasSuffix(s, ")") {
-			return Requirement{}, fmt.Errorf("%q at offset %d: text after ')'", s, t.off)
+			return Requirement{}, fmt.Errorf("%s at offset %d: text after ')'", Clip(s), t.off)
 		}
 		k := strings.Index(s, head[0])
 		key, err := labelKey(t.sub(k, k+len(head[0])))
@@ -247,7 +247,7 @@ func parseRequirement(t term) (Requirement, error) {
 		return Requirement{Key: key, Op: op, Values: vals}, nil
 	}
 	if strings.ContainsAny(s, " \t()") {
-		return Requirement{}, fmt.Errorf("%q at offset %d: want key, !key, key=value, key!=value, key in (...) or key notin (...)", s, t.off)
+		return Requirement{}, fmt.Errorf("%s at offset %d: want key, !key, key=value, key!=value, key in (...) or key notin (...)", Clip(s), t.off)
 	}
 	key, err := labelKey(t)
 	if err != nil {

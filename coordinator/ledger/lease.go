@@ -46,17 +46,13 @@ func leaseFromInfo(i protocol.LeaseInfo) Lease {
 func (l *Ledger) applyLease(e jetstream.KeyValueEntry) {
 	var ls Lease
 	put := e.Operation() == jetstream.KeyValuePut
-	if put {
-		var info protocol.LeaseInfo
-		if err := json.Unmarshal(e.Value(), &info); err != nil {
-			l.log.Warn("undecodable lease ignored", "key", e.Key(), "revision", e.Revision(), "err", err)
-			return
-		}
-		ls = leaseFromInfo(info)
+	run, err := decodeToken(e.Key())
+	if err == nil && put {
+		ls, err = decodeLeaseEntry(e.Key(), e.Value())
 		ls.Revision = e.Revision()
 	}
-	run, err := decodeToken(e.Key())
 	if err != nil {
+		l.log.Warn("undecodable lease ignored", "key", protocol.Clip(e.Key()), "revision", e.Revision(), "err", err)
 		return
 	}
 	l.mu.Lock()
@@ -183,12 +179,11 @@ func (l *Ledger) getLease(ctx context.Context, run string) (Lease, bool, error) 
 	if err != nil {
 		return Lease{}, false, err
 	}
-	var info protocol.LeaseInfo
-	if err := json.Unmarshal(e.Value(), &info); err != nil {
-		return Lease{}, false, fmt.Errorf("decode: %w", err)
+	ls, err := decodeLeaseEntry(e.Key(), e.Value())
+	if err != nil {
+		return Lease{}, false, err
 	}
-	ls := leaseFromInfo(info)
-	ls.Run, ls.Revision = run, e.Revision()
+	ls.Revision = e.Revision()
 	return ls, true, nil
 }
 

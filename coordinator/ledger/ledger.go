@@ -371,12 +371,11 @@ func (l *Ledger) applySandbox(e jetstream.KeyValueEntry) {
 	var r Record
 	put := e.Operation() == jetstream.KeyValuePut
 	if put {
-		var info protocol.SandboxInfo
-		if err := json.Unmarshal(e.Value(), &info); err != nil {
-			l.log.Warn("undecodable sandbox record ignored", "key", e.Key(), "revision", e.Revision(), "err", err)
+		var err error
+		if r, err = decodeSandboxEntry(e.Key(), e.Value()); err != nil {
+			l.log.Warn("undecodable sandbox record ignored", "key", protocol.Clip(e.Key()), "revision", e.Revision(), "err", err)
 			put = false
 		}
-		r = recordFromInfo(info)
 		r.Revision = e.Revision()
 	}
 	l.mu.Lock()
@@ -679,11 +678,10 @@ func (l *Ledger) getSandbox(ctx context.Context, key string) (Record, bool, erro
 	if err != nil {
 		return Record{}, false, err
 	}
-	var info protocol.SandboxInfo
-	if err := json.Unmarshal(e.Value(), &info); err != nil {
-		return Record{}, false, fmt.Errorf("decode: %w", err)
+	r, err := decodeSandboxEntry(key, e.Value())
+	if err != nil {
+		return Record{}, false, err
 	}
-	r := recordFromInfo(info)
 	r.Revision = e.Revision()
 	return r, true, nil
 }

@@ -3,8 +3,10 @@ package ledger
 import (
 	"context"
 	"encoding/base32"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"strings"
 	"time"
 
@@ -189,13 +191,69 @@ func encodeToken(s string) string {
 	return "=" + b32.EncodeToString([]byte(s))
 }
 
-// decodeToken is encodeToken's inverse.
+// decodeToken is encodeToken's inverse. It accepts only what encodeToken
+// writes, so that one string has one key: a plain token of [A-Za-z0-9_-],
+// or "=" and the base32hex of a string that is not one (a foreign writer's
+// "=" + base32 of "abc", or base32 with stray trailing bits, would
+// otherwise alias the key "abc" under a second key).
 func decodeToken(t string) (string, error) {
-	if !strings.HasPrefix(t, "=") {
-		return t, nil
+	var s string
+	if rest, ok := strings.CutPrefix(t, "="); ok {
+		b, err := b32.DecodeString(rest)
+		if err != nil {
+			return "", fmt.Errorf("token %s: %w", protocol.Clip(t), err)
+		}
+		s = string(b)
+	} else {
+		s = t
 	}
-	b, err := b32.DecodeString(t[1:])
-	return string(b), err
+	if encodeToken(s) != t {
+		return "", fmt.Errorf("token %s is not in canonical form (want %s)", protocol.Clip(t), protocol.Clip(encodeToken(s)))
+	}
+	return s, nil
+}
+
+// decodeSandboxEntry decodes a sandboxes-bucket entry stored under key:
+// the value is a protocol.SandboxInfo whose provider, node and id are
+// valid and name that very key (a record stored under another key would
+// be indexed under one key and written and purged under another), with a
+// TTL that fits a time.Duration.
+func decodeSandboxEntry(key string, value []byte) (Record, error) {
+	var info protocol.SandboxInfo
+	if err := json.Unmarshal(value, &info); err != nil {
+		return Record{}, fmt.Errorf("decode: %w", err)
+	}
+	if info.TTLMS < 0 || info.TTLMS > math.MaxInt64/int64(time.Millisecond) {
+		return Record{}, fmt.Errorf("ttl_ms %d: out of range", info.TTLMS)
+	}
+	r := recordFromInfo(info)
+	if err := validKey(r.Key()); err != nil {
+		return Record{}, err
+	}
+	if k := r.Key().kvKey(); k != key {
+		return Record{}, fmt.Errorf("record of %s is stored under key %s, not its own %s", r.Key(), protocol.Clip(key), protocol.Clip(k))
+	}
+	return r, nil
+}
+
+// decodeLeaseEntry decodes a leases-bucket entry stored under key (the
+// run's token): a protocol.LeaseInfo with a TTL that fits a
+// time.Duration. The run is the key's (the value's own is not trusted).
+func decodeLeaseEntry(key string, value []byte) (Lease, error) {
+	run, err := decodeToken(key)
+	if err != nil {
+		return Lease{}, fmt.Errorf("key: %w", err)
+	}
+	var info protocol.LeaseInfo
+	if err := json.Unmarshal(value, &info); err != nil {
+		return Lease{}, fmt.Errorf("decode: %w", err)
+	}
+	if info.TTLMS < 0 || info.TTLMS > math.MaxInt64/int64(time.Millisecond) {
+		return Lease{}, fmt.Errorf("ttl_ms %d: out of range", info.TTLMS)
+	}
+	ls := leaseFromInfo(info)
+	ls.Run = run
+	return ls, nil
 }
 
 // kvKey is the record's key in the bucket: <provider>.<node>.<id>, each

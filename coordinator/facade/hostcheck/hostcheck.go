@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -198,14 +199,23 @@ type RefusedError struct {
 func (e *RefusedError) Error() string {
 	var msg string
 	if e.origin {
-		msg = fmt.Sprintf("%s %q is a page of another site; this facade serves pages of %s only", e.Header, e.Value, e.allowed)
+		msg = fmt.Sprintf("%s %s is a page of another site; this facade serves pages of %s only", e.Header, clip(e.Value), e.allowed)
 	} else {
-		msg = fmt.Sprintf("%s %q is not a name of this facade (it answers to %s)", e.Header, e.Value, e.allowed)
+		msg = fmt.Sprintf("%s %s is not a name of this facade (it answers to %s)", e.Header, clip(e.Value), e.allowed)
 	}
 	if e.hint != "" {
 		msg += "; " + e.hint
 	}
 	return msg
+}
+
+// clip quotes a header value for a message, cut to 64 bytes ("…" marks
+// a cut): a Host header can be as long as the server's header limit.
+func clip(v string) string {
+	if len(v) <= 64 {
+		return strconv.Quote(v)
+	}
+	return strconv.Quote(v[:64]) + "…"
 }
 
 // Host checks a Host header or gRPC :authority value (header names which,

@@ -124,3 +124,15 @@ func TestNewRejectsBadEntries(t *testing.T) {
 		t.Errorf("error %q names a good entry", err)
 	}
 }
+
+// TestRefusalClipsValue: a refused Host or Origin is quoted clipped; a
+// 1 MiB Host header made a 1 MiB error (answered and logged).
+func TestRefusalClipsValue(t *testing.T) {
+	long := strings.Repeat("a", 1<<20)
+	p := hostcheck.Loopback()
+	for _, err := range []error{p.Host("Host", long), p.Origin([]string{"http://" + long}, "localhost")} {
+		if err == nil || len(err.Error()) > 400 || !strings.Contains(err.Error(), "…") {
+			t.Errorf("refusal of %d bytes: %.200v", len(err.Error()), err)
+		}
+	}
+}

@@ -1,7 +1,9 @@
 package opensandbox
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -87,22 +89,39 @@ func (f *Facade) rewriteEndpoint(resp *http.Response, st *reqState) {
 		f.log.Warn("endpoint response not rewritten: unreadable", "node", st.node, "id", st.route.ID)
 		return
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(b, &fields); err != nil || fields == nil {
-		f.log.Warn("endpoint response not rewritten: not a JSON object", "node", st.node, "id", st.route.ID, "err", err)
-		return
-	}
-	ep, err := json.Marshal(osb.ProxyEndpoint(st.host, st.route.ID, st.route.Port))
-	if err != nil {
-		return
-	}
-	fields["endpoint"] = ep
-	out, err := json.Marshal(fields)
+	out, err := rewriteEndpointBody(b, osb.ProxyEndpoint(st.host, st.route.ID, st.route.Port))
 	if err != nil {
 		f.log.Warn("endpoint response not rewritten", "node", st.node, "id", st.route.ID, "err", err)
 		return
 	}
 	replaceBody(resp, out)
+}
+
+// rewriteEndpointBody returns the JSON object b with its "endpoint" field
+// set to endpoint and every other field's value as b has it (compacted,
+// not re-escaped: json.Marshal would turn '<', '>' and '&' in a header
+// value or in the endpoint itself into \u003c escapes). It fails if b is
+// not a JSON object.
+func rewriteEndpointBody(b []byte, endpoint string) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %w", err)
+	}
+	if fields == nil {
+		return nil, errors.New("not a JSON object: null")
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(endpoint); err != nil {
+		return nil, err
+	}
+	fields["endpoint"] = bytes.TrimSpace(out.Bytes())
+	out.Reset()
+	if err := enc.Encode(fields); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSpace(out.Bytes()), nil
 }
 
 // recordDeleted records a delete the node confirmed: 204, or 404 (the

@@ -87,7 +87,13 @@ func (f outputLimitFlag) String() string {
 	case *f.n == protocol.OutputUnlimited:
 		return "unlimited"
 	}
-	return strings.ReplaceAll(formatSize(*f.n), " ", "")
+	// What Set reads back: "64MiB", or a plain count ("1000", not
+	// formatSize's "1000 bytes").
+	s := formatSize(*f.n)
+	if strings.HasSuffix(s, "byte") || strings.HasSuffix(s, "bytes") {
+		return strconv.FormatInt(*f.n, 10)
+	}
+	return strings.ReplaceAll(s, " ", "")
 }
 
 func (f outputLimitFlag) Type() string { return "size" }
