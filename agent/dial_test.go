@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // targetServer is a loopback TCP server that runs handle for every
@@ -425,7 +426,8 @@ func TestTargetsDefaultsAndHello(t *testing.T) {
 
 // A coordinator that closed its side and stopped reading does not hold the
 // stream and its dial slot while the target ignores the half-close and
-// keeps sending: a write unread for halfClosedWriteTimeout ends the dial.
+// keeps sending: a write unread for halfClosedWriteTimeout ends the dial,
+// also the write already waiting for window when the half-close came.
 func TestDialEndsWhenClosedSideStopsReading(t *testing.T) {
 	old := halfClosedWriteTimeout
 	halfClosedWriteTimeout = 300 * time.Millisecond
@@ -438,14 +440,25 @@ func TestDialEndsWhenClosedSideStopsReading(t *testing.T) {
 			}
 		}
 	})
-	h := newHarness(t, func(c *Config) {
+	// A 256 KiB window (yamux's least, and it does not grow while nobody
+	// reads): the agent's writes stall after 256 KiB, whatever the load.
+	const window = 256 << 10
+	h := newHarnessTunnel(t, func(c *Config) {
 		c.Targets = map[string]string{"firehose": addr}
 		c.MaxDials = 1
-	})
+	}, nil, func(c *tunnel.Config) { c.MaxStreamWindow = window })
 	st, info := h.dial(t, "firehose")
 	if info != nil {
 		t.Fatal(info)
 	}
+	// Half-close only once the window is (all but) full, so that the
+	// agent's write is blocked waiting for room when the EOF arrives.
+	fromTarget := h.a.m.dialBytes.WithLabelValues(fromTarget)
+	waitFor(t, time.Minute, "the window to fill", func() bool {
+		return testutil.ToFloat64(fromTarget) >= window-2*protocol.ChunkSize
+	})
 	st.Close() // half-close, and never read again
-	waitFor(t, 10*time.Second, "the dial slot to be freed", func() bool { return h.a.dialing.Load() == 0 })
+	// Bounded by halfClosedWriteTimeout once the EOF is read; the wait
+	// only has to outlast a starved machine.
+	waitFor(t, time.Minute, "the dial slot to be freed", func() bool { return h.a.dialing.Load() == 0 })
 }
