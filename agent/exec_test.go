@@ -195,7 +195,8 @@ func TestExecTimeoutKillsProcessTree(t *testing.T) {
 	if e.exit.Signal != "TERM" {
 		t.Errorf("signal = %q, want TERM", e.exit.Signal)
 	}
-	if d := time.Since(start); d > 10*time.Second {
+	// An upper bound for a loaded machine, far below the sleeps' own end.
+	if d := time.Since(start); d > time.Minute {
 		t.Errorf("took %v", d)
 	}
 	pgid := firstLinePID(t, e.stdout.String())
@@ -274,12 +275,13 @@ func TestExecBackgroundChildHoldingPipes(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
 	start := time.Now()
-	e := h.open(t, protocol.KindExec, protocol.ExecParams{Script: "echo $$\nsleep 100 &\necho started"})
+	e := h.open(t, protocol.KindExec, protocol.ExecParams{Script: "echo $$\nsleep 1000 &\necho started"})
 	e.finish(t)
 	if e.exit == nil || e.exit.ExitCode != 0 {
 		t.Fatalf("exit = %+v, error %v", e.exit, e.errInfo)
 	}
-	if d := time.Since(start); d > 5*time.Second {
+	// An upper bound for a loaded machine, far below the child's own end.
+	if d := time.Since(start); d > time.Minute {
 		t.Errorf("took %v; a background child holding stdout must not hang the exec", d)
 	}
 	if !strings.HasSuffix(e.stdout.String(), "started\n") {

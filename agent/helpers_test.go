@@ -130,7 +130,8 @@ func (h *harness) open(t *testing.T, k protocol.Kind, params any) *execStream {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	st.SetReadDeadline(time.Now().Add(20 * time.Second))
+	// An upper bound on the whole stream, for a loaded machine.
+	st.SetReadDeadline(time.Now().Add(time.Minute))
 	return &execStream{st: st, fr: protocol.NewFrameReader(st)}
 }
 

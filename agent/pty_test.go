@@ -235,8 +235,7 @@ func TestPTYHangupKillsSession(t *testing.T) {
 			h := newHarness(t, nil)
 			e := h.open(t, protocol.KindPTY, protocol.PTYParams{Argv: []string{"bash", "-c", script}})
 			sid := readSID(t, e)
-			waitFor(t, 10*time.Second, "both jobs", func() bool { return len(sessionMembers(sid)) >= 3 })
-			start := time.Now()
+			waitFor(t, time.Minute, "both jobs", func() bool { return len(sessionMembers(sid)) >= 3 })
 			tt.end(t, h, e)
 			if tt.wantExit {
 				e.finish(t)
@@ -244,10 +243,10 @@ func TestPTYHangupKillsSession(t *testing.T) {
 					t.Errorf("exit = %+v, error %v; want 129 HUP cancelled=%v", e.exit, e.errInfo, tt.wantCancelled)
 				}
 			}
-			waitFor(t, 10*time.Second, "the session to die", func() bool { return len(sessionMembers(sid)) == 0 })
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("hang-up took %v", d)
-			}
+			// The job that ignores SIGHUP is killed after the grace
+			// (200 ms): the wait is an upper bound for a loaded machine,
+			// far below the jobs' own 300 s.
+			waitFor(t, time.Minute, "the session to die", func() bool { return len(sessionMembers(sid)) == 0 })
 		})
 	}
 }
