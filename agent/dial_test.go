@@ -134,7 +134,7 @@ func TestDialEchoesBytesBothWays(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatalf("echoed %d bytes, want the %d sent", len(got), len(data))
 	}
-	waitFor(t, 5*time.Second, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
+	waitFor(t, testWait, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
 	if got := testutil.ToFloat64(h.a.m.dialsOpen); got != 0 {
 		t.Errorf("dials open = %v, want 0", got)
 	}
@@ -203,7 +203,7 @@ func TestDialHalfClose(t *testing.T) {
 		if got := recv(t, late, "the target to read to EOF"); got != "after EOF" {
 			t.Errorf("target read %q after its half-close, want %q", got, "after EOF")
 		}
-		waitFor(t, 5*time.Second, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
+		waitFor(t, testWait, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
 	})
 }
 
@@ -295,7 +295,7 @@ func TestDialBusyPastMaxDials(t *testing.T) {
 	if _, err := io.ReadAll(first); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the first dial to end", func() bool { return h.a.dialing.Load() == 0 })
+	waitFor(t, testWait, "the first dial to end", func() bool { return h.a.dialing.Load() == 0 })
 	third, info := h.dial(t, "echo")
 	if info != nil {
 		t.Fatalf("third dial: %v", info)
@@ -330,7 +330,7 @@ func TestDialSessionLossClosesTarget(t *testing.T) {
 	if err := recv(t, ended, "the target connection to end"); err != nil && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "reset") {
 		t.Errorf("target connection ended with %v", err)
 	}
-	waitFor(t, 5*time.Second, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
+	waitFor(t, testWait, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
 }
 
 func TestTargetsConfig(t *testing.T) {

@@ -259,7 +259,7 @@ func TestExecSessionLossKillsGroup(t *testing.T) {
 	h.srv.Close() // the coordinator goes away without a final frame
 	select {
 	case <-h.done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(testWait):
 		t.Fatal("serveStreams did not return after the session closed")
 	}
 	// serveStreams waits for its execs, so the group is dead by now.

@@ -117,7 +117,7 @@ func TestHeartbeatsDoNotWaitForPing(t *testing.T) {
 	p.Close() // as serve closes the session
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testWait):
 		t.Fatal("heartbeat loop did not return")
 	}
 }

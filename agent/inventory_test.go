@@ -305,7 +305,7 @@ func TestInventoryCancel(t *testing.T) {
 			e.st.Close()
 			// The handler returned: the harness's cleanup and goleak check
 			// that nothing is left running.
-			waitFor(t, 5*time.Second, "the stream to be served", func() bool { return h.client.NumStreams() == 0 })
+			waitFor(t, testWait, "the stream to be served", func() bool { return h.client.NumStreams() == 0 })
 		})
 	}
 }

@@ -160,7 +160,7 @@ func TestPTYSignal(t *testing.T) {
 		e.send(t, protocol.FrameStdin, []byte("echo \"sid=$$\"\r"))
 		sid := readSID(t, e)
 		e.send(t, protocol.FrameStdin, []byte("sleep 300\r"))
-		waitFor(t, 10*time.Second, "sleep in the foreground", func() bool { return foreground(sid) == "sleep" })
+		waitFor(t, testWait, "sleep in the foreground", func() bool { return foreground(sid) == "sleep" })
 		sendJSON(t, e, protocol.FrameSignal, protocol.Signal{Name: "INT"})
 		// The shell survived the job's interrupt and reads the next line.
 		e.send(t, protocol.FrameStdin, []byte("echo \"status=$?\"\r"))
