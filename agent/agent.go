@@ -54,7 +54,9 @@ type Agent struct {
 	// *protocol.ExecParams), "exec-output" in an exec's output copier for
 	// each chunk read (v is the *protocol.ExecParams), "job-output" in a
 	// detached job's stdout copier and "job-supervise" in its supervisor
-	// (v is the job id).
+	// (v is the job id), "pty-output" in a pty's output copier before each
+	// read of the terminal and "pty-drain" in its handler after each step
+	// of its end once the leader exited (v is the *protocol.PTYParams).
 	testHook func(point string, v any)
 }
 

@@ -174,7 +174,7 @@ func runAgent(t *testing.T, a *Agent) (stop func()) {
 				if err != nil {
 					t.Errorf("Run returned %v, want nil", err)
 				}
-			case <-time.After(10 * time.Second):
+			case <-time.After(testWait):
 				t.Fatal("Run did not return after its context was cancelled")
 			}
 		})
@@ -188,7 +188,7 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(10 * time.Second):
+	case <-time.After(testWait):
 		t.Fatalf("timed out waiting for %s", what)
 		panic("unreachable")
 	}
@@ -237,7 +237,7 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 			t.Errorf("heartbeat %+v", hb)
 		}
 	}
-	waitFor(t, 5*time.Second, "connected gauge", func() bool { return testutil.ToFloat64(a.m.connected) == 1 })
+	waitFor(t, testWait, "connected gauge", func() bool { return testutil.ToFloat64(a.m.connected) == 1 })
 
 	// An exec through the real TLS tunnel.
 	sess := recv(t, fc.sessions, "welcomed session")
@@ -301,7 +301,7 @@ func TestRunRejectedTokenRedialsWithBackoff(t *testing.T) {
 			t.Errorf("hello token = %q", h.Token)
 		}
 	}
-	waitFor(t, 5*time.Second, "reconnects metric", func() bool { return testutil.ToFloat64(a.m.reconnects) >= 2 })
+	waitFor(t, testWait, "reconnects metric", func() bool { return testutil.ToFloat64(a.m.reconnects) >= 2 })
 	stop()
 	out := logs.String()
 	if !strings.Contains(out, "coordinator rejected agent: auth_failed: join token not accepted") {

@@ -91,14 +91,16 @@ func TestExecWaitsForBackgroundOutput(t *testing.T) {
 		t.Errorf("stdout = %q, want both lines", got)
 	}
 
-	// The timeout still bounds a background child that never lets go.
+	// The timeout still bounds a background child that never lets go. (The
+	// bound on the wait is for a loaded machine, far below the child's own
+	// end.)
 	start := time.Now()
-	e = h.open(t, protocol.KindExec, protocol.ExecParams{Script: "sleep 30 &\necho parent", TimeoutMS: 300})
+	e = h.open(t, protocol.KindExec, protocol.ExecParams{Script: "sleep 3000 &\necho parent", TimeoutMS: 300})
 	e.finish(t)
 	if e.exit == nil || !e.exit.TimedOut || e.exit.ExitCode != 124 {
 		t.Fatalf("exit = %+v, error %v; want timed out", e.exit, e.errInfo)
 	}
-	if d := time.Since(start); d > 5*time.Second {
+	if d := time.Since(start); d > time.Minute {
 		t.Errorf("took %v", d)
 	}
 }

@@ -124,7 +124,7 @@ func TestCancelStreamBeforeItsExecStarts(t *testing.T) {
 	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"sleep", "1000"}})
 	<-reached
 	cancelStream(t, ctl, e.st.StreamID())
-	waitFor(t, 10*time.Second, "the early cancel to be recorded", func() bool {
+	waitFor(t, testWait, "the early cancel to be recorded", func() bool {
 		h.a.cancels.mu.Lock()
 		defer h.a.cancels.mu.Unlock()
 		for _, tab := range h.a.cancels.m {

@@ -85,7 +85,7 @@ func TestCopyPushAndPull(t *testing.T) {
 	if got := readTree(t, local); !equalMaps(got, want) {
 		t.Errorf("pulled tree %v, want %v", got, want)
 	}
-	waitFor(t, 5*time.Second, "copy metrics", func() bool {
+	waitFor(t, testWait, "copy metrics", func() bool {
 		return testutil.ToFloat64(h.a.m.copies.WithLabelValues("pull", "ok")) == 1
 	})
 	if got := testutil.ToFloat64(h.a.m.copyBytes.WithLabelValues("push")); got != 9 {
@@ -212,7 +212,7 @@ func TestCopyAbortLeavesDestination(t *testing.T) {
 		if how == "close" {
 			want = 2
 		}
-		waitFor(t, 5*time.Second, "failed copy", func() bool {
+		waitFor(t, testWait, "failed copy", func() bool {
 			return testutil.ToFloat64(h.a.m.copies.WithLabelValues("push", "error")) == want
 		})
 		if got := readTree(t, dst); !equalMaps(got, map[string]string{"old": "o"}) {

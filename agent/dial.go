@@ -150,6 +150,11 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 			abort()
 			return
 		}
+		// A write to the stream may already be waiting for room, with
+		// no deadline: bound it too (yamux applies a new deadline to a
+		// blocked write). Later writes set their own.
+		upDone.Store(true)
+		st.SetWriteDeadline(time.Now().Add(halfClosedWriteTimeout))
 		// The coordinator's side is done: pass its EOF on.
 		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 			if err := cw.CloseWrite(); err != nil {

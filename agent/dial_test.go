@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // targetServer is a loopback TCP server that runs handle for every
@@ -77,7 +78,7 @@ func (h *harness) dial(t *testing.T, target string) (*yamux.Stream, *protocol.Er
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	st.SetDeadline(time.Now().Add(20 * time.Second))
+	st.SetDeadline(time.Now().Add(time.Minute)) // an upper bound for a loaded machine
 	f, err := protocol.NewFrameReader(st).Next()
 	if err != nil {
 		t.Fatalf("dial %s: read answer: %v", target, err)
@@ -133,7 +134,7 @@ func TestDialEchoesBytesBothWays(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatalf("echoed %d bytes, want the %d sent", len(got), len(data))
 	}
-	waitFor(t, 5*time.Second, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
+	waitFor(t, testWait, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
 	if got := testutil.ToFloat64(h.a.m.dialsOpen); got != 0 {
 		t.Errorf("dials open = %v, want 0", got)
 	}
@@ -202,7 +203,7 @@ func TestDialHalfClose(t *testing.T) {
 		if got := recv(t, late, "the target to read to EOF"); got != "after EOF" {
 			t.Errorf("target read %q after its half-close, want %q", got, "after EOF")
 		}
-		waitFor(t, 5*time.Second, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
+		waitFor(t, testWait, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
 	})
 }
 
@@ -294,7 +295,7 @@ func TestDialBusyPastMaxDials(t *testing.T) {
 	if _, err := io.ReadAll(first); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the first dial to end", func() bool { return h.a.dialing.Load() == 0 })
+	waitFor(t, testWait, "the first dial to end", func() bool { return h.a.dialing.Load() == 0 })
 	third, info := h.dial(t, "echo")
 	if info != nil {
 		t.Fatalf("third dial: %v", info)
@@ -329,7 +330,7 @@ func TestDialSessionLossClosesTarget(t *testing.T) {
 	if err := recv(t, ended, "the target connection to end"); err != nil && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "reset") {
 		t.Errorf("target connection ended with %v", err)
 	}
-	waitFor(t, 5*time.Second, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
+	waitFor(t, testWait, "the dial to end", func() bool { return h.a.dialing.Load() == 0 })
 }
 
 func TestTargetsConfig(t *testing.T) {
@@ -425,7 +426,8 @@ func TestTargetsDefaultsAndHello(t *testing.T) {
 
 // A coordinator that closed its side and stopped reading does not hold the
 // stream and its dial slot while the target ignores the half-close and
-// keeps sending: a write unread for halfClosedWriteTimeout ends the dial.
+// keeps sending: a write unread for halfClosedWriteTimeout ends the dial,
+// also the write already waiting for window when the half-close came.
 func TestDialEndsWhenClosedSideStopsReading(t *testing.T) {
 	old := halfClosedWriteTimeout
 	halfClosedWriteTimeout = 300 * time.Millisecond
@@ -438,14 +440,25 @@ func TestDialEndsWhenClosedSideStopsReading(t *testing.T) {
 			}
 		}
 	})
-	h := newHarness(t, func(c *Config) {
+	// A 256 KiB window (yamux's least, and it does not grow while nobody
+	// reads): the agent's writes stall after 256 KiB, whatever the load.
+	const window = 256 << 10
+	h := newHarnessTunnel(t, func(c *Config) {
 		c.Targets = map[string]string{"firehose": addr}
 		c.MaxDials = 1
-	})
+	}, nil, func(c *tunnel.Config) { c.MaxStreamWindow = window })
 	st, info := h.dial(t, "firehose")
 	if info != nil {
 		t.Fatal(info)
 	}
+	// Half-close only once the window is (all but) full, so that the
+	// agent's write is blocked waiting for room when the EOF arrives.
+	fromTarget := h.a.m.dialBytes.WithLabelValues(fromTarget)
+	waitFor(t, time.Minute, "the window to fill", func() bool {
+		return testutil.ToFloat64(fromTarget) >= window-2*protocol.ChunkSize
+	})
 	st.Close() // half-close, and never read again
-	waitFor(t, 10*time.Second, "the dial slot to be freed", func() bool { return h.a.dialing.Load() == 0 })
+	// Bounded by halfClosedWriteTimeout once the EOF is read; the wait
+	// only has to outlast a starved machine.
+	waitFor(t, time.Minute, "the dial slot to be freed", func() bool { return h.a.dialing.Load() == 0 })
 }

@@ -117,7 +117,7 @@ func TestHeartbeatsDoNotWaitForPing(t *testing.T) {
 	p.Close() // as serve closes the session
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testWait):
 		t.Fatal("heartbeat loop did not return")
 	}
 }
@@ -182,13 +182,18 @@ func TestSlowOpenerDoesNotBlockOtherStreams(t *testing.T) {
 // stays open.
 func TestStalledOutputWriteClosesStream(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, nil)
+	// A 256 KiB window (yamux's least): it fills at once, where the default
+	// 16 MiB took a starved race build longer than any wait.
+	h := newHarnessTunnel(t, nil, nil, func(c *tunnel.Config) { c.MaxStreamWindow = 256 << 10 })
 	h.a.dataWriteTimeout = 200 * time.Millisecond
 	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"bash", "-c", "echo $$; exec yes"}})
 	e.until(t, "the pid", func() bool { return strings.Contains(e.stdout.String(), "\n") })
 	pgid := firstLinePID(t, e.stdout.String())
 	// Stop reading: the stream's window fills and the agent's write stalls.
-	waitFor(t, 10*time.Second, "the exec to end", func() bool { return h.a.running.Load() == 0 })
+	// The stall is detected dataWriteTimeout after that; the wait only has
+	// to outlast a starved machine.
+	waitFor(t, time.Minute, "the exec to end", func() bool { return h.a.running.Load() == 0 })
+	e.st.SetReadDeadline(time.Now().Add(time.Minute))
 	var err error
 	for err == nil {
 		var f protocol.Frame

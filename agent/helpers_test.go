@@ -113,7 +113,7 @@ func newHarnessTunnel(t *testing.T, mutate func(*Config), prepare func(*Agent), 
 		client.Close()
 		select {
 		case <-h.done:
-		case <-time.After(10 * time.Second):
+		case <-time.After(testWait):
 			t.Error("serveStreams did not return")
 		}
 	})
@@ -130,7 +130,8 @@ func (h *harness) open(t *testing.T, k protocol.Kind, params any) *execStream {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	st.SetReadDeadline(time.Now().Add(20 * time.Second))
+	// An upper bound on the whole stream, for a loaded machine.
+	st.SetReadDeadline(time.Now().Add(time.Minute))
 	return &execStream{st: st, fr: protocol.NewFrameReader(st)}
 }
 
@@ -216,6 +217,12 @@ func (e *execStream) finish(t *testing.T) {
 		t.Fatal("stream ended without an exit or error frame")
 	}
 }
+
+// testWait bounds the tests' waits for something that must happen (a
+// process to die, a stream to end, a metric to move): an upper bound for a
+// machine at load 30, where a race build can stall for seconds. It is never
+// a property: a wait that ends early proves nothing more.
+const testWait = time.Minute
 
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {

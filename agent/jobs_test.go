@@ -43,7 +43,7 @@ func (h *harness) reconnect(t *testing.T) {
 	h.client.Close()
 	select {
 	case <-h.done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(testWait):
 		t.Fatal("serveStreams did not return after the session closed")
 	}
 	client, srv := tunneltest.Pair(t)
@@ -86,7 +86,7 @@ func TestDetachedJobSurvivesTunnelLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st protocol.JobStatus
-	waitFor(t, 10*time.Second, "job exit", func() bool {
+	waitFor(t, testWait, "job exit", func() bool {
 		st = h.jobStatus(t, "job-1")
 		return st.State == protocol.JobExited
 	})
@@ -157,11 +157,11 @@ func TestDetachedJobCancelTimeoutAndLimit(t *testing.T) {
 	if st.State != protocol.JobExited || !st.Cancelled || st.ExitCode == nil || *st.ExitCode != 128+15 {
 		t.Errorf("cancelled job = %+v", st)
 	}
-	waitFor(t, 10*time.Second, "timeout", func() bool { return h.jobStatus(t, "t").State == protocol.JobExited })
+	waitFor(t, testWait, "timeout", func() bool { return h.jobStatus(t, "t").State == protocol.JobExited })
 	if st := h.jobStatus(t, "t"); !st.TimedOut || *st.ExitCode != 124 {
 		t.Errorf("timed out job = %+v", st)
 	}
-	waitFor(t, 10*time.Second, "big job", func() bool { return h.jobStatus(t, "big").State == protocol.JobExited })
+	waitFor(t, testWait, "big job", func() bool { return h.jobStatus(t, "big").State == protocol.JobExited })
 	if st := h.jobStatus(t, "big"); st.StdoutBytes != 5000 || !st.StdoutTruncated {
 		t.Errorf("big job = %+v", st)
 	}
@@ -178,7 +178,7 @@ func TestDetachedJobsExpireAndLost(t *testing.T) {
 	t.Cleanup(h.a.jobs.wg.Wait)
 	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Detach: true, JobID: "old"})
 	e.finish(t)
-	waitFor(t, 10*time.Second, "exit", func() bool { return h.jobStatus(t, "old").State == protocol.JobExited })
+	waitFor(t, testWait, "exit", func() bool { return h.jobStatus(t, "old").State == protocol.JobExited })
 
 	// A job directory left by an agent process that stopped mid-job.
 	lost := filepath.Join(dataDir, "jobs", "lost")
@@ -192,7 +192,7 @@ func TestDetachedJobsExpireAndLost(t *testing.T) {
 		t.Errorf("lost job = %+v", st)
 	}
 
-	waitFor(t, 10*time.Second, "expiry", func() bool {
+	waitFor(t, testWait, "expiry", func() bool {
 		h.a.sweepJobs(true)
 		_, err := os.Stat(filepath.Join(dataDir, "jobs", "old"))
 		return os.IsNotExist(err)

@@ -31,7 +31,7 @@ wait`
 func waitZombieParent(t *testing.T, dir string) int {
 	t.Helper()
 	var pid int
-	waitFor(t, 20*time.Second, "the zombie's parent to leave the group", func() bool {
+	waitFor(t, testWait, "the zombie's parent to leave the group", func() bool {
 		b, err := os.ReadFile(filepath.Join(dir, "ready"))
 		if err != nil || !strings.HasSuffix(string(b), "\n") {
 			return false
@@ -129,7 +129,7 @@ func TestDetachedJobCancelEndsOnceOnlyZombiesRemain(t *testing.T) {
 	if err := json.Unmarshal(e.job, &st); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the job to exit", func() bool {
+	waitFor(t, testWait, "the job to exit", func() bool {
 		e := h.jobOp(t, protocol.JobParams{Op: protocol.JobOpStatus, ID: "zombie-1"})
 		return e.errInfo == nil && json.Unmarshal(e.job, &st) == nil && st.State == protocol.JobExited
 	})

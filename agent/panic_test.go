@@ -138,7 +138,7 @@ func TestPanicInDetachedJobSupervision(t *testing.T) {
 			t.Fatalf("job %s: exit %+v, error %+v; want detached", id, e.exit, e.errInfo)
 		}
 		var st protocol.JobStatus
-		waitFor(t, 20*time.Second, "job "+id+" recorded as lost", func() bool {
+		waitFor(t, testWait, "job "+id+" recorded as lost", func() bool {
 			st = h.jobStatus(t, id)
 			return st.State != protocol.JobRunning
 		})
@@ -151,7 +151,7 @@ func TestPanicInDetachedJobSupervision(t *testing.T) {
 	}
 	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Detach: true, JobID: "fine"})
 	e.finish(t)
-	waitFor(t, 20*time.Second, "job fine to exit", func() bool { return h.jobStatus(t, "fine").State == protocol.JobExited })
+	waitFor(t, testWait, "job fine to exit", func() bool { return h.jobStatus(t, "fine").State == protocol.JobExited })
 	if st := h.jobStatus(t, "fine"); st.ExitCode == nil || *st.ExitCode != 0 {
 		t.Errorf("job fine: %+v", st)
 	}

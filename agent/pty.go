@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -90,6 +91,9 @@ type ptySession struct {
 	master *os.File
 	sid    int // the process's pid, session id and process group id
 	output int64
+	// abandoned is set when the handler stops reading a terminal that a
+	// process outside the session keeps open (see copyOut).
+	abandoned atomic.Bool
 }
 
 // fail writes the final error frame.
@@ -284,19 +288,8 @@ func (s *ptySession) run(ctx context.Context) {
 			graceC = nil
 			killAll()
 		case <-drainC:
-			if drainStage == 0 {
-				// The leader is gone but something still holds the
-				// terminal: the session is over; end it.
-				s.log.Info("pty process exited but its terminal is still open; killing its session", "pid", s.sid)
-				drainStage = 1
-				killAll()
-				drainC = time.After(a.cfg.PipeWait)
-				continue
-			}
-			// Held by a process outside the session: stop reading.
-			s.log.Warn("pty terminal still open after killing its session; abandoning it", "pid", s.sid)
-			drainC = nil
-			s.master.SetReadDeadline(time.Now())
+			drainC = s.drainStep(&drainStage, killAll)
+			a.hook("pty-drain", &s.p)
 		}
 	}
 	// SIGHUP was sent but not SIGKILL: give the rest of the session its
@@ -332,6 +325,35 @@ func (s *ptySession) run(ctx context.Context) {
 	s.st.SetReadDeadline(time.Now())
 	s.master.SetWriteDeadline(time.Now())
 	wg.Wait()
+}
+
+// drainStep is one step of a pty's end after its leader exited, at
+// *stage: it returns when to take the next step (nil: never). The leader's
+// exit ends the session: what is left of it is killed (killAll). The
+// output copier reads on until the terminal closes, so that what the
+// processes wrote reaches the client; only a terminal kept open by a
+// process outside the session, once the session is dead, is abandoned.
+func (s *ptySession) drainStep(stage *int, killAll func()) <-chan time.Time {
+	if *stage == 0 {
+		*stage = 1
+		if s.sessionAlive() {
+			s.log.Info("pty process exited but its session lives on; killing it", "pid", s.sid)
+		}
+		killAll()
+		return time.After(max(s.a.cfg.PipeWait, groupPoll))
+	}
+	// Every process that held the terminal closed it (the copier reads
+	// what they wrote to the end, then EIO), or killed processes are still
+	// dying: wait for the copier.
+	if s.terminalClosed() || s.sessionAlive() {
+		return time.After(groupPoll)
+	}
+	// Held by a process outside the session: read what is buffered, then
+	// stop.
+	s.log.Warn("pty terminal still open after its session ended; abandoning it", "pid", s.sid)
+	s.abandoned.Store(true)
+	s.master.SetReadDeadline(time.Now())
+	return nil
 }
 
 // pollable returns a copy of the pty master m that the Go runtime polls, so
@@ -376,18 +398,61 @@ func ptyStatus(cmd *exec.Cmd, waitErr error, start, end time.Time, cancelled boo
 func (s *ptySession) copyOut() {
 	buf := make([]byte, protocol.ChunkSize)
 	for {
+		s.a.hook("pty-output", &s.p)
 		n, err := s.master.Read(buf)
 		if n > 0 {
 			s.output += int64(n)
 			s.w.data(protocol.FrameStdout, buf[:n])
 		}
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && s.abandoned.Load() {
+				s.drainBuffered(buf)
+			}
 			if !errors.Is(err, syscall.EIO) && !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) {
 				s.log.Warn("read pty output", "err", err)
 			}
 			return
 		}
 	}
+}
+
+// maxAbandonDrain bounds what drainBuffered forwards: more than the
+// kernel buffers of a terminal hold (n_tty's 4 KiB plus 64 KiB of flip
+// buffers), so all that was written before the terminal was abandoned, but
+// not a stream without end from the process still holding it.
+const maxAbandonDrain = 256 << 10
+
+// drainBuffered forwards what the abandoned terminal has buffered, reading
+// without waiting (a read past the deadline would not even look), so that
+// output written before the session ended is not lost with the terminal.
+func (s *ptySession) drainBuffered(buf []byte) {
+	total := 0
+	s.control(func(fd int) error {
+		for total < maxAbandonDrain {
+			n, err := unix.Read(fd, buf)
+			if n <= 0 || err != nil {
+				return err
+			}
+			total += n
+			s.output += int64(n)
+			s.w.data(protocol.FrameStdout, buf[:n])
+		}
+		return nil
+	})
+}
+
+// terminalClosed reports whether no process holds the terminal any more:
+// the master then polls as hung up, and reading it returns what is left
+// and then EIO.
+func (s *ptySession) terminalClosed() bool {
+	hup := false
+	s.control(func(fd int) error {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		hup = err == nil && n > 0 && fds[0].Revents&unix.POLLHUP != 0
+		return err
+	})
+	return hup
 }
 
 // readFrames reads the client's frames for the whole life of the pty:

@@ -316,7 +316,9 @@ func TestNoCoordinator(t *testing.T) {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error %q does not contain %q", err, want)
 			}
-			if d := time.Since(start); d > 2*time.Second {
+			// At once, not when a timeout ends the wait (the error
+			// says no responders; the bound is for a loaded machine).
+			if d := time.Since(start); d > client.DefaultRequestTimeout {
 				t.Errorf("took %v to notice", d)
 			}
 		})

@@ -32,6 +32,11 @@ var tetherBin = flag.String("tether-bin", "", "prebuilt tether binary (default: 
 
 const defaultTestTimeout = 60 * time.Second
 
+// bulkTimeout bounds a step that moves a GiB: a race-built CLI and
+// coordinator take minutes for it on a machine at load 30 (a 1 GiB copy
+// outlasted defaultTestTimeout at load 16). Only a hang should reach it.
+const bulkTimeout = 10 * time.Minute
+
 // heartbeat is the coordinators' --heartbeat in these tests. The
 // coordinator drops an agent after three intervals of silence; 2 s makes
 // that 6 s, short enough for the partition tests and long enough that an
@@ -340,7 +345,14 @@ func metric(t *testing.T, httpAddr, name string) float64 {
 
 func runCLI(t *testing.T, natsURL string, stdin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	return runCLIWithin(t, defaultTestTimeout, natsURL, stdin, args...)
+}
+
+// runCLIWithin is runCLI with the CLI killed after d (code -1) rather than
+// defaultTestTimeout.
+func runCLIWithin(t *testing.T, d time.Duration, natsURL string, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, *tetherBin, args...)
 	cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -207,4 +208,28 @@ func TestAgentMetricsServerLimits(t *testing.T) {
 	}
 	defer extra.Close()
 	waitRefused(t, extra, "metrics connection past MaxConns")
+}
+
+// A daemon's registry serves the heap figures the e2e copy test bounds: the
+// live heap of the last collection and the heap in use.
+func TestRegistryServesHeapFigures(t *testing.T) {
+	runtime.GC() // the live heap is 0 until a collection ran
+	mfs, err := newRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"go_gc_heap_live_bytes": false, "go_memstats_heap_inuse_bytes": false, "go_memstats_heap_sys_bytes": false}
+	for _, mf := range mfs {
+		if _, ok := want[mf.GetName()]; ok {
+			want[mf.GetName()] = true
+			if len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetGauge().GetValue() <= 0 {
+				t.Errorf("%s = %v, want one positive gauge", mf.GetName(), mf.GetMetric())
+			}
+		}
+	}
+	for name, found := range want {
+		if !found {
+			t.Errorf("registry lacks %s", name)
+		}
+	}
 }

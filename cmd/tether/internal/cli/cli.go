@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"runtime"
 	"strings"
 	"time"
@@ -259,9 +260,15 @@ func (o *logOptions) logger(w io.Writer) *slog.Logger {
 }
 
 // newRegistry returns the registry a daemon serves on /metrics: its
-// components' metrics plus the Go runtime and process collectors.
+// components' metrics plus the Go runtime and process collectors. Beside
+// the Go collector's defaults it serves go_gc_heap_live_bytes (the heap the
+// last collection found live: what the daemon holds, without the garbage
+// go_memstats_heap_inuse_bytes also counts).
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
 }

@@ -77,7 +77,7 @@ func startAgentLink(t *testing.T) *agentLink {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sess.Close() })
-	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	actx, acancel := context.WithTimeout(ctx, defaultTestTimeout)
 	defer acancel()
 	ctl, _, err := sess.Accept(actx)
 	if err != nil {
@@ -180,7 +180,7 @@ func (tm *terminal) typ(t *testing.T, s string) {
 func (tm *terminal) waitScreen(t *testing.T, re string) {
 	t.Helper()
 	rx := regexp.MustCompile(re)
-	checkFor(t, 15*time.Second, func() error {
+	checkFor(t, defaultTestTimeout, func() error {
 		if rx.MatchString(tm.String()) {
 			return nil
 		}
@@ -228,7 +228,7 @@ func (r *shellRun) wait(t *testing.T) int {
 	select {
 	case c := <-r.code:
 		return c
-	case <-time.After(20 * time.Second):
+	case <-time.After(defaultTestTimeout):
 		t.Fatal("tether shell did not return")
 		return 0
 	}
@@ -290,7 +290,7 @@ func driveTerminal(ctx context.Context, t *testing.T, op streamOpener, natsURL s
 	}
 	// The resize and the next keystrokes travel separately: ask until the
 	// remote terminal has the new size.
-	checkFor(t, 15*time.Second, func() error {
+	checkFor(t, defaultTestTimeout, func() error {
 		tm.typ(t, "stty size\r")
 		time.Sleep(100 * time.Millisecond)
 		if strings.Contains(tm.String(), "40 120\r\n") {
@@ -351,7 +351,7 @@ func driveInterrupt(t *testing.T, op streamOpener, natsURL string) {
 		t.Errorf("terminal mode not restored (-before +after):\n%s", diff)
 	}
 	// The remote session was hung up: nothing of it is left.
-	checkFor(t, 10*time.Second, func() error {
+	checkFor(t, defaultTestTimeout, func() error {
 		if err := syscall.Kill(-atoi(t, sid), 0); err == nil {
 			return errors.New("remote process group still alive")
 		}
@@ -429,7 +429,7 @@ func TestShellPipeModeFileStdin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(defaultTestTimeout):
 		t.Fatal("shell waited for stdin after the command exited")
 	}
 }
