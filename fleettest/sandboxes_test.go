@@ -125,18 +125,21 @@ func liveRecords(f *fleettest.Fleet, run, node string) int {
 
 // The lease holder dies (stops renewing, as after kill -9) with 50 live
 // sandboxes on two nodes, through both facades: every one is deleted
-// within the lease TTL + 10 s; another run's sandboxes are untouched.
+// within the lease TTL + 10 s of its last renewal; another run's sandboxes
+// are untouched.
 func TestLeaseHolderDeathReapsEverySandbox(t *testing.T) {
 	f := sandboxFleet(t, nil)
 	ctx := context.Background()
 	const ttl = 2 * time.Second
-	if _, err := f.Client.OpenLease(ctx, "run-dies", ttl, "test"); err != nil {
+	// The run holds a long lease while it creates (51 creates took longer
+	// than 2 s on a loaded machine, and the reaper rightly began before
+	// the last); its holder's last act is a renewal with the short TTL.
+	if _, err := f.Client.OpenLease(ctx, "run-dies", time.Minute, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.Client.OpenLease(ctx, "run-lives", time.Minute, "test"); err != nil {
 		t.Fatal(err)
 	}
-	leased := time.Now()
 	cc := openShellClient(t, f)
 	for i := range 50 {
 		node := fmt.Sprintf("node-%d", i%2)
@@ -150,6 +153,10 @@ func TestLeaseHolderDeathReapsEverySandbox(t *testing.T) {
 	if n := liveRecords(f, "run-dies", ""); n != 50 {
 		t.Fatalf("ledger: %d live records of run-dies right after the creates, want 50", n)
 	}
+	if _, err := f.Client.OpenLease(ctx, "run-dies", ttl, "test"); err != nil {
+		t.Fatal(err)
+	}
+	leased := time.Now()
 	eventually(t, ttl+10*time.Second-time.Since(leased), "every sandbox of the dead run deleted", func() bool {
 		a0, b0 := onGateways(t, f, "node-0")
 		a1, b1 := onGateways(t, f, "node-1")
