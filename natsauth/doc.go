@@ -1,0 +1,2 @@
+// Package natsauth is Tether's NATS identity layer (placeholder doc).
+package natsauth
