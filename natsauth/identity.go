@@ -80,15 +80,24 @@ type Verifier struct {
 	operator *jwt.OperatorClaims
 	state    atomic.Pointer[verifierState]
 
-	// cache maps a user JWT to its decoded claims, so each user's
-	// signature is checked once, not on every request; the checks that
-	// depend on time and the account (expiry, revocation, issuer) run every
-	// time.
-	mu    sync.Mutex
-	cache map[string]*jwt.UserClaims
+	// headers maps a Nats-Request-Info value to what it says, so a
+	// connection's requests are parsed once (the value changes only when
+	// the server updates the connection's RTT); cache maps a user JWT to its
+	// decoded claims, so each user's signature is checked once. The checks
+	// that depend on time and the account (expiry, revocation, issuer) run
+	// on every request.
+	mu      sync.Mutex
+	headers map[string]*parsedInfo
+	cache   map[string]*jwt.UserClaims
 }
 
-// maxCache bounds Verifier's cache; it is emptied when full.
+// parsedInfo is a header value, decoded.
+type parsedInfo struct {
+	ri requestInfo
+	uc *jwt.UserClaims // nil until its JWT is decoded
+}
+
+// maxCache bounds each of Verifier's caches; a full one is emptied.
 const maxCache = 4096
 
 type verifierState struct {
@@ -113,7 +122,7 @@ func NewVerifier(operatorJWT string, accountJWTs ...string) (*Verifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsauth: verifier: operator JWT: %w", err)
 	}
-	v := &Verifier{now: time.Now, operator: op, cache: map[string]*jwt.UserClaims{}}
+	v := &Verifier{now: time.Now, operator: op, headers: map[string]*parsedInfo{}, cache: map[string]*jwt.UserClaims{}}
 	if err := v.SetAccounts(accountJWTs...); err != nil {
 		return nil, err
 	}
@@ -173,10 +182,11 @@ func (v *Verifier) SetAccounts(accountJWTs ...string) error {
 // revoked by the account. Errors wrap ErrNoRequestInfo, ErrUntrusted,
 // ErrExpired or ErrRevoked, and name the user when known.
 func (v *Verifier) Identify(h nats.Header) (Identity, error) {
-	ri, err := parseRequestInfo(h)
+	pi, err := v.parse(h)
 	if err != nil {
 		return Identity{}, err
 	}
+	ri := pi.ri
 	st := v.state.Load()
 	ca := st.accounts[ri.Account]
 	if ca == nil {
@@ -185,9 +195,16 @@ func (v *Verifier) Identify(h nats.Header) (Identity, error) {
 	if ri.JWT == "" {
 		return Identity{}, fmt.Errorf("%w: the request of user %s in account %s carries no user JWT: the import must share the requestor's identity (share: true) on a server in operator mode", ErrUntrusted, ri.User, ca.name)
 	}
-	uc, err := v.decode(ri.JWT)
-	if err != nil {
-		return Identity{}, fmt.Errorf("%w: user %s in account %s: its JWT: %v", ErrUntrusted, ri.User, ca.name, err)
+	v.mu.Lock()
+	uc := pi.uc
+	v.mu.Unlock()
+	if uc == nil {
+		if uc, err = v.decode(ri.JWT); err != nil {
+			return Identity{}, fmt.Errorf("%w: user %s in account %s: its JWT: %v", ErrUntrusted, ri.User, ca.name, err)
+		}
+		v.mu.Lock()
+		pi.uc = uc
+		v.mu.Unlock()
 	}
 	if uc.Subject != ri.User || !nkeys.IsValidPublicUserKey(uc.Subject) {
 		return Identity{}, fmt.Errorf("%w: the JWT in the header is user %s's, the server authenticated %s", ErrUntrusted, uc.Subject, ri.User)
@@ -226,6 +243,32 @@ func (v *Verifier) Identify(h nats.Header) (Identity, error) {
 		id.Name = uc.Name
 	}
 	return id, nil
+}
+
+// parse returns the decoded Nats-Request-Info of h, from the cache if this
+// exact value was seen.
+func (v *Verifier) parse(h nats.Header) (*parsedInfo, error) {
+	vals := h[server.ClientInfoHdr]
+	if len(vals) == 1 {
+		v.mu.Lock()
+		pi := v.headers[vals[0]]
+		v.mu.Unlock()
+		if pi != nil {
+			return pi, nil
+		}
+	}
+	ri, err := parseRequestInfo(h)
+	if err != nil {
+		return nil, err
+	}
+	pi := &parsedInfo{ri: ri}
+	v.mu.Lock()
+	if len(v.headers) >= maxCache {
+		clear(v.headers)
+	}
+	v.headers[vals[0]] = pi
+	v.mu.Unlock()
+	return pi, nil
 }
 
 // decode returns the claims of a user JWT, checking its signature once.

@@ -1,6 +1,8 @@
 package natsauth
 
 import (
+	"crypto/rand"
+	"encoding/base32"
 	"fmt"
 	"strings"
 	"time"
@@ -75,6 +77,19 @@ func PipeSubject(coordinator, pipe string) (string, error) {
 	}
 	return PipeSubjectPrefix + coordinator + "." + pipe, nil
 }
+
+// NewPipeID returns a pipe id for PipeSubject: 26 characters of base32 from
+// 128 random bits. Any client may publish to any pipe subject, so the id
+// must not be guessable (a nuid is: it counts up from a prefix shared by
+// every id of a process); the coordinator also drops pipe messages whose
+// RequestUser is not the opener.
+func NewPipeID() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return pipeIDEncoding.EncodeToString(b[:])
+}
+
+var pipeIDEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
 
 // checkToken accepts 1 to 64 bytes of [A-Za-z0-9_-].
 func checkToken(s string) error {

@@ -77,6 +77,38 @@ func TestAnonymousAndForeignClientsRefused(t *testing.T) {
 	if _, _, err := dial(s, forged); !errors.Is(err, nats.ErrAuthorization) {
 		t.Errorf("self-signed user of CLIENTS: got %v, want %v", err, nats.ErrAuthorization)
 	}
+	// A user of the client signing key that carries permissions of its
+	// own, and a bearer token of the account key.
+	for name, c := range map[string]struct {
+		signer nkeys.KeyPair
+		issuer string
+		edit   func(*jwt.UserClaims)
+	}{
+		"scoped user with its own permissions": {l.clientSigner, l.AccountKey(AccountClients), func(uc *jwt.UserClaims) { uc.Sub.Allow.Add(">") }},
+		"bearer token": {l.accounts[AccountClients], "", func(uc *jwt.UserClaims) {
+			uc.SetScoped(false)
+			uc.BearerToken = true
+		}},
+	} {
+		ukp, _ := nkeys.CreateUser()
+		upub, _ := ukp.PublicKey()
+		uc := jwt.NewUserClaims(upub)
+		uc.IssuerAccount = c.issuer
+		uc.SetScoped(true)
+		c.edit(uc)
+		tok, err := uc.Encode(c.signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seed, _ := ukp.Seed()
+		cr, err := newCreds(tok, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := dial(s, cr); !errors.Is(err, nats.ErrAuthorization) {
+			t.Errorf("%s: got %v, want %v", name, err, nats.ErrAuthorization)
+		}
+	}
 	// Positive control: a user of the layout connects.
 	nc, _ := connect(t, s, mintClient(t, l, "alice"))
 	nc.Close()

@@ -303,6 +303,48 @@ func TestProbeAcrossImportGetsNoAnswer(t *testing.T) {
 	}
 }
 
+// Revoking one user (an update of the CLIENTS account on the running
+// server) leaves another user's streamed reply mapped and the exports'
+// thresholds as they were.
+func TestRevokeKeepsOtherStreams(t *testing.T) {
+	const threshold = 5 * time.Second
+	l := testLayout(t, Config{ResponseThreshold: threshold})
+	s := startServer(t, l)
+	coord, _ := connect(t, s, mintCoordinator(t, l, "c1"))
+	reqs := responder(t, coord, protocol.SubjectExec)
+	nc, _ := connect(t, s, mintClient(t, l, "alice"))
+	inbox := nc.NewInbox()
+	replies, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest(protocol.SubjectExec, inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	req := next(t, reqs)
+	recv(t, replies)
+
+	if err := l.Revoke(mintClient(t, l, "bob").PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpdateServer(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := coord.PublishMsg(&nats.Msg{Subject: req.Reply, Data: []byte("still here")}); err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, replies); string(m.Data) != "still here" {
+		t.Fatalf("reply %q", m.Data)
+	}
+	acc, err := s.LookupAccount(l.AccountKey(AccountTether))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if th, err := acc.ServiceExportResponseThreshold(protocol.SubjectExec); err != nil || th != threshold {
+		t.Errorf("threshold after a CLIENTS update: %v, %v; want %v", th, err, threshold)
+	}
+}
+
 // A natspipe pipe across the import: the client dials tether.v1.stream;
 // the coordinator's end receives on an exported pipe subject
 // (PipeSubject), and sends on the streamed reply. Bytes flow both ways,
