@@ -1,7 +1,9 @@
 package natsauth
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -172,8 +174,11 @@ func generate(dir string) error {
 		if err != nil {
 			return fmt.Errorf("natsauth: generate %s: %w", f.name, err)
 		}
-		err = writeFileAtomic(filepath.Join(dir, f.name), append(seed, '\n'))
+		err = createExclusive(filepath.Join(dir, f.name), append(seed, '\n'))
 		kp.Wipe()
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%w: another process is creating the keys in %s; try again once it is done", err, dir)
+		}
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nats-io/jwt/v2"
@@ -58,6 +59,41 @@ func TestLoadCreatesThenLoads(t *testing.T) {
 	h := stamp(l2.AccountKey(AccountClients), alice.PublicKey(), alice.JWT, mustPublic(l2.clientSigner))
 	if id, err := l2.Verifier().Identify(h); err != nil || id.Name != "alice" {
 		t.Errorf("old user after reload: %+v, %v", id, err)
+	}
+}
+
+// Loads racing on a fresh directory never mix keys: each either fails,
+// saying another process is creating them, or loads the one set of keys.
+func TestConcurrentLoads(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		dir := filepath.Join(t.TempDir(), "keys")
+		var wg sync.WaitGroup
+		keys := make([]string, 8)
+		for i := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l, err := Load(dir, Config{})
+				if err != nil {
+					if !strings.Contains(err.Error(), "another process") && !strings.Contains(err.Error(), "incomplete") {
+						t.Errorf("Load %d: %v", i, err)
+					}
+					return
+				}
+				keys[i] = l.OperatorKey() + l.AccountKey(AccountClients) + mustPublic(l.clientSigner)
+			}()
+		}
+		wg.Wait()
+		l, err := Load(dir, Config{})
+		if err != nil {
+			t.Fatalf("round %d: Load after the race: %v", round, err)
+		}
+		want := l.OperatorKey() + l.AccountKey(AccountClients) + mustPublic(l.clientSigner)
+		for i, k := range keys {
+			if k != "" && k != want {
+				t.Errorf("round %d: Load %d got other keys than the directory holds", round, i)
+			}
+		}
 	}
 }
 

@@ -82,6 +82,35 @@ func writeFileAtomic(path string, data []byte) error {
 	return nil
 }
 
+// createExclusive writes data to a new file at path (mode 0600), complete
+// or not at all, and fails with an error wrapping fs.ErrExist if path
+// exists: two processes generating keys in one directory at once must not
+// end up with a mix of both.
+func createExclusive(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("natsauth: create %s: %w", path, err)
+	}
+	name := tmp.Name()
+	defer os.Remove(name)
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		// A hard link, unlike rename, refuses to replace an existing file.
+		err = os.Link(name, path)
+	}
+	if err != nil {
+		return fmt.Errorf("natsauth: create %s: %w", path, err)
+	}
+	return nil
+}
+
 // loadSeed reads the seed file at path and checks that it holds a key of
 // the given type.
 func loadSeed(path string, want nkeys.PrefixByte) (nkeys.KeyPair, error) {
