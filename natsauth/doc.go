@@ -62,8 +62,10 @@
 // (ErrNoRequestInfo): the server does not say which TETHER user sent it,
 // and an administrator is a CLIENTS user that policy makes admin, named in
 // the audit log. JetStream strips the header: record the identity when a
-// job is accepted. Identify caches parsed headers and verified JWTs; a
-// cached call costs about 2.5 µs, a new user's first about 100 µs.
+// job is accepted. Identify caches parsed headers and verified JWTs
+// (measured on 2 busy cores: 2.5-8 µs for a header seen before, 12-50 µs
+// for a new connection of a known user, 0.1-0.4 ms for a new user, whose
+// signature is checked).
 //
 // # Streamed replies and pipes across the import
 //
