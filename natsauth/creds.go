@@ -1,0 +1,118 @@
+package natsauth
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// Creds is a NATS user's credentials: its user JWT and its seed, the pair a
+// .creds file holds. The seed is a secret.
+type Creds struct {
+	// JWT is the encoded user JWT.
+	JWT string
+	// Seed is the user's NKey seed ("SU...").
+	Seed   []byte
+	claims *jwt.UserClaims
+}
+
+// newCreds checks that seed is the user key the JWT was issued to.
+func newCreds(token string, seed []byte) (*Creds, error) {
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: creds: user JWT: %w", err)
+	}
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: creds: seed: %w", err)
+	}
+	defer kp.Wipe()
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: creds: seed: %w", err)
+	}
+	if !nkeys.IsValidPublicUserKey(pub) {
+		return nil, fmt.Errorf("natsauth: creds: the seed is not a user seed")
+	}
+	if pub != uc.Subject {
+		return nil, fmt.Errorf("natsauth: creds: the seed is user %s's, the JWT was issued to %s", pub, uc.Subject)
+	}
+	return &Creds{JWT: token, Seed: bytes.Clone(seed), claims: uc}, nil
+}
+
+// ParseCreds parses the contents of a .creds file (nats.go's format: the
+// decorated JWT, then the decorated seed) and checks that the seed belongs
+// to the JWT's user.
+func ParseCreds(data []byte) (*Creds, error) {
+	token, err := jwt.ParseDecoratedJWT(data)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: creds: %w", err)
+	}
+	kp, err := jwt.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: creds: %w", err)
+	}
+	defer kp.Wipe()
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: creds: %w", err)
+	}
+	return newCreds(token, seed)
+}
+
+// ReadCreds reads and parses a .creds file. It refuses a file the group or
+// others may access (mode & 0077 != 0) or that is not a regular file, with
+// an error naming the file and its mode.
+func ReadCreds(path string) (*Creds, error) {
+	b, err := readSecret(path, "creds file")
+	if err != nil {
+		return nil, err
+	}
+	c, err := ParseCreds(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, path)
+	}
+	return c, nil
+}
+
+// Bytes renders c as a .creds file (jwt.FormatUserConfig).
+func (c *Creds) Bytes() ([]byte, error) {
+	b, err := jwt.FormatUserConfig(c.JWT, c.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: format creds: %w", err)
+	}
+	return b, nil
+}
+
+// WriteCreds writes c to path as a .creds file of mode 0600, atomically
+// (a temporary file renamed over path).
+func WriteCreds(path string, c *Creds) error {
+	b, err := c.Bytes()
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, b)
+}
+
+// PublicKey is the user's public key ("U...").
+func (c *Creds) PublicKey() string { return c.claims.Subject }
+
+// Name is the name in the user JWT.
+func (c *Creds) Name() string { return c.claims.Name }
+
+// InboxPrefix is the user's private inbox prefix, InboxPrefix(PublicKey()).
+func (c *Creds) InboxPrefix() string { return InboxPrefix(c.PublicKey()) }
+
+// Options returns the nats.go options that connect as this user: the JWT
+// and a signer of the server's nonce (nats.UserJWTAndSeed), and the user's
+// private inbox prefix, without which a client user could not receive a
+// reply.
+func (c *Creds) Options() []nats.Option {
+	return []nats.Option{
+		nats.UserJWTAndSeed(c.JWT, string(c.Seed)),
+		nats.CustomInboxPrefix(c.InboxPrefix()),
+	}
+}

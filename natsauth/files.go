@@ -1,0 +1,159 @@
+package natsauth
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/nats-io/nkeys"
+)
+
+// maxSecretFile bounds what ReadCreds and the seed loader read, in bytes: a
+// .creds file is about 1 KiB, a seed 58 bytes.
+const maxSecretFile = 64 << 10
+
+// readSecret reads a file that holds a secret (a seed or .creds). It
+// refuses anything but a regular file and any mode that gives the group or
+// others access, the way ssh treats private keys: a secret others can read
+// is already leaked, and one they can write may have been replaced.
+func readSecret(path, what string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: %s: %w", what, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: %s: %w", what, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("natsauth: %s %s is not a regular file (%v)", what, path, fi.Mode().Type())
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("natsauth: %s %s has mode %04o: group or others may access it; it must be readable by its owner only (chmod 600 %s)", what, path, perm, path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: %s %s: %w", what, path, err)
+	}
+	if len(b) > maxSecretFile {
+		return nil, fmt.Errorf("natsauth: %s %s is over %d bytes", what, path, maxSecretFile)
+	}
+	return b, nil
+}
+
+// writeFileAtomic writes data to path with mode 0600: a temporary file in
+// the same directory, synced, then renamed over path, so a reader never sees
+// a partial file and a crash leaves the old one.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("natsauth: write %s: %w", path, err)
+	}
+	name := tmp.Name()
+	fail := func(err error) error {
+		tmp.Close()
+		os.Remove(name)
+		return fmt.Errorf("natsauth: write %s: %w", path, err)
+	}
+	// CreateTemp already uses 0600; Chmod states it whatever the umask.
+	if err := tmp.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(name)
+		return fmt.Errorf("natsauth: write %s: %w", path, err)
+	}
+	if err := os.Rename(name, path); err != nil {
+		os.Remove(name)
+		return fmt.Errorf("natsauth: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// createExclusive writes data to a new file at path (mode 0600), complete
+// or not at all, and fails with an error wrapping fs.ErrExist if path
+// exists: two processes generating keys in one directory at once must not
+// end up with a mix of both.
+func createExclusive(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("natsauth: create %s: %w", path, err)
+	}
+	name := tmp.Name()
+	defer os.Remove(name)
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		// A hard link, unlike rename, refuses to replace an existing file.
+		err = os.Link(name, path)
+	}
+	if err != nil {
+		return fmt.Errorf("natsauth: create %s: %w", path, err)
+	}
+	return nil
+}
+
+// loadSeed reads the seed file at path and checks that it holds a key of
+// the given type.
+func loadSeed(path string, want nkeys.PrefixByte) (nkeys.KeyPair, error) {
+	b, err := readSecret(path, "seed file")
+	if err != nil {
+		return nil, err
+	}
+	// The file is one seed line, as nsc writes .nk files.
+	seed := bytes.TrimSpace(b)
+	prefix, _, err := nkeys.DecodeSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: seed file %s does not hold one NKey seed: %w", path, err)
+	}
+	if prefix != want {
+		return nil, fmt.Errorf("natsauth: seed file %s holds %s key, want %s key", path, prefixName(prefix), prefixName(want))
+	}
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: seed file %s: %w", path, err)
+	}
+	return kp, nil
+}
+
+func prefixName(p nkeys.PrefixByte) string {
+	switch p {
+	case nkeys.PrefixByteOperator:
+		return "an operator"
+	case nkeys.PrefixByteAccount:
+		return "an account"
+	case nkeys.PrefixByteUser:
+		return "a user"
+	}
+	return "a " + p.String()
+}
+
+// exists reports whether path exists (as anything, even a dangling link).
+func exists(path string) (bool, error) {
+	_, err := os.Lstat(path)
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return false, fmt.Errorf("natsauth: %w", err)
+}
