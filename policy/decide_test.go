@@ -118,7 +118,7 @@ func TestDecide(t *testing.T) {
 		{name: "own job", id: alice, op: OpJobCancel, node: nodeA, obj: Object{Owner: "nats:alice"}},
 		{name: "own job recorded by key", id: alice, op: OpJobCancel, node: nodeA, obj: Object{Owner: "nats:UALICEKEY"}},
 		{name: "someone else's job", id: alice, op: OpJobCancel, node: nodeA, obj: Object{Owner: "nats:bob"}, reason: ReasonNoRule, msg: []string{
-			"nats:alice may not job.cancel a job of nats:bob on node-a: no rule grants job.cancel on other identities' jobs (that needs scope: any) on node-a; job.cancel is granted on its own jobs only, by roles.deployer[2], policy.yaml:11:7"}},
+			"nats:alice may not job.cancel another identity's job on node-a: no rule grants job.cancel on other identities' jobs (that needs scope: any) on node-a; job.cancel is granted on its own jobs only, by roles.deployer[2], policy.yaml:11:7"}},
 		{name: "owner with the same name of another kind", id: alice, op: OpJobStatus, node: nodeA, obj: Object{Owner: "cert:alice"}, reason: ReasonNoRule},
 		{name: "owner prefix is not the owner", id: alice, op: OpJobStatus, node: nodeA, obj: Object{Owner: "nats:alic"}, reason: ReasonNoRule},
 		{name: "job with no recorded owner", id: alice, op: OpJobStatus, node: nodeA, reason: ReasonNoRule, msg: []string{"a job with no recorded owner", "jobs with no recorded owner (that needs scope: any)"}},
@@ -126,7 +126,7 @@ func TestDecide(t *testing.T) {
 		{name: "scope any grants ownerless jobs", id: carol, op: OpJobStatus, node: nodeB},
 		{name: "scope any on one op only", id: carol, op: OpJobCancel, node: nodeB, obj: Object{Owner: "nats:alice"}, reason: ReasonNoRule},
 		{name: "own run", id: alice, op: OpSandboxesReap, obj: Object{Owner: "nats:alice"}},
-		{name: "another's run", id: alice, op: OpSandboxesLease, obj: Object{Owner: "token:ci"}, reason: ReasonNoRule, msg: []string{"nats:alice may not sandboxes.lease a run of token:ci: no rule grants sandboxes.lease on other identities' runs"}},
+		{name: "another's run", id: alice, op: OpSandboxesLease, obj: Object{Owner: "token:ci"}, reason: ReasonNoRule, msg: []string{"nats:alice may not sandboxes.lease another identity's run: no rule grants sandboxes.lease on other identities' runs"}},
 		{name: "cert admin", id: ops1, op: OpAdmin},
 		{name: "cert sandboxes any", id: ops1, op: OpSandboxesList, obj: Object{Owner: "nats:alice"}},
 		{name: "token own runs only", id: ciTok, op: OpSandboxesList, obj: Object{Owner: "nats:alice"}, reason: ReasonNoRule},

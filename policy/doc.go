@@ -164,10 +164,12 @@
 // the identity, the operation and the rule that is missing, e.g.
 //
 //	nats:alice may not exec on node-b: no rule grants exec on a node with
-//	node-b's labels (env=prod); exec is granted on nodes "env=staging"
-//	(role deployer, policy.yaml:9:7)
+//	node-b's labels (env=dev); exec is granted on nodes "env in
+//	(staging,prod)" (roles.deployer[0], policy.yaml:11:7)
 //
-// The message lists only the caller's own rules, never another identity's.
+// The message lists only the caller's own rules (at most three), never
+// another identity's. A Grant names the rule that allowed (Grant.Rule) for
+// the audit log, and the run_as user.
 // The policy is lexical about paths and trusts the labels it is given:
 // the agent's local policy (symlinks, copy roots) and node identity are
 // enforced elsewhere.

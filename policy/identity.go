@@ -209,7 +209,8 @@ func checkName(v string, max int, extra string) error {
 }
 
 // checkCommonName checks a certificate common name: 1 to 64 bytes of valid
-// UTF-8 with no control characters and no leading or trailing space.
+// UTF-8, every character printable (unicode.IsPrint: the only space is
+// U+0020), with no leading or trailing space.
 func checkCommonName(v string) error {
 	switch {
 	case v == "":
@@ -222,8 +223,8 @@ func checkCommonName(v string) error {
 		return fmt.Errorf("common name %q has leading or trailing space", v)
 	}
 	for _, r := range v {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("common name %q has the control character %q", v, r)
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("common name %q has the unprintable character %U", v, r)
 		}
 	}
 	return nil

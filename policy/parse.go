@@ -416,7 +416,7 @@ func (p *parser) document(root *yaml.Node) *fileDoc {
 	}
 	if v, ok := f["version"]; !ok {
 		p.errf(n, "", "version is missing: the file must start with \"version: %d\"", Version)
-	} else if ver, ok := p.integer(v, "version", 0, math.MaxInt32); ok {
+	} else if ver, ok := p.integer(v, "version", math.MinInt, math.MaxInt); ok {
 		if ver != Version {
 			p.errf(v, "version", "version %d is not supported: the only version is %d", ver, Version)
 		}

@@ -37,7 +37,8 @@ identities:
 		{"bad nats name", "version: 1\nidentities:\n  \"nats:al ice\": {}\n", []string{`policy.yaml:3:3: identities: identity "nats:al ice": name "al ice": character ' ' is not allowed`}},
 		{"bad key checksum", "version: 1\nidentities:\n  nats:UDBEYJRDOFYTEW5TGTNPDPV53M74KESNMZXW2WD6GHEC4PIEXSVCZLHA: {}\n", []string{"has the shape of a NATS user public key but is not one"}},
 		{"bad account key", "version: 1\nidentities:\n  nats-account:AAQBC37ULHFKDGDZHWOIAYJDAUFOF6II5TMBXW53ONMTRMGHK4V5LWHA: {}\n", []string{"NATS account public key but is not one"}},
-		{"cert with control char", "version: 1\nidentities:\n  \"cert:a\\tb\": {}\n", []string{"control character"}},
+		{"cert with control char", "version: 1\nidentities:\n  \"cert:a\\tb\": {}\n", []string{"unprintable character U+0009"}},
+		{"cert with a zero-width space", "version: 1\nidentities:\n  \"cert:a\u200bb\": {}\n", []string{"unprintable character U+200B"}},
 		{"cert with leading space", "version: 1\nidentities:\n  \"cert: ops\": {}\n", []string{"leading or trailing space"}},
 		{"empty token name", "version: 1\nidentities:\n  \"token:\": {}\n", []string{"the name is empty"}},
 		{"unknown entry key", "version: 1\nidentities:\n  nats:alice:\n    role: [x]\n", []string{`policy.yaml:4:5: identities["nats:alice"]: unknown field "role" (known: roles, rules, limits)`}},
@@ -240,5 +241,68 @@ func TestLoadRefusesWorldWritable(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("missing: %v", err)
+	}
+}
+
+// TestReadmeExample: the README's policy parses, and its sample refusal is
+// the one Decide gives.
+func TestReadmeExample(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n### Policy\n")
+	if !ok {
+		t.Fatal("README has no Policy section")
+	}
+	sec, _, _ = strings.Cut(sec, "\n### ")
+	_, yml, ok := strings.Cut(sec, "```yaml\n")
+	if !ok {
+		t.Fatal("the Policy section has no yaml block")
+	}
+	yml, _, _ = strings.Cut(yml, "```")
+	p := mustParse(t, yml)
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	_, err = p.Decide(alice, OpExec, Node{ID: "node-b", Labels: map[string]string{"env": "dev"}}, Object{})
+	if err == nil {
+		t.Fatal("allowed")
+	}
+	flat := strings.Join(strings.Fields(sec), " ")
+	if !strings.Contains(flat, "`"+err.Error()+"`") {
+		t.Errorf("the README does not show the refusal\n  %s", err)
+	}
+}
+
+// TestDocExample: the package doc's example parses without warnings, and
+// its sample refusal is the one Decide gives.
+func TestDocExample(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "// A complete example, every field used:\n//\n")
+	if !ok {
+		t.Fatal("doc.go has no example")
+	}
+	var yml strings.Builder
+	for _, line := range strings.Split(rest, "\n") {
+		if line != "//" && !strings.HasPrefix(line, "//\t") {
+			break
+		}
+		yml.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "//"), "\t") + "\n")
+	}
+	p := mustParse(t, yml.String())
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	_, err = p.Decide(alice, OpExec, Node{ID: "node-b", Labels: map[string]string{"env": "dev"}}, Object{})
+	if err == nil {
+		t.Fatal("allowed")
+	}
+	flat := strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " ")
+	if !strings.Contains(flat, err.Error()) {
+		t.Errorf("the doc does not show the refusal\n  %s", err)
 	}
 }

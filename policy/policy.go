@@ -15,9 +15,12 @@ import (
 // Policy is a parsed, checked policy file, compiled for Decide. It is
 // immutable and safe for concurrent use.
 type Policy struct {
-	name     string
-	doc      *fileDoc
-	index    map[entryKey]*entry
+	name string
+	doc  *fileDoc
+	// index holds the entries by kind, then by the value callers are
+	// matched on: string-keyed maps take the runtime's fast path.
+	index    [numKinds]map[string]*entry
+	nids     int
 	defaults Limits
 	warnings []string
 	nroles   int
@@ -86,7 +89,10 @@ func Parse(name string, data []byte) (*Policy, error) {
 
 // compile indexes a checked document.
 func compile(name string, doc *fileDoc) *Policy {
-	p := &Policy{name: name, doc: doc, index: make(map[entryKey]*entry, len(doc.Identities)), nroles: len(doc.Roles)}
+	p := &Policy{name: name, doc: doc, nids: len(doc.Identities), nroles: len(doc.Roles)}
+	for k := range p.index {
+		p.index[k] = map[string]*entry{}
+	}
 	p.defaults = DefaultLimits()
 	if doc.Defaults != nil && doc.Defaults.Limits != nil {
 		p.defaults = doc.Defaults.Limits.over(p.defaults)
@@ -128,7 +134,7 @@ func compile(name string, doc *fileDoc) *Policy {
 		if len(fe.Roles) == 0 && len(fe.Rules) == 0 && fe.Limits == nil {
 			p.warnings = append(p.warnings, fmt.Sprintf("%s: %s grants nothing (no roles, rules or limits)", fe.pos, ip))
 		}
-		p.index[fe.key] = e
+		p.index[fe.key.kind][fe.key.value] = e
 	}
 	if len(doc.Identities) == 0 {
 		p.warnings = append(p.warnings, fmt.Sprintf("%s: identities is empty: the policy refuses everything", name))
@@ -146,7 +152,7 @@ func (p *Policy) Warnings() []string { return slices.Clone(p.warnings) }
 // Counts returns how many identity entries, roles and rules the policy has
 // (a role's rules counted once).
 func (p *Policy) Counts() (identities, roles, rules int) {
-	return len(p.index), p.nroles, p.nrules
+	return p.nids, p.nroles, p.nrules
 }
 
 // Node is the node an operation runs on, as the coordinator knows it.
@@ -293,10 +299,10 @@ func (p *Policy) Decide(id Identity, op Operation, node Node, obj Object) (Grant
 func (p *Policy) lookup(id Identity, buf *[3]*entry) []*entry {
 	out := buf[:0]
 	add := func(k Kind, v string) {
-		if v == "" {
+		if v == "" || !k.Valid() {
 			return
 		}
-		if e := p.index[entryKey{k, v}]; e != nil && !slices.Contains(out, e) {
+		if e := p.index[k][v]; e != nil && !slices.Contains(out, e) {
 			out = append(out, e)
 		}
 	}
@@ -346,7 +352,9 @@ func subject(id Identity, op Operation, node Node, obj Object) string {
 		case info.scoped && id.owns(obj.Owner):
 			b.WriteString(" its own " + info.noun)
 		case info.scoped:
-			b.WriteString(" a " + info.noun + " of " + obj.Owner)
+			// Not the owner's name: a caller probing ids must not learn
+			// whose they are. Refusal.Object has it, for the log.
+			b.WriteString(" another identity's " + info.noun)
 		}
 	}
 	if node.ID != "" {
