@@ -65,8 +65,10 @@
 //	                   of [A-Za-z0-9._@+-], starting with a letter or digit
 //	nats:UKEY          a NATS user, by its public key (56 characters from U;
 //	                   the checksum is checked)
-//	nats-account:NAME  every user of a NATS account, by the account's name
-//	nats-account:AKEY  (1-64 bytes of [A-Za-z0-9._-]) or public key (from A)
+//	nats-account:NAME  every user of a NATS account, by the account's name:
+//	                   1-64 bytes of [A-Za-z0-9._-]
+//	nats-account:AKEY  the same, by the account's public key (56
+//	                   characters from A; the checksum is checked)
 //	cert:CN            a facade client certificate, by its subject's common
 //	                   name: 1-64 bytes of printable UTF-8, no leading or
 //	                   trailing space
@@ -104,7 +106,7 @@
 //	            operations (refused otherwise): own grants them on the
 //	            caller's own jobs and runs, any on everyone's
 //
-// Operations, and what each needs:
+// Operations, and the keys each needs (scope is optional: own by default):
 //
 //	exec                run a command (nodes, run_as)
 //	cp.read             copy from a node: tether cp NODE:PATH ... (nodes,
