@@ -1,0 +1,308 @@
+package policy
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestParseErrors: each bad file is refused with FILE:LINE:COLUMN and the
+// field's path.
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		file string
+		want []string
+	}{
+		{"empty", "", []string{"policy.yaml: the file is empty"}},
+		{"comments only", "# nothing\n", []string{"policy.yaml: the file is empty"}},
+		{"syntax", "version: 1\nidentities: [\n", []string{"policy.yaml:"}},
+		{"two documents", "version: 1\nidentities: {}\n---\nversion: 1\n", []string{"policy.yaml:3:1: a second YAML document"}},
+		{"top level list", "- a\n", []string{"policy.yaml:1:1: want a mapping, got a list"}},
+		{"no version", "identities: {}\n", []string{`policy.yaml:1:1: version is missing: the file must start with "version: 1"`}},
+		{"version 2", "version: 2\nidentities: {}\n", []string{"policy.yaml:1:10: version: version 2 is not supported"}},
+		{"version string", "version: \"1\"\nidentities: {}\n", []string{`policy.yaml:1:10: version: want an integer, got the string "1"`}},
+		{"no identities", "version: 1\n", []string{"policy.yaml:1:1: identities is missing"}},
+		{"unknown top-level key", "version: 1\nidentity: {}\nidentities: {}\n", []string{`policy.yaml:2:1: unknown field "identity" (known: version, defaults, roles, identities)`}},
+		{"duplicate top-level key", "version: 1\nidentities: {}\nversion: 1\n", []string{`policy.yaml:3:1: key "version" appears twice (first at line 1, column 1)`}},
+		{"duplicate identity", `version: 1
+identities:
+  nats:alice: {roles: []}
+  nats:alice:
+    rules: []
+`, []string{`policy.yaml:4:3: identities: key "nats:alice" appears twice (first at line 3, column 3)`}},
+		{"unknown kind", "version: 1\nidentities:\n  ssh:alice: {}\n", []string{`policy.yaml:3:3: identities: identity "ssh:alice": unknown kind "ssh": want one of nats, nats-account, cert, token`}},
+		{"no kind", "version: 1\nidentities:\n  alice: {}\n", []string{`policy.yaml:3:3: identities: identity "alice": want KIND:VALUE`}},
+		{"bad nats name", "version: 1\nidentities:\n  \"nats:al ice\": {}\n", []string{`policy.yaml:3:3: identities: identity "nats:al ice": name "al ice": character ' ' is not allowed`}},
+		{"bad key checksum", "version: 1\nidentities:\n  nats:UDBEYJRDOFYTEW5TGTNPDPV53M74KESNMZXW2WD6GHEC4PIEXSVCZLHA: {}\n", []string{"has the shape of a NATS user public key but is not one"}},
+		{"bad account key", "version: 1\nidentities:\n  nats-account:AAQBC37ULHFKDGDZHWOIAYJDAUFOF6II5TMBXW53ONMTRMGHK4V5LWHA: {}\n", []string{"NATS account public key but is not one"}},
+		{"cert with control char", "version: 1\nidentities:\n  \"cert:a\\tb\": {}\n", []string{"unprintable character U+0009"}},
+		{"cert with a zero-width space", "version: 1\nidentities:\n  \"cert:a\u200bb\": {}\n", []string{"unprintable character U+200B"}},
+		{"cert with leading space", "version: 1\nidentities:\n  \"cert: ops\": {}\n", []string{"leading or trailing space"}},
+		{"empty token name", "version: 1\nidentities:\n  \"token:\": {}\n", []string{"the name is empty"}},
+		{"unknown entry key", "version: 1\nidentities:\n  nats:alice:\n    role: [x]\n", []string{`policy.yaml:4:5: identities["nats:alice"]: unknown field "role" (known: roles, rules, limits)`}},
+		{"undefined role", "version: 1\nidentities:\n  nats:alice:\n    roles: [ops]\n", []string{`policy.yaml:4:13: identities["nats:alice"].roles[0]: role "ops" is not defined (roles: none)`}},
+		{"role listed twice", "version: 1\nroles:\n  ops:\n    - operations: [admin]\nidentities:\n  nats:alice:\n    roles: [ops, ops]\n", []string{`policy.yaml:7:18: identities["nats:alice"].roles[1]: "ops" is listed twice (also at index 0)`}},
+		{"bad role name", "version: 1\nroles:\n  -ops:\n    - operations: [admin]\nidentities: {}\n", []string{`policy.yaml:3:3: roles: role name "-ops" must start with a letter or digit`}},
+		{"empty role", "version: 1\nroles:\n  ops: []\nidentities: {}\n", []string{"policy.yaml:3:8: roles.ops: no rules"}},
+		{"role not a list", "version: 1\nroles:\n  ops:\n    operations: [admin]\nidentities: {}\n", []string{"policy.yaml:4:5: roles.ops: want a list, got a mapping"}},
+		{"unknown rule key", oneRule("nodes: \"*\"\n      operation: [exec]\n      run_as: x"), []string{`policy.yaml:5:7: roles.r[0]: unknown field "operation" (known: operations, nodes, paths, targets, run_as, scope)`}},
+		{"no operations", oneRule("nodes: \"*\""), []string{"policy.yaml:4:7: roles.r[0]: operations is missing"}},
+		{"unknown operation", oneRule("operations: [exec, reboot]"), []string{`policy.yaml:4:26: roles.r[0].operations[1]: unknown operation "reboot": want one of exec,`}},
+		{"operation twice", oneRule("operations: [admin, admin]"), []string{`roles.r[0].operations[1]: "admin" is listed twice`}},
+		{"operations empty", oneRule("operations: []"), []string{"policy.yaml:4:19: roles.r[0].operations: the list is empty"}},
+		{"operations a string", oneRule("operations: exec"), []string{`policy.yaml:4:19: roles.r[0].operations: want a list, got the string "exec"`}},
+		{"nodes missing", oneRule("operations: [exec]\n      run_as: x"), []string{`policy.yaml:4:7: roles.r[0]: nodes is missing: exec runs on nodes: give a label selector, or "*" for every node`}},
+		{"nodes where none runs", oneRule("nodes: \"*\"\n      operations: [admin]"), []string{"policy.yaml:4:14: roles.r[0].nodes: none of the rule's operations (admin) takes nodes"}},
+		{"nodes empty", oneRule("nodes: \"\"\n      operations: [nodes.list]"), []string{`policy.yaml:4:14: roles.r[0].nodes: the selector is empty: write "*" for every node`}},
+		{"nodes a boolean", oneRule("nodes: true\n      operations: [nodes.list]"), []string{"policy.yaml:4:14: roles.r[0].nodes: want a string, got the boolean true"}},
+		{"nodes null", oneRule("nodes:\n      operations: [nodes.list]"), []string{"roles.r[0].nodes: want a string, got null"}},
+		{"nodes a list", oneRule("nodes: [a]\n      operations: [nodes.list]"), []string{"roles.r[0].nodes: want a string, got a list"}},
+		{"bad selector", oneRule("nodes: \"env=prod,\"\n      operations: [nodes.list]"), []string{`policy.yaml:4:14: roles.r[0].nodes: selector "env=prod,": empty term at offset 9`}},
+		{"paths missing", oneRule("nodes: \"*\"\n      operations: [cp.read]\n      run_as: x"), []string{"roles.r[0]: paths is missing: cp.read copies files"}},
+		{"paths where no cp", oneRule("nodes: \"*\"\n      operations: [exec]\n      paths: [/x]\n      run_as: x"), []string{"policy.yaml:6:14: roles.r[0].paths: none of the rule's operations (exec) takes paths"}},
+		{"relative path", oneRule("nodes: \"*\"\n      operations: [cp.write]\n      paths: [srv]\n      run_as: x"), []string{`policy.yaml:6:15: roles.r[0].paths[0]: path prefix "srv" is not absolute`}},
+		{"dot-dot path", oneRule("nodes: \"*\"\n      operations: [cp.write]\n      paths: [/srv/../etc]\n      run_as: x"), []string{`roles.r[0].paths[0]: path prefix "/srv/../etc" has a ".." component`}},
+		{"path twice after cleaning", oneRule("nodes: \"*\"\n      operations: [cp.write]\n      paths: [/srv, /srv/]\n      run_as: x"), []string{`roles.r[0].paths[1]: "/srv" is listed twice`}},
+		{"targets missing", oneRule("nodes: \"*\"\n      operations: [forward]"), []string{"roles.r[0]: targets is missing: forward dials targets"}},
+		{"bad target", oneRule("nodes: \"*\"\n      operations: [forward]\n      targets: [Open_Shell]"), []string{"roles.r[0].targets[0]: target name"}},
+		{"run_as missing", oneRule("nodes: \"*\"\n      operations: [exec, shell]"), []string{"roles.r[0]: run_as is missing: exec, shell runs as a local user"}},
+		{"run_as an integer", oneRule("nodes: \"*\"\n      operations: [exec]\n      run_as: 1000"), []string{"policy.yaml:6:15: roles.r[0].run_as: want a string, got the integer 1000"}},
+		{"run_as a quoted number", oneRule("nodes: \"*\"\n      operations: [exec]\n      run_as: \"1000\""), []string{`roles.r[0].run_as: user name "1000" must start with a letter or '_'`}},
+		{"run_as an option", oneRule("nodes: \"*\"\n      operations: [exec]\n      run_as: \"-u\""), []string{"must start with a letter or '_'"}},
+		{"run_as with a slash", oneRule("nodes: \"*\"\n      operations: [exec]\n      run_as: a/b"), []string{`character '/' is not allowed`}},
+		{"run_as where nothing runs", oneRule("nodes: \"*\"\n      operations: [forward]\n      targets: [x]\n      run_as: x"), []string{"roles.r[0].run_as: none of the rule's operations (forward) takes run_as"}},
+		{"scope where none scoped", oneRule("nodes: \"*\"\n      operations: [nodes.list]\n      scope: any"), []string{"policy.yaml:6:14: roles.r[0].scope: none of the rule's operations (nodes.list) has a scope"}},
+		{"bad scope", oneRule("operations: [sandboxes.list]\n      scope: all"), []string{`policy.yaml:5:14: roles.r[0].scope: scope "all": want own or any`}},
+		{"unknown limit", "version: 1\ndefaults:\n  limits:\n    max_jobs: 3\nidentities: {}\n", []string{`policy.yaml:4:5: defaults.limits: unknown field "max_jobs" (known: max_concurrent_jobs, requests_per_second, burst)`}},
+		{"limit zero", "version: 1\ndefaults:\n  limits:\n    max_concurrent_jobs: 0\nidentities: {}\n", []string{"policy.yaml:4:26: defaults.limits.max_concurrent_jobs: 0 is out of range: want 1 to 1048576"}},
+		{"limit a float", "version: 1\ndefaults:\n  limits:\n    burst: 1.5\nidentities: {}\n", []string{"defaults.limits.burst: want an integer, got the number 1.5"}},
+		{"rate a word", "version: 1\ndefaults:\n  limits:\n    requests_per_second: yes\nidentities: {}\n", []string{`defaults.limits.requests_per_second: want a number, got the string "yes"`}},
+		{"rate infinite", "version: 1\ndefaults:\n  limits:\n    requests_per_second: .inf\nidentities: {}\n", []string{"defaults.limits.requests_per_second: .inf is out of range"}},
+		{"rate NaN", "version: 1\ndefaults:\n  limits:\n    requests_per_second: .nan\nidentities: {}\n", []string{"out of range"}},
+		{"rate negative", "version: 1\ndefaults:\n  limits:\n    requests_per_second: -1\nidentities: {}\n", []string{"out of range"}},
+		{"anchor and alias", "version: 1\nroles:\n  a: &r\n    - operations: [admin]\n  b: *r\nidentities: {}\n", []string{"policy.yaml:3:6: roles.a: anchors (&r) are not supported", "policy.yaml:5:6: roles.b: aliases (*r) are not supported"}},
+		{"merge key", "version: 1\nidentities:\n  nats:alice:\n    <<: {roles: []}\n", []string{`policy.yaml:4:5: identities["nats:alice"]: merge keys (<<) are not supported`}},
+		{"custom tag", "version: 1\nidentities: !secret {}\n", []string{"policy.yaml:2:13: identities: tag !secret is not supported"}},
+		{"non-string key", "version: 1\nidentities:\n  123: {}\n", []string{"policy.yaml:3:3: identities: want a string key, got the integer 123"}},
+		{"timestamp as user", oneRule("nodes: \"*\"\n      operations: [exec]\n      run_as: 2024-01-01"), []string{"run_as: want a string, got the timestamp 2024-01-01"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Parse("policy.yaml", []byte(tt.file))
+			if err == nil {
+				t.Fatalf("accepted:\n%s\nas\n%s", tt.file, p.Marshal())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error\n  %s\nlacks\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "), w)
+				}
+			}
+		})
+	}
+}
+
+// oneRule is a file with one role r holding one rule whose body (indented for
+// the rule's mapping) is body; the rule's first key is at line 4, column 7.
+func oneRule(body string) string {
+	return "version: 1\nroles:\n  r:\n    - " + body + "\nidentities:\n  nats:alice: {roles: [r]}\n"
+}
+
+// TestParseReportsEveryError: one Parse reports each problem of a file,
+// each on its own line, in file order.
+func TestParseReportsEveryError(t *testing.T) {
+	_, err := Parse("p.yaml", []byte(`version: 1
+roles:
+  ops:
+    - nodes: "*"
+      operations: [exec]
+identities:
+  nats:alice:
+    roles: [opz]
+  bogus:x: {}
+`))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		"p.yaml:4:7: roles.ops[0]: run_as is missing",
+		`p.yaml:8:13: identities["nats:alice"].roles[0]: role "opz" is not defined (roles: ops)`,
+		`p.yaml:9:3: identities: identity "bogus:x": unknown kind "bogus"`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%s", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("error %d = %q, want prefix %q", i, lines[i], w)
+		}
+	}
+}
+
+// TestParseErrorCap: a file with very many errors reports the first ones
+// and a count of the rest.
+func TestParseErrorCap(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("version: 1\nidentities:\n")
+	for i := range 80 {
+		b.WriteString("  bad" + string(rune('a'+i%26)) + string(rune('a'+i/26)) + ": {}\n")
+	}
+	_, err := Parse("p.yaml", []byte(b.String()))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != maxErrors+1 || lines[maxErrors] != "p.yaml: 30 more errors" {
+		t.Errorf("got %d lines, last %q", len(lines), lines[len(lines)-1])
+	}
+}
+
+func TestParseTooLarge(t *testing.T) {
+	_, err := Parse("big.yaml", make([]byte, MaxFileSize+1))
+	if err == nil || !strings.Contains(err.Error(), "big.yaml: 1048577 bytes, over the 1048576 byte limit") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+// TestRolesAfterIdentities: a role may be defined after the entries that
+// use it.
+func TestRolesAfterIdentities(t *testing.T) {
+	p := mustParse(t, "version: 1\nidentities:\n  nats:alice: {roles: [ops]}\nroles:\n  ops:\n    - operations: [admin]\n")
+	if _, err := p.Decide(alice, OpAdmin, Node{}, Object{}); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	p := mustParse(t, "version: 1\nroles:\n  spare:\n    - operations: [admin]\nidentities:\n  nats:alice: {}\n")
+	got := strings.Join(p.Warnings(), "\n")
+	for _, w := range []string{"policy.yaml:3:3: role spare is not used by any identity", `policy.yaml:6:3: identities["nats:alice"] grants nothing`} {
+		if !strings.Contains(got, w) {
+			t.Errorf("warnings\n%s\nlack %q", got, w)
+		}
+	}
+	p = mustParse(t, "version: 1\nidentities: {}\n")
+	if w := p.Warnings(); len(w) != 1 || !strings.Contains(w[0], "identities is empty: the policy refuses everything") {
+		t.Errorf("warnings %q", w)
+	}
+	if _, err := p.Decide(alice, OpNodesList, nodeA, Object{}); err == nil {
+		t.Error("an empty policy allowed nodes.list")
+	}
+}
+
+// TestExampleFile: the shipped example parses without warnings, and
+// decides as its comments say.
+func TestExampleFile(t *testing.T) {
+	p, err := Load(filepath.Join("..", "deploy", "policy.example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	prod := Node{ID: "p1", Labels: map[string]string{"env": "prod"}}
+	gpu := Node{ID: "g1", Labels: map[string]string{"gpu": "true"}}
+	ci := Identity{Kind: KindNATS, Name: "runner-7", Account: "CI"}
+	if g, err := p.Decide(alice, OpExec, prod, Object{}); err != nil || g.RunAs != "deploy" {
+		t.Errorf("alice exec on prod: %v %v", g, err)
+	}
+	if _, err := p.Decide(alice, OpCopyWrite, prod, Object{Path: "/var/log/app/x"}); err == nil {
+		t.Error("alice may write the app's logs")
+	}
+	if _, err := p.Decide(ci, OpForward, gpu, Object{Target: "openshell"}); err != nil {
+		t.Error(err)
+	}
+	if _, err := p.Decide(ci, OpExec, gpu, Object{}); err == nil {
+		t.Error("CI may exec")
+	}
+	if l := p.Limits(alice); l.MaxConcurrentJobs != 4 || l.RequestsPerSecond != 20 {
+		t.Errorf("alice's limits %+v", l)
+	}
+}
+
+func TestLoadRefusesWorldWritable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte("version: 1\nidentities: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err != nil {
+		t.Fatalf("0600: %v", err)
+	}
+	if err := os.Chmod(path, 0o646); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "is writable by anyone (mode 0646)") {
+		t.Errorf("0646: %v", err)
+	}
+	if _, err := Load(filepath.Dir(path)); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("directory: %v", err)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("missing: %v", err)
+	}
+}
+
+// TestReadmeExample: the README's policy parses, and its sample refusal is
+// the one Decide gives.
+func TestReadmeExample(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n### Policy\n")
+	if !ok {
+		t.Fatal("README has no Policy section")
+	}
+	sec, _, _ = strings.Cut(sec, "\n### ")
+	_, yml, ok := strings.Cut(sec, "```yaml\n")
+	if !ok {
+		t.Fatal("the Policy section has no yaml block")
+	}
+	yml, _, _ = strings.Cut(yml, "```")
+	p := mustParse(t, yml)
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	_, err = p.Decide(alice, OpExec, Node{ID: "node-b", Labels: map[string]string{"env": "dev"}}, Object{})
+	if err == nil {
+		t.Fatal("allowed")
+	}
+	flat := strings.Join(strings.Fields(sec), " ")
+	if !strings.Contains(flat, "`"+err.Error()+"`") {
+		t.Errorf("the README does not show the refusal\n  %s", err)
+	}
+}
+
+// TestDocExample: the package doc's example parses without warnings, and
+// its sample refusal is the one Decide gives.
+func TestDocExample(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "// A complete example, every field used:\n//\n")
+	if !ok {
+		t.Fatal("doc.go has no example")
+	}
+	var yml strings.Builder
+	for _, line := range strings.Split(rest, "\n") {
+		if line != "//" && !strings.HasPrefix(line, "//\t") {
+			break
+		}
+		yml.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "//"), "\t") + "\n")
+	}
+	p := mustParse(t, yml.String())
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	_, err = p.Decide(alice, OpExec, Node{ID: "node-b", Labels: map[string]string{"env": "dev"}}, Object{})
+	if err == nil {
+		t.Fatal("allowed")
+	}
+	flat := strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " ")
+	if !strings.Contains(flat, err.Error()) {
+		t.Errorf("the doc does not show the refusal\n  %s", err)
+	}
+}

@@ -1,0 +1,85 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Store holds the policy in force for a long-lived owner (the coordinator)
+// and the Limiter that enforces its limits. Decide, Allow and Acquire read
+// the current policy with one atomic load; Reload swaps in a new one and
+// keeps the old one when the file is bad, so a SIGHUP with a broken file
+// changes nothing. Safe for concurrent use.
+type Store struct {
+	path    string
+	metrics *Metrics
+	limiter *Limiter
+	cur     atomic.Pointer[Policy]
+	// mu serialises Reload: two concurrent reloads must not store their
+	// results out of order.
+	mu sync.Mutex
+}
+
+// NewStore loads the policy file at path (Load) and returns a Store
+// holding it, counting refusals and reloads in m (nil: not counted).
+func NewStore(path string, m *Metrics) (*Store, error) {
+	p, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{path: path, metrics: m, limiter: NewLimiter(m)}
+	s.cur.Store(p)
+	return s, nil
+}
+
+// Path returns the file the Store loads.
+func (s *Store) Path() string { return s.path }
+
+// Policy returns the policy in force.
+func (s *Store) Policy() *Policy { return s.cur.Load() }
+
+// Limiter returns the Store's Limiter (Allow and Acquire use it).
+func (s *Store) Limiter() *Limiter { return s.limiter }
+
+// Reload loads the file again. On success the new policy applies to every
+// decision from then on (decisions already made stand; running jobs keep
+// their slots, and the new limits apply to the next request) and Reload
+// returns the new policy. On error the policy in force is kept and the
+// error says so, with every problem of the file.
+func (s *Store) Reload() (*Policy, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := Load(s.path)
+	s.metrics.reloaded(err == nil)
+	if err != nil {
+		return nil, fmt.Errorf("policy reload failed, the policy loaded before stays in force: %w", err)
+	}
+	s.cur.Store(p)
+	return p, nil
+}
+
+// Decide is Policy.Decide on the policy in force, counting refusals.
+func (s *Store) Decide(id Identity, op Operation, node Node, obj Object) (Grant, error) {
+	g, err := s.cur.Load().Decide(id, op, node, obj)
+	if err != nil {
+		var r *Refusal
+		if errors.As(err, &r) {
+			s.metrics.refused(op, r.Reason)
+		}
+	}
+	return g, err
+}
+
+// Allow takes one request from id's budget under the policy in force
+// (Limiter.Allow).
+func (s *Store) Allow(id Identity, op Operation) error {
+	return s.limiter.Allow(id, op, s.cur.Load().Limits(id))
+}
+
+// Acquire counts one running job of id under the policy in force
+// (Limiter.Acquire); call release when the job ends.
+func (s *Store) Acquire(id Identity, op Operation) (release func(), err error) {
+	return s.limiter.Acquire(id, op, s.cur.Load().Limits(id))
+}
