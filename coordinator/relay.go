@@ -62,6 +62,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	params := bytes.TrimSpace(r.Params)
 	switch {
 	case len(params) > protocol.MaxHeaderSize:
+		// The bytes as they came are what the header would carry.
 		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", protocol.HeaderSizeError("params", len(params))))
 		return
 	case len(params) == 0 || params[0] != '{':
@@ -70,12 +71,19 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 	// The agent's own checks, on the request: what the agent would refuse
 	// gets its 400 (or 413) here, and never opens a stream. The bytes are
-	// passed on as they came.
+	// passed on as they came, but for an exec's default timeout.
 	if e := protocol.StreamParamsAPIError(kind, params); e != nil {
 		c.replyError(req, e)
 		return
 	}
 	if kind == protocol.KindExec {
+		// Measured as the job path measures them (ExecRequest.Validate):
+		// without a timeout of their own they must leave room for the
+		// default one added here, or they would run without it.
+		if e := execHeaderSizeError(params); e != nil {
+			c.replyError(req, e)
+			return
+		}
 		params = withDefaultTimeout(params, c.cfg.DefaultTimeout)
 	}
 	if err := protocol.ValidPipeInbox(req.Reply()); err != nil {
@@ -522,12 +530,34 @@ func (f *frameCursor) advance(b []byte) {
 // frame.
 func (f *frameCursor) atBoundary() bool { return f.hdr == 0 && f.left == 0 }
 
+// execHeaderSizeError is protocol.CheckHeaderSize of exec stream params
+// (which handleStream checked with the agent's rules before) as a 413
+// too_large, nil when they fit: without a timeout of their own, they must
+// leave room for the coordinator's default one, as on the job path.
+func execHeaderSizeError(params []byte) *protocol.APIError {
+	var p protocol.ExecParams
+	h := protocol.Header{Version: protocol.Version, Kind: protocol.KindExec, Params: params}
+	if err := h.DecodeParams(&p); err != nil {
+		return protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%v", err)
+	}
+	if err := protocol.CheckHeaderSize("exec params (script, argv, env, cwd)", &p); err != nil {
+		if errors.Is(err, protocol.ErrTooLarge) {
+			return protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", err)
+		}
+		return protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%v", err)
+	}
+	return nil
+}
+
 // withDefaultTimeout returns exec stream params with timeout_ms set to d
 // when they have none (absent or 0), as the job path applies
 // Config.DefaultTimeout: an exec through the relay (e.g. with streamed
-// stdin) is bounded like any other. Params that do not decode as a JSON
-// object (handleStream refused those before), or that would outgrow the
-// header limit, are returned unchanged.
+// stdin) is bounded like any other. The client's encoding is kept, with
+// the field added; when that would outgrow the header limit (escapes the
+// client used where none were needed) the params are encoded anew
+// (protocol.MarshalJSON), which fits whatever passed execHeaderSizeError.
+// Params that do not decode as exec params (handleStream refused those
+// before), or that would not fit either way, are returned unchanged.
 func withDefaultTimeout(params []byte, d time.Duration) []byte {
 	if d <= 0 {
 		return params
@@ -544,8 +574,17 @@ func withDefaultTimeout(params []byte, d time.Duration) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(m); err != nil || buf.Len() > protocol.MaxHeaderSize {
+	if err := enc.Encode(m); err == nil && buf.Len() <= protocol.MaxHeaderSize {
+		return bytes.TrimSpace(buf.Bytes())
+	}
+	var p protocol.ExecParams
+	h := protocol.Header{Version: protocol.Version, Kind: protocol.KindExec, Params: params}
+	if h.DecodeParams(&p) != nil {
 		return params
 	}
-	return bytes.TrimSpace(buf.Bytes())
+	p.TimeoutMS = ms
+	if b, err := protocol.MarshalJSON(&p); err == nil && len(b) <= protocol.MaxHeaderSize {
+		return b
+	}
+	return params
 }
