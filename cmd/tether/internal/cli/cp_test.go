@@ -127,7 +127,7 @@ func TestCpFleet(t *testing.T) {
 
 	// An unknown node: the coordinator's reason once, with its code.
 	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, one, "nosuch:/x")
-	if r.code != 1 || strings.Count(r.stderr, "tether:") != 1 || !strings.Contains(r.stderr, "(unknown_node)") {
+	if r.code != 255 || strings.Count(r.stderr, "tether:") != 1 || !strings.Contains(r.stderr, "(unknown_node)") {
 		t.Fatalf("unknown node: code %d stderr %q", r.code, r.stderr)
 	}
 
