@@ -25,13 +25,15 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 	// A copy's peer takes an error frame at any point (protocol/copy.go).
 	defer a.guard.Recover("copy stream", a.answerPanic(st, nil))
 	log := a.log.With("stream", st.StreamID())
+	// Refusals, like mirror's errors, do not name the node: the client
+	// opened the stream to it, and names it once in what it shows.
 	var p protocol.CopyParams
 	if err := h.DecodeParams(&p); err != nil {
-		a.refuseCopy(st, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+		a.refuseCopy(st, err.Error())
 		return
 	}
 	if err := p.Validate(); err != nil {
-		a.refuseCopy(st, fmt.Sprintf("node %s: copy params: %v", a.cfg.NodeID, err))
+		a.refuseCopy(st, fmt.Sprintf("copy params: %v", err))
 		return
 	}
 	path := p.Path

@@ -124,12 +124,12 @@ func TestCopyRefusesPathsOutsideRoots(t *testing.T) {
 		p    protocol.CopyParams
 		want string
 	}{
-		{"push outside", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(outside, "x")}, "is not inside a copy root"},
-		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "symlink escape points to " + outside + ", which is not inside a copy root"},
+		{"push outside", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(outside, "x")}, "is not under a copy root"},
+		{"push through a symlinked parent", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape", "x")}, "symlink escape points to " + outside + ", which is not under a copy root"},
 		{"push onto the symlink", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(data, "escape")}, "symlink escape points to " + outside},
 		{"push onto the data dir", protocol.CopyParams{Direction: protocol.CopyPush, Path: data}, "holds the agent's own state"},
-		{"push dotdot", protocol.CopyParams{Direction: protocol.CopyPush, Path: data + "/../x"}, "is not inside a copy root"},
-		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not inside a copy root"},
+		{"push dotdot", protocol.CopyParams{Direction: protocol.CopyPush, Path: data + "/../x"}, "is not under a copy root"},
+		{"pull outside", protocol.CopyParams{Direction: protocol.CopyPull, Path: outside}, "is not under a copy root"},
 		{"pull through a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape")}, "symlink escape points to " + outside},
 		{"pull below a symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(data, "escape", "secret")}, "symlink escape points to " + outside},
 		{"relative path", protocol.CopyParams{Direction: protocol.CopyPush, Path: "x"}, "must be absolute"},

@@ -34,9 +34,13 @@ import (
 // up to CancelGrace for its (cancelled) exit status, returning it with an
 // error wrapping ctx.Err(); without the status the error still wraps
 // ctx.Err(). A read error of stdin cancels the command too and is
-// returned: the command never sees a cut stdin as its end. A stream that
-// breaks (tunnel lost, coordinator gone) is an error naming the node;
-// whether the command ran to its end is then unknown.
+// returned: the command never sees a cut stdin as its end. A coordinator
+// that shuts down while the command runs cancels it and ends the stream
+// with its shutdown error: the result is then the job path's (error
+// "coordinator ID is shutting down; job cancelled", error_code shutdown,
+// cancelled), with no error returned. A stream that breaks (tunnel lost,
+// coordinator gone) is an error naming the node; whether the command ran
+// to its end is then unknown.
 //
 // ExecStream copies stdin on a goroutine of its own. When it returns, that
 // goroutine has ended, unless it is blocked in stdin's Read: ExecStream then
@@ -308,10 +312,14 @@ func (x *execStream) frame(t protocol.FrameType, payload []byte) (*protocol.Node
 			return nil, fmt.Errorf("exec %s on node %s: error frame: %w", x.id, x.node, err)
 		}
 		return &protocol.NodeResult{
-			Node:        x.node,
-			ExitCode:    -1,
-			Error:       withoutNodePrefix(x.node, ei.Message),
-			ErrorCode:   ei.Code,
+			Node:      x.node,
+			ExitCode:  -1,
+			Error:     withoutNodePrefix(x.node, ei.Message),
+			ErrorCode: ei.Code,
+			// The coordinator's shutdown (its relay ends the stream
+			// with this error) cancelled the command, as on the job
+			// path.
+			Cancelled:   ei.Code == protocol.ResultCodeShutdown,
 			StdoutBytes: x.counts[0],
 			StderrBytes: x.counts[1],
 		}, nil

@@ -217,7 +217,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		for _, j := range running {
 			j.cancel(c.shutdownCause())
 		}
-		c.relays.abortAll(fmt.Errorf("coordinator %s is shutting down", c.cfg.ID))
+		c.relays.shutdownAll()
 		// Each node reader gives up CancelGrace after its cancel, so this
 		// wait is bounded.
 		<-jobsDone

@@ -23,10 +23,13 @@ import (
 )
 
 // relayKinds are the stream kinds a client may open through SubjectStream.
-// Every one of them but dial frames its bytes with protocol frames and
-// accepts FrameCancel from the coordinator's side, which the relay relies on
-// to abort (see relay.finishWrite); a dial stream carries raw bytes after
-// the agent's first frame, so an aborted dial relay only closes.
+// Every one of them but dial frames its bytes with protocol frames, accepts
+// FrameCancel from the coordinator's side, which the relay relies on to
+// abort (see relay.finishWrite), and takes a FrameError on the agent's
+// side at any frame boundary as the end of the operation, which the relay
+// relies on to report its own shutdown (relay.shutdown); a dial stream
+// carries raw bytes after the agent's first frame, so an aborted dial
+// relay only closes.
 var relayKinds = map[string]protocol.Kind{
 	protocol.KindExec.String(): protocol.KindExec,
 	protocol.KindCopy.String(): protocol.KindCopy,
@@ -62,6 +65,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	params := bytes.TrimSpace(r.Params)
 	switch {
 	case len(params) > protocol.MaxHeaderSize:
+		// The bytes as they came are what the header would carry.
 		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", protocol.HeaderSizeError("params", len(params))))
 		return
 	case len(params) == 0 || params[0] != '{':
@@ -70,12 +74,19 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 	// The agent's own checks, on the request: what the agent would refuse
 	// gets its 400 (or 413) here, and never opens a stream. The bytes are
-	// passed on as they came.
+	// passed on as they came, but for an exec's default timeout.
 	if e := protocol.StreamParamsAPIError(kind, params); e != nil {
 		c.replyError(req, e)
 		return
 	}
 	if kind == protocol.KindExec {
+		// Measured as the job path measures them (ExecRequest.Validate):
+		// without a timeout of their own they must leave room for the
+		// default one added here, or they would run without it.
+		if e := execHeaderSizeError(params); e != nil {
+			c.replyError(req, e)
+			return
+		}
 		params = withDefaultTimeout(params, c.cfg.DefaultTimeout)
 	}
 	if err := protocol.ValidPipeInbox(req.Reply()); err != nil {
@@ -96,13 +107,14 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		return
 	}
 	rel := &relay{
-		c:       c,
-		req:     req,
-		n:       n,
-		kind:    kind,
-		params:  json.RawMessage(params),
-		log:     c.log.With("node_id", n.id, "kind", kind.String()),
-		aborted: make(chan struct{}),
+		c:        c,
+		req:      req,
+		n:        n,
+		kind:     kind,
+		params:   json.RawMessage(params),
+		log:      c.log.With("node_id", n.id, "kind", kind.String()),
+		aborted:  make(chan struct{}),
+		stopping: make(chan struct{}),
 	}
 	rel.ctx, rel.cancel = context.WithCancel(c.life)
 	c.relays.add(rel)
@@ -137,8 +149,9 @@ func (s *relaySet) done(r *relay) {
 	s.wg.Done()
 }
 
-// abortAll aborts every running relay with reason.
-func (s *relaySet) abortAll(reason error) {
+// shutdownAll ends every running relay because the coordinator is
+// shutting down (relay.shutdown).
+func (s *relaySet) shutdownAll() {
 	s.mu.Lock()
 	rs := make([]*relay, 0, len(s.m))
 	for r := range s.m {
@@ -146,7 +159,7 @@ func (s *relaySet) abortAll(reason error) {
 	}
 	s.mu.Unlock()
 	for _, r := range rs {
-		r.abort(reason)
+		r.shutdown()
 	}
 }
 
@@ -176,6 +189,13 @@ type relay struct {
 	agentEOF   atomic.Bool
 	cancelOnce sync.Once // the out-of-band cancel (cancelAgent)
 
+	// stopping is closed by shutdown: streamToPipe then ends what the
+	// client reads with stopInfo, at a frame boundary.
+	stopping chan struct{}
+	stopOnce sync.Once
+	stopInfo *protocol.ErrorInfo // set before stopping is closed
+	stopAt   *time.Timer         // shutdown's abort once CancelGrace passed
+
 	// mu guards st and pipe, set once both are open, and writesDone.
 	mu   sync.Mutex
 	st   *yamux.Stream
@@ -191,6 +211,13 @@ func (r *relay) run() {
 	c := r.c
 	defer c.relays.done(r)
 	defer r.cancel()
+	defer func() {
+		r.mu.Lock()
+		if r.stopAt != nil {
+			r.stopAt.Stop()
+		}
+		r.mu.Unlock()
+	}()
 	var wg sync.WaitGroup
 	defer wg.Wait() // after a contained panic too: the copier below
 	defer c.guard.Recover("stream relay", r.panicked)
@@ -396,13 +423,33 @@ func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
 // streamToPipe copies the node's bytes to the client. At the stream's EOF
 // it half-closes the pipe (the client reads io.EOF) unless the EOF came
 // from the session dying; on failure it aborts the relay and then drains
-// what the agent still sends, for at most CancelGrace.
+// what the agent still sends, for at most CancelGrace. Once shutdown asked
+// the relay to stop, it finishes the frame under way (for at most
+// CancelGrace) and ends the client's side there (endShutdown).
 func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
+	out := &frameCursor{w: p}
+	var graceEnd time.Time // set once the stop found a frame under way
+loop:
 	for {
-		n, err := st.Read(buf)
+		b := buf
+		if r.isStopping() {
+			if out.atBoundary() {
+				r.endShutdown(st, p, out)
+				break
+			}
+			if graceEnd.IsZero() {
+				graceEnd = time.Now().Add(r.c.cfg.CancelGrace)
+				st.SetReadDeadline(graceEnd)
+			}
+			// Read no further than the end of this frame.
+			if n := out.toBoundary(); n < len(b) {
+				b = b[:n]
+			}
+		}
+		n, err := st.Read(b)
 		if n > 0 {
-			if _, werr := p.Write(buf[:n]); werr != nil {
+			if _, werr := out.Write(b[:n]); werr != nil {
 				r.abort(werr)
 				break
 			}
@@ -422,13 +469,97 @@ func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 			break
 		}
 		if err != nil {
-			r.abort(r.lost(err))
-			break
+			if !errors.Is(err, yamux.ErrTimeout) {
+				r.abort(r.lost(err))
+				break
+			}
+			// Only abort and shutdown set read deadlines on st.
+			select {
+			case <-r.aborted:
+				break loop
+			case <-r.stopping:
+			}
+			switch {
+			case graceEnd.IsZero():
+				// shutdown's wake-up
+			case time.Now().Before(graceEnd):
+				st.SetReadDeadline(graceEnd) // a late wake-up
+			default:
+				r.log.Debug("shutting down: no frame boundary within the cancel grace", "cancel_grace", r.c.cfg.CancelGrace)
+				r.abort(r.shutdownReason())
+				break loop
+			}
 		}
 	}
-	// Aborted: let the agent finish its final frames without filling the
-	// stream's receive window, until it closes or CancelGrace passes.
+	// Aborted or stopped: let the agent finish its final frames without
+	// filling the stream's receive window, until it closes or CancelGrace
+	// passes.
 	io.Copy(io.Discard, st)
+}
+
+// isStopping reports whether shutdown asked the relay to stop.
+func (r *relay) isStopping() bool {
+	select {
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// shutdownReason is the reason a relay ended by shutdown gives when it
+// closes the pipe (the client did not end it first, or a dial).
+func (r *relay) shutdownReason() error {
+	return fmt.Errorf("coordinator %s is shutting down", r.c.cfg.ID)
+}
+
+// shutdown ends a relay because the coordinator is shutting down (the
+// drain timed out). A framed stream (every kind but dial) that is open
+// ends as an operation the coordinator cancelled: the client reads a
+// FrameError {"code": "shutdown"} (protocol.ResultCodeShutdown; an exec's
+// message is the job path's, "coordinator ID is shutting down; job
+// cancelled") at the next boundary of the frames the agent sends, then
+// EOF; the agent is told to cancel (out of band, then in band once the
+// client closed); and the relay is aborted when the client closed its end,
+// or CancelGrace after the stop at the latest. A dial stream, or one not
+// yet open, is aborted at once (the client reads the reason as the pipe's
+// error). It does not block.
+func (r *relay) shutdown() {
+	r.mu.Lock()
+	st := r.st
+	r.mu.Unlock()
+	if st == nil || r.kind == protocol.KindDial || r.agentEOF.Load() {
+		r.abort(r.shutdownReason())
+		return
+	}
+	r.stopOnce.Do(func() {
+		msg := fmt.Sprintf("coordinator %s is shutting down; %s stream cancelled", r.c.cfg.ID, r.kind)
+		if r.kind == protocol.KindExec {
+			msg = r.c.shutdownCause().Error()
+		}
+		r.stopInfo = &protocol.ErrorInfo{Code: protocol.ResultCodeShutdown, Message: msg}
+		r.mu.Lock()
+		r.stopAt = time.AfterFunc(r.c.cfg.CancelGrace, func() { r.abort(r.shutdownReason()) })
+		r.mu.Unlock()
+		close(r.stopping)
+		st.SetReadDeadline(time.Now()) // wakes streamToPipe
+		r.log.Debug("shutting down: ending the stream at the next frame boundary", "stream_id", st.StreamID())
+	})
+}
+
+// endShutdown ends the client's side of a stopped relay at a frame
+// boundary: the shutdown's FrameError, then EOF. It then cancels the
+// agent's operation out of band and bounds the drain of what the agent
+// still sends by CancelGrace; the in-band cancel follows when the relay is
+// aborted (the client closed its end, or CancelGrace passed).
+func (r *relay) endShutdown(st *yamux.Stream, p *natspipe.Pipe, out *frameCursor) {
+	if err := protocol.WriteJSONFrame(out, protocol.FrameError, r.stopInfo); err != nil {
+		r.abort(r.shutdownReason())
+	} else if err := p.CloseWrite(); err != nil {
+		r.abort(r.shutdownReason())
+	}
+	r.cancelAgent(st)
+	st.SetReadDeadline(time.Now().Add(r.c.cfg.CancelGrace))
 }
 
 // panicked ends a relay whose goroutine panicked: the client is told of an
@@ -522,12 +653,47 @@ func (f *frameCursor) advance(b []byte) {
 // frame.
 func (f *frameCursor) atBoundary() bool { return f.hdr == 0 && f.left == 0 }
 
+// toBoundary is how many more bytes may be written without passing the
+// end of the current frame (at least 1 while not at a boundary: the
+// header's bytes are counted one at a time until its length is known).
+func (f *frameCursor) toBoundary() int {
+	switch {
+	case f.left > 0:
+		return int(min(f.left, 1<<30))
+	case f.hdr > 0:
+		return 5 - f.hdr
+	}
+	return 0
+}
+
+// execHeaderSizeError is protocol.CheckHeaderSize of exec stream params
+// (which handleStream checked with the agent's rules before) as a 413
+// too_large, nil when they fit: without a timeout of their own, they must
+// leave room for the coordinator's default one, as on the job path.
+func execHeaderSizeError(params []byte) *protocol.APIError {
+	var p protocol.ExecParams
+	h := protocol.Header{Version: protocol.Version, Kind: protocol.KindExec, Params: params}
+	if err := h.DecodeParams(&p); err != nil {
+		return protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%v", err)
+	}
+	if err := protocol.CheckHeaderSize("exec params (script, argv, env, cwd)", &p); err != nil {
+		if errors.Is(err, protocol.ErrTooLarge) {
+			return protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", err)
+		}
+		return protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%v", err)
+	}
+	return nil
+}
+
 // withDefaultTimeout returns exec stream params with timeout_ms set to d
 // when they have none (absent or 0), as the job path applies
 // Config.DefaultTimeout: an exec through the relay (e.g. with streamed
-// stdin) is bounded like any other. Params that do not decode as a JSON
-// object (handleStream refused those before), or that would outgrow the
-// header limit, are returned unchanged.
+// stdin) is bounded like any other. The client's encoding is kept, with
+// the field added; when that would outgrow the header limit (escapes the
+// client used where none were needed) the params are encoded anew
+// (protocol.MarshalJSON), which fits whatever passed execHeaderSizeError.
+// Params that do not decode as exec params (handleStream refused those
+// before), or that would not fit either way, are returned unchanged.
 func withDefaultTimeout(params []byte, d time.Duration) []byte {
 	if d <= 0 {
 		return params
@@ -544,8 +710,17 @@ func withDefaultTimeout(params []byte, d time.Duration) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(m); err != nil || buf.Len() > protocol.MaxHeaderSize {
+	if err := enc.Encode(m); err == nil && buf.Len() <= protocol.MaxHeaderSize {
+		return bytes.TrimSpace(buf.Bytes())
+	}
+	var p protocol.ExecParams
+	h := protocol.Header{Version: protocol.Version, Kind: protocol.KindExec, Params: params}
+	if h.DecodeParams(&p) != nil {
 		return params
 	}
-	return bytes.TrimSpace(buf.Bytes())
+	p.TimeoutMS = ms
+	if b, err := protocol.MarshalJSON(&p); err == nil && len(b) <= protocol.MaxHeaderSize {
+		return b
+	}
+	return params
 }

@@ -369,13 +369,15 @@ func TestRelayMetricAndDrain(t *testing.T) {
 	if got := h.metric("tether_coordinator_streams_opened_total", "kind", "exec"); got != 1 {
 		t.Errorf("streams opened (exec) = %v, want 1", got)
 	}
-	// Shutting down aborts the relay (after DrainTimeout) and tells the client.
+	// Shutting down ends the relay (after DrainTimeout) and tells the
+	// client, with an error frame.
 	done := make(chan error, 1)
 	go func() { done <- h.stop() }()
-	_, err = st.Read(make([]byte, 1))
-	if err == nil || !strings.Contains(err.Error(), "shutting down") {
-		t.Errorf("read during shutdown = %v, want the shutdown reason", err)
+	f, err := protocol.NewFrameReader(st).Next()
+	if err != nil || f.Type != protocol.FrameError || !strings.Contains(string(f.Payload), "shutting down") {
+		t.Errorf("read during shutdown = %s %q, %v; want the shutdown reason", f.Type, f.Payload, err)
 	}
+	st.Close()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

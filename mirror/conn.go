@@ -37,6 +37,21 @@ const (
 // ErrCanceled is returned when the peer sent FrameCancel.
 var ErrCanceled = errors.New("mirror: copy canceled by the peer")
 
+// Error is how Send and Receive fail: Op ("send" or "receive") of the path
+// this end named, and why (Err: a *PeerError when the peer failed,
+// ErrCanceled, a file system error, a protocol violation, the stream's
+// own failure). It reads "mirror: OP PATH: ERR".
+type Error struct {
+	Op   string
+	Path string
+	Err  error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("mirror: %s %s: %v", e.Op, e.Path, e.Err) }
+
+// Unwrap returns Err.
+func (e *Error) Unwrap() error { return e.Err }
+
 // PeerError is the error the peer reported with FrameError.
 type PeerError struct {
 	Info protocol.ErrorInfo

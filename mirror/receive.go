@@ -76,7 +76,7 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 		if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
 			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
-		err = fmt.Errorf("mirror: receive %s: %w", dst, err)
+		err = &Error{Op: "receive", Path: dst, Err: err}
 		if !r.committed && !isPeerAbort(err) {
 			if ctx.Err() != nil {
 				c.final(protocol.FrameCancel, nil)
@@ -90,23 +90,31 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 	return res, nil
 }
 
-// errorCode picks the ErrorInfo code for a failed copy.
+// errorCode picks the ErrorInfo code for a failed copy: bad_request for a
+// copy that is not allowed or a peer that broke the protocol, else
+// copy_failed (a path missing or not permitted, a file system error, the
+// source changing while read).
 func errorCode(err error) string {
 	var ve *violation
 	var rf *refusal
 	if errors.As(err, &ve) || errors.As(err, &rf) {
 		return protocol.CodeBadRequest
 	}
-	return protocol.CodeInternal
+	return protocol.CodeCopyFailed
 }
 
 // peerMessage is what the peer is told about err: a refusal's own text
 // (it names the path and says why, for the user on the other end), else
-// the whole chain.
+// the chain below the *Error of Send or Receive (the peer knows which
+// path and which way).
 func peerMessage(err error) string {
 	var rf *refusal
 	if errors.As(err, &rf) {
 		return rf.msg
+	}
+	var me *Error
+	if errors.As(err, &me) {
+		return me.Err.Error()
 	}
 	return err.Error()
 }

@@ -157,9 +157,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 		cr, rest := r.findRoot(comps)
 		if cr == nil {
 			if link != "" {
-				return refusef("copy path %s: symlink %s points to %s, which is not inside a copy root (%s)", p, link, "/"+strings.Join(comps, "/"), r.names)
+				return refusef("copy path %s: symlink %s points to %s, which is not under a copy root (%s)", p, link, "/"+strings.Join(comps, "/"), r.names)
 			}
-			return refusef("copy path %s is not inside a copy root (%s)", p, r.names)
+			return refusef("copy path %s is not under a copy root (%s)", p, r.names)
 		}
 		fd, err := openRoot(cr, create)
 		if err != nil {
@@ -210,7 +210,7 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 				unix.Close(top)
 				stack, names = stack[:len(stack)-1], names[:len(names)-1]
 			case r.roots != nil:
-				return target{}, refusef("copy path %s leads above the copy root %s", p, where())
+				return target{}, refusef("copy path %s leads outside the copy root %s", p, where())
 			default:
 				up, err := openAt1(top, "..", unix.O_PATH|unix.O_DIRECTORY, 0)
 				if err != nil {

@@ -59,7 +59,7 @@ func Send(ctx context.Context, src string, conn io.ReadWriter, opts Options) (*p
 	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w (%w)", err, cerr)
 	}
-	err = fmt.Errorf("mirror: send %s: %w", src, err)
+	err = &Error{Op: "send", Path: src, Err: err}
 	// The reader must be gone before a final frame resets the deadlines,
 	// except after a local failure, where the reader may still be reading
 	// and the final frame goes first (abort clears the reader after it).

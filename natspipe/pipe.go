@@ -110,6 +110,9 @@ type Error struct {
 	Msg   string
 	Kind  error // one of the sentinels
 	Cause error // may be nil
+	// Reason is the text the peer gave with its close or reset
+	// (ErrPeerClosed, ErrPeerReset; also in Msg), empty if it gave none.
+	Reason string
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -422,6 +425,7 @@ func (p *Pipe) handle(msg *nats.Msg) {
 		e := p.errorf(ErrPeerClosed, nil, "closed by peer")
 		if m.Error != "" {
 			e = p.errorf(ErrPeerClosed, nil, "closed by peer: %s", m.Error)
+			e.Reason = m.Error
 		}
 		if p.rEOF || p.rReset != nil {
 			// Everything the peer sent arrived (or was abandoned by
@@ -438,6 +442,7 @@ func (p *Pipe) handle(msg *nats.Msg) {
 			e := p.errorf(ErrPeerReset, nil, "peer reset its direction")
 			if m.Error != "" {
 				e = p.errorf(ErrPeerReset, nil, "peer reset its direction: %s", m.Error)
+				e.Reason = m.Error
 			}
 			p.rReset = e
 			p.queue, p.off = nil, 0

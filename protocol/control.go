@@ -135,4 +135,8 @@ const (
 	CodeBusy          = "busy"           // the agent is at its limit of concurrent operations
 	CodeShutdown      = "shutting_down"  // the peer is draining
 	CodeInternal      = "internal"       // a bug or an unexpected failure
+	// CodeCopyFailed: a copy failed on a path of its own (missing, not
+	// permitted, not a directory, a full disk): the copy's failure, not
+	// Tether's (protocol/copy.go).
+	CodeCopyFailed = "copy_failed"
 )

@@ -38,8 +38,14 @@ import (
 //     leaves the destination as it was.
 //
 // Either side may send FrameError (and the client FrameCancel) at any time
-// to abort. Paths are relative to the copy's root, slash separated, and
-// checked with ValidCopyPath; the root itself is ".".
+// to abort: with CodeBadRequest for a copy that is not allowed (outside the
+// copy roots, the agent's own state) or a stream that breaks this
+// protocol, CodeCopyFailed for a copy that failed on a path (missing, not
+// permitted, a file system error), other codes for the agent's own
+// failures (CodeInternal, CodeBusy). A coordinator relaying the stream
+// that shuts down ends it with a FrameError of ResultCodeShutdown. Paths
+// are relative to the copy's root, slash separated, and checked with
+// ValidCopyPath; the root itself is ".".
 //
 // Names. A Linux name is any bytes but '/' and NUL, while a JSON string
 // holds only UTF-8. Every name field (a path, a symlink target, a base

@@ -195,7 +195,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		clientCommand(newNodesCmd(e)),
 		clientCommand(newShellCmd(e)),
 		clientCommand(newJobCmd(e)),
-		newCpCmd(e),
+		clientCommand(newCpCmd(e)),
 		clientCommand(newForwardCmd(e)),
 		clientCommand(newSandboxesCmd(e)),
 		clientCommand(newRunLeaseCmd(e)),

@@ -11,11 +11,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/tetherfleet/tether/mirror"
+	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -52,11 +54,15 @@ type copyEnd struct {
 	into bool // written with a trailing slash: names a directory
 }
 
+// String is the end as the user wrote it (its path cleaned, for a node),
+// the path quoted when it holds what a terminal would not show as it is
+// (quoteName).
 func (c copyEnd) String() string {
+	p := quoteName(c.path)
 	if c.node == "" {
-		return c.path
+		return p
 	}
-	return c.node + ":" + c.path
+	return c.node + ":" + p
 }
 
 // parseCopyEnd splits "NODE:PATH" from a local path, the way scp does: a
@@ -118,9 +124,12 @@ SRC and DST is NODE:PATH (an absolute path on the node), the other a local
 path.
 
 A directory SRC is mirrored: DST becomes a copy of it (like
-'rsync -a SRC/ DST', not 'cp -r SRC DST/'). A file SRC copied onto an
-existing directory, or onto a DST written with a trailing slash, lands
-inside it as DST/NAME, as with cp and scp; replacing a file with a
+'rsync -a SRC/ DST', not 'cp -r SRC DST/'), with or without a trailing
+slash on either: 'tether cp NODE:/srv/app .' puts app's contents into the
+current directory, merged with what is there (with --delete, the rest of
+it is removed); give './app' to get a directory app. A file SRC copied
+onto an existing directory, or onto a DST written with a trailing slash,
+lands inside it as DST/NAME, as with cp and scp; replacing a file with a
 directory needs --delete. Modes, modification times and symlinks are kept,
 symlinks inside the tree are copied as links and never followed (a SRC or
 DST that is a symlink is followed, as cp follows it), and files whose size
@@ -140,13 +149,28 @@ the agent's copy roots, and the agent's own state is never copied.
 Entries a copy cannot carry (special files, unreadable files) are named on
 stderr and skipped, the rest is copied, and the exit code is 23 (as
 rsync's); with --strict such an entry fails the copy instead and nothing
-changes.`,
+changes. Names that hold control characters, bytes that are not UTF-8,
+quotes or backslashes are printed quoted, as Go's strconv.Quote quotes.
+
+Exit codes:
+  0        copied
+  1        the copy failed: a source missing, not permitted, not under a
+           copy root or the agent's own state, a file system error on
+           either end; DST is unchanged unless the final renames failed
+  2        usage error: nothing was sent
+  23       partial copy: the entries named on stderr were skipped, the
+           rest was copied (rsync's code)
+  130/143  interrupted by SIGINT/SIGTERM: the copy was cancelled and DST
+           is unchanged
+  255      Tether failed: no coordinator (NATS unreachable, nobody
+           serving), node not connected, tunnel lost, coordinator shut
+           down, the agent busy or failing internally`,
 		Example: `  tether cp ./configs node-a:/srv/configs
   tether cp --delete ./staging gpu-07:/lustre/jobs/gym-job-20261130
   tether cp node-a:/var/log/tether ./logs`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 {
-				return usage(fmt.Errorf("want SRC and DST, got %d arguments", len(args)))
+				return usage(fmt.Errorf("want SRC and DST, got %d %s", len(args), plural(len(args), "argument", "arguments")))
 			}
 			return nil
 		},
@@ -173,36 +197,52 @@ changes.`,
 	return cmd
 }
 
-// runCp copies from → to through a copy stream opened with op.
+// runCp copies from → to through a copy stream opened with op. Its errors
+// carry their exit codes (see the --help text): cpError for a copy that
+// failed (1), exitPartial, an interrupted copy's code, usage errors for
+// params the agent would refuse, and exitTether for Tether's own failures
+// (cpOutcome).
 func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op streamOpener) error {
 	params := protocol.CopyParams{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Strict: o.Strict}
 	node := to.node
 	if node != "" {
 		params.Direction, params.Path = protocol.CopyPush, to.path
-		if _, err := os.Lstat(from.path); err != nil {
-			return fmt.Errorf("cp %s: %w", from, err)
-		}
 	} else {
 		node = from.node
 		params.Direction, params.Path = protocol.CopyPull, from.path
 	}
-	st, err := op.OpenStream(ctx, node, protocol.KindCopy, &params)
+	// What the agent would refuse is found before anything is sent.
+	if err := params.Validate(); err != nil {
+		return usage(fmt.Errorf("cp %s to %s: the path on the node: %s", from, to, printable(strings.TrimPrefix(err.Error(), "path: "))))
+	}
+	if params.Direction == protocol.CopyPush {
+		if _, err := os.Lstat(from.path); err != nil {
+			return cpError(exitFailure, from, to, localMessage(err, from.path))
+		}
+	}
+	opened, err := op.OpenStream(ctx, node, protocol.KindCopy, &params)
 	if err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("cp %s to %s: interrupted; nothing was copied", from, to)}
+		}
 		var ae *protocol.APIError
 		if errors.As(err, &ae) {
-			return fmt.Errorf("cp %s to %s: %s (%s)", from, to, ae.Message, ae.Code)
+			return cpError(exitTether, from, to, printable(ae.Message)+" ("+ae.Code+")")
 		}
-		return fmt.Errorf("cp %s to %s: %w", from, to, err)
+		return cpError(exitTether, from, to, printable(err.Error()))
 	}
+	st := &watchedStream{shellStream: opened}
 	defer st.Close()
 
 	pr := newCopyProgress(o.Progress, e)
 	opts := mirror.Options{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Strict: o.Strict, Progress: pr.update}
 	start := time.Now()
 	var res *protocol.CopyResult
+	local := from.path
 	if params.Direction == protocol.CopyPush {
 		res, err = mirror.Send(ctx, from.path, st, opts)
 	} else {
+		local = to.path
 		res, err = mirror.Receive(ctx, to.path, st, opts)
 	}
 	pr.finish()
@@ -210,17 +250,12 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 		if ctx.Err() != nil {
 			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("cp %s to %s: interrupted; %s is unchanged", from, to, to)}
 		}
-		// The agent's own error says what failed on the node; the local
-		// layers it travelled through (mirror, pipe) add nothing for users.
-		var pe *mirror.PeerError
-		if errors.As(err, &pe) {
-			return fmt.Errorf("cp %s to %s: %s", from, to, pe.Info.Message)
-		}
-		return fmt.Errorf("cp %s to %s: %w", from, to, err)
+		code, msg := cpOutcome(err, st, node, local)
+		return cpError(code, from, to, msg)
 	}
 	// Skipped entries are named even with --quiet: they are not copied.
 	for _, sk := range res.SkippedEntries {
-		fmt.Fprintf(e.stderr, "tether: cp: skipped %s: %s\n", skippedPath(from, sk.Path), sk.Reason)
+		fmt.Fprintf(e.stderr, "tether: cp: skipped %s: %s\n", skippedPath(from, sk.Path), printable(sk.Reason))
 	}
 	if n := res.Skipped - len(res.SkippedEntries); n > 0 {
 		fmt.Fprintf(e.stderr, "tether: cp: skipped %d more %s\n", n, plural(n, "entry", "entries"))
@@ -238,6 +273,139 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	return nil
 }
 
+// cpError is a failed copy's error: "cp SRC TO DST: msg", ending Run with
+// code. msg must be printable already.
+func cpError(code int, from, to copyEnd, msg string) error {
+	return &exitError{code: code, err: fmt.Errorf("cp %s to %s: %s", from, to, msg)}
+}
+
+// cpOutcome is the exit code and message of a copy that failed with err,
+// a mirror error, on the stream st to node; local is the path on this
+// end. Who failed is in the code:
+//   - the agent's error frame (*mirror.PeerError) says it by its code:
+//     bad_request (not allowed: not under a copy root, the agent's own
+//     state; or a stream that broke the copy protocol) and copy_failed (a
+//     path missing or not permitted, a file system error) are the copy's
+//     failures, 1; anything else (the coordinator's shutdown, the agent
+//     busy or failing internally) is Tether's, 255;
+//   - the agent's cancel (mirror.ErrCanceled: its session ended), a
+//     failure of the stream itself (the tunnel lost, the coordinator shut
+//     down or gone silent, NATS lost), or its end before the copy was
+//     over, is Tether's, 255;
+//   - anything else failed here, on this end's files: 1.
+//
+// The message is the agent's or the coordinator's own reason where there
+// is one, without the layers it travelled through (mirror, the stream, the
+// pipe) and without repeating the node, which the cp prefix names.
+func cpOutcome(err error, st *watchedStream, node, local string) (int, string) {
+	var pe *mirror.PeerError
+	if errors.As(err, &pe) {
+		msg := printable(trimNodePrefix(node, pe.Info.Message))
+		switch pe.Info.Code {
+		case protocol.CodeBadRequest, protocol.CodeCopyFailed:
+			return exitFailure, msg
+		}
+		return exitTether, msg + " (" + printable(pe.Info.Code) + ")"
+	}
+	if errors.Is(err, mirror.ErrCanceled) {
+		return exitTether, "the agent cancelled the copy (is it shutting down?)"
+	}
+	if serr, eof := st.failure(); serr != nil {
+		return exitTether, streamMessage(serr)
+	} else if eof && errors.Is(err, io.ErrUnexpectedEOF) {
+		return exitTether, "the stream from the node ended before the copy did (did the agent stop?)"
+	}
+	return exitFailure, localMessage(err, local)
+}
+
+// streamMessage says why a relayed stream failed (a *client.Stream's
+// error): the coordinator's reason when it gave one ("tunnel to node X
+// lost: ...", "coordinator X is shutting down"), else the pipe's failure
+// without its inbox.
+func streamMessage(err error) string {
+	var pe *natspipe.Error
+	if !errors.As(err, &pe) {
+		return printable(err.Error())
+	}
+	if pe.Reason != "" {
+		return printable(pe.Reason)
+	}
+	msg := pe.Msg
+	if strings.HasPrefix(msg, "pipe to ") {
+		if _, rest, ok := strings.Cut(msg, ": "); ok {
+			msg = rest
+		}
+	}
+	return "the stream through the coordinator failed: " + printable(msg)
+}
+
+// localMessage is a failure on this end's files (err, from mirror or the
+// os package, about path) without mirror's "mirror: OP PATH:" layer, and
+// the path of an *os.PathError quoted as names are.
+func localMessage(err error, path string) string {
+	var me *mirror.Error
+	if errors.As(err, &me) {
+		err = me.Err
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) && err == error(pe) {
+		return pe.Op + " " + quoteName(pe.Path) + ": " + printable(pe.Err.Error())
+	}
+	return printable(err.Error())
+}
+
+// trimNodePrefix drops the "node <id>: " an agent puts before its own
+// messages, as the client and the coordinator do for exec results.
+func trimNodePrefix(node, msg string) string {
+	if rest, ok := strings.CutPrefix(msg, "node "+node+": "); ok {
+		return rest
+	}
+	return msg
+}
+
+// watchedStream is the copy stream as mirror uses it, remembering how the
+// stream itself ended, so that a failure of the stream (Tether's) is told
+// from a failure of the copy.
+type watchedStream struct {
+	shellStream
+	mu  sync.Mutex
+	err error // the stream's first failure (not io.EOF)
+	eof bool  // the agent's side ended (io.EOF)
+}
+
+func (s *watchedStream) Read(p []byte) (int, error) {
+	n, err := s.shellStream.Read(p)
+	s.note(err)
+	return n, err
+}
+
+func (s *watchedStream) Write(p []byte) (int, error) {
+	n, err := s.shellStream.Write(p)
+	s.note(err)
+	return n, err
+}
+
+func (s *watchedStream) note(err error) {
+	if err == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case errors.Is(err, io.EOF):
+		s.eof = true
+	case s.err == nil:
+		s.err = err
+	}
+}
+
+// failure returns the stream's first failure and whether it reached EOF.
+func (s *watchedStream) failure() (error, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err, s.eof
+}
+
 // skippedPath shows a skipped entry's path (relative to the copy's
 // source) below the source the user named, quoted when it holds bytes a
 // terminal would not show as they are.
@@ -246,13 +414,44 @@ func skippedPath(from copyEnd, rel string) string {
 	if rel != "." {
 		p = strings.TrimSuffix(p, "/") + "/" + rel
 	}
-	if q := strconv.Quote(p); q[1:len(q)-1] != p {
-		p = q
+	return copyEnd{node: from.node, path: p}.String()
+}
+
+// quoteName returns name as it is when a terminal shows it faithfully,
+// else quoted as strconv.Quote quotes it: a name holding a control
+// character (a newline, an escape sequence), a character that is not
+// printable (a bidirectional override), a byte that is not UTF-8, or a
+// quote or backslash (so that a name shown quoted is never mistaken for
+// one shown as it is). Names may hold any bytes but '/' and NUL.
+func quoteName(name string) string {
+	if q := strconv.Quote(name); q[1:len(q)-1] != name {
+		return q
 	}
-	if from.node != "" {
-		return from.node + ":" + p
+	return name
+}
+
+// printable returns text (a message from the node, the coordinator or the
+// file system, which may quote names holding any bytes) with every rune
+// strconv.Quote would escape for not being printable, and every byte that
+// is not UTF-8, replaced by that escape (\n, \x1b, \u202e, \xff), and the
+// rest as it is, so that it cannot inject lines or escape sequences into
+// the terminal.
+func printable(text string) string {
+	var b strings.Builder
+	for i := 0; i < len(text); {
+		r, size := utf8.DecodeRuneInString(text[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, text[i])
+		case strconv.IsPrint(r):
+			b.WriteString(text[i : i+size])
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
 	}
-	return p
+	return b.String()
 }
 
 // copyProgress draws a progress line on stderr once a copy ran for

@@ -127,7 +127,7 @@ func TestCpFleet(t *testing.T) {
 
 	// An unknown node: the coordinator's reason once, with its code.
 	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, one, "nosuch:/x")
-	if r.code != 1 || strings.Count(r.stderr, "tether:") != 1 || !strings.Contains(r.stderr, "(unknown_node)") {
+	if r.code != 255 || strings.Count(r.stderr, "tether:") != 1 || !strings.Contains(r.stderr, "(unknown_node)") {
 		t.Fatalf("unknown node: code %d stderr %q", r.code, r.stderr)
 	}
 
@@ -136,7 +136,7 @@ func TestCpFleet(t *testing.T) {
 	r = runCLI(testCtx(t), nil, "", "cp", "--nats-url", url, src, "node-0:"+outside)
 	// The node's own reason is shown, without the local layers it
 	// travelled through.
-	if r.code != 1 || !strings.Contains(r.stderr, outside) || !strings.Contains(r.stderr, "not inside a copy root") || strings.Contains(r.stderr, "mirror:") {
+	if r.code != 1 || !strings.Contains(r.stderr, outside) || !strings.Contains(r.stderr, "not under a copy root") || strings.Contains(r.stderr, "mirror:") {
 		t.Fatalf("outside roots: code %d stderr %q", r.code, r.stderr)
 	}
 	if _, err := os.Stat(outside); !os.IsNotExist(err) {

@@ -11,8 +11,9 @@ import (
 // TestDevShutdownReportsShutdown: stopping `tether dev` (Ctrl-C, SIGTERM)
 // drains the coordinator while the agent still serves, so running jobs end
 // with the coordinator's shutdown result ("coordinator dev is shutting down;
-// job cancelled", error_code shutdown: exit 255 with --node, a failed node
-// with --all), not with a lost tunnel.
+// job cancelled", error_code shutdown: exit 255 with --node, also with
+// stdin streamed through the stream relay, a failed node with --all), not
+// with a lost tunnel or a broken pipe.
 func TestDevShutdownReportsShutdown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a full dev stack")
@@ -69,6 +70,9 @@ func TestDevShutdownReportsShutdown(t *testing.T) {
 			code: exitTether, want: "tether: node " + node + ": coordinator dev is shutting down; job cancelled"},
 		{name: "--all", args: []string{"exec", "--nats-url", url, "--all", "-n", "--", "sh", "-c", "echo started; exec sleep 300"},
 			code: exitFailure, want: "coordinator dev is shutting down; job cancelled"},
+		// Piped stdin: streamed through tether.v1.stream, same result.
+		{name: "--node, streamed stdin", args: []string{"exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo started; exec sleep 300"},
+			code: exitTether, want: "tether: node " + node + ": coordinator dev is shutting down; job cancelled"},
 	}
 	jctx := context.WithoutCancel(testCtx(t))
 	for _, j := range jobs {

@@ -24,7 +24,9 @@
 //	0    success
 //	N    `exec --node`, `shell`, `job logs --follow`, `run-lease`: the
 //	     command's own exit code (128+N when signal N killed it)
-//	1    `exec` on several nodes: some node failed; daemons and `cp`: failure
+//	1    `exec` on several nodes: some node failed; `cp`: the copy failed
+//	     (a path missing, not permitted, not under a copy root); daemons:
+//	     failure
 //	2    usage error (bad flags or arguments); nothing was done
 //	23   `cp`: partial copy (rsync's code; see cp.go)
 //	124  the timeout killed the command
@@ -34,9 +36,10 @@
 //	254  `exec`, `job logs --follow`: the command (every node) succeeded,
 //	     but its output is incomplete: output past the output limit was
 //	     dropped, or (`exec`) the agent's --pipe-wait cut it (output_cut)
-//	255  a client command failed in Tether: no coordinator, node not
-//	     connected or no node matched, tunnel lost, coordinator shut down,
-//	     bad cwd, internal error (clientCommand, failureCode)
+//	255  a client command (`cp` too) failed in Tether: no coordinator,
+//	     node not connected or no node matched, tunnel lost, coordinator
+//	     shut down, bad cwd, internal error (clientCommand, failureCode,
+//	     cpOutcome)
 //
 // # Exec output
 //
