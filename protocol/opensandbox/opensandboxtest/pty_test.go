@@ -285,10 +285,20 @@ func TestPTYKeepalive(t *testing.T) {
 	c.conn.Close()
 	<-done
 
-	silent, _, err := websocket.DefaultDialer.Dial(wsURL(base, id, ""), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The server may not have seen that close yet: until it has, the
+	// session is still attached and an attach without takeover is a 409.
+	var silent *websocket.Conn
+	waitFor(t, "the closed client to be detached", func() bool {
+		conn, resp, err := websocket.DefaultDialer.Dial(wsURL(base, id, ""), nil)
+		if err != nil {
+			if resp == nil || resp.StatusCode != http.StatusConflict {
+				t.Fatalf("attach: %v", err)
+			}
+			return false
+		}
+		silent = conn
+		return true
+	})
 	defer silent.Close()
 	// Not reading means not answering pings: the server must drop it,
 	// which frees the session for an attach without takeover.
