@@ -82,6 +82,7 @@ func TestWriteSummary(t *testing.T) {
 		{Node: "b", ExitCode: 2, DurationMS: 1500, Failure: "Command failed (exec on b) with exit code 2:\n  bash -s\nboom"},
 		{Node: "c", ExitCode: -1, Error: "tunnel lost during exec: EOF"},
 		{Node: "d", DurationMS: 20, StdoutTruncated: true},
+		{Node: "e", ExitCode: -1, ErrorCode: protocol.CodeCommandNotFound, Error: "nosuch: command not found"},
 	}}
 	var w bytes.Buffer
 	if err := writeSummary(&w, res, 0, false, 2*time.Second); err != nil {
@@ -89,9 +90,10 @@ func TestWriteSummary(t *testing.T) {
 	}
 	want := "NODE  EXIT  DURATION  RESULT\n" +
 		"b     2     1.5s      exit 2: bash -s: boom\n" +
-		"c     -1    0s        tunnel lost during exec: EOF\n" +
+		"c     255   0s        tunnel lost during exec: EOF\n" +
 		"d     0     20ms      ok, output truncated\n" +
-		"4 nodes: 2 succeeded, 2 failed, 1 with output truncated (2s)\n"
+		"e     127   0s        nosuch: command not found (command_not_found)\n" +
+		"5 nodes: 2 succeeded, 3 failed, 1 with output truncated (2s)\n"
 	if w.String() != want {
 		t.Errorf("summary =\n%s\nwant\n%s", w.String(), want)
 	}
@@ -189,5 +191,18 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", "nope")
 	if r.code != 255 || !strings.Contains(r.stderr, "not_found") {
 		t.Errorf("unknown job: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestParseSizeTooLarge: a whole number past int64 is named too large,
+// not "not a whole number".
+func TestParseSizeTooLarge(t *testing.T) {
+	for _, in := range []string{"99999999999999999999", "99999999999999999999K"} {
+		if _, err := parseSize(in); err == nil || !strings.Contains(err.Error(), "too large") {
+			t.Errorf("parseSize(%q) = %v, want too large", in, err)
+		}
+	}
+	if _, err := parseSize("-99999999999999999999"); err == nil || strings.Contains(err.Error(), "too large") {
+		t.Errorf("a negative number: %v", err)
 	}
 }

@@ -169,7 +169,11 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 		for i := range rows {
 			r := &rows[i]
 			d := time.Duration(r.DurationMS * float64(time.Millisecond)).Round(time.Millisecond)
-			fmt.Fprintf(tw, "%s\t%d\t%v\t%s\n", r.Node, r.ExitCode, d, summaryText(r, timeout))
+			// EXIT is the code `--node` would exit with (127 for a command
+			// not found, 124 for a timeout, 255 when Tether failed), not
+			// the raw result's -1 for "no exit status".
+			code, _ := nodeOutcome(r, timeout)
+			fmt.Fprintf(tw, "%s\t%d\t%v\t%s\n", r.Node, code, d, summaryText(r, timeout))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

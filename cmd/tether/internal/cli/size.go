@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -34,6 +35,9 @@ func parseSize(s string) (int64, error) {
 		}
 	}
 	n, err := strconv.ParseInt(t, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && n > 0 {
+		return 0, fmt.Errorf("%q is too large (at most %d bytes)", s, int64(math.MaxInt64))
+	}
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("%q: want a whole number of bytes with an optional unit, like 64MiB, 512K or 1GB", s)
 	}
