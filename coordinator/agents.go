@@ -327,20 +327,17 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		}
 	}()
 
-	ctrl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
-	err = protocol.WriteJSONFrame(ctrl, protocol.FrameWelcome, &protocol.Welcome{
+	err = n.ctl.welcome(&protocol.Welcome{
 		SessionID:           n.sessionID,
 		CoordinatorID:       c.cfg.ID,
 		HeartbeatIntervalMS: c.cfg.HeartbeatInterval.Milliseconds(),
 		Limits:              protocol.Limits{MaxFrameSize: protocol.MaxFrameSize},
 	})
-	ctrl.SetWriteDeadline(time.Time{})
 	if err != nil {
 		log.Warn("send welcome", "err", err)
 		return nil
 	}
 	log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion)
-	n.ctl.welcomed()
 	handedOff = true
 	return func() {
 		defer sess.Close()

@@ -28,13 +28,27 @@ type controlWriter struct {
 	err  error // the first failed write: the stream may hold part of a frame, so nothing more is sent
 }
 
-// welcomed says that the Welcome went out: the agent's first frame, which
-// nothing may precede. Until then cancelStream sends nothing (the node is
-// registered, so reachable by relays, a moment before its Welcome).
-func (w *controlWriter) welcomed() {
+// welcome writes wel, the agent's first frame, which nothing may precede,
+// and opens the stream for the frames that follow, under the writer's
+// lock, waiting at most the write timeout. Until then cancelStream sends
+// nothing (the node is registered, so reachable by relays, a moment
+// before its Welcome). One lock for both matters: with the Welcome
+// written and the stream marked open apart, a cancel that came between
+// (the agent had read its Welcome, a client opened a stream and
+// cancelled it) was dropped as "before Welcome", and the agent never got
+// it; a cancel now waits for the Welcome instead.
+func (w *controlWriter) welcome(wel *protocol.Welcome) error {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.st.SetWriteDeadline(time.Now().Add(w.timeout))
+	err := protocol.WriteJSONFrame(w.st, protocol.FrameWelcome, wel)
+	w.st.SetWriteDeadline(time.Time{})
+	if err != nil {
+		w.err = fmt.Errorf("write the welcome frame on the control stream: %w", err)
+		return w.err
+	}
 	w.open = true
-	w.mu.Unlock()
+	return nil
 }
 
 // newControlWriter returns the writer of st, the control stream of an

@@ -37,7 +37,14 @@ func TestControlWriter(t *testing.T) {
 				}
 				defer st.Close()
 				st.SetReadDeadline(time.Now().Add(10 * time.Second))
-				f, err := protocol.NewFrameReader(st).Next()
+				fr := protocol.NewFrameReader(st)
+				f, err := fr.Next()
+				if err == nil && tc.welcomed {
+					if f.Type != protocol.FrameWelcome {
+						t.Errorf("first frame %v, want the welcome", f.Type)
+					}
+					f, err = fr.Next()
+				}
 				if err != nil {
 					close(got)
 					return
@@ -53,7 +60,9 @@ func TestControlWriter(t *testing.T) {
 			// the writer's, the frame is read on the other.
 			w := newControlWriter(ctl, &protocol.Hello{Features: tc.features}, time.Second)
 			if tc.welcomed {
-				w.welcomed()
+				if err := w.welcome(&protocol.Welcome{SessionID: "s"}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			sent, err := w.cancelStream(7)
 			if err != nil || sent != tc.want {
@@ -79,7 +88,16 @@ func TestControlWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := newControlWriter(ctl, &protocol.Hello{Features: []string{protocol.FeatureCancelStream}}, time.Second)
-	w.welcomed()
+	go func() { // the other end reads the welcome
+		if st, _, err := coordSide.Accept(ctx); err == nil {
+			st.SetReadDeadline(time.Now().Add(10 * time.Second))
+			protocol.NewFrameReader(st).Next()
+			st.Close()
+		}
+	}()
+	if err := w.welcome(&protocol.Welcome{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
 	ctl.Close()
 	if _, err := w.cancelStream(1); err == nil {
 		t.Fatal("cancelStream on a closed stream: no error")

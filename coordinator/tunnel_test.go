@@ -150,7 +150,11 @@ tether_coordinator_auth_failures_total{reason="version"} 1
 }
 
 func TestHandshakeTimeout(t *testing.T) {
-	h := newHarness(t, func(c *coordinator.Config) { c.HandshakeTimeout = 300 * time.Millisecond })
+	// The deadline also covers the fake agent's TLS handshake and control
+	// stream, which took over 300 ms under -race on a loaded machine (the
+	// coordinator then closed it before it reached "no Hello"); 2 s is
+	// the generous bound of a step that takes milliseconds.
+	h := newHarness(t, func(c *coordinator.Config) { c.HandshakeTimeout = 2 * time.Second })
 	// A tunnel that never sends its Hello.
 	a := h.dialAgent(t, agentOpts{id: "quiet", noHello: true})
 	a.waitClosed()

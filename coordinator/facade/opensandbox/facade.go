@@ -489,7 +489,21 @@ func (f *Facade) forward(w http.ResponseWriter, r *http.Request, st *reqState) {
 	f.proxy.ServeHTTP(w, r)
 	if st.upgraded {
 		f.m.wsActive.Dec()
+		return
 	}
+	// Full duplex has a price: the transport's goroutine may still be
+	// inside a Read of the caller's body when the proxy returns (the
+	// node answered before it read everything). That Read's EOF starts
+	// the server's background read of the connection after the server
+	// stopped the pending one, and the next request's read then panics
+	// ("invalid concurrent Body.Read call", golang/go#68560): the
+	// server drops the caller's keep-alive connection. Close waits for
+	// the Read in flight (both hold the body's lock) and ends the body
+	// here, before the server resumes reading the connection. A caller
+	// that sent its whole body is not held up; one that holds back the
+	// rest of a body until the answer ends waits, the answer's last
+	// chunk going out once the body is read or the caller gives up.
+	r.Body.Close()
 }
 
 // nodeRoundTripper sends a forwarded request over its node's transport.

@@ -84,6 +84,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, route opensandbox
 	// connection mid-answer (golang/go#40747).
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
+	// No Read of the body may be in flight once the handler returns: its
+	// EOF would start the server's background read too late, and the
+	// next request's read panics (golang/go#68560). Close waits for it.
+	r.Body.Close()
 }
 
 func setIfAbsent(h http.Header, k, v string) {

@@ -188,6 +188,11 @@ func (s *Server) StopExecd(id string) bool {
 	s.mu.Unlock()
 	if ok {
 		sb.stop()
+		// Forget pooled connections to the stopped execd now: the next
+		// proxied request must dial (and fail: 502, OSB-10), not write
+		// to a connection execd closed (a 500 broken pipe when the pool
+		// had not yet noticed the close).
+		s.transport.CloseIdleConnections()
 	}
 	return ok
 }
