@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/natspipe"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -30,6 +31,13 @@ type Config struct {
 	// published to. Required. The caller owns it: the coordinator never
 	// closes it.
 	NATS *nats.Conn
+	// Identify names the sender of each NATS API request from what the
+	// NATS server stamped on it (natsauth.Verifier.Identify, converted to
+	// a policy.Identity); a request it fails for is refused with 401
+	// unauthenticated before its handler runs, and handlers read the
+	// identity with caller.Of. Nil leaves requests unidentified (tests of
+	// parts that do not authorize).
+	Identify func(nats.Header) (policy.Identity, error)
 	// Version is the coordinator's version, reported by the micro service
 	// (which requires semver: a non-semver Version is reported as "0.1.0"
 	// there, and kept verbatim in the service metadata).

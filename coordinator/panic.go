@@ -1,8 +1,10 @@
 package coordinator
 
 import (
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -33,8 +35,25 @@ func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 		req = unanswered(req)
 		defer c.guard.Recover("nats "+name, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.hook("nats " + name)
+		if c.cfg.Identify != nil {
+			id, err := c.cfg.Identify(nats.Header(req.Headers()))
+			if err != nil {
+				c.refuseUnidentified(req, name, err)
+				return
+			}
+			req = &caller.Request{Request: req, Identity: id}
+		}
 		h.Handle(req)
 	})
+}
+
+// refuseUnidentified answers a request whose sender Config.Identify could
+// not name with 401 unauthenticated. The reason goes to the log, rate
+// limited per endpoint, not to the caller: it says which check failed.
+func (c *Coordinator) refuseUnidentified(req micro.Request, endpoint string, err error) {
+	c.log.Warn("refused unidentified request", "endpoint", endpoint, "subject", req.Subject(), "err", err)
+	c.replyError(req, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated,
+		"coordinator %s: %s: the NATS server did not vouch for the caller; connect with Tether client credentials (--nats-creds or $TETHER_NATS_CREDS)", c.cfg.ID, endpoint))
 }
 
 // guardedService is the micro service as Config.Endpoints sees it: every

@@ -429,6 +429,17 @@ const (
 	ErrCodeUnavailable  = "unavailable"       // the coordinator is shutting down, or a node did not answer
 	ErrCodeUnsupported  = "unsupported"       // the node's agent does not support the operation
 	ErrCodeInternal     = "internal"          // a bug or an unexpected failure
+	// ErrCodeUnauthenticated (401): the NATS server did not vouch for the
+	// caller (no Nats-Request-Info stamped, or its user JWT is not one of
+	// Tether's client users, expired or revoked).
+	ErrCodeUnauthenticated = "unauthenticated"
+	// ErrCodeForbidden (403): the caller is known but policy does not allow
+	// the operation; the message names the identity, the operation and the
+	// rule missing.
+	ErrCodeForbidden = "forbidden"
+	// ErrCodeRateLimited (429): the caller is over its policy limit of
+	// requests per second or concurrent jobs.
+	ErrCodeRateLimited = "rate_limited"
 )
 
 // NewAPIError builds an APIError with a formatted message.

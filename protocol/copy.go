@@ -86,6 +86,13 @@ type CopyParams struct {
 	// carry fails the copy instead of being skipped. The sender applies it:
 	// the agent for a pull, the client itself for a push.
 	Strict bool `json:"strict,omitempty"`
+	// User is the local account on the node the operation runs as: a user
+	// name or a decimal uid, with that user's uid, primary and
+	// supplementary groups, home and shell. The coordinator sets it from
+	// the policy rule that allowed the operation (run_as) and overwrites
+	// whatever a client wrote; the agent's local policy decides whether it
+	// may run as that user. Empty means the agent's own user.
+	User string `json:"user,omitempty"`
 }
 
 // MarshalJSON encodes p with a Path that is not valid UTF-8 in PathB64
@@ -134,6 +141,7 @@ func (p *CopyParams) Validate() error {
 	case strings.ContainsRune(np, 0) || len(np) > MaxCopyPathLen:
 		errs = append(errs, fmt.Errorf("path: contains NUL or is longer than %d bytes", MaxCopyPathLen))
 	}
+	errs = append(errs, checkUser(p.User)...)
 	return errors.Join(errs...)
 }
 

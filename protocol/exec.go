@@ -43,6 +43,13 @@ type ExecParams struct {
 	// JobID names a detached job on the node (required with Detach; the
 	// coordinator sends the exec job's id). Same syntax as ExecRequest.ID.
 	JobID string `json:"job_id,omitempty"`
+	// User is the local account on the node the operation runs as: a user
+	// name or a decimal uid, with that user's uid, primary and
+	// supplementary groups, home and shell. The coordinator sets it from
+	// the policy rule that allowed the operation (run_as) and overwrites
+	// whatever a client wrote; the agent's local policy decides whether it
+	// may run as that user. Empty means the agent's own user.
+	User string `json:"user,omitempty"`
 }
 
 // ShellScript returns the script p runs through `bash -s`, or "" when p runs
@@ -109,6 +116,7 @@ func (p *ExecParams) Validate() error {
 	}
 	errs = append(errs, checkEnv(p.Env)...)
 	errs = append(errs, checkNoNUL("cwd", p.Cwd)...)
+	errs = append(errs, checkUser(p.User)...)
 	if p.TimeoutMS < 0 {
 		errs = append(errs, errors.New("timeout must not be negative"))
 	}

@@ -20,6 +20,13 @@ type PTYParams struct {
 	// Rows and Cols are the initial window size; 0 means 24×80.
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// User is the local account on the node the operation runs as: a user
+	// name or a decimal uid, with that user's uid, primary and
+	// supplementary groups, home and shell. The coordinator sets it from
+	// the policy rule that allowed the operation (run_as) and overwrites
+	// whatever a client wrote; the agent's local policy decides whether it
+	// may run as that user. Empty means the agent's own user.
+	User string `json:"user,omitempty"`
 }
 
 // Validate reports every problem with p, joined: the agent checks every
@@ -35,6 +42,7 @@ func (p *PTYParams) Validate() error {
 	errs = append(errs, checkArgs("argv", p.Argv, true)...)
 	errs = append(errs, checkEnv(p.Env)...)
 	errs = append(errs, checkNoNUL("cwd", p.Cwd)...)
+	errs = append(errs, checkUser(p.User)...)
 	errs = append(errs, checkNoNUL("term", p.Term)...)
 	return errors.Join(errs...)
 }

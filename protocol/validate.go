@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Shared checks of the stream params the agent turns into processes (exec,
@@ -198,6 +199,33 @@ func CheckHeaderSize(what string, params any) error {
 	}
 	if n > MaxHeaderSize {
 		return HeaderSizeError(what, n)
+	}
+	return nil
+}
+
+// MaxUserLen bounds the user field of exec, copy and pty params (Linux's
+// LOGIN_NAME_MAX is 256 with the NUL).
+const MaxUserLen = 255
+
+// checkUser reports a user field that cannot name a local account: a name
+// as useradd(8) accepts it in its relaxed form (no NUL, '/', ':',
+// whitespace or control characters, not starting with '-' or '+', not "."
+// or "..") or a decimal uid, at most MaxUserLen bytes. Empty is valid (the
+// agent's own user).
+func checkUser(u string) []error {
+	if u == "" {
+		return nil
+	}
+	if len(u) > MaxUserLen {
+		return []error{fmt.Errorf("user: longer than %d bytes: %w", MaxUserLen, ErrTooLarge)}
+	}
+	if u == "." || u == ".." || u[0] == '-' || u[0] == '+' || u[0] == '~' {
+		return []error{fmt.Errorf("user %s: not a user name or uid", Clip(u))}
+	}
+	for _, r := range u {
+		if r <= ' ' || r == 0x7f || r == '/' || r == ':' || r == ',' || r == '\\' || r == utf8.RuneError {
+			return []error{fmt.Errorf("user %s: not a user name or uid", Clip(u))}
+		}
 	}
 	return nil
 }
