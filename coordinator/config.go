@@ -38,6 +38,10 @@ type Config struct {
 	// identity with caller.Of. Nil leaves requests unidentified (tests of
 	// parts that do not authorize).
 	Identify func(nats.Header) (policy.Identity, error)
+	// Policy decides what each identified caller may do (see package
+	// policy); reloading the store changes decisions at once. Nil allows
+	// everything: only tests of parts that do not authorize leave it nil.
+	Policy *policy.Store
 	// Version is the coordinator's version, reported by the micro service
 	// (which requires semver: a non-semver Version is reported as "0.1.0"
 	// there, and kept verbatim in the service metadata).
