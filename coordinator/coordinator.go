@@ -54,7 +54,9 @@ type Coordinator struct {
 	connWG  sync.WaitGroup          // one per agent connection goroutine
 	jobWG   sync.WaitGroup          // one per running job goroutine
 	relays  relaySet                // running stream relays (relay.go)
-	svc     micro.Service           // set while serving
+	// auditQueries counts the audit queries being read (audit.go).
+	auditQueries int
+	svc          micro.Service // set while serving
 	// Liveness probes of exec jobs' clients (jobs.go): the wildcard
 	// subscription on probePrefix.*, and the running jobs by probe token.
 	probePrefix string

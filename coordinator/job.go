@@ -54,6 +54,16 @@ type job struct {
 	// probeGone is set when a probe got a "no responders" status.
 	probeGone atomic.Bool
 
+	// req is the exec request, audit its audit event's wrapper (nil when
+	// the coordinator audits nothing), target the request's selector or
+	// "all nodes" (empty for one node), res and results what the job
+	// ended with (res nil until then); recordAudit reads them after run.
+	req     micro.Request
+	audit   *auditReq
+	target  string
+	res     *protocol.ExecResult
+	results []protocol.NodeResult
+
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
 	pubMu   sync.Mutex
 	seq     uint64
@@ -99,6 +109,7 @@ func (j *job) run() {
 		}
 		res.Truncated = res.Truncated || results[i].Truncated
 	}
+	j.res, j.results = &res, results
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)

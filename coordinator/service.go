@@ -54,6 +54,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"job-status", protocol.SubjectJobStatus, c.jobOpHandler(protocol.JobOpStatus)},
 		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
+		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
 	}
 	if err := c.startProbes(); err != nil {
 		svc.Stop()
@@ -167,6 +168,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		params:      r.Params(c.cfg.DefaultTimeout),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
+		req:         req,
+	}
+	if r.Target.Node == "" {
+		j.target = r.Target.String()
 	}
 
 	c.mu.Lock()
@@ -190,9 +195,13 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	c.jobs[id] = j
 	c.jobWG.Add(1)
 	c.mu.Unlock()
+	if a := auditOf(req); a != nil && a.takeOver() {
+		j.audit = a
+	}
 
 	go func() {
 		defer c.jobWG.Done()
+		defer j.recordAudit() // after a contained panic too
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()
