@@ -63,9 +63,11 @@ type auditReq struct {
 	mu      sync.Mutex
 	done    bool // the event was recorded or taken over
 	refused bool // observeDecision recorded a refusal
-	// identity is set by the guard once known (the wrapper sits inside
-	// caller.Request).
+	// identity and outer are set by the guard once the sender is known:
+	// the wrapper sits inside the caller.Request (outer), which keeps the
+	// rules that allowed the request.
 	identity *policy.Identity
+	outer    *caller.Request
 }
 
 func (a *auditReq) Respond(data []byte, opts ...micro.RespondOpt) error {
@@ -159,10 +161,13 @@ func (a *auditReq) event() *protocol.AuditEvent {
 		ev.Operation = op
 	}
 	a.mu.Lock()
-	id := a.identity
+	id, outer := a.identity, a.outer
 	a.mu.Unlock()
 	if id != nil {
 		ev.Identity, ev.IdentityKey, ev.Account = id.String(), id.Key, id.Account
+	}
+	if outer != nil {
+		ev.Rule = strings.Join(caller.Rules(outer), "; ")
 	}
 	return ev
 }
@@ -257,7 +262,6 @@ func (j *job) recordAudit() {
 	ev.Target = j.target
 	ev.Command = protocol.AuditExecCommand(&j.params)
 	ev.RunAs = j.params.User
-	ev.Rule = strings.Join(caller.Rules(j.req), "; ")
 	ev.BytesIn = int64(len(j.stdin))
 	res := j.res
 	switch {
@@ -296,7 +300,6 @@ func (r *relay) recordAudit() {
 	ev := a.event()
 	ev.Operation = relayOp(r.kind, r.params)
 	ev.Nodes = []string{r.n.id}
-	ev.Rule = strings.Join(caller.Rules(r.req), "; ")
 	ev.BytesIn, ev.BytesOut = r.bytesIn.Load(), r.bytesOut.Load()
 	switch r.kind {
 	case protocol.KindExec:
@@ -319,23 +322,26 @@ func (r *relay) recordAudit() {
 		json.Unmarshal(r.params, &p)
 		ev.Target = protocol.ClipUTF8(p.Target, protocol.MaxAuditProgramLen)
 	}
-	ev.Result = protocol.AuditOK
+	// The agent's last word decides; without one (a copy, a dial), how
+	// the pipe ended. A client closing its end after the exit frame is
+	// done, not failed.
 	var pe *panics.Error
-	switch err := r.endErr; {
+	switch es, ei, err := r.exit, r.agentErr, r.endErr; {
 	case errors.As(err, &pe):
 		ev.Result, ev.Status, ev.ErrorCode = protocol.AuditError, 500, protocol.ErrCodeInternal
-	case err != nil:
-		ev.Result = protocol.AuditFailed
-	}
-	if es := r.exit; es != nil {
+	case es != nil:
 		code := es.ExitCode
 		ev.ExitCode = &code
+		ev.Result = protocol.AuditOK
 		if code != 0 || es.Cancelled || es.TimedOut {
 			ev.Result = protocol.AuditFailed
 		}
-	}
-	if ei := r.agentErr; ei != nil {
+	case ei != nil:
 		ev.Result, ev.ErrorCode = protocol.AuditFailed, ei.Code
+	case err != nil:
+		ev.Result = protocol.AuditFailed
+	default:
+		ev.Result = protocol.AuditOK
 	}
 	r.c.cfg.Audit.Record(ev)
 }

@@ -54,11 +54,10 @@ type job struct {
 	// probeGone is set when a probe got a "no responders" status.
 	probeGone atomic.Bool
 
-	// req is the exec request, audit its audit event's wrapper (nil when
-	// the coordinator audits nothing), target the request's selector or
-	// "all nodes" (empty for one node), res and results what the job
-	// ended with (res nil until then); recordAudit reads them after run.
-	req     micro.Request
+	// audit is the exec request's audit wrapper (nil when the coordinator
+	// audits nothing), target the request's selector or "all nodes"
+	// (empty for one node), res and results what the job ended with (res
+	// nil until then); recordAudit reads them after run.
 	audit   *auditReq
 	target  string
 	res     *protocol.ExecResult

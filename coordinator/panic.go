@@ -42,10 +42,11 @@ func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 				c.refuseUnidentified(req, name, err)
 				return
 			}
+			cr := &caller.Request{Request: req, Identity: id}
 			if a := auditOf(req); a != nil {
-				a.identity = &id
+				a.identity, a.outer = &id, cr
 			}
-			req = &caller.Request{Request: req, Identity: id}
+			req = cr
 		}
 		h.Handle(req)
 	})

@@ -168,7 +168,6 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		params:      r.Params(c.cfg.DefaultTimeout),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
-		req:         req,
 	}
 	if r.Target.Node == "" {
 		j.target = r.Target.String()
