@@ -362,6 +362,11 @@ func (c *Coordinator) handleAuditQuery(req micro.Request) {
 		c.replyError(req, e)
 		return
 	}
+	if a := auditOf(req); a != nil && q.Cursor > 0 {
+		// A page that continues a read (paging, or tether audit -f
+		// polling every second) is the read its first page recorded.
+		a.takeOver()
+	}
 	c.mu.Lock()
 	if c.closing || c.life == nil {
 		c.mu.Unlock()

@@ -50,7 +50,7 @@ type fixture struct {
 	log *syncBuffer
 }
 
-func newFixture(t *testing.T, mutate func(*Config)) *fixture {
+func newFixture(t testing.TB, mutate func(*Config)) *fixture {
 	t.Helper()
 	s := natstest.Run(t)
 	nc, err := nats.Connect(s.ClientURL())
@@ -96,7 +96,7 @@ func (f *fixture) query(t *testing.T, q protocol.AuditQueryRequest) *protocol.Au
 }
 
 // waitStored waits until the stream holds n events.
-func (f *fixture) waitStored(t *testing.T, n uint64) {
+func (f *fixture) waitStored(t testing.TB, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(defaultTestTimeout)
 	for {
