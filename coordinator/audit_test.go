@@ -244,6 +244,18 @@ identities:
 	if !strings.Contains(ok.Rule, "policy.yaml") {
 		t.Errorf("root's query: rule %q, want the policy rule", ok.Rule)
 	}
+	// A continued read is not recorded again; a new one is. (The node
+	// filter marks each read's event.)
+	if _, err := auditQuery(f.NC, root, protocol.AuditQueryRequest{Node: "page-2", Cursor: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := auditQuery(f.NC, root, protocol.AuditQueryRequest{Node: "page-1"}); err != nil {
+		t.Fatal(err)
+	}
+	auditEvents(t, f.NC, root, protocol.AuditQueryRequest{Node: "page-1"}, func(*protocol.AuditEvent) bool { return true })
+	if resp, err := auditQuery(f.NC, root, protocol.AuditQueryRequest{Node: "page-2"}); err != nil || len(resp.Events) != 0 {
+		t.Errorf("a continued read was recorded: %v %+v", err, resp)
+	}
 }
 
 func TestAuditQueryWithoutRecorder(t *testing.T) {
