@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -38,6 +39,11 @@ type Coordinator struct {
 	// testHook, set only by tests (export_test.go), is called at named
 	// points in the goroutine that reaches them (Coordinator.hook).
 	testHook atomic.Pointer[func(point string)]
+
+	// authz decides every API request by Config.Policy (authz.go).
+	authz caller.Authorizer
+	// owners are the submitters of detached jobs (authz.go).
+	owners jobOwners
 
 	serving atomic.Bool // Serve is running and not yet draining
 	// admit bounds the agent connections in their handshake (admission.go).
@@ -107,6 +113,7 @@ func New(cfg Config) (*Coordinator, error) {
 		nodes:   map[string]*node{},
 		jobs:    map[string]*job{},
 
+		authz:   caller.Authorizer{Policy: cfg.Policy, Observe: cfg.Observe},
 		admit:   newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 		nodeUps: make(chan string, 1024),
 		syncs:   make(chan chan []protocol.SyncProblem),

@@ -38,11 +38,18 @@ const replyHeaderRoom = 1 << 10
 // job is one exec request in flight. Its goroutine (run) starts one goroutine
 // per node, at most maxParallel at a time, and waits for them.
 type job struct {
-	c           *Coordinator
-	id          string
-	reply       string   // the request's reply subject
-	targets     []string // node ids, sorted; each is looked up when its run starts
-	params      protocol.ExecParams
+	c       *Coordinator
+	id      string
+	reply   string   // the request's reply subject
+	targets []string // node ids, sorted; each is looked up when its run starts
+	params  protocol.ExecParams
+	// users are the local users each node runs the job as (policy's
+	// run_as), by node id; they replace params.User.
+	users map[string]string
+	// owner is the submitter's identity (Identity.String), "" when the
+	// request carried none: job.cancel and a detached job's job.* are
+	// decided by it.
+	owner       string
 	stdin       []byte
 	maxParallel int
 	ctx         context.Context // cancelled by SubjectCancel, the drain or a vanished client
@@ -232,7 +239,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	}
 
 	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
-	st, err := n.sess.Open(octx, protocol.KindExec, j.params)
+	params := j.params
+	params.User = j.users[id]
+	st, err := n.sess.Open(octx, protocol.KindExec, params)
 	ocancel()
 	if err != nil {
 		if j.ctx.Err() != nil {
@@ -343,6 +352,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.Detached = es.Detached
 			if es.Detached {
 				res.ExitCode = 0
+				c.owners.set(id, j.params.JobID, j.owner)
 			}
 			return res
 		case protocol.FrameError:
