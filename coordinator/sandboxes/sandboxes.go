@@ -35,6 +35,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -141,7 +142,8 @@ func (s *Service) Endpoints(svc micro.Service) error {
 	// Registrations name a node this coordinator has seen: a typo would
 	// otherwise hold a live record for a node that never comes.
 	known := ledger.WithKnownNode(func(n string) bool { _, ok := s.coord.ConnectedSince(n); return ok })
-	if err := s.ledger.AddEndpoints(svc, s.reaper, known); err != nil {
+	labels := ledger.WithNodeLabels(func(n string) map[string]string { l, _ := s.coord.NodeLabels(n); return l })
+	if err := s.ledger.AddEndpoints(svc, s.reaper, known, labels, ledger.WithAuthorizer(s.coord.Authorizer())); err != nil {
 		return err
 	}
 	if err := svc.AddEndpoint("sandboxes-sync", micro.HandlerFunc(s.handleSync), micro.WithEndpointSubject(protocol.SubjectSandboxesSync)); err != nil {
@@ -156,6 +158,12 @@ const syncTimeout = 2 * time.Minute
 // handleSync takes every node's inventory now. micro serves an endpoint's
 // requests one at a time, so the wait runs on its own goroutine.
 func (s *Service) handleSync(req micro.Request) {
+	// A sync makes every node list its gateways: administration.
+	if _, e := s.coord.Authorizer().Authorize(req, policy.OpAdmin, nil, policy.Object{}); e != nil {
+		body, _ := json.Marshal(e)
+		req.Error(strconv.Itoa(e.Status), e.Message, body)
+		return
+	}
 	go func() {
 		defer s.guard.Recover("nats sandboxes-sync", func(e *panics.Error) {
 			ae := protocol.NewAPIError(500, protocol.ErrCodeInternal, "%v", e)
