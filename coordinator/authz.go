@@ -12,11 +12,11 @@ import (
 	"github.com/tetherfleet/tether/protocol"
 )
 
-// Authorization. Every NATS API handler asks c.authz (caller.Authorizer on
-// Config.Policy) before it acts, through the helpers below: one call per
-// request that decides the identity, the operation, the nodes and the
-// object, so that the audit stream sees every decision in one place
-// (Config.Observe).
+// Authorization. Every NATS API handler asks c.authorizer()
+// (caller.Authorizer on Config.Policy) before it acts: one Authorize (or
+// Filter, Scope) per request that decides the identity, the operation,
+// the nodes and the object; Authorizer.Observe sees each decision, for the
+// audit log.
 
 // policyNode is n as policy decides on it: its id and the labels of its
 // Hello.
@@ -58,7 +58,12 @@ func (c *Coordinator) NodeLabels(id string) (map[string]string, bool) {
 
 // Authorizer returns the authorizer the coordinator's handlers use, for
 // the packages that add endpoints (coordinator/ledger) or serve facades.
-func (c *Coordinator) Authorizer() caller.Authorizer { return c.authz }
+func (c *Coordinator) Authorizer() caller.Authorizer { return c.authorizer() }
+
+// authorizer is the Authorizer of Config.Policy every handler asks.
+func (c *Coordinator) authorizer() caller.Authorizer {
+	return caller.Authorizer{Policy: c.cfg.Policy}
+}
 
 // streamOp returns the operation a tether.v1.stream request of kind with
 // params asks for, and its object: exec → exec, copy push → cp.write
@@ -107,7 +112,7 @@ func (c *Coordinator) authorizeStream(req micro.Request, kind protocol.Kind, n *
 	if e != nil {
 		return nil, op, e
 	}
-	grants, e := c.authz.Authorize(req, op, []policy.Node{n.policyNode()}, obj)
+	grants, e := c.authorizer().Authorize(req, op, []policy.Node{n.policyNode()}, obj)
 	if e != nil {
 		return nil, op, e
 	}

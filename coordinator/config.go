@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -43,11 +42,6 @@ type Config struct {
 	// policy); reloading the store changes decisions at once. Nil allows
 	// everything: only tests of parts that do not authorize leave it nil.
 	Policy *policy.Store
-	// Observe, if set, sees every authorization decision of the NATS API
-	// (who, which operation, which nodes, the grants or the refusal), in
-	// the handler's goroutine: the audit stream hooks in here. It must not
-	// block.
-	Observe func(caller.Decision)
 	// Version is the coordinator's version, reported by the micro service
 	// (which requires semver: a non-semver Version is reported as "0.1.0"
 	// there, and kept verbatim in the service metadata).

@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -40,8 +39,6 @@ type Coordinator struct {
 	// points in the goroutine that reaches them (Coordinator.hook).
 	testHook atomic.Pointer[func(point string)]
 
-	// authz decides every API request by Config.Policy (authz.go).
-	authz caller.Authorizer
 	// owners are the submitters of detached jobs (authz.go).
 	owners jobOwners
 
@@ -113,7 +110,6 @@ func New(cfg Config) (*Coordinator, error) {
 		nodes:   map[string]*node{},
 		jobs:    map[string]*job{},
 
-		authz:   caller.Authorizer{Policy: cfg.Policy, Observe: cfg.Observe},
 		admit:   newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 		nodeUps: make(chan string, 1024),
 		syncs:   make(chan chan []protocol.SyncProblem),

@@ -274,7 +274,7 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 		return
 	}
 	obj := policy.Object{Owner: c.owners.get(nodeID, p.ID)}
-	if _, e := c.authz.Authorize(req, jobOps[p.Op], []policy.Node{n.policyNode()}, obj); e != nil {
+	if _, e := c.authorizer().Authorize(req, jobOps[p.Op], []policy.Node{n.policyNode()}, obj); e != nil {
 		c.replyError(req, e)
 		return
 	}

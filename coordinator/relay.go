@@ -107,7 +107,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		return
 	}
 	// A relayed stream is one of the caller's running jobs.
-	release, e := c.authz.Acquire(req, op)
+	release, e := c.authorizer().Acquire(req, op)
 	if e != nil {
 		c.replyError(req, e)
 		return

@@ -150,7 +150,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	}
 	// Every node must be allowed, or nothing runs; each runs as the user
 	// its grant names, whatever the request's params said.
-	grants, apiErr := c.authz.Authorize(req, policy.OpExec, policyNodes(targets), policy.Object{})
+	grants, apiErr := c.authorizer().Authorize(req, policy.OpExec, policyNodes(targets), policy.Object{})
 	if apiErr != nil {
 		c.replyError(req, apiErr)
 		return
@@ -159,7 +159,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	for i, n := range targets {
 		users[n.id] = grants[i].RunAs
 	}
-	release, apiErr := c.authz.Acquire(req, policy.OpExec)
+	release, apiErr := c.authorizer().Acquire(req, policy.OpExec)
 	if apiErr != nil {
 		c.replyError(req, apiErr)
 		return
@@ -299,7 +299,7 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 	for i, n := range all {
 		pns[i] = policy.Node{ID: n.ID, Labels: n.Labels}
 	}
-	visible, apiErr := c.authz.Filter(req, policy.OpNodesList, pns, policy.Object{})
+	visible, apiErr := c.authorizer().Filter(req, policy.OpNodesList, pns, policy.Object{})
 	if apiErr != nil {
 		c.replyError(req, apiErr)
 		return
@@ -344,7 +344,7 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	for i, id := range j.targets {
 		nodes[i] = c.nodeOrID(id)
 	}
-	if _, e := c.authz.Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.owner}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.owner}); e != nil {
 		c.replyError(req, e)
 		return
 	}

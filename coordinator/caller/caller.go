@@ -11,7 +11,9 @@ package caller
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -24,7 +26,38 @@ type Request struct {
 	micro.Request
 	// Identity is the sender, as the NATS server proved it.
 	Identity policy.Identity
+
+	mu    sync.Mutex
+	rules []string // Grant.Rule of each grant Decide made for it, deduplicated
 }
+
+// Rules returns the policy rules that allowed req (Grant.Rule of every
+// grant Authorizer.Decide made for it, in order, each once), for the audit
+// log; nil when req carries no identity or nothing was decided.
+func Rules(req micro.Request) []string {
+	r, ok := req.(*Request)
+	if !ok {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.rules)
+}
+
+func (r *Request) noteRule(rule string) {
+	if rule == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.Contains(r.rules, rule) && len(r.rules) < maxRules {
+		r.rules = append(r.rules, rule)
+	}
+}
+
+// maxRules bounds the rules a request remembers (a fan-out decides once
+// per node, mostly by the same rule).
+const maxRules = 8
 
 // Of returns the identity the guard attached to req, and false when req
 // carries none (the coordinator runs without Config.Identify: tests of
@@ -44,54 +77,51 @@ type Authorizer struct {
 	// Policy is the policy in force (reloaded on SIGHUP). Nil allows
 	// everything.
 	Policy *policy.Store
-	// Observe, if set, sees every decision Authorize makes, allowed or
-	// refused, in the goroutine that asked (the audit stream hooks in
-	// here). It must not block.
+	// Observe, if set, is called with every decision Decide and Allow make
+	// (nothing is decided while Policy is nil), on the deciding goroutine,
+	// before they return. It must not block: the coordinator's audit hook
+	// records refusals with it.
 	Observe func(Decision)
 }
 
-// Decision is one request's authorization, as Authorize made it: who
-// asked, to do what, where, and the answer.
+// Decision is one answer of Authorizer.Decide or Allow, as Observe sees it.
 type Decision struct {
-	// Identity is the caller; Identified is false when the request
-	// carried none (Err is then 401).
+	// Request is the request decided on.
+	Request micro.Request
+	// Identity is its sender; Identified is false when it carries none
+	// (Err is then 401 unauthenticated).
 	Identity   policy.Identity
 	Identified bool
-	Op         policy.Operation
-	// Nodes are the ids of the nodes decided on, in order; empty for an
-	// operation not on a node.
-	Nodes  []string
+	// Op, Node and Object are what was asked (Node and Object are zero for
+	// Allow).
+	Op     policy.Operation
+	Node   policy.Node
 	Object policy.Object
-	// Grants are the grants, one per node (one when Nodes is empty), when
-	// the request was allowed.
-	Grants []policy.Grant
-	// Err is the API error the request was refused with, nil when allowed.
+	// Grant is what allowed it, when Err is nil.
+	Grant policy.Grant
+	// Err is the refusal's API error; nil when allowed.
 	Err *protocol.APIError
+	// Refusal is the policy's refusal behind Err (nil for a 401).
+	Refusal *policy.Refusal
 }
 
-// Authorize is the check a handler makes before it acts for req's sender:
-// one request from its rate budget (Allow), then Decide for each node
-// (none for an operation not on a node: nodes empty). Any refusal refuses
-// the whole request, with the first refusal's status and message and the
-// ids of every other node refused (at most maxNamed named). It returns one
-// grant per node (one when nodes is empty) and tells Observe.
-func (a Authorizer) Authorize(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]policy.Grant, *protocol.APIError) {
-	d := Decision{Op: op, Object: obj}
-	d.Identity, d.Identified = Of(req)
-	for _, n := range nodes {
-		d.Nodes = append(d.Nodes, n.ID)
-	}
-	d.Grants, d.Err = a.authorize(req, op, nodes, obj)
+func (a Authorizer) observe(d Decision) {
 	if a.Observe != nil {
 		a.Observe(d)
 	}
-	return d.Grants, d.Err
 }
 
 // maxNamed bounds the refused nodes a refusal names besides the first.
 const maxNamed = 8
 
-func (a Authorizer) authorize(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]policy.Grant, *protocol.APIError) {
+// Authorize is the check a handler makes before it acts for req's sender:
+// one request from its rate budget (Allow), then Decide for each node
+// (once, on no node, for an operation not on a node: nodes empty). Any
+// refusal refuses the whole request, with the first refusal's status and
+// message and the ids of the other nodes refused (at most maxNamed
+// named). It returns one grant per node (one when nodes is empty). Observe
+// sees each Allow and Decide.
+func (a Authorizer) Authorize(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]policy.Grant, *protocol.APIError) {
 	if e := a.Allow(req, op); e != nil {
 		return nil, e
 	}
@@ -133,27 +163,6 @@ func (a Authorizer) authorize(req micro.Request, op policy.Operation, nodes []po
 	return nil, first
 }
 
-// Decide says whether the sender of req may do op on node to obj: the
-// policy's Grant (RunAs is the local user to run as), or the API error to
-// answer with: 401 unauthenticated when req carries no identity, 403
-// forbidden when no rule allows it, 400 invalid_request when the request
-// cannot be decided (the refusal names the identity, the operation, the
-// node and object, and the rule missing).
-func (a Authorizer) Decide(req micro.Request, op policy.Operation, node policy.Node, obj policy.Object) (policy.Grant, *protocol.APIError) {
-	if a.Policy == nil {
-		return policy.Grant{}, nil
-	}
-	id, ok := Of(req)
-	if !ok {
-		return policy.Grant{}, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
-	}
-	g, err := a.Policy.Decide(id, op, node, obj)
-	if err != nil {
-		return policy.Grant{}, RefusalError(err)
-	}
-	return g, nil
-}
-
 // Acquire counts one running job of req's sender (policy limits
 // max_concurrent_jobs): a release function to call once the job ends, or
 // 429 rate_limited. With no Policy it counts nothing.
@@ -181,6 +190,35 @@ func Owner(req micro.Request) string {
 	return ""
 }
 
+// Decide says whether the sender of req may do op on node to obj: the
+// policy's Grant (RunAs is the local user to run as), or the API error to
+// answer with: 401 unauthenticated when req carries no identity, 403
+// forbidden when no rule allows it, 400 invalid_request when the request
+// cannot be decided (the refusal names the identity, the operation, the
+// node and object, and the rule missing).
+func (a Authorizer) Decide(req micro.Request, op policy.Operation, node policy.Node, obj policy.Object) (policy.Grant, *protocol.APIError) {
+	if a.Policy == nil {
+		return policy.Grant{}, nil
+	}
+	id, ok := Of(req)
+	if !ok {
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		a.observe(Decision{Request: req, Op: op, Node: node, Object: obj, Err: e})
+		return policy.Grant{}, e
+	}
+	g, err := a.Policy.Decide(id, op, node, obj)
+	if err != nil {
+		e := RefusalError(err)
+		var r *policy.Refusal
+		errors.As(err, &r)
+		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Err: e, Refusal: r})
+		return policy.Grant{}, e
+	}
+	req.(*Request).noteRule(g.Rule())
+	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g})
+	return g, nil
+}
+
 // Allow takes one request from the sender's requests-per-second budget
 // (policy limits): nil, or 429 rate_limited.
 func (a Authorizer) Allow(req micro.Request, op policy.Operation) *protocol.APIError {
@@ -189,11 +227,18 @@ func (a Authorizer) Allow(req micro.Request, op policy.Operation) *protocol.APIE
 	}
 	id, ok := Of(req)
 	if !ok {
-		return protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		a.observe(Decision{Request: req, Op: op, Err: e})
+		return e
 	}
 	if err := a.Policy.Allow(id, op); err != nil {
-		return RefusalError(err)
+		e := RefusalError(err)
+		var r *policy.Refusal
+		errors.As(err, &r)
+		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Err: e, Refusal: r})
+		return e
 	}
+	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op})
 	return nil
 }
 
@@ -214,30 +259,14 @@ func RefusalError(err error) *protocol.APIError {
 	return protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%v", err)
 }
 
-// Filter decides a listing of nodes: one request from the rate budget,
-// then op on each node, without counting the refusals (a listing leaves
-// out what the caller may not see; it is not refused). It returns the
-// indexes of the nodes allowed, in order, or the API error when the
-// caller may see nothing because no policy entry names it (403, so that
-// a caller missing from the policy learns why its listing is empty), or
-// for 401 and 429. Observe sees one Decision naming the nodes allowed.
+// Filter decides a listing of nodes: one request from the rate budget
+// (Allow), then op on each node, without counting or observing the
+// refusals (a listing leaves out what the caller may not see; it is not
+// refused). It returns the indexes of the nodes allowed, in order, or the
+// API error for 401 and 429, and 403 when no policy entry names the
+// caller (so that it learns why its listing would be empty; that refusal
+// is decided through Decide).
 func (a Authorizer) Filter(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]int, *protocol.APIError) {
-	d := Decision{Op: op, Object: obj}
-	d.Identity, d.Identified = Of(req)
-	idx, err := a.filter(req, op, nodes, obj)
-	if err == nil {
-		for _, i := range idx {
-			d.Nodes = append(d.Nodes, nodes[i].ID)
-		}
-	}
-	d.Err = err
-	if a.Observe != nil {
-		a.Observe(d)
-	}
-	return idx, err
-}
-
-func (a Authorizer) filter(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]int, *protocol.APIError) {
 	if e := a.Allow(req, op); e != nil {
 		return nil, e
 	}
@@ -257,38 +286,29 @@ func (a Authorizer) filter(req micro.Request, op policy.Operation, nodes []polic
 			continue
 		}
 		if r := (*policy.Refusal)(nil); errors.As(err, &r) && r.Reason == policy.ReasonNoIdentity {
-			_, err = a.Policy.Decide(id, op, n, obj) // counted once
-			return nil, RefusalError(err)
+			_, e := a.Decide(req, op, n, obj) // counted and observed once
+			return nil, e
 		}
 	}
 	return out, nil
 }
 
 // Scope decides a listing of jobs or runs: op on the caller's own must be
-// granted (else the refusal), and any reports whether op is granted on
-// everyone's too (scope: any), asked without counting a refusal. node is
-// the node listed on, or zero for an operation not on a node. With no
-// Policy, any is true. Observe sees one Decision.
+// granted (Allow, then Decide with the caller as owner; else the refusal),
+// and any reports whether op is granted on everyone's too (scope: any),
+// asked without counting or observing a refusal. node is the node listed
+// on, or zero for an operation not on a node. With no Policy, any is true.
 func (a Authorizer) Scope(req micro.Request, op policy.Operation, node policy.Node) (any bool, _ *protocol.APIError) {
-	d := Decision{Op: op, Object: policy.Object{Owner: Owner(req)}}
-	d.Identity, d.Identified = Of(req)
-	if node.ID != "" {
-		d.Nodes = []string{node.ID}
+	if e := a.Allow(req, op); e != nil {
+		return false, e
 	}
-	var g policy.Grant
-	if d.Err = a.Allow(req, op); d.Err == nil {
-		g, d.Err = a.Decide(req, op, node, d.Object)
+	if _, e := a.Decide(req, op, node, policy.Object{Owner: Owner(req)}); e != nil {
+		return false, e
 	}
-	if d.Err == nil {
-		d.Grants = []policy.Grant{g}
-		any = a.Policy == nil
-		if !any {
-			_, err := a.Policy.Policy().Decide(d.Identity, op, node, policy.Object{})
-			any = err == nil
-		}
+	if a.Policy == nil {
+		return true, nil
 	}
-	if a.Observe != nil {
-		a.Observe(d)
-	}
-	return any, d.Err
+	id, _ := Of(req) // Decide refused a request without one
+	_, err := a.Policy.Policy().Decide(id, op, node, policy.Object{})
+	return err == nil, nil
 }
