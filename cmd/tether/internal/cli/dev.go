@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -175,7 +178,7 @@ func devNodeID() string {
 // cancelled", which needs the agent still serving to report them; then its
 // NATS connection and the embedded server), then the agent, which may try
 // once to redial the closed listener before it stops. o must be valid.
-func runDev(ctx context.Context, o *devOptions, e *env) error {
+func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	log := o.Log.logger(e.stderr)
 	co := defaultCoordinatorOptions()
 	co.DataDir = o.DataDir
@@ -189,6 +192,12 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	co.Sandbox.DefaultTTL = o.SandboxTTL
 	co.Sandbox.ReapGrace = o.ReapGrace
 	co.Sandbox.InventoryInterval = o.InventoryInterval
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return fmt.Errorf("dev: create data dir: %w", err)
+	}
+	if co.Policy, err = writeDevPolicy(o.DataDir); err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	reg := newRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
@@ -350,4 +359,115 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
 	return b.String()
+}
+
+// devPolicyFile is the dev policy's name in the data directory.
+const devPolicyFile = "policy.yaml"
+
+// writeDevPolicy writes DATA-DIR/policy.yaml granting the invoking OS
+// user's dev NATS identity (devIdentity) every operation, unless the file
+// exists (it is the user's to edit then; delete it to regenerate), and
+// returns its path.
+func writeDevPolicy(dataDir string) (string, error) {
+	path := filepath.Join(dataDir, devPolicyFile)
+	if _, err := os.Lstat(path); err == nil {
+		return path, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("policy: %w", err)
+	}
+	u, err := user.Current()
+	if err != nil {
+		return "", fmt.Errorf("policy: the invoking user: %w", err)
+	}
+	data, err := devPolicy(devIdentity(u.Username), u.Username)
+	if err != nil {
+		return "", err
+	}
+	if err := writeFileAtomic(path, data, 0o600); err != nil {
+		return "", fmt.Errorf("policy: %w", err)
+	}
+	return path, nil
+}
+
+// writeFileAtomic writes data to path through a temporary file beside it
+// and a rename, so a reader never sees half a file.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// devIdentity is the policy identity of the dev NATS user of the OS user
+// named osUser: "nats:" and the name with every byte a NATS user name
+// may not hold ([A-Za-z0-9._@+-], starting with a letter or digit, at
+// most 128 bytes) replaced by '_' ("u" prefixed when it starts with
+// another character). The dev NATS user is named after the invoking OS
+// user the same way.
+func devIdentity(osUser string) string {
+	b := []byte(osUser)
+	for i, c := range b {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && !strings.ContainsRune("._@+-", rune(c)) {
+			b[i] = '_'
+		}
+	}
+	name := string(b)
+	if name == "" || !(name[0] >= 'a' && name[0] <= 'z' || name[0] >= 'A' && name[0] <= 'Z' || name[0] >= '0' && name[0] <= '9') {
+		name = "u" + name
+	}
+	if len(name) > 128 {
+		name = name[:128]
+	}
+	return "nats:" + name
+}
+
+// devPolicy is the policy tether dev writes: role admin (every operation
+// on every node, every path, the gateways' targets, everyone's jobs and
+// runs, administration) for identity, running commands as runAs (the
+// invoking user, whom the dev agent runs as). identity is a policy
+// identity (KIND:VALUE); the result is checked with policy.Parse.
+func devPolicy(identity, runAs string) ([]byte, error) {
+	data := []byte(fmt.Sprintf(`# Written by tether dev: the local user may do everything, on every node.
+# Edit it and send the dev process SIGHUP (kill -HUP PID) to reload it;
+# delete it to have the next tether dev write it again.
+version: 1
+roles:
+  admin:
+    - nodes: "*"
+      operations: [exec, shell, cp.read, cp.write]
+      paths: [/]
+      run_as: %q
+    - nodes: "*"
+      operations: [forward]
+      targets: [openshell, opensandbox, execd]
+    - nodes: "*"
+      operations: [nodes.list]
+    - nodes: "*"
+      operations: [job.status, job.logs, job.cancel, sandboxes.register]
+      scope: any
+    - operations: [sandboxes.list, sandboxes.lease, sandboxes.reap]
+      scope: any
+    - operations: [admin]
+identities:
+  %q:
+    roles: [admin]
+`, runAs, identity))
+	if _, err := policy.Parse("dev policy", data); err != nil {
+		return nil, fmt.Errorf("dev policy for %s running as %q: %w", identity, runAs, err)
+	}
+	return data, nil
 }
