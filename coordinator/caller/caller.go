@@ -312,3 +312,32 @@ func (a Authorizer) Scope(req micro.Request, op policy.Operation, node policy.No
 	_, err := a.Policy.Policy().Decide(id, op, node, policy.Object{})
 	return err == nil, nil
 }
+
+// ErrUnidentified is DecideAs's error for a caller with no identity while
+// a policy is in force.
+var ErrUnidentified = errors.New("the call carries no identity (no verified client certificate or named token)")
+
+// DecideAs is Decide for a caller that is not a NATS request (a facade
+// call, identified by its client certificate or token): the policy's
+// Grant, or the error to refuse with: ErrUnidentified when identified is
+// false, else the policy's *policy.Refusal (naming the identity, the
+// operation and the rule missing). A nil Policy allows everything.
+// Observe sees the decision, with a nil Request.
+func (a Authorizer) DecideAs(id policy.Identity, identified bool, op policy.Operation, node policy.Node, obj policy.Object) (policy.Grant, error) {
+	if a.Policy == nil {
+		return policy.Grant{}, nil
+	}
+	if !identified {
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: %v", op, ErrUnidentified)
+		a.observe(Decision{Op: op, Node: node, Object: obj, Err: e})
+		return policy.Grant{}, fmt.Errorf("%s: %w", op, ErrUnidentified)
+	}
+	g, err := a.Policy.Decide(id, op, node, obj)
+	d := Decision{Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g}
+	if err != nil {
+		d.Err = RefusalError(err)
+		errors.As(err, &d.Refusal)
+	}
+	a.observe(d)
+	return g, err
+}

@@ -82,6 +82,14 @@ type Config struct {
 	// (a tether-token, or a verified client certificate). Nil: no check —
 	// only for facades bound to loopback.
 	CheckToken func(token string) bool
+	// TokenName names the facade caller a token CheckToken accepted
+	// belongs to (policy identity token:NAME); nil names every token
+	// "facade".
+	TokenName func(token string) string
+	// Local is the identity of facade calls that carry no credentials on
+	// facades without an authentication boundary (CheckToken nil:
+	// loopback), e.g. the dev user's; zero leaves them unidentified.
+	Local policy.Identity
 	// DefaultTTL is the Tether TTL of OpenShell sandboxes created through
 	// the facade without a tether-ttl; zero means none.
 	DefaultTTL time.Duration
@@ -220,7 +228,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 		srv, err := openshell.New(openshell.Config{
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			DefaultTTL: s.cfg.DefaultTTL, CheckToken: s.cfg.CheckToken, TLS: s.cfg.OpenShellTLS,
-			Hosts: hosts,
+			Hosts: hosts, TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
 		})
 		s.oshHosts = hosts
 		if err != nil {
@@ -236,6 +244,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 		f, err := opensandbox.New(opensandbox.Config{
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken, Hosts: hosts,
+			TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
 		})
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)

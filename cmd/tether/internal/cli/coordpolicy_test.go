@@ -345,7 +345,7 @@ func TestDevPolicy(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	path, err := writeDevPolicy(dir)
+	path, _, err := writeDevPolicy(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestDevPolicy(t *testing.T) {
 		t.Fatalf("dev policy %s: %v %v, want mode 0600", path, fi.Mode(), err)
 	}
 	os.WriteFile(path, []byte("# mine\n"), 0o600)
-	if _, err := writeDevPolicy(dir); err != nil {
+	if _, _, err := writeDevPolicy(dir); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(path); !bytes.Equal(b, []byte("# mine\n")) {

@@ -195,9 +195,12 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return fmt.Errorf("dev: create data dir: %w", err)
 	}
-	if co.Policy, err = writeDevPolicy(o.DataDir); err != nil {
+	var devID string
+	if co.Policy, devID, err = writeDevPolicy(o.DataDir); err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}
+	// The loopback facades' callers are the dev user too.
+	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: strings.TrimPrefix(devID, "nats:")}
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	reg := newRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
@@ -367,26 +370,27 @@ const devPolicyFile = "policy.yaml"
 // writeDevPolicy writes DATA-DIR/policy.yaml granting the invoking OS
 // user's dev NATS identity (devIdentity) every operation, unless the file
 // exists (it is the user's to edit then; delete it to regenerate), and
-// returns its path.
-func writeDevPolicy(dataDir string) (string, error) {
-	path := filepath.Join(dataDir, devPolicyFile)
-	if _, err := os.Lstat(path); err == nil {
-		return path, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("policy: %w", err)
-	}
+// returns its path and the dev identity.
+func writeDevPolicy(dataDir string) (path, identity string, err error) {
 	u, err := user.Current()
 	if err != nil {
-		return "", fmt.Errorf("policy: the invoking user: %w", err)
+		return "", "", fmt.Errorf("policy: the invoking user: %w", err)
 	}
-	data, err := devPolicy(devIdentity(u.Username), u.Username)
+	identity = devIdentity(u.Username)
+	path = filepath.Join(dataDir, devPolicyFile)
+	if _, err := os.Lstat(path); err == nil {
+		return path, identity, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", "", fmt.Errorf("policy: %w", err)
+	}
+	data, err := devPolicy(identity, u.Username)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if err := writeFileAtomic(path, data, 0o600); err != nil {
-		return "", fmt.Errorf("policy: %w", err)
+		return "", "", fmt.Errorf("policy: %w", err)
 	}
-	return path, nil
+	return path, identity, nil
 }
 
 // writeFileAtomic writes data to path through a temporary file beside it
