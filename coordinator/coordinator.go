@@ -41,6 +41,9 @@ type Coordinator struct {
 	// points in the goroutine that reaches them (Coordinator.hook).
 	testHook atomic.Pointer[func(point string)]
 
+	// owners are the submitters of detached jobs (authz.go).
+	owners jobOwners
+
 	serving atomic.Bool // Serve is running and not yet draining
 	// admit bounds the agent connections in their handshake (admission.go).
 	admit *admission

@@ -39,21 +39,29 @@ const replyHeaderRoom = 1 << 10
 // job is one exec request in flight. Its goroutine (run) starts one goroutine
 // per node, at most maxParallel at a time, and waits for them.
 type job struct {
-	c           *Coordinator
-	id          string
-	reply       string   // the request's reply subject
-	targets     []string // node ids, sorted; each is looked up when its run starts
-	params      protocol.ExecParams
+	c       *Coordinator
+	id      string
+	reply   string   // the request's reply subject
+	targets []string // node ids, sorted; each is looked up when its run starts
+	params  protocol.ExecParams
+	// users are the local users each node runs the job as (policy's
+	// run_as), by node id; they replace params.User.
+	users map[string]string
+	// owner is the submitter's identity (Identity.String), "" when the
+	// request carried none: job.cancel and a detached job's job.* are
+	// decided by it.
+	owner       string
 	stdin       []byte
 	maxParallel int
 	ctx         context.Context // cancelled by SubjectCancel, the drain or a vanished client
 	// cancel cancels ctx with a cause: nil (a cancel request), errShutdown
 	// or errClientGone.
 	cancel context.CancelCauseFunc
-	// owner is the sender of the exec request (caller.Of), when the guard
-	// identified it (ownerKnown): only its heartbeats count (jobs.go).
-	owner      policy.Identity
-	ownerKnown bool
+	// sender is the sender of the exec request (caller.Of), when the
+	// guard identified it (senderKnown): only its heartbeats count
+	// (jobs.go).
+	sender      policy.Identity
+	senderKnown bool
 	// heard is set by the first heartbeat of the job's client, alive by
 	// each one; the keeper clears alive every interval.
 	heard, alive atomic.Bool
@@ -246,7 +254,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	}
 
 	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
-	st, err := n.sess.Open(octx, protocol.KindExec, j.params)
+	params := j.params
+	params.User = j.users[id]
+	st, err := n.sess.Open(octx, protocol.KindExec, params)
 	ocancel()
 	if err != nil {
 		if j.ctx.Err() != nil {
@@ -357,6 +367,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.Detached = es.Detached
 			if es.Detached {
 				res.ExitCode = 0
+				c.owners.set(id, j.params.JobID, j.owner)
 			}
 			return res
 		case protocol.FrameError:

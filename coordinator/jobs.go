@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -133,7 +134,7 @@ func (c *Coordinator) handleExecAlive(req micro.Request) {
 	c.mu.Lock()
 	j := c.jobs[id]
 	c.mu.Unlock()
-	if j == nil || !ok || !j.ownerKnown || sender.Kind != j.owner.Kind || sender.Key != j.owner.Key || sender.Account != j.owner.Account {
+	if j == nil || !ok || !j.senderKnown || sender.Kind != j.sender.Kind || sender.Key != j.sender.Key || sender.Account != j.sender.Account {
 		return
 	}
 	j.heard.Store(true)
@@ -233,18 +234,26 @@ func (c *Coordinator) handleJobOutput(req micro.Request) {
 	c.goJobOp(req, r.Node, r.Params())
 }
 
-// goJobOp looks the node up and runs the job stream in a goroutine.
+// goJobOp looks the node up, asks policy (the job's owner is who
+// submitted it, as recorded when it started detached) and runs the job
+// stream in a goroutine.
 func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobParams) {
+	c.mu.Lock()
+	n, ok := c.nodes[nodeID]
+	c.mu.Unlock()
+	if !ok {
+		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(nodeID), c.cfg.ID))
+		return
+	}
+	obj := policy.Object{Owner: c.owners.get(nodeID, p.ID)}
+	if _, e := c.authorizer().Authorize(req, jobOps[p.Op], []policy.Node{n.policyNode()}, obj); e != nil {
+		c.replyError(req, e)
+		return
+	}
 	c.mu.Lock()
 	if c.closing || c.life == nil {
 		c.mu.Unlock()
 		c.replyError(req, c.unavailable())
-		return
-	}
-	n, ok := c.nodes[nodeID]
-	if !ok {
-		c.mu.Unlock()
-		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(nodeID), c.cfg.ID))
 		return
 	}
 	life := c.life

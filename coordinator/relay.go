@@ -104,24 +104,38 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 
 	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
-		c.replyError(req, c.unavailable())
-		return
-	}
 	n, ok := c.nodes[r.Node]
+	c.mu.Unlock()
 	if !ok {
-		c.mu.Unlock()
 		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", r.Node, c.cfg.ID))
 		return
 	}
+	params, op, e := c.authorizeStream(req, kind, n, params)
+	if e != nil {
+		c.replyError(req, e)
+		return
+	}
+	// A relayed stream is one of the caller's running jobs.
+	release, e := c.authorizer().Acquire(req, op)
+	if e != nil {
+		c.replyError(req, e)
+		return
+	}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		release()
+		c.replyError(req, c.unavailable())
+		return
+	}
 	rel := &relay{
-		c:      c,
-		req:    req,
-		n:      n,
-		kind:   kind,
-		params: json.RawMessage(params),
-		log:    c.log.With("node_id", n.id, "kind", kind.String()),
+		release: release,
+		c:       c,
+		req:     req,
+		n:       n,
+		kind:    kind,
+		params:  json.RawMessage(params),
+		log:     c.log.With("node_id", n.id, "kind", kind.String()),
 
 		openerAccount: acc,
 		openerUser:    user,
@@ -184,14 +198,15 @@ func (s *relaySet) wait() { s.wg.Wait() }
 // that watches the pipe (watch) for the client's reset or failure while the
 // copies may be blocked elsewhere.
 type relay struct {
-	c      *Coordinator
-	req    micro.Request
-	n      *node
-	kind   protocol.Kind
-	params json.RawMessage
-	log    *slog.Logger
-	ctx    context.Context // bounds the stream open; cancelled by abort
-	cancel context.CancelFunc
+	c       *Coordinator
+	release func() // the caller's job slot (policy limits), released when run returns
+	req     micro.Request
+	n       *node
+	kind    protocol.Kind
+	params  json.RawMessage
+	log     *slog.Logger
+	ctx     context.Context // bounds the stream open; cancelled by abort
+	cancel  context.CancelFunc
 	// openerAccount and openerUser are the account and user public key
 	// the NATS server stamped on the stream request: the pipe admits only
 	// their messages.
@@ -235,6 +250,7 @@ func (r *relay) run() {
 	c := r.c
 	defer c.relays.done(r)
 	defer r.recordAudit()
+	defer r.release()
 	defer r.cancel()
 	defer func() {
 		r.mu.Lock()

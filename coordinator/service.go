@@ -12,6 +12,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -143,6 +144,28 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		c.replyError(req, apiErr)
 		return
 	}
+	// Every node must be allowed, or nothing runs; each runs as the user
+	// its grant names, whatever the request's params said.
+	grants, apiErr := c.authorizer().Authorize(req, policy.OpExec, policyNodes(targets), policy.Object{})
+	if apiErr != nil {
+		c.replyError(req, apiErr)
+		return
+	}
+	users := make(map[string]string, len(targets))
+	for i, n := range targets {
+		users[n.id] = grants[i].RunAs
+	}
+	release, apiErr := c.authorizer().Acquire(req, policy.OpExec)
+	if apiErr != nil {
+		c.replyError(req, apiErr)
+		return
+	}
+	started := false
+	defer func() {
+		if !started {
+			release()
+		}
+	}()
 	id := r.ID
 	if id == "" {
 		id = rand.Text()
@@ -156,15 +179,17 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		ids[i] = n.id
 	}
 	r.ID = id
-	owner, ownerKnown := caller.Of(req)
+	sender, senderKnown := caller.Of(req)
 	j := &job{
-		owner:       owner,
-		ownerKnown:  ownerKnown,
+		sender:      sender,
+		senderKnown: senderKnown,
 		c:           c,
 		id:          id,
 		reply:       req.Reply(),
 		targets:     ids,
 		params:      r.Params(c.cfg.DefaultTimeout),
+		users:       users,
+		owner:       caller.Owner(req),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
 	}
@@ -197,9 +222,11 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		j.audit = a
 	}
 
+	started = true
 	go func() {
 		defer c.jobWG.Done()
 		defer j.recordAudit() // after a contained panic too
+		defer release()
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()
@@ -272,6 +299,24 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 	}
 	sel, _ := protocol.ParseSelector(r.Selector) // Validate parsed it
 	all := c.Nodes(sel)
+	// A caller sees the nodes a nodes.list rule of its grants, as if the
+	// others were not connected.
+	pns := make([]policy.Node, len(all))
+	for i, n := range all {
+		pns[i] = policy.Node{ID: n.ID, Labels: n.Labels}
+	}
+	visible, apiErr := c.authorizer().Filter(req, policy.OpNodesList, pns, policy.Object{})
+	if apiErr != nil {
+		c.replyError(req, apiErr)
+		return
+	}
+	if len(visible) < len(all) {
+		seen := make([]protocol.NodeInfo, len(visible))
+		for i, k := range visible {
+			seen[i] = all[k]
+		}
+		all = seen
+	}
 	limit := r.Limit
 	if limit == 0 {
 		limit = protocol.DefaultNodesLimit
@@ -299,6 +344,14 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	c.mu.Unlock()
 	if !ok {
 		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s is running on coordinator %s", protocol.Clip(r.ID), c.cfg.ID))
+		return
+	}
+	nodes := make([]policy.Node, len(j.targets))
+	for i, id := range j.targets {
+		nodes[i] = c.nodeOrID(id)
+	}
+	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.owner}); e != nil {
+		c.replyError(req, e)
 		return
 	}
 	j.cancel(nil)

@@ -174,6 +174,36 @@ type fleet struct {
 	cl                            *client.Client
 }
 
+// e2ePolicy writes a policy granting the e2e client (nats:e2e) every
+// operation and returns its path.
+func e2ePolicy(t *testing.T) string {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	const pol = `version: 1
+identities:
+  nats:e2e:
+    rules:
+      - nodes: "*"
+        operations: [exec, shell, cp.read, cp.write]
+        paths: [/]
+        run_as: root
+      - nodes: "*"
+        operations: [forward]
+        targets: [openshell, opensandbox, execd]
+      - nodes: "*"
+        operations: [nodes.list]
+      - nodes: "*"
+        operations: [job.status, job.logs, job.cancel, sandboxes.register]
+        scope: any
+      - operations: [sandboxes.list, sandboxes.lease, sandboxes.reap]
+        scope: any
+      - operations: [admin]
+`
+	if err := os.WriteFile(path, []byte(pol), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func startFleet(t *testing.T) *fleet {
 	f := &fleet{dataDir: t.TempDir()}
 	f.tokenFile = filepath.Join(t.TempDir(), "token")
@@ -182,7 +212,7 @@ func startFleet(t *testing.T) *fleet {
 	f.httpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f.natsURL = "nats://" + natsAddr
-	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr,
+	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", e2ePolicy(t),
 		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)

@@ -285,6 +285,11 @@ type SandboxInfo struct {
 	StateSince time.Time `json:"state_since,omitzero"`
 	// Source is where the record came from first (Source* values).
 	Source string `json:"source,omitempty"`
+	// CreatedBy is the identity (KIND:NAME, as policy names it) that
+	// created it through a facade or registered it; empty for a sandbox
+	// known from an inventory only. A sandbox whose run has no lease
+	// belongs to it.
+	CreatedBy string `json:"created_by,omitempty"`
 	// Attempts counts the reaper's failed delete attempts; LastError is
 	// the last failure.
 	Attempts  int    `json:"attempts,omitempty"`
@@ -349,6 +354,11 @@ type LeaseInfo struct {
 	// Closed is set once the run's lease was closed; ClosedAt says when.
 	Closed   bool      `json:"closed,omitempty"`
 	ClosedAt time.Time `json:"closed_at,omitzero"`
+	// OwnedBy is the identity (KIND:NAME, as policy names it) that opened
+	// the lease: the run and its sandboxes are its, and policy decides
+	// renewing, closing and reaping the run by it. Empty for a lease
+	// opened before identities were recorded.
+	OwnedBy string `json:"owned_by,omitempty"`
 }
 
 // SandboxesListRequest is the body of a SubjectSandboxesList request. Empty

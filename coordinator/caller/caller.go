@@ -10,7 +10,9 @@ package caller
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/micro"
@@ -109,6 +111,85 @@ func (a Authorizer) observe(d Decision) {
 	}
 }
 
+// maxNamed bounds the refused nodes a refusal names besides the first.
+const maxNamed = 8
+
+// Authorize is the check a handler makes before it acts for req's sender:
+// one request from its rate budget (Allow), then Decide for each node
+// (once, on no node, for an operation not on a node: nodes empty). Any
+// refusal refuses the whole request, with the first refusal's status and
+// message and the ids of the other nodes refused (at most maxNamed
+// named). It returns one grant per node (one when nodes is empty). Observe
+// sees each Allow and Decide.
+func (a Authorizer) Authorize(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]policy.Grant, *protocol.APIError) {
+	if e := a.Allow(req, op); e != nil {
+		return nil, e
+	}
+	if len(nodes) == 0 {
+		g, e := a.Decide(req, op, policy.Node{}, obj)
+		if e != nil {
+			return nil, e
+		}
+		return []policy.Grant{g}, nil
+	}
+	grants := make([]policy.Grant, len(nodes))
+	var first *protocol.APIError
+	var others []string
+	nothers := 0
+	for i, n := range nodes {
+		g, e := a.Decide(req, op, n, obj)
+		switch {
+		case e == nil:
+			grants[i] = g
+		case first == nil:
+			first = e
+		default:
+			if nothers++; len(others) < maxNamed {
+				others = append(others, n.ID)
+			}
+		}
+	}
+	if first == nil {
+		return grants, nil
+	}
+	if nothers > 0 {
+		more := ""
+		if nothers > len(others) {
+			more = fmt.Sprintf(" and %d more", nothers-len(others))
+		}
+		first = protocol.NewAPIError(first.Status, first.Code, "%s; refused on %d of %d nodes: also on %s%s",
+			first.Message, nothers+1, len(nodes), strings.Join(others, ", "), more)
+	}
+	return nil, first
+}
+
+// Acquire counts one running job of req's sender (policy limits
+// max_concurrent_jobs): a release function to call once the job ends, or
+// 429 rate_limited. With no Policy it counts nothing.
+func (a Authorizer) Acquire(req micro.Request, op policy.Operation) (release func(), _ *protocol.APIError) {
+	if a.Policy == nil {
+		return func() {}, nil
+	}
+	id, ok := Of(req)
+	if !ok {
+		return nil, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+	}
+	release, err := a.Policy.Acquire(id, op)
+	if err != nil {
+		return nil, RefusalError(err)
+	}
+	return release, nil
+}
+
+// Owner is the string recorded as the owner of what req creates (a job, a
+// run): the sender's Identity.String, or "" when req carries none.
+func Owner(req micro.Request) string {
+	if id, ok := Of(req); ok {
+		return id.String()
+	}
+	return ""
+}
+
 // Decide says whether the sender of req may do op on node to obj: the
 // policy's Grant (RunAs is the local user to run as), or the API error to
 // answer with: 401 unauthenticated when req carries no identity, 403
@@ -176,4 +257,87 @@ func RefusalError(err error) *protocol.APIError {
 		}
 	}
 	return protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%v", err)
+}
+
+// Filter decides a listing of nodes: one request from the rate budget
+// (Allow), then op on each node, without counting or observing the
+// refusals (a listing leaves out what the caller may not see; it is not
+// refused). It returns the indexes of the nodes allowed, in order, or the
+// API error for 401 and 429, and 403 when no policy entry names the
+// caller (so that it learns why its listing would be empty; that refusal
+// is decided through Decide).
+func (a Authorizer) Filter(req micro.Request, op policy.Operation, nodes []policy.Node, obj policy.Object) ([]int, *protocol.APIError) {
+	if e := a.Allow(req, op); e != nil {
+		return nil, e
+	}
+	out := make([]int, 0, len(nodes))
+	if a.Policy == nil {
+		for i := range nodes {
+			out = append(out, i)
+		}
+		return out, nil
+	}
+	id, _ := Of(req) // Allow refused a request without one
+	p := a.Policy.Policy()
+	for i, n := range nodes {
+		_, err := p.Decide(id, op, n, obj)
+		if err == nil {
+			out = append(out, i)
+			continue
+		}
+		if r := (*policy.Refusal)(nil); errors.As(err, &r) && r.Reason == policy.ReasonNoIdentity {
+			_, e := a.Decide(req, op, n, obj) // counted and observed once
+			return nil, e
+		}
+	}
+	return out, nil
+}
+
+// Scope decides a listing of jobs or runs: op on the caller's own must be
+// granted (Allow, then Decide with the caller as owner; else the refusal),
+// and any reports whether op is granted on everyone's too (scope: any),
+// asked without counting or observing a refusal. node is the node listed
+// on, or zero for an operation not on a node. With no Policy, any is true.
+func (a Authorizer) Scope(req micro.Request, op policy.Operation, node policy.Node) (any bool, _ *protocol.APIError) {
+	if e := a.Allow(req, op); e != nil {
+		return false, e
+	}
+	if _, e := a.Decide(req, op, node, policy.Object{Owner: Owner(req)}); e != nil {
+		return false, e
+	}
+	if a.Policy == nil {
+		return true, nil
+	}
+	id, _ := Of(req) // Decide refused a request without one
+	_, err := a.Policy.Policy().Decide(id, op, node, policy.Object{})
+	return err == nil, nil
+}
+
+// ErrUnidentified is DecideAs's error for a caller with no identity while
+// a policy is in force.
+var ErrUnidentified = errors.New("the call carries no identity (no verified client certificate or named token)")
+
+// DecideAs is Decide for a caller that is not a NATS request (a facade
+// call, identified by its client certificate or token): the policy's
+// Grant, or the error to refuse with: ErrUnidentified when identified is
+// false, else the policy's *policy.Refusal (naming the identity, the
+// operation and the rule missing). A nil Policy allows everything.
+// Observe sees the decision, with a nil Request.
+func (a Authorizer) DecideAs(id policy.Identity, identified bool, op policy.Operation, node policy.Node, obj policy.Object) (policy.Grant, error) {
+	if a.Policy == nil {
+		return policy.Grant{}, nil
+	}
+	if !identified {
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: %v", op, ErrUnidentified)
+		a.observe(Decision{Op: op, Node: node, Object: obj, Err: e})
+		return policy.Grant{}, fmt.Errorf("%s: %w", op, ErrUnidentified)
+	}
+	g, err := a.Policy.Decide(id, op, node, obj)
+	d := Decision{Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g}
+	if err != nil {
+		d.Err = RefusalError(err)
+		errors.As(err, &d.Refusal)
+	}
+	a.observe(d)
+	return g, err
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -30,6 +32,37 @@ type EndpointOption func(*endpointOptions)
 
 type endpointOptions struct {
 	knownNode func(node string) bool
+	authz     caller.Authorizer
+	labels    func(node string) map[string]string
+}
+
+// WithAuthorizer makes every endpoint ask a before it acts, as the
+// caller's identity (caller.Of) and the run's owner (RunOwner, OwnerOf)
+// decide: lease open, renew and close are sandboxes.lease on the run's
+// owner; reap is sandboxes.reap on the run's owner (a dry run without a
+// run lists everyone's: scope any); register is sandboxes.register on the
+// node, on the owner of the run it names and, when the sandbox is recorded
+// already, on its owner too (no one re-registers another's sandbox under
+// their own run); list is sandboxes.list, limited to the caller's own
+// runs' sandboxes unless its scope is any. A run nobody claimed is the
+// caller's. Without it every request is allowed.
+func WithAuthorizer(a caller.Authorizer) EndpointOption {
+	return func(o *endpointOptions) { o.authz = a }
+}
+
+// WithNodeLabels gives the labels policy matches a register's node by
+// (nil for a node not connected: only rules for every node match it).
+func WithNodeLabels(labels func(node string) map[string]string) EndpointOption {
+	return func(o *endpointOptions) { o.labels = labels }
+}
+
+// runOwner is the owner policy decides a request about run by: its
+// RunOwner, or the caller when nobody claimed it.
+func (l *Ledger) runOwner(req micro.Request, run string) string {
+	if owner, claimed := l.RunOwner(run); claimed {
+		return owner
+	}
+	return caller.Owner(req)
 }
 
 // WithKnownNode makes the register endpoint refuse, with 404
@@ -58,12 +91,12 @@ func (l *Ledger) AddEndpoints(svc EndpointAdder, r *Reaper, opts ...EndpointOpti
 		name, subject string
 		h             micro.HandlerFunc
 	}{
-		{"lease-open", protocol.SubjectLeaseOpen, l.handleLeaseOpen},
-		{"lease-renew", protocol.SubjectLeaseRenew, l.handleLeaseRenew},
-		{"lease-close", protocol.SubjectLeaseClose, l.handleLeaseClose},
-		{"sandboxes-list", protocol.SubjectSandboxesList, l.handleList},
-		{"sandboxes-register", protocol.SubjectSandboxesRegister, func(req micro.Request) { l.handleRegister(req, o.knownNode) }},
-		{"sandboxes-reap", protocol.SubjectSandboxesReap, func(req micro.Request) { l.handleReap(req, r) }},
+		{"lease-open", protocol.SubjectLeaseOpen, func(req micro.Request) { l.handleLeaseOpen(req, &o) }},
+		{"lease-renew", protocol.SubjectLeaseRenew, func(req micro.Request) { l.handleLeaseRenew(req, &o) }},
+		{"lease-close", protocol.SubjectLeaseClose, func(req micro.Request) { l.handleLeaseClose(req, &o) }},
+		{"sandboxes-list", protocol.SubjectSandboxesList, func(req micro.Request) { l.handleList(req, &o) }},
+		{"sandboxes-register", protocol.SubjectSandboxesRegister, func(req micro.Request) { l.handleRegister(req, &o) }},
+		{"sandboxes-reap", protocol.SubjectSandboxesReap, func(req micro.Request) { l.handleReap(req, r, &o) }},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, e.h, micro.WithEndpointSubject(e.subject)); err != nil {
@@ -116,7 +149,7 @@ func apiError(err error) *protocol.APIError {
 		return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%v", err)
 	case errors.Is(err, ErrLeaseClosed):
 		return protocol.NewAPIError(409, protocol.ErrCodeLeaseClosed, "%v", err)
-	case errors.Is(err, ErrLeaseHeld):
+	case errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrOwnerChanged):
 		return protocol.NewAPIError(409, protocol.ErrCodeLeaseHeld, "%v", err)
 	case errors.Is(err, ErrClosed), errors.Is(err, context.DeadlineExceeded):
 		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "%v", err)
@@ -124,14 +157,29 @@ func apiError(err error) *protocol.APIError {
 	return protocol.NewAPIError(500, protocol.ErrCodeInternal, "%v", err)
 }
 
-func (l *Ledger) handleLeaseOpen(req micro.Request) {
+// authorizeRun asks policy whether req's sender may do op on run, and
+// returns the run's owner the decision was about; on a refusal it replies.
+func (l *Ledger) authorizeRun(req micro.Request, o *endpointOptions, op policy.Operation, run string) (string, bool) {
+	owner := l.runOwner(req, run)
+	if _, e := o.authz.Authorize(req, op, nil, policy.Object{Owner: owner}); e != nil {
+		l.replyError(req, e)
+		return "", false
+	}
+	return owner, true
+}
+
+func (l *Ledger) handleLeaseOpen(req micro.Request, o *endpointOptions) {
 	var r protocol.LeaseOpenRequest
 	if !l.decode(req, &r) {
 		return
 	}
+	owner, ok := l.authorizeRun(req, o, policy.OpSandboxesLease, r.Run)
+	if !ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
-	ls, err := l.OpenLease(ctx, r.Run, r.Holder, time.Duration(r.TTLMS)*time.Millisecond)
+	ls, err := l.OpenLeaseFor(ctx, r.Run, r.Holder, owner, time.Duration(r.TTLMS)*time.Millisecond)
 	if err != nil {
 		l.replyError(req, apiError(err))
 		return
@@ -139,14 +187,18 @@ func (l *Ledger) handleLeaseOpen(req micro.Request) {
 	l.replyJSON(req, ls.Info())
 }
 
-func (l *Ledger) handleLeaseRenew(req micro.Request) {
+func (l *Ledger) handleLeaseRenew(req micro.Request, o *endpointOptions) {
 	var r protocol.LeaseRequest
 	if !l.decode(req, &r) {
 		return
 	}
+	owner, ok := l.authorizeRun(req, o, policy.OpSandboxesLease, r.Run)
+	if !ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
-	ls, err := l.RenewLease(ctx, r.Run)
+	ls, err := l.RenewLeaseFor(ctx, r.Run, owner)
 	if err != nil {
 		l.replyError(req, apiError(err))
 		return
@@ -154,14 +206,18 @@ func (l *Ledger) handleLeaseRenew(req micro.Request) {
 	l.replyJSON(req, ls.Info())
 }
 
-func (l *Ledger) handleLeaseClose(req micro.Request) {
+func (l *Ledger) handleLeaseClose(req micro.Request, o *endpointOptions) {
 	var r protocol.LeaseRequest
 	if !l.decode(req, &r) {
 		return
 	}
+	owner, ok := l.authorizeRun(req, o, policy.OpSandboxesLease, r.Run)
+	if !ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
-	ls, err := l.CloseLease(ctx, r.Run)
+	ls, err := l.CloseLeaseFor(ctx, r.Run, owner)
 	if err != nil {
 		l.replyError(req, apiError(err))
 		return
@@ -169,10 +225,20 @@ func (l *Ledger) handleLeaseClose(req micro.Request) {
 	l.replyJSON(req, ls.Info())
 }
 
-func (l *Ledger) handleList(req micro.Request) {
+func (l *Ledger) handleList(req micro.Request, o *endpointOptions) {
 	var r protocol.SandboxesListRequest
 	if !l.decode(req, &r) {
 		return
+	}
+	anyOwner, e := o.authz.Scope(req, policy.OpSandboxesList, policy.Node{})
+	if e != nil {
+		l.replyError(req, e)
+		return
+	}
+	f := Filter{Run: r.Run, Node: r.Node, State: r.State, Provider: r.Provider}
+	if !anyOwner {
+		// Scope own: the caller's runs' sandboxes, and those it created.
+		f.OwnedBy = caller.Owner(req)
 	}
 	if !l.Ready() {
 		l.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "the sandbox ledger on coordinator %s is still loading", l.cfg.ID))
@@ -182,7 +248,7 @@ func (l *Ledger) handleList(req micro.Request) {
 	if limit == 0 {
 		limit = protocol.DefaultSandboxesLimit
 	}
-	recs, next := l.page(Filter{Run: r.Run, Node: r.Node, State: r.State, Provider: r.Provider}, r.After, limit)
+	recs, next := l.page(f, r.After, limit)
 	resp := protocol.SandboxesListResponse{Sandboxes: make([]protocol.SandboxInfo, len(recs)), Next: next}
 	for i, rec := range recs {
 		resp.Sandboxes[i] = rec.Info()
@@ -206,11 +272,31 @@ func (l *Ledger) handleList(req micro.Request) {
 	l.replyJSON(req, resp)
 }
 
-func (l *Ledger) handleRegister(req micro.Request, knownNode func(string) bool) {
+func (l *Ledger) handleRegister(req micro.Request, o *endpointOptions) {
 	var r protocol.SandboxRegisterRequest
 	if !l.decode(req, &r) {
 		return
 	}
+	node := policy.Node{ID: r.Node}
+	if o.labels != nil {
+		node.Labels = o.labels(r.Node)
+	}
+	owner := l.runOwner(req, r.Run)
+	// A recorded sandbox that belongs to someone else stays theirs unless
+	// policy grants the caller others' runs.
+	if cur, ok := l.Get(Key{r.Provider, r.Node, r.ID}); ok {
+		if prev := l.OwnerOf(cur); prev != "" && prev != owner {
+			if _, e := o.authz.Decide(req, policy.OpSandboxesRegister, node, policy.Object{Owner: prev}); e != nil {
+				l.replyError(req, e)
+				return
+			}
+		}
+	}
+	if _, e := o.authz.Authorize(req, policy.OpSandboxesRegister, []policy.Node{node}, policy.Object{Owner: owner}); e != nil {
+		l.replyError(req, e)
+		return
+	}
+	knownNode := o.knownNode
 	if knownNode != nil && !knownNode(r.Node) && !l.knownNode(r.Node) {
 		l.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode,
 			"node %s is not connected and no coordinator has ever seen it; register a sandbox on the node whose gateway holds it", r.Node))
@@ -221,6 +307,7 @@ func (l *Ledger) handleRegister(req micro.Request, knownNode func(string) bool) 
 	rec, err := l.Register(ctx, Record{
 		Provider: r.Provider, Node: r.Node, ID: r.ID, Name: r.Name, Workspace: r.Workspace,
 		Run: r.Run, Owner: r.Run, TTL: time.Duration(r.TTLMS) * time.Millisecond, Labels: r.Labels,
+		CreatedBy: caller.Owner(req),
 	})
 	if err != nil {
 		l.replyError(req, apiError(err))
@@ -234,9 +321,19 @@ func (l *Ledger) handleRegister(req micro.Request, knownNode func(string) bool) 
 // closes the run's lease, which the active reaper (wherever it runs) acts
 // on at once, and lists what goes. A run with no lease of its own and no
 // records is 404, so a mistyped run id is not closed (and burnt).
-func (l *Ledger) handleReap(req micro.Request, r *Reaper) {
+func (l *Ledger) handleReap(req micro.Request, r *Reaper, o *endpointOptions) {
 	var rq protocol.ReapRequest
 	if !l.decode(req, &rq) {
+		return
+	}
+	// A dry run without a run previews everyone's: that needs scope any
+	// (an unknown owner).
+	owner := ""
+	if rq.Run != "" {
+		owner = l.runOwner(req, rq.Run)
+	}
+	if _, e := o.authz.Authorize(req, policy.OpSandboxesReap, nil, policy.Object{Owner: owner}); e != nil {
+		l.replyError(req, e)
 		return
 	}
 	if r == nil {
@@ -258,7 +355,7 @@ func (l *Ledger) handleReap(req micro.Request, r *Reaper) {
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 		defer cancel()
-		if _, err := l.CloseLease(ctx, rq.Run); err != nil {
+		if _, err := l.CloseLeaseFor(ctx, rq.Run, owner); err != nil {
 			l.replyError(req, apiError(err))
 			return
 		}

@@ -23,6 +23,10 @@ type Lease struct {
 	TTL                                      time.Duration
 	ExpiresAt, OpenedAt, RenewedAt, ClosedAt time.Time
 	Closed                                   bool
+	// OwnedBy is the identity that opened it (policy's Identity.String):
+	// the run is its. "" for a lease opened before identities were
+	// recorded, or through OpenLease.
+	OwnedBy string
 	// Revision is the lease's KV revision (read-only).
 	Revision uint64
 }
@@ -33,12 +37,12 @@ func (ls Lease) Expired(now time.Time) bool { return !ls.Closed && now.After(ls.
 // Info returns the lease in its wire form.
 func (ls Lease) Info() protocol.LeaseInfo {
 	return protocol.LeaseInfo{Run: ls.Run, Holder: ls.Holder, TTLMS: ls.TTL.Milliseconds(), ExpiresAt: ls.ExpiresAt,
-		OpenedAt: ls.OpenedAt, RenewedAt: ls.RenewedAt, Closed: ls.Closed, ClosedAt: ls.ClosedAt}
+		OpenedAt: ls.OpenedAt, RenewedAt: ls.RenewedAt, Closed: ls.Closed, ClosedAt: ls.ClosedAt, OwnedBy: ls.OwnedBy}
 }
 
 func leaseFromInfo(i protocol.LeaseInfo) Lease {
 	return Lease{Run: i.Run, Holder: i.Holder, TTL: time.Duration(i.TTLMS) * time.Millisecond, ExpiresAt: i.ExpiresAt,
-		OpenedAt: i.OpenedAt, RenewedAt: i.RenewedAt, Closed: i.Closed, ClosedAt: i.ClosedAt}
+		OpenedAt: i.OpenedAt, RenewedAt: i.RenewedAt, Closed: i.Closed, ClosedAt: i.ClosedAt, OwnedBy: i.OwnedBy}
 }
 
 // applyLease applies a watched entry of the leases bucket. A lease that
@@ -202,6 +206,11 @@ func (e leaseClosedError) Unwrap() error { return ErrLeaseClosed }
 // holder and TTL, even if it had expired. A closed lease stays closed:
 // ErrLeaseClosed.
 func (l *Ledger) OpenLease(ctx context.Context, run, holder string, ttl time.Duration) (Lease, error) {
+	return l.openLease(ctx, run, holder, ttl, nil)
+}
+
+// openLease is OpenLease; with owner set, as OpenLeaseFor.
+func (l *Ledger) openLease(ctx context.Context, run, holder string, ttl time.Duration, owner *string) (Lease, error) {
 	if ttl == 0 {
 		ttl = protocol.DefaultLeaseTTL
 	}
@@ -210,6 +219,11 @@ func (l *Ledger) OpenLease(ctx context.Context, run, holder string, ttl time.Dur
 	}
 	now := l.now()
 	return l.mutateLease(ctx, run, func(cur Lease, exists bool) (Lease, bool, error) {
+		if owner != nil {
+			if err := checkOwner(run, cur, exists, *owner); err != nil {
+				return cur, false, err
+			}
+		}
 		if exists && cur.Closed {
 			return cur, false, leaseClosedError{run}
 		}
@@ -223,6 +237,9 @@ func (l *Ledger) OpenLease(ctx context.Context, run, holder string, ttl time.Dur
 		next := cur
 		if !exists {
 			next = Lease{OpenedAt: now}
+			if owner != nil {
+				next.OwnedBy = *owner
+			}
 		}
 		next.Holder, next.TTL = holder, ttl
 		next.RenewedAt, next.ExpiresAt = now, now.Add(ttl)
@@ -233,8 +250,17 @@ func (l *Ledger) OpenLease(ctx context.Context, run, holder string, ttl time.Dur
 // RenewLease extends run's lease to now plus its TTL. Errors:
 // ErrLeaseNotFound, ErrLeaseClosed (wrapped).
 func (l *Ledger) RenewLease(ctx context.Context, run string) (Lease, error) {
+	return l.renewLease(ctx, run, nil)
+}
+
+func (l *Ledger) renewLease(ctx context.Context, run string, owner *string) (Lease, error) {
 	now := l.now()
 	return l.mutateLease(ctx, run, func(cur Lease, exists bool) (Lease, bool, error) {
+		if owner != nil {
+			if err := checkOwner(run, cur, exists, *owner); err != nil {
+				return cur, false, err
+			}
+		}
 		switch {
 		case !exists:
 			return cur, false, fmt.Errorf("renew lease of run %s: %w", run, ErrLeaseNotFound)
@@ -250,13 +276,25 @@ func (l *Ledger) RenewLease(ctx context.Context, run string) (Lease, error) {
 // so that every sandbox the run owns is reaped at once. Closing a closed
 // lease changes nothing.
 func (l *Ledger) CloseLease(ctx context.Context, run string) (Lease, error) {
+	return l.closeLease(ctx, run, nil)
+}
+
+func (l *Ledger) closeLease(ctx context.Context, run string, owner *string) (Lease, error) {
 	now := l.now()
 	return l.mutateLease(ctx, run, func(cur Lease, exists bool) (Lease, bool, error) {
+		if owner != nil {
+			if err := checkOwner(run, cur, exists, *owner); err != nil {
+				return cur, false, err
+			}
+		}
 		if exists && cur.Closed {
 			return cur, false, nil
 		}
 		if !exists {
 			cur = Lease{OpenedAt: now, ExpiresAt: now}
+			if owner != nil {
+				cur.OwnedBy = *owner
+			}
 		}
 		cur.Closed, cur.ClosedAt = true, now
 		return cur, true, nil

@@ -413,6 +413,14 @@ func (l *Ledger) Len() int {
 	return len(l.idx.recs)
 }
 
+// Get returns the record of key k.
+func (l *Ledger) Get(k Key) (Record, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	r, ok := l.idx.recs[k.kvKey()]
+	return r, ok
+}
+
 // ByID returns the record of a sandbox by provider and gateway id (exec and
 // watch routing). When several nodes have one (a gateway restored from
 // another's backup), a record not deleted wins, then the one seen last.
@@ -433,13 +441,21 @@ func (l *Ledger) ByName(provider, workspace, name string) (Record, bool) {
 
 // Filter selects records; empty fields match all. Run matches a record's
 // Run or Owner.
-type Filter struct{ Run, Node, State, Provider string }
+type Filter struct {
+	Run, Node, State, Provider string
+	// OwnedBy, when set, keeps only the records whose owner (OwnerOf) is
+	// this identity.
+	OwnedBy string
+}
 
-func (f Filter) match(r *Record) bool {
+// match reports whether r passes f; l.mu is held (OwnedBy reads the
+// leases).
+func (l *Ledger) match(f Filter, r *Record) bool {
 	return (f.Run == "" || r.Run == f.Run || r.Owner == f.Run) &&
 		(f.Node == "" || r.Node == f.Node) &&
 		(f.State == "" || string(r.State) == f.State) &&
-		(f.Provider == "" || r.Provider == f.Provider)
+		(f.Provider == "" || r.Provider == f.Provider) &&
+		(f.OwnedBy == "" || l.ownerOfLocked(r) == f.OwnedBy)
 }
 
 // List returns the records matching f, sorted by key (provider, node, id).
@@ -456,7 +472,7 @@ func (l *Ledger) page(f Filter, after string, limit int) ([]Record, string) {
 	var keys []string
 	add := func(k string) {
 		if k > after {
-			if r := l.idx.recs[k]; f.match(&r) {
+			if r := l.idx.recs[k]; l.match(f, &r) {
 				keys = append(keys, k)
 			}
 		}
@@ -743,6 +759,9 @@ func (l *Ledger) upsertExplicit(ctx context.Context, r Record, source string) (R
 		setIf(&next.Workload, r.Workload)
 		setIf(&next.Run, r.Run)
 		setIf(&next.Owner, r.Owner)
+		if next.CreatedBy == "" {
+			next.CreatedBy = r.CreatedBy
+		}
 		if r.Labels != nil {
 			next.Labels, next.LabelsTruncated = l.bound(r.Labels)
 		}

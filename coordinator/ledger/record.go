@@ -88,6 +88,10 @@ type Record struct {
 	// Attempts counts failed reaper deletes; LastError is the last one.
 	Attempts  int
 	LastError string
+	// CreatedBy is the identity that created the sandbox through a facade
+	// or registered it (kept from the first one); "" when known from an
+	// inventory only. See Ledger.OwnerOf.
+	CreatedBy string
 	// Revision is the record's KV revision (read-only: writes ignore it).
 	Revision uint64
 }
@@ -112,6 +116,7 @@ func (r Record) Info() protocol.SandboxInfo {
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, FirstSeen: r.FirstSeen, LastSeen: r.LastSeen,
 		TTLMS: r.TTL.Milliseconds(), State: string(r.State), StateSince: r.StateSince,
 		Source: r.Source, Attempts: r.Attempts, LastError: r.LastError, Revision: r.Revision,
+		CreatedBy: r.CreatedBy,
 	}
 }
 
@@ -124,6 +129,7 @@ func recordFromInfo(i protocol.SandboxInfo) Record {
 		CreatedAt: i.CreatedAt, ExpiresAt: i.ExpiresAt, FirstSeen: i.FirstSeen, LastSeen: i.LastSeen,
 		TTL: time.Duration(i.TTLMS) * time.Millisecond, State: State(i.State), StateSince: i.StateSince,
 		Source: i.Source, Attempts: i.Attempts, LastError: i.LastError, Revision: i.Revision,
+		CreatedBy: i.CreatedBy,
 	}
 }
 
@@ -151,11 +157,12 @@ type scalars struct {
 	Source                              string
 	Attempts                            int
 	LastError                           string
+	CreatedBy                           string
 }
 
 func withoutTimes(r Record) scalars {
 	return scalars{r.Provider, r.Node, r.Workspace, r.Name, r.ID, r.Team, r.User, r.Workload, r.Run,
-		r.LabelsTruncated, r.Managed, r.Owner, r.TTL, r.State, r.Source, r.Attempts, r.LastError}
+		r.LabelsTruncated, r.Managed, r.Owner, r.TTL, r.State, r.Source, r.Attempts, r.LastError, r.CreatedBy}
 }
 
 // validKey checks the parts of a record's key.

@@ -35,6 +35,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -81,6 +82,14 @@ type Config struct {
 	// (a tether-token, or a verified client certificate). Nil: no check —
 	// only for facades bound to loopback.
 	CheckToken func(token string) bool
+	// TokenName names the facade caller a token CheckToken accepted
+	// belongs to (policy identity token:NAME); nil names every token
+	// "facade".
+	TokenName func(token string) string
+	// Local is the identity of facade calls that carry no credentials on
+	// facades without an authentication boundary (CheckToken nil:
+	// loopback), e.g. the dev user's; zero leaves them unidentified.
+	Local policy.Identity
 	// DefaultTTL is the Tether TTL of OpenShell sandboxes created through
 	// the facade without a tether-ttl; zero means none.
 	DefaultTTL time.Duration
@@ -141,7 +150,8 @@ func (s *Service) Endpoints(svc micro.Service) error {
 	// Registrations name a node this coordinator has seen: a typo would
 	// otherwise hold a live record for a node that never comes.
 	known := ledger.WithKnownNode(func(n string) bool { _, ok := s.coord.ConnectedSince(n); return ok })
-	if err := s.ledger.AddEndpoints(svc, s.reaper, known); err != nil {
+	labels := ledger.WithNodeLabels(func(n string) map[string]string { l, _ := s.coord.NodeLabels(n); return l })
+	if err := s.ledger.AddEndpoints(svc, s.reaper, known, labels, ledger.WithAuthorizer(s.coord.Authorizer())); err != nil {
 		return err
 	}
 	if err := svc.AddEndpoint("sandboxes-sync", micro.HandlerFunc(s.handleSync), micro.WithEndpointSubject(protocol.SubjectSandboxesSync)); err != nil {
@@ -156,6 +166,12 @@ const syncTimeout = 2 * time.Minute
 // handleSync takes every node's inventory now. micro serves an endpoint's
 // requests one at a time, so the wait runs on its own goroutine.
 func (s *Service) handleSync(req micro.Request) {
+	// A sync makes every node list its gateways: administration.
+	if _, e := s.coord.Authorizer().Authorize(req, policy.OpAdmin, nil, policy.Object{}); e != nil {
+		body, _ := json.Marshal(e)
+		req.Error(strconv.Itoa(e.Status), e.Message, body)
+		return
+	}
 	go func() {
 		defer s.guard.Recover("nats sandboxes-sync", func(e *panics.Error) {
 			ae := protocol.NewAPIError(500, protocol.ErrCodeInternal, "%v", e)
@@ -212,7 +228,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 		srv, err := openshell.New(openshell.Config{
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			DefaultTTL: s.cfg.DefaultTTL, CheckToken: s.cfg.CheckToken, TLS: s.cfg.OpenShellTLS,
-			Hosts: hosts,
+			Hosts: hosts, TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
 		})
 		s.oshHosts = hosts
 		if err != nil {
@@ -228,6 +244,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 		f, err := opensandbox.New(opensandbox.Config{
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken, Hosts: hosts,
+			TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
 		})
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)

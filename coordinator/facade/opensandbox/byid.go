@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	osb "github.com/tetherfleet/tether/protocol/opensandbox"
 )
@@ -31,7 +32,16 @@ var passHeaders = []string{osb.HeaderAPIKey, "Authorization", osb.HeaderRequestI
 func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 	id := st.route.ID
 	v := f.view()
+	v.targets = f.reachable(st, v.targets)
 	rec, ok := f.cfg.Ledger.ByID(protocol.ProviderOpenSandbox, id)
+	op := policy.OpSandboxesList
+	if st.route.Kind == osb.RouteSandbox && r.Method == http.MethodDelete {
+		op = policy.OpSandboxesReap
+	}
+	if err := f.mayUse(st, op, rec, ok); err != nil {
+		writeRefusal(w, err)
+		return
+	}
 	switch {
 	case ok && routable(rec.State):
 		if p := v.nodeProblem(rec.Node); p != "" {
@@ -47,6 +57,12 @@ func (f *Facade) byID(w http.ResponseWriter, r *http.Request, st *reqState) {
 		var done bool
 		rec, done = f.find(w, r, id, st.class, v)
 		if done {
+			return
+		}
+	}
+	if n, ok := v.all[rec.Node]; ok {
+		if err := f.reach(st, n); err != nil {
+			writeRefusal(w, err)
 			return
 		}
 	}

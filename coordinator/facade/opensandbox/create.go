@@ -32,10 +32,23 @@ func (f *Facade) create(w http.ResponseWriter, r *http.Request, st *reqState) {
 			return
 		}
 	}
+	if err := f.mayCreateIn(st, owner); err != nil {
+		writeRefusal(w, err)
+		return
+	}
 	node, cands, status, code, msg := f.place(r)
 	if status != 0 {
 		writeError(w, status, code, msg)
 		return
+	}
+	if err := f.reach(st, node); err != nil {
+		// Placed by load or selector: among the nodes the caller may
+		// reach, if any.
+		if cands = f.reachable(st, cands); len(cands) == 0 {
+			writeRefusal(w, err)
+			return
+		}
+		node = f.leastLoaded(cands)
 	}
 	st.node, st.session = node.ID, node.SessionID
 	st.owner = owner
@@ -187,6 +200,9 @@ func (f *Facade) recordCreate(resp *http.Response, st *reqState) {
 		LastSeen:  f.now(),
 		State:     ledger.StateLive,
 		Source:    ledger.SourceFacade,
+	}
+	if st.identified {
+		rec.CreatedBy = st.who.String()
 	}
 	ctx, cancel := ledgerCtx(resp.Request.Context())
 	defer cancel()

@@ -19,9 +19,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	osb "github.com/tetherfleet/tether/protocol/opensandbox"
 )
@@ -126,6 +128,18 @@ type Config struct {
 	// connection with a verified client certificate. Nil: no check (the
 	// facade is bound to loopback).
 	CheckToken func(token string) bool
+	// TokenName names the caller of a request whose Tether-Token
+	// CheckToken accepted, for policy (identity token:NAME). Nil names
+	// every token "facade".
+	TokenName func(token string) string
+	// Local is the identity of requests on a facade that checks neither
+	// token nor certificate (CheckToken nil: loopback), e.g. the dev
+	// user's; zero leaves them unidentified (refused once a policy is in
+	// force).
+	Local policy.Identity
+	// Authorizer decides every request by policy (authz.go); its zero
+	// value allows everything.
+	Authorizer caller.Authorizer
 	// Hosts decides which Host headers and Origins the facade accepts
 	// (hostcheck: built from the listen address and the configured extra
 	// names). Nil: hostcheck.Loopback(), the names of a facade on
@@ -273,6 +287,9 @@ type reqState struct {
 	fromLedger bool
 	// owner is the Tether-Run header of a create.
 	owner string
+	// who is the caller, identified false when it has none (authz.go).
+	who        policy.Identity
+	identified bool
 	// cands are the nodes a create placed by load may move to when the
 	// dial to node fails (nil: it may not; see nextNode), and tried the
 	// nodes it was tried on.
@@ -349,6 +366,7 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the Tether OpenSandbox facade needs a Tether-Token header or a verified client certificate")
 		return
 	}
+	st.who, st.identified = f.identify(r)
 	if !ok {
 		if r.URL.Path == "/health" && r.Method == http.MethodGet {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	osb "github.com/tetherfleet/tether/protocol/opensandbox"
 )
@@ -37,6 +38,12 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 			fmt.Sprintf("cannot list every sandbox: %s; the list would be incomplete", strings.Join(missing, "; ")))
 		return
 	}
+	if err := f.decide(st, policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: st.who.String()}); err != nil {
+		writeRefusal(w, err)
+		return
+	}
+	v.targets = f.reachable(st, v.targets)
+	keep := f.listFilter(st)
 	filters := filterQuery(r.URL.RawQuery)
 
 	res := make([]nodeList, len(v.targets))
@@ -65,7 +72,11 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 			failed = append(failed, fmt.Sprintf("node %s, target %s: %v", nl.node, Target, nl.err))
 			continue
 		}
-		items = append(items, nl.items...)
+		for _, it := range nl.items {
+			if keep == nil || keep(it.id) {
+				items = append(items, it)
+			}
+		}
 	}
 	if len(failed) > 0 {
 		writeError(w, http.StatusBadGateway, CodeNodeUnavailable, "cannot list every sandbox: "+strings.Join(failed, "; "))

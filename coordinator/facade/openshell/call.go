@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -27,6 +28,10 @@ type call struct {
 	method string          // full method path
 	md     metadata.MD     // the caller's metadata, tether-* keys included
 	out    metadata.MD     // what goes to the gateway (cleanMD)
+	// who is the caller, identified false when it has no identity
+	// (authz.go).
+	who        policy.Identity
+	identified bool
 }
 
 // answer is one gateway's answer to a unary call.
@@ -62,6 +67,9 @@ func (c *call) recvFirst() (*frame, error) {
 // metadata, deadline and cancellation.
 func (c *call) invoke(n protocol.NodeInfo, method string, req *frame) answer {
 	a := answer{node: n}
+	if a.err = c.reach(n); a.err != nil {
+		return a
+	}
 	cc, err := c.s.pool.get(n)
 	if err != nil {
 		a.err = status.Errorf(codes.Unavailable, "tether: node %s: %v", n.ID, err)
@@ -128,6 +136,9 @@ func (r relayAbort) Error() string { return r.err.Error() }
 // outlive relay while blocked reading the caller: grpc ends that read when
 // the handler returns and the stream closes.
 func (c *call) relay(n protocol.NodeInfo, first *frame) error {
+	if err := c.reach(n); err != nil {
+		return err
+	}
 	cc, err := c.s.pool.get(n)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "tether: node %s: %v", n.ID, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -184,10 +185,14 @@ func (c *call) list() error {
 		return decodeErr("ListSandboxesRequest", err)
 	}
 	limit, offset := openshell.ListLimit(req.GetLimit()), int(req.GetOffset())
+	if err := c.decide(policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: c.who.String()}); err != nil {
+		return err
+	}
 	nodes := c.s.gatewayNodes(protocol.Selector{})
 	if err := c.s.missingHolders(nodes); err != nil {
 		return err
 	}
+	nodes = c.reachable(nodes)
 	perNode, errs := c.listEach(nodes, &req)
 	var failed []string
 	notFound := 0
@@ -219,8 +224,13 @@ func (c *call) list() error {
 		return firstNotFound
 	}
 	var all []listed
+	keep := c.listFilter()
 	for _, rows := range perNode {
-		all = append(all, rows...)
+		for _, r := range rows {
+			if keep == nil || keep(r.meta.GetId()) {
+				all = append(all, r)
+			}
+		}
 	}
 	slices.SortFunc(all, func(a, b listed) int {
 		return cmp.Or(

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -65,6 +66,9 @@ func (c *call) create() error {
 		}
 		if c.s.cfg.Ledger != nil && c.s.cfg.Ledger.RunClosed(owner) {
 			return status.Errorf(codes.FailedPrecondition, "tether: metadata %s: run %s was closed (its sandboxes are reaped); start a new run with a new run id", MetaRun, owner)
+		}
+		if err := c.mayCreateIn(owner); err != nil {
+			return err
 		}
 	}
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
@@ -198,6 +202,12 @@ func (c *call) place(key wsName, labels map[string]string) (n protocol.NodeInfo,
 			return n, nil, nil, status.Errorf(codes.FailedPrecondition, "tether: no connected node matching %s %q has an openshell gateway", MetaNodeSelector, selText)
 		}
 	}
+	// Placed by load: only on nodes the caller may reach.
+	if all := nodes; len(all) > 0 {
+		if nodes = c.reachable(all); len(nodes) == 0 {
+			return n, nil, nil, c.reach(all[0])
+		}
+	}
 	if len(nodes) == 0 {
 		return n, nil, nil, errNoGateway()
 	}
@@ -264,6 +274,9 @@ func (c *call) recordCreate(node string, key wsName, resp *frame, p pendingCreat
 		State:     ledger.StateLive,
 		Source:    ledger.SourceFacade,
 	}
+	if c.identified {
+		r.CreatedBy = c.who.String()
+	}
 	c.s.ledgerWrite(c.ctx, opCreated, r.Key(), func(ctx context.Context) error { return c.s.cfg.Ledger.Created(ctx, r) })
 }
 
@@ -284,7 +297,15 @@ func (c *call) byName() error {
 	}
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
 	what := fmt.Sprintf("sandbox %s/%s", key.ws, key.name)
-	nodes := c.s.gatewayNodes(protocol.Selector{})
+	op := policy.OpSandboxesList
+	if c.method == openshell.MethodDeleteSandbox {
+		op = policy.OpSandboxesReap
+	}
+	rec, known := c.s.recordByName(key)
+	if err := c.mayUse(op, rec, known); err != nil {
+		return err
+	}
+	nodes := c.gatewayNodes(protocol.Selector{})
 
 	if explicit := mdFirst(c.md, MetaNode); explicit != "" {
 		n, ok := findNode(nodes, explicit)
@@ -514,7 +535,13 @@ func (c *call) byID() error {
 	if err != nil {
 		return decodeErr(methodLabel(c.method)+" request", err)
 	}
-	nodes := c.s.gatewayNodes(protocol.Selector{})
+	if id != "" {
+		rec, known := c.s.recordByID(id)
+		if err := c.mayUse(policy.OpSandboxesList, rec, known); err != nil {
+			return err
+		}
+	}
+	nodes := c.gatewayNodes(protocol.Selector{})
 	what := "sandbox " + id
 	target, err := c.routeID(nodes, id)
 	if err != nil {
@@ -575,7 +602,7 @@ func (c *call) health() error {
 	if err != nil {
 		return err
 	}
-	nodes := c.s.gatewayNodes(protocol.Selector{})
+	nodes := c.gatewayNodes(protocol.Selector{})
 	if len(nodes) == 0 {
 		return errNoGateway()
 	}

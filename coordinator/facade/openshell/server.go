@@ -22,9 +22,11 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
@@ -152,6 +154,18 @@ type Config struct {
 	// It runs on every call, concurrently; it should compare in constant
 	// time.
 	CheckToken func(token string) bool
+	// TokenName names the caller of a call whose tether-token CheckToken
+	// accepted, for policy (identity token:NAME). Nil names every token
+	// "facade".
+	TokenName func(token string) string
+	// Local is the identity of calls on a facade that checks neither
+	// token nor certificate (CheckToken nil: loopback), e.g. the dev
+	// user's; zero leaves them unidentified (refused once a policy is in
+	// force).
+	Local policy.Identity
+	// Authorizer decides every call by policy (authz.go); its zero value
+	// allows everything.
+	Authorizer caller.Authorizer
 	// TLS, when set, serves TLS with this config. For "client certificate
 	// or token", set ClientAuth to tls.VerifyClientCertIfGiven and ClientCAs.
 	TLS *tls.Config
@@ -373,11 +387,12 @@ func (s *Server) serve(ss grpc.ServerStream, full string) error {
 	if err := s.authorize(ctx, md); err != nil {
 		return err
 	}
+	who, identified := s.identify(ctx, md)
 	if !strings.HasPrefix(full, "/"+openshell.ServiceName+"/") {
 		svc, _, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 		return status.Errorf(codes.Unimplemented, "unknown service %s (the Tether OpenShell facade serves %s)", svc, openshell.ServiceName)
 	}
-	c := &call{s: s, ss: ss, ctx: ctx, method: full, md: md, out: cleanMD(md)}
+	c := &call{s: s, ss: ss, ctx: ctx, method: full, md: md, out: cleanMD(md), who: who, identified: identified}
 	switch full {
 	case openshell.MethodCreateSandbox:
 		return c.create()

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -91,6 +93,13 @@ type coordinatorOptions struct {
 	// defaults (90 days, 1 GiB).
 	AuditMaxAge   time.Duration
 	AuditMaxBytes int64
+	// Policy is the authorization policy file (package policy), required:
+	// everything it does not grant is refused. Reloaded on SIGHUP; a bad
+	// file keeps the policy in force.
+	Policy string
+	// identify, when set (tests only), replaces the identification of
+	// NATS callers from what the server stamps (caller.FromNATS).
+	identify func(nats.Header) (policy.Identity, error)
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -168,6 +177,9 @@ func (o *coordinatorOptions) Validate() error {
 	if o.AuditMaxBytes < 0 || o.AuditMaxBytes > 0 && o.AuditMaxBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("--audit-max-bytes %d: want at least 1048576 (0: 1 GiB)", o.AuditMaxBytes))
 	}
+	if o.Policy == "" {
+		errs = append(errs, errNoPolicy)
+	}
 	if err := o.Sandbox.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -176,6 +188,13 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// errNoPolicy: a coordinator refuses what its policy does not grant, so
+// one without a policy could only refuse everything. Starting it anyway
+// would look like a working coordinator whose every request fails; a
+// warning and allowing everything would make anyone who reaches NATS root
+// on every node. So it does not start.
+var errNoPolicy = errors.New("--policy FILE is required: the coordinator refuses everything its policy does not grant (default deny), so without one it could only refuse every request; write one (README \"Policy\", deploy/policy.example.yaml) and check it with `tether policy check FILE`")
 
 // checkHostPort checks a listen or dial address.
 func checkHostPort(addr string) error {
@@ -245,6 +264,7 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "tunnel TLS certificate (PEM); default: dev PKI in DATA-DIR/pki")
 	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
 	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
+	f.StringVar(&o.Policy, "policy", o.Policy, "authorization policy file (required; reloaded on SIGHUP; see `tether policy check`)")
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
 	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
@@ -288,7 +308,8 @@ type coordinatorServer struct {
 	audit    *audit.Recorder
 	ns       *server.Server // nil with an external NATS
 	layout   *natsauth.Layout
-	unlock   func() // releases the data dir lock
+	unlock   func()        // releases the data dir lock
+	policy   *policy.Store // reloaded on SIGHUP (serve)
 }
 
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
@@ -312,6 +333,19 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	}
 	undo = append(undo, unlock)
 	cs = &coordinatorServer{log: log, unlock: unlock}
+	// The policy first: a bad file is the operator's to fix before
+	// anything binds or starts.
+	if o.Policy == "" {
+		return nil, fmt.Errorf("coordinator: %w", errNoPolicy)
+	}
+	pm, err := policy.NewMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	if cs.policy, err = policy.NewStore(o.Policy, pm); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	logPolicy(log, "policy loaded", cs.policy.Policy())
 	// Bind the listeners before anything slow, so a busy port fails at once.
 	rawLn, err := net.Listen("tcp", o.Listen)
 	if err != nil {
@@ -463,6 +497,10 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Logger = log
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
+	if o.identify != nil {
+		cfg.Identify = o.identify
+	}
+	cfg.Policy = cs.policy
 	cs.coord, err = coordinator.New(cfg)
 	if err != nil {
 		return nil, err
@@ -490,6 +528,26 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		"openshell_facade", cs.info.OpenShellAddr,
 		"opensandbox_facade", cs.info.OpenSandboxAddr,
 		"token_from", cs.info.TokenFrom)
+
+	// SIGHUP reloads the policy; registered before anything serves, so a
+	// SIGHUP never kills a coordinator that is up.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	hupDone := make(chan struct{})
+	hupCtx, hupStop := context.WithCancel(ctx)
+	go func() {
+		defer close(hupDone)
+		for {
+			select {
+			case <-hupCtx.Done():
+				return
+			case <-hup:
+				cs.reloadPolicy()
+			}
+		}
+	}()
+	defer func() { hupStop(); <-hupDone }()
 
 	adminDone := make(chan error, 1)
 	go func() { adminDone <- cs.admin.Serve(cs.adminLn) }()
@@ -535,6 +593,27 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	cs.unlock()
 	cs.log.Info("coordinator stopped")
 	return err
+}
+
+// reloadPolicy loads the policy file again (SIGHUP). A bad file keeps the
+// policy in force; the error names each problem as FILE:LINE:COLUMN.
+// Decisions already made, sessions and running jobs and streams stand.
+func (cs *coordinatorServer) reloadPolicy() {
+	p, err := cs.policy.Reload()
+	if err != nil {
+		cs.log.Error("policy reload failed; the policy loaded before stays in force", "policy", cs.policy.Path(), "err", err)
+		return
+	}
+	logPolicy(cs.log, "policy reloaded", p)
+}
+
+// logPolicy logs a loaded policy's counts and its warnings.
+func logPolicy(log *slog.Logger, msg string, p *policy.Policy) {
+	ids, roles, rules := p.Counts()
+	log.Info(msg, "policy", p.Name(), "identities", ids, "roles", roles, "rules", rules)
+	for _, w := range p.Warnings() {
+		log.Warn("policy: "+w, "policy", p.Name())
+	}
 }
 
 // close releases a coordinatorServer that will not be served.

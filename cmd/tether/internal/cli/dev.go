@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,6 +23,7 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -176,7 +179,7 @@ func devNodeID() string {
 // cancelled", which needs the agent still serving to report them; then its
 // NATS connection and the embedded server), then the agent, which may try
 // once to redial the closed listener before it stops. o must be valid.
-func runDev(ctx context.Context, o *devOptions, e *env) error {
+func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	log := o.Log.logger(e.stderr)
 	co := defaultCoordinatorOptions()
 	co.DataDir = o.DataDir
@@ -190,6 +193,15 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	co.Sandbox.DefaultTTL = o.SandboxTTL
 	co.Sandbox.ReapGrace = o.ReapGrace
 	co.Sandbox.InventoryInterval = o.InventoryInterval
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return fmt.Errorf("dev: create data dir: %w", err)
+	}
+	var devID string
+	if co.Policy, devID, err = writeDevPolicy(o.DataDir); err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	// The loopback facades' callers are the dev user too.
+	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: strings.TrimPrefix(devID, "nats:")}
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	reg := newRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
@@ -361,4 +373,97 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
 	return b.String()
+}
+
+// devPolicyFile is the dev policy's name in the data directory.
+const devPolicyFile = "policy.yaml"
+
+// writeDevPolicy writes DATA-DIR/policy.yaml granting the invoking OS
+// user's dev NATS identity (devIdentity) every operation, unless the file
+// exists (it is the user's to edit then; delete it to regenerate), and
+// returns its path and the dev identity.
+func writeDevPolicy(dataDir string) (path, identity string, err error) {
+	u, err := user.Current()
+	if err != nil {
+		return "", "", fmt.Errorf("policy: the invoking user: %w", err)
+	}
+	identity = devIdentity(u.Username)
+	path = filepath.Join(dataDir, devPolicyFile)
+	if _, err := os.Lstat(path); err == nil {
+		return path, identity, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", "", fmt.Errorf("policy: %w", err)
+	}
+	data, err := devPolicy(identity, u.Username)
+	if err != nil {
+		return "", "", err
+	}
+	if err := writeFileAtomic(path, data, 0o600); err != nil {
+		return "", "", fmt.Errorf("policy: %w", err)
+	}
+	return path, identity, nil
+}
+
+// writeFileAtomic writes data to path through a temporary file beside it
+// and a rename, so a reader never sees half a file.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// devIdentity is the policy identity of the dev NATS user of the OS user
+// named osUser: "nats:" and the NATS user name tether dev mints for it
+// (natsUserName), so the policy it writes names the user it mints.
+func devIdentity(osUser string) string { return "nats:" + natsUserName(osUser) }
+
+// devPolicy is the policy tether dev writes: role admin (every operation
+// on every node, every path, the gateways' targets, everyone's jobs and
+// runs, administration) for identity, running commands as runAs (the
+// invoking user, whom the dev agent runs as). identity is a policy
+// identity (KIND:VALUE); the result is checked with policy.Parse.
+func devPolicy(identity, runAs string) ([]byte, error) {
+	data := []byte(fmt.Sprintf(`# Written by tether dev: the local user may do everything, on every node.
+# Edit it and send the dev process SIGHUP (kill -HUP PID) to reload it;
+# delete it to have the next tether dev write it again.
+version: 1
+roles:
+  admin:
+    - nodes: "*"
+      operations: [exec, shell, cp.read, cp.write]
+      paths: [/]
+      run_as: %q
+    - nodes: "*"
+      operations: [forward]
+      targets: [openshell, opensandbox, execd]
+    - nodes: "*"
+      operations: [nodes.list]
+    - nodes: "*"
+      operations: [job.status, job.logs, job.cancel, sandboxes.register]
+      scope: any
+    - operations: [sandboxes.list, sandboxes.lease, sandboxes.reap]
+      scope: any
+    - operations: [admin]
+identities:
+  %q:
+    roles: [admin]
+`, runAs, identity))
+	if _, err := policy.Parse("dev policy", data); err != nil {
+		return nil, fmt.Errorf("dev policy for %s running as %q: %w", identity, runAs, err)
+	}
+	return data, nil
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
+	"github.com/tetherfleet/tether/policy"
 )
 
 // facadeTokenFile is the generated facade token in the data directory.
@@ -31,9 +33,18 @@ const facadeTokenFile = "facade-token"
 // token is all that stands between the network and every node's gateways.
 const minFacadeToken = 16
 
+// loopbackIdentity is who calls on facades without an authentication
+// boundary (loopback, no --facade-tls-cert) are, for policy: a policy
+// grants token:loopback what local callers may do. tether dev attributes
+// them to the dev user instead (sandboxOptions.local).
+var loopbackIdentity = policy.Identity{Kind: policy.KindToken, Name: "loopback"}
+
 // sandboxOptions are the coordinator's sandbox flags: facades, ledger,
 // reaper.
 type sandboxOptions struct {
+	// local, if set, replaces loopbackIdentity (tether dev: the dev
+	// user's identity).
+	local policy.Identity
 	// OpenShellListen and OpenSandboxListen are the facades' addresses;
 	// "" turns a facade off. Defaults 127.0.0.1:7081 and 127.0.0.1:7082.
 	OpenShellListen, OpenSandboxListen string
@@ -214,6 +225,10 @@ func (o *sandboxOptions) open(ctx context.Context, ls *sandboxListeners, dataDir
 		DefaultTTL:        o.DefaultTTL,
 		AllowedHosts:      o.AllowedHosts,
 		AllowedHostsHint:  allowedHostsHint,
+		Local:             o.local,
+	}
+	if !cfg.Local.Kind.Valid() {
+		cfg.Local = loopbackIdentity
 	}
 	cfg.Reaper.Grace = o.ReapGrace
 	cfg.Reaper.Rate = o.ReapRate
@@ -225,22 +240,26 @@ func (o *sandboxOptions) open(ctx context.Context, ls *sandboxListeners, dataDir
 		}
 		cfg.OpenShellTLS, cfg.OpenSandboxTLS = tlsCfg, tlsCfg.Clone()
 		cfg.OpenSandboxTLS.NextProtos = []string{"http/1.1"} // WebSocket upgrades need HTTP/1.1
-		path, tok := o.TokenFile, ""
+		path := o.TokenFile
+		var toks []namedToken
 		if path != "" {
 			// A file the operator named must exist: creating it would
 			// lock out the callers that hold the intended token.
-			tok, err = readTokenFile(path)
+			var data []byte
+			if data, err = os.ReadFile(path); err == nil {
+				toks, err = parseFacadeTokens(path, data)
+			}
 		} else {
 			path = filepath.Join(dataDir, facadeTokenFile)
-			tok, err = loadOrCreateSecret(path)
+			var tok string
+			if tok, err = loadOrCreateSecret(path); err == nil {
+				toks, err = parseFacadeTokens(path, []byte(tok))
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("facade token: %w", err)
 		}
-		if len(tok) < minFacadeToken {
-			return nil, fmt.Errorf("facade token in %s is %d characters; use at least %d random ones (e.g. openssl rand -hex 32)", path, len(tok), minFacadeToken)
-		}
-		cfg.CheckToken = tokenChecker(tok)
+		cfg.CheckToken, cfg.TokenName = tokenChecker(toks)
 		log.Info("facades require a tether-token or a client certificate", "token_file", path)
 	}
 	return sandboxes.Open(ctx, cfg)
@@ -268,11 +287,106 @@ func (o *sandboxOptions) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// tokenChecker compares tokens in constant time.
-func tokenChecker(want string) func(string) bool {
-	w := sha256.Sum256([]byte(want))
-	return func(got string) bool {
-		g := sha256.Sum256([]byte(got))
-		return subtle.ConstantTimeCompare(g[:], w[:]) == 1
+// namedToken is one facade token and the name policy knows its holder by
+// (identity token:NAME).
+type namedToken struct{ name, token string }
+
+// defaultTokenName names the token of a file that holds one bare token.
+const defaultTokenName = "facade"
+
+// parseFacadeTokens reads a facade token file: either one bare token
+// (named "facade": identity token:facade), or one "NAME TOKEN" per line
+// (blank lines and lines starting with # ignored), each NAME 1-64 of
+// [A-Za-z0-9._-] starting with a letter or digit, each TOKEN at least
+// minFacadeToken characters; names and tokens are unique. Errors name
+// FILE:LINE and never the token.
+func parseFacadeTokens(path string, data []byte) ([]namedToken, error) {
+	text := strings.TrimSpace(string(data))
+	if text == "" {
+		return nil, fmt.Errorf("token file %s is empty", path)
 	}
+	if !strings.ContainsAny(text, " \t\n#") {
+		if len(text) < minFacadeToken {
+			return nil, fmt.Errorf("facade token in %s is %d characters; use at least %d random ones (e.g. openssl rand -hex 32)", path, len(text), minFacadeToken)
+		}
+		return []namedToken{{defaultTokenName, text}}, nil
+	}
+	var out []namedToken
+	names, tokens := map[string]int{}, map[string]int{}
+	var errs []error
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		at := fmt.Sprintf("%s:%d", path, i+1)
+		f := strings.Fields(line)
+		switch {
+		case len(f) != 2:
+			errs = append(errs, fmt.Errorf("%s: want NAME TOKEN (a name, then the token), got %d fields", at, len(f)))
+			continue
+		case !validTokenName(f[0]):
+			errs = append(errs, fmt.Errorf("%s: token name %q: want 1-64 of [A-Za-z0-9._-], starting with a letter or digit", at, f[0]))
+		case len(f[1]) < minFacadeToken:
+			errs = append(errs, fmt.Errorf("%s: the token of %s is %d characters; use at least %d random ones (e.g. openssl rand -hex 32)", at, f[0], len(f[1]), minFacadeToken))
+		}
+		if prev, dup := names[f[0]]; dup {
+			errs = append(errs, fmt.Errorf("%s: token name %s is used on line %d too", at, f[0], prev))
+		}
+		if prev, dup := tokens[f[1]]; dup {
+			errs = append(errs, fmt.Errorf("%s: the token of %s is also line %d's: each holder needs its own", at, f[0], prev))
+		}
+		names[f[0]], tokens[f[1]] = i+1, i+1
+		out = append(out, namedToken{f[0], f[1]})
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("token file %s holds no token", path)
+	}
+	return out, nil
+}
+
+// validTokenName reports whether s is a token name as policy's token:NAME
+// identities take it.
+func validTokenName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || !strings.ContainsRune("._-", rune(c))) {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenChecker returns the facades' CheckToken (does a token match one of
+// toks, compared in constant time against every one) and TokenName (the
+// name of a token CheckToken accepted).
+func tokenChecker(toks []namedToken) (check func(string) bool, name func(string) string) {
+	sums := make([][sha256.Size]byte, len(toks))
+	for i, t := range toks {
+		sums[i] = sha256.Sum256([]byte(t.token))
+	}
+	find := func(got string) int {
+		g := sha256.Sum256([]byte(got))
+		found := -1
+		for i := range sums {
+			if subtle.ConstantTimeCompare(g[:], sums[i][:]) == 1 {
+				found = i
+			}
+		}
+		return found
+	}
+	return func(got string) bool { return find(got) >= 0 },
+		func(got string) string {
+			if i := find(got); i >= 0 {
+				return toks[i].name
+			}
+			return ""
+		}
 }

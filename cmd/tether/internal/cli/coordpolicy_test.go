@@ -1,0 +1,362 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// testAdminPolicy grants nats:tester everything (tests of other parts).
+const testAdminPolicy = `version: 1
+identities:
+  nats:tester:
+    rules:
+      - nodes: "*"
+        operations: [exec, shell, cp.read, cp.write]
+        paths: [/]
+        run_as: root
+      - nodes: "*"
+        operations: [nodes.list]
+      - operations: [admin]
+`
+
+func writeTestPolicy(t testing.TB, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// identifyAs is a Config.Identify for tests: every caller is id (the
+// CLI's requests carry nothing a test could tell callers apart by).
+func identifyAs(id string) func(nats.Header) (policy.Identity, error) {
+	return func(nats.Header) (policy.Identity, error) {
+		return policy.Identity{Kind: policy.KindNATS, Name: id}, nil
+	}
+}
+
+// TestCoordinatorRequiresPolicy: without --policy the coordinator does not
+// start (usage error, exit 2, saying why); a bad policy stops the start
+// with every problem at FILE:LINE:COLUMN.
+func TestCoordinatorRequiresPolicy(t *testing.T) {
+	r := runCLI(testCtx(t), nil, "", "coordinator", "--data-dir", t.TempDir())
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--policy FILE is required") || !strings.Contains(r.stderr, "default deny") {
+		t.Fatalf("exit %d, stderr %q; want 2 and why --policy is required", r.code, r.stderr)
+	}
+	o := testCoordinatorOptions(t, t.TempDir())
+	o.Policy = writeTestPolicy(t, "version: 1\nidentities:\n  nats:x:\n    rules:\n      - operations: [exec]\n")
+	_, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err == nil || !strings.Contains(err.Error(), o.Policy+":5:") {
+		t.Fatalf("start with a bad policy: %v; want its FILE:LINE", err)
+	}
+	o.Policy = ""
+	if _, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry()); !errors.Is(err, errNoPolicy) {
+		t.Fatalf("start without a policy: %v", err)
+	}
+}
+
+// TestPolicyRefusalExitCode: a refused request prints the refusal once,
+// on one line, naming the identity, the operation, the node and the rule
+// missing, and exits 255 (Tether refused, as ssh exits 255 for a refused
+// login), for exec, cp and job.
+func TestPolicyRefusalExitCode(t *testing.T) {
+	path := writeTestPolicy(t, `version: 1
+identities:
+  nats:tester:
+    rules:
+      - nodes: "index=1"
+        operations: [exec, cp.write]
+        paths: [/tmp]
+        run_as: root
+`)
+	store, err := policy.NewStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleettest.Start(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
+		c.Identify = identifyAs("tester")
+		c.Policy = store
+	}})
+	url := f.NATS.ClientURL()
+	src := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(src, []byte("x"), 0o600)
+	for _, tt := range []struct {
+		args  []string
+		parts []string
+	}{
+		{[]string{"exec", "--nats-url", url, "--node", "node-0", "--", "true"}, []string{"nats:tester may not exec on node-0", `"index=1"`}},
+		{[]string{"cp", "--nats-url", url, src, "node-0:/tmp/f"}, []string{`nats:tester may not cp.write "/tmp/f" on node-0`}},
+		{[]string{"job", "status", "--nats-url", url, "--node", "node-0", "job-1"}, []string{"nats:tester may not job.status a job with no recorded owner on node-0"}},
+	} {
+		r := runCLI(testCtx(t), nil, "", tt.args...)
+		lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+		if r.code != exitTether || len(lines) != 1 {
+			t.Errorf("tether %s: exit %d, stderr %q; want 255 and one line", strings.Join(tt.args, " "), r.code, r.stderr)
+			continue
+		}
+		for _, p := range tt.parts {
+			if !strings.Contains(lines[0], p) || strings.Count(r.stderr, p) != 1 {
+				t.Errorf("tether %s: stderr %q does not name %q once", tt.args[0], r.stderr, p)
+			}
+		}
+	}
+}
+
+// TestCoordinatorSIGHUPReloadsPolicy: SIGHUP reloads the policy file: a
+// decision changes at once, while the agent's session and a stream that
+// is running stay up; a broken file keeps the policy in force and logs
+// every problem at FILE:LINE:COLUMN.
+func TestCoordinatorSIGHUPReloadsPolicy(t *testing.T) {
+	const allow = `version: 1
+identities:
+  nats:tester:
+    rules:
+      - nodes: "*"
+        operations: [exec, nodes.list]
+        run_as: root
+`
+	const deny = `version: 1
+identities:
+  nats:tester:
+    rules:
+      - nodes: "*"
+        operations: [nodes.list]
+`
+	o := testCoordinatorOptions(t, t.TempDir())
+	o.Policy = writeTestPolicy(t, allow)
+	o.identify = identifyAs("tester")
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cs.serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	checkReady(t, cs)
+
+	// A real agent, as tether dev runs one.
+	acfg := agent.DefaultConfig()
+	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg.NodeID, acfg.Token, acfg.TLS = "node-hup", "tok", tlsCfg
+	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
+	acfg.DataDir = t.TempDir()
+	acfg.Logger = log
+	a, err := agent.New(acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithCancel(context.Background())
+	adone := make(chan error, 1)
+	go func() { adone <- a.Run(actx) }()
+	t.Cleanup(func() { acancel(); <-adone })
+
+	nc, err := nats.Connect(cs.info.NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cl := client.New(nc)
+	var session string
+	waitFor(t, func() error {
+		ns, err := cl.Nodes(testCtx(t), "")
+		if err != nil || len(ns) != 1 {
+			return errors.New("agent not registered yet")
+		}
+		session = ns[0].SessionID
+		return nil
+	})
+
+	// A stream that runs across the reload: cat echoes what it is sent.
+	st, err := cl.OpenStream(testCtx(t), "node-hup", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	echo := func(s string) {
+		t.Helper()
+		if err := protocol.WriteFrame(st, protocol.FrameStdin, []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		fr := protocol.NewFrameReader(st)
+		var got []byte
+		for len(got) < len(s) {
+			f, err := fr.Next()
+			if err != nil {
+				t.Fatalf("stream after %q: %v", got, err)
+			}
+			if f.Type == protocol.FrameStdout {
+				got = append(got, f.Payload...)
+			}
+		}
+		if string(got) != s {
+			t.Fatalf("echo %q, got %q", s, got)
+		}
+	}
+	echo("before\n")
+	exec := func() error {
+		_, err := cl.Exec(testCtx(t), &protocol.ExecRequest{Target: protocol.Target{Node: "node-hup"}, Argv: []string{"true"}}, nil)
+		return err
+	}
+	if err := exec(); err != nil {
+		t.Fatalf("exec under the first policy: %v", err)
+	}
+
+	replaceFile(t, o.Policy, deny)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() error {
+		var ae *protocol.APIError
+		if err := exec(); !errors.As(err, &ae) || ae.Code != protocol.ErrCodeForbidden {
+			return errors.New("exec not refused yet")
+		}
+		return nil
+	})
+	echo("after\n")
+	if ns, err := cl.Nodes(testCtx(t), ""); err != nil || len(ns) != 1 || ns[0].SessionID != session {
+		t.Fatalf("nodes after the reload: %v %+v; want the same session %s", err, ns, session)
+	}
+
+	// A broken file: the deny policy stays, the log names the line.
+	replaceFile(t, o.Policy, "version: 1\nidentities:\n  nats:tester:\n    rulez: []\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() error {
+		if !strings.Contains(logs.String(), "policy reload failed") {
+			return errors.New("no reload failure logged yet")
+		}
+		return nil
+	})
+	if !strings.Contains(logs.String(), o.Policy+":4:5") {
+		t.Errorf("the reload failure does not name %s:4:5:\n%s", o.Policy, logs.String())
+	}
+	var ae *protocol.APIError
+	if err := exec(); !errors.As(err, &ae) || ae.Code != protocol.ErrCodeForbidden {
+		t.Fatalf("exec after a broken reload: %v, want still refused", err)
+	}
+	echo("still\n")
+	st.CloseWrite()
+}
+
+func replaceFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := writeFileAtomic(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(defaultTestTimeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDevPolicy: the dev identity is the OS user's name as a NATS user
+// name may hold it, and the dev policy grants it every operation on every
+// node as the invoking user; an existing file is the user's and is kept.
+func TestDevPolicy(t *testing.T) {
+	for in, want := range map[string]string{
+		"alice":         "nats:alice",
+		"first.last":    "nats:first.last",
+		"CORP\\bob":     "nats:CORP-bob",
+		"_svc":          "nats:u-svc",
+		"a b":           "nats:a-b",
+		"x@example.com": "nats:x@example.com",
+	} {
+		if got := devIdentity(in); got != want {
+			t.Errorf("devIdentity(%q) = %q, want %q", in, got, want)
+		}
+	}
+	data, err := devPolicy("nats:alice", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse("dev", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %v", w)
+	}
+	alice := policy.Identity{Kind: policy.KindNATS, Name: "alice"}
+	node := policy.Node{ID: "any-node", Labels: map[string]string{"x": "y"}}
+	for _, op := range policy.Operations() {
+		obj := policy.Object{Path: "/etc/hosts", Target: "openshell", Owner: "nats:someone-else"}
+		n := node
+		if !op.OnNode() {
+			n = policy.Node{}
+		}
+		g, err := p.Decide(alice, op, n, obj)
+		if err != nil {
+			t.Errorf("%s: %v", op, err)
+			continue
+		}
+		if (op == policy.OpExec || op == policy.OpShell) && g.RunAs != "alice" {
+			t.Errorf("%s runs as %q, want alice", op, g.RunAs)
+		}
+	}
+	if _, err := p.Decide(policy.Identity{Kind: policy.KindNATS, Name: "bob"}, policy.OpExec, node, policy.Object{}); err == nil {
+		t.Error("the dev policy grants another user")
+	}
+	if _, err := devPolicy("nats:alice", "1000"); err == nil {
+		t.Error("devPolicy accepted a uid as run_as")
+	}
+
+	dir := t.TempDir()
+	path, _, err := writeDevPolicy(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("dev policy %s: %v %v, want mode 0600", path, fi.Mode(), err)
+	}
+	os.WriteFile(path, []byte("# mine\n"), 0o600)
+	if _, _, err := writeDevPolicy(dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, []byte("# mine\n")) {
+		t.Errorf("writeDevPolicy replaced the user's file: %q", b)
+	}
+}

@@ -1,0 +1,204 @@
+package coordinator
+
+import (
+	"bytes"
+	"encoding/json"
+	"sync"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Authorization. Every NATS API handler asks c.authorizer()
+// (caller.Authorizer on Config.Policy) before it acts: one Authorize (or
+// Filter, Scope) per request that decides the identity, the operation,
+// the nodes and the object; Authorizer.Observe sees each decision, for the
+// audit log.
+
+// policyNode is n as policy decides on it: its id and the labels of its
+// Hello.
+func (n *node) policyNode() policy.Node {
+	return policy.Node{ID: n.id, Labels: n.hello.Labels}
+}
+
+func policyNodes(ns []*node) []policy.Node {
+	out := make([]policy.Node, len(ns))
+	for i, n := range ns {
+		out[i] = n.policyNode()
+	}
+	return out
+}
+
+// nodeOrID returns the policy node of id: its labels when it is
+// connected, none otherwise (a rule with nodes "*" still matches it).
+func (c *Coordinator) nodeOrID(id string) policy.Node {
+	c.mu.Lock()
+	n := c.nodes[id]
+	c.mu.Unlock()
+	if n == nil {
+		return policy.Node{ID: id}
+	}
+	return n.policyNode()
+}
+
+// NodeLabels returns the labels of the connected node id (read-only), and
+// false when it is not connected. The sandbox services decide by them.
+func (c *Coordinator) NodeLabels(id string) (map[string]string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[id]
+	if n == nil {
+		return nil, false
+	}
+	return n.hello.Labels, true
+}
+
+// Authorizer returns the authorizer the coordinator's handlers use, for
+// the packages that add endpoints (coordinator/ledger) or serve facades.
+func (c *Coordinator) Authorizer() caller.Authorizer { return c.authorizer() }
+
+// streamOp returns the operation a tether.v1.stream request of kind with
+// params asks for, and its object: exec → exec, copy push → cp.write
+// (the destination), pull → cp.read (the source), pty → shell, dial →
+// forward (the target). params passed protocol.StreamParamsAPIError.
+func streamOp(kind protocol.Kind, params []byte) (policy.Operation, policy.Object, *protocol.APIError) {
+	h := protocol.Header{Version: protocol.Version, Kind: kind, Params: params}
+	switch kind {
+	case protocol.KindExec:
+		return policy.OpExec, policy.Object{}, nil
+	case protocol.KindPTY:
+		return policy.OpShell, policy.Object{}, nil
+	case protocol.KindCopy:
+		var p protocol.CopyParams
+		if err := h.DecodeParams(&p); err != nil {
+			return 0, policy.Object{}, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%v", err)
+		}
+		if p.Direction == protocol.CopyPull {
+			return policy.OpCopyRead, policy.Object{Path: p.Path}, nil
+		}
+		return policy.OpCopyWrite, policy.Object{Path: p.Path}, nil
+	case protocol.KindDial:
+		var p protocol.DialParams
+		if err := h.DecodeParams(&p); err != nil {
+			return 0, policy.Object{}, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%v", err)
+		}
+		return policy.OpForward, policy.Object{Target: p.Target}, nil
+	}
+	return 0, policy.Object{}, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "kind %s: not a stream kind", kind)
+}
+
+// runsAs reports whether op runs as a local user (the params get a user).
+func runsAs(op policy.Operation) bool {
+	switch op {
+	case policy.OpExec, policy.OpShell, policy.OpCopyRead, policy.OpCopyWrite:
+		return true
+	}
+	return false
+}
+
+// authorizeStream decides a stream request for node n and returns its
+// operation and its params with the user field set to the grant's run_as
+// (removed when the grant names none), whatever the client wrote there.
+func (c *Coordinator) authorizeStream(req micro.Request, kind protocol.Kind, n *node, params []byte) ([]byte, policy.Operation, *protocol.APIError) {
+	op, obj, e := streamOp(kind, params)
+	if e != nil {
+		return nil, op, e
+	}
+	grants, e := c.authorizer().Authorize(req, op, []policy.Node{n.policyNode()}, obj)
+	if e != nil {
+		return nil, op, e
+	}
+	if !runsAs(op) {
+		return params, op, nil
+	}
+	out, err := withUser(params, grants[0].RunAs)
+	if err != nil {
+		return nil, op, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: %v", err)
+	}
+	if len(out) > protocol.MaxHeaderSize {
+		return nil, op, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", protocol.HeaderSizeError("params with the user policy runs them as", len(out)))
+	}
+	return out, op, nil
+}
+
+// withUser returns the JSON object params with its "user" member set to
+// user, or removed when user is empty. The other members keep their
+// encoding (a copy's path_b64 too).
+func withUser(params []byte, user string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(params, &m); err != nil {
+		return nil, err
+	}
+	if user == "" {
+		if _, ok := m["user"]; !ok {
+			return params, nil
+		}
+		delete(m, "user")
+	} else {
+		u, _ := json.Marshal(user)
+		m["user"] = u
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSpace(buf.Bytes()), nil
+}
+
+// jobOps maps a job stream's op to the policy's operation.
+var jobOps = map[string]policy.Operation{
+	protocol.JobOpStatus: policy.OpJobStatus,
+	protocol.JobOpOutput: policy.OpJobLogs,
+	protocol.JobOpCancel: policy.OpJobCancel,
+}
+
+// maxJobOwners bounds the detached jobs whose owners a coordinator
+// remembers; past it the oldest are forgotten (their owner is then
+// unknown, and only scope any reaches them).
+const maxJobOwners = 1 << 16
+
+// jobOwners remembers who submitted each detached job, by node and job id:
+// the owner policy decides job.status, job.logs and job.cancel by. An
+// owner is recorded once the node reported the job started detached, so a
+// request reusing the id of a job still on the node (which the agent
+// refuses) cannot take it over. It is kept in memory: after a coordinator
+// restart, or on another coordinator, a detached job's owner is unknown.
+// Safe for concurrent use; mu is a leaf lock.
+type jobOwners struct {
+	mu    sync.Mutex
+	m     map[jobKey]string
+	order []jobKey // insertion order, a ring of maxJobOwners
+	next  int
+}
+
+type jobKey struct{ node, id string }
+
+func (o *jobOwners) set(node, id, owner string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[jobKey]string{}
+	}
+	k := jobKey{node, id}
+	if _, ok := o.m[k]; !ok {
+		if len(o.order) < maxJobOwners {
+			o.order = append(o.order, k)
+		} else {
+			delete(o.m, o.order[o.next])
+			o.order[o.next] = k
+			o.next = (o.next + 1) % maxJobOwners
+		}
+	}
+	o.m[k] = owner
+}
+
+func (o *jobOwners) get(node, id string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.m[jobKey{node, id}]
+}

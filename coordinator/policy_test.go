@@ -1,0 +1,592 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natspipe"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// These tests identify callers with testIdentify: the NATS server stamps
+// nothing a test client could not write here, so the identity travels in
+// a header only this test function reads. Production identifies callers
+// by what the NATS server stamped (Config.Identify from natsauth).
+const testIdentityHeader = "Test-Identity"
+
+func testIdentify(h nats.Header) (policy.Identity, error) {
+	v := h.Get(testIdentityHeader)
+	if v == "" {
+		return policy.Identity{}, errors.New("no test identity")
+	}
+	return policy.Identity{Kind: policy.KindNATS, Name: v}, nil
+}
+
+// writePolicy writes a policy file and returns a Store on it.
+func writePolicy(tb testing.TB, yaml string) (*policy.Store, string) {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	s, err := policy.NewStore(path, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, path
+}
+
+// replacePolicy writes a new policy file over path (write beside and
+// rename, as an editor does).
+func replacePolicy(tb testing.TB, path, yaml string) {
+	tb.Helper()
+	if err := os.WriteFile(path+".new", []byte(yaml), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// newPolicyHarness is a harness whose coordinator identifies callers with
+// testIdentify and decides by the policy yaml.
+func newPolicyHarness(t *testing.T, yaml string, mutate func(*coordinator.Config)) (*harness, string) {
+	t.Helper()
+	store, path := writePolicy(t, yaml)
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.Identify = testIdentify
+		c.Policy = store
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	return h, path
+}
+
+// requestAs sends a request as who ("" sends no identity) and returns the
+// API error of the reply (nil for a success) and the reply.
+func requestAs(t *testing.T, nc *nats.Conn, who, subject string, body any) (*protocol.APIError, *nats.Msg) {
+	t.Helper()
+	m := &nats.Msg{Subject: subject, Data: mustJSON(t, body), Header: nats.Header{}}
+	if who != "" {
+		m.Header.Set(testIdentityHeader, who)
+	}
+	reply, err := nc.RequestMsg(m, defaultTestTimeout)
+	if err != nil {
+		t.Fatalf("request %s as %q: %v", subject, who, err)
+	}
+	return replyError(t, reply), reply
+}
+
+func replyError(t *testing.T, m *nats.Msg) *protocol.APIError {
+	t.Helper()
+	if m.Header.Get(micro.ErrorCodeHeader) == "" {
+		return nil
+	}
+	var e protocol.APIError
+	if err := json.Unmarshal(m.Data, &e); err != nil {
+		t.Fatalf("decode error reply %q: %v", m.Data, err)
+	}
+	return &e
+}
+
+// execAs runs an exec request as who and collects its replies (execRaw
+// with the identity header).
+func execAs(t *testing.T, nc *nats.Conn, who string, body any) execReply {
+	t.Helper()
+	r, err := execAsRaw(nc, who, mustJSON(t, body))
+	if err != nil {
+		t.Fatalf("exec as %s: %v", who, err)
+	}
+	return r
+}
+
+// execAsRaw is execAs for any goroutine: it does not touch t.
+func execAsRaw(nc *nats.Conn, who string, body []byte) (execReply, error) {
+	var r execReply
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return r, err
+	}
+	defer sub.Unsubscribe()
+	m := &nats.Msg{Subject: protocol.SubjectExec, Reply: inbox, Data: body, Header: nats.Header{}}
+	if who != "" {
+		m.Header.Set(testIdentityHeader, who)
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		return r, err
+	}
+	for {
+		m, err := sub.NextMsg(defaultTestTimeout)
+		if err != nil {
+			return r, fmt.Errorf("waiting for replies: %w", err)
+		}
+		if m.Header.Get(micro.ErrorCodeHeader) != "" {
+			r.err = &protocol.APIError{}
+			return r, json.Unmarshal(m.Data, r.err)
+		}
+		r.msgs = append(r.msgs, m)
+		if m.Header.Get(protocol.HeaderType) == protocol.ReplyResult {
+			r.result = &protocol.ExecResult{}
+			return r, json.Unmarshal(m.Data, r.result)
+		}
+	}
+}
+
+// wantRefused fails unless e is the API error status/code whose message
+// holds every one of parts.
+func wantRefused(t *testing.T, what string, e *protocol.APIError, status int, code string, parts ...string) {
+	t.Helper()
+	if e == nil {
+		t.Fatalf("%s: allowed, want %d %s", what, status, code)
+	}
+	if e.Status != status || e.Code != code {
+		t.Fatalf("%s: got %d %s (%s), want %d %s", what, e.Status, e.Code, e.Message, status, code)
+	}
+	for _, p := range parts {
+		if !strings.Contains(e.Message, p) {
+			t.Errorf("%s: message %q does not name %q", what, e.Message, p)
+		}
+	}
+}
+
+// headerLog records the params of every exec-like stream the fake agents
+// were sent, by node.
+type headerLog struct {
+	mu sync.Mutex
+	hs map[string][]protocol.Header
+}
+
+func (l *headerLog) hook(node string) func(protocol.Header) {
+	return func(h protocol.Header) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.hs == nil {
+			l.hs = map[string][]protocol.Header{}
+		}
+		l.hs[node] = append(l.hs[node], h)
+	}
+}
+
+func (l *headerLog) of(node string) []protocol.Header {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]protocol.Header(nil), l.hs[node]...)
+}
+
+func userOf(t *testing.T, h protocol.Header) string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(h.Params, &m); err != nil {
+		t.Fatal(err)
+	}
+	var u string
+	if raw, ok := m["user"]; ok {
+		if err := json.Unmarshal(raw, &u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return u
+}
+
+const stagingPolicy = `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "env=staging"
+        operations: [exec, job.status, job.logs, job.cancel, nodes.list]
+        run_as: deploy
+      - nodes: "env=staging"
+        operations: [cp.write]
+        paths: [/srv/app]
+        run_as: deploy
+      - nodes: "env=staging"
+        operations: [forward]
+        targets: [openshell]
+  nats:bob:
+    rules:
+      - nodes: "*"
+        operations: [exec, nodes.list]
+        run_as: bob
+  nats:ops:
+    rules:
+      - nodes: "*"
+        operations: [job.status, job.cancel]
+        scope: any
+`
+
+// TestPolicyExec: an exec runs only when policy allows it on every node it
+// targets, as the user the policy names; a refusal names the identity, the
+// operation, the node and the rule missing, and nothing runs anywhere.
+func TestPolicyExec(t *testing.T) {
+	h, _ := newPolicyHarness(t, stagingPolicy, nil)
+	var hdrs headerLog
+	a := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a")})
+	b := h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, header: hdrs.hook("n-b")})
+
+	r := execAs(t, h.client, "alice", map[string]any{"target": map[string]any{"all": true}, "argv": []string{"ok"}})
+	wantRefused(t, "alice exec on all", r.err, 403, protocol.ErrCodeForbidden, "nats:alice", "exec", "n-b", "env=prod")
+	if n := a.execs.Load() + b.execs.Load(); n != 0 {
+		t.Fatalf("a refused fan-out ran %d exec streams", n)
+	}
+
+	r = execAs(t, h.client, "alice", map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
+	if r.err != nil || r.result == nil || r.result.Succeeded != 1 {
+		t.Fatalf("alice exec on n-a: %+v %+v, want success", r.err, r.result)
+	}
+	if hs := hdrs.of("n-a"); len(hs) != 1 || userOf(t, hs[0]) != "deploy" {
+		t.Fatalf("n-a got %d streams (user %v), want one as deploy", len(hs), hs)
+	}
+
+	// bob runs as bob everywhere; a fan-out sets each node's user.
+	r = execAs(t, h.client, "bob", map[string]any{"target": map[string]any{"all": true}, "argv": []string{"ok"}})
+	if r.err != nil || r.result == nil || r.result.Succeeded != 2 {
+		t.Fatalf("bob exec on all: %+v %+v", r.err, r.result)
+	}
+	if hs := hdrs.of("n-b"); len(hs) != 1 || userOf(t, hs[0]) != "bob" {
+		t.Fatalf("n-b streams %v, want one as bob", hs)
+	}
+
+	r = execAs(t, h.client, "mallory", map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
+	wantRefused(t, "mallory", r.err, 403, protocol.ErrCodeForbidden, "nats:mallory", "no entry")
+	r = execAs(t, h.client, "", map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
+	wantRefused(t, "no identity", r.err, 401, protocol.ErrCodeUnauthenticated)
+}
+
+// TestPolicyNodesList: a caller sees the nodes a nodes.list rule of its
+// matches, and the total counts only those; a caller the policy does not
+// name is told so.
+func TestPolicyNodesList(t *testing.T) {
+	h, _ := newPolicyHarness(t, stagingPolicy, nil)
+	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}})
+	h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}})
+	for _, tt := range []struct {
+		who  string
+		want []string
+	}{
+		{"alice", []string{"n-a"}},
+		{"bob", []string{"n-a", "n-b"}},
+		{"ops", nil},
+	} {
+		e, m := requestAs(t, h.client, tt.who, protocol.SubjectNodes, protocol.NodesRequest{})
+		if e != nil {
+			t.Fatalf("%s: %v", tt.who, e)
+		}
+		var resp protocol.NodesResponse
+		if err := json.Unmarshal(m.Data, &resp); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, n := range resp.Nodes {
+			got = append(got, n.ID)
+		}
+		if strings.Join(got, ",") != strings.Join(tt.want, ",") || resp.Total != len(tt.want) {
+			t.Errorf("%s sees %v (total %d), want %v", tt.who, got, resp.Total, tt.want)
+		}
+	}
+	e, _ := requestAs(t, h.client, "mallory", protocol.SubjectNodes, protocol.NodesRequest{})
+	wantRefused(t, "mallory", e, 403, protocol.ErrCodeForbidden, "nats:mallory", "nodes.list", "no entry")
+}
+
+// streamAs opens a tether.v1.stream as who; it returns the API error of
+// a refusal, or the pipe.
+func streamAs(t *testing.T, nc *nats.Conn, who, node string, kind protocol.Kind, params any) (*protocol.APIError, *natspipe.Pipe) {
+	t.Helper()
+	body := mustJSON(t, protocol.StreamRequest{Node: node, Kind: kind.String(), Params: mustJSON(t, params)})
+	hdr := nats.Header{}
+	hdr.Set(testIdentityHeader, who)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	p, err := natspipe.Dial(ctx, nc, protocol.SubjectStream, hdr, body, natspipe.Config{})
+	if err != nil {
+		var rej *natspipe.RejectedError
+		if !errors.As(err, &rej) {
+			t.Fatalf("stream as %s: %v", who, err)
+		}
+		var e protocol.APIError
+		if jerr := json.Unmarshal(rej.Msg.Data, &e); jerr != nil {
+			t.Fatalf("stream as %s: rejected with %q: %v", who, rej.Msg.Data, jerr)
+		}
+		return &e, nil
+	}
+	t.Cleanup(func() { p.Close() })
+	return nil, p
+}
+
+// TestPolicyStreams: each stream kind is decided as its operation (exec,
+// cp.write with the destination, cp.read with the source, shell, forward
+// with the target), and the params the agent gets carry the user of the
+// grant, not the one the client wrote.
+func TestPolicyStreams(t *testing.T) {
+	h, _ := newPolicyHarness(t, stagingPolicy, nil)
+	var hdrs headerLog
+	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a")})
+	h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, header: hdrs.hook("n-b")})
+
+	for _, tt := range []struct {
+		name   string
+		node   string
+		kind   protocol.Kind
+		params any
+		user   string   // the user the agent must see ("" for dial)
+		refuse []string // non-nil: refused, naming these
+	}{
+		{"exec", "n-a", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}, User: "root"}, "deploy", nil},
+		{"exec elsewhere", "n-b", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}}, "", []string{"nats:alice", "exec", "n-b"}},
+		{"push", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/app/current", User: "root"}, "deploy", nil},
+		{"push outside", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/etc/cron.d/x"}, "", []string{"nats:alice", "cp.write", `"/etc/cron.d/x"`, "/srv/app"}},
+		{"push sibling", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/application"}, "", []string{"cp.write"}},
+		{"pull", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: "/srv/app/log"}, "", []string{"nats:alice", "cp.read"}},
+		{"shell", "n-a", protocol.KindPTY, protocol.PTYParams{}, "", []string{"nats:alice", "shell"}},
+		{"dial", "n-a", protocol.KindDial, protocol.DialParams{Target: "openshell"}, "", nil},
+		{"dial execd", "n-a", protocol.KindDial, protocol.DialParams{Target: "execd"}, "", []string{"nats:alice", "forward", `"execd"`, "openshell"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := len(hdrs.of(tt.node))
+			e, _ := streamAs(t, h.client, "alice", tt.node, tt.kind, tt.params)
+			if tt.refuse != nil {
+				wantRefused(t, tt.name, e, 403, protocol.ErrCodeForbidden, tt.refuse...)
+				if n := len(hdrs.of(tt.node)); n != before {
+					t.Fatalf("a refused stream reached the agent")
+				}
+				return
+			}
+			if e != nil {
+				t.Fatalf("refused: %v", e)
+			}
+			var hs []protocol.Header
+			checkFor(t, defaultTestTimeout, func() error {
+				if hs = hdrs.of(tt.node); len(hs) == before {
+					return errors.New("no stream reached the agent")
+				}
+				return nil
+			})
+			got := hs[len(hs)-1]
+			if got.Kind != tt.kind || userOf(t, got) != tt.user {
+				t.Fatalf("agent got a %s stream as user %q (%s), want %s as %q", got.Kind, userOf(t, got), got.Params, tt.kind, tt.user)
+			}
+		})
+	}
+}
+
+// TestPolicyJobLimit: one caller cannot hold every job slot of the
+// coordinator: past its max_concurrent_jobs its next exec is refused with
+// 429 naming the limit, while another caller still runs; once its jobs end
+// the slots are free again. (Before policy, one client could fill all of
+// Config.MaxJobs.)
+func TestPolicyJobLimit(t *testing.T) {
+	const pol = `version: 1
+identities:
+  nats:greedy:
+    limits:
+      max_concurrent_jobs: 2
+    rules:
+      - nodes: "*"
+        operations: [exec, job.cancel]
+        run_as: greedy
+  nats:other:
+    rules:
+      - nodes: "*"
+        operations: [exec]
+        run_as: other
+`
+	h, _ := newPolicyHarness(t, pol, func(c *coordinator.Config) { c.MaxJobs = 8 })
+	a := h.dialAgent(t, agentOpts{id: "n1"})
+
+	// Two hanging jobs take greedy's slots.
+	var wg sync.WaitGroup
+	ids := []string{"hang-1", "hang-2"}
+	results := make([]execReply, len(ids))
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			results[i], err = execAsRaw(h.client, "greedy", mustJSON(t, map[string]any{"id": id, "target": map[string]any{"node": "n1"}, "argv": []string{"hang"}}))
+			if err != nil {
+				t.Errorf("exec %s: %v", id, err)
+			}
+		}()
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := a.execs.Load(); n != 2 {
+			return errors.New("jobs not started yet")
+		}
+		return nil
+	})
+	r := execAs(t, h.client, "greedy", map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+	wantRefused(t, "third job", r.err, 429, protocol.ErrCodeRateLimited, "nats:greedy", "max_concurrent_jobs is 2")
+	r = execAs(t, h.client, "other", map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+	if r.err != nil || r.result == nil || r.result.Succeeded != 1 {
+		t.Fatalf("other's job: %+v %+v", r.err, r.result)
+	}
+	for _, id := range ids {
+		if e, _ := requestAs(t, h.client, "greedy", protocol.SubjectCancel, protocol.CancelRequest{ID: id}); e != nil {
+			t.Fatalf("greedy cancels its %s: %v", id, e)
+		}
+	}
+	wg.Wait()
+	r = execAs(t, h.client, "greedy", map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+	if r.err != nil || r.result == nil || r.result.Succeeded != 1 {
+		t.Fatalf("greedy's job after its slots were freed: %+v %+v", r.err, r.result)
+	}
+}
+
+// TestPolicyCancelOwnJobOnly: a running job is cancelled only by its
+// submitter or by a caller with job.cancel scope any.
+func TestPolicyCancelOwnJobOnly(t *testing.T) {
+	h, _ := newPolicyHarness(t, stagingPolicy, nil)
+	a := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, err := execAsRaw(h.client, "alice", mustJSON(t, map[string]any{"id": "alices-job", "target": map[string]any{"node": "n-a"}, "argv": []string{"hang"}}))
+		if err != nil {
+			t.Errorf("alice's exec: %v", err)
+		}
+		done <- r
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := a.execs.Load(); n != 1 {
+			return errors.New("job not started yet")
+		}
+		return nil
+	})
+	e, _ := requestAs(t, h.client, "bob", protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
+	wantRefused(t, "bob cancels alice's job", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel", "another identity's job")
+	if strings.Contains(e.Message, "alice") {
+		t.Errorf("the refusal names the owner: %s", e.Message)
+	}
+	e, _ = requestAs(t, h.client, "ops", protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
+	if e != nil {
+		t.Fatalf("ops (scope any) cancels: %v", e)
+	}
+	select {
+	case r := <-done:
+		if r.result == nil || len(r.result.Results) != 1 || !r.result.Results[0].Cancelled {
+			t.Fatalf("alice's job: %+v %+v, want cancelled", r.err, r.result)
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("alice's job did not end")
+	}
+}
+
+// TestPolicyRateLimit: past its requests per second and burst a caller is
+// refused with 429 naming the limit.
+func TestPolicyRateLimit(t *testing.T) {
+	const pol = `version: 1
+identities:
+  nats:chatty:
+    limits:
+      requests_per_second: 0.001
+      burst: 3
+    rules:
+      - nodes: "*"
+        operations: [nodes.list]
+`
+	h, _ := newPolicyHarness(t, pol, nil)
+	for i := range 3 {
+		if e, _ := requestAs(t, h.client, "chatty", protocol.SubjectNodes, protocol.NodesRequest{}); e != nil {
+			t.Fatalf("request %d: %v", i, e)
+		}
+	}
+	e, _ := requestAs(t, h.client, "chatty", protocol.SubjectNodes, protocol.NodesRequest{})
+	wantRefused(t, "fourth request", e, 429, protocol.ErrCodeRateLimited, "nats:chatty", "burst 3")
+}
+
+// runAsSelf is a run_as user every agent may run as: the one running the
+// tests.
+func runAsSelf(t *testing.T) string {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Skipf("current user: %v", err)
+	}
+	return u.Username
+}
+
+// TestPolicyDetachedJobOwner: a detached job's status, output and cancel
+// are decided by who submitted it, recorded when the node started it:
+// another identity is refused each (the issue's "any client may read or
+// cancel any job"), one with scope any is not, and reusing the id of a
+// job still on the node does not take it over.
+func TestPolicyDetachedJobOwner(t *testing.T) {
+	self := runAsSelf(t)
+	pol := `version: 1
+roles:
+  runner:
+    - nodes: "*"
+      operations: [exec, job.status, job.logs, job.cancel]
+      run_as: ` + self + `
+identities:
+  nats:alice:
+    roles: [runner]
+  nats:bob:
+    roles: [runner]
+  nats:ops:
+    rules:
+      - nodes: "*"
+        operations: [job.status, job.logs]
+        scope: any
+`
+	store, _ := writePolicy(t, pol)
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+		c.Identify = testIdentify
+		c.Policy = store
+	}})
+	r := execAs(t, f.NC, "alice", protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"sleep", "60"}})
+	if r.err != nil || r.result == nil || !r.result.Results[0].Detached {
+		t.Fatalf("alice's detached job: %+v %+v", r.err, r.result)
+	}
+	status := protocol.JobRequest{Node: "node-0", ID: "alice-1"}
+	output := protocol.JobOutputRequest{Node: "node-0", ID: "alice-1", Stream: "stdout"}
+
+	e, _ := requestAs(t, f.NC, "bob", protocol.SubjectJobStatus, status)
+	wantRefused(t, "bob's status", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.status", "another identity's job", "node-0")
+	e, _ = requestAs(t, f.NC, "bob", protocol.SubjectJobOutput, output)
+	wantRefused(t, "bob's output", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.logs")
+	e, _ = requestAs(t, f.NC, "bob", protocol.SubjectJobCancel, status)
+	wantRefused(t, "bob's cancel", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel")
+	// bob reuses the id: the agent refuses it (the job is still there),
+	// and alice stays the owner.
+	r = execAs(t, f.NC, "bob", protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"true"}})
+	if r.result != nil && r.result.Results[0].Detached {
+		t.Fatalf("bob started a second job alice-1: %+v", r.result)
+	}
+	e, _ = requestAs(t, f.NC, "bob", protocol.SubjectJobCancel, status)
+	wantRefused(t, "bob's cancel after reusing the id", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel")
+
+	for _, who := range []string{"alice", "ops"} {
+		e, m := requestAs(t, f.NC, who, protocol.SubjectJobStatus, status)
+		if e != nil {
+			t.Fatalf("%s's status: %v", who, e)
+		}
+		var st protocol.JobStatus
+		if err := json.Unmarshal(m.Data, &st); err != nil || st.State != protocol.JobRunning {
+			t.Fatalf("%s's status: %s (%v)", who, m.Data, err)
+		}
+		if e, _ := requestAs(t, f.NC, who, protocol.SubjectJobOutput, output); e != nil {
+			t.Fatalf("%s's output: %v", who, e)
+		}
+	}
+	e, _ = requestAs(t, f.NC, "ops", protocol.SubjectJobCancel, status)
+	wantRefused(t, "ops' cancel (no job.cancel)", e, 403, protocol.ErrCodeForbidden, "nats:ops", "job.cancel")
+	if e, _ := requestAs(t, f.NC, "alice", protocol.SubjectJobCancel, status); e != nil {
+		t.Fatalf("alice cancels her job: %v", e)
+	}
+}
