@@ -35,10 +35,8 @@ import (
 
 // Error codes of refusals about users (protocol.ErrorInfo.Code).
 const (
-	// codeUnknownUser: the named account does not exist on the node.
-	codeUnknownUser = "unknown_user"
-	// codeForbidden: the agent's local policy refuses the operation.
-	codeForbidden = "forbidden"
+	codeUnknownUser = protocol.CodeUnknownUser
+	codeForbidden   = protocol.CodeForbidden
 )
 
 // account is a resolved local account.

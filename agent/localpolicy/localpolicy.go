@@ -91,10 +91,16 @@ type Refusal struct {
 	// Rule is the missing rule, spelled as the file would spell it
 	// ("users: name: bob", "shell: true").
 	Rule string
+	// Note, if set, says more ("its copy roots: /srv").
+	Note string
 }
 
 func (r *Refusal) Error() string {
-	return fmt.Sprintf("refused by the local policy %s: %s (no rule %q allows it)", r.File, r.What, r.Rule)
+	msg := fmt.Sprintf("refused by the local policy %s: %s is not allowed (no %q rule)", r.File, r.What, r.Rule)
+	if r.Note != "" {
+		msg += "; " + r.Note
+	}
+	return msg
 }
 
 // ErrRefused matches every *Refusal with errors.Is.
@@ -216,7 +222,8 @@ func (p *Policy) CheckCopy(acct Account, path string) ([]string, error) {
 		return nil, err
 	}
 	if !filepath.IsAbs(path) || !Under(roots, path) {
-		return nil, p.refuse(fmt.Sprintf("copy of %s as %s, outside its copy roots %s", path, acct, strings.Join(roots, ", ")), "copy_roots: "+path)
+		return nil, &Refusal{File: p.File, What: fmt.Sprintf("copy of %s as %s", path, acct), Rule: "copy_roots: " + path,
+			Note: "its copy roots: " + strings.Join(roots, ", ")}
 	}
 	return roots, nil
 }
