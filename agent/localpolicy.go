@@ -23,6 +23,10 @@ import (
 // localPolicy returns the local policy in force, or nil for none.
 func (a *Agent) localPolicy() *localpolicy.Policy { return a.lp.Load() }
 
+// LocalPolicy returns the local policy in force, or nil for none. Safe for
+// concurrent use.
+func (a *Agent) LocalPolicy() *localpolicy.Policy { return a.localPolicy() }
+
 // SetLocalPolicy replaces the local policy in force (nil: none) for the
 // streams that start from now on; running operations keep the decision
 // they were started with. Safe for concurrent use (the CLI calls it on

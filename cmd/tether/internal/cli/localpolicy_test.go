@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tetherfleet/tether/agent"
@@ -56,5 +59,79 @@ func TestLocalPolicyRefusalsShown(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAgentRefusesBadLocalPolicy: tether agent does not start with a local
+// policy that is malformed (file:line:col named) or writable by others.
+func TestAgentRefusesBadLocalPolicy(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("t0ken"), 0o600)
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("version: 1\nexec: true\nexce: true\n"), 0o600)
+	open := filepath.Join(dir, "open.yaml")
+	os.WriteFile(open, []byte("version: 1\n"), 0o600)
+	os.Chmod(open, 0o666)
+	for _, tc := range []struct{ file, want string }{
+		{bad, bad + `:3:1: unknown key "exce"`},
+		{open, open + ": mode 0666 is writable by its group or others"},
+		{filepath.Join(dir, "missing.yaml"), "no such file or directory"},
+	} {
+		r := runCLI(testCtx(t), nil, "", "agent", "--coordinator", "127.0.0.1:1", "--token-file", token,
+			"--data-dir", filepath.Join(dir, "data"), "--local-policy", tc.file)
+		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("agent --local-policy %s: exit %d, stderr %q, want it to contain %q", tc.file, r.code, r.stderr, tc.want)
+		}
+	}
+}
+
+// TestLocalPolicyReloadOnSIGHUP: a SIGHUP loads the edited file; a broken
+// edit keeps the policy in force.
+func TestLocalPolicyReloadOnSIGHUP(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	write := func(doc string) {
+		t.Helper()
+		if err := os.WriteFile(path+".tmp", []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Rename(path+".tmp", path)
+	}
+	write("version: 1\nexec: false\n")
+	p, lpPath, err := loadLocalPolicy(path)
+	if err != nil || p == nil || lpPath != path {
+		t.Fatalf("load: %v %v %q", p, err, lpPath)
+	}
+	cfg := agent.DefaultConfig()
+	cfg.Coordinators, cfg.Token, cfg.Dial = []string{"127.0.0.1:1"}, "t", nil
+	cfg.TLS = &tls.Config{}
+	cfg.LocalPolicy = p
+	a, err := agent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	stop := watchLocalPolicy(testCtx(t), a, path, path, slog.New(slog.NewTextHandler(&logs, nil)))
+	defer stop()
+	hup := func() { syscall.Kill(os.Getpid(), syscall.SIGHUP) }
+	write("version: 1\nexec: true\n")
+	hup()
+	checkFor(t, defaultTestTimeout, func() error {
+		if a.LocalPolicy().AllowExec() != nil {
+			return errorString("exec still refused after SIGHUP")
+		}
+		return nil
+	})
+	reloaded := a.LocalPolicy()
+	write("version: 1\nexec: true\nshell: true\nbogus: 1\n")
+	hup()
+	checkFor(t, defaultTestTimeout, func() error {
+		if !strings.Contains(logs.String(), "local policy not reloaded") || !strings.Contains(logs.String(), "bogus") {
+			return errorString("no log of the refused reload: " + logs.String())
+		}
+		return nil
+	})
+	if a.LocalPolicy() != reloaded {
+		t.Error("a broken file replaced the policy in force")
 	}
 }
