@@ -240,10 +240,12 @@ func TestLocalPolicyRefuses(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.a.SetLocalPolicy(p)
-		e := h.open(t, protocol.KindPTY, protocol.PTYParams{Argv: []string{"id", "-u"}, User: u.name})
+		// The terminal is the user's too.
+		e := h.open(t, protocol.KindPTY, protocol.PTYParams{Argv: []string{"sh", "-c", `id -u; stat -c %u "$(tty)"; echo "$HOME"`}, User: u.name})
 		e.finish(t)
-		if e.exit == nil || strings.TrimSpace(e.stdout.String()) != strconv.Itoa(u.uid) {
-			t.Errorf("pty after reload: exit %+v error %v output %q", e.exit, e.errInfo, e.stdout.String())
+		want := fmt.Sprintf("%d\r\n%d\r\n%s\r\n", u.uid, u.uid, u.home)
+		if e.exit == nil || e.stdout.String() != want {
+			t.Errorf("pty after reload: exit %+v error %v output %q, want %q", e.exit, e.errInfo, e.stdout.String(), want)
 		}
 	})
 }

@@ -135,3 +135,32 @@ func TestLocalPolicyReloadOnSIGHUP(t *testing.T) {
 		t.Error("a broken file replaced the policy in force")
 	}
 }
+
+func TestDevCopyRoots(t *testing.T) {
+	if got := devCopyRoots(1000, "/d"); len(got) != 1 || got[0] != "/" {
+		t.Errorf("as a user: %v, want [/]: the kernel checks the user's rights", got)
+	}
+	wd, _ := os.Getwd()
+	got := devCopyRoots(0, "/d")
+	if got[0] != "/d" || got[len(got)-1] != os.TempDir() || (wd != "/" && got[1] != wd) {
+		t.Errorf("as root: %v, want the data dir, the working directory and the temp dir", got)
+	}
+	for _, r := range got {
+		if r == "/" {
+			t.Errorf("as root the default includes /: %v", got)
+		}
+	}
+	// --copy-root reaches the dev agent's config.
+	o := defaultDevOptions()
+	o.CopyRoots = []string{"/srv"}
+	cfg, err := devAgentConfig(&o, coordinatorInfo{CAFile: ""}, slog.New(slog.DiscardHandler), func(string) string { return "" }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.CopyRoots) != 1 || cfg.CopyRoots[0] != "/srv" {
+		t.Errorf("dev agent copy roots %v, want [/srv]", cfg.CopyRoots)
+	}
+	if r := runCLI(testCtx(t), nil, "", "dev", "--copy-root", "rel"); r.code != exitUsage || !strings.Contains(r.stderr, `--copy-root "rel": must be an absolute path`) {
+		t.Errorf("dev --copy-root rel: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
