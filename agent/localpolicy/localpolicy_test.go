@@ -64,6 +64,7 @@ func TestParseErrorsNameLines(t *testing.T) {
 		{"not a mapping", "- a\n", []string{`p.yaml:1:1: must be a mapping, not a list`}},
 		{"syntax", "version: 1\nexec: [\n", []string{`p.yaml: line`}},
 		{"empty", "", []string{`p.yaml: empty file`}},
+		{"alias", "version: 1\ncopy_roots: &r [/a]\nusers:\n  - name: a\n    copy_roots: *r\n", []string{`p.yaml:2:13: anchor &r`, `p.yaml:5:17: alias *r`}},
 		{"several", "version: 1\nfoo: 1\nbar: 2\n", []string{`p.yaml:2:1: unknown key "foo"`, `p.yaml:3:1: unknown key "bar"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,6 +183,7 @@ func TestLoadRefusesUnsafeFiles(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte("version: 1\nusers: &u\n  - name: a\nx: *u\n"))
+	f.Add([]byte("version: 1\nusers:\n  - name: a\n  - name: a\n"))
 	f.Add([]byte("version: 1\nusers:\n  - group: 5\n    copy_roots: [/a/../b]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse("f.yaml", data)

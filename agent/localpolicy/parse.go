@@ -20,7 +20,8 @@ const maxErrors = 20
 // refusals. Every problem is reported, joined, each as "FILE:LINE:COL:
 // what": an unknown or duplicate key, a value of the wrong type, a users
 // entry that names not exactly one of name, uid and group, a copy root that
-// is not absolute, a missing or unknown version, more than one document.
+// is not absolute, a missing or unknown version, more than one document,
+// an anchor or alias.
 func Parse(file string, data []byte) (*Policy, error) {
 	ps := &parser{file: file}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -36,6 +37,10 @@ func Parse(file string, data []byte) (*Policy, error) {
 		ps.errf(&extra, "", "a second YAML document; a local policy is one document")
 	} else if !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %s", file, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	ps.noAliases(&doc)
+	if len(ps.errs) > 0 {
+		return nil, ps.err()
 	}
 	p := &Policy{File: file}
 	root := &doc
@@ -264,13 +269,25 @@ func badName(s string) string {
 	return ""
 }
 
-// deref follows an alias to the node it names.
-func deref(n *yaml.Node) *yaml.Node {
-	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
-		n = n.Alias
+// noAliases reports every anchor and alias under n: a local policy says
+// each thing where it applies (as the coordinator's policy does), and no
+// alias can blow a small file up into a large tree.
+func (ps *parser) noAliases(n *yaml.Node) {
+	if n.Anchor != "" {
+		ps.errf(n, "", "anchor &%s: anchors and aliases are not allowed in a local policy", clip(n.Anchor))
 	}
-	return n
+	if n.Kind == yaml.AliasNode {
+		ps.errf(n, "", "alias *%s: anchors and aliases are not allowed in a local policy", clip(n.Value))
+		return
+	}
+	for _, c := range n.Content {
+		ps.noAliases(c)
+	}
 }
+
+// deref returns n; aliases were reported by noAliases, and the node they
+// stand for is not looked at.
+func deref(n *yaml.Node) *yaml.Node { return n }
 
 func kindName(n *yaml.Node) string {
 	switch n.Kind {
