@@ -195,6 +195,7 @@ func (a *Agent) copyAs(ctx context.Context, st *yamux.Stream, acct *account, p *
 	req.Protected = len(extra)
 	body, err := json.Marshal(req)
 	if err != nil {
+		a.refuseCopyInfo(st, &protocol.ErrorInfo{Code: protocol.CodeInternal, Message: err.Error()})
 		return nil, err
 	}
 	msg := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
@@ -207,12 +208,14 @@ func (a *Agent) copyAs(ctx context.Context, st *yamux.Stream, acct *account, p *
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: acct.credential()}
 	inR, inW, err := os.Pipe()
 	if err != nil {
+		a.refuseCopyInfo(st, &protocol.ErrorInfo{Code: protocol.CodeInternal, Message: err.Error()})
 		return nil, err
 	}
 	defer inW.Close()
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		inR.Close()
+		a.refuseCopyInfo(st, &protocol.ErrorInfo{Code: protocol.CodeInternal, Message: err.Error()})
 		return nil, err
 	}
 	defer outR.Close()
@@ -222,7 +225,10 @@ func (a *Agent) copyAs(ctx context.Context, st *yamux.Stream, acct *account, p *
 	inR.Close()
 	outW.Close()
 	if err != nil {
-		return nil, fmt.Errorf("start the copy helper as %s: %w", acct, err)
+		// Nothing was said on the stream yet: say why.
+		err = fmt.Errorf("start the copy helper (%s) as %s: %w", cmd.Path, acct, err)
+		a.refuseCopyInfo(st, &protocol.ErrorInfo{Code: protocol.CodeInternal, Message: err.Error()})
+		return nil, err
 	}
 	log = log.With("helper_pid", cmd.Process.Pid)
 	var (

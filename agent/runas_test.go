@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/mirror"
 	"github.com/tetherfleet/tether/protocol"
@@ -343,3 +345,88 @@ func TestDetachedJobAsUser(t *testing.T) {
 }
 
 func statUID(fi os.FileInfo) int { return int(fi.Sys().(*syscall.Stat_t).Uid) }
+
+// userProcs lists the live processes of uid (zombies excluded).
+func userProcs(uid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		if strings.Contains(s, "\nState:\tZ") {
+			continue
+		}
+		if i := strings.Index(s, "\nUid:\t"); i >= 0 {
+			f := strings.Fields(s[i+6:])
+			if len(f) > 0 && f[0] == strconv.Itoa(uid) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// TestCopyAsUserAbortLeavesDestination: a push as another account (in the
+// helper process) that the client cancels, abandons or whose session is
+// lost leaves the destination as it was, no stage behind, and no helper.
+func TestCopyAsUserAbortLeavesDestination(t *testing.T) {
+	u := newTestUser(t)
+	h := newHarness(t, withPolicy(t, fmt.Sprintf("version: 1\nusers:\n  - name: %s\n    copy_roots: [%s]\n", u.name, u.home)))
+	dst := filepath.Join(u.home, "dst")
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, User: u.name})
+	if _, err := mirror.Send(copyCtx(t), t.TempDir(), s.st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dst, "old"), []byte("o"), 0o644)
+	os.Chown(filepath.Join(dst, "old"), u.uid, u.uid)
+
+	for i, how := range []string{"cancel", "close", "session lost"} {
+		s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, Delete: true, User: u.name})
+		for {
+			f, err := s.fr.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == protocol.FrameManifestEnd {
+				break
+			}
+		}
+		protocol.WriteJSONFrame(s.st, protocol.FrameEntry, protocol.CopyEntry{Path: ".", Type: "dir", Mode: 0o755})
+		protocol.WriteJSONFrame(s.st, protocol.FrameEntry, protocol.CopyEntry{Path: "new", Type: "file", Size: 10, Mode: 0o644})
+		protocol.WriteFrame(s.st, protocol.FrameFileData, []byte("12345"))
+		switch how {
+		case "cancel":
+			protocol.WriteFrame(s.st, protocol.FrameCancel, nil)
+		case "close":
+			s.st.Close()
+		case "session lost":
+			waitFor(t, testWait, "the helper", func() bool { return len(userProcs(u.uid)) > 0 })
+			h.client.Close()
+		}
+		if how != "session lost" {
+			waitFor(t, testWait, "failed copy", func() bool {
+				return testutil.ToFloat64(h.a.m.copies.WithLabelValues("push", "error")) == float64(i+1)
+			})
+		}
+		waitFor(t, testWait, "no helper left", func() bool { return len(userProcs(u.uid)) == 0 })
+		if got := readTree(t, dst); !equalMaps(got, map[string]string{"old": "o"}) {
+			t.Errorf("%s: destination changed: %v", how, got)
+		}
+		waitFor(t, testWait, "no stage left", func() bool {
+			ents, _ := os.ReadDir(u.home)
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), ".tether-stage-") {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
