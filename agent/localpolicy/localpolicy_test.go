@@ -225,3 +225,19 @@ func userRoots(p *Policy) []string {
 	}
 	return out
 }
+
+// TestExampleParses keeps deploy/agent-policy.example.yaml valid.
+func TestExampleParses(t *testing.T) {
+	path := filepath.Join("..", "..", "deploy", "agent-policy.example.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Parse(path, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Exec || p.Shell || len(p.Users) != 2 {
+		t.Errorf("example policy: %+v", p)
+	}
+}
