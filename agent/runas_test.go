@@ -33,7 +33,10 @@ type testUser struct {
 // newTestUser creates a user (useradd) with a home under a world-searchable
 // directory and a supplementary group, removed at cleanup. It skips the
 // test unless it runs as root.
-func newTestUser(t *testing.T) *testUser {
+func newTestUser(t *testing.T) *testUser { return newTestUserTB(t) }
+
+// newTestUserTB is newTestUser for tests and benchmarks.
+func newTestUserTB(t testing.TB) *testUser {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create users")
@@ -427,6 +430,45 @@ func TestCopyAsUserAbortLeavesDestination(t *testing.T) {
 				}
 			}
 			return true
+		})
+	}
+}
+
+// BenchmarkCopyPushAsUser compares a 64 MiB push in process (the agent's
+// own account) with the same push through the helper process (another
+// account): the relay's cost, as a ratio in one run.
+func BenchmarkCopyPushAsUser(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	u := newTestUserTB(b)
+	src := b.TempDir()
+	os.Chmod(src, 0o755)
+	data := make([]byte, 64<<20)
+	rand.Read(data)
+	os.WriteFile(filepath.Join(src, "f"), data, 0o644)
+	me, _ := user.Current()
+	doc := fmt.Sprintf("version: 1\nusers:\n  - name: %s\n  - name: %s\ncopy_roots: [%s]\n", u.name, me.Username, u.home)
+	p, err := localpolicy.Parse("bench.yaml", []byte(doc))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, as := range []string{"self", "user"} {
+		b.Run(as, func(b *testing.B) {
+			h := newHarness(b, func(c *Config) { c.LocalPolicy = p })
+			name := u.name
+			if as == "self" {
+				name = ""
+			}
+			b.SetBytes(int64(len(data)))
+			for i := range b.N {
+				dst := filepath.Join(u.home, fmt.Sprintf("%s-%d", as, i))
+				s := h.open(b, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, User: name})
+				if _, err := mirror.Send(b.Context(), src, s.st, mirror.Options{}); err != nil {
+					b.Fatal(err)
+				}
+				os.RemoveAll(dst)
+			}
 		})
 	}
 }
