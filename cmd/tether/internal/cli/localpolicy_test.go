@@ -164,3 +164,20 @@ func TestDevCopyRoots(t *testing.T) {
 		t.Errorf("dev --copy-root rel: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// TestShellOnTerminalRefusedByLocalPolicy: tether shell on a terminal (a
+// pty stream) that the node's local policy forbids prints the refusal and
+// exits 255, with the terminal restored.
+func TestShellOnTerminalRefusedByLocalPolicy(t *testing.T) {
+	p, err := localpolicy.Parse("/etc/tether/agent-policy.yaml", []byte(fmt.Sprintf("version: 1\nusers:\n  - uid: %d\nexec: true\n", os.Geteuid())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = p }})
+	tm := newTerminal(t, 24, 80)
+	r := startShell(testCtx(t), t, tm, nil, f.NATS.ClientURL(), "true")
+	if code := r.wait(t); code != exitTether {
+		t.Errorf("exit %d, want %d", code, exitTether)
+	}
+	tm.waitScreen(t, `tether: node node-0: refused by the local policy /etc/tether/agent-policy.yaml: shell \(pty\) is not allowed \(no "shell: true" rule\) \(forbidden\)`)
+}
