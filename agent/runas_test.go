@@ -472,3 +472,42 @@ func BenchmarkCopyPushAsUser(b *testing.B) {
 		})
 	}
 }
+
+// TestCopyAsUserNeverTouchesAgentState: the agent's own state stays out of
+// a copy as another account even where that account's rights would reach
+// it (a data dir the account may write): the helper identifies the
+// protected files by the descriptors the agent hands it.
+func TestCopyAsUserNeverTouchesAgentState(t *testing.T) {
+	u := newTestUser(t)
+	data := filepath.Join(u.base, "data")
+	os.MkdirAll(filepath.Join(data, "jobs"), 0o777)
+	os.Chmod(data, 0o777)
+	os.Chmod(filepath.Join(data, "jobs"), 0o777)
+	secret := filepath.Join(u.base, "token")
+	os.WriteFile(secret, []byte("s3cret"), 0o666)
+	h := newHarness(t, func(c *Config) {
+		withPolicy(t, fmt.Sprintf("version: 1\nusers:\n  - name: %s\ncopy_roots: [%s]\n", u.name, u.base))(c)
+		c.DataDir = data
+		c.SecretFiles = []string{secret}
+	})
+	src := t.TempDir()
+	os.Chmod(src, 0o755)
+	writeTree(t, src, map[string]string{"pwned": "x"})
+	for _, dst := range []string{filepath.Join(data, "jobs", "x"), filepath.Join(data, "jobs"), secret} {
+		s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, User: u.name})
+		_, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{})
+		if err == nil || !strings.Contains(err.Error(), "the agent's own state") {
+			t.Errorf("push onto %s as %s: %v, want a refusal naming the agent's own state", dst, u.name, err)
+		}
+	}
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: secret, User: u.name})
+	if _, err := mirror.Receive(copyCtx(t), filepath.Join(t.TempDir(), "got"), s.st, mirror.Options{}); err == nil {
+		t.Errorf("pull of the agent's secret file as %s succeeded", u.name)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(data, "jobs")); len(ents) != 0 {
+		t.Errorf("the jobs directory got %v", ents)
+	}
+	if b, _ := os.ReadFile(secret); string(b) != "s3cret" {
+		t.Errorf("the secret file was changed: %q", b)
+	}
+}
