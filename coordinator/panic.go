@@ -35,15 +35,12 @@ func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 		req = unanswered(req)
 		defer c.guard.Recover("nats "+name, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.hook("nats " + name)
-		if c.cfg.Identify != nil {
-			id, err := c.cfg.Identify(nats.Header(req.Headers()))
-			if err != nil {
-				c.refuseUnidentified(req, name, err)
-				return
-			}
-			req = &caller.Request{Request: req, Identity: id}
+		id, err := c.cfg.Identify(nats.Header(req.Headers()))
+		if err != nil {
+			c.refuseUnidentified(req, name, err)
+			return
 		}
-		h.Handle(req)
+		h.Handle(&caller.Request{Request: req, Identity: id})
 	})
 }
 
