@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
@@ -58,6 +59,8 @@ type Agent struct {
 	// read of the terminal and "pty-drain" in its handler after each step
 	// of its end once the leader exited (v is the *protocol.PTYParams).
 	testHook func(point string, v any)
+	// lp is the local policy in force; nil means none (localpolicy.go).
+	lp atomic.Pointer[localpolicy.Policy]
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -72,9 +75,11 @@ func New(cfg Config) (*Agent, error) {
 	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
 	targets := cfg.targetTable()
-	return &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
+	a := &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
 		targets: targets, targetNames: slices.Sorted(maps.Keys(targets)),
-		guard: panics.New(cfg.Registerer, log, "agent")}, nil
+		guard: panics.New(cfg.Registerer, log, "agent")}
+	a.lp.Store(cfg.LocalPolicy)
+	return a, nil
 }
 
 // Run creates the data directory, measures the node's capacity, then keeps a
@@ -406,13 +411,20 @@ var secretEnvVars = map[string]bool{
 // included).
 func (a *Agent) childEnv(extra map[string]string, dir string) []string {
 	env := os.Environ()
-	out := make([]string, 0, len(env)+1+len(extra))
+	base := make([]string, 0, len(env)+1+len(extra))
 	for _, kv := range env {
 		if k, _, _ := strings.Cut(kv, "="); secretEnvVars[k] {
 			continue
 		}
-		out = append(out, kv)
+		base = append(base, kv)
 	}
+	return a.childEnvFrom(base, extra, dir)
+}
+
+// childEnvFrom appends PWD (when dir is set) and extra, sorted by name, to
+// base.
+func (a *Agent) childEnvFrom(base []string, extra map[string]string, dir string) []string {
+	out := base
 	if dir != "" {
 		out = append(out, "PWD="+dir)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -98,6 +99,14 @@ type Config struct {
 	// detached jobs' files under DataDir/jobs, so not the data dir as a
 	// whole either, and SecretFiles).
 	CopyRoots []string
+	// LocalPolicy, if set, is the node's local policy (package
+	// localpolicy, loaded with localpolicy.Load), enforced on every exec,
+	// pty, copy and dial stream whatever the coordinator asks; with it the
+	// copy roots are the policy's and CopyRoots is not used. Nil means no
+	// local policy: jobs run only as the agent's own account, copies are
+	// confined to CopyRoots, every configured target may be dialled.
+	// Agent.SetLocalPolicy replaces it while the agent runs.
+	LocalPolicy *localpolicy.Policy
 	// SecretFiles are files holding the agent's secrets (its join token,
 	// its gateways' credentials): no copy reads or writes them, whatever
 	// CopyRoots allow, by whatever path or hard link. Optional.

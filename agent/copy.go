@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -14,9 +15,11 @@ import (
 )
 
 // serveCopy serves the copy stream st (see protocol/copy.go): it checks the
-// params, then receives (push) or sends (pull) with the mirror package,
-// confined to Config.CopyRoots and never touching the agent's own state
-// (copyProtected). The path is resolved by mirror on descriptors, once:
+// params and the account it runs as (runAs: the local policy, the user),
+// then receives (push) or sends (pull) with the mirror package, confined
+// to its copy roots (copyRoots) and never touching the agent's own state
+// (copyProtected), in process for the agent's own account and in a helper
+// process with the account's credentials for any other (copyas.go). The path is resolved by mirror on descriptors, once:
 // nothing here opens it by name. The session's ctx, a FrameCancel from the
 // client and the stream's end all abort the copy; an aborted push leaves
 // the destination as it was. It closes st.
@@ -38,18 +41,34 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 	}
 	path := p.Path
 	log = log.With("direction", p.Direction, "path", path)
-	log.Info("copy started", "delete", p.Delete, "checksum", p.Checksum, "strict", p.Strict)
-	opts := mirror.Options{
-		Delete: p.Delete, Checksum: p.Checksum, Into: p.Into, Strict: p.Strict, Logger: log,
-		Roots: a.cfg.CopyRoots, Protected: a.copyProtected(),
+	acct, refusal := a.runAs(p.User, "copy")
+	if refusal != nil {
+		refusal.Message = strings.TrimPrefix(refusal.Message, "node "+a.cfg.NodeID+": ")
+		a.refuseCopyInfo(st, refusal)
+		return
 	}
+	roots, err := a.copyRoots(acct, path)
+	if err != nil {
+		refusal := a.forbidden(err)
+		refusal.Message = strings.TrimPrefix(refusal.Message, "node "+a.cfg.NodeID+": ")
+		a.refuseCopyInfo(st, refusal)
+		return
+	}
+	log.Info("copy started", "user", acct.Name, "delete", p.Delete, "checksum", p.Checksum, "strict", p.Strict)
 	start := time.Now()
 	var res *protocol.CopyResult
-	var err error
-	if p.Direction == protocol.CopyPush {
-		res, err = mirror.Receive(ctx, path, st, opts)
+	if !acct.self {
+		res, err = a.copyAs(ctx, st, acct, &p, roots, a.copyProtected(), log)
 	} else {
-		res, err = mirror.Send(ctx, path, st, opts)
+		opts := mirror.Options{
+			Delete: p.Delete, Checksum: p.Checksum, Into: p.Into, Strict: p.Strict, Logger: log,
+			Roots: roots, Protected: a.copyProtected(),
+		}
+		if p.Direction == protocol.CopyPush {
+			res, err = mirror.Receive(ctx, path, st, opts)
+		} else {
+			res, err = mirror.Send(ctx, path, st, opts)
+		}
 	}
 	if err != nil {
 		a.m.copies.WithLabelValues(p.Direction, "error").Inc()
@@ -75,13 +94,28 @@ func (a *Agent) copyProtected() []string {
 	return append([]string{a.jobsDir()}, a.cfg.SecretFiles...)
 }
 
+// copyRoots are the roots a copy of path as acct is confined to: with a
+// local policy, the policy's roots for the account (the path must lie
+// under one: a *localpolicy.Refusal otherwise); without, Config.CopyRoots.
+func (a *Agent) copyRoots(acct *account, path string) ([]string, error) {
+	if lp := a.localPolicy(); lp != nil {
+		return lp.CheckCopy(acct.Account, path)
+	}
+	return a.cfg.CopyRoots, nil
+}
+
+// refuseCopyInfo is refuseCopy with the error frame's code and message.
+func (a *Agent) refuseCopyInfo(st *yamux.Stream, info *protocol.ErrorInfo) {
+	st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+	protocol.WriteJSONFrame(st, protocol.FrameError, info)
+	st.SetReadDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+	io.Copy(io.Discard, st)
+}
+
 // refuseCopy answers a copy stream that cannot start with a bad_request
 // error frame, then reads and drops what the client still sends (its
 // manifest, in a pull) until it closes or the tunnel's write timeout, so
 // that the client is never left blocked writing to a stream nobody reads.
 func (a *Agent) refuseCopy(st *yamux.Stream, msg string) {
-	st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
-	protocol.WriteJSONFrame(st, protocol.FrameError, &protocol.ErrorInfo{Code: protocol.CodeBadRequest, Message: msg})
-	st.SetReadDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
-	io.Copy(io.Discard, st)
+	a.refuseCopyInfo(st, &protocol.ErrorInfo{Code: protocol.CodeBadRequest, Message: msg})
 }

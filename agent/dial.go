@@ -66,6 +66,15 @@ func (a *Agent) serveDial(ctx context.Context, st *yamux.Stream, h protocol.Head
 		a.refuse(st, protocol.CodeBadRequest, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
 	}
+	if lp := a.localPolicy(); lp != nil {
+		if err := lp.AllowDial(p.Target); err != nil {
+			a.m.dials.WithLabelValues(dialForbidden).Inc()
+			log.Warn("dial refused by the local policy", "target", clip(p.Target, 100))
+			fi := a.forbidden(err)
+			a.refuse(st, fi.Code, fi.Message)
+			return
+		}
+	}
 	addr, ok := a.targets[p.Target]
 	if !ok {
 		// The message names the configured targets, never their

@@ -13,6 +13,18 @@
 // clients over loopback with the agent's own gateway credentials, which
 // never go into dial streams.
 //
+// Accounts and the local policy (runas.go, localpolicy.go). Exec, pty and
+// copy streams run as the local account their params name (the agent's
+// own when none): its uid, gid and groups, its passwd environment and
+// home. The node's local policy (package localpolicy, Config.LocalPolicy,
+// Agent.SetLocalPolicy on SIGHUP) is checked before anything runs: the
+// account, exec/shell/forward, dial targets and copy roots; a refusal is a
+// forbidden error frame naming the file and the missing rule. Without a
+// local policy only the agent's own account is allowed. A copy as another
+// account runs in a helper process of the agent's own binary with that
+// account's credentials (copyas.go), so the kernel checks each of its file
+// operations against the account.
+//
 // Goroutines. Agent.Run runs the session loop in the caller's goroutine
 // (tunnel.Redialer: dial, serve one session, back off, redial). For each
 // session it starts:
@@ -35,6 +47,12 @@
 //     the target to the stream, and one copier from the stream to the
 //     target; both end when their direction ends (half-closes pass
 //     through), and a failure or the session's end ends both;
+//   - per copy stream as another account (copyas.go), in that goroutine:
+//     the handler, which waits for the helper process; a feeder (stream
+//     to the helper's stdin) and a relay (its stdout to the stream); and
+//     os/exec's copier of the helper's stderr. The helper gets SIGTERM
+//     when the session ends or the copy is cancelled, SIGKILL
+//     Config.KillGrace later;
 //   - per inventory or sandbox stream: the handler, one reader watching
 //     for FrameCancel or the stream's end, and (inventory) one lister per
 //     gateway; the gRPC connection and HTTP transport they share belong to

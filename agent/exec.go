@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,6 +83,12 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 		x.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: exec params: %s", a.cfg.NodeID, strings.ReplaceAll(err.Error(), "\n", "; ")))
 		return
 	}
+	acct, refusal := a.runAs(x.p.User, "exec")
+	if refusal != nil {
+		x.fail(refusal.Code, refusal.Message)
+		return
+	}
+	x.acct = acct
 	if x.p.Detach {
 		a.startDetached(x)
 		return
@@ -105,6 +110,8 @@ type execution struct {
 	crash *crash
 	log   *slog.Logger
 	p     protocol.ExecParams
+	// acct is the account the exec's processes run as (runas.go).
+	acct *account
 
 	// stdout and stderr count the output of every process of the exec
 	// (fail-fast batches run several); the limit applies to the sum.
@@ -150,17 +157,13 @@ func (x *execution) processes() []procSpec {
 	return []procSpec{{argv: x.p.Argv, name: x.p.Argv[0], stdin: x.p.Stdin}}
 }
 
-// workDir resolves the params' cwd (relative to the data directory) and
-// checks that it is a directory, so that a bad cwd is reported as such
-// rather than as a failure to start the command.
-func (a *Agent) workDir(cwd string) (string, error) {
-	dir := a.cfg.DataDir
-	if cwd != "" {
-		dir = filepath.Join(a.cfg.DataDir, cwd)
-		if filepath.IsAbs(cwd) {
-			dir = filepath.Clean(cwd)
-		}
-	}
+// workDir resolves the params' cwd for acct (relative to the data
+// directory, or to a named account's home: Agent.resolveDir) and checks
+// that it is a directory, so that a bad cwd is reported as such rather than
+// as a failure to start the command. (The check is the agent's; a
+// directory the account may not enter fails the start.)
+func (a *Agent) workDir(acct *account, cwd string) (string, error) {
+	dir := a.resolveDir(acct, cwd)
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -205,7 +208,7 @@ type procResult struct {
 // frame.
 func (x *execution) run(ctx context.Context) {
 	a := x.a
-	dir, err := a.workDir(x.p.Cwd)
+	dir, err := a.workDir(x.acct, x.p.Cwd)
 	if err != nil {
 		x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
@@ -299,13 +302,14 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	a := x.a
 	cmd := exec.Command(spec.argv[0], spec.argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = a.childEnv(x.p.Env, dir)
+	cmd.Env = a.procEnv(x.acct, x.p.Env, dir)
 	// Pdeathsig: if the agent dies (even by SIGKILL) the kernel kills the
 	// leader. The rest of its group survives that; see the package doc.
 	// Linux ties the signal to the forking thread, not the process: nothing
 	// in the agent may end an OS thread (a goroutine that exits while
 	// locked with runtime.LockOSThread), or it would kill leaders early.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Credential: the account's uid, gid and groups (nil: the agent's own).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: x.acct.credential()}
 
 	// Our own pipes (not cmd.StdoutPipe): os/exec then runs no copying
 	// goroutines and Wait returns as soon as the leader exits, and we can

@@ -41,7 +41,7 @@ func (s *syncBuffer) String() string {
 }
 
 // testLogger logs to the test's output and to buf, if not nil.
-func testLogger(t *testing.T, buf *syncBuffer) *slog.Logger {
+func testLogger(t testing.TB, buf *syncBuffer) *slog.Logger {
 	var w io.Writer = t.Output()
 	if buf != nil {
 		w = io.MultiWriter(w, buf)
@@ -50,7 +50,7 @@ func testLogger(t *testing.T, buf *syncBuffer) *slog.Logger {
 }
 
 // testConfig is a valid config with short timings for tests.
-func testConfig(t *testing.T) Config {
+func testConfig(t testing.TB) Config {
 	return Config{
 		NodeID:       "node-a",
 		Coordinators: []string{"127.0.0.1:1"},
@@ -74,21 +74,21 @@ type harness struct {
 	done   chan struct{}   // closed when serveStreams returned
 }
 
-func newHarness(t *testing.T, mutate func(*Config)) *harness {
+func newHarness(t testing.TB, mutate func(*Config)) *harness {
 	t.Helper()
 	return newHarnessWith(t, mutate, nil)
 }
 
 // newHarnessWith is newHarness with prepare (if not nil) adjusting the
 // Agent (its test hook) before it serves.
-func newHarnessWith(t *testing.T, mutate func(*Config), prepare func(*Agent)) *harness {
+func newHarnessWith(t testing.TB, mutate func(*Config), prepare func(*Agent)) *harness {
 	t.Helper()
 	return newHarnessTunnel(t, mutate, prepare, nil)
 }
 
 // newHarnessTunnel is newHarnessWith over a tunnel pair whose config
 // tunnelMutate (if not nil) adjusted (tunneltest.PairWith).
-func newHarnessTunnel(t *testing.T, mutate func(*Config), prepare func(*Agent), tunnelMutate func(*tunnel.Config)) *harness {
+func newHarnessTunnel(t testing.TB, mutate func(*Config), prepare func(*Agent), tunnelMutate func(*tunnel.Config)) *harness {
 	t.Helper()
 	cfg := testConfig(t)
 	if mutate != nil {
@@ -121,7 +121,7 @@ func newHarnessTunnel(t *testing.T, mutate func(*Config), prepare func(*Agent), 
 }
 
 // open opens a stream of kind k with params from the coordinator side.
-func (h *harness) open(t *testing.T, k protocol.Kind, params any) *execStream {
+func (h *harness) open(t testing.TB, k protocol.Kind, params any) *execStream {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -74,7 +74,7 @@ func (a *Agent) jobsDir() string { return filepath.Join(a.cfg.DataDir, "jobs") }
 func (a *Agent) startDetached(x *execution) {
 	p := &x.p
 	a.sweepJobs(false)
-	dir, err := a.workDir(p.Cwd)
+	dir, err := a.workDir(x.acct, p.Cwd)
 	if err != nil {
 		x.fail(protocol.CodeStartFailed, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
@@ -92,7 +92,7 @@ func (a *Agent) startDetached(x *execution) {
 		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: create job directory: %v", a.cfg.NodeID, err))
 		return
 	}
-	j, err := a.launchDetached(p, dir, jdir)
+	j, err := a.launchDetached(p, x.acct, dir, jdir)
 	if err != nil {
 		os.RemoveAll(jdir)
 		x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
@@ -104,8 +104,13 @@ func (a *Agent) startDetached(x *execution) {
 	}
 }
 
-// launchDetached starts the process of p in jdir's job and its supervisor.
-func (a *Agent) launchDetached(p *protocol.ExecParams, dir, jdir string) (*detachedJob, error) {
+// launchDetached starts the process of p as acct in jdir's job and its
+// supervisor. The job's files are the agent's (created and written by it,
+// 0600 in its own data directory): the process gets its script and output
+// as descriptors, so it needs no right on them, and status, output and
+// cancel keep working whatever account the job runs as (the agent signals
+// its process group as root, or as the same uid).
+func (a *Agent) launchDetached(p *protocol.ExecParams, acct *account, dir, jdir string) (*detachedJob, error) {
 	var cmd *exec.Cmd
 	var stdin *os.File
 	if s := p.ShellScript(); s != "" {
@@ -124,8 +129,8 @@ func (a *Agent) launchDetached(p *protocol.ExecParams, dir, jdir string) (*detac
 		cmd = exec.Command(p.Argv[0], p.Argv[1:]...)
 	}
 	cmd.Dir = dir
-	cmd.Env = a.childEnv(p.Env, dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = a.procEnv(acct, p.Env, dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: acct.credential()}
 	if stdin != nil {
 		cmd.Stdin = stdin
 	}

@@ -20,6 +20,8 @@ type metrics struct {
 	dialsOpen    prometheus.Gauge
 	dialBytes    *prometheus.CounterVec
 	listings     *prometheus.CounterVec
+	// localRefusals counts operations the local policy refused.
+	localRefusals prometheus.Counter
 }
 
 // Label values of the dial and inventory metrics.
@@ -29,6 +31,7 @@ const (
 	dialBadRequest    = "bad_request"
 	dialUnknownTarget = "unknown_target"
 	dialFailed        = "dial_failed"
+	dialForbidden     = "forbidden"
 
 	toTarget   = "to_target"
 	fromTarget = "from_target"
@@ -71,9 +74,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "tether_agent_copy_bytes_total",
 		Help: "File data bytes of committed copies, by direction (push: written on the node, pull: read from it).",
 	}, []string{"direction"})
+	m.localRefusals = f.NewCounter(prometheus.CounterOpts{
+		Name: "tether_agent_local_policy_refusals_total",
+		Help: "Operations (exec, shell, copy, dial, run-as user) the agent's local policy refused.",
+	})
 	m.dials = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_agent_dials_total",
-		Help: "Dial streams served, by result (ok, busy, bad_request, unknown_target, dial_failed).",
+		Help: "Dial streams served, by result (ok, busy, bad_request, unknown_target, dial_failed, forbidden: refused by the local policy).",
 	}, []string{"result"})
 	m.dialsOpen = f.NewGauge(prometheus.GaugeOpts{
 		Name: "tether_agent_dials_open",
@@ -87,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "tether_agent_inventory_listings_total",
 		Help: "Gateway listings done for inventory streams, by provider and result (complete, incomplete).",
 	}, []string{"provider", "result"})
-	for _, r := range []string{dialOK, dialBusy, dialBadRequest, dialUnknownTarget, dialFailed} {
+	for _, r := range []string{dialOK, dialBusy, dialBadRequest, dialUnknownTarget, dialFailed, dialForbidden} {
 		m.dials.WithLabelValues(r)
 	}
 	for _, d := range []string{toTarget, fromTarget} {

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,6 +79,12 @@ func (a *Agent) servePTY(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		s.fail(protocol.CodeBadRequest, fmt.Sprintf("node %s: pty params: %v", a.cfg.NodeID, err))
 		return
 	}
+	acct, refusal := a.runAs(s.p.User, "shell")
+	if refusal != nil {
+		s.fail(refusal.Code, refusal.Message)
+		return
+	}
+	s.acct = acct
 	s.run(ctx)
 }
 
@@ -88,6 +96,7 @@ type ptySession struct {
 	w      *frameWriter
 	log    *slog.Logger
 	p      protocol.PTYParams
+	acct   *account // the account the process runs as (runas.go)
 	master *os.File
 	sid    int // the process's pid, session id and process group id
 	output int64
@@ -105,7 +114,10 @@ func (s *ptySession) fail(code, msg string) {
 }
 
 // command builds the process from the params, not yet started: Argv, or
-// the agent user's login shell ($SHELL, else /bin/bash) with a "-" argv[0].
+// the account's login shell with a "-" argv[0] (the passwd entry's shell
+// for a named account; $SHELL for the agent's own; else /bin/bash). Its
+// environment is the account's (Agent.procEnv) with TERM, then the
+// params' Env.
 func (s *ptySession) command() (*exec.Cmd, string) {
 	var cmd *exec.Cmd
 	var name string
@@ -114,20 +126,20 @@ func (s *ptySession) command() (*exec.Cmd, string) {
 		name = s.p.Argv[0]
 	} else {
 		shell := os.Getenv("SHELL")
-		if shell == "" {
-			shell = "/bin/bash"
+		if s.acct.named || shell == "" {
+			shell = s.acct.shellPath()
 		}
 		cmd = exec.Command(shell)
 		// The login convention: argv[0] starting with '-'.
 		cmd.Args[0] = "-" + filepath.Base(shell)
 		name = shell
 	}
-	cmd.Dir = resolveCwd(s.a.cfg.DataDir, s.p.Cwd)
+	cmd.Dir = s.a.resolveDir(s.acct, s.p.Cwd)
 	term := s.p.Term
 	if term == "" {
 		term = defaultPTYTerm
 	}
-	cmd.Env = append(os.Environ(), "TERM="+term, "PWD="+cmd.Dir)
+	cmd.Env = append(s.a.procEnv(s.acct, nil, cmd.Dir), "TERM="+term)
 	keys := make([]string, 0, len(s.p.Env))
 	for k := range s.p.Env {
 		keys = append(keys, k)
@@ -137,19 +149,6 @@ func (s *ptySession) command() (*exec.Cmd, string) {
 		cmd.Env = append(cmd.Env, k+"="+s.p.Env[k])
 	}
 	return cmd, name
-}
-
-// resolveCwd is the working directory for cwd: dataDir when empty, relative
-// to dataDir when relative.
-func resolveCwd(dataDir, cwd string) string {
-	switch {
-	case cwd == "":
-		return dataDir
-	case filepath.IsAbs(cwd):
-		return filepath.Clean(cwd)
-	default:
-		return filepath.Join(dataDir, cwd)
-	}
 }
 
 // run starts the process and sees it through to the final frame.
@@ -164,7 +163,7 @@ func (s *ptySession) run(ctx context.Context) {
 		cols = defaultPTYCols
 	}
 	start := time.Now()
-	m, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
+	m, err := startPTY(cmd, s.acct, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
 		s.fail(startFailCode(err, cmd.Dir), fmt.Sprintf("node %s: start %q on a pty in %s: %v", a.cfg.NodeID, name, cmd.Dir, explainStart(err, cmd.Dir)))
 		return
@@ -615,4 +614,45 @@ func (s *ptySession) inSession(pgrp int) bool {
 func sessionProcs(sid int) []procInfo {
 	procs, _ := liveProcs(func(p procInfo) bool { return p.sid == sid })
 	return procs
+}
+
+// startPTY starts cmd as acct on a new pseudo-terminal, in its own session
+// with the terminal as its controlling tty, as pty.StartWithSize does, and
+// returns the master. For another account the terminal is first given to
+// it (owner the account, group tty, mode 0620, as login and sshd do), so
+// that what checks its terminal's owner (mesg, write, sudo's tty
+// tickets) sees its own.
+func startPTY(cmd *exec.Cmd, acct *account, ws *pty.Winsize) (*os.File, error) {
+	m, tty, err := pty.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer tty.Close()
+	if !acct.self {
+		gid := int(acct.GID)
+		if g, err := user.LookupGroup("tty"); err == nil {
+			if n, err := strconv.Atoi(g.Gid); err == nil {
+				gid = n
+			}
+		}
+		if err := tty.Chown(int(acct.UID), gid); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("give the terminal to %s: %w", acct, err)
+		}
+		if err := tty.Chmod(0o620); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("give the terminal to %s: %w", acct, err)
+		}
+	}
+	if err := pty.Setsize(m, ws); err != nil {
+		m.Close()
+		return nil, err
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: acct.credential()}
+	if err := cmd.Start(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
 }

@@ -139,4 +139,11 @@ const (
 	// permitted, not a directory, a full disk): the copy's failure, not
 	// Tether's (protocol/copy.go).
 	CodeCopyFailed = "copy_failed"
+	// CodeForbidden: the agent's local policy refuses the operation (the
+	// account it would run as, exec, shell, a dial target, a copy path);
+	// the message names the node, the policy file and the rule missing.
+	CodeForbidden = "forbidden"
+	// CodeUnknownUser: the account the operation would run as (the
+	// params' user) does not exist on the node.
+	CodeUnknownUser = "unknown_user"
 )

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -52,6 +53,10 @@ type agentOptions struct {
 	// CopyRoots are the absolute directories copies may write or read
 	// under. Empty means the data directory only.
 	CopyRoots []string
+	// LocalPolicy is the node's local policy file (package
+	// agent/localpolicy). Empty means localpolicy.DefaultPath when that
+	// file exists, else none (jobs run as the agent's own user only).
+	LocalPolicy string
 	// JobRetention is how long finished detached jobs' files are kept.
 	// Zero means agent.DefaultJobRetention.
 	JobRetention time.Duration
@@ -273,6 +278,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	f.DurationVar(&o.PipeWait, "pipe-wait", o.PipeWait, "after a job's main process exited, kill its process group if its output is still open this long later; the result is then output_cut and truncated (default 0: wait, like ssh)")
 	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep finished detached jobs' output this long (default 24h)")
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory copies may write to and read from (repeatable or comma-separated; default: the data dir)")
+	f.StringVar(&o.LocalPolicy, "local-policy", o.LocalPolicy, "the node's local policy file, enforced whatever the coordinator asks; reloaded on SIGHUP (default: "+localpolicy.DefaultPath+" when present, else none: jobs run as the agent's own user only)")
 	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the node's OpenShell gateway address host:port (dial target \"openshell\", listed in inventories)")
 	f.StringVar(&o.OpenShellTokenFile, "openshell-token-file", o.OpenShellTokenFile, "file holding the bearer token for the agent's own OpenShell calls (inventory, reaper deletes) (default: $"+openShellTokenEnv+", else none)")
 	f.StringArrayVar(&o.OpenShellWorkspaces, "openshell-workspace", nil, "OpenShell workspace to list in inventories (repeatable; default: default)")
@@ -306,6 +312,11 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	cfg.DataDir = o.DataDir
 	cfg.PipeWait = o.PipeWait
 	cfg.CopyRoots = o.CopyRoots
+	lp, lpPath, err := loadLocalPolicy(o.LocalPolicy)
+	if err != nil {
+		return err
+	}
+	cfg.LocalPolicy = lp
 	// Copies never read or write the files holding the agent's secrets.
 	for _, f := range []string{o.TokenFile, o.OpenShellTokenFile, o.OpenSandboxAPIKeyFile} {
 		if f != "" {
@@ -329,6 +340,10 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	if err != nil {
 		return err
 	}
+	if lp != nil {
+		log.Info("local policy loaded", "file", lpPath)
+	}
+	defer watchLocalPolicy(ctx, a, lpPath, o.LocalPolicy, log)()
 	if o.MetricsAddr == "" {
 		return a.Run(ctx)
 	}

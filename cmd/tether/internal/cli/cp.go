@@ -284,8 +284,10 @@ func cpError(code int, from, to copyEnd, msg string) error {
 // end. Who failed is in the code:
 //   - the agent's error frame (*mirror.PeerError) says it by its code:
 //     bad_request (not allowed: not under a copy root, the agent's own
-//     state; or a stream that broke the copy protocol) and copy_failed (a
-//     path missing or not permitted, a file system error) are the copy's
+//     state; or a stream that broke the copy protocol), forbidden and
+//     unknown_user (the node's local policy refuses the copy, or the
+//     account it would run as does not exist) and copy_failed (a path
+//     missing or not permitted, a file system error) are the copy's
 //     failures, 1; anything else (the coordinator's shutdown, the agent
 //     busy or failing internally) is Tether's, 255;
 //   - the agent's cancel (mirror.ErrCanceled: its session ended), a
@@ -302,7 +304,7 @@ func cpOutcome(err error, st *watchedStream, node, local string) (int, string) {
 	if errors.As(err, &pe) {
 		msg := printable(trimNodePrefix(node, pe.Info.Message))
 		switch pe.Info.Code {
-		case protocol.CodeBadRequest, protocol.CodeCopyFailed:
+		case protocol.CodeBadRequest, protocol.CodeCopyFailed, protocol.CodeForbidden, protocol.CodeUnknownUser:
 			return exitFailure, msg
 		}
 		return exitTether, msg + " (" + printable(pe.Info.Code) + ")"

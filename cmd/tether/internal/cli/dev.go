@@ -56,8 +56,33 @@ type devOptions struct {
 	// SandboxTTL, ReapGrace and InventoryInterval are the coordinator's
 	// --sandbox-ttl, --reap-grace and --inventory-interval.
 	SandboxTTL, ReapGrace, InventoryInterval time.Duration
+	// CopyRoots are the local agent's copy roots (the agent's
+	// --copy-root). Empty means devCopyRoots: "/" when dev does not run as
+	// root, so that copies go anywhere the user can write (the kernel
+	// checks the user's rights); as root, the agent's data dir, the
+	// working directory and the temporary directory only.
+	CopyRoots []string
 	// Log configures logging to stderr.
 	Log logOptions
+}
+
+// devCopyRoots are the local agent's copy roots when --copy-root is not
+// given. A user's dev agent runs as that user, so "/" lets `tether cp` go
+// wherever the user could write and nowhere else. Root could write
+// anywhere, and a mistaken `tether cp --delete DIR dev:/etc` would then
+// mirror over the system; so as root the default stays with the
+// directories a dev session works in (dataDir, the working directory
+// unless it is "/", the temporary directory), and --copy-root / opts in to
+// the rest.
+func devCopyRoots(euid int, dataDir string) []string {
+	if euid != 0 {
+		return []string{"/"}
+	}
+	roots := []string{dataDir}
+	if wd, err := os.Getwd(); err == nil && wd != "/" {
+		roots = append(roots, wd)
+	}
+	return append(roots, os.TempDir())
 }
 
 func defaultDevOptions() devOptions {
@@ -116,6 +141,11 @@ func (o *devOptions) Validate() error {
 	if err := checkAllowedHosts(o.AllowedHosts); err != nil {
 		errs = append(errs, err)
 	}
+	for _, r := range o.CopyRoots {
+		if !filepath.IsAbs(r) {
+			errs = append(errs, fmt.Errorf("--copy-root %q: must be an absolute path", r))
+		}
+	}
 	if o.SandboxTTL < 0 {
 		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.SandboxTTL))
 	}
@@ -159,6 +189,7 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.StringVar(&o.OpenSandbox, "opensandbox", o.OpenSandbox, "the local OpenSandbox server (host:port) the agent serves through the facade")
 	f.DurationVar(&o.SandboxTTL, "sandbox-ttl", o.SandboxTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
 	f.DurationVar(&o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
+	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory the local agent's copies may write to and read from (repeatable or comma-separated; default: / when not root, so anywhere you can write; as root: the data dir, the working directory and the temporary directory)")
 	f.DurationVar(&o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
 	o.Log.addFlags(cmd)
 	return cmd
@@ -283,6 +314,14 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	cfg.Token = info.Token
 	cfg.TLS = tlsCfg
 	cfg.DataDir = filepath.Join(o.DataDir, "agent")
+	cfg.CopyRoots = o.CopyRoots
+	if len(cfg.CopyRoots) == 0 {
+		dir, err := filepath.Abs(cfg.DataDir)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.CopyRoots = devCopyRoots(os.Geteuid(), dir)
+	}
 	cfg.Version = version
 	cfg.Logger = log
 	if o.OpenShell != "" {

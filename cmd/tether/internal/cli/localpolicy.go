@@ -1,0 +1,72 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/agent/localpolicy"
+)
+
+// loadLocalPolicy loads the agent's local policy: the file flag names, or
+// localpolicy.DefaultPath when flag is empty. A missing default file means
+// no local policy (nil, ""); a missing named file, and any file that is
+// bad or unsafe, is an error. path is the file to reload on SIGHUP.
+func loadLocalPolicy(flag string) (p *localpolicy.Policy, path string, err error) {
+	path = flag
+	if path == "" {
+		path = localpolicy.DefaultPath
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, path, nil
+		}
+	}
+	p, err = localpolicy.Load(path)
+	if err != nil {
+		return nil, "", err
+	}
+	return p, path, nil
+}
+
+// watchLocalPolicy reloads the local policy at path into a on every SIGHUP
+// until ctx ends or stop is called; stop waits for its goroutine. A file
+// that fails to load keeps the policy in force (logged as an error), so a
+// typo cannot lift the node's restrictions; a default file that is still
+// absent keeps "none".
+func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+			}
+			p, _, err := loadLocalPolicy(flag)
+			switch {
+			case err != nil:
+				log.Error("local policy not reloaded; the one in force stays", "file", path, "err", err)
+			case p == nil:
+				log.Info("no local policy to reload", "file", path)
+			default:
+				a.SetLocalPolicy(p)
+				log.Info("local policy reloaded", "file", path)
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		cancel()
+		wg.Wait()
+	}
+}
