@@ -54,6 +54,8 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"job-status", protocol.SubjectJobStatus, c.jobOpHandler(protocol.JobOpStatus)},
 		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
+		{"tokens-create", protocol.SubjectTokensCreate, c.handleTokenCreate},
+		{"nodes-revoke", protocol.SubjectNodesRevoke, c.handleNodeRevoke},
 	}
 	if err := c.startProbes(); err != nil {
 		svc.Stop()
