@@ -20,6 +20,7 @@ type metrics struct {
 	dialsOpen    prometheus.Gauge
 	dialBytes    *prometheus.CounterVec
 	listings     *prometheus.CounterVec
+	enrollments  *prometheus.CounterVec
 }
 
 // Label values of the dial and inventory metrics.
@@ -62,6 +63,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			// 1 ms to about 70 min.
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 12),
 		}),
+	}
+	m.enrollments = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_enrollments_total",
+		Help: "Node certificate enrollments and renewals, by result (enrolled, renewed, renew_failed).",
+	}, []string{"result"})
+	for _, r := range []string{"enrolled", "renewed", "renew_failed"} {
+		m.enrollments.WithLabelValues(r)
 	}
 	m.copies = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_agent_copies_total",

@@ -392,7 +392,8 @@ func TestServiceInfo(t *testing.T) {
 	}
 	slices.Sort(subjects)
 	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectNodes, protocol.SubjectStream,
-		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel}
+		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel,
+		protocol.SubjectTokensCreate, protocol.SubjectNodesRevoke}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, subjects); diff != "" {
 		t.Errorf("endpoint subjects (-want +got):\n%s", diff)

@@ -357,7 +357,9 @@ func (s *Store) CheckCert(node, serial string) error {
 	if !ok {
 		return fmt.Errorf("%w: node %s has no identity record (serial %s)", ErrCertUnknown, node, serial)
 	}
-	has := func(l []Serial) bool { return slices.ContainsFunc(l, func(x Serial) bool { return x.Serial == serial }) }
+	has := func(l []Serial) bool {
+		return slices.ContainsFunc(l, func(x Serial) bool { return x.Serial == serial })
+	}
 	switch {
 	case has(n.Serials):
 		return nil

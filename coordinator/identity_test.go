@@ -1,0 +1,304 @@
+package coordinator_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/yamux"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/enroll"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// testClock is the identity store's clock: the real one, shifted.
+type testClock struct{ off atomic.Int64 }
+
+func (c *testClock) now() time.Time            { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *testClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// idHarness is a harness whose coordinator has per-node identity: a node
+// CA and an identity store on the harness's NATS server.
+type idHarness struct {
+	*harness
+	ca    *tunnel.NodeCA
+	store *enroll.Store
+	clock *testClock
+}
+
+// newIDHarness starts a coordinator with per-node identity; shared keeps
+// the harness's shared token (--allow-shared-token).
+func newIDHarness(t *testing.T, shared bool, mutate func(*coordinator.Config)) *idHarness {
+	t.Helper()
+	ih := &idHarness{clock: &testClock{}}
+	ih.harness = newHarness(t, func(c *coordinator.Config) {
+		ca, err := tunnel.NewTestCA("tether node CA (test)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		store, err := enroll.Open(ctx, enroll.Config{NATS: c.NATS, Now: ih.clock.now, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(store.Close) // after the coordinator stopped (cleanups run last-in first-out)
+		ih.ca, ih.store = ca, store
+		c.NodeCA, c.Identities = ca, store
+		if !shared {
+			c.Token = ""
+		}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	return ih
+}
+
+// token mints a join token in the store.
+func (ih *idHarness) token(t testing.TB, uses int, ttl time.Duration, labels map[string]string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	tok, _, err := ih.store.CreateToken(ctx, ttl, uses, labels, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// enrollAs enrolls node with token over a fresh connection, as an agent
+// does, and returns its certificate, or the coordinator's reject.
+func (ih *idHarness) enrollAs(t testing.TB, node, token string) (*tls.Certificate, *protocol.ErrorInfo) {
+	t.Helper()
+	c, rej, err := enrollRaw(ih.addr, ih.clientTLS, node, token)
+	if err != nil {
+		t.Fatalf("enroll %s: %v", node, err)
+	}
+	return c, rej
+}
+
+// enrollRaw is enrollAs without a test (benchmarks run it concurrently).
+func enrollRaw(addr string, clientTLS *tls.Config, node, token string) (*tls.Certificate, *protocol.ErrorInfo, error) {
+	key, err := tunnel.NewNodeKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	csr, err := tunnel.NewNodeCSR(key, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	conn, err := tunnel.DialTLS(ctx, addr, clientTLS)
+	if err != nil {
+		return nil, nil, err
+	}
+	sess, err := tunnel.Client(conn, tunnel.DefaultConfig())
+	if err != nil {
+		return nil, nil, err
+	}
+	defer sess.Close()
+	ctl, err := sess.Open(ctx, protocol.KindControl, protocol.ControlParams{})
+	if err != nil {
+		return nil, nil, err
+	}
+	werr := protocol.WriteJSONFrame(ctl, protocol.FrameEnroll, &protocol.Enroll{ProtocolVersion: protocol.Version, Token: token, NodeID: node, CSR: csr})
+	ctl.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	f, err := protocol.NewFrameReader(ctl).Next()
+	if err != nil {
+		return nil, nil, fmt.Errorf("read enroll answer: %w (write: %v)", err, werr)
+	}
+	switch f.Type {
+	case protocol.FrameEnrolled:
+		var e protocol.Enrolled
+		if err := json.Unmarshal(f.Payload, &e); err != nil {
+			return nil, nil, err
+		}
+		cert, err := x509.ParseCertificate(e.Certificate)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}, nil, nil
+	case protocol.FrameReject:
+		var info protocol.ErrorInfo
+		if err := json.Unmarshal(f.Payload, &info); err != nil {
+			return nil, nil, err
+		}
+		return nil, &info, nil
+	}
+	return nil, nil, fmt.Errorf("got %s frame, want enrolled or reject", f.Type)
+}
+
+// signFor issues a certificate for node from ca without enrolling it
+// (listed nowhere), valid from notBefore for ttl.
+func signFor(t testing.TB, ca *tunnel.NodeCA, node string, notBefore time.Time, ttl time.Duration) *tls.Certificate {
+	t.Helper()
+	key, err := tunnel.NewNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := tunnel.NewNodeCSR(key, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := tunnel.ParseNodeCSR(der, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Sign(csr, node, notBefore, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
+}
+
+func mustEnroll(t testing.TB, ih *idHarness, node, token string) *tls.Certificate {
+	t.Helper()
+	c, rej := ih.enrollAs(t, node, token)
+	if rej != nil {
+		t.Fatalf("enroll %s refused: %v", node, rej)
+	}
+	return c
+}
+
+func TestEnrollThenCertificateSession(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	tok := ih.token(t, 1, time.Hour, map[string]string{"zone": "eu"})
+	cert := mustEnroll(t, ih, "n1", tok)
+	id, err := tunnel.NodeIDOf(cert.Leaf)
+	if err != nil || id != "n1" {
+		t.Fatalf("certificate names %q (%v), want n1", id, err)
+	}
+	if u := cert.Leaf.URIs; len(u) != 1 || u[0].String() != "urn:tether:node:n1" || cert.Leaf.Subject.CommonName != "n1" {
+		t.Errorf("certificate URIs %v CN %q", u, cert.Leaf.Subject.CommonName)
+	}
+	if life := cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore); life != coordinator.DefaultCertTTL {
+		t.Errorf("certificate lifetime %v, want %v", life, coordinator.DefaultCertTTL)
+	}
+	a := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true, labels: map[string]string{"zone": "us", "role": "web"}})
+	if a.reject != nil {
+		t.Fatalf("certificate session refused: %v", a.reject)
+	}
+	nodes := ih.c.Nodes(protocol.Selector{})
+	if len(nodes) != 1 {
+		t.Fatalf("nodes %+v", nodes)
+	}
+	// The token's labels win over the agent's own.
+	if diff := cmp.Diff(map[string]string{"zone": "eu", "role": "web"}, nodes[0].Labels); diff != "" {
+		t.Errorf("labels (-want +got):\n%s", diff)
+	}
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "ok"); got != 1 {
+		t.Errorf("enrollments{ok} = %v, want 1", got)
+	}
+}
+
+// TestImpostorCannotTakeOverEnrolledNode is the attack of issue 9: an
+// impostor holding the fleet's join token waits until the real n1 missed
+// two heartbeats (its process stopped), registers as n1, receives n1's
+// next job with its secret env value, answers a forged exit 0 and keeps
+// the real agent out as duplicate_node. On main 3ded359 (hello + shared
+// token) every step of it succeeded. Now n1 is enrolled: without its
+// certificate neither a Hello (shared token or none) nor a fresh
+// enrollment gets the id, the job reaches nobody but n1, and n1's
+// certificate takes its stale session back.
+func TestImpostorCannotTakeOverEnrolledNode(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow_shared_token=%v", shared), func(t *testing.T) {
+			ih := newIDHarness(t, shared, func(c *coordinator.Config) {
+				// The stopped agent's session stays open (its TCP
+				// connection is alive) for the whole test.
+				c.Tunnel = tunnel.DefaultConfig()
+				c.Tunnel.KeepAliveInterval = 0
+				c.Tunnel.IdleTimeout = time.Minute
+			})
+			fleetToken := ih.token(t, -1, time.Hour, nil) // the token every agent of the fleet has
+			cert := mustEnroll(t, ih, "n1", fleetToken)
+			// The real agent sends one Hello, then no heartbeat and no
+			// ping: stopped (it still has its streams served, to see
+			// which jobs reach it).
+			var realExecs atomic.Int32
+			real := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, silent: true, instance: "real",
+				handler: func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams) {
+					if p.Env["DB_PASSWORD"] == "hunter2" {
+						realExecs.Add(1)
+					}
+					protocol.WriteJSONFrame(st, protocol.FrameExit, &protocol.ExitStatus{ExitCode: 7})
+				}})
+			if real.reject != nil {
+				t.Fatal(real.reject)
+			}
+			checkFor(t, defaultTestTimeout, func() error {
+				ns := ih.c.Nodes(protocol.Selector{})
+				if len(ns) != 1 || time.Since(ns[0].LastHeartbeat) < 2*time.Second { // 2 heartbeat intervals
+					return errors.New("n1 has not missed two heartbeats yet")
+				}
+				return nil
+			})
+
+			var impostorExecs atomic.Int32
+			steal := func(o agentOpts) *protocol.ErrorInfo {
+				o.id, o.instance, o.heartbeat = "n1", "impostor", true
+				o.handler = func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams) {
+					impostorExecs.Add(1)
+					protocol.WriteJSONFrame(st, protocol.FrameExit, &protocol.ExitStatus{})
+				}
+				a := ih.dialAgent(t, o)
+				if a.reject == nil {
+					t.Errorf("impostor registered as n1 (%+v)", o)
+				}
+				return a.reject
+			}
+			if shared {
+				if rej := steal(agentOpts{}); rej == nil || rej.Code != protocol.CodeCertRequired {
+					t.Errorf("impostor hello with the shared token: %+v, want %s", rej, protocol.CodeCertRequired)
+				}
+			}
+			// A join token is for enrolling only; in a Hello it is no
+			// shared token.
+			wantCode := protocol.CodeCertRequired
+			if shared {
+				wantCode = protocol.CodeAuth
+			}
+			if rej := steal(agentOpts{token: fleetToken}); rej == nil || rej.Code != wantCode {
+				t.Errorf("impostor hello with the join token: %+v, want %s", rej, wantCode)
+			}
+			if _, rej := ih.enrollAs(t, "n1", fleetToken); rej == nil || rej.Code != protocol.CodeEnrollRefused || !strings.Contains(rej.Message, "already enrolled") {
+				t.Errorf("impostor enrolling as n1: %+v, want %s naming already enrolled", rej, protocol.CodeEnrollRefused)
+			}
+			// A certificate of another node does not do either.
+			other := mustEnroll(t, ih, "n2", fleetToken)
+			if rej := steal(agentOpts{token: "-", clientCert: other}); rej == nil || rej.Code != protocol.CodeCertRefused {
+				t.Errorf("impostor with n2's certificate: %+v, want %s", rej, protocol.CodeCertRefused)
+			}
+
+			// n1's next job, with its secret, goes to the real n1 only.
+			r := ih.exec(map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"},
+				"env": map[string]string{"DB_PASSWORD": "hunter2"}})
+			if impostorExecs.Load() != 0 {
+				t.Fatalf("the impostor received %d of n1's jobs", impostorExecs.Load())
+			}
+			if realExecs.Load() != 1 || r.result == nil || len(r.result.Results) != 1 || r.result.Results[0].ExitCode != 7 {
+				t.Errorf("n1's job: %+v (error %v), real n1 ran %d, want the real n1's exit 7", r.result, r.err, realExecs.Load())
+			}
+
+			// The real agent, restarted (another instance), takes its
+			// stale session back with its certificate.
+			back := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true, instance: "real-restarted"})
+			if back.reject != nil {
+				t.Fatalf("the real n1 was kept out: %v", back.reject)
+			}
+			real.waitClosed()
+		})
+	}
+}
