@@ -302,3 +302,293 @@ func TestImpostorCannotTakeOverEnrolledNode(t *testing.T) {
 		})
 	}
 }
+
+func TestCertificateRefusals(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	tok := ih.token(t, -1, time.Hour, nil)
+	n2 := mustEnroll(t, ih, "n2", tok)
+	n3 := mustEnroll(t, ih, "n3", tok)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if _, err := ih.store.Revoke(ctx, "n3"); err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := tunnel.NewTestCA("someone else's CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, node string
+		cert       *tls.Certificate
+		code       string
+		reason     string
+		msg        string
+	}{
+		{"wrong node", "n1", n2, protocol.CodeCertRefused, "wrong_node", `hello names node "n1" but the client certificate is node n2's`},
+		{"expired", "n4", signFor(t, ih.ca, "n4", time.Now().Add(-48*time.Hour), time.Hour), protocol.CodeCertRefused, "expired_cert", "expired"},
+		{"revoked", "n3", n3, protocol.CodeCertRefused, "revoked", "revoked"},
+		{"foreign CA", "n5", signFor(t, foreign, "n5", time.Now(), time.Hour), protocol.CodeCertRefused, "foreign_ca", "not issued by this coordinator's node CA"},
+		{"signed but never enrolled", "n6", signFor(t, ih.ca, "n6", time.Now(), time.Hour), protocol.CodeCertRefused, "unknown_cert", "no identity record"},
+		{"no certificate", "n7", nil, protocol.CodeCertRequired, "cert_required", "admits agents by certificate only"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := ih.metric("tether_coordinator_auth_failures_total", "reason", tt.reason)
+			a := ih.dialAgent(t, agentOpts{id: tt.node, token: "-", clientCert: tt.cert})
+			if a.reject == nil || a.reject.Code != tt.code || !strings.Contains(a.reject.Message, tt.msg) {
+				t.Fatalf("reject %+v, want %s saying %q", a.reject, tt.code, tt.msg)
+			}
+			if got := ih.metric("tether_coordinator_auth_failures_total", "reason", tt.reason); got != before+1 {
+				t.Errorf("auth_failures{%s} = %v, want %v", tt.reason, got, before+1)
+			}
+		})
+	}
+	if n := ih.c.Nodes(protocol.Selector{}); len(n) != 0 {
+		t.Errorf("refused agents registered: %+v", n)
+	}
+}
+
+func TestEnrollmentRefusals(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	count := func(result string) float64 {
+		return ih.metric("tether_coordinator_enrollments_total", "result", result)
+	}
+	once := ih.token(t, 1, time.Hour, nil)
+	mustEnroll(t, ih, "n1", once)
+	refused := func(node, token, result, msg string) {
+		t.Helper()
+		before := count(result)
+		_, rej := ih.enrollAs(t, node, token)
+		if rej == nil || rej.Code != protocol.CodeEnrollRefused || !strings.Contains(rej.Message, msg) {
+			t.Errorf("enroll %s: reject %+v, want %s saying %q", node, rej, protocol.CodeEnrollRefused, msg)
+		}
+		if strings.Contains(fmt.Sprint(rej), token) {
+			t.Errorf("reject leaks the token: %v", rej)
+		}
+		if got := count(result); got != before+1 {
+			t.Errorf("enrollments{%s} = %v, want %v", result, got, before+1)
+		}
+	}
+	refused("n2", once, "token_used", "already used up")
+
+	expiring := ih.token(t, 5, time.Minute, nil)
+	ih.clock.advance(2 * time.Minute)
+	refused("n3", expiring, "token_expired", "expired")
+
+	refused("n4", "tjt_not-a-token", "bad_token", "not valid")
+
+	many := ih.token(t, -1, time.Hour, nil)
+	refused("n1", many, "already_enrolled", "already enrolled")
+
+	// A revoked node is re-admitted only with a token created after the
+	// revocation.
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if _, err := ih.store.Revoke(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	refused("n1", many, "revoked_node", "create a new token to re-admit it")
+	ih.clock.advance(time.Second)
+	mustEnroll(t, ih, "n1", ih.token(t, 1, time.Hour, nil))
+	if got := count("ok"); got != 2 {
+		t.Errorf("enrollments{ok} = %v, want 2", got)
+	}
+}
+
+// revokeReq asks the NATS API to revoke node.
+func (ih *idHarness) revokeReq(t testing.TB, node string) protocol.NodeRevokeResponse {
+	t.Helper()
+	m := ih.request(protocol.SubjectNodesRevoke, protocol.NodeRevokeRequest{Node: node})
+	var r protocol.NodeRevokeResponse
+	if err := json.Unmarshal(m.Data, &r); err != nil || r.Node != node {
+		t.Fatalf("revoke reply %q: %v", m.Data, err)
+	}
+	return r
+}
+
+func TestRevokeCutsSessionAndRefusesReconnect(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	tok := ih.token(t, -1, time.Hour, nil)
+	cert := mustEnroll(t, ih, "n1", tok)
+	a := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true})
+	if a.reject != nil {
+		t.Fatal(a.reject)
+	}
+	r := ih.revokeReq(t, "n1")
+	// The coordinator closed the session before it answered: within
+	// one heartbeat interval whatever the interval.
+	if !r.SessionClosed || len(r.Serials) != 1 || r.Serials[0] != tunnel.SerialHex(cert.Leaf) {
+		t.Errorf("revoke reply %+v, want the session closed and serial %s", r, tunnel.SerialHex(cert.Leaf))
+	}
+	a.waitClosed()
+	again := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, instance: "again"})
+	if again.reject == nil || again.reject.Code != protocol.CodeCertRefused || !strings.Contains(again.reject.Message, "revoked") {
+		t.Errorf("reconnect after revoke: %+v, want %s revoked", again.reject, protocol.CodeCertRefused)
+	}
+	// An unknown node is a 404.
+	m := ih.request(protocol.SubjectNodesRevoke, protocol.NodeRevokeRequest{Node: "nobody"})
+	var e protocol.APIError
+	if json.Unmarshal(m.Data, &e); e.Code != protocol.ErrCodeNotFound {
+		t.Errorf("revoke unknown node: %q, want not_found", m.Data)
+	}
+}
+
+// TestRevokeElsewhereCutsSession revokes through the identity store, as
+// another coordinator sharing it does: this coordinator sees the change
+// with its bucket watcher and cuts the session.
+func TestRevokeElsewhereCutsSession(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	cert := mustEnroll(t, ih, "n1", ih.token(t, 1, time.Hour, nil))
+	a := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true})
+	if a.reject != nil {
+		t.Fatal(a.reject)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Revoke(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	a.waitClosed()
+}
+
+func TestTokenCreateAPI(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	m := ih.request(protocol.SubjectTokensCreate, protocol.TokenCreateRequest{TTLSeconds: 600, Uses: 2, Labels: map[string]string{"rack": "r7"}})
+	var r protocol.TokenCreateResponse
+	if err := json.Unmarshal(m.Data, &r); err != nil || !strings.HasPrefix(r.Token, enroll.TokenPrefix) || r.Uses != 2 || r.ID == "" {
+		t.Fatalf("token create reply %q: %v", m.Data, err)
+	}
+	if d := time.Until(r.ExpiresAt); d <= 0 || d > 10*time.Minute {
+		t.Errorf("expires at %v, want within 10 minutes", r.ExpiresAt)
+	}
+	mustEnroll(t, ih, "n1", r.Token)
+	mustEnroll(t, ih, "n2", r.Token)
+	if _, rej := ih.enrollAs(t, "n3", r.Token); rej == nil {
+		t.Error("a two-use token enrolled a third node")
+	}
+	if rec, ok := ih.store.Record("n2"); !ok || rec.Labels["rack"] != "r7" {
+		t.Errorf("n2's record %+v, want label rack=r7", rec)
+	}
+	m = ih.request(protocol.SubjectTokensCreate, protocol.TokenCreateRequest{Uses: -2})
+	var e protocol.APIError
+	if json.Unmarshal(m.Data, &e); e.Code != protocol.ErrCodeInvalid {
+		t.Errorf("uses -2: %q, want invalid_request", m.Data)
+	}
+}
+
+func TestRenewalOnControlStreamKeepsSession(t *testing.T) {
+	ih := newIDHarness(t, false, nil)
+	cert := mustEnroll(t, ih, "n1", ih.token(t, 1, time.Hour, nil))
+	a := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true})
+	if a.reject != nil {
+		t.Fatal(a.reject)
+	}
+	key, _ := tunnel.NewNodeKey()
+	csr, _ := tunnel.NewNodeCSR(key, "n1")
+	if err := protocol.WriteJSONFrame(a.ctrl, protocol.FrameRenew, &protocol.Renew{CSR: csr}); err != nil {
+		t.Fatal(err)
+	}
+	a.ctrl.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	f, err := protocol.NewFrameReader(a.ctrl).Next()
+	if err != nil || f.Type != protocol.FrameRenewed {
+		t.Fatalf("renew answer %v %q: %v", f.Type, f.Payload, err)
+	}
+	var e protocol.Enrolled
+	json.Unmarshal(f.Payload, &e)
+	nc, err := x509.ParseCertificate(e.Certificate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := tunnel.NodeIDOf(nc); id != "n1" || tunnel.SerialHex(nc) == tunnel.SerialHex(cert.Leaf) {
+		t.Fatalf("renewed certificate is node %q serial %s", id, tunnel.SerialHex(nc))
+	}
+	// The session goes on.
+	ns := ih.c.Nodes(protocol.Selector{})
+	if len(ns) != 1 || ns[0].SessionID != a.welcome.SessionID || a.sess.IsClosed() {
+		t.Fatalf("after renewal: nodes %+v, want session %s kept", ns, a.welcome.SessionID)
+	}
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "renewed"); got != 1 {
+		t.Errorf("enrollments{renewed} = %v", got)
+	}
+	// Both certificates are accepted until the old one expires; a CSR
+	// for another node is refused, and the session still goes on.
+	if err := ih.store.CheckCert("n1", tunnel.SerialHex(cert.Leaf)); err != nil {
+		t.Errorf("old certificate: %v", err)
+	}
+	if err := ih.store.CheckCert("n1", tunnel.SerialHex(nc)); err != nil {
+		t.Errorf("new certificate: %v", err)
+	}
+	bad, _ := tunnel.NewNodeCSR(key, "n2")
+	protocol.WriteJSONFrame(a.ctrl, protocol.FrameRenew, &protocol.Renew{CSR: bad})
+	f, err = protocol.NewFrameReader(a.ctrl).Next()
+	if err != nil || f.Type != protocol.FrameReject || !strings.Contains(string(f.Payload), "n2") {
+		t.Fatalf("renew for n2: %v %q: %v, want a reject", f.Type, f.Payload, err)
+	}
+	if a.sess.IsClosed() {
+		t.Error("a refused renewal closed the session")
+	}
+	a.close()
+	b := ih.dialAgent(t, agentOpts{id: "n1", token: "-", heartbeat: true, instance: "renewed",
+		clientCert: &tls.Certificate{Certificate: [][]byte{nc.Raw}, PrivateKey: key, Leaf: nc}})
+	if b.reject != nil {
+		t.Fatalf("session with the renewed certificate: %v", b.reject)
+	}
+}
+
+func TestSharedTokenOnlyBehindFlag(t *testing.T) {
+	ih := newIDHarness(t, true, nil)
+	a := ih.dialAgent(t, agentOpts{id: "legacy", heartbeat: true})
+	if a.reject != nil {
+		t.Fatalf("shared-token agent refused with the flag on: %v", a.reject)
+	}
+	// The shared token enrolls too (migration), and then the node's
+	// certificate takes over its shared-token session at once.
+	cert := mustEnroll(t, ih, "legacy", testToken)
+	b := ih.dialAgent(t, agentOpts{id: "legacy", token: "-", clientCert: cert, heartbeat: true, instance: "enrolled"})
+	if b.reject != nil {
+		t.Fatalf("certificate session refused: %v", b.reject)
+	}
+	a.waitClosed()
+	c := ih.dialAgent(t, agentOpts{id: "legacy", instance: "third", heartbeat: true})
+	if c.reject == nil || c.reject.Code != protocol.CodeCertRequired {
+		t.Errorf("shared-token hello for an enrolled node: %+v, want %s", c.reject, protocol.CodeCertRequired)
+	}
+
+	off := newIDHarness(t, false, nil)
+	d := off.dialAgent(t, agentOpts{id: "legacy"})
+	if d.reject == nil || d.reject.Code != protocol.CodeCertRequired {
+		t.Errorf("shared-token hello without the flag: %+v, want %s", d.reject, protocol.CodeCertRequired)
+	}
+	if _, rej := off.enrollAs(t, "legacy", testToken); rej == nil || rej.Code != protocol.CodeEnrollRefused {
+		t.Errorf("enroll with the shared token without the flag: %+v, want %s", rej, protocol.CodeEnrollRefused)
+	}
+}
+
+func TestCertHolderTakeoverRules(t *testing.T) {
+	ih := newIDHarness(t, false, func(c *coordinator.Config) { c.HeartbeatInterval = 200 * time.Millisecond })
+	cert := mustEnroll(t, ih, "n1", ih.token(t, 1, time.Hour, nil))
+	a := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true, instance: "one"})
+	if a.reject != nil {
+		t.Fatal(a.reject)
+	}
+	// Two live processes holding one certificate: the newcomer is
+	// refused, so that they do not replace each other forever.
+	b := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true, instance: "two"})
+	if b.reject == nil || b.reject.Code != protocol.CodeDuplicate {
+		t.Fatalf("second live holder: %+v, want %s", b.reject, protocol.CodeDuplicate)
+	}
+	// Once the first stopped heartbeating, the holder takes it over.
+	a.cancel()
+	checkFor(t, defaultTestTimeout, func() error {
+		c := ih.dialAgent(t, agentOpts{id: "n1", token: "-", clientCert: cert, heartbeat: true, instance: "three"})
+		if c.reject != nil {
+			return c.reject
+		}
+		return nil
+	})
+}
