@@ -24,7 +24,7 @@ import (
 // testClock is the identity store's clock: the real one, shifted.
 type testClock struct{ off atomic.Int64 }
 
-func (c *testClock) now() time.Time            { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *testClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *testClock) advance(d time.Duration) { c.off.Add(int64(d)) }
 
 // idHarness is a harness whose coordinator has per-node identity: a node
