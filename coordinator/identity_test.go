@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/protocol"
@@ -591,4 +594,95 @@ func TestCertHolderTakeoverRules(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRealAgentEnrollsRenewsAndRestarts runs the agent package against
+// the coordinator: it enrolls with its join token, stores its
+// certificate 0600, renews it on the live session (certificates of 3 s,
+// renewed at 2 s) and, restarted without a token, connects with it.
+func TestRealAgentEnrollsRenewsAndRestarts(t *testing.T) {
+	ih := newIDHarness(t, false, func(c *coordinator.Config) { c.CertTTL = 3 * time.Second })
+	dataDir := t.TempDir()
+	run := func(token string) (stop func()) {
+		cfg := agent.Config{
+			NodeID:       "real-1",
+			Coordinators: []string{ih.addr},
+			Token:        token,
+			TLS:          ih.clientTLS,
+			DataDir:      dataDir,
+			Capacity:     &protocol.Capacity{CPUs: 1},
+			Backoff:      tunnel.Backoff{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+			Logger:       testLogger(t),
+		}
+		a, err := agent.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent Run: %v", err)
+			}
+		}
+	}
+	session := func() string {
+		var id string
+		checkFor(t, defaultTestTimeout, func() error {
+			ns := ih.c.Nodes(protocol.Selector{})
+			if len(ns) != 1 {
+				return fmt.Errorf("%d nodes", len(ns))
+			}
+			id = ns[0].SessionID
+			return nil
+		})
+		return id
+	}
+	stop := run(ih.token(t, 1, time.Hour, map[string]string{"pool": "gpu"}))
+	first := session()
+	checkFor(t, defaultTestTimeout, func() error {
+		if got := ih.metric("tether_coordinator_enrollments_total", "result", "renewed"); got < 1 {
+			return errors.New("not renewed yet")
+		}
+		return nil
+	})
+	if got := session(); got != first {
+		t.Errorf("session %s after renewal, want %s kept", got, first)
+	}
+	idDir := filepath.Join(dataDir, agent.DefaultIdentityDirName)
+	for _, f := range []string{tunnel.IdentityFile, tunnel.PinnedCAFile} {
+		fi, err := os.Stat(filepath.Join(idDir, f))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v, want 0600", f, err, fi.Mode().Perm())
+		}
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		id, err := tunnel.LoadIdentity(idDir)
+		if err != nil {
+			return err
+		}
+		return ih.store.CheckCert("real-1", tunnel.SerialHex(id.Cert))
+	})
+	if ns := ih.c.Nodes(protocol.Selector{}); len(ns) != 1 || ns[0].Labels["pool"] != "gpu" {
+		t.Errorf("nodes %+v, want the token's label pool=gpu", ns)
+	}
+	stop()
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := len(ih.c.Nodes(protocol.Selector{})); n != 0 {
+			return fmt.Errorf("%d nodes", n)
+		}
+		return nil
+	})
+	// Restarted without a token (it was one-use anyway): the stored
+	// certificate is its identity.
+	stop = run("")
+	defer stop()
+	if got := session(); got == first {
+		t.Errorf("restarted agent has the old session %s", got)
+	}
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "ok"); got != 1 {
+		t.Errorf("enrollments{ok} = %v, want 1 (the restart used the certificate)", got)
+	}
 }

@@ -200,6 +200,8 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		clientCommand(newSandboxesCmd(e)),
 		clientCommand(newRunLeaseCmd(e)),
 		newPolicyCmd(e),
+		newTokenCmd(e),
+		newNodeCmd(e),
 	)
 	return root
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -197,6 +198,9 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	}
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
+	if err == nil {
+		acfg.Token, err = devJoinToken(ctx, cs.ids, acfg)
+	}
 	var a *agent.Agent
 	if err == nil {
 		a, err = agent.New(acfg)
@@ -261,7 +265,6 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	cfg.NodeID = devNodeID()
 	cfg.Labels = map[string]string{"dev": "true"}
 	cfg.Coordinators = []string{dialAddr(info.TunnelAddr)}
-	cfg.Token = info.Token
 	cfg.TLS = tlsCfg
 	cfg.DataDir = filepath.Join(o.DataDir, "agent")
 	cfg.Version = version
@@ -274,6 +277,29 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	}
 	cfg.Registerer = reg
 	return cfg, nil
+}
+
+// devJoinToken returns the one-use join token dev's own agent enrolls
+// with, or "" when the agent's identity directory already holds a valid
+// certificate for its node id. Dev is one user's: a node id whose
+// certificate was lost (the agent directory deleted) is revoked first, so
+// that it can enroll again with no step from the user.
+func devJoinToken(ctx context.Context, ids *enroll.Store, cfg agent.Config) (string, error) {
+	dir := cfg.IdentityDir
+	if dir == "" {
+		dir = filepath.Join(cfg.DataDir, agent.DefaultIdentityDirName)
+	}
+	if id, err := tunnel.LoadIdentity(dir); err == nil && id.NodeID() == cfg.NodeID && time.Now().Before(id.Cert.NotAfter) &&
+		ids.CheckCert(cfg.NodeID, tunnel.SerialHex(id.Cert)) == nil {
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := ids.Revoke(ctx, cfg.NodeID); err != nil && !errors.Is(err, enroll.ErrNotEnrolled) {
+		return "", err
+	}
+	tok, _, err := ids.CreateToken(ctx, 10*time.Minute, 1, nil, "tether dev")
+	return tok, err
 }
 
 // dialAddr turns a listener's address into one to dial: an unspecified host
@@ -341,7 +367,7 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	}
 	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
-	fmt.Fprintf(&b, "  join token:  %s\n\n", info.TokenFrom)
+	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n\n", info.NodeCAFile)
 	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
