@@ -270,7 +270,7 @@ type coordinatorServer struct {
 	nc       *nats.Conn
 	sbx      *sandboxes.Service
 	sbxLn    *sandboxListeners
-	ids      *enroll.Store // join tokens and node identities
+	ids      *enroll.Store  // join tokens and node identities
 	ns       *server.Server // nil with an external NATS
 	unlock   func()         // releases the data dir lock
 }
