@@ -544,10 +544,14 @@ func TestRenewalOnControlStreamKeepsSession(t *testing.T) {
 }
 
 func TestSharedTokenOnlyBehindFlag(t *testing.T) {
-	ih := newIDHarness(t, true, nil)
+	var logs logBuffer
+	ih := newIDHarness(t, true, func(c *coordinator.Config) { c.Logger = testLoggerTo(t, &logs) })
 	a := ih.dialAgent(t, agentOpts{id: "legacy", heartbeat: true})
 	if a.reject != nil {
 		t.Fatalf("shared-token agent refused with the flag on: %v", a.reject)
+	}
+	if !strings.Contains(logs.String(), "agent admitted with the deprecated shared token") || strings.Contains(logs.String(), testToken) {
+		t.Errorf("log lacks the deprecation warning (or shows the token):\n%s", logs.String())
 	}
 	// The shared token enrolls too (migration), and then the node's
 	// certificate takes over its shared-token session at once.
