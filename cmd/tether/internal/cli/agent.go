@@ -317,7 +317,11 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	var token string
 	if o.TokenFile != "" || envToken != "" {
 		t, _, err := resolveToken(o.TokenFile, envToken, "")
-		if err != nil {
+		switch {
+		case errors.Is(err, os.ErrNotExist) && o.enrolled() && !o.SharedToken:
+			// Enrolled: the join token was for once, and may be gone.
+			log.Info("no join token file; using the node certificate", "token_file", o.TokenFile, "identity_dir", o.identityDir())
+		case err != nil:
 			return err
 		}
 		token = t
