@@ -30,10 +30,6 @@ import (
 // two thirds of the certificate's lifetime it renews it on the control
 // stream, with a new key; the session goes on.
 
-// errEnrolled ends the session that carried an enrollment: the redialer
-// dials again, now with the certificate.
-var errEnrolled = errors.New("enrolled; redialing with the certificate")
-
 // loadIdentity reads the identity in Config.IdentityDir into a.ident; none
 // there is not an error. A certificate of another node id is.
 func (a *Agent) loadIdentity() error {
@@ -83,7 +79,8 @@ func (a *Agent) tlsConfig() *tls.Config {
 }
 
 // enroll runs an enrollment session over conn (see the file comment). It
-// returns errEnrolled when the certificate was stored, else why not.
+// returns nil when the certificate was stored (the redialer then dials the
+// same coordinator again, with it), else why not.
 func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 	if a.cfg.Token == "" {
 		return fmt.Errorf("agent %s: no valid certificate in %s and no join token to enroll with: create one (tether token create) and give it with --token-file",
@@ -131,7 +128,7 @@ func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 	a.m.enrollments.WithLabelValues("enrolled").Inc()
 	a.log.Info("enrolled: node certificate stored", "coordinator", addr, "cert_serial", tunnel.SerialHex(cert),
 		"not_after", cert.NotAfter, "identity_dir", a.cfg.IdentityDir, "bound_labels", labels, "pinned_ca", id.Pinned != nil)
-	return errEnrolled
+	return nil
 }
 
 // exchange writes one JSON frame on ctl and reads the answer, both within

@@ -133,21 +133,9 @@ func (c *Coordinator) enroll(ctx context.Context, deadline time.Time, st *yamux.
 		return refused(enrollBadRequest, protocol.CodeEnrollRefused, err)
 	}
 	store := c.cfg.Identities
-	// Checked before the token is used, so that a refused enrollment does
-	// not burn a one-time token; Enroll below checks again, atomically.
-	if store.Enrolled(e.NodeID) {
-		return refused(enrollAlreadyEnrolled, protocol.CodeEnrollRefused, fmt.Errorf(
-			"%w: node %s holds a certificate; revoke it first (tether node revoke %s) to enroll it again", enroll.ErrAlreadyEnrolled, e.NodeID, e.NodeID))
-	}
 	sctx, cancel := context.WithDeadline(ctx, deadline.Add(identityTimeout))
 	defer cancel()
-	var tok enroll.Token
-	if c.cfg.Token != "" && c.tokenOK(token) {
-		// The deprecated shared token enrolls like a token of unlimited
-		// uses created at the epoch: it cannot re-admit a revoked node.
-		tok = enroll.Token{ID: "shared-token", UsesLeft: -1}
-		log.Warn("agent enrolled with the deprecated shared token; mint join tokens (tether token create) and drop --allow-shared-token", "node_id", e.NodeID)
-	} else if tok, err = store.RedeemToken(sctx, token); err != nil {
+	tokenErr := func(err error) *handshakeError {
 		switch {
 		case errors.Is(err, enroll.ErrTokenUnknown):
 			return refused(enrollBadToken, protocol.CodeEnrollRefused, err)
@@ -158,6 +146,30 @@ func (c *Coordinator) enroll(ctx context.Context, deadline time.Time, st *yamux.
 		}
 		log.Error("enrollment: identity store failed", "node_id", e.NodeID, "err", err)
 		return refused(enrollError, protocol.CodeInternal, fmt.Errorf("coordinator %s: cannot check the join token now; retry", c.cfg.ID))
+	}
+	shared := c.cfg.Token != "" && c.tokenOK(token)
+	// The token is checked first, so that a peer without one learns
+	// nothing (not even which node ids are enrolled); and the node id
+	// before the token is used, so that a refused enrollment does not
+	// burn a one-time token. Enroll below checks the node id again,
+	// atomically.
+	if !shared {
+		if _, err := store.CheckToken(sctx, token); err != nil {
+			return tokenErr(err)
+		}
+	}
+	if store.Enrolled(e.NodeID) {
+		return refused(enrollAlreadyEnrolled, protocol.CodeEnrollRefused, fmt.Errorf(
+			"%w: node %s holds a certificate; revoke it first (tether node revoke %s) to enroll it again", enroll.ErrAlreadyEnrolled, e.NodeID, e.NodeID))
+	}
+	var tok enroll.Token
+	if shared {
+		// The deprecated shared token enrolls like a token of unlimited
+		// uses created at the epoch: it cannot re-admit a revoked node.
+		tok = enroll.Token{ID: "shared-token", UsesLeft: -1}
+		log.Warn("agent enrolled with the deprecated shared token; mint join tokens (tether token create) and drop --allow-shared-token", "node_id", e.NodeID)
+	} else if tok, err = store.RedeemToken(sctx, token); err != nil {
+		return tokenErr(err)
 	}
 	cert, err := c.cfg.NodeCA.Sign(csr, e.NodeID, time.Now(), c.cfg.CertTTL)
 	if err != nil {

@@ -287,6 +287,29 @@ func (s *Store) CreateToken(ctx context.Context, ttl time.Duration, uses int, la
 	return token, t, nil
 }
 
+// CheckToken returns token's record if it could be redeemed now, without
+// taking a use. Errors as RedeemToken's.
+func (s *Store) CheckToken(ctx context.Context, token string) (Token, error) {
+	e, err := s.tokens.Get(ctx, hashToken(token))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Token{}, ErrTokenUnknown
+	}
+	if err != nil {
+		return Token{}, fmt.Errorf("enroll: read join token: %w", err)
+	}
+	var t Token
+	if err := json.Unmarshal(e.Value(), &t); err != nil {
+		return Token{}, fmt.Errorf("enroll: join token: undecodable record: %w", err)
+	}
+	if !s.cfg.Now().Before(t.ExpiresAt) {
+		return t, fmt.Errorf("%w (token %s, at %s)", ErrTokenExpired, t.ID, t.ExpiresAt.Format(time.RFC3339))
+	}
+	if t.UsesLeft == 0 {
+		return t, fmt.Errorf("%w (token %s)", ErrTokenUsed, t.ID)
+	}
+	return t, nil
+}
+
 // RedeemToken takes one use of token and returns its record. Errors:
 // ErrTokenUnknown, ErrTokenExpired, ErrTokenUsed, or a bucket failure.
 func (s *Store) RedeemToken(ctx context.Context, token string) (Token, error) {
