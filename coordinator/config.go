@@ -155,8 +155,8 @@ const (
 	DefaultCertTTL                = 24 * time.Hour
 )
 
-// DefaultConfig returns a Config with every default filled in. Token and NATS
-// must still be set.
+// DefaultConfig returns a Config with every default filled in. NATS, and
+// NodeCA with Identities (or the deprecated Token), must still be set.
 func DefaultConfig() Config {
 	id, err := os.Hostname()
 	if err != nil || id == "" {
