@@ -187,6 +187,9 @@ func (c *Coordinator) enroll(ctx context.Context, deadline time.Time, st *yamux.
 		log.Error("enrollment: identity store failed", "node_id", e.NodeID, "err", err)
 		return refused(enrollError, protocol.CodeInternal, fmt.Errorf("coordinator %s: cannot record the certificate now; retry", c.cfg.ID))
 	}
+	// Counted once recorded, before the answer: what the agent sees has
+	// been counted.
+	c.m.enrollments.WithLabelValues(enrollOK).Inc()
 	st.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
 	err = protocol.WriteJSONFrame(st, protocol.FrameEnrolled, &protocol.Enrolled{Certificate: cert.Raw, NotAfter: cert.NotAfter, Labels: tok.Labels})
 	st.Close()
@@ -196,7 +199,6 @@ func (c *Coordinator) enroll(ctx context.Context, deadline time.Time, st *yamux.
 		log.Warn("enrollment: the certificate could not be sent", "node_id", e.NodeID, "cert_serial", serial, "err", err)
 		return &handshakeError{reason: reasonEnrolled, err: err}
 	}
-	c.m.enrollments.WithLabelValues(enrollOK).Inc()
 	c.log.Info("agent enrolled", "node_id", e.NodeID, "cert_serial", serial, "cert_not_after", cert.NotAfter, "token_id", tok.ID, "labels", tok.Labels)
 	return &handshakeError{reason: reasonEnrolled, err: errors.New("enrolled")}
 }
@@ -239,12 +241,14 @@ func (c *Coordinator) renew(n *node, payload []byte) {
 		fail(err.Error(), err)
 		return
 	}
+	// Counted once recorded, before the answer: what the agent sees has
+	// been counted.
+	c.m.enrollments.WithLabelValues(enrollRenewed).Inc()
 	rec, _ := c.cfg.Identities.Record(n.id)
 	if err := n.ctl.send(protocol.FrameRenewed, &protocol.Enrolled{Certificate: cert.Raw, NotAfter: cert.NotAfter, Labels: rec.Labels}); err != nil {
 		log.Warn("certificate renewed but not sent", "cert_serial", serial, "err", err)
 		return
 	}
-	c.m.enrollments.WithLabelValues(enrollRenewed).Inc()
 	log.Info("certificate renewed", "cert_serial", serial, "cert_not_after", cert.NotAfter, "old_serial", n.cert.serial)
 }
 
