@@ -33,6 +33,9 @@ type Agent struct {
 	running  atomic.Int64 // execs in flight, for heartbeats and Config.MaxExecs
 	sessions atomic.Int64 // sessions welcomed so far, for Hello.Reconnects
 	instance string       // random id of this agent process, for Hello.Instance
+	// ident is the node certificate, once loaded or enrolled
+	// (identity.go); replaced by renewals.
+	ident atomic.Pointer[tunnel.Identity]
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
 	// to make room (dataWriteTimeout in exec.go); tests shorten it.
 	dataWriteTimeout time.Duration
@@ -73,6 +76,12 @@ func New(cfg Config) (*Agent, error) {
 	if dir, err := filepath.Abs(cfg.DataDir); err == nil {
 		cfg.DataDir = dir
 	}
+	if cfg.IdentityDir == "" {
+		cfg.IdentityDir = filepath.Join(cfg.DataDir, DefaultIdentityDirName)
+	}
+	if dir, err := filepath.Abs(cfg.IdentityDir); err == nil {
+		cfg.IdentityDir = dir
+	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
 	targets := cfg.targetTable()
 	a := &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
@@ -93,6 +102,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("agent %s: create data dir: %w", a.cfg.NodeID, err)
 	}
+	if err := a.loadIdentity(); err != nil {
+		return err
+	}
+	if a.ident.Load() == nil && a.cfg.Token == "" {
+		return fmt.Errorf("agent %s: no node certificate in %s and no join token to enroll with: create one (tether token create) and give it with --token-file",
+			a.cfg.NodeID, a.cfg.IdentityDir)
+	}
 	capacity := a.cfg.Capacity
 	if capacity == nil {
 		c := DetectCapacity(ctx)
@@ -104,14 +120,14 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	dial := a.cfg.Dial
 	if dial == nil {
-		tc := tunnel.TunedTLS(a.cfg.TLS)
 		dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			return tunnel.DialTLS(ctx, addr, tc)
+			// Built per dial: the certificate, once there is one, and
+			// the CA pinned at enrollment (identity.go).
+			return tunnel.DialTLS(ctx, addr, a.tlsConfig())
 		}
 	}
 	hello := protocol.Hello{
 		ProtocolVersion: protocol.Version,
-		Token:           a.cfg.Token,
 		NodeID:          a.cfg.NodeID,
 		Labels:          a.cfg.Labels,
 		Capacity:        *capacity,
@@ -138,6 +154,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		h := hello
 		h.Reconnects = int(a.sessions.Load())
 		h.Instance = a.instance
+		if a.needsEnrollment() {
+			if !a.cfg.SharedToken {
+				conn := conn
+				defer conn.Close()
+				return a.enroll(ctx, conn, addr)
+			}
+			h.Token = a.cfg.Token // deprecated: the coordinator's --allow-shared-token
+		}
 		return a.serve(ctx, conn, addr, &h)
 	})
 	a.log.Info("agent stopped")
@@ -194,7 +218,16 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		defer a.guard.Recover("heartbeat", func(*panics.Error) { sess.Close() })
 		a.heartbeat(sctx, sess, ctl, interval, log)
 	}()
-	a.startControl(ctl, sess, &wg, log)
+	replies := make(chan protocol.Frame, 1)
+	a.startControl(ctl, sess, &wg, replies, log)
+	if hello.Token == "" && a.ident.Load() != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer a.guard.Recover("renewal", func(*panics.Error) { sess.Close() })
+			a.renewLoop(sctx, ctl, replies, log)
+		}()
+	}
 	a.serveStreams(sctx, sess)
 	log.Info("disconnected from coordinator")
 	return nil

@@ -352,7 +352,7 @@ func TestConfigValidate(t *testing.T) {
 		wantErr []string // substrings; nil means valid
 	}{
 		{"valid", func(*Config) {}, nil},
-		{"everything missing", func(c *Config) { *c = Config{} }, []string{"Coordinators", "Token", "TLS"}},
+		{"everything missing", func(c *Config) { *c = Config{} }, []string{"Coordinators", "TLS"}},
 		{"bad address", func(c *Config) { c.Coordinators = []string{"no-port"} }, []string{`"no-port" is not host:port`}},
 		{"bad node id", func(c *Config) { c.NodeID = "-bad id" }, []string{"NodeID"}},
 		{"bad label", func(c *Config) { c.Labels = map[string]string{"bad key!": "v"} }, []string{"Labels"}},

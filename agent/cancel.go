@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"log/slog"
@@ -139,7 +140,7 @@ func (r *cancelRegistry) add(st *yamux.Stream, cancel func()) (remove func()) {
 // the reader of the coordinator's frames on ctl (readControl). The table
 // lives until the reader returns, at the session's end; a panic of the
 // reader closes the session (sess), as a heartbeat's does.
-func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error }, wg *sync.WaitGroup, log *slog.Logger) {
+func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error }, wg *sync.WaitGroup, replies chan<- protocol.Frame, log *slog.Logger) {
 	ys := ctl.Session()
 	t := a.cancels.open(ys)
 	wg.Add(1)
@@ -147,7 +148,7 @@ func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error },
 		defer wg.Done()
 		defer a.cancels.close(ys)
 		defer a.guard.Recover("control reader", func(*panics.Error) { sess.Close() })
-		a.readControl(ctl, t, log)
+		a.readControl(ctl, t, replies, log)
 	}()
 }
 
@@ -158,7 +159,7 @@ func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error },
 // agent's Hello did not ask for) ends the interpretation, not the reading:
 // the rest of the stream is read and dropped, so the coordinator's writes
 // never block on it.
-func (a *Agent) readControl(ctl io.Reader, t *streamCancels, log *slog.Logger) {
+func (a *Agent) readControl(ctl io.Reader, t *streamCancels, replies chan<- protocol.Frame, log *slog.Logger) {
 	fr := protocol.NewFrameReader(ctl)
 	fr.Max = protocol.MaxControlFrameSize
 	for {
@@ -179,6 +180,14 @@ func (a *Agent) readControl(ctl io.Reader, t *streamCancels, log *slog.Logger) {
 			}
 			found := t.cancel(c.StreamID)
 			log.Debug("cancel from the control stream", "stream", c.StreamID, "running", found)
+		case protocol.FrameRenewed, protocol.FrameReject:
+			// The answer to a renewal (identity.go), which waits for it;
+			// one unasked for is dropped.
+			select {
+			case replies <- protocol.Frame{Type: f.Type, Payload: bytes.Clone(f.Payload)}:
+			default:
+				log.Debug("control stream: dropping an unexpected renewal answer", "frame", f.Type.String())
+			}
 		default:
 			log.Debug("control stream: ignoring frame", "frame", f.Type.String())
 		}

@@ -31,10 +31,13 @@ const (
 	DefaultMaxExecs         = 256
 	// defaultHeartbeat is used when a Welcome carries no usable interval.
 	defaultHeartbeat = 10 * time.Second
+	// DefaultIdentityDirName is IdentityDir's default, under DataDir.
+	DefaultIdentityDirName = "identity"
 )
 
 // Config configures an Agent. Zero fields mean their default (see each
-// field); Coordinators, Token and TLS are required.
+// field); Coordinators and TLS are required, and Token unless IdentityDir
+// holds a certificate (Run checks).
 type Config struct {
 	// NodeID names this node in the fleet (see protocol.ValidNodeID). Empty
 	// means the host name, as os.Hostname returns it.
@@ -44,8 +47,20 @@ type Config struct {
 	// Coordinators are the coordinators' tunnel addresses (host:port), tried
 	// in turn. At least one is required.
 	Coordinators []string
-	// Token is the join token sent in Hello. Required. It is never logged.
+	// Token is the join token (tether token create) the agent enrolls
+	// with when IdentityDir holds no valid certificate: then it is required.
+	// With SharedToken it is instead the deprecated shared token, sent in
+	// Hello. It is never logged.
 	Token string
+	// SharedToken (deprecated) sends Token in Hello, as agents did before
+	// per-node identity, instead of enrolling; only a coordinator started
+	// with --allow-shared-token admits such agents. A certificate in
+	// IdentityDir is still preferred.
+	SharedToken bool
+	// IdentityDir holds the node certificate and key (tunnel.IdentityFile,
+	// 0600) and the CA pinned at enrollment (tunnel.PinnedCAFile). Created
+	// 0700. Empty means DataDir/identity. Copies never read or write it.
+	IdentityDir string
 	// TLS is the client TLS configuration (RootCAs, ServerName, client
 	// certificate). Required unless Dial is set; it is cloned and tuned
 	// with tunnel.TunedTLS.
@@ -270,8 +285,8 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("agent config: Coordinators: %q is not host:port", addr))
 		}
 	}
-	if strings.TrimSpace(c.Token) == "" {
-		errs = append(errs, errors.New("agent config: Token: a join token is required"))
+	if c.SharedToken && strings.TrimSpace(c.Token) == "" {
+		errs = append(errs, errors.New("agent config: Token: SharedToken needs the shared token"))
 	}
 	if c.TLS == nil && c.Dial == nil {
 		errs = append(errs, errors.New("agent config: TLS: a client TLS configuration is required"))

@@ -82,16 +82,19 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 }
 
 // copyProtected lists the agent's own state, which no copy may write or
-// read whatever the copy roots: the detached jobs' directory (created now
-// if missing, so that it is protected by identity before any copy could
-// make it) and Config.SecretFiles. The data dir itself holds the jobs'
+// read whatever the copy roots: the detached jobs' directory and the
+// identity directory (created now if missing, so that they are protected
+// by identity before any copy could make them) and Config.SecretFiles. The data dir itself holds the jobs'
 // directory, so a push onto it (or onto any directory above it) is
 // refused too.
 func (a *Agent) copyProtected() []string {
 	if err := os.MkdirAll(a.jobsDir(), 0o700); err != nil {
 		a.log.Warn("cannot create the jobs directory", "dir", a.jobsDir(), "err", err)
 	}
-	return append([]string{a.jobsDir()}, a.cfg.SecretFiles...)
+	if err := os.MkdirAll(a.cfg.IdentityDir, 0o700); err != nil {
+		a.log.Warn("cannot create the identity directory", "dir", a.cfg.IdentityDir, "err", err)
+	}
+	return append([]string{a.jobsDir(), a.cfg.IdentityDir}, a.cfg.SecretFiles...)
 }
 
 // copyRoots are the roots a copy of path as acct is confined to: with a

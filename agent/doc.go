@@ -1,6 +1,8 @@
 // Package agent owns the node daemon: it dials out to a coordinator through
-// the tunnel package, introduces itself on the control stream (hello with the
-// node's id, labels and capacity; welcome or reject), keeps the session alive
+// the tunnel package, enrolls once with its join token for a node
+// certificate and then authenticates by it (identity.go), introduces itself
+// on the control stream (hello with the node's id, labels and capacity;
+// welcome or reject), keeps the session alive
 // with heartbeats, and serves the streams the coordinator opens: exec
 // (exec.go), pty, copy, job, dial (dial.go), inventory (inventory.go) and
 // sandbox (sandbox.go); any other kind is answered with an
@@ -37,6 +39,10 @@
 //     on the control stream until the session ends and cancels, out of
 //     band, the exec, pty or copy a FrameCancelStream names (an in-band
 //     FrameCancel can be stuck behind stdin the command does not read);
+//   - on a session authenticated by its certificate, the renewal loop
+//     (identity.go), which sends a Renew at two thirds of the
+//     certificate's lifetime and waits for the answer the control reader
+//     hands it;
 //   - the accept loop (in the session goroutine), which accepts streams and
 //     starts one goroutine per stream, plus one watcher that cancels the
 //     session's context when the tunnel dies;

@@ -55,6 +55,7 @@ func testConfig(t testing.TB) Config {
 		NodeID:       "node-a",
 		Coordinators: []string{"127.0.0.1:1"},
 		Token:        "secret-token",
+		SharedToken:  true,
 		TLS:          &tls.Config{},
 		DataDir:      t.TempDir(),
 		KillGrace:    200 * time.Millisecond,

@@ -22,6 +22,7 @@ type metrics struct {
 	listings     *prometheus.CounterVec
 	// localRefusals counts operations the local policy refused.
 	localRefusals prometheus.Counter
+	enrollments  *prometheus.CounterVec
 }
 
 // Label values of the dial and inventory metrics.
@@ -65,6 +66,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			// 1 ms to about 70 min.
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 12),
 		}),
+	}
+	m.enrollments = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_agent_enrollments_total",
+		Help: "Node certificate enrollments and renewals, by result (enrolled, renewed, renew_failed).",
+	}, []string{"result"})
+	for _, r := range []string{"enrolled", "renewed", "renew_failed"} {
+		m.enrollments.WithLabelValues(r)
 	}
 	m.copies = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_agent_copies_total",

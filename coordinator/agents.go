@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +63,10 @@ type agentConn struct {
 	// source's; the cut is already counted, its failure is not.
 	evicted atomic.Bool
 
+	// peer is the client certificate the agent presented in its TLS
+	// handshake; nil if none (or not TLS). Set before the Hello is read.
+	peer *x509.Certificate
+
 	mu   sync.Mutex
 	sess *tunnel.Session // set once the tunnel session exists
 }
@@ -95,6 +100,9 @@ type node struct {
 	connectedAt time.Time
 	// ctl writes on the agent's control stream after Welcome (control.go).
 	ctl *controlWriter
+	// cert is the certificate the session was authenticated with; nil
+	// for a session admitted by the deprecated shared token.
+	cert *nodeCert
 
 	lastHeartbeat atomic.Int64 // unix nanoseconds
 	rttMicros     atomic.Int64
@@ -246,6 +254,9 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 			ac.conn.Close()
 			return nil
 		}
+		if pc := tc.ConnectionState().PeerCertificates; len(pc) > 0 {
+			ac.peer = pc[0]
+		}
 	}
 
 	sess, err := tunnel.Server(ac.conn, c.cfg.Tunnel)
@@ -267,18 +278,22 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		}
 	}()
 
-	ctrl, hello, herr := c.handshake(ctx, sess, deadline)
+	ctrl, hello, cert, herr := c.handshake(ctx, sess, deadline, ac.peer, log)
 	if herr != nil {
-		if !failed() {
-			return nil // shutting down or cut: not the agent's fault, or counted
+		if herr.reason == reasonEnrolled || !failed() {
+			return nil // enrolled (the agent redials with its certificate), shutting down or cut
 		}
-		c.m.authFailures.WithLabelValues(herr.reason).Inc()
+		if herr.reason != reasonEnroll { // counted in tether_coordinator_enrollments_total
+			c.m.authFailures.WithLabelValues(herr.reason).Inc()
+		}
 		attrs := []any{"reason", herr.reason, "err", herr.err}
 		if hello != nil && hello.NodeID != "" {
 			attrs = append(attrs, "node_id", hello.NodeID)
 		}
 		switch herr.reason {
-		case reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello:
+		case reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello,
+			reasonCertRequired, reasonForeignCA, reasonCertExpired, reasonBadCert, reasonWrongNode, reasonRevoked, reasonUnknownCert,
+			reasonEnroll:
 			log.Warn("agent refused", attrs...)
 		default:
 			log.Debug("agent handshake failed", attrs...)
@@ -307,6 +322,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		remoteAddr:  remote,
 		connectedAt: time.Now().UTC(),
 		ctl:         newControlWriter(ctrl, hello, c.cfg.Tunnel.WriteTimeout),
+		cert:        cert,
 	}
 	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
 	// The join token is proven: from here on lines are not rate-limited.
@@ -337,7 +353,12 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		log.Warn("send welcome", "err", err)
 		return nil
 	}
-	log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion)
+	if cert != nil {
+		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion,
+			"cert_serial", cert.serial, "cert_not_after", cert.notAfter)
+	} else {
+		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion, "auth", "shared_token")
+	}
 	handedOff = true
 	return func() {
 		defer sess.Close()
@@ -365,26 +386,32 @@ func (c *Coordinator) readUntilGone(ctx context.Context, sess *tunnel.Session, c
 
 // handshake accepts the control stream and checks its Hello. On failure the
 // control stream, when there is one, is returned for the reject frame.
-func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadline time.Time) (*yamux.Stream, *protocol.Hello, *handshakeError) {
+//
+// The first frame may also be an Enroll (identity.go): then the agent is
+// enrolled or refused, and the returned error's reason is reasonEnrolled
+// or reasonEnroll. A Hello is authenticated by peer, the TLS client
+// certificate, or by the deprecated shared token (authenticate); cert is
+// what a certificate-authenticated session holds.
+func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadline time.Time, peer *x509.Certificate, log *slog.Logger) (st *yamux.Stream, hello *protocol.Hello, cert *nodeCert, herr *handshakeError) {
 	actx, cancel := context.WithDeadline(ctx, deadline)
 	st, h, err := sess.Accept(actx)
 	cancel()
 	if err != nil {
 		switch {
 		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-			return nil, nil, refuse(reasonTimeout, "", fmt.Errorf("no control stream within %v: %w", c.cfg.HandshakeTimeout, err))
+			return nil, nil, nil, refuse(reasonTimeout, "", fmt.Errorf("no control stream within %v: %w", c.cfg.HandshakeTimeout, err))
 		case errors.Is(err, protocol.ErrVersion):
-			return nil, nil, refuse(reasonVersion, "", err) // Accept already answered
+			return nil, nil, nil, refuse(reasonVersion, "", err) // Accept already answered
 		default:
-			return nil, nil, refuse(reasonProtocol, "", fmt.Errorf("accept control stream: %w", err))
+			return nil, nil, nil, refuse(reasonProtocol, "", fmt.Errorf("accept control stream: %w", err))
 		}
 	}
 	c.m.streamsOpened.WithLabelValues(h.Kind.String()).Inc()
 	if h.Kind != protocol.KindControl {
-		return st, nil, refuse(reasonProtocol, protocol.CodeBadRequest, fmt.Errorf("first stream is %s, want control", h.Kind))
+		return st, nil, nil, refuse(reasonProtocol, protocol.CodeBadRequest, fmt.Errorf("first stream is %s, want control", h.Kind))
 	}
 	if err := h.DecodeParams(&protocol.ControlParams{}); err != nil {
-		return st, nil, refuse(reasonProtocol, protocol.CodeBadRequest, err)
+		return st, nil, nil, refuse(reasonProtocol, protocol.CodeBadRequest, err)
 	}
 
 	st.SetReadDeadline(deadline)
@@ -394,16 +421,19 @@ func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadl
 	st.SetReadDeadline(time.Time{})
 	if err != nil {
 		if isTimeout(err) {
-			return st, nil, refuse(reasonTimeout, "", fmt.Errorf("no hello within %v: %w", c.cfg.HandshakeTimeout, err))
+			return st, nil, nil, refuse(reasonTimeout, "", fmt.Errorf("no hello within %v: %w", c.cfg.HandshakeTimeout, err))
 		}
-		return st, nil, refuse(reasonProtocol, protocol.CodeBadHello, fmt.Errorf("read hello: %w", err))
+		return st, nil, nil, refuse(reasonProtocol, protocol.CodeBadHello, fmt.Errorf("read hello: %w", err))
+	}
+	if f.Type == protocol.FrameEnroll {
+		return st, nil, nil, c.enroll(ctx, deadline, st, f.Payload, log)
 	}
 	if f.Type != protocol.FrameHello {
-		return st, nil, refuse(reasonProtocol, protocol.CodeBadHello, fmt.Errorf("got %s frame, want hello: %w", f.Type, protocol.ErrUnexpected))
+		return st, nil, nil, refuse(reasonProtocol, protocol.CodeBadHello, fmt.Errorf("got %s frame, want hello: %w", f.Type, protocol.ErrUnexpected))
 	}
-	var hello protocol.Hello
-	if err := protocol.DecodeJSON(f.Payload, &hello); err != nil {
-		return st, nil, refuse(reasonBadHello, protocol.CodeBadHello, fmt.Errorf("decode hello: %w", err))
+	hello = &protocol.Hello{}
+	if err := protocol.DecodeJSON(f.Payload, hello); err != nil {
+		return st, nil, nil, refuse(reasonBadHello, protocol.CodeBadHello, fmt.Errorf("decode hello: %w", err))
 	}
 	// Free-form fields are kept for listings: bound them.
 	hello.AgentVersion = truncateAgentString(hello.AgentVersion)
@@ -413,19 +443,17 @@ func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadl
 	}
 	token := hello.Token
 	hello.Token = "" // never kept, never logged
-	if token == "" {
-		return st, &hello, refuse(reasonNoToken, protocol.CodeAuth, errors.New("hello has no join token"))
-	}
-	if !c.tokenOK(token) {
-		return st, &hello, refuse(reasonBadToken, protocol.CodeAuth, errors.New("join token is not valid"))
+	cert, herr = c.authenticate(peer, hello, token, log)
+	if herr != nil {
+		return st, hello, nil, herr
 	}
 	if err := hello.Validate(); err != nil {
 		if errors.Is(err, protocol.ErrVersion) {
-			return st, &hello, refuse(reasonVersion, protocol.CodeVersion, err)
+			return st, hello, nil, refuse(reasonVersion, protocol.CodeVersion, err)
 		}
-		return st, &hello, refuse(reasonBadHello, protocol.CodeBadHello, err)
+		return st, hello, nil, refuse(reasonBadHello, protocol.CodeBadHello, err)
 	}
-	return st, &hello, nil
+	return st, hello, cert, nil
 }
 
 // tokenOK compares token with the configured one in constant time. Both are
@@ -439,7 +467,10 @@ func (c *Coordinator) tokenOK(token string) bool {
 // register adds n to the registry. A node id that is already connected is
 // taken over only by the same agent process (Hello.Instance: a reconnect that
 // beat the old session's timeout) or when the old session missed two
-// heartbeats; otherwise the newcomer is refused with CodeDuplicate, because
+// heartbeats, and in either case a session authenticated by a certificate
+// only by another one (whose node id the certificate names: see
+// authenticate); a certificate's holder takes over a session admitted by
+// the shared token at once. Otherwise the newcomer is refused with CodeDuplicate, because
 // two live agents with one node id would replace each other forever and
 // jobs would run on whichever holds the id at the moment. It also refuses
 // everything once the drain began. The returned ErrorInfo is the refusal.
@@ -450,7 +481,20 @@ func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
 		return &protocol.ErrorInfo{Code: protocol.CodeShutdown, Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)}
 	}
 	old := c.nodes[n.id]
-	if old != nil && old.hello.Instance != n.hello.Instance {
+	if old != nil && n.cert == nil && old.cert != nil {
+		// Whatever the old session's state: only a certificate's holder
+		// may take over a certificate-authenticated node.
+		c.mu.Unlock()
+		return &protocol.ErrorInfo{Code: protocol.CodeDuplicate, Message: fmt.Sprintf(
+			"node id %q is connected to coordinator %s with its certificate; an agent without it cannot replace that session", n.id, c.cfg.ID)}
+	}
+	// A certificate's holder replaces a session admitted by the shared
+	// token at once; otherwise two live processes (different instances)
+	// holding one node id, or one certificate, would replace each other
+	// forever, so the newcomer waits until the old session missed two
+	// heartbeats.
+	takeover := n.cert != nil && old != nil && old.cert == nil
+	if old != nil && old.hello.Instance != n.hello.Instance && !takeover {
 		since := time.Since(time.Unix(0, old.lastHeartbeat.Load()))
 		if since < 2*c.cfg.HeartbeatInterval {
 			c.mu.Unlock()
@@ -499,6 +543,10 @@ func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 				err = serr // says more than the closed stream
 			}
 			return fmt.Errorf("node %s: read control stream: %w", n.id, err)
+		}
+		if f.Type == protocol.FrameRenew && n.cert != nil {
+			c.renew(n, f.Payload) // identity.go
+			continue
 		}
 		if f.Type != protocol.FrameHeartbeat {
 			return fmt.Errorf("node %s: control stream: got %s frame, want heartbeat: %w", n.id, f.Type, protocol.ErrUnexpected)

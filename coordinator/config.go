@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/coordinator/audit"
+	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -25,9 +26,26 @@ type Config struct {
 	// ID names this coordinator in Welcome messages, node listings and error
 	// messages. Default: the host name.
 	ID string
-	// Token is the join token agents must present in their Hello. Required.
-	// It is compared in constant time and never logged.
+	// Token is the deprecated fleet-wide shared token: when set, an agent
+	// without a certificate may still register by presenting it in its
+	// Hello (for a node id that is not enrolled), and may enroll with it as
+	// with a join token of unlimited uses. Each such use is logged as
+	// deprecated. Empty (the default) takes agents by certificate only. It
+	// is compared in constant time and never logged. Token or NodeCA with
+	// Identities is required.
 	Token string
+	// NodeCA signs the certificates of enrolling and renewing agents and
+	// verifies the client certificates agents present (the tunnel
+	// listener must request them: tunnel.RequestClientCert). With
+	// Identities it turns per-node identity on.
+	NodeCA *tunnel.NodeCA
+	// Identities holds join tokens, the accepted certificate serials of
+	// each node and revocations (package enroll, in JetStream KV). The
+	// caller owns it; the coordinator never closes it.
+	Identities *enroll.Store
+	// CertTTL is the lifetime of the node certificates the coordinator
+	// issues; agents renew at two thirds of it. Default 24 h.
+	CertTTL time.Duration
 	// NATS is the connection the micro service runs on and replies are
 	// published to. Required. The caller owns it: the coordinator never
 	// closes it.
@@ -140,10 +158,12 @@ const (
 	DefaultMaxParallel            = 64
 	DefaultDrainTimeout           = 10 * time.Second
 	DefaultCancelGrace            = 5 * time.Second
+	DefaultCertTTL                = 24 * time.Hour
 )
 
-// DefaultConfig returns a Config with every default filled in. Token, NATS
-// and Identify must still be set.
+// DefaultConfig returns a Config with every default filled in. NATS,
+// Identify, and NodeCA with Identities (or the deprecated Token), must
+// still be set.
 func DefaultConfig() Config {
 	id, err := os.Hostname()
 	if err != nil || id == "" {
@@ -211,6 +231,9 @@ func (c Config) withDefaults() Config {
 	if c.KeepAliveInterval == 0 {
 		c.KeepAliveInterval = d.KeepAliveInterval
 	}
+	if c.CertTTL == 0 {
+		c.CertTTL = DefaultCertTTL
+	}
 	if c.Tunnel == (tunnel.Config{}) {
 		c.Tunnel = d.Tunnel
 	}
@@ -225,8 +248,11 @@ func (c Config) withDefaults() Config {
 // zero durations are accepted here because New replaces them.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.Token == "" {
-		errs = append(errs, errors.New("coordinator config: Token is required"))
+	if (c.NodeCA == nil) != (c.Identities == nil) {
+		errs = append(errs, errors.New("coordinator config: NodeCA and Identities go together"))
+	}
+	if c.Token == "" && c.NodeCA == nil {
+		errs = append(errs, errors.New("coordinator config: NodeCA and Identities (per-node identity) or the deprecated shared Token is required"))
 	}
 	if c.NATS == nil {
 		errs = append(errs, errors.New("coordinator config: NATS connection is required"))
@@ -245,6 +271,7 @@ func (c *Config) Validate() error {
 		{"DrainTimeout", c.DrainTimeout},
 		{"CancelGrace", c.CancelGrace},
 		{"KeepAliveInterval", c.KeepAliveInterval},
+		{"CertTTL", c.CertTTL},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("coordinator config: %s %v is negative", d.name, d.v))

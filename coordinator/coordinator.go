@@ -157,6 +157,8 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	if err := c.cfg.NATS.FlushTimeout(c.cfg.HandshakeTimeout); err != nil {
 		c.log.Warn("flush NATS subscriptions", "err", err)
 	}
+	c.startIdentityWatch()
+	defer c.stopIdentityWatch()
 	c.serving.Store(true)
 	c.log.Info("serving", "tunnel_addr", ln.Addr().String(), "version", c.cfg.Version)
 

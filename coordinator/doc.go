@@ -29,7 +29,7 @@
 // Per connection, one goroutine waits for the first byte and does the TLS
 // handshake (a connection closed before its first byte is a health check,
 // logged at debug and not counted), starts the yamux session
-// (tunnel.Server), accepts the control stream, checks the Hello (join token in constant time, protocol
+// (tunnel.Server), accepts the control stream, checks the Hello (client certificate, or shared token in constant time; protocol
 // version, node id and labels; free-form fields cut to 1 KiB), registers the
 // node (a newer session of the same node id replaces and closes the older
 // one), sends the Welcome, and then reads heartbeats on the control stream.
@@ -44,6 +44,21 @@
 //
 // The registry holds connected nodes only. Reconnects are counted from the
 // agent's own count (Hello.Reconnects) and from replaced live sessions.
+//
+// # Node identity
+//
+// identity.go: with Config.NodeCA and Config.Identities (package
+// coordinator/enroll, JetStream KV), a Hello is authenticated by the TLS
+// client certificate (the listener requests one: tunnel.RequestClientCert):
+// it must chain to the node CA, be valid, name the Hello's node id (URI SAN
+// urn:tether:node:<id>) and have a serial the node's identity record lists.
+// An agent without a certificate sends an Enroll instead of a Hello (join
+// token, CSR), gets a certificate and redials. Renewals arrive on the
+// control stream and are answered there by the heartbeat reader. Every
+// change of an identity record (a revocation, here or on another
+// coordinator) re-checks that node's session and closes it if its
+// certificate is no longer listed. The deprecated shared token (Config.Token)
+// admits agents without a certificate only for node ids not enrolled.
 //
 // # Jobs
 //

@@ -396,8 +396,8 @@ func TestMetricsReasonsPreinitialised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 9 {
-		t.Errorf("%d auth failure reasons, want 9 (with overload, duplicate and source_limit)", n)
+	if n != 16 {
+		t.Errorf("%d auth failure reasons, want 16 (with overload, duplicate, source_limit and the 7 certificate reasons)", n)
 	}
 }
 

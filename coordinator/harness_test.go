@@ -100,6 +100,9 @@ func newHarnessNATS(t *testing.T, natsOpts func(*server.Options), mutate func(*c
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As the tether binary does: agents with a node certificate present
+	// it (identity_test.go); the others do not.
+	srvTLS = tunnel.RequestClientCert(srvTLS)
 	cliTLS, err := tunnel.LoadClientTLS(pki.CACert)
 	if err != nil {
 		t.Fatal(err)
@@ -328,6 +331,7 @@ type agentOpts struct {
 	features     []string          // Hello.Features
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	localIP      string            // source address to dial from; default any
+	clientCert   *tls.Certificate  // TLS client certificate (identity_test.go); default none
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
 	// header, if set, sees the header of every stream the coordinator
@@ -375,7 +379,15 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 
 	dctx, dcancel := context.WithTimeout(ctx, defaultTestTimeout)
 	defer dcancel()
-	conn, err := h.dialTLS(dctx, o.localIP)
+	var conn net.Conn
+	var err error
+	if o.clientCert != nil {
+		cfg := h.clientTLS.Clone()
+		cfg.Certificates = []tls.Certificate{*o.clientCert}
+		conn, err = tunnel.DialTLS(dctx, h.addr, cfg)
+	} else {
+		conn, err = h.dialTLS(dctx, o.localIP)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,28 @@ const (
 	// reasonSourceLimit: MaxHandshakesPerSource handshakes from the same
 	// source (IPv4 address or IPv6 /64) were in progress: closed unread.
 	reasonSourceLimit = "source_limit"
+	// Certificate refusals (identity.go).
+	reasonCertRequired = "cert_required" // no client certificate, and no shared token allowed, or the node id is enrolled
+	reasonForeignCA    = "foreign_ca"    // the certificate does not chain to the node CA
+	reasonCertExpired  = "expired_cert"  // the certificate expired (or is not yet valid)
+	reasonBadCert      = "bad_cert"      // the certificate names no node id
+	reasonWrongNode    = "wrong_node"    // the Hello's node id is not the certificate's
+	reasonRevoked      = "revoked"       // the certificate's serial was revoked
+	reasonUnknownCert  = "unknown_cert"  // the serial is not listed for its node (superseded, or another coordinator's state)
+)
+
+// Results of tether_coordinator_enrollments_total (identity.go).
+const (
+	enrollOK              = "ok"
+	enrollBadToken        = "bad_token"
+	enrollTokenExpired    = "token_expired"
+	enrollTokenUsed       = "token_used"
+	enrollAlreadyEnrolled = "already_enrolled"
+	enrollRevokedNode     = "revoked_node"
+	enrollBadRequest      = "bad_request" // bad message or CSR
+	enrollError           = "error"       // the identity store failed
+	enrollRenewed         = "renewed"
+	enrollRenewRefused    = "renew_refused"
 )
 
 // Outcomes of tether_coordinator_exec_results_total, one per node run.
@@ -41,6 +63,7 @@ type metrics struct {
 	streamsOpened   *prometheus.CounterVec
 	execDuration    prometheus.Histogram
 	execResults     *prometheus.CounterVec
+	enrollments     *prometheus.CounterVec
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -72,8 +95,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_coordinator_exec_results_total",
 			Help: "Node exec results, by outcome.",
 		}, []string{"outcome"}),
+		enrollments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_enrollments_total",
+			Help: "Agent enrollments (join token and CSR) and certificate renewals, by result.",
+		}, []string{"result"}),
 	}
-	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload, reasonDuplicate, reasonSourceLimit} {
+	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload, reasonDuplicate, reasonSourceLimit,
+		reasonCertRequired, reasonForeignCA, reasonCertExpired, reasonBadCert, reasonWrongNode, reasonRevoked, reasonUnknownCert} {
 		m.authFailures.WithLabelValues(r)
 	}
 	for _, k := range protocol.Kinds() {
@@ -82,7 +110,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{outcomeSuccess, outcomeFailure, outcomeTimeout, outcomeCancelled, outcomeError} {
 		m.execResults.WithLabelValues(o)
 	}
-	for _, c := range []prometheus.Collector{m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults} {
+	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
+		m.enrollments.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

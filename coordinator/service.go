@@ -58,6 +58,8 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
 		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
+		{"tokens-create", protocol.SubjectTokensCreate, c.handleTokenCreate},
+		{"nodes-revoke", protocol.SubjectNodesRevoke, c.handleNodeRevoke},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {

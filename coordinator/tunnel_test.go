@@ -133,15 +133,22 @@ func TestHandshakeRefused(t *testing.T) {
 	want := `
 # HELP tether_coordinator_auth_failures_total Agent connections refused or cut before they registered, by reason.
 # TYPE tether_coordinator_auth_failures_total counter
+tether_coordinator_auth_failures_total{reason="bad_cert"} 0
 tether_coordinator_auth_failures_total{reason="bad_hello"} 2
 tether_coordinator_auth_failures_total{reason="bad_token"} 1
+tether_coordinator_auth_failures_total{reason="cert_required"} 0
 tether_coordinator_auth_failures_total{reason="duplicate"} 0
+tether_coordinator_auth_failures_total{reason="expired_cert"} 0
+tether_coordinator_auth_failures_total{reason="foreign_ca"} 0
 tether_coordinator_auth_failures_total{reason="no_token"} 1
 tether_coordinator_auth_failures_total{reason="overload"} 0
 tether_coordinator_auth_failures_total{reason="protocol"} 1
+tether_coordinator_auth_failures_total{reason="revoked"} 0
 tether_coordinator_auth_failures_total{reason="source_limit"} 0
 tether_coordinator_auth_failures_total{reason="timeout"} 0
+tether_coordinator_auth_failures_total{reason="unknown_cert"} 0
 tether_coordinator_auth_failures_total{reason="version"} 1
+tether_coordinator_auth_failures_total{reason="wrong_node"} 0
 `
 	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(want), "tether_coordinator_auth_failures_total"); err != nil {
 		t.Error(err)

@@ -354,6 +354,10 @@ func agentConfig(id string, labels map[string]string, addr, token string, tlsCfg
 	cfg.Labels = labels
 	cfg.Coordinators = []string{addr}
 	cfg.Token = token
+	// The fleet's coordinator admits agents by the shared token
+	// (deprecated); per-node identity has its own tests
+	// (coordinator/identity_test.go).
+	cfg.SharedToken = true
 	cfg.TLS = tlsCfg
 	cfg.DataDir = dataDir
 	cfg.Version = "fleettest"

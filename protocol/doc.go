@@ -41,12 +41,14 @@
 // [FrameStdout], [FrameStderr]) carry raw bytes; the others carry JSON.
 // Which frames are legal depends on the stream kind:
 //
-//   - control: the agent sends [FrameHello]; the coordinator answers
-//     [FrameWelcome] or [FrameReject] (then closes). Afterwards the agent
+//   - control: the agent sends [FrameHello] (or, to enroll, [FrameEnroll]:
+//     see enroll.go); the coordinator answers [FrameWelcome] or
+//     [FrameReject] (then closes). Afterwards the agent
 //     sends [FrameHeartbeat] every Welcome.HeartbeatInterval, and the
 //     coordinator may send [FrameCancelStream] ([CancelStream], at most
 //     [MaxControlFrameSize] bytes) if the agent's Hello.Features listed
-//     [FeatureCancelStream]. Such an agent reads the control stream until
+//     [FeatureCancelStream], and answers an agent's [FrameRenew] with
+//     [FrameRenewed] or [FrameReject] (enroll.go). Such an agent reads the control stream until
 //     the session ends; one that did not list it may never read it after
 //     Welcome, so the coordinator sends it nothing. Features are how this
 //     stream grows within a Version: a new coordinator→agent frame comes

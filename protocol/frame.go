@@ -55,6 +55,11 @@ const (
 	// CancelStream. Sent only to an agent whose Hello listed
 	// FeatureCancelStream.
 	FrameCancelStream FrameType = 20
+	// Enrollment and renewal (enroll.go).
+	FrameEnroll   FrameType = 21 // JSON Enroll (agent → coordinator): the first frame instead of a Hello
+	FrameEnrolled FrameType = 22 // JSON Enrolled (coordinator → agent): the agent's certificate
+	FrameRenew    FrameType = 23 // JSON Renew (agent → coordinator, control stream after Welcome)
+	FrameRenewed  FrameType = 24 // JSON Enrolled (coordinator → agent, control stream): the renewed certificate
 
 	// Copy frames (copy.go).
 	FrameManifest    FrameType = 32 // JSON []ManifestEntry: part of what the receiver has
@@ -85,6 +90,7 @@ var frameNames = map[FrameType]string{
 	FrameStderr: "stderr", FrameExit: "exit", FrameError: "error",
 	FrameCancel: "cancel", FrameHello: "hello", FrameWelcome: "welcome",
 	FrameReject: "reject", FrameHeartbeat: "heartbeat", FrameCancelStream: "cancel-stream",
+	FrameEnroll: "enroll", FrameEnrolled: "enrolled", FrameRenew: "renew", FrameRenewed: "renewed",
 	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameCopySkip: "copy-skip", FrameResize: "resize", FrameSignal: "signal",

@@ -2,7 +2,10 @@
 // the yamux session with Tether's tuned configuration, typed stream
 // open/accept (a protocol stream header on every stream), the agent's
 // redialer (several coordinator addresses, capped exponential backoff with
-// full jitter), and the development PKI helpers.
+// full jitter), the development PKI helpers, and node identity with
+// crypto/x509 only (identity.go: the node CA that signs agents' CSRs and
+// verifies their client certificates, the URI SAN naming a node id, the
+// agent's identity file and pinned CA).
 //
 // It knows nothing of jobs, sandboxes or NATS, and must not import the agent
 // or coordinator packages.

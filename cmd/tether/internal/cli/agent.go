@@ -27,9 +27,18 @@ type agentOptions struct {
 	// Coordinators are the coordinators' tunnel addresses (host:port), tried
 	// in turn. Required.
 	Coordinators []string
-	// TokenFile holds the join token (whitespace is trimmed). Empty means
-	// $TETHER_TOKEN; one of them is required.
+	// TokenFile holds the join token (tether token create; whitespace is
+	// trimmed) the agent enrolls with when IdentityDir holds no valid
+	// certificate. Empty means $TETHER_TOKEN; one of them is required
+	// until the agent has enrolled.
 	TokenFile string
+	// IdentityDir holds the node certificate and key and the pinned CA
+	// (0600). Empty means DataDir/identity.
+	IdentityDir string
+	// SharedToken (deprecated) sends the token in Hello as the fleet-wide
+	// shared token instead of enrolling; the coordinator must run with
+	// --allow-shared-token.
+	SharedToken bool
 	// CAFile is the CA certificate (PEM) the coordinators' certificates
 	// must chain to, e.g. a dev coordinator's DATA-DIR/pki/ca.crt. Empty
 	// means the system roots.
@@ -119,8 +128,11 @@ func (o *agentOptions) Validate(envToken string) error {
 	if o.PipeWait < 0 || o.JobRetention < 0 {
 		errs = append(errs, errors.New("--pipe-wait and --job-retention must not be negative"))
 	}
-	if o.TokenFile == "" && envToken == "" {
-		errs = append(errs, fmt.Errorf("a join token is required: give --token-file or set %s", tokenEnv))
+	if o.TokenFile == "" && envToken == "" && !o.enrolled() {
+		errs = append(errs, fmt.Errorf("a join token is required until the agent has enrolled (no certificate in %s): create one with `tether token create`, then give --token-file or set %s", o.identityDir(), tokenEnv))
+	}
+	if o.SharedToken && o.TokenFile == "" && envToken == "" {
+		errs = append(errs, fmt.Errorf("--shared-token needs the token: give --token-file or set %s", tokenEnv))
 	}
 	if o.NodeID != "" {
 		if err := protocol.ValidNodeID(o.NodeID); err != nil {
@@ -145,6 +157,21 @@ func (o *agentOptions) Validate(envToken string) error {
 	}
 	errs = append(errs, o.validateTargets()...)
 	return errors.Join(errs...)
+}
+
+// identityDir is IdentityDir or its default.
+func (o *agentOptions) identityDir() string {
+	if o.IdentityDir != "" {
+		return o.IdentityDir
+	}
+	return filepath.Join(o.DataDir, agent.DefaultIdentityDirName)
+}
+
+// enrolled reports whether the identity directory holds a certificate
+// (valid or not: the agent says which when it starts).
+func (o *agentOptions) enrolled() bool {
+	_, err := os.Stat(filepath.Join(o.identityDir(), tunnel.IdentityFile))
+	return err == nil
 }
 
 // validateTargets checks the gateway and target flags and parses Targets.
@@ -243,7 +270,7 @@ func readAgentSecrets(o *agentOptions, env agentSecrets) (agentSecrets, error) {
 func newAgentCmd(e *env) *cobra.Command {
 	o := defaultAgentOptions()
 	cmd := &cobra.Command{
-		Use:   "agent --coordinator ADDR[,ADDR...] (--token-file FILE | TETHER_TOKEN=...)",
+		Use:   "agent --coordinator ADDR[,ADDR...] [--token-file FILE | TETHER_TOKEN=...]",
 		Short: "Run a node agent: dial out to a coordinator and run its jobs",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
@@ -268,7 +295,9 @@ func newAgentCmd(e *env) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated)")
-	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token (default: $TETHER_TOKEN)")
+	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token to enroll with until the agent has a certificate (default: $TETHER_TOKEN)")
+	f.StringVar(&o.IdentityDir, "identity-dir", o.IdentityDir, "directory of the node certificate, key and pinned CA (default: DATA-DIR/identity)")
+	f.BoolVar(&o.SharedToken, "shared-token", o.SharedToken, "deprecated: present the token as the fleet-wide shared token instead of enrolling (coordinator --allow-shared-token)")
 	f.StringVar(&o.CAFile, "ca-file", o.CAFile, "CA certificate to trust for the coordinator (default: system roots)")
 	f.StringVar(&o.ServerName, "server-name", o.ServerName, "name to verify in the coordinator's certificate (default: the address's host)")
 	f.StringVar(&o.NodeID, "node-id", o.NodeID, "node id (default: host name)")
@@ -291,9 +320,17 @@ func newAgentCmd(e *env) *cobra.Command {
 
 // runAgent runs the agent until ctx is done. o must be valid.
 func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets agentSecrets, log *slog.Logger) error {
-	token, _, err := resolveToken(o.TokenFile, envToken, "")
-	if err != nil {
-		return err
+	var token string
+	if o.TokenFile != "" || envToken != "" {
+		t, _, err := resolveToken(o.TokenFile, envToken, "")
+		switch {
+		case errors.Is(err, os.ErrNotExist) && o.enrolled() && !o.SharedToken:
+			// Enrolled: the join token was for once, and may be gone.
+			log.Info("no join token file; using the node certificate", "token_file", o.TokenFile, "identity_dir", o.identityDir())
+		case err != nil:
+			return err
+		}
+		token = t
 	}
 	tlsCfg, err := tunnel.LoadClientTLS(o.CAFile)
 	if err != nil {
@@ -308,6 +345,8 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	cfg.Labels = o.labels
 	cfg.Coordinators = o.Coordinators
 	cfg.Token = token
+	cfg.SharedToken = o.SharedToken
+	cfg.IdentityDir = o.IdentityDir
 	cfg.TLS = tlsCfg
 	cfg.DataDir = o.DataDir
 	cfg.PipeWait = o.PipeWait

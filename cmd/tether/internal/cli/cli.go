@@ -201,6 +201,8 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		clientCommand(newRunLeaseCmd(e)),
 		clientCommand(newAuditCmd(e)),
 		newPolicyCmd(e),
+		newTokenCmd(e),
+		newNodeCmd(e),
 	)
 	return root
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
@@ -64,10 +65,19 @@ type coordinatorOptions struct {
 	// port 0 picks a free port. Default "127.0.0.1:4222". Ignored with
 	// NATSURL.
 	NATSListen string
-	// TokenFile holds the join token agents must present. Empty means
-	// $TETHER_TOKEN, else DataDir/join-token, generated (0600) on first
-	// start.
+	// AllowSharedToken (deprecated) also admits agents by the fleet-wide
+	// shared token of TokenFile, as before per-node identity: in their
+	// Hello for a node id not enrolled, and as a join token of unlimited
+	// uses. Off (default), agents enroll with join tokens (tether token
+	// create) and authenticate by certificate only.
+	AllowSharedToken bool
+	// TokenFile holds the shared token; needs AllowSharedToken. Empty
+	// means $TETHER_TOKEN, else DataDir/join-token, generated (0600) on
+	// first start.
 	TokenFile string
+	// CertTTL is the lifetime of the node certificates the coordinator
+	// issues (agents renew at two thirds of it). Zero means 24 h.
+	CertTTL time.Duration
 	// TLSCert and TLSKey are the tunnel listener's certificate and key
 	// (PEM). Both empty (default) generates a development CA and
 	// certificate under DataDir/pki, covering localhost and TLSHosts.
@@ -159,6 +169,12 @@ func (o *coordinatorOptions) Validate() error {
 	if (o.NATSOperatorJWT == "") != (o.NATSClientsJWT == "") {
 		errs = append(errs, errors.New("--nats-operator-jwt and --nats-clients-jwt go together"))
 	}
+	if o.TokenFile != "" && !o.AllowSharedToken {
+		errs = append(errs, errors.New("--token-file names the deprecated shared token and needs --allow-shared-token; agents enroll with join tokens from `tether token create`"))
+	}
+	if o.CertTTL < 0 || (o.CertTTL > 0 && o.CertTTL < 10*time.Second) {
+		errs = append(errs, fmt.Errorf("--cert-ttl %v: want at least 10s (0: 24h)", o.CertTTL))
+	}
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
 	}
@@ -234,8 +250,11 @@ func newCoordinatorCmd(e *env) *cobra.Command {
 the NATS micro service "tether" (tether.v1.exec, tether.v1.nodes,
 tether.v1.cancel). Without --nats-url it embeds a NATS server with JetStream.
 Without --tls-cert it generates a development CA under the data directory:
-give agents its ca.crt with --ca-file. Without --token-file or TETHER_TOKEN it
-generates a join token in the data directory.`,
+give agents its ca.crt with --ca-file. Agents enroll with join tokens
+(tether token create) and then authenticate by the certificate the
+coordinator's node CA (DATA-DIR/pki) issues them; the fleet-wide shared
+token of earlier releases works only with --allow-shared-token
+(deprecated).`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
@@ -243,7 +262,12 @@ generates a join token in the data directory.`,
 			}
 			log := o.Log.logger(e.stderr)
 			reg := newRegistry()
-			cs, err := startCoordinator(o, e.getenv(tokenEnv), log, reg)
+			envToken := e.getenv(tokenEnv)
+			if !o.AllowSharedToken && envToken != "" {
+				log.Warn("ignoring $" + tokenEnv + ": the shared token is deprecated and needs --allow-shared-token; agents enroll with join tokens (tether token create)")
+				envToken = ""
+			}
+			cs, err := startCoordinator(o, envToken, log, reg)
 			if err != nil {
 				return err
 			}
@@ -260,7 +284,9 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.NATSOperatorJWT, "nats-operator-jwt", o.NATSOperatorJWT, "operator JWT file of an nsc-built layout of --nats-url (default: the layout in DATA-DIR/nats-auth)")
 	f.StringVar(&o.NATSClientsJWT, "nats-clients-jwt", o.NATSClientsJWT, "CLIENTS account JWT file of an nsc-built layout of --nats-url")
 	f.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "embedded NATS client listen address (port 0: any free port)")
-	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the agents' join token (default: $TETHER_TOKEN, else DATA-DIR/join-token, generated)")
+	f.BoolVar(&o.AllowSharedToken, "allow-shared-token", o.AllowSharedToken, "deprecated: also admit agents by the fleet-wide shared token (--token-file, $TETHER_TOKEN, else DATA-DIR/join-token, generated)")
+	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the deprecated shared token (needs --allow-shared-token)")
+	f.DurationVar(&o.CertTTL, "cert-ttl", o.CertTTL, "lifetime of the node certificates issued to agents; they renew at 2/3 of it (0: 24h)")
 	f.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "tunnel TLS certificate (PEM); default: dev PKI in DATA-DIR/pki")
 	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
 	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
@@ -283,11 +309,12 @@ type coordinatorInfo struct {
 	NATSURL    string // the NATS server the API is served on
 	AdminAddr  string // the admin listener's bound address
 	CAFile     string // the dev CA agents must trust; empty with --tls-cert
-	Token      string // the join token
+	NodeCAFile string // the node CA's certificate (DATA-DIR/pki/ca.crt)
+	Token      string // the deprecated shared token; empty without --allow-shared-token
+	TokenFrom  string // the shared token's file, or "$TETHER_TOKEN"
 	// CredsFile and CredsUser: the client credentials `tether dev` wrote
 	// for its user, and that user's name; empty for `tether coordinator`.
 	CredsFile, CredsUser string
-	TokenFrom            string // the token's file, or "$TETHER_TOKEN"
 	// OpenShellAddr and OpenSandboxAddr are the facades' bound addresses;
 	// empty when off.
 	OpenShellAddr, OpenSandboxAddr string
@@ -306,6 +333,7 @@ type coordinatorServer struct {
 	sbx      *sandboxes.Service
 	sbxLn    *sandboxListeners
 	audit    *audit.Recorder
+	ids      *enroll.Store  // join tokens and node identities
 	ns       *server.Server // nil with an external NATS
 	layout   *natsauth.Layout
 	unlock   func()        // releases the data dir lock
@@ -371,10 +399,19 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if sbxLn.openSandbox != nil {
 		cs.info.OpenSandboxAddr = sbxLn.openSandbox.Addr().String()
 	}
-	cs.info.Token, cs.info.TokenFrom, err = resolveToken(o.TokenFile, envToken, o.DataDir)
+	if o.AllowSharedToken {
+		cs.info.Token, cs.info.TokenFrom, err = resolveToken(o.TokenFile, envToken, o.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		log.Warn("--allow-shared-token is deprecated: agents presenting the fleet-wide shared token are admitted without a certificate; enroll them with join tokens (tether token create) and drop the flag",
+			"token_from", cs.info.TokenFrom)
+	}
+	nodeCA, err := tunnel.LoadNodeCA(filepath.Join(o.DataDir, "pki"))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
+	cs.info.NodeCAFile = filepath.Join(o.DataDir, "pki", tunnel.CAFile)
 
 	var tlsCfg *tls.Config
 	if o.TLSCert != "" {
@@ -468,6 +505,14 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	}
 	sbx := cs.sbx // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { sbx.Ledger().Close() })
+	octx, ocancel = context.WithTimeout(context.Background(), 30*time.Second)
+	cs.ids, err = enroll.Open(octx, enroll.Config{NATS: cs.nc, Logger: log})
+	ocancel()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	ids := cs.ids
+	undo = append(undo, ids.Close)
 
 	actx, acancel := context.WithTimeout(context.Background(), 30*time.Second)
 	cs.audit, err = audit.New(actx, audit.Config{
@@ -484,6 +529,9 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.ID = id
 	cfg.Audit = cs.audit
 	cfg.Token = cs.info.Token
+	cfg.NodeCA = nodeCA
+	cfg.Identities = cs.ids
+	cfg.CertTTL = o.CertTTL
 	cfg.NATS = cs.nc
 	cfg.Identify = caller.FromNATS(verifier)
 	cfg.Version = version
@@ -510,7 +558,9 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	}
 
 	cs.info.TunnelAddr = rawLn.Addr().String()
-	cs.tunnelLn = tls.NewListener(rawLn, tlsCfg)
+	// Agents with a node certificate present it; the coordinator checks
+	// it (coordinator/identity.go).
+	cs.tunnelLn = tls.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
@@ -527,7 +577,8 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		"ca_file", cs.info.CAFile,
 		"openshell_facade", cs.info.OpenShellAddr,
 		"opensandbox_facade", cs.info.OpenSandboxAddr,
-		"token_from", cs.info.TokenFrom)
+		"node_ca", cs.info.NodeCAFile,
+		"shared_token_from", cs.info.TokenFrom)
 
 	// SIGHUP reloads the policy; registered before anything serves, so a
 	// SIGHUP never kills a coordinator that is up.
@@ -585,6 +636,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		cs.log.Error("admin server failed", "err", aerr)
 	}
 	closeAudit(cs.audit, cs.log)
+	cs.ids.Close()
 	cs.nc.Close()
 	if cs.ns != nil {
 		cs.ns.Shutdown()
@@ -619,6 +671,7 @@ func logPolicy(log *slog.Logger, msg string, p *policy.Policy) {
 // close releases a coordinatorServer that will not be served.
 func (cs *coordinatorServer) close() {
 	closeAudit(cs.audit, cs.log)
+	cs.ids.Close()
 	cs.sbx.Ledger().Close()
 	cs.sbxLn.close()
 	cs.tunnelLn.Close()

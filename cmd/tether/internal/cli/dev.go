@@ -22,6 +22,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -247,6 +248,9 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
+	if err == nil {
+		acfg.Token, err = devJoinToken(ctx, cs.ids, acfg)
+	}
 	var a *agent.Agent
 	if err == nil {
 		a, err = agent.New(acfg)
@@ -311,7 +315,6 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	cfg.NodeID = devNodeID()
 	cfg.Labels = map[string]string{"dev": "true"}
 	cfg.Coordinators = []string{dialAddr(info.TunnelAddr)}
-	cfg.Token = info.Token
 	cfg.TLS = tlsCfg
 	cfg.DataDir = filepath.Join(o.DataDir, "agent")
 	cfg.CopyRoots = o.CopyRoots
@@ -332,6 +335,29 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	}
 	cfg.Registerer = reg
 	return cfg, nil
+}
+
+// devJoinToken returns the one-use join token dev's own agent enrolls
+// with, or "" when the agent's identity directory already holds a valid
+// certificate for its node id. Dev is one user's: a node id whose
+// certificate was lost (the agent directory deleted) is revoked first, so
+// that it can enroll again with no step from the user.
+func devJoinToken(ctx context.Context, ids *enroll.Store, cfg agent.Config) (string, error) {
+	dir := cfg.IdentityDir
+	if dir == "" {
+		dir = filepath.Join(cfg.DataDir, agent.DefaultIdentityDirName)
+	}
+	if id, err := tunnel.LoadIdentity(dir); err == nil && id.NodeID() == cfg.NodeID && time.Now().Before(id.Cert.NotAfter) &&
+		ids.CheckCert(cfg.NodeID, tunnel.SerialHex(id.Cert)) == nil {
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := ids.Revoke(ctx, cfg.NodeID); err != nil && !errors.Is(err, enroll.ErrNotEnrolled) {
+		return "", err
+	}
+	tok, _, err := ids.CreateToken(ctx, 10*time.Minute, 1, nil, "tether dev")
+	return tok, err
 }
 
 // dialAddr turns a listener's address into one to dial: an unspecified host
@@ -400,7 +426,7 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 	}
 	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
-	fmt.Fprintf(&b, "  join token:  %s\n", info.TokenFrom)
+	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n", info.NodeCAFile)
 	fmt.Fprintf(&b, "  NATS user:   %s (credentials %s, 0600)\n\n", info.CredsUser, info.CredsFile)
 	fmt.Fprintf(&b, "NATS admits no anonymous client. Client commands find these credentials\n")
 	fmt.Fprintf(&b, "themselves; for other tools or another user's shell:\n\n")

@@ -45,6 +45,7 @@ func startAgentLink(t *testing.T) *agentLink {
 		NodeID:       "node-a",
 		Coordinators: []string{ln.Addr().String()},
 		Token:        "token",
+		SharedToken:  true,
 		DataDir:      t.TempDir(),
 		KillGrace:    200 * time.Millisecond,
 		Capacity:     &protocol.Capacity{CPUs: 1},

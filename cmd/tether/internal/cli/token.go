@@ -3,11 +3,17 @@ package cli
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // tokenEnv is the environment variable holding a join token.
@@ -80,4 +86,102 @@ func loadOrCreateSecret(path string) (string, error) {
 		return "", fmt.Errorf("write %s: %w", path, werr)
 	}
 	return tok, nil
+}
+
+// tokenCreateOptions are the flags of `tether token create`.
+type tokenCreateOptions struct {
+	// TTL is how long the token may be used. Default protocol.DefaultTokenTTL.
+	TTL time.Duration
+	// Uses is how many agents may enroll with it; 0 means unlimited
+	// within TTL. Default 1.
+	Uses int
+	// Labels are bound to every node enrolled with it ("k=v,k2=v2"); they
+	// override the labels the agent declares.
+	Labels string
+	// JSON prints the API's response instead of the bare token.
+	JSON bool
+	// NATS says how to reach the API.
+	NATS natsOptions
+
+	labels map[string]string // Labels, parsed by Validate
+}
+
+// Validate reports every invalid option.
+func (o *tokenCreateOptions) Validate() error {
+	var errs []error
+	if o.TTL <= 0 || o.TTL > protocol.MaxTokenTTL || o.TTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("--ttl %v: want whole seconds, up to %v", o.TTL, protocol.MaxTokenTTL))
+	}
+	if o.Uses < 0 {
+		errs = append(errs, fmt.Errorf("--uses %d: want 1 or more, or 0 for unlimited", o.Uses))
+	}
+	labels, err := protocol.ParseLabels(o.Labels)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--labels: %w", err))
+	}
+	o.labels = labels
+	return errors.Join(errs...)
+}
+
+func newTokenCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "token",
+		Short: "Manage join tokens (tether token create)",
+		Args:  cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			cmd.Help()
+			return usage(errors.New("a subcommand is required"))
+		}),
+	}
+	o := tokenCreateOptions{TTL: protocol.DefaultTokenTTL, Uses: protocol.DefaultTokenUse}
+	create := &cobra.Command{
+		Use:   "create [--ttl D] [--uses N] [--labels k=v,...]",
+		Short: "Mint a join token for enrolling agents (shown once)",
+		Long: `Mint a join token. An agent given it (tether agent --token-file FILE)
+generates a key, sends a certificate request and receives a certificate
+naming its node id from the coordinator's node CA; from then on it
+authenticates by that certificate only. The token is printed once, on
+stdout; the coordinator keeps only its hash, expiry, remaining uses and
+labels. Needs the admin right in the coordinator's policy.`,
+		Args: cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return usage(err)
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			uses := o.Uses
+			if uses == 0 {
+				uses = -1
+			}
+			resp, err := c.CreateToken(cmd.Context(), protocol.TokenCreateRequest{TTLSeconds: int64(o.TTL / time.Second), Uses: uses, Labels: o.labels})
+			if err != nil {
+				return err
+			}
+			if o.JSON {
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(resp)
+			}
+			n := fmt.Sprintf("%d use(s)", resp.Uses)
+			if resp.Uses < 0 {
+				n = "unlimited uses"
+			}
+			fmt.Fprintf(e.stderr, "join token %s: expires %s, %s, labels %s; shown only now: save it to a file (0600) for tether agent --token-file\n",
+				resp.ID, resp.ExpiresAt.Local().Format(time.RFC3339), n, formatLabels(resp.Labels))
+			_, err = fmt.Fprintln(e.stdout, resp.Token)
+			return err
+		}),
+	}
+	f := create.Flags()
+	f.DurationVar(&o.TTL, "ttl", o.TTL, "how long the token may be used")
+	f.IntVar(&o.Uses, "uses", o.Uses, "how many agents may enroll with it (0: unlimited within --ttl)")
+	f.StringVar(&o.Labels, "labels", o.Labels, "labels bound to the nodes enrolled with it, k=v,k2=v2 (override the agents' own)")
+	f.BoolVar(&o.JSON, "json", false, "print the API's JSON response")
+	o.NATS.addFlags(create)
+	cmd.AddCommand(clientCommand(create))
+	return cmd
 }

@@ -1,0 +1,176 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// startDev runs `tether dev` on dir with random ports until the test ends
+// (or stop is called) and returns its NATS URL, tunnel address and CA
+// file, from its banner.
+func startDev(t *testing.T, dir string) (url, tunnelAddr, caFile string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	var code int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+	}()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case <-done:
+			if code != 0 {
+				t.Errorf("dev exit code %d; stderr:\n%s", code, stderr.String())
+			}
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	}
+	t.Cleanup(stop)
+	re := regexp.MustCompile(`NATS URL: +(nats://\S+)[\s\S]*tunnel: +(\S+) \(CA (\S+)\)`)
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := re.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+		}
+		url, tunnelAddr, caFile = m[1], m[2], m[3]
+		return nil
+	})
+	return url, tunnelAddr, caFile, stop
+}
+
+// nodeLabels lists the nodes through the CLI: id → labels.
+func nodeLabels(t *testing.T, url string) map[string]map[string]string {
+	t.Helper()
+	r := runCLI(testCtx(t), nil, "", "nodes", "--json", "--nats-url", url)
+	if r.code != 0 {
+		t.Fatalf("nodes: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var resp protocol.NodesResponse
+	if err := json.Unmarshal([]byte(r.stdout), &resp); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]string{}
+	for _, n := range resp.Nodes {
+		out[n.ID] = n.Labels
+	}
+	return out
+}
+
+// TestTokenCreateAgentEnrollRevoke walks the README's enrollment: a join
+// token from `tether token create`, an agent enrolling with it (the
+// token's labels bound), `tether node revoke` cutting it off; and dev's
+// own agent coming back after a restart of dev, with no configuration.
+func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack")
+	}
+	dir := t.TempDir()
+	url, tunnelAddr, caFile, stopDev := startDev(t, dir)
+
+	r := runCLI(testCtx(t), nil, "", "token", "create", "--nats-url", url, "--labels", "rack=r1", "--ttl", "10m")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "tjt_") || !strings.Contains(r.stderr, "1 use(s), labels rack=r1") {
+		t.Fatalf("token create: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "join-token")
+	if err := os.WriteFile(tokenFile, []byte(r.stdout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agentDir := t.TempDir()
+	actx, stopAgent := context.WithCancel(context.Background())
+	defer stopAgent()
+	agentDone := make(chan result, 1)
+	go func() {
+		agentDone <- runCLI(actx, nil, "", "agent", "--coordinator", tunnelAddr, "--ca-file", caFile, "--token-file", tokenFile,
+			"--node-id", "second", "--labels", "rack=mine,role=web", "--data-dir", agentDir, "--log-level", "warn")
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		l, ok := nodeLabels(t, url)["second"]
+		if !ok {
+			return errorString("second not registered yet")
+		}
+		if l["rack"] != "r1" || l["role"] != "web" {
+			t.Fatalf("second's labels %v, want the token's rack=r1 over the agent's, and role=web", l)
+		}
+		return nil
+	})
+	if fi, err := os.Stat(filepath.Join(agentDir, "identity", "node.pem")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("identity file: %v, want mode 0600", err)
+	}
+	// The token was for one use.
+	r = runCLI(testCtx(t), nil, "", "node", "revoke", "--nats-url", url, "second")
+	if r.code != 0 || r.stdout != "node second revoked: 1 certificate(s) refused from now on; its session was closed\n" {
+		t.Fatalf("node revoke: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if _, ok := nodeLabels(t, url)["second"]; ok {
+			return errorString("second still registered")
+		}
+		return nil
+	})
+	r = runCLI(testCtx(t), nil, "", "node", "revoke", "--nats-url", url, "never-enrolled")
+	if r.code != exitTether || !strings.Contains(r.stderr, "not enrolled") {
+		t.Errorf("revoke unknown node: exit %d, stderr %q", r.code, r.stderr)
+	}
+	stopAgent()
+	<-agentDone
+
+	// Dev restarted on the same data directory: its agent connects with
+	// the certificate it has, no step needed.
+	stopDev()
+	url, _, _, _ = startDev(t, dir)
+	if _, ok := nodeLabels(t, url)[devNodeID()]; !ok {
+		t.Errorf("dev's agent not registered after a restart: %v", nodeLabels(t, url))
+	}
+}
+
+func TestIdentityUsageErrors(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("secret\n"), 0o600)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"coordinator", "--token-file", tokenFile}, "--token-file names the deprecated shared token and needs --allow-shared-token"},
+		{[]string{"coordinator", "--cert-ttl", "1s"}, "--cert-ttl 1s"},
+		{[]string{"token", "create", "--uses", "-1"}, "--uses -1"},
+		{[]string{"token", "create", "--ttl", "0s"}, "--ttl 0s"},
+		{[]string{"token", "create", "--labels", "x"}, "--labels"},
+		{[]string{"token"}, "a subcommand is required"},
+		{[]string{"node", "revoke"}, "accepts 1 arg"},
+		{[]string{"node", "revoke", "a b"}, "node id"},
+		{[]string{"agent", "--coordinator", "c:7443", "--shared-token", "--data-dir", t.TempDir()}, "--shared-token needs the token"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			r := runCLI(testCtx(t), nil, "", tt.args...)
+			if r.code != exitUsage || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr %q; want %d saying %q", r.code, r.stderr, exitUsage, tt.want)
+			}
+		})
+	}
+}
