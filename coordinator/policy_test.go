@@ -119,7 +119,7 @@ func execAs(t *testing.T, nc *nats.Conn, who string, body any) execReply {
 // execAsRaw is execAs for any goroutine: it does not touch t.
 func execAsRaw(nc *nats.Conn, who string, body []byte) (execReply, error) {
 	var r execReply
-	inbox := nats.NewInbox()
+	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return r, err
