@@ -20,6 +20,7 @@ import (
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
@@ -94,7 +95,7 @@ identities:
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := fleettest.Start(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
+	f := startFleet(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
 		c.Identify = identifyAs("tester")
 		c.Policy = store
 	}})
@@ -146,6 +147,7 @@ identities:
 	o := testCoordinatorOptions(t, t.TempDir())
 	o.Policy = writeTestPolicy(t, allow)
 	o.identify = identifyAs("tester")
+	o.AllowSharedToken = true // the agent below joins with the shared token
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
 	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
@@ -169,7 +171,7 @@ identities:
 	if err != nil {
 		t.Fatal(err)
 	}
-	acfg.NodeID, acfg.Token, acfg.TLS = "node-hup", "tok", tlsCfg
+	acfg.NodeID, acfg.Token, acfg.SharedToken, acfg.TLS = "node-hup", "tok", true, tlsCfg
 	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
 	acfg.DataDir = t.TempDir()
 	acfg.Logger = log
@@ -182,11 +184,7 @@ identities:
 	go func() { adone <- a.Run(actx) }()
 	t.Cleanup(func() { acancel(); <-adone })
 
-	nc, err := nats.Connect(cs.info.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := natsauthtest.Connect(t, cs.info.NATSURL, natsauthtest.ClientCreds(t, cs.layout, "tester"))
 	cl := client.New(nc)
 	var session string
 	waitFor(t, func() error {
@@ -301,7 +299,7 @@ func TestDevPolicy(t *testing.T) {
 		"alice":         "nats:alice",
 		"first.last":    "nats:first.last",
 		"CORP\\bob":     "nats:CORP-bob",
-		"_svc":          "nats:u-svc",
+		"_svc":          "nats:u_svc",
 		"a b":           "nats:a-b",
 		"x@example.com": "nats:x@example.com",
 	} {

@@ -60,6 +60,11 @@ func startDev(t *testing.T, dir string) (url, tunnelAddr, caFile string, stop fu
 		url, tunnelAddr, caFile = m[1], m[2], m[3]
 		return nil
 	})
+	// Dev has no config home here, so it wrote its user's credentials in
+	// the data dir; the test's client commands use them.
+	creds := filepath.Join(dir, "dev.creds")
+	fleetCreds.Store(&creds)
+	t.Cleanup(func() { fleetCreds.Store(nil) })
 	return url, tunnelAddr, caFile, stop
 }
 
