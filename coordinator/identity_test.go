@@ -448,7 +448,8 @@ func TestRevokeElsewhereCutsSession(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.client})
+	// Another coordinator: TETHER credentials of its own.
+	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.env.Coordinator(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
