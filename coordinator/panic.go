@@ -33,7 +33,9 @@ func (c *Coordinator) internalError(e *panics.Error) *protocol.APIError {
 // is prepared (audit.go).
 func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 	return micro.HandlerFunc(func(req micro.Request) {
-		req = c.withAudit(unanswered(req), name)
+		req, returned := c.gateReplies(unanswered(req))
+		defer returned()
+		req = c.withAudit(req, name)
 		defer c.guard.Recover("nats "+name, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.hook("nats " + name)
 		id, err := c.cfg.Identify(nats.Header(req.Headers()))
