@@ -282,8 +282,11 @@ func auditDetail(ev *protocol.AuditEvent) string {
 	if ev.RunAs != "" {
 		parts = append(parts, "as "+ev.RunAs)
 	}
-	if ev.BytesIn > 0 || ev.BytesOut > 0 {
-		parts = append(parts, fmt.Sprintf("in %s out %s", formatCount(ev.BytesIn), formatCount(ev.BytesOut)))
+	if ev.BytesIn > 0 {
+		parts = append(parts, "in "+formatCount(ev.BytesIn))
+	}
+	if ev.BytesOut > 0 {
+		parts = append(parts, "out "+formatCount(ev.BytesOut))
 	}
 	switch {
 	case ev.Reason != "":
