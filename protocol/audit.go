@@ -381,4 +381,7 @@ type AuditQueryResponse struct {
 	Next uint64 `json:"next,omitempty"`
 	// Scanned is how many events the coordinator read for this page.
 	Scanned int `json:"scanned"`
+	// Last is the sequence of the newest event in the stream when the page
+	// was read: a follower of a newest-first page goes on from Last+1.
+	Last uint64 `json:"last"`
 }
