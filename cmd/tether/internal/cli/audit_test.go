@@ -111,7 +111,9 @@ func TestAuditFollow(t *testing.T) {
 	var stdout, stderr syncBuffer
 	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"audit", "--nats-url", url, "--operation", "exec", "--json", "-f", "--poll", "20ms"}, e) }()
+	go func() {
+		done <- run(ctx, []string{"audit", "--nats-url", url, "--operation", "exec", "--json", "-f", "--poll", "20ms"}, e)
+	}()
 	// Events that come while it follows are printed, once each, in order.
 	for i := range 3 {
 		if r := runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "node-0", "--", "sh", "-c", fmt.Sprintf("exit %d", i+1)); r.code != i+1 {
