@@ -259,6 +259,9 @@ func (j *job) recordAudit() {
 	ev := j.audit.event()
 	ev.JobID = j.id
 	ev.Nodes = j.targets
+	if len(ev.Nodes) > protocol.MaxAuditNodes {
+		ev.Nodes, ev.NodesTotal = ev.Nodes[:protocol.MaxAuditNodes], len(ev.Nodes)
+	}
 	ev.Target = j.target
 	ev.Command = protocol.AuditExecCommand(&j.params)
 	ev.RunAs = j.params.User

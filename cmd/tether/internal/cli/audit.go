@@ -244,10 +244,10 @@ func auditNodes(ev *protocol.AuditEvent) string {
 	switch {
 	case len(ev.Nodes) == 0:
 		return dash(ev.Target)
-	case len(ev.Nodes) <= 3:
+	case len(ev.Nodes) <= 3 && ev.NodesTotal == 0:
 		return strings.Join(ev.Nodes, ",")
 	}
-	return fmt.Sprintf("%s,… (%d nodes)", strings.Join(ev.Nodes[:2], ","), len(ev.Nodes))
+	return fmt.Sprintf("%s,… (%d nodes)", strings.Join(ev.Nodes[:2], ","), max(len(ev.Nodes), ev.NodesTotal))
 }
 
 // auditDetail is what the event is about, in a few words: the command
