@@ -33,11 +33,10 @@ type Config struct {
 	// closes it.
 	NATS *nats.Conn
 	// Identify names the sender of each NATS API request from what the
-	// NATS server stamped on it (natsauth.Verifier.Identify, converted to
-	// a policy.Identity); a request it fails for is refused with 401
+	// NATS server stamped on it (caller.FromNATS of the layout's
+	// natsauth.Verifier); a request it fails for is refused with 401
 	// unauthenticated before its handler runs, and handlers read the
-	// identity with caller.Of. Nil leaves requests unidentified (tests of
-	// parts that do not authorize).
+	// identity with caller.Of. Required: no request goes unattributed.
 	Identify func(nats.Header) (policy.Identity, error)
 	// Policy decides what each identified caller may do (see package
 	// policy); reloading the store changes decisions at once. Nil allows
@@ -143,8 +142,8 @@ const (
 	DefaultCancelGrace            = 5 * time.Second
 )
 
-// DefaultConfig returns a Config with every default filled in. Token and NATS
-// must still be set.
+// DefaultConfig returns a Config with every default filled in. Token, NATS
+// and Identify must still be set.
 func DefaultConfig() Config {
 	id, err := os.Hostname()
 	if err != nil || id == "" {
@@ -231,6 +230,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS == nil {
 		errs = append(errs, errors.New("coordinator config: NATS connection is required"))
+	}
+	if c.Identify == nil {
+		errs = append(errs, errors.New("coordinator config: Identify is required (caller.FromNATS of the NATS layout's verifier): every API request must be attributed"))
 	}
 	for _, d := range []struct {
 		name string

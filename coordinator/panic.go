@@ -36,19 +36,16 @@ func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 		req = c.withAudit(unanswered(req), name)
 		defer c.guard.Recover("nats "+name, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.hook("nats " + name)
-		if c.cfg.Identify != nil {
-			id, err := c.cfg.Identify(nats.Header(req.Headers()))
-			if err != nil {
-				c.refuseUnidentified(req, name, err)
-				return
-			}
-			cr := &caller.Request{Request: req, Identity: id}
-			if a := auditOf(req); a != nil {
-				a.identity, a.outer = &id, cr
-			}
-			req = cr
+		id, err := c.cfg.Identify(nats.Header(req.Headers()))
+		if err != nil {
+			c.refuseUnidentified(req, name, err)
+			return
 		}
-		h.Handle(req)
+		cr := &caller.Request{Request: req, Identity: id}
+		if a := auditOf(req); a != nil {
+			a.identity, a.outer = &id, cr
+		}
+		h.Handle(cr)
 	})
 }
 

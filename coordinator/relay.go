@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -93,6 +95,13 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "reply subject: %v", err))
 		return
 	}
+	// The guard identified the sender from the header the server stamped;
+	// the pipe admits only that user's messages (relay.fromOpener).
+	acc, user, err := natsauth.RequestUser(nats.Header(req.Headers()))
+	if err != nil {
+		c.replyError(req, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "coordinator %s: stream: the NATS server did not stamp the sender: %v", c.cfg.ID, err))
+		return
+	}
 
 	c.mu.Lock()
 	if c.closing || c.life == nil {
@@ -107,14 +116,17 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		return
 	}
 	rel := &relay{
-		c:        c,
-		req:      req,
-		n:        n,
-		kind:     kind,
-		params:   json.RawMessage(params),
-		log:      c.log.With("node_id", n.id, "kind", kind.String()),
-		aborted:  make(chan struct{}),
-		stopping: make(chan struct{}),
+		c:      c,
+		req:    req,
+		n:      n,
+		kind:   kind,
+		params: json.RawMessage(params),
+		log:    c.log.With("node_id", n.id, "kind", kind.String()),
+
+		openerAccount: acc,
+		openerUser:    user,
+		aborted:       make(chan struct{}),
+		stopping:      make(chan struct{}),
 	}
 	rel.ctx, rel.cancel = context.WithCancel(c.life)
 	c.relays.add(rel)
@@ -180,6 +192,10 @@ type relay struct {
 	log    *slog.Logger
 	ctx    context.Context // bounds the stream open; cancelled by abort
 	cancel context.CancelFunc
+	// openerAccount and openerUser are the account and user public key
+	// the NATS server stamped on the stream request: the pipe admits only
+	// their messages.
+	openerAccount, openerUser string
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
@@ -249,7 +265,18 @@ func (r *relay) run() {
 	if pcfg.Logger == nil {
 		pcfg.Logger = c.log
 	}
-	p, err := natspipe.Accept(c.cfg.NATS, r.req.Reply(), pcfg)
+	// The client can publish only to exported subjects, so this end
+	// receives on a pipe subject (natsauth.PipeSubject) with an id nobody
+	// can guess, and admits only what the pipe's opener published there:
+	// anyone may publish to an exported subject, and the server stamps
+	// each message with its sender.
+	local, err := natsauth.PipeSubject(c.pipeToken, natsauth.NewPipeID())
+	if err != nil {
+		st.Close()
+		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
+		return
+	}
+	p, err := natspipe.AcceptOn(c.cfg.NATS, local, r.req.Reply(), r.fromOpener, pcfg)
 	if err != nil {
 		st.Close()
 		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
@@ -294,6 +321,37 @@ func (r *relay) run() {
 	} else {
 		log.Debug("relay finished")
 	}
+}
+
+// subjectToken turns id into one NATS subject token of at most 64 bytes of
+// letters, digits, '-' and '_' (natsauth.PipeSubject's rule): every other
+// byte becomes '_'. Host names, the default ids, have dots.
+func subjectToken(id string) string {
+	b := []byte(id)
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "coordinator"
+	}
+	return string(b)
+}
+
+// fromOpener admits a pipe message published by the user who opened the
+// relay, as the NATS server stamped it (natsauth.RequestUser); everything
+// else published to the pipe's subject is dropped.
+func (r *relay) fromOpener(m *nats.Msg) bool {
+	acc, user, err := natsauth.RequestUser(m.Header)
+	if err == nil && acc == r.openerAccount && user == r.openerUser {
+		return true
+	}
+	r.log.Debug("pipe message from another sender dropped", "sender", user, "err", err)
+	return false
 }
 
 // pipeToStream copies the client's bytes to the node. At the client's eof

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -48,6 +49,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		h             micro.HandlerFunc
 	}{
 		{"exec", protocol.SubjectExec, c.handleExec},
+		{"exec-alive", protocol.SubjectExecAlive, c.handleExecAlive},
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},
 		{"stream", protocol.SubjectStream, c.handleStream},
@@ -56,21 +58,15 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
 		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
 	}
-	if err := c.startProbes(); err != nil {
-		svc.Stop()
-		return nil, err
-	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {
 			svc.Stop()
-			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoint %s on %s: %w", e.name, e.subject, err)
 		}
 	}
 	if c.cfg.Endpoints != nil {
 		if err := c.cfg.Endpoints(guardedService{svc, c}); err != nil {
 			svc.Stop()
-			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoints: %w", err)
 		}
 	}
@@ -160,7 +156,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		ids[i] = n.id
 	}
 	r.ID = id
+	owner, ownerKnown := caller.Of(req)
 	j := &job{
+		owner:       owner,
+		ownerKnown:  ownerKnown,
 		c:           c,
 		id:          id,
 		reply:       req.Reply(),

@@ -52,12 +52,7 @@ type fixture struct {
 
 func newFixture(t testing.TB, mutate func(*Config)) *fixture {
 	t.Helper()
-	s := natstest.Run(t)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Run(t).Coordinator(t)
 	f := &fixture{nc: nc, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
 	cfg := Config{
 		NATS:        nc,
@@ -70,6 +65,7 @@ func newFixture(t testing.TB, mutate func(*Config)) *fixture {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
+	var err error
 	f.r, err = New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package caller_test
+package caller
 
 import (
 	"os"
@@ -7,57 +7,87 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/policy"
 )
 
-// fakeRequest is a micro.Request nobody answers; Decide only passes it on.
 type fakeRequest struct{ micro.Request }
 
-func TestAuthorizerObservesEveryDecision(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "p.yaml")
-	if err := os.WriteFile(path, []byte("version: 1\nidentities:\n  nats:alice:\n    rules:\n      - operations: [admin]\n"), 0o600); err != nil {
+const testPolicy = `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "env=dev"
+        operations: [exec]
+        run_as: alice
+    limits:
+      requests_per_second: 1
+      burst: 1
+`
+
+func testStore(t *testing.T) *policy.Store {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(testPolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	store, err := policy.NewStore(path, nil)
+	m, err := policy.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var seen []caller.Decision
-	a := caller.Authorizer{Policy: store, Observe: func(d caller.Decision) { seen = append(seen, d) }}
-	alice := &caller.Request{Request: fakeRequest{}, Identity: policy.Identity{Kind: policy.KindNATS, Name: "alice"}}
-	bob := &caller.Request{Request: fakeRequest{}, Identity: policy.Identity{Kind: policy.KindNATS, Name: "bob"}}
+	s, err := policy.NewStore(path, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
-	if _, e := a.Decide(alice, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
-		t.Fatal(e)
+func TestAuthorizer(t *testing.T) {
+	a := Authorizer{Policy: testStore(t)}
+	alice := &Request{Request: fakeRequest{}, Identity: policy.Identity{Kind: policy.KindNATS, Name: "alice"}}
+	bob := &Request{Request: fakeRequest{}, Identity: policy.Identity{Kind: policy.KindNATS, Name: "bob"}}
+	dev := policy.Node{ID: "n1", Labels: map[string]string{"env": "dev"}}
+	prod := policy.Node{ID: "n2", Labels: map[string]string{"env": "prod"}}
+
+	if id, ok := Of(alice); !ok || id.Name != "alice" {
+		t.Fatalf("Of(alice) = %v, %v", id, ok)
 	}
-	if _, e := a.Decide(alice, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
-		t.Fatal(e)
+	if _, ok := Of(fakeRequest{}); ok {
+		t.Fatal("Of(a request the guard did not identify) = true")
 	}
-	if _, e := a.Decide(bob, policy.OpAdmin, policy.Node{}, policy.Object{}); e == nil || e.Status != 403 {
-		t.Fatalf("bob: %v", e)
+	g, e := a.Decide(alice, policy.OpExec, dev, policy.Object{})
+	if e != nil || g.RunAs != "alice" {
+		t.Fatalf("alice exec on dev: grant %+v, err %v", g, e)
 	}
-	if _, e := a.Decide(fakeRequest{}, policy.OpAdmin, policy.Node{}, policy.Object{}); e == nil || e.Status != 401 {
-		t.Fatalf("unidentified: %v", e)
+	for _, c := range []struct {
+		name   string
+		req    micro.Request
+		node   policy.Node
+		status int
+		code   string
+	}{
+		{"unidentified", fakeRequest{}, dev, 401, "unauthenticated"},
+		{"other node", alice, prod, 403, "forbidden"},
+		{"unknown identity", bob, dev, 403, "forbidden"},
+		{"no node", alice, policy.Node{}, 400, "invalid_request"},
+	} {
+		_, e := a.Decide(c.req, policy.OpExec, c.node, policy.Object{})
+		if e == nil || e.Status != c.status || e.Code != c.code {
+			t.Errorf("%s: got %v, want %d %s", c.name, e, c.status, c.code)
+		}
 	}
-	if len(seen) != 4 {
-		t.Fatalf("observed %d decisions, want 4", len(seen))
+	_, e = a.Decide(alice, policy.OpExec, prod, policy.Object{})
+	if !strings.Contains(e.Message, "nats:alice") || !strings.Contains(e.Message, "exec") {
+		t.Errorf("refusal %q does not name the identity and the operation", e.Message)
 	}
-	if d := seen[0]; d.Err != nil || !d.Identified || d.Grant.Rule() == "" || d.Request != alice {
-		t.Errorf("grant: %+v", d)
+	if e := a.Allow(alice, policy.OpExec); e != nil {
+		t.Fatalf("first request: %v", e)
 	}
-	if d := seen[2]; d.Err == nil || d.Refusal == nil || d.Refusal.Reason != policy.ReasonNoIdentity || d.Identity.Name != "bob" {
-		t.Errorf("refusal: %+v", d)
+	if e := a.Allow(alice, policy.OpExec); e == nil || e.Status != 429 || e.Code != "rate_limited" {
+		t.Fatalf("request over the burst: got %v, want 429 rate_limited", e)
 	}
-	if d := seen[3]; d.Err == nil || d.Identified || d.Refusal != nil {
-		t.Errorf("unidentified: %+v", d)
-	}
-	// The rule that allowed alice is kept once, for the audit event.
-	if r := caller.Rules(alice); len(r) != 1 || !strings.Contains(r[0], "p.yaml") {
-		t.Errorf("Rules(alice) = %q", r)
-	}
-	if r := caller.Rules(bob); r != nil {
-		t.Errorf("Rules(bob) = %q, want none", r)
+	if g, e := (Authorizer{}).Decide(fakeRequest{}, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil || g.RunAs != "" {
+		t.Fatalf("zero Authorizer: %+v, %v", g, e)
 	}
 }
