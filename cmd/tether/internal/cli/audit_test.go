@@ -39,7 +39,7 @@ func TestAuditOptions(t *testing.T) {
 }
 
 func TestAuditCommand(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+	f := startFleet(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
 		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 		defer cancel()
 		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
@@ -95,7 +95,7 @@ func TestAuditCommand(t *testing.T) {
 }
 
 func TestAuditFollow(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+	f := startFleet(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
 		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 		defer cancel()
 		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
@@ -109,7 +109,7 @@ func TestAuditFollow(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
 	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"audit", "--nats-url", url, "--operation", "exec", "--json", "-f", "--poll", "20ms"}, e)
