@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -263,5 +264,27 @@ func TestAuditQueryWithoutRecorder(t *testing.T) {
 	_, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{})
 	if !errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeUnavailable}) || !strings.Contains(err.Error(), "audit") {
 		t.Fatalf("audit query without a recorder: %v", err)
+	}
+}
+
+// A decision about a caller that is not a NATS request (a facade call)
+// is recorded when it refuses.
+func TestAuditRefusalWithoutRequest(t *testing.T) {
+	f, _ := auditFleet(t, nil)
+	obs := coordinator.AuthorizerForTest(f.Coordinator).Observe
+	if obs == nil {
+		t.Fatal("the coordinator's Authorizer observes nothing")
+	}
+	id := policy.Identity{Kind: policy.KindCert, Name: "ops.example.com"}
+	obs(caller.Decision{Identity: id, Identified: true, Op: policy.OpForward, Node: policy.Node{ID: "node-0"},
+		Object: policy.Object{Target: "openshell"}, Err: protocol.NewAPIError(403, protocol.ErrCodeForbidden, "cert:ops.example.com may not forward")})
+	obs(caller.Decision{Identity: id, Identified: true, Op: policy.OpForward}) // allowed: no event
+	ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"}, func(*protocol.AuditEvent) bool { return true })
+	if ev.Operation != "forward" || ev.Result != protocol.AuditRefused || ev.Target != "openshell" || len(ev.Nodes) != 1 || ev.Nodes[0] != "node-0" || ev.Status != 403 {
+		t.Errorf("event %+v", ev)
+	}
+	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"})
+	if err != nil || len(resp.Events) != 1 {
+		t.Errorf("%v: %d events of the facade caller, want 1", err, len(resp.Events))
 	}
 }
