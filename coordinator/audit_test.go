@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -26,9 +27,16 @@ import (
 // coordinator's config further.
 func auditFleet(t *testing.T, mutate func(*coordinator.Config)) (*fleettest.Fleet, *lockedBuffer) {
 	t.Helper()
+	return auditFleetOpts(t, fleettest.Options{}, mutate)
+}
+
+// auditFleetOpts is auditFleet with more fleet options.
+func auditFleetOpts(t *testing.T, opts fleettest.Options, mutate func(*coordinator.Config)) (*fleettest.Fleet, *lockedBuffer) {
+	t.Helper()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
-	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+	opts.Logger = testLogger(t)
+	opts.Coordinator = func(c *coordinator.Config) {
 		c.Logger = log
 		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 		defer cancel()
@@ -45,8 +53,8 @@ func auditFleet(t *testing.T, mutate func(*coordinator.Config)) (*fleettest.Flee
 		if mutate != nil {
 			mutate(c)
 		}
-	}})
-	return f, logs
+	}
+	return fleettest.Start(t, opts), logs
 }
 
 // auditEvents waits until the audit log (read through the API as the
@@ -286,5 +294,27 @@ func TestAuditRefusalWithoutRequest(t *testing.T) {
 	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"})
 	if err != nil || len(resp.Events) != 1 {
 		t.Errorf("%v: %d events of the facade caller, want 1", err, len(resp.Events))
+	}
+}
+
+// The endpoints other packages add (the ledger's) are audited like the
+// coordinator's own.
+func TestAuditLedgerEndpoints(t *testing.T) {
+	f, _ := auditFleetOpts(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if _, err := f.Client.OpenLease(ctx, "run-7", time.Minute, "me"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Client.RenewLease(ctx, "no-such-run"); err == nil {
+		t.Fatal("renewing no lease succeeded")
+	}
+	ok := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "sandboxes.lease", Result: protocol.AuditOK}, func(*protocol.AuditEvent) bool { return true })
+	if ok.Run != "run-7" || ok.Subject != protocol.SubjectLeaseOpen {
+		t.Errorf("lease open: event %+v", ok)
+	}
+	bad := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "sandboxes.lease", Result: protocol.AuditError}, func(*protocol.AuditEvent) bool { return true })
+	if bad.Run != "no-such-run" || bad.ErrorCode != protocol.ErrCodeNotFound || bad.Subject != protocol.SubjectLeaseRenew {
+		t.Errorf("lease renew: event %+v", bad)
 	}
 }
