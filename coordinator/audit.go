@@ -27,9 +27,14 @@ import (
 //     exit code or counts, bytes;
 //   - a stream relay when it ended (relay.recordAudit): kind, node, path
 //     or target, bytes both ways, the agent's exit status when it sent one;
-//   - a policy refusal when Authorizer decided it (observeDecision), with
-//     the policy's reason and message; the request's error reply is then
-//     not recorded again.
+//   - a policy refusal is the request's event too: Authorizer.Observe
+//     (observeDecision) keeps the first refusal on the request, and the
+//     error reply that follows is recorded as refused, with the policy's
+//     reason, operation, node and object and the reply's message (which
+//     names every node refused). A refusal that does not refuse the
+//     request (a listing that hides what the caller may not see) leaves
+//     no trace. A decision about a caller that is not a NATS request (a
+//     facade call) is recorded when it refuses.
 
 // endpointOps maps request subjects to the policy operation they are
 // audited under.
@@ -61,8 +66,8 @@ type auditReq struct {
 	start    time.Time
 
 	mu      sync.Mutex
-	done    bool // the event was recorded or taken over
-	refused bool // observeDecision recorded a refusal
+	done    bool             // the event was recorded or taken over
+	refusal *caller.Decision // the first refusal observeDecision saw
 	// identity and outer are set by the guard once the sender is known:
 	// the wrapper sits inside the caller.Request (outer), which keeps the
 	// rules that allowed the request.
@@ -104,12 +109,12 @@ func (a *auditReq) takeOver() bool {
 // successful reply), code and message.
 func (a *auditReq) finish(status int, code, msg string) {
 	a.mu.Lock()
-	if a.done || a.refused && status != 0 {
-		a.done = true
+	if a.done {
 		a.mu.Unlock()
 		return
 	}
 	a.done = true
+	ref := a.refusal
 	a.mu.Unlock()
 	ev := a.event()
 	var body struct {
@@ -139,15 +144,40 @@ func (a *auditReq) finish(status int, code, msg string) {
 	ev.Result = protocol.AuditOK
 	if status != 0 {
 		ev.Result, ev.Status, ev.ErrorCode = protocol.AuditError, status, code
-		if status == 401 || status == 403 || status == 429 {
+		policyRefused := ref != nil && ref.Err.Status == status && ref.Err.Code == code
+		if status == 401 || status == 403 || status == 429 || policyRefused {
 			// Refusals: the message names who, what and the rule missing.
 			ev.Result, ev.Error = protocol.AuditRefused, protocol.ClipUTF8(msg, protocol.MaxAuditErrorLen)
 			if status == 401 {
 				ev.Reason = protocol.ErrCodeUnauthenticated
 			}
 		}
+		if policyRefused {
+			withRefusal(ev, ref)
+		}
 	}
 	a.c.cfg.Audit.Record(ev)
+}
+
+// withRefusal adds what policy refused to ev: the operation decided, the
+// reason, the node and object (unless the request named them already).
+func withRefusal(ev *protocol.AuditEvent, d *caller.Decision) {
+	ev.Operation = d.Op.String()
+	switch {
+	case d.Refusal != nil:
+		ev.Reason = d.Refusal.Reason.String()
+	case !d.Identified:
+		ev.Reason = protocol.ErrCodeUnauthenticated
+	}
+	if d.Node.ID != "" && len(ev.Nodes) == 0 {
+		ev.Nodes = []string{d.Node.ID}
+	}
+	if d.Object.Path != "" {
+		ev.Paths = []string{protocol.ClipUTF8(d.Object.Path, protocol.MaxAuditErrorLen)}
+	}
+	if d.Object.Target != "" {
+		ev.Target = protocol.ClipUTF8(d.Object.Target, protocol.MaxAuditProgramLen)
+	}
 }
 
 // event starts the request's event: who, what, when, how long so far.
@@ -190,36 +220,30 @@ func (c *Coordinator) withAudit(req micro.Request, endpoint string) micro.Reques
 	return &auditReq{Request: req, c: c, endpoint: endpoint, start: time.Now()}
 }
 
-// observeDecision is Authorizer.Observe: a refusal is recorded at once,
-// with what policy says about it.
+// observeDecision is Authorizer.Observe. A refusal of a NATS request is
+// kept on it for its event (auditReq.finish); one of another caller (a
+// facade call: no request) is recorded at once.
 func (c *Coordinator) observeDecision(d caller.Decision) {
 	if d.Err == nil || c.cfg.Audit == nil {
 		return
 	}
-	a := auditOf(d.Request)
-	if a == nil {
+	if a := auditOf(d.Request); a != nil {
+		a.mu.Lock()
+		if a.refusal == nil {
+			a.refusal = &d
+		}
+		a.mu.Unlock()
 		return
 	}
-	a.mu.Lock()
-	a.refused = true
-	a.mu.Unlock()
-	ev := a.event()
-	ev.Operation = d.Op.String()
-	ev.Result = protocol.AuditRefused
-	ev.Status, ev.ErrorCode = d.Err.Status, d.Err.Code
-	ev.Error = protocol.ClipUTF8(d.Err.Message, protocol.MaxAuditErrorLen)
-	if d.Refusal != nil {
-		ev.Reason = d.Refusal.Reason.String()
-	} else if !d.Identified {
-		ev.Reason = protocol.ErrCodeUnauthenticated
+	if d.Request != nil {
+		return // a request the guard did not wrap: not one of ours
 	}
-	if d.Node.ID != "" {
-		ev.Nodes = []string{d.Node.ID}
+	ev := &protocol.AuditEvent{Result: protocol.AuditRefused, Status: d.Err.Status, ErrorCode: d.Err.Code,
+		Error: protocol.ClipUTF8(d.Err.Message, protocol.MaxAuditErrorLen)}
+	if d.Identified {
+		ev.Identity, ev.IdentityKey, ev.Account = d.Identity.String(), d.Identity.Key, d.Identity.Account
 	}
-	if d.Object.Path != "" {
-		ev.Paths = []string{protocol.ClipUTF8(d.Object.Path, protocol.MaxAuditErrorLen)}
-	}
-	ev.Target = d.Object.Target
+	withRefusal(ev, &d)
 	c.cfg.Audit.Record(ev)
 }
 
@@ -259,6 +283,9 @@ func (j *job) recordAudit() {
 	ev := j.audit.event()
 	ev.JobID = j.id
 	ev.Nodes = j.targets
+	if len(ev.Nodes) > protocol.MaxAuditNodes {
+		ev.Nodes, ev.NodesTotal = ev.Nodes[:protocol.MaxAuditNodes], len(ev.Nodes)
+	}
 	ev.Target = j.target
 	ev.Command = protocol.AuditExecCommand(&j.params)
 	ev.RunAs = j.params.User

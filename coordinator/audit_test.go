@@ -10,11 +10,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -25,9 +27,16 @@ import (
 // coordinator's config further.
 func auditFleet(t *testing.T, mutate func(*coordinator.Config)) (*fleettest.Fleet, *lockedBuffer) {
 	t.Helper()
+	return auditFleetOpts(t, fleettest.Options{}, mutate)
+}
+
+// auditFleetOpts is auditFleet with more fleet options.
+func auditFleetOpts(t *testing.T, opts fleettest.Options, mutate func(*coordinator.Config)) (*fleettest.Fleet, *lockedBuffer) {
+	t.Helper()
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
-	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+	opts.Logger = testLogger(t)
+	opts.Coordinator = func(c *coordinator.Config) {
 		c.Logger = log
 		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 		defer cancel()
@@ -44,8 +53,8 @@ func auditFleet(t *testing.T, mutate func(*coordinator.Config)) (*fleettest.Flee
 		if mutate != nil {
 			mutate(c)
 		}
-	}})
-	return f, logs
+	}
+	return fleettest.Start(t, opts), logs
 }
 
 // auditEvents waits until the audit log (read through the API as the
@@ -263,5 +272,49 @@ func TestAuditQueryWithoutRecorder(t *testing.T) {
 	_, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{})
 	if !errors.Is(err, &protocol.APIError{Code: protocol.ErrCodeUnavailable}) || !strings.Contains(err.Error(), "audit") {
 		t.Fatalf("audit query without a recorder: %v", err)
+	}
+}
+
+// A decision about a caller that is not a NATS request (a facade call)
+// is recorded when it refuses.
+func TestAuditRefusalWithoutRequest(t *testing.T) {
+	f, _ := auditFleet(t, nil)
+	obs := coordinator.AuthorizerForTest(f.Coordinator).Observe
+	if obs == nil {
+		t.Fatal("the coordinator's Authorizer observes nothing")
+	}
+	id := policy.Identity{Kind: policy.KindCert, Name: "ops.example.com"}
+	obs(caller.Decision{Identity: id, Identified: true, Op: policy.OpForward, Node: policy.Node{ID: "node-0"},
+		Object: policy.Object{Target: "openshell"}, Err: protocol.NewAPIError(403, protocol.ErrCodeForbidden, "cert:ops.example.com may not forward")})
+	obs(caller.Decision{Identity: id, Identified: true, Op: policy.OpForward}) // allowed: no event
+	ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"}, func(*protocol.AuditEvent) bool { return true })
+	if ev.Operation != "forward" || ev.Result != protocol.AuditRefused || ev.Target != "openshell" || len(ev.Nodes) != 1 || ev.Nodes[0] != "node-0" || ev.Status != 403 {
+		t.Errorf("event %+v", ev)
+	}
+	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"})
+	if err != nil || len(resp.Events) != 1 {
+		t.Errorf("%v: %d events of the facade caller, want 1", err, len(resp.Events))
+	}
+}
+
+// The endpoints other packages add (the ledger's) are audited like the
+// coordinator's own.
+func TestAuditLedgerEndpoints(t *testing.T) {
+	f, _ := auditFleetOpts(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if _, err := f.Client.OpenLease(ctx, "run-7", time.Minute, "me"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Client.RenewLease(ctx, "no-such-run"); err == nil {
+		t.Fatal("renewing no lease succeeded")
+	}
+	ok := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "sandboxes.lease", Result: protocol.AuditOK}, func(*protocol.AuditEvent) bool { return true })
+	if ok.Run != "run-7" || ok.Subject != protocol.SubjectLeaseOpen {
+		t.Errorf("lease open: event %+v", ok)
+	}
+	bad := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "sandboxes.lease", Result: protocol.AuditError}, func(*protocol.AuditEvent) bool { return true })
+	if bad.Run != "no-such-run" || bad.ErrorCode != protocol.ErrCodeNotFound || bad.Subject != protocol.SubjectLeaseRenew {
+		t.Errorf("lease renew: event %+v", bad)
 	}
 }

@@ -97,8 +97,10 @@
 // stream relay took it over (they record at their end, with the command's
 // digest, the nodes, the exit code and the bytes; a relay reads the
 // agent's last exit or error frame for it, the one place it looks into
-// the frames it relays) or the Authorizer recorded a refusal. Recording
-// never blocks a handler.
+// the frames it relays). A policy refusal that refuses the request makes
+// its event a refusal, with the policy's reason; a facade call's refusal
+// is recorded as the Authorizer decides it. Recording never blocks a
+// handler.
 //
 // # Goroutines
 //

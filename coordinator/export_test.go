@@ -1,5 +1,7 @@
 package coordinator
 
+import "github.com/tetherfleet/tether/coordinator/caller"
+
 // SetTestHook makes c call f at named points, in the goroutine that reaches
 // them: "nats <endpoint>" before a NATS request's handler (e.g. "nats
 // nodes"), "exec node <id>" before a node run of an exec job. A panic in f
@@ -11,3 +13,6 @@ func SetTestHook(c *Coordinator, f func(point string)) {
 	}
 	c.testHook.Store(&f)
 }
+
+// AuthorizerForTest returns the Authorizer c's handlers ask.
+func AuthorizerForTest(c *Coordinator) caller.Authorizer { return c.authorizer() }

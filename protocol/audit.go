@@ -91,8 +91,11 @@ type AuditEvent struct {
 	JobID string `json:"job_id,omitempty"`
 	// Run is the sandbox run a sandboxes.* request is about.
 	Run string `json:"run,omitempty"`
-	// Nodes are the nodes the operation ran on (or would have), sorted.
-	Nodes []string `json:"nodes,omitempty"`
+	// Nodes are the nodes the operation ran on (or would have), sorted;
+	// at most MaxAuditNodes of them, NodesTotal saying how many there were
+	// when some are left out.
+	Nodes      []string `json:"nodes,omitempty"`
+	NodesTotal int      `json:"nodes_total,omitempty"`
 	// Target is what the request addressed: "selector S", "all nodes", or
 	// a forward's target name.
 	Target string `json:"target,omitempty"`
@@ -176,6 +179,10 @@ const (
 	MaxAuditErrorLen = 512
 	// MaxAuditProgramLen bounds AuditCommand.Program.
 	MaxAuditProgramLen = 128
+	// MaxAuditNodes bounds AuditEvent.Nodes (a fan-out to more nodes
+	// lists the first ones and NodesTotal), so that an event always fits
+	// a NATS message.
+	MaxAuditNodes = 1000
 	// maxAuditEnvKeys bounds AuditCommand.EnvKeys (the rest are dropped).
 	maxAuditEnvKeys = 64
 )
@@ -381,4 +388,7 @@ type AuditQueryResponse struct {
 	Next uint64 `json:"next,omitempty"`
 	// Scanned is how many events the coordinator read for this page.
 	Scanned int `json:"scanned"`
+	// Last is the sequence of the newest event in the stream when the page
+	// was read: a follower of a newest-first page goes on from Last+1.
+	Last uint64 `json:"last"`
 }

@@ -40,6 +40,7 @@ func (r *Recorder) Query(ctx context.Context, q protocol.AuditQueryRequest, maxB
 		return nil, fmt.Errorf("audit: stream %s: %w", r.cfg.Stream, err)
 	}
 	st := info.State
+	pg.resp.Last = st.LastSeq
 	if st.Msgs == 0 {
 		if q.Order == protocol.AuditOldestFirst {
 			pg.resp.Next = st.LastSeq + 1

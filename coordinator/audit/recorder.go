@@ -342,6 +342,7 @@ func attrs(ev *protocol.AuditEvent) []slog.Attr {
 	str("job_id", ev.JobID)
 	str("run", ev.Run)
 	str("nodes", strings.Join(ev.Nodes, ","))
+	num("nodes_total", int64(ev.NodesTotal))
 	str("target", ev.Target)
 	if c := ev.Command; c != nil {
 		str("command_mode", c.Mode)

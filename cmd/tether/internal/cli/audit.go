@@ -120,7 +120,7 @@ Results are ok, failed, refused and error.`,
 				return err
 			}
 			defer closeNC()
-			return runAudit(cmd.Context(), c, q, &o, e.stdout, e.now)
+			return runAudit(cmd.Context(), c, q, &o, e.stdout)
 		}),
 	}
 	f := cmd.Flags()
@@ -141,14 +141,18 @@ Results are ok, failed, refused and error.`,
 
 // runAudit prints the newest o.Limit events matching q, oldest first, then
 // with o.Follow the new ones as they come until ctx ends.
-func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryRequest, o *auditOptions, w io.Writer, now func() time.Time) error {
+func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryRequest, o *auditOptions, w io.Writer) error {
 	var evs []protocol.AuditEvent
+	var last uint64 // the newest event in the log when we began
 	q.Order = protocol.AuditNewestFirst
 	for len(evs) < o.Limit {
 		q.Limit = min(protocol.MaxAuditLimit, o.Limit-len(evs))
 		resp, err := c.Audit(ctx, q)
 		if err != nil {
 			return err
+		}
+		if q.Cursor == 0 {
+			last = resp.Last
 		}
 		evs = append(evs, resp.Events...)
 		if resp.Next == 0 {
@@ -157,7 +161,7 @@ func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryReques
 		q.Cursor = resp.Next
 	}
 	slices.Reverse(evs)
-	p := &auditPrinter{w: w, json: o.JSON, now: now}
+	p := &auditPrinter{w: w, json: o.JSON}
 	if err := p.print(evs); err != nil {
 		return err
 	}
@@ -167,14 +171,9 @@ func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryReques
 		}
 		return nil
 	}
-	// Follow: oldest first from after the newest event printed, or from
-	// the end of the log.
-	q.Order, q.Cursor, q.Limit = protocol.AuditOldestFirst, 0, protocol.MaxAuditLimit
-	if len(evs) > 0 {
-		q.Cursor = evs[len(evs)-1].Seq + 1
-	} else {
-		q.Since = now()
-	}
+	// Follow: oldest first from after the newest event of the log when
+	// the first page was read (that page had all events up to it).
+	q.Order, q.Cursor, q.Limit = protocol.AuditOldestFirst, last+1, protocol.MaxAuditLimit
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
 	for {
@@ -189,7 +188,7 @@ func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryReques
 			return err
 		}
 		if resp.Next > 0 {
-			q.Cursor, q.Since = resp.Next, time.Time{}
+			q.Cursor = resp.Next
 		}
 		if len(resp.Events) == q.Limit {
 			continue // more are waiting
@@ -206,7 +205,6 @@ func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryReques
 type auditPrinter struct {
 	w      io.Writer
 	json   bool
-	now    func() time.Time
 	header bool
 }
 
@@ -246,10 +244,10 @@ func auditNodes(ev *protocol.AuditEvent) string {
 	switch {
 	case len(ev.Nodes) == 0:
 		return dash(ev.Target)
-	case len(ev.Nodes) <= 3:
+	case len(ev.Nodes) <= 3 && ev.NodesTotal == 0:
 		return strings.Join(ev.Nodes, ",")
 	}
-	return fmt.Sprintf("%s,… (%d nodes)", strings.Join(ev.Nodes[:2], ","), len(ev.Nodes))
+	return fmt.Sprintf("%s,… (%d nodes)", strings.Join(ev.Nodes[:2], ","), max(len(ev.Nodes), ev.NodesTotal))
 }
 
 // auditDetail is what the event is about, in a few words: the command
@@ -282,8 +280,11 @@ func auditDetail(ev *protocol.AuditEvent) string {
 	if ev.RunAs != "" {
 		parts = append(parts, "as "+ev.RunAs)
 	}
-	if ev.BytesIn > 0 || ev.BytesOut > 0 {
-		parts = append(parts, fmt.Sprintf("in %s out %s", formatCount(ev.BytesIn), formatCount(ev.BytesOut)))
+	if ev.BytesIn > 0 {
+		parts = append(parts, "in "+formatCount(ev.BytesIn))
+	}
+	if ev.BytesOut > 0 {
+		parts = append(parts, "out "+formatCount(ev.BytesOut))
 	}
 	switch {
 	case ev.Reason != "":

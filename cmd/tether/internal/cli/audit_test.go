@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,51 @@ func TestAuditCommand(t *testing.T) {
 	r = runCLI(ctx, nil, "", "audit", "--nats-url", url, "--identity", "nats:nobody")
 	if r.code != 0 || !strings.Contains(r.stdout, "no matching audit events") {
 		t.Errorf("no match: exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
+func TestAuditFollow(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close(context.Background()) })
+		c.Audit = rec
+	}})
+	url := f.NATS.ClientURL()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"audit", "--nats-url", url, "--operation", "exec", "--json", "-f", "--poll", "20ms"}, e)
+	}()
+	// Events that come while it follows are printed, once each, in order.
+	for i := range 3 {
+		if r := runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "node-0", "--", "sh", "-c", fmt.Sprintf("exit %d", i+1)); r.code != i+1 {
+			t.Fatalf("exec %d: exit %d, stderr %q", i, r.code, r.stderr)
+		}
+	}
+	deadline := time.Now().Add(defaultTestTimeout)
+	for strings.Count(stdout.String(), "\n") < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("audit -f ended with %d, stderr %q", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("followed %d events, want 3:\n%s", len(lines), stdout.String())
+	}
+	for i, l := range lines {
+		var ev protocol.AuditEvent
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.ExitCode == nil || *ev.ExitCode != i+1 {
+			t.Errorf("line %d: %v %s", i, err, l)
+		}
 	}
 }

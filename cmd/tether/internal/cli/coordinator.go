@@ -520,7 +520,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	})
 	acancel()
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: %w", err)
+		return nil, fmt.Errorf("coordinator: %w (the audit log needs JetStream file storage for --audit-max-bytes, default 1 GiB)", err)
 	}
 	rec := cs.audit // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { closeAudit(rec, log) })
