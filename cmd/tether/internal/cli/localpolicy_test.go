@@ -26,7 +26,7 @@ func TestLocalPolicyRefusalsShown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = p }})
+	f := startFleet(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = p }})
 	url := f.NATS.ClientURL()
 	local := filepath.Join(t.TempDir(), "f")
 	os.WriteFile(local, []byte("x"), 0o644)
@@ -173,7 +173,7 @@ func TestShellOnTerminalRefusedByLocalPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = p }})
+	f := startFleet(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = p }})
 	tm := newTerminal(t, 24, 80)
 	r := startShell(testCtx(t), t, tm, nil, f.NATS.ClientURL(), "true")
 	if code := r.wait(t); code != exitTether {
