@@ -109,7 +109,9 @@ type Config struct {
 	// write (push) and read (pull). A path is resolved one component at a
 	// time on descriptors from the root that holds it; its symlinks are
 	// followed (the last one too, as cp does) only while they stay inside
-	// a copy root. Empty means the data directory only. Whatever the
+	// a copy root. Empty means the data directory only. With LocalPolicy
+	// set, the policy's copy roots for the copy's account are used
+	// instead (one file says what a node allows). Whatever the
 	// roots, a copy never writes or reads the agent's own state (the
 	// detached jobs' files under DataDir/jobs, so not the data dir as a
 	// whole either, and SecretFiles).

@@ -19,8 +19,9 @@ import (
 // then receives (push) or sends (pull) with the mirror package, confined
 // to its copy roots (copyRoots) and never touching the agent's own state
 // (copyProtected), in process for the agent's own account and in a helper
-// process with the account's credentials for any other (copyas.go). The path is resolved by mirror on descriptors, once:
-// nothing here opens it by name. The session's ctx, a FrameCancel from the
+// process with the account's credentials for any other (copyas.go). The
+// path is resolved by mirror on descriptors, once: nothing here opens it
+// by name. The session's ctx, a FrameCancel from the
 // client and the stream's end all abort the copy; an aborted push leaves
 // the destination as it was. It closes st.
 func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Header) {
@@ -41,17 +42,19 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 	}
 	path := p.Path
 	log = log.With("direction", p.Direction, "path", path)
+	// As the other refusals of a copy, without the node's name.
+	refuse := func(info *protocol.ErrorInfo) {
+		info.Message = strings.TrimPrefix(info.Message, "node "+a.cfg.NodeID+": ")
+		a.refuseCopyInfo(st, info)
+	}
 	acct, refusal := a.runAs(p.User, "copy")
 	if refusal != nil {
-		refusal.Message = strings.TrimPrefix(refusal.Message, "node "+a.cfg.NodeID+": ")
-		a.refuseCopyInfo(st, refusal)
+		refuse(refusal)
 		return
 	}
 	roots, err := a.copyRoots(acct, path)
 	if err != nil {
-		refusal := a.forbidden(err)
-		refusal.Message = strings.TrimPrefix(refusal.Message, "node "+a.cfg.NodeID+": ")
-		a.refuseCopyInfo(st, refusal)
+		refuse(a.forbidden(err))
 		return
 	}
 	log.Info("copy started", "user", acct.Name, "delete", p.Delete, "checksum", p.Checksum, "strict", p.Strict)

@@ -209,7 +209,12 @@ func (a *Agent) copyAs(ctx context.Context, st *yamux.Stream, acct *account, p *
 	msg = append(msg, body...)
 
 	cmd := exec.Command("/proc/self/exe", copyHelperArg)
+	// Nothing of the agent's environment but the race detector's options
+	// (a race build's helper then exits as fast as the agent's tests ask).
 	cmd.Env = []string{copyHelperEnv + "=1"}
+	if v, ok := os.LookupEnv("GORACE"); ok {
+		cmd.Env = append(cmd.Env, "GORACE="+v)
+	}
 	cmd.Dir = "/"
 	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: acct.credential()}
