@@ -38,6 +38,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -67,6 +68,13 @@ type Options struct {
 	// Agent, if set, adjusts agent i's config before New (e.g. its Dial,
 	// to put a faulty connection under one agent).
 	Agent func(i int, c *agent.Config)
+	// Anonymous runs the fleet as every coordinator ran before NATS
+	// required credentials: an open NATS server with one account,
+	// callers not identified (Identify names every one nats:anonymous),
+	// and no policy. Only benchmarks use it, as the baseline that
+	// authorization is measured against (BenchmarkExecAuth); Layout,
+	// ClientCreds and CredsFile are then nil or empty.
+	Anonymous bool
 	// Gateways, if set, gives each in-process agent its own fake OpenShell
 	// gateway and OpenSandbox server and runs the coordinator's sandbox
 	// services (gateways.go). Not with Processes.
@@ -125,20 +133,54 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	dir := tb.TempDir()
-	layout := natsauthtest.NewLayout(tb)
-	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats"), Auth: layout, Logger: opts.Logger,
-	})
-	if err != nil {
-		tb.Fatal(err)
+	var (
+		layout      *natsauth.Layout
+		ns          *server.Server
+		creds       *natsauth.Creds
+		nc, coordNC *nats.Conn
+		identify    func(nats.Header) (policy.Identity, error)
+		credsFile   string
+		err         error
+	)
+	if opts.Anonymous {
+		ns, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoSigs: true, NoLog: true})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			tb.Fatal("anonymous NATS server not ready")
+		}
+		tb.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+		if nc, err = nats.Connect(ns.ClientURL()); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(nc.Close)
+		if coordNC, err = nats.Connect(ns.ClientURL(), nats.InProcessServer(ns)); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(coordNC.Close)
+		identify = func(nats.Header) (policy.Identity, error) {
+			return policy.Identity{Kind: policy.KindNATS, Name: "anonymous"}, nil
+		}
+	} else {
+		layout = natsauthtest.NewLayout(tb)
+		ns, err = coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{
+			Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats"), Auth: layout, Logger: opts.Logger,
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+		creds = natsauthtest.ClientCreds(tb, layout, "fleettest")
+		credsFile = natsauthtest.CredsFile(tb, creds)
+		nc = natsauthtest.Connect(tb, ns.ClientURL(), creds)
+		// The coordinator reaches its embedded server in-process, as
+		// `tether coordinator` and `tether dev` do, with coordinator
+		// credentials; clients (NC) connect over TCP.
+		coordNC = natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, "fleettest-coordinator"), nats.InProcessServer(ns))
+		identify = caller.FromNATS(layout.Verifier())
 	}
-	tb.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	creds := natsauthtest.ClientCreds(tb, layout, "fleettest")
-	nc := natsauthtest.Connect(tb, ns.ClientURL(), creds)
-	// The coordinator reaches its embedded server in-process, as `tether
-	// coordinator` and `tether dev` do, with coordinator credentials;
-	// clients (NC) connect over TCP.
-	coordNC := natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, "fleettest-coordinator"), nats.InProcessServer(ns))
 
 	pki, err := tunnel.EnsureDevPKI(filepath.Join(dir, "pki"), nil)
 	if err != nil {
@@ -154,13 +196,13 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	}
 	cliTLS.ServerName = "localhost"
 
-	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: natsauthtest.CredsFile(tb, creds),
+	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: credsFile,
 		NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
 	ccfg := coordinator.DefaultConfig()
 	ccfg.ID = "fleettest"
 	ccfg.Token = f.token
 	ccfg.NATS = coordNC
-	ccfg.Identify = caller.FromNATS(layout.Verifier())
+	ccfg.Identify = identify
 	ccfg.Logger = opts.Logger
 	if opts.HeartbeatInterval > 0 {
 		ccfg.HeartbeatInterval = opts.HeartbeatInterval
