@@ -200,6 +200,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		clientCommand(newSandboxesCmd(e)),
 		clientCommand(newRunLeaseCmd(e)),
 		newPolicyCmd(e),
+		newNATSCmd(e),
 	)
 	return root
 }

@@ -356,7 +356,12 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	// The NATS layout: the accounts and keys every connection to the
 	// embedded server authenticates with, and what callers are verified
 	// against (also with an external server given this layout).
+	unlockNATS, err := lockNATSDir(natsAuthDir(o.DataDir))
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 	cs.layout, err = natsauth.Load(natsAuthDir(o.DataDir), natsauth.Config{})
+	unlockNATS()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: NATS layout: %w", err)
 	}
@@ -466,6 +471,10 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 
 	adminDone := make(chan error, 1)
 	go func() { adminDone <- cs.admin.Serve(cs.adminLn) }()
+	wctx, wcancel := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); cs.watchRevocations(wctx, natsRevocationPoll) }()
+	defer wcancel()
 	// The sandbox services outlive the coordinator's drain (their
 	// endpoints answer until the micro service stops); if they fail, the
 	// coordinator drains and stops too rather than serve a closed ledger.
@@ -499,6 +508,8 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	if aerr := <-adminDone; !errors.Is(aerr, http.ErrServerClosed) {
 		cs.log.Error("admin server failed", "err", aerr)
 	}
+	wcancel()
+	<-watchDone
 	cs.nc.Close()
 	if cs.ns != nil {
 		cs.ns.Shutdown()
@@ -507,6 +518,48 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	cs.unlock()
 	cs.log.Info("coordinator stopped")
 	return err
+}
+
+// natsRevocationPoll is how often a running coordinator looks for
+// revocations `tether nats user revoke` recorded in its layout.
+const natsRevocationPoll = 2 * time.Second
+
+// watchRevocations applies, every interval until ctx ends, the revocations
+// another process recorded in the layout's directory: the coordinator's
+// verifier refuses the revoked users at once, and the embedded server (if
+// any) disconnects and refuses them (natsauth.Layout.UpdateServer). An
+// external server needs the new layout from its operator (tether nats
+// server-config), which the log says.
+func (cs *coordinatorServer) watchRevocations(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		unlock, err := lockNATSDir(cs.layout.Dir())
+		if err != nil {
+			cs.log.Warn("NATS revocations not reloaded", "err", err)
+			continue
+		}
+		changed, err := cs.layout.ReloadRevocations()
+		unlock()
+		switch {
+		case err != nil:
+			cs.log.Warn("NATS revocations not reloaded", "err", err)
+		case !changed:
+		case cs.ns != nil:
+			if err := cs.layout.UpdateServer(cs.ns); err != nil {
+				cs.log.Error("revoked NATS users not cut off on the embedded server", "err", err)
+			} else {
+				cs.log.Info("revoked NATS users cut off")
+			}
+		default:
+			cs.log.Warn("revoked NATS users are refused by this coordinator; give the external NATS server the new layout (tether nats server-config) so it disconnects them")
+		}
+	}
 }
 
 // close releases a coordinatorServer that will not be served.
