@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natspipe"
@@ -127,6 +128,9 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		openerUser:    user,
 		aborted:       make(chan struct{}),
 		stopping:      make(chan struct{}),
+	}
+	if id, ok := caller.Of(req); ok {
+		rel.log = rel.log.With("caller", id.String())
 	}
 	rel.ctx, rel.cancel = context.WithCancel(c.life)
 	c.relays.add(rel)

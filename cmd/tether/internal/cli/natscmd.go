@@ -234,6 +234,17 @@ never give them to a client.`,
 				if err != nil {
 					return err
 				}
+				if coordOut == "-" {
+					b, err := c.Bytes()
+					if err != nil {
+						return err
+					}
+					if _, err := e.stdout.Write(b); err != nil {
+						return err
+					}
+					fmt.Fprintf(e.stderr, "coordinator user %s (%s) written to stdout\n", args[0], c.PublicKey())
+					return nil
+				}
 				if err := natsauth.WriteCreds(coordOut, c); err != nil {
 					return err
 				}
@@ -242,7 +253,7 @@ never give them to a client.`,
 			})
 		}),
 	}
-	coordCreds.Flags().StringVarP(&coordOut, "output", "o", "", "credentials file to write, 0600 (default NAME.creds)")
+	coordCreds.Flags().StringVarP(&coordOut, "output", "o", "", `credentials file to write, 0600 (default NAME.creds; "-": stdout)`)
 	cmd.AddCommand(user, serverConfig, coordCreds)
 	return cmd
 }
