@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
@@ -200,6 +201,7 @@ type relay struct {
 	// the NATS server stamped on the stream request: the pipe admits only
 	// their messages.
 	openerAccount, openerUser string
+	admitted                  atomic.Pointer[string] // the last header value fromOpener admitted
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
@@ -340,8 +342,18 @@ func subjectToken(id string) string {
 // relay, as the NATS server stamped it (natsauth.RequestUser); everything
 // else published to the pipe's subject is dropped.
 func (r *relay) fromOpener(m *nats.Msg) bool {
+	// The server writes the header; a value seen on an admitted message
+	// names the same sender again (it changes when the connection's RTT
+	// does), so only new values are parsed.
+	vals := m.Header[server.ClientInfoHdr]
+	if len(vals) == 1 {
+		if p := r.admitted.Load(); p != nil && *p == vals[0] {
+			return true
+		}
+	}
 	acc, user, err := natsauth.RequestUser(m.Header)
 	if err == nil && acc == r.openerAccount && user == r.openerUser {
+		r.admitted.Store(&vals[0])
 		return true
 	}
 	r.log.Debug("pipe message from another sender dropped", "sender", user, "err", err)
