@@ -204,7 +204,15 @@ the NATS micro service "tether" (tether.v1.exec, tether.v1.nodes,
 tether.v1.cancel). Without --nats-url it embeds a NATS server with JetStream.
 Without --tls-cert it generates a development CA under the data directory:
 give agents its ca.crt with --ca-file. Without --token-file or TETHER_TOKEN it
-generates a join token in the data directory.`,
+generates a join token in the data directory.
+
+NATS admits no anonymous client. The NATS layout (operator, accounts, keys)
+lives in DATA-DIR/nats-auth, created on first start; 'tether nats user
+create' mints client credentials from it. With --nats-url the server must
+enforce that layout ('tether nats server-config'), --nats-creds names the
+coordinator's own credentials ('tether nats coordinator-creds'), and a server
+that lets anonymous clients publish to tether.v1.> is refused unless
+--insecure-nats.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {

@@ -132,8 +132,11 @@ func newDevCmd(e *env) *cobra.Command {
 		Short: "Run a coordinator, embedded NATS and one local agent, with zero config",
 		Long: `Run a complete local Tether: a coordinator with its embedded NATS server
 (JetStream on), and one agent on this machine connected to it through a real
-TLS tunnel over loopback. The dev CA, join token and NATS store live in the
-data directory. Ctrl-C stops everything.
+TLS tunnel over loopback. The dev CA, join token, NATS layout and NATS store
+live in the data directory. NATS admits no anonymous client: dev mints a
+client user named after you and writes its credentials (0600) to
+~/.config/tether/dev.creds ($XDG_CONFIG_HOME/tether/dev.creds), where the
+client commands find them. Ctrl-C stops everything.
 
 To run several side by side, give each its own --data-dir and ports.`,
 		Args: cobra.NoArgs,
