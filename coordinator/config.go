@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -41,6 +42,12 @@ type Config struct {
 	// policy); reloading the store changes decisions at once. Nil allows
 	// everything: only tests of parts that do not authorize leave it nil.
 	Policy *policy.Store
+	// Audit, if set, records an audit event for every request the micro
+	// service serves and every policy refusal (audit.go), and serves
+	// SubjectAuditQuery from it. The caller owns it: it closes it after
+	// Serve returned. Nil records nothing; SubjectAuditQuery then answers
+	// 503 unavailable.
+	Audit *audit.Recorder
 	// Version is the coordinator's version, reported by the micro service
 	// (which requires semver: a non-semver Version is reported as "0.1.0"
 	// there, and kept verbatim in the service metadata).

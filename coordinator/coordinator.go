@@ -56,7 +56,9 @@ type Coordinator struct {
 	connWG  sync.WaitGroup          // one per agent connection goroutine
 	jobWG   sync.WaitGroup          // one per running job goroutine
 	relays  relaySet                // running stream relays (relay.go)
-	svc     micro.Service           // set while serving
+	// auditQueries counts the audit queries being read (audit.go).
+	auditQueries int
+	svc          micro.Service // set while serving
 	// Sandbox inventories (sandboxes.go): node ids that just registered,
 	// and Sync requests.
 	nodeUps          chan string

@@ -58,6 +58,15 @@ type job struct {
 	// each one; the keeper clears alive every interval.
 	heard, alive atomic.Bool
 
+	// audit is the exec request's audit wrapper (nil when the coordinator
+	// audits nothing), target the request's selector or "all nodes"
+	// (empty for one node), res and results what the job ended with (res
+	// nil until then); recordAudit reads them after run.
+	audit   *auditReq
+	target  string
+	res     *protocol.ExecResult
+	results []protocol.NodeResult
+
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
 	pubMu   sync.Mutex
 	seq     uint64
@@ -103,6 +112,7 @@ func (j *job) run() {
 		}
 		res.Truncated = res.Truncated || results[i].Truncated
 	}
+	j.res, j.results = &res, results
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)

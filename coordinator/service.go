@@ -56,6 +56,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"job-status", protocol.SubjectJobStatus, c.jobOpHandler(protocol.JobOpStatus)},
 		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
+		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {
@@ -167,6 +168,9 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
 	}
+	if r.Target.Node == "" {
+		j.target = r.Target.String()
+	}
 
 	c.mu.Lock()
 	if c.closing || c.life == nil {
@@ -189,9 +193,13 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	c.jobs[id] = j
 	c.jobWG.Add(1)
 	c.mu.Unlock()
+	if a := auditOf(req); a != nil && a.takeOver() {
+		j.audit = a
+	}
 
 	go func() {
 		defer c.jobWG.Done()
+		defer j.recordAudit() // after a contained panic too
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()

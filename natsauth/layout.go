@@ -154,6 +154,7 @@ func ServiceExports() []ServiceExport {
 		single(protocol.SubjectSandboxesRegister),
 		single(protocol.SubjectSandboxesReap),
 		{Subject: protocol.SubjectSandboxesSync, ResponseThreshold: syncThreshold},
+		single(protocol.SubjectAuditQuery),
 		// Pipe data carries no reply subject; nothing is ever answered.
 		single(PipeSubjectPrefix + ">"),
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/natsauth"
@@ -85,6 +86,11 @@ type coordinatorOptions struct {
 	// one IPv4 address or IPv6 /64 (coordinator.Config). Zero means the
 	// coordinator's default (8).
 	MaxHandshakesPerSource int
+	// AuditMaxAge and AuditMaxBytes bound the audit log's stream: older
+	// events, and the oldest past the size, are discarded. Zero means the
+	// defaults (90 days, 1 GiB).
+	AuditMaxAge   time.Duration
+	AuditMaxBytes int64
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -155,6 +161,12 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	if o.MaxHandshakesPerSource < 0 {
 		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative", o.MaxHandshakesPerSource))
+	}
+	if o.AuditMaxAge < 0 || o.AuditMaxAge > 0 && o.AuditMaxAge < time.Minute {
+		errs = append(errs, fmt.Errorf("--audit-max-age %v: want at least 1m (0: 90 days)", o.AuditMaxAge))
+	}
+	if o.AuditMaxBytes < 0 || o.AuditMaxBytes > 0 && o.AuditMaxBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("--audit-max-bytes %d: want at least 1048576 (0: 1 GiB)", o.AuditMaxBytes))
 	}
 	if err := o.Sandbox.Validate(); err != nil {
 		errs = append(errs, err)
@@ -246,6 +258,8 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
 	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
 		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
+	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
+	f.Int64Var(&o.AuditMaxBytes, "audit-max-bytes", o.AuditMaxBytes, "bound the audit log to this many bytes, oldest events discarded first (0: 1 GiB)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
 	return cmd
@@ -279,6 +293,7 @@ type coordinatorServer struct {
 	nc       *nats.Conn
 	sbx      *sandboxes.Service
 	sbxLn    *sandboxListeners
+	audit    *audit.Recorder
 	ns       *server.Server // nil with an external NATS
 	layout   *natsauth.Layout
 	unlock   func() // releases the data dir lock
@@ -433,8 +448,20 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	sbx := cs.sbx // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { sbx.Ledger().Close() })
 
+	actx, acancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cs.audit, err = audit.New(actx, audit.Config{
+		NATS: cs.nc, Coordinator: id, MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Logger: log, Registerer: reg,
+	})
+	acancel()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	rec := cs.audit // cs is nil by the time undo runs on an error return
+	undo = append(undo, func() { closeAudit(rec, log) })
+
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = id
+	cfg.Audit = cs.audit
 	cfg.Token = cs.info.Token
 	cfg.NATS = cs.nc
 	cfg.Identify = caller.FromNATS(verifier)
@@ -518,6 +545,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	}
 	wcancel()
 	<-watchDone
+	closeAudit(cs.audit, cs.log)
 	cs.nc.Close()
 	if cs.ns != nil {
 		cs.ns.Shutdown()
@@ -572,6 +600,7 @@ func (cs *coordinatorServer) watchRevocations(ctx context.Context, interval time
 
 // close releases a coordinatorServer that will not be served.
 func (cs *coordinatorServer) close() {
+	closeAudit(cs.audit, cs.log)
 	cs.sbx.Ledger().Close()
 	cs.sbxLn.close()
 	cs.tunnelLn.Close()
@@ -582,6 +611,15 @@ func (cs *coordinatorServer) close() {
 		cs.ns.WaitForShutdown()
 	}
 	cs.unlock()
+}
+
+// closeAudit stores the audit events still queued, for at most 5 s.
+func closeAudit(rec *audit.Recorder, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rec.Close(ctx); err != nil {
+		log.Warn("audit events still queued at exit were not stored (they are in this log)", "err", err)
+	}
 }
 
 // lockDataDir takes an exclusive lock on dir/lock for the life of the
