@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -91,7 +92,7 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 			if out == "" {
 				out = name + ".creds"
 			}
-			return withNATSLayout(dataDir, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
 				c, err := l.MintClient(name, ttl)
 				if err != nil {
 					return err
@@ -135,7 +136,7 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 		Short: "List the client users minted here, and whether each is revoked",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(*cobra.Command, []string) error {
-			return withNATSLayout(dataDir, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, false, e.stderr, func(l *natsauth.Layout) error {
 				recs, err := readNATSUsers(l.Dir())
 				if err != nil {
 					return err
@@ -168,7 +169,7 @@ seconds; a stopped one from its next start. An external NATS server needs the
 new layout: run 'tether nats server-config' again and reload the server.`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.runE(func(_ *cobra.Command, args []string) error {
-			return withNATSLayout(dataDir, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, false, e.stderr, func(l *natsauth.Layout) error {
 				keys := []string{args[0]}
 				if !nkeys.IsValidPublicUserKey(args[0]) {
 					recs, err := readNATSUsers(l.Dir())
@@ -210,7 +211,7 @@ coordinator then connects with --nats-url and --nats-creds (a TETHER user:
 'tether nats coordinator-creds').`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(*cobra.Command, []string) error {
-			return withNATSLayout(dataDir, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
 				_, err := fmt.Fprint(e.stdout, l.ServerConfig())
 				return err
 			})
@@ -229,7 +230,7 @@ never give them to a client.`,
 			if coordOut == "" {
 				coordOut = args[0] + ".creds"
 			}
-			return withNATSLayout(dataDir, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
 				c, err := l.MintCoordinator(args[0])
 				if err != nil {
 					return err
@@ -261,8 +262,18 @@ never give them to a client.`,
 // withNATSLayout loads the layout of dataDir under an exclusive lock on
 // its directory, so that two of these commands never lose each other's
 // revocations, and runs f.
-func withNATSLayout(dataDir string, f func(*natsauth.Layout) error) error {
+//
+// A directory without a layout is refused unless create is set (minting
+// credentials and server configs for a coordinator not started yet is the
+// external NATS setup); creating one is said on w, since a mistyped
+// --data-dir would otherwise mint credentials nobody's server trusts.
+func withNATSLayout(dataDir string, create bool, w io.Writer, f func(*natsauth.Layout) error) error {
 	dir := natsAuthDir(dataDir)
+	_, err := os.Stat(filepath.Join(dir, "operator.nk"))
+	fresh := errors.Is(err, fs.ErrNotExist)
+	if fresh && !create {
+		return fmt.Errorf("no NATS layout in %s: check --data-dir (a coordinator creates its layout on first start)", dir)
+	}
 	unlock, err := lockNATSDir(dir)
 	if err != nil {
 		return err
@@ -271,6 +282,9 @@ func withNATSLayout(dataDir string, f func(*natsauth.Layout) error) error {
 	l, err := natsauth.Load(dir, natsauth.Config{})
 	if err != nil {
 		return err
+	}
+	if fresh {
+		fmt.Fprintf(w, "tether: created a new NATS layout in %s (operator %s)\n", dir, l.OperatorKey())
 	}
 	return f(l)
 }

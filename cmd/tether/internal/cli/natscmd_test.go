@@ -95,8 +95,11 @@ func TestNATSUserCreateAndRevoke(t *testing.T) {
 func TestExternalNATSWithServerConfig(t *testing.T) {
 	dir := t.TempDir()
 	r := runCLI(testCtx(t), nil, "", "nats", "server-config", "--data-dir", dir)
-	if r.code != 0 || !strings.Contains(r.stdout, "resolver_preload") {
+	if r.code != 0 || !strings.Contains(r.stdout, "resolver_preload") || !strings.Contains(r.stderr, "created a new NATS layout") {
 		t.Fatalf("server-config: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nats", "user", "revoke", "bob", "--data-dir", t.TempDir()); r.code == 0 || !strings.Contains(r.stderr, "no NATS layout in") {
+		t.Errorf("revoke in a directory without a layout: exit %d, stderr %q", r.code, r.stderr)
 	}
 	conf := "listen: 127.0.0.1:-1\njetstream { store_dir: " + strconv.Quote(filepath.Join(t.TempDir(), "js")) + " }\n" + r.stdout
 	path := filepath.Join(t.TempDir(), "nats.conf")
