@@ -237,3 +237,48 @@ func TestNATSCredsPrecedence(t *testing.T) {
 		t.Errorf("a missing named context: %v", err)
 	}
 }
+
+// tether dev keeps its user's credentials across restarts while they are
+// valid for its layout, and mints new ones (0600) when they are not: a
+// revoked user, another layout's user, another name.
+func TestDevCredsReuse(t *testing.T) {
+	l := natsauthtest.NewLayout(t)
+	path := filepath.Join(t.TempDir(), "cfg", "tether", "dev.creds")
+	first, err := writeDevCreds(l, path, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("dev creds: %v, %v; want 0600", fi, err)
+	}
+	again, err := writeDevCreds(l, path, "alice")
+	if err != nil || again.creds.PublicKey() != first.creds.PublicKey() {
+		t.Fatalf("restart: %v, key %s; want the same user %s", err, again.creds.PublicKey(), first.creds.PublicKey())
+	}
+	if err := l.Revoke(first.creds.PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := writeDevCreds(l, path, "alice")
+	if err != nil || revoked.creds.PublicKey() == first.creds.PublicKey() {
+		t.Fatalf("after a revocation: %v; want a new user", err)
+	}
+	other, err := writeDevCreds(natsauthtest.NewLayout(t), path, "alice")
+	if err != nil || other.creds.PublicKey() == revoked.creds.PublicKey() {
+		t.Fatalf("another layout: %v; want a new user", err)
+	}
+	renamed, err := writeDevCreds(l, path, "bob")
+	if err != nil || renamed.creds.Name() != "bob" {
+		t.Fatalf("another name: %v, %s", err, renamed.creds.Name())
+	}
+}
+
+func TestNATSUserName(t *testing.T) {
+	for in, want := range map[string]string{
+		"alice": "alice", "Jean Dupont": "Jean-Dupont", "_svc": "u_svc", "": "user",
+		`DOMAIN\bob`: "DOMAIN-bob", "a.b@c+d": "a.b@c+d",
+	} {
+		if got := natsUserName(in); got != want {
+			t.Errorf("natsUserName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
