@@ -155,6 +155,6 @@
 // # Imports
 //
 // coordinator may import protocol, natsauth, natspipe, policy, tunnel,
-// nats.go, nats-server and prometheus. It must not import agent or cmd/...: the agent is reached only
-// through the tunnel protocol.
+// nats.go, nats-server and prometheus. It must not import agent or
+// cmd/...: the agent is reached only through the tunnel protocol.
 package coordinator

@@ -366,7 +366,9 @@ func (r *relay) fromOpener(m *nats.Msg) bool {
 		r.admitted.Store(&vals[0])
 		return true
 	}
-	r.log.Debug("pipe message from another sender dropped", "sender", user, "err", err)
+	// Anyone may publish here: rate-limited, like what unauthenticated
+	// peers can cause.
+	r.c.preauth.Debug("pipe message from another sender dropped", "node_id", r.n.id, "opener", r.openerUser, "sender", user, "err", err)
 	return false
 }
 
