@@ -204,6 +204,14 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 		cs.close()
 		return fmt.Errorf("dev: %w", err)
 	}
+	// A copy beside the instance's other state: side-by-side instances
+	// share the config home's file (the last one started wins there).
+	if own := filepath.Join(o.DataDir, "dev.creds"); own != dc.path {
+		if err := natsauth.WriteCreds(own, dc.creds); err != nil {
+			cs.close()
+			return fmt.Errorf("dev: %w", err)
+		}
+	}
 	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
