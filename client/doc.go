@@ -5,6 +5,12 @@
 // (subjects, headers, JSON bodies, error codes) is defined in package
 // protocol; this package only drives it over a caller-owned *nats.Conn.
 //
+// That connection must hold a client user's credentials and its private
+// inbox prefix (natsauth.Creds.Options, e.g. from ReadCreds of a .creds
+// file): NATS admits no anonymous client, and a client user may receive
+// replies under its own prefix only. Each call's reply inbox comes from
+// the connection (nc.NewInbox), so it gets that prefix.
+//
 // # Exec and its waits
 //
 // The coordinator does not acknowledge an exec request, and a job that prints
@@ -21,7 +27,9 @@
 // a coordinator that died mid-job (or a final result lost while the NATS
 // connection was reconnecting) is noticed after Client.KeepAliveTimeout
 // without any reply: Exec then fails with an error matching
-// ErrCoordinatorSilent (lost output replies are noticed sooner, as a
+// ErrCoordinatorSilent. Exec answers each keepalive and probe with a
+// heartbeat (protocol.SubjectExecAlive), by which the coordinator knows
+// this client still waits and cancels the job once heartbeats stop (lost output replies are noticed sooner, as a
 // sequence gap once the next reply arrives). Node results stream in as each
 // node finishes (ExecWith's NodeResultHandler); when the final result is too
 // large for one message it omits them and Exec rebuilds the list.

@@ -9,6 +9,20 @@
 // it in TLS) and a *nats.Conn the caller owns; AdminHandler returns an
 // http.Handler the caller serves.
 //
+// # Who asked
+//
+// NATS is never anonymous (package natsauth): the coordinator connects with
+// TETHER account credentials, clients with CLIENTS users that reach the API
+// through a service import stamping each request with its sender. Every
+// micro handler, its own and those Config.Endpoints adds, runs behind a
+// guard that identifies the sender with Config.Identify (required) and
+// refuses the request with 401 unauthenticated when that fails; handlers
+// read the identity with caller.Of. An exec job remembers its sender (its
+// heartbeats must come from it). A stream relay's pipe receives on an
+// exported pipe subject (natsauth.PipeSubject, an unguessable id) and
+// admits only messages the server stamped with the opener's user
+// (natsauth.RequestUser): another client's are dropped.
+//
 // # Agent sessions
 //
 // Agents dial out to the coordinator. Before a connection has proven the
@@ -76,8 +90,11 @@
 // NeMo Gym's shape, from the last 64 KiB of its stderr), and ends with one
 // result message (carrying counts only, results_omitted, if the full list does not
 // fit the max payload). While the job runs, a keeper goroutine publishes a
-// keepalive after silence and probes that the client still listens (jobs.go):
-// two probes answered "no responders" cancel the job. The drain cancels jobs
+// keepalive after silence, else a probe, every KeepAliveInterval (jobs.go);
+// the client answers each with a heartbeat on tether.v1.exec.alive, and once
+// one came from the job's sender, three intervals without cancel the job
+// (the 503 "no responders" a probe used to get never comes across the
+// clients' NATS import). The drain cancels jobs
 // with a shutdown cause, which their node results report. The job.*
 // endpoints open one job stream to the node (a goroutine counted with the
 // jobs) and relay its answer.
@@ -107,7 +124,7 @@
 //   - the accept loop, started by Serve;
 //   - one per agent connection (handshake, then heartbeat reader);
 //   - one per running job, plus one per node of the job while it runs, plus
-//     the job's keeper (keepalives and client probes);
+//     the job's keeper (keepalives, probes, the client's heartbeats);
 //   - one per job.* request while its job stream runs;
 //   - one per audit query (tether.v1.admin.audit) while it reads the audit
 //     stream, at most four at once (audit.go);
@@ -146,8 +163,7 @@
 // written on an agent's control stream (bounded by the write timeout);
 // relay.mu is a leaf lock.
 //
-// Coordinator.mu guards the registry, the job table, the probe table and the
-// shutdown state;
+// Coordinator.mu guards the registry, the job table and the shutdown state;
 // it is never held during I/O. job.pubMu serialises a job's publishes. The
 // two are never held together. agentConn.mu is a leaf lock around one
 // pointer; admission.mu and the log limiter's mutex are leaf locks too.
@@ -155,7 +171,7 @@
 //
 // # Imports
 //
-// coordinator may import protocol, tunnel, nats.go, nats-server and
-// prometheus. It must not import agent or cmd/...: the agent is reached only
-// through the tunnel protocol.
+// coordinator may import protocol, natsauth, natspipe, policy, tunnel,
+// nats.go, nats-server and prometheus. It must not import agent or
+// cmd/...: the agent is reached only through the tunnel protocol.
 package coordinator

@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natspipe"
@@ -142,6 +144,9 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		aborted:       make(chan struct{}),
 		stopping:      make(chan struct{}),
 	}
+	if id, ok := caller.Of(req); ok {
+		rel.log = rel.log.With("caller", id.String())
+	}
 	rel.ctx, rel.cancel = context.WithCancel(c.life)
 	c.relays.add(rel)
 	c.mu.Unlock()
@@ -211,6 +216,7 @@ type relay struct {
 	// the NATS server stamped on the stream request: the pipe admits only
 	// their messages.
 	openerAccount, openerUser string
+	admitted                  atomic.Pointer[string] // the last header value fromOpener admitted
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
@@ -362,11 +368,23 @@ func subjectToken(id string) string {
 // relay, as the NATS server stamped it (natsauth.RequestUser); everything
 // else published to the pipe's subject is dropped.
 func (r *relay) fromOpener(m *nats.Msg) bool {
+	// The server writes the header; a value seen on an admitted message
+	// names the same sender again (it changes when the connection's RTT
+	// does), so only new values are parsed.
+	vals := m.Header[server.ClientInfoHdr]
+	if len(vals) == 1 {
+		if p := r.admitted.Load(); p != nil && *p == vals[0] {
+			return true
+		}
+	}
 	acc, user, err := natsauth.RequestUser(m.Header)
 	if err == nil && acc == r.openerAccount && user == r.openerUser {
+		r.admitted.Store(&vals[0])
 		return true
 	}
-	r.log.Debug("pipe message from another sender dropped", "sender", user, "err", err)
+	// Anyone may publish here: rate-limited, like what unauthenticated
+	// peers can cause.
+	r.c.preauth.Debug("pipe message from another sender dropped", "node_id", r.n.id, "opener", r.openerUser, "sender", user, "err", err)
 	return false
 }
 

@@ -236,6 +236,16 @@ func natsEnv(natsURL string) []string {
 	return env
 }
 
+// credsFile is the fleet's client credentials file (see connect).
+func (f *fleet) credsFile(t *testing.T) string {
+	t.Helper()
+	p, ok := fleetCreds.Load(f.natsURL)
+	if !ok {
+		t.Fatal("the fleet has no client credentials yet")
+	}
+	return p.(string)
+}
+
 // layout loads the coordinator's NATS layout from its data dir (the same
 // keys, so credentials minted here are valid on its server).
 func (f *fleet) layout(t *testing.T) *natsauth.Layout {

@@ -433,6 +433,43 @@ func (l *Layout) Revoke(userKey string) error {
 	return l.verifier.SetAccounts(s)
 }
 
+// ReloadRevocations takes in the revocations another process recorded in
+// account-CLIENTS.jwt (a `tether nats user revoke` while the coordinator
+// runs): it adds every revocation found there that this Layout lacks (none
+// is ever dropped), re-signs the CLIENTS JWT and updates Verifier. It
+// reports whether anything changed; running servers then need
+// UpdateServer.
+func (l *Layout) ReloadRevocations() (bool, error) {
+	stored, err := l.storedRevocations()
+	if err != nil {
+		return false, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	changed := false
+	for key, ts := range stored {
+		if cur, ok := l.clients.Revocations[key]; !ok || cur < ts {
+			if l.clients.Revocations == nil {
+				l.clients.Revocations = jwt.RevocationList{}
+			}
+			l.clients.Revocations[key] = ts
+			changed = true
+		}
+	}
+	if !changed {
+		return false, nil
+	}
+	s, err := l.clients.Encode(l.operator)
+	if err != nil {
+		return false, fmt.Errorf("natsauth: reload revocations: sign account %s: %w", AccountClients, err)
+	}
+	l.accountJWTs[AccountClients] = s
+	if err := writeFileAtomic(filepath.Join(l.dir, accountJWTFile(AccountClients)), []byte(s+"\n")); err != nil {
+		return false, err
+	}
+	return true, l.verifier.SetAccounts(s)
+}
+
 // MintClient issues a client user in CLIENTS, signed by the client signing
 // key, so the server gives it the client permissions (publish
 // ClientPublishAllow; subscribe to its InboxPrefix only). name is the

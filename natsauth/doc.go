@@ -78,7 +78,9 @@
 // pings and keepalives are header-only, which is fine). The coordinator's
 // probe (a response with a reply subject of its own, counting 503 "no
 // responders" answers) gets no answer across the import: the server drops
-// responses to a departed client silently.
+// responses to a departed client silently. So clients answer keepalives
+// and probes with heartbeats on the exported tether.v1.exec.alive, which
+// the coordinator counts only from the job's sender.
 //
 // A client cannot publish to a coordinator's inbox (it is in TETHER), so
 // the coordinator's end of a pipe receives on an exported subject,

@@ -15,8 +15,10 @@
 // Ends are created by Dial (the opener: subscribes its inbox, then
 // publishes a request with that inbox as reply subject and waits for the
 // answering end's open message), Accept (the answering end: subscribes its
-// own inbox, then sends open to the opener's inbox) or New (both subjects
-// already known and subscribed).
+// own inbox, then sends open to the opener's inbox), AcceptOn (Accept on a
+// subject the caller chose, with a filter that drops messages not from
+// the opener: the coordinator's end across NATS accounts) or New (both
+// subjects already known and subscribed).
 //
 // # Flow control and memory
 //

@@ -719,3 +719,64 @@ func benchPipe(b *testing.B, s *server.Server, chunk []byte, cfg natspipe.Config
 		b.Fatal(err)
 	}
 }
+
+// AcceptOn receives on the subject it is given and drops, before the pipe
+// sees them, the messages its admit function refuses (here: marked as
+// injected; the coordinator refuses what the NATS server did not stamp with
+// the opener's user): an injected data message and an injected close
+// neither feed nor end the pipe, and Dropped counts them.
+func TestAcceptOnAdmitDrops(t *testing.T) {
+	e := newEnv(t)
+	const local = "pipes.b.1"
+	admit := func(m *nats.Msg) bool { return m.Header.Get("X-Injected") == "" }
+	ch := make(chan *natspipe.Pipe, 1)
+	sub, err := e.ncB.Subscribe("open", func(m *nats.Msg) {
+		p, err := natspipe.AcceptOn(e.ncB, local, m.Reply, admit, natspipe.Config{})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		ch <- p
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	e.ncB.Flush()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	a, err := natspipe.Dial(ctx, e.ncA, "open", nil, nil, natspipe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := <-ch
+	defer b.Close()
+	if a.Peer() != local {
+		t.Fatalf("the dialer sends to %s, want %s", a.Peer(), local)
+	}
+
+	other := connect(t, e.s)
+	for _, m := range []*nats.Msg{
+		{Subject: local, Header: nats.Header{"X-Injected": {"1"}, protocol.HeaderPipeOp: {"data"}, protocol.HeaderPipeSeq: {"0"}}, Data: []byte("INJECTED")},
+		{Subject: local, Header: nats.Header{"X-Injected": {"1"}, protocol.HeaderPipeOp: {"close"}, protocol.HeaderPipeError: {"injected"}}},
+	} {
+		if err := other.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := other.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		a.Write([]byte("hello"))
+		a.CloseWrite()
+	}()
+	got, err := io.ReadAll(b)
+	if err != nil || string(got) != "hello" {
+		t.Fatalf("b read %q, %v; want the dialer's bytes only", got, err)
+	}
+	if n := b.Dropped(); n != 2 {
+		t.Errorf("Dropped = %d, want the 2 injected messages", n)
+	}
+}

@@ -203,6 +203,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		newPolicyCmd(e),
 		newTokenCmd(e),
 		newNodeCmd(e),
+		newNATSCmd(e),
 	)
 	return root
 }

@@ -254,7 +254,15 @@ give agents its ca.crt with --ca-file. Agents enroll with join tokens
 (tether token create) and then authenticate by the certificate the
 coordinator's node CA (DATA-DIR/pki) issues them; the fleet-wide shared
 token of earlier releases works only with --allow-shared-token
-(deprecated).`,
+(deprecated).
+
+NATS admits no anonymous client. The NATS layout (operator, accounts, keys)
+lives in DATA-DIR/nats-auth, created on first start; 'tether nats user
+create' mints client credentials from it. With --nats-url the server must
+enforce that layout ('tether nats server-config'), --nats-creds names the
+coordinator's own credentials ('tether nats coordinator-creds'), and a server
+that lets anonymous clients publish to tether.v1.> is refused unless
+--insecure-nats.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
@@ -442,7 +450,12 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	// The NATS layout: the accounts and keys every connection to the
 	// embedded server authenticates with, and what callers are verified
 	// against (also with an external server given this layout).
+	unlockNATS, err := lockNATSDir(natsAuthDir(o.DataDir))
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 	cs.layout, err = natsauth.Load(natsAuthDir(o.DataDir), natsauth.Config{})
+	unlockNATS()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: NATS layout: %w", err)
 	}
@@ -602,6 +615,10 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 
 	adminDone := make(chan error, 1)
 	go func() { adminDone <- cs.admin.Serve(cs.adminLn) }()
+	wctx, wcancel := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); cs.watchRevocations(wctx, natsRevocationPoll) }()
+	defer wcancel()
 	// The sandbox services outlive the coordinator's drain (their
 	// endpoints answer until the micro service stops); if they fail, the
 	// coordinator drains and stops too rather than serve a closed ledger.
@@ -635,6 +652,8 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	if aerr := <-adminDone; !errors.Is(aerr, http.ErrServerClosed) {
 		cs.log.Error("admin server failed", "err", aerr)
 	}
+	wcancel()
+	<-watchDone
 	closeAudit(cs.audit, cs.log)
 	cs.ids.Close()
 	cs.nc.Close()
@@ -665,6 +684,48 @@ func logPolicy(log *slog.Logger, msg string, p *policy.Policy) {
 	log.Info(msg, "policy", p.Name(), "identities", ids, "roles", roles, "rules", rules)
 	for _, w := range p.Warnings() {
 		log.Warn("policy: "+w, "policy", p.Name())
+	}
+}
+
+// natsRevocationPoll is how often a running coordinator looks for
+// revocations `tether nats user revoke` recorded in its layout.
+const natsRevocationPoll = 2 * time.Second
+
+// watchRevocations applies, every interval until ctx ends, the revocations
+// another process recorded in the layout's directory: the coordinator's
+// verifier refuses the revoked users at once, and the embedded server (if
+// any) disconnects and refuses them (natsauth.Layout.UpdateServer). An
+// external server needs the new layout from its operator (tether nats
+// server-config), which the log says.
+func (cs *coordinatorServer) watchRevocations(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		unlock, err := lockNATSDir(cs.layout.Dir())
+		if err != nil {
+			cs.log.Warn("NATS revocations not reloaded", "err", err)
+			continue
+		}
+		changed, err := cs.layout.ReloadRevocations()
+		unlock()
+		switch {
+		case err != nil:
+			cs.log.Warn("NATS revocations not reloaded", "err", err)
+		case !changed:
+		case cs.ns != nil:
+			if err := cs.layout.UpdateServer(cs.ns); err != nil {
+				cs.log.Error("revoked NATS users not cut off on the embedded server", "err", err)
+			} else {
+				cs.log.Info("revoked NATS users cut off")
+			}
+		default:
+			cs.log.Warn("revoked NATS users are refused by this coordinator; give the external NATS server the new layout (tether nats server-config) so it disconnects them")
+		}
 	}
 }
 

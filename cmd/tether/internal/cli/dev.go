@@ -166,8 +166,11 @@ func newDevCmd(e *env) *cobra.Command {
 		Short: "Run a coordinator, embedded NATS and one local agent, with zero config",
 		Long: `Run a complete local Tether: a coordinator with its embedded NATS server
 (JetStream on), and one agent on this machine connected to it through a real
-TLS tunnel over loopback. The dev CA, join token and NATS store live in the
-data directory. Ctrl-C stops everything.
+TLS tunnel over loopback. The dev CA, join token, NATS layout and NATS store
+live in the data directory. NATS admits no anonymous client: dev mints a
+client user named after you and writes its credentials (0600) to
+~/.config/tether/dev.creds ($XDG_CONFIG_HOME/tether/dev.creds), where the
+client commands find them. Ctrl-C stops everything.
 
 To run several side by side, give each its own --data-dir and ports.`,
 		Args: cobra.NoArgs,
@@ -244,6 +247,14 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	if err != nil {
 		cs.close()
 		return fmt.Errorf("dev: %w", err)
+	}
+	// A copy beside the instance's other state: side-by-side instances
+	// share the config home's file (the last one started wins there).
+	if own := filepath.Join(o.DataDir, "dev.creds"); own != dc.path {
+		if err := natsauth.WriteCreds(own, dc.creds); err != nil {
+			cs.close()
+			return fmt.Errorf("dev: %w", err)
+		}
 	}
 	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
 

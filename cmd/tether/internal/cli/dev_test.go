@@ -86,8 +86,10 @@ func TestDevSmoke(t *testing.T) {
 			t.Errorf("banner lacks %q:\n%s", w, stdout.String())
 		}
 	}
-	if fi, err := os.Stat(creds); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("dev credentials %s: %v, %v; want mode 0600", creds, fi, err)
+	for _, p := range []string{creds, filepath.Join(dir, "dev.creds")} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("dev credentials %s: %v, %v; want mode 0600", p, fi, err)
+		}
 	}
 	// Without them NATS refuses the client.
 	if r := runCLI(testCtx(t), nil, "", "nodes", "--nats-url", url); r.code != exitTether || !strings.Contains(r.stderr, "no credentials found") {

@@ -12,9 +12,11 @@
 // a Validate method). Flags are the only configuration source for now; the
 // environment is read only for the secrets TETHER_TOKEN,
 // TETHER_OPENSHELL_TOKEN and TETHER_OPENSANDBOX_API_KEY (unset once read),
-// TETHER_NATS_URL, and TETHER_RUN/NEMO_GYM_RUN_ID (run-lease's run id), all
-// through env.getenv, and for XDG_STATE_HOME/HOME when computing the default
-// data directories.
+// TETHER_NATS_URL, TETHER_NATS_CREDS (a credentials file's path), and
+// TETHER_RUN/NEMO_GYM_RUN_ID (run-lease's run id), all through env.getenv,
+// for XDG_STATE_HOME/HOME when computing the default data directories, and
+// for XDG_CONFIG_HOME/HOME (through env.getenv) to find the nats CLI's
+// context and the dev credentials (~/.config/tether/dev.creds).
 //
 // # Exit codes
 //

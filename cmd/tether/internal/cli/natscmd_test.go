@@ -1,0 +1,284 @@
+package cli
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
+)
+
+// serveCoordinator runs cs until the test ends.
+func serveCoordinator(t *testing.T, cs *coordinatorServer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cs.serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	checkReady(t, cs)
+}
+
+// A client user minted by `tether nats user create` while the coordinator
+// runs gets in at once; `tether nats user revoke` cuts its live
+// connection and its new ones within the revocation poll, by name.
+func TestNATSUserCreateAndRevoke(t *testing.T) {
+	dir := t.TempDir()
+	cs, err := startCoordinator(testCoordinatorOptions(t, dir), "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCoordinator(t, cs)
+	url := cs.info.NATSURL
+
+	creds := filepath.Join(t.TempDir(), "alice.creds")
+	r := runCLI(testCtx(t), nil, "", "nats", "user", "create", "alice", "--data-dir", dir, "-o", creds, "--ttl", "1h")
+	if r.code != 0 || !strings.Contains(r.stdout, "inbox prefix: _INBOX_U") {
+		t.Fatalf("user create: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if fi, err := os.Stat(creds); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("creds file: %v, %v; want mode 0600", fi, err)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nodes", "--nats-url", url, "--nats-creds", creds); r.code != 0 {
+		t.Fatalf("nodes as alice: exit %d, stderr %q", r.code, r.stderr)
+	}
+	c, err := natsauth.ReadCreds(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	natsauthtest.Connect(t, url, c, nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+
+	r = runCLI(testCtx(t), nil, "", "nats", "user", "list", "--data-dir", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "alice") || !strings.Contains(r.stdout, c.PublicKey()) || !strings.Contains(r.stdout, "false") {
+		t.Fatalf("user list: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nats", "user", "revoke", "nobody", "--data-dir", dir); r.code == 0 || !strings.Contains(r.stderr, `no client user named "nobody"`) {
+		t.Errorf("revoke unknown name: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(testCtx(t), nil, "", "nats", "user", "revoke", "alice", "--data-dir", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "revoked "+c.PublicKey()) {
+		t.Fatalf("user revoke: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	select {
+	case <-closed:
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("the revoked user's live connection was not cut")
+	}
+	r = runCLI(testCtx(t), nil, "", "nodes", "--nats-url", url, "--nats-creds", creds)
+	if r.code != exitTether || !strings.Contains(r.stderr, "not valid there") {
+		t.Errorf("nodes as revoked alice: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nats", "user", "list", "--data-dir", dir); !strings.Contains(r.stdout, "true") {
+		t.Errorf("user list after revoke: %q", r.stdout)
+	}
+}
+
+// An external NATS server given the layout by `tether nats server-config`
+// admits no anonymous client; the coordinator starts against it with
+// credentials from `tether nats coordinator-creds`, and a client user gets
+// its answers.
+func TestExternalNATSWithServerConfig(t *testing.T) {
+	dir := t.TempDir()
+	r := runCLI(testCtx(t), nil, "", "nats", "server-config", "--data-dir", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "resolver_preload") || !strings.Contains(r.stderr, "created a new NATS layout") {
+		t.Fatalf("server-config: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nats", "user", "revoke", "bob", "--data-dir", t.TempDir()); r.code == 0 || !strings.Contains(r.stderr, "no NATS layout in") {
+		t.Errorf("revoke in a directory without a layout: exit %d, stderr %q", r.code, r.stderr)
+	}
+	conf := "listen: 127.0.0.1:-1\njetstream { store_dir: " + strconv.Quote(filepath.Join(t.TempDir(), "js")) + " }\n" + r.stdout
+	path := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := runConfiguredServer(t, path)
+	coordCreds := filepath.Join(t.TempDir(), "c1.creds")
+	if r := runCLI(testCtx(t), nil, "", "nats", "coordinator-creds", "c1", "--data-dir", dir, "-o", coordCreds); r.code != 0 {
+		t.Fatalf("coordinator-creds: exit %d, stderr %q", r.code, r.stderr)
+	}
+	o := testCoordinatorOptions(t, dir)
+	o.NATSURL, o.NATSCreds = ns.ClientURL(), coordCreds
+	cs, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatalf("coordinator on a server with the layout: %v", err)
+	}
+	serveCoordinator(t, cs)
+	creds := filepath.Join(t.TempDir(), "bob.creds")
+	if r := runCLI(testCtx(t), nil, "", "nats", "user", "create", "bob", "--data-dir", dir, "-o", creds); r.code != 0 {
+		t.Fatalf("user create: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nodes", "--nats-url", ns.ClientURL(), "--nats-creds", creds); r.code != 0 {
+		t.Fatalf("nodes as bob: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", "nodes", "--nats-url", ns.ClientURL()); r.code != exitTether || !strings.Contains(r.stderr, "Authorization Violation") {
+		t.Errorf("nodes without credentials: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func runConfiguredServer(t *testing.T, path string) *server.Server {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	return startNATSServer(t, opts)
+}
+
+func startNATSServer(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(defaultTestTimeout) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// The coordinator refuses an external server that lets a connection
+// without credentials publish to tether.v1.>, unless --insecure-nats; a
+// server that admits anonymous connections but denies them the API
+// passes.
+func TestCoordinatorRefusesAnonymousNATS(t *testing.T) {
+	open := startNATSServer(t, &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir()})
+	dir := t.TempDir()
+	creds := natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, natsauthtest.NewLayout(t), "c1"))
+	o := testCoordinatorOptions(t, dir)
+	o.NATSURL, o.NATSCreds = open.ClientURL(), creds
+	_, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err == nil || !strings.Contains(err.Error(), "lets anonymous clients publish to tether.v1.>") || !strings.Contains(err.Error(), "--insecure-nats") {
+		t.Fatalf("coordinator on an open server: %v, want refused", err)
+	}
+	o.InsecureNATS = true
+	cs, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatalf("coordinator on an open server with --insecure-nats: %v", err)
+	}
+	cs.close()
+
+	// Anonymous connections get in, but may not publish to the API.
+	guarded := startNATSServer(t, &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		Users: []*server.User{{Username: "anon", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Deny: []string{"tether.v1.>"}}}}},
+		NoAuthUser: "anon"})
+	if err := checkNoAnonymous(guarded.ClientURL()); err != nil {
+		t.Errorf("a server that denies anonymous clients the API: %v", err)
+	}
+	if err := checkNoAnonymous(open.ClientURL()); err == nil {
+		t.Error("an open server passed the check")
+	}
+}
+
+// Client commands take their credentials from --nats-creds, then
+// $TETHER_NATS_CREDS, then the nats CLI's context (--nats-context or the
+// selected one: its url too), then the file `tether dev` writes.
+func TestNATSCredsPrecedence(t *testing.T) {
+	home := t.TempDir()
+	ctxDir := filepath.Join(home, "nats", "context")
+	if err := os.MkdirAll(ctxDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(ctxDir, "prod.json"), []byte(`{"description":"x","url":"nats://prod:4222","creds":"/ctx/prod.creds","inbox_prefix":"_INBOX_X"}`), 0o600)
+	os.WriteFile(filepath.Join(ctxDir, "lab.json"), []byte(`{"url":"nats://lab:4222","creds":"/ctx/lab.creds"}`), 0o600)
+	devCreds := filepath.Join(home, "tether", "dev.creds")
+	os.MkdirAll(filepath.Dir(devCreds), 0o700)
+	os.WriteFile(devCreds, nil, 0o600)
+	tests := []struct {
+		name               string
+		opts               natsOptions
+		env                map[string]string
+		selected           string
+		wantURL, wantCreds string
+	}{
+		{"dev creds last", natsOptions{}, nil, "", defaultNATSURL, devCreds},
+		{"selected context", natsOptions{}, nil, "prod", "nats://prod:4222", "/ctx/prod.creds"},
+		{"named context", natsOptions{Context: "lab"}, nil, "prod", "nats://lab:4222", "/ctx/lab.creds"},
+		{"env over context", natsOptions{}, map[string]string{natsCredsEnv: "/env.creds", natsURLEnv: "nats://env:4222"}, "prod", "nats://env:4222", "/env.creds"},
+		{"flags first", natsOptions{URL: "nats://flag:4222", Creds: "/flag.creds"}, map[string]string{natsCredsEnv: "/env.creds"}, "prod", "nats://flag:4222", "/flag.creds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			os.Remove(filepath.Join(home, "nats", "context.txt"))
+			if tt.selected != "" {
+				os.WriteFile(filepath.Join(home, "nats", "context.txt"), []byte(tt.selected+"\n"), 0o600)
+			}
+			env := map[string]string{"XDG_CONFIG_HOME": home}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			got, err := tt.opts.resolve(func(k string) string { return env[k] })
+			if err != nil || got.url != tt.wantURL || got.creds != tt.wantCreds {
+				t.Errorf("resolve = %+v, %v; want url %s creds %s", got, err, tt.wantURL, tt.wantCreds)
+			}
+		})
+	}
+	o := natsOptions{Context: "missing"}
+	if _, err := o.resolve(func(k string) string { return map[string]string{"XDG_CONFIG_HOME": home}[k] }); err == nil || !strings.Contains(err.Error(), "nats context missing") {
+		t.Errorf("a missing named context: %v", err)
+	}
+}
+
+// tether dev keeps its user's credentials across restarts while they are
+// valid for its layout, and mints new ones (0600) when they are not: a
+// revoked user, another layout's user, another name.
+func TestDevCredsReuse(t *testing.T) {
+	l := natsauthtest.NewLayout(t)
+	path := filepath.Join(t.TempDir(), "cfg", "tether", "dev.creds")
+	first, err := writeDevCreds(l, path, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("dev creds: %v, %v; want 0600", fi, err)
+	}
+	again, err := writeDevCreds(l, path, "alice")
+	if err != nil || again.creds.PublicKey() != first.creds.PublicKey() {
+		t.Fatalf("restart: %v, key %s; want the same user %s", err, again.creds.PublicKey(), first.creds.PublicKey())
+	}
+	if err := l.Revoke(first.creds.PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := writeDevCreds(l, path, "alice")
+	if err != nil || revoked.creds.PublicKey() == first.creds.PublicKey() {
+		t.Fatalf("after a revocation: %v; want a new user", err)
+	}
+	other, err := writeDevCreds(natsauthtest.NewLayout(t), path, "alice")
+	if err != nil || other.creds.PublicKey() == revoked.creds.PublicKey() {
+		t.Fatalf("another layout: %v; want a new user", err)
+	}
+	renamed, err := writeDevCreds(l, path, "bob")
+	if err != nil || renamed.creds.Name() != "bob" {
+		t.Fatalf("another name: %v, %s", err, renamed.creds.Name())
+	}
+}
+
+func TestNATSUserName(t *testing.T) {
+	for in, want := range map[string]string{
+		"alice": "alice", "Jean Dupont": "Jean-Dupont", "_svc": "u_svc", "": "user",
+		`DOMAIN\bob`: "DOMAIN-bob", "a.b@c+d": "a.b@c+d",
+	} {
+		if got := natsUserName(in); got != want {
+			t.Errorf("natsUserName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
