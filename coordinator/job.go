@@ -87,7 +87,7 @@ type job struct {
 // job.
 func (j *job) run() {
 	defer j.cancel(nil)
-	log := j.c.log.With("job_id", j.id, "caller", j.owner.String())
+	log := j.c.log.With("job_id", j.id, "caller", j.owner)
 	log.Debug("job started", "nodes", len(j.targets), "max_parallel", j.maxParallel)
 	j.pubMu.Lock()
 	j.lastPub = time.Now()
