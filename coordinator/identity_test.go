@@ -646,12 +646,18 @@ func TestRealAgentEnrollsRenewsAndRestarts(t *testing.T) {
 	}
 	stop := run(ih.token(t, 1, time.Hour, map[string]string{"pool": "gpu"}))
 	first := session()
+	// Three times: by the third, the session's first certificate has
+	// expired and was dropped from the record, so the session must hold
+	// the renewed one.
 	checkFor(t, defaultTestTimeout, func() error {
-		if got := ih.metric("tether_coordinator_enrollments_total", "result", "renewed"); got < 1 {
-			return errors.New("not renewed yet")
+		if got := ih.metric("tether_coordinator_enrollments_total", "result", "renewed"); got < 3 {
+			return fmt.Errorf("renewed %v times", got)
 		}
 		return nil
 	})
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "renew_refused"); got != 0 {
+		t.Errorf("renew_refused = %v", got)
+	}
 	if got := session(); got != first {
 		t.Errorf("session %s after renewal, want %s kept", got, first)
 	}
