@@ -688,11 +688,35 @@ func TestRealAgentEnrollsRenewsAndRestarts(t *testing.T) {
 	// Restarted without a token (it was one-use anyway): the stored
 	// certificate is its identity.
 	stop = run("")
-	defer stop()
 	if got := session(); got == first {
 		t.Errorf("restarted agent has the old session %s", got)
 	}
 	if got := ih.metric("tether_coordinator_enrollments_total", "result", "ok"); got != 1 {
 		t.Errorf("enrollments{ok} = %v, want 1 (the restart used the certificate)", got)
+	}
+
+	// Revoked, it is cut off and stays out; restarted with a token
+	// created after the revocation, it enrolls again.
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if _, err := ih.store.Revoke(ctx, "real-1"); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if ih.metric("tether_coordinator_auth_failures_total", "reason", "revoked") < 1 {
+			return errors.New("the revoked agent has not been refused yet")
+		}
+		if n := len(ih.c.Nodes(protocol.Selector{})); n != 0 {
+			return fmt.Errorf("%d nodes", n)
+		}
+		return nil
+	})
+	stop()
+	ih.clock.advance(time.Second)
+	stop = run(ih.token(t, 1, time.Hour, nil))
+	defer stop()
+	session()
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "ok"); got != 2 {
+		t.Errorf("enrollments{ok} = %v, want 2 (re-admitted)", got)
 	}
 }
