@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/coordinator/internal/natstest"
 	"github.com/tetherfleet/tether/protocol"
@@ -36,12 +37,8 @@ const (
 // shared-token Hello over TLS. It reports both rates and their ratio
 // (enroll_time/token_time: how many times longer enrollment takes).
 func BenchmarkEnroll(b *testing.B) {
-	s := natstest.Run(b)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
+	env := natstest.Run(b)
+	nc := env.Coordinator(b, nats.Name("coordinator"))
 	pki, err := tunnel.EnsureDevPKI(b.TempDir(), nil)
 	if err != nil {
 		b.Fatal(err)
@@ -68,6 +65,7 @@ func BenchmarkEnroll(b *testing.B) {
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = "bench"
 	cfg.NATS = nc
+	cfg.Identify = caller.FromNATS(env.Layout.Verifier())
 	cfg.Token = testToken // the baseline's shared token
 	cfg.NodeCA, cfg.Identities = ca, store
 	cfg.Registerer = prometheus.NewRegistry()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
@@ -448,7 +449,7 @@ func TestRevokeElsewhereCutsSession(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.client})
+	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.env.Coordinator(t, nats.Name("another coordinator"))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -48,6 +49,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		h             micro.HandlerFunc
 	}{
 		{"exec", protocol.SubjectExec, c.handleExec},
+		{"exec-alive", protocol.SubjectExecAlive, c.handleExecAlive},
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},
 		{"stream", protocol.SubjectStream, c.handleStream},
@@ -56,22 +58,17 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
 		{"tokens-create", protocol.SubjectTokensCreate, c.handleTokenCreate},
 		{"nodes-revoke", protocol.SubjectNodesRevoke, c.handleNodeRevoke},
-	}
-	if err := c.startProbes(); err != nil {
-		svc.Stop()
-		return nil, err
+		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {
 			svc.Stop()
-			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoint %s on %s: %w", e.name, e.subject, err)
 		}
 	}
 	if c.cfg.Endpoints != nil {
 		if err := c.cfg.Endpoints(guardedService{svc, c}); err != nil {
 			svc.Stop()
-			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoints: %w", err)
 		}
 	}
@@ -161,7 +158,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		ids[i] = n.id
 	}
 	r.ID = id
+	owner, ownerKnown := caller.Of(req)
 	j := &job{
+		owner:       owner,
+		ownerKnown:  ownerKnown,
 		c:           c,
 		id:          id,
 		reply:       req.Reply(),
@@ -169,6 +169,9 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		params:      r.Params(c.cfg.DefaultTimeout),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
+	}
+	if r.Target.Node == "" {
+		j.target = r.Target.String()
 	}
 
 	c.mu.Lock()
@@ -192,9 +195,13 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	c.jobs[id] = j
 	c.jobWG.Add(1)
 	c.mu.Unlock()
+	if a := auditOf(req); a != nil && a.takeOver() {
+		j.audit = a
+	}
 
 	go func() {
 		defer c.jobWG.Done()
+		defer j.recordAudit() // after a contained panic too
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -186,13 +187,56 @@ func startFleet(t *testing.T) *fleet {
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
-	nc, err := nats.Connect(f.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	f.nc = f.connect(t)
+	f.cl = client.New(f.nc)
+	return f
+}
+
+// fleetCreds maps each running fleet's NATS URL to a client user's
+// credentials file (natsEnv).
+var fleetCreds sync.Map
+
+// natsEnv is the environment that points a tether client command at the
+// fleet on natsURL: the URL, and the credentials of the fleet's client user.
+func natsEnv(natsURL string) []string {
+	env := []string{"TETHER_NATS_URL=" + natsURL}
+	if p, ok := fleetCreds.Load(natsURL); ok {
+		env = append(env, "TETHER_NATS_CREDS="+p.(string))
+	}
+	return env
+}
+
+// layout loads the coordinator's NATS layout from its data dir (the same
+// keys, so credentials minted here are valid on its server).
+func (f *fleet) layout(t *testing.T) *natsauth.Layout {
+	t.Helper()
+	l, err := natsauth.Load(filepath.Join(f.dataDir, "nats-auth"), natsauth.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// connect mints a client user "e2e" of the coordinator's layout, writes its
+// credentials for the CLI (natsEnv) and connects as it.
+func (f *fleet) connect(t *testing.T) *nats.Conn {
+	t.Helper()
+	creds, err := f.layout(t).MintClient("e2e", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "e2e.creds")
+	if err := natsauth.WriteCreds(path, creds); err != nil {
+		t.Fatal(err)
+	}
+	fleetCreds.Store(f.natsURL, path)
+	t.Cleanup(func() { fleetCreds.Delete(f.natsURL) })
+	nc, err := nats.Connect(f.natsURL, append(creds.Options(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	f.nc, f.cl = nc, client.New(nc)
-	return f
+	return nc
 }
 
 func (f *fleet) waitReady(t *testing.T) {
@@ -355,7 +399,7 @@ func runCLIWithin(t *testing.T, d time.Duration, natsURL string, stdin string, a
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, *tetherBin, args...)
-	cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)
+	cmd.Env = append(os.Environ(), natsEnv(natsURL)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e

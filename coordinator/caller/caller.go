@@ -10,6 +10,8 @@ package caller
 
 import (
 	"errors"
+	"slices"
+	"sync"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -22,7 +24,38 @@ type Request struct {
 	micro.Request
 	// Identity is the sender, as the NATS server proved it.
 	Identity policy.Identity
+
+	mu    sync.Mutex
+	rules []string // Grant.Rule of each grant Decide made for it, deduplicated
 }
+
+// Rules returns the policy rules that allowed req (Grant.Rule of every
+// grant Authorizer.Decide made for it, in order, each once), for the audit
+// log; nil when req carries no identity or nothing was decided.
+func Rules(req micro.Request) []string {
+	r, ok := req.(*Request)
+	if !ok {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.rules)
+}
+
+func (r *Request) noteRule(rule string) {
+	if rule == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.Contains(r.rules, rule) && len(r.rules) < maxRules {
+		r.rules = append(r.rules, rule)
+	}
+}
+
+// maxRules bounds the rules a request remembers (a fan-out decides once
+// per node, mostly by the same rule).
+const maxRules = 8
 
 // Of returns the identity the guard attached to req, and false when req
 // carries none (the coordinator runs without Config.Identify: tests of
@@ -42,6 +75,38 @@ type Authorizer struct {
 	// Policy is the policy in force (reloaded on SIGHUP). Nil allows
 	// everything.
 	Policy *policy.Store
+	// Observe, if set, is called with every decision Decide and Allow make
+	// (nothing is decided while Policy is nil), on the deciding goroutine,
+	// before they return. It must not block: the coordinator's audit hook
+	// records refusals with it.
+	Observe func(Decision)
+}
+
+// Decision is one answer of Authorizer.Decide or Allow, as Observe sees it.
+type Decision struct {
+	// Request is the request decided on.
+	Request micro.Request
+	// Identity is its sender; Identified is false when it carries none
+	// (Err is then 401 unauthenticated).
+	Identity   policy.Identity
+	Identified bool
+	// Op, Node and Object are what was asked (Node and Object are zero for
+	// Allow).
+	Op     policy.Operation
+	Node   policy.Node
+	Object policy.Object
+	// Grant is what allowed it, when Err is nil.
+	Grant policy.Grant
+	// Err is the refusal's API error; nil when allowed.
+	Err *protocol.APIError
+	// Refusal is the policy's refusal behind Err (nil for a 401).
+	Refusal *policy.Refusal
+}
+
+func (a Authorizer) observe(d Decision) {
+	if a.Observe != nil {
+		a.Observe(d)
+	}
 }
 
 // Decide says whether the sender of req may do op on node to obj: the
@@ -56,12 +121,20 @@ func (a Authorizer) Decide(req micro.Request, op policy.Operation, node policy.N
 	}
 	id, ok := Of(req)
 	if !ok {
-		return policy.Grant{}, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		a.observe(Decision{Request: req, Op: op, Node: node, Object: obj, Err: e})
+		return policy.Grant{}, e
 	}
 	g, err := a.Policy.Decide(id, op, node, obj)
 	if err != nil {
-		return policy.Grant{}, RefusalError(err)
+		e := RefusalError(err)
+		var r *policy.Refusal
+		errors.As(err, &r)
+		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Err: e, Refusal: r})
+		return policy.Grant{}, e
 	}
+	req.(*Request).noteRule(g.Rule())
+	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g})
 	return g, nil
 }
 
@@ -73,11 +146,18 @@ func (a Authorizer) Allow(req micro.Request, op policy.Operation) *protocol.APIE
 	}
 	id, ok := Of(req)
 	if !ok {
-		return protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		a.observe(Decision{Request: req, Op: op, Err: e})
+		return e
 	}
 	if err := a.Policy.Allow(id, op); err != nil {
-		return RefusalError(err)
+		e := RefusalError(err)
+		var r *policy.Refusal
+		errors.As(err, &r)
+		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Err: e, Refusal: r})
+		return e
 	}
+	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op})
 	return nil
 }
 

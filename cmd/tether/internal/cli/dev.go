@@ -21,6 +21,7 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator/enroll"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -196,6 +197,12 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	if err != nil {
 		return err
 	}
+	dc, err := writeDevCreds(cs.layout, devCredsFile(o, e.getenv), devUserName(e.getenv))
+	if err != nil {
+		cs.close()
+		return fmt.Errorf("dev: %w", err)
+	}
+	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
 	if err == nil {
@@ -223,7 +230,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) error {
 	bannerDone := make(chan struct{})
 	go func() {
 		defer close(bannerDone)
-		announceDev(devCtx, e.stdout, o, cs.info, acfg.NodeID, log)
+		announceDev(devCtx, e.stdout, o, cs.info, dc.creds, acfg.NodeID, log)
 	}()
 
 	var coordErr, agentErr error
@@ -317,8 +324,8 @@ func dialAddr(listen string) string {
 
 // announceDev waits until the local agent is registered, as seen through the
 // public NATS API, then prints where everything is and what to try.
-func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, nodeID string, log *slog.Logger) {
-	nc, err := nats.Connect(info.NATSURL, nats.Name("tether-dev banner"))
+func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, creds *natsauth.Creds, nodeID string, log *slog.Logger) {
+	nc, err := nats.Connect(info.NATSURL, append([]nats.Option{nats.Name("tether-dev banner")}, creds.Options()...)...)
 	if err != nil {
 		log.Error("dev: connect to NATS to check the agent", "err", err)
 		return
@@ -344,17 +351,18 @@ func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinat
 		case <-tick.C:
 		}
 	}
-	fmt.Fprint(w, devBanner(o, info, nodeID))
+	fmt.Fprint(w, devBanner(o, info, creds.InboxPrefix(), nodeID))
 }
 
 // devBanner is what `tether dev` prints once it is ready.
-func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
+func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) string {
 	var b strings.Builder
 	tetherFlag, natsFlag := "", ""
 	if info.NATSURL != defaultNATSURL {
 		tetherFlag = " --nats-url " + info.NATSURL
 		natsFlag = " -s " + info.NATSURL
 	}
+	natsFlag += " --creds " + info.CredsFile + " --inbox-prefix " + inboxPrefix
 	fmt.Fprintf(&b, "\nTether dev is ready.\n\n")
 	fmt.Fprintf(&b, "  NATS URL:    %s\n", info.NATSURL)
 	fmt.Fprintf(&b, "  tunnel:      %s (CA %s)\n", info.TunnelAddr, info.CAFile)
@@ -367,12 +375,15 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	}
 	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
-	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n\n", info.NodeCAFile)
+	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n", info.NodeCAFile)
+	fmt.Fprintf(&b, "  NATS user:   %s (credentials %s, 0600)\n\n", info.CredsUser, info.CredsFile)
+	fmt.Fprintf(&b, "NATS admits no anonymous client. Client commands find these credentials\n")
+	fmt.Fprintf(&b, "themselves; for other tools or another user's shell:\n\n")
+	fmt.Fprintf(&b, "  export %s=%s\n\n", natsCredsEnv, info.CredsFile)
 	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
 	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
-	fmt.Fprintf(&b, "  nats%s micro ls\n", natsFlag)
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
 	return b.String()
