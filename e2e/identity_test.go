@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -32,12 +30,8 @@ func TestNodeIdentityEndToEnd(t *testing.T) {
 		"--openshell-listen", "", "--opensandbox-listen", ""}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
-	nc, err := nats.Connect(f.natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	f.nc, f.cl = nc, client.New(nc)
+	f.nc = f.connect(t)
+	f.cl = client.New(f.nc)
 
 	out, errOut, code := runCLI(t, f.natsURL, "", "token", "create", "--uses", "1", "--labels", "rack=r1")
 	if code != 0 || !strings.HasPrefix(out, "tjt_") {
