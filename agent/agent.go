@@ -36,6 +36,10 @@ type Agent struct {
 	// ident is the node certificate, once loaded or enrolled
 	// (identity.go); replaced by renewals.
 	ident atomic.Pointer[tunnel.Identity]
+	// certRefused is set when a coordinator refused the certificate
+	// (protocol.CodeCertRefused): the next dial enrolls, if there is a
+	// token (identity.go).
+	certRefused atomic.Bool
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
 	// to make room (dataWriteTimeout in exec.go); tests shorten it.
 	dataWriteTimeout time.Duration
@@ -274,6 +278,9 @@ func (a *Agent) handshake(ctx context.Context, sess *tunnel.Session, addr string
 			return nil, nil, fmt.Errorf("agent %s: reject from %s: %w", a.cfg.NodeID, addr, err)
 		}
 		a.log.Error("coordinator rejected agent: "+info.Error(), "coordinator", addr, "code", info.Code, "message", info.Message)
+		if info.Code == protocol.CodeCertRefused {
+			a.certRefused.Store(true)
+		}
 		return nil, nil, fmt.Errorf("agent %s: coordinator %s rejected agent: %w", a.cfg.NodeID, addr, info)
 	default:
 		return nil, nil, fmt.Errorf("agent %s: handshake with %s: %w: got %s frame, want welcome or reject",

@@ -53,10 +53,13 @@ func (a *Agent) loadIdentity() error {
 }
 
 // needsEnrollment reports whether the next session must enroll: there is
-// no certificate, or it expired.
+// no certificate, it expired, or a coordinator refused it (revoked, say)
+// and the agent has a join token to try (after one attempt, whatever its
+// outcome, the certificate is tried again: a refusal may have been a
+// coordinator's passing state).
 func (a *Agent) needsEnrollment() bool {
 	id := a.ident.Load()
-	return id == nil || !time.Now().Before(id.Cert.NotAfter)
+	return id == nil || !time.Now().Before(id.Cert.NotAfter) || (a.certRefused.Load() && a.cfg.Token != "")
 }
 
 // tlsConfig is the client config of the next dial: Config.TLS, with the
@@ -82,6 +85,7 @@ func (a *Agent) tlsConfig() *tls.Config {
 // returns nil when the certificate was stored (the redialer then dials the
 // same coordinator again, with it), else why not.
 func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
+	a.certRefused.Store(false)
 	if a.cfg.Token == "" {
 		return fmt.Errorf("agent %s: no valid certificate in %s and no join token to enroll with: create one (tether token create) and give it with --token-file",
 			a.cfg.NodeID, a.cfg.IdentityDir)

@@ -355,7 +355,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 	}
 	if cert != nil {
 		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion,
-			"cert_serial", cert.serial, "cert_not_after", cert.notAfter)
+			"cert_serial", cert.current())
 	} else {
 		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion, "auth", "shared_token")
 	}

@@ -54,6 +54,8 @@ var endpointOps = map[string]string{
 	protocol.SubjectSandboxesReap:     policy.OpSandboxesReap.String(),
 	protocol.SubjectSandboxesSync:     policy.OpAdmin.String(),
 	protocol.SubjectAuditQuery:        policy.OpAdmin.String(),
+	protocol.SubjectTokensCreate:      policy.OpAdmin.String(),
+	protocol.SubjectNodesRevoke:       policy.OpAdmin.String(),
 }
 
 // auditReq is a request whose outcome is audited: the first reply through

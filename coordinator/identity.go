@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -35,10 +36,26 @@ const (
 // or control path.
 const identityTimeout = 5 * time.Second
 
-// nodeCert is what a session authenticated by its certificate holds.
+// nodeCert is what a session authenticated by its certificate holds: the
+// serial (hex) of the certificate it currently holds, which a renewal on
+// the session replaces (the agent proved it holds the new key by signing
+// the CSR), so that the next renewal, after the first certificate
+// expired, still finds it listed. mu is a leaf lock.
 type nodeCert struct {
-	serial   string // hex
-	notAfter time.Time
+	mu     sync.Mutex
+	serial string
+}
+
+func (nc *nodeCert) current() string {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	return nc.serial
+}
+
+func (nc *nodeCert) renewed(serial string) {
+	nc.mu.Lock()
+	nc.serial = serial
+	nc.mu.Unlock()
 }
 
 // authenticate proves hello's node id: by peer, the TLS client
@@ -100,7 +117,7 @@ func (c *Coordinator) checkCert(peer *x509.Certificate, hello *protocol.Hello) (
 		}
 		maps.Copy(hello.Labels, rec.Labels) // the token's labels win
 	}
-	return &nodeCert{serial: serial, notAfter: peer.NotAfter}, nil
+	return &nodeCert{serial: serial}, nil
 }
 
 // enroll serves an Enroll (the payload of the control stream's first
@@ -237,10 +254,12 @@ func (c *Coordinator) renew(n *node, payload []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), identityTimeout)
 	defer cancel()
 	serial := tunnel.SerialHex(cert)
-	if err := c.cfg.Identities.Renew(ctx, n.id, n.cert.serial, enroll.Serial{Serial: serial, NotAfter: cert.NotAfter}); err != nil {
+	old := n.cert.current()
+	if err := c.cfg.Identities.Renew(ctx, n.id, old, enroll.Serial{Serial: serial, NotAfter: cert.NotAfter}); err != nil {
 		fail(err.Error(), err)
 		return
 	}
+	n.cert.renewed(serial)
 	// Counted once recorded, before the answer: what the agent sees has
 	// been counted.
 	c.m.enrollments.WithLabelValues(enrollRenewed).Inc()
@@ -249,7 +268,7 @@ func (c *Coordinator) renew(n *node, payload []byte) {
 		log.Warn("certificate renewed but not sent", "cert_serial", serial, "err", err)
 		return
 	}
-	log.Info("certificate renewed", "cert_serial", serial, "cert_not_after", cert.NotAfter, "old_serial", n.cert.serial)
+	log.Info("certificate renewed", "cert_serial", serial, "cert_not_after", cert.NotAfter, "old_serial", old)
 }
 
 // send writes one frame on the control stream after Welcome, whatever the
@@ -297,7 +316,7 @@ func (c *Coordinator) recheck(node string) bool {
 	if n == nil || n.cert == nil {
 		return false
 	}
-	err := c.cfg.Identities.CheckCert(node, n.cert.serial)
+	err := c.cfg.Identities.CheckCert(node, n.cert.current())
 	if err == nil {
 		return false
 	}
@@ -312,7 +331,7 @@ func (c *Coordinator) handleTokenCreate(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeUnsupported, "coordinator %s has no per-node identity (no node CA)", c.cfg.ID))
 		return
 	}
-	if _, e := (caller.Authorizer{Policy: c.cfg.Policy}).Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
+	if _, e := c.authorizer().Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
 		c.replyError(req, e)
 		return
 	}
@@ -352,7 +371,7 @@ func (c *Coordinator) handleNodeRevoke(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeUnsupported, "coordinator %s has no per-node identity (no node CA)", c.cfg.ID))
 		return
 	}
-	if _, e := (caller.Authorizer{Policy: c.cfg.Policy}).Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
+	if _, e := c.authorizer().Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
 		c.replyError(req, e)
 		return
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
@@ -448,8 +449,7 @@ func TestRevokeElsewhereCutsSession(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	// Another coordinator: TETHER credentials of its own.
-	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.env.Coordinator(t)})
+	other, err := enroll.Open(ctx, enroll.Config{NATS: ih.env.Coordinator(t, nats.Name("another coordinator"))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -647,12 +647,18 @@ func TestRealAgentEnrollsRenewsAndRestarts(t *testing.T) {
 	}
 	stop := run(ih.token(t, 1, time.Hour, map[string]string{"pool": "gpu"}))
 	first := session()
+	// Three times: by the third, the session's first certificate has
+	// expired and was dropped from the record, so the session must hold
+	// the renewed one.
 	checkFor(t, defaultTestTimeout, func() error {
-		if got := ih.metric("tether_coordinator_enrollments_total", "result", "renewed"); got < 1 {
-			return errors.New("not renewed yet")
+		if got := ih.metric("tether_coordinator_enrollments_total", "result", "renewed"); got < 3 {
+			return fmt.Errorf("renewed %v times", got)
 		}
 		return nil
 	})
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "renew_refused"); got != 0 {
+		t.Errorf("renew_refused = %v", got)
+	}
 	if got := session(); got != first {
 		t.Errorf("session %s after renewal, want %s kept", got, first)
 	}
@@ -683,11 +689,35 @@ func TestRealAgentEnrollsRenewsAndRestarts(t *testing.T) {
 	// Restarted without a token (it was one-use anyway): the stored
 	// certificate is its identity.
 	stop = run("")
-	defer stop()
 	if got := session(); got == first {
 		t.Errorf("restarted agent has the old session %s", got)
 	}
 	if got := ih.metric("tether_coordinator_enrollments_total", "result", "ok"); got != 1 {
 		t.Errorf("enrollments{ok} = %v, want 1 (the restart used the certificate)", got)
+	}
+
+	// Revoked, it is cut off and stays out; restarted with a token
+	// created after the revocation, it enrolls again.
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if _, err := ih.store.Revoke(ctx, "real-1"); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if ih.metric("tether_coordinator_auth_failures_total", "reason", "revoked") < 1 {
+			return errors.New("the revoked agent has not been refused yet")
+		}
+		if n := len(ih.c.Nodes(protocol.Selector{})); n != 0 {
+			return fmt.Errorf("%d nodes", n)
+		}
+		return nil
+	})
+	stop()
+	ih.clock.advance(time.Second)
+	stop = run(ih.token(t, 1, time.Hour, nil))
+	defer stop()
+	session()
+	if got := ih.metric("tether_coordinator_enrollments_total", "result", "ok"); got != 2 {
+		t.Errorf("enrollments{ok} = %v, want 2 (re-admitted)", got)
 	}
 }

@@ -405,7 +405,7 @@ func plainBinary(t *testing.T) string {
 }
 
 func (f *fleet) startAgentBin(t *testing.T, bin, id, labels, tokenFile string, extra ...string) *proc {
-	return startBin(t, bin, "agent-"+id, append([]string{"agent", "--coordinator", f.tunnelAddr, "--token-file", tokenFile,
+	return startBin(t, bin, "agent-"+id, append([]string{"agent", "--coordinator", f.tunnelAddr, "--shared-token", "--token-file", tokenFile,
 		"--ca-file", filepath.Join(f.dataDir, "pki", "ca.crt"), "--node-id", id, "--labels", labels,
 		"--data-dir", t.TempDir()}, extra...)...)
 }

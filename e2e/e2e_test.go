@@ -213,7 +213,7 @@ func startFleet(t *testing.T) *fleet {
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f.natsURL = "nats://" + natsAddr
 	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", e2ePolicy(t),
-		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", heartbeat,
+		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--allow-shared-token", "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
@@ -294,7 +294,7 @@ func (f *fleet) waitReady(t *testing.T) {
 }
 
 func (f *fleet) startAgent(t *testing.T, id, labels, tokenFile string) *proc {
-	return start(t, "agent-"+id, "agent", "--coordinator", f.tunnelAddr, "--token-file", tokenFile,
+	return start(t, "agent-"+id, "agent", "--coordinator", f.tunnelAddr, "--shared-token", "--token-file", tokenFile,
 		"--ca-file", filepath.Join(f.dataDir, "pki", "ca.crt"), "--node-id", id, "--labels", labels,
 		"--data-dir", t.TempDir())
 }

@@ -225,7 +225,7 @@ func startSandboxFleet(t *testing.T) *sandboxFleet {
 	// A fixed --id: a restarted coordinator takes the reaper lock its
 	// killed predecessor held at once, instead of waiting out its TTL.
 	f.coordArgs = []string{"coordinator", "--id", "e2e-chaos", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", e2ePolicy(t),
-		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--token-file", f.tokenFile, "--heartbeat", heartbeat,
+		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--allow-shared-token", "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", sf.openShellFacade, "--opensandbox-listen", sf.openSandboxFacade,
 		"--inventory-interval", "1s"}
 	f.coord = start(t, "coordinator", f.coordArgs...)

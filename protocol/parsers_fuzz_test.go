@@ -204,6 +204,8 @@ var apiRequests = []apiRequest{
 	{"reap", func() any { return new(protocol.ReapRequest) }, validator[protocol.ReapRequest]()},
 	{"cancel", func() any { return new(protocol.CancelRequest) }, nil},
 	{"stream", func() any { return new(protocol.StreamRequest) }, nil},
+	{"token create", func() any { return new(protocol.TokenCreateRequest) }, validator[protocol.TokenCreateRequest]()},
+	{"node revoke", func() any { return new(protocol.NodeRevokeRequest) }, validator[protocol.NodeRevokeRequest]()},
 }
 
 // FuzzAPIRequests decodes a body as each NATS API request (DecodeRequest,
@@ -457,15 +459,25 @@ func FuzzControlFrames(f *testing.F) {
 		`{"code":"internal","message":"boom"}`,
 		`{"exit_code":3,"signal":"KILL"}`,
 		`{"protocol_version":1,"node_id":"` + strings.Repeat("n", 3000) + `","labels":{"` + strings.Repeat("k", 3000) + `":"v"}}`,
+		`{"protocol_version":1,"token":"tjt_x","node_id":"n1","csr":"MIIB"}`,
+		`{"certificate":"MIIB","not_after":"2026-12-03T10:00:00Z","labels":{"rack":"r1"}}`,
+		`{"csr":"MIIB"}`,
 	} {
 		f.Add(uint8(i), []byte(s))
 	}
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		vals := []any{&protocol.Hello{}, &protocol.Welcome{}, &protocol.Heartbeat{}, &protocol.CancelStream{},
-			&protocol.WindowSize{}, &protocol.Signal{}, &protocol.ErrorInfo{}, &protocol.ExitStatus{}}
+			&protocol.WindowSize{}, &protocol.Signal{}, &protocol.ErrorInfo{}, &protocol.ExitStatus{},
+			&protocol.Enroll{}, &protocol.Enrolled{}, &protocol.Renew{}}
 		v := vals[int(which)%len(vals)]
 		err := protocol.DecodeJSON(data, v)
 		if err != nil {
+			return
+		}
+		if e, ok := v.(*protocol.Enroll); ok {
+			if err := e.Validate(); err != nil {
+				checkProblems(t, fmt.Sprintf("enroll %.200q", data), err)
+			}
 			return
 		}
 		h, ok := v.(*protocol.Hello)

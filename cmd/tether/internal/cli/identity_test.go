@@ -13,14 +13,14 @@ import (
 	"github.com/tetherfleet/tether/protocol"
 )
 
-// startDev runs `tether dev` on dir with random ports until the test ends
-// (or stop is called) and returns its NATS URL, tunnel address and CA
-// file, from its banner.
-func startDev(t *testing.T, dir string) (url, tunnelAddr, caFile string, stop func()) {
+// startDev runs `tether dev` on dir with random ports and the environment
+// vars until the test ends (or stop is called) and returns its NATS URL,
+// tunnel address and CA file, from its banner.
+func startDev(t *testing.T, dir string, vars map[string]string) (url, tunnelAddr, caFile string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(vars), now: time.Now}
 	var code int
 	done := make(chan struct{})
 	go func() {
@@ -69,9 +69,9 @@ func startDev(t *testing.T, dir string) (url, tunnelAddr, caFile string, stop fu
 }
 
 // nodeLabels lists the nodes through the CLI: id → labels.
-func nodeLabels(t *testing.T, url string) map[string]map[string]string {
+func nodeLabels(t *testing.T, vars map[string]string, url string) map[string]map[string]string {
 	t.Helper()
-	r := runCLI(testCtx(t), nil, "", "nodes", "--json", "--nats-url", url)
+	r := runCLI(testCtx(t), vars, "", "nodes", "--json", "--nats-url", url)
 	if r.code != 0 {
 		t.Fatalf("nodes: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -95,9 +95,12 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 		t.Skip("starts a full dev stack")
 	}
 	dir := t.TempDir()
-	url, tunnelAddr, caFile, stopDev := startDev(t, dir)
+	// The user's config home, shared by dev and the client commands, as
+	// one shell's is (dev writes its user's NATS credentials there).
+	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
+	url, tunnelAddr, caFile, stopDev := startDev(t, dir, vars)
 
-	r := runCLI(testCtx(t), nil, "", "token", "create", "--nats-url", url, "--labels", "rack=r1", "--ttl", "10m")
+	r := runCLI(testCtx(t), vars, "", "token", "create", "--nats-url", url, "--labels", "rack=r1", "--ttl", "10m")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "tjt_") || !strings.Contains(r.stderr, "1 use(s), labels rack=r1") {
 		t.Fatalf("token create: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
@@ -114,7 +117,7 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 			"--node-id", "second", "--labels", "rack=mine,role=web", "--data-dir", agentDir, "--log-level", "warn")
 	}()
 	checkFor(t, defaultTestTimeout, func() error {
-		l, ok := nodeLabels(t, url)["second"]
+		l, ok := nodeLabels(t, vars, url)["second"]
 		if !ok {
 			return errorString("second not registered yet")
 		}
@@ -127,17 +130,17 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 		t.Errorf("identity file: %v, want mode 0600", err)
 	}
 	// The token was for one use.
-	r = runCLI(testCtx(t), nil, "", "node", "revoke", "--nats-url", url, "second")
+	r = runCLI(testCtx(t), vars, "", "node", "revoke", "--nats-url", url, "second")
 	if r.code != 0 || r.stdout != "node second revoked: 1 certificate(s) refused from now on; its session was closed\n" {
 		t.Fatalf("node revoke: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	checkFor(t, defaultTestTimeout, func() error {
-		if _, ok := nodeLabels(t, url)["second"]; ok {
+		if _, ok := nodeLabels(t, vars, url)["second"]; ok {
 			return errorString("second still registered")
 		}
 		return nil
 	})
-	r = runCLI(testCtx(t), nil, "", "node", "revoke", "--nats-url", url, "never-enrolled")
+	r = runCLI(testCtx(t), vars, "", "node", "revoke", "--nats-url", url, "never-enrolled")
 	if r.code != exitTether || !strings.Contains(r.stderr, "not enrolled") {
 		t.Errorf("revoke unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -147,9 +150,9 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 	// Dev restarted on the same data directory: its agent connects with
 	// the certificate it has, no step needed.
 	stopDev()
-	url, _, _, _ = startDev(t, dir)
-	if _, ok := nodeLabels(t, url)[devNodeID()]; !ok {
-		t.Errorf("dev's agent not registered after a restart: %v", nodeLabels(t, url))
+	url, _, _, _ = startDev(t, dir, vars)
+	if _, ok := nodeLabels(t, vars, url)[devNodeID()]; !ok {
+		t.Errorf("dev's agent not registered after a restart: %v", nodeLabels(t, vars, url))
 	}
 }
 

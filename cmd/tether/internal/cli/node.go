@@ -29,8 +29,8 @@ func newNodeCmd(e *env) *cobra.Command {
 whichever coordinator holds it), and the certificates are refused for
 reconnecting and for renewal from then on. The revocation is kept in the
 coordinators' JetStream KV. To re-admit the node, create a new join token
-(tokens created before the revocation cannot) and enroll it again. Needs the
-admin right in the coordinator's policy.`,
+(tokens created before the revocation cannot enroll it) and restart its
+agent with it. Needs the admin right in the coordinator's policy.`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			if err := protocol.ValidNodeID(args[0]); err != nil {
