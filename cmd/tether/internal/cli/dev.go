@@ -353,6 +353,7 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	}
 	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
+	fmt.Fprintf(&b, "  policy:      %s (edit, then kill -HUP %d)\n", filepath.Join(o.DataDir, devPolicyFile), os.Getpid())
 	fmt.Fprintf(&b, "  join token:  %s\n\n", info.TokenFrom)
 	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
