@@ -130,3 +130,35 @@ func TestDecideAs(t *testing.T) {
 		t.Fatalf("no policy: %v", err)
 	}
 }
+
+// BenchmarkAuthorize is what authorization adds to one exec request on one
+// node: Allow, then Decide (a rule with a selector).
+func BenchmarkAuthorize(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(`version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "env=dev"
+        operations: [exec]
+        run_as: alice
+    limits:
+      requests_per_second: 1000000
+      burst: 1000000
+`), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	s, err := policy.NewStore(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := Authorizer{Policy: s}
+	req := as("alice")
+	nodes := []policy.Node{{ID: "n1", Labels: map[string]string{"env": "dev", "zone": "a"}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, e := a.Authorize(req, policy.OpExec, nodes, policy.Object{}); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
