@@ -211,7 +211,7 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 		return nil, fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.serverName(), err)
 	}
 
-	r := execReader{id: req.ID, out: out, onResult: onResult}
+	r := execReader{id: req.ID, out: out, onResult: onResult, alive: c.heartbeat(req.ID)}
 	wait := ctx
 	var cause error // ctx's error once the job was cancelled because of it
 	for {
@@ -271,6 +271,14 @@ func (c *Client) cancelJob(id string) {
 	_ = c.NC.Publish(protocol.SubjectCancel, body)
 }
 
+// heartbeat returns the function that tells the coordinator this client
+// still waits for job id (protocol.SubjectExecAlive), best effort: a lost
+// heartbeat is made up for by the next one.
+func (c *Client) heartbeat(id string) func() {
+	h := nats.Header{protocol.HeaderJob: {id}}
+	return func() { _ = c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExecAlive, Header: h}) }
+}
+
 // execReader checks and dispatches the replies of one exec request.
 type execReader struct {
 	id       string
@@ -278,6 +286,7 @@ type execReader struct {
 	onResult NodeResultHandler
 	nextSeq  uint64
 	results  []protocol.NodeResult // from node-result replies
+	alive    func()                // sends the job's heartbeat
 }
 
 // handle processes one reply. It returns the result when msg is the final
@@ -288,7 +297,8 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 	}
 	typ := msg.Header.Get(protocol.HeaderType)
 	if typ == protocol.ReplyProbe {
-		return nil, nil // a liveness probe: its delivery is the answer
+		r.alive() // a liveness probe: the heartbeat answers it
+		return nil, nil
 	}
 	if s := msg.Header.Get(protocol.HeaderSeq); s != "" {
 		seq, err := strconv.ParseUint(s, 10, 64)
@@ -314,7 +324,9 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 		r.results = append(r.results, nr)
 		r.onResult(&nr)
 	case protocol.ReplyKeepAlive:
-		// Its arrival (and sequence number) is all it says.
+		// Its arrival (and sequence number) is all it says; the
+		// heartbeat tells the coordinator this client still listens.
+		r.alive()
 	case protocol.ReplyResult:
 		var res protocol.ExecResult
 		if err := json.Unmarshal(msg.Data, &res); err != nil {

@@ -12,38 +12,44 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
+	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
 
 const defaultTestTimeout = 10 * time.Second
 
-// runServer starts an embedded nats-server on a random loopback port.
-func runServer(t testing.TB) *server.Server {
+// runServer starts an embedded nats-server on a random loopback port, with
+// Tether's NATS layout.
+func runServer(t testing.TB) *natsauthtest.Env {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatalf("new nats server: %v", err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
+	return natsauthtest.Run(t)
 }
 
-func connect(t testing.TB, s *server.Server) *nats.Conn {
+// connect connects as a client user, as the client package's callers do.
+func connect(t testing.TB, s *natsauthtest.Env) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
+	return s.Client(t, "client")
+}
+
+// serve connects as the coordinator does, for fakes of its service.
+func serve(t testing.TB, s *natsauthtest.Env) *nats.Conn {
+	t.Helper()
+	return s.Coordinator(t)
+}
+
+// acceptPipe accepts a pipe as the coordinator does: its end on a pipe
+// subject the client may publish to.
+func acceptPipe(nc *nats.Conn, m *nats.Msg) (*natspipe.Pipe, error) {
+	local, err := natsauth.PipeSubject("fake", natsauth.NewPipeID())
 	if err != nil {
-		t.Fatalf("connect: %v", err)
+		return nil, err
 	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natspipe.AcceptOn(nc, local, m.Reply, nil, natspipe.Config{})
 }
 
 // fake is a scripted stand-in for the coordinator's micro service. Its
@@ -58,9 +64,9 @@ type fake struct {
 
 // newFake serves tether.v1.exec with onExec (nil: no exec subscription) and
 // tether.v1.nodes with onNodes (nil: none), and records cancel requests.
-func newFake(t testing.TB, s *server.Server, onExec func(f *fake, m *nats.Msg, req protocol.ExecRequest), onNodes func(m *nats.Msg)) *fake {
+func newFake(t testing.TB, s *natsauthtest.Env, onExec func(f *fake, m *nats.Msg, req protocol.ExecRequest), onNodes func(m *nats.Msg)) *fake {
 	t.Helper()
-	f := &fake{nc: connect(t, s), cancels: make(chan string, 16)}
+	f := &fake{nc: serve(t, s), cancels: make(chan string, 16)}
 	if onExec != nil {
 		if _, err := f.nc.Subscribe(protocol.SubjectExec, func(m *nats.Msg) {
 			var req protocol.ExecRequest

@@ -30,7 +30,7 @@ func fakeExecAgent(t *testing.T, nc *nats.Conn, agent func(p *natspipe.Pipe, par
 			t.Errorf("fake: bad stream request %s", m.Data)
 			return
 		}
-		p, err := natspipe.Accept(nc, m.Reply, natspipe.Config{})
+		p, err := acceptPipe(nc, m)
 		if err != nil {
 			t.Error(err)
 			return
@@ -75,7 +75,7 @@ func readStdin(p io.Reader) ([]byte, protocol.FrameType, error) {
 
 func TestExecStream(t *testing.T) {
 	s := runServer(t)
-	params := fakeExecAgent(t, connect(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
+	params := fakeExecAgent(t, serve(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
 		in, end, err := readStdin(p)
 		if err != nil || end != protocol.FrameStdinClose {
 			t.Errorf("fake agent: stdin ended with %v, %v", end, err)
@@ -143,7 +143,7 @@ func (r *errReader) Read(p []byte) (int, error) {
 func TestExecStreamStdinError(t *testing.T) {
 	s := runServer(t)
 	ended := make(chan error, 1)
-	fakeExecAgent(t, connect(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
+	fakeExecAgent(t, serve(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
 		_, _, err := readStdin(p)
 		ended <- err
 		protocol.WriteJSONFrame(p, protocol.FrameExit, protocol.ExitStatus{ExitCode: 143, Cancelled: true})
@@ -170,7 +170,7 @@ func TestExecStreamStdinError(t *testing.T) {
 // Ending ctx cancels the command and returns its exit with ctx's error.
 func TestExecStreamCancel(t *testing.T) {
 	s := runServer(t)
-	fakeExecAgent(t, connect(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
+	fakeExecAgent(t, serve(t, s), func(p *natspipe.Pipe, _ protocol.ExecParams) {
 		protocol.WriteFrame(p, protocol.FrameStdout, []byte("started\n"))
 		if _, _, err := readStdin(p); !errors.Is(err, natspipe.ErrPeerReset) {
 			t.Errorf("fake agent: stdin ended with %v, want the client's reset (a cancel)", err)

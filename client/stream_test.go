@@ -33,7 +33,7 @@ func fakeStreamService(t *testing.T, nc *nats.Conn) {
 			m.RespondMsg(r)
 			return
 		}
-		p, err := natspipe.Accept(nc, m.Reply, natspipe.Config{})
+		p, err := acceptPipe(nc, m)
 		if err != nil {
 			t.Error(err)
 			return
@@ -62,7 +62,7 @@ func fakeStreamService(t *testing.T, nc *nats.Conn) {
 
 func TestOpenStream(t *testing.T) {
 	s := runServer(t)
-	fakeStreamService(t, connect(t, s))
+	fakeStreamService(t, serve(t, s))
 	c := client.New(connect(t, s))
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()

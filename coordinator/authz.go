@@ -56,13 +56,18 @@ func (c *Coordinator) NodeLabels(id string) (map[string]string, bool) {
 	return n.hello.Labels, true
 }
 
-// Authorizer returns the authorizer the coordinator's handlers use, for
-// the packages that add endpoints (coordinator/ledger) or serve facades.
+// Authorizer returns the authorizer the coordinator's handlers use (its
+// decisions are audited), for the packages that add endpoints
+// (coordinator/ledger) or serve facades.
 func (c *Coordinator) Authorizer() caller.Authorizer { return c.authorizer() }
 
-// authorizer is the Authorizer of Config.Policy every handler asks.
-func (c *Coordinator) authorizer() caller.Authorizer {
-	return caller.Authorizer{Policy: c.cfg.Policy}
+// ownerString is the owner policy decides job.cancel and a detached job's
+// job.* by: the submitter's Identity.String, "" when unknown.
+func (j *job) ownerString() string {
+	if !j.ownerKnown {
+		return ""
+	}
+	return j.owner.String()
 }
 
 // streamOp returns the operation a tether.v1.stream request of kind with

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -32,16 +33,21 @@ type Config struct {
 	// closes it.
 	NATS *nats.Conn
 	// Identify names the sender of each NATS API request from what the
-	// NATS server stamped on it (natsauth.Verifier.Identify, converted to
-	// a policy.Identity); a request it fails for is refused with 401
+	// NATS server stamped on it (caller.FromNATS of the layout's
+	// natsauth.Verifier); a request it fails for is refused with 401
 	// unauthenticated before its handler runs, and handlers read the
-	// identity with caller.Of. Nil leaves requests unidentified (tests of
-	// parts that do not authorize).
+	// identity with caller.Of. Required: no request goes unattributed.
 	Identify func(nats.Header) (policy.Identity, error)
 	// Policy decides what each identified caller may do (see package
 	// policy); reloading the store changes decisions at once. Nil allows
 	// everything: only tests of parts that do not authorize leave it nil.
 	Policy *policy.Store
+	// Audit, if set, records an audit event for every request the micro
+	// service serves and every policy refusal (audit.go), and serves
+	// SubjectAuditQuery from it. The caller owns it: it closes it after
+	// Serve returned. Nil records nothing; SubjectAuditQuery then answers
+	// 503 unavailable.
+	Audit *audit.Recorder
 	// Version is the coordinator's version, reported by the micro service
 	// (which requires semver: a non-semver Version is reported as "0.1.0"
 	// there, and kept verbatim in the service metadata).
@@ -136,8 +142,8 @@ const (
 	DefaultCancelGrace            = 5 * time.Second
 )
 
-// DefaultConfig returns a Config with every default filled in. Token and NATS
-// must still be set.
+// DefaultConfig returns a Config with every default filled in. Token, NATS
+// and Identify must still be set.
 func DefaultConfig() Config {
 	id, err := os.Hostname()
 	if err != nil || id == "" {
@@ -224,6 +230,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS == nil {
 		errs = append(errs, errors.New("coordinator config: NATS connection is required"))
+	}
+	if c.Identify == nil {
+		errs = append(errs, errors.New("coordinator config: Identify is required (caller.FromNATS of the NATS layout's verifier): every API request must be attributed"))
 	}
 	for _, d := range []struct {
 		name string

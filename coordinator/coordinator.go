@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -35,6 +34,9 @@ type Coordinator struct {
 	m       *metrics
 	reg     prometheus.Registerer
 	guard   *panics.Guard // contains per-caller panics (panic.go)
+	// pipeToken is cfg.ID as one subject token: the coordinator part of
+	// its pipe subjects (natsauth.PipeSubject).
+	pipeToken string
 	// testHook, set only by tests (export_test.go), is called at named
 	// points in the goroutine that reaches them (Coordinator.hook).
 	testHook atomic.Pointer[func(point string)]
@@ -57,13 +59,9 @@ type Coordinator struct {
 	connWG  sync.WaitGroup          // one per agent connection goroutine
 	jobWG   sync.WaitGroup          // one per running job goroutine
 	relays  relaySet                // running stream relays (relay.go)
-	svc     micro.Service           // set while serving
-	// Liveness probes of exec jobs' clients (jobs.go): the wildcard
-	// subscription on probePrefix.*, and the running jobs by probe token.
-	probePrefix string
-	probeSub    *nats.Subscription
-	probes      map[string]*job
-	probeSeq    uint64
+	// auditQueries counts the audit queries being read (audit.go).
+	auditQueries int
+	svc          micro.Service // set while serving
 	// Sandbox inventories (sandboxes.go): node ids that just registered,
 	// and Sync requests.
 	nodeUps          chan string
@@ -100,15 +98,16 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	return &Coordinator{
-		cfg:     cfg,
-		log:     log,
-		preauth: preauth,
-		m:       m,
-		reg:     reg,
-		guard:   panics.New(reg, log.With("component", "coordinator", "coordinator_id", cfg.ID), "coordinator"),
-		conns:   map[*agentConn]struct{}{},
-		nodes:   map[string]*node{},
-		jobs:    map[string]*job{},
+		cfg:       cfg,
+		log:       log,
+		preauth:   preauth,
+		pipeToken: subjectToken(cfg.ID),
+		m:         m,
+		reg:       reg,
+		guard:     panics.New(reg, log.With("component", "coordinator", "coordinator_id", cfg.ID), "coordinator"),
+		conns:     map[*agentConn]struct{}{},
+		nodes:     map[string]*node{},
+		jobs:      map[string]*job{},
 
 		admit:   newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 		nodeUps: make(chan string, 1024),
@@ -225,7 +224,6 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		// wait is bounded.
 		<-jobsDone
 	}
-	c.stopProbes()
 
 	kill() // aborts handshakes in progress
 	c.mu.Lock()

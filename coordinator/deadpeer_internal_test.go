@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 	"github.com/tetherfleet/tether/tunnel/tunneltest"
@@ -44,6 +45,7 @@ func TestDefaultConfigDropsFrozenAgentWithinBound(t *testing.T) {
 		cfg.ID = "coord-test"
 		cfg.Token = "tok"
 		cfg.NATS = &nats.Conn{} // not used: no Serve, only the agent connection path
+		cfg.Identify = func(nats.Header) (policy.Identity, error) { return policy.Identity{}, nil }
 		c, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)

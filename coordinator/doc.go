@@ -87,6 +87,17 @@
 // and each running exec job and relayed stream holds one of its jobs
 // (max_concurrent_jobs), whatever Config.MaxJobs leaves.
 //
+// # Audit
+//
+// With Config.Audit every request is an audit event (coordinator/audit),
+// recorded once its outcome is known (audit.go): the guard wraps each
+// request, and its first reply records the event, unless an exec job or a
+// stream relay took it over (they record at their end, with the command's
+// digest, the nodes, the exit code and the bytes; a relay reads the
+// agent's last exit or error frame for it, the one place it looks into
+// the frames it relays) or the Authorizer recorded a refusal. Recording
+// never blocks a handler.
+//
 // # Goroutines
 //
 //   - the accept loop, started by Serve;
@@ -94,6 +105,8 @@
 //   - one per running job, plus one per node of the job while it runs, plus
 //     the job's keeper (keepalives and client probes);
 //   - one per job.* request while its job stream runs;
+//   - one per audit query (tether.v1.admin.audit) while it reads the audit
+//     stream, at most four at once (audit.go);
 //   - while a node's run is being cancelled, a short-lived context.AfterFunc
 //     that writes the cancel frame; the node goroutine waits for it;
 //   - per stream relay (relay.go): its goroutine, which copies the client's

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tetherfleet/tether/natsauth"
 )
 
 // EmbeddedNATSConfig configures the nats-server a coordinator embeds when it
@@ -22,6 +24,10 @@ type EmbeddedNATSConfig struct {
 	Port int
 	// StoreDir is the JetStream store directory. Required.
 	StoreDir string
+	// Auth is the NATS layout the server enforces (Layout.ConfigureServer):
+	// every client must present a user JWT of it; there are no anonymous
+	// clients. Required.
+	Auth *natsauth.Layout
 	// ServerName names the server in NATS monitoring and JetStream. Default:
 	// chosen by nats-server.
 	ServerName string
@@ -31,13 +37,17 @@ type EmbeddedNATSConfig struct {
 	Logger *slog.Logger
 }
 
-// StartEmbeddedNATS starts a nats-server with JetStream and waits up to 10 s
-// for it to accept connections. It installs no signal handlers. The caller
+// StartEmbeddedNATS starts a nats-server with JetStream, authenticating
+// every client by cfg.Auth, and waits up to 10 s for it to accept
+// connections. It installs no signal handlers. The caller
 // owns the server: Shutdown then WaitForShutdown stops it. Clients reach it at
 // s.ClientURL().
 func StartEmbeddedNATS(cfg EmbeddedNATSConfig) (*server.Server, error) {
 	if cfg.StoreDir == "" {
 		return nil, errors.New("embedded NATS: StoreDir is required")
+	}
+	if cfg.Auth == nil {
+		return nil, errors.New("embedded NATS: Auth (the NATS layout) is required: the server never admits anonymous clients")
 	}
 	host := cfg.Host
 	if host == "" {
@@ -51,6 +61,9 @@ func StartEmbeddedNATS(cfg EmbeddedNATSConfig) (*server.Server, error) {
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
 		NoLog:      cfg.Logger == nil,
+	}
+	if err := cfg.Auth.ConfigureServer(opts); err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
 	// nats-server only logs a failed bind and then never becomes ready; try
 	// the address first so a busy port is reported at once, by its cause.

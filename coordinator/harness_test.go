@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/internal/natstest"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
@@ -61,7 +62,9 @@ type harness struct {
 	t         *testing.T
 	c         *coordinator.Coordinator
 	reg       *prometheus.Registry
-	client    *nats.Conn
+	client    *nats.Conn // a client user's (CLIENTS)
+	env       *natstest.Env
+	coordNC   *nats.Conn // the coordinator's own (TETHER)
 	addr      string
 	clientTLS *tls.Config
 
@@ -80,22 +83,14 @@ func newHarness(t *testing.T, mutate func(*coordinator.Config)) *harness {
 // nats-server's options.
 func newHarnessNATS(t *testing.T, natsOpts func(*server.Options), mutate func(*coordinator.Config)) *harness {
 	t.Helper()
-	var s *server.Server
+	var s *natstest.Env
 	if natsOpts != nil {
 		s = natstest.Run(t, natsOpts)
 	} else {
 		s = natstest.Run(t)
 	}
-	nc, err := nats.Connect(s.ClientURL(), nats.Name("coordinator"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	client, err := nats.Connect(s.ClientURL(), nats.Name("client"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
+	nc := s.Coordinator(t, nats.Name("coordinator"))
+	client := s.Client(t, "client")
 
 	pki, err := tunnel.EnsureDevPKI(t.TempDir(), nil)
 	if err != nil {
@@ -119,6 +114,7 @@ func newHarnessNATS(t *testing.T, natsOpts func(*server.Options), mutate func(*c
 	cfg.ID = "coord-test"
 	cfg.Token = testToken
 	cfg.NATS = nc
+	cfg.Identify = caller.FromNATS(s.Layout.Verifier())
 	cfg.Version = "dev"
 	cfg.Registerer = reg
 	cfg.Logger = testLogger(t)
@@ -134,7 +130,7 @@ func newHarnessNATS(t *testing.T, natsOpts func(*server.Options), mutate func(*c
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{
-		t: t, c: c, reg: reg, client: client,
+		t: t, c: c, reg: reg, client: client, env: s, coordNC: nc,
 		addr: ln.Addr().String(), clientTLS: cliTLS,
 		cancel: cancel, done: make(chan error, 1),
 	}
@@ -218,7 +214,7 @@ type execReply struct {
 // error reply. It does not touch tb, so it may run in any goroutine.
 func execRaw(nc *nats.Conn, body []byte) (execReply, error) {
 	var r execReply
-	inbox := nats.NewInbox()
+	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return r, err

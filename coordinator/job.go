@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -45,21 +46,29 @@ type job struct {
 	params  protocol.ExecParams
 	// users are the local users each node runs the job as (policy's
 	// run_as), by node id; they replace params.User.
-	users map[string]string
-	// owner is the submitter's identity (Identity.String), "" when the
-	// request carried none: job.cancel and a detached job's job.* are
-	// decided by it.
-	owner       string
+	users       map[string]string
 	stdin       []byte
 	maxParallel int
 	ctx         context.Context // cancelled by SubjectCancel, the drain or a vanished client
 	// cancel cancels ctx with a cause: nil (a cancel request), errShutdown
 	// or errClientGone.
 	cancel context.CancelCauseFunc
-	// probe is the token of the job's liveness probes (jobs.go).
-	probe string
-	// probeGone is set when a probe got a "no responders" status.
-	probeGone atomic.Bool
+	// owner is the sender of the exec request (caller.Of), when the guard
+	// identified it (ownerKnown): only its heartbeats count (jobs.go).
+	owner      policy.Identity
+	ownerKnown bool
+	// heard is set by the first heartbeat of the job's client, alive by
+	// each one; the keeper clears alive every interval.
+	heard, alive atomic.Bool
+
+	// audit is the exec request's audit wrapper (nil when the coordinator
+	// audits nothing), target the request's selector or "all nodes"
+	// (empty for one node), res and results what the job ended with (res
+	// nil until then); recordAudit reads them after run.
+	audit   *auditReq
+	target  string
+	res     *protocol.ExecResult
+	results []protocol.NodeResult
 
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
 	pubMu   sync.Mutex
@@ -106,6 +115,7 @@ func (j *job) run() {
 		}
 		res.Truncated = res.Truncated || results[i].Truncated
 	}
+	j.res, j.results = &res, results
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)
@@ -352,7 +362,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.Detached = es.Detached
 			if es.Detached {
 				res.ExitCode = 0
-				c.owners.set(id, j.params.JobID, j.owner)
+				c.owners.set(id, j.params.JobID, j.ownerString())
 			}
 			return res
 		case protocol.FrameError:
@@ -453,11 +463,6 @@ func (j *job) publishError(e *protocol.APIError) error {
 
 // publishMsg adds the job and sequence headers to h and publishes.
 func (j *job) publishMsg(h nats.Header, data []byte, what string) error {
-	return j.publishMsgReply(h, data, what, "")
-}
-
-// publishMsgReply is publishMsg with a reply subject (a liveness probe).
-func (j *job) publishMsgReply(h nats.Header, data []byte, what, reply string) error {
 	j.pubMu.Lock()
 	defer j.pubMu.Unlock()
 	h.Set(protocol.HeaderJob, j.id)
@@ -466,7 +471,7 @@ func (j *job) publishMsgReply(h nats.Header, data []byte, what, reply string) er
 	j.lastPub = time.Now()
 	// PublishMsg copies data into the connection's buffer before returning,
 	// so the caller may reuse it.
-	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Reply: reply, Header: h, Data: data}); err != nil {
+	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Header: h, Data: data}); err != nil {
 		j.c.log.Warn("publish exec reply", "job_id", j.id, "type", what, "bytes", len(data), "err", err)
 		return fmt.Errorf("job %s: publish %s reply: %w", j.id, what, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -104,53 +105,40 @@ func shortenFailure(f string, n int) string {
 // Liveness. While a job runs, its keeper goroutine wakes every
 // Config.KeepAliveInterval. If nothing was published for half an interval
 // it publishes a keepalive reply (sequenced, so clients can tell a silent
-// job from a dead coordinator), else an unsequenced probe message. Either
-// carries a reply subject on the coordinator's probe inbox
-// (<inbox>.<token>, one wildcard subscription for every job): when the
-// client's reply subscription is gone, the NATS server answers with a 503
-// "no responders" status there. Two probes in a row answered that way
-// cancel the job (cause errClientGone).
+// job from a dead coordinator), else an unsequenced probe message. A
+// client answers each with a heartbeat on SubjectExecAlive naming the job
+// (handleExecAlive). Once a job got a heartbeat from its sender, the
+// coordinator expects one per interval: clientGoneIntervals intervals in a
+// row without one cancel the job (cause errClientGone). A job whose client
+// never sent one (an older client, the nats CLI) is never cancelled so.
+//
+// Heartbeats replace probing the reply subject for a 503 "no responders"
+// status, which never comes across the NATS import clients call through
+// (natsauth: the server drops responses to a departed client silently).
 
-// startProbes subscribes to the probe inbox. Serve calls it before serving.
-func (c *Coordinator) startProbes() error {
-	prefix := c.cfg.NATS.NewInbox()
-	sub, err := c.cfg.NATS.Subscribe(prefix+".*", c.handleProbeReply)
-	if err != nil {
-		return fmt.Errorf("coordinator: subscribe to probe inbox: %w", err)
-	}
-	c.mu.Lock()
-	c.probePrefix = prefix
-	c.probeSub = sub
-	c.probes = map[string]*job{}
-	c.mu.Unlock()
-	return nil
-}
+// clientGoneIntervals is how many keepalive intervals in a row without a
+// heartbeat from a job's client cancel the job: more than the two 503s that
+// used to, since a missing heartbeat may only be late on a loaded machine.
+const clientGoneIntervals = 3
 
-// stopProbes ends the probe subscription once no job runs.
-func (c *Coordinator) stopProbes() {
-	c.mu.Lock()
-	sub := c.probeSub
-	c.probeSub = nil
-	c.mu.Unlock()
-	if sub != nil {
-		sub.Unsubscribe()
-	}
-}
-
-// handleProbeReply runs on the subscription's goroutine for each answer to
-// a probe; only a no-responders status means something.
-func (c *Coordinator) handleProbeReply(m *nats.Msg) {
-	defer c.guard.Recover("probe reply", nil)
-	if m.Header.Get("Status") != "503" {
+// handleExecAlive takes a client's heartbeat for a running job: counted
+// only when its sender (caller.Of, as the NATS server stamped it) is the
+// sender of the job's exec request, so nobody can keep another's job
+// alive or learn anything from this endpoint. It answers nothing.
+func (c *Coordinator) handleExecAlive(req micro.Request) {
+	id := req.Headers().Get(protocol.HeaderJob)
+	if id == "" {
 		return
 	}
-	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	sender, ok := caller.Of(req)
 	c.mu.Lock()
-	j := c.probes[token]
+	j := c.jobs[id]
 	c.mu.Unlock()
-	if j != nil {
-		j.probeGone.Store(true)
+	if j == nil || !ok || !j.ownerKnown || sender.Kind != j.owner.Kind || sender.Key != j.owner.Key || sender.Account != j.owner.Account {
+		return
 	}
+	j.heard.Store(true)
+	j.alive.Store(true)
 }
 
 // startKeeper starts the job's keeper goroutine and returns the function
@@ -158,18 +146,6 @@ func (c *Coordinator) handleProbeReply(m *nats.Msg) {
 func (j *job) startKeeper() (stop func()) {
 	c := j.c
 	iv := c.cfg.KeepAliveInterval
-	c.mu.Lock()
-	c.probeSeq++
-	j.probe = strconv.FormatUint(c.probeSeq, 10)
-	prefix := c.probePrefix
-	if c.probes != nil {
-		c.probes[j.probe] = j
-	}
-	c.mu.Unlock()
-	probeSubject := ""
-	if prefix != "" {
-		probeSubject = prefix + "." + j.probe
-	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -180,56 +156,52 @@ func (j *job) startKeeper() (stop func()) {
 		defer c.guard.Recover("exec job keeper", func(e *panics.Error) { j.cancel(e) })
 		t := time.NewTicker(iv)
 		defer t.Stop()
-		gone := 0
+		missed := 0
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
 			}
-			if j.probeGone.Swap(false) {
-				gone++
-			} else {
-				gone = 0
+			if j.heard.Load() {
+				if j.alive.Swap(false) {
+					missed = 0
+				} else {
+					missed++
+				}
 			}
-			if gone >= 2 {
+			if missed >= clientGoneIntervals {
 				if j.ctx.Err() == nil {
-					c.log.Warn(fmt.Sprintf("client of job %s disappeared; cancelling", j.id), "job_id", j.id)
+					c.log.Warn(fmt.Sprintf("client of job %s disappeared (no heartbeat for %d keepalive intervals); cancelling", j.id, missed), "job_id", j.id)
 					j.cancel(errClientGone)
 				}
 				continue
 			}
-			j.keepAlive(iv, probeSubject)
+			j.keepAlive(iv)
 		}
 	}()
 	return func() {
 		close(done)
 		wg.Wait()
-		c.mu.Lock()
-		delete(c.probes, j.probe)
-		c.mu.Unlock()
 	}
 }
 
 // keepAlive publishes a keepalive reply if the job was silent for half an
-// interval, else a probe, both with the probe subject as reply subject.
-func (j *job) keepAlive(iv time.Duration, probeSubject string) {
+// interval, else a probe; the client answers either with a heartbeat.
+func (j *job) keepAlive(iv time.Duration) {
 	j.pubMu.Lock()
 	silent := time.Since(j.lastPub) >= iv/2
 	j.pubMu.Unlock()
 	if silent {
 		h := nats.Header{}
 		h.Set(protocol.HeaderType, protocol.ReplyKeepAlive)
-		j.publishMsgReply(h, nil, protocol.ReplyKeepAlive, probeSubject)
-		return
-	}
-	if probeSubject == "" {
+		j.publishMsg(h, nil, protocol.ReplyKeepAlive)
 		return
 	}
 	h := nats.Header{}
 	h.Set(protocol.HeaderType, protocol.ReplyProbe)
 	h.Set(protocol.HeaderJob, j.id)
-	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Reply: probeSubject, Header: h}); err != nil {
+	if err := j.c.cfg.NATS.PublishMsg(&nats.Msg{Subject: j.reply, Header: h}); err != nil {
 		j.c.log.Debug("publish probe", "job_id", j.id, "err", err)
 	}
 }

@@ -90,7 +90,7 @@ func TestExecKeepAlive(t *testing.T) {
 		}
 		protocol.WriteJSONFrame(st, protocol.FrameExit, &protocol.ExitStatus{})
 	}})
-	inbox := nats.NewInbox()
+	inbox := h.client.NewInbox()
 	sub, err := h.client.SubscribeSync(inbox)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +127,9 @@ func TestExecKeepAlive(t *testing.T) {
 	checkSeq(t, execReply{msgs: seqd})
 }
 
-// A client whose reply subscription disappears gets its job cancelled.
+// A client whose heartbeats stop (its reply subscription gone) gets its
+// job cancelled; heartbeats for the job from another user do not keep it
+// alive.
 func TestExecClientGoneCancelsJob(t *testing.T) {
 	h := newHarness(t, func(c *coordinator.Config) { c.KeepAliveInterval = 30 * time.Millisecond })
 	cancelled := make(chan struct{})
@@ -145,7 +147,7 @@ func TestExecClientGoneCancelsJob(t *testing.T) {
 			}
 		}
 	}})
-	inbox := nats.NewInbox()
+	inbox := h.client.NewInbox()
 	sub, err := h.client.SubscribeSync(inbox)
 	if err != nil {
 		t.Fatal(err)
@@ -154,11 +156,39 @@ func TestExecClientGoneCancelsJob(t *testing.T) {
 	if err := h.client.PublishRequest(protocol.SubjectExec, inbox, body); err != nil {
 		t.Fatal(err)
 	}
-	// Wait until the job runs, then go away.
-	if _, err := sub.NextMsg(defaultTestTimeout); err != nil {
-		t.Fatalf("no reply: %v", err)
+	alive := func(nc *nats.Conn) {
+		nc.PublishMsg(&nats.Msg{Subject: protocol.SubjectExecAlive, Header: nats.Header{protocol.HeaderJob: {"orphan"}}})
 	}
+	// Answer keepalives and probes for a while, as the client package
+	// does: the job keeps running.
+	for i := 0; i < 2*3+2; i++ {
+		if _, err := sub.NextMsg(defaultTestTimeout); err != nil {
+			t.Fatalf("no reply: %v", err)
+		}
+		alive(h.client)
+	}
+	select {
+	case <-cancelled:
+		t.Fatal("the job of a client that sends heartbeats was cancelled")
+	default:
+	}
+	// Then go away, while another user keeps sending heartbeats for it.
 	sub.Unsubscribe()
+	mallory := h.env.Client(t, "mallory")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				alive(mallory)
+			}
+		}
+	}()
 	select {
 	case <-cancelled:
 	case <-time.After(defaultTestTimeout):

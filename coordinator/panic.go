@@ -29,21 +29,23 @@ func (c *Coordinator) internalError(e *panics.Error) *protocol.APIError {
 // guardHandler wraps h, the handler of endpoint name, so that a panic in
 // it answers the request with a 500 internal micro error. Every endpoint
 // goes through it, so it is also where a request published without a reply
-// subject is made unanswerable (see unanswered).
+// subject is made unanswerable (see unanswered) and where its audit event
+// is prepared (audit.go).
 func (c *Coordinator) guardHandler(name string, h micro.Handler) micro.Handler {
 	return micro.HandlerFunc(func(req micro.Request) {
-		req = unanswered(req)
+		req = c.withAudit(unanswered(req), name)
 		defer c.guard.Recover("nats "+name, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		c.hook("nats " + name)
-		if c.cfg.Identify != nil {
-			id, err := c.cfg.Identify(nats.Header(req.Headers()))
-			if err != nil {
-				c.refuseUnidentified(req, name, err)
-				return
-			}
-			req = &caller.Request{Request: req, Identity: id}
+		id, err := c.cfg.Identify(nats.Header(req.Headers()))
+		if err != nil {
+			c.refuseUnidentified(req, name, err)
+			return
 		}
-		h.Handle(req)
+		cr := &caller.Request{Request: req, Identity: id}
+		if a := auditOf(req); a != nil {
+			a.identity, a.outer = &id, cr
+		}
+		h.Handle(cr)
 	})
 }
 

@@ -56,7 +56,9 @@ func TestPanicInNATSHandlerLeavesOtherJobs(t *testing.T) {
 			c.Registerer = reg
 			c.Endpoints = func(svc micro.Service) error {
 				return svc.AddEndpoint("boom", micro.HandlerFunc(func(micro.Request) { panic("injected panic in an added endpoint") }),
-					micro.WithEndpointSubject("test.boom"))
+					// A subject clients can reach (an exported one that
+					// this fleet, without sandbox services, leaves free).
+					micro.WithEndpointSubject(protocol.SubjectLeaseOpen))
 			}
 		},
 	})
@@ -121,7 +123,7 @@ func TestPanicInNATSHandlerLeavesOtherJobs(t *testing.T) {
 	}
 
 	// An endpoint added through Config.Endpoints is guarded too.
-	msg, err := f.NC.RequestWithContext(ctx, "test.boom", nil)
+	msg, err := f.NC.RequestWithContext(ctx, protocol.SubjectLeaseOpen, nil)
 	if err != nil || msg.Header.Get(micro.ErrorCodeHeader) != "500" {
 		t.Fatalf("added endpoint: %v, %+v; want a 500 micro error", err, msg)
 	}

@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -93,6 +95,13 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "reply subject: %v", err))
 		return
 	}
+	// The guard identified the sender from the header the server stamped;
+	// the pipe admits only that user's messages (relay.fromOpener).
+	acc, user, err := natsauth.RequestUser(nats.Header(req.Headers()))
+	if err != nil {
+		c.replyError(req, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "coordinator %s: stream: the NATS server did not stamp the sender: %v", c.cfg.ID, err))
+		return
+	}
 
 	c.mu.Lock()
 	n, ok := c.nodes[r.Node]
@@ -120,15 +129,18 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		return
 	}
 	rel := &relay{
-		release:  release,
-		c:        c,
-		req:      req,
-		n:        n,
-		kind:     kind,
-		params:   json.RawMessage(params),
-		log:      c.log.With("node_id", n.id, "kind", kind.String()),
-		aborted:  make(chan struct{}),
-		stopping: make(chan struct{}),
+		release: release,
+		c:       c,
+		req:     req,
+		n:       n,
+		kind:    kind,
+		params:  json.RawMessage(params),
+		log:     c.log.With("node_id", n.id, "kind", kind.String()),
+
+		openerAccount: acc,
+		openerUser:    user,
+		aborted:       make(chan struct{}),
+		stopping:      make(chan struct{}),
 	}
 	rel.ctx, rel.cancel = context.WithCancel(c.life)
 	c.relays.add(rel)
@@ -186,8 +198,9 @@ func (s *relaySet) wait() { s.wg.Wait() }
 // that watches the pipe (watch) for the client's reset or failure while the
 // copies may be blocked elsewhere.
 type relay struct {
-	c       *Coordinator
-	release func() // the caller's job slot (policy limits), released when run returns
+	c *Coordinator
+	// release frees the caller's job slot (policy limits) when run returns.
+	release func()
 	req     micro.Request
 	n       *node
 	kind    protocol.Kind
@@ -195,6 +208,10 @@ type relay struct {
 	log     *slog.Logger
 	ctx     context.Context // bounds the stream open; cancelled by abort
 	cancel  context.CancelFunc
+	// openerAccount and openerUser are the account and user public key
+	// the NATS server stamped on the stream request: the pipe admits only
+	// their messages.
+	openerAccount, openerUser string
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
@@ -218,6 +235,14 @@ type relay struct {
 	// writesDone is set when pipeToStream stopped copying the client's
 	// bytes; watch no longer cuts its writes short then.
 	writesDone bool
+
+	// For the audit event (recordAudit, after both copies returned): the
+	// bytes relayed each way, how the relay ended (the pipe's error, or a
+	// contained panic), and the agent's last exit or error frame.
+	bytesIn, bytesOut atomic.Int64
+	endErr            error
+	exit              *protocol.ExitStatus
+	agentErr          *protocol.ErrorInfo
 }
 
 // run opens the tunnel stream and the pipe, relays until both directions
@@ -226,6 +251,7 @@ func (r *relay) run() {
 	c := r.c
 	defer c.relays.done(r)
 	defer r.release()
+	defer r.recordAudit()
 	defer r.cancel()
 	defer func() {
 		r.mu.Lock()
@@ -256,7 +282,18 @@ func (r *relay) run() {
 	if pcfg.Logger == nil {
 		pcfg.Logger = c.log
 	}
-	p, err := natspipe.Accept(c.cfg.NATS, r.req.Reply(), pcfg)
+	// The client can publish only to exported subjects, so this end
+	// receives on a pipe subject (natsauth.PipeSubject) with an id nobody
+	// can guess, and admits only what the pipe's opener published there:
+	// anyone may publish to an exported subject, and the server stamps
+	// each message with its sender.
+	local, err := natsauth.PipeSubject(c.pipeToken, natsauth.NewPipeID())
+	if err != nil {
+		st.Close()
+		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
+		return
+	}
+	p, err := natspipe.AcceptOn(c.cfg.NATS, local, r.req.Reply(), r.fromOpener, pcfg)
 	if err != nil {
 		st.Close()
 		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
@@ -296,10 +333,42 @@ func (r *relay) run() {
 	p.Close() // after both eofs this only tells the client we are gone
 	st.Close()
 	if err := p.Err(); err != nil {
+		r.endErr = err
 		log.Info("relay aborted", "err", err)
 	} else {
 		log.Debug("relay finished")
 	}
+}
+
+// subjectToken turns id into one NATS subject token of at most 64 bytes of
+// letters, digits, '-' and '_' (natsauth.PipeSubject's rule): every other
+// byte becomes '_'. Host names, the default ids, have dots.
+func subjectToken(id string) string {
+	b := []byte(id)
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "coordinator"
+	}
+	return string(b)
+}
+
+// fromOpener admits a pipe message published by the user who opened the
+// relay, as the NATS server stamped it (natsauth.RequestUser); everything
+// else published to the pipe's subject is dropped.
+func (r *relay) fromOpener(m *nats.Msg) bool {
+	acc, user, err := natsauth.RequestUser(m.Header)
+	if err == nil && acc == r.openerAccount && user == r.openerUser {
+		return true
+	}
+	r.log.Debug("pipe message from another sender dropped", "sender", user, "err", err)
+	return false
 }
 
 // pipeToStream copies the client's bytes to the node. At the client's eof
@@ -310,6 +379,7 @@ func (r *relay) run() {
 // agent (finishWrite).
 func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
 	fw := &frameCursor{w: st}
+	defer func() { r.bytesIn.Store(fw.n) }()
 	_, err := p.WriteTo(fw)
 	r.mu.Lock()
 	r.writesDone = true // from here on the deadlines of st's writes are ours
@@ -444,7 +514,8 @@ func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
 // CancelGrace) and ends the client's side there (endShutdown).
 func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
-	out := &frameCursor{w: p}
+	out := &frameCursor{w: p, keep: r.kind != protocol.KindDial}
+	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends() }()
 	var graceEnd time.Time // set once the stop found a frame under way
 loop:
 	for {
@@ -585,6 +656,7 @@ func (r *relay) panicked(e *panics.Error) {
 	r.mu.Lock()
 	st, p := r.st, r.pipe
 	r.mu.Unlock()
+	r.endErr = e
 	if p == nil {
 		r.c.replyError(r.req, r.c.internalError(e))
 	}
@@ -626,18 +698,31 @@ func (r *relay) abortIO(st *yamux.Stream, p *natspipe.Pipe, reason error) {
 
 // frameCursor passes writes through to w and tracks where the bytes are in
 // the protocol's frame layout (type byte, uint32 length, payload), so the
-// relay knows whether it may inject a frame. It does not look at frame
-// types or payloads.
+// relay knows whether it may inject a frame, and counts them. It does not
+// interpret frames, except that with keep it keeps the payload of the last
+// exit and error frame (at most maxKeptFrame bytes) for the audit log.
 type frameCursor struct {
 	w    io.Writer
 	err  error   // the first write error
+	n    int64   // bytes written
 	hdr  int     // header bytes of the current frame seen, 0..4
 	lenb [4]byte // the length field so far
 	left uint64  // payload bytes of the current frame still to come
+
+	keep    bool
+	typ     protocol.FrameType // the current frame's type
+	cur     []byte             // the current exit or error frame's payload so far
+	lastTyp protocol.FrameType // the type of the last whole exit or error frame kept
+	last    []byte             // its payload
 }
+
+// maxKeptFrame bounds an exit or error frame's payload frameCursor keeps;
+// a longer one is not kept.
+const maxKeptFrame = 4 << 10
 
 func (f *frameCursor) Write(b []byte) (int, error) {
 	n, err := f.w.Write(b)
+	f.n += int64(n)
 	f.advance(b[:n])
 	if err != nil && f.err == nil {
 		f.err = err
@@ -649,20 +734,62 @@ func (f *frameCursor) advance(b []byte) {
 	for len(b) > 0 {
 		if f.left > 0 {
 			k := min(uint64(len(b)), f.left)
+			if f.cur != nil && len(f.cur)+int(k) <= maxKeptFrame {
+				f.cur = append(f.cur, b[:k]...)
+			} else {
+				f.cur = nil
+			}
 			f.left -= k
 			b = b[k:]
+			if f.left == 0 {
+				f.endFrame()
+			}
 			continue
 		}
 		if f.hdr > 0 {
 			f.lenb[f.hdr-1] = b[0]
+		} else {
+			f.typ = protocol.FrameType(b[0])
 		}
 		f.hdr++
 		b = b[1:]
 		if f.hdr == 5 {
 			f.hdr = 0
 			f.left = uint64(binary.BigEndian.Uint32(f.lenb[:]))
+			f.cur = nil
+			if f.keep && (f.typ == protocol.FrameExit || f.typ == protocol.FrameError) && f.left <= maxKeptFrame {
+				f.cur = make([]byte, 0, f.left)
+			}
+			if f.left == 0 {
+				f.endFrame()
+			}
 		}
 	}
+}
+
+// endFrame keeps a whole exit or error frame.
+func (f *frameCursor) endFrame() {
+	if f.cur != nil {
+		f.lastTyp, f.last, f.cur = f.typ, f.cur, nil
+	}
+}
+
+// ends decodes the last exit or error frame kept: nil, nil when none was
+// (or it does not decode).
+func (f *frameCursor) ends() (*protocol.ExitStatus, *protocol.ErrorInfo) {
+	switch f.lastTyp {
+	case protocol.FrameExit:
+		var es protocol.ExitStatus
+		if protocol.DecodeJSON(f.last, &es) == nil {
+			return &es, nil
+		}
+	case protocol.FrameError:
+		var ei protocol.ErrorInfo
+		if protocol.DecodeJSON(f.last, &ei) == nil {
+			return nil, &ei
+		}
+	}
+	return nil, nil
 }
 
 // atBoundary reports whether the bytes written so far end with a whole

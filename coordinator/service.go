@@ -50,28 +50,24 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		h             micro.HandlerFunc
 	}{
 		{"exec", protocol.SubjectExec, c.handleExec},
+		{"exec-alive", protocol.SubjectExecAlive, c.handleExecAlive},
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},
 		{"stream", protocol.SubjectStream, c.handleStream},
 		{"job-status", protocol.SubjectJobStatus, c.jobOpHandler(protocol.JobOpStatus)},
 		{"job-output", protocol.SubjectJobOutput, c.handleJobOutput},
 		{"job-cancel", protocol.SubjectJobCancel, c.jobOpHandler(protocol.JobOpCancel)},
-	}
-	if err := c.startProbes(); err != nil {
-		svc.Stop()
-		return nil, err
+		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {
 			svc.Stop()
-			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoint %s on %s: %w", e.name, e.subject, err)
 		}
 	}
 	if c.cfg.Endpoints != nil {
 		if err := c.cfg.Endpoints(guardedService{svc, c}); err != nil {
 			svc.Stop()
-			c.stopProbes()
 			return nil, fmt.Errorf("coordinator: add endpoints: %w", err)
 		}
 	}
@@ -183,16 +179,21 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		ids[i] = n.id
 	}
 	r.ID = id
+	owner, ownerKnown := caller.Of(req)
 	j := &job{
+		owner:       owner,
+		ownerKnown:  ownerKnown,
 		c:           c,
 		id:          id,
 		reply:       req.Reply(),
 		targets:     ids,
 		params:      r.Params(c.cfg.DefaultTimeout),
 		users:       users,
-		owner:       caller.Owner(req),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
+	}
+	if r.Target.Node == "" {
+		j.target = r.Target.String()
 	}
 
 	c.mu.Lock()
@@ -216,11 +217,15 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	c.jobs[id] = j
 	c.jobWG.Add(1)
 	c.mu.Unlock()
+	if a := auditOf(req); a != nil && a.takeOver() {
+		j.audit = a
+	}
 
 	started = true
 	go func() {
 		defer c.jobWG.Done()
 		defer release()
+		defer j.recordAudit() // after a contained panic too
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()
@@ -344,7 +349,7 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	for i, id := range j.targets {
 		nodes[i] = c.nodeOrID(id)
 	}
-	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.owner}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.ownerString()}); e != nil {
 		c.replyError(req, e)
 		return
 	}

@@ -378,7 +378,12 @@ func TestNodesEndpoint(t *testing.T) {
 
 func TestServiceInfo(t *testing.T) {
 	h := newHarness(t, nil)
-	m := h.request("$SRV.INFO."+protocol.ServiceName, "")
+	// Monitoring is the coordinators' own ($SRV is not exported to
+	// clients).
+	m, err := h.coordNC.Request("$SRV.INFO."+protocol.ServiceName, nil, defaultTestTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var info micro.Info
 	if err := json.Unmarshal(m.Data, &info); err != nil {
 		t.Fatal(err)
@@ -391,8 +396,8 @@ func TestServiceInfo(t *testing.T) {
 		subjects = append(subjects, e.Subject)
 	}
 	slices.Sort(subjects)
-	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectNodes, protocol.SubjectStream,
-		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel}
+	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectExecAlive, protocol.SubjectNodes, protocol.SubjectStream,
+		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel, protocol.SubjectAuditQuery}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, subjects); diff != "" {
 		t.Errorf("endpoint subjects (-want +got):\n%s", diff)

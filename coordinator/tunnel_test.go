@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -22,7 +23,7 @@ func TestConfigValidate(t *testing.T) {
 		cfg  coordinator.Config
 		want []string // substrings of the error; none means valid
 	}{
-		{"empty", coordinator.Config{}, []string{"Token is required", "NATS connection is required"}},
+		{"empty", coordinator.Config{}, []string{"Token is required", "NATS connection is required", "Identify is required"}},
 		{"negative", coordinator.Config{HeartbeatInterval: -1, MaxParallel: -2, CancelGrace: -3},
 			[]string{"Token", "NATS", "HeartbeatInterval -1ns is negative", "MaxParallel -2 is negative", "CancelGrace -3ns is negative"}},
 	}
@@ -48,6 +49,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 	bad := coordinator.DefaultConfig()
 	bad.Token, bad.NATS = "t", &nats.Conn{}
+	bad.Identify = func(nats.Header) (policy.Identity, error) { return policy.Identity{}, nil }
 	bad.Tunnel.KeepAliveInterval = 10 * time.Second // the derived IdleTimeout, 15s, is below twice that
 	if _, err := coordinator.New(bad); err == nil || !strings.Contains(err.Error(), "IdleTimeout 15s is below twice KeepAliveInterval") {
 		t.Errorf("New with pings every 10s and a 15s idle timeout = %v, want refused", err)

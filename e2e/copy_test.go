@@ -413,7 +413,7 @@ func (f *fleet) startAgentBin(t *testing.T, bin, id, labels, tokenFile string, e
 // cliCommand prepares the tether CLI with TETHER_NATS_URL set.
 func cliCommand(ctx context.Context, natsURL string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, *tetherBin, args...)
-	cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)
+	cmd.Env = append(os.Environ(), natsEnv(natsURL)...)
 	return cmd
 }
 

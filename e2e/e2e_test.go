@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -173,18 +175,19 @@ type fleet struct {
 	cl                            *client.Client
 }
 
-// e2ePolicy writes a policy granting the e2e client (nats:e2e) every
-// operation and returns its path.
+// e2ePolicy writes a policy granting the e2e client (nats:e2e) and the
+// loopback facades' callers every operation, running as the test's own
+// user, and returns its path.
 func e2ePolicy(t *testing.T) string {
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	const pol = `version: 1
-identities:
-  nats:e2e:
-    rules:
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := `    rules:
       - nodes: "*"
         operations: [exec, shell, cp.read, cp.write]
         paths: [/]
-        run_as: root
+        run_as: ` + u.Username + `
       - nodes: "*"
         operations: [forward]
         targets: [openshell, opensandbox, execd]
@@ -197,6 +200,8 @@ identities:
         scope: any
       - operations: [admin]
 `
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	pol := "version: 1\nidentities:\n  nats:e2e:\n" + rules + "  token:loopback:\n" + rules
 	if err := os.WriteFile(path, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -216,13 +221,56 @@ func startFleet(t *testing.T) *fleet {
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
-	nc, err := nats.Connect(f.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	f.nc = f.connect(t)
+	f.cl = client.New(f.nc)
+	return f
+}
+
+// fleetCreds maps each running fleet's NATS URL to a client user's
+// credentials file (natsEnv).
+var fleetCreds sync.Map
+
+// natsEnv is the environment that points a tether client command at the
+// fleet on natsURL: the URL, and the credentials of the fleet's client user.
+func natsEnv(natsURL string) []string {
+	env := []string{"TETHER_NATS_URL=" + natsURL}
+	if p, ok := fleetCreds.Load(natsURL); ok {
+		env = append(env, "TETHER_NATS_CREDS="+p.(string))
+	}
+	return env
+}
+
+// layout loads the coordinator's NATS layout from its data dir (the same
+// keys, so credentials minted here are valid on its server).
+func (f *fleet) layout(t *testing.T) *natsauth.Layout {
+	t.Helper()
+	l, err := natsauth.Load(filepath.Join(f.dataDir, "nats-auth"), natsauth.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// connect mints a client user "e2e" of the coordinator's layout, writes its
+// credentials for the CLI (natsEnv) and connects as it.
+func (f *fleet) connect(t *testing.T) *nats.Conn {
+	t.Helper()
+	creds, err := f.layout(t).MintClient("e2e", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "e2e.creds")
+	if err := natsauth.WriteCreds(path, creds); err != nil {
+		t.Fatal(err)
+	}
+	fleetCreds.Store(f.natsURL, path)
+	t.Cleanup(func() { fleetCreds.Delete(f.natsURL) })
+	nc, err := nats.Connect(f.natsURL, append(creds.Options(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	f.nc, f.cl = nc, client.New(nc)
-	return f
+	return nc
 }
 
 func (f *fleet) waitReady(t *testing.T) {
@@ -385,7 +433,7 @@ func runCLIWithin(t *testing.T, d time.Duration, natsURL string, stdin string, a
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, *tetherBin, args...)
-	cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)
+	cmd.Env = append(os.Environ(), natsEnv(natsURL)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e

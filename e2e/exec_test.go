@@ -34,7 +34,7 @@ func startCLI(t *testing.T, natsURL string, stdin io.Reader, args ...string) *cl
 	t.Helper()
 	r := &cliRun{done: make(chan struct{})}
 	r.cmd = exec.Command(*tetherBin, args...)
-	r.cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)
+	r.cmd.Env = append(os.Environ(), natsEnv(natsURL)...)
 	r.cmd.Stdin = stdin
 	r.cmd.Stdout, r.cmd.Stderr = &r.stdout, &r.stderr
 	if err := r.cmd.Start(); err != nil {
@@ -151,7 +151,7 @@ func runSh(t *testing.T, natsURL, script string) (stdout, stderr string, code in
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", script, *tetherBin)
-	cmd.Env = append(os.Environ(), "TETHER_NATS_URL="+natsURL)
+	cmd.Env = append(os.Environ(), natsEnv(natsURL)...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()

@@ -230,13 +230,20 @@ func startSandboxFleet(t *testing.T) *sandboxFleet {
 		"--inventory-interval", "1s"}
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
-	nc, err := nats.Connect(f.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	f.nc = f.connect(t)
+	f.cl = client.New(f.nc)
+	// The ledger's buckets are the coordinators' own: reading them takes
+	// coordinator credentials.
+	coordCreds, err := f.layout(t).MintCoordinator("e2e-inspector")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
-	f.nc, f.cl = nc, client.New(nc)
-	if sf.js, err = jetstream.New(nc); err != nil {
+	jsNC, err := nats.Connect(f.natsURL, append(coordCreds.Options(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(jsNC.Close)
+	if sf.js, err = jetstream.New(jsNC); err != nil {
 		t.Fatal(err)
 	}
 	cc, err := grpc.NewClient(sf.openShellFacade, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -22,7 +22,9 @@ import (
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -133,7 +135,11 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 	})
 	b.Run("tether-coordinator", func(b *testing.B) {
 		child := startChild(b, "coordinator")
-		nc, err := nats.Connect(child.natsURL)
+		creds, err := natsauth.ReadCreds(child.credsFile)
+		if err != nil {
+			b.Fatal(err)
+		}
+		nc, err := nats.Connect(child.natsURL, creds.Options()...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -168,6 +174,7 @@ func reportPerConn(b *testing.B, before, after int64) {
 type child struct {
 	pid                  int
 	addr, natsURL, token string
+	credsFile            string // a client user's, for a coordinator child
 	tls                  *tls.Config
 	lines                *bufio.Scanner
 	stdin                io.Writer // commands for serveChildCommands
@@ -202,7 +209,7 @@ func startChild(b *testing.B, role string) *child {
 		b.Fatalf("child %s printed nothing", role)
 	}
 	f := strings.Fields(sc.Text())
-	if len(f) != 4 || f[0] != "READY" {
+	if len(f) < 4 || f[0] != "READY" {
 		b.Fatalf("child %s: %q", role, sc.Text())
 	}
 	cliTLS, err := tunnel.LoadClientTLS(filepath.Join(dir, "pki", tunnel.CAFile))
@@ -210,7 +217,11 @@ func startChild(b *testing.B, role string) *child {
 		b.Fatal(err)
 	}
 	cliTLS.ServerName = "localhost"
-	return &child{pid: cmd.Process.Pid, addr: f[1], natsURL: f[2], token: f[3], tls: cliTLS, lines: sc, stdin: stdin}
+	c := &child{pid: cmd.Process.Pid, addr: f[1], natsURL: f[2], token: f[3], tls: cliTLS, lines: sc, stdin: stdin}
+	if len(f) > 4 {
+		c.credsFile = f[4]
+	}
+	return c
 }
 
 // waitCount waits for the TLS child to report n established connections.
@@ -284,17 +295,34 @@ func childPKI() (*tls.Config, string) {
 
 func childCoordinator() {
 	srvTLS, dir := childPKI()
-	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats")})
+	layout, err := natsauth.Load(filepath.Join(dir, "nats-auth"), natsauth.Config{})
 	if err != nil {
 		panic(err)
 	}
-	nc, err := nats.Connect(ns.ClientURL())
+	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats"), Auth: layout})
 	if err != nil {
+		panic(err)
+	}
+	coordCreds, err := layout.MintCoordinator("bench-coordinator")
+	if err != nil {
+		panic(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), coordCreds.Options()...)
+	if err != nil {
+		panic(err)
+	}
+	clientCreds, err := layout.MintClient("bench", 0)
+	if err != nil {
+		panic(err)
+	}
+	credsFile := filepath.Join(dir, "bench.creds")
+	if err := natsauth.WriteCreds(credsFile, clientCreds); err != nil {
 		panic(err)
 	}
 	cfg := coordinator.DefaultConfig()
 	cfg.Token = "bench-token"
 	cfg.NATS = nc
+	cfg.Identify = caller.FromNATS(layout.Verifier())
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		panic(err)
@@ -305,7 +333,7 @@ func childCoordinator() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { serveChildCommands(); cancel() }()
-	fmt.Printf("READY %s %s %s\n", ln.Addr(), ns.ClientURL(), cfg.Token)
+	fmt.Printf("READY %s %s %s %s\n", ln.Addr(), ns.ClientURL(), cfg.Token, credsFile)
 	c.Serve(ctx, tls.NewListener(ln, srvTLS))
 	nc.Close()
 	ns.Shutdown()

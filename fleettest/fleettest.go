@@ -34,7 +34,10 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
+	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -72,7 +75,15 @@ type Options struct {
 
 // Fleet is a running coordinator with its agents.
 type Fleet struct {
-	NATS        *server.Server
+	NATS *server.Server
+	// Layout is the NATS layout the server enforces; ClientCreds the
+	// client user NC connects as ("fleettest"), also written to CredsFile
+	// (0600) for commands that take --nats-creds.
+	Layout      *natsauth.Layout
+	ClientCreds *natsauth.Creds
+	CredsFile   string
+	// NC is a client connection (a CLIENTS user, private inbox prefix),
+	// as a submitter's would be; Client wraps it.
 	NC          *nats.Conn
 	Client      *client.Client
 	Coordinator *coordinator.Coordinator
@@ -114,25 +125,20 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	dir := tb.TempDir()
+	layout := natsauthtest.NewLayout(tb)
 	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats"), Logger: opts.Logger,
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, "nats"), Auth: layout, Logger: opts.Logger,
 	})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
+	creds := natsauthtest.ClientCreds(tb, layout, "fleettest")
+	nc := natsauthtest.Connect(tb, ns.ClientURL(), creds)
 	// The coordinator reaches its embedded server in-process, as `tether
-	// coordinator` and `tether dev` do; clients (NC) connect over TCP.
-	coordNC, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(coordNC.Close)
+	// coordinator` and `tether dev` do, with coordinator credentials;
+	// clients (NC) connect over TCP.
+	coordNC := natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, "fleettest-coordinator"), nats.InProcessServer(ns))
 
 	pki, err := tunnel.EnsureDevPKI(filepath.Join(dir, "pki"), nil)
 	if err != nil {
@@ -148,11 +154,13 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	}
 	cliTLS.ServerName = "localhost"
 
-	f := &Fleet{NATS: ns, NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
+	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: natsauthtest.CredsFile(tb, creds),
+		NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
 	ccfg := coordinator.DefaultConfig()
 	ccfg.ID = "fleettest"
 	ccfg.Token = f.token
 	ccfg.NATS = coordNC
+	ccfg.Identify = caller.FromNATS(layout.Verifier())
 	ccfg.Logger = opts.Logger
 	if opts.HeartbeatInterval > 0 {
 		ccfg.HeartbeatInterval = opts.HeartbeatInterval

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,27 +25,15 @@ import (
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/opensandbox"
 	"github.com/tetherfleet/tether/protocol/openshell"
 )
 
-// The identity of a request travels here in a header only testIdentify
-// reads (the tests' Config.Identify); production identifies callers by
-// what the NATS server stamped.
-const testIdentityHeader = "Test-Identity"
-
-func testIdentify(h nats.Header) (policy.Identity, error) {
-	v := h.Get(testIdentityHeader)
-	if v == "" {
-		return policy.Identity{}, errors.New("no test identity")
-	}
-	return policy.Identity{Kind: policy.KindNATS, Name: v}, nil
-}
-
 // policyFleet is a sandbox fleet whose coordinator decides by the policy
-// yaml, identifying callers with testIdentify.
+// yaml; callers are real NATS client users (as).
 func policyFleet(t *testing.T, yaml string) *fleettest.Fleet {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
@@ -60,22 +48,29 @@ func policyFleet(t *testing.T, yaml string) *fleettest.Fleet {
 	// the dev user).
 	local := func(c *sandboxes.Config) { c.Local = policy.Identity{Kind: policy.KindNATS, Name: "alice"} }
 	return fleettest.Start(t, fleettest.Options{Agents: 2, Gateways: &fleettest.GatewayOptions{Sandboxes: local}, Coordinator: func(c *coordinator.Config) {
-		c.Identify = testIdentify
 		c.Policy = store
 	}})
 }
 
-// as sends a request as who and returns the reply's API error (nil for a
-// success) and body.
-func as(t *testing.T, nc *nats.Conn, who, subject string, body any) (*protocol.APIError, []byte) {
+// conns are the client users' connections a test made, by fleet and name.
+var conns sync.Map
+
+// as sends a request as the NATS client user who (identity nats:WHO) and
+// returns the reply's API error (nil for a success) and body.
+func as(t *testing.T, f *fleettest.Fleet, who, subject string, body any) (*protocol.APIError, []byte) {
 	t.Helper()
+	key := fmt.Sprintf("%p/%s", f, who)
+	c, ok := conns.Load(key)
+	if !ok {
+		c = natsauthtest.Connect(t, f.NATS.ClientURL(), natsauthtest.ClientCreds(t, f.Layout, who))
+		conns.Store(key, c)
+		t.Cleanup(func() { conns.Delete(key) })
+	}
 	data, err := json.Marshal(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
-	m.Header.Set(testIdentityHeader, who)
-	reply, err := nc.RequestMsg(m, 10*time.Second)
+	reply, err := c.(*nats.Conn).Request(subject, data, 10*time.Second)
 	if err != nil {
 		t.Fatalf("%s as %s: %v", subject, who, err)
 	}
@@ -129,35 +124,35 @@ identities:
 // with scope any sees everyone's.
 func TestPolicyRunBelongsToItsOpener(t *testing.T) {
 	f := policyFleet(t, runPolicy)
-	if e, _ := as(t, f.NC, "alice", protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "run-a", TTLMS: 60_000, Holder: "alice"}); e != nil {
+	if e, _ := as(t, f, "alice", protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "run-a", TTLMS: 60_000, Holder: "alice"}); e != nil {
 		t.Fatalf("alice opens run-a: %v", e)
 	}
 	cc := openShellClient(t, f)
 	sb := createOpenShell(t, cc, "node-0", "ng-a", "run-a")
 	id := sb.GetMetadata().GetId()
-	if e, _ := as(t, f.NC, "alice", protocol.SubjectSandboxesRegister, protocol.SandboxRegisterRequest{
+	if e, _ := as(t, f, "alice", protocol.SubjectSandboxesRegister, protocol.SandboxRegisterRequest{
 		Provider: protocol.ProviderOpenShell, Node: "node-1", ID: "reg-a", Name: "reg-a", Run: "run-a"}); e != nil {
 		t.Fatalf("alice registers under her run: %v", e)
 	}
 
 	run := protocol.LeaseRequest{Run: "run-a"}
-	e, _ := as(t, f.NC, "bob", protocol.SubjectLeaseClose, run)
+	e, _ := as(t, f, "bob", protocol.SubjectLeaseClose, run)
 	wantForbidden(t, "bob closes run-a", e, "nats:bob", "sandboxes.lease", "another identity's run")
-	e, _ = as(t, f.NC, "bob", protocol.SubjectLeaseRenew, run)
+	e, _ = as(t, f, "bob", protocol.SubjectLeaseRenew, run)
 	wantForbidden(t, "bob renews run-a", e, "nats:bob", "sandboxes.lease")
-	e, _ = as(t, f.NC, "bob", protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "run-a", Holder: "alice"})
+	e, _ = as(t, f, "bob", protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "run-a", Holder: "alice"})
 	wantForbidden(t, "bob reopens run-a as its holder", e, "nats:bob", "sandboxes.lease")
-	e, _ = as(t, f.NC, "bob", protocol.SubjectSandboxesReap, protocol.ReapRequest{Run: "run-a"})
+	e, _ = as(t, f, "bob", protocol.SubjectSandboxesReap, protocol.ReapRequest{Run: "run-a"})
 	wantForbidden(t, "bob reaps run-a", e, "nats:bob", "sandboxes.reap")
-	e, _ = as(t, f.NC, "bob", protocol.SubjectSandboxesReap, protocol.ReapRequest{DryRun: true})
+	e, _ = as(t, f, "bob", protocol.SubjectSandboxesReap, protocol.ReapRequest{DryRun: true})
 	wantForbidden(t, "bob previews everyone's reap", e, "nats:bob", "sandboxes.reap")
-	if e, _ := as(t, f.NC, "bob", protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "run-b", TTLMS: 60_000}); e != nil {
+	if e, _ := as(t, f, "bob", protocol.SubjectLeaseOpen, protocol.LeaseOpenRequest{Run: "run-b", TTLMS: 60_000}); e != nil {
 		t.Fatalf("bob opens his own run: %v", e)
 	}
-	e, _ = as(t, f.NC, "bob", protocol.SubjectSandboxesRegister, protocol.SandboxRegisterRequest{
+	e, _ = as(t, f, "bob", protocol.SubjectSandboxesRegister, protocol.SandboxRegisterRequest{
 		Provider: protocol.ProviderOpenShell, Node: "node-0", ID: id, Name: "ng-a", Run: "run-b"})
 	wantForbidden(t, "bob re-registers alice's sandbox under his run", e, "nats:bob", "sandboxes.register", "another identity's run")
-	e, _ = as(t, f.NC, "bob", protocol.SubjectSandboxesRegister, protocol.SandboxRegisterRequest{
+	e, _ = as(t, f, "bob", protocol.SubjectSandboxesRegister, protocol.SandboxRegisterRequest{
 		Provider: protocol.ProviderOpenShell, Node: "node-1", ID: "reg-b", Name: "reg-b", Run: "run-a"})
 	wantForbidden(t, "bob registers under alice's run", e, "nats:bob", "sandboxes.register")
 
@@ -171,7 +166,7 @@ func TestPolicyRunBelongsToItsOpener(t *testing.T) {
 
 	listed := func(who string) []string {
 		t.Helper()
-		e, body := as(t, f.NC, who, protocol.SubjectSandboxesList, protocol.SandboxesListRequest{State: string(ledger.StateLive)})
+		e, body := as(t, f, who, protocol.SubjectSandboxesList, protocol.SandboxesListRequest{State: string(ledger.StateLive)})
 		if e != nil {
 			t.Fatalf("%s lists: %v", who, e)
 		}
@@ -194,10 +189,10 @@ func TestPolicyRunBelongsToItsOpener(t *testing.T) {
 	if got := listed("ops"); len(got) != 2 {
 		t.Errorf("ops (scope any) lists %v, want all 2", got)
 	}
-	e, _ = as(t, f.NC, "mallory", protocol.SubjectSandboxesList, protocol.SandboxesListRequest{})
+	e, _ = as(t, f, "mallory", protocol.SubjectSandboxesList, protocol.SandboxesListRequest{})
 	wantForbidden(t, "mallory lists", e, "nats:mallory", "no entry")
 
-	if e, _ := as(t, f.NC, "alice", protocol.SubjectLeaseClose, run); e != nil {
+	if e, _ := as(t, f, "alice", protocol.SubjectLeaseClose, run); e != nil {
 		t.Fatalf("alice closes her run: %v", e)
 	}
 	eventually(t, 20*time.Second, "alice's closed run reaped", func() bool {
@@ -213,9 +208,9 @@ func TestPolicySandboxesSyncIsAdmin(t *testing.T) {
     rules:
       - operations: [admin]
 `)
-	e, _ := as(t, f.NC, "alice", protocol.SubjectSandboxesSync, struct{}{})
+	e, _ := as(t, f, "alice", protocol.SubjectSandboxesSync, struct{}{})
 	wantForbidden(t, "alice syncs", e, "nats:alice", "admin")
-	if e, _ := as(t, f.NC, "root", protocol.SubjectSandboxesSync, struct{}{}); e != nil {
+	if e, _ := as(t, f, "root", protocol.SubjectSandboxesSync, struct{}{}); e != nil {
 		t.Fatalf("admin syncs: %v", e)
 	}
 }
@@ -270,7 +265,7 @@ func facadeFleet(t *testing.T) *fleettest.Fleet {
 		names[tok] = name
 	}
 	return fleettest.Start(t, fleettest.Options{Agents: 2,
-		Coordinator: func(c *coordinator.Config) { c.Identify = testIdentify; c.Policy = store },
+		Coordinator: func(c *coordinator.Config) { c.Policy = store },
 		Gateways: &fleettest.GatewayOptions{Sandboxes: func(c *sandboxes.Config) {
 			c.CheckToken = func(tok string) bool { _, ok := names[tok]; return ok }
 			c.TokenName = func(tok string) string { return names[tok] }

@@ -139,6 +139,8 @@ func ServiceExports() []ServiceExport {
 	single := func(s string) ServiceExport { return ServiceExport{Subject: s} }
 	return []ServiceExport{
 		{Subject: protocol.SubjectExec, Streamed: true},
+		// Heartbeats carry no reply subject; nothing is ever answered.
+		single(protocol.SubjectExecAlive),
 		single(protocol.SubjectNodes),
 		single(protocol.SubjectCancel),
 		{Subject: protocol.SubjectStream, Streamed: true},
@@ -152,6 +154,7 @@ func ServiceExports() []ServiceExport {
 		single(protocol.SubjectSandboxesRegister),
 		single(protocol.SubjectSandboxesReap),
 		{Subject: protocol.SubjectSandboxesSync, ResponseThreshold: syncThreshold},
+		single(protocol.SubjectAuditQuery),
 		// Pipe data carries no reply subject; nothing is ever answered.
 		single(PipeSubjectPrefix + ">"),
 	}

@@ -1,16 +1,19 @@
 package natsauth
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -372,6 +375,7 @@ func TestUnexportedSubjectsStayInClients(t *testing.T) {
 func TestExportsCoverProtocol(t *testing.T) {
 	internal := map[string]bool{
 		"SubjectSandboxEventPrefix": true, // coordinators publish events; clients do not
+		"SubjectAuditPrefix":        true, // coordinators publish audit events; clients read them through SubjectAuditQuery
 	}
 	consts := protocolSubjects(t)
 	exported := map[string]bool{}
@@ -470,5 +474,69 @@ func TestRevokeDisconnectsAndRefuses(t *testing.T) {
 	}
 	if _, err := l2.Verifier().Identify(aliceHdr); !errors.Is(err, ErrRevoked) {
 		t.Errorf("reloaded layout forgot the revocation: %v", err)
+	}
+}
+
+// A client cannot write the audit log: what it publishes under
+// tether.v1.audit. stays in CLIENTS, so the audit stream, which lives in
+// TETHER, never stores it; a coordinator's event is stored.
+func TestClientCannotWriteAuditStream(t *testing.T) {
+	l := testLayout(t, Config{})
+	s := startServer(t, l)
+	coord, _ := connect(t, s, mintCoordinator(t, l, "c1"))
+	js, err := jetstream.New(coord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TETHER_AUDIT", Subjects: []string{protocol.SubjectAuditPrefix + ">"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := connect(t, s, mintClient(t, l, "mallory"))
+	for _, subj := range []string{protocol.AuditSubject("exec", protocol.AuditOK), protocol.SubjectAuditPrefix + "x", protocol.SubjectAuditPrefix + "admin.ok"} {
+		if err := nc.Publish(subj, []byte(`{"v":1,"id":"forged","identity":"nats:alice","operation":"exec","result":"ok"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Through the JetStream API, with an acknowledgement asked for: the
+	// client may not publish there, nor subscribe to the reply.
+	if cjs, err := jetstream.New(nc); err == nil {
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		if _, err := cjs.Publish(pctx, protocol.SubjectAuditPrefix+"exec.ok", []byte("forged")); err == nil {
+			t.Error("a client's JetStream publish to the audit stream was acknowledged")
+		}
+		pcancel()
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The coordinator's event comes after the client's in the stream's
+	// queue: once it is stored, the client's would have been.
+	if _, err := js.Publish(ctx, protocol.AuditSubject("exec", protocol.AuditOK), []byte(`{"v":1,"id":"real"}`)); err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			if m, err := stream.GetMsg(ctx, seq); err == nil {
+				t.Logf("stored %d: %s %q", seq, m.Subject, m.Data)
+			}
+		}
+		t.Fatalf("the audit stream holds %d messages, want only the coordinator's", info.State.Msgs)
+	}
+}
+
+// No subject a client can reach lies under the audit stream's subjects: a
+// request there would be stored as an event.
+func TestNoExportUnderAuditPrefix(t *testing.T) {
+	for _, e := range ServiceExports() {
+		if server.SubjectsCollide(e.Subject, protocol.SubjectAuditPrefix+">") {
+			t.Errorf("export %q collides with the audit stream's %q", e.Subject, protocol.SubjectAuditPrefix+">")
+		}
 	}
 }

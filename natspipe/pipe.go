@@ -155,6 +155,11 @@ type Pipe struct {
 	lastRecv atomic.Int64 // ns since epoch
 	lastSend atomic.Int64
 
+	// admit, if set (AcceptOn), sees every message of the inbox first;
+	// dropped counts those it refused.
+	admit   func(*nats.Msg) bool
+	dropped atomic.Uint64
+
 	// wmu serialises data and eof publishes; it owns dataHdr and seqVal.
 	wmu     sync.Mutex
 	dataHdr nats.Header
@@ -256,13 +261,34 @@ func New(nc *nats.Conn, localInbox, peerSubject string, cfg Config) (*Pipe, erro
 // subscribes a fresh inbox, sends the open message naming it and an ack
 // granting its whole window, and returns the established pipe.
 func Accept(nc *nats.Conn, peerInbox string, cfg Config) (*Pipe, error) {
+	if nc == nil {
+		return nil, errors.New("natspipe: nil NATS connection")
+	}
+	return AcceptOn(nc, nc.NewInbox(), peerInbox, nil, cfg)
+}
+
+// AcceptOn is Accept with the local end on local, a literal subject the
+// caller chose (across NATS accounts the peer can publish only to exported
+// subjects, not to this end's inboxes: natsauth.PipeSubject), which nobody
+// else may subscribe to. When admit is not nil it sees every message
+// published to local before the pipe does, on the subscription's
+// goroutine (it must not block); a message it refuses is dropped as if it
+// never came: it is no sign of the peer's life, and it cannot close, feed
+// or ack the pipe (Dropped counts them). The coordinator admits only what
+// the pipe's opener published, since anyone may publish to an exported
+// subject.
+func AcceptOn(nc *nats.Conn, local, peerInbox string, admit func(*nats.Msg) bool, cfg Config) (*Pipe, error) {
 	if err := protocol.ValidPipeInbox(peerInbox); err != nil {
 		return nil, fmt.Errorf("natspipe: accept: %w", err)
 	}
-	p, err := newPipe(nc, nc.NewInbox(), peerInbox, cfg)
+	if err := protocol.ValidPipeInbox(local); err != nil {
+		return nil, fmt.Errorf("natspipe: accept: local subject: %w", err)
+	}
+	p, err := newPipe(nc, local, peerInbox, cfg)
 	if err != nil {
 		return nil, err
 	}
+	p.admit = admit
 	if err := p.subscribe(); err != nil {
 		return nil, err
 	}
@@ -347,6 +373,10 @@ func (p *Pipe) now() int64 { return int64(time.Since(p.epoch)) }
 // LocalInbox is the subject this end receives on.
 func (p *Pipe) LocalInbox() string { return p.local }
 
+// Dropped is the number of messages the admit function of AcceptOn
+// refused.
+func (p *Pipe) Dropped() uint64 { return p.dropped.Load() }
+
 // Peer is the subject this end sends to ("" before a Dial completes).
 func (p *Pipe) Peer() string {
 	p.mu.Lock()
@@ -357,6 +387,10 @@ func (p *Pipe) Peer() string {
 // handle processes one message of the inbox. It runs on nats.go's
 // subscription goroutine and never blocks on the reader.
 func (p *Pipe) handle(msg *nats.Msg) {
+	if p.admit != nil && !p.admit(msg) {
+		p.dropped.Add(1)
+		return
+	}
 	p.lastRecv.Store(p.now())
 	p.mu.Lock()
 	if p.dialing {

@@ -19,6 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
+	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel/tunneltest"
@@ -28,33 +30,24 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const defaultTestTimeout = 10 * time.Second
 
-// runServer starts an embedded nats-server for one test.
+// runServer starts an embedded nats-server for one test, with Tether's
+// NATS layout: every connection authenticates.
 func runServer(tb testing.TB) *server.Server {
 	tb.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		tb.Fatal("nats-server not ready")
-	}
-	tb.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
+	e := natsauthtest.Run(tb)
+	layouts.Store(e.Server, e.Layout)
+	return e.Server
 }
 
-func connect(tb testing.TB, s *server.Server) *nats.Conn {
+// layouts maps each test server to its layout, for connect.
+var layouts sync.Map // *server.Server → *natsauth.Layout
+
+// connect connects to s with coordinator credentials: both ends of these
+// tests' pipes are in one account, where every inbox is reachable.
+func connect(tb testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 	tb.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	return nc
+	l, _ := layouts.Load(s)
+	return natsauthtest.Connect(tb, s.ClientURL(), natsauthtest.CoordinatorCreds(tb, l.(*natsauth.Layout), "pipe-end"), opts...)
 }
 
 // newBubbleEnv is newEnv for a synctest bubble: the server listens on no
@@ -66,10 +59,16 @@ func connect(tb testing.TB, s *server.Server) *nats.Conn {
 // be used outside it).
 func newBubbleEnv(tb testing.TB) *env {
 	tb.Helper()
-	s, err := server.NewServer(&server.Options{DontListen: true, NoLog: true, NoSigs: true})
+	opts := &server.Options{DontListen: true, NoLog: true, NoSigs: true}
+	l := natsauthtest.NewLayout(tb)
+	if err := l.ConfigureServer(opts); err != nil {
+		tb.Fatal(err)
+	}
+	s, err := server.NewServer(opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	layouts.Store(s, l)
 	s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()
@@ -81,12 +80,7 @@ func newBubbleEnv(tb testing.TB) *env {
 	})
 	e := &env{s: s}
 	for _, nc := range []**nats.Conn{&e.ncA, &e.ncB} {
-		c, err := nats.Connect("", nats.InProcessServer(s))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(c.Close)
-		*nc = c
+		*nc = connect(tb, s, nats.InProcessServer(s))
 	}
 	return e
 }

@@ -28,8 +28,18 @@ const (
 	// after every KeepAliveInterval of silence, then exactly one result
 	// message (HeaderType result; JSON ExecResult). An invalid request gets
 	// one micro error reply instead and runs nothing. Messages of HeaderType
-	// probe (no HeaderSeq, empty) may also arrive; clients ignore them.
+	// probe (no HeaderSeq, empty) may also arrive. A client answers every
+	// keepalive and probe with a heartbeat on SubjectExecAlive.
 	SubjectExec = "tether.v1.exec"
+	// SubjectExecAlive takes a client's heartbeat for a running exec job:
+	// a message with HeaderJob (the job id), no body and no reply subject,
+	// published for each keepalive and probe reply the client receives.
+	// Once the coordinator got one from the job's sender it expects one
+	// per keepalive interval, and cancels the job after 3 intervals without
+	// (its client is gone). A client that never sends one (the nats CLI) is
+	// never cancelled so. Heartbeats from anyone but the job's sender are
+	// ignored; nothing is answered.
+	SubjectExecAlive = "tether.v1.exec.alive"
 	// SubjectNodes takes a NodesRequest (an empty body is allowed) and replies
 	// with a NodesResponse.
 	SubjectNodes = "tether.v1.nodes"
@@ -81,7 +91,8 @@ const (
 	ReplyKeepAlive  = "keepalive"   // empty; the job is still running
 	ReplyResult     = "result"      // JSON ExecResult; the last reply
 	// ReplyProbe marks an empty message without HeaderSeq that the
-	// coordinator publishes to check that the client still listens.
+	// coordinator publishes to check that the client still listens; the
+	// client answers with a heartbeat (SubjectExecAlive).
 	ReplyProbe = "probe"
 )
 

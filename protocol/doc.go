@@ -89,4 +89,13 @@
 // the NATS micro error headers with the stable codes listed there. Byte
 // streams between a NATS client and a tunnel stream (tether.v1.stream) run
 // over the flow-controlled pipe of pipe.go.
+//
+// # Audit events
+//
+// See audit.go: an [AuditEvent] (JSON, versioned by [AuditVersion]) per
+// operation and refusal, published by coordinators on [AuditSubject]
+// (tether.v1.audit.<operation>.<result>) and read by clients through
+// [SubjectAuditQuery] ([AuditQueryRequest], decoded strictly and fuzzed;
+// [AuditQueryResponse]). Events carry no secret: a command is its SHA-256
+// ([CommandDigest]) and argv[0], the environment its keys.
 package protocol

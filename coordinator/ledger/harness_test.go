@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
@@ -69,7 +68,7 @@ func (c *clock) Advance(d time.Duration) {
 // their buckets.
 type env struct {
 	t     testing.TB
-	srv   *server.Server
+	srv   *natstest.Env
 	clock *clock
 }
 
@@ -78,12 +77,9 @@ func newEnv(tb testing.TB) *env {
 }
 
 func (e *env) conn() *nats.Conn {
-	nc, err := nats.Connect(e.srv.ClientURL())
-	if err != nil {
-		e.t.Fatalf("connect: %v", err)
-	}
-	e.t.Cleanup(nc.Close)
-	return nc
+	// The ledger's own account: it serves its endpoints and the tests
+	// call them within it.
+	return e.srv.Coordinator(e.t)
 }
 
 type testLedger struct {

@@ -135,6 +135,9 @@ func rules(mod string) []rule {
 		{"coordinator", "the coordinator must not know how an agent runs a process", func(dep string) bool {
 			return under(dep, p("agent"))
 		}},
+		{"coordinator/audit", "the audit log knows events, not the coordinator's handlers or tunnels", func(dep string) bool {
+			return dep == p("coordinator") || under(dep, p("tunnel")) || under(dep, p("agent"))
+		}},
 		{"gateway", "gateway clients speak to node-local gateways only; agent and coordinator both use them", func(dep string) bool {
 			return under(dep, p("agent")) || under(dep, p("coordinator")) || under(dep, p("tunnel")) || under(dep, p("client")) || nats(dep)
 		}},

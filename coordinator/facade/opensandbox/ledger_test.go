@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/internal/natstest"
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -23,11 +21,7 @@ var _ opensandbox.Ledger = (*ledger.Ledger)(nil)
 // placement, a renewal moves the expiry, the delete ends deleted.
 func TestWithRealLedger(t *testing.T) {
 	ns := natstest.Run(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := ns.Coordinator(t)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	led, err := ledger.Open(ctx, ledger.Config{NATS: nc})

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	facade "github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/coordinator/internal/natstest"
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -23,11 +21,7 @@ var _ facade.Ledger = (*ledger.Ledger)(nil)
 // marks the record deleting.
 func TestWithRealLedger(t *testing.T) {
 	ns := natstest.Run(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := ns.Coordinator(t)
 	led, err := ledger.Open(testCtx(t), ledger.Config{NATS: nc})
 	if err != nil {
 		t.Fatal(err)

@@ -199,6 +199,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		clientCommand(newForwardCmd(e)),
 		clientCommand(newSandboxesCmd(e)),
 		clientCommand(newRunLeaseCmd(e)),
+		clientCommand(newAuditCmd(e)),
 		newPolicyCmd(e),
 	)
 	return root

@@ -9,11 +9,14 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -66,7 +69,7 @@ func runCLIWith(ctx context.Context, vars map[string]string, stdin io.Reader, ar
 		stdin:  stdin,
 		stdout: &stdout,
 		stderr: &stderr,
-		getenv: func(k string) string { return vars[k] },
+		getenv: testGetenv(vars),
 		now:    time.Now,
 	}
 	code := run(ctx, args, e)
@@ -171,13 +174,13 @@ func TestNATSURLPrecedence(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := natsOptions{URL: tt.flag}
-			got := o.resolveURL(func(k string) string {
+			nt, err := o.resolve(func(k string) string {
 				if k == natsURLEnv {
 					return tt.env
 				}
 				return ""
 			})
-			if got != tt.want {
+			if got := nt.url; err != nil || got != tt.want {
 				t.Errorf("resolveURL = %q, want %q", got, tt.want)
 			}
 		})
@@ -406,5 +409,42 @@ func TestAgentUnsetsTokenEnv(t *testing.T) {
 	}
 	if v, ok := os.LookupEnv(tokenEnv); ok {
 		t.Errorf("%s = %q still set after the agent command read it", tokenEnv, v)
+	}
+}
+
+// fleetCreds is the client credentials file of the fleet the running test
+// started (startFleet), and fleetLayout its NATS layout; nil between
+// fleets. The tests of this package run one at a time.
+var (
+	fleetCreds  atomic.Pointer[string]
+	fleetLayout atomic.Pointer[natsauth.Layout]
+)
+
+// startFleet is fleettest.Start, remembering the fleet's client
+// credentials: commands run by runCLI (and testGetenv) find them as
+// $TETHER_NATS_CREDS unless the test sets that variable itself.
+func startFleet(tb testing.TB, opts fleettest.Options) *fleettest.Fleet {
+	tb.Helper()
+	f := fleettest.Start(tb, opts)
+	fleetCreds.Store(&f.CredsFile)
+	fleetLayout.Store(f.Layout)
+	tb.Cleanup(func() {
+		fleetCreds.Store(nil)
+		fleetLayout.Store(nil)
+	})
+	return f
+}
+
+// testGetenv is the environment of a command a test runs: vars, and
+// $TETHER_NATS_CREDS of the running test's fleet when vars has none.
+func testGetenv(vars map[string]string) func(string) string {
+	return func(k string) string {
+		if v, ok := vars[k]; ok {
+			return v
+		}
+		if p := fleetCreds.Load(); k == natsCredsEnv && p != nil {
+			return *p
+		}
+		return ""
 	}
 }

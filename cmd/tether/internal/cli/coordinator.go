@@ -24,7 +24,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/audit"
+	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
@@ -44,8 +47,19 @@ type coordinatorOptions struct {
 	// NATSURL names an external NATS server. Empty (default) starts an
 	// embedded one with JetStream, storing under DataDir/nats.
 	NATSURL string
-	// NATSCreds is a NATS credentials file for NATSURL. Optional.
+	// NATSCreds is the coordinator's NATS credentials file (a user of the
+	// layout's TETHER account) for NATSURL; required with it. The embedded
+	// server's coordinator credentials are minted at each start.
 	NATSCreds string
+	// InsecureNATS lets the coordinator start against an external NATS
+	// server that admits anonymous clients to tether.v1.>; without it that
+	// is refused.
+	InsecureNATS bool
+	// NATSOperatorJWT and NATSClientsJWT, both or neither, are the
+	// operator JWT and the CLIENTS account JWT of an external NATS whose
+	// layout was built with nsc: the coordinator verifies callers against
+	// them instead of the layout in DataDir/nats-auth.
+	NATSOperatorJWT, NATSClientsJWT string
 	// NATSListen is the embedded NATS server's client address, host:port;
 	// port 0 picks a free port. Default "127.0.0.1:4222". Ignored with
 	// NATSURL.
@@ -78,12 +92,11 @@ type coordinatorOptions struct {
 	// everything it does not grant is refused. Reloaded on SIGHUP; a bad
 	// file keeps the policy in force.
 	Policy string
-	// identify names the sender of each NATS API request
-	// (coordinator.Config.Identify). Tests set it; the NATS identity
-	// wiring (natsauth) sets it in production. While it is nil the policy
-	// is loaded, checked and reloaded but cannot be enforced: requests
-	// carry no identity, so enforcing would refuse every one (401).
-	identify func(nats.Header) (policy.Identity, error)
+	// AuditMaxAge and AuditMaxBytes bound the audit log's stream: older
+	// events, and the oldest past the size, are discarded. Zero means the
+	// defaults (90 days, 1 GiB).
+	AuditMaxAge   time.Duration
+	AuditMaxBytes int64
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -134,6 +147,15 @@ func (o *coordinatorOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--nats-listen: %w", err))
 		}
 	}
+	if o.NATSURL != "" && o.NATSCreds == "" {
+		errs = append(errs, errors.New("--nats-url needs --nats-creds: the coordinator's credentials (a TETHER account user; see `tether nats --help`)"))
+	}
+	if o.NATSURL == "" && (o.NATSCreds != "" || o.InsecureNATS || o.NATSOperatorJWT != "" || o.NATSClientsJWT != "") {
+		errs = append(errs, errors.New("--nats-creds, --insecure-nats, --nats-operator-jwt and --nats-clients-jwt go with --nats-url (the embedded NATS uses the data dir's layout)"))
+	}
+	if (o.NATSOperatorJWT == "") != (o.NATSClientsJWT == "") {
+		errs = append(errs, errors.New("--nats-operator-jwt and --nats-clients-jwt go together"))
+	}
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
 	}
@@ -148,6 +170,12 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	if o.Policy == "" {
 		errs = append(errs, errNoPolicy)
+	}
+	if o.AuditMaxAge < 0 || o.AuditMaxAge > 0 && o.AuditMaxAge < time.Minute {
+		errs = append(errs, fmt.Errorf("--audit-max-age %v: want at least 1m (0: 90 days)", o.AuditMaxAge))
+	}
+	if o.AuditMaxBytes < 0 || o.AuditMaxBytes > 0 && o.AuditMaxBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("--audit-max-bytes %d: want at least 1048576 (0: 1 GiB)", o.AuditMaxBytes))
 	}
 	if err := o.Sandbox.Validate(); err != nil {
 		errs = append(errs, err)
@@ -224,7 +252,10 @@ generates a join token in the data directory.`,
 	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS)")
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
 	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
-	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "NATS credentials file for --nats-url")
+	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "the coordinator's NATS credentials (TETHER account user) for --nats-url")
+	f.BoolVar(&o.InsecureNATS, "insecure-nats", o.InsecureNATS, "start even if the --nats-url server lets anonymous clients publish to tether.v1.>")
+	f.StringVar(&o.NATSOperatorJWT, "nats-operator-jwt", o.NATSOperatorJWT, "operator JWT file of an nsc-built layout of --nats-url (default: the layout in DATA-DIR/nats-auth)")
+	f.StringVar(&o.NATSClientsJWT, "nats-clients-jwt", o.NATSClientsJWT, "CLIENTS account JWT file of an nsc-built layout of --nats-url")
 	f.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "embedded NATS client listen address (port 0: any free port)")
 	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the agents' join token (default: $TETHER_TOKEN, else DATA-DIR/join-token, generated)")
 	f.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "tunnel TLS certificate (PEM); default: dev PKI in DATA-DIR/pki")
@@ -236,6 +267,8 @@ generates a join token in the data directory.`,
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
 	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
 		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
+	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
+	f.Int64Var(&o.AuditMaxBytes, "audit-max-bytes", o.AuditMaxBytes, "bound the audit log to this many bytes, oldest events discarded first (0: 1 GiB)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
 	return cmd
@@ -248,7 +281,10 @@ type coordinatorInfo struct {
 	AdminAddr  string // the admin listener's bound address
 	CAFile     string // the dev CA agents must trust; empty with --tls-cert
 	Token      string // the join token
-	TokenFrom  string // the token's file, or "$TETHER_TOKEN"
+	// CredsFile and CredsUser: the client credentials `tether dev` wrote
+	// for its user, and that user's name; empty for `tether coordinator`.
+	CredsFile, CredsUser string
+	TokenFrom            string // the token's file, or "$TETHER_TOKEN"
 	// OpenShellAddr and OpenSandboxAddr are the facades' bound addresses;
 	// empty when off.
 	OpenShellAddr, OpenSandboxAddr string
@@ -266,9 +302,11 @@ type coordinatorServer struct {
 	nc       *nats.Conn
 	sbx      *sandboxes.Service
 	sbxLn    *sandboxListeners
+	audit    *audit.Recorder
 	ns       *server.Server // nil with an external NATS
-	unlock   func()         // releases the data dir lock
-	policy   *policy.Store  // reloaded on SIGHUP (serve)
+	layout   *natsauth.Layout
+	unlock   func()        // releases the data dir lock
+	policy   *policy.Store // reloaded on SIGHUP (serve)
 }
 
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
@@ -361,6 +399,14 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if id == "" {
 		id = coordinator.DefaultConfig().ID
 	}
+	// The NATS layout: the accounts and keys every connection to the
+	// embedded server authenticates with, and what callers are verified
+	// against (also with an external server given this layout).
+	cs.layout, err = natsauth.Load(natsAuthDir(o.DataDir), natsauth.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: NATS layout: %w", err)
+	}
+	verifier := cs.layout.Verifier()
 	natsOpts := []nats.Option{nats.Name("tether-coordinator " + id), nats.MaxReconnects(-1)}
 	url := o.NATSURL
 	if url == "" {
@@ -370,6 +416,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 			Port:       port,
 			StoreDir:   filepath.Join(o.DataDir, "nats"),
 			ServerName: "tether-" + id,
+			Auth:       cs.layout,
 			Logger:     log,
 		})
 		if err != nil {
@@ -378,9 +425,28 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		ns := cs.ns // cs is nil by the time undo runs on an error return
 		undo = append(undo, func() { ns.Shutdown(); ns.WaitForShutdown() })
 		url = cs.ns.ClientURL()
-		natsOpts = append(natsOpts, nats.InProcessServer(cs.ns))
-	} else if o.NATSCreds != "" {
-		natsOpts = append(natsOpts, nats.UserCredentials(o.NATSCreds))
+		creds, err := cs.layout.MintCoordinator(natsUserName("coordinator-" + id))
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		natsOpts = append(natsOpts, nats.InProcessServer(cs.ns), nats.UserJWTAndSeed(creds.JWT, string(creds.Seed)))
+	} else {
+		creds, err := natsauth.ReadCreds(o.NATSCreds)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: --nats-creds: %w", err)
+		}
+		natsOpts = append(natsOpts, nats.UserJWTAndSeed(creds.JWT, string(creds.Seed)))
+		if o.NATSOperatorJWT != "" {
+			if verifier, err = externalVerifier(o.NATSOperatorJWT, o.NATSClientsJWT); err != nil {
+				return nil, fmt.Errorf("coordinator: %w", err)
+			}
+		}
+		if err := checkNoAnonymous(url); err != nil {
+			if !o.InsecureNATS {
+				return nil, fmt.Errorf("coordinator: %w; give the server Tether's layout (`tether nats server-config`), or pass --insecure-nats to start anyway", err)
+			}
+			log.Warn("NATS admits anonymous clients to the Tether API (--insecure-nats): anyone who reaches it can publish requests; they are refused unauthenticated, but nothing stops them reading what they may subscribe to", "nats_url", url, "err", err)
+		}
 	}
 	cs.info.NATSURL = url
 	cs.nc, err = nats.Connect(url, natsOpts...)
@@ -400,10 +466,23 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	sbx := cs.sbx // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { sbx.Ledger().Close() })
 
+	actx, acancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cs.audit, err = audit.New(actx, audit.Config{
+		NATS: cs.nc, Coordinator: id, MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Logger: log, Registerer: reg,
+	})
+	acancel()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	rec := cs.audit // cs is nil by the time undo runs on an error return
+	undo = append(undo, func() { closeAudit(rec, log) })
+
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = id
+	cfg.Audit = cs.audit
 	cfg.Token = cs.info.Token
 	cfg.NATS = cs.nc
+	cfg.Identify = caller.FromNATS(verifier)
 	cfg.Version = version
 	if o.Heartbeat > 0 {
 		cfg.HeartbeatInterval = o.Heartbeat
@@ -415,12 +494,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Logger = log
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
-	if o.identify != nil {
-		cfg.Identify = o.identify
-		cfg.Policy = cs.policy
-	} else {
-		log.Error("the policy is not enforced: this coordinator cannot identify NATS callers yet (the NATS identity wiring sets Config.Identify); every request is allowed", "policy", o.Policy)
-	}
+	cfg.Policy = cs.policy
 	cs.coord, err = coordinator.New(cfg)
 	if err != nil {
 		return nil, err
@@ -504,6 +578,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	if aerr := <-adminDone; !errors.Is(aerr, http.ErrServerClosed) {
 		cs.log.Error("admin server failed", "err", aerr)
 	}
+	closeAudit(cs.audit, cs.log)
 	cs.nc.Close()
 	if cs.ns != nil {
 		cs.ns.Shutdown()
@@ -537,6 +612,7 @@ func logPolicy(log *slog.Logger, msg string, p *policy.Policy) {
 
 // close releases a coordinatorServer that will not be served.
 func (cs *coordinatorServer) close() {
+	closeAudit(cs.audit, cs.log)
 	cs.sbx.Ledger().Close()
 	cs.sbxLn.close()
 	cs.tunnelLn.Close()
@@ -547,6 +623,15 @@ func (cs *coordinatorServer) close() {
 		cs.ns.WaitForShutdown()
 	}
 	cs.unlock()
+}
+
+// closeAudit stores the audit events still queued, for at most 5 s.
+func closeAudit(rec *audit.Recorder, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rec.Close(ctx); err != nil {
+		log.Warn("audit events still queued at exit were not stored (they are in this log)", "err", err)
+	}
 }
 
 // lockDataDir takes an exclusive lock on dir/lock for the life of the

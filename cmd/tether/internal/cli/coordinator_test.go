@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 )
 
 func testCoordinatorOptions(t *testing.T, dir string) coordinatorOptions {
 	o := defaultCoordinatorOptions()
 	o.DataDir = dir
-	o.Policy = writeTestPolicy(t, testAdminPolicy)
+	o.Policy = writeTestPolicy(t, testAdminPolicy(t))
 	o.Listen = "127.0.0.1:0"
 	o.HTTPAddr = "127.0.0.1:0"
 	o.NATSListen = "127.0.0.1:0"
@@ -70,6 +72,7 @@ func TestCoordinatorStartFailuresAreClean(t *testing.T) {
 		checkReady(t, first)
 		o := testCoordinatorOptions(t, t.TempDir())
 		o.NATSURL = first.info.NATSURL
+		o.NATSCreds = natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, first.layout, "second"))
 		_, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
 		if err == nil || !strings.Contains(err.Error(), "already serves") {
 			t.Fatalf("err = %v, want a refusal naming the other coordinator", err)

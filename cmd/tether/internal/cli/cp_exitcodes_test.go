@@ -27,7 +27,7 @@ import (
 // directory), 2 for usage, 23 for a partial copy, 130/143 when
 // interrupted.
 func TestCpExitCodes(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	root := f.DataDir("node-0")
 	local := t.TempDir()
@@ -164,7 +164,7 @@ func (c *countingConn) Write(p []byte) (int, error) {
 // stream, the pipe's inbox); the destination is left as it was.
 func TestCpTunnelLost(t *testing.T) {
 	d := &cuttingDial{}
-	f := fleettest.Start(t, fleettest.Options{Agent: d.hook})
+	f := startFleet(t, fleettest.Options{Agent: d.hook})
 	url := f.NATS.ClientURL()
 	root := f.DataDir("node-0")
 	big := make([]byte, 16<<20)
@@ -292,7 +292,7 @@ func TestCpQuotesNames(t *testing.T) {
 		t.Errorf("printable = %s", got)
 	}
 
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	root := f.DataDir("node-0")
 	src := filepath.Join(t.TempDir(), "evil\nname\x1b[31m")

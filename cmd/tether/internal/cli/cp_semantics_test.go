@@ -14,7 +14,7 @@ import (
 // DIR's contents into ., merged with what is there (no ./DIR), and
 // --delete removes the rest.
 func TestCpDirectoryMergesIntoDestination(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	app := filepath.Join(f.DataDir("node-0"), "app")
 	os.MkdirAll(filepath.Join(app, "sub"), 0o755)

@@ -50,7 +50,7 @@ func TestCpUsage(t *testing.T) {
 }
 
 func TestCpFleet(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	root := f.DataDir("node-0")
 
@@ -148,7 +148,7 @@ func TestCpFleet(t *testing.T) {
 // directory keeps its identity, so the shell is not left in a deleted
 // directory, and the next copy works too.
 func TestCpIntoWorkingDirectory(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	remote := filepath.Join(f.DataDir("node-0"), "dir")
 	os.MkdirAll(filepath.Join(remote, "sub"), 0o755)
@@ -179,7 +179,7 @@ func TestCpIntoWorkingDirectory(t *testing.T) {
 // exit code is 23 (rsync's "partial transfer"), both ways. With --strict
 // nothing changes and the copy fails.
 func TestCpPartialExitCode(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	root := f.DataDir("node-0")
 	mkTree := func(dir string) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
@@ -195,18 +196,25 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return fmt.Errorf("dev: create data dir: %w", err)
 	}
-	var devID string
-	if co.Policy, devID, err = writeDevPolicy(o.DataDir); err != nil {
+	// The dev NATS user (writeDevCreds) may do everything; the loopback
+	// facades' callers are that user too.
+	devUser := devUserName(e.getenv)
+	if co.Policy, err = writeDevPolicy(o.DataDir, "nats:"+devUser, devRunAs(e.getenv)); err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}
-	// The loopback facades' callers are the dev user too.
-	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: strings.TrimPrefix(devID, "nats:")}
+	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: devUser}
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	reg := newRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
 	if err != nil {
 		return err
 	}
+	dc, err := writeDevCreds(cs.layout, devCredsFile(o, e.getenv), devUser)
+	if err != nil {
+		cs.close()
+		return fmt.Errorf("dev: %w", err)
+	}
+	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
 	var a *agent.Agent
@@ -231,7 +239,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	bannerDone := make(chan struct{})
 	go func() {
 		defer close(bannerDone)
-		announceDev(devCtx, e.stdout, o, cs.info, acfg.NodeID, log)
+		announceDev(devCtx, e.stdout, o, cs.info, dc.creds, acfg.NodeID, log)
 	}()
 
 	var coordErr, agentErr error
@@ -303,8 +311,8 @@ func dialAddr(listen string) string {
 
 // announceDev waits until the local agent is registered, as seen through the
 // public NATS API, then prints where everything is and what to try.
-func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, nodeID string, log *slog.Logger) {
-	nc, err := nats.Connect(info.NATSURL, nats.Name("tether-dev banner"))
+func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, creds *natsauth.Creds, nodeID string, log *slog.Logger) {
+	nc, err := nats.Connect(info.NATSURL, append([]nats.Option{nats.Name("tether-dev banner")}, creds.Options()...)...)
 	if err != nil {
 		log.Error("dev: connect to NATS to check the agent", "err", err)
 		return
@@ -330,17 +338,18 @@ func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinat
 		case <-tick.C:
 		}
 	}
-	fmt.Fprint(w, devBanner(o, info, nodeID))
+	fmt.Fprint(w, devBanner(o, info, creds.InboxPrefix(), nodeID))
 }
 
 // devBanner is what `tether dev` prints once it is ready.
-func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
+func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) string {
 	var b strings.Builder
 	tetherFlag, natsFlag := "", ""
 	if info.NATSURL != defaultNATSURL {
 		tetherFlag = " --nats-url " + info.NATSURL
 		natsFlag = " -s " + info.NATSURL
 	}
+	natsFlag += " --creds " + info.CredsFile + " --inbox-prefix " + inboxPrefix
 	fmt.Fprintf(&b, "\nTether dev is ready.\n\n")
 	fmt.Fprintf(&b, "  NATS URL:    %s\n", info.NATSURL)
 	fmt.Fprintf(&b, "  tunnel:      %s (CA %s)\n", info.TunnelAddr, info.CAFile)
@@ -354,12 +363,15 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
 	fmt.Fprintf(&b, "  policy:      %s (edit, then kill -HUP %d)\n", filepath.Join(o.DataDir, devPolicyFile), os.Getpid())
-	fmt.Fprintf(&b, "  join token:  %s\n\n", info.TokenFrom)
+	fmt.Fprintf(&b, "  join token:  %s\n", info.TokenFrom)
+	fmt.Fprintf(&b, "  NATS user:   %s (credentials %s, 0600)\n\n", info.CredsUser, info.CredsFile)
+	fmt.Fprintf(&b, "NATS admits no anonymous client. Client commands find these credentials\n")
+	fmt.Fprintf(&b, "themselves; for other tools or another user's shell:\n\n")
+	fmt.Fprintf(&b, "  export %s=%s\n\n", natsCredsEnv, info.CredsFile)
 	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
 	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
-	fmt.Fprintf(&b, "  nats%s micro ls\n", natsFlag)
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
 	return b.String()
@@ -368,30 +380,34 @@ func devBanner(o *devOptions, info coordinatorInfo, nodeID string) string {
 // devPolicyFile is the dev policy's name in the data directory.
 const devPolicyFile = "policy.yaml"
 
-// writeDevPolicy writes DATA-DIR/policy.yaml granting the invoking OS
-// user's dev NATS identity (devIdentity) every operation, unless the file
-// exists (it is the user's to edit then; delete it to regenerate), and
-// returns its path and the dev identity.
-func writeDevPolicy(dataDir string) (path, identity string, err error) {
-	u, err := user.Current()
-	if err != nil {
-		return "", "", fmt.Errorf("policy: the invoking user: %w", err)
-	}
-	identity = devIdentity(u.Username)
-	path = filepath.Join(dataDir, devPolicyFile)
+// writeDevPolicy writes DATA-DIR/policy.yaml granting identity (the dev
+// NATS user's, "nats:" and devUserName) every operation, running commands
+// as runAs, unless the file exists (it is the user's to edit then; delete
+// it to regenerate), and returns its path.
+func writeDevPolicy(dataDir, identity, runAs string) (string, error) {
+	path := filepath.Join(dataDir, devPolicyFile)
 	if _, err := os.Lstat(path); err == nil {
-		return path, identity, nil
+		return path, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", "", fmt.Errorf("policy: %w", err)
+		return "", fmt.Errorf("policy: %w", err)
 	}
-	data, err := devPolicy(identity, u.Username)
+	data, err := devPolicy(identity, runAs)
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
 	if err := writeFileAtomic(path, data, 0o600); err != nil {
-		return "", "", fmt.Errorf("policy: %w", err)
+		return "", fmt.Errorf("policy: %w", err)
 	}
-	return path, identity, nil
+	return path, nil
+}
+
+// devRunAs is the local user tether dev's commands run as: the invoking
+// user (whom the dev agent runs as), else $USER.
+func devRunAs(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
 }
 
 // writeFileAtomic writes data to path through a temporary file beside it
@@ -414,30 +430,6 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
-}
-
-// devIdentity is the policy identity of the dev NATS user of the OS user
-// named osUser: "nats:" and the name with every byte a NATS user name
-// may not hold ([A-Za-z0-9._@+-], starting with a letter or digit, at
-// most 128 bytes) replaced by '_' ("u" prefixed when it starts with
-// another character). The dev NATS user is named after the invoking OS
-// user the same way.
-func devIdentity(osUser string) string {
-	b := []byte(osUser)
-	for i, c := range b {
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && !strings.ContainsRune("._@+-", rune(c)) {
-			b[i] = '_'
-		}
-	}
-	name := string(b)
-	if name == "" || !(name[0] >= 'a' && name[0] <= 'z' || name[0] >= 'A' && name[0] <= 'Z' || name[0] >= '0' && name[0] <= '9') {
-		name = "u" + name
-	}
-	if len(name) > 128 {
-		name = name[:128]
-	}
-	return "nats:" + name
 }
 
 // devPolicy is the policy tether dev writes: role admin (every operation

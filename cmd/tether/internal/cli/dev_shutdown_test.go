@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ func TestDevShutdownReportsShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 	code := -1
 	done := make(chan struct{})
 	go func() {
@@ -77,7 +78,9 @@ func TestDevShutdownReportsShutdown(t *testing.T) {
 	jctx := context.WithoutCancel(testCtx(t))
 	for _, j := range jobs {
 		j.done = make(chan int, 1)
-		je := &env{stdin: strings.NewReader(""), stdout: &j.out, stderr: &j.errs, getenv: func(string) string { return "" }, now: time.Now}
+		// Without a home directory dev writes its user's credentials into
+		// its data dir.
+		je := &env{stdin: strings.NewReader(""), stdout: &j.out, stderr: &j.errs, getenv: testGetenv(map[string]string{natsCredsEnv: filepath.Join(dir, "dev.creds")}), now: time.Now}
 		go func() { j.done <- run(jctx, j.args, je) }()
 	}
 	for _, j := range jobs {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -37,10 +39,14 @@ func TestDevSmoke(t *testing.T) {
 		t.Skip("starts a full dev stack")
 	}
 	dir := t.TempDir()
+	// The user's config home, shared by dev and the client commands, as
+	// one shell's is: dev writes its user's credentials there, and the
+	// client commands find them with no flag or variable.
+	devVars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(devVars), now: time.Now}
 	var code int
 	done := make(chan struct{}) // closed when run returned code
 	go func() {
@@ -73,10 +79,19 @@ func TestDevSmoke(t *testing.T) {
 		url = m[1]
 		return nil
 	})
-	for _, w := range []string{"tether exec", "--all -- uname -a", "nats -s " + url + " micro ls", "Ctrl-C"} {
+	creds := filepath.Join(devVars["XDG_CONFIG_HOME"], "tether", "dev.creds")
+	for _, w := range []string{"tether exec", "--all -- uname -a", "export TETHER_NATS_CREDS=" + creds + "\n",
+		"nats -s " + url + " --creds " + creds + " --inbox-prefix _INBOX_U", "Ctrl-C"} {
 		if !strings.Contains(stdout.String(), w) {
 			t.Errorf("banner lacks %q:\n%s", w, stdout.String())
 		}
+	}
+	if fi, err := os.Stat(creds); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("dev credentials %s: %v, %v; want mode 0600", creds, fi, err)
+	}
+	// Without them NATS refuses the client.
+	if r := runCLI(testCtx(t), nil, "", "nodes", "--nats-url", url); r.code != exitTether || !strings.Contains(r.stderr, "no credentials found") {
+		t.Errorf("nodes without credentials: exit %d, stderr %q", r.code, r.stderr)
 	}
 
 	// The admin endpoint serves the dev agent's metrics beside the
@@ -99,7 +114,7 @@ func TestDevSmoke(t *testing.T) {
 	})
 
 	node := devNodeID()
-	r := runCLI(testCtx(t), nil, "", "nodes", "--json", "--nats-url", url)
+	r := runCLI(testCtx(t), devVars, "", "nodes", "--json", "--nats-url", url)
 	if r.code != 0 {
 		t.Fatalf("nodes: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -112,21 +127,21 @@ func TestDevSmoke(t *testing.T) {
 	}
 
 	// TETHER_NATS_URL is honoured too.
-	r = runCLI(testCtx(t), map[string]string{natsURLEnv: url}, "", "exec", "--all", "--", "echo", "hi")
+	r = runCLI(testCtx(t), map[string]string{natsURLEnv: url, "XDG_CONFIG_HOME": devVars["XDG_CONFIG_HOME"]}, "", "exec", "--all", "--", "echo", "hi")
 	if r.code != 0 || r.stdout != node+" | hi\n" {
 		t.Errorf("exec --all: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+	r = runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
 	wantErr := "err\nCommand failed (exec on " + node + ") with exit code 7:\n  sh -c echo out; echo err >&2; exit 7\nerr\n"
 	if r.code != 7 || r.stdout != "out\n" || r.stderr != wantErr {
 		t.Errorf("exec --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", "no-such-node", "--", "true")
+	r = runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--node", "no-such-node", "--", "true")
 	if r.code != 255 || !strings.Contains(r.stderr, "unknown_node") {
 		t.Errorf("exec unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
 
-	r = runCLI(testCtx(t), nil, "", "exec", "--nats-url", url, "--node", node, "--timeout", "200ms", "--", "sleep", "10")
+	r = runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--node", node, "--timeout", "200ms", "--", "sleep", "10")
 	if r.code != exitTimedOut || !strings.Contains(r.stderr, "tether: node "+node+": timed out after 200ms") {
 		t.Errorf("exec timeout: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -135,7 +150,7 @@ func TestDevSmoke(t *testing.T) {
 	ictx, interrupt := context.WithCancel(testCtx(t))
 	defer interrupt()
 	var iout, ierr syncBuffer
-	ie := &env{stdin: strings.NewReader(""), stdout: &iout, stderr: &ierr, getenv: func(string) string { return "" }, now: time.Now}
+	ie := &env{stdin: strings.NewReader(""), stdout: &iout, stderr: &ierr, getenv: testGetenv(devVars), now: time.Now}
 	icode := make(chan int, 1)
 	go func() {
 		icode <- run(ictx, []string{"exec", "--nats-url", url, "--all", "--", "sh", "-c", "echo started; sleep 30"}, ie)

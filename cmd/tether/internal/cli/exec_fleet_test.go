@@ -106,7 +106,7 @@ func TestWriteSummary(t *testing.T) {
 
 // The exec and job commands against an in-process fleet.
 func TestExecAndJobCommandsOnFleet(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Agents: 3})
+	f := startFleet(t, fleettest.Options{Agents: 3})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
 

@@ -34,7 +34,7 @@ func randomStdin(t *testing.T, n int) ([]byte, string) {
 // terminal reaches the remote command, streamed with no size limit; the
 // node checks what it received with sha256sum.
 func TestExecForwardsPipedStdin(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Agents: 2})
+	f := startFleet(t, fleettest.Options{Agents: 2})
 	url := f.NATS.ClientURL()
 	data, sum := randomStdin(t, 6<<20) // well over the 512 KiB of the buffered path
 
@@ -191,7 +191,7 @@ func TestExecForwardsPipedStdin(t *testing.T) {
 			pw.Write([]byte("first\n"))
 		}()
 		var stdout, stderr syncBuffer
-		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 		done := make(chan int, 1)
 		go func() { done <- run(ctx, []string{"exec", "--nats-url", url, "--node", "node-0", "--", "cat"}, e) }()
 		checkFor(t, defaultTestTimeout, func() error {
@@ -234,7 +234,7 @@ func TestExecForwardsPipedStdin(t *testing.T) {
 		}()
 		ctx, cancel := context.WithCancelCause(testCtx(t))
 		var stdout, stderr syncBuffer
-		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 		done := make(chan int, 1)
 		go func() {
 			done <- run(ctx, []string{"exec", "--nats-url", url, "--node", "node-0", "--", "sh", "-c", "echo $$; exec sleep 1000"}, e)

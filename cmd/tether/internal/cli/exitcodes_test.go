@@ -17,6 +17,7 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -60,7 +61,12 @@ func cancelledCtx(sig syscall.Signal) func(t *testing.T) context.Context {
 // natsWithoutCoordinator starts a NATS server that no coordinator serves.
 func natsWithoutCoordinator(t *testing.T) string {
 	t.Helper()
-	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: t.TempDir()})
+	// The running fleet's layout, so its client credentials get in.
+	l := fleetLayout.Load()
+	if l == nil {
+		l = natsauthtest.NewLayout(t)
+	}
+	ns, err := coordinator.StartEmbeddedNATS(coordinator.EmbeddedNATSConfig{Host: "127.0.0.1", Port: server.RANDOM_PORT, StoreDir: t.TempDir(), Auth: l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +82,7 @@ func natsWithoutCoordinator(t *testing.T) string {
 // when every node succeeded but an output was truncated, 255 when Tether
 // failed.
 func TestExecExitCodes(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Agents: 2})
+	f := startFleet(t, fleettest.Options{Agents: 2})
 	url := f.NATS.ClientURL()
 	dir0 := f.DataDir("node-0")
 	if err := os.WriteFile(filepath.Join(dir0, "plain.txt"), []byte("not a program\n"), 0o644); err != nil {
@@ -135,7 +141,7 @@ func TestExecExitCodes(t *testing.T) {
 // TestClientCommandExitCodes: the other client commands use 255 for
 // Tether's own failures too, and pass a remote or local command's code on.
 func TestClientCommandExitCodes(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
+	f := startFleet(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
 	url := f.NATS.ClientURL()
 	unreachable := "nats://127.0.0.1:1"
 	checkExitRows(t, []exitRow{
@@ -177,7 +183,7 @@ func TestExitCodeTableDocumented(t *testing.T) {
 // TestBlankSelectors: a selector with an empty term, or an empty one given
 // explicitly, is a usage error; --all is how to say every node.
 func TestBlankSelectors(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	var rows []exitRow
 	for _, sel := range []string{" ", ",", ",,", "index=0,,index=0", "index=0,"} {
@@ -207,7 +213,7 @@ func TestBlankSelectors(t *testing.T) {
 // lifts it, on the job path and for detached jobs; a truncated detached
 // job's `job logs --follow` exits 254 too.
 func TestExecOutputLimit(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.OutputLimit = 1000 }})
+	f := startFleet(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.OutputLimit = 1000 }})
 	url := f.NATS.ClientURL()
 	for _, tt := range []struct {
 		limit      []string
@@ -257,7 +263,7 @@ func TestExecOutputLimit(t *testing.T) {
 // is truncated: exit 254 (not 0), stderr says why, and the JSON result says
 // truncated, whether the exec ran as a job or streamed stdin.
 func TestExecOutputCutIsTruncated(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.PipeWait = 100 * time.Millisecond }})
+	f := startFleet(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.PipeWait = 100 * time.Millisecond }})
 	url := f.NATS.ClientURL()
 	// The background sleep keeps stdout open after sh exited.
 	cmd := []string{"--", "sh", "-c", "sleep 30 & echo parent"}

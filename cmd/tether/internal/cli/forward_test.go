@@ -70,7 +70,7 @@ func echoServer(t *testing.T) string {
 // half-closes included; unknown targets are refused before listening.
 func TestForwardOnFleet(t *testing.T) {
 	echo := echoServer(t)
-	f := fleettest.Start(t, fleettest.Options{Agent: func(_ int, c *agent.Config) {
+	f := startFleet(t, fleettest.Options{Agent: func(_ int, c *agent.Config) {
 		c.Targets = map[string]string{"echo": echo}
 	}})
 	url := f.NATS.ClientURL()
@@ -88,7 +88,7 @@ func TestForwardOnFleet(t *testing.T) {
 
 	pr, pw := io.Pipe()
 	var stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: pw, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: strings.NewReader(""), stdout: pw, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"forward", "--nats-url", url, "node-0", "echo"}, e); pw.Close() }()
 	line, err := bufio.NewReader(pr).ReadString('\n')

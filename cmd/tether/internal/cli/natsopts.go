@@ -1,57 +1,203 @@
 package cli
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/natsauth"
 )
 
-// Where client commands find NATS when --nats-url is not given.
+// Where client commands find NATS and their credentials when no flag says.
 const (
 	natsURLEnv     = "TETHER_NATS_URL"
+	natsCredsEnv   = "TETHER_NATS_CREDS"
 	defaultNATSURL = "nats://127.0.0.1:4222"
 )
 
 // natsOptions are the connection flags of the client commands.
 type natsOptions struct {
 	// URL is the NATS server URL (comma-separated for several). Empty means
-	// $TETHER_NATS_URL, else nats://127.0.0.1:4222.
+	// $TETHER_NATS_URL, else the nats CLI context's url, else
+	// nats://127.0.0.1:4222.
 	URL string
-	// Creds is a NATS credentials file. Optional.
+	// Creds is a NATS credentials file. Empty means $TETHER_NATS_CREDS,
+	// else the nats CLI context's creds, else the file `tether dev` writes
+	// (devCredsPath).
 	Creds string
+	// Context names a nats CLI context (~/.config/nats/context/NAME.json)
+	// to take the url and creds from. Empty means the selected one
+	// (~/.config/nats/context.txt), if any.
+	Context string
 }
 
 func (o *natsOptions) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&o.URL, "nats-url", o.URL, "NATS server URL (default: $"+natsURLEnv+", else "+defaultNATSURL+")")
-	cmd.Flags().StringVar(&o.Creds, "nats-creds", o.Creds, "NATS credentials file")
+	cmd.Flags().StringVar(&o.URL, "nats-url", o.URL, "NATS server URL (default: $"+natsURLEnv+", else the nats context's, else "+defaultNATSURL+")")
+	cmd.Flags().StringVar(&o.Creds, "nats-creds", o.Creds, "NATS credentials file (default: $"+natsCredsEnv+", else the nats context's, else the one `tether dev` writes)")
+	cmd.Flags().StringVar(&o.Context, "nats-context", o.Context, "nats CLI context to take the url and credentials from (default: the selected one)")
 }
 
-// resolveURL applies the precedence --nats-url, $TETHER_NATS_URL, default.
-func (o *natsOptions) resolveURL(getenv func(string) string) string {
-	if o.URL != "" {
-		return o.URL
-	}
-	if u := getenv(natsURLEnv); u != "" {
-		return u
-	}
-	return defaultNATSURL
+// natsTarget is where and as whom a client command connects, and where
+// each came from (for error messages).
+type natsTarget struct {
+	url, urlFrom     string
+	creds, credsFrom string // creds "" means none found
 }
 
-// connect opens the NATS connection of a client command. The caller closes
-// it.
-func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(), error) {
-	url := o.resolveURL(getenv)
-	opts := []nats.Option{nats.Name("tether-cli " + version), nats.Timeout(5 * time.Second)}
-	if o.Creds != "" {
-		opts = append(opts, nats.UserCredentials(o.Creds))
-	}
-	nc, err := nats.Connect(url, opts...)
+// resolve applies the precedence: for the URL --nats-url,
+// $TETHER_NATS_URL, the nats context's url, the default; for the
+// credentials --nats-creds, $TETHER_NATS_CREDS, the nats context's creds,
+// the dev creds file if it exists.
+func (o *natsOptions) resolve(getenv func(string) string) (natsTarget, error) {
+	var t natsTarget
+	ctx, ctxName, err := natsContext(o.Context, getenv)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is a coordinator or `tether dev` running? set --nats-url or %s)", url, err, natsURLEnv)
+		return t, err
+	}
+	switch {
+	case o.URL != "":
+		t.url, t.urlFrom = o.URL, "--nats-url"
+	case getenv(natsURLEnv) != "":
+		t.url, t.urlFrom = getenv(natsURLEnv), "$"+natsURLEnv
+	case ctx != nil && ctx.URL != "":
+		t.url, t.urlFrom = ctx.URL, "nats context "+ctxName
+	default:
+		t.url, t.urlFrom = defaultNATSURL, "the default"
+	}
+	switch {
+	case o.Creds != "":
+		t.creds, t.credsFrom = o.Creds, "--nats-creds"
+	case getenv(natsCredsEnv) != "":
+		t.creds, t.credsFrom = getenv(natsCredsEnv), "$"+natsCredsEnv
+	case ctx != nil && ctx.Creds != "":
+		t.creds, t.credsFrom = expandHome(ctx.Creds, getenv), "nats context "+ctxName
+	default:
+		if p := devCredsPath(getenv); p != "" {
+			if _, err := os.Stat(p); err == nil {
+				t.creds, t.credsFrom = p, "the dev credentials"
+			}
+		}
+	}
+	return t, nil
+}
+
+// connect opens the NATS connection of a client command, as the user of
+// the resolved credentials with its private inbox prefix. The caller
+// closes it.
+func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(), error) {
+	t, err := o.resolve(getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := []nats.Option{nats.Name("tether-cli " + version), nats.Timeout(5 * time.Second)}
+	if t.creds != "" {
+		c, err := natsauth.ReadCreds(t.creds)
+		if err != nil {
+			return nil, nil, fmt.Errorf("NATS credentials from %s: %w", t.credsFrom, err)
+		}
+		opts = append(opts, c.Options()...)
+	}
+	nc, err := nats.Connect(t.url, opts...)
+	if err != nil {
+		if errors.Is(err, nats.ErrAuthorization) {
+			if t.creds == "" {
+				return nil, nil, fmt.Errorf("connect to NATS at %s (from %s): %w: no credentials found; give --nats-creds or $%s (`tether nats user create` mints them; `tether dev` writes %s)", t.url, t.urlFrom, err, natsCredsEnv, devCredsHint(getenv))
+			}
+			return nil, nil, fmt.Errorf("connect to NATS at %s (from %s) with the credentials from %s (%s): %w: they are not valid there (revoked, expired, or of another coordinator's layout)", t.url, t.urlFrom, t.credsFrom, t.creds, err)
+		}
+		return nil, nil, fmt.Errorf("connect to NATS at %s (from %s): %w (is a coordinator or `tether dev` running? set --nats-url or %s)", t.url, t.urlFrom, err, natsURLEnv)
 	}
 	return client.New(nc), nc.Close, nil
+}
+
+// configHome is $XDG_CONFIG_HOME, else ~/.config ("" without a home).
+func configHome(getenv func(string) string) string {
+	if d := getenv("XDG_CONFIG_HOME"); d != "" {
+		return d
+	}
+	if h := getenv("HOME"); h != "" {
+		return filepath.Join(h, ".config")
+	}
+	return ""
+}
+
+// devCredsPath is where `tether dev` writes its user's credentials and
+// client commands look for them last: $XDG_CONFIG_HOME/tether/dev.creds,
+// i.e. ~/.config/tether/dev.creds; "" without a home directory.
+func devCredsPath(getenv func(string) string) string {
+	h := configHome(getenv)
+	if h == "" {
+		return ""
+	}
+	return filepath.Join(h, "tether", "dev.creds")
+}
+
+func devCredsHint(getenv func(string) string) string {
+	if p := devCredsPath(getenv); p != "" {
+		return p
+	}
+	return "~/.config/tether/dev.creds"
+}
+
+func expandHome(p string, getenv func(string) string) string {
+	if rest, ok := strings.CutPrefix(p, "~/"); ok && getenv("HOME") != "" {
+		return filepath.Join(getenv("HOME"), rest)
+	}
+	return p
+}
+
+// natsCLIContext is what client commands read of a nats CLI context file
+// (natscli's context JSON: ~/.config/nats/context/NAME.json).
+type natsCLIContext struct {
+	URL   string `json:"url"`
+	Creds string `json:"creds"`
+}
+
+// natsContext loads the nats CLI context name, or the selected one
+// ($XDG_CONFIG_HOME/nats/context.txt) when name is empty; nil when none is
+// selected. A named context that cannot be read is an error; so is a
+// selected one (the user chose it).
+func natsContext(name string, getenv func(string) string) (*natsCLIContext, string, error) {
+	home := configHome(getenv)
+	if home == "" {
+		if name != "" {
+			return nil, "", fmt.Errorf("--nats-context %s: no home directory to find it in", name)
+		}
+		return nil, "", nil
+	}
+	dir := filepath.Join(home, "nats")
+	if name == "" {
+		b, err := os.ReadFile(filepath.Join(dir, "context.txt"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", nil
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("selected nats context: %w", err)
+		}
+		if name = strings.TrimSpace(string(b)); name == "" {
+			return nil, "", nil
+		}
+	}
+	if strings.ContainsAny(name, `/\`) || name == "." || name == ".." {
+		return nil, "", fmt.Errorf("nats context %q: not a context name", name)
+	}
+	path := filepath.Join(dir, "context", name+".json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("nats context %s: %w", name, err)
+	}
+	var c natsCLIContext
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, "", fmt.Errorf("nats context %s (%s): %w", name, path, err)
+	}
+	return &c, name, nil
 }

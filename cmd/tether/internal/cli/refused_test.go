@@ -108,7 +108,7 @@ func TestEmptyScriptMessages(t *testing.T) {
 // No flag's help says its default twice: a flag that documents its own
 // default ("(default: ...)") must not also get cobra's "(default 0s)".
 func TestFlagHelpDefaultsNotDoubled(t *testing.T) {
-	root := newRootCmd(&env{getenv: func(string) string { return "" }})
+	root := newRootCmd(&env{getenv: testGetenv(nil)})
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
@@ -131,7 +131,7 @@ func TestFlagHelpDefaultsNotDoubled(t *testing.T) {
 
 // Messages about a node name it once.
 func TestMessagesNameTheNodeOnce(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
 	for _, tt := range []struct {

@@ -16,7 +16,7 @@ import (
 // run-lease holds a lease for exactly the command's life: the command sees
 // its run id, its exit code comes back, and the lease is closed after it.
 func TestRunLeaseOnFleet(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
+	f := startFleet(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
 
@@ -61,10 +61,10 @@ func TestClipHolder(t *testing.T) {
 // While the command shuts down after SIGTERM, run-lease keeps its lease
 // alive: the sandboxes are the command's until it has exited.
 func TestRunLeaseRenewsDuringShutdown(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
+	f := startFleet(t, fleettest.Options{Gateways: &fleettest.GatewayOptions{}})
 	ctx, cancel := context.WithCancelCause(testCtx(t))
 	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 	done := make(chan int, 1)
 	const ttl = time.Second
 	go func() {

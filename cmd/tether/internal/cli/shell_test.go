@@ -206,12 +206,7 @@ func (tm *terminal) termios(t *testing.T) *unix.Termios {
 
 func (tm *terminal) env() *env {
 	return &env{stdin: tm.slave, stdout: tm.slave, stderr: tm.slave, now: time.Now,
-		getenv: func(k string) string {
-			if k == "TERM" {
-				return "vt220"
-			}
-			return ""
-		}}
+		getenv: testGetenv(map[string]string{"TERM": "vt220"})}
 }
 
 // interactiveShell is the remote command of the terminal tests: bash
@@ -385,7 +380,7 @@ func TestShellPipeMode(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr syncBuffer
-			e := &env{stdin: strings.NewReader(tt.stdin), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+			e := &env{stdin: strings.NewReader(tt.stdin), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 			err := runShell(testCtx(t), &shellOptions{}, "node-a", tt.argv, e, link)
 			if code := exitCodeOf(err); code != tt.wantCode {
 				t.Errorf("exit code %d (%v), want %d", code, err, tt.wantCode)
@@ -406,7 +401,7 @@ func TestShellPipeModeFileStdin(t *testing.T) {
 	f.WriteString("echo from-file\n")
 	f.Seek(0, 0)
 	var stdout, stderr syncBuffer
-	e := &env{stdin: f, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+	e := &env{stdin: f, stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 	if err := runShell(testCtx(t), &shellOptions{}, "node-a", nil, e, link); err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +454,7 @@ func TestShellUsage(t *testing.T) {
 // NATS and agent (fleettest), the relay of tether.v1.stream, and the CLI
 // through Run's command line.
 func TestShellFleet(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	url := f.NATS.ClientURL()
 	t.Run("terminal", func(t *testing.T) {
 		driveTerminal(testCtx(t), t, nil, url)
@@ -496,7 +491,7 @@ func TestShellFleet(t *testing.T) {
 		ctx, cancel := context.WithCancel(testCtx(t))
 		defer cancel()
 		var stdout, stderr syncBuffer
-		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }, now: time.Now}
+		e := &env{stdin: pr, stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
 		done := make(chan int, 1)
 		go func() {
 			done <- run(ctx, []string{"shell", "node-0", "--nats-url", url, "--", "sh", "-c", "echo $$; exec sleep 1000"}, e)

@@ -1,0 +1,321 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// auditOptions are the flags of `tether audit`.
+type auditOptions struct {
+	// Since and Until bound the events' time: a duration back from now
+	// ("1h", "30m") or an RFC 3339 time. Empty is unbounded.
+	Since, Until string
+	// Identity, Node, Operation, Result and Job filter the events (see
+	// protocol.AuditQueryRequest). An identity without "KIND:" is a NATS
+	// user: alice is nats:alice.
+	Identity, Node, Operation, Result, Job string
+	// Limit is how many of the newest matching events to print. Default
+	// 50.
+	Limit int
+	// JSON prints one protocol.AuditEvent per line instead of a table.
+	JSON bool
+	// Follow keeps printing new events as they come, until interrupted.
+	Follow bool
+	// Poll is how often Follow asks for new events.
+	Poll time.Duration
+	// NATS says how to reach the API.
+	NATS natsOptions
+}
+
+// maxAuditPrint bounds --limit.
+const maxAuditPrint = 100000
+
+// query turns the options into the API's filters, relative to now.
+func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) {
+	var q protocol.AuditQueryRequest
+	var errs []error
+	var err error
+	if q.Since, err = parseWhen(o.Since, now); err != nil {
+		errs = append(errs, fmt.Errorf("--since: %w", err))
+	}
+	if q.Until, err = parseWhen(o.Until, now); err != nil {
+		errs = append(errs, fmt.Errorf("--until: %w", err))
+	}
+	q.Identity = o.Identity
+	if q.Identity != "" && !strings.Contains(q.Identity, ":") {
+		q.Identity = "nats:" + q.Identity
+	}
+	q.Node, q.Operation, q.Result, q.JobID = o.Node, o.Operation, o.Result, o.Job
+	if o.Limit < 1 || o.Limit > maxAuditPrint {
+		errs = append(errs, fmt.Errorf("--limit %d: want 1 to %d", o.Limit, maxAuditPrint))
+	}
+	if o.Follow && o.Until != "" {
+		errs = append(errs, errors.New("--follow and --until do not go together"))
+	}
+	if o.Poll <= 0 {
+		errs = append(errs, fmt.Errorf("--poll %v: want a positive duration", o.Poll))
+	}
+	if len(errs) == 0 {
+		if e := q.Validate(); e != nil {
+			errs = append(errs, errors.New(e.Message))
+		}
+	}
+	return q, errors.Join(errs...)
+}
+
+// parseWhen reads a duration back from now ("90m", "1h") or an RFC 3339
+// time; "" is the zero time.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("%q is negative: give how long ago, e.g. 1h", s)
+		}
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither a duration (1h, 30m) nor an RFC 3339 time (2026-12-01T15:04:05Z)", s)
+	}
+	return t, nil
+}
+
+func newAuditCmd(e *env) *cobra.Command {
+	o := auditOptions{Limit: 50, Poll: time.Second}
+	cmd := &cobra.Command{
+		Use:   "audit [--since D|T] [--identity ID] [--node N] [--operation OP] [--json] [-f]",
+		Short: "Show the audit log: who did what, where, and how it ended",
+		Long: `Show the newest events of the coordinators' audit log, oldest first: every
+operation (exec, cp, shell, forward, job, sandbox and node requests) and every
+refusal, with the caller's identity, the nodes, the command's SHA-256 digest
+(never its text or environment values), the result, exit code, duration and
+bytes. Reading it needs the policy's admin operation.
+
+--since and --until take a duration back from now (1h, 30m) or an RFC 3339
+time. An identity without KIND: is a NATS user (alice means nats:alice).
+Results are ok, failed, refused and error.`,
+		Args: cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			q, err := o.query(e.now())
+			if err != nil {
+				return usage(err)
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			return runAudit(cmd.Context(), c, q, &o, e.stdout, e.now)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Since, "since", "", "only events since this long ago (1h) or this RFC 3339 time")
+	f.StringVar(&o.Until, "until", "", "only events until this long ago or this RFC 3339 time")
+	f.StringVar(&o.Identity, "identity", "", "only events of this caller (KIND:NAME; a bare name is nats:NAME)")
+	f.StringVar(&o.Node, "node", "", "only events on this node")
+	f.StringVar(&o.Operation, "operation", "", "only this operation (exec, cp.read, cp.write, shell, forward, job.status, admin, ...)")
+	f.StringVar(&o.Result, "result", "", "only this result: ok, failed, refused or error")
+	f.StringVar(&o.Job, "job", "", "only events of this job id")
+	f.IntVar(&o.Limit, "limit", o.Limit, "print at most this many of the newest matching events")
+	f.BoolVar(&o.JSON, "json", false, "print one JSON event per line")
+	f.BoolVarP(&o.Follow, "follow", "f", false, "keep printing new events until interrupted")
+	f.DurationVar(&o.Poll, "poll", o.Poll, "with --follow, how often to ask for new events")
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+// runAudit prints the newest o.Limit events matching q, oldest first, then
+// with o.Follow the new ones as they come until ctx ends.
+func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryRequest, o *auditOptions, w io.Writer, now func() time.Time) error {
+	var evs []protocol.AuditEvent
+	q.Order = protocol.AuditNewestFirst
+	for len(evs) < o.Limit {
+		q.Limit = min(protocol.MaxAuditLimit, o.Limit-len(evs))
+		resp, err := c.Audit(ctx, q)
+		if err != nil {
+			return err
+		}
+		evs = append(evs, resp.Events...)
+		if resp.Next == 0 {
+			break
+		}
+		q.Cursor = resp.Next
+	}
+	slices.Reverse(evs)
+	p := &auditPrinter{w: w, json: o.JSON, now: now}
+	if err := p.print(evs); err != nil {
+		return err
+	}
+	if !o.Follow {
+		if len(evs) == 0 && !o.JSON {
+			fmt.Fprintln(w, "no matching audit events")
+		}
+		return nil
+	}
+	// Follow: oldest first from after the newest event printed, or from
+	// the end of the log.
+	q.Order, q.Cursor, q.Limit = protocol.AuditOldestFirst, 0, protocol.MaxAuditLimit
+	if len(evs) > 0 {
+		q.Cursor = evs[len(evs)-1].Seq + 1
+	} else {
+		q.Since = now()
+	}
+	t := time.NewTicker(o.Poll)
+	defer t.Stop()
+	for {
+		resp, err := c.Audit(ctx, q)
+		if ctx.Err() != nil {
+			return nil // interrupted: the normal end of --follow
+		}
+		if err != nil {
+			return err
+		}
+		if err := p.print(resp.Events); err != nil {
+			return err
+		}
+		if resp.Next > 0 {
+			q.Cursor, q.Since = resp.Next, time.Time{}
+		}
+		if len(resp.Events) == q.Limit {
+			continue // more are waiting
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// auditPrinter prints events as a table (its header once) or JSON lines.
+type auditPrinter struct {
+	w      io.Writer
+	json   bool
+	now    func() time.Time
+	header bool
+}
+
+func (p *auditPrinter) print(evs []protocol.AuditEvent) error {
+	if p.json {
+		enc := json.NewEncoder(p.w)
+		for i := range evs {
+			if err := enc.Encode(&evs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	if !p.header {
+		fmt.Fprintln(tw, "TIME\tIDENTITY\tOPERATION\tNODES\tRESULT\tEXIT\tDURATION\tDETAIL")
+		p.header = true
+	}
+	for i := range evs {
+		ev := &evs[i]
+		exit := "-"
+		if ev.ExitCode != nil {
+			exit = strconv.Itoa(*ev.ExitCode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			ev.Time.Local().Format("2006-01-02 15:04:05"), dash(ev.Identity), ev.Operation, auditNodes(ev),
+			ev.Result, exit, formatMS(ev.DurationMS), auditDetail(ev))
+	}
+	return tw.Flush()
+}
+
+// auditNodes renders an event's nodes: the list, up to three, else a count.
+func auditNodes(ev *protocol.AuditEvent) string {
+	switch {
+	case len(ev.Nodes) == 0:
+		return dash(ev.Target)
+	case len(ev.Nodes) <= 3:
+		return strings.Join(ev.Nodes, ",")
+	}
+	return fmt.Sprintf("%s,… (%d nodes)", strings.Join(ev.Nodes[:2], ","), len(ev.Nodes))
+}
+
+// auditDetail is what the event is about, in a few words: the command
+// (program and digest prefix), paths, target, job, bytes, and why it was
+// refused or failed.
+func auditDetail(ev *protocol.AuditEvent) string {
+	var parts []string
+	if c := ev.Command; c != nil {
+		s := c.Mode
+		if c.Program != "" {
+			s = c.Program
+		}
+		if len(c.SHA256) >= 12 {
+			s += " sha256:" + c.SHA256[:12]
+		}
+		parts = append(parts, s)
+	}
+	if len(ev.Paths) > 0 {
+		parts = append(parts, strings.Join(ev.Paths, ","))
+	}
+	if ev.Target != "" && len(ev.Nodes) > 0 {
+		parts = append(parts, "target "+ev.Target)
+	}
+	if ev.JobID != "" {
+		parts = append(parts, "job "+ev.JobID)
+	}
+	if ev.Run != "" {
+		parts = append(parts, "run "+ev.Run)
+	}
+	if ev.RunAs != "" {
+		parts = append(parts, "as "+ev.RunAs)
+	}
+	if ev.BytesIn > 0 || ev.BytesOut > 0 {
+		parts = append(parts, fmt.Sprintf("in %s out %s", formatCount(ev.BytesIn), formatCount(ev.BytesOut)))
+	}
+	switch {
+	case ev.Reason != "":
+		parts = append(parts, ev.Reason+": "+ev.Error)
+	case ev.ErrorCode != "":
+		parts = append(parts, ev.ErrorCode)
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// formatMS renders a duration in milliseconds coarsely: "850µs", "12ms",
+// "3.2s", "5m10s".
+func formatMS(ms float64) string {
+	d := time.Duration(ms * float64(time.Millisecond))
+	switch {
+	case d < time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// formatCount renders a byte count: "512B", "1.5Ki".
+func formatCount(n int64) string {
+	if n < 1024 {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	return formatBytes(uint64(n))
+}

@@ -1,0 +1,94 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/audit"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+func TestAuditOptions(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	o := auditOptions{Since: "90m", Until: "2026-12-02T11:59:00Z", Identity: "alice", Limit: 5, Poll: time.Second}
+	q, err := o.query(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !q.Since.Equal(now.Add(-90*time.Minute)) || !q.Until.Equal(now.Add(-time.Minute)) || q.Identity != "nats:alice" {
+		t.Errorf("query = %+v", q)
+	}
+	for _, bad := range []auditOptions{
+		{Since: "yesterday", Limit: 5, Poll: time.Second},
+		{Since: "-1h", Limit: 5, Poll: time.Second},
+		{Limit: 0, Poll: time.Second},
+		{Limit: 5, Result: "maybe", Poll: time.Second},
+		{Limit: 5, Follow: true, Until: "1h", Poll: time.Second},
+		{Since: "1m", Until: "1h", Limit: 5, Poll: time.Second},
+	} {
+		if _, err := bad.query(now); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}
+
+func TestAuditCommand(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close(context.Background()) })
+		c.Audit = rec
+	}})
+	url := f.NATS.ClientURL()
+	ctx := testCtx(t)
+	const secret = "pa55-in-env"
+	if r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--env", "SECRET="+secret, "--", "sh", "-c", "exit 4"); r.code != 4 {
+		t.Fatalf("exec: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var r result
+	deadline := time.Now().Add(defaultTestTimeout)
+	for {
+		r = runCLI(ctx, nil, "", "audit", "--nats-url", url, "--operation", "exec", "--json")
+		if r.code == 0 && strings.Count(r.stdout, "\n") >= 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r.code != 0 {
+		t.Fatalf("audit --json: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var ev protocol.AuditEvent
+	if err := json.Unmarshal([]byte(strings.SplitN(r.stdout, "\n", 2)[0]), &ev); err != nil {
+		t.Fatalf("audit --json line: %v\n%s", err, r.stdout)
+	}
+	if ev.Operation != "exec" || ev.ExitCode == nil || *ev.ExitCode != 4 || ev.Command == nil || ev.Command.Program != "sh" {
+		t.Errorf("event = %+v", ev)
+	}
+	if strings.Contains(r.stdout, secret) {
+		t.Errorf("the env value is in the audit output:\n%s", r.stdout)
+	}
+
+	r = runCLI(ctx, nil, "", "audit", "--nats-url", url, "--node", "node-0", "--since", "1h")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) < 2 || !strings.HasPrefix(lines[0], "TIME") {
+		t.Fatalf("audit table: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	row := strings.Fields(lines[len(lines)-1])
+	// TIME is two fields: date and clock.
+	if row[3] != "exec" || row[4] != "node-0" || row[5] != protocol.AuditFailed || row[6] != "4" || !strings.Contains(lines[len(lines)-1], "sh sha256:") {
+		t.Errorf("audit table row: %q", lines[len(lines)-1])
+	}
+	r = runCLI(ctx, nil, "", "audit", "--nats-url", url, "--identity", "nats:nobody")
+	if r.code != 0 || !strings.Contains(r.stdout, "no matching audit events") {
+		t.Errorf("no match: exit %d, stdout %q", r.code, r.stdout)
+	}
+}

@@ -1,0 +1,384 @@
+package protocol
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// The audit log. Every operation a coordinator serves for a caller, and
+// every refusal, is one AuditEvent, published by the coordinator on
+// AuditSubject(operation, result) and kept in a JetStream stream of the
+// coordinators' account. Clients have no JetStream and cannot publish into
+// that account: they read the log through SubjectAuditQuery.
+const (
+	// SubjectAuditPrefix prefixes the subjects audit events are published
+	// on: tether.v1.audit.<operation>.<result> (AuditSubject). The audit
+	// stream captures SubjectAuditPrefix + ">", so no API subject may live
+	// under it (a request on it would be stored as an event). Coordinators
+	// publish there; it is not exported to clients.
+	SubjectAuditPrefix = "tether.v1.audit."
+	// SubjectAuditQuery takes an AuditQueryRequest (an empty body is
+	// allowed) and replies with one page of audit events, an
+	// AuditQueryResponse. It needs the admin operation of the policy. 503
+	// ErrCodeUnavailable when the coordinator keeps no audit log.
+	SubjectAuditQuery = "tether.v1.admin.audit"
+)
+
+// AuditVersion is the version of AuditEvent's shape (AuditEvent.Version).
+// Fields may be added within a version; a reader skips fields it does not
+// know.
+const AuditVersion = 1
+
+// Results of an audited operation (AuditEvent.Result).
+const (
+	// AuditOK: the operation ran and succeeded (exit code 0 on every node,
+	// or the request answered without an error).
+	AuditOK = "ok"
+	// AuditFailed: the operation ran and failed on some node (a non-zero
+	// exit code, a start failure, a lost node, a cancel).
+	AuditFailed = "failed"
+	// AuditRefused: the caller was not allowed: unauthenticated (401),
+	// forbidden by policy (403) or over its limits (429). Nothing ran.
+	AuditRefused = "refused"
+	// AuditError: the request was not served: invalid, unknown node,
+	// coordinator unavailable, internal error. Nothing ran, or the
+	// coordinator lost track of it.
+	AuditError = "error"
+)
+
+// AuditResults lists the results, in the order above.
+func AuditResults() []string { return []string{AuditOK, AuditFailed, AuditRefused, AuditError} }
+
+// AuditEvent is one entry of the audit log, as JSON. It never carries a
+// secret: no environment value (only the keys), no stdin, no script or
+// argument text (commands are a SHA-256 digest and the program name, see
+// AuditCommand), no output, no node failure text (only codes).
+type AuditEvent struct {
+	// Version is AuditVersion.
+	Version int `json:"v"`
+	// ID is unique per event (also the JetStream message id, so a
+	// republished event is stored once).
+	ID string `json:"id"`
+	// Seq is the event's sequence in the audit stream. It is not stored in
+	// the event: queries set it, and a query's cursor is one.
+	Seq uint64 `json:"seq,omitempty"`
+	// Time is when the operation ended or was refused, on the coordinator's
+	// clock, UTC.
+	Time time.Time `json:"time"`
+	// Coordinator is the id of the coordinator that served the request.
+	Coordinator string `json:"coordinator"`
+	// Identity is the caller as policy names it (KIND:NAME, e.g.
+	// "nats:alice", or KIND:KEY); empty when the caller could not be
+	// identified (then Result is AuditRefused).
+	Identity string `json:"identity,omitempty"`
+	// IdentityKey is a NATS caller's user public key; Account its account.
+	IdentityKey string `json:"identity_key,omitempty"`
+	Account     string `json:"account,omitempty"`
+	// Operation is the policy operation (exec, cp.read, cp.write, shell,
+	// forward, job.status, job.logs, job.cancel, sandboxes.list,
+	// sandboxes.register, sandboxes.lease, sandboxes.reap, nodes.list,
+	// admin), or the endpoint's name for a request no operation covers.
+	Operation string `json:"operation"`
+	// Subject is the NATS subject the request came on.
+	Subject string `json:"subject,omitempty"`
+	// JobID is the exec job's id (or the detached job a job.* request is
+	// about).
+	JobID string `json:"job_id,omitempty"`
+	// Run is the sandbox run a sandboxes.* request is about.
+	Run string `json:"run,omitempty"`
+	// Nodes are the nodes the operation ran on (or would have), sorted.
+	Nodes []string `json:"nodes,omitempty"`
+	// Target is what the request addressed: "selector S", "all nodes", or
+	// a forward's target name.
+	Target string `json:"target,omitempty"`
+	// Command describes what an exec or shell ran; nil for other
+	// operations.
+	Command *AuditCommand `json:"command,omitempty"`
+	// Paths are the node paths of a copy.
+	Paths []string `json:"paths,omitempty"`
+	// RunAs is the local user the operation ran as on the node (the policy
+	// rule's run_as); empty when none was named.
+	RunAs string `json:"run_as,omitempty"`
+	// Rule names the policy rule that allowed the operation, or, with
+	// Result AuditRefused, nothing (Error says what rule is missing).
+	Rule string `json:"rule,omitempty"`
+	// Result is one of AuditOK, AuditFailed, AuditRefused, AuditError.
+	Result string `json:"result"`
+	// ExitCode is the command's exit code on a single node; nil when the
+	// operation has none (or ran on several nodes: see NodesOK,
+	// NodesFailed).
+	ExitCode *int `json:"exit_code,omitempty"`
+	// NodesOK and NodesFailed count the nodes of a fan-out that succeeded
+	// and failed.
+	NodesOK     int `json:"nodes_ok,omitempty"`
+	NodesFailed int `json:"nodes_failed,omitempty"`
+	// ErrorCode is the API error code (ErrCode*) the request was answered
+	// with, or a node result's code; Status its HTTP-like status.
+	ErrorCode string `json:"error_code,omitempty"`
+	Status    int    `json:"status,omitempty"`
+	// Reason is a refusal's reason: unauthenticated, or the policy's
+	// (no_identity, no_rule, bad_request, rate_limit, job_limit).
+	Reason string `json:"reason,omitempty"`
+	// Error is a refusal's message (which identity, which operation, which
+	// rule is missing), clipped to MaxAuditErrorLen bytes. Other errors
+	// give their ErrorCode only: their messages may quote what a client
+	// sent.
+	Error string `json:"error,omitempty"`
+	// DurationMS is how long the operation took, from the request to its
+	// end, in milliseconds.
+	DurationMS float64 `json:"duration_ms"`
+	// BytesIn counts the bytes from the client to the node (stdin, a
+	// copy's push, a forward's upstream); BytesOut the bytes from the node
+	// to the client (stdout and stderr, a copy's pull, a forward's
+	// downstream). A stream relay counts its frames' bytes as relayed.
+	BytesIn  int64 `json:"bytes_in,omitempty"`
+	BytesOut int64 `json:"bytes_out,omitempty"`
+}
+
+// AuditCommand describes a command without its text.
+type AuditCommand struct {
+	// Mode is "script" (run by bash -s), "argv", "commands" (a batch) or
+	// "login-shell" (a terminal without argv).
+	Mode string `json:"mode"`
+	// SHA256 is the lowercase hex SHA-256 of the command (CommandDigest):
+	// the script's bytes; for argv and commands, each element followed by
+	// a NUL byte (printf '%s\0' ARGS... | sha256sum). Empty for a login
+	// shell.
+	SHA256 string `json:"sha256,omitempty"`
+	// Program is argv[0] (or a terminal's argv[0]), clipped to
+	// MaxAuditProgramLen bytes; empty for scripts and batches, whose text
+	// may hold anything.
+	Program string `json:"program,omitempty"`
+	// Size is the number of bytes hashed; Count the number of argv
+	// elements or batch commands.
+	Size  int `json:"size"`
+	Count int `json:"count,omitempty"`
+	// EnvKeys are the keys of the environment the request added, sorted;
+	// never their values.
+	EnvKeys []string `json:"env_keys,omitempty"`
+	// Cwd is the working directory the request named.
+	Cwd string `json:"cwd,omitempty"`
+	// Stdin says the command was given stdin (its bytes are counted in
+	// AuditEvent.BytesIn, never kept); Detach that it ran as a detached
+	// job.
+	Stdin  bool `json:"stdin,omitempty"`
+	Detach bool `json:"detach,omitempty"`
+}
+
+// Bounds of audit event fields, in bytes.
+const (
+	// MaxAuditErrorLen bounds AuditEvent.Error.
+	MaxAuditErrorLen = 512
+	// MaxAuditProgramLen bounds AuditCommand.Program.
+	MaxAuditProgramLen = 128
+	// maxAuditEnvKeys bounds AuditCommand.EnvKeys (the rest are dropped).
+	maxAuditEnvKeys = 64
+)
+
+// AuditSubject returns the subject an event of operation and result is
+// published on: SubjectAuditPrefix + op + "." + result, each made one
+// subject token ('.' and anything but [A-Za-z0-9_-] becomes '_', an empty
+// one "unknown"): cp.read refused is tether.v1.audit.cp_read.refused, so
+// tether.v1.audit.*.refused and tether.v1.audit.cp_read.* both work.
+func AuditSubject(operation, result string) string {
+	return SubjectAuditPrefix + AuditToken(operation) + "." + AuditToken(result)
+}
+
+// AuditToken is s as one subject token of AuditSubject.
+func AuditToken(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// CommandDigest returns the lowercase hex SHA-256 of a command: of script
+// when it is not empty, else of each element of argv followed by a NUL
+// byte (no element may contain NUL: ExecParams.Validate refuses it), and
+// the number of bytes hashed.
+func CommandDigest(script string, argv []string) (string, int) {
+	h := sha256.New()
+	n := 0
+	if script != "" {
+		h.Write([]byte(script))
+		n = len(script)
+	} else {
+		for _, a := range argv {
+			h.Write([]byte(a))
+			h.Write([]byte{0})
+			n += len(a) + 1
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), n
+}
+
+// AuditExecCommand describes exec params p for the audit log.
+func AuditExecCommand(p *ExecParams) *AuditCommand {
+	c := &AuditCommand{Cwd: ClipUTF8(p.Cwd, MaxAuditErrorLen), Stdin: p.Stdin, Detach: p.Detach, EnvKeys: envKeys(p.Env)}
+	switch {
+	case p.Script != "":
+		c.Mode = "script"
+		c.SHA256, c.Size = CommandDigest(p.Script, nil)
+	case len(p.Commands) > 0:
+		c.Mode = "commands"
+		c.SHA256, c.Size = CommandDigest("", p.Commands)
+		c.Count = len(p.Commands)
+	default:
+		c.Mode = "argv"
+		c.SHA256, c.Size = CommandDigest("", p.Argv)
+		c.Count = len(p.Argv)
+		if len(p.Argv) > 0 {
+			c.Program = ClipUTF8(p.Argv[0], MaxAuditProgramLen)
+		}
+	}
+	return c
+}
+
+// AuditPTYCommand describes terminal params p for the audit log.
+func AuditPTYCommand(p *PTYParams) *AuditCommand {
+	c := &AuditCommand{Mode: "login-shell", Cwd: ClipUTF8(p.Cwd, MaxAuditErrorLen), EnvKeys: envKeys(p.Env)}
+	if len(p.Argv) > 0 {
+		c.Mode = "argv"
+		c.SHA256, c.Size = CommandDigest("", p.Argv)
+		c.Count = len(p.Argv)
+		c.Program = ClipUTF8(p.Argv[0], MaxAuditProgramLen)
+	}
+	return c
+}
+
+func envKeys(env map[string]string) []string {
+	if len(env) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, ClipUTF8(k, MaxAuditProgramLen))
+	}
+	slices.Sort(keys)
+	if len(keys) > maxAuditEnvKeys {
+		keys = append(keys[:maxAuditEnvKeys], fmt.Sprintf("(%d more)", len(keys)-maxAuditEnvKeys))
+	}
+	return keys
+}
+
+// ClipUTF8 returns s cut to at most max bytes at a UTF-8 boundary, "…"
+// marking a cut (within max), and invalid UTF-8 replaced.
+func ClipUTF8(s string, max int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if len(s) <= max {
+		return s
+	}
+	const mark = "…"
+	cut := max - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	if cut < 0 {
+		cut = 0
+	}
+	return s[:cut] + mark
+}
+
+// Limits of SubjectAuditQuery.
+const (
+	// DefaultAuditLimit is AuditQueryRequest.Limit when it is 0.
+	DefaultAuditLimit = 100
+	// MaxAuditLimit bounds AuditQueryRequest.Limit. A page also ends
+	// before the reply would outgrow the server's max payload, and after
+	// the coordinator scanned a bounded number of events (then Next lets
+	// the client go on).
+	MaxAuditLimit = 1000
+)
+
+// Orders of an audit query.
+const (
+	AuditNewestFirst = "newest"
+	AuditOldestFirst = "oldest"
+)
+
+// AuditQueryRequest is the body of a SubjectAuditQuery request. Every
+// filter that is set must match; an empty request asks for the newest
+// DefaultAuditLimit events.
+type AuditQueryRequest struct {
+	// Since and Until bound the events' stream time (when the NATS server
+	// stored them), inclusive; zero is unbounded.
+	Since time.Time `json:"since,omitzero"`
+	Until time.Time `json:"until,omitzero"`
+	// Identity matches AuditEvent.Identity exactly, or a NATS caller's key
+	// written KIND:KEY (nats:U...).
+	Identity string `json:"identity,omitempty"`
+	// Node matches events one of whose Nodes is it.
+	Node string `json:"node,omitempty"`
+	// Operation and Result match exactly (the stream is filtered by
+	// subject on them).
+	Operation string `json:"operation,omitempty"`
+	Result    string `json:"result,omitempty"`
+	// JobID matches AuditEvent.JobID.
+	JobID string `json:"job_id,omitempty"`
+	// Limit bounds the events returned, 1 to MaxAuditLimit; 0 means
+	// DefaultAuditLimit.
+	Limit int `json:"limit,omitempty"`
+	// Order is AuditNewestFirst (the default when empty) or
+	// AuditOldestFirst.
+	Order string `json:"order,omitempty"`
+	// Cursor continues a previous query: the Next of its response (with
+	// the same filters and order). 0 starts at the newest event (newest
+	// first) or at Since (oldest first).
+	Cursor uint64 `json:"cursor,omitempty"`
+}
+
+// Validate reports every problem with r, joined in one 400 invalid_request.
+func (r *AuditQueryRequest) Validate() *APIError {
+	var errs []string
+	if r.Limit < 0 || r.Limit > MaxAuditLimit {
+		errs = append(errs, fmt.Sprintf("limit %d: want 0 to %d", r.Limit, MaxAuditLimit))
+	}
+	if r.Order != "" && r.Order != AuditNewestFirst && r.Order != AuditOldestFirst {
+		errs = append(errs, fmt.Sprintf("order %s: want %q or %q", Clip(r.Order), AuditNewestFirst, AuditOldestFirst))
+	}
+	if !r.Since.IsZero() && !r.Until.IsZero() && r.Until.Before(r.Since) {
+		errs = append(errs, fmt.Sprintf("until %s is before since %s", r.Until.Format(time.RFC3339), r.Since.Format(time.RFC3339)))
+	}
+	if r.Result != "" && !slices.Contains(AuditResults(), r.Result) {
+		errs = append(errs, fmt.Sprintf("result %s: want one of %s", Clip(r.Result), strings.Join(AuditResults(), ", ")))
+	}
+	if r.Operation != "" && strings.Trim(r.Operation, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" {
+		errs = append(errs, fmt.Sprintf("operation %s: want an operation name such as exec or cp.read", Clip(r.Operation)))
+	}
+	for _, f := range []struct{ name, v string }{{"identity", r.Identity}, {"node", r.Node}, {"operation", r.Operation}, {"job_id", r.JobID}} {
+		if len(f.v) > 256 {
+			errs = append(errs, fmt.Sprintf("%s is %d bytes, over 256", f.name, len(f.v)))
+		}
+	}
+	if len(errs) > 0 {
+		return NewAPIError(400, ErrCodeInvalid, "%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// AuditQueryResponse is the reply to SubjectAuditQuery.
+type AuditQueryResponse struct {
+	// Events are the matching events in the request's order, each with
+	// its Seq.
+	Events []AuditEvent `json:"events"`
+	// Next is the cursor of the next page. Newest first, it is 0 once the
+	// page reached the oldest event. Oldest first, it is the sequence after
+	// the last event scanned, even when the page reached the newest one:
+	// a follower asks again with it later.
+	Next uint64 `json:"next,omitempty"`
+	// Scanned is how many events the coordinator read for this page.
+	Scanned int `json:"scanned"`
+}

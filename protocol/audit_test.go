@@ -1,0 +1,101 @@
+package protocol_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+func TestAuditSubject(t *testing.T) {
+	for _, tt := range []struct{ op, res, want string }{
+		{"exec", protocol.AuditOK, "tether.v1.audit.exec.ok"},
+		{"cp.read", protocol.AuditRefused, "tether.v1.audit.cp_read.refused"},
+		{"", "", "tether.v1.audit.unknown.unknown"},
+		{"a b>*", "x.y", "tether.v1.audit.a_b__.x_y"},
+	} {
+		if got := protocol.AuditSubject(tt.op, tt.res); got != tt.want {
+			t.Errorf("AuditSubject(%q, %q) = %q, want %q", tt.op, tt.res, got, tt.want)
+		}
+	}
+}
+
+// The digest is reproducible with the shell: sha256sum of the script, or
+// printf '%s\0' ARGS... | sha256sum.
+func TestCommandDigest(t *testing.T) {
+	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+	if got, n := protocol.CommandDigest("echo hi\n", nil); got != sum("echo hi\n") || n != 8 {
+		t.Errorf("script digest %s (%d bytes)", got, n)
+	}
+	if got, n := protocol.CommandDigest("", []string{"uname", "-a"}); got != sum("uname\x00-a\x00") || n != 9 {
+		t.Errorf("argv digest %s (%d bytes)", got, n)
+	}
+	// Argument boundaries count: ["ab"] and ["a", "b"] differ.
+	a, _ := protocol.CommandDigest("", []string{"ab"})
+	b, _ := protocol.CommandDigest("", []string{"a", "b"})
+	if a == b {
+		t.Error("argv [ab] and [a b] have the same digest")
+	}
+}
+
+func TestAuditCommandKeepsNoText(t *testing.T) {
+	const secret = "TOPSECRET"
+	long := strings.Repeat("é", 200)
+	c := protocol.AuditExecCommand(&protocol.ExecParams{Argv: []string{long, secret}, Env: map[string]string{"B": secret, "A": secret}})
+	body, _ := json.Marshal(c)
+	if strings.Contains(string(body), secret) {
+		t.Errorf("command description holds an argument or env value: %s", body)
+	}
+	if len(c.Program) > protocol.MaxAuditProgramLen || !utf8.ValidString(c.Program) || !strings.HasSuffix(c.Program, "…") {
+		t.Errorf("program not clipped at a rune boundary: %q (%d bytes)", c.Program, len(c.Program))
+	}
+	if strings.Join(c.EnvKeys, ",") != "A,B" {
+		t.Errorf("env keys %v, want [A B]", c.EnvKeys)
+	}
+	if p := protocol.AuditPTYCommand(&protocol.PTYParams{}); p.Mode != "login-shell" || p.SHA256 != "" {
+		t.Errorf("login shell: %+v", p)
+	}
+}
+
+// FuzzAuditQuery: a query body is decoded strictly and validated; what is
+// accepted is a valid query that survives a round trip, what is refused
+// gets a short 400 or 413.
+func FuzzAuditQuery(f *testing.F) {
+	for _, s := range []string{
+		``, `{}`, `{"since":"2026-12-01T00:00:00Z","until":"2026-12-02T00:00:00Z"}`,
+		`{"identity":"nats:alice","node":"n1","operation":"cp.read","result":"refused","limit":10,"order":"oldest","cursor":7}`,
+		`{"limit":-1}`, `{"order":"up"}`, `{"result":"maybe"}`, `{"operation":"exec.>"}`, `{"since":"yesterday"}`,
+		`{"limit":1,"limit":2}`, `{"Limit":1}`, `[]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var q protocol.AuditQueryRequest
+		e := protocol.DecodeRequest(data, &q)
+		if e == nil {
+			e = q.Validate()
+		}
+		if e != nil {
+			if e.Status != 400 && e.Status != 413 {
+				t.Fatalf("refused with %d: %v", e.Status, e)
+			}
+			checkProblems(t, "audit query", e)
+			return
+		}
+		b, err := json.Marshal(&q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back protocol.AuditQueryRequest
+		if e := protocol.DecodeRequest(b, &back); e != nil {
+			t.Fatalf("round trip of %s: %v", b, e)
+		}
+		if e := back.Validate(); e != nil {
+			t.Fatalf("round trip of %s: %v", b, e)
+		}
+	})
+}
