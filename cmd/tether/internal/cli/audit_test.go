@@ -38,7 +38,7 @@ func TestAuditOptions(t *testing.T) {
 }
 
 func TestAuditCommand(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+	f := startFleet(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
 		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 		defer cancel()
 		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
