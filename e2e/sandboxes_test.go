@@ -461,7 +461,7 @@ func TestChaosLeaseHolderKilled(t *testing.T) {
 	const run, otherRun = "chaos-dies", "chaos-lives"
 	const ttl = 3 * time.Second
 	marker := strconv.Itoa(3_000_000 + os.Getpid()) // sleep's argument: finds the child among all processes
-	creds, _ := fleetCreds.Load(f.natsURL) // the client user's (connect)
+	creds, _ := fleetCreds.Load(f.natsURL)          // the client user's (connect)
 	holder := start(t, "run-lease", "run-lease", "--run", run, "--ttl", ttl.String(), "--nats-url", f.natsURL, "--nats-creds", creds.(string), "--", "sleep", marker)
 	checkFor(t, 30*time.Second, func() error {
 		li, err := f.lease(ctx, run)
