@@ -106,6 +106,19 @@
 // job's stdin when the command does not read it. The coordinator does not know how an agent runs
 // a process; it only speaks the exec stream's frames.
 //
+// # Authorization
+//
+// Every handler asks Config.Policy before it acts (authz.go), as the
+// caller Config.Identify named: exec on every target node (all or
+// nothing; each node's params get the grant's run_as as their user),
+// the stream kinds as exec, cp.write or cp.read (with the path), shell and
+// forward (with the target), cancel and the job.* endpoints on the job's
+// submitter (recorded when it was accepted, or, for a detached job, when
+// its node started it; kept in memory), nodes as a listing of what the
+// caller may see. Each request takes one from the caller's rate budget,
+// and each running exec job and relayed stream holds one of its jobs
+// (max_concurrent_jobs), whatever Config.MaxJobs leaves.
+//
 // # Audit
 //
 // With Config.Audit every request is an audit event (coordinator/audit),

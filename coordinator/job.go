@@ -46,22 +46,17 @@ type job struct {
 	params  protocol.ExecParams
 	// users are the local users each node runs the job as (policy's
 	// run_as), by node id; they replace params.User.
-	users map[string]string
-	// owner is the submitter's identity (Identity.String), "" when the
-	// request carried none: job.cancel and a detached job's job.* are
-	// decided by it.
-	owner       string
+	users       map[string]string
 	stdin       []byte
 	maxParallel int
 	ctx         context.Context // cancelled by SubjectCancel, the drain or a vanished client
 	// cancel cancels ctx with a cause: nil (a cancel request), errShutdown
 	// or errClientGone.
 	cancel context.CancelCauseFunc
-	// sender is the sender of the exec request (caller.Of), when the
-	// guard identified it (senderKnown): only its heartbeats count
-	// (jobs.go).
-	sender      policy.Identity
-	senderKnown bool
+	// owner is the sender of the exec request (caller.Of), when the guard
+	// identified it (ownerKnown): only its heartbeats count (jobs.go).
+	owner      policy.Identity
+	ownerKnown bool
 	// heard is set by the first heartbeat of the job's client, alive by
 	// each one; the keeper clears alive every interval.
 	heard, alive atomic.Bool
@@ -87,7 +82,7 @@ type job struct {
 // job.
 func (j *job) run() {
 	defer j.cancel(nil)
-	log := j.c.log.With("job_id", j.id, "caller", j.owner)
+	log := j.c.log.With("job_id", j.id, "caller", j.ownerString())
 	log.Debug("job started", "nodes", len(j.targets), "max_parallel", j.maxParallel)
 	j.pubMu.Lock()
 	j.lastPub = time.Now()
@@ -367,7 +362,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.Detached = es.Detached
 			if es.Detached {
 				res.ExitCode = 0
-				c.owners.set(id, j.params.JobID, j.owner)
+				c.owners.set(id, j.params.JobID, j.ownerString())
 			}
 			return res
 		case protocol.FrameError:

@@ -134,7 +134,7 @@ func (c *Coordinator) handleExecAlive(req micro.Request) {
 	c.mu.Lock()
 	j := c.jobs[id]
 	c.mu.Unlock()
-	if j == nil || !ok || !j.senderKnown || sender.Kind != j.sender.Kind || sender.Key != j.sender.Key || sender.Account != j.sender.Account {
+	if j == nil || !ok || !j.ownerKnown || sender.Kind != j.owner.Kind || sender.Key != j.owner.Key || sender.Account != j.owner.Account {
 		return
 	}
 	j.heard.Store(true)

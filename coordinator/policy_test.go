@@ -18,24 +18,11 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
-
-// These tests identify callers with testIdentify: the NATS server stamps
-// nothing a test client could not write here, so the identity travels in
-// a header only this test function reads. Production identifies callers
-// by what the NATS server stamped (Config.Identify from natsauth).
-const testIdentityHeader = "Test-Identity"
-
-func testIdentify(h nats.Header) (policy.Identity, error) {
-	v := h.Get(testIdentityHeader)
-	if v == "" {
-		return policy.Identity{}, errors.New("no test identity")
-	}
-	return policy.Identity{Kind: policy.KindNATS, Name: v}, nil
-}
 
 // writePolicy writes a policy file and returns a Store on it.
 func writePolicy(tb testing.TB, yaml string) (*policy.Store, string) {
@@ -63,13 +50,13 @@ func replacePolicy(tb testing.TB, path, yaml string) {
 	}
 }
 
-// newPolicyHarness is a harness whose coordinator identifies callers with
-// testIdentify and decides by the policy yaml.
+// newPolicyHarness is a harness whose coordinator decides by the policy
+// yaml. Callers are real NATS client users (h.as): the identity is what
+// the NATS server stamped on their requests.
 func newPolicyHarness(t *testing.T, yaml string, mutate func(*coordinator.Config)) (*harness, string) {
 	t.Helper()
 	store, path := writePolicy(t, yaml)
 	h := newHarness(t, func(c *coordinator.Config) {
-		c.Identify = testIdentify
 		c.Policy = store
 		if mutate != nil {
 			mutate(c)
@@ -78,17 +65,30 @@ func newPolicyHarness(t *testing.T, yaml string, mutate func(*coordinator.Config
 	return h, path
 }
 
-// requestAs sends a request as who ("" sends no identity) and returns the
-// API error of the reply (nil for a success) and the reply.
-func requestAs(t *testing.T, nc *nats.Conn, who, subject string, body any) (*protocol.APIError, *nats.Msg) {
-	t.Helper()
-	m := &nats.Msg{Subject: subject, Data: mustJSON(t, body), Header: nats.Header{}}
-	if who != "" {
-		m.Header.Set(testIdentityHeader, who)
+// clients are the connections of the client users a test made, by name.
+var clients sync.Map // *harness+name -> *nats.Conn
+
+// as returns a connection as the NATS client user who (identity
+// nats:WHO), made once per harness.
+func (h *harness) as(who string) *nats.Conn {
+	h.t.Helper()
+	key := fmt.Sprintf("%p/%s", h, who)
+	if nc, ok := clients.Load(key); ok {
+		return nc.(*nats.Conn)
 	}
-	reply, err := nc.RequestMsg(m, defaultTestTimeout)
+	nc := h.env.Client(h.t, who)
+	clients.Store(key, nc)
+	h.t.Cleanup(func() { clients.Delete(key) })
+	return nc
+}
+
+// requestAs sends a request on nc and returns the API error of the reply
+// (nil for a success) and the reply.
+func requestAs(t *testing.T, nc *nats.Conn, subject string, body any) (*protocol.APIError, *nats.Msg) {
+	t.Helper()
+	reply, err := nc.Request(subject, mustJSON(t, body), defaultTestTimeout)
 	if err != nil {
-		t.Fatalf("request %s as %q: %v", subject, who, err)
+		t.Fatalf("request %s: %v", subject, err)
 	}
 	return replyError(t, reply), reply
 }
@@ -105,48 +105,14 @@ func replyError(t *testing.T, m *nats.Msg) *protocol.APIError {
 	return &e
 }
 
-// execAs runs an exec request as who and collects its replies (execRaw
-// with the identity header).
-func execAs(t *testing.T, nc *nats.Conn, who string, body any) execReply {
+// execAs runs an exec request on nc and collects its replies (execRaw).
+func execAs(t *testing.T, nc *nats.Conn, body any) execReply {
 	t.Helper()
-	r, err := execAsRaw(nc, who, mustJSON(t, body))
+	r, err := execRaw(nc, mustJSON(t, body))
 	if err != nil {
-		t.Fatalf("exec as %s: %v", who, err)
+		t.Fatalf("exec: %v", err)
 	}
 	return r
-}
-
-// execAsRaw is execAs for any goroutine: it does not touch t.
-func execAsRaw(nc *nats.Conn, who string, body []byte) (execReply, error) {
-	var r execReply
-	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return r, err
-	}
-	defer sub.Unsubscribe()
-	m := &nats.Msg{Subject: protocol.SubjectExec, Reply: inbox, Data: body, Header: nats.Header{}}
-	if who != "" {
-		m.Header.Set(testIdentityHeader, who)
-	}
-	if err := nc.PublishMsg(m); err != nil {
-		return r, err
-	}
-	for {
-		m, err := sub.NextMsg(defaultTestTimeout)
-		if err != nil {
-			return r, fmt.Errorf("waiting for replies: %w", err)
-		}
-		if m.Header.Get(micro.ErrorCodeHeader) != "" {
-			r.err = &protocol.APIError{}
-			return r, json.Unmarshal(m.Data, r.err)
-		}
-		r.msgs = append(r.msgs, m)
-		if m.Header.Get(protocol.HeaderType) == protocol.ReplyResult {
-			r.result = &protocol.ExecResult{}
-			return r, json.Unmarshal(m.Data, r.result)
-		}
-	}
 }
 
 // wantRefused fails unless e is the API error status/code whose message
@@ -240,13 +206,13 @@ func TestPolicyExec(t *testing.T) {
 	a := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a")})
 	b := h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, header: hdrs.hook("n-b")})
 
-	r := execAs(t, h.client, "alice", map[string]any{"target": map[string]any{"all": true}, "argv": []string{"ok"}})
+	r := execAs(t, h.as("alice"), map[string]any{"target": map[string]any{"all": true}, "argv": []string{"ok"}})
 	wantRefused(t, "alice exec on all", r.err, 403, protocol.ErrCodeForbidden, "nats:alice", "exec", "n-b", "env=prod")
 	if n := a.execs.Load() + b.execs.Load(); n != 0 {
 		t.Fatalf("a refused fan-out ran %d exec streams", n)
 	}
 
-	r = execAs(t, h.client, "alice", map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
+	r = execAs(t, h.as("alice"), map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
 	if r.err != nil || r.result == nil || r.result.Succeeded != 1 {
 		t.Fatalf("alice exec on n-a: %+v %+v, want success", r.err, r.result)
 	}
@@ -255,7 +221,7 @@ func TestPolicyExec(t *testing.T) {
 	}
 
 	// bob runs as bob everywhere; a fan-out sets each node's user.
-	r = execAs(t, h.client, "bob", map[string]any{"target": map[string]any{"all": true}, "argv": []string{"ok"}})
+	r = execAs(t, h.as("bob"), map[string]any{"target": map[string]any{"all": true}, "argv": []string{"ok"}})
 	if r.err != nil || r.result == nil || r.result.Succeeded != 2 {
 		t.Fatalf("bob exec on all: %+v %+v", r.err, r.result)
 	}
@@ -263,10 +229,8 @@ func TestPolicyExec(t *testing.T) {
 		t.Fatalf("n-b streams %v, want one as bob", hs)
 	}
 
-	r = execAs(t, h.client, "mallory", map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
+	r = execAs(t, h.as("mallory"), map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
 	wantRefused(t, "mallory", r.err, 403, protocol.ErrCodeForbidden, "nats:mallory", "no entry")
-	r = execAs(t, h.client, "", map[string]any{"target": map[string]any{"node": "n-a"}, "argv": []string{"ok"}})
-	wantRefused(t, "no identity", r.err, 401, protocol.ErrCodeUnauthenticated)
 }
 
 // TestPolicyNodesList: a caller sees the nodes a nodes.list rule of its
@@ -284,7 +248,7 @@ func TestPolicyNodesList(t *testing.T) {
 		{"bob", []string{"n-a", "n-b"}},
 		{"ops", nil},
 	} {
-		e, m := requestAs(t, h.client, tt.who, protocol.SubjectNodes, protocol.NodesRequest{})
+		e, m := requestAs(t, h.as(tt.who), protocol.SubjectNodes, protocol.NodesRequest{})
 		if e != nil {
 			t.Fatalf("%s: %v", tt.who, e)
 		}
@@ -300,28 +264,26 @@ func TestPolicyNodesList(t *testing.T) {
 			t.Errorf("%s sees %v (total %d), want %v", tt.who, got, resp.Total, tt.want)
 		}
 	}
-	e, _ := requestAs(t, h.client, "mallory", protocol.SubjectNodes, protocol.NodesRequest{})
+	e, _ := requestAs(t, h.as("mallory"), protocol.SubjectNodes, protocol.NodesRequest{})
 	wantRefused(t, "mallory", e, 403, protocol.ErrCodeForbidden, "nats:mallory", "nodes.list", "no entry")
 }
 
-// streamAs opens a tether.v1.stream as who; it returns the API error of
-// a refusal, or the pipe.
-func streamAs(t *testing.T, nc *nats.Conn, who, node string, kind protocol.Kind, params any) (*protocol.APIError, *natspipe.Pipe) {
+// streamAs opens a tether.v1.stream on nc; it returns the API error of a
+// refusal, or the pipe.
+func streamAs(t *testing.T, nc *nats.Conn, node string, kind protocol.Kind, params any) (*protocol.APIError, *natspipe.Pipe) {
 	t.Helper()
 	body := mustJSON(t, protocol.StreamRequest{Node: node, Kind: kind.String(), Params: mustJSON(t, params)})
-	hdr := nats.Header{}
-	hdr.Set(testIdentityHeader, who)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	p, err := natspipe.Dial(ctx, nc, protocol.SubjectStream, hdr, body, natspipe.Config{})
+	p, err := natspipe.Dial(ctx, nc, protocol.SubjectStream, nil, body, natspipe.Config{})
 	if err != nil {
 		var rej *natspipe.RejectedError
 		if !errors.As(err, &rej) {
-			t.Fatalf("stream as %s: %v", who, err)
+			t.Fatalf("stream: %v", err)
 		}
 		var e protocol.APIError
 		if jerr := json.Unmarshal(rej.Msg.Data, &e); jerr != nil {
-			t.Fatalf("stream as %s: rejected with %q: %v", who, rej.Msg.Data, jerr)
+			t.Fatalf("stream: rejected with %q: %v", rej.Msg.Data, jerr)
 		}
 		return &e, nil
 	}
@@ -359,7 +321,7 @@ func TestPolicyStreams(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := len(hdrs.of(tt.node))
-			e, _ := streamAs(t, h.client, "alice", tt.node, tt.kind, tt.params)
+			e, _ := streamAs(t, h.as("alice"), tt.node, tt.kind, tt.params)
 			if tt.refuse != nil {
 				wantRefused(t, tt.name, e, 403, protocol.ErrCodeForbidden, tt.refuse...)
 				if n := len(hdrs.of(tt.node)); n != before {
@@ -418,7 +380,7 @@ identities:
 		go func() {
 			defer wg.Done()
 			var err error
-			results[i], err = execAsRaw(h.client, "greedy", mustJSON(t, map[string]any{"id": id, "target": map[string]any{"node": "n1"}, "argv": []string{"hang"}}))
+			results[i], err = execRaw(h.as("greedy"), mustJSON(t, map[string]any{"id": id, "target": map[string]any{"node": "n1"}, "argv": []string{"hang"}}))
 			if err != nil {
 				t.Errorf("exec %s: %v", id, err)
 			}
@@ -430,19 +392,19 @@ identities:
 		}
 		return nil
 	})
-	r := execAs(t, h.client, "greedy", map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+	r := execAs(t, h.as("greedy"), map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
 	wantRefused(t, "third job", r.err, 429, protocol.ErrCodeRateLimited, "nats:greedy", "max_concurrent_jobs is 2")
-	r = execAs(t, h.client, "other", map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+	r = execAs(t, h.as("other"), map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
 	if r.err != nil || r.result == nil || r.result.Succeeded != 1 {
 		t.Fatalf("other's job: %+v %+v", r.err, r.result)
 	}
 	for _, id := range ids {
-		if e, _ := requestAs(t, h.client, "greedy", protocol.SubjectCancel, protocol.CancelRequest{ID: id}); e != nil {
+		if e, _ := requestAs(t, h.as("greedy"), protocol.SubjectCancel, protocol.CancelRequest{ID: id}); e != nil {
 			t.Fatalf("greedy cancels its %s: %v", id, e)
 		}
 	}
 	wg.Wait()
-	r = execAs(t, h.client, "greedy", map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+	r = execAs(t, h.as("greedy"), map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
 	if r.err != nil || r.result == nil || r.result.Succeeded != 1 {
 		t.Fatalf("greedy's job after its slots were freed: %+v %+v", r.err, r.result)
 	}
@@ -455,7 +417,7 @@ func TestPolicyCancelOwnJobOnly(t *testing.T) {
 	a := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}})
 	done := make(chan execReply, 1)
 	go func() {
-		r, err := execAsRaw(h.client, "alice", mustJSON(t, map[string]any{"id": "alices-job", "target": map[string]any{"node": "n-a"}, "argv": []string{"hang"}}))
+		r, err := execRaw(h.as("alice"), mustJSON(t, map[string]any{"id": "alices-job", "target": map[string]any{"node": "n-a"}, "argv": []string{"hang"}}))
 		if err != nil {
 			t.Errorf("alice's exec: %v", err)
 		}
@@ -467,12 +429,12 @@ func TestPolicyCancelOwnJobOnly(t *testing.T) {
 		}
 		return nil
 	})
-	e, _ := requestAs(t, h.client, "bob", protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
+	e, _ := requestAs(t, h.as("bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
 	wantRefused(t, "bob cancels alice's job", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel", "another identity's job")
 	if strings.Contains(e.Message, "alice") {
 		t.Errorf("the refusal names the owner: %s", e.Message)
 	}
-	e, _ = requestAs(t, h.client, "ops", protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
+	e, _ = requestAs(t, h.as("ops"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
 	if e != nil {
 		t.Fatalf("ops (scope any) cancels: %v", e)
 	}
@@ -501,12 +463,25 @@ identities:
 `
 	h, _ := newPolicyHarness(t, pol, nil)
 	for i := range 3 {
-		if e, _ := requestAs(t, h.client, "chatty", protocol.SubjectNodes, protocol.NodesRequest{}); e != nil {
+		if e, _ := requestAs(t, h.as("chatty"), protocol.SubjectNodes, protocol.NodesRequest{}); e != nil {
 			t.Fatalf("request %d: %v", i, e)
 		}
 	}
-	e, _ := requestAs(t, h.client, "chatty", protocol.SubjectNodes, protocol.NodesRequest{})
+	e, _ := requestAs(t, h.as("chatty"), protocol.SubjectNodes, protocol.NodesRequest{})
 	wantRefused(t, "fourth request", e, 429, protocol.ErrCodeRateLimited, "nats:chatty", "burst 3")
+}
+
+// fleetAs connects to f's NATS as the client user who.
+func fleetAs(t *testing.T, f *fleettest.Fleet, who string) *nats.Conn {
+	t.Helper()
+	key := fmt.Sprintf("%p/%s", f, who)
+	if nc, ok := clients.Load(key); ok {
+		return nc.(*nats.Conn)
+	}
+	nc := natsauthtest.Connect(t, f.NATS.ClientURL(), natsauthtest.ClientCreds(t, f.Layout, who))
+	clients.Store(key, nc)
+	t.Cleanup(func() { clients.Delete(key) })
+	return nc
 }
 
 // runAsSelf is a run_as user every agent may run as: the one running the
@@ -546,33 +521,32 @@ identities:
 `
 	store, _ := writePolicy(t, pol)
 	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
-		c.Identify = testIdentify
 		c.Policy = store
 	}})
-	r := execAs(t, f.NC, "alice", protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"sleep", "60"}})
+	r := execAs(t, fleetAs(t, f, "alice"), protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"sleep", "60"}})
 	if r.err != nil || r.result == nil || !r.result.Results[0].Detached {
 		t.Fatalf("alice's detached job: %+v %+v", r.err, r.result)
 	}
 	status := protocol.JobRequest{Node: "node-0", ID: "alice-1"}
 	output := protocol.JobOutputRequest{Node: "node-0", ID: "alice-1", Stream: "stdout"}
 
-	e, _ := requestAs(t, f.NC, "bob", protocol.SubjectJobStatus, status)
+	e, _ := requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobStatus, status)
 	wantRefused(t, "bob's status", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.status", "another identity's job", "node-0")
-	e, _ = requestAs(t, f.NC, "bob", protocol.SubjectJobOutput, output)
+	e, _ = requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobOutput, output)
 	wantRefused(t, "bob's output", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.logs")
-	e, _ = requestAs(t, f.NC, "bob", protocol.SubjectJobCancel, status)
+	e, _ = requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobCancel, status)
 	wantRefused(t, "bob's cancel", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel")
 	// bob reuses the id: the agent refuses it (the job is still there),
 	// and alice stays the owner.
-	r = execAs(t, f.NC, "bob", protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"true"}})
+	r = execAs(t, fleetAs(t, f, "bob"), protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"true"}})
 	if r.result != nil && r.result.Results[0].Detached {
 		t.Fatalf("bob started a second job alice-1: %+v", r.result)
 	}
-	e, _ = requestAs(t, f.NC, "bob", protocol.SubjectJobCancel, status)
+	e, _ = requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobCancel, status)
 	wantRefused(t, "bob's cancel after reusing the id", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel")
 
 	for _, who := range []string{"alice", "ops"} {
-		e, m := requestAs(t, f.NC, who, protocol.SubjectJobStatus, status)
+		e, m := requestAs(t, fleetAs(t, f, who), protocol.SubjectJobStatus, status)
 		if e != nil {
 			t.Fatalf("%s's status: %v", who, e)
 		}
@@ -580,13 +554,13 @@ identities:
 		if err := json.Unmarshal(m.Data, &st); err != nil || st.State != protocol.JobRunning {
 			t.Fatalf("%s's status: %s (%v)", who, m.Data, err)
 		}
-		if e, _ := requestAs(t, f.NC, who, protocol.SubjectJobOutput, output); e != nil {
+		if e, _ := requestAs(t, fleetAs(t, f, who), protocol.SubjectJobOutput, output); e != nil {
 			t.Fatalf("%s's output: %v", who, e)
 		}
 	}
-	e, _ = requestAs(t, f.NC, "ops", protocol.SubjectJobCancel, status)
+	e, _ = requestAs(t, fleetAs(t, f, "ops"), protocol.SubjectJobCancel, status)
 	wantRefused(t, "ops' cancel (no job.cancel)", e, 403, protocol.ErrCodeForbidden, "nats:ops", "job.cancel")
-	if e, _ := requestAs(t, f.NC, "alice", protocol.SubjectJobCancel, status); e != nil {
+	if e, _ := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobCancel, status); e != nil {
 		t.Fatalf("alice cancels her job: %v", e)
 	}
 }

@@ -181,17 +181,16 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		ids[i] = n.id
 	}
 	r.ID = id
-	sender, senderKnown := caller.Of(req)
+	owner, ownerKnown := caller.Of(req)
 	j := &job{
-		sender:      sender,
-		senderKnown: senderKnown,
+		owner:       owner,
+		ownerKnown:  ownerKnown,
 		c:           c,
 		id:          id,
 		reply:       req.Reply(),
 		targets:     ids,
 		params:      r.Params(c.cfg.DefaultTimeout),
 		users:       users,
-		owner:       caller.Owner(req),
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
 	}
@@ -227,8 +226,8 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	started = true
 	go func() {
 		defer c.jobWG.Done()
-		defer j.recordAudit() // after a contained panic too
 		defer release()
+		defer j.recordAudit() // after a contained panic too
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()
@@ -352,7 +351,7 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	for i, id := range j.targets {
 		nodes[i] = c.nodeOrID(id)
 	}
-	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.owner}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.ownerString()}); e != nil {
 		c.replyError(req, e)
 		return
 	}

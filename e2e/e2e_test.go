@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -174,18 +175,19 @@ type fleet struct {
 	cl                            *client.Client
 }
 
-// e2ePolicy writes a policy granting the e2e client (nats:e2e) every
-// operation and returns its path.
+// e2ePolicy writes a policy granting the e2e client (nats:e2e) and the
+// loopback facades' callers every operation, running as the test's own
+// user, and returns its path.
 func e2ePolicy(t *testing.T) string {
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	const pol = `version: 1
-identities:
-  nats:e2e:
-    rules:
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := `    rules:
       - nodes: "*"
         operations: [exec, shell, cp.read, cp.write]
         paths: [/]
-        run_as: root
+        run_as: ` + u.Username + `
       - nodes: "*"
         operations: [forward]
         targets: [openshell, opensandbox, execd]
@@ -198,6 +200,8 @@ identities:
         scope: any
       - operations: [admin]
 `
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	pol := "version: 1\nidentities:\n  nats:e2e:\n" + rules + "  token:loopback:\n" + rules
 	if err := os.WriteFile(path, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}

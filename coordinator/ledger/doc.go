@@ -75,6 +75,10 @@
 // inventoried. A reap dry run with a run previews closing it (run_closed
 // for each of its sandboxes, Blocked as the reaper would be); reaping a run
 // with no lease and no records is 404 not_found and closes nothing.
+// With WithAuthorizer every endpoint asks policy first, by the run's owner
+// (owner.go: the identity that opened its lease, else the one that created
+// or registered its sandboxes): another identity may not renew, close,
+// reap or register into a run, nor list its sandboxes, without scope any.
 //
 // Goroutines: the ledger runs one (the watcher loop) until Close; Reaper.Run
 // runs in its caller's goroutine and starts at most Concurrency short-lived

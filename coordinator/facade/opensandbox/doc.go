@@ -67,6 +67,16 @@
 // OPEN-SANDBOX-API-KEY and Authorization pass through untouched: they
 // belong to the node's server, which strips them on its proxy route.
 //
+// # Authorization
+//
+// Every request is attributed to an identity (cert:CN, token:NAME through
+// Config.TokenName, or Config.Local) and decided by Config.Authorizer's
+// policy: forward to target opensandbox on the node, the sandbox's owner
+// for the requests on one sandbox, the run's owner for a create; a list
+// shows the caller's own sandboxes (authz.go). A refusal is 403
+// TETHER::FORBIDDEN naming the identity, the operation and the rule
+// missing.
+//
 // # Names
 //
 // Before anything else, the Host header must name one of the facade's

@@ -110,6 +110,16 @@
 // other calls get UNAUTHENTICATED "tether: missing or invalid tether-token".
 // The gateway's own "authorization" header is not the facade's business.
 //
+// # Authorization
+//
+// Every call is attributed to an identity (cert:CN, token:NAME through
+// Config.TokenName, or Config.Local) and decided by Config.Authorizer's
+// policy: forward to target openshell on each node it reaches, the
+// sandbox's owner for calls on one sandbox, the run's owner for a create;
+// a list shows the caller's own sandboxes (authz.go). A refusal is
+// PERMISSION_DENIED naming the identity, the operation and the rule
+// missing.
+//
 // # Concurrency
 //
 // Each call runs on grpc's handler goroutine; a relayed stream adds one

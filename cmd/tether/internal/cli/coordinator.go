@@ -98,18 +98,15 @@ type coordinatorOptions struct {
 	// one IPv4 address or IPv6 /64 (coordinator.Config). Zero means the
 	// coordinator's default (8).
 	MaxHandshakesPerSource int
+	// Policy is the authorization policy file (package policy), required:
+	// everything it does not grant is refused. Reloaded on SIGHUP; a bad
+	// file keeps the policy in force.
+	Policy string
 	// AuditMaxAge and AuditMaxBytes bound the audit log's stream: older
 	// events, and the oldest past the size, are discarded. Zero means the
 	// defaults (90 days, 1 GiB).
 	AuditMaxAge   time.Duration
 	AuditMaxBytes int64
-	// Policy is the authorization policy file (package policy), required:
-	// everything it does not grant is refused. Reloaded on SIGHUP; a bad
-	// file keeps the policy in force.
-	Policy string
-	// identify, when set (tests only), replaces the identification of
-	// NATS callers from what the server stamps (caller.FromNATS).
-	identify func(nats.Header) (policy.Identity, error)
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -187,14 +184,14 @@ func (o *coordinatorOptions) Validate() error {
 	if o.MaxHandshakesPerSource < 0 {
 		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative", o.MaxHandshakesPerSource))
 	}
+	if o.Policy == "" {
+		errs = append(errs, errNoPolicy)
+	}
 	if o.AuditMaxAge < 0 || o.AuditMaxAge > 0 && o.AuditMaxAge < time.Minute {
 		errs = append(errs, fmt.Errorf("--audit-max-age %v: want at least 1m (0: 90 days)", o.AuditMaxAge))
 	}
 	if o.AuditMaxBytes < 0 || o.AuditMaxBytes > 0 && o.AuditMaxBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("--audit-max-bytes %d: want at least 1048576 (0: 1 GiB)", o.AuditMaxBytes))
-	}
-	if o.Policy == "" {
-		errs = append(errs, errNoPolicy)
 	}
 	if err := o.Sandbox.Validate(); err != nil {
 		errs = append(errs, err)
@@ -558,9 +555,6 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Logger = log
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
-	if o.identify != nil {
-		cfg.Identify = o.identify
-	}
 	cfg.Policy = cs.policy
 	cs.coord, err = coordinator.New(cfg)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 func testCoordinatorOptions(t *testing.T, dir string) coordinatorOptions {
 	o := defaultCoordinatorOptions()
 	o.DataDir = dir
-	o.Policy = writeTestPolicy(t, testAdminPolicy)
+	o.Policy = writeTestPolicy(t, testAdminPolicy(t))
 	o.Listen = "127.0.0.1:0"
 	o.HTTPAddr = "127.0.0.1:0"
 	o.NATSListen = "127.0.0.1:0"

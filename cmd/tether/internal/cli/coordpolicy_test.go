@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/agent"
@@ -26,19 +26,34 @@ import (
 	"github.com/tetherfleet/tether/tunnel"
 )
 
-// testAdminPolicy grants nats:tester everything (tests of other parts).
-const testAdminPolicy = `version: 1
-identities:
-  nats:tester:
-    rules:
+// testAdminPolicy grants every client user (nats-account:CLIENTS) and
+// loopback facade caller everything, running as the test's own user (the
+// one every agent may run as): tests of other parts.
+func testAdminPolicy(t testing.TB) string {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := `    rules:
       - nodes: "*"
         operations: [exec, shell, cp.read, cp.write]
         paths: [/]
-        run_as: root
+        run_as: ` + u.Username + `
+      - nodes: "*"
+        operations: [forward]
+        targets: [openshell, opensandbox, execd]
       - nodes: "*"
         operations: [nodes.list]
+      - nodes: "*"
+        operations: [job.status, job.logs, job.cancel, sandboxes.register]
+        scope: any
+      - operations: [sandboxes.list, sandboxes.lease, sandboxes.reap]
+        scope: any
       - operations: [admin]
 `
+	return "version: 1\nidentities:\n  nats-account:CLIENTS:\n" + rules + "  token:loopback:\n" + rules
+}
 
 func writeTestPolicy(t testing.TB, yaml string) string {
 	t.Helper()
@@ -47,14 +62,6 @@ func writeTestPolicy(t testing.TB, yaml string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// identifyAs is a Config.Identify for tests: every caller is id (the
-// CLI's requests carry nothing a test could tell callers apart by).
-func identifyAs(id string) func(nats.Header) (policy.Identity, error) {
-	return func(nats.Header) (policy.Identity, error) {
-		return policy.Identity{Kind: policy.KindNATS, Name: id}, nil
-	}
 }
 
 // TestCoordinatorRequiresPolicy: without --policy the coordinator does not
@@ -84,7 +91,7 @@ func TestCoordinatorRequiresPolicy(t *testing.T) {
 func TestPolicyRefusalExitCode(t *testing.T) {
 	path := writeTestPolicy(t, `version: 1
 identities:
-  nats:tester:
+  nats:fleettest:
     rules:
       - nodes: "index=1"
         operations: [exec, cp.write]
@@ -95,8 +102,8 @@ identities:
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The commands connect as the fleet's client user, nats:fleettest.
 	f := startFleet(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
-		c.Identify = identifyAs("tester")
 		c.Policy = store
 	}})
 	url := f.NATS.ClientURL()
@@ -106,9 +113,9 @@ identities:
 		args  []string
 		parts []string
 	}{
-		{[]string{"exec", "--nats-url", url, "--node", "node-0", "--", "true"}, []string{"nats:tester may not exec on node-0", `"index=1"`}},
-		{[]string{"cp", "--nats-url", url, src, "node-0:/tmp/f"}, []string{`nats:tester may not cp.write "/tmp/f" on node-0`}},
-		{[]string{"job", "status", "--nats-url", url, "--node", "node-0", "job-1"}, []string{"nats:tester may not job.status a job with no recorded owner on node-0"}},
+		{[]string{"exec", "--nats-url", url, "--node", "node-0", "--", "true"}, []string{"nats:fleettest may not exec on node-0", `"index=1"`}},
+		{[]string{"cp", "--nats-url", url, src, "node-0:/tmp/f"}, []string{`nats:fleettest may not cp.write "/tmp/f" on node-0`}},
+		{[]string{"job", "status", "--nats-url", url, "--node", "node-0", "job-1"}, []string{"nats:fleettest may not job.status a job with no recorded owner on node-0"}},
 	} {
 		r := runCLI(testCtx(t), nil, "", tt.args...)
 		lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
@@ -146,10 +153,9 @@ identities:
 `
 	o := testCoordinatorOptions(t, t.TempDir())
 	o.Policy = writeTestPolicy(t, allow)
-	o.identify = identifyAs("tester")
-	o.AllowSharedToken = true // the agent below joins with the shared token
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+	o.AllowSharedToken = true // the agent below joins with the shared token
 	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -291,22 +297,10 @@ func waitFor(t *testing.T, f func() error) {
 	}
 }
 
-// TestDevPolicy: the dev identity is the OS user's name as a NATS user
-// name may hold it, and the dev policy grants it every operation on every
-// node as the invoking user; an existing file is the user's and is kept.
+// TestDevPolicy: the dev policy grants the dev NATS user every operation
+// on every node as the invoking user; an existing file is the user's and
+// is kept.
 func TestDevPolicy(t *testing.T) {
-	for in, want := range map[string]string{
-		"alice":         "nats:alice",
-		"first.last":    "nats:first.last",
-		"CORP\\bob":     "nats:CORP-bob",
-		"_svc":          "nats:u_svc",
-		"a b":           "nats:a-b",
-		"x@example.com": "nats:x@example.com",
-	} {
-		if got := devIdentity(in); got != want {
-			t.Errorf("devIdentity(%q) = %q, want %q", in, got, want)
-		}
-	}
 	data, err := devPolicy("nats:alice", "alice")
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +337,7 @@ func TestDevPolicy(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	path, _, err := writeDevPolicy(dir)
+	path, err := writeDevPolicy(dir, "nats:alice", "alice")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +345,7 @@ func TestDevPolicy(t *testing.T) {
 		t.Fatalf("dev policy %s: %v %v, want mode 0600", path, fi.Mode(), err)
 	}
 	os.WriteFile(path, []byte("# mine\n"), 0o600)
-	if _, _, err := writeDevPolicy(dir); err != nil {
+	if _, err := writeDevPolicy(dir, "nats:alice", "alice"); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(path); !bytes.Equal(b, []byte("# mine\n")) {

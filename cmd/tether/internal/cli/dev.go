@@ -231,19 +231,20 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return fmt.Errorf("dev: create data dir: %w", err)
 	}
-	var devID string
-	if co.Policy, devID, err = writeDevPolicy(o.DataDir); err != nil {
+	// The dev NATS user (writeDevCreds) may do everything; the loopback
+	// facades' callers are that user too.
+	devUser := devUserName(e.getenv)
+	if co.Policy, err = writeDevPolicy(o.DataDir, "nats:"+devUser, devRunAs(e.getenv)); err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}
-	// The loopback facades' callers are the dev user too.
-	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: strings.TrimPrefix(devID, "nats:")}
+	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: devUser}
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	reg := newRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
 	if err != nil {
 		return err
 	}
-	dc, err := writeDevCreds(cs.layout, devCredsFile(o, e.getenv), devUserName(e.getenv))
+	dc, err := writeDevCreds(cs.layout, devCredsFile(o, e.getenv), devUser)
 	if err != nil {
 		cs.close()
 		return fmt.Errorf("dev: %w", err)
@@ -438,6 +439,7 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
 	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n", info.NodeCAFile)
+	fmt.Fprintf(&b, "  policy:      %s (edit, then kill -HUP %d)\n", filepath.Join(o.DataDir, devPolicyFile), os.Getpid())
 	fmt.Fprintf(&b, "  NATS user:   %s (credentials %s, 0600)\n\n", info.CredsUser, info.CredsFile)
 	fmt.Fprintf(&b, "NATS admits no anonymous client. Client commands find these credentials\n")
 	fmt.Fprintf(&b, "themselves; for other tools or another user's shell:\n\n")
@@ -454,30 +456,34 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 // devPolicyFile is the dev policy's name in the data directory.
 const devPolicyFile = "policy.yaml"
 
-// writeDevPolicy writes DATA-DIR/policy.yaml granting the invoking OS
-// user's dev NATS identity (devIdentity) every operation, unless the file
-// exists (it is the user's to edit then; delete it to regenerate), and
-// returns its path and the dev identity.
-func writeDevPolicy(dataDir string) (path, identity string, err error) {
-	u, err := user.Current()
-	if err != nil {
-		return "", "", fmt.Errorf("policy: the invoking user: %w", err)
-	}
-	identity = devIdentity(u.Username)
-	path = filepath.Join(dataDir, devPolicyFile)
+// writeDevPolicy writes DATA-DIR/policy.yaml granting identity (the dev
+// NATS user's, "nats:" and devUserName) every operation, running commands
+// as runAs, unless the file exists (it is the user's to edit then; delete
+// it to regenerate), and returns its path.
+func writeDevPolicy(dataDir, identity, runAs string) (string, error) {
+	path := filepath.Join(dataDir, devPolicyFile)
 	if _, err := os.Lstat(path); err == nil {
-		return path, identity, nil
+		return path, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", "", fmt.Errorf("policy: %w", err)
+		return "", fmt.Errorf("policy: %w", err)
 	}
-	data, err := devPolicy(identity, u.Username)
+	data, err := devPolicy(identity, runAs)
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
 	if err := writeFileAtomic(path, data, 0o600); err != nil {
-		return "", "", fmt.Errorf("policy: %w", err)
+		return "", fmt.Errorf("policy: %w", err)
 	}
-	return path, identity, nil
+	return path, nil
+}
+
+// devRunAs is the local user tether dev's commands run as: the invoking
+// user (whom the dev agent runs as), else $USER.
+func devRunAs(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
 }
 
 // writeFileAtomic writes data to path through a temporary file beside it
@@ -501,11 +507,6 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	return os.Rename(tmp.Name(), path)
 }
-
-// devIdentity is the policy identity of the dev NATS user of the OS user
-// named osUser: "nats:" and the NATS user name tether dev mints for it
-// (natsUserName), so the policy it writes names the user it mints.
-func devIdentity(osUser string) string { return "nats:" + natsUserName(osUser) }
 
 // devPolicy is the policy tether dev writes: role admin (every operation
 // on every node, every path, the gateways' targets, everyone's jobs and
