@@ -178,12 +178,17 @@ type fleet struct {
 // e2ePolicy writes a policy granting the e2e client (nats:e2e) and the
 // loopback facades' callers every operation, running as the test's own
 // user, and returns its path.
-func e2ePolicy(t *testing.T) string {
+func e2ePolicy(t *testing.T) string { return e2ePolicyWith(t, "") }
+
+// e2ePolicyWith is e2ePolicy with extra rules first (YAML list items at
+// the rules' indentation), which then win over the defaults.
+func e2ePolicyWith(t *testing.T, extra string) string {
 	u, err := user.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
 	rules := `    rules:
+` + extra + `
       - nodes: "*"
         operations: [exec, shell, cp.read, cp.write]
         paths: [/]
@@ -208,7 +213,10 @@ func e2ePolicy(t *testing.T) string {
 	return path
 }
 
-func startFleet(t *testing.T) *fleet {
+func startFleet(t *testing.T) *fleet { return startFleetPolicy(t, e2ePolicy(t)) }
+
+// startFleetPolicy is startFleet with the coordinator's policy file.
+func startFleetPolicy(t *testing.T, policy string) *fleet {
 	f := &fleet{dataDir: t.TempDir()}
 	f.tokenFile = filepath.Join(t.TempDir(), "token")
 	os.WriteFile(f.tokenFile, []byte("e2e-secret-token\n"), 0o600)
@@ -216,7 +224,7 @@ func startFleet(t *testing.T) *fleet {
 	f.httpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f.natsURL = "nats://" + natsAddr
-	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", e2ePolicy(t),
+	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", policy,
 		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--allow-shared-token", "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	f.coord = start(t, "coordinator", f.coordArgs...)

@@ -25,7 +25,7 @@ func TestNodeIdentityEndToEnd(t *testing.T) {
 	f.httpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f.natsURL = "nats://" + natsAddr
-	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr,
+	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", e2ePolicy(t),
 		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--heartbeat", heartbeat, "--cert-ttl", "12s",
 		"--openshell-listen", "", "--opensandbox-listen", ""}
 	f.coord = start(t, "coordinator", f.coordArgs...)

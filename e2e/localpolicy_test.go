@@ -59,7 +59,12 @@ func TestLocalPolicyAndRunAs(t *testing.T) {
 	}
 	write(fmt.Sprintf("version: 1\nusers:\n  - name: root\n  - name: %s\ncopy_roots: [%s]\nexec: false\n", name, base))
 
-	f := startFleet(t)
+	// The coordinator's policy runs copies into base as the new account
+	// (the stream's user is the grant's, whatever the client wrote).
+	f := startFleetPolicy(t, e2ePolicyWith(t, fmt.Sprintf(`      - nodes: "*"
+        operations: [cp.write]
+        paths: [%s]
+        run_as: %s`, base, name)))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	agent := f.startAgentBin(t, *tetherBin, "lp", "lp=1", f.tokenFile, "--local-policy", policy, "--metrics-addr", metricsAddr)
 	f.waitNodes(t, "lp")
