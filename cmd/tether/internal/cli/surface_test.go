@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,11 +29,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -143,6 +147,7 @@ identities:
   token:admin: {roles: [admin]}
   token:submitter: {roles: [submitter]}
   token:reader: {roles: [reader]}
+  cert:submitter: {roles: [submitter]}
 `
 }
 
@@ -237,6 +242,24 @@ func TestSurface(t *testing.T) {
 		tokens[r] = "surface-token-" + r + "-0123456789abcdef"
 		fmt.Fprintf(&tokFile, "%s %s\n", r, tokens[r])
 	}
+	// Client certificates: one from the facades' client CA, one from a CA
+	// they do not know.
+	clientCA, err := tunnel.NewTestCA("surface facade clients")
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreignCA, err := tunnel.NewTestCA("surface foreign")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Sandbox.ClientCA = filepath.Join(dir, "facade-client-ca.pem")
+	if err := os.WriteFile(o.Sandbox.ClientCA, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: clientCA.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc := facadeCreds{tokens: tokens, certs: map[string]tls.Certificate{
+		"cert:submitter":  clientCert(t, clientCA, "submitter"),
+		"cert:foreign-ca": clientCert(t, foreignCA, "admin"),
+	}}
 	o.Sandbox.TokenFile = filepath.Join(dir, "facade-tokens")
 	if err := os.WriteFile(o.Sandbox.TokenFile, []byte(tokFile.String()), 0o600); err != nil {
 		t.Fatal(err)
@@ -297,8 +320,8 @@ func TestSurface(t *testing.T) {
 
 	entries[lnNATS], callers[lnNATS] = probeNATS(t, cs, eye, tab)
 	entries[lnAdmin], callers[lnAdmin] = probeAdmin(t, cs, tab)
-	entries[lnOpenSandbox], callers[lnOpenSandbox] = probeOpenSandbox(t, cs, pki.CACert, tokens, tab)
-	entries[lnOpenShell], callers[lnOpenShell] = probeOpenShell(t, cs, pki.CACert, tokens, tab)
+	entries[lnOpenSandbox], callers[lnOpenSandbox] = probeOpenSandbox(t, cs, pki.CACert, fc, tab)
+	entries[lnOpenShell], callers[lnOpenShell] = probeOpenShell(t, cs, pki.CACert, fc, tab)
 	entries[lnTunnel], callers[lnTunnel] = probeTunnel(t, cs, agentDir, tab)
 
 	got := tab.render(entries, callers)
@@ -1022,27 +1045,70 @@ var openSandboxProbes = []struct{ method, path string }{
 	{"GET", "/v1/sandboxes/sb-surface/unknown"},
 }
 
+// facadeCreds are what facade callers present: tokens by role, client
+// certificates by caller name.
+type facadeCreds struct {
+	tokens map[string]string
+	certs  map[string]tls.Certificate
+}
+
 // facadeCallers are the facades' callers: no token, a wrong one, each
-// role's.
+// role's, a client certificate of the client CA (CN submitter) and one of
+// another CA (CN admin).
 func facadeCallers() []string {
 	out := []string{"none", "bad-token"}
 	for _, r := range surfaceRoles {
 		out = append(out, "token:"+r)
 	}
-	return out
+	return append(out, "cert:submitter", "cert:foreign-ca")
 }
 
-func facadeToken(caller string, tokens map[string]string) string {
-	switch caller {
-	case "none":
-		return ""
-	case "bad-token":
+// token returns the token caller presents, "" for none.
+func (fc facadeCreds) token(caller string) string {
+	switch {
+	case caller == "bad-token":
 		return "surface-not-a-token-0123456789"
+	case strings.HasPrefix(caller, "token:"):
+		return fc.tokens[strings.TrimPrefix(caller, "token:")]
 	}
-	return tokens[strings.TrimPrefix(caller, "token:")]
+	return ""
 }
 
-func probeOpenSandbox(t *testing.T, cs *coordinatorServer, caFile string, tokens map[string]string, tab *surfaceTable) (entries, callers []string) {
+// tls returns the client TLS configuration of caller: base, with its
+// certificate if it has one.
+func (fc facadeCreds) tls(base *tls.Config, caller string) *tls.Config {
+	c := base.Clone()
+	if cert, ok := fc.certs[caller]; ok {
+		// Presented whatever CAs the server names: Go's client would
+		// otherwise send no certificate the server's CAs did not issue.
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	}
+	return c
+}
+
+// clientCert issues a client certificate with common name cn from ca.
+func clientCert(t *testing.T, ca *tunnel.NodeCA, cn string) tls.Certificate {
+	t.Helper()
+	key, err := tunnel.NewNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := tunnel.NewNodeCSR(key, cn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Sign(csr, cn, time.Now().Add(-time.Minute), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
+}
+
+func probeOpenSandbox(t *testing.T, cs *coordinatorServer, caFile string, fc facadeCreds, tab *surfaceTable) (entries, callers []string) {
 	kinds := map[osb.RouteKind]bool{}
 	for _, p := range openSandboxProbes {
 		if r, ok := osb.ParsePath(p.path); ok {
@@ -1058,8 +1124,13 @@ func probeOpenSandbox(t *testing.T, cs *coordinatorServer, caFile string, tokens
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Timeout: defaultTestTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	callers = facadeCallers()
+	clients := map[string]*http.Client{}
+	for _, c := range callers {
+		tr := &http.Transport{TLSClientConfig: fc.tls(tlsCfg, c)}
+		defer tr.CloseIdleConnections()
+		clients[c] = &http.Client{Timeout: defaultTestTimeout, Transport: tr}
+	}
 	for _, p := range openSandboxProbes {
 		e := p.method + " " + p.path
 		entries = append(entries, e)
@@ -1075,12 +1146,16 @@ func probeOpenSandbox(t *testing.T, cs *coordinatorServer, caFile string, tokens
 			if body != nil {
 				req.Header.Set("Content-Type", "application/json")
 			}
-			if tok := facadeToken(c, tokens); tok != "" {
+			if tok := fc.token(c); tok != "" {
 				req.Header.Set(opensandbox.HeaderToken, tok)
 			}
-			resp, err := hc.Do(req)
+			resp, err := clients[c].Do(req)
 			if err != nil {
-				tab.add(lnOpenSandbox, e, c, "error: "+err.Error())
+				// No HTTP answer at all: the TLS handshake was refused
+				// (the alert or the reset that follows it, whichever
+				// the client read first).
+				t.Logf("opensandbox %s as %s: %v", e, c, err)
+				tab.add(lnOpenSandbox, e, c, "refused-at-connect")
 				continue
 			}
 			b, _ := io.ReadAll(resp.Body)
@@ -1114,7 +1189,7 @@ func httpOutcome(code int, body []byte) string {
 
 // ---- OpenShell facade ----
 
-func probeOpenShell(t *testing.T, cs *coordinatorServer, caFile string, tokens map[string]string, tab *surfaceTable) (entries, callers []string) {
+func probeOpenShell(t *testing.T, cs *coordinatorServer, caFile string, fc facadeCreds, tab *surfaceTable) (entries, callers []string) {
 	svc := osh.File_openshell_proto.Services().ByName(protoreflect.Name(strings.TrimPrefix(osh.ServiceName, "openshell.v1.")))
 	if svc == nil {
 		t.Fatalf("service %s not in protocol/openshell's descriptor", osh.ServiceName)
@@ -1145,19 +1220,33 @@ func probeOpenShell(t *testing.T, cs *coordinatorServer, caFile string, tokens m
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(cs.info.OpenShellAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	callers = facadeCallers()
+	conns := map[string]*grpc.ClientConn{}
+	for _, c := range callers {
+		conn, err := grpc.NewClient(cs.info.OpenShellAddr, grpc.WithTransportCredentials(credentials.NewTLS(fc.tls(tlsCfg, c))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns[c] = conn
+	}
+	refused := map[string]bool{}
+	for c, conn := range conns {
+		refused[c] = !grpcConnects(t, conn)
+	}
 	for _, m := range methods {
 		entries = append(entries, m.full)
 		for _, c := range callers {
 			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-			if tok := facadeToken(c, tokens); tok != "" {
+			if refused[c] {
+				cancel()
+				tab.add(lnOpenShell, m.full, c, "refused-at-connect")
+				continue
+			}
+			if tok := fc.token(c); tok != "" {
 				ctx = metadata.AppendToOutgoingContext(ctx, openshell.MetaToken, tok)
 			}
+			conn := conns[c]
 			in := dynamicpb.NewMessage(m.in)
 			var err error
 			if !m.client && !m.server {
@@ -1176,6 +1265,26 @@ func probeOpenShell(t *testing.T, cs *coordinatorServer, caFile string, tokens m
 		}
 	}
 	return entries, callers
+}
+
+// grpcConnects reports whether conn becomes ready (the server completed
+// the TLS handshake and sent its HTTP/2 preface) rather than failing.
+func grpcConnects(t *testing.T, conn *grpc.ClientConn) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		switch s := conn.GetState(); s {
+		case connectivity.Ready:
+			return true
+		case connectivity.TransientFailure:
+			return false
+		default:
+			if !conn.WaitForStateChange(ctx, s) {
+				t.Fatalf("OpenShell facade connection still %v after %v", s, defaultTestTimeout)
+			}
+		}
+	}
 }
 
 func grpcOutcome(err error) string {
@@ -1261,50 +1370,36 @@ func probeTunnel(t *testing.T, cs *coordinatorServer, agentDir string, tab *surf
 		if !slices.Contains(callers, p.caller) {
 			callers = append(callers, p.caller)
 		}
-		// A probe whose connection broke before it was answered (its
-		// request could not be written, or the session ended without a
-		// frame) is tried again on a new connection: a request the
-		// coordinator never read has no outcome yet.
-		var out string
-		for attempt := 0; attempt < 3; attempt++ {
-			var transient bool
-			out, transient = tunnelAttempt(t, cs, p)
-			if !transient {
-				break
-			}
-			t.Logf("tunnel %s as %s: %s; trying again", p.entry, p.caller, out)
-		}
-		tab.add(lnTunnel, p.entry, p.caller, out)
+		tab.add(lnTunnel, p.entry, p.caller, tunnelAttempt(t, cs, p))
 	}
 	return entries, callers
 }
 
-// tunnelAttempt makes p's connection and classifies the answer; transient
-// reports a broken connection that did not answer.
-func tunnelAttempt(t *testing.T, cs *coordinatorServer, p tunnelProbe) (outcome string, transient bool) {
+// tunnelAttempt makes p's connection and classifies the answer.
+func tunnelAttempt(t *testing.T, cs *coordinatorServer, p tunnelProbe) string {
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	addr := dialAddr(cs.info.TunnelAddr)
 	if p.plain {
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		if err != nil {
-			return "error: " + err.Error(), false
+			return "error: " + err.Error()
 		}
 		defer c.Close()
 		s, err := tunnel.Client(c, tunnel.DefaultConfig())
 		if err != nil {
-			return "refused-at-connect", false
+			return "refused-at-connect"
 		}
 		defer s.Close()
 		if _, err := s.Open(ctx, protocol.KindControl, protocol.ControlParams{}); err != nil {
-			return "refused-at-connect", false
+			return "refused-at-connect"
 		}
 		// The server reads a record that is not TLS, fails, and closes.
 		select {
 		case <-s.Done():
-			return "refused-at-connect", false
+			return "refused-at-connect"
 		case <-ctx.Done():
-			return "no answer", false
+			return "no answer"
 		}
 	}
 	cfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
@@ -1316,47 +1411,55 @@ func tunnelAttempt(t *testing.T, cs *coordinatorServer, p tunnelProbe) (outcome 
 	}
 	c, err := tunnel.DialTLS(ctx, addr, cfg)
 	if err != nil {
-		return "refused-at-connect", false
+		return "refused-at-connect"
 	}
 	defer c.Close()
-	s, err := tunnel.Client(c, tunnel.DefaultConfig())
+	// yamux itself rather than tunnel.Session: a write can fail although
+	// its bytes went out (yamux tells a writer that raced with the
+	// answer and the close that follows a refusal that the session
+	// ended), and tunnel.Session.Open closes the stream when its header
+	// write fails. The answer is in the stream's buffer either way.
+	ycfg := yamux.DefaultConfig()
+	ycfg.LogOutput = io.Discard
+	y, err := yamux.Client(c, ycfg)
 	if err != nil {
-		return "error: " + err.Error(), false
+		return "error: " + err.Error()
 	}
-	defer s.Close()
+	defer y.Close()
+	st, err := y.OpenStream()
+	if err != nil {
+		return "open: " + err.Error()
+	}
+	defer st.Close()
 	kind, params := p.kind, any(protocol.ControlParams{})
 	if kind == 0 {
 		kind = protocol.KindControl
 	} else {
 		params = protocol.ExecParams{Argv: []string{"true"}}
 	}
-	st, err := s.Open(ctx, kind, params)
-	if err != nil {
-		return "open: " + err.Error(), true
-	}
-	defer st.Close()
+	werr := protocol.WriteHeader(st, kind, params)
 	if p.frame != nil {
 		ft, v := p.frame(t)
 		b, err := json.Marshal(v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := protocol.WriteFrame(st, ft, b); err != nil {
-			return "write: " + err.Error(), true
+		if err := protocol.WriteFrame(st, ft, b); werr == nil {
+			werr = err
 		}
 	}
 	st.SetReadDeadline(time.Now().Add(defaultTestTimeout))
 	f, err := protocol.NewFrameReader(st).Next()
 	if err != nil {
-		return "read: " + err.Error(), true
+		return fmt.Sprintf("read: %v (write: %v)", err, werr)
 	}
 	switch f.Type {
 	case protocol.FrameWelcome, protocol.FrameEnrolled:
-		return "ok", false
+		return "ok"
 	case protocol.FrameReject, protocol.FrameError:
 		var ei protocol.ErrorInfo
 		json.Unmarshal(f.Payload, &ei)
-		return "refused:" + ei.Code, false
+		return "refused:" + ei.Code
 	}
-	return "frame " + f.Type.String(), false
+	return "frame " + f.Type.String()
 }
