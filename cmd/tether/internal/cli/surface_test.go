@@ -66,7 +66,8 @@ const surfaceHeader = `# Tether's attack surface: what every listener of a coord
 # surface_test.go), which starts a whole coordinator as "tether coordinator"
 # does (every listener on, one enrolled agent, a policy with roles admin,
 # submitter and reader) and probes it with no credentials, with each role's
-# credentials, and with credentials policy does not know (stranger).
+# credentials, with credentials policy does not know (stranger), and on
+# NATS as a reader limited to one request (limited).
 #
 # THIS FILE IS A SECURITY ALLOW-LIST. A change to it is a change to who may
 # do what: review every changed cell before committing it. TestSurface fails
@@ -148,6 +149,9 @@ identities:
   token:submitter: {roles: [submitter]}
   token:reader: {roles: [reader]}
   cert:submitter: {roles: [submitter]}
+  nats:limited:
+    roles: [reader]
+    limits: {requests_per_second: 0.001, burst: 1}
 `
 }
 
@@ -745,39 +749,56 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 		other := roleCreds[surfaceRoles[(i+1)%len(surfaceRoles)]]
 		callerList = append(callerList, &surfaceCaller{name: "nats:" + r, creds: roleCreds[r], other: other})
 	}
-	var wg sync.WaitGroup
+	// A reader allowed one request per 1000 s: its first request passes,
+	// the rest are rate limited (429), whatever they ask.
+	callerList = append(callerList, &surfaceCaller{name: "nats:limited", creds: mintSurfaceCreds(t, cs, "limited"), other: roleCreds["admin"]})
+	// One caller after the other, one connection per probe (so that a
+	// refusal read from LastError is that probe's): hundreds of
+	// connections, each verified by the server, but never many at once,
+	// which on a loaded machine could outlast the server's 2 s
+	// authentication timeout.
 	for _, c := range callerList {
 		callerNames = append(callerNames, c.name)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, p := range probes {
-				var opts []nats.Option
-				if c.creds != nil {
-					opts = c.creds.Options()
-				}
-				// Refusals are read from LastError; the default handler
-				// would print each one.
-				opts = append(opts, nats.NoReconnect(), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-				nc, err := nats.Connect(cs.info.NATSURL, opts...)
-				if err != nil {
-					if errors.Is(err, nats.ErrAuthorization) {
-						tab.add(lnNATS, p.entry, c.name, "refused-at-connect")
-					} else {
-						tab.add(lnNATS, p.entry, c.name, "error: "+err.Error())
-					}
-					continue
-				}
+		for _, p := range probes {
+			nc, err := connectCaller(t, cs, c)
+			switch {
+			case errors.Is(err, nats.ErrAuthorization):
+				tab.add(lnNATS, p.entry, c.name, "refused-at-connect")
+			case err != nil:
+				tab.add(lnNATS, p.entry, c.name, "error: "+err.Error())
+			default:
 				tab.add(lnNATS, p.entry, c.name, p.run(nc, c))
 				nc.Close()
 			}
-		}()
+		}
 	}
-	wg.Wait()
 	for _, p := range probes {
 		entries = append(entries, p.entry)
 	}
 	return entries, callerNames
+}
+
+// connectCaller connects as c. A connection that failed for another reason
+// than the server refusing its credentials (a timeout on a loaded machine)
+// is tried again: it has no outcome yet.
+func connectCaller(t *testing.T, cs *coordinatorServer, c *surfaceCaller) (*nats.Conn, error) {
+	var opts []nats.Option
+	if c.creds != nil {
+		opts = c.creds.Options()
+	}
+	// Refusals are read from LastError; the default handler would print
+	// each one.
+	opts = append(opts, nats.NoReconnect(), nats.Timeout(defaultTestTimeout),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var nc *nats.Conn
+		if nc, err = nats.Connect(cs.info.NATSURL, opts...); err == nil || errors.Is(err, nats.ErrAuthorization) {
+			return nc, err
+		}
+		t.Logf("connect as %s: %v; trying again", c.name, err)
+	}
+	return nil, err
 }
 
 // statusOutcome names an API status.
