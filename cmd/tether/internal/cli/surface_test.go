@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -92,6 +93,9 @@ const surfaceHeader = `# Tether's attack surface: what every listener of a coord
 #                         success (e.g. ok:503 no node has the gateway)
 #   refused:CODE          the tunnel refused the handshake with CODE
 #   -                     not probed (that caller cannot speak there)
+#
+# The admin HTTP server takes no credentials at all (keep it on loopback or
+# behind a proxy); its only caller is "none".
 `
 
 // Fixed names, so the golden file does not depend on the host.
@@ -158,16 +162,11 @@ identities:
 // surfaceRow is one observation: what listener answered to caller at entry.
 type surfaceRow struct{ listener, entry, caller, outcome string }
 
-// surfaceTable collects rows from concurrent probes.
-type surfaceTable struct {
-	mu   sync.Mutex
-	rows []surfaceRow
-}
+// surfaceTable collects the observations.
+type surfaceTable struct{ rows []surfaceRow }
 
 func (s *surfaceTable) add(listener, entry, caller, outcome string) {
-	s.mu.Lock()
 	s.rows = append(s.rows, surfaceRow{listener, entry, caller, outcome})
-	s.mu.Unlock()
 }
 
 // Listener sections of the golden file, in order.
@@ -449,7 +448,9 @@ type surfaceCaller struct {
 	other *natsauth.Creds // another user, whose inbox this one must not read
 }
 
-func (c *surfaceCaller) run() string {
+// runID is the run the caller's lease and sandbox requests name: its own,
+// so that no caller's outcome depends on another's.
+func (c *surfaceCaller) runID() string {
 	if c.creds == nil {
 		return "anonymous"
 	}
@@ -482,11 +483,9 @@ func natsRequestSamples(self string) map[string]any {
 	}
 }
 
-// natsPublishOnly are the endpoints that never answer (heartbeats, pipe
-// data): the probe publishes and records whether it reached TETHER.
-var natsPublishOnly = map[string]string{
-	protocol.SubjectExecAlive: protocol.SubjectExecAlive,
-}
+// natsPublishOnly are the endpoints that never answer (heartbeats): the
+// probe publishes and records whether it reached TETHER.
+var natsPublishOnly = map[string]bool{protocol.SubjectExecAlive: true}
 
 // surfacePipe is a pipe subject of the coordinator, for a pipe nobody
 // opened: clients may publish there (the coordinator drops what does not
@@ -507,6 +506,7 @@ var natsOrder = []string{
 // markers it sees, to tell what a client's publish reached.
 type tetherSpy struct {
 	eye  *nats.Conn
+	n    atomic.Int64 // numbers the marks
 	mu   sync.Mutex
 	seen map[string]bool
 	cond *sync.Cond
@@ -673,14 +673,13 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 				st.Close()
 				return "ok"
 			})
-		case natsPublishOnly[s] != "":
-			subj := natsPublishOnly[s]
-			add("publish "+subj, func(nc *nats.Conn, self *surfaceCaller) string {
-				return publishProbe(t, nc, spy, subj, self.name)
+		case natsPublishOnly[s]:
+			add("publish "+s, func(nc *nats.Conn, self *surfaceCaller) string {
+				return publishProbe(t, nc, spy, s, self.name)
 			})
 		default:
 			add("request "+s, func(nc *nats.Conn, self *surfaceCaller) string {
-				return requestProbe(t, nc, s, natsRequestSamples(self.run())[s])
+				return requestProbe(t, nc, s, natsRequestSamples(self.runID())[s])
 			})
 		}
 	}
@@ -841,7 +840,7 @@ func subscribeProbe(nc *nats.Conn, subject, queue string) string {
 // publishProbe publishes to subject, marked, and reports whether the
 // server refused it, or else whether it reached TETHER.
 func publishProbe(t *testing.T, nc *nats.Conn, spy *tetherSpy, subject, who string) string {
-	mark := who + " " + subject
+	mark := fmt.Sprintf("%d %s %s", spy.n.Add(1), who, subject)
 	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Header: nats.Header{spyHeader: []string{mark}}, Data: []byte("forged")}); err != nil {
 		return "error: " + err.Error()
 	}
