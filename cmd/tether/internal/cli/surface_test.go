@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -626,6 +627,18 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 			t.Errorf("natsauth exports %s to clients but TestSurface does not probe it: add a probe", e.Subject)
 		}
 	}
+	// Every subject the coordinator listens on, from the server: nothing
+	// it subscribes to may escape the probes.
+	for _, sub := range coordinatorSubscriptions(t, cs) {
+		switch {
+		case covered[sub],
+			strings.HasPrefix(sub, "$SRV."),                    // micro's discovery: the "$SRV.>" and "$SRV.INFO" probes
+			strings.HasPrefix(sub, nats.InboxPrefix),           // the coordinator's own replies: the "_INBOX.>" probe
+			strings.HasPrefix(sub, natsauth.PipeSubjectPrefix): // pipe ends: the pipe publish probe
+		default:
+			t.Errorf("the coordinator subscribes to %s, which no probe of TestSurface covers: add one and review the new row of %s", sub, surfaceGolden)
+		}
+	}
 	// JetStream, as the coordinators use it.
 	js, err := jetstream.New(eye)
 	if err != nil {
@@ -798,6 +811,26 @@ func connectCaller(t *testing.T, cs *coordinatorServer, c *surfaceCaller) (*nats
 		t.Logf("connect as %s: %v; trying again", c.name, err)
 	}
 	return nil, err
+}
+
+// coordinatorSubscriptions returns the subjects the coordinator's own NATS
+// connections subscribe to, as the embedded server reports them.
+func coordinatorSubscriptions(t *testing.T, cs *coordinatorServer) []string {
+	cz, err := cs.ns.Connz(&server.ConnzOptions{Subscriptions: true, Account: cs.layout.AccountKey(natsauth.AccountTether), Limit: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, c := range cz.Conns {
+		if strings.HasPrefix(c.Name, "tether-coordinator ") {
+			out = append(out, c.Subs...)
+		}
+	}
+	if len(out) < 10 {
+		t.Fatalf("the coordinator's connections hold only %d subscriptions: the server's report changed?", len(out))
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // statusOutcome names an API status.
