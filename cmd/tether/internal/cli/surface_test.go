@@ -87,11 +87,14 @@ const surfaceHeader = `# Tether's attack surface: what every listener of a coord
 #   dropped               publish allowed, but it never reached the
 #                         coordinators' account (checked by a TETHER spy)
 #   reached-tether        the message reached the coordinators' account
+#                         (heartbeats and pipe data: the coordinator drops
+#                         what does not come from the job's or pipe's owner)
 #   401 403 429           refused: unauthenticated, forbidden, rate limited
 #   unknown               no such route, method or service
-#   ok                    answered past authentication and authorization;
-#                         ":X" is the answer's status when it is not a plain
-#                         success (e.g. ok:503 no node has the gateway)
+#   ok                    answered, and not with 401, 403 or 429; ":X" is
+#                         the answer's status when it is not a success
+#                         (ok:404: no such job or sandbox, ok:InvalidArgument:
+#                         the gateway refused the empty request)
 #   refused:CODE          the tunnel refused the handshake with CODE
 #   -                     not probed (that caller cannot speak there)
 #
