@@ -487,6 +487,41 @@ func natsRequestSamples(self string) map[string]any {
 	}
 }
 
+// streamSamples are the params the probes open each stream kind with
+// through tether.v1.stream (clients may open only some kinds; the others
+// are probed too).
+var streamSamples = map[protocol.Kind][]struct {
+	label  string
+	params any
+}{
+	protocol.KindControl:   {{"", protocol.ControlParams{}}},
+	protocol.KindExec:      {{"", protocol.ExecParams{Argv: []string{"true"}}}},
+	protocol.KindCopy:      {{"pull /etc/hostname", protocol.CopyParams{Direction: protocol.CopyPull, Path: "/etc/hostname"}}},
+	protocol.KindPTY:       {{"", protocol.PTYParams{Argv: []string{"true"}}}},
+	protocol.KindSSH:       {{"", struct{}{}}},
+	protocol.KindDial:      {{protocol.TargetOpenShell, protocol.DialParams{Target: protocol.TargetOpenShell}}, {protocol.TargetOpenSandbox, protocol.DialParams{Target: protocol.TargetOpenSandbox}}},
+	protocol.KindJob:       {{"", protocol.JobParams{}}},
+	protocol.KindInventory: {{"", protocol.InventoryParams{}}},
+	protocol.KindSandbox:   {{"", protocol.SandboxOpParams{}}},
+}
+
+// streamProbe opens a stream of kind k to the agent through
+// tether.v1.stream, as the client does, and classifies the answer.
+func streamProbe(nc *nats.Conn, k protocol.Kind, params any) string {
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	st, err := client.New(nc).OpenStream(ctx, surfaceNode, k, params)
+	if err != nil {
+		var ae *protocol.APIError
+		if errors.As(err, &ae) {
+			return statusOutcome(ae.Status)
+		}
+		return "error: " + err.Error()
+	}
+	st.Close()
+	return "ok"
+}
+
 // natsPublishOnly are the endpoints that never answer (heartbeats): the
 // probe publishes and records whether it reached TETHER.
 var natsPublishOnly = map[string]bool{protocol.SubjectExecAlive: true}
@@ -675,20 +710,19 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 	for _, s := range subjects {
 		switch {
 		case s == protocol.SubjectStream:
-			add("request "+s+" (exec)", func(nc *nats.Conn, self *surfaceCaller) string {
-				sctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-				defer cancel()
-				st, err := client.New(nc).OpenStream(sctx, surfaceNode, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}})
-				if err != nil {
-					var ae *protocol.APIError
-					if errors.As(err, &ae) {
-						return statusOutcome(ae.Status)
-					}
-					return "error: " + err.Error()
+			for _, k := range protocol.Kinds() {
+				samples, ok := streamSamples[k]
+				if !ok {
+					t.Errorf("stream kind %s has no sample in streamSamples: add one (TestSurface opens every kind through %s)", k, s)
 				}
-				st.Close()
-				return "ok"
-			})
+				for _, sm := range samples {
+					entry := "request " + s + " (" + k.String()
+					if sm.label != "" {
+						entry += " " + sm.label
+					}
+					add(entry+")", func(nc *nats.Conn, _ *surfaceCaller) string { return streamProbe(nc, k, sm.params) })
+				}
+			}
 		case natsPublishOnly[s]:
 			add("publish "+s, func(nc *nats.Conn, self *surfaceCaller) string {
 				return publishProbe(t, nc, spy, s, self.name)
