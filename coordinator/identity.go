@@ -379,6 +379,11 @@ func (c *Coordinator) handleNodeRevoke(req micro.Request) {
 	if !c.decodeValid(req, &r) {
 		return
 	}
+	// The session the node holds now: the bucket watcher may cut it
+	// before recheck below looks (the revoke is a KV write it sees too).
+	c.mu.Lock()
+	before := c.nodes[r.Node]
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), identityTimeout)
 	defer cancel()
 	serials, err := c.cfg.Identities.Revoke(ctx, r.Node)
@@ -392,6 +397,12 @@ func (c *Coordinator) handleNodeRevoke(req micro.Request) {
 		return
 	}
 	closed := c.recheck(r.Node)
+	if !closed && before != nil && before.cert != nil {
+		c.mu.Lock()
+		now := c.nodes[r.Node]
+		c.mu.Unlock()
+		closed = now != before || before.sess.IsClosed()
+	}
 	who := "unidentified"
 	if id, ok := caller.Of(req); ok {
 		who = id.String()
