@@ -244,14 +244,23 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	if err != nil {
 		return err
 	}
-	dc, err := writeDevCreds(cs.layout, devCredsFile(o, e.getenv), devUser)
+	// The credentials live beside the instance's other state and, where
+	// client commands look last, in the config home. That file is the
+	// default instance's; another instance (--data-dir) writes it only when
+	// it holds no other instance's live credentials, so one started side by
+	// side does not lock the first one's shell out (its banner names its
+	// own file instead).
+	own := filepath.Join(o.DataDir, "dev.creds")
+	path := devCredsFile(o, e.getenv)
+	if path != own && o.DataDir != defaultDevOptions().DataDir && othersDevCreds(cs.layout, path) {
+		path = own
+	}
+	dc, err := writeDevCreds(cs.layout, path, devUser)
 	if err != nil {
 		cs.close()
 		return fmt.Errorf("dev: %w", err)
 	}
-	// A copy beside the instance's other state: side-by-side instances
-	// share the config home's file (the last one started wins there).
-	if own := filepath.Join(o.DataDir, "dev.creds"); own != dc.path {
+	if own != dc.path {
 		if err := natsauth.WriteCreds(own, dc.creds); err != nil {
 			cs.close()
 			return fmt.Errorf("dev: %w", err)

@@ -204,3 +204,54 @@ func httpGet(url string) (string, error) {
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// TestDevSideBySideKeepsCreds: a second `tether dev` started beside the
+// first (its own --data-dir and ports, the same config home) leaves the
+// config home's credentials, which are the first one's, alone: the
+// first's shell keeps working, and the second's banner names its own file.
+func TestDevSideBySideKeepsCreds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two dev stacks")
+	}
+	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
+	shared := filepath.Join(vars["XDG_CONFIG_HOME"], "tether", "dev.creds")
+	startOne := func(dir string) (url string, banner func() string) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var stdout, stderr syncBuffer
+		e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(vars), now: time.Now}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+				"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+				"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		re := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+		checkFor(t, defaultTestTimeout, func() error {
+			m := re.FindStringSubmatch(stdout.String())
+			if m == nil {
+				return errorString("no ready banner yet; stderr:\n" + stderr.String())
+			}
+			url = m[1]
+			return nil
+		})
+		return url, stdout.String
+	}
+	url1, _ := startOne(t.TempDir())
+	first, err := os.ReadFile(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir2 := t.TempDir()
+	_, banner2 := startOne(dir2)
+	if b, _ := os.ReadFile(shared); string(b) != string(first) {
+		t.Error("the second dev replaced the first one's credentials in the config home")
+	}
+	if own := filepath.Join(dir2, "dev.creds"); !strings.Contains(banner2(), "export TETHER_NATS_CREDS="+own+"\n") {
+		t.Errorf("the second dev's banner does not name its own credentials %s:\n%s", own, banner2())
+	}
+	if r := runCLI(testCtx(t), vars, "", "nodes", "--nats-url", url1); r.code != 0 {
+		t.Errorf("the first dev's shell after the second started: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

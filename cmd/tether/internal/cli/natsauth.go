@@ -148,6 +148,18 @@ func writeDevCreds(l *natsauth.Layout, path string, name string) (devCreds, erro
 	return devCreds{path: path, creds: c}, nil
 }
 
+// othersDevCreds reports whether path holds client credentials of
+// another layout than l that have not expired: another dev instance's,
+// which may still be in use.
+func othersDevCreds(l *natsauth.Layout, path string) bool {
+	c, err := natsauth.ReadCreds(path)
+	if err != nil || validClientCreds(l, c) {
+		return false
+	}
+	uc, err := jwt.DecodeUserClaims(c.JWT)
+	return err == nil && (uc.Expires == 0 || time.Now().Unix() < uc.Expires)
+}
+
 // validClientCreds reports whether c is a client user of l that l would
 // let in now: issued by a signing key of l's CLIENTS account (the JWT's
 // signature is checked by decoding it), not expired, not revoked.
