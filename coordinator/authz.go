@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -60,6 +61,11 @@ func (c *Coordinator) NodeLabels(id string) (map[string]string, bool) {
 // decisions are audited), for the packages that add endpoints
 // (coordinator/ledger) or serve facades.
 func (c *Coordinator) Authorizer() caller.Authorizer { return c.authorizer() }
+
+// AuditLog returns the audit recorder of Config.Audit, nil when the
+// coordinator keeps no audit log; the sandbox facades record their calls
+// in it.
+func (c *Coordinator) AuditLog() *audit.Recorder { return c.cfg.Audit }
 
 // ownerString is the owner policy decides job.cancel and a detached job's
 // job.* by: the submitter's Identity.String, "" when unknown.

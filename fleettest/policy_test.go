@@ -46,7 +46,9 @@ func policyFleet(t *testing.T, yaml string) *fleettest.Fleet {
 	}
 	// The loopback facades' callers are alice (as tether dev makes them
 	// the dev user).
-	local := func(c *sandboxes.Config) { c.Local = policy.Identity{Kind: policy.KindNATS, Name: "alice"} }
+	local := func(c *sandboxes.Config) {
+		c.Local = func(uint32) policy.Identity { return policy.Identity{Kind: policy.KindNATS, Name: "alice"} }
+	}
 	return fleettest.Start(t, fleettest.Options{Agents: 2, Gateways: &fleettest.GatewayOptions{Sandboxes: local}, Coordinator: func(c *coordinator.Config) {
 		c.Policy = store
 	}})

@@ -91,6 +91,15 @@ type AuditEvent struct {
 	JobID string `json:"job_id,omitempty"`
 	// Run is the sandbox run a sandboxes.* request is about.
 	Run string `json:"run,omitempty"`
+	// Facade is the sandbox facade a call came through ("openshell",
+	// "opensandbox"); empty for NATS requests. Method is the facade call:
+	// the gRPC method's name (e.g. "DeleteSandbox"), or the HTTP method
+	// and route class (e.g. "DELETE sandbox"). Sandbox is the sandbox the
+	// call was about, when known: WORKSPACE/NAME or an id for OpenShell,
+	// an id for OpenSandbox.
+	Facade  string `json:"facade,omitempty"`
+	Method  string `json:"method,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
 	// Nodes are the nodes the operation ran on (or would have), sorted;
 	// at most MaxAuditNodes of them, NodesTotal saying how many there were
 	// when some are left out.

@@ -86,10 +86,13 @@ type Config struct {
 	// belongs to (policy identity token:NAME); nil names every token
 	// "facade".
 	TokenName func(token string) string
-	// Local is the identity of facade calls that carry no credentials on
-	// facades without an authentication boundary (CheckToken nil:
-	// loopback), e.g. the dev user's; zero leaves them unidentified.
-	Local policy.Identity
+	// Local names the caller of a facade call that carries no
+	// credentials on facades without an authentication boundary
+	// (CheckToken nil: loopback) by the uid owning its socket
+	// (coordinator/facade/peeruid), e.g. peeruid.Identity, or the dev
+	// user's identity for the dev process's uid; nil, a zero Identity or
+	// an unknown uid leave the caller unidentified.
+	Local func(uid uint32) policy.Identity
 	// DefaultTTL is the Tether TTL of OpenShell sandboxes created through
 	// the facade without a tether-ttl; zero means none.
 	DefaultTTL time.Duration
@@ -220,6 +223,13 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 		}
 		s.reaper = r
 	}
+	// The facades record their calls in the coordinator's audit log; a
+	// nil recorder must stay a nil interface.
+	var oshAudit openshell.Auditor
+	var osbAudit opensandbox.Auditor
+	if rec := c.AuditLog(); rec != nil {
+		oshAudit, osbAudit = rec, rec
+	}
 	if s.cfg.OpenShell != nil {
 		hosts, err := s.hostPolicy(s.cfg.OpenShell, "")
 		if err != nil {
@@ -229,6 +239,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			DefaultTTL: s.cfg.DefaultTTL, CheckToken: s.cfg.CheckToken, TLS: s.cfg.OpenShellTLS,
 			Hosts: hosts, TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
+			Audit: oshAudit,
 		})
 		s.oshHosts = hosts
 		if err != nil {
@@ -245,6 +256,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken, Hosts: hosts,
 			TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
+			Audit: osbAudit,
 		})
 		if err != nil {
 			return fmt.Errorf("sandboxes: %w", err)

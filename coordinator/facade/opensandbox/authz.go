@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -14,7 +15,8 @@ import (
 // Authorization (Config.Authorizer), as the OpenShell facade does it.
 // Every request is attributed to an identity: cert:CN for a verified
 // client certificate, token:NAME for a Tether-Token (Config.TokenName),
-// Config.Local on a facade that checks neither. Then:
+// on a facade that checks neither Config.Local of the uid owning the
+// caller's socket (peeruid; unknown: unidentified). Then:
 //   - a request a node serves needs forward to target opensandbox on that
 //     node; a create placed by load or selector goes only to nodes the
 //     caller may reach, and a list asks only those;
@@ -56,12 +58,25 @@ func (f *Facade) identify(r *http.Request) (policy.Identity, bool) {
 		}
 		return policy.Identity{}, false
 	}
-	return f.cfg.Local, f.cfg.Local.Kind.Valid()
+	if f.cfg.Local == nil {
+		return policy.Identity{}, false
+	}
+	uid, err := peeruid.FromContext(r.Context())
+	if err != nil {
+		f.log.Debug("caller unidentified: its uid is unknown", "remote", r.RemoteAddr, "err", err)
+		return policy.Identity{}, false
+	}
+	id := f.cfg.Local(uid)
+	return id, id.Kind.Valid()
 }
 
 // decide asks policy for the request's caller.
 func (f *Facade) decide(st *reqState, op policy.Operation, node policy.Node, obj policy.Object) error {
 	_, err := f.cfg.Authorizer.DecideAs(st.who, st.identified, op, node, obj)
+	st.note.decision(op, err)
+	if err == nil && node.ID != "" {
+		st.note.node(node.ID)
+	}
 	return err
 }
 

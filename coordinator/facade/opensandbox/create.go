@@ -188,6 +188,7 @@ func (f *Facade) recordCreate(resp *http.Response, st *reqState) {
 		f.ledgerFailed(resp, st, "", fmt.Errorf("decode create response from node %s: %w", st.node, err))
 		return
 	}
+	st.note.setSandbox(cr.ID)
 	rec := ledger.Record{
 		Provider:  protocol.ProviderOpenSandbox,
 		Node:      st.node,

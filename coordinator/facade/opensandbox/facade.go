@@ -21,6 +21,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
+	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
@@ -132,14 +133,22 @@ type Config struct {
 	// CheckToken accepted, for policy (identity token:NAME). Nil names
 	// every token "facade".
 	TokenName func(token string) string
-	// Local is the identity of requests on a facade that checks neither
-	// token nor certificate (CheckToken nil: loopback), e.g. the dev
-	// user's; zero leaves them unidentified (refused once a policy is in
+	// Local names the caller of a request on a facade that checks
+	// neither token nor certificate (CheckToken nil: loopback) by the uid
+	// owning the caller's socket (coordinator/facade/peeruid, looked up
+	// once per connection: serve the facade with HTTPServer, whose
+	// ConnContext records it), e.g. the dev user's identity for the dev
+	// process's uid and peeruid.Identity for any other. A zero Identity, a
+	// caller whose uid cannot be learnt (not Linux, not loopback) and a
+	// nil Local leave the caller unidentified (refused once a policy is in
 	// force).
-	Local policy.Identity
+	Local func(uid uint32) policy.Identity
 	// Authorizer decides every request by policy (authz.go); its zero
 	// value allows everything.
 	Authorizer caller.Authorizer
+	// Audit, if set, records one event per request answered (audit.go);
+	// a refusal by policy is the Authorizer's to record.
+	Audit Auditor
 	// Hosts decides which Host headers and Origins the facade accepts
 	// (hostcheck: built from the listen address and the configured extra
 	// names). Nil: hostcheck.Loopback(), the names of a facade on
@@ -258,6 +267,7 @@ func (f *Facade) HTTPServer(tlsCfg *tls.Config) *http.Server {
 		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+		ConnContext:       peeruid.ConnContext, // Config.Local: the caller's uid, per connection
 	}
 }
 
@@ -307,6 +317,8 @@ type reqState struct {
 	// cutDetector.
 	sent    int64
 	readErr error
+	// note is what the request's audit event learns (audit.go).
+	note auditNote
 }
 
 func stateOf(ctx context.Context) *reqState {
@@ -317,6 +329,7 @@ func stateOf(ctx context.Context) *reqState {
 // ServeHTTP serves one request of the lifecycle API (wire-facts §2.2) or
 // its server proxy. See the package doc for the routes.
 func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	w := &statusWriter{ResponseWriter: rw}
 	route, ok := osb.ParsePath(r.URL.Path)
 	st := &reqState{route: route, class: routeClass(route, ok, r.Method), host: f.externalHost(r), scheme: "http"}
@@ -337,6 +350,14 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 			f.answerCut(r, st)
 		}
 		f.m.requests.WithLabelValues(st.class, status).Inc()
+		code := w.status
+		switch {
+		case st.upgraded:
+			code = http.StatusSwitchingProtocols
+		case code == 0:
+			code = http.StatusOK
+		}
+		f.audit(r, st, code, start)
 	}()
 	defer f.guard.Recover("request "+st.class, func(*panics.Error) {
 		if w.status != 0 || st.upgraded {
@@ -349,11 +370,13 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 
 	if err := f.hosts.Host("Host", r.Host); err != nil {
 		f.refused(r, "host", err)
+		st.note.reason = "host"
 		writeError(w, http.StatusMisdirectedRequest, CodeMisdirected, err.Error())
 		return
 	}
 	if err := f.hosts.Origin(r.Header.Values("Origin"), r.Host); err != nil {
 		f.refused(r, "origin", err)
+		st.note.reason = "origin"
 		writeError(w, http.StatusForbidden, CodeForbiddenOrigin, err.Error())
 		return
 	}
@@ -363,10 +386,12 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	}
 	if !f.authenticated(r) {
 		f.m.authFailures.Inc()
+		st.note.reason = "unauthenticated"
 		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the Tether OpenSandbox facade needs a Tether-Token header or a verified client certificate")
 		return
 	}
 	st.who, st.identified = f.identify(r)
+	st.note.sandbox = route.ID
 	if !ok {
 		if r.URL.Path == "/health" && r.Method == http.MethodGet {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})

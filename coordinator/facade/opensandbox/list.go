@@ -43,6 +43,9 @@ func (f *Facade) list(w http.ResponseWriter, r *http.Request, st *reqState) {
 		return
 	}
 	v.targets = f.reachable(st, v.targets)
+	for _, n := range v.targets {
+		st.note.node(n.ID)
+	}
 	keep := f.listFilter(st)
 	filters := filterQuery(r.URL.RawQuery)
 

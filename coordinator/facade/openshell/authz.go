@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -18,8 +17,9 @@ import (
 
 // Authorization (Config.Authorizer). Every call is attributed to an
 // identity: cert:CN for a verified client certificate, token:NAME for a
-// tether-token (Config.TokenName), Config.Local on a facade that checks
-// neither. Then:
+// tether-token (Config.TokenName), on a facade that checks neither
+// Config.Local of the uid owning the caller's socket (peeruid; unknown:
+// unidentified). Then:
 //   - every call a node's gateway serves needs forward to target openshell
 //     on that node; a call that fans out asks only the nodes the caller
 //     may reach;
@@ -43,8 +43,9 @@ type ownership interface {
 
 // identify names the caller of a call that passed authorize.
 func (s *Server) identify(ctx context.Context, md metadata.MD) (policy.Identity, bool) {
-	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
+	p, _ := peer.FromContext(ctx)
+	if p != nil {
+		if ti, ok := tlsInfo(p.AuthInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
 			if cn := ti.State.VerifiedChains[0][0].Subject.CommonName; cn != "" {
 				return policy.Identity{Kind: policy.KindCert, Name: cn}, true
 			}
@@ -60,13 +61,23 @@ func (s *Server) identify(ctx context.Context, md metadata.MD) (policy.Identity,
 		}
 		return policy.Identity{}, false
 	}
-	return s.cfg.Local, s.cfg.Local.Kind.Valid()
+	if s.cfg.Local == nil || p == nil {
+		return policy.Identity{}, false
+	}
+	uid, err := peerUID(p.AuthInfo)
+	if err != nil {
+		s.log.Debug("caller unidentified: its uid is unknown", "remote", p.Addr.String(), "err", err)
+		return policy.Identity{}, false
+	}
+	id := s.cfg.Local(uid)
+	return id, id.Kind.Valid()
 }
 
 // decide asks policy for the call's caller; a refusal is PERMISSION_DENIED
 // (UNAUTHENTICATED without an identity) with the policy's message.
 func (c *call) decide(op policy.Operation, node policy.Node, obj policy.Object) error {
 	_, err := c.s.cfg.Authorizer.DecideAs(c.who, c.identified, op, node, obj)
+	c.noteDecision(op, err)
 	switch {
 	case err == nil:
 		return nil
@@ -78,7 +89,11 @@ func (c *call) decide(op policy.Operation, node policy.Node, obj policy.Object) 
 
 // reach checks that the caller may reach n's gateway.
 func (c *call) reach(n protocol.NodeInfo) error {
-	return c.decide(policy.OpForward, policy.Node{ID: n.ID, Labels: n.Labels}, policy.Object{Target: protocol.TargetOpenShell})
+	err := c.decide(policy.OpForward, policy.Node{ID: n.ID, Labels: n.Labels}, policy.Object{Target: protocol.TargetOpenShell})
+	if err == nil {
+		c.noteNode(n.ID)
+	}
+	return err
 }
 
 // reachable returns the nodes of nodes whose gateway the caller may reach.

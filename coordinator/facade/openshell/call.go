@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -32,6 +33,9 @@ type call struct {
 	// (authz.go).
 	who        policy.Identity
 	identified bool
+	// amu guards note, what the call's audit event learns (audit.go).
+	amu  sync.Mutex
+	note auditNote
 }
 
 // answer is one gateway's answer to a unary call.

@@ -72,6 +72,7 @@ func (c *call) create() error {
 		}
 	}
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
+	c.noteSandbox(key.ws + "/" + key.name)
 	n, release, cands, err := c.place(key, req.GetLabels())
 	if err != nil {
 		return err
@@ -297,6 +298,7 @@ func (c *call) byName() error {
 	}
 	key := wsName{openshell.Workspace(req.GetWorkspace()), req.GetName()}
 	what := fmt.Sprintf("sandbox %s/%s", key.ws, key.name)
+	c.noteSandbox(key.ws + "/" + key.name)
 	op := policy.OpSandboxesList
 	if c.method == openshell.MethodDeleteSandbox {
 		op = policy.OpSandboxesReap
@@ -536,6 +538,7 @@ func (c *call) byID() error {
 		return decodeErr(methodLabel(c.method)+" request", err)
 	}
 	if id != "" {
+		c.noteSandbox(id)
 		rec, known := c.s.recordByID(id)
 		if err := c.mayUse(policy.OpSandboxesList, rec, known); err != nil {
 			return err

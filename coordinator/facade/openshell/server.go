@@ -158,14 +158,20 @@ type Config struct {
 	// accepted, for policy (identity token:NAME). Nil names every token
 	// "facade".
 	TokenName func(token string) string
-	// Local is the identity of calls on a facade that checks neither
-	// token nor certificate (CheckToken nil: loopback), e.g. the dev
-	// user's; zero leaves them unidentified (refused once a policy is in
-	// force).
-	Local policy.Identity
+	// Local names the caller of a call on a facade that checks neither
+	// token nor certificate (CheckToken nil: loopback) by the uid owning
+	// the caller's socket (coordinator/facade/peeruid, looked up once per
+	// connection), e.g. the dev user's identity for the dev process's uid
+	// and peeruid.Identity for any other. A zero Identity, a caller whose
+	// uid cannot be learnt (not Linux, not loopback) and a nil Local leave
+	// the caller unidentified (refused once a policy is in force).
+	Local func(uid uint32) policy.Identity
 	// Authorizer decides every call by policy (authz.go); its zero value
 	// allows everything.
 	Authorizer caller.Authorizer
+	// Audit, if set, records one event per call answered (audit.go);
+	// a refusal by policy is the Authorizer's to record.
+	Audit Auditor
 	// TLS, when set, serves TLS with this config. For "client certificate
 	// or token", set ClientAuth to tls.VerifyClientCertIfGiven and ClientCAs.
 	TLS *tls.Config
@@ -298,8 +304,15 @@ func (s *Server) serverOptions() []grpc.ServerOption {
 			PermitWithoutStream: true,
 		}),
 	}
+	var creds credentials.TransportCredentials
 	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+		creds = credentials.NewTLS(cfg.TLS)
+	}
+	if cfg.CheckToken == nil && cfg.Local != nil {
+		creds = newPeerCreds(creds) // Local needs each caller's uid
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
 	}
 	return opts
 }
@@ -361,9 +374,11 @@ func (s *Server) handle(_ any, ss grpc.ServerStream) error {
 	start := time.Now()
 	full, _ := grpc.MethodFromServerStream(ss)
 	label := methodLabel(full)
-	err := s.serve(ss, full)
+	c := &call{s: s, ss: ss, ctx: ss.Context(), method: full}
+	err := s.serve(c)
 	s.m.calls.WithLabelValues(label, status.Code(err).String()).Inc()
 	s.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
+	s.audit(c, start, err)
 	return err
 }
 
@@ -378,21 +393,23 @@ func methodLabel(full string) string {
 
 // serve checks the call's :authority, authorizes it and routes it by
 // method.
-func (s *Server) serve(ss grpc.ServerStream, full string) error {
-	ctx := ss.Context()
+func (s *Server) serve(c *call) error {
+	ctx, full := c.ctx, c.method
 	md, _ := metadata.FromIncomingContext(ctx)
 	if err := s.checkAuthority(ctx, md); err != nil {
+		c.note.reason = "host"
 		return err
 	}
 	if err := s.authorize(ctx, md); err != nil {
+		c.note.reason = "unauthenticated"
 		return err
 	}
-	who, identified := s.identify(ctx, md)
+	c.who, c.identified = s.identify(ctx, md)
 	if !strings.HasPrefix(full, "/"+openshell.ServiceName+"/") {
 		svc, _, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 		return status.Errorf(codes.Unimplemented, "unknown service %s (the Tether OpenShell facade serves %s)", svc, openshell.ServiceName)
 	}
-	c := &call{s: s, ss: ss, ctx: ctx, method: full, md: md, out: cleanMD(md), who: who, identified: identified}
+	c.md, c.out = md, cleanMD(md)
 	switch full {
 	case openshell.MethodCreateSandbox:
 		return c.create()
@@ -431,7 +448,7 @@ func (s *Server) authorize(ctx context.Context, md metadata.MD) error {
 		return nil
 	}
 	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+		if ti, ok := tlsInfo(p.AuthInfo); ok && len(ti.State.VerifiedChains) > 0 {
 			return nil
 		}
 	}

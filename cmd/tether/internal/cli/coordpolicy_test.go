@@ -19,6 +19,7 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/policy"
@@ -52,7 +53,7 @@ func testAdminPolicy(t testing.TB) string {
         scope: any
       - operations: [admin]
 `
-	return "version: 1\nidentities:\n  nats-account:CLIENTS:\n" + rules + "  token:loopback:\n" + rules
+	return "version: 1\nidentities:\n  nats-account:CLIENTS:\n" + rules + "  " + peeruid.Identity(uint32(os.Geteuid())).String() + ":\n" + rules
 }
 
 func writeTestPolicy(t testing.TB, yaml string) string {

@@ -237,7 +237,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	if co.Policy, err = writeDevPolicy(o.DataDir, "nats:"+devUser, devRunAs(e.getenv)); err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}
-	co.Sandbox.local = policy.Identity{Kind: policy.KindNATS, Name: devUser}
+	co.Sandbox.local = devLocal(policy.Identity{Kind: policy.KindNATS, Name: devUser}, uint32(os.Geteuid()))
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
 	reg := newRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
@@ -464,6 +464,20 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 
 // devPolicyFile is the dev policy's name in the data directory.
 const devPolicyFile = "policy.yaml"
+
+// devLocal names the loopback facades' callers under tether dev: a caller
+// whose socket is owned by uid (the dev process's) is the dev user; any
+// other local user is token:loopback-uid-UID, which the dev policy does
+// not grant (so another account on the machine cannot act as the dev
+// user).
+func devLocal(dev policy.Identity, uid uint32) func(uint32) policy.Identity {
+	return func(u uint32) policy.Identity {
+		if u == uid {
+			return dev
+		}
+		return loopbackIdentity(u)
+	}
+}
 
 // writeDevPolicy writes DATA-DIR/policy.yaml granting identity (the dev
 // NATS user's, "nats:" and devUserName) every operation, running commands

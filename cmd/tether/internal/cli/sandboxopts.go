@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
+	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/policy"
@@ -33,18 +34,20 @@ const facadeTokenFile = "facade-token"
 // token is all that stands between the network and every node's gateways.
 const minFacadeToken = 16
 
-// loopbackIdentity is who calls on facades without an authentication
-// boundary (loopback, no --facade-tls-cert) are, for policy: a policy
-// grants token:loopback what local callers may do. tether dev attributes
-// them to the dev user instead (sandboxOptions.local).
-var loopbackIdentity = policy.Identity{Kind: policy.KindToken, Name: "loopback"}
+// loopbackIdentity names the callers of facades without an authentication
+// boundary (loopback, no --facade-tls-cert), for policy: by the uid that
+// owns the caller's socket, token:loopback-uid-UID (peeruid.Identity), so
+// a policy grants local users one by one. A caller whose uid cannot be
+// learnt is unidentified (refused). tether dev names its own uid the dev
+// user instead (sandboxOptions.local).
+func loopbackIdentity(uid uint32) policy.Identity { return peeruid.Identity(uid) }
 
 // sandboxOptions are the coordinator's sandbox flags: facades, ledger,
 // reaper.
 type sandboxOptions struct {
 	// local, if set, replaces loopbackIdentity (tether dev: the dev
-	// user's identity).
-	local policy.Identity
+	// user's identity for its own uid).
+	local func(uid uint32) policy.Identity
 	// OpenShellListen and OpenSandboxListen are the facades' addresses;
 	// "" turns a facade off. Defaults 127.0.0.1:7081 and 127.0.0.1:7082.
 	OpenShellListen, OpenSandboxListen string
@@ -227,7 +230,7 @@ func (o *sandboxOptions) open(ctx context.Context, ls *sandboxListeners, dataDir
 		AllowedHostsHint:  allowedHostsHint,
 		Local:             o.local,
 	}
-	if !cfg.Local.Kind.Valid() {
+	if cfg.Local == nil {
 		cfg.Local = loopbackIdentity
 	}
 	cfg.Reaper.Grace = o.ReapGrace
@@ -327,6 +330,8 @@ func parseFacadeTokens(path string, data []byte) ([]namedToken, error) {
 			continue
 		case !validTokenName(f[0]):
 			errs = append(errs, fmt.Errorf("%s: token name %q: want 1-64 of [A-Za-z0-9._-], starting with a letter or digit", at, f[0]))
+		case strings.HasPrefix(f[0], peeruid.IdentityPrefix):
+			errs = append(errs, fmt.Errorf("%s: token name %s: names starting with %s are local users' (token:%sUID)", at, f[0], peeruid.IdentityPrefix, peeruid.IdentityPrefix))
 		case len(f[1]) < minFacadeToken:
 			errs = append(errs, fmt.Errorf("%s: the token of %s is %d characters; use at least %d random ones (e.g. openssl rand -hex 32)", at, f[0], len(f[1]), minFacadeToken))
 		}
