@@ -22,7 +22,7 @@ type metrics struct {
 	listings     *prometheus.CounterVec
 	// localRefusals counts operations the local policy refused.
 	localRefusals prometheus.Counter
-	enrollments  *prometheus.CounterVec
+	enrollments   *prometheus.CounterVec
 }
 
 // Label values of the dial and inventory metrics.

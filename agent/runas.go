@@ -6,9 +6,12 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/protocol"
@@ -50,9 +53,56 @@ type account struct {
 	self bool
 }
 
+// accountTTL is how long a resolved account is reused: resolving one reads
+// the passwd and group databases (getpwnam_r, getgrouplist, /etc/passwd
+// again for the shell), which cost more per exec than everything
+// authorization adds on the coordinator (BenchmarkExecAuth's profile). An
+// account added, removed or given other groups is seen within it.
+const accountTTL = 5 * time.Second
+
+// accounts caches lookupAccount's results by user, at most maxAccounts.
+var accounts struct {
+	mu sync.Mutex
+	m  map[string]cachedAccount
+}
+
+const maxAccounts = 256
+
+type cachedAccount struct {
+	acct account
+	at   time.Time
+}
+
 // lookupAccount resolves u (a user name, a decimal uid, or "" for the
-// agent's own account) on this node.
+// agent's own account) on this node, reusing a resolution younger than
+// accountTTL. The caller owns the result.
 func lookupAccount(u string) (*account, error) {
+	now := time.Now()
+	accounts.mu.Lock()
+	c, ok := accounts.m[u]
+	accounts.mu.Unlock()
+	if ok && now.Sub(c.at) < accountTTL {
+		a := c.acct
+		a.Groups = slices.Clone(a.Groups)
+		return &a, nil
+	}
+	a, err := resolveAccount(u)
+	if err != nil {
+		return nil, err
+	}
+	accounts.mu.Lock()
+	if accounts.m == nil || len(accounts.m) >= maxAccounts {
+		accounts.m = make(map[string]cachedAccount)
+	}
+	c = cachedAccount{acct: *a, at: now}
+	c.acct.Groups = slices.Clone(a.Groups)
+	accounts.m[u] = c
+	accounts.mu.Unlock()
+	return a, nil
+}
+
+// resolveAccount is lookupAccount without the cache.
+func resolveAccount(u string) (*account, error) {
 	var pw *user.User
 	var err error
 	switch {

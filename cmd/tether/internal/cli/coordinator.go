@@ -295,7 +295,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "tunnel TLS certificate (PEM); default: dev PKI in DATA-DIR/pki")
 	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
 	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
-	f.StringVar(&o.Policy, "policy", o.Policy, "authorization policy file (required; reloaded on SIGHUP; see `tether policy check`)")
+	f.StringVar(&o.Policy, "policy", o.Policy, "authorization policy file (required; reloaded on SIGHUP; check it with tether policy check)")
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
 	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")

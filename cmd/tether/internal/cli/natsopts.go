@@ -42,7 +42,7 @@ type natsOptions struct {
 
 func (o *natsOptions) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.URL, "nats-url", o.URL, "NATS server URL (default: $"+natsURLEnv+", else the nats context's, else "+defaultNATSURL+")")
-	cmd.Flags().StringVar(&o.Creds, "nats-creds", o.Creds, "NATS credentials file (default: $"+natsCredsEnv+", else the nats context's, else the one `tether dev` writes)")
+	cmd.Flags().StringVar(&o.Creds, "nats-creds", o.Creds, "NATS credentials file (default: $"+natsCredsEnv+", else the nats context's, else the one tether dev writes)")
 	cmd.Flags().StringVar(&o.Context, "nats-context", o.Context, "nats CLI context to take the url and credentials from (default: the selected one)")
 }
 
