@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/coordinator/facade/peeruid/peeruidtest"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -126,6 +128,34 @@ func TestDevSmoke(t *testing.T) {
 	}
 	if len(nodes.Nodes) != 1 || nodes.Nodes[0].ID != node || nodes.Nodes[0].Labels["dev"] != "true" {
 		t.Fatalf("nodes = %+v, want the dev node %s", nodes.Nodes, node)
+	}
+
+	// The loopback facades: the dev user's own calls pass; another local
+	// user's (the fresh-user finding: uid 1000 listed and deleted as the
+	// dev user) are refused, naming who they are.
+	osbURL := regexp.MustCompile(`opensandbox: +(http://\S+) `).FindStringSubmatch(stdout.String())
+	if osbURL == nil {
+		t.Fatalf("banner lacks the opensandbox facade:\n%s", stdout.String())
+	}
+	if body, err := httpGet(osbURL[1] + "/v1/sandboxes"); err != nil || !strings.Contains(body, `"items"`) {
+		t.Errorf("dev user lists sandboxes: %v %s", err, body)
+	}
+	if os.Geteuid() == 0 {
+		dial := peeruidtest.Dialer(t, peeruidtest.Nobody)
+		other := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }}}
+		defer other.CloseIdleConnections()
+		for _, m := range []string{"GET", "DELETE"} {
+			req, _ := http.NewRequestWithContext(testCtx(t), m, osbURL[1]+"/v1/sandboxes/some-id", nil)
+			resp, err := other.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "token:loopback-uid-65534") {
+				t.Errorf("nobody %s on the dev facade: %d %s; want 403 naming token:loopback-uid-65534", m, resp.StatusCode, b)
+			}
+		}
 	}
 
 	// TETHER_NATS_URL is honoured too.
