@@ -351,13 +351,19 @@ func (r *relay) recordAudit() {
 		json.Unmarshal(r.params, &p)
 		ev.Target = protocol.ClipUTF8(p.Target, protocol.MaxAuditProgramLen)
 	}
-	// The agent's last word decides; without one (a copy, a dial), how
-	// the pipe ended. A client closing its end after the exit frame is
+	// The agent's last word decides (a copy's: the receiver's, which may
+	// be the client); without one (a dial), how the pipe ended. A client
+	// closing its end after the exit frame or the copy's FrameCopyDone is
 	// done, not failed.
 	var pe *panics.Error
 	switch es, ei, err := r.exit, r.agentErr, r.endErr; {
 	case errors.As(err, &pe):
 		ev.Result, ev.Status, ev.ErrorCode = protocol.AuditError, 500, protocol.ErrCodeInternal
+	case r.copyDone.Load():
+		ev.Result = protocol.AuditOK
+		if r.copySkips.Load() > 0 {
+			ev.Result, ev.ErrorCode = protocol.AuditFailed, protocol.ErrCodeCopyPartial
+		}
 	case es != nil:
 		code := es.ExitCode
 		ev.ExitCode = &code

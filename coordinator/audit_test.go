@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/mirror"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -316,5 +319,92 @@ func TestAuditLedgerEndpoints(t *testing.T) {
 	bad := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "sandboxes.lease", Result: protocol.AuditError}, func(*protocol.AuditEvent) bool { return true })
 	if bad.Run != "no-such-run" || bad.ErrorCode != protocol.ErrCodeNotFound || bad.Subject != protocol.SubjectLeaseRenew {
 		t.Errorf("lease renew: event %+v", bad)
+	}
+}
+
+// A copy's event says how it ended: a copy the receiver committed is ok
+// (push: the agent's FrameCopyDone; pull: the client's), one with skipped
+// entries (the CLI's exit 23) failed with ErrCodeCopyPartial, one the
+// node's local policy refused is refused with its reason.
+func TestAuditCopyOutcomes(t *testing.T) {
+	f, _ := auditFleet(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	root := f.DataDir("node-0")
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "a.txt"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	copyOnce := func(params protocol.CopyParams, local string) (*protocol.CopyResult, error) {
+		st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &params)
+		if err != nil {
+			return nil, err
+		}
+		defer st.Close()
+		var res *protocol.CopyResult
+		if params.Direction == protocol.CopyPush {
+			res, err = mirror.Send(ctx, local, st, mirror.Options{})
+		} else {
+			res, err = mirror.Receive(ctx, local, st, mirror.Options{})
+		}
+		if err == nil {
+			// As tether cp ends a copy: its eof, then the agent's.
+			st.CloseWrite()
+			io.Copy(io.Discard, st)
+		}
+		return res, err
+	}
+	event := func(path string) *protocol.AuditEvent {
+		return auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{}, func(e *protocol.AuditEvent) bool {
+			return e.Subject == protocol.SubjectStream && len(e.Paths) == 1 && e.Paths[0] == path
+		})
+	}
+
+	pushed := filepath.Join(root, "pushed")
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPush, Path: pushed}, src); err != nil || res.FilesWritten != 1 {
+		t.Fatalf("push: %v %+v", err, res)
+	}
+	if ev := event(pushed); ev.Operation != "cp.write" || ev.Result != protocol.AuditOK || ev.ErrorCode != "" {
+		t.Errorf("push: event %+v", ev)
+	}
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: pushed}, pulled); err != nil || res.FilesWritten != 1 {
+		t.Fatalf("pull: %v %+v", err, res)
+	}
+	if ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read"}, func(*protocol.AuditEvent) bool { return true }); ev.Result != protocol.AuditOK || ev.ErrorCode != "" {
+		t.Errorf("pull: event %+v", ev)
+	}
+
+	// A partial push: the sender skips a named pipe.
+	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	partial := filepath.Join(root, "partial")
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPush, Path: partial}, src); err != nil || res.Skipped != 1 {
+		t.Fatalf("partial push: %v %+v", err, res)
+	}
+	if ev := event(partial); ev.Result != protocol.AuditFailed || ev.ErrorCode != protocol.ErrCodeCopyPartial {
+		t.Errorf("partial push: event %+v", ev)
+	}
+	// A partial pull: the agent skips it.
+	if err := syscall.Mkfifo(filepath.Join(root, "pushed", "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(root, "pushed")}, filepath.Join(t.TempDir(), "pulled2")); err != nil || res.Skipped != 1 {
+		t.Fatalf("partial pull: %v %+v", err, res)
+	}
+	auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read", Result: protocol.AuditFailed}, func(e *protocol.AuditEvent) bool {
+		return e.ErrorCode == protocol.ErrCodeCopyPartial
+	})
+	// A copy that failed on its path is failed with the agent's code.
+	missing := filepath.Join(root, "missing")
+	if _, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: missing}, filepath.Join(t.TempDir(), "x")); err == nil {
+		t.Fatal("pulling a missing path succeeded")
+	}
+	if ev := event(missing); ev.Result != protocol.AuditFailed || ev.ErrorCode == "" {
+		t.Errorf("missing pull: event %+v", ev)
 	}
 }

@@ -51,6 +51,11 @@ const (
 	AuditError = "error"
 )
 
+// ErrCodeCopyPartial is the ErrorCode of a copy the receiver committed
+// with entries the sender skipped (protocol.CopySkip; tether cp's exit
+// 23): its Result is AuditFailed.
+const ErrCodeCopyPartial = "copy_partial"
+
 // AuditResults lists the results, in the order above.
 func AuditResults() []string { return []string{AuditOK, AuditFailed, AuditRefused, AuditError} }
 
