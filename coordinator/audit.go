@@ -303,6 +303,10 @@ func (j *job) recordAudit() {
 	}
 	if res != nil {
 		ev.NodesOK, ev.NodesFailed = res.Succeeded, res.Failed
+		if refusal, all := localRefusals(j.results); all {
+			// Every node's local policy refused: nothing ran.
+			localRefusal(ev, refusal)
+		}
 		for i := range j.results {
 			r := &j.results[i]
 			ev.BytesOut += r.StdoutBytes + r.StderrBytes
@@ -317,6 +321,33 @@ func (j *job) recordAudit() {
 		}
 	}
 	j.c.cfg.Audit.Record(ev)
+}
+
+// localRefusal makes ev a refusal by a node's local policy (the agent's
+// CodeForbidden), with msg, the agent's message (which names the node, the
+// policy file and the rule missing), as its Error.
+func localRefusal(ev *protocol.AuditEvent, msg string) {
+	ev.Result, ev.ErrorCode, ev.Reason = protocol.AuditRefused, protocol.CodeForbidden, protocol.AuditReasonLocalPolicy
+	ev.Error = protocol.ClipUTF8(msg, protocol.MaxAuditErrorLen)
+}
+
+// localRefusals reports whether every one of results (at least one) is a
+// refusal by the node's local policy, and returns the first one's message
+// (with how many nodes refused, when more than one did).
+func localRefusals(results []protocol.NodeResult) (string, bool) {
+	if len(results) == 0 {
+		return "", false
+	}
+	for i := range results {
+		if results[i].ErrorCode != protocol.CodeForbidden {
+			return "", false
+		}
+	}
+	msg := results[0].Error
+	if len(results) > 1 {
+		msg = strconv.Itoa(len(results)) + " nodes refused by their local policy; the first: " + msg
+	}
+	return msg, true
 }
 
 // recordAudit records the event of a relay that started (its open may
@@ -371,6 +402,8 @@ func (r *relay) recordAudit() {
 		if code != 0 || es.Cancelled || es.TimedOut {
 			ev.Result = protocol.AuditFailed
 		}
+	case ei != nil && ei.Code == protocol.CodeForbidden:
+		localRefusal(ev, ei.Message)
 	case ei != nil:
 		ev.Result, ev.ErrorCode = protocol.AuditFailed, ei.Code
 	case err != nil:

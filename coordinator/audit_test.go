@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
@@ -406,5 +409,65 @@ func TestAuditCopyOutcomes(t *testing.T) {
 	}
 	if ev := event(missing); ev.Result != protocol.AuditFailed || ev.ErrorCode == "" {
 		t.Errorf("missing pull: event %+v", ev)
+	}
+}
+
+// What a node's local policy refuses (the agent's forbidden) is refused,
+// not failed, with the local policy as its reason: an exec job, an exec
+// stream and a copy.
+func TestAuditLocalPolicyRefusals(t *testing.T) {
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := t.TempDir()
+	lp, err := localpolicy.Parse("/etc/tether/policy.yaml", []byte(fmt.Sprintf("version: 1\nusers:\n  - uid: %s\ncopy_roots: [%s]\nexec: false\n", me.Uid, allowed)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := auditFleetOpts(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = lp }}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "local-refused", Target: protocol.Target{Node: "node-0"}, Argv: []string{"id"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Results[0].ErrorCode != protocol.CodeForbidden {
+		t.Fatalf("exec under exec: false: %+v", res.Results[0])
+	}
+	checkRefused := func(what string, ev *protocol.AuditEvent) {
+		t.Helper()
+		if ev.Result != protocol.AuditRefused || ev.Reason != protocol.AuditReasonLocalPolicy || ev.ErrorCode != protocol.CodeForbidden ||
+			!strings.Contains(ev.Error, "/etc/tether/policy.yaml") {
+			t.Errorf("%s: event %+v", what, ev)
+		}
+	}
+	checkRefused("exec job", auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{JobID: "local-refused"}, func(*protocol.AuditEvent) bool { return true }))
+
+	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"id"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, st)
+	st.Close()
+	checkRefused("exec stream", auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "exec", Result: protocol.AuditRefused}, func(e *protocol.AuditEvent) bool {
+		return e.Subject == protocol.SubjectStream
+	}))
+
+	outside := filepath.Join(f.DataDir("node-0"), "outside")
+	st, err = f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &protocol.CopyParams{Direction: protocol.CopyPull, Path: outside})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mirror.Receive(ctx, filepath.Join(t.TempDir(), "x"), st, mirror.Options{}); err == nil {
+		t.Fatal("a pull outside the local policy's copy roots succeeded")
+	}
+	st.Close()
+	checkRefused("copy", auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read"}, func(*protocol.AuditEvent) bool { return true }))
+
+	// tether audit --result refused finds all three.
+	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Result: protocol.AuditRefused})
+	if err != nil || len(resp.Events) != 3 {
+		t.Errorf("%v: %d refused events, want 3", err, len(resp.Events))
 	}
 }

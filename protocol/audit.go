@@ -43,13 +43,20 @@ const (
 	// exit code, a start failure, a lost node, a cancel).
 	AuditFailed = "failed"
 	// AuditRefused: the caller was not allowed: unauthenticated (401),
-	// forbidden by policy (403) or over its limits (429). Nothing ran.
+	// forbidden by policy (403) or over its limits (429), or refused by
+	// the node's local policy (Reason AuditReasonLocalPolicy). Nothing ran.
 	AuditRefused = "refused"
 	// AuditError: the request was not served: invalid, unknown node,
 	// coordinator unavailable, internal error. Nothing ran, or the
 	// coordinator lost track of it.
 	AuditError = "error"
 )
+
+// AuditReasonLocalPolicy is the Reason of an operation a node's local
+// policy refused (the agent's CodeForbidden): its Result is AuditRefused,
+// its ErrorCode CodeForbidden, and its Error the agent's message, which
+// names the node, the local policy file and the rule missing.
+const AuditReasonLocalPolicy = "local_policy"
 
 // ErrCodeCopyPartial is the ErrorCode of a copy the receiver committed
 // with entries the sender skipped (protocol.CopySkip; tether cp's exit
@@ -129,8 +136,9 @@ type AuditEvent struct {
 	// with, or a node result's code; Status its HTTP-like status.
 	ErrorCode string `json:"error_code,omitempty"`
 	Status    int    `json:"status,omitempty"`
-	// Reason is a refusal's reason: unauthenticated, or the policy's
-	// (no_identity, no_rule, bad_request, rate_limit, job_limit).
+	// Reason is a refusal's reason: unauthenticated, the policy's
+	// (no_identity, no_rule, bad_request, rate_limit, job_limit), or
+	// local_policy (AuditReasonLocalPolicy) for the node's own.
 	Reason string `json:"reason,omitempty"`
 	// Error is a refusal's message (which identity, which operation, which
 	// rule is missing), clipped to MaxAuditErrorLen bytes. Other errors
