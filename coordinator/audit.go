@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,7 +291,7 @@ func (j *job) recordAudit() {
 	}
 	ev.Target = j.target
 	ev.Command = protocol.AuditExecCommand(&j.params)
-	ev.RunAs = j.params.User
+	ev.RunAs = j.runAs()
 	ev.BytesIn = int64(len(j.stdin))
 	res := j.res
 	switch {
@@ -321,6 +322,29 @@ func (j *job) recordAudit() {
 		}
 	}
 	j.c.cfg.Audit.Record(ev)
+}
+
+// runAs is the job's AuditEvent.RunAs: the user its nodes ran as (the
+// policy grants', j.users), or, when they differ, each of them sorted and
+// once, joined by ", ", with "-" for a node that ran as the agent's own
+// account (no run_as).
+func (j *job) runAs() string {
+	var users []string
+	for _, id := range j.targets {
+		users = append(users, j.users[id])
+	}
+	slices.Sort(users)
+	users = slices.Compact(users)
+	if len(users) == 1 {
+		return users[0]
+	}
+	for i, u := range users {
+		if u == "" {
+			users[i] = "-"
+		}
+	}
+	slices.Sort(users)
+	return protocol.ClipUTF8(strings.Join(users, ", "), protocol.MaxAuditProgramLen)
 }
 
 // localRefusal makes ev a refusal by a node's local policy (the agent's

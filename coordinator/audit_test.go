@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -469,5 +470,49 @@ func TestAuditLocalPolicyRefusals(t *testing.T) {
 	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Result: protocol.AuditRefused})
 	if err != nil || len(resp.Events) != 3 {
 		t.Errorf("%v: %d refused events, want 3", err, len(resp.Events))
+	}
+}
+
+// An exec job's event names the user it ran as: the policy grant's run_as
+// (which replaces the request's user), and for a fan-out whose nodes ran
+// as different users, each of them (protocol.AuditEvent.RunAs).
+func TestAuditExecRunAs(t *testing.T) {
+	self := runAsSelf(t)
+	other := "nobody"
+	if _, err := user.Lookup(other); err != nil || self == other {
+		t.Skipf("no second account to run as: %v", err)
+	}
+	store, _ := writePolicy(t, `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "index=0"
+        operations: [exec]
+        run_as: `+self+`
+      - nodes: "index=1"
+        operations: [exec]
+        run_as: `+other+`
+  nats:root:
+    rules:
+      - operations: [admin]
+`)
+	f, _ := auditFleetOpts(t, fleettest.Options{Agents: 2}, func(c *coordinator.Config) { c.Policy = store })
+	alice := fleetAs(t, f, "alice")
+	if r := execAs(t, alice, protocol.ExecRequest{ID: "as-other", Target: protocol.Target{Node: "node-1"}, Argv: []string{"id"}}); r.err != nil {
+		t.Fatalf("exec on node-1: %v", r.err)
+	}
+	if r := execAs(t, alice, protocol.ExecRequest{ID: "as-both", Target: protocol.Target{All: true}, Argv: []string{"id"}}); r.err != nil {
+		t.Fatalf("exec on all: %v", r.err)
+	}
+	root := fleetAs(t, f, "root")
+	one := auditEvents(t, root, nil, protocol.AuditQueryRequest{JobID: "as-other"}, func(*protocol.AuditEvent) bool { return true })
+	if one.RunAs != other || one.Rule == "" {
+		t.Errorf("exec on node-1: run_as %q rule %q, want %q", one.RunAs, one.Rule, other)
+	}
+	both := auditEvents(t, root, nil, protocol.AuditQueryRequest{JobID: "as-both"}, func(*protocol.AuditEvent) bool { return true })
+	want := []string{self, other}
+	slices.Sort(want)
+	if both.RunAs != strings.Join(want, ", ") {
+		t.Errorf("exec on all: run_as %q, want %q", both.RunAs, strings.Join(want, ", "))
 	}
 }

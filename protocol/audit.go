@@ -117,7 +117,13 @@ type AuditEvent struct {
 	// Paths are the node paths of a copy.
 	Paths []string `json:"paths,omitempty"`
 	// RunAs is the local user the operation ran as on the node (the policy
-	// rule's run_as); empty when none was named.
+	// rule's run_as, which replaces the user a request names); empty when
+	// none was named (the agent's own account). An exec job whose nodes
+	// ran as different users (a fan-out matching rules with different
+	// run_as) lists each of them once, sorted, joined by ", ", with "-"
+	// for the nodes that ran as the agent's own account ("-, deploy,
+	// nobody"); which node ran as which is the rules' (Rule) to tell. At
+	// most MaxAuditProgramLen bytes.
 	RunAs string `json:"run_as,omitempty"`
 	// Rule names the policy rule that allowed the operation, or, with
 	// Result AuditRefused, nothing (Error says what rule is missing).
