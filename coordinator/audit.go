@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,7 +291,7 @@ func (j *job) recordAudit() {
 	}
 	ev.Target = j.target
 	ev.Command = protocol.AuditExecCommand(&j.params)
-	ev.RunAs = j.params.User
+	ev.RunAs = j.runAs()
 	ev.BytesIn = int64(len(j.stdin))
 	res := j.res
 	switch {
@@ -303,6 +304,10 @@ func (j *job) recordAudit() {
 	}
 	if res != nil {
 		ev.NodesOK, ev.NodesFailed = res.Succeeded, res.Failed
+		if refusal, all := localRefusals(j.results); all {
+			// Every node's local policy refused: nothing ran.
+			localRefusal(ev, refusal)
+		}
 		for i := range j.results {
 			r := &j.results[i]
 			ev.BytesOut += r.StdoutBytes + r.StderrBytes
@@ -317,6 +322,56 @@ func (j *job) recordAudit() {
 		}
 	}
 	j.c.cfg.Audit.Record(ev)
+}
+
+// runAs is the job's AuditEvent.RunAs: the user its nodes ran as (the
+// policy grants', j.users), or, when they differ, each of them sorted and
+// once, joined by ", ", with "-" for a node that ran as the agent's own
+// account (no run_as).
+func (j *job) runAs() string {
+	var users []string
+	for _, id := range j.targets {
+		users = append(users, j.users[id])
+	}
+	slices.Sort(users)
+	users = slices.Compact(users)
+	if len(users) == 1 {
+		return users[0]
+	}
+	for i, u := range users {
+		if u == "" {
+			users[i] = "-"
+		}
+	}
+	slices.Sort(users)
+	return protocol.ClipUTF8(strings.Join(users, ", "), protocol.MaxAuditProgramLen)
+}
+
+// localRefusal makes ev a refusal by a node's local policy (the agent's
+// CodeForbidden), with msg, the agent's message (which names the node, the
+// policy file and the rule missing), as its Error.
+func localRefusal(ev *protocol.AuditEvent, msg string) {
+	ev.Result, ev.ErrorCode, ev.Reason = protocol.AuditRefused, protocol.CodeForbidden, protocol.AuditReasonLocalPolicy
+	ev.Error = protocol.ClipUTF8(msg, protocol.MaxAuditErrorLen)
+}
+
+// localRefusals reports whether every one of results (at least one) is a
+// refusal by the node's local policy, and returns the first one's message
+// (with how many nodes refused, when more than one did).
+func localRefusals(results []protocol.NodeResult) (string, bool) {
+	if len(results) == 0 {
+		return "", false
+	}
+	for i := range results {
+		if results[i].ErrorCode != protocol.CodeForbidden {
+			return "", false
+		}
+	}
+	msg := results[0].Error
+	if len(results) > 1 {
+		msg = strconv.Itoa(len(results)) + " nodes refused by their local policy; the first: " + msg
+	}
+	return msg, true
 }
 
 // recordAudit records the event of a relay that started (its open may
@@ -351,13 +406,19 @@ func (r *relay) recordAudit() {
 		json.Unmarshal(r.params, &p)
 		ev.Target = protocol.ClipUTF8(p.Target, protocol.MaxAuditProgramLen)
 	}
-	// The agent's last word decides; without one (a copy, a dial), how
-	// the pipe ended. A client closing its end after the exit frame is
+	// The agent's last word decides (a copy's: the receiver's, which may
+	// be the client); without one (a dial), how the pipe ended. A client
+	// closing its end after the exit frame or the copy's FrameCopyDone is
 	// done, not failed.
 	var pe *panics.Error
 	switch es, ei, err := r.exit, r.agentErr, r.endErr; {
 	case errors.As(err, &pe):
 		ev.Result, ev.Status, ev.ErrorCode = protocol.AuditError, 500, protocol.ErrCodeInternal
+	case r.copyDone.Load():
+		ev.Result = protocol.AuditOK
+		if r.copySkips.Load() > 0 {
+			ev.Result, ev.ErrorCode = protocol.AuditFailed, protocol.ErrCodeCopyPartial
+		}
 	case es != nil:
 		code := es.ExitCode
 		ev.ExitCode = &code
@@ -365,6 +426,8 @@ func (r *relay) recordAudit() {
 		if code != 0 || es.Cancelled || es.TimedOut {
 			ev.Result = protocol.AuditFailed
 		}
+	case ei != nil && ei.Code == protocol.CodeForbidden:
+		localRefusal(ev, ei.Message)
 	case ei != nil:
 		ev.Result, ev.ErrorCode = protocol.AuditFailed, ei.Code
 	case err != nil:

@@ -5,19 +5,26 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/mirror"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -316,5 +323,196 @@ func TestAuditLedgerEndpoints(t *testing.T) {
 	bad := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "sandboxes.lease", Result: protocol.AuditError}, func(*protocol.AuditEvent) bool { return true })
 	if bad.Run != "no-such-run" || bad.ErrorCode != protocol.ErrCodeNotFound || bad.Subject != protocol.SubjectLeaseRenew {
 		t.Errorf("lease renew: event %+v", bad)
+	}
+}
+
+// A copy's event says how it ended: a copy the receiver committed is ok
+// (push: the agent's FrameCopyDone; pull: the client's), one with skipped
+// entries (the CLI's exit 23) failed with ErrCodeCopyPartial, one the
+// node's local policy refused is refused with its reason.
+func TestAuditCopyOutcomes(t *testing.T) {
+	f, _ := auditFleet(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	root := f.DataDir("node-0")
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "a.txt"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	copyOnce := func(params protocol.CopyParams, local string) (*protocol.CopyResult, error) {
+		st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &params)
+		if err != nil {
+			return nil, err
+		}
+		defer st.Close()
+		var res *protocol.CopyResult
+		if params.Direction == protocol.CopyPush {
+			res, err = mirror.Send(ctx, local, st, mirror.Options{})
+		} else {
+			res, err = mirror.Receive(ctx, local, st, mirror.Options{})
+		}
+		if err == nil {
+			// As tether cp ends a copy: its eof, then the agent's.
+			st.CloseWrite()
+			io.Copy(io.Discard, st)
+		}
+		return res, err
+	}
+	event := func(path string) *protocol.AuditEvent {
+		return auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{}, func(e *protocol.AuditEvent) bool {
+			return e.Subject == protocol.SubjectStream && len(e.Paths) == 1 && e.Paths[0] == path
+		})
+	}
+
+	pushed := filepath.Join(root, "pushed")
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPush, Path: pushed}, src); err != nil || res.FilesWritten != 1 {
+		t.Fatalf("push: %v %+v", err, res)
+	}
+	if ev := event(pushed); ev.Operation != "cp.write" || ev.Result != protocol.AuditOK || ev.ErrorCode != "" {
+		t.Errorf("push: event %+v", ev)
+	}
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: pushed}, pulled); err != nil || res.FilesWritten != 1 {
+		t.Fatalf("pull: %v %+v", err, res)
+	}
+	if ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read"}, func(*protocol.AuditEvent) bool { return true }); ev.Result != protocol.AuditOK || ev.ErrorCode != "" {
+		t.Errorf("pull: event %+v", ev)
+	}
+
+	// A partial push: the sender skips a named pipe.
+	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	partial := filepath.Join(root, "partial")
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPush, Path: partial}, src); err != nil || res.Skipped != 1 {
+		t.Fatalf("partial push: %v %+v", err, res)
+	}
+	if ev := event(partial); ev.Result != protocol.AuditFailed || ev.ErrorCode != protocol.ErrCodeCopyPartial {
+		t.Errorf("partial push: event %+v", ev)
+	}
+	// A partial pull: the agent skips it.
+	if err := syscall.Mkfifo(filepath.Join(root, "pushed", "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(root, "pushed")}, filepath.Join(t.TempDir(), "pulled2")); err != nil || res.Skipped != 1 {
+		t.Fatalf("partial pull: %v %+v", err, res)
+	}
+	auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read", Result: protocol.AuditFailed}, func(e *protocol.AuditEvent) bool {
+		return e.ErrorCode == protocol.ErrCodeCopyPartial
+	})
+	// A copy that failed on its path is failed with the agent's code.
+	missing := filepath.Join(root, "missing")
+	if _, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: missing}, filepath.Join(t.TempDir(), "x")); err == nil {
+		t.Fatal("pulling a missing path succeeded")
+	}
+	if ev := event(missing); ev.Result != protocol.AuditFailed || ev.ErrorCode == "" {
+		t.Errorf("missing pull: event %+v", ev)
+	}
+}
+
+// What a node's local policy refuses (the agent's forbidden) is refused,
+// not failed, with the local policy as its reason: an exec job, an exec
+// stream and a copy.
+func TestAuditLocalPolicyRefusals(t *testing.T) {
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := t.TempDir()
+	lp, err := localpolicy.Parse("/etc/tether/policy.yaml", []byte(fmt.Sprintf("version: 1\nusers:\n  - uid: %s\ncopy_roots: [%s]\nexec: false\n", me.Uid, allowed)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := auditFleetOpts(t, fleettest.Options{Agent: func(_ int, c *agent.Config) { c.LocalPolicy = lp }}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "local-refused", Target: protocol.Target{Node: "node-0"}, Argv: []string{"id"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Results[0].ErrorCode != protocol.CodeForbidden {
+		t.Fatalf("exec under exec: false: %+v", res.Results[0])
+	}
+	checkRefused := func(what string, ev *protocol.AuditEvent) {
+		t.Helper()
+		if ev.Result != protocol.AuditRefused || ev.Reason != protocol.AuditReasonLocalPolicy || ev.ErrorCode != protocol.CodeForbidden ||
+			!strings.Contains(ev.Error, "/etc/tether/policy.yaml") {
+			t.Errorf("%s: event %+v", what, ev)
+		}
+	}
+	checkRefused("exec job", auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{JobID: "local-refused"}, func(*protocol.AuditEvent) bool { return true }))
+
+	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"id"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, st)
+	st.Close()
+	checkRefused("exec stream", auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "exec", Result: protocol.AuditRefused}, func(e *protocol.AuditEvent) bool {
+		return e.Subject == protocol.SubjectStream
+	}))
+
+	outside := filepath.Join(f.DataDir("node-0"), "outside")
+	st, err = f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &protocol.CopyParams{Direction: protocol.CopyPull, Path: outside})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mirror.Receive(ctx, filepath.Join(t.TempDir(), "x"), st, mirror.Options{}); err == nil {
+		t.Fatal("a pull outside the local policy's copy roots succeeded")
+	}
+	st.Close()
+	checkRefused("copy", auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read"}, func(*protocol.AuditEvent) bool { return true }))
+
+	// tether audit --result refused finds all three.
+	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Result: protocol.AuditRefused})
+	if err != nil || len(resp.Events) != 3 {
+		t.Errorf("%v: %d refused events, want 3", err, len(resp.Events))
+	}
+}
+
+// An exec job's event names the user it ran as: the policy grant's run_as
+// (which replaces the request's user), and for a fan-out whose nodes ran
+// as different users, each of them (protocol.AuditEvent.RunAs).
+func TestAuditExecRunAs(t *testing.T) {
+	self := runAsSelf(t)
+	other := "nobody"
+	if _, err := user.Lookup(other); err != nil || self == other {
+		t.Skipf("no second account to run as: %v", err)
+	}
+	store, _ := writePolicy(t, `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "index=0"
+        operations: [exec]
+        run_as: `+self+`
+      - nodes: "index=1"
+        operations: [exec]
+        run_as: `+other+`
+  nats:root:
+    rules:
+      - operations: [admin]
+`)
+	f, _ := auditFleetOpts(t, fleettest.Options{Agents: 2}, func(c *coordinator.Config) { c.Policy = store })
+	alice := fleetAs(t, f, "alice")
+	if r := execAs(t, alice, protocol.ExecRequest{ID: "as-other", Target: protocol.Target{Node: "node-1"}, Argv: []string{"id"}}); r.err != nil {
+		t.Fatalf("exec on node-1: %v", r.err)
+	}
+	if r := execAs(t, alice, protocol.ExecRequest{ID: "as-both", Target: protocol.Target{All: true}, Argv: []string{"id"}}); r.err != nil {
+		t.Fatalf("exec on all: %v", r.err)
+	}
+	root := fleetAs(t, f, "root")
+	one := auditEvents(t, root, nil, protocol.AuditQueryRequest{JobID: "as-other"}, func(*protocol.AuditEvent) bool { return true })
+	if one.RunAs != other || one.Rule == "" {
+		t.Errorf("exec on node-1: run_as %q rule %q, want %q", one.RunAs, one.Rule, other)
+	}
+	both := auditEvents(t, root, nil, protocol.AuditQueryRequest{JobID: "as-both"}, func(*protocol.AuditEvent) bool { return true })
+	want := []string{self, other}
+	slices.Sort(want)
+	if both.RunAs != strings.Join(want, ", ") {
+		t.Errorf("exec on all: run_as %q, want %q", both.RunAs, strings.Join(want, ", "))
 	}
 }

@@ -246,8 +246,13 @@ type relay struct {
 	// contained panic), and the agent's last exit or error frame.
 	bytesIn, bytesOut atomic.Int64
 	endErr            error
-	exit              *protocol.ExitStatus
-	agentErr          *protocol.ErrorInfo
+	// copyDone and copySkips are what a copy's cursors (frameCursor.copy)
+	// saw, in either direction: the receiver's FrameCopyDone, and the
+	// sender's FrameCopySkip frames.
+	copyDone  atomic.Bool
+	copySkips atomic.Int64
+	exit      *protocol.ExitStatus
+	agentErr  *protocol.ErrorInfo
 }
 
 // run opens the tunnel stream and the pipe, relays until both directions
@@ -395,8 +400,8 @@ func (r *relay) fromOpener(m *nats.Msg) bool {
 // goes on to the client. On any failure it aborts the relay and tells the
 // agent (finishWrite).
 func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
-	fw := &frameCursor{w: st}
-	defer func() { r.bytesIn.Store(fw.n) }()
+	fw := &frameCursor{w: st, copy: r.kind == protocol.KindCopy}
+	defer func() { r.bytesIn.Store(fw.n); r.noteCopy(fw) }()
 	_, err := p.WriteTo(fw)
 	r.mu.Lock()
 	r.writesDone = true // from here on the deadlines of st's writes are ours
@@ -523,6 +528,14 @@ func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
 	st.Close()
 }
 
+// noteCopy adds what a copy's cursor saw to the relay's audit.
+func (r *relay) noteCopy(f *frameCursor) {
+	if f.copyDone {
+		r.copyDone.Store(true)
+	}
+	r.copySkips.Add(int64(f.skips))
+}
+
 // streamToPipe copies the node's bytes to the client. At the stream's EOF
 // it half-closes the pipe (the client reads io.EOF) unless the EOF came
 // from the session dying; on failure it aborts the relay and then drains
@@ -531,8 +544,8 @@ func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
 // CancelGrace) and ends the client's side there (endShutdown).
 func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
-	out := &frameCursor{w: p, keep: r.kind != protocol.KindDial}
-	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends() }()
+	out := &frameCursor{w: p, keep: r.kind != protocol.KindDial, copy: r.kind == protocol.KindCopy}
+	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends(); r.noteCopy(out) }()
 	var graceEnd time.Time // set once the stop found a frame under way
 loop:
 	for {
@@ -726,7 +739,14 @@ type frameCursor struct {
 	lenb [4]byte // the length field so far
 	left uint64  // payload bytes of the current frame still to come
 
-	keep    bool
+	keep bool
+	// copy, for a copy stream's cursors, has them note the frames that
+	// end a copy (either side may be the receiver): FrameCopyDone, and
+	// the FrameCopySkip frames that make it partial.
+	copy     bool
+	copyDone bool
+	skips    int
+
 	typ     protocol.FrameType // the current frame's type
 	cur     []byte             // the current exit or error frame's payload so far
 	lastTyp protocol.FrameType // the type of the last whole exit or error frame kept
@@ -774,6 +794,14 @@ func (f *frameCursor) advance(b []byte) {
 			f.hdr = 0
 			f.left = uint64(binary.BigEndian.Uint32(f.lenb[:]))
 			f.cur = nil
+			if f.copy {
+				switch f.typ {
+				case protocol.FrameCopyDone:
+					f.copyDone = true
+				case protocol.FrameCopySkip:
+					f.skips++
+				}
+			}
 			if f.keep && (f.typ == protocol.FrameExit || f.typ == protocol.FrameError) && f.left <= maxKeptFrame {
 				f.cur = make([]byte, 0, f.left)
 			}

@@ -43,13 +43,25 @@ const (
 	// exit code, a start failure, a lost node, a cancel).
 	AuditFailed = "failed"
 	// AuditRefused: the caller was not allowed: unauthenticated (401),
-	// forbidden by policy (403) or over its limits (429). Nothing ran.
+	// forbidden by policy (403) or over its limits (429), or refused by
+	// the node's local policy (Reason AuditReasonLocalPolicy). Nothing ran.
 	AuditRefused = "refused"
 	// AuditError: the request was not served: invalid, unknown node,
 	// coordinator unavailable, internal error. Nothing ran, or the
 	// coordinator lost track of it.
 	AuditError = "error"
 )
+
+// AuditReasonLocalPolicy is the Reason of an operation a node's local
+// policy refused (the agent's CodeForbidden): its Result is AuditRefused,
+// its ErrorCode CodeForbidden, and its Error the agent's message, which
+// names the node, the local policy file and the rule missing.
+const AuditReasonLocalPolicy = "local_policy"
+
+// ErrCodeCopyPartial is the ErrorCode of a copy the receiver committed
+// with entries the sender skipped (protocol.CopySkip; tether cp's exit
+// 23): its Result is AuditFailed.
+const ErrCodeCopyPartial = "copy_partial"
 
 // AuditResults lists the results, in the order above.
 func AuditResults() []string { return []string{AuditOK, AuditFailed, AuditRefused, AuditError} }
@@ -114,7 +126,13 @@ type AuditEvent struct {
 	// Paths are the node paths of a copy.
 	Paths []string `json:"paths,omitempty"`
 	// RunAs is the local user the operation ran as on the node (the policy
-	// rule's run_as); empty when none was named.
+	// rule's run_as, which replaces the user a request names); empty when
+	// none was named (the agent's own account). An exec job whose nodes
+	// ran as different users (a fan-out matching rules with different
+	// run_as) lists each of them once, sorted, joined by ", ", with "-"
+	// for the nodes that ran as the agent's own account ("-, deploy,
+	// nobody"); which node ran as which is the rules' (Rule) to tell. At
+	// most MaxAuditProgramLen bytes.
 	RunAs string `json:"run_as,omitempty"`
 	// Rule names the policy rule that allowed the operation, or, with
 	// Result AuditRefused, nothing (Error says what rule is missing).
@@ -133,8 +151,9 @@ type AuditEvent struct {
 	// with, or a node result's code; Status its HTTP-like status.
 	ErrorCode string `json:"error_code,omitempty"`
 	Status    int    `json:"status,omitempty"`
-	// Reason is a refusal's reason: unauthenticated, or the policy's
-	// (no_identity, no_rule, bad_request, rate_limit, job_limit).
+	// Reason is a refusal's reason: unauthenticated, the policy's
+	// (no_identity, no_rule, bad_request, rate_limit, job_limit), or
+	// local_policy (AuditReasonLocalPolicy) for the node's own.
 	Reason string `json:"reason,omitempty"`
 	// Error is a refusal's message (which identity, which operation, which
 	// rule is missing), clipped to MaxAuditErrorLen bytes. Other errors

@@ -253,6 +253,7 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 		code, msg := cpOutcome(err, st, node, local)
 		return cpError(code, from, to, msg)
 	}
+	endCopy(st.shellStream)
 	// Skipped entries are named even with --quiet: they are not copied.
 	for _, sk := range res.SkippedEntries {
 		fmt.Fprintf(e.stderr, "tether: cp: skipped %s: %s\n", skippedPath(from, sk.Path), printable(sk.Reason))
@@ -272,6 +273,32 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	}
 	return nil
 }
+
+// endCopy ends a committed copy's stream cleanly before it is closed: it
+// sends this side's eof and reads to the agent's, for at most copyEndWait.
+// A Close alone aborts the pipe and drops what the coordinator has not
+// relayed yet, a pull's FrameCopyDone among it: the coordinator's audit
+// would record the copy as cut off, not done.
+func endCopy(st shellStream) {
+	cw, ok := st.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		io.Copy(io.Discard, st) // ends at the agent's eof, or at the caller's Close
+	}()
+	t := time.NewTimer(copyEndWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// copyEndWait bounds how long endCopy waits for the agent's eof.
+const copyEndWait = 5 * time.Second
 
 // cpError is a failed copy's error: "cp SRC TO DST: msg", ending Run with
 // code. msg must be printable already.
