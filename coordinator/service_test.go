@@ -202,7 +202,10 @@ func TestExecAgentDropsMidExec(t *testing.T) {
 	if !res[0].OK() {
 		t.Errorf("n1 = %+v, want success", res[0])
 	}
-	if res[1].ExitCode != -1 || !strings.HasPrefix(res[1].Error, "tunnel lost during exec: ") {
+	// The session may close while the stream's open is still being
+	// confirmed (a loaded machine): the open fails then, with the session
+	// named; either way the node's result is a tunnel failure.
+	if lost := strings.HasPrefix(res[1].Error, "tunnel lost during exec: ") || strings.Contains(res[1].Error, "session shutdown"); res[1].ExitCode != -1 || !lost {
 		t.Errorf("n2 = %+v, want exit -1 and a tunnel-lost error", res[1])
 	}
 	if got := h.metric("tether_coordinator_exec_results_total", "outcome", "error"); got != 1 {
