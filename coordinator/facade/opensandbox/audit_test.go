@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
@@ -32,6 +33,20 @@ func (e *auditEvents) all() []protocol.AuditEvent {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]protocol.AuditEvent(nil), e.evs...)
+}
+
+// wait returns the events once there are n (a request's event is recorded
+// when its handler returns, which may be after the caller read the
+// answer), or what there is after the failure bound.
+func (e *auditEvents) wait(n int) []protocol.AuditEvent {
+	deadline := time.Now().Add(defaultTestTimeout)
+	for {
+		evs := e.all()
+		if len(evs) >= n || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestAuditEveryAnsweredRequest: each request is one event (identity,
@@ -67,7 +82,7 @@ func TestAuditEveryAnsweredRequest(t *testing.T) {
 		{"token:alice", "sandboxes.list", "GET list", "", "node-a", protocol.AuditOK, "", 0},
 		{"token:alice", "sandboxes.reap", "DELETE sandbox", id, "node-a", protocol.AuditOK, "", 0},
 	}
-	got := rec.all()
+	got := rec.wait(len(want))
 	if len(got) != len(want) {
 		t.Fatalf("%d auditEvents, want %d: %+v", len(got), len(want), got)
 	}
@@ -103,7 +118,7 @@ func TestLocalNamesTheCallerByItsUID(t *testing.T) {
 		}
 	}
 	want := peeruid.Identity(uint32(os.Geteuid())).String()
-	evs := rec.all()
+	evs := rec.wait(2)
 	if len(evs) != 2 {
 		t.Fatalf("%d auditEvents, want 2", len(evs))
 	}
