@@ -35,7 +35,8 @@ import (
 //     names every node refused). A refusal that does not refuse the
 //     request (a listing that hides what the caller may not see) leaves
 //     no trace. A decision about a caller that is not a NATS request (a
-//     facade call) is recorded when it refuses.
+//     facade call) is recorded when it refuses; the facades record their
+//     other calls themselves (AuditLog, their Config.Audit).
 
 // endpointOps maps request subjects to the policy operation they are
 // audited under.

@@ -176,7 +176,7 @@ type fleet struct {
 }
 
 // e2ePolicy writes a policy granting the e2e client (nats:e2e) and the
-// loopback facades' callers every operation, running as the test's own
+// loopback facades' callers of this uid every operation, running as the test's own
 // user, and returns its path.
 func e2ePolicy(t *testing.T) string { return e2ePolicyWith(t, "") }
 
@@ -206,7 +206,7 @@ func e2ePolicyWith(t *testing.T, extra string) string {
       - operations: [admin]
 `
 	path := filepath.Join(t.TempDir(), "policy.yaml")
-	pol := "version: 1\nidentities:\n  nats:e2e:\n" + rules + "  token:loopback:\n" + rules
+	pol := "version: 1\nidentities:\n  nats:e2e:\n" + rules + fmt.Sprintf("  token:loopback-uid-%d:\n", os.Geteuid()) + rules
 	if err := os.WriteFile(path, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}

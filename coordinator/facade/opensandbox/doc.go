@@ -70,12 +70,19 @@
 // # Authorization
 //
 // Every request is attributed to an identity (cert:CN, token:NAME through
-// Config.TokenName, or Config.Local) and decided by Config.Authorizer's
+// Config.TokenName, or Config.Local of the uid owning the caller's
+// socket: package peeruid) and decided by Config.Authorizer's
 // policy: forward to target opensandbox on the node, the sandbox's owner
 // for the requests on one sandbox, the run's owner for a create; a list
 // shows the caller's own sandboxes (authz.go). A refusal is 403
 // TETHER::FORBIDDEN naming the identity, the operation and the rule
 // missing.
+//
+// # Audit
+//
+// With Config.Audit set, every answered call is one audit event (audit.go):
+// identity, operation, method, nodes, sandbox, result, duration; never a
+// token, header or body.
 //
 // # Names
 //

@@ -16,6 +16,18 @@ import (
 var procFiles = []string{"/proc/net/tcp", "/proc/net/tcp6"}
 
 func lookup(local, remote netip.AddrPort) (uint32, error) {
+	uid, found, err := diagLookup(remote, local)
+	switch {
+	case found:
+		return uid, nil
+	case err == nil:
+		return 0, errors.New("no socket of the caller (sock_diag; it hung up?)")
+	}
+	return procLookup(local, remote) // sock_diag is not there: the slow way
+}
+
+// procLookup is lookup through /proc/net/tcp and /proc/net/tcp6.
+func procLookup(local, remote netip.AddrPort) (uint32, error) {
 	var errs []error
 	for _, f := range procFiles {
 		uid, found, err := scan(f, local, remote)

@@ -81,3 +81,38 @@ func TestIdentityIsAPolicyName(t *testing.T) {
 		t.Errorf("Identity(1000) = %s", got)
 	}
 }
+
+// BenchmarkLookup: one lookup (a connection's first call that needs it)
+// with the host's sockets as they are plus 200 of this test's.
+func BenchmarkLookup(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	var last net.Conn
+	for range 200 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		conns = append(conns, c, s)
+		last = s
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := peeruid.Lookup(last.LocalAddr(), last.RemoteAddr()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
