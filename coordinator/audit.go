@@ -27,7 +27,11 @@ import (
 //   - an exec job when it ended (job.recordAudit): command digest, nodes,
 //     exit code or counts, bytes;
 //   - a stream relay when it ended (relay.recordAudit): kind, node, path
-//     or target, bytes both ways, the agent's exit status when it sent one;
+//     or target, bytes both ways, the agent's exit status when it sent one,
+//     a copy's outcome from the receiver's FrameCopyDone and the sender's
+//     FrameCopySkip frames (ok, or failed copy_partial);
+//   - what a node's local policy refused (the agent's CodeForbidden, on a
+//     job's every node or a stream) is refused, reason local_policy;
 //   - a policy refusal is the request's event too: Authorizer.Observe
 //     (observeDecision) keeps the first refusal on the request, and the
 //     error reply that follows is recorded as refused, with the policy's

@@ -403,6 +403,20 @@ func TestAuditCopyOutcomes(t *testing.T) {
 	auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.read", Result: protocol.AuditFailed}, func(e *protocol.AuditEvent) bool {
 		return e.ErrorCode == protocol.ErrCodeCopyPartial
 	})
+	// A pushing client cannot claim the copy done: only the receiver's
+	// FrameCopyDone counts (the agent answers this one with an error).
+	forged := filepath.Join(root, "forged")
+	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &protocol.CopyParams{Direction: protocol.CopyPush, Path: forged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	protocol.WriteJSONFrame(st, protocol.FrameCopyDone, &protocol.CopyResult{FilesWritten: 1})
+	st.CloseWrite()
+	io.Copy(io.Discard, st)
+	st.Close()
+	if ev := event(forged); ev.Result != protocol.AuditFailed || ev.ErrorCode == "" {
+		t.Errorf("forged copy-done: event %+v", ev)
+	}
 	// A copy that failed on its path is failed with the agent's code.
 	missing := filepath.Join(root, "missing")
 	if _, err := copyOnce(protocol.CopyParams{Direction: protocol.CopyPull, Path: missing}, filepath.Join(t.TempDir(), "x")); err == nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natspipe"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -401,7 +402,7 @@ func (r *relay) fromOpener(m *nats.Msg) bool {
 // agent (finishWrite).
 func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
 	fw := &frameCursor{w: st, copy: r.kind == protocol.KindCopy}
-	defer func() { r.bytesIn.Store(fw.n); r.noteCopy(fw) }()
+	defer func() { r.bytesIn.Store(fw.n); r.noteCopy(fw, false) }()
 	_, err := p.WriteTo(fw)
 	r.mu.Lock()
 	r.writesDone = true // from here on the deadlines of st's writes are ours
@@ -528,12 +529,23 @@ func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
 	st.Close()
 }
 
-// noteCopy adds what a copy's cursor saw to the relay's audit.
-func (r *relay) noteCopy(f *frameCursor) {
-	if f.copyDone {
-		r.copyDone.Store(true)
+// noteCopy adds what a copy's cursor saw (of the agent's frames when
+// fromAgent, else of the client's) to the relay's audit: the receiver's
+// FrameCopyDone and the sender's FrameCopySkip frames count, so neither
+// side can mark the other's outcome (a pushing client cannot send the
+// copy-done only the agent may).
+func (r *relay) noteCopy(f *frameCursor, fromAgent bool) {
+	if !f.copy {
+		return
 	}
-	r.copySkips.Add(int64(f.skips))
+	agentReceives := relayOp(r.kind, r.params) == policy.OpCopyWrite.String()
+	if fromAgent == agentReceives {
+		if f.copyDone {
+			r.copyDone.Store(true)
+		}
+	} else {
+		r.copySkips.Add(int64(f.skips))
+	}
 }
 
 // streamToPipe copies the node's bytes to the client. At the stream's EOF
@@ -545,7 +557,7 @@ func (r *relay) noteCopy(f *frameCursor) {
 func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
 	out := &frameCursor{w: p, keep: r.kind != protocol.KindDial, copy: r.kind == protocol.KindCopy}
-	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends(); r.noteCopy(out) }()
+	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends(); r.noteCopy(out, true) }()
 	var graceEnd time.Time // set once the stop found a frame under way
 loop:
 	for {

@@ -153,8 +153,10 @@
 //	string, got the integer 1000
 //
 // and Parse reports every error it finds, not only the first. Load also
-// refuses a world-writable file: anyone on the host could grant themselves
-// everything.
+// refuses a file that is not owned by root or the process's effective
+// uid, or that is writable by its group or others: whoever could change
+// it could grant themselves everything (the node's local policy,
+// agent/localpolicy, is held to the same rules).
 //
 // # Decisions
 //

@@ -1,9 +1,11 @@
 package policy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -222,6 +224,47 @@ func TestExampleFile(t *testing.T) {
 	}
 }
 
+// A file owned by another uid than root or the process's own is refused
+// (checkFile with another euid stands in for running as someone else:
+// only root may chown a file away).
+func TestLoadRefusesForeignOwner(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte("version: 1\nidentities: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := fi.Sys().(*syscall.Stat_t).Uid
+	if err := checkFile(path, fi, own); err != nil {
+		t.Errorf("owned by the euid %d: %v", own, err)
+	}
+	if own != 0 {
+		if err := checkFile(path, fi, own+1); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("owned by uid %d (mode 0600)", own)) {
+			t.Errorf("owned by uid %d, running as %d: %v", own, own+1, err)
+		}
+		return
+	}
+	// As root: a file root owns passes for any euid; one given away does not.
+	if err := checkFile(path, fi, 4242); err != nil {
+		t.Errorf("root-owned, running as 4242: %v", err)
+	}
+	if err := os.Chown(path, 4243, 4243); err != nil {
+		t.Skipf("chown: %v", err)
+	}
+	_, err = Load(path)
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "owned by uid 4243 (mode 0600)") || !strings.Contains(err.Error(), "must be owned by root") {
+		t.Errorf("owned by uid 4243: %v", err)
+	}
+	if fi, err = os.Stat(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkFile(path, fi, 4243); err != nil {
+		t.Errorf("owned by the euid 4243: %v", err)
+	}
+}
+
 func TestLoadRefusesWorldWritable(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	if err := os.WriteFile(path, []byte("version: 1\nidentities: {}\n"), 0o600); err != nil {
@@ -233,8 +276,22 @@ func TestLoadRefusesWorldWritable(t *testing.T) {
 	if err := os.Chmod(path, 0o646); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "is writable by anyone (mode 0646)") {
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "is writable by anyone (mode 0646)") || !strings.Contains(err.Error(), path) {
 		t.Errorf("0646: %v", err)
+	}
+	// Group-writable: whoever is in its group could grant themselves
+	// everything, as with the node's local policy.
+	if err := os.Chmod(path, 0o620); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "is writable by its group (mode 0620)") || !strings.Contains(err.Error(), "chmod go-w") {
+		t.Errorf("0620: %v", err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err != nil {
+		t.Errorf("0644: %v", err)
 	}
 	if _, err := Load(filepath.Dir(path)); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("directory: %v", err)

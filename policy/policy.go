@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -52,7 +53,11 @@ type rule struct {
 }
 
 // Load reads and parses the policy file at path (Parse). A file over
-// MaxFileSize, or one that anyone may write (mode o+w), is an error.
+// MaxFileSize is an error, and so is one whoever is not trusted could
+// change: not a regular file, owned by neither root nor the process's
+// effective uid, or writable by its group or others (the node's local
+// policy, agent/localpolicy, has the same rules). The checks are made on
+// the open descriptor, so the file checked is the file read.
 func Load(path string) (*Policy, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -63,17 +68,41 @@ func Load(path string) (*Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("policy: %s is not a regular file (%s)", path, fi.Mode().Type())
-	}
-	if fi.Mode().Perm()&0o002 != 0 {
-		return nil, fmt.Errorf("policy: %s is writable by anyone (mode %04o): whoever can write it can grant themselves everything; chmod o-w it", path, fi.Mode().Perm())
+	if err := checkFile(path, fi, uint32(os.Geteuid())); err != nil {
+		return nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("policy: read %s: %w", path, err)
 	}
 	return Parse(path, data)
+}
+
+// checkFile refuses a policy file that is not regular, not owned by root
+// or euid, or writable by its group or others: whoever could write it
+// could grant themselves everything.
+func checkFile(path string, fi os.FileInfo, euid uint32) error {
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("policy: %s is not a regular file (%s)", path, fi.Mode().Type())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("policy: %s: cannot tell its owner", path)
+	}
+	if st.Uid != 0 && st.Uid != euid {
+		return fmt.Errorf("policy: %s is owned by uid %d (mode %04o): it must be owned by root or by the uid this runs as (%d), or its owner could grant themselves everything; chown it", path, st.Uid, fi.Mode().Perm(), euid)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		who := "its group"
+		switch {
+		case perm&0o022 == 0o022:
+			who = "its group and anyone"
+		case perm&0o002 != 0:
+			who = "anyone"
+		}
+		return fmt.Errorf("policy: %s (owner uid %d) is writable by %s (mode %04o): it must be writable by its owner only, or whoever can write it can grant themselves everything; chmod go-w it", path, st.Uid, who, perm)
+	}
+	return nil
 }
 
 // Parse parses a policy file's contents; name is the file's name, used in

@@ -393,7 +393,12 @@ func (r *AuditQueryRequest) Validate() *APIError {
 	if r.Operation != "" && strings.Trim(r.Operation, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" {
 		errs = append(errs, fmt.Sprintf("operation %s: want an operation name such as exec or cp.read", Clip(r.Operation)))
 	}
-	for _, f := range []struct{ name, v string }{{"identity", r.Identity}, {"node", r.Node}, {"operation", r.Operation}, {"job_id", r.JobID}} {
+	if r.JobID != "" {
+		if err := ValidJobID(r.JobID); err != nil {
+			errs = append(errs, "job_id: "+err.Error())
+		}
+	}
+	for _, f := range []struct{ name, v string }{{"identity", r.Identity}, {"node", r.Node}, {"operation", r.Operation}} {
 		if len(f.v) > 256 {
 			errs = append(errs, fmt.Sprintf("%s is %d bytes, over 256", f.name, len(f.v)))
 		}

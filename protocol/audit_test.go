@@ -61,6 +61,17 @@ func TestAuditCommandKeepsNoText(t *testing.T) {
 	}
 }
 
+// An audit query's job id follows the job id rule (ValidJobID): one no
+// job can have is refused, not answered with no events.
+func TestAuditQueryJobID(t *testing.T) {
+	for id, ok := range map[string]bool{"job-1.a_b": true, "bad id!": false, "-x": false, strings.Repeat("a", protocol.MaxJobIDLen+1): false} {
+		q := protocol.AuditQueryRequest{JobID: id}
+		if e := q.Validate(); (e == nil) != ok || (e != nil && !strings.Contains(e.Message, "job_id: job id")) {
+			t.Errorf("job id %q: %v", id, e)
+		}
+	}
+}
+
 // FuzzAuditQuery: a query body is decoded strictly and validated; what is
 // accepted is a valid query that survives a round trip, what is refused
 // gets a short 400 or 413.

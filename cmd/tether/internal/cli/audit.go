@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -59,6 +60,17 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 		q.Identity = "nats:" + q.Identity
 	}
 	q.Node, q.Operation, q.Result, q.JobID = o.Node, o.Operation, o.Result, o.Job
+	// A filter no event can match is a mistake, not "no matching events".
+	if o.Operation != "" {
+		if _, err := policy.ParseOperation(o.Operation); err != nil {
+			errs = append(errs, fmt.Errorf("--operation %q: %s", o.Operation, strings.TrimPrefix(err.Error(), fmt.Sprintf("unknown operation %q: ", o.Operation))))
+		}
+	}
+	if o.Job != "" {
+		if err := protocol.ValidJobID(o.Job); err != nil {
+			errs = append(errs, fmt.Errorf("--job: %w", err))
+		}
+	}
 	if o.Limit < 1 || o.Limit > maxAuditPrint {
 		errs = append(errs, fmt.Errorf("--limit %d: want 1 to %d", o.Limit, maxAuditPrint))
 	}

@@ -31,9 +31,29 @@ func TestAuditOptions(t *testing.T) {
 		{Limit: 5, Result: "maybe", Poll: time.Second},
 		{Limit: 5, Follow: true, Until: "1h", Poll: time.Second},
 		{Since: "1m", Until: "1h", Limit: 5, Poll: time.Second},
+		{Limit: 5, Operation: "frobnicate", Poll: time.Second},
+		{Limit: 5, Operation: "stream", Poll: time.Second},
+		{Limit: 5, Job: "bad id!", Poll: time.Second},
+		{Limit: 5, Job: "-leading-dash", Poll: time.Second},
 	} {
 		if _, err := bad.query(now); err == nil {
 			t.Errorf("%+v: no error", bad)
+		}
+	}
+	good := auditOptions{Limit: 5, Operation: "cp.read", Job: "job-1.a_b", Poll: time.Second}
+	if q, err := good.query(now); err != nil || q.Operation != "cp.read" || q.JobID != "job-1.a_b" {
+		t.Errorf("%+v: %v, query %+v", good, err, q)
+	}
+	// On the command line: usage errors (exit 2) naming the flag, before
+	// anything is asked.
+	for _, c := range []struct{ flag, value, want string }{
+		{"--operation", "frobnicate", `--operation "frobnicate": want one of exec, `},
+		{"--job", "bad id!", `--job: job id "bad id!": must be`},
+		{"--result", "bogus", `result "bogus": want one of`},
+	} {
+		r := runCLI(testCtx(t), nil, "", "audit", "--nats-url", "nats://127.0.0.1:1", c.flag, c.value)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("audit %s %q: exit %d (want %d), stderr %q (want %q)", c.flag, c.value, r.code, exitUsage, r.stderr, c.want)
 		}
 	}
 }

@@ -47,6 +47,14 @@ func TestPolicyCheckErrors(t *testing.T) {
 	if r.code != exitFailure || !strings.Contains(r.stderr, "missing.yaml: no such file or directory") {
 		t.Errorf("missing file: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// The coordinator's file checks: a group-writable file is refused.
+	loose := filepath.Join(dir, "loose.yaml")
+	os.WriteFile(loose, []byte("version: 1\nidentities: {}\n"), 0o600)
+	os.Chmod(loose, 0o660)
+	r = runCLI(testCtx(t), nil, "", "policy", "check", loose)
+	if r.code != exitFailure || !strings.Contains(r.stderr, loose+" (owner uid ") || !strings.Contains(r.stderr, "writable by its group (mode 0660)") {
+		t.Errorf("group-writable file: exit %d, stderr %q", r.code, r.stderr)
+	}
 	for _, args := range [][]string{{"policy"}, {"policy", "check"}, {"policy", "check", "a", "b"}} {
 		if r := runCLI(testCtx(t), nil, "", args...); r.code != exitUsage {
 			t.Errorf("%q: exit %d, want %d; stderr %q", args, r.code, exitUsage, r.stderr)
