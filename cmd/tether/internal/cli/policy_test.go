@@ -10,7 +10,16 @@ import (
 // TestPolicyCheckExample: the shipped example passes `tether policy check`
 // with no warning.
 func TestPolicyCheckExample(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "..", "deploy", "policy.example.yaml")
+	// A copy of mode 0600: policy check refuses a group-writable file, and
+	// a checkout made under umask 002 has one.
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "deploy", "policy.example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "policy.example.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r := runCLI(testCtx(t), nil, "", "policy", "check", path)
 	if r.code != exitOK || r.stderr != "" {
 		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
