@@ -68,10 +68,15 @@ const (
 // StreamRequest is the body of a SubjectStream request.
 type StreamRequest struct {
 	Node string `json:"node"`
-	// Kind is the stream kind's name: "exec", "copy" or "pty".
+	// Kind is the stream kind's name: "exec", "copy", "pty", "dial" or
+	// "ssh".
 	Kind string `json:"kind"`
-	// Params are the kind's params (ExecParams, CopyParams, PTYParams), sent
-	// to the agent in the stream header; the agent validates them.
+	// Params are the kind's params (ExecParams, CopyParams, PTYParams,
+	// DialParams), sent to the agent in the stream header; the agent
+	// validates them. For "ssh" they must be empty or {}: the coordinator
+	// writes the SSHParams itself, from the caller's identity and the
+	// policy (ssh.go), and the client's end of the pipe carries the raw
+	// SSH protocol (tether ssh-proxy).
 	Params json.RawMessage `json:"params"`
 }
 

@@ -169,6 +169,12 @@ type AuditEvent struct {
 	// downstream). A stream relay counts its frames' bytes as relayed.
 	BytesIn  int64 `json:"bytes_in,omitempty"`
 	BytesOut int64 `json:"bytes_out,omitempty"`
+	// Session is the SSH connection an ssh event is about
+	// (SSHParams.Session): the events of one connection share it.
+	// ExitSignal is the signal an SSH channel's command died of, without
+	// "SIG" (SSHChannelEvent.ExitSignal).
+	Session    string `json:"session,omitempty"`
+	ExitSignal string `json:"exit_signal,omitempty"`
 }
 
 // AuditCommand describes a command without its text.

@@ -50,6 +50,11 @@ type Hello struct {
 	// agent that listed it, and ignores names it does not know, so agents
 	// and coordinators of different releases keep working together.
 	Features []string `json:"features,omitempty"`
+	// SSHHostKey is the agent's SSH host public key in SSH wire form
+	// (ssh.PublicKey.Marshal), at most MaxSSHKeySize bytes; set when
+	// Features lists FeatureSSH. The coordinator certifies it for the node
+	// the session proved (SSHParams.HostCertificate).
+	SSHHostKey []byte `json:"ssh_host_key,omitempty"`
 }
 
 // Validate reports the first problem with h's identity fields. It does not
@@ -63,6 +68,9 @@ func (h *Hello) Validate() error {
 	}
 	if err := ValidateLabels(h.Labels); err != nil {
 		return fmt.Errorf("hello: node %q: %w", h.NodeID, err)
+	}
+	if len(h.SSHHostKey) > MaxSSHKeySize {
+		return fmt.Errorf("hello: node %q: ssh_host_key: %d bytes, over %d: %w", h.NodeID, len(h.SSHHostKey), MaxSSHKeySize, ErrTooLarge)
 	}
 	return nil
 }

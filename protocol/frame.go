@@ -60,6 +60,10 @@ const (
 	FrameEnrolled FrameType = 22 // JSON Enrolled (coordinator → agent): the agent's certificate
 	FrameRenew    FrameType = 23 // JSON Renew (agent → coordinator, control stream after Welcome)
 	FrameRenewed  FrameType = 24 // JSON Enrolled (coordinator → agent, control stream): the renewed certificate
+	// FrameSSHChannel (agent → coordinator, control stream after Welcome):
+	// JSON SSHChannelEvent, one SSH channel that ended (ssh.go). Sent only
+	// by an agent whose Hello listed FeatureSSH.
+	FrameSSHChannel FrameType = 25
 
 	// Copy frames (copy.go).
 	FrameManifest    FrameType = 32 // JSON []ManifestEntry: part of what the receiver has
@@ -91,7 +95,8 @@ var frameNames = map[FrameType]string{
 	FrameCancel: "cancel", FrameHello: "hello", FrameWelcome: "welcome",
 	FrameReject: "reject", FrameHeartbeat: "heartbeat", FrameCancelStream: "cancel-stream",
 	FrameEnroll: "enroll", FrameEnrolled: "enrolled", FrameRenew: "renew", FrameRenewed: "renewed",
-	FrameManifest: "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
+	FrameSSHChannel: "ssh-channel",
+	FrameManifest:   "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameCopySkip: "copy-skip", FrameResize: "resize", FrameSignal: "signal",
 	FrameJob: "job", FrameDialOK: "dial-ok", FrameInventory: "inventory",

@@ -80,6 +80,8 @@ func streamParamsOf(k protocol.Kind) (any, bool) {
 		return &protocol.InventoryParams{}, false
 	case protocol.KindControl:
 		return &protocol.ControlParams{}, false
+	case protocol.KindSSH:
+		return &protocol.SSHParams{}, true
 	}
 	return nil, false
 }
@@ -113,6 +115,8 @@ func FuzzStreamParams(f *testing.F) {
 		{protocol.KindSandbox, `{"op":"delete","provider":"openshell","workspace":"w","name":"n"}`},
 		{protocol.KindInventory, `{}`},
 		{protocol.KindControl, `{}`},
+		{protocol.KindSSH, `{"session":"0123456789abcdef0123456789abcdef","identity":"ssh-key:SHA256:x","logins":["deploy"],"targets":["openshell"],"auth":"publickey","public_key":"AAAA"}`},
+		{protocol.KindSSH, `{"session":"00","identity":"","logins":[],"auth":"none","public_key":"AAAA"}`},
 		{protocol.KindExec, `{"argv":["x"],"argv":["y"]}`},
 		{protocol.KindJob, `{"op":"` + strings.Repeat("x", 5000) + `","id":"` + strings.Repeat("é", 3000) + `"}`},
 	} {
@@ -120,7 +124,7 @@ func FuzzStreamParams(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, kind uint8, params []byte) {
 		k := protocol.Kind(kind)
-		if k == protocol.KindSSH || !k.Valid() {
+		if !k.Valid() {
 			k = protocol.KindExec
 		}
 		what := fmt.Sprintf("%s params %.200q", k, params)

@@ -16,7 +16,7 @@ const (
 	KindExec      Kind = 2 // run a process; params ExecParams
 	KindCopy      Kind = 3 // mirror a file or tree; params CopyParams (copy.go)
 	KindPTY       Kind = 4 // interactive terminal; params PTYParams (pty.go)
-	KindSSH       Kind = 5 // reserved: the agent's own SSH server
+	KindSSH       Kind = 5 // the agent's own SSH server; params SSHParams (ssh.go)
 	KindDial      Kind = 6 // raw bytes to an allow-listed local target; params DialParams (inventory.go)
 	KindJob       Kind = 7 // query or cancel a detached job; params JobParams (job.go)
 	KindInventory Kind = 8 // list the sandboxes of the agent's gateways; params InventoryParams
