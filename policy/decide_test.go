@@ -162,7 +162,7 @@ func TestDecide(t *testing.T) {
 			if r.Reason != tt.reason {
 				t.Errorf("Reason = %v, want %v (%v)", r.Reason, tt.reason, err)
 			}
-			if r.Identity != tt.id || r.Op != tt.op || r.Node != tt.node.ID {
+			if r.Identity.String() != tt.id.String() || r.Op != tt.op || r.Node != tt.node.ID {
 				t.Errorf("Refusal = %+v, want identity %v op %v node %q", r, tt.id, tt.op, tt.node.ID)
 			}
 			for _, m := range tt.msg {
