@@ -18,7 +18,7 @@ import (
 const maxKeyFileSize = 64 << 10
 
 // loadOrCreateKey returns the ed25519 private key in path (OpenSSH
-// "OPENSSH PRIVATE KEY" PEM, unencrypted, as ssh-keygen -t ed25519 -N ''
+// "OPENSSH PRIVATE KEY" PEM, unencrypted, as ssh-keygen -t ed25519 -N ”
 // writes it), creating it with mode 0600 when the file does not exist. The
 // directory is created 0700 when missing. A file that exists but is not an
 // unencrypted ed25519 key, or that group or others may read or write
