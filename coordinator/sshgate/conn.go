@@ -32,13 +32,14 @@ type connState struct {
 	conn   net.Conn
 	remote net.Addr
 
-	triedKey atomic.Bool // a key was offered in the handshake
-	evicted  atomic.Bool // cut by admission for another source
-	authed   bool        // guarded by g.mu
-	proven   proven
-	user     string // the SSH user name the client sent (logged, not used)
-	channels atomic.Int32
-	wg       sync.WaitGroup // the channel goroutines
+	triedKey    atomic.Bool // a key was offered in the handshake
+	lastRefusal string      // why the last key was refused; set by the handshake's callbacks, which run in serve's goroutine
+	evicted     atomic.Bool // cut by admission for another source
+	authed      bool        // guarded by g.mu
+	proven      proven
+	user        string // the SSH user name the client sent (logged, not used)
+	channels    atomic.Int32
+	wg          sync.WaitGroup // the channel goroutines
 }
 
 // serve runs the connection: admission, handshake, then its channels until
@@ -79,6 +80,9 @@ func (cs *connState) serve() {
 		case cs.triedKey.Load():
 			result = connAuthFailed
 		}
+		if result == connAuthFailed {
+			cs.auditAuthFailure()
+		}
 		g.m.connections.WithLabelValues(result).Inc()
 		g.log.Debug("ssh handshake failed", "remote", cs.remote, "result", result, "err", err)
 		return
@@ -117,6 +121,25 @@ func (cs *connState) serve() {
 	}
 	sconn.Close()
 	cs.wg.Wait()
+}
+
+// auditAuthFailure records the one audit event of a connection that
+// offered keys and had none accepted: no identity, reason
+// unauthenticated, the client's address and the last key's refusal as the
+// error. (Connections that offered no key — scanners, timeouts, floods —
+// are counted only.)
+func (cs *connState) auditAuthFailure() {
+	why := cs.lastRefusal
+	if why == "" {
+		why = "no key offered was accepted"
+	}
+	cs.g.cfg.Auditor.Record(&protocol.AuditEvent{
+		Operation: policy.OpSSH.String(),
+		Method:    "auth",
+		Result:    protocol.AuditRefused,
+		Reason:    "unauthenticated",
+		Error:     clipAudit(fmt.Sprintf("from %s: %s", cs.remote, why)),
+	})
 }
 
 // dispatch answers one channel open.

@@ -472,6 +472,7 @@ func (g *Gate) serverConfig(cs *connState) *ssh.ServerConfig {
 					g.m.authFailures.WithLabelValues(ae.reason).Inc()
 				}
 				g.log.Debug("ssh key refused", "remote", meta.RemoteAddr(), "err", err)
+				cs.lastRefusal = err.Error()
 				return nil, err
 			}
 			return perms, nil
@@ -487,6 +488,7 @@ func (g *Gate) serverConfig(cs *connState) *ssh.ServerConfig {
 			// there) or its algorithm is not accepted.
 			cs.triedKey.Store(true)
 			g.m.authFailures.WithLabelValues(libraryReason(err)).Inc()
+			cs.lastRefusal = "ssh gate: key refused: " + err.Error()
 			g.log.Debug("ssh key refused by the SSH library", "remote", meta.RemoteAddr(), "err", err)
 		},
 		BannerCallback: nil,

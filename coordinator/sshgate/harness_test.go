@@ -464,6 +464,7 @@ type sshOpts struct {
 	knownHosts string // the known_hosts text; empty: no checking
 	dest       string // USER@HOST
 	cmd        []string
+	stdin      string // a file to give ssh as stdin; empty: none
 }
 
 // runSSH runs the OpenSSH client through the gate (ProxyJump) and returns
@@ -519,6 +520,14 @@ Host *
 	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if o.stdin != "" {
+		f, err := os.Open(o.stdin)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.Stdin = f
+	}
 	err := cmd.Run()
 	code := 0
 	if err != nil {
