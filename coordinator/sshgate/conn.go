@@ -40,6 +40,7 @@ type connState struct {
 	user        string // the SSH user name the client sent (logged, not used)
 	channels    atomic.Int32
 	wg          sync.WaitGroup // the channel goroutines
+	done        chan struct{}  // closed when the client connection ended
 }
 
 // serve runs the connection: admission, handshake, then its channels until
@@ -66,8 +67,8 @@ func (cs *connState) serve() {
 		g.mu.Unlock()
 		victim.conn.Close()
 	}
-	deadline := g.cfg.Now().Add(g.cfg.HandshakeTimeout)
-	cs.conn.SetDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
+	deadline := time.Now().Add(g.cfg.HandshakeTimeout)
+	cs.conn.SetDeadline(deadline)
 	sconn, chans, reqs, err := ssh.NewServerConn(cs.conn, g.serverConfig(cs))
 	g.adm.leave(p)
 	if err != nil {
@@ -75,7 +76,7 @@ func (cs *connState) serve() {
 		switch {
 		case cs.evicted.Load():
 			result = connEvicted
-		case errors.Is(err, os.ErrDeadlineExceeded) || !g.cfg.Now().Before(deadline):
+		case errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline):
 			result = connTimeout
 		case cs.triedKey.Load():
 			result = connAuthFailed
@@ -120,6 +121,7 @@ func (cs *connState) serve() {
 		cs.dispatch(nc)
 	}
 	sconn.Close()
+	close(cs.done)
 	cs.wg.Wait()
 }
 
@@ -303,7 +305,7 @@ func (ch *channel) run() {
 		return
 	}
 	go ssh.DiscardRequests(reqs)
-	in, out, err := splice(sch, conn, g.m)
+	in, out, err := splice(sch, conn, g.m, cs.done)
 	ch.ev.BytesIn, ch.ev.BytesOut = in, out
 	if err != nil {
 		g.log.Debug("ssh splice ended with an error", "node", name, "session", params.Session, "err", err)
@@ -421,10 +423,22 @@ type closeWriter interface{ CloseWrite() error }
 // node) into m as they pass. An end of file is passed on as a half-close
 // where the far side can take one (the channel's EOF; CloseWrite on the
 // stream); a stream that cannot half-close is closed when the client's side
-// ends, since the client sends EOF only when it is done. It closes both
-// ends before returning, and returns the first error that was not an end
-// of file or a close.
-func splice(ch ssh.Channel, conn net.Conn, m *metrics) (in, out int64, err error) {
+// ends, since the client sends EOF only when it is done. When stop is
+// closed (the client connection ended, or the gate closes) both ends are
+// closed at once, so that a node that does not close after a half-close
+// cannot hold the splice. It closes both ends before returning, and
+// returns the first error that was not an end of file or a close.
+func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop <-chan struct{}) (in, out int64, err error) {
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-stop:
+			conn.Close()
+			ch.Close()
+		case <-finished:
+		}
+	}()
 	var once sync.Once
 	var first error
 	record := func(e error) {

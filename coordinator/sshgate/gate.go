@@ -391,7 +391,7 @@ func (g *Gate) accept(conn net.Conn) {
 		g.log.Debug("ssh connection refused: at MaxConnections", "remote", conn.RemoteAddr(), "max", g.cfg.MaxConnections)
 		return
 	}
-	cs := &connState{g: g, conn: conn, remote: conn.RemoteAddr()}
+	cs := &connState{g: g, conn: conn, remote: conn.RemoteAddr(), done: make(chan struct{})}
 	g.conns[conn] = cs
 	g.handshake++
 	g.wg.Add(1)

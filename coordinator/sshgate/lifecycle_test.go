@@ -130,3 +130,30 @@ func openSession(t *testing.T, c *ssh.Client, node string, signer ssh.Signer) *s
 type nopCounter struct{}
 
 func (nopCounter) Add(float64) {}
+
+// TestStuckNode: a node that never closes its stream after the client's
+// end of file cannot hold the channel once the client disconnects: the
+// channel ends, is audited, and Close returns (the env's cleanup).
+func TestStuckNode(t *testing.T) {
+	e := newEnv(t)
+	e.nodes.nodes["node-s"] = &fakeNode{labels: map[string]string{}, hostKey: newSigner(t), stuck: true}
+	c, err := e.dial(e.bob.signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := openDirect(c, "node-s", 22)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Write([]byte("SSH-2.0-test\r\n"))
+	ch.CloseWrite()
+	waitFor(t, "the bytes relayed", func() bool { return testutilBytes(e, "in") == 14 })
+	if n := len(e.audit.events()); n != 0 {
+		t.Fatalf("the channel ended (%d events) while the client holds it", n)
+	}
+	c.Close()
+	waitFor(t, "the channel audited", func() bool { return len(e.audit.events()) == 1 })
+	if ev := e.audit.events()[0]; ev.BytesIn != 14 {
+		t.Errorf("audit %+v: want 14 bytes in", ev)
+	}
+}
