@@ -281,7 +281,15 @@ func (ch *channel) run() {
 		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeInternal, "", "the jump host could not build the stream's parameters for "+name)
 		return
 	}
+	// The open ends early when the gate closes or the client goes away.
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.OpenTimeout)
+	go func() {
+		select {
+		case <-cs.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	conn, err := g.cfg.Nodes.OpenSSH(ctx, name, params)
 	cancel()
 	if err != nil {

@@ -476,7 +476,8 @@ type sshOpts struct {
 	knownHosts string // the known_hosts text; empty: no checking
 	dest       string // USER@HOST
 	cmd        []string
-	stdin      string // a file to give ssh as stdin; empty: none
+	stdin      string   // a file to give ssh as stdin; empty: none
+	pre        []string // options before the destination
 }
 
 // runSSH runs the OpenSSH client through the gate (ProxyJump) and returns
@@ -516,8 +517,6 @@ Host *
   UserKnownHostsFile %s
   GlobalKnownHostsFile /dev/null
   UpdateHostKeys no
-  ControlMaster no
-  ControlPath none
   LogLevel INFO
   ConnectTimeout 30
 `, e.addr.Port, o.key.path, certLine, strict, kh)
@@ -527,7 +526,7 @@ Host *
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	args := append([]string{"-F", cfgPath, o.dest}, o.cmd...)
+	args := append(append(append([]string{"-F", cfgPath}, o.pre...), o.dest), o.cmd...)
 	cmd := exec.CommandContext(ctx, "ssh", args...)
 	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
 	var stdout, stderr bytes.Buffer
