@@ -135,4 +135,8 @@ accounts {
 		}
 	}
 	b.ReportMetric(med(paths[4].lat)/med(paths[3].lat), "operator/operator-same")
+	// Each reply subscription was dropped: the server should have dropped
+	// its streamed response mapping with it, or they pile up until the
+	// response threshold.
+	b.ReportMetric(float64(pending(b, ops, l, "")), "mappings-left")
 }
