@@ -243,8 +243,9 @@ func (a *Agent) procEnv(acct *account, extra map[string]string, dir string) []st
 	if !acct.named {
 		return a.childEnv(extra, dir)
 	}
-	var base []string
-	for _, kv := range os.Environ() {
+	env := os.Environ()
+	base := make([]string, 0, len(env)+6+len(extra)) // + PATH, HOME, USER, LOGNAME, SHELL, PWD; extra
+	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
 		case secretEnvVars[k]:
@@ -261,8 +262,7 @@ func (a *Agent) procEnv(acct *account, extra map[string]string, dir string) []st
 		home = "/"
 	}
 	base = append(base, "HOME="+home, "USER="+acct.Name, "LOGNAME="+acct.Name, "SHELL="+acct.shellPath())
-	env := a.childEnvFrom(base, extra, dir)
-	return env
+	return a.childEnvFrom(base, extra, dir)
 }
 
 func hasEnv(env []string, k string) bool {

@@ -236,9 +236,12 @@ func (c *Coordinator) observeDecision(d caller.Decision) {
 		return
 	}
 	if a := auditOf(d.Request); a != nil {
+		// A copy made here, on the refusal path only: taking d's address
+		// would move every decision to the heap, allowed ones too.
+		r := d
 		a.mu.Lock()
 		if a.refusal == nil {
-			a.refusal = &d
+			a.refusal = &r
 		}
 		a.mu.Unlock()
 		return

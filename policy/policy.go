@@ -50,6 +50,7 @@ type rule struct {
 	any     bool   // scope: any
 	origin  string // its field path: roles.deployer[0], identities["nats:alice"].rules[1]
 	pos     position
+	name    string // String's answer, built once: every granted request names its rule
 }
 
 // Load reads and parses the policy file at path (Parse). A file over
@@ -134,6 +135,7 @@ func compile(name string, doc *fileDoc) *Policy {
 				paths: fr.Paths, targets: fr.Targets, runAs: fr.RunAs, any: fr.Scope == "any",
 				origin: origin(i), pos: fr.pos,
 			}
+			out[i].name = out[i].origin + " (" + out[i].pos.String() + ")"
 		}
 		p.nrules += len(rs)
 		return out
@@ -227,7 +229,7 @@ func (g Grant) Rule() string {
 	return g.rule.String()
 }
 
-func (r *rule) String() string { return r.origin + " (" + r.pos.String() + ")" }
+func (r *rule) String() string { return r.name }
 
 // ErrRefused matches every *Refusal with errors.Is.
 var ErrRefused = errors.New("policy: refused")
