@@ -430,13 +430,89 @@ func TestPolicyCancelOwnJobOnly(t *testing.T) {
 		return nil
 	})
 	e, _ := requestAs(t, h.as("bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
-	wantRefused(t, "bob cancels alice's job", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel", "another identity's job")
+	wantRefused(t, "bob cancels alice's job", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel", "no rule grants job.cancel")
 	if strings.Contains(e.Message, "alice") {
 		t.Errorf("the refusal names the owner: %s", e.Message)
 	}
 	e, _ = requestAs(t, h.as("ops"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
 	if e != nil {
 		t.Fatalf("ops (scope any) cancels: %v", e)
+	}
+	select {
+	case r := <-done:
+		if r.result == nil || len(r.result.Results) != 1 || !r.result.Results[0].Cancelled {
+			t.Fatalf("alice's job: %+v %+v, want cancelled", r.err, r.result)
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("alice's job did not end")
+	}
+}
+
+// TestPolicyCancelNoOracle: tether.v1.cancel tells a caller nothing about
+// job ids it may not cancel. A caller holding no job.cancel is refused
+// the same way whether the job runs or not; one holding it on other nodes
+// or on its own jobs only gets the same not_found for a running job it may
+// not cancel as for an id no job has.
+func TestPolicyCancelNoOracle(t *testing.T) {
+	const pol = stagingPolicy + `  nats:carol:
+    rules:
+      - nodes: "*"
+        operations: [exec, job.cancel]
+        run_as: carol
+  nats:dave:
+    rules:
+      - nodes: "env=prod"
+        operations: [job.cancel]
+        scope: any
+`
+	h, _ := newPolicyHarness(t, pol, nil)
+	a := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, err := execRaw(h.as("alice"), mustJSON(t, map[string]any{"id": "alices-job", "target": map[string]any{"node": "n-a"}, "argv": []string{"hang"}}))
+		if err != nil {
+			t.Errorf("alice's exec: %v", err)
+		}
+		done <- r
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := a.execs.Load(); n != 1 {
+			return errors.New("job not started yet")
+		}
+		return nil
+	})
+	cancel := func(who, id string) *protocol.APIError {
+		t.Helper()
+		e, _ := requestAs(t, h.as(who), protocol.SubjectCancel, protocol.CancelRequest{ID: id})
+		if e == nil {
+			t.Fatalf("%s cancelled %s", who, id)
+		}
+		return e
+	}
+	// The same answer for both ids, but for the id itself.
+	same := func(who string, status int, code string) {
+		t.Helper()
+		running, missing := cancel(who, "alices-job"), cancel(who, "no-such-job")
+		if running.Status != status || running.Code != code {
+			t.Errorf("%s on alice's running job: %d %s (%s), want %d %s", who, running.Status, running.Code, running.Message, status, code)
+		}
+		got := strings.ReplaceAll(running.Message, "alices-job", "ID")
+		want := strings.ReplaceAll(missing.Message, "no-such-job", "ID")
+		if running.Status != missing.Status || running.Code != missing.Code || got != want {
+			t.Errorf("%s tells a running job from none:\n  running: %d %s %s\n  none:    %d %s %s",
+				who, running.Status, running.Code, running.Message, missing.Status, missing.Code, missing.Message)
+		}
+		if strings.Contains(got, "alice") || strings.Contains(got, "n-a") {
+			t.Errorf("%s's answer names the job's owner or node: %s", who, running.Message)
+		}
+	}
+	same("bob", 403, protocol.ErrCodeForbidden)  // no job.cancel at all
+	same("carol", 404, protocol.ErrCodeNotFound) // her own jobs only
+	same("dave", 404, protocol.ErrCodeNotFound)  // other nodes only
+	e := cancel("alice", "no-such-job")          // the owner's own miss
+	wantRefused(t, "alice cancels no job", e, 404, protocol.ErrCodeNotFound, "no-such-job", "nats:alice")
+	if e, _ := requestAs(t, h.as("alice"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"}); e != nil {
+		t.Fatalf("alice cancels her own job: %v", e)
 	}
 	select {
 	case r := <-done:
