@@ -455,7 +455,7 @@ func (c *Coordinator) handleAuditQuery(req micro.Request) {
 	if !c.decodeValid(req, &q) {
 		return
 	}
-	if _, e := c.authorizer().Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpAdmin, nil, policy.Object{}); e != nil { // the rate budget, then the decision
 		c.replyError(req, e)
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/natspipe"
@@ -638,5 +639,68 @@ identities:
 	wantRefused(t, "ops' cancel (no job.cancel)", e, 403, protocol.ErrCodeForbidden, "nats:ops", "job.cancel")
 	if e, _ := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobCancel, status); e != nil {
 		t.Fatalf("alice cancels her job: %v", e)
+	}
+}
+
+// TestPolicyAdminRateLimited: the admin endpoints take each request from
+// the caller's rate budget before they decide, like every other handler:
+// an admin past its burst gets 429, and so does a caller flooding them
+// without the right (its refusals count against its budget too).
+func TestPolicyAdminRateLimited(t *testing.T) {
+	const pol = `version: 1
+identities:
+  nats:root:
+    limits:
+      requests_per_second: 0.001
+      burst: 2
+    rules:
+      - operations: [admin]
+  nats:outsider:
+    limits:
+      requests_per_second: 0.001
+      burst: 2
+    rules:
+      - nodes: "*"
+        operations: [nodes.list]
+`
+	store, _ := writePolicy(t, pol)
+	ih := newIDHarness(t, false, func(c *coordinator.Config) {
+		c.Policy = store
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			rec.Close(ctx)
+		})
+		c.Audit = rec
+	})
+	endpoints := []struct {
+		subject string
+		body    any
+	}{
+		{protocol.SubjectTokensCreate, protocol.TokenCreateRequest{TTLSeconds: 600, Uses: 1}},
+		{protocol.SubjectNodesRevoke, protocol.NodeRevokeRequest{Node: "nobody"}},
+		{protocol.SubjectAuditQuery, protocol.AuditQueryRequest{}},
+	}
+	// One budget per identity across the admin endpoints: two requests,
+	// then 429 on whichever comes third.
+	for i, ep := range endpoints[:2] {
+		e, _ := requestAs(t, ih.as("root"), ep.subject, ep.body)
+		if e != nil && e.Status == 429 {
+			t.Fatalf("root's request %d (%s) was rate limited within its burst: %v", i, ep.subject, e)
+		}
+		e, _ = requestAs(t, ih.as("outsider"), ep.subject, ep.body)
+		wantRefused(t, "outsider "+ep.subject, e, 403, protocol.ErrCodeForbidden, "nats:outsider", "admin")
+	}
+	for _, ep := range endpoints {
+		e, _ := requestAs(t, ih.as("root"), ep.subject, ep.body)
+		wantRefused(t, "root past its burst on "+ep.subject, e, 429, protocol.ErrCodeRateLimited, "nats:root", "burst 2")
+		e, _ = requestAs(t, ih.as("outsider"), ep.subject, ep.body)
+		wantRefused(t, "outsider past its burst on "+ep.subject, e, 429, protocol.ErrCodeRateLimited, "nats:outsider", "burst 2")
 	}
 }
