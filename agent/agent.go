@@ -101,7 +101,9 @@ func New(cfg Config) (*Agent, error) {
 // ctx is done and everything it started has stopped: no goroutine and no
 // exec process group is left behind (an exec's background child that
 // redirected its output away is the one exception; see the package doc). It
-// returns an error only if it cannot start. Run must be called once.
+// returns an error if it cannot start, or one wrapping ErrEnrollRefused
+// when a coordinator refused its enrollment for good (logged as an error
+// first). Run must be called once.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("agent %s: create data dir: %w", a.cfg.NodeID, err)
@@ -150,7 +152,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger:  a.log,
 		OnRetry: func(int, error) { a.m.reconnects.Inc() },
 	}
-	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
+	err := r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
 		// A panic in the session's own goroutine (the handshake, the
 		// accept loop) ends this session only: the redialer backs off
 		// and dials again.
@@ -168,6 +170,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return a.serve(ctx, conn, addr, &h)
 	})
+	if errors.Is(err, ErrEnrollRefused) {
+		a.log.Info("agent stopped: enrollment refused")
+		return err
+	}
 	a.log.Info("agent stopped")
 	return nil
 }
