@@ -158,6 +158,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		// and dials again.
 		defer a.guard.Recover("session", func(e *panics.Error) { err = fmt.Errorf("agent %s: session with %s: %w", a.cfg.NodeID, addr, e) })
 		h := hello
+		h.Targets = a.advertisedTargets()
 		h.Reconnects = int(a.sessions.Load())
 		h.Instance = a.instance
 		if a.needsEnrollment() {
@@ -176,6 +177,28 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent stopped")
 	return nil
+}
+
+// advertisedTargets are the dial targets a hello announces: the
+// configured ones (sorted) that the local policy in force allows, all of
+// them without one. A target the node would refuse is not announced, so
+// the coordinator does not route to it (the facades place sandboxes only
+// on nodes whose hello lists their target) nor show it in tether nodes,
+// only for every call there to be refused. A policy reloaded during a
+// session applies to the next session's hello (reconnecting would drop the
+// session's streams); until then the agent refuses such dials itself.
+func (a *Agent) advertisedTargets() []string {
+	lp := a.localPolicy()
+	if lp == nil {
+		return a.targetNames
+	}
+	out := make([]string, 0, len(a.targetNames))
+	for _, t := range a.targetNames {
+		if lp.AllowDial(t) == nil {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // serve runs one tunnel session over conn: handshake, heartbeats, streams. It
