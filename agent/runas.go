@@ -314,9 +314,17 @@ func (a *Agent) runAs(u, op string) (*account, *protocol.ErrorInfo) {
 		if cur, err := user.Current(); err == nil {
 			me = fmt.Sprintf("%s (uid %s)", cur.Username, cur.Uid)
 		}
+		hint := a.cfg.RunAsHint
+		switch {
+		case hint != "":
+		case os.Geteuid() != 0:
+			hint = fmt.Sprintf("only an agent running as root can run jobs as other users: run it as root with a local policy (%s, or --local-policy) that lists %s", localpolicy.DefaultPath, acct)
+		default:
+			hint = fmt.Sprintf("write a local policy that lists %s at %s, or pass --local-policy", acct, localpolicy.DefaultPath)
+		}
 		return nil, &protocol.ErrorInfo{Code: codeForbidden, Message: fmt.Sprintf(
-			"node %s: run as %s refused: this agent has no local policy, so it runs jobs only as its own user %s (write one at %s, or pass --local-policy)",
-			a.cfg.NodeID, acct, me, localpolicy.DefaultPath)}
+			"node %s: run as %s refused: this agent has no local policy, so it runs jobs only as its own user %s (%s)",
+			a.cfg.NodeID, acct, me, hint)}
 	}
 	return acct, nil
 }

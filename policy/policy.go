@@ -622,3 +622,28 @@ func sortedKeys[V any](m map[string]V) []string {
 	slices.Sort(keys)
 	return keys
 }
+
+// Holds reports whether some rule of id's grants op at all, on any node,
+// path, target or scope: nil, or a *Refusal (ReasonNoIdentity when no
+// entry names id, else ReasonNoRule) whose message names the identity,
+// the operation and the entries that grant no op, and nothing about any
+// node or object. A handler asks it before it looks up what a request
+// names, so that a caller who may never do op learns nothing about whether
+// that exists (tether.v1.cancel's job ids). Holds is not Decide: a nil
+// answer still needs Decide on the object itself.
+func (p *Policy) Holds(id Identity, op Operation) error {
+	if !op.Valid() {
+		return p.bad(id, op, Node{}, Object{}, "it is not an operation the policy knows")
+	}
+	var buf [3]*entry
+	ents := p.lookup(id, &buf)
+	if len(ents) == 0 {
+		return p.refuse(id, op, Node{}, Object{}, ReasonNoIdentity, p.noIdentity(id))
+	}
+	for _, e := range ents {
+		if len(e.byOp[op]) > 0 {
+			return nil
+		}
+	}
+	return p.refuse(id, op, Node{}, Object{}, ReasonNoRule, p.missing(ents, op, Node{}, "", Object{}, false))
+}
