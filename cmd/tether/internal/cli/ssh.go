@@ -167,6 +167,11 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 	if in.KnownHostsCA != "" {
 		known.WriteString(in.KnownHostsCA + "\n")
 	}
+	if in.JumpAddr != "" && in.JumpHostKey != "" {
+		// Written in every mode: one known_hosts serves the configs of
+		// both (ssh-config and ssh-config --proxy-command).
+		known.WriteString(sshJumpAlias + " " + in.JumpHostKey + "\n")
+	}
 	proxy := s.ProxyCommand
 	var jumpHost, jumpPort string
 	if !proxy {
@@ -185,7 +190,6 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 				return "", "", fmt.Errorf("ssh-config: the coordinator's jump host listens on %s, every interface, and the NATS URL names no host to reach it by; use --proxy-command", in.JumpAddr)
 			}
 			jumpHost, jumpPort = h, p
-			known.WriteString(sshJumpAlias + " " + in.JumpHostKey + "\n")
 		}
 	}
 	fmt.Fprintf(&b, "# Written by tether ssh-config for coordinator %s: %d node(s).\n", in.Coordinator, len(in.Nodes))
