@@ -292,3 +292,85 @@ func TestSSHProxyRefusal(t *testing.T) {
 		t.Errorf("forward --stdio with a local address: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// TestDevSSHKeys: tether dev takes the user's ~/.ssh/*.pub plain keys
+// (certificates and junk skipped, duplicates once) into the jump host's
+// authorized_keys, and its policy grants each ssh and forward as the dev
+// user; without a key it writes nothing and says how to make one; a policy
+// written before the keys is named in a note.
+func TestDevSSHKeys(t *testing.T) {
+	if _, err := exec.LookPath("ssh-keygen"); err != nil {
+		t.Skip("no ssh-keygen")
+	}
+	home := t.TempDir()
+	getenv := testGetenv(map[string]string{"HOME": home})
+	out := filepath.Join(t.TempDir(), "ssh", "authorized_keys")
+	ids, note, err := writeDevAuthorizedKeys(out, getenv)
+	if err != nil || ids != nil || !strings.Contains(note, "ssh-keygen -t ed25519") {
+		t.Fatalf("no keys: %v %q %v", ids, note, err)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("an authorized_keys file without keys was written")
+	}
+	os.MkdirAll(filepath.Join(home, ".ssh"), 0o700)
+	key := filepath.Join(home, ".ssh", "id_ed25519")
+	if b, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "me@host", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, b)
+	}
+	pub, _ := os.ReadFile(key + ".pub")
+	os.WriteFile(filepath.Join(home, ".ssh", "copy.pub"), pub, 0o600)
+	os.WriteFile(filepath.Join(home, ".ssh", "junk.pub"), []byte("not a key\n"), 0o600)
+	ids, note, err = writeDevAuthorizedKeys(out, getenv)
+	if err != nil || len(ids) != 1 || note != "" {
+		t.Fatalf("keys: %v %q %v", ids, note, err)
+	}
+	pk, _, _, _, _ := ssh.ParseAuthorizedKey(pub)
+	if want := "ssh-key:" + ssh.FingerprintSHA256(pk); ids[0] != want {
+		t.Errorf("identity %s, want %s", ids[0], want)
+	}
+	if b, err := os.ReadFile(out); err != nil || strings.TrimSpace(string(b)) != strings.TrimSpace(string(pub)) {
+		t.Errorf("authorized_keys = %q, %v; want %q", b, err, pub)
+	}
+	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("authorized_keys mode %v, %v", fi.Mode(), err)
+	}
+
+	data, err := devPolicy("nats:alice", "alice", ids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse("dev", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := policy.Node{ID: "n", Labels: map[string]string{"dev": "true"}}
+	kid := policy.Identity{Kind: policy.KindSSHKey, Name: strings.TrimPrefix(ids[0], "ssh-key:")}
+	for _, id := range []policy.Identity{kid, {Kind: policy.KindNATS, Name: "alice"}} {
+		gs, err := p.Grants(id, policy.OpSSH, node)
+		if err != nil || len(gs) != 1 || gs[0].RunAs != "alice" {
+			t.Errorf("%s ssh grants %+v, %v; want run_as alice", id, gs, err)
+		}
+		if _, err := p.Decide(id, policy.OpForward, node, policy.Object{Target: "openshell"}); err != nil {
+			t.Errorf("%s forward: %v", id, err)
+		}
+	}
+	if _, err := p.Decide(kid, policy.OpExec, node, policy.Object{}); err == nil {
+		t.Error("the key may exec over NATS")
+	}
+	dir := t.TempDir()
+	old, err := writeDevPolicy(dir, "nats:alice", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if note := devPolicySSHNote(old, ids); !strings.Contains(note, ids[0]) {
+		t.Errorf("note for a policy without the key: %q", note)
+	}
+	if note := devPolicySSHNote(filepath.Join(t.TempDir(), "none"), ids); note != "" {
+		t.Errorf("note without a policy file: %q", note)
+	}
+	fresh := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(fresh, data, 0o600)
+	if note := devPolicySSHNote(fresh, ids); note != "" {
+		t.Errorf("note for a policy granting the key: %q", note)
+	}
+}
