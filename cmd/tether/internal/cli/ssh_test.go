@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/fleettest"
@@ -146,6 +147,9 @@ identities:
         run_as: %[1]q
       - nodes: "*"
         operations: [nodes.list]
+      - nodes: "*"
+        operations: [forward]
+        targets: [echo]
   "ssh-key:%[2]s":
     rules:
       - nodes: "index=0"
@@ -166,7 +170,10 @@ identities:
 	}
 	var jmu sync.Mutex
 	var jumpAddr, jumpKey string
-	f := fleettest.Start(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
+	echo := echoServer(t)
+	f := fleettest.Start(t, fleettest.Options{Agents: 2, Agent: func(_ int, c *agent.Config) {
+		c.Targets = map[string]string{"echo": echo, "other": echo}
+	}, Coordinator: func(c *coordinator.Config) {
 		c.Policy = store
 		c.SSH.HostCA = ca
 		c.SSH.Jump = func() (string, string) { jmu.Lock(); defer jmu.Unlock(); return jumpAddr, jumpKey }
@@ -262,6 +269,19 @@ func TestSSHThroughFleet(t *testing.T) {
 	}
 	if out, errOut, code := runSSH(t, proxy, "", "node-1.tether", "echo ok"); code != 0 || out != "ok\n" {
 		t.Errorf("ssh-proxy to node-1: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// direct-tcpip (ssh -W, as ssh -L) to a target the policy's forward
+	// rule names, by name; another target of the agent is refused.
+	if out, errOut, code := runSSH(t, proxy, "through the tunnel\n", "-W", "echo:7", "node-0.tether"); code != 0 || out != "through the tunnel\n" {
+		t.Errorf("ssh -W echo:7: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if out, errOut, code := runSSH(t, proxy, "x\n", "-W", "other:7", "node-0.tether"); code == 0 || out != "" {
+		t.Errorf("ssh -W other:7 (no forward rule): exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// tether forward --stdio: the same stdio join, for a dial target.
+	r := runCLI(testCtx(t), s.vars, "ping\n", "forward", "--stdio", "--nats-url", s.natsURL, "--nats-creds", s.f.CredsFile, "node-1", "echo")
+	if r.code != 0 || r.stdout != "ping\n" {
+		t.Errorf("forward --stdio: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
 
