@@ -35,12 +35,18 @@ type sshFixture struct {
 	user    string
 	key     ssh.Signer
 	hostKey ssh.Signer
+	priv    ed25519.PrivateKey // key's private half
 	mu      sync.Mutex
 	events  []*protocol.SSHChannelEvent
 	evc     chan *protocol.SSHChannelEvent
 }
 
 func newSigner(t testing.TB) ssh.Signer {
+	s, _ := newKey(t)
+	return s
+}
+
+func newKey(t testing.TB) (ssh.Signer, ed25519.PrivateKey) {
 	t.Helper()
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -50,7 +56,7 @@ func newSigner(t testing.TB) ssh.Signer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return s, priv
 }
 
 func newSSHFixture(t testing.TB, mutate func(*Config)) *sshFixture {
@@ -59,7 +65,8 @@ func newSSHFixture(t testing.TB, mutate func(*Config)) *sshFixture {
 	if err != nil {
 		t.Skipf("no current user: %v", err)
 	}
-	f := &sshFixture{user: me.Username, key: newSigner(t), evc: make(chan *protocol.SSHChannelEvent, 1024)}
+	key, priv := newKey(t)
+	f := &sshFixture{user: me.Username, key: key, priv: priv, evc: make(chan *protocol.SSHChannelEvent, 1024)}
 	f.h = newHarnessWith(t, mutate, func(a *Agent) {
 		a.testHook = func(point string, v any) {
 			if point == "ssh-event" {
@@ -98,36 +105,50 @@ func (f *sshFixture) params(mutate func(*protocol.SSHParams)) *protocol.SSHParam
 // stream (after FrameDialOK) or the error frame.
 func (f *sshFixture) open(t testing.TB, p *protocol.SSHParams) (*yamux.Stream, *protocol.ErrorInfo) {
 	t.Helper()
+	st, info, err := f.openStream(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != nil {
+		t.Cleanup(func() { st.Close() })
+	}
+	return st, info
+}
+
+// openStream is open without a testing.TB, for goroutines.
+func (f *sshFixture) openStream(p *protocol.SSHParams) (*yamux.Stream, *protocol.ErrorInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
 	st, err := f.h.srv.Open(ctx, protocol.KindSSH, p)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	t.Cleanup(func() { st.Close() })
 	// The answer frame, read byte-exactly: SSH follows it.
 	var hdr [5]byte
 	st.SetReadDeadline(time.Now().Add(testWait))
 	if _, err := io.ReadFull(st, hdr[:]); err != nil {
-		t.Fatalf("read the answer to the ssh stream: %v", err)
+		st.Close()
+		return nil, nil, fmt.Errorf("read the answer to the ssh stream: %w", err)
 	}
 	payload := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
 	if _, err := io.ReadFull(st, payload); err != nil {
-		t.Fatal(err)
+		st.Close()
+		return nil, nil, err
 	}
 	st.SetReadDeadline(time.Time{})
 	switch protocol.FrameType(hdr[0]) {
 	case protocol.FrameDialOK:
-		return st, nil
+		return st, nil, nil
 	case protocol.FrameError:
+		st.Close()
 		info := &protocol.ErrorInfo{}
 		if err := protocol.DecodeJSON(payload, info); err != nil {
-			t.Fatal(err)
+			return nil, nil, err
 		}
-		return nil, info
+		return nil, info, nil
 	default:
-		t.Fatalf("answer %s frame, want dial-ok or error", protocol.FrameType(hdr[0]))
-		return nil, nil
+		st.Close()
+		return nil, nil, fmt.Errorf("answer %s frame, want dial-ok or error", protocol.FrameType(hdr[0]))
 	}
 }
 
@@ -565,11 +586,15 @@ func TestSSHDirectTCPIP(t *testing.T) {
 			t.Errorf("forward to %s: %v, want the reason", dest, err)
 		}
 	}
-	ev := f.event(t, "forward", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditOK })
+	ev := f.event(t, "forward", func(e *protocol.SSHChannelEvent) bool {
+		return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditOK
+	})
 	if ev.Target != "web" || ev.BytesIn != 4 || ev.BytesOut != 4 {
 		t.Errorf("forward event %+v", ev)
 	}
-	f.event(t, "refused forward", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditRefused })
+	f.event(t, "refused forward", func(e *protocol.SSHChannelEvent) bool {
+		return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditRefused
+	})
 }
 
 func TestSSHSFTPSubsystem(t *testing.T) {

@@ -62,12 +62,13 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 	}
 	defer ch.Close()
 	var in, out atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(3)
+	reqsDone := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(reqsDone)
 		ssh.DiscardRequests(reqs)
 	}()
+	var wg sync.WaitGroup
+	wg.Add(2)
 	stop := context.AfterFunc(ctx, func() {
 		tc.Close()
 		ch.Close()
@@ -90,9 +91,11 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 		}
 		ch.CloseWrite()
 	}()
-	// Both copies end when both directions did; the requests when the
-	// channel is closed, which the client does after both EOFs (or ctx).
+	// Both directions ended: close the channel (the client waits for
+	// it), and its requests end once the client's close came back.
 	wg.Wait()
+	ch.Close()
+	<-reqsDone
 	ev.BytesIn, ev.BytesOut = in.Load(), out.Load()
 	ev.Result = protocol.AuditOK
 	c.log.Info("ssh port forward ended", "channel", n, "target", target, "bytes_in", ev.BytesIn, "bytes_out", ev.BytesOut)
