@@ -137,7 +137,15 @@ type fakeNode struct {
 	labels  map[string]string
 	hostKey ssh.Signer
 	refuse  *protocol.ErrorInfo // OpenSSH answers this when set
+	// stuck: the stream half-closes (CloseWrite succeeds, the node never
+	// sees it) and the node never answers nor closes.
+	stuck bool
 }
+
+// halfCloser is a stream that claims to half-close but swallows it.
+type halfCloser struct{ net.Conn }
+
+func (halfCloser) CloseWrite() error { return nil }
 
 // fakeNodes is the fleet: OpenSSH serves each stream with a small SSH
 // server that checks the params the way the agent does (the key compared
@@ -183,6 +191,10 @@ func (f *fakeNodes) OpenSSH(ctx context.Context, id string, params protocol.SSHP
 	f.params = append(f.params, params)
 	f.mu.Unlock()
 	a, b := net.Pipe()
+	if n.stuck {
+		go io.Copy(io.Discard, b)
+		return halfCloser{a}, nil
+	}
 	if f.drain {
 		go func() { io.Copy(io.Discard, b); b.Close() }()
 		return a, nil
@@ -464,6 +476,8 @@ type sshOpts struct {
 	knownHosts string // the known_hosts text; empty: no checking
 	dest       string // USER@HOST
 	cmd        []string
+	stdin      string   // a file to give ssh as stdin; empty: none
+	pre        []string // options before the destination
 }
 
 // runSSH runs the OpenSSH client through the gate (ProxyJump) and returns
@@ -503,8 +517,6 @@ Host *
   UserKnownHostsFile %s
   GlobalKnownHostsFile /dev/null
   UpdateHostKeys no
-  ControlMaster no
-  ControlPath none
   LogLevel INFO
   ConnectTimeout 30
 `, e.addr.Port, o.key.path, certLine, strict, kh)
@@ -514,11 +526,19 @@ Host *
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	args := append([]string{"-F", cfgPath, o.dest}, o.cmd...)
+	args := append(append(append([]string{"-F", cfgPath}, o.pre...), o.dest), o.cmd...)
 	cmd := exec.CommandContext(ctx, "ssh", args...)
 	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if o.stdin != "" {
+		f, err := os.Open(o.stdin)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.Stdin = f
+	}
 	err := cmd.Run()
 	code := 0
 	if err != nil {
