@@ -9,9 +9,11 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -392,5 +394,83 @@ func TestDevSSHKeys(t *testing.T) {
 	os.WriteFile(fresh, data, 0o600)
 	if note := devPolicySSHNote(fresh, ids); note != "" {
 		t.Errorf("note for a policy granting the key: %q", note)
+	}
+}
+
+// TestDevSSH: tether dev with a key in ~/.ssh runs the jump host for it,
+// says so in its banner, and the real OpenSSH client logs in to the dev
+// node with the config tether ssh-config prints (its key, host keys
+// checked strictly), and through ssh-proxy too.
+func TestDevSSH(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack and runs ssh")
+	}
+	for _, bin := range []string{"ssh", "ssh-keygen"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("no %s", bin)
+		}
+	}
+	home := t.TempDir()
+	os.MkdirAll(filepath.Join(home, ".ssh"), 0o700)
+	key := filepath.Join(home, ".ssh", "id_ed25519")
+	if b, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, b)
+	}
+	dir := t.TempDir()
+	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir(), "HOME": home}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(vars), now: time.Now}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	})
+	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+	var url string
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := urlRE.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+		}
+		url = m[1]
+		return nil
+	})
+	node := devNodeID()
+	banner := stdout.String()
+	for _, w := range []string{"ssh jump:", "tether ssh-config --nats-url " + url + " >> ~/.ssh/config", "ssh " + node + ".tether"} {
+		if !strings.Contains(banner, w) {
+			t.Errorf("banner lacks %q:\n%s", w, banner)
+		}
+	}
+	// The ProxyCommand runs outside this process's variables: the
+	// credentials' path goes into it, as --nats-creds does.
+	creds := filepath.Join(vars["XDG_CONFIG_HOME"], "tether", "dev.creds")
+	for _, mode := range [][]string{{"--identity", key}, {"--proxy-command", "--nats-creds", creds}} {
+		r := runCLI(testCtx(t), vars, "", append([]string{"ssh-config", "--nats-url", url}, mode...)...)
+		if r.code != 0 {
+			t.Fatalf("ssh-config %v: exit %d, stderr %q", mode, r.code, r.stderr)
+		}
+		cfg := filepath.Join(t.TempDir(), "config")
+		os.WriteFile(cfg, []byte(r.stdout), 0o600)
+		out, errOut, code := runSSH(t, cfg, "", node+".tether", "echo dev ok")
+		if code != 0 || out != "dev ok\n" {
+			t.Errorf("ssh %v to the dev node: exit %d, stdout %q, stderr %q\nconfig:\n%s", mode, code, out, errOut, r.stdout)
+		}
 	}
 }
