@@ -63,7 +63,7 @@ func TestSSHLatencyVsSSHD(t *testing.T) {
 	vs := []variant{{"sshd", local, "local"}, {"jump", jump, "node-0.tether"}, {"ssh-proxy", proxy, "node-0.tether"}}
 	fresh := map[string][]time.Duration{}
 	muxed := map[string][]time.Duration{}
-	const rounds, perMaster = 7, 20
+	const rounds, perMaster = 5, 20
 	for r := 0; r < rounds; r++ {
 		for i := range vs {
 			v := vs[(i+r)%len(vs)] // interleaved, rotating the order
@@ -87,12 +87,42 @@ func TestSSHLatencyVsSSHD(t *testing.T) {
 			runSSH(t, v.config, "", "-o", "ControlPath="+sock, "-O", "exit", v.host)
 		}
 	}
+	// Bulk: ssh HOST 'cat > /dev/null' < FILE, interleaved.
+	const bulkMiB = 128
+	bulk := filepath.Join(s.dir, "bulk")
+	if err := os.WriteFile(bulk, make([]byte, bulkMiB<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bulkTimes := map[string][]time.Duration{}
+	for r := 0; r < 3; r++ {
+		for i := range vs {
+			v := vs[(i+r)%len(vs)]
+			f, err := os.Open(bulk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := exec.Command("ssh", "-F", v.config, "-o", "BatchMode=yes", v.host, "cat > /dev/null")
+			c.Stdin, c.Env = f, append(os.Environ(), cliMainEnv+"=1")
+			start := time.Now()
+			out, err := c.CombinedOutput()
+			f.Close()
+			if err != nil {
+				t.Fatalf("%s bulk: %v %s", v.name, err, out)
+			}
+			bulkTimes[v.name] = append(bulkTimes[v.name], time.Since(start))
+		}
+	}
 	med := func(ds []time.Duration) time.Duration { ds = slices.Clone(ds); slices.Sort(ds); return ds[len(ds)/2] }
+	mibps := func(d time.Duration) float64 { return bulkMiB / d.Seconds() }
 	var b strings.Builder
 	for _, v := range vs {
 		fmt.Fprintf(&b, "%-9s fresh median %7.1f ms (%.2fx sshd)   ControlMaster median %6.1f ms (%.2fx sshd)\n", v.name,
 			float64(med(fresh[v.name]))/1e6, float64(med(fresh[v.name]))/float64(med(fresh["sshd"])),
 			float64(med(muxed[v.name]))/1e6, float64(med(muxed[v.name]))/float64(med(muxed["sshd"])))
+	}
+	for _, v := range vs {
+		fmt.Fprintf(&b, "%-9s bulk %d MiB median %6.1f MiB/s (%.2fx sshd)\n", v.name, bulkMiB,
+			mibps(med(bulkTimes[v.name])), mibps(med(bulkTimes[v.name]))/mibps(med(bulkTimes["sshd"])))
 	}
 	t.Logf("%d interleaved rounds, %d muxed calls each:\n%s", rounds, perMaster, b.String())
 }
