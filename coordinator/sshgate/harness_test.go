@@ -478,6 +478,9 @@ type sshOpts struct {
 	cmd        []string
 	stdin      string   // a file to give ssh as stdin; empty: none
 	pre        []string // options before the destination
+	// identities are IdentityFile paths tried before key's (a path whose
+	// private key is missing is offered by its .pub alone).
+	identities []string
 }
 
 // runSSH runs the OpenSSH client through the gate (ProxyJump) and returns
@@ -509,7 +512,7 @@ Host node-* *.tether
   ProxyJump gate
 Host *
   User nobody
-  IdentityFile %s
+%s  IdentityFile %s
 %s  IdentitiesOnly yes
   IdentityAgent none
   BatchMode yes
@@ -519,7 +522,7 @@ Host *
   UpdateHostKeys no
   LogLevel INFO
   ConnectTimeout 30
-`, e.addr.Port, o.key.path, certLine, strict, kh)
+`, e.addr.Port, identityLines(o.identities), o.key.path, certLine, strict, kh)
 	cfgPath := filepath.Join(dir, "config")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		e.t.Fatal(err)
@@ -562,3 +565,11 @@ const panicsZero = `
 # TYPE tether_panics_total counter
 tether_panics_total{component="sshgate"} 0
 `
+
+func identityLines(paths []string) string {
+	var b strings.Builder
+	for _, p := range paths {
+		b.WriteString("  IdentityFile " + p + "\n")
+	}
+	return b.String()
+}
