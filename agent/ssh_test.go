@@ -726,3 +726,30 @@ func TestSSHEventOnControlStream(t *testing.T) {
 		t.Errorf("event %+v", ev)
 	}
 }
+
+// An event fits a control frame whatever the client sets.
+func TestSSHEventFitsAControlFrame(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 200 {
+		if err := s.Setenv(fmt.Sprintf("LC_%03d_%s", i, strings.Repeat("x", 200)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Run(strings.Repeat("true ", 1000)); err != nil {
+		t.Fatal(err)
+	}
+	ev := f.event(t, "of the exec", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	b, err := protocol.MarshalJSON(ev)
+	if err != nil || len(b) > protocol.MaxControlFrameSize {
+		t.Errorf("event of %d bytes (%v), over %d", len(b), err, protocol.MaxControlFrameSize)
+	}
+	if n := len(ev.Command.EnvKeys); n != 17 || ev.Command.EnvKeys[16] != "(184 more)" {
+		t.Errorf("env keys %d, last %q", n, ev.Command.EnvKeys[n-1])
+	}
+}

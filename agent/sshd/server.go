@@ -311,5 +311,9 @@ func (c *conn) event(ev *protocol.SSHChannelEvent) {
 		ev.End = time.Now()
 	}
 	ev.Error = protocol.ClipUTF8(ev.Error, protocol.MaxAuditErrorLen)
+	if b, err := protocol.MarshalJSON(ev); err == nil && len(b) > protocol.MaxControlFrameSize && ev.Command != nil {
+		// Cannot happen with the bounds above; the frame must fit.
+		ev.Command.EnvKeys = []string{"(dropped)"}
+	}
 	c.cfg.Event(ev)
 }

@@ -278,11 +278,21 @@ func (s *session) envKeys() []string {
 	}
 	keys := make([]string, 0, len(s.env))
 	for k := range s.env {
-		keys = append(keys, protocol.ClipUTF8(k, protocol.MaxAuditProgramLen))
+		keys = append(keys, protocol.ClipUTF8(k, maxEventEnvKeyLen))
 	}
 	slices.Sort(keys)
+	if len(keys) > maxEventEnvKeys {
+		keys = append(keys[:maxEventEnvKeys], fmt.Sprintf("(%d more)", len(keys)-maxEventEnvKeys))
+	}
 	return keys
 }
+
+// maxEventEnvKeys and maxEventEnvKeyLen bound the env keys an event
+// lists, so that it fits protocol.MaxControlFrameSize.
+const (
+	maxEventEnvKeys   = 16
+	maxEventEnvKeyLen = 64
+)
 
 // procEnv is the environment of the session's process.
 func (s *session) procEnv() []string {
