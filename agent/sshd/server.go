@@ -29,6 +29,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -92,6 +93,10 @@ type Config struct {
 	Log *slog.Logger
 	// NodeID names the node in messages to the client.
 	NodeID string
+	// Guard contains a panic of the connection's goroutines: the panic is
+	// counted and logged, and the connection is closed (its processes
+	// killed) while the agent keeps serving. Nil: not contained.
+	Guard *panics.Guard
 }
 
 // DefaultAcceptEnv are the environment variables env requests may always
@@ -134,6 +139,7 @@ func CheckHostCert(hostKey ssh.Signer, cert []byte) (ssh.Signer, error) {
 // conn is one SSH connection.
 type conn struct {
 	cfg      *Config
+	nc       net.Conn
 	log      *slog.Logger
 	channels atomic.Int64 // channels opened so far
 	wg       sync.WaitGroup
@@ -148,7 +154,7 @@ type conn struct {
 // in (after reporting an auth event), nil otherwise.
 func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	defer nc.Close()
-	c := &conn{cfg: cfg, log: cfg.Log.With("ssh_session", cfg.Params.Session)}
+	c := &conn{cfg: cfg, nc: nc, log: cfg.Log.With("ssh_session", cfg.Params.Session)}
 	start := time.Now()
 	sc := &ssh.ServerConfig{
 		// Only what the params vouch for: no passwords, no
@@ -254,6 +260,7 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 			c.wg.Add(1)
 			go func() {
 				defer c.wg.Done()
+				defer c.cfg.Guard.Recover("ssh forward channel", c.panicked)
 				c.serveForward(cctx, nch, n, login)
 			}()
 		default:
@@ -297,6 +304,10 @@ func (c *conn) loginOf(sconn *ssh.ServerConn) *Login {
 	}
 	return l
 }
+
+// panicked closes the connection after a contained panic: every channel
+// and its processes end with it.
+func (c *conn) panicked(*panics.Error) { c.nc.Close() }
 
 func (c *conn) refused(why string) {
 	c.mu.Lock()

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -91,6 +92,12 @@ func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, logi
 		return
 	}
 	s := &session{c: c, ch: ch, n: n, login: login, start: time.Now(), env: map[string]string{}}
+	defer c.cfg.Guard.Recover("ssh session channel", func(e *panics.Error) {
+		if s.proc != nil {
+			syscall.Kill(-s.proc.pgid, syscall.SIGKILL)
+		}
+		c.panicked(e)
+	})
 	s.ev = protocol.SSHChannelEvent{Channel: n, Login: login.Name, Start: s.start}
 	s.run(ctx, reqs)
 }
@@ -435,22 +442,25 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 	p.wg.Add(4)
 	go func() { // client → stdin; the client's EOF closes it
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer inW.Close()
 		io.Copy(inW, countReader{s.ch, &s.in})
 	}()
 	go func() {
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer outputs.Done()
 		defer outR.Close()
 		io.CopyBuffer(countWriter{s.ch, &s.out}, outR, make([]byte, 256<<10))
 	}()
 	go func() {
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer outputs.Done()
 		defer errR.Close()
 		io.Copy(countWriter{s.ch.Stderr(), &s.out}, errR)
 	}()
-	go func() {
+	go func() { // not guarded: done must be closed, and nothing here panics
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
@@ -499,14 +509,16 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 	p.wg.Add(3)
 	go func() { // client → terminal; the client's EOF is not a terminal's
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		io.Copy(ptm, countReader{s.ch, &s.in})
 	}()
 	go func() { // terminal → client, until every holder of the tty closed it (EIO)
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer close(output)
 		io.Copy(countWriter{s.ch, &s.out}, ptm)
 	}()
-	go func() {
+	go func() { // not guarded: done must be closed, and nothing here panics
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
