@@ -753,3 +753,37 @@ func TestSSHEventFitsAControlFrame(t *testing.T) {
 		t.Errorf("env keys %d, last %q", n, ev.Command.EnvKeys[n-1])
 	}
 }
+
+// A host certificate of the agent's key is offered; one of another key is
+// not (the plain key still is).
+func TestSSHHostCertificateOfferedOnlyWhenItCertifiesTheHostKey(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	ca := newSigner(t)
+	certify := func(key ssh.PublicKey) []byte {
+		c := &ssh.Certificate{Key: key, CertType: ssh.HostCert, ValidPrincipals: []string{"node-a", sshHost}, ValidBefore: ssh.CertTimeInfinity}
+		if err := c.SignCert(rand.Reader, ca); err != nil {
+			t.Fatal(err)
+		}
+		return c.Marshal()
+	}
+	checker := &ssh.CertChecker{IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
+		return bytes.Equal(auth.Marshal(), ca.PublicKey().Marshal())
+	}}
+	certOnly := func() *ssh.ClientConfig {
+		cc := f.clientConfig()
+		cc.HostKeyAlgorithms = []string{ssh.CertAlgoED25519v01}
+		cc.HostKeyCallback = checker.CheckHostKey
+		return cc
+	}
+	p := f.params(func(p *protocol.SSHParams) { p.HostCertificate = certify(f.hostKey.PublicKey()) })
+	if _, err := f.dial(t, p, certOnly()); err != nil {
+		t.Fatalf("host certificate of the host key: %v", err)
+	}
+	p = f.params(func(p *protocol.SSHParams) { p.HostCertificate = certify(newSigner(t).PublicKey()) })
+	if _, err := f.dial(t, p, certOnly()); err == nil {
+		t.Error("a certificate of another key was offered")
+	}
+	if _, err := f.dial(t, p, f.clientConfig()); err != nil {
+		t.Errorf("plain host key beside a refused certificate: %v", err)
+	}
+}
