@@ -787,3 +787,45 @@ func TestSSHHostCertificateOfferedOnlyWhenItCertifiesTheHostKey(t *testing.T) {
 		t.Errorf("plain host key beside a refused certificate: %v", err)
 	}
 }
+
+// A process that left the channel's process group (setsid) but holds its
+// output does not keep the channel open once the client closed it.
+func TestSSHChannelCloseAbandonsOutputHeldOutsideTheGroup(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := s.StdoutPipe()
+	// The pid comes from the detached process itself, once it is out of
+	// the group; the leader waits, so the close kills it.
+	if err := s.Start("setsid sh -c 'echo $$; exec sleep 1000' & wait"); err != nil {
+		t.Fatal(err)
+	}
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) == 0 || line[len(line)-1] != '\n' {
+		if _, err := out.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		line = append(line, b[0])
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(line)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	s.Close()
+	ev := f.event(t, "of the closed channel", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || ev.ExitSignal == "" {
+		t.Errorf("event %+v: want the killed leader's signal", ev)
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Errorf("the detached process %d is gone (%v): the test proved nothing", pid, err)
+	}
+	// The connection still serves.
+	if out, err := run(t, c, "echo still", ""); err != nil || out != "still\n" {
+		t.Errorf("after the abandoned channel: %q %v", out, err)
+	}
+}

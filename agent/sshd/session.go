@@ -81,8 +81,13 @@ type process struct {
 	// state is the leader's wait status, set before done is closed.
 	state *os.ProcessState
 
+	// outputs are the read ends of a process's stdout and stderr pipes.
+	outputs []*os.File
+
 	killOnce sync.Once
+	mu       sync.Mutex // guards timer and stopped
 	timer    *time.Timer
+	stopped  bool
 }
 
 func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, login *Login) {
@@ -158,7 +163,7 @@ func (s *session) finish(exited bool) {
 	}
 	s.ev.BytesIn, s.ev.BytesOut = s.in.Load(), s.out.Load()
 	s.c.log.Info("ssh channel ended", "channel", s.n, "type", s.ev.Type, "result", s.ev.Result,
-		"exit_status", s.ev.ExitStatus, "exit_signal", s.ev.ExitSignal, "bytes_in", s.ev.BytesIn, "bytes_out", s.ev.BytesOut)
+		"exit_status", exitStatusAttr(s.ev.ExitStatus), "exit_signal", s.ev.ExitSignal, "bytes_in", s.ev.BytesIn, "bytes_out", s.ev.BytesOut)
 	s.c.event(&s.ev)
 }
 
@@ -426,7 +431,12 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		return nil, err
 	}
 	for _, f := range []*os.File{inW, outR} {
-		unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+		// Bigger pipes: fewer wake-ups per MiB. Through SyscallConn, not
+		// Fd, which would make the pipe blocking (no deadlines). Best
+		// effort: past /proc/sys/fs/pipe-max-size the kernel refuses.
+		if rc, err := f.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
+		}
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 	if err := cmd.Start(); err != nil {
@@ -436,7 +446,7 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 	inR.Close()
 	outW.Close()
 	errW.Close()
-	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{}), outputs: []*os.File{outR, errR}}
 	var outputs sync.WaitGroup
 	outputs.Add(2)
 	p.wg.Add(4)
@@ -532,30 +542,47 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 	return p, nil
 }
 
-// kill ends the process's group: SIGTERM (and SIGHUP, for a terminal's
-// shell), then SIGKILL grace later. It may be called more than once.
+// kill ends the process's group: SIGHUP and SIGTERM, SIGKILL grace
+// later, and another grace later it stops relaying the output that
+// something outside the group (a setsid daemon) may still hold open, so
+// that the channel ends whatever was started. It may be called more than
+// once.
 func (p *process) kill(grace time.Duration) {
 	p.killOnce.Do(func() {
 		syscall.Kill(-p.pgid, syscall.SIGHUP)
 		syscall.Kill(-p.pgid, syscall.SIGTERM)
-		p.timer = time.AfterFunc(grace, func() { syscall.Kill(-p.pgid, syscall.SIGKILL) })
-		if p.ptm != nil {
-			// Unblocks the relay of a terminal that something outside
-			// the group still holds.
-			go func() {
-				<-p.done
-				p.ptm.Close()
-			}()
-		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.timer = time.AfterFunc(grace, func() {
+			syscall.Kill(-p.pgid, syscall.SIGKILL)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if !p.stopped {
+				p.timer = time.AfterFunc(grace, p.abandon)
+			}
+		})
 	})
+}
+
+// abandon stops reading the process's output (pipes or terminal).
+func (p *process) abandon() {
+	for _, f := range p.outputs {
+		f.SetReadDeadline(time.Now())
+	}
+	if p.ptm != nil {
+		p.ptm.SetReadDeadline(time.Now())
+	}
 }
 
 // stopKill releases the kill timer and the terminal once the channel is
 // done with them.
 func (p *process) stopKill() {
+	p.mu.Lock()
+	p.stopped = true
 	if p.timer != nil {
 		p.timer.Stop()
 	}
+	p.mu.Unlock()
 	if p.ptm != nil {
 		p.ptm.Close()
 	}
@@ -587,4 +614,12 @@ func (c countWriter) Write(p []byte) (int, error) {
 	k, err := c.w.Write(p)
 	c.n.Add(int64(k))
 	return k, err
+}
+
+// exitStatusAttr is an exit status for logs: the number, or "none".
+func exitStatusAttr(p *int) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
 }
