@@ -260,7 +260,7 @@ func TestSSHExecScriptOnStdinLastStatusCounts(t *testing.T) {
 func TestSSHExecRunsInHomeThroughLoginShell(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
-	out, err := run(t, c, `echo "$PWD|$HOME|$USER|$SHELL|$0"`, "")
+	out, err := run(t, c, `echo "$PWD|$HOME|$USER|$SHELL|$0"; set -- $SSH_CONNECTION; echo $#; set -- $SSH_CLIENT; echo $#`, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestSSHExecRunsInHomeThroughLoginShell(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := f.h.a.baseDir(acct)
-	if want := home + "|" + acct.home + "|" + f.user + "|" + acct.shellPath() + "|" + acct.shellPath() + "\n"; out != want {
+	if want := home + "|" + acct.home + "|" + f.user + "|" + acct.shellPath() + "|" + acct.shellPath() + "\n4\n3\n"; out != want {
 		t.Errorf("environment %q, want %q", out, want)
 	}
 }
@@ -323,7 +323,7 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in, _ := s.StdinPipe()
 	out, _ := s.StdoutPipe()
-	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; ls -l /proc/self/fd/0`); err != nil {
+	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; [ "$SSH_TTY" = "$(tty)" ] && echo TTY-OK`); err != nil {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
@@ -346,6 +346,7 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in.Write([]byte("\n"))
 	readUntil("50 120")
+	readUntil("TTY-OK")
 	if err := s.Wait(); err != nil {
 		t.Errorf("wait: %v (output %q)", err, got.String())
 	}

@@ -143,6 +143,9 @@ type conn struct {
 	log      *slog.Logger
 	channels atomic.Int64 // channels opened so far
 	wg       sync.WaitGroup
+	// sshClient and sshConnection are the values of SSH_CLIENT and
+	// SSH_CONNECTION for the connection's processes.
+	sshClient, sshConnection string
 	// refusal is the last authentication refusal, for the auth event.
 	mu      sync.Mutex
 	refusal string
@@ -155,6 +158,7 @@ type conn struct {
 func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	defer nc.Close()
 	c := &conn{cfg: cfg, nc: nc, log: cfg.Log.With("ssh_session", cfg.Params.Session)}
+	c.setSSHEnv(nc.RemoteAddr(), nc.LocalAddr())
 	start := time.Now()
 	sc := &ssh.ServerConfig{
 		// Only what the params vouch for: no passwords, no
@@ -303,6 +307,26 @@ func (c *conn) loginOf(sconn *ssh.ServerConn) *Login {
 		return &Login{Name: name, ExecErr: err, ShellErr: err}
 	}
 	return l
+}
+
+// setSSHEnv sets SSH_CLIENT ("ADDR PORT LOCALPORT") and SSH_CONNECTION
+// ("ADDR PORT LOCALADDR LOCALPORT") from the stream's addresses, which are
+// the tunnel's: the agent never sees the client's own. sshd sets them, and
+// Debian's bash reads ~/.bashrc for a command when SSH_CLIENT is set, which
+// users' remote commands rely on (their PATH, their virtualenv).
+func (c *conn) setSSHEnv(remote, local net.Addr) {
+	split := func(a net.Addr) (string, string) {
+		if a != nil {
+			if h, p, err := net.SplitHostPort(a.String()); err == nil {
+				return h, p
+			}
+		}
+		return "0.0.0.0", "0"
+	}
+	rh, rp := split(remote)
+	lh, lp := split(local)
+	c.sshClient = rh + " " + rp + " " + lp
+	c.sshConnection = rh + " " + rp + " " + lh + " " + lp
 }
 
 // panicked closes the connection after a contained panic: every channel

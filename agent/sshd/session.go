@@ -308,7 +308,11 @@ const (
 
 // procEnv is the environment of the session's process.
 func (s *session) procEnv() []string {
-	env := slices.Clone(s.login.Env)
+	// As sshd's: a session's shell is a top-level one (SHLVL unset, as
+	// the agent's own environment may have it), so that bash reads
+	// ~/.bashrc for a command as it does under sshd.
+	env := slices.DeleteFunc(slices.Clone(s.login.Env), func(kv string) bool { return strings.HasPrefix(kv, "SHLVL=") })
+	env = append(env, "SSH_CLIENT="+s.c.sshClient, "SSH_CONNECTION="+s.c.sshConnection)
 	for _, k := range slices.Sorted(maps.Keys(s.env)) {
 		env = append(env, k+"="+s.env[k])
 	}
@@ -509,6 +513,7 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 		return nil, err
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.Env = append(cmd.Env, "SSH_TTY="+tty.Name())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
 	if err := cmd.Start(); err != nil {
 		ptm.Close()
