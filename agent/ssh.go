@@ -123,6 +123,7 @@ func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		KillGrace:        a.cfg.KillGrace,
 		Log:              log,
 		NodeID:           a.cfg.NodeID,
+		Guard:            a.guard,
 	})
 }
 

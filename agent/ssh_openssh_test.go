@@ -60,7 +60,7 @@ type sshBridge struct {
 	wg     sync.WaitGroup
 }
 
-func newSSHBridge(t *testing.T, f *sshFixture, params func() *protocol.SSHParams) *sshBridge {
+func newSSHBridge(t testing.TB, f *sshFixture, params func() *protocol.SSHParams) *sshBridge {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -117,13 +117,17 @@ func newSSHBridge(t *testing.T, f *sshFixture, params func() *protocol.SSHParams
 
 // openSSH runs OpenSSH's clients against a bridge.
 type openSSH struct {
-	t          *testing.T
+	t          testing.TB
 	b          *sshBridge
 	dir        string
 	keyFile    string
 	knownHosts string
 	logLevel   string
 	user       string
+	// port, when set, makes the clients connect to 127.0.0.1:port
+	// directly (a local sshd, for the benchmark) instead of through the
+	// bridge.
+	port string
 }
 
 const sshHost = "node-a" + protocol.SSHHostSuffix
@@ -151,7 +155,7 @@ func writeKeyFile(t testing.TB, path string, priv ed25519.PrivateKey) {
 // newOpenSSH is an OpenSSH client setup for f: its key file, a known_hosts
 // file naming the agent's host key for sshHost, and a bridge whose params
 // vouch for the key (mutate adjusts them).
-func newOpenSSH(t *testing.T, f *sshFixture, mutate func(*protocol.SSHParams)) *openSSH {
+func newOpenSSH(t testing.TB, f *sshFixture, mutate func(*protocol.SSHParams)) *openSSH {
 	t.Helper()
 	needBinary(t, "ssh")
 	// Short: ControlPath must fit a unix socket's 108 bytes.
@@ -176,12 +180,15 @@ func (o *openSSH) opts() []string {
 	if err != nil {
 		o.t.Fatal(err)
 	}
-	return []string{"-F", "/dev/null",
-		"-o", "ProxyCommand=" + exe,
-		"-o", "UserKnownHostsFile=" + o.knownHosts, "-o", "GlobalKnownHostsFile=/dev/null",
-		"-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "IdentityFile=" + o.keyFile,
-		"-o", "BatchMode=yes", "-o", "LogLevel=" + o.logLevel, "-o", "User=" + o.user,
+	hop := []string{"-o", "ProxyCommand=" + exe}
+	if o.port != "" {
+		hop = []string{"-o", "Port=" + o.port}
 	}
+	return append(hop, "-F", "/dev/null",
+		"-o", "UserKnownHostsFile="+o.knownHosts, "-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "IdentityFile="+o.keyFile,
+		"-o", "BatchMode=yes", "-o", "LogLevel="+o.logLevel, "-o", "User="+o.user,
+	)
 }
 
 func (o *openSSH) env() []string {
@@ -328,8 +335,13 @@ func TestOpenSSHRsyncBothWays(t *testing.T) {
 // startMaster starts a ControlMaster (ssh -N) on path and waits until it
 // answers; the returned func stops it.
 func (o *openSSH) startMaster(path string) func() {
+	return o.startMasterTo(path, sshHost)
+}
+
+// startMasterTo is startMaster for host.
+func (o *openSSH) startMasterTo(path, host string) func() {
 	o.t.Helper()
-	master := o.command("ssh", "-o", "ControlMaster=yes", "-o", "ControlPath="+path, "-o", "ControlPersist=no", "-N", sshHost)
+	master := o.command("ssh", "-o", "ControlMaster=yes", "-o", "ControlPath="+path, "-o", "ControlPersist=no", "-N", host)
 	var errb bytes.Buffer
 	master.Stderr = &errb
 	if err := master.Start(); err != nil {
@@ -343,11 +355,11 @@ func (o *openSSH) startMaster(path string) func() {
 			o.t.Fatalf("control master exited: %v: %s", err, errb.String())
 		default:
 		}
-		check := o.command("ssh", "-o", "ControlPath="+path, "-O", "check", sshHost)
+		check := o.command("ssh", "-o", "ControlPath="+path, "-O", "check", host)
 		return check.Run() == nil
 	})
 	return func() {
-		o.command("ssh", "-o", "ControlPath="+path, "-O", "exit", sshHost).Run()
+		o.command("ssh", "-o", "ControlPath="+path, "-O", "exit", host).Run()
 		master.Process.Signal(syscall.SIGTERM)
 		<-waited
 	}

@@ -260,7 +260,7 @@ func TestSSHExecScriptOnStdinLastStatusCounts(t *testing.T) {
 func TestSSHExecRunsInHomeThroughLoginShell(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
-	out, err := run(t, c, `echo "$PWD|$HOME|$USER|$SHELL|$0"`, "")
+	out, err := run(t, c, `echo "$PWD|$HOME|$USER|$SHELL|$0"; set -- $SSH_CONNECTION; echo $#; set -- $SSH_CLIENT; echo $#`, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestSSHExecRunsInHomeThroughLoginShell(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := f.h.a.baseDir(acct)
-	if want := home + "|" + acct.home + "|" + f.user + "|" + acct.shellPath() + "|" + acct.shellPath() + "\n"; out != want {
+	if want := home + "|" + acct.home + "|" + f.user + "|" + acct.shellPath() + "|" + acct.shellPath() + "\n4\n3\n"; out != want {
 		t.Errorf("environment %q, want %q", out, want)
 	}
 }
@@ -323,7 +323,7 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in, _ := s.StdinPipe()
 	out, _ := s.StdoutPipe()
-	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; ls -l /proc/self/fd/0`); err != nil {
+	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; [ "$SSH_TTY" = "$(tty)" ] && echo TTY-OK`); err != nil {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
@@ -346,6 +346,7 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in.Write([]byte("\n"))
 	readUntil("50 120")
+	readUntil("TTY-OK")
 	if err := s.Wait(); err != nil {
 		t.Errorf("wait: %v (output %q)", err, got.String())
 	}
@@ -724,5 +725,108 @@ func TestSSHEventOnControlStream(t *testing.T) {
 	}
 	if ev.ExitStatus == nil || *ev.ExitStatus != 3 || ev.Channel != 1 || ev.Type != protocol.SSHChannelExec || ev.End.Before(ev.Start) {
 		t.Errorf("event %+v", ev)
+	}
+}
+
+// An event fits a control frame whatever the client sets.
+func TestSSHEventFitsAControlFrame(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 200 {
+		if err := s.Setenv(fmt.Sprintf("LC_%03d_%s", i, strings.Repeat("x", 200)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Run(strings.Repeat("true ", 1000)); err != nil {
+		t.Fatal(err)
+	}
+	ev := f.event(t, "of the exec", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	b, err := protocol.MarshalJSON(ev)
+	if err != nil || len(b) > protocol.MaxControlFrameSize {
+		t.Errorf("event of %d bytes (%v), over %d", len(b), err, protocol.MaxControlFrameSize)
+	}
+	if n := len(ev.Command.EnvKeys); n != 17 || ev.Command.EnvKeys[16] != "(184 more)" {
+		t.Errorf("env keys %d, last %q", n, ev.Command.EnvKeys[n-1])
+	}
+}
+
+// A host certificate of the agent's key is offered; one of another key is
+// not (the plain key still is).
+func TestSSHHostCertificateOfferedOnlyWhenItCertifiesTheHostKey(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	ca := newSigner(t)
+	certify := func(key ssh.PublicKey) []byte {
+		c := &ssh.Certificate{Key: key, CertType: ssh.HostCert, ValidPrincipals: []string{"node-a", sshHost}, ValidBefore: ssh.CertTimeInfinity}
+		if err := c.SignCert(rand.Reader, ca); err != nil {
+			t.Fatal(err)
+		}
+		return c.Marshal()
+	}
+	checker := &ssh.CertChecker{IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
+		return bytes.Equal(auth.Marshal(), ca.PublicKey().Marshal())
+	}}
+	certOnly := func() *ssh.ClientConfig {
+		cc := f.clientConfig()
+		cc.HostKeyAlgorithms = []string{ssh.CertAlgoED25519v01}
+		cc.HostKeyCallback = checker.CheckHostKey
+		return cc
+	}
+	p := f.params(func(p *protocol.SSHParams) { p.HostCertificate = certify(f.hostKey.PublicKey()) })
+	if _, err := f.dial(t, p, certOnly()); err != nil {
+		t.Fatalf("host certificate of the host key: %v", err)
+	}
+	p = f.params(func(p *protocol.SSHParams) { p.HostCertificate = certify(newSigner(t).PublicKey()) })
+	if _, err := f.dial(t, p, certOnly()); err == nil {
+		t.Error("a certificate of another key was offered")
+	}
+	if _, err := f.dial(t, p, f.clientConfig()); err != nil {
+		t.Errorf("plain host key beside a refused certificate: %v", err)
+	}
+}
+
+// A process that left the channel's process group (setsid) but holds its
+// output does not keep the channel open once the client closed it.
+func TestSSHChannelCloseAbandonsOutputHeldOutsideTheGroup(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := s.StdoutPipe()
+	// The pid comes from the detached process itself, once it is out of
+	// the group; the leader waits, so the close kills it.
+	if err := s.Start("setsid sh -c 'echo $$; exec sleep 1000' & wait"); err != nil {
+		t.Fatal(err)
+	}
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) == 0 || line[len(line)-1] != '\n' {
+		if _, err := out.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		line = append(line, b[0])
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(line)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	s.Close()
+	ev := f.event(t, "of the closed channel", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || ev.ExitSignal == "" {
+		t.Errorf("event %+v: want the killed leader's signal", ev)
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Errorf("the detached process %d is gone (%v): the test proved nothing", pid, err)
+	}
+	// The connection still serves.
+	if out, err := run(t, c, "echo still", ""); err != nil || out != "still\n" {
+		t.Errorf("after the abandoned channel: %q %v", out, err)
 	}
 }

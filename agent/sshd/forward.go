@@ -76,6 +76,7 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 	defer stop()
 	go func() { // client → target
 		defer wg.Done()
+		defer c.cfg.Guard.Recover("ssh forward relay", c.panicked)
 		_, err := io.Copy(countWriter{tc, &in}, ch)
 		if cw, ok := tc.(interface{ CloseWrite() error }); ok && err == nil {
 			cw.CloseWrite()
@@ -85,6 +86,7 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 	}()
 	go func() { // target → client
 		defer wg.Done()
+		defer c.cfg.Guard.Recover("ssh forward relay", c.panicked)
 		if _, err := io.Copy(countWriter{ch, &out}, tc); err != nil {
 			ch.Close()
 			return
