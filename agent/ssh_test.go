@@ -25,6 +25,7 @@ import (
 	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -828,5 +829,46 @@ func TestSSHChannelCloseAbandonsOutputHeldOutsideTheGroup(t *testing.T) {
 	// The connection still serves.
 	if out, err := run(t, c, "echo still", ""); err != nil || out != "still\n" {
 		t.Errorf("after the abandoned channel: %q %v", out, err)
+	}
+}
+
+// The local policy decides per request: here commands but no shells, and
+// no forwarding.
+func TestSSHLocalPolicyPerRequest(t *testing.T) {
+	me, err := user.Current()
+	if err != nil {
+		t.Skip(err)
+	}
+	lp, err := localpolicy.Parse("/etc/tether/local-policy.yaml", []byte(fmt.Sprintf(
+		"version: 1\nusers:\n  - name: %s\nexec: true\nshell: false\nforward: false\n", me.Username)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newSSHFixture(t, func(c *Config) {
+		c.LocalPolicy = lp
+		c.Targets = map[string]string{"web": "127.0.0.1:1"}
+	})
+	c, err := f.dial(t, f.params(func(p *protocol.SSHParams) { p.Targets = []string{"web"} }), f.clientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, c, "echo ok", ""); err != nil || out != "ok\n" {
+		t.Errorf("exec allowed by the local policy: %q %v", out, err)
+	}
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Shell(); err == nil {
+		t.Error("shell started although the local policy says shell: false")
+	}
+	s.Close()
+	ev := f.event(t, "of the refused shell", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelShell })
+	if ev.Result != protocol.AuditRefused || !strings.Contains(ev.Error, "local-policy.yaml") {
+		t.Errorf("shell event %+v", ev)
+	}
+	if conn, err := c.Dial("tcp", "web:1"); err == nil {
+		conn.Close()
+		t.Error("forward allowed although the local policy says forward: false")
 	}
 }
