@@ -872,3 +872,14 @@ func TestSSHLocalPolicyPerRequest(t *testing.T) {
 		t.Error("forward allowed although the local policy says forward: false")
 	}
 }
+
+// An SSH login's environment is a login's, not the agent's.
+func TestSSHLoginEnvironmentIsNotTheAgents(t *testing.T) {
+	t.Setenv("TETHER_TEST_AGENT_ONLY", "leaked")
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	out, err := run(t, c, `echo "${TETHER_TEST_AGENT_ONLY-unset} ${PATH:+path}"`, "")
+	if err != nil || out != "unset path\n" {
+		t.Errorf("environment: %q %v, want the agent's variable unset and PATH set", out, err)
+	}
+}
