@@ -74,10 +74,18 @@
 //	                   trailing space
 //	token:NAME         a facade bearer token, by the name it was issued
 //	                   under: 1-64 bytes of [A-Za-z0-9._-]
+//	ssh-key:SHA256:FP  an SSH public key the client proved to the jump
+//	                   host, by its SHA-256 fingerprint as ssh-keygen -lf
+//	                   prints it (SHA256: and 43 base64 characters)
+//	ssh-principal:NAME an SSH user certificate from a trusted user CA, by
+//	                   a principal it lists: 1-128 bytes of
+//	                   [A-Za-z0-9._@+-]
 //
-// Any other kind is refused (SSH keys and principals come later). A caller
-// matches up to three entries: a NATS user its key entry, its name entry and
-// its account's entry; a certificate or token its one entry. The grants of
+// Any other kind is refused. A caller matches up to three entries: a NATS
+// user its key entry, its name entry and its account's entry; a facade
+// certificate, token or plain SSH key its one entry; an SSH certificate the
+// entries of its principals (the first MaxPrincipals), and it is named by
+// its first principal. The grants of
 // all matched entries add up. Each entry has three optional keys: roles (a
 // list of role names; each must be defined, none twice), rules (a list of
 // rules, as in a role) and limits.
@@ -124,6 +132,12 @@
 //	nodes.list          see a node in tether nodes (nodes)
 //	admin               coordinator administration: tokens, node
 //	                    revocation, sandboxes sync, audit (nothing else)
+//	ssh                 log in to a node with OpenSSH through the jump host
+//	                    or tether ssh-proxy (nodes, run_as): every rule
+//	                    granting it on the node adds its run_as to the
+//	                    logins the caller may use there (ssh run_as@node);
+//	                    port forwarding inside the connection (ssh -L)
+//	                    needs forward to the target as well
 //
 // When several rules grant an operation, the first one that matches wins
 // and names the run_as user: the caller's entries in the order key, name,

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -25,14 +26,25 @@ const (
 	KindCert
 	// KindToken: a facade bearer token, by the name it was issued under.
 	KindToken
+	// KindSSHKey: an SSH public key a client proved to the jump host, by
+	// its SHA-256 fingerprint as ssh-keygen -l prints it ("SHA256:" and 43
+	// characters of unpadded base64).
+	KindSSHKey
+	// KindSSHPrincipal: an SSH user certificate from a trusted user CA,
+	// by one of its principals. A caller of this kind is named by its
+	// first principal and matches the entries of all of them
+	// (Identity.Principals).
+	KindSSHPrincipal
 	numKinds // one past the last kind
 )
 
 var kindNames = [numKinds]string{
-	KindNATS:        "nats",
-	KindNATSAccount: "nats-account",
-	KindCert:        "cert",
-	KindToken:       "token",
+	KindNATS:         "nats",
+	KindNATSAccount:  "nats-account",
+	KindCert:         "cert",
+	KindToken:        "token",
+	KindSSHKey:       "ssh-key",
+	KindSSHPrincipal: "ssh-principal",
 }
 
 // Kinds lists every identity kind, in declaration order.
@@ -48,7 +60,8 @@ func Kinds() []Kind {
 func (k Kind) Valid() bool { return k >= KindNATS && k < numKinds }
 
 // String returns the kind as written in a policy file ("nats",
-// "nats-account", "cert", "token"), or "kind(N)" for an invalid one.
+// "nats-account", "cert", "token", "ssh-key", "ssh-principal"), or
+// "kind(N)" for an invalid one.
 func (k Kind) String() string {
 	if k.Valid() {
 		return kindNames[k]
@@ -70,10 +83,12 @@ func parseKind(s string) (Kind, bool) {
 // from what the NATS server stamped on a request (natsauth), a verified
 // client certificate or a token lookup, never from what a client wrote.
 type Identity struct {
-	// Kind is KindNATS, KindCert or KindToken.
+	// Kind is KindNATS, KindCert, KindToken, KindSSHKey or
+	// KindSSHPrincipal.
 	Kind Kind
-	// Name is the NATS user JWT's name, the certificate's common name or
-	// the token's name. It may be empty for a NATS user known by key only.
+	// Name is the NATS user JWT's name, the certificate's common name, the
+	// token's name, the SSH key's fingerprint or the SSH certificate's
+	// first principal. It may be empty for a NATS user known by key only.
 	Name string
 	// Key is a NATS user's public key (56 characters from 'U'); empty for
 	// other kinds.
@@ -82,7 +97,14 @@ type Identity struct {
 	// (matched verbatim against nats-account: entries); empty for other
 	// kinds.
 	Account string
+	// Principals are an SSH certificate's valid principals (Name is the
+	// first), at most MaxPrincipals; empty for other kinds.
+	Principals []string
 }
+
+// MaxPrincipals bounds Identity.Principals: a certificate's principals
+// past it are not looked up.
+const MaxPrincipals = 16
 
 // String is the identity as policies, messages and owners name it:
 // KIND:NAME, or KIND:KEY when the name is empty.
@@ -102,7 +124,10 @@ func (id Identity) owns(owner string) bool {
 		return false
 	}
 	v := owner[len(k)+1:]
-	return v != "" && (v == id.Name || v == id.Key)
+	if v == "" {
+		return false
+	}
+	return v == id.Name || v == id.Key || id.Kind == KindSSHPrincipal && slices.Contains(id.Principals, v)
 }
 
 // entryKey is a policy entry's identity, parsed: the kind and the value
@@ -140,6 +165,10 @@ func parseEntryKey(s string) (entryKey, error) {
 		err = checkCommonName(value)
 	case KindToken:
 		err = checkName(value, maxName, "._-")
+	case KindSSHKey:
+		err = CheckSSHFingerprint(value)
+	case KindSSHPrincipal:
+		err = CheckSSHPrincipal(value)
 	}
 	if err != nil {
 		return entryKey{}, fmt.Errorf("identity %q: %w", s, err)
@@ -254,4 +283,48 @@ func checkUser(v string) error {
 		}
 	}
 	return nil
+}
+
+// sshFingerprintLen is the length of "SHA256:" and the 43 characters of
+// unpadded base64 of a SHA-256 digest.
+const sshFingerprintLen = len("SHA256:") + 43
+
+// CheckSSHFingerprint checks an ssh-key: value: an SSH key's SHA-256
+// fingerprint as ssh-keygen -l and golang.org/x/crypto/ssh's
+// FingerprintSHA256 write it, "SHA256:" then 43 characters of unpadded
+// standard base64 (the last one of the 16 that end a 256-bit value).
+func CheckSSHFingerprint(v string) error {
+	if len(v) != sshFingerprintLen || !strings.HasPrefix(v, "SHA256:") {
+		return fmt.Errorf("SSH key fingerprint %q: want SHA256: and 43 base64 characters, as ssh-keygen -lf KEY prints it", clip(v))
+	}
+	b := v[len("SHA256:"):]
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/') {
+			return fmt.Errorf("SSH key fingerprint %q: character %q is not base64", clip(v), c)
+		}
+	}
+	// 43 characters carry 258 bits; the last one's low 2 bits are zero.
+	if strings.IndexByte("AEIMQUYcgkosw048", b[len(b)-1]) < 0 {
+		return fmt.Errorf("SSH key fingerprint %q: not the encoding of a SHA-256 digest (bad last character)", clip(v))
+	}
+	return nil
+}
+
+// maxPrincipal bounds an ssh-principal: value, in bytes.
+const maxPrincipal = 128
+
+// CheckSSHPrincipal checks an ssh-principal: value: 1 to 128 bytes of
+// [A-Za-z0-9._@+-], starting with a letter or digit (user names, e-mail
+// addresses and host names; a certificate principal outside this set
+// never matches an entry).
+func CheckSSHPrincipal(v string) error {
+	return checkName(v, maxPrincipal, "._@+-")
+}
+
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
 }

@@ -24,6 +24,7 @@ const (
 	OpSandboxesReap                          // reap a run's sandboxes
 	OpNodesList                              // see a node in a node listing
 	OpAdmin                                  // coordinator administration
+	OpSSH                                    // log in to a node over SSH (exec, shell, sftp)
 	numOps                                   // one past the last operation
 )
 
@@ -53,6 +54,7 @@ var ops = [numOps]opInfo{
 	OpSandboxesReap:     {name: "sandboxes.reap", scoped: true, noun: "run"},
 	OpNodesList:         {name: "nodes.list", node: true},
 	OpAdmin:             {name: "admin"},
+	OpSSH:               {name: "ssh", node: true, runAs: true},
 }
 
 // Operations lists every operation, in declaration order.

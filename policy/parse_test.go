@@ -373,3 +373,44 @@ func TestDocExample(t *testing.T) {
 		t.Errorf("the doc does not show the refusal\n  %s", err)
 	}
 }
+
+// TestComposePolicyFile: deploy/compose/policy.yaml parses without
+// warnings and grants what deploy/compose/test.sh relies on: compose-token
+// may mint join tokens (admin) and nothing else; compose-admin may run
+// jobs as root, the agents' only account.
+func TestComposePolicyFile(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "deploy", "compose", "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	node := Node{ID: "agent-1", Labels: map[string]string{"zone": "a", "role": "worker"}}
+	tok := Identity{Kind: KindNATS, Name: "compose-token", Account: "CLIENTS"}
+	adm := Identity{Kind: KindNATS, Name: "compose-admin", Account: "CLIENTS"}
+	if _, err := p.Decide(tok, OpAdmin, Node{}, Object{}); err != nil {
+		t.Errorf("compose-token admin: %v", err)
+	}
+	for _, op := range []Operation{OpExec, OpNodesList, OpShell} {
+		if _, err := p.Decide(tok, op, node, Object{}); err == nil {
+			t.Errorf("compose-token may %v", op)
+		}
+	}
+	if g, err := p.Decide(adm, OpExec, node, Object{}); err != nil || g.RunAs != "root" {
+		t.Errorf("compose-admin exec: %+v %v", g, err)
+	}
+	for _, op := range []Operation{OpAdmin, OpNodesList} {
+		if _, err := p.Decide(adm, op, node, Object{}); err != nil {
+			t.Errorf("compose-admin %v: %v", op, err)
+		}
+	}
+}

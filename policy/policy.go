@@ -50,6 +50,7 @@ type rule struct {
 	any     bool   // scope: any
 	origin  string // its field path: roles.deployer[0], identities["nats:alice"].rules[1]
 	pos     position
+	name    string // String's answer, built once: every granted request names its rule
 }
 
 // Load reads and parses the policy file at path (Parse). A file over
@@ -134,6 +135,7 @@ func compile(name string, doc *fileDoc) *Policy {
 				paths: fr.Paths, targets: fr.Targets, runAs: fr.RunAs, any: fr.Scope == "any",
 				origin: origin(i), pos: fr.pos,
 			}
+			out[i].name = out[i].origin + " (" + out[i].pos.String() + ")"
 		}
 		p.nrules += len(rs)
 		return out
@@ -210,10 +212,12 @@ type Object struct {
 
 // Grant is an allowed operation: the rule that allowed it and what it says.
 type Grant struct {
-	// RunAs is the local user the operation runs as (exec, shell, cp.*);
-	// empty for the others.
+	// RunAs is the local user the operation runs as (exec, shell, cp.*,
+	// ssh); empty for the others.
 	RunAs string
-	rule  *rule
+	// Targets are the rule's targets (forward), filled by Grants only.
+	Targets []string
+	rule    *rule
 }
 
 // Rule names the rule that granted the operation, for audit:
@@ -225,7 +229,7 @@ func (g Grant) Rule() string {
 	return g.rule.String()
 }
 
-func (r *rule) String() string { return r.origin + " (" + r.pos.String() + ")" }
+func (r *rule) String() string { return r.name }
 
 // ErrRefused matches every *Refusal with errors.Is.
 var ErrRefused = errors.New("policy: refused")
@@ -322,6 +326,43 @@ func (p *Policy) Decide(id Identity, op Operation, node Node, obj Object) (Grant
 	return Grant{}, p.refuse(id, op, node, obj, ReasonNoRule, p.missing(ents, op, node, cpath, obj, own))
 }
 
+// Grants returns every grant of op to id on node, in decision order, for
+// operations that take no path, target or owner (ssh: each grant's RunAs
+// is a login the caller may use there; forward: each grant's Targets).
+// It refuses as Decide does when nothing grants op there, and refuses
+// operations that need an object (cp.*, job.*, sandboxes.*) with
+// ReasonBadRequest: use Decide for those.
+func (p *Policy) Grants(id Identity, op Operation, node Node) ([]Grant, error) {
+	if !op.Valid() {
+		return nil, p.bad(id, op, node, Object{}, "it is not an operation the policy knows")
+	}
+	info := &ops[op]
+	if info.paths || info.scoped {
+		return nil, p.bad(id, op, node, Object{}, "it needs an object; decide it one object at a time")
+	}
+	if info.node && node.ID == "" {
+		return nil, p.bad(id, op, node, Object{}, "the request names no node")
+	}
+	var buf [3]*entry
+	ents := p.lookup(id, &buf)
+	if len(ents) == 0 {
+		return nil, p.refuse(id, op, node, Object{}, ReasonNoIdentity, p.noIdentity(id))
+	}
+	var out []Grant
+	for _, e := range ents {
+		for _, r := range e.byOp[op] {
+			if info.node && !r.all && !r.sel.Matches(node.Labels) {
+				continue
+			}
+			out = append(out, Grant{RunAs: r.runAs, Targets: slices.Clone(r.targets), rule: r})
+		}
+	}
+	if len(out) == 0 {
+		return nil, p.refuse(id, op, node, Object{}, ReasonNoRule, p.missing(ents, op, node, "", Object{}, false))
+	}
+	return out, nil
+}
+
 // lookup returns the entries that match id, in decision order: a NATS
 // user's key entry, name entry and account entry; another caller's one
 // entry.
@@ -342,6 +383,14 @@ func (p *Policy) lookup(id Identity, buf *[3]*entry) []*entry {
 		return out
 	}
 	add(id.Kind, id.Name)
+	if id.Kind == KindSSHPrincipal {
+		for i, pr := range id.Principals {
+			if i == MaxPrincipals {
+				break
+			}
+			add(KindSSHPrincipal, pr)
+		}
+	}
 	return out
 }
 
@@ -413,6 +462,16 @@ func (p *Policy) noIdentity(id Identity) string {
 		}
 		if id.Account != "" {
 			looked = append(looked, "nats-account:"+id.Account)
+		}
+	} else if id.Kind == KindSSHPrincipal {
+		for i, pr := range id.Principals {
+			if i == MaxPrincipals {
+				break
+			}
+			looked = append(looked, "ssh-principal:"+pr)
+		}
+		if len(id.Principals) == 0 && id.Name != "" {
+			looked = append(looked, "ssh-principal:"+id.Name)
 		}
 	} else if id.Name != "" {
 		looked = append(looked, id.Kind.String()+":"+id.Name)
@@ -562,4 +621,29 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// Holds reports whether some rule of id's grants op at all, on any node,
+// path, target or scope: nil, or a *Refusal (ReasonNoIdentity when no
+// entry names id, else ReasonNoRule) whose message names the identity,
+// the operation and the entries that grant no op, and nothing about any
+// node or object. A handler asks it before it looks up what a request
+// names, so that a caller who may never do op learns nothing about whether
+// that exists (tether.v1.cancel's job ids). Holds is not Decide: a nil
+// answer still needs Decide on the object itself.
+func (p *Policy) Holds(id Identity, op Operation) error {
+	if !op.Valid() {
+		return p.bad(id, op, Node{}, Object{}, "it is not an operation the policy knows")
+	}
+	var buf [3]*entry
+	ents := p.lookup(id, &buf)
+	if len(ents) == 0 {
+		return p.refuse(id, op, Node{}, Object{}, ReasonNoIdentity, p.noIdentity(id))
+	}
+	for _, e := range ents {
+		if len(e.byOp[op]) > 0 {
+			return nil
+		}
+	}
+	return p.refuse(id, op, Node{}, Object{}, ReasonNoRule, p.missing(ents, op, Node{}, "", Object{}, false))
 }

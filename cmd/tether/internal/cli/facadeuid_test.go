@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 func TestDevLocalNamesOnlyItsOwnUIDTheDevUser(t *testing.T) {
 	dev := policy.Identity{Kind: policy.KindNATS, Name: "alice"}
 	local := devLocal(dev, 1000)
-	if got := local(1000); got != dev {
+	if got := local(1000); !reflect.DeepEqual(got, dev) {
 		t.Errorf("own uid: %v, want %v", got, dev)
 	}
 	other := local(1001)
