@@ -169,7 +169,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger:  a.log,
 		OnRetry: func(int, error) { a.m.reconnects.Inc() },
 	}
-	err := r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
+	err = r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
 		// A panic in the session's own goroutine (the handshake, the
 		// accept loop) ends this session only: the redialer backs off
 		// and dials again.
