@@ -304,6 +304,12 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("agent config: Coordinators: %q is not host:port", addr))
 		}
 	}
+	for _, name := range c.SSHAcceptEnv {
+		base := strings.TrimSuffix(name, "*")
+		if base == "" || strings.ContainsAny(base, "=*\x00 ") {
+			errs = append(errs, fmt.Errorf("agent config: SSHAcceptEnv: %q: want a variable name, or a prefix ending in *", name))
+		}
+	}
 	if c.SharedToken && strings.TrimSpace(c.Token) == "" {
 		errs = append(errs, errors.New("agent config: Token: SharedToken needs the shared token"))
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -204,6 +205,13 @@ func (f *sshFixture) event(t testing.TB, what string, cond func(*protocol.SSHCha
 
 func run(t *testing.T, c *ssh.Client, cmd string, stdin string) (string, error) {
 	t.Helper()
+	out, _, err := runErr(t, c, cmd, stdin)
+	return out, err
+}
+
+// runErr is run returning standard error too.
+func runErr(t *testing.T, c *ssh.Client, cmd string, stdin string) (string, string, error) {
+	t.Helper()
 	s, err := c.NewSession()
 	if err != nil {
 		t.Fatalf("new session: %v", err)
@@ -212,12 +220,16 @@ func run(t *testing.T, c *ssh.Client, cmd string, stdin string) (string, error) 
 	if stdin != "" {
 		s.Stdin = strings.NewReader(stdin)
 	}
-	// One writer for both, safe for their concurrent copies.
-	var out syncBuffer
+	// Standard output only: the login's rc files (bash reads ~/.bashrc
+	// as under sshd) may say things on standard error.
+	var out, errb bytes.Buffer
 	s.Stdout = &out
-	s.Stderr = &out
+	s.Stderr = &errb
 	err = s.Run(cmd)
-	return out.String(), err
+	if errb.Len() > 0 {
+		t.Logf("%s: stderr: %s", cmd, errb.String())
+	}
+	return out.String(), errb.String(), err
 }
 
 func exitStatus(err error) int {
@@ -235,14 +247,14 @@ func TestSSHExecScriptOnStdinLastStatusCounts(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
 	script := "false\necho one\nexit 4\n"
-	out, err := run(t, c, "bash -s", script)
+	out, stderr, err := runErr(t, c, "bash -s", script)
 	if exitStatus(err) != 4 || out != "one\n" {
 		t.Fatalf("bash -s: out %q err %v, want exit 4 and one", out, err)
 	}
 	ev := f.event(t, "for the first exec", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
 	sum, size := protocol.CommandDigest("", []string{"bash -s"})
 	if ev.Type != protocol.SSHChannelExec || ev.Login != f.user || ev.ExitStatus == nil || *ev.ExitStatus != 4 ||
-		ev.Result != protocol.AuditFailed || ev.BytesIn != int64(len(script)) || ev.BytesOut != 4 ||
+		ev.Result != protocol.AuditFailed || ev.BytesIn != int64(len(script)) || ev.BytesOut != int64(4+len(stderr)) ||
 		ev.Command == nil || ev.Command.Mode != "argv" || ev.Command.SHA256 != sum || ev.Command.Size != size || ev.Command.Program != "bash" {
 		t.Errorf("exec event %+v command %+v", ev, ev.Command)
 	}
@@ -394,13 +406,15 @@ func TestSSHBinaryCleanStdinStdout(t *testing.T) {
 	}
 	defer s.Close()
 	s.Stdin = bytes.NewReader(data)
+	var stderr bytes.Buffer
+	s.Stderr = &stderr
 	out, err := s.Output("cat")
 	if err != nil || !bytes.Equal(out, data) {
 		t.Fatalf("cat of %d random bytes: got %d bytes, equal %v, err %v", len(data), len(out), bytes.Equal(out, data), err)
 	}
 	ev := f.event(t, "of cat", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
-	if ev.BytesIn != int64(len(data)) || ev.BytesOut != int64(len(data)) {
-		t.Errorf("bytes in %d out %d, want %d each", ev.BytesIn, ev.BytesOut, len(data))
+	if ev.BytesIn != int64(len(data)) || ev.BytesOut != int64(len(data)+stderr.Len()) {
+		t.Errorf("bytes in %d out %d, want %d and %d (stdout and stderr)", ev.BytesIn, ev.BytesOut, len(data), len(data)+stderr.Len())
 	}
 }
 
@@ -828,5 +842,57 @@ func TestSSHChannelCloseAbandonsOutputHeldOutsideTheGroup(t *testing.T) {
 	// The connection still serves.
 	if out, err := run(t, c, "echo still", ""); err != nil || out != "still\n" {
 		t.Errorf("after the abandoned channel: %q %v", out, err)
+	}
+}
+
+// The local policy decides per request: here commands but no shells, and
+// no forwarding.
+func TestSSHLocalPolicyPerRequest(t *testing.T) {
+	me, err := user.Current()
+	if err != nil {
+		t.Skip(err)
+	}
+	lp, err := localpolicy.Parse("/etc/tether/local-policy.yaml", []byte(fmt.Sprintf(
+		"version: 1\nusers:\n  - name: %s\nexec: true\nshell: false\nforward: false\n", me.Username)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newSSHFixture(t, func(c *Config) {
+		c.LocalPolicy = lp
+		c.Targets = map[string]string{"web": "127.0.0.1:1"}
+	})
+	c, err := f.dial(t, f.params(func(p *protocol.SSHParams) { p.Targets = []string{"web"} }), f.clientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, c, "echo ok", ""); err != nil || out != "ok\n" {
+		t.Errorf("exec allowed by the local policy: %q %v", out, err)
+	}
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Shell(); err == nil {
+		t.Error("shell started although the local policy says shell: false")
+	}
+	s.Close()
+	ev := f.event(t, "of the refused shell", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelShell })
+	if ev.Result != protocol.AuditRefused || !strings.Contains(ev.Error, "local-policy.yaml") {
+		t.Errorf("shell event %+v", ev)
+	}
+	if conn, err := c.Dial("tcp", "web:1"); err == nil {
+		conn.Close()
+		t.Error("forward allowed although the local policy says forward: false")
+	}
+}
+
+// An SSH login's environment is a login's, not the agent's.
+func TestSSHLoginEnvironmentIsNotTheAgents(t *testing.T) {
+	t.Setenv("TETHER_TEST_AGENT_ONLY", "leaked")
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	out, err := run(t, c, `echo "${TETHER_TEST_AGENT_ONLY-unset} ${PATH:+path}"`, "")
+	if err != nil || out != "unset path\n" {
+		t.Errorf("environment: %q %v, want the agent's variable unset and PATH set", out, err)
 	}
 }
