@@ -55,7 +55,7 @@ func TestAuditOptions(t *testing.T) {
 	// anything is asked.
 	for _, c := range []struct{ flag, value, want string }{
 		{"--operation", "frobnicate", `--operation "frobnicate": want one of exec, `},
-		{"--operation", "frobnicate", `admin, or stream, exec-alive`},
+		{"--operation", "frobnicate", `admin, ssh, or stream, exec-alive`},
 		{"--job", "bad id!", `--job: job id "bad id!": must be`},
 		{"--result", "bogus", `result "bogus": want one of`},
 	} {
