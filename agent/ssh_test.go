@@ -896,3 +896,35 @@ func TestSSHLoginEnvironmentIsNotTheAgents(t *testing.T) {
 		t.Errorf("environment: %q %v, want the agent's variable unset and PATH set", out, err)
 	}
 }
+
+// An SSH command takes one of the node's MaxExecs slots while it runs, as
+// an exec stream does, so SSH cannot run more processes than the node
+// allows; the slot comes back when the command ends.
+func TestSSHCommandsTakeExecSlots(t *testing.T) {
+	f := newSSHFixture(t, func(c *Config) { c.MaxExecs = 1 })
+	c := f.mustDial(t)
+	hold, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, _ := hold.StdinPipe()
+	if err := hold.Start("cat"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, testWait, "the first command holds the slot", func() bool { return f.h.a.running.Load() == 1 })
+	if _, _, err := runErr(t, c, "true", ""); err == nil {
+		t.Fatal("a second command started past MaxExecs")
+	}
+	ev := f.event(t, "of the refused command", func(e *protocol.SSHChannelEvent) bool { return e.Result == protocol.AuditRefused })
+	if !strings.Contains(ev.Error, "running 1 execs, its limit") {
+		t.Fatalf("refused command's event %+v; want the exec limit", ev)
+	}
+	in.Close()
+	if err := hold.Wait(); err != nil {
+		t.Fatalf("first command: %v", err)
+	}
+	waitFor(t, testWait, "the slot is back", func() bool { return f.h.a.running.Load() == 0 })
+	if out, err := run(t, c, "echo again", ""); err != nil || out != "again\n" {
+		t.Fatalf("after the slot came back: %q %v", out, err)
+	}
+}
