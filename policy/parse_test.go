@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestParseErrors: each bad file is refused with FILE:LINE:COLUMN and the
@@ -303,8 +304,24 @@ func TestLoadRefusesWorldWritable(t *testing.T) {
 	if _, err := Load(path); err != nil {
 		t.Errorf("0644: %v", err)
 	}
-	if _, err := Load(filepath.Dir(path)); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := Load(filepath.Dir(path)); err == nil || !strings.Contains(err.Error(), "not a regular file (a directory)") {
 		t.Errorf("directory: %v", err)
+	}
+	// A FIFO in the file's place is refused at once: opening it must not
+	// wait for a writer (it blocked every later reload and the shutdown).
+	fifo := filepath.Join(t.TempDir(), "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := Load(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file (a named pipe)") {
+			t.Errorf("fifo: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Load of a FIFO blocks")
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("missing: %v", err)
