@@ -470,6 +470,10 @@ func (l *Layout) ReloadRevocations() (bool, error) {
 	return true, l.verifier.SetAccounts(s)
 }
 
+// CheckUserName checks a client user's name as MintClient does: what a
+// policy names the user by (nats:NAME).
+func CheckUserName(name string) error { return checkName(name) }
+
 // MintClient issues a client user in CLIENTS, signed by the client signing
 // key, so the server gives it the client permissions (publish
 // ClientPublishAllow; subscribe to its InboxPrefix only). name is the

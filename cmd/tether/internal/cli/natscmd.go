@@ -74,6 +74,7 @@ requests), otherwise from its next start. For a 'tether dev' layout, give
 	}
 	var ttl time.Duration
 	var out string
+	var force bool
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Mint a client user's credentials (.creds, 0600)",
@@ -89,10 +90,34 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 				return usage(fmt.Errorf("--ttl %v is negative", ttl))
 			}
 			name := args[0]
+			if err := natsauth.CheckUserName(name); err != nil {
+				return usage(fmt.Errorf("user name: %w", err))
+			}
 			if out == "" {
 				out = name + ".creds"
 			}
+			if out != "-" && !force {
+				if _, err := os.Lstat(out); err == nil {
+					return fmt.Errorf("%s exists: not overwritten (it may be another user's credentials); give another --output, or --force", out)
+				}
+			}
 			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
+				if !force {
+					recs, err := readNATSUsers(l.Dir())
+					if err != nil {
+						return err
+					}
+					revoked, err := revokedKeys(l)
+					if err != nil {
+						return err
+					}
+					for _, r := range recs {
+						if r.Name == name && !revoked[r.Key] {
+							return fmt.Errorf("a client user named %s exists (%s, created %s): a second one would hold every grant of nats:%s; revoke the first (tether nats user revoke %s), or pass --force to mint another key for the same person",
+								name, r.Key, r.Created.Format(time.RFC3339), name, r.Key)
+						}
+					}
+				}
 				c, err := l.MintClient(name, ttl)
 				if err != nil {
 					return err
@@ -129,6 +154,7 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 		}),
 	}
 	create.Flags().DurationVar(&ttl, "ttl", 0, "how long the credentials are valid (0: no expiry)")
+	create.Flags().BoolVar(&force, "force", false, "overwrite --output, and mint even if a user of that name exists (both then hold its grants)")
 	create.Flags().StringVarP(&out, "output", "o", "", `credentials file to write, 0600 (default NAME.creds; "-": stdout)`)
 
 	list := &cobra.Command{

@@ -282,3 +282,36 @@ func TestNATSUserName(t *testing.T) {
 		}
 	}
 }
+
+// tether nats user create never overwrites a credentials file, never mints
+// a second user of a live name (it would hold the first one's grants)
+// unless --force, and a bad name is a usage error.
+func TestNATSUserCreateRefusesOverwritesAndTwins(t *testing.T) {
+	dir, out := t.TempDir(), t.TempDir()
+	a, b := filepath.Join(out, "a.creds"), filepath.Join(out, "b.creds")
+	create := func(args ...string) result {
+		return runCLI(testCtx(t), nil, "", append([]string{"nats", "user", "create", "--data-dir", dir}, args...)...)
+	}
+	if r := create("alice", "-o", a); r.code != 0 {
+		t.Fatalf("first create: exit %d, stderr %q", r.code, r.stderr)
+	}
+	first, _ := os.ReadFile(a)
+	if r := create("bob", "-o", a); r.code == 0 || !strings.Contains(r.stderr, a+" exists: not overwritten") {
+		t.Errorf("create over another user's file: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if now, _ := os.ReadFile(a); string(now) != string(first) {
+		t.Error("alice's credentials file was changed")
+	}
+	if r := create("alice", "-o", b); r.code == 0 || !strings.Contains(r.stderr, "a client user named alice exists") {
+		t.Errorf("second alice: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := create("alice", "-o", b, "--force"); r.code != 0 {
+		t.Errorf("second alice with --force: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := create("-bad", "-o", filepath.Join(out, "c.creds")); r.code != 2 {
+		t.Errorf("bad name: exit %d (want 2), stderr %q", r.code, r.stderr)
+	}
+	if r := create("b@d name", "-o", filepath.Join(out, "c.creds")); r.code != 2 || !strings.Contains(r.stderr, "user name") {
+		t.Errorf("bad name: exit %d (want 2), stderr %q", r.code, r.stderr)
+	}
+}
