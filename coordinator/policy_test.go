@@ -267,6 +267,10 @@ func TestPolicyNodesList(t *testing.T) {
 	}
 	e, _ := requestAs(t, h.as("mallory"), protocol.SubjectNodes, protocol.NodesRequest{})
 	wantRefused(t, "mallory", e, 403, protocol.ErrCodeForbidden, "nats:mallory", "nodes.list", "no entry")
+	// A caller the policy does not know learns no node's name from it.
+	if e != nil && (strings.Contains(e.Message, "n-a") || strings.Contains(e.Message, "n-b")) {
+		t.Errorf("mallory's refusal names a node: %s", e.Message)
+	}
 }
 
 // streamAs opens a tether.v1.stream on nc; it returns the API error of a

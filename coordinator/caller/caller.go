@@ -312,8 +312,10 @@ func (a Authorizer) Filter(req micro.Request, op policy.Operation, nodes []polic
 			continue
 		}
 		if r := (*policy.Refusal)(nil); errors.As(err, &r) && r.Reason == policy.ReasonNoIdentity {
-			_, e := a.Decide(req, op, n, obj) // counted and observed once
-			return nil, e
+			// Refused through Holds, whose message names no node: a
+			// caller the policy does not know learns nothing of the
+			// fleet. Counted and observed once.
+			return nil, a.Holds(req, op)
 		}
 	}
 	return out, nil
