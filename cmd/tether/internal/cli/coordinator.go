@@ -360,6 +360,9 @@ type coordinatorInfo struct {
 	// CredsFile and CredsUser: the client credentials `tether dev` wrote
 	// for its user, and that user's name; empty for `tether coordinator`.
 	CredsFile, CredsUser string
+	// CredsElsewhere: CredsFile is not where client commands look by
+	// themselves (a second dev beside another), so commands must name it.
+	CredsElsewhere bool
 	// OpenShellAddr and OpenSandboxAddr are the facades' bound addresses;
 	// empty when off.
 	OpenShellAddr, OpenSandboxAddr string

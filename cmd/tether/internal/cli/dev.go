@@ -294,6 +294,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 		}
 	}
 	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
+	cs.info.CredsElsewhere = dc.path != devCredsFile(o, e.getenv)
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
 	if err == nil {
@@ -472,6 +473,9 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote
 		tetherFlag = " --nats-url " + info.NATSURL
 		natsFlag = " -s " + info.NATSURL
 	}
+	if info.CredsElsewhere {
+		tetherFlag += " --nats-creds " + info.CredsFile
+	}
 	natsFlag += " --creds " + info.CredsFile + " --inbox-prefix " + inboxPrefix
 	fmt.Fprintf(&b, "\nTether dev is ready.\n\n")
 	fmt.Fprintf(&b, "  NATS URL:    %s\n", info.NATSURL)
@@ -491,8 +495,13 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote
 	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n", info.NodeCAFile)
 	fmt.Fprintf(&b, "  policy:      %s (edit, then kill -HUP %d)\n", filepath.Join(o.DataDir, devPolicyFile), os.Getpid())
 	fmt.Fprintf(&b, "  NATS user:   %s (credentials %s, 0600)\n\n", info.CredsUser, info.CredsFile)
-	fmt.Fprintf(&b, "NATS admits no anonymous client. Client commands find these credentials\n")
-	fmt.Fprintf(&b, "themselves (the file is yours, 0600); for other tools:\n\n")
+	if info.CredsElsewhere {
+		fmt.Fprintf(&b, "NATS admits no anonymous client. Another tether dev's credentials are where\n")
+		fmt.Fprintf(&b, "client commands look by themselves, so name these (the file is yours, 0600):\n\n")
+	} else {
+		fmt.Fprintf(&b, "NATS admits no anonymous client. Client commands find these credentials\n")
+		fmt.Fprintf(&b, "themselves (the file is yours, 0600); for other tools:\n\n")
+	}
 	fmt.Fprintf(&b, "  export %s=%s\n\n", natsCredsEnv, info.CredsFile)
 	fmt.Fprintf(&b, "Try, in another terminal:\n\n")
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)

@@ -285,6 +285,20 @@ func TestDevSideBySideKeepsCreds(t *testing.T) {
 	if r := runCLI(testCtx(t), vars, "", "nodes", "--nats-url", url1); r.code != 0 {
 		t.Errorf("the first dev's shell after the second started: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// The second's banner's commands work as printed (they name its
+	// credentials: the config home's are the first one's).
+	var try []string
+	for _, line := range strings.Split(banner2(), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "tether" && f[1] == "nodes" {
+			try = f[1:]
+		}
+	}
+	if try == nil {
+		t.Fatalf("no tether nodes line in the second dev's banner:\n%s", banner2())
+	}
+	if r := runCLI(testCtx(t), vars, "", try...); r.code != 0 {
+		t.Errorf("the second dev's banner's %q: exit %d, stderr %q", strings.Join(try, " "), r.code, r.stderr)
+	}
 }
 
 // TestDevRunAsRefusalHint: with the dev policy's run_as edited to another
