@@ -57,7 +57,10 @@ func (cs *connState) serve() {
 	victim, refused := g.adm.Enter(cs.ticket)
 	if refused != "" {
 		g.m.connections.WithLabelValues(refused).Inc()
-		g.log.Debug("ssh connection refused before its handshake", "remote", cs.remote, "reason", refused)
+		if g.preauthLog.Allow() {
+			g.log.Warn("ssh connection refused before its handshake (each one counted in tether_ssh_connections_total)",
+				"remote", cs.remote, "reason", refused, "max_handshakes", g.cfg.MaxHandshakes, "max_handshakes_per_source", g.cfg.MaxHandshakesPerSource)
+		}
 		return
 	}
 	if victim != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/time/rate"
 
 	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
@@ -236,8 +237,12 @@ type Gate struct {
 	hostKey ssh.Signer
 	ca      *HostCA
 	adm     *admission.Controller
-	keys    atomic.Pointer[keySet]
-	jump    atomic.Pointer[jumpCert]
+	// preauthLog bounds the warnings about connections refused before
+	// their handshake (a flood would otherwise flood the log too): a few
+	// per 10 s; every one is counted.
+	preauthLog *rate.Limiter
+	keys       atomic.Pointer[keySet]
+	jump       atomic.Pointer[jumpCert]
 
 	ctx    context.Context // cancelled by Close: ends opens in progress
 	cancel context.CancelFunc
@@ -265,11 +270,12 @@ func New(cfg Config) (*Gate, error) {
 	}
 	cfg = cfg.withDefaults()
 	g := &Gate{
-		cfg:       cfg,
-		log:       cfg.Logger.With("component", "sshgate"),
-		listeners: map[net.Listener]struct{}{},
-		conns:     map[net.Conn]*connState{},
-		adm:       admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		cfg:        cfg,
+		log:        cfg.Logger.With("component", "sshgate"),
+		listeners:  map[net.Listener]struct{}{},
+		conns:      map[net.Conn]*connState{},
+		adm:        admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		preauthLog: rate.NewLimiter(rate.Every(10*time.Second/3), 3),
 	}
 	var err error
 	if g.hostKey, err = loadOrCreateKey(filepath.Join(cfg.StateDir, HostKeyFile), "tether-jump-host"); err != nil {
