@@ -152,7 +152,13 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 			idx++
 		}
 		delay := r.Backoff.Delay(attempt)
-		log.Warn("tunnel disconnected; redialing", "addr", addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+		if err == nil {
+			// serve ended the session on purpose (an enrollment done: the
+			// next dial presents the new certificate).
+			log.Info("tunnel session ended; redialing", "addr", addr, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+		} else {
+			log.Warn("tunnel disconnected; redialing", "addr", addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+		}
 		if r.OnRetry != nil {
 			r.OnRetry(attempt, err)
 		}

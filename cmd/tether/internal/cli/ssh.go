@@ -93,6 +93,13 @@ Examples:
 				if identity, err = filepath.Abs(identity); err != nil {
 					return fmt.Errorf("ssh-config: --identity: %w", err)
 				}
+				// OpenSSH would only warn at every connection, then
+				// offer nothing (IdentitiesOnly): say it now.
+				if fi, err := os.Stat(identity); err != nil {
+					return usage(fmt.Errorf("--identity: %w", err))
+				} else if !fi.Mode().IsRegular() {
+					return usage(fmt.Errorf("--identity %s: not a regular file", identity))
+				}
 			}
 			self, err := os.Executable()
 			if err != nil {
