@@ -76,6 +76,9 @@ func Load(path string) (*Policy, error) {
 	if err := checkFile(path, fi, uint32(os.Geteuid())); err != nil {
 		return nil, err
 	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%s: %d bytes, over the %d byte limit", path, fi.Size(), MaxFileSize)
+	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("policy: read %s: %w", path, err)
