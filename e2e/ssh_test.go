@@ -1,0 +1,429 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+)
+
+// sshFleet is a coordinator with its SSH jump host and two agents, node-a
+// (role=a, with the forward targets echo and closed) and node-b (role=b),
+// and the SSH identities of the tests, each with the config tether
+// ssh-config printed for it.
+type sshFleet struct {
+	*fleet
+	dir      string
+	login    string // the test's own user: the login every grant names
+	jumpAddr string // the coordinator's --ssh-addr
+	echoAddr string // the allow-listed forward target "echo"
+	// The identities: alice by key (authorized, every node, forward to
+	// echo), bob by certificate (principal bob: role=a nodes only),
+	// mallory by a key nobody authorized, expired by a certificate that
+	// expired, rogue by a certificate from a CA nobody trusts. proxy is
+	// alice's key through tether ssh-proxy (ProxyCommand) instead of the
+	// jump port.
+	alice, bob, mallory, expired, rogue, proxy *sshClient
+}
+
+// startSSHFleet starts the fleet, or skips the test when this tether has
+// no SSH commands yet.
+func startSSHFleet(t *testing.T) *sshFleet {
+	t.Helper()
+	needTools(t, "ssh", "ssh-keygen")
+	if why := haveSSHCommands(t); why != "" {
+		t.Skip(why)
+	}
+	s := &sshFleet{dir: t.TempDir(), login: currentUser(t)}
+	keys := filepath.Join(s.dir, "keys")
+	os.Mkdir(keys, 0o700)
+	alice := newSSHKey(t, keys, "alice")
+	ca := newSSHKey(t, keys, "user-ca")
+	rogueCA := newSSHKey(t, keys, "rogue-ca")
+	bob := newSSHKey(t, keys, "bob")
+	signUserCert(t, ca, bob, "bob@e2e", []string{"bob"}, "-5m:+1h")
+	mallory := newSSHKey(t, keys, "mallory")
+	expired := newSSHKey(t, keys, "expired")
+	signUserCert(t, ca, expired, "bob-expired@e2e", []string{"bob"}, "20200101:20200102")
+	rogue := newSSHKey(t, keys, "rogue")
+	signUserCert(t, rogueCA, rogue, "bob-rogue@e2e", []string{"bob"}, "-5m:+1h")
+
+	authorized := filepath.Join(s.dir, "authorized_keys")
+	pub, _ := os.ReadFile(alice.Pub)
+	if err := os.WriteFile(authorized, pub, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// The NATS client (tether ssh-proxy) and alice may log in everywhere
+	// and forward to echo; bob only on role=a. Nobody may forward to
+	// closed, which node-a has all the same.
+	grants := fmt.Sprintf(`      - nodes: "*"
+        operations: [ssh]
+        run_as: %[1]s
+      - nodes: "*"
+        operations: [forward]
+        targets: [echo]
+`, s.login)
+	policy := filepath.Join(s.dir, "policy.yaml")
+	pol := sshPolicy(t, grants) + fmt.Sprintf(`  ssh-key:%[1]s:
+    rules:
+%[2]s  ssh-principal:bob:
+    rules:
+      - nodes: "role=a"
+        operations: [ssh]
+        run_as: %[3]s
+`, alice.Fingerprint, grants, s.login)
+	if err := os.WriteFile(policy, []byte(pol), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s.jumpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s.fleet = startFleetArgs(t, policy, "--ssh-addr", s.jumpAddr,
+		"--ssh-authorized-keys", authorized, "--ssh-user-ca", ca.Pub)
+	s.echoAddr = startEcho(t)
+	closed := startEcho(t)
+	s.startAgentBin(t, *tetherBin, "node-a", "role=a", s.tokenFile,
+		"--target", "echo="+s.echoAddr, "--target", "closed="+closed)
+	s.startAgentBin(t, *tetherBin, "node-b", "role=b", s.tokenFile)
+	s.waitNodes(t, "node-a", "node-b")
+
+	s.alice = s.client(t, "alice", alice)
+	s.bob = s.client(t, "bob", bob)
+	s.mallory = s.client(t, "mallory", mallory)
+	s.expired = s.client(t, "expired", expired)
+	s.rogue = s.client(t, "rogue", rogue)
+	s.proxy = s.client(t, "proxy", alice, "--proxy-command")
+	return s
+}
+
+// sshPolicy is the e2e policy's identities (nats:e2e, the loopback facade
+// user) with extra rules first, without the closing of the identities
+// map, so that more entries may follow.
+func sshPolicy(t *testing.T, extra string) string {
+	t.Helper()
+	b, err := os.ReadFile(e2ePolicyWith(t, extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// client writes the config tether ssh-config prints for key (with the
+// extra ssh-config flags) and returns the identity's way in.
+func (s *sshFleet) client(t *testing.T, name string, key sshKey, extra ...string) *sshClient {
+	t.Helper()
+	args := append([]string{"ssh-config", "--identity", key.Priv}, extra...)
+	out, errOut, code := runCLI(t, s.natsURL, "", args...)
+	if code != 0 {
+		t.Fatalf("tether %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
+	}
+	cfg := filepath.Join(s.dir, "ssh_config."+name)
+	if err := os.WriteFile(cfg, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &sshClient{Name: name, Config: cfg, Env: natsEnv(s.natsURL)}
+}
+
+// ancestry is a script printing the command names of the shell's
+// ancestors, one a line, up to pid 1.
+const ancestry = `p=$$
+while [ "$p" -gt 1 ]; do
+  cat /proc/$p/comm
+  p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2)
+done
+`
+
+func TestSSHEndToEnd(t *testing.T) {
+	s := startSSHFleet(t)
+	a, b := hostAlias("node-a"), hostAlias("node-b")
+
+	t.Run("config names both nodes", func(t *testing.T) {
+		cfg, _ := os.ReadFile(s.alice.Config)
+		for _, want := range []string{"Host ", "tether", "UserKnownHostsFile"} {
+			if !bytes.Contains(cfg, []byte(want)) {
+				t.Errorf("tether ssh-config printed no %q:\n%s", want, cfg)
+			}
+		}
+		for _, h := range []string{a, b} {
+			r := s.alice.ssh(t, defaultTestTimeout, nil, "-G", h)
+			if r.Code != 0 || !strings.Contains(r.Stdout, "\nuser ") {
+				t.Errorf("ssh -G %s with the printed config: %v", h, r)
+			}
+		}
+	})
+
+	t.Run("bash -s: only the last status counts", func(t *testing.T) {
+		for _, tt := range []struct {
+			script, stdout string
+			code           int
+		}{
+			{"false\necho middle-failed\n", "middle-failed\n", 0},
+			{"echo first\nfalse\n", "first\n", 1},
+			{"X=5\ntest $X = 6 || echo or-works\nexit 7\n", "or-works\n", 7},
+			{"printf 'no newline'", "no newline", 0},
+		} {
+			r := s.alice.ssh(t, defaultTestTimeout, strings.NewReader(tt.script), a, "bash -s")
+			if r.Code != tt.code || r.Stdout != tt.stdout {
+				t.Errorf("script %q: want exit %d stdout %q; got %v", tt.script, tt.code, tt.stdout, r)
+			}
+		}
+		// No sshd serves it: the shell's ancestors are the agent's.
+		r := s.alice.ssh(t, defaultTestTimeout, strings.NewReader(ancestry), a, "bash -s")
+		names := strings.Fields(r.Stdout)
+		if r.Code != 0 || !containsStr(names, "tether") || containsStr(names, "sshd") {
+			t.Errorf("the remote shell's ancestors %v: want the tether agent and no sshd; %v", names, r)
+		}
+		// stdin EOF reaches the command, binary data intact.
+		blob := bytes.Repeat([]byte{0, 1, 2, 0xff, '\n'}, 50000)
+		r = s.alice.ssh(t, defaultTestTimeout, bytes.NewReader(blob), a, "cat")
+		if r.Code != 0 || r.Stdout != string(blob) {
+			t.Errorf("ssh %s cat of %d bytes: exit %d, %d bytes back, equal %v", a, len(blob), r.Code, len(r.Stdout), r.Stdout == string(blob))
+		}
+	})
+
+	t.Run("20 commands through one ControlMaster", func(t *testing.T) {
+		sock := filepath.Join(s.dir, "cm-%C")
+		m := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes",
+			"-o", "ControlPath="+sock, "-N", a)
+		if m.Code != 0 {
+			t.Fatalf("master: %v", m)
+		}
+		t.Cleanup(func() { s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlPath="+sock, "-O", "exit", a) })
+		check := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlPath="+sock, "-O", "check", a)
+		pid := regexp.MustCompile(`pid=(\d+)`).FindStringSubmatch(check.Stderr)
+		if check.Code != 0 || pid == nil {
+			t.Fatalf("ssh -O check after the master started: %v", check)
+		}
+		// A ProxyCommand that fails proves each command used the master:
+		// a client that fell back to its own connection would fail.
+		for i := range 20 {
+			r := s.alice.ssh(t, defaultTestTimeout, strings.NewReader(fmt.Sprintf("echo cmd-%d\n", i)),
+				"-o", "ControlMaster=no", "-o", "ControlPath="+sock, "-o", "ProxyCommand=false", a, "bash -s")
+			if r.Code != 0 || r.Stdout != fmt.Sprintf("cmd-%d\n", i) {
+				t.Fatalf("command %d through the master: %v", i, r)
+			}
+		}
+		again := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlPath="+sock, "-O", "check", a)
+		if again.Code != 0 || !strings.Contains(again.Stderr, pid[0]) {
+			t.Errorf("after 20 commands the master is %v, want still %s", again, pid[0])
+		}
+	})
+
+	t.Run("rsync -az --delete both ways", func(t *testing.T) {
+		needTools(t, "rsync")
+		src := makeSSHTree(t, filepath.Join(s.dir, "rsync-src"))
+		remote := filepath.Join(s.dir, "rsync-remote") // node-a runs on this machine
+		want := treeState(t, src)
+		rsync := func(from, to string) {
+			t.Helper()
+			r := runTool(t, defaultTestTimeout, nil, s.alice.Env, "", "rsync", "-az", "--delete", "-e", s.alice.sshCommand(), from, to)
+			if r.Code != 0 {
+				t.Fatalf("rsync %s → %s: %v", from, to, r)
+			}
+		}
+		if r := s.alice.ssh(t, defaultTestTimeout, nil, a, "mkdir", "-p", remote); r.Code != 0 {
+			t.Fatalf("mkdir -p: %v", r)
+		}
+		rsync(src+"/", a+":"+remote)
+		if err := diffTrees(want, treeState(t, remote), true); err != nil {
+			t.Fatalf("rsync to %s: %v", a, err)
+		}
+		os.WriteFile(filepath.Join(remote, "extra"), []byte("delete me"), 0o644)
+		os.Remove(filepath.Join(src, "empty"))
+		want = treeState(t, src)
+		rsync(src+"/", a+":"+remote)
+		if err := diffTrees(want, treeState(t, remote), true); err != nil {
+			t.Fatalf("rsync --delete to %s: %v", a, err)
+		}
+
+		back := filepath.Join(s.dir, "rsync-back")
+		os.MkdirAll(filepath.Join(back, "stale dir"), 0o755)
+		os.WriteFile(filepath.Join(back, "stale dir", "old"), []byte("delete me too"), 0o644)
+		rsync(a+":"+remote+"/", back)
+		if err := diffTrees(want, treeState(t, back), true); err != nil {
+			t.Fatalf("rsync from %s: %v", a, err)
+		}
+	})
+
+	t.Run("sftp -b put and get", func(t *testing.T) {
+		src := makeSSHTree(t, filepath.Join(s.dir, "sftp-src"))
+		remote := filepath.Join(s.dir, "sftp-remote")
+		got := filepath.Join(s.dir, "sftp-got")
+		os.Mkdir(got, 0o755)
+		batch := filepath.Join(s.dir, "sftp-batch")
+		os.WriteFile(batch, []byte(strings.Join([]string{
+			"mkdir " + remote,
+			"put -p " + src + "/blob.bin " + remote + "/blob.bin",
+			"put -p \"" + src + "/name with space.txt\" \"" + remote + "/name with space.txt\"",
+			"put -p " + src + "/bin/run.sh " + remote + "/run.sh",
+			"ls -l " + remote,
+			"get -p " + remote + "/blob.bin " + got + "/blob.bin",
+			"get -p \"" + remote + "/name with space.txt\" \"" + got + "/name with space.txt\"",
+			"get -p " + remote + "/run.sh " + got + "/run.sh",
+			"",
+		}, "\n")), 0o600)
+		r := runTool(t, defaultTestTimeout, nil, s.alice.Env, "", "sftp", "-F", s.alice.Config, "-b", batch, a)
+		if r.Code != 0 {
+			t.Fatalf("sftp -b: %v", r)
+		}
+		if !strings.Contains(r.Stdout, "name with space.txt") {
+			t.Errorf("sftp ls printed no uploaded name: %q", r.Stdout)
+		}
+		want := treeState(t, src)
+		for _, p := range []struct{ src, dst string }{{"blob.bin", "blob.bin"}, {"name with space.txt", "name with space.txt"}, {"bin/run.sh", "run.sh"}} {
+			for _, dir := range []string{remote, got} {
+				st := treeState(t, dir)[p.dst]
+				if st != want[p.src] {
+					t.Errorf("sftp %s in %s: %+v, want %+v", p.dst, dir, st, want[p.src])
+				}
+			}
+		}
+	})
+
+	t.Run("ssh -tt gets the terminal size asked for", func(t *testing.T) {
+		ctxCmd := exec.Command("ssh", "-F", s.alice.Config, "-tt", a, "stty size; tty")
+		ctxCmd.Env = append(os.Environ(), s.alice.Env...)
+		ptmx, err := pty.StartWithSize(ctxCmd, &pty.Winsize{Rows: 37, Cols: 101})
+		if err != nil {
+			t.Fatalf("start ssh -tt in a pty: %v", err)
+		}
+		defer ptmx.Close()
+		timer := time.AfterFunc(defaultTestTimeout, func() { ctxCmd.Process.Kill() })
+		defer timer.Stop()
+		var out bytes.Buffer
+		io.Copy(&out, ptmx) // until the child closes its side (EIO)
+		err = ctxCmd.Wait()
+		if err != nil || !strings.Contains(out.String(), "37 101") || !strings.Contains(out.String(), "/dev/pts/") {
+			t.Errorf("ssh -tt %s 'stty size; tty' in a 37x101 terminal: %v, output %q; want 37 101 and a pts", a, err, out.String())
+		}
+	})
+
+	t.Run("ssh -L to an allowed target, and a refused one", func(t *testing.T) {
+		fwd := func(spec string) (local string, stop func() string) {
+			t.Helper()
+			port := freePort(t)
+			cmd := exec.Command("ssh", "-F", s.alice.Config, "-N", "-o", "ExitOnForwardFailure=yes",
+				"-L", fmt.Sprintf("127.0.0.1:%d:%s", port, spec), a)
+			cmd.Env = append(os.Environ(), s.alice.Env...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			local = fmt.Sprintf("127.0.0.1:%d", port)
+			checkFor(t, defaultTestTimeout, func() error {
+				select {
+				case <-done:
+					return fmt.Errorf("ssh -L %s exited: %s", spec, stderr.String())
+				default:
+				}
+				c, err := net.Dial("tcp", local)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			})
+			return local, func() string { cmd.Process.Kill(); <-done; return stderr.String() }
+		}
+		local, stop := fwd("echo:7")
+		got, err := echoOnce(local, "through the tunnel", defaultTestTimeout)
+		if err != nil || got != "through the tunnel" {
+			t.Errorf("ssh -L to target echo: got %q, %v", got, err)
+		}
+		stop()
+		local, stop = fwd(s.echoAddr) // the target's own address works too
+		if got, err := echoOnce(local, "by address", defaultTestTimeout); err != nil || got != "by address" {
+			t.Errorf("ssh -L to echo's address %s: got %q, %v", s.echoAddr, got, err)
+		}
+		stop()
+		for _, spec := range []string{"closed:7", "127.0.0.1:1"} {
+			local, stop = fwd(spec)
+			got, err := echoOnce(local, "must not pass", defaultTestTimeout)
+			msg := stop()
+			if err == nil || got != "" {
+				t.Errorf("ssh -L to %s (not allowed): echoed %q, %v", spec, got, err)
+			}
+			if !strings.Contains(msg, "open failed") {
+				t.Errorf("ssh -L to %s: ssh printed no channel refusal: %q", spec, msg)
+			}
+		}
+	})
+
+	t.Run("policy: bob may not log in on node-b", func(t *testing.T) {
+		if r := s.bob.ssh(t, defaultTestTimeout, nil, a, "echo bob-here"); r.Code != 0 || r.Stdout != "bob-here\n" {
+			t.Fatalf("bob's certificate on %s: %v", a, r)
+		}
+		r := s.bob.ssh(t, defaultTestTimeout, nil, b, "echo must-not-run")
+		if r.Code != 255 || r.Stdout != "" {
+			t.Fatalf("bob on %s: want refused (exit 255, no output); %v", b, r)
+		}
+		if !strings.Contains(r.Stderr, "node-b") || !strings.Contains(r.Stderr, "bob") {
+			t.Errorf("bob's refusal on %s does not say who and where (want node-b and bob in it): %q", b, r.Stderr)
+		}
+	})
+
+	t.Run("wrong key, expired and unknown-CA certificates are refused", func(t *testing.T) {
+		for _, c := range []*sshClient{s.mallory, s.expired, s.rogue} {
+			r := c.ssh(t, defaultTestTimeout, nil, a, "echo must-not-run")
+			if r.Code != 255 || r.Stdout != "" || !strings.Contains(r.Stderr, "Permission denied") {
+				t.Errorf("%s: want exit 255 and Permission denied; %v", c.Name, r)
+			}
+		}
+		// None of them hurt the jump host.
+		if r := s.alice.ssh(t, defaultTestTimeout, nil, a, "true"); r.Code != 0 {
+			t.Fatalf("alice after the refusals: %v", r)
+		}
+	})
+
+	t.Run("StrictHostKeyChecking=yes with the published host keys", func(t *testing.T) {
+		for _, h := range []string{a, b} {
+			r := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "StrictHostKeyChecking=yes", h, "echo checked")
+			if r.Code != 0 || r.Stdout != "checked\n" {
+				t.Errorf("%s with StrictHostKeyChecking=yes: %v", h, r)
+			}
+		}
+		// The check checks: without the published keys it fails.
+		empty := filepath.Join(s.dir, "empty_known_hosts")
+		os.WriteFile(empty, nil, 0o600)
+		r := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile="+empty, a, "true")
+		if r.Code != 255 || !strings.Contains(r.Stderr, "Host key verification failed") {
+			t.Errorf("%s with an empty known_hosts: want Host key verification failed; %v", a, r)
+		}
+	})
+
+	t.Run("through tether ssh-proxy as a ProxyCommand", func(t *testing.T) {
+		cfg, _ := os.ReadFile(s.proxy.Config)
+		if !bytes.Contains(cfg, []byte("ssh-proxy")) {
+			t.Errorf("ssh-config --proxy-command printed no ssh-proxy ProxyCommand:\n%s", cfg)
+		}
+		for _, h := range []string{a, b} {
+			r := s.proxy.ssh(t, defaultTestTimeout, strings.NewReader("false\necho via-proxy\n"),
+				"-o", "StrictHostKeyChecking=yes", h, "bash -s")
+			if r.Code != 0 || r.Stdout != "via-proxy\n" {
+				t.Errorf("%s through ssh-proxy: %v", h, r)
+			}
+		}
+	})
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
