@@ -404,6 +404,10 @@ func TestSSHEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("NeMo Gym's SSHConnection in Python", func(t *testing.T) {
+		runNeMoGymPython(t, s.alice, "node-a")
+	})
+
 	t.Run("through tether ssh-proxy as a ProxyCommand", func(t *testing.T) {
 		cfg, _ := os.ReadFile(s.proxy.Config)
 		if !bytes.Contains(cfg, []byte("ssh-proxy")) {
@@ -417,6 +421,31 @@ func TestSSHEndToEnd(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSSHNeMoGymPython lives in TestSSHEndToEnd (one fleet): see
+// runNeMoGymPython.
+
+// runNeMoGymPython runs python/test_ngssh.py, NeMo Gym's SSHConnection
+// semantics, against node through c's config, and fails unless every
+// Python test ran and passed.
+func runNeMoGymPython(t *testing.T, c *sshClient, node string) {
+	t.Helper()
+	needTools(t, "python3", "rsync")
+	scratch := t.TempDir()
+	env := append(append([]string{}, c.Env...), "TETHER_SSH_CONFIG="+c.Config, "TETHER_SSH_HOST="+hostAlias(node),
+		"TETHER_SSH_SCRATCH="+scratch, "PYTHONDONTWRITEBYTECODE=1")
+	r := runTool(t, 5*defaultTestTimeout, nil, env, "python", "python3", "-m", "unittest", "-v", "test_ngssh")
+	t.Logf("python3 -m unittest -v test_ngssh:\n%s", r.Stderr)
+	ran := regexp.MustCompile(`(?m)^Ran (\d+) tests? in`).FindStringSubmatch(r.Stderr)
+	switch {
+	case r.Code != 0:
+		t.Errorf("the Python NeMo Gym client failed against %s (exit %d): see the unittest output above", node, r.Code)
+	case ran == nil || ran[1] == "0":
+		t.Errorf("the Python NeMo Gym tests ran nothing: %q", r.Stderr)
+	case strings.Contains(r.Stderr, "skipped"):
+		t.Errorf("the Python NeMo Gym tests skipped some: the environment did not reach them: %q", r.Stderr)
+	}
 }
 
 func containsStr(list []string, s string) bool {
