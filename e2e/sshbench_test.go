@@ -1,0 +1,271 @@
+//go:build e2e && sshbench
+
+package e2e
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+)
+
+// TestSSHBenchmark compares Tether's SSH path (the jump host on the
+// coordinator, the tunnel, the agent's SSH server) with a local OpenSSH
+// sshd on loopback, with the same OpenSSH client, key and commands, in
+// interleaved rounds (the order alternating each round), and prints each
+// scenario's median per-round ratio against the issue's target. It needs
+// the build tags e2e and sshbench: run it with `make bench-ssh`.
+//
+// Settings (environment): SSHBENCH_ROUNDS (default 5), SSHBENCH_BULK_MIB
+// (default 1024: the bulk copy's size), SSHBENCH_FILES (default 10000: the
+// rsync tree's files), SSHBENCH_FRESH (default 5: full handshakes per
+// round, averaged). The ratios are reported, not asserted: a loaded
+// machine moves them, and the targets are for an idle one.
+func TestSSHBenchmark(t *testing.T) {
+	needTools(t, "ssh", "ssh-keygen", "rsync", "sshd")
+	if why := haveSSHCommands(t); why != "" {
+		t.Skip(why)
+	}
+	if raceBuilt(t, *tetherBin) {
+		plain := plainBinary(t)
+		t.Logf("%s is built with -race; benchmarking %s instead", *tetherBin, plain)
+		old := *tetherBin
+		*tetherBin = plain
+		t.Cleanup(func() { *tetherBin = old })
+	}
+	rounds := envInt(t, "SSHBENCH_ROUNDS", 5)
+	bulkMiB := envInt(t, "SSHBENCH_BULK_MIB", 1024)
+	nfiles := envInt(t, "SSHBENCH_FILES", 10000)
+	fresh := envInt(t, "SSHBENCH_FRESH", 5)
+
+	dir := t.TempDir()
+	key := newSSHKey(t, dir, "bench")
+	sshd := startSSHD(t, key)
+	tether := startBenchFleet(t, key)
+	sides := []benchSide{
+		{name: "sshd", env: nil, config: sshd.Config, host: sshd.Host},
+		{name: "tether", env: tether.Env, config: tether.Config, host: hostAlias("node-a")},
+	}
+
+	tree := filepath.Join(dir, "tree")
+	makeManyFiles(t, tree, nfiles)
+	block := make([]byte, 1<<20)
+	rand.Read(block)
+
+	scenarios := []benchScenario{
+		{name: "20 × ssh true via one ControlMaster", unit: "s", lowerBetter: true, target: 1.2, run: func(t *testing.T, s benchSide, round int) float64 {
+			sock := filepath.Join(dir, fmt.Sprintf("cm-%s-%d", s.name, round))
+			s.mustSSH(t, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", s.host)
+			defer s.run(t, nil, "-o", "ControlPath="+sock, "-O", "exit", s.host)
+			start := time.Now()
+			for range 20 {
+				s.mustSSH(t, "-o", "ControlMaster=no", "-o", "ControlPath="+sock, s.host, "true")
+			}
+			return time.Since(start).Seconds()
+		}},
+		{name: fmt.Sprintf("fresh ssh true, full handshake (mean of %d)", fresh), unit: "s", lowerBetter: true, target: 1.0, run: func(t *testing.T, s benchSide, round int) float64 {
+			start := time.Now()
+			for range fresh {
+				s.mustSSH(t, "-o", "ControlMaster=no", "-o", "ControlPath=none", s.host, "true")
+			}
+			return time.Since(start).Seconds() / float64(fresh)
+		}},
+		{name: fmt.Sprintf("ssh 'cat > /dev/null' < %d MiB", bulkMiB), unit: "MiB/s", lowerBetter: false, target: 0.8, run: func(t *testing.T, s benchSide, round int) float64 {
+			start := time.Now()
+			r := s.run(t, &repeatReader{block: block, left: int64(bulkMiB) << 20}, "-o", "ControlPath=none", s.host, "cat > /dev/null")
+			if r.Code != 0 {
+				t.Fatalf("%s: %v", s.name, r)
+			}
+			return float64(bulkMiB) / time.Since(start).Seconds()
+		}},
+		{name: fmt.Sprintf("rsync -az of %d files", nfiles), unit: "files/s", lowerBetter: false, target: 0.9, run: func(t *testing.T, s benchSide, round int) float64 {
+			dst := filepath.Join(dir, fmt.Sprintf("rsync-%s-%d", s.name, round))
+			start := time.Now()
+			r := runTool(t, bulkTimeout, nil, s.env, "", "rsync", "-az", "--delete", "-e", "ssh -o ControlPath=none -F "+shellQuote(s.config), tree+"/", s.host+":"+dst)
+			el := time.Since(start).Seconds()
+			if r.Code != 0 {
+				t.Fatalf("%s: %v", s.name, r)
+			}
+			os.RemoveAll(dst)
+			return float64(nfiles) / el
+		}},
+	}
+
+	results := make([][2][]float64, len(scenarios)) // scenario → side → per-round values
+	for round := range rounds {
+		for i, sc := range scenarios {
+			order := []int{0, 1}
+			if round%2 == 1 {
+				order = []int{1, 0}
+			}
+			for _, side := range order {
+				v := sc.run(t, sides[side], round)
+				results[i][side] = append(results[i][side], v)
+			}
+		}
+		t.Logf("round %d of %d done", round+1, rounds)
+	}
+
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "SSH benchmark: %d interleaved rounds, OpenSSH client %s, %d cores, load %s\n",
+		rounds, sshVersion(t), runtime.NumCPU(), loadAvg())
+	tw := tabwriter.NewWriter(&out, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tsshd (median)\ttether (median)\tratio (median of rounds)\ttarget\tmet")
+	for i, sc := range scenarios {
+		var ratios []float64
+		for r := range rounds {
+			sv, tv := results[i][0][r], results[i][1][r]
+			ratios = append(ratios, tv/sv) // time: tether/sshd; throughput: tether/sshd
+		}
+		ratio := median(ratios)
+		met := ratio <= sc.target
+		cmp := "<="
+		if !sc.lowerBetter {
+			met = ratio >= sc.target
+			cmp = ">="
+		}
+		fmt.Fprintf(tw, "%s\t%.4g %s\t%.4g %s\t%.3fx (%s)\t%s %.1fx\t%v\n", sc.name,
+			median(results[i][0]), sc.unit, median(results[i][1]), sc.unit, ratio, fmtRatios(ratios), cmp, sc.target, yesNo(met))
+	}
+	tw.Flush()
+	fmt.Print(out.String())
+	t.Log("\n" + out.String())
+}
+
+// benchSide is one server under test: the ssh config and host to reach it.
+type benchSide struct {
+	name, config, host string
+	env                []string
+}
+
+func (s benchSide) run(t *testing.T, stdin io.Reader, args ...string) toolRun {
+	t.Helper()
+	return runTool(t, bulkTimeout, stdin, s.env, "", "ssh", append([]string{"-F", s.config}, args...)...)
+}
+
+func (s benchSide) mustSSH(t *testing.T, args ...string) {
+	t.Helper()
+	if r := s.run(t, nil, args...); r.Code != 0 {
+		t.Fatalf("%s: %v", s.name, r)
+	}
+}
+
+// benchScenario is one measurement; run returns a round's value in unit.
+type benchScenario struct {
+	name, unit  string
+	lowerBetter bool    // a time (ratio tether/sshd <= target) or a rate (>= target)
+	target      float64 // the issue's target ratio
+	run         func(t *testing.T, s benchSide, round int) float64
+}
+
+// startBenchFleet is a coordinator with its jump host trusting key, and
+// one agent node-a, and returns the way in that tether ssh-config prints.
+func startBenchFleet(t *testing.T, key sshKey) *sshClient {
+	t.Helper()
+	dir := t.TempDir()
+	login := currentUser(t)
+	authorized := filepath.Join(dir, "authorized_keys")
+	pub, _ := os.ReadFile(key.Pub)
+	os.WriteFile(authorized, pub, 0o600)
+	grant := fmt.Sprintf("      - nodes: \"*\"\n        operations: [ssh]\n        run_as: %s\n", login)
+	pol := sshPolicy(t, grant) + fmt.Sprintf("  ssh-key:%s:\n    rules:\n%s", key.Fingerprint, grant)
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(pol), 0o600)
+	f := startFleetArgs(t, policy, "--ssh-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--ssh-authorized-keys", authorized)
+	f.startAgentBin(t, *tetherBin, "node-a", "role=a", f.tokenFile)
+	f.waitNodes(t, "node-a")
+	s := &sshFleet{fleet: f, dir: dir, login: login}
+	return s.client(t, "bench", key)
+}
+
+// repeatReader yields block over and over, left bytes in all.
+type repeatReader struct {
+	block []byte
+	off   int
+	left  int64
+}
+
+func (r *repeatReader) Read(p []byte) (int, error) {
+	if r.left <= 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.block[r.off:])
+	if int64(n) > r.left {
+		n = int(r.left)
+	}
+	r.off = (r.off + n) % len(r.block)
+	r.left -= int64(n)
+	return n, nil
+}
+
+// raceBuilt reports whether bin was built with -race (go version -m).
+func raceBuilt(t *testing.T, bin string) bool {
+	out, err := exec.Command("go", "version", "-m", bin).Output()
+	if err != nil {
+		t.Fatalf("go version -m %s: %v", bin, err)
+	}
+	return bytes.Contains(out, []byte("-race=true"))
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func fmtRatios(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, " ")
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
+
+func sshVersion(t *testing.T) string {
+	out, _ := exec.Command("ssh", "-V").CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
