@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/internal/panics"
@@ -68,6 +69,13 @@ type Agent struct {
 	testHook func(point string, v any)
 	// lp is the local policy in force; nil means none (localpolicy.go).
 	lp atomic.Pointer[localpolicy.Policy]
+	// hostKey is the SSH host key, loaded on first use (ssh.go).
+	hostKeyMu sync.Mutex
+	hostKey   ssh.Signer
+	// ctl is the current session's control stream, nil between sessions;
+	// ctlMu serialises its writers (writeControl).
+	ctl   atomic.Pointer[yamux.Stream]
+	ctlMu sync.Mutex
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -85,6 +93,10 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if dir, err := filepath.Abs(cfg.IdentityDir); err == nil {
 		cfg.IdentityDir = dir
+	}
+	cfg.SSHHostKeyFile = sshHostKeyFile(&cfg)
+	if f, err := filepath.Abs(cfg.SSHHostKeyFile); err == nil {
+		cfg.SSHHostKeyFile = f
 	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
 	targets := cfg.targetTable()
@@ -107,6 +119,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent %s: create data dir: %w", a.cfg.NodeID, err)
 	}
 	if err := a.loadIdentity(); err != nil {
+		return err
+	}
+	hostKey, err := a.sshHostKey()
+	if err != nil {
 		return err
 	}
 	if a.ident.Load() == nil && a.cfg.Token == "" {
@@ -137,7 +153,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		Capacity:        *capacity,
 		AgentVersion:    a.cfg.Version,
 		Targets:         a.targetNames,
-		Features:        []string{protocol.FeatureCancelStream},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH},
+		SSHHostKey:      hostKey.PublicKey().Marshal(),
 	}
 	r := &tunnel.Redialer{
 		Addrs: a.cfg.Coordinators,
@@ -203,6 +220,8 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		interval = defaultHeartbeat
 	}
 	a.sessions.Add(1)
+	a.ctl.Store(ctl)
+	defer a.ctl.Store(nil)
 	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
 	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval)
 	a.m.connected.Set(1)
@@ -337,8 +356,7 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 			return
 		}
 		hb := protocol.Heartbeat{RTTMicros: rttMicros.Load(), RunningExecs: int(a.running.Load())}
-		ctl.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
-		if err := protocol.WriteJSONFrame(ctl, protocol.FrameHeartbeat, &hb); err != nil {
+		if err := a.writeControl(ctl, protocol.FrameHeartbeat, &hb); err != nil {
 			if ctx.Err() == nil {
 				log.Warn("heartbeat failed; closing session", "err", err)
 				sess.Close()
@@ -428,6 +446,8 @@ func (a *Agent) serveStream(ctx context.Context, sess *tunnel.Session, st *yamux
 		a.serveInventory(ctx, st, h, gw)
 	case protocol.KindSandbox:
 		a.serveSandboxOp(ctx, st, h, gw)
+	case protocol.KindSSH:
+		a.serveSSH(ctx, st, h)
 	default:
 		a.log.Warn("unsupported stream kind", "kind", h.Kind.String(), "stream", st.StreamID())
 		a.refuse(st, protocol.CodeUnsupported, fmt.Sprintf("node %s does not serve %s streams", a.cfg.NodeID, h.Kind))

@@ -220,7 +220,15 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
 		Instance:        a.instance,
-		Features:        []string{protocol.FeatureCancelStream},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH},
+	}
+	hostKey, err := a.sshHostKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.SSHHostKey = hostKey.PublicKey().Marshal()
+	if fi, err := os.Stat(filepath.Join(cfg.DataDir, DefaultSSHHostKeyName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("ssh host key file: %v, want mode 0600", err)
 	}
 	if len(hello.Instance) < 16 {
 		t.Errorf("hello instance %q: want a random process id", hello.Instance)

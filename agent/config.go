@@ -65,6 +65,16 @@ type Config struct {
 	// certificate). Required unless Dial is set; it is cloned and tuned
 	// with tunnel.TunedTLS.
 	TLS *tls.Config
+	// SSHHostKeyFile is the agent's SSH host key (ed25519, OpenSSH
+	// format, 0600), created on the first start and reused: its public
+	// half is Hello.SSHHostKey. A file that does not parse stops the
+	// agent rather than being replaced. Copies never read or write it.
+	// Empty means DataDir/ssh_host_ed25519_key.
+	SSHHostKeyFile string
+	// SSHAcceptEnv are the environment variables SSH clients may set
+	// (env requests, ssh -o SendEnv) beyond LANG, LC_*, TERM, TZ and
+	// COLORTERM, as sshd's AcceptEnv: names, or prefixes ending in "*".
+	SSHAcceptEnv []string
 	// DataDir is the working directory of execs that name no Cwd (a relative
 	// Cwd is taken relative to it). It is
 	// created (0700) if missing. Empty means DefaultDataDir().

@@ -97,7 +97,7 @@ func (a *Agent) copyProtected() []string {
 	if err := os.MkdirAll(a.cfg.IdentityDir, 0o700); err != nil {
 		a.log.Warn("cannot create the identity directory", "dir", a.cfg.IdentityDir, "err", err)
 	}
-	return append([]string{a.jobsDir(), a.cfg.IdentityDir}, a.cfg.SecretFiles...)
+	return append([]string{a.jobsDir(), a.cfg.IdentityDir, a.cfg.SSHHostKeyFile}, a.cfg.SecretFiles...)
 }
 
 // copyRoots are the roots a copy of path as acct is confined to: with a

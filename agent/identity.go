@@ -235,10 +235,7 @@ func (a *Agent) renewOnce(ctx context.Context, ctl *yamux.Stream, replies <-chan
 	if err != nil {
 		return err
 	}
-	ctl.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
-	err = protocol.WriteJSONFrame(ctl, protocol.FrameRenew, &protocol.Renew{CSR: csr})
-	ctl.SetWriteDeadline(time.Time{})
-	if err != nil {
+	if err := a.writeControl(ctl, protocol.FrameRenew, &protocol.Renew{CSR: csr}); err != nil {
 		return fmt.Errorf("send renew: %w", err)
 	}
 	t := time.NewTimer(a.cfg.HandshakeTimeout)

@@ -1,0 +1,236 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/agent/sshd"
+	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// SSH streams (protocol.KindSSH) reach the agent's SSH server (package
+// sshd), which listens on no socket. The coordinator vouches for the
+// caller in the stream's protocol.SSHParams; the agent checks them, asks
+// its local policy whether any of the logins may run anything here
+// (runAs with "exec" or "shell"), answers FrameDialOK and serves the SSH
+// connection on the rest of the stream. A login may then run commands
+// (exec, the sftp subsystem) if runAs allows "exec" and shells if it
+// allows "shell". Each channel's end is reported on the control stream as
+// a FrameSSHChannel.
+
+// DefaultSSHHostKeyName is Config.SSHHostKeyFile's default, under DataDir.
+const DefaultSSHHostKeyName = "ssh_host_ed25519_key"
+
+// sshHostKey returns the host key, loading or creating it
+// (Config.SSHHostKeyFile) on the first call.
+func (a *Agent) sshHostKey() (ssh.Signer, error) {
+	a.hostKeyMu.Lock()
+	defer a.hostKeyMu.Unlock()
+	if a.hostKey != nil {
+		return a.hostKey, nil
+	}
+	s, err := sshd.LoadOrCreateHostKey(a.cfg.SSHHostKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: %w", a.cfg.NodeID, err)
+	}
+	a.hostKey = s
+	return s, nil
+}
+
+// serveSSH serves the ssh stream st. It returns when the SSH connection
+// ended; st is closed.
+func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Header) {
+	// After FrameDialOK the stream carries SSH, where no frame may
+	// follow: a panic then only closes it.
+	raw := false
+	defer a.guard.Recover("ssh stream", func(e *panics.Error) {
+		if !raw {
+			a.answerPanic(st, nil)(e)
+		}
+		st.Close()
+	})
+	log := a.log.With("stream", st.StreamID())
+	var p protocol.SSHParams
+	err := h.DecodeParams(&p)
+	if err == nil {
+		err = p.Validate()
+	}
+	if err != nil {
+		log.Warn("ssh stream refused: bad params", "err", err)
+		a.refuse(st, protocol.CodeBadRequest, fmt.Sprintf("node %s: ssh stream params: %v", a.cfg.NodeID, err))
+		return
+	}
+	log = log.With("ssh_session", p.Session, "identity", p.Identity)
+	key, err := a.sshHostKey()
+	if err != nil {
+		log.Error("ssh stream refused: no host key", "err", err)
+		a.refuse(st, protocol.CodeInternal, err.Error())
+		return
+	}
+	// Refused up front when nobody of Logins could log in: the client
+	// then learns it from the coordinator instead of an SSH failure.
+	var why []string
+	allowed := false
+	for _, l := range p.Logins {
+		if _, err := a.sshLogin(l); err != nil {
+			why = append(why, err.Error())
+			continue
+		}
+		allowed = true
+		break
+	}
+	if !allowed {
+		log.Warn("ssh stream refused: the local policy allows none of the logins", "logins", p.Logins, "reasons", why)
+		a.refuse(st, protocol.CodeForbidden, fmt.Sprintf("node %s: no login of %s may log in here: %s",
+			a.cfg.NodeID, strings.Join(p.Logins, ", "), strings.Join(why, "; ")))
+		return
+	}
+	var cert ssh.Signer
+	if len(p.HostCertificate) > 0 {
+		if cert, err = sshd.CheckHostCert(key, p.HostCertificate); err != nil {
+			log.Warn("ssh host certificate refused; offering the plain host key only", "err", err)
+		}
+	}
+	st.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+	if err := protocol.WriteFrame(st, protocol.FrameDialOK, nil); err != nil {
+		log.Warn("ssh: write dial-ok", "err", err)
+		st.Close()
+		return
+	}
+	st.SetWriteDeadline(time.Time{})
+	raw = true
+	sshd.Serve(ctx, st, &sshd.Config{
+		Params:   &p,
+		HostKey:  key,
+		HostCert: cert,
+		Login:    a.sshLogin,
+		Dial: func(ctx context.Context, host string, port uint32) (net.Conn, string, error) {
+			return a.sshDial(ctx, &p, host, port)
+		},
+		Event:            a.sshEvent,
+		AcceptEnv:        a.cfg.SSHAcceptEnv,
+		HandshakeTimeout: a.cfg.HandshakeTimeout,
+		KillGrace:        a.cfg.KillGrace,
+		Log:              log,
+		NodeID:           a.cfg.NodeID,
+	})
+}
+
+// sshLogin resolves login for an SSH connection: the account, as runAs
+// resolves it for an exec and for a shell. It fails when the local policy
+// allows neither.
+func (a *Agent) sshLogin(login string) (*sshd.Login, error) {
+	acctE, errE := a.runAs(login, "exec")
+	acctS, errS := a.runAs(login, "shell")
+	if errE != nil && errS != nil {
+		if errE.Message == errS.Message {
+			return nil, errors.New(errE.Message)
+		}
+		return nil, fmt.Errorf("%s; %s", errE.Message, errS.Message)
+	}
+	acct := acctE
+	if acct == nil {
+		acct = acctS
+	}
+	home := a.baseDir(acct)
+	l := &sshd.Login{
+		Name: acct.Name, UID: acct.UID, GID: acct.GID, Credential: acct.credential(), Self: acct.self,
+		Home: home, Shell: acct.shellPath(), Env: a.procEnv(acct, nil, home),
+	}
+	if errE != nil {
+		l.ExecErr = errors.New(errE.Message)
+	}
+	if errS != nil {
+		l.ShellErr = errors.New(errS.Message)
+	}
+	return l, nil
+}
+
+// sshDial connects a direct-tcpip destination host:port for an SSH
+// connection with params p: it must name one of the agent's targets that
+// p allows, by the target's configured address or by its name (any
+// port), and the local policy must allow dialling it.
+func (a *Agent) sshDial(ctx context.Context, p *protocol.SSHParams, host string, port uint32) (net.Conn, string, error) {
+	dest := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
+	target := ""
+	for _, t := range p.Targets {
+		if addr, ok := a.targets[t]; ok && (host == t || addr == dest) {
+			target = t
+			break
+		}
+	}
+	if target == "" {
+		allowed := []string{}
+		for _, t := range p.Targets {
+			if addr, ok := a.targets[t]; ok {
+				allowed = append(allowed, t+" ("+addr+")")
+			}
+		}
+		mine := "none"
+		if len(allowed) > 0 {
+			mine = strings.Join(allowed, ", ")
+		}
+		return nil, "", fmt.Errorf("%w: node %s: %s is not a target you may forward to (yours here: %s)",
+			sshd.ErrForwardRefused, a.cfg.NodeID, protocol.Clip(dest), mine)
+	}
+	if lp := a.localPolicy(); lp != nil {
+		if err := lp.AllowDial(target); err != nil {
+			fi := a.forbidden(err)
+			return nil, target, fmt.Errorf("%w: %s", sshd.ErrForwardRefused, fi.Message)
+		}
+	}
+	addr := a.targets[target]
+	d := net.Dialer{Timeout: a.cfg.DialTimeout}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			err = op.Err
+		}
+		return nil, target, fmt.Errorf("node %s: dial target %s at %s: %v", a.cfg.NodeID, target, addr, err)
+	}
+	return conn, target, nil
+}
+
+// sshEvent sends ev on the current session's control stream.
+func (a *Agent) sshEvent(ev *protocol.SSHChannelEvent) {
+	a.hook("ssh-event", ev)
+	ctl := a.ctl.Load()
+	if ctl == nil {
+		a.log.Debug("ssh channel event not sent: no control stream", "ssh_session", ev.Session, "channel", ev.Channel)
+		return
+	}
+	if err := a.writeControl(ctl, protocol.FrameSSHChannel, ev); err != nil {
+		a.log.Warn("ssh channel event not sent", "ssh_session", ev.Session, "channel", ev.Channel, "err", err)
+	}
+}
+
+// writeControl writes one frame on the control stream ctl within the
+// tunnel's write timeout. Every writer of the control stream after the
+// handshake (heartbeats, renewals, SSH events) goes through it, so that
+// their deadlines and frames never interleave.
+func (a *Agent) writeControl(ctl *yamux.Stream, t protocol.FrameType, v any) error {
+	a.ctlMu.Lock()
+	defer a.ctlMu.Unlock()
+	ctl.SetWriteDeadline(time.Now().Add(a.cfg.Tunnel.WriteTimeout))
+	defer ctl.SetWriteDeadline(time.Time{})
+	return protocol.WriteJSONFrame(ctl, t, v)
+}
+
+// sshHostKeyFile is the host key path for cfg.
+func sshHostKeyFile(cfg *Config) string {
+	if cfg.SSHHostKeyFile != "" {
+		return cfg.SSHHostKeyFile
+	}
+	return filepath.Join(cfg.DataDir, DefaultSSHHostKeyName)
+}

@@ -1,0 +1,568 @@
+package sshd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// maxEnvRequests bounds the env requests one session channel keeps.
+const maxEnvRequests = 256
+
+// Payloads of session channel requests (RFC 4254 §6).
+type (
+	ptyReqMsg struct {
+		Term          string
+		Cols, Rows    uint32
+		Width, Height uint32
+		Modes         string
+	}
+	windowChangeMsg struct {
+		Cols, Rows    uint32
+		Width, Height uint32
+	}
+	envMsg     struct{ Name, Value string }
+	execMsg    struct{ Command string }
+	signalMsg  struct{ Name string }
+	subsysMsg  struct{ Name string }
+	exitStatus struct{ Status uint32 }
+	exitSignal struct {
+		Signal     string
+		CoreDumped bool
+		Message    string
+		Lang       string
+	}
+)
+
+// session is one session channel.
+type session struct {
+	c     *conn
+	ch    ssh.Channel
+	n     int
+	login *Login
+	start time.Time
+
+	env    map[string]string
+	pty    *ptyReqMsg
+	proc   *process
+	ev     protocol.SSHChannelEvent
+	in     atomic.Int64 // bytes from the client
+	out    atomic.Int64 // bytes to the client (stdout and stderr)
+	refuse string       // why the last start was refused, for the event
+}
+
+// process is what a session runs.
+type process struct {
+	cmd  *exec.Cmd
+	pgid int
+	ptm  *os.File      // the terminal's master, with a pty
+	done chan struct{} // closed when the leader exited and its output was relayed
+	wg   sync.WaitGroup
+	// state is the leader's wait status, set before done is closed.
+	state *os.ProcessState
+
+	killOnce sync.Once
+	timer    *time.Timer
+}
+
+func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, login *Login) {
+	ch, reqs, err := nch.Accept()
+	if err != nil {
+		c.log.Debug("ssh session channel accept failed", "channel", n, "err", err)
+		return
+	}
+	s := &session{c: c, ch: ch, n: n, login: login, start: time.Now(), env: map[string]string{}}
+	s.ev = protocol.SSHChannelEvent{Channel: n, Login: login.Name, Start: s.start}
+	s.run(ctx, reqs)
+}
+
+// run serves the channel's requests until the client closes the channel
+// or ctx ends, and reports the channel.
+func (s *session) run(ctx context.Context, reqs <-chan *ssh.Request) {
+	defer s.ch.Close()
+	var done <-chan struct{}
+	exited := false
+	for {
+		select {
+		case r, ok := <-reqs:
+			if !ok {
+				// The client closed the channel (or the connection
+				// ended): its processes go too.
+				s.finish(exited)
+				return
+			}
+			if s.handle(r) && s.proc != nil {
+				done = s.proc.done
+			}
+		case <-done:
+			done = nil
+			exited = true
+			s.exited()
+		case <-ctx.Done():
+			s.finish(exited)
+			return
+		}
+	}
+}
+
+// finish ends the channel's processes, if still running, and reports it.
+func (s *session) finish(exited bool) {
+	if p := s.proc; p != nil {
+		if !exited {
+			p.kill(s.c.cfg.KillGrace)
+			<-p.done
+			s.fillExit()
+			if s.ev.Error == "" {
+				s.ev.Error = "the channel was closed before the command ended"
+			}
+			s.ev.Result = protocol.AuditFailed
+		}
+		p.kill(s.c.cfg.KillGrace) // what is left of its group
+		p.wg.Wait()
+		p.stopKill()
+	}
+	if s.ev.Type == "" {
+		// Closed without starting anything.
+		s.ev.Type = protocol.SSHChannelShell
+		s.ev.Result = protocol.AuditRefused
+		s.ev.Error = s.refuse
+		if s.ev.Error == "" {
+			s.ev.Error = "the channel was closed before any command was requested"
+		}
+	}
+	s.ev.BytesIn, s.ev.BytesOut = s.in.Load(), s.out.Load()
+	s.c.log.Info("ssh channel ended", "channel", s.n, "type", s.ev.Type, "result", s.ev.Result,
+		"exit_status", s.ev.ExitStatus, "exit_signal", s.ev.ExitSignal, "bytes_in", s.ev.BytesIn, "bytes_out", s.ev.BytesOut)
+	s.c.event(&s.ev)
+}
+
+// exited tells the client how the process ended and closes the channel.
+func (s *session) exited() {
+	s.fillExit()
+	if s.ev.ExitStatus != nil {
+		s.ch.SendRequest("exit-status", false, ssh.Marshal(&exitStatus{Status: uint32(*s.ev.ExitStatus)}))
+	} else if s.ev.ExitSignal != "" {
+		s.ch.SendRequest("exit-signal", false, ssh.Marshal(&exitSignal{Signal: s.ev.ExitSignal, CoreDumped: s.proc.state.Sys().(syscall.WaitStatus).CoreDump()}))
+	}
+	s.ch.CloseWrite()
+	s.ch.Close()
+}
+
+// fillExit records the process's end in the event.
+func (s *session) fillExit() {
+	st := s.proc.state
+	if st == nil {
+		return
+	}
+	ws := st.Sys().(syscall.WaitStatus)
+	switch {
+	case ws.Signaled():
+		s.ev.ExitSignal = strings.TrimPrefix(unix.SignalName(ws.Signal()), "SIG")
+		if s.ev.ExitSignal == "" {
+			s.ev.ExitSignal = strconv.Itoa(int(ws.Signal()))
+		}
+		s.ev.Result = protocol.AuditFailed
+		s.ev.Error = "killed by signal " + s.ev.ExitSignal
+	default:
+		code := ws.ExitStatus()
+		s.ev.ExitStatus = &code
+		s.ev.Result = protocol.AuditOK
+		if code != 0 {
+			s.ev.Result = protocol.AuditFailed
+			s.ev.Error = fmt.Sprintf("exit status %d", code)
+		}
+	}
+}
+
+// handle serves one request; it reports whether it started a process.
+func (s *session) handle(r *ssh.Request) bool {
+	ok, started := false, false
+	switch r.Type {
+	case "env":
+		var m envMsg
+		if ssh.Unmarshal(r.Payload, &m) == nil && s.proc == nil && len(s.env) < maxEnvRequests && s.acceptEnv(m.Name) &&
+			!strings.ContainsRune(m.Value, 0) {
+			s.env[m.Name] = m.Value
+			ok = true
+		} else {
+			s.c.log.Debug("ssh env request ignored", "channel", s.n, "name", protocol.Clip(m.Name))
+		}
+	case "pty-req":
+		var m ptyReqMsg
+		if ssh.Unmarshal(r.Payload, &m) == nil && s.proc == nil {
+			s.pty = &m
+			ok = true
+		}
+	case "window-change":
+		var m windowChangeMsg
+		if ssh.Unmarshal(r.Payload, &m) == nil && s.pty != nil {
+			s.pty.Cols, s.pty.Rows = m.Cols, m.Rows
+			if s.proc != nil && s.proc.ptm != nil {
+				pty.Setsize(s.proc.ptm, winsize(m.Cols, m.Rows))
+			}
+			ok = true
+		}
+	case "signal":
+		var m signalMsg
+		if ssh.Unmarshal(r.Payload, &m) == nil && s.proc != nil {
+			if sig := unix.SignalNum("SIG" + m.Name); sig != 0 {
+				if err := syscall.Kill(-s.proc.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+					s.c.log.Warn("ssh signal", "channel", s.n, "signal", m.Name, "err", err)
+				}
+				ok = true
+			}
+		}
+	case "exec":
+		var m execMsg
+		if ssh.Unmarshal(r.Payload, &m) == nil && s.proc == nil {
+			ok = s.startCommand(m.Command)
+			started = ok
+		}
+	case "shell":
+		if s.proc == nil {
+			ok = s.startShell()
+			started = ok
+		}
+	case "subsystem":
+		var m subsysMsg
+		if ssh.Unmarshal(r.Payload, &m) == nil && s.proc == nil {
+			ok = s.startSubsystem(m.Name)
+			started = ok
+		}
+	default:
+		// x11-req, auth-agent-req@openssh.com, ...: not served.
+		s.c.log.Debug("ssh channel request refused", "channel", s.n, "request", protocol.Clip(r.Type))
+	}
+	if r.WantReply {
+		r.Reply(ok, nil)
+	}
+	return started
+}
+
+// acceptEnv reports whether an env request may set name.
+func (s *session) acceptEnv(name string) bool {
+	if name == "" || strings.ContainsAny(name, "=\x00") {
+		return false
+	}
+	for _, pat := range slices.Concat(DefaultAcceptEnv, s.c.cfg.AcceptEnv) {
+		if p, ok := strings.CutSuffix(pat, "*"); ok && strings.HasPrefix(name, p) || pat == name {
+			return true
+		}
+	}
+	return false
+}
+
+// envKeys are the names the client's env requests set, sorted.
+func (s *session) envKeys() []string {
+	if len(s.env) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(s.env))
+	for k := range s.env {
+		keys = append(keys, protocol.ClipUTF8(k, protocol.MaxAuditProgramLen))
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// procEnv is the environment of the session's process.
+func (s *session) procEnv() []string {
+	env := slices.Clone(s.login.Env)
+	for _, k := range slices.Sorted(maps.Keys(s.env)) {
+		env = append(env, k+"="+s.env[k])
+	}
+	if s.pty != nil && s.pty.Term != "" && !strings.ContainsRune(s.pty.Term, 0) {
+		env = append(env, "TERM="+s.pty.Term)
+	}
+	return env
+}
+
+// startCommand starts an exec request's command through the login's
+// shell ($SHELL -c COMMAND, as sshd does).
+func (s *session) startCommand(command string) bool {
+	s.ev.Type = protocol.SSHChannelExec
+	sum, size := protocol.CommandDigest("", []string{command})
+	ac := &protocol.AuditCommand{Mode: "argv", SHA256: sum, Size: size, Count: 1, Stdin: true, EnvKeys: s.envKeys()}
+	if f := strings.Fields(command); len(f) > 0 {
+		ac.Program = protocol.ClipUTF8(f[0], protocol.MaxAuditProgramLen)
+	}
+	if s.pty != nil {
+		ac.Program = "pty"
+	}
+	s.ev.Command = ac
+	if err := s.login.ExecErr; err != nil {
+		return s.refused("exec refused by the local policy", err)
+	}
+	if strings.ContainsRune(command, 0) {
+		return s.refused("exec refused", errors.New("the command contains a NUL byte"))
+	}
+	cmd := exec.Command(s.login.Shell, "-c", command)
+	return s.startProc(cmd)
+}
+
+// startShell starts the login shell (argv[0] "-NAME", as login does).
+func (s *session) startShell() bool {
+	s.ev.Type = protocol.SSHChannelShell
+	s.ev.Command = &protocol.AuditCommand{Mode: "login-shell", EnvKeys: s.envKeys()}
+	if s.pty != nil {
+		s.ev.Command.Program = "pty"
+	}
+	if err := s.login.ShellErr; err != nil {
+		return s.refused("shell refused by the local policy", err)
+	}
+	cmd := &exec.Cmd{Path: s.login.Shell, Args: []string{"-" + filepath.Base(s.login.Shell)}}
+	return s.startProc(cmd)
+}
+
+// startSubsystem starts the sftp subsystem; there is no other.
+func (s *session) startSubsystem(name string) bool {
+	s.ev.Type = protocol.SSHChannelSubsystem
+	s.ev.Subsystem = protocol.ClipUTF8(name, protocol.MaxAuditProgramLen)
+	if name != "sftp" {
+		return s.refused("subsystem refused", fmt.Errorf("subsystem %s is not served (only sftp)", protocol.Clip(name)))
+	}
+	if err := s.login.ExecErr; err != nil {
+		return s.refused("sftp refused by the local policy", err)
+	}
+	s.pty = nil // sftp is binary: never through a terminal
+	return s.startProc(sftpCommand())
+}
+
+func (s *session) refused(what string, err error) bool {
+	s.refuse = fmt.Sprintf("%s: %v", what, err)
+	s.ev.Result = protocol.AuditRefused
+	s.ev.Error = s.refuse
+	s.c.log.Warn("ssh channel refused", "channel", s.n, "login", s.login.Name, "what", what, "err", err)
+	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, s.refuse)
+	s.ch.Stderr().Write([]byte(msg))
+	return false
+}
+
+// startProc starts cmd as the login, in its home, with the session's
+// environment, on a terminal when one was requested, else on pipes.
+func (s *session) startProc(cmd *exec.Cmd) bool {
+	cmd.Dir = s.login.Home
+	env := s.procEnv()
+	if cmd.Env == nil {
+		cmd.Env = env
+	} else {
+		cmd.Env = append(env, cmd.Env...)
+	}
+	var p *process
+	var err error
+	if s.pty != nil {
+		p, err = s.startPTY(cmd)
+	} else {
+		p, err = s.startPipes(cmd)
+	}
+	if err != nil {
+		return s.refused("start", fmt.Errorf("start %s as %s: %w", cmd.Path, s.login.Name, err))
+	}
+	s.proc = p
+	s.ev.Result = ""
+	s.c.log.Info("ssh channel started", "channel", s.n, "type", s.ev.Type, "pid", p.pgid, "pty", s.pty != nil)
+	return true
+}
+
+// startPipes starts cmd in its own process group on pipes: stdin is the
+// channel's data (its EOF closes the pipe), stdout its data, stderr its
+// extended data, all binary-clean.
+func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
+	var files []*os.File
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	pipe := func() (*os.File, *os.File, error) {
+		r, w, err := os.Pipe()
+		if err == nil {
+			files = append(files, r, w)
+		}
+		return r, w, err
+	}
+	inR, inW, err1 := pipe()
+	outR, outW, err2 := pipe()
+	errR, errW, err3 := pipe()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		closeAll()
+		return nil, err
+	}
+	for _, f := range []*os.File{inW, outR} {
+		unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
+	if err := cmd.Start(); err != nil {
+		closeAll()
+		return nil, err
+	}
+	inR.Close()
+	outW.Close()
+	errW.Close()
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	var outputs sync.WaitGroup
+	outputs.Add(2)
+	p.wg.Add(4)
+	go func() { // client → stdin; the client's EOF closes it
+		defer p.wg.Done()
+		defer inW.Close()
+		io.Copy(inW, countReader{s.ch, &s.in})
+	}()
+	go func() {
+		defer p.wg.Done()
+		defer outputs.Done()
+		defer outR.Close()
+		io.CopyBuffer(countWriter{s.ch, &s.out}, outR, make([]byte, 256<<10))
+	}()
+	go func() {
+		defer p.wg.Done()
+		defer outputs.Done()
+		defer errR.Close()
+		io.Copy(countWriter{s.ch.Stderr(), &s.out}, errR)
+	}()
+	go func() {
+		defer p.wg.Done()
+		cmd.Wait()
+		p.state = cmd.ProcessState
+		// Like sshd: the exit status goes after all the output, which
+		// ends when every holder of the pipes (background children too)
+		// closed them.
+		outputs.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// startPTY starts cmd on a new terminal, in its own session with the
+// terminal as its controlling tty; for another account the terminal is
+// given to it first (owner the login, group tty, mode 0620, as sshd does).
+func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
+	ptm, tty, err := pty.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer tty.Close()
+	if !s.login.Self {
+		gid := int(s.login.GID)
+		if g, err := user.LookupGroup("tty"); err == nil {
+			if n, err := strconv.Atoi(g.Gid); err == nil {
+				gid = n
+			}
+		}
+		if err := errors.Join(tty.Chown(int(s.login.UID), gid), tty.Chmod(0o620)); err != nil {
+			ptm.Close()
+			return nil, fmt.Errorf("give the terminal to %s: %w", s.login.Name, err)
+		}
+	}
+	if err := pty.Setsize(ptm, winsize(s.pty.Cols, s.pty.Rows)); err != nil {
+		ptm.Close()
+		return nil, err
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
+	if err := cmd.Start(); err != nil {
+		ptm.Close()
+		return nil, err
+	}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, ptm: ptm, done: make(chan struct{})}
+	output := make(chan struct{})
+	p.wg.Add(3)
+	go func() { // client → terminal; the client's EOF is not a terminal's
+		defer p.wg.Done()
+		io.Copy(ptm, countReader{s.ch, &s.in})
+	}()
+	go func() { // terminal → client, until every holder of the tty closed it (EIO)
+		defer p.wg.Done()
+		defer close(output)
+		io.Copy(countWriter{s.ch, &s.out}, ptm)
+	}()
+	go func() {
+		defer p.wg.Done()
+		cmd.Wait()
+		p.state = cmd.ProcessState
+		// The session leader is gone: hang up what is left of its
+		// session, as the kernel does for a terminal's foreground
+		// group, so that the terminal closes and its output ends.
+		syscall.Kill(-p.pgid, syscall.SIGHUP)
+		<-output
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// kill ends the process's group: SIGTERM (and SIGHUP, for a terminal's
+// shell), then SIGKILL grace later. It may be called more than once.
+func (p *process) kill(grace time.Duration) {
+	p.killOnce.Do(func() {
+		syscall.Kill(-p.pgid, syscall.SIGHUP)
+		syscall.Kill(-p.pgid, syscall.SIGTERM)
+		p.timer = time.AfterFunc(grace, func() { syscall.Kill(-p.pgid, syscall.SIGKILL) })
+		if p.ptm != nil {
+			// Unblocks the relay of a terminal that something outside
+			// the group still holds.
+			go func() {
+				<-p.done
+				p.ptm.Close()
+			}()
+		}
+	})
+}
+
+// stopKill releases the kill timer and the terminal once the channel is
+// done with them.
+func (p *process) stopKill() {
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	if p.ptm != nil {
+		p.ptm.Close()
+	}
+}
+
+func winsize(cols, rows uint32) *pty.Winsize {
+	clamp := func(v uint32) uint16 { return uint16(min(v, 0xffff)) }
+	return &pty.Winsize{Cols: clamp(cols), Rows: clamp(rows)}
+}
+
+// countReader and countWriter count the bytes through them in n.
+type countReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+type countWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.n.Add(int64(k))
+	return k, err
+}
