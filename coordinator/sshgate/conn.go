@@ -1,0 +1,466 @@
+package sshgate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// SessionMessage is the reason text of a rejected "session" channel: what
+// a user who ran ssh against the jump host itself reads.
+const SessionMessage = "this is the Tether SSH jump host: it runs no shell or command; reach a node through it with ssh -J THIS-HOST NODE (or ProxyJump)"
+
+// connState is one client connection.
+type connState struct {
+	g      *Gate
+	conn   net.Conn
+	remote net.Addr
+
+	triedKey atomic.Bool // a key was offered in the handshake
+	evicted  atomic.Bool // cut by admission for another source
+	authed   bool        // guarded by g.mu
+	proven   proven
+	user     string // the SSH user name the client sent (logged, not used)
+	channels atomic.Int32
+	wg       sync.WaitGroup // the channel goroutines
+}
+
+// serve runs the connection: admission, handshake, then its channels until
+// the client disconnects or the gate closes.
+func (cs *connState) serve() {
+	g := cs.g
+	defer g.wg.Done()
+	defer g.forget(cs)
+	defer cs.conn.Close()
+	defer g.guard.Recover("ssh connection", nil)
+
+	p := &pending{conn: cs.conn, source: sourceOf(cs.remote)}
+	victim, refused := g.adm.enter(p)
+	if refused != "" {
+		g.m.connections.WithLabelValues(refused).Inc()
+		g.log.Debug("ssh connection refused before its handshake", "remote", cs.remote, "reason", refused)
+		return
+	}
+	if victim != nil {
+		g.mu.Lock()
+		if vs := g.conns[victim.conn]; vs != nil {
+			vs.evicted.Store(true)
+		}
+		g.mu.Unlock()
+		victim.conn.Close()
+	}
+	deadline := g.cfg.Now().Add(g.cfg.HandshakeTimeout)
+	cs.conn.SetDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
+	sconn, chans, reqs, err := ssh.NewServerConn(cs.conn, g.serverConfig(cs))
+	g.adm.leave(p)
+	if err != nil {
+		result := connHandshake
+		switch {
+		case cs.evicted.Load():
+			result = connEvicted
+		case errors.Is(err, os.ErrDeadlineExceeded) || !g.cfg.Now().Before(deadline):
+			result = connTimeout
+		case cs.triedKey.Load():
+			result = connAuthFailed
+		}
+		g.m.connections.WithLabelValues(result).Inc()
+		g.log.Debug("ssh handshake failed", "remote", cs.remote, "result", result, "err", err)
+		return
+	}
+	defer sconn.Close()
+	cs.conn.SetDeadline(time.Time{})
+	pr, err := provenOf(sconn.Permissions)
+	if err != nil {
+		g.m.connections.WithLabelValues(connInternalErr).Inc()
+		g.log.Error("ssh connection closed: its authentication is inconsistent", "remote", cs.remote, "err", err)
+		return
+	}
+	cs.proven, cs.user = pr, sconn.User()
+	g.mu.Lock()
+	cs.authed = true
+	g.handshake--
+	g.mu.Unlock()
+	g.m.connections.WithLabelValues(connOK).Inc()
+	g.log.Debug("ssh client authenticated", "remote", cs.remote, "identity", pr.id.String(), "user", cs.user)
+
+	cs.wg.Add(1)
+	go func() {
+		defer cs.wg.Done()
+		defer g.guard.Recover("ssh global requests", func(*panics.Error) { sconn.Close() })
+		for r := range reqs {
+			// tcpip-forward (ssh -R), keepalives and the rest: the jump host
+			// serves none.
+			g.m.globalReqs.Inc()
+			if r.WantReply {
+				r.Reply(false, nil)
+			}
+		}
+	}()
+	for nc := range chans {
+		cs.dispatch(nc)
+	}
+	sconn.Close()
+	cs.wg.Wait()
+}
+
+// dispatch answers one channel open.
+func (cs *connState) dispatch(nc ssh.NewChannel) {
+	g := cs.g
+	switch nc.ChannelType() {
+	case "direct-tcpip":
+	case "session":
+		g.m.channels.WithLabelValues(chanSession).Inc()
+		nc.Reject(ssh.Prohibited, SessionMessage)
+		return
+	default:
+		g.m.channels.WithLabelValues(chanUnsupported).Inc()
+		nc.Reject(ssh.UnknownChannelType, fmt.Sprintf("channel type %s is not served: the Tether jump host opens direct-tcpip to NODE:22 only", clipString(nc.ChannelType(), 40)))
+		return
+	}
+	if int(cs.channels.Add(1)) > g.cfg.MaxChannelsPerConn {
+		cs.channels.Add(-1)
+		g.m.channels.WithLabelValues(chanLimit).Inc()
+		nc.Reject(ssh.ResourceShortage, fmt.Sprintf("this connection has %d channels open, the most the jump host allows", g.cfg.MaxChannelsPerConn))
+		return
+	}
+	cs.wg.Add(1)
+	go func() {
+		defer cs.wg.Done()
+		defer cs.channels.Add(-1)
+		ch := &channel{cs: cs, nc: nc, start: time.Now()}
+		defer g.guard.Recover("ssh direct-tcpip", func(*panics.Error) { ch.fail(chanError, "", "internal error") })
+		ch.run()
+	}()
+}
+
+// directTCPIP is a direct-tcpip channel's extra data (RFC 4254 §7.2).
+type directTCPIP struct {
+	Host       string
+	Port       uint32
+	OriginHost string
+	OriginPort uint32
+}
+
+// channel is one direct-tcpip channel, from its open to its end.
+type channel struct {
+	cs    *connState
+	nc    ssh.NewChannel
+	start time.Time
+	ev    protocol.AuditEvent
+	done  bool // answered and audited
+}
+
+// run decides, opens and splices the channel, and audits it.
+func (ch *channel) run() {
+	g, cs := ch.cs.g, ch.cs
+	ch.ev = protocol.AuditEvent{
+		Operation: policy.OpSSH.String(),
+		Method:    "connect",
+		Identity:  cs.proven.id.String(),
+	}
+	var req directTCPIP
+	if err := ssh.Unmarshal(ch.nc.ExtraData(), &req); err != nil {
+		ch.reject(chanBadTarget, ssh.ConnectionFailed, "", "bad_request", "malformed direct-tcpip request")
+		return
+	}
+	name := strings.TrimSuffix(req.Host, protocol.SSHHostSuffix)
+	ch.ev.Target = clipAudit(req.Host + ":" + fmt.Sprint(req.Port))
+	if req.Port != 22 {
+		ch.reject(chanBadTarget, ssh.Prohibited, "", "bad_request",
+			fmt.Sprintf("port %d refused: the jump host joins ssh to a node's SSH server, NODE:22 or NODE%s:22, only", req.Port, protocol.SSHHostSuffix))
+		return
+	}
+	if protocol.ValidNodeID(name) != nil {
+		ch.reject(chanError, ssh.ConnectionFailed, "", "", "unknown node "+clipString(req.Host, 80))
+		return
+	}
+	ch.ev.Nodes = []string{name}
+	if err := stillTrusted(g.keys.Load(), cs.proven.key, g.cfg.Now(), g.cfg.ClockSkew); err != nil {
+		ch.reject(chanRefused, ssh.Prohibited, "", "unauthenticated", err.Error())
+		return
+	}
+	node, known := g.cfg.Nodes.Node(name)
+	if !known {
+		// An unknown node is decided as a node without labels: a caller
+		// whose rules would not grant ssh on it gets the policy's refusal,
+		// the answer it would get for an existing unlabelled node it may
+		// not use, so that probing tells it nothing about the fleet. Only
+		// a caller the policy would let in there learns the node is
+		// unknown.
+		node = policy.Node{ID: name}
+	}
+	grants, err := g.cfg.Policy.Grants(cs.proven.id, policy.OpSSH, node)
+	if err != nil {
+		var r *policy.Refusal
+		if errors.As(err, &r) {
+			ch.reject(chanRefused, ssh.Prohibited, "", r.Reason.String(), r.Error())
+			return
+		}
+		g.log.Error("ssh policy decision failed", "identity", ch.ev.Identity, "node", name, "err", err)
+		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeInternal, "", "the policy could not decide")
+		return
+	}
+	if !known {
+		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeNotFound, "",
+			fmt.Sprintf("unknown node %s: no node of this id is connected and serving SSH", name))
+		return
+	}
+	logins, rules := loginsOf(grants)
+	ch.ev.RunAs = clipN(strings.Join(logins, ", "), protocol.MaxAuditProgramLen)
+	ch.ev.Rule = clipAudit(strings.Join(rules, "; "))
+	if len(logins) == 0 {
+		ch.reject(chanRefused, ssh.Prohibited, "", policy.ReasonNoRule.String(), "the policy grants ssh on "+name+" as no login")
+		return
+	}
+	var targets []string
+	if fwd, err := g.cfg.Policy.Grants(cs.proven.id, policy.OpForward, node); err == nil {
+		targets = targetsOf(fwd)
+	} else if !errors.Is(err, policy.ErrRefused) {
+		g.log.Warn("ssh forward grants not decided: no port forwarding", "identity", ch.ev.Identity, "node", name, "err", err)
+	}
+	params := protocol.SSHParams{
+		Session:   newSession(),
+		Identity:  ch.ev.Identity,
+		Logins:    logins,
+		Targets:   targets,
+		Auth:      protocol.SSHAuthPublicKey,
+		PublicKey: cs.proven.key.Marshal(),
+	}
+	ch.ev.Session = params.Session
+	if hk := g.cfg.Nodes.HostKey(name); hk != nil {
+		cert, err := g.ca.Certify(name, hk)
+		if err != nil {
+			g.log.Warn("node host key not certified: clients that check host keys by the CA will refuse it", "node", name, "err", err)
+		} else {
+			params.HostCertificate = cert
+		}
+	}
+	if err := params.Validate(); err != nil {
+		g.log.Error("ssh params invalid", "node", name, "identity", ch.ev.Identity, "err", err)
+		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeInternal, "", "the jump host could not build the stream's parameters for "+name)
+		return
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.OpenTimeout)
+	conn, err := g.cfg.Nodes.OpenSSH(ctx, name, params)
+	cancel()
+	if err != nil {
+		var info *protocol.ErrorInfo
+		if errors.As(err, &info) && info.Code == protocol.CodeForbidden {
+			ch.reject(chanRefused, ssh.Prohibited, info.Code, protocol.AuditReasonLocalPolicy, "node "+name+": "+info.Message)
+			return
+		}
+		code := protocol.ErrCodeUnavailable
+		if info != nil {
+			code = info.Code
+		}
+		g.log.Warn("ssh stream to node not opened", "node", name, "identity", ch.ev.Identity, "err", err)
+		ch.reject(chanError, ssh.ConnectionFailed, code, "", "node "+name+": "+clipN(err.Error(), 200))
+		return
+	}
+	sch, reqs, err := ch.nc.Accept()
+	if err != nil {
+		conn.Close()
+		ch.fail(chanError, protocol.ErrCodeUnavailable, "the client went away before the channel opened")
+		return
+	}
+	go ssh.DiscardRequests(reqs)
+	in, out, err := splice(sch, conn, g.m)
+	ch.ev.BytesIn, ch.ev.BytesOut = in, out
+	if err != nil {
+		g.log.Debug("ssh splice ended with an error", "node", name, "session", params.Session, "err", err)
+		ch.fail(chanError, protocol.ErrCodeUnavailable, "")
+		return
+	}
+	ch.finish(chanOK, protocol.AuditOK)
+}
+
+// reject rejects the channel with the SSH reason and message (what the
+// client's user reads), and audits it: refused for chanRefused, error
+// otherwise.
+func (ch *channel) reject(result string, reason ssh.RejectionReason, code, auditReason, msg string) {
+	ch.nc.Reject(reason, msg)
+	ch.ev.Reason = auditReason
+	ch.ev.ErrorCode = code
+	ch.ev.Error = clipAudit(msg)
+	if result == chanRefused {
+		ch.finish(result, protocol.AuditRefused)
+	} else {
+		ch.finish(result, protocol.AuditError)
+	}
+}
+
+// fail audits an accepted channel that ended in error.
+func (ch *channel) fail(result, code, msg string) {
+	ch.ev.ErrorCode = code
+	if msg != "" {
+		ch.ev.Error = clipAudit(msg)
+	}
+	ch.finish(result, protocol.AuditError)
+}
+
+// finish counts and audits the channel, once.
+func (ch *channel) finish(result, audit string) {
+	if ch.done {
+		return
+	}
+	ch.done = true
+	g := ch.cs.g
+	g.m.channels.WithLabelValues(result).Inc()
+	ch.ev.Result = audit
+	ch.ev.DurationMS = float64(time.Since(ch.start).Microseconds()) / 1000
+	g.cfg.Auditor.Record(&ch.ev)
+}
+
+// loginsOf returns the grants' logins, sorted and without repeats, and
+// their rules, in grant order without repeats.
+func loginsOf(grants []policy.Grant) (logins, rules []string) {
+	for _, gr := range grants {
+		if gr.RunAs != "" {
+			logins = append(logins, gr.RunAs)
+		}
+		if r := gr.Rule(); r != "" && !slices.Contains(rules, r) {
+			rules = append(rules, r)
+		}
+	}
+	slices.Sort(logins)
+	return slices.Compact(logins), rules
+}
+
+// targetsOf returns the forward grants' targets, sorted, without repeats,
+// at most protocol.MaxSSHTargets.
+func targetsOf(grants []policy.Grant) []string {
+	var out []string
+	for _, gr := range grants {
+		out = append(out, gr.Targets...)
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > protocol.MaxSSHTargets {
+		out = out[:protocol.MaxSSHTargets]
+	}
+	return out
+}
+
+// newSession returns 32 random lowercase hex digits.
+func newSession() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func clipAudit(s string) string { return clipN(s, protocol.MaxAuditErrorLen) }
+
+// clipN cuts s to at most n bytes, on a UTF-8 boundary.
+func clipN(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && s[len(s)-1]&0xC0 == 0x80 {
+		s = s[:len(s)-1]
+	}
+	if len(s) > 0 && s[len(s)-1] >= 0xC0 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// closeWriter is a conn that can half-close (TCP, a yamux stream).
+type closeWriter interface{ CloseWrite() error }
+
+// splice copies bytes both ways between the client's channel and the
+// node's stream until both directions end, counting them (in: client to
+// node) into m as they pass. An end of file is passed on as a half-close
+// where the far side can take one (the channel's EOF; CloseWrite on the
+// stream); a stream that cannot half-close is closed when the client's side
+// ends, since the client sends EOF only when it is done. It closes both
+// ends before returning, and returns the first error that was not an end
+// of file or a close.
+func splice(ch ssh.Channel, conn net.Conn, m *metrics) (in, out int64, err error) {
+	var once sync.Once
+	var first error
+	record := func(e error) {
+		if e != nil && !isClosed(e) {
+			once.Do(func() { first = e })
+		}
+	}
+	cw, halfClose := conn.(closeWriter)
+	inC := m.bytes.WithLabelValues("in")
+	outC := m.bytes.WithLabelValues("out")
+	upDone := make(chan struct{})
+	go func() {
+		defer close(upDone)
+		n, e := copyCounting(conn, ch, inC)
+		in = n
+		record(e)
+		if e == nil && halfClose {
+			record(cw.CloseWrite())
+			return
+		}
+		conn.Close()
+	}()
+	n, e := copyCounting(ch, conn, outC)
+	out = n
+	record(e)
+	if e == nil {
+		record(ch.CloseWrite())
+	}
+	if e != nil || !halfClose {
+		// The stream is over both ways: end the channel so that the
+		// upstream copy's read returns.
+		ch.Close()
+	}
+	<-upDone
+	ch.Close()
+	conn.Close()
+	return in, out, first
+}
+
+// copyCounting copies src to dst until src's EOF (a nil error), adding
+// every chunk written to c.
+func copyCounting(dst io.Writer, src io.Reader, c interface{ Add(float64) }) (int64, error) {
+	buf := make([]byte, 32<<10)
+	var total int64
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			w, werr := dst.Write(buf[:n])
+			total += int64(w)
+			c.Add(float64(w))
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}

@@ -1,0 +1,522 @@
+package sshgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
+)
+
+// Files the gate keeps in Config.StateDir.
+const (
+	// HostKeyFile is the jump host's own ed25519 host key.
+	HostKeyFile = "ssh_host_ed25519_key"
+	// HostCAFile is the SSH host CA's ed25519 key (when Config.HostCA is
+	// nil).
+	HostCAFile = "ssh_host_ca_ed25519_key"
+)
+
+// Defaults of Config's zero values.
+const (
+	DefaultMaxConnections      = 1024
+	DefaultMaxHandshakes       = 64
+	DefaultMaxHandshakesSource = 8
+	DefaultHandshakeTimeout    = 10 * time.Second
+	DefaultMaxChannelsPerConn  = 64
+	DefaultOpenTimeout         = 20 * time.Second
+	DefaultClockSkew           = time.Minute
+	DefaultMaxAuthTries        = 6
+)
+
+// Config configures a Gate. Zero values mean the documented default.
+type Config struct {
+	// StateDir is where the gate keeps its private keys (HostKeyFile, and
+	// HostCAFile unless HostCA is set), created 0700 if missing; each key
+	// is created on first use (ed25519, mode 0600) and loaded afterwards.
+	// Required.
+	StateDir string
+	// HostCA certifies node host keys and the jump host's key. Nil: the
+	// gate loads or creates one in StateDir/HostCAFile with
+	// DefaultHostCertLifetime.
+	HostCA *HostCA
+	// HostNames are the names clients reach the jump host by (its DNS
+	// name, or the HostKeyAlias of their ssh config): the principals of
+	// the host certificate the gate offers beside its plain key, so that
+	// one @cert-authority line (HostCA.KnownHostsLineFor) covers the jump
+	// hop too. Empty: the gate offers its plain key only (JumpKnownHostsLine).
+	HostNames []string
+	// AuthorizedKeysFile is an OpenSSH authorized_keys file of the plain
+	// keys that may authenticate (each is the identity
+	// ssh-key:SHA256:FINGERPRINT). Options on its lines are refused, with
+	// FILE:LINE errors (see parseKeyFile). Empty: no plain key is accepted.
+	AuthorizedKeysFile string
+	// UserCAFiles are files of user CA public keys (authorized_keys
+	// format; the cert-authority option is allowed, no other): user
+	// certificates they signed authenticate as ssh-principal:PRINCIPAL.
+	// At least one of AuthorizedKeysFile and UserCAFiles is required.
+	UserCAFiles []string
+	// Nodes is the fleet; Policy decides; Auditor records. Required.
+	Nodes   Nodes
+	Policy  Policy
+	Auditor Auditor
+	// Logger receives the gate's logs. Nil: discarded.
+	Logger *slog.Logger
+	// Registerer registers the tether_ssh_* metrics. Nil: not registered.
+	Registerer prometheus.Registerer
+	// MaxConnections bounds the connections open at once, in their
+	// handshake or authenticated; past it a new connection is closed
+	// unread. Default DefaultMaxConnections.
+	MaxConnections int
+	// MaxHandshakes bounds the connections in their handshake at once, and
+	// MaxHandshakesPerSource those from one source (an IPv4 address or an
+	// IPv6 /64); see admission. Defaults DefaultMaxHandshakes,
+	// DefaultMaxHandshakesSource.
+	MaxHandshakes          int
+	MaxHandshakesPerSource int
+	// HandshakeTimeout bounds a connection's SSH handshake, from accept to
+	// authenticated. Default DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxAuthTries bounds the keys a client may try on one connection
+	// (ssh.ServerConfig.MaxAuthTries). Default DefaultMaxAuthTries.
+	MaxAuthTries int
+	// MaxChannelsPerConn bounds a connection's open channels; past it a
+	// channel is rejected (ResourceShortage). Default
+	// DefaultMaxChannelsPerConn.
+	MaxChannelsPerConn int
+	// OpenTimeout bounds Nodes.OpenSSH for one channel. Default
+	// DefaultOpenTimeout.
+	OpenTimeout time.Duration
+	// ClockSkew is the tolerance on a user certificate's validity, both
+	// ends. Default DefaultClockSkew; negative: none.
+	ClockSkew time.Duration
+	// Now is the clock (tests). Nil: time.Now.
+	Now func() time.Time
+}
+
+// withDefaults returns c with its zero values replaced by the defaults.
+func (c Config) withDefaults() Config {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxConnections, DefaultMaxConnections)
+	def(&c.MaxHandshakes, DefaultMaxHandshakes)
+	def(&c.MaxHandshakesPerSource, DefaultMaxHandshakesSource)
+	def(&c.MaxChannelsPerConn, DefaultMaxChannelsPerConn)
+	def(&c.MaxAuthTries, DefaultMaxAuthTries)
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.OpenTimeout == 0 {
+		c.OpenTimeout = DefaultOpenTimeout
+	}
+	switch {
+	case c.ClockSkew == 0:
+		c.ClockSkew = DefaultClockSkew
+	case c.ClockSkew < 0:
+		c.ClockSkew = 0
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports every problem with c, joined.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("ssh gate: StateDir is empty"))
+	}
+	if c.AuthorizedKeysFile == "" && len(c.UserCAFiles) == 0 {
+		errs = append(errs, errors.New("ssh gate: neither AuthorizedKeysFile nor UserCAFiles is set: no client could authenticate"))
+	}
+	if c.Nodes == nil {
+		errs = append(errs, errors.New("ssh gate: Nodes is nil"))
+	}
+	if c.Policy == nil {
+		errs = append(errs, errors.New("ssh gate: Policy is nil"))
+	}
+	if c.Auditor == nil {
+		errs = append(errs, errors.New("ssh gate: Auditor is nil"))
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"MaxConnections", c.MaxConnections}, {"MaxHandshakes", c.MaxHandshakes}, {"MaxHandshakesPerSource", c.MaxHandshakesPerSource},
+		{"MaxChannelsPerConn", c.MaxChannelsPerConn}, {"MaxAuthTries", c.MaxAuthTries}} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("ssh gate: %s %d is negative", n.name, n.v))
+		}
+	}
+	if c.HandshakeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ssh gate: HandshakeTimeout %v is negative", c.HandshakeTimeout))
+	}
+	if c.OpenTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ssh gate: OpenTimeout %v is negative", c.OpenTimeout))
+	}
+	for i, h := range c.HostNames {
+		if h == "" || len(h) > 253 {
+			errs = append(errs, fmt.Errorf("ssh gate: HostNames[%d] %s: want 1-253 bytes", i, clipString(h, 40)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrClosed is returned by Serve after Close or Shutdown.
+var ErrClosed = errors.New("ssh gate: closed")
+
+// Gate is the SSH jump host. Create it with New, give it listeners with
+// Serve, end it with Shutdown or Close. It is safe for concurrent use.
+//
+// Goroutines: one per Serve (the accept loop), one per connection (its
+// handshake, then its channel loop), one for its global requests, and per
+// direct-tcpip channel one opening the stream and two copying bytes. Each
+// connection's goroutines are contained by a panics.Guard: a panic costs
+// that connection only. Locks: mu is a leaf.
+type Gate struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	guard   *panics.Guard
+	hostKey ssh.Signer
+	ca      *HostCA
+	adm     *admission
+	keys    atomic.Pointer[keySet]
+	jump    atomic.Pointer[jumpCert]
+
+	ctx    context.Context // cancelled by Close: ends opens in progress
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	closed    bool // Close or Shutdown began: no new connection
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]*connState
+	handshake int // conns not yet authenticated
+	wg        sync.WaitGroup
+}
+
+// jumpCert is the jump host's host certificate signer, renewed at
+// renewAt.
+type jumpCert struct {
+	signer  ssh.Signer
+	renewAt time.Time
+}
+
+// New builds a Gate from cfg: it validates cfg, loads (or creates) the
+// jump host key and the host CA in cfg.StateDir, and loads the key files.
+// Errors name the field or file at fault.
+func New(cfg Config) (*Gate, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	g := &Gate{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "sshgate"),
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[net.Conn]*connState{},
+		adm:       newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+	}
+	var err error
+	if g.hostKey, err = loadOrCreateKey(filepath.Join(cfg.StateDir, HostKeyFile), "tether-jump-host"); err != nil {
+		return nil, fmt.Errorf("ssh gate: host key: %w", err)
+	}
+	g.ca = cfg.HostCA
+	if g.ca == nil {
+		if g.ca, err = LoadHostCA(filepath.Join(cfg.StateDir, HostCAFile), 0); err != nil {
+			return nil, fmt.Errorf("ssh gate: %w", err)
+		}
+	}
+	ks, err := loadKeySet(cfg.AuthorizedKeysFile, cfg.UserCAFiles)
+	if err != nil {
+		return nil, err
+	}
+	g.keys.Store(ks)
+	if len(cfg.HostNames) != 0 {
+		if err := g.renewJumpCert(cfg.Now()); err != nil {
+			return nil, err
+		}
+	}
+	if g.m, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	g.guard = panics.New(cfg.Registerer, g.log, "sshgate")
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.log.Info("ssh jump host ready", "host_key", ssh.FingerprintSHA256(g.hostKey.PublicKey()),
+		"host_ca", ssh.FingerprintSHA256(g.ca.PublicKey()), "authorized_keys", len(ks.users), "user_cas", len(ks.cas))
+	return g, nil
+}
+
+// renewJumpCert certifies the jump host's key for cfg.HostNames.
+func (g *Gate) renewJumpCert(now time.Time) error {
+	cert, err := g.ca.certify(g.hostKey.PublicKey(), g.cfg.HostNames, "tether-jump-host", now)
+	if err != nil {
+		return fmt.Errorf("ssh gate: certifying the jump host key: %w", err)
+	}
+	signer, err := ssh.NewCertSigner(cert, g.hostKey)
+	if err != nil {
+		return fmt.Errorf("ssh gate: the jump host certificate: %w", err)
+	}
+	g.jump.Store(&jumpCert{signer: signer, renewAt: now.Add(g.ca.lifetime / 2)})
+	return nil
+}
+
+// Reload rereads AuthorizedKeysFile and UserCAFiles. On an error the keys
+// in force stay and the error names every bad line. Connections
+// authenticated before keep going, but a key that is no longer trusted
+// gets no new channel.
+func (g *Gate) Reload() error {
+	ks, err := loadKeySet(g.cfg.AuthorizedKeysFile, g.cfg.UserCAFiles)
+	if err != nil {
+		g.log.Warn("ssh key files not reloaded; the previous keys stay in force", "err", err)
+		return err
+	}
+	g.keys.Store(ks)
+	g.log.Info("ssh key files reloaded", "authorized_keys", len(ks.users), "user_cas", len(ks.cas))
+	return nil
+}
+
+// HostCA returns the host CA the gate certifies node keys with.
+func (g *Gate) HostCA() *HostCA { return g.ca }
+
+// HostKey returns the jump host's plain public host key.
+func (g *Gate) HostKey() ssh.PublicKey { return g.hostKey.PublicKey() }
+
+// JumpKnownHostsLine returns the known_hosts line for the jump host's
+// plain key as reached at host and port ("[host]:port ssh-ed25519 AAAA…
+// tether-jump-host"; just "host …" for port 22, or for a HostKeyAlias with
+// port 0), without a newline.
+func (g *Gate) JumpKnownHostsLine(host string, port int) string {
+	name := host
+	if port != 0 && port != 22 {
+		name = "[" + host + "]:" + strconv.Itoa(port)
+	}
+	return name + " " + authorizedKey(g.hostKey.PublicKey()) + " tether-jump-host"
+}
+
+// KnownHosts returns a known_hosts file's text (lines ending in newlines)
+// that lets a client check the nodes (KnownHostsLine of the host CA) and
+// the jump host reached at host:port (its plain key, and the CA line for
+// its HostNames when there are any).
+func (g *Gate) KnownHosts(host string, port int) string {
+	s := g.ca.KnownHostsLine() + "\n" + g.JumpKnownHostsLine(host, port) + "\n"
+	if len(g.cfg.HostNames) != 0 {
+		s += g.ca.KnownHostsLineFor(g.cfg.HostNames...) + "\n"
+	}
+	return s
+}
+
+// Serve accepts connections on l until l fails or the gate is closed, and
+// serves each in its own goroutines. It closes l when it returns, and
+// returns ErrClosed after Close or Shutdown, else the accept error.
+// Several Serve calls may run at once on different listeners.
+func (g *Gate) Serve(l net.Listener) error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		l.Close()
+		return ErrClosed
+	}
+	g.listeners[l] = struct{}{}
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.listeners, l)
+		g.mu.Unlock()
+		l.Close()
+	}()
+	var backoff time.Duration
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			g.mu.Lock()
+			closed := g.closed
+			g.mu.Unlock()
+			if closed {
+				return ErrClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded) || isTemporary(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				g.log.Warn("ssh accept failed; retrying", "err", err, "backoff", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("ssh gate: accepting on %s: %w", l.Addr(), err)
+		}
+		backoff = 0
+		g.accept(conn)
+	}
+}
+
+// isTemporary reports accept errors worth retrying: out of file
+// descriptors, a connection aborted before accept.
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// accept registers conn and starts its goroutine, or closes it when the
+// gate is closed or full.
+func (g *Gate) accept(conn net.Conn) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		conn.Close()
+		return
+	}
+	if len(g.conns) >= g.cfg.MaxConnections {
+		g.mu.Unlock()
+		conn.Close()
+		g.m.connections.WithLabelValues(connLimit).Inc()
+		g.log.Debug("ssh connection refused: at MaxConnections", "remote", conn.RemoteAddr(), "max", g.cfg.MaxConnections)
+		return
+	}
+	cs := &connState{g: g, conn: conn, remote: conn.RemoteAddr()}
+	g.conns[conn] = cs
+	g.handshake++
+	g.wg.Add(1)
+	g.mu.Unlock()
+	g.m.open.Inc()
+	go cs.serve()
+}
+
+// forget unregisters a connection whose goroutine ends.
+func (g *Gate) forget(cs *connState) {
+	g.mu.Lock()
+	delete(g.conns, cs.conn)
+	if !cs.authed {
+		g.handshake--
+	}
+	g.mu.Unlock()
+	g.m.open.Dec()
+}
+
+// Close stops every Serve, closes every connection (cutting the channels
+// they carry) and waits for the gate's goroutines. It returns nil, also
+// when called again.
+func (g *Gate) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	for l := range g.listeners {
+		l.Close()
+	}
+	for c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	if g.cancel != nil {
+		g.cancel()
+	}
+	g.wg.Wait()
+	return nil
+}
+
+// Shutdown stops every Serve and closes the connections still in their
+// handshake, then waits until the authenticated connections end by
+// themselves or ctx is done; then it closes what is left (Close) and
+// returns ctx's error, or nil when all ended in time.
+func (g *Gate) Shutdown(ctx context.Context) error {
+	g.mu.Lock()
+	g.closed = true
+	for l := range g.listeners {
+		l.Close()
+	}
+	for c, cs := range g.conns {
+		if !cs.authed {
+			c.Close()
+		}
+	}
+	g.mu.Unlock()
+	done := make(chan struct{})
+	go func() { g.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return g.Close()
+	case <-ctx.Done():
+		g.Close()
+		return ctx.Err()
+	}
+}
+
+// serverConfig builds the ssh.ServerConfig of one connection: the
+// callbacks close over cs to record what its handshake saw.
+func (g *Gate) serverConfig(cs *connState) *ssh.ServerConfig {
+	cfg := &ssh.ServerConfig{
+		MaxAuthTries: g.cfg.MaxAuthTries,
+		PublicKeyCallback: func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+			cs.triedKey.Store(true)
+			perms, err := checkKey(g.keys.Load(), key, meta.RemoteAddr(), g.cfg.Now(), g.cfg.ClockSkew)
+			if err != nil {
+				var ae *authError
+				if errors.As(err, &ae) {
+					g.m.authFailures.WithLabelValues(ae.reason).Inc()
+				}
+				g.log.Debug("ssh key refused", "remote", meta.RemoteAddr(), "err", err)
+				return nil, err
+			}
+			return perms, nil
+		},
+		VerifiedPublicKeyCallback: verifiedKey,
+		AuthLogCallback: func(meta ssh.ConnMetadata, method string, err error) {
+			var ae *authError
+			if method != "publickey" || err == nil || errors.As(err, &ae) {
+				return
+			}
+			// A key the library refused before asking the callback: it did
+			// not parse (a certificate signed by a certificate is refused
+			// there) or its algorithm is not accepted.
+			cs.triedKey.Store(true)
+			g.m.authFailures.WithLabelValues(libraryReason(err)).Inc()
+			g.log.Debug("ssh key refused by the SSH library", "remote", meta.RemoteAddr(), "err", err)
+		},
+		BannerCallback: nil,
+	}
+	cfg.AddHostKey(g.hostKey)
+	if j := g.jump.Load(); j != nil {
+		if !g.cfg.Now().Before(j.renewAt) {
+			if err := g.renewJumpCert(g.cfg.Now()); err != nil {
+				g.log.Error("jump host certificate not renewed", "err", err)
+			}
+			j = g.jump.Load()
+		}
+		cfg.AddHostKey(j.signer)
+	}
+	return cfg
+}
+
+// libraryReason classifies a key refusal of the SSH library itself.
+func libraryReason(err error) string {
+	if s := err.Error(); containsAny(s, "invalid for certificates", "cannot be used as authority") {
+		return reasonCertByCert
+	}
+	return reasonBadKey
+}
+
+// isClosed reports whether err is the error of a closed or ended
+// connection.
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrClosedPipe)
+}
+
+// ensure *policy.Store satisfies Policy.
+var _ Policy = (*policy.Store)(nil)
