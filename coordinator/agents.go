@@ -441,6 +441,9 @@ func (c *Coordinator) handshake(ctx context.Context, sess *tunnel.Session, deadl
 	for i, t := range hello.Targets {
 		hello.Targets[i] = truncateAgentString(t)
 	}
+	if !hello.HasFeature(protocol.FeatureSSH) {
+		hello.SSHHostKey = nil // meaningless without SSH: not kept
+	}
 	token := hello.Token
 	hello.Token = "" // never kept, never logged
 	cert, herr = c.authenticate(peer, hello, token, log)
@@ -546,6 +549,10 @@ func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 		}
 		if f.Type == protocol.FrameRenew && n.cert != nil {
 			c.renew(n, f.Payload) // identity.go
+			continue
+		}
+		if f.Type == protocol.FrameSSHChannel && n.hello.HasFeature(protocol.FeatureSSH) {
+			c.sshChannelEvent(n, f.Payload) // ssh.go
 			continue
 		}
 		if f.Type != protocol.FrameHeartbeat {

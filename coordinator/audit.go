@@ -62,6 +62,7 @@ var endpointOps = map[string]string{
 	protocol.SubjectAuditQuery:        policy.OpAdmin.String(),
 	protocol.SubjectTokensCreate:      policy.OpAdmin.String(),
 	protocol.SubjectNodesRevoke:       policy.OpAdmin.String(),
+	protocol.SubjectSSHInfo:           policy.OpNodesList.String(),
 }
 
 // auditReq is a request whose outcome is audited: the first reply through
@@ -269,6 +270,8 @@ func relayOp(kind protocol.Kind, params json.RawMessage) string {
 		return policy.OpShell.String()
 	case protocol.KindDial:
 		return policy.OpForward.String()
+	case protocol.KindSSH:
+		return policy.OpSSH.String()
 	case protocol.KindCopy:
 		var p struct {
 			Direction string `json:"direction"`
@@ -410,6 +413,13 @@ func (r *relay) recordAudit() {
 		var p protocol.DialParams
 		json.Unmarshal(r.params, &p)
 		ev.Target = protocol.ClipUTF8(p.Target, protocol.MaxAuditProgramLen)
+	case protocol.KindSSH:
+		// The connection; each of its channels is an event of its own,
+		// reported by the agent (ssh.go).
+		var p protocol.SSHParams
+		json.Unmarshal(r.params, &p)
+		ev.Method, ev.Session = "connect", p.Session
+		ev.RunAs = protocol.ClipUTF8(strings.Join(p.Logins, ", "), protocol.MaxAuditProgramLen)
 	}
 	// The agent's last word decides (a copy's: the receiver's, which may
 	// be the client); without one (a dial), how the pipe ended. A client

@@ -136,6 +136,10 @@ type Config struct {
 	// defaults (8 MiB, 128 KiB, 5 s); clients must use the same KeepAlive.
 	// Its Logger defaults to Logger.
 	Pipe natspipe.Config
+	// SSH configures what the coordinator tells and vouches to SSH
+	// clients (ssh.go); the zero value serves ssh streams without host
+	// certificates and reports no jump host.
+	SSH SSHConfig
 	// Endpoints, if set, adds more endpoints to the micro service "tether"
 	// when it starts (the sandbox ledger's lease and sandbox endpoints).
 	Endpoints func(micro.Service) error
@@ -234,6 +238,9 @@ func (c Config) withDefaults() Config {
 	if c.CertTTL == 0 {
 		c.CertTTL = DefaultCertTTL
 	}
+	if c.SSH.SessionGrace == 0 {
+		c.SSH.SessionGrace = DefaultSSHSessionGrace
+	}
 	if c.Tunnel == (tunnel.Config{}) {
 		c.Tunnel = d.Tunnel
 	}
@@ -272,6 +279,7 @@ func (c *Config) Validate() error {
 		{"CancelGrace", c.CancelGrace},
 		{"KeepAliveInterval", c.KeepAliveInterval},
 		{"CertTTL", c.CertTTL},
+		{"SSH.SessionGrace", c.SSH.SessionGrace},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("coordinator config: %s %v is negative", d.name, d.v))

@@ -43,6 +43,8 @@ type Coordinator struct {
 
 	// owners are the submitters of detached jobs (authz.go).
 	owners jobOwners
+	// ssh remembers who opened each SSH connection (ssh.go).
+	ssh sshSessions
 
 	serving atomic.Bool // Serve is running and not yet draining
 	// admit bounds the agent connections in their handshake (admission.go).

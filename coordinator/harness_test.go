@@ -332,8 +332,12 @@ type agentOpts struct {
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	localIP      string            // source address to dial from; default any
 	clientCert   *tls.Certificate  // TLS client certificate (identity_test.go); default none
+	sshHostKey   []byte            // Hello.SSHHostKey
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
+	// stream, if set, serves the streams of other kinds (it closes st);
+	// nil closes them at once.
+	stream func(a *fakeAgent, st *yamux.Stream, h protocol.Header)
 	// header, if set, sees the header of every stream the coordinator
 	// opens, before it is served.
 	header func(h protocol.Header)
@@ -428,6 +432,7 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		Reconnects:      o.reconnects,
 		Instance:        instanceOf(o),
 		Features:        o.features,
+		SSHHostKey:      o.sshHostKey,
 	}
 	// A write error is not fatal yet: yamux may report "session shutdown"
 	// for a frame that was sent when the coordinator answered and closed
@@ -539,7 +544,15 @@ func (a *fakeAgent) acceptLoop() {
 			a.o.header(h)
 		}
 		if h.Kind != protocol.KindExec {
-			st.Close()
+			if a.o.stream == nil {
+				st.Close()
+				continue
+			}
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				a.o.stream(a, st, h)
+			}()
 			continue
 		}
 		var p protocol.ExecParams

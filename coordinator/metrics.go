@@ -64,6 +64,9 @@ type metrics struct {
 	execDuration    prometheus.Histogram
 	execResults     *prometheus.CounterVec
 	enrollments     *prometheus.CounterVec
+	// sshEvents counts the agents' SSH channel events (ssh.go), by
+	// outcome: audited, or why one was dropped.
+	sshEvents *prometheus.CounterVec
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -99,6 +102,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_coordinator_enrollments_total",
 			Help: "Agent enrollments (join token and CSR) and certificate renewals, by result.",
 		}, []string{"result"}),
+		sshEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_ssh_channel_events_total",
+			Help: "SSH channel events agents reported on their control streams, by outcome: audited, or dropped (malformed, unknown_session: no SSH connection of this node has that session).",
+		}, []string{"outcome"}),
+	}
+	for _, o := range []string{sshEventAudited, sshEventMalformed, sshEventUnknownSession} {
+		m.sshEvents.WithLabelValues(o)
 	}
 	for _, r := range []string{reasonBadToken, reasonNoToken, reasonVersion, reasonBadHello, reasonTimeout, reasonProtocol, reasonOverload, reasonDuplicate, reasonSourceLimit,
 		reasonCertRequired, reasonForeignCA, reasonCertExpired, reasonBadCert, reasonWrongNode, reasonRevoked, reasonUnknownCert} {
@@ -113,7 +123,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments} {
+	for _, c := range []prometheus.Collector{m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -28,19 +28,25 @@ import (
 )
 
 // relayKinds are the stream kinds a client may open through SubjectStream.
-// Every one of them but dial frames its bytes with protocol frames, accepts
+// Every one of them but dial and ssh (rawKind) frames its bytes with protocol frames, accepts
 // FrameCancel from the coordinator's side, which the relay relies on to
 // abort (see relay.finishWrite), and takes a FrameError on the agent's
 // side at any frame boundary as the end of the operation, which the relay
-// relies on to report its own shutdown (relay.shutdown); a dial stream
-// carries raw bytes after the agent's first frame, so an aborted dial
-// relay only closes.
+// relies on to report its own shutdown (relay.shutdown); a dial or ssh
+// stream carries raw bytes after the agent's first frame, so an aborted
+// one only closes.
 var relayKinds = map[string]protocol.Kind{
 	protocol.KindExec.String(): protocol.KindExec,
 	protocol.KindCopy.String(): protocol.KindCopy,
 	protocol.KindPTY.String():  protocol.KindPTY,
 	protocol.KindDial.String(): protocol.KindDial,
+	protocol.KindSSH.String():  protocol.KindSSH,
 }
+
+// rawKind reports whether a relayed stream of kind k carries raw bytes
+// after the agent's first frame (dial, ssh): the relay never injects a
+// frame into it.
+func rawKind(k protocol.Kind) bool { return k == protocol.KindDial || k == protocol.KindSSH }
 
 // handleStream validates a stream request and starts its relay. Everything
 // that makes the request invalid is answered here with a micro error, the
@@ -60,7 +66,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 	kind, ok := relayKinds[r.Kind]
 	if !ok {
-		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "kind %q: want exec, copy, pty or dial", r.Kind))
+		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "kind %q: want exec, copy, pty, dial or ssh", r.Kind))
 		return
 	}
 	if err := protocol.ValidNodeID(r.Node); err != nil {
@@ -69,6 +75,14 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 	params := bytes.TrimSpace(r.Params)
 	switch {
+	case kind == protocol.KindSSH:
+		// The coordinator writes an ssh stream's params (sshStreamParams).
+		if len(params) > 0 && !bytes.Equal(params, []byte("null")) {
+			if e := protocol.DecodeRequest(params, &struct{}{}); e != nil {
+				c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: an ssh stream takes none (want {} or nothing; the coordinator writes them from your identity and the policy): %s", e.Message))
+				return
+			}
+		}
 	case len(params) > protocol.MaxHeaderSize:
 		// The bytes as they came are what the header would carry.
 		c.replyError(req, protocol.NewAPIError(413, protocol.ErrCodeTooLarge, "%v", protocol.HeaderSizeError("params", len(params))))
@@ -80,9 +94,11 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	// The agent's own checks, on the request: what the agent would refuse
 	// gets its 400 (or 413) here, and never opens a stream. The bytes are
 	// passed on as they came, but for an exec's default timeout.
-	if e := protocol.StreamParamsAPIError(kind, params); e != nil {
-		c.replyError(req, e)
-		return
+	if kind != protocol.KindSSH {
+		if e := protocol.StreamParamsAPIError(kind, params); e != nil {
+			c.replyError(req, e)
+			return
+		}
 	}
 	if kind == protocol.KindExec {
 		// Measured as the job path measures them (ExecRequest.Validate):
@@ -113,7 +129,22 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", r.Node, c.cfg.ID))
 		return
 	}
-	params, op, e := c.authorizeStream(req, kind, n, params)
+	var (
+		op   policy.Operation
+		e    *protocol.APIError
+		sshp *protocol.SSHParams
+	)
+	if kind == protocol.KindSSH {
+		op = policy.OpSSH
+		if sshp, e = c.sshStreamParams(req, n); e == nil {
+			params, err = protocol.MarshalJSON(sshp)
+			if err != nil {
+				e = protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: encode ssh params: %v", n.id, err)
+			}
+		}
+	} else {
+		params, op, e = c.authorizeStream(req, kind, n, params)
+	}
 	if e != nil {
 		c.replyError(req, e)
 		return
@@ -138,6 +169,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		n:       n,
 		kind:    kind,
 		params:  json.RawMessage(params),
+		ssh:     sshp,
 		log:     c.log.With("node_id", n.id, "kind", kind.String()),
 
 		openerAccount: acc,
@@ -210,6 +242,7 @@ type relay struct {
 	n       *node
 	kind    protocol.Kind
 	params  json.RawMessage
+	ssh     *protocol.SSHParams // an ssh stream's params (their encoding is params)
 	log     *slog.Logger
 	ctx     context.Context // bounds the stream open; cancelled by abort
 	cancel  context.CancelFunc
@@ -275,6 +308,19 @@ func (r *relay) run() {
 	defer wg.Wait() // after a contained panic too: the copier below
 	defer c.guard.Recover("stream relay", r.panicked)
 
+	if r.ssh != nil {
+		// The agent's channel events of this connection are audited under
+		// the caller's identity (ssh.go).
+		rec := &sshSession{node: r.n.id}
+		if id, ok := caller.Of(r.req); ok {
+			rec.identity, rec.key, rec.account = id.String(), id.Key, id.Account
+		}
+		if err := c.ssh.add(r.ssh.Session, rec); err != nil {
+			c.replyError(r.req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: %v", r.n.id, err))
+			return
+		}
+		defer c.ssh.end(r.ssh.Session, c.cfg.SSH.SessionGrace)
+	}
 	octx, ocancel := context.WithTimeout(r.ctx, c.cfg.Tunnel.WriteTimeout)
 	st, err := r.n.sess.Open(octx, r.kind, r.params)
 	ocancel()
@@ -479,7 +525,7 @@ func (r *relay) watch(st *yamux.Stream, p *natspipe.Pipe, copied, written <-chan
 // in-band FrameCancel). It blocks for at most the tunnel's write timeout.
 func (r *relay) cancelAgent(st *yamux.Stream) {
 	r.cancelOnce.Do(func() {
-		if r.kind == protocol.KindDial || r.agentEOF.Load() || r.n.sess.IsClosed() {
+		if rawKind(r.kind) || r.agentEOF.Load() || r.n.sess.IsClosed() {
 			return
 		}
 		sent, err := r.n.ctl.cancelStream(st.StreamID())
@@ -501,7 +547,7 @@ func (r *relay) cancelAgent(st *yamux.Stream) {
 // write timeout behind what the agent has not read; the agent's answer
 // keeps flowing to the client meanwhile (streamToPipe).
 func (r *relay) cancelInBand(st *yamux.Stream, fw *frameCursor) {
-	if r.kind != protocol.KindDial && fw.atBoundary() {
+	if !rawKind(r.kind) && fw.atBoundary() {
 		st.SetWriteDeadline(time.Now().Add(r.c.cfg.Tunnel.WriteTimeout))
 		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 			r.log.Debug("send cancel after the client's reset", "err", err)
@@ -520,7 +566,7 @@ func (r *relay) cancelInBand(st *yamux.Stream, fw *frameCursor) {
 // an error, which the handlers also treat as a cancel. (yamux has no
 // stream reset, and a bare close reads as a clean EOF, i.e. a half-close.)
 func (r *relay) finishWrite(st *yamux.Stream, fw *frameCursor) {
-	if r.kind != protocol.KindDial && fw.err == nil && fw.atBoundary() {
+	if !rawKind(r.kind) && fw.err == nil && fw.atBoundary() {
 		st.SetWriteDeadline(time.Now().Add(r.c.cfg.Tunnel.WriteTimeout))
 		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 			r.log.Debug("send cancel on abort", "err", err)
@@ -556,7 +602,7 @@ func (r *relay) noteCopy(f *frameCursor, fromAgent bool) {
 // CancelGrace) and ends the client's side there (endShutdown).
 func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
-	out := &frameCursor{w: p, keep: r.kind != protocol.KindDial, copy: r.kind == protocol.KindCopy}
+	out := &frameCursor{w: p, keep: !rawKind(r.kind), copy: r.kind == protocol.KindCopy}
 	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends(); r.noteCopy(out, true) }()
 	var graceEnd time.Time // set once the stop found a frame under way
 loop:
@@ -657,7 +703,7 @@ func (r *relay) shutdown() {
 	r.mu.Lock()
 	st := r.st
 	r.mu.Unlock()
-	if st == nil || r.kind == protocol.KindDial || r.agentEOF.Load() {
+	if st == nil || rawKind(r.kind) || r.agentEOF.Load() {
 		r.abort(r.shutdownReason())
 		return
 	}

@@ -60,6 +60,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"audit-query", protocol.SubjectAuditQuery, c.handleAuditQuery},
 		{"tokens-create", protocol.SubjectTokensCreate, c.handleTokenCreate},
 		{"nodes-revoke", protocol.SubjectNodesRevoke, c.handleNodeRevoke},
+		{"ssh-info", protocol.SubjectSSHInfo, c.handleSSHInfo},
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {

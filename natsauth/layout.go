@@ -157,6 +157,7 @@ func ServiceExports() []ServiceExport {
 		single(protocol.SubjectSandboxesReap),
 		{Subject: protocol.SubjectSandboxesSync, ResponseThreshold: syncThreshold},
 		single(protocol.SubjectAuditQuery),
+		single(protocol.SubjectSSHInfo),
 		// Pipe data carries no reply subject; nothing is ever answered.
 		single(PipeSubjectPrefix + ">"),
 	}

@@ -374,5 +374,7 @@ func attrs(ev *protocol.AuditEvent) []slog.Attr {
 	a = append(a, slog.Float64("duration_ms", ev.DurationMS))
 	num("bytes_in", ev.BytesIn)
 	num("bytes_out", ev.BytesOut)
+	str("session", ev.Session)
+	str("exit_signal", ev.ExitSignal)
 	return a
 }
