@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // sshFleet is a coordinator with its SSH jump host and two agents, node-a
@@ -35,6 +38,7 @@ type sshFleet struct {
 	// alice's key through tether ssh-proxy (ProxyCommand) instead of the
 	// jump port.
 	alice, bob, mallory, expired, rogue, proxy *sshClient
+	aliceFP                                    string // alice's key fingerprint
 }
 
 // startSSHFleet starts the fleet, or skips the test when this tether has
@@ -98,6 +102,7 @@ func startSSHFleet(t *testing.T) *sshFleet {
 	s.startAgentBin(t, *tetherBin, "node-b", "role=b", s.tokenFile)
 	s.waitNodes(t, "node-a", "node-b")
 
+	s.aliceFP = alice.Fingerprint
 	s.alice = s.client(t, "alice", alice)
 	s.bob = s.client(t, "bob", bob)
 	s.mallory = s.client(t, "mallory", mallory)
@@ -404,6 +409,38 @@ func TestSSHEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("every SSH session is audited", func(t *testing.T) {
+		// The bash -s subtest ran "... exit 7" as alice; the policy
+		// subtest refused bob on node-b; sftp ran a subsystem.
+		alice := "ssh-key:" + s.aliceFP
+		checkFor(t, defaultTestTimeout, func() error {
+			evs, err := s.auditEvents(t, "--operation", "ssh")
+			if err != nil {
+				return err
+			}
+			var exit7, sftp, bobRefused, jumpOK bool
+			for _, ev := range evs {
+				node := strings.Join(ev.Nodes, ",")
+				switch {
+				case ev.Identity == alice && ev.Method == "exec" && node == "node-a" && ev.ExitCode != nil && *ev.ExitCode == 7 &&
+					ev.RunAs == s.login && ev.Command != nil && ev.BytesIn > 0 && ev.Session != "":
+					exit7 = true
+				case ev.Identity == alice && ev.Method == "subsystem" && ev.Target == "sftp" && ev.BytesIn >= 2<<20 && ev.BytesOut >= 2<<20:
+					sftp = true
+				case ev.Identity == "ssh-principal:bob" && node == "node-b" && ev.Result == "refused":
+					bobRefused = true
+				case ev.Identity == alice && ev.Method == "connect" && node == "node-a" && ev.Result == "ok" && ev.BytesIn > 0 && ev.BytesOut > 0:
+					jumpOK = true
+				}
+			}
+			if !exit7 || !sftp || !bobRefused || !jumpOK {
+				return fmt.Errorf("of %d ssh audit events: alice's exec with exit 7 on node-a %v, alice's sftp of 2 MiB both ways %v, bob refused on node-b %v, a jump host connect of alice's %v",
+					len(evs), exit7, sftp, bobRefused, jumpOK)
+			}
+			return nil
+		})
+	})
+
 	t.Run("NeMo Gym's SSHConnection in Python", func(t *testing.T) {
 		runNeMoGymPython(t, s.alice, "node-a")
 	})
@@ -446,6 +483,28 @@ func runNeMoGymPython(t *testing.T, c *sshClient, node string) {
 	case strings.Contains(r.Stderr, "skipped"):
 		t.Errorf("the Python NeMo Gym tests skipped some: the environment did not reach them: %q", r.Stderr)
 	}
+}
+
+// auditEvents reads the audit log through tether audit --json with the
+// filter flags.
+func (s *sshFleet) auditEvents(t *testing.T, filter ...string) ([]protocol.AuditEvent, error) {
+	t.Helper()
+	out, errOut, code := runCLI(t, s.natsURL, "", append([]string{"audit", "--json", "--limit", "10000"}, filter...)...)
+	if code != 0 {
+		return nil, fmt.Errorf("tether audit: exit %d: %s", code, errOut)
+	}
+	var evs []protocol.AuditEvent
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var ev protocol.AuditEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			return nil, fmt.Errorf("tether audit --json line %q: %v", line, err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs, nil
 }
 
 func containsStr(list []string, s string) bool {
