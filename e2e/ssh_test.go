@@ -39,6 +39,8 @@ type sshFleet struct {
 	// jump port.
 	alice, bob, mallory, expired, rogue, proxy *sshClient
 	aliceFP                                    string // alice's key fingerprint
+	nodeA                                      *proc
+	nodeAArgs                                  []string // node-a's extra agent flags, its data dir among them
 }
 
 // startSSHFleet starts the fleet, or skips the test when this tether has
@@ -97,8 +99,8 @@ func startSSHFleet(t *testing.T) *sshFleet {
 		"--ssh-authorized-keys", authorized, "--ssh-user-ca", ca.Pub)
 	s.echoAddr = startEcho(t)
 	closed := startEcho(t)
-	s.startAgentBin(t, *tetherBin, "node-a", "role=a", s.tokenFile,
-		"--target", "echo="+s.echoAddr, "--target", "closed="+closed)
+	s.nodeAArgs = []string{"--target", "echo=" + s.echoAddr, "--target", "closed=" + closed, "--data-dir", t.TempDir()}
+	s.nodeA = s.startAgentBin(t, *tetherBin, "node-a", "role=a", s.tokenFile, s.nodeAArgs...)
 	s.startAgentBin(t, *tetherBin, "node-b", "role=b", s.tokenFile)
 	s.waitNodes(t, "node-a", "node-b")
 
@@ -458,6 +460,25 @@ func TestSSHEndToEnd(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("a restarted agent keeps its host key (accept-new sees no change)", func(t *testing.T) {
+		learned := filepath.Join(s.dir, "learned_known_hosts")
+		first := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "UserKnownHostsFile="+learned, "-o", "StrictHostKeyChecking=accept-new", a, "true")
+		if st, err := os.Stat(learned); first.Code != 0 || err != nil || st.Size() == 0 {
+			t.Fatalf("accept-new on %s: %v; known_hosts written: %v", a, first, err)
+		}
+		if err := s.nodeA.stop(t); err != nil {
+			t.Fatalf("node-a's agent exit after SIGTERM: %v", err)
+		}
+		s.waitNodes(t, "node-b")
+		s.nodeA = s.startAgentBin(t, *tetherBin, "node-a", "role=a", s.tokenFile, s.nodeAArgs...)
+		s.waitNodes(t, "node-a", "node-b")
+		r := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "UserKnownHostsFile="+learned, "-o", "StrictHostKeyChecking=yes", a, "echo same-key")
+		if r.Code != 0 || r.Stdout != "same-key\n" {
+			t.Errorf("%s after its agent restarted, checked against the key accept-new learned: %v", a, r)
+		}
+	})
+
 }
 
 // TestSSHNeMoGymPython lives in TestSSHEndToEnd (one fleet): see
