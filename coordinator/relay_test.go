@@ -126,8 +126,8 @@ func TestRelayRefusals(t *testing.T) {
 		wantMsg    string
 	}{
 		{"unknown node", "node-9", protocol.KindExec, exec, 404, protocol.ErrCodeUnknownNode, `node "node-9" is not connected to coordinator fleettest`},
-		{"control kind", "node-0", protocol.KindControl, exec, 400, protocol.ErrCodeInvalid, `kind "control": want exec, copy, pty or dial`},
-		{"ssh kind", "node-0", protocol.KindSSH, exec, 400, protocol.ErrCodeInvalid, `kind "ssh"`},
+		{"control kind", "node-0", protocol.KindControl, exec, 400, protocol.ErrCodeInvalid, `kind "control": want exec, copy, pty, dial or ssh`},
+		{"ssh kind with params", "node-0", protocol.KindSSH, exec, 400, protocol.ErrCodeInvalid, "an ssh stream takes none"},
 		{"null params", "node-0", protocol.KindExec, nil, 400, protocol.ErrCodeInvalid, "params"},
 		{"array params", "node-0", protocol.KindExec, []int{1}, 400, protocol.ErrCodeInvalid, "params"},
 		{"huge params", "node-0", protocol.KindExec, protocol.ExecParams{Script: strings.Repeat("x", protocol.MaxHeaderSize)}, 413, protocol.ErrCodeTooLarge, "params are"},

@@ -181,7 +181,8 @@ func checkValidity(cert *ssh.Certificate, now time.Time, skew time.Duration) err
 
 // checkSourceAddress checks the source-address critical option: a
 // comma-separated list of addresses and CIDR prefixes, one of which must
-// hold remote's IP address. A remote that is not an IP address never
+// hold remote's IP address (no spaces, as OpenSSH and the SSH library
+// read it). A remote that is not an IP address never
 // matches (as in OpenSSH).
 func checkSourceAddress(list string, remote net.Addr) error {
 	var ip netip.Addr
@@ -194,7 +195,6 @@ func checkSourceAddress(list string, remote net.Addr) error {
 	}
 	ip = ip.Unmap().WithZone("")
 	for _, item := range strings.Split(list, ",") {
-		item = strings.TrimSpace(item)
 		var pfx netip.Prefix
 		var err error
 		if strings.Contains(item, "/") {

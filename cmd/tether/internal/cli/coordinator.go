@@ -22,12 +22,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
+	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -107,6 +109,18 @@ type coordinatorOptions struct {
 	// defaults (90 days, 1 GiB).
 	AuditMaxAge   time.Duration
 	AuditMaxBytes int64
+	// SSHAddr is the SSH jump host's listen address (ssh -J); empty
+	// (default) runs none. Its host key and the fleet's SSH host CA live
+	// in DATA-DIR/ssh (0700; keys 0600); the host CA exists without it
+	// too, for tether ssh-proxy.
+	SSHAddr string
+	// SSHAuthorizedKeys is the OpenSSH authorized_keys file of the keys
+	// the jump host accepts (identity ssh-key:SHA256:…), and SSHUserCAs
+	// the files of user CA keys whose certificates it accepts (identity
+	// ssh-principal:NAME). SSHAddr needs at least one; both are reloaded
+	// on SIGHUP with the policy.
+	SSHAuthorizedKeys string
+	SSHUserCAs        []string
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
 	// Log configures logging to stderr.
@@ -187,6 +201,16 @@ func (o *coordinatorOptions) Validate() error {
 	if o.Policy == "" {
 		errs = append(errs, errNoPolicy)
 	}
+	if o.SSHAddr != "" {
+		if err := checkHostPort(o.SSHAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--ssh-addr: %w", err))
+		}
+		if o.SSHAuthorizedKeys == "" && len(o.SSHUserCAs) == 0 {
+			errs = append(errs, errors.New("--ssh-addr needs --ssh-authorized-keys FILE or --ssh-user-ca FILE: the keys (or the CA of the certificates) the jump host accepts"))
+		}
+	} else if o.SSHAuthorizedKeys != "" || len(o.SSHUserCAs) != 0 {
+		errs = append(errs, errors.New("--ssh-authorized-keys and --ssh-user-ca go with --ssh-addr (the jump host's listen address)"))
+	}
 	if o.AuditMaxAge < 0 || o.AuditMaxAge > 0 && o.AuditMaxAge < time.Minute {
 		errs = append(errs, fmt.Errorf("--audit-max-age %v: want at least 1m (0: 90 days)", o.AuditMaxAge))
 	}
@@ -208,6 +232,19 @@ func (o *coordinatorOptions) Validate() error {
 // warning and allowing everything would make anyone who reaches NATS root
 // on every node. So it does not start.
 var errNoPolicy = errors.New("--policy FILE is required: the coordinator refuses everything its policy does not grant (default deny), so without one it could only refuse every request; write one (README \"Policy\", deploy/policy.example.yaml) and check it with `tether policy check FILE`")
+
+// reportedAddr is the address clients are told a listener configured as
+// listen is at: its host as configured (empty or unspecified when it
+// listens on every interface: a client then uses the host it reaches the
+// coordinator by) and the port it bound.
+func reportedAddr(listen string, bound net.Addr) string {
+	host, _, _ := net.SplitHostPort(listen)
+	_, port, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		return bound.String()
+	}
+	return net.JoinHostPort(host, port)
+}
 
 // checkHostPort checks a listen or dial address.
 func checkHostPort(addr string) error {
@@ -303,6 +340,9 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
 	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
 	f.Int64Var(&o.AuditMaxBytes, "audit-max-bytes", o.AuditMaxBytes, "bound the audit log to this many bytes, oldest events discarded first (0: 1 GiB)")
+	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, "SSH jump host listen address, for ssh -J and tether ssh-config (default: none; tether ssh-proxy works without)")
+	f.StringVar(&o.SSHAuthorizedKeys, "ssh-authorized-keys", o.SSHAuthorizedKeys, "authorized_keys file of the keys the SSH jump host accepts (reloaded on SIGHUP)")
+	f.StringArrayVar(&o.SSHUserCAs, "ssh-user-ca", o.SSHUserCAs, "file of SSH user CA keys whose certificates the jump host accepts (repeatable; reloaded on SIGHUP)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
 	return cmd
@@ -323,6 +363,8 @@ type coordinatorInfo struct {
 	// OpenShellAddr and OpenSandboxAddr are the facades' bound addresses;
 	// empty when off.
 	OpenShellAddr, OpenSandboxAddr string
+	// SSHAddr is the SSH jump host's bound address; empty when off.
+	SSHAddr string
 }
 
 // coordinatorServer is a coordinator whose listeners are bound and whose
@@ -343,6 +385,8 @@ type coordinatorServer struct {
 	layout   *natsauth.Layout
 	unlock   func()        // releases the data dir lock
 	policy   *policy.Store // reloaded on SIGHUP (serve)
+	gate     *sshgate.Gate // the SSH jump host; nil without --ssh-addr
+	sshLn    net.Listener  // its listener
 }
 
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
@@ -392,6 +436,25 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.adminLn = limitConns(cs.adminLn, adminLimits.MaxConns)
 	adminLn := cs.adminLn
 	undo = append(undo, func() { adminLn.Close() })
+	if o.SSHAddr != "" {
+		sshLn, err := net.Listen("tcp", o.SSHAddr)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: SSH jump host listener (--ssh-addr): %w", err)
+		}
+		undo = append(undo, func() { sshLn.Close() })
+		cs.sshLn = sshLn
+		cs.info.SSHAddr = sshLn.Addr().String()
+	}
+	// The SSH host CA certifies node host keys for the jump host and for
+	// tether ssh-proxy alike.
+	sshDir := filepath.Join(o.DataDir, "ssh")
+	if err := os.MkdirAll(sshDir, 0o700); err != nil {
+		return nil, fmt.Errorf("coordinator: create %s: %w", sshDir, err)
+	}
+	hostCA, err := sshgate.LoadHostCA(filepath.Join(sshDir, sshgate.HostCAFile), 0)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 	sbxLn, err := o.Sandbox.bind()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
@@ -556,9 +619,34 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
 	cfg.Policy = cs.policy
+	cfg.SSH.HostCA = hostCA
+	var jumpAddr, jumpKey string // set below, before anything serves
+	if cs.sshLn != nil {
+		cfg.SSH.Jump = func() (string, string) { return jumpAddr, jumpKey }
+	}
 	cs.coord, err = coordinator.New(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cs.sshLn != nil {
+		cs.gate, err = sshgate.New(sshgate.Config{
+			StateDir:           sshDir,
+			HostCA:             hostCA,
+			AuthorizedKeysFile: o.SSHAuthorizedKeys,
+			UserCAFiles:        o.SSHUserCAs,
+			Nodes:              cs.coord.SSHNodes(),
+			Policy:             cs.policy,
+			Auditor:            cs.audit,
+			Logger:             log,
+			Registerer:         reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		gate := cs.gate // cs is nil by the time undo runs on an error return
+		undo = append(undo, func() { gate.Close() })
+		jumpAddr = reportedAddr(o.SSHAddr, cs.sshLn.Addr())
+		jumpKey = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(cs.gate.HostKey())))
 	}
 	if err := cs.sbx.Attach(cs.coord); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
@@ -585,6 +673,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		"openshell_facade", cs.info.OpenShellAddr,
 		"opensandbox_facade", cs.info.OpenSandboxAddr,
 		"node_ca", cs.info.NodeCAFile,
+		"ssh_addr", cs.info.SSHAddr,
 		"shared_token_from", cs.info.TokenFrom)
 
 	// SIGHUP reloads the policy; registered before anything serves, so a
@@ -620,6 +709,12 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	defer scancel()
 	sbxDone := make(chan error, 1)
 	go func() { sbxDone <- cs.sbx.Run(sctx) }()
+	gateDone := make(chan error, 1)
+	if cs.gate != nil {
+		go func() { gateDone <- cs.gate.Serve(cs.sshLn) }()
+	} else {
+		gateDone <- sshgate.ErrClosed
+	}
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
 	serveDone := make(chan error, 1)
@@ -636,6 +731,14 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	if sbxErr != nil {
 		cs.log.Error("sandbox services failed", "err", sbxErr)
 		err = errors.Join(err, sbxErr)
+	}
+	if cs.gate != nil {
+		// The coordinator drained: its tunnels, which every SSH connection
+		// goes through, are closed.
+		cs.gate.Close()
+	}
+	if gerr := <-gateDone; !errors.Is(gerr, sshgate.ErrClosed) {
+		cs.log.Error("SSH jump host failed", "err", gerr)
 	}
 
 	shctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -664,6 +767,9 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 // policy in force; the error names each problem as FILE:LINE:COLUMN.
 // Decisions already made, sessions and running jobs and streams stand.
 func (cs *coordinatorServer) reloadPolicy() {
+	if cs.gate != nil {
+		cs.gate.Reload() // logs its own outcome; bad files keep the keys in force
+	}
 	p, err := cs.policy.Reload()
 	if err != nil {
 		cs.log.Error("policy reload failed; the policy loaded before stays in force", "policy", cs.policy.Path(), "err", err)
@@ -731,6 +837,12 @@ func (cs *coordinatorServer) close() {
 	cs.sbxLn.close()
 	cs.tunnelLn.Close()
 	cs.adminLn.Close()
+	if cs.gate != nil {
+		cs.gate.Close()
+	}
+	if cs.sshLn != nil {
+		cs.sshLn.Close()
+	}
 	cs.nc.Close()
 	if cs.ns != nil {
 		cs.ns.Shutdown()
