@@ -181,10 +181,11 @@ func startBenchFleet(t *testing.T, key sshKey) *sshClient {
 	pol := sshPolicy(t, grant) + fmt.Sprintf("  ssh-key:%s:\n    rules:\n%s", key.Fingerprint, grant)
 	policy := filepath.Join(dir, "policy.yaml")
 	os.WriteFile(policy, []byte(pol), 0o600)
-	f := startFleetArgs(t, policy, "--ssh-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--ssh-authorized-keys", authorized)
+	jump := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	f := startFleetArgs(t, policy, "--ssh-addr", jump, "--ssh-authorized-keys", authorized)
 	f.startAgentBin(t, *tetherBin, "node-a", "role=a", f.tokenFile)
 	f.waitNodes(t, "node-a")
-	s := &sshFleet{fleet: f, dir: dir, login: login}
+	s := &sshFleet{fleet: f, dir: dir, login: login, jumpAddr: jump}
 	return s.client(t, "bench", key)
 }
 

@@ -91,9 +91,11 @@ class NeMoGymSSHConnection(unittest.TestCase):
         remote = self.scratch / "remote" / "gym-job-20260101_000000"
         self.conn.copy(local, remote)  # mkdir -p makes the parents
         self.assertEqual(tree(remote), tree(local))
-        # NG-3: an extra remote file goes; a changed local file follows.
+        # NG-3: an extra remote file goes; a changed local file follows
+        # (another size: rsync's quick check skips a file of the same size
+        # and modification time, whatever its bytes).
         (remote / "extra").write_text("stale\n")
-        (local / "data.bin").write_bytes(os.urandom(1 << 20))
+        (local / "data.bin").write_bytes(os.urandom((1 << 20) + 1))
         self.conn.copy(local, remote)
         self.assertEqual(tree(remote), tree(local))
         # The copied script runs there, as the Slurm executor's sbatch would.
