@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -383,11 +385,25 @@ func TestSSHEndToEnd(t *testing.T) {
 	})
 
 	t.Run("wrong key, expired and unknown-CA certificates are refused", func(t *testing.T) {
-		for _, c := range []*sshClient{s.mallory, s.expired, s.rogue} {
-			r := c.ssh(t, defaultTestTimeout, nil, a, "echo must-not-run")
+		// Each is refused for its own reason, counted by the jump host
+		// (the expired and rogue clients offer their certificate first,
+		// then the plain key, which nobody authorized either).
+		for _, c := range []struct {
+			client *sshClient
+			reason string
+		}{{s.mallory, "unknown_key"}, {s.expired, "expired"}, {s.rogue, "unknown_ca"}} {
+			name := fmt.Sprintf(`tether_ssh_auth_failures_total{reason=%q}`, c.reason)
+			before, _ := metricValue(t, s.httpAddr, name)
+			r := c.client.ssh(t, defaultTestTimeout, nil, a, "echo must-not-run")
 			if r.Code != 255 || r.Stdout != "" || !strings.Contains(r.Stderr, "Permission denied") {
-				t.Errorf("%s: want exit 255 and Permission denied; %v", c.Name, r)
+				t.Errorf("%s: want exit 255 and Permission denied; %v", c.client.Name, r)
 			}
+			if after, ok := metricValue(t, s.httpAddr, name); !ok || after <= before {
+				t.Errorf("%s: %s went from %v to %v (exposed: %v), want it counted", c.client.Name, name, before, after, ok)
+			}
+		}
+		if v, ok := metricValue(t, s.httpAddr, `tether_panics_total{component="coordinator"}`); ok && v != 0 {
+			t.Errorf("the coordinator contained %v panics", v)
 		}
 		// None of them hurt the jump host.
 		if r := s.alice.ssh(t, defaultTestTimeout, nil, a, "true"); r.Code != 0 {
@@ -526,6 +542,25 @@ func (s *sshFleet) auditEvents(t *testing.T, filter ...string) ([]protocol.Audit
 		evs = append(evs, ev)
 	}
 	return evs, nil
+}
+
+// metricValue is metric without failing: the value and whether it is
+// exposed.
+func metricValue(t *testing.T, httpAddr, name string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
 
 func containsStr(list []string, s string) bool {
