@@ -132,7 +132,9 @@ func sshPolicy(t *testing.T, extra string) string {
 // extra ssh-config flags) and returns the identity's way in.
 func (s *sshFleet) client(t *testing.T, name string, key sshKey, extra ...string) *sshClient {
 	t.Helper()
-	args := append([]string{"ssh-config", "--identity", key.Priv}, extra...)
+	// --known-hosts keeps the test out of the user's ~/.config.
+	args := append([]string{"ssh-config", "--identity", key.Priv,
+		"--known-hosts", filepath.Join(s.dir, "known_hosts."+name)}, extra...)
 	out, errOut, code := runCLI(t, s.natsURL, "", args...)
 	if code != 0 {
 		t.Fatalf("tether %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
