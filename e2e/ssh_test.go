@@ -381,6 +381,7 @@ func TestSSHEndToEnd(t *testing.T) {
 		if r.Code != 255 || r.Stdout != "" {
 			t.Fatalf("bob on %s: want refused (exit 255, no output); %v", b, r)
 		}
+		t.Logf("bob on %s: ssh says %q", b, r.Stderr)
 		if !strings.Contains(r.Stderr, "node-b") || !strings.Contains(r.Stderr, "bob") {
 			t.Errorf("bob's refusal on %s does not say who and where (want node-b and bob in it): %q", b, r.Stderr)
 		}
