@@ -305,7 +305,7 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 	report := func(a *fakeAgent, p protocol.SSHParams) {
 		status := 3
 		ev := protocol.SSHChannelEvent{Session: p.Session, Channel: 1, Type: protocol.SSHChannelExec, Login: "deploy",
-			Command: &protocol.AuditCommand{Mode: "argv", Program: "bash", SHA256: strings.Repeat("a", 64), Size: 7, Count: 1},
+			Command:    &protocol.AuditCommand{Mode: "argv", Program: "bash", SHA256: strings.Repeat("a", 64), Size: 7, Count: 1},
 			ExitStatus: &status, BytesIn: 10, BytesOut: 20, Result: protocol.AuditFailed, Error: "exit status 3"}
 		b, _ := json.Marshal(ev)
 		forged := append(bytes.TrimSuffix(b, []byte("}")), []byte(`,"identity":"nats:mallory"}`)...)
@@ -386,4 +386,3 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 		t.Error("n-b's session ended over a dropped event")
 	}
 }
-

@@ -72,7 +72,7 @@ func TestRefusedCredentials(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			before, failed := e.authFailures(tc.reason), e.conns(connAuthFailed)
+			before, failed, audited := e.authFailures(tc.reason), e.conns(connAuthFailed), len(e.audit.events())
 			c, err := e.dial(tc.signer)
 			if err == nil {
 				c.Close()
@@ -86,6 +86,14 @@ func TestRefusedCredentials(t *testing.T) {
 			}
 			// The connection's end is counted by its own goroutine.
 			waitFor(t, "the connection counted auth_failed", func() bool { return e.conns(connAuthFailed) == failed+1 })
+			evs := e.audit.events()
+			if len(evs) != audited+1 {
+				t.Fatalf("%d audit events, want %d", len(evs), audited+1)
+			}
+			if ev := evs[audited]; ev.Result != "refused" || ev.Reason != "unauthenticated" || ev.Identity != "" ||
+				!strings.Contains(ev.Error, "127.0.0.1") {
+				t.Errorf("audit events %+v: want one more, refused unauthenticated, naming the client", evs)
+			}
 		})
 	}
 

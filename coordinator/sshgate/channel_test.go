@@ -36,6 +36,10 @@ func wantReject(t *testing.T, err error, reason ssh.RejectionReason, msg string)
 // other channel and global request is refused with a message saying why.
 func TestChannelRefusals(t *testing.T) {
 	e := newEnv(t)
+	e.nodes.nodes["node-c"] = &fakeNode{labels: map[string]string{}, hostKey: newSigner(t),
+		refuse: &protocol.ErrorInfo{Code: protocol.CodeForbidden, Message: "local policy allows none of [bob]"}}
+	e.nodes.nodes["node-d"] = &fakeNode{labels: map[string]string{}, hostKey: newSigner(t),
+		refuse: &protocol.ErrorInfo{Code: protocol.CodeUnsupported, Message: "serves no SSH"}}
 	alice, err := e.dial(e.alice.signer)
 	if err != nil {
 		t.Fatal(err)
@@ -94,14 +98,10 @@ func TestChannelRefusals(t *testing.T) {
 		wantReject(t, err, ssh.ConnectionFailed, "unknown node")
 	})
 	t.Run("node's local policy refuses", func(t *testing.T) {
-		e.nodes.nodes["node-c"] = &fakeNode{labels: map[string]string{}, hostKey: newSigner(t),
-			refuse: &protocol.ErrorInfo{Code: protocol.CodeForbidden, Message: "local policy allows none of [bob]"}}
 		_, err := openDirect(bob, "node-c", 22)
 		wantReject(t, err, ssh.Prohibited, "node node-c: local policy allows none of [bob]")
 	})
 	t.Run("node unreachable", func(t *testing.T) {
-		e.nodes.nodes["node-d"] = &fakeNode{labels: map[string]string{}, hostKey: newSigner(t),
-			refuse: &protocol.ErrorInfo{Code: protocol.CodeUnsupported, Message: "serves no SSH"}}
 		_, err := openDirect(bob, "node-d", 22)
 		wantReject(t, err, ssh.ConnectionFailed, "node node-d")
 	})

@@ -32,13 +32,15 @@ type connState struct {
 	conn   net.Conn
 	remote net.Addr
 
-	triedKey atomic.Bool // a key was offered in the handshake
-	evicted  atomic.Bool // cut by admission for another source
-	authed   bool        // guarded by g.mu
-	proven   proven
-	user     string // the SSH user name the client sent (logged, not used)
-	channels atomic.Int32
-	wg       sync.WaitGroup // the channel goroutines
+	triedKey    atomic.Bool // a key was offered in the handshake
+	lastRefusal string      // why the last key was refused; set by the handshake's callbacks, which run in serve's goroutine
+	evicted     atomic.Bool // cut by admission for another source
+	authed      bool        // guarded by g.mu
+	proven      proven
+	user        string // the SSH user name the client sent (logged, not used)
+	channels    atomic.Int32
+	wg          sync.WaitGroup // the channel goroutines
+	done        chan struct{}  // closed when the client connection ended
 }
 
 // serve runs the connection: admission, handshake, then its channels until
@@ -65,8 +67,8 @@ func (cs *connState) serve() {
 		g.mu.Unlock()
 		victim.conn.Close()
 	}
-	deadline := g.cfg.Now().Add(g.cfg.HandshakeTimeout)
-	cs.conn.SetDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
+	deadline := time.Now().Add(g.cfg.HandshakeTimeout)
+	cs.conn.SetDeadline(deadline)
 	sconn, chans, reqs, err := ssh.NewServerConn(cs.conn, g.serverConfig(cs))
 	g.adm.leave(p)
 	if err != nil {
@@ -74,10 +76,13 @@ func (cs *connState) serve() {
 		switch {
 		case cs.evicted.Load():
 			result = connEvicted
-		case errors.Is(err, os.ErrDeadlineExceeded) || !g.cfg.Now().Before(deadline):
+		case errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline):
 			result = connTimeout
 		case cs.triedKey.Load():
 			result = connAuthFailed
+		}
+		if result == connAuthFailed {
+			cs.auditAuthFailure()
 		}
 		g.m.connections.WithLabelValues(result).Inc()
 		g.log.Debug("ssh handshake failed", "remote", cs.remote, "result", result, "err", err)
@@ -116,7 +121,27 @@ func (cs *connState) serve() {
 		cs.dispatch(nc)
 	}
 	sconn.Close()
+	close(cs.done)
 	cs.wg.Wait()
+}
+
+// auditAuthFailure records the one audit event of a connection that
+// offered keys and had none accepted: no identity, reason
+// unauthenticated, the client's address and the last key's refusal as the
+// error. (Connections that offered no key — scanners, timeouts, floods —
+// are counted only.)
+func (cs *connState) auditAuthFailure() {
+	why := cs.lastRefusal
+	if why == "" {
+		why = "no key offered was accepted"
+	}
+	cs.g.cfg.Auditor.Record(&protocol.AuditEvent{
+		Operation: policy.OpSSH.String(),
+		Method:    "auth",
+		Result:    protocol.AuditRefused,
+		Reason:    "unauthenticated",
+		Error:     clipAudit(fmt.Sprintf("from %s: %s", cs.remote, why)),
+	})
 }
 
 // dispatch answers one channel open.
@@ -280,7 +305,7 @@ func (ch *channel) run() {
 		return
 	}
 	go ssh.DiscardRequests(reqs)
-	in, out, err := splice(sch, conn, g.m)
+	in, out, err := splice(sch, conn, g.m, cs.done)
 	ch.ev.BytesIn, ch.ev.BytesOut = in, out
 	if err != nil {
 		g.log.Debug("ssh splice ended with an error", "node", name, "session", params.Session, "err", err)
@@ -398,10 +423,22 @@ type closeWriter interface{ CloseWrite() error }
 // node) into m as they pass. An end of file is passed on as a half-close
 // where the far side can take one (the channel's EOF; CloseWrite on the
 // stream); a stream that cannot half-close is closed when the client's side
-// ends, since the client sends EOF only when it is done. It closes both
-// ends before returning, and returns the first error that was not an end
-// of file or a close.
-func splice(ch ssh.Channel, conn net.Conn, m *metrics) (in, out int64, err error) {
+// ends, since the client sends EOF only when it is done. When stop is
+// closed (the client connection ended, or the gate closes) both ends are
+// closed at once, so that a node that does not close after a half-close
+// cannot hold the splice. It closes both ends before returning, and
+// returns the first error that was not an end of file or a close.
+func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop <-chan struct{}) (in, out int64, err error) {
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-stop:
+			conn.Close()
+			ch.Close()
+		case <-finished:
+		}
+	}()
 	var once sync.Once
 	var first error
 	record := func(e error) {

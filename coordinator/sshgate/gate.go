@@ -21,6 +21,41 @@ import (
 	"github.com/tetherfleet/tether/policy"
 )
 
+// Decisions the contract left open, and why:
+//
+//   - authorized_keys options (from=, command=, restrict, no-pty...) are
+//     refused at load with FILE:LINE errors, not ignored: the gate cannot
+//     honour them (it runs nothing and only forwards), and ignoring one
+//     would let a key do more than its line says. A CA file accepts the
+//     cert-authority option only, so one line can serve both files. A file
+//     with no key is an error (a configured file that lets nobody in is a
+//     mistake), as is a certificate in either file.
+//   - Of a user certificate's critical options only source-address is
+//     honoured (checked by the gate and again by the SSH library);
+//     force-command, verify-required and unknown ones refuse the
+//     certificate. Its extensions (permit-pty...) are ignored: the node
+//     decides those. Principals that no policy entry could name
+//     (policy.CheckSSHPrincipal) are dropped; a certificate left with none
+//     is refused (no_principals).
+//   - The SSH user name sent to the jump host is ignored; the login is
+//     chosen on the inner connection among SSHParams.Logins.
+//   - A direct-tcpip to an unknown node is decided as a node without
+//     labels (see channel.run): callers who would not be granted ssh there
+//     get the policy's refusal, so probing does not map the fleet; only
+//     callers who may ssh there learn "unknown node". The destination must
+//     be NODE or NODE.tether exactly as the node id is spelled, port 22.
+//   - Audit: one event per direct-tcpip channel (operation ssh, method
+//     connect; RunAs lists the logins granted; Target is HOST:PORT as
+//     asked), and one per connection whose offered keys were all refused
+//     (method auth, reason unauthenticated, the client's address in
+//     Error). Connections that offered no key (scanners, timeouts, floods)
+//     and session or other channel types are counted, not audited.
+//   - A key removed by Reload (or a certificate that expired) keeps its
+//     open channels but gets no new one.
+//   - A node host key the CA cannot certify is logged and the stream opens
+//     without a HostCertificate (clients that check by the CA then refuse
+//     the node, which is what they should do).
+
 // Files the gate keeps in Config.StateDir.
 const (
 	// HostKeyFile is the jump host's own ed25519 host key.
@@ -391,7 +426,7 @@ func (g *Gate) accept(conn net.Conn) {
 		g.log.Debug("ssh connection refused: at MaxConnections", "remote", conn.RemoteAddr(), "max", g.cfg.MaxConnections)
 		return
 	}
-	cs := &connState{g: g, conn: conn, remote: conn.RemoteAddr()}
+	cs := &connState{g: g, conn: conn, remote: conn.RemoteAddr(), done: make(chan struct{})}
 	g.conns[conn] = cs
 	g.handshake++
 	g.wg.Add(1)
@@ -472,6 +507,7 @@ func (g *Gate) serverConfig(cs *connState) *ssh.ServerConfig {
 					g.m.authFailures.WithLabelValues(ae.reason).Inc()
 				}
 				g.log.Debug("ssh key refused", "remote", meta.RemoteAddr(), "err", err)
+				cs.lastRefusal = err.Error()
 				return nil, err
 			}
 			return perms, nil
@@ -487,6 +523,7 @@ func (g *Gate) serverConfig(cs *connState) *ssh.ServerConfig {
 			// there) or its algorithm is not accepted.
 			cs.triedKey.Store(true)
 			g.m.authFailures.WithLabelValues(libraryReason(err)).Inc()
+			cs.lastRefusal = "ssh gate: key refused: " + err.Error()
 			g.log.Debug("ssh key refused by the SSH library", "remote", meta.RemoteAddr(), "err", err)
 		},
 		BannerCallback: nil,

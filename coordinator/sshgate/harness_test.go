@@ -137,7 +137,15 @@ type fakeNode struct {
 	labels  map[string]string
 	hostKey ssh.Signer
 	refuse  *protocol.ErrorInfo // OpenSSH answers this when set
+	// stuck: the stream half-closes (CloseWrite succeeds, the node never
+	// sees it) and the node never answers nor closes.
+	stuck bool
 }
+
+// halfCloser is a stream that claims to half-close but swallows it.
+type halfCloser struct{ net.Conn }
+
+func (halfCloser) CloseWrite() error { return nil }
 
 // fakeNodes is the fleet: OpenSSH serves each stream with a small SSH
 // server that checks the params the way the agent does (the key compared
@@ -183,6 +191,10 @@ func (f *fakeNodes) OpenSSH(ctx context.Context, id string, params protocol.SSHP
 	f.params = append(f.params, params)
 	f.mu.Unlock()
 	a, b := net.Pipe()
+	if n.stuck {
+		go io.Copy(io.Discard, b)
+		return halfCloser{a}, nil
+	}
 	if f.drain {
 		go func() { io.Copy(io.Discard, b); b.Close() }()
 		return a, nil
@@ -464,6 +476,7 @@ type sshOpts struct {
 	knownHosts string // the known_hosts text; empty: no checking
 	dest       string // USER@HOST
 	cmd        []string
+	stdin      string // a file to give ssh as stdin; empty: none
 }
 
 // runSSH runs the OpenSSH client through the gate (ProxyJump) and returns
@@ -519,6 +532,14 @@ Host *
 	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if o.stdin != "" {
+		f, err := os.Open(o.stdin)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.Stdin = f
+	}
 	err := cmd.Run()
 	code := 0
 	if err != nil {

@@ -197,6 +197,8 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		clientCommand(newJobCmd(e)),
 		clientCommand(newCpCmd(e)),
 		clientCommand(newForwardCmd(e)),
+		clientCommand(newSSHConfigCmd(e)),
+		clientCommand(newSSHProxyCmd(e)),
 		clientCommand(newSandboxesCmd(e)),
 		clientCommand(newRunLeaseCmd(e)),
 		clientCommand(newAuditCmd(e)),

@@ -63,6 +63,10 @@ type devOptions struct {
 	// checks the user's rights); as root, the agent's data dir, the
 	// working directory and the temporary directory only.
 	CopyRoots []string
+	// SSHAddr is the SSH jump host's address. Default "127.0.0.1:7022";
+	// "" turns it off (tether ssh-proxy works without it). It accepts the
+	// invoking user's keys, ~/.ssh/*.pub.
+	SSHAddr string
 	// Log configures logging to stderr.
 	Log logOptions
 }
@@ -98,6 +102,7 @@ func defaultDevOptions() devOptions {
 		NATSPort:   4222,
 		TunnelAddr: "127.0.0.1:7443",
 		HTTPAddr:   "127.0.0.1:7080",
+		SSHAddr:    "127.0.0.1:7022",
 		Log:        defaultLogOptions(),
 
 		OpenShellListen:   defaultSandboxOptions().OpenShellListen,
@@ -121,6 +126,11 @@ func (o *devOptions) Validate() error {
 	}
 	if err := checkHostPort(o.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr: %w", err))
+	}
+	if o.SSHAddr != "" {
+		if err := checkHostPort(o.SSHAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--ssh-addr: %w", err))
+		}
 	}
 	for _, a := range []struct{ flag, addr string }{{"--openshell-listen", o.OpenShellListen}, {"--opensandbox-listen", o.OpenSandboxListen}} {
 		if a.addr == "" {
@@ -195,6 +205,7 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.DurationVar(&o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory the local agent's copies may write to and read from (repeatable or comma-separated; default: / when not root, so anywhere you can write; as root: the data dir, the working directory and the temporary directory)")
 	f.DurationVar(&o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
+	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, `SSH jump host address, accepting your ~/.ssh/*.pub keys ("" turns it off; tether ssh-proxy works without)`)
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -234,8 +245,24 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	// The dev NATS user (writeDevCreds) may do everything; the loopback
 	// facades' callers are that user too.
 	devUser := devUserName(e.getenv)
-	if co.Policy, err = writeDevPolicy(o.DataDir, "nats:"+devUser, devRunAs(e.getenv)); err != nil {
+	// The jump host takes the user's own SSH keys.
+	var sshKeys []string
+	var sshNote string
+	if o.SSHAddr != "" {
+		keysFile := filepath.Join(o.DataDir, "ssh", "authorized_keys")
+		sshKeys, sshNote, err = writeDevAuthorizedKeys(keysFile, e.getenv)
+		if err != nil {
+			return fmt.Errorf("dev: %w", err)
+		}
+		if len(sshKeys) > 0 {
+			co.SSHAddr, co.SSHAuthorizedKeys = o.SSHAddr, keysFile
+		}
+	}
+	if co.Policy, err = writeDevPolicy(o.DataDir, "nats:"+devUser, devRunAs(e.getenv), sshKeys...); err != nil {
 		return fmt.Errorf("dev: %w", err)
+	}
+	if note := devPolicySSHNote(co.Policy, sshKeys); note != "" {
+		sshNote += note
 	}
 	co.Sandbox.local = devLocal(policy.Identity{Kind: policy.KindNATS, Name: devUser}, uint32(os.Geteuid()))
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
@@ -294,7 +321,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	bannerDone := make(chan struct{})
 	go func() {
 		defer close(bannerDone)
-		announceDev(devCtx, e.stdout, o, cs.info, dc.creds, acfg.NodeID, log)
+		announceDev(devCtx, e.stdout, o, cs.info, dc.creds, acfg.NodeID, sshNote, log)
 	}()
 
 	var coordErr, agentErr error
@@ -396,7 +423,7 @@ func dialAddr(listen string) string {
 
 // announceDev waits until the local agent is registered, as seen through the
 // public NATS API, then prints where everything is and what to try.
-func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, creds *natsauth.Creds, nodeID string, log *slog.Logger) {
+func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinatorInfo, creds *natsauth.Creds, nodeID, sshNote string, log *slog.Logger) {
 	nc, err := nats.Connect(info.NATSURL, append([]nats.Option{nats.Name("tether-dev banner")}, creds.Options()...)...)
 	if err != nil {
 		log.Error("dev: connect to NATS to check the agent", "err", err)
@@ -423,11 +450,11 @@ func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinat
 		case <-tick.C:
 		}
 	}
-	fmt.Fprint(w, devBanner(o, info, creds.InboxPrefix(), nodeID))
+	fmt.Fprint(w, devBanner(o, info, creds.InboxPrefix(), nodeID, sshNote))
 }
 
 // devBanner is what `tether dev` prints once it is ready.
-func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) string {
+func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote string) string {
 	var b strings.Builder
 	tetherFlag, natsFlag := "", ""
 	if info.NATSURL != defaultNATSURL {
@@ -445,7 +472,10 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 	if info.OpenSandboxAddr != "" {
 		fmt.Fprintf(&b, "  opensandbox: http://%s (facade; point OPENSANDBOX_DOMAIN here)\n", info.OpenSandboxAddr)
 	}
-	fmt.Fprintf(&b, "  node:        %s (labels dev=true)\n", nodeID)
+	fmt.Fprintf(&b, "  node:        %s (labels dev=true; ssh %s%s)\n", nodeID, nodeID, protocol.SSHHostSuffix)
+	if info.SSHAddr != "" {
+		fmt.Fprintf(&b, "  ssh jump:    %s (your ~/.ssh/*.pub keys)\n", info.SSHAddr)
+	}
 	fmt.Fprintf(&b, "  data dir:    %s\n", o.DataDir)
 	fmt.Fprintf(&b, "  node CA:     %s (enroll more agents: tether token create)\n", info.NodeCAFile)
 	fmt.Fprintf(&b, "  policy:      %s (edit, then kill -HUP %d)\n", filepath.Join(o.DataDir, devPolicyFile), os.Getpid())
@@ -458,6 +488,16 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID string) 
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
 	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
+	fmt.Fprintf(&b, "SSH to the node (OpenSSH, rsync, sftp, VS Code Remote):\n\n")
+	if info.SSHAddr != "" {
+		fmt.Fprintf(&b, "  tether ssh-config%s >> ~/.ssh/config     # jump host %s\n", tetherFlag, info.SSHAddr)
+	} else {
+		fmt.Fprintf(&b, "  tether ssh-config%s --proxy-command >> ~/.ssh/config\n", tetherFlag)
+	}
+	fmt.Fprintf(&b, "  ssh %s%s\n\n", nodeID, protocol.SSHHostSuffix)
+	if sshNote != "" {
+		fmt.Fprintf(&b, "%s\n", sshNote)
+	}
 	fmt.Fprintf(&b, "Press Ctrl-C to stop.\n")
 	return b.String()
 }
@@ -481,16 +521,17 @@ func devLocal(dev policy.Identity, uid uint32) func(uint32) policy.Identity {
 
 // writeDevPolicy writes DATA-DIR/policy.yaml granting identity (the dev
 // NATS user's, "nats:" and devUserName) every operation, running commands
-// as runAs, unless the file exists (it is the user's to edit then; delete
-// it to regenerate), and returns its path.
-func writeDevPolicy(dataDir, identity, runAs string) (string, error) {
+// as runAs, and sshKeys (ssh-key:SHA256:… identities) ssh and forward,
+// unless the file exists (it is the user's to edit then; delete it to
+// regenerate), and returns its path.
+func writeDevPolicy(dataDir, identity, runAs string, sshKeys ...string) (string, error) {
 	path := filepath.Join(dataDir, devPolicyFile)
 	if _, err := os.Lstat(path); err == nil {
 		return path, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("policy: %w", err)
 	}
-	data, err := devPolicy(identity, runAs)
+	data, err := devPolicy(identity, runAs, sshKeys...)
 	if err != nil {
 		return "", err
 	}
@@ -534,9 +575,27 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 // devPolicy is the policy tether dev writes: role admin (every operation
 // on every node, every path, the gateways' targets, everyone's jobs and
 // runs, administration) for identity, running commands as runAs (the
-// invoking user, whom the dev agent runs as). identity is a policy
-// identity (KIND:VALUE); the result is checked with policy.Parse.
-func devPolicy(identity, runAs string) ([]byte, error) {
+// invoking user, whom the dev agent runs as), and role ssh (ssh as runAs
+// and forward to the gateways' targets, on every node) for each of
+// sshKeys, the ssh-key:SHA256:… identities of the user's keys, which the
+// jump host proves. identity is a policy identity (KIND:VALUE); the
+// result is checked with policy.Parse.
+func devPolicy(identity, runAs string, sshKeys ...string) ([]byte, error) {
+	var role, keys strings.Builder
+	if len(sshKeys) > 0 {
+		fmt.Fprintf(&role, `  # Your SSH keys (~/.ssh/*.pub) through the jump host: ssh and ssh -L.
+  ssh:
+    - nodes: "*"
+      operations: [ssh]
+      run_as: %q
+    - nodes: "*"
+      operations: [forward]
+      targets: [openshell, opensandbox, execd]
+`, runAs)
+	}
+	for _, k := range sshKeys {
+		fmt.Fprintf(&keys, "  %q:\n    roles: [ssh]\n", k)
+	}
 	data := []byte(fmt.Sprintf(`# Written by tether dev: the local user may do everything, on every node.
 # Edit it and send the dev process SIGHUP (kill -HUP PID) to reload it;
 # delete it to have the next tether dev write it again.
@@ -546,7 +605,10 @@ roles:
     - nodes: "*"
       operations: [exec, shell, cp.read, cp.write]
       paths: [/]
-      run_as: %q
+      run_as: %[1]q
+    - nodes: "*"
+      operations: [ssh]
+      run_as: %[1]q
     - nodes: "*"
       operations: [forward]
       targets: [openshell, opensandbox, execd]
@@ -558,10 +620,10 @@ roles:
     - operations: [sandboxes.list, sandboxes.lease, sandboxes.reap]
       scope: any
     - operations: [admin]
-identities:
-  %q:
+%[3]sidentities:
+  %[2]q:
     roles: [admin]
-`, runAs, identity))
+%[4]s`, runAs, identity, role.String(), keys.String()))
 	if _, err := policy.Parse("dev policy", data); err != nil {
 		return nil, fmt.Errorf("dev policy for %s running as %q: %w", identity, runAs, err)
 	}

@@ -54,7 +54,7 @@ func TestDevSmoke(t *testing.T) {
 	go func() {
 		defer close(done)
 		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
 			"--openshell-listen", "127.0.0.1:0", "--opensandbox-listen", "127.0.0.1:0"}, e)
 	}()
 	t.Cleanup(func() {
@@ -253,7 +253,7 @@ func TestDevSideBySideKeepsCreds(t *testing.T) {
 		go func() {
 			defer close(done)
 			run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-				"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+				"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
 				"--openshell-listen", "", "--opensandbox-listen", ""}, e)
 		}()
 		t.Cleanup(func() { cancel(); <-done })

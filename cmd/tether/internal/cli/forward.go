@@ -27,6 +27,9 @@ const defaultForwardAddr = "127.0.0.1:0"
 type forwardOptions struct {
 	// NATS says how to reach the API.
 	NATS natsOptions
+	// Stdio joins stdin and stdout to one connection to the target
+	// instead of listening (a ProxyCommand).
+	Stdio bool
 }
 
 // forwardArgs are the positional arguments of `tether forward`.
@@ -84,12 +87,20 @@ targets), e.g. openshell or opensandbox. It runs until interrupted (exit code
 130, 143 on SIGTERM); it exits 255 when Tether failed (no coordinator, the
 node is not connected or does not serve TARGET) and 2 for a usage error.
 
+With --stdio it listens nowhere: stdin and stdout are joined to one
+connection to TARGET (for a ProxyCommand, or a pipe), and it exits 0 when
+the connection ended.
+
 Examples:
   tether forward gpu-07 openshell 8080     # grpcurl -plaintext 127.0.0.1:8080 ...
-  tether forward gpu-07 opensandbox`,
+  tether forward gpu-07 opensandbox
+  tether forward --stdio gpu-07 web < request > response`,
 		Args: cobra.RangeArgs(2, 3),
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			a, err := parseForwardArgs(args)
+			if err == nil && o.Stdio && len(args) == 3 {
+				err = errors.New("--stdio takes no LOCAL_ADDR: it joins stdin and stdout to the target")
+			}
 			if err != nil {
 				return usage(err)
 			}
@@ -98,9 +109,17 @@ Examples:
 				return err
 			}
 			defer closeNC()
+			if o.Stdio {
+				s, err := c.Dial(cmd.Context(), a.Node, a.Target)
+				if err != nil {
+					return err
+				}
+				return joinStdio(cmd.Context(), e, s)
+			}
 			return runForward(cmd.Context(), e, c, a)
 		}),
 	}
+	cmd.Flags().BoolVar(&o.Stdio, "stdio", false, "join stdin and stdout to one connection to TARGET instead of listening")
 	o.NATS.addFlags(cmd)
 	return cmd
 }

@@ -26,7 +26,7 @@ func startDev(t *testing.T, dir string, vars map[string]string) (url, tunnelAddr
 	go func() {
 		defer close(done)
 		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
 			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
 	}()
 	stopped := false

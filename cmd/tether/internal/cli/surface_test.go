@@ -484,6 +484,7 @@ func natsRequestSamples(self string) map[string]any {
 		protocol.SubjectSandboxesReap:     protocol.ReapRequest{Run: self, DryRun: true},
 		protocol.SubjectSandboxesSync:     struct{}{},
 		protocol.SubjectLeaseClose:        protocol.LeaseRequest{Run: self},
+		protocol.SubjectSSHInfo:           protocol.SSHInfoRequest{},
 	}
 }
 

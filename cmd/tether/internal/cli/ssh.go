@@ -1,0 +1,327 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// sshJumpAlias is the Host (and HostKeyAlias) of the jump host in the
+// config tether ssh-config writes.
+const sshJumpAlias = "tether-jump"
+
+// sshConfigOptions are the flags of `tether ssh-config`.
+type sshConfigOptions struct {
+	NATS natsOptions
+	// Identity is the private key file OpenSSH offers (IdentityFile); empty
+	// leaves OpenSSH's defaults and agent.
+	Identity string
+	// ProxyCommand reaches the nodes through `tether ssh-proxy` (over
+	// NATS) instead of the jump host.
+	ProxyCommand bool
+	// KnownHosts is the known_hosts file written; default
+	// CONFIG-HOME/tether/known_hosts.
+	KnownHosts string
+}
+
+func newSSHConfigCmd(e *env) *cobra.Command {
+	var o sshConfigOptions
+	cmd := &cobra.Command{
+		Use:   "ssh-config",
+		Short: "Print an OpenSSH config block for the nodes you may ssh to",
+		Long: `Ssh-config asks the coordinator which nodes you may log in to and prints an
+OpenSSH config block for them: one "Host NODE.tether" per node (a node is
+always NODE.tether, never a bare name that could be this machine's), and a
+"Host *.tether" that reaches them through the coordinator's SSH jump host
+(ProxyJump tether-jump) or, with --proxy-command or when the coordinator runs
+no jump host, through "tether ssh-proxy" over NATS. It writes the host keys
+to check them by (the fleet's host CA as an @cert-authority line, and the
+jump host's key) to --known-hosts, so StrictHostKeyChecking yes works.
+
+With the jump host, OpenSSH authenticates with your SSH key (--identity, or
+your defaults and agent) to the jump host and again to the node; the policy
+names the key (ssh-key:SHA256:...) or your certificate's principal
+(ssh-principal:NAME). With ssh-proxy, your NATS identity is the one policy
+decides by.
+
+Examples:
+  tether ssh-config >> ~/.ssh/config
+  ssh NODE.tether
+  tether ssh-config --proxy-command > ~/.ssh/tether.conf   # then: Include tether.conf`,
+		Args: cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			t, err := o.NATS.resolve(e.getenv)
+			if err != nil {
+				return err
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			info, err := c.SSHInfo(cmd.Context())
+			if err != nil {
+				return err
+			}
+			known := o.KnownHosts
+			if known == "" {
+				home := configHome(e.getenv)
+				if home == "" {
+					return errors.New("ssh-config: no home directory for the known_hosts file; give --known-hosts FILE")
+				}
+				known = filepath.Join(home, "tether", "known_hosts")
+			}
+			if known, err = filepath.Abs(known); err != nil {
+				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
+			}
+			identity := o.Identity
+			if identity != "" {
+				if identity, err = filepath.Abs(identity); err != nil {
+					return fmt.Errorf("ssh-config: --identity: %w", err)
+				}
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("ssh-config: the path of this tether binary: %w", err)
+			}
+			sc := sshConfig{Info: info, NATSHost: natsHost(t.url), KnownHosts: known, Identity: identity,
+				ProxyCommand: o.ProxyCommand, Tether: self, NATSFlags: o.NATS.flags()}
+			text, knownText, err := sc.render()
+			if err != nil {
+				return err
+			}
+			if err := writeKnownHosts(known, knownText); err != nil {
+				return err
+			}
+			_, err = io.WriteString(e.stdout, text)
+			return err
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Identity, "identity", "", "private key file OpenSSH offers to the jump host and the nodes (IdentityFile, IdentitiesOnly)")
+	f.BoolVar(&o.ProxyCommand, "proxy-command", false, "reach the nodes through tether ssh-proxy over NATS instead of the SSH jump host")
+	f.StringVar(&o.KnownHosts, "known-hosts", "", "known_hosts file to write the fleet's host keys to (default: ~/.config/tether/known_hosts)")
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+// flags returns the NATS flags given explicitly, for a ProxyCommand to
+// connect as this command did.
+func (o *natsOptions) flags() []string {
+	var out []string
+	for _, f := range []struct{ name, v string }{{"--nats-url", o.URL}, {"--nats-creds", o.Creds}, {"--nats-context", o.Context}} {
+		if f.v != "" {
+			out = append(out, f.name, f.v)
+		}
+	}
+	return out
+}
+
+// natsHost is the host of the first server of a NATS URL list, "" when
+// there is none.
+func natsHost(urls string) string {
+	first, _, _ := strings.Cut(urls, ",")
+	first = strings.TrimSpace(first)
+	if !strings.Contains(first, "://") {
+		first = "nats://" + first
+	}
+	u, err := url.Parse(first)
+	if err != nil {
+		return ""
+	}
+	return u.Hostname()
+}
+
+// sshConfig is what tether ssh-config renders.
+type sshConfig struct {
+	Info *protocol.SSHInfo
+	// NATSHost is the host NATS is reached at: the jump host's, when the
+	// coordinator listens on every interface.
+	NATSHost string
+	// KnownHosts and Identity are absolute paths (Identity may be empty).
+	KnownHosts, Identity string
+	ProxyCommand         bool
+	// Tether is the absolute path of the tether binary, and NATSFlags the
+	// connection flags its ssh-proxy gets.
+	Tether    string
+	NATSFlags []string
+}
+
+// render returns the config text and the known_hosts file's text.
+func (s *sshConfig) render() (config, knownHosts string, err error) {
+	in := s.Info
+	var b strings.Builder
+	var known strings.Builder
+	if in.KnownHostsCA != "" {
+		known.WriteString(in.KnownHostsCA + "\n")
+	}
+	if in.JumpAddr != "" && in.JumpHostKey != "" {
+		// Written in every mode: one known_hosts serves the configs of
+		// both (ssh-config and ssh-config --proxy-command).
+		known.WriteString(sshJumpAlias + " " + in.JumpHostKey + "\n")
+	}
+	proxy := s.ProxyCommand
+	var jumpHost, jumpPort string
+	if !proxy {
+		if in.JumpAddr == "" || in.JumpHostKey == "" {
+			proxy = true
+			fmt.Fprintf(&b, "# Coordinator %s runs no SSH jump host (--ssh-addr): the nodes are reached\n# through tether ssh-proxy over NATS.\n", in.Coordinator)
+		} else {
+			h, p, err := net.SplitHostPort(in.JumpAddr)
+			if err != nil {
+				return "", "", fmt.Errorf("ssh-config: the coordinator's jump address %q: %w", in.JumpAddr, err)
+			}
+			if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+				h = s.NATSHost
+			}
+			if h == "" {
+				return "", "", fmt.Errorf("ssh-config: the coordinator's jump host listens on %s, every interface, and the NATS URL names no host to reach it by; use --proxy-command", in.JumpAddr)
+			}
+			jumpHost, jumpPort = h, p
+		}
+	}
+	fmt.Fprintf(&b, "# Written by tether ssh-config for coordinator %s: %d node(s).\n", in.Coordinator, len(in.Nodes))
+	if in.NodesTotal > len(in.Nodes) {
+		fmt.Fprintf(&b, "# %d more nodes are not listed (over %d); \"ssh NODE.tether\" reaches them too.\n", in.NodesTotal-len(in.Nodes), len(in.Nodes))
+	}
+	for _, n := range in.Nodes {
+		if protocol.ValidNodeID(n.ID) != nil {
+			continue // never written into a config
+		}
+		alias := n.ID + protocol.SSHHostSuffix
+		fmt.Fprintf(&b, "\nHost %s\n", alias)
+		fmt.Fprintf(&b, "  HostKeyAlias %s\n", alias)
+		if len(n.Logins) == 1 && sshToken(n.Logins[0]) {
+			fmt.Fprintf(&b, "  User %s\n", n.Logins[0])
+		} else if len(n.Logins) > 1 {
+			fmt.Fprintf(&b, "  # logins: %s (ssh LOGIN@%s)\n", strings.Join(n.Logins, ", "), alias)
+		}
+	}
+	fmt.Fprintf(&b, "\nHost *%s\n", protocol.SSHHostSuffix)
+	if proxy {
+		argv := append([]string{s.Tether, "ssh-proxy"}, s.NATSFlags...)
+		for i, a := range argv {
+			argv[i] = sshQuote(a)
+		}
+		fmt.Fprintf(&b, "  ProxyCommand %s %%n\n", strings.Join(argv, " "))
+	} else {
+		fmt.Fprintf(&b, "  ProxyJump %s\n", sshJumpAlias)
+	}
+	s.common(&b)
+	if !proxy {
+		fmt.Fprintf(&b, "\nHost %s\n", sshJumpAlias)
+		fmt.Fprintf(&b, "  HostName %s\n", jumpHost)
+		fmt.Fprintf(&b, "  Port %s\n", jumpPort)
+		fmt.Fprintf(&b, "  HostKeyAlias %s\n", sshJumpAlias)
+		s.common(&b)
+	}
+	return b.String(), known.String(), nil
+}
+
+// common writes the options every block shares.
+func (s *sshConfig) common(b *strings.Builder) {
+	fmt.Fprintf(b, "  UserKnownHostsFile %s\n", sshQuote(s.KnownHosts))
+	fmt.Fprintf(b, "  StrictHostKeyChecking yes\n")
+	if s.Identity != "" {
+		fmt.Fprintf(b, "  IdentityFile %s\n", sshQuote(s.Identity))
+		fmt.Fprintf(b, "  IdentitiesOnly yes\n")
+	}
+}
+
+// sshToken reports whether s can be written into an ssh config unquoted.
+func sshToken(s string) bool {
+	return s != "" && !strings.ContainsAny(s, " \t\"'#%\\\n\r=")
+}
+
+// sshQuote quotes s for an ssh config line when it needs it (OpenSSH
+// takes double quotes around an argument with spaces).
+func sshQuote(s string) string {
+	if sshToken(s) {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+// writeKnownHosts writes text to path (0600; its directory 0700 when
+// created), through a temporary file and a rename.
+func writeKnownHosts(path, text string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("ssh-config: known_hosts: %w", err)
+	}
+	if err := writeFileAtomic(path, []byte(text), 0o600); err != nil {
+		return fmt.Errorf("ssh-config: write known_hosts %s: %w", path, err)
+	}
+	return nil
+}
+
+func newSSHProxyCmd(e *env) *cobra.Command {
+	var o forwardOptions
+	cmd := &cobra.Command{
+		Use:   "ssh-proxy NODE",
+		Short: "Join stdin and stdout to a node's SSH server (an OpenSSH ProxyCommand)",
+		Long: `Ssh-proxy joins stdin and stdout to NODE's own SSH server, through the
+coordinator (NATS) and the node's tunnel, for OpenSSH's ProxyCommand when the
+coordinator's SSH jump host is out of reach. NODE may be written NODE.tether.
+Your NATS identity is vouched for: the policy must grant it ssh on the node,
+and the login (ssh USER@...) must be one of the rule's run_as. It exits 0
+when the SSH connection ended, 255 when Tether failed or refused (the
+policy's message says why) and 2 for a usage error.
+
+Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
+  Host *.tether
+    ProxyCommand tether ssh-proxy %n`,
+		Args: cobra.ExactArgs(1),
+		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
+			node := strings.TrimSuffix(args[0], protocol.SSHHostSuffix)
+			if err := protocol.ValidNodeID(node); err != nil {
+				return usage(fmt.Errorf("node: %w", err))
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			s, err := c.SSH(cmd.Context(), node)
+			if err != nil {
+				return err
+			}
+			return joinStdio(cmd.Context(), e, s)
+		}),
+	}
+	o.NATS.addFlags(cmd)
+	return cmd
+}
+
+// joinStdio copies e's stdin to s (then half-closes it) and s to e's
+// stdout until s ends, then closes s. It returns when s's bytes ended (the
+// node closed), or ctx ended (exit 130/143).
+func joinStdio(ctx context.Context, e *env, s *client.Stream) error {
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	go func() {
+		if _, err := io.Copy(s, e.stdin); err == nil {
+			s.CloseWrite()
+		}
+	}()
+	_, err := io.Copy(e.stdout, s)
+	if ctx.Err() != nil {
+		return &exitError{code: interruptCode(ctx)}
+	}
+	if err != nil {
+		return fmt.Errorf("node %s: %w", s.Node(), err)
+	}
+	return nil
+}

@@ -1,0 +1,376 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/sshgate"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// TestSSHConfigRender: the config names every node as NODE.tether with
+// its HostKeyAlias, reaches them through the jump host (its address, with
+// the NATS host for an unspecified one) or ssh-proxy, checks host keys
+// strictly against the known_hosts it writes, and parses with ssh -G.
+func TestSSHConfigRender(t *testing.T) {
+	info := &protocol.SSHInfo{
+		Coordinator:  "c1",
+		JumpAddr:     "0.0.0.0:7022",
+		JumpHostKey:  "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHJ1bXAganVtcCBqdW1wIGp1bXAganVtcCBqdW1wIGp1",
+		KnownHostsCA: "@cert-authority *.tether ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNhIGNhIGNhIGNhIGNhIGNhIGNhIGNhIGNhIGNhIGNh tether-host-ca",
+		Nodes: []protocol.SSHInfoNode{
+			{ID: "node-a", Alias: "node-a.tether", Logins: []string{"deploy"}},
+			{ID: "node-b", Alias: "node-b.tether", Logins: []string{"alice", "deploy"}},
+			{ID: "bad id", Alias: "x", Logins: []string{"x"}},
+		},
+		NodesTotal: 3,
+	}
+	dir := t.TempDir()
+	known := filepath.Join(dir, "known hosts")
+	sc := sshConfig{Info: info, NATSHost: "coord.example", KnownHosts: known, Identity: "/keys/id_ed25519", Tether: "/usr/bin/tether"}
+	cfg, kh, err := sc.render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Host node-a.tether\n  HostKeyAlias node-a.tether\n  User deploy\n",
+		"Host node-b.tether\n  HostKeyAlias node-b.tether\n  # logins: alice, deploy",
+		"Host *.tether\n  ProxyJump tether-jump\n  UserKnownHostsFile \"" + known + "\"\n  StrictHostKeyChecking yes\n  IdentityFile /keys/id_ed25519\n  IdentitiesOnly yes\n",
+		"Host tether-jump\n  HostName coord.example\n  Port 7022\n  HostKeyAlias tether-jump\n",
+	} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("config lacks %q:\n%s", want, cfg)
+		}
+	}
+	if strings.Contains(cfg, "bad id") {
+		t.Errorf("an invalid node id was written:\n%s", cfg)
+	}
+	if want := info.KnownHostsCA + "\ntether-jump " + info.JumpHostKey + "\n"; kh != want {
+		t.Errorf("known_hosts = %q, want %q", kh, want)
+	}
+
+	sc.ProxyCommand, sc.Identity, sc.NATSFlags = true, "", []string{"--nats-url", "nats://h:4222"}
+	pcfg, pkh, err := sc.render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(pcfg, "Host *.tether\n  ProxyCommand /usr/bin/tether ssh-proxy --nats-url nats://h:4222 %n\n") || strings.Contains(pcfg, "tether-jump") {
+		t.Errorf("proxy-command config:\n%s", pcfg)
+	}
+	if pkh != kh {
+		t.Errorf("proxy-command known_hosts = %q", pkh)
+	}
+
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("no ssh client to parse the config with")
+	}
+	for _, c := range []struct{ name, text, host string }{{"jump", cfg, "node-a.tether"}, {"proxy", pcfg, "node-b.tether"}} {
+		path := filepath.Join(dir, c.name+".conf")
+		os.WriteFile(path, []byte(c.text), 0o600)
+		out, err := exec.Command("ssh", "-G", "-F", path, c.host).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ssh -G %s: %v\n%s", c.name, err, out)
+		}
+		g := string(out)
+		for _, want := range []string{"hostkeyalias " + c.host, "stricthostkeychecking true", "userknownhostsfile " + strings.ReplaceAll(known, " ", "\\ ")} {
+			if !strings.Contains(g, want) && !strings.Contains(g, strings.ReplaceAll(want, "\\ ", " ")) {
+				t.Errorf("ssh -G %s lacks %q:\n%s", c.name, want, g)
+			}
+		}
+		if c.name == "jump" && !strings.Contains(g, "proxyjump tether-jump") || c.name == "proxy" && !strings.Contains(g, "proxycommand /usr/bin/tether ssh-proxy") {
+			t.Errorf("ssh -G %s: no proxy:\n%s", c.name, g)
+		}
+	}
+}
+
+// noAudit records nothing (the gate's Auditor).
+type noAudit struct{}
+
+func (noAudit) Record(*protocol.AuditEvent) {}
+
+// sshFleet is a fleet of two agents whose coordinator vouches for its NATS
+// client and for an SSH key through a jump host, the policy granting both
+// ssh as the test's user.
+type sshFleet struct {
+	f       *fleettest.Fleet
+	dir     string
+	key     string // the private key file
+	natsURL string
+	vars    map[string]string
+}
+
+func startSSHFleet(t *testing.T) *sshFleet {
+	t.Helper()
+	for _, bin := range []string{"ssh", "ssh-keygen"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("no %s", bin)
+		}
+	}
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id_ed25519")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	pub, err := os.ReadFile(key + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, _, _, _, err := ssh.ParseAuthorizedKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := fmt.Sprintf(`version: 1
+identities:
+  nats:fleettest:
+    rules:
+      - nodes: "*"
+        operations: [ssh]
+        run_as: %[1]q
+      - nodes: "*"
+        operations: [nodes.list]
+  "ssh-key:%[2]s":
+    rules:
+      - nodes: "index=0"
+        operations: [ssh]
+        run_as: %[1]q
+`, me.Username, ssh.FingerprintSHA256(pk))
+	polFile := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(polFile, []byte(pol), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store, err := policy.NewStore(polFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := sshgate.LoadHostCA(filepath.Join(dir, "ca_key"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jmu sync.Mutex
+	var jumpAddr, jumpKey string
+	f := fleettest.Start(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
+		c.Policy = store
+		c.SSH.HostCA = ca
+		c.SSH.Jump = func() (string, string) { jmu.Lock(); defer jmu.Unlock(); return jumpAddr, jumpKey }
+	}})
+	gate, err := sshgate.New(sshgate.Config{StateDir: filepath.Join(dir, "gate"), HostCA: ca, AuthorizedKeysFile: key + ".pub",
+		Nodes: f.Coordinator.SSHNodes(), Policy: store, Auditor: noAudit{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); gate.Serve(ln) }()
+	t.Cleanup(func() { gate.Close(); <-served })
+	jmu.Lock()
+	jumpAddr = ln.Addr().String()
+	jumpKey = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(gate.HostKey())))
+	jmu.Unlock()
+	return &sshFleet{f: f, dir: dir, key: key, natsURL: f.NATS.ClientURL(),
+		vars: map[string]string{"XDG_CONFIG_HOME": filepath.Join(dir, "config")}}
+}
+
+// config runs tether ssh-config with args and writes its output to a file.
+func (s *sshFleet) config(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	args = append([]string{"ssh-config", "--nats-url", s.natsURL, "--nats-creds", s.f.CredsFile}, args...)
+	r := runCLI(testCtx(t), s.vars, "", args...)
+	if r.code != 0 {
+		t.Fatalf("ssh-config: exit %d: %s", r.code, r.stderr)
+	}
+	path := filepath.Join(s.dir, name)
+	if err := os.WriteFile(path, []byte(r.stdout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// ssh runs the OpenSSH client with the config file and args, stdin given,
+// and returns its stdout, stderr and exit code.
+func runSSH(t *testing.T, config, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*defaultTestTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ssh", append([]string{"-F", config, "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Env = append(os.Environ(), cliMainEnv+"=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("ssh: %v", err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// TestSSHThroughFleet: the real OpenSSH client reaches a node's own SSH
+// server through tether ssh-config's config, with ProxyJump through the
+// jump host (the key proved twice, host keys checked strictly against the
+// host CA) and with ProxyCommand tether ssh-proxy (the NATS identity):
+// a command's output and exit status, bash -s with the script on stdin,
+// and the policy's refusal of a node the key may not reach.
+func TestSSHThroughFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet and runs ssh")
+	}
+	s := startSSHFleet(t)
+	jump := s.config(t, "jump.conf", "--identity", s.key)
+	proxy := s.config(t, "proxy.conf", "--proxy-command")
+	text, _ := os.ReadFile(jump)
+	if !strings.Contains(string(text), "Host node-0.tether") || !strings.Contains(string(text), "Host node-1.tether") {
+		t.Fatalf("jump config lacks the nodes:\n%s", text)
+	}
+	for _, c := range []struct{ name, config string }{{"ProxyJump", jump}, {"ProxyCommand", proxy}} {
+		t.Run(c.name, func(t *testing.T) {
+			out, errOut, code := runSSH(t, c.config, "", "node-0.tether", "echo hello from $(hostname -s 2>/dev/null || echo node); exit 3")
+			if code != 3 || !strings.HasPrefix(out, "hello from") {
+				t.Fatalf("ssh: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+			out, errOut, code = runSSH(t, c.config, "set -e\nx=41\necho $((x+1))\nfalse\necho not reached\n", "node-0.tether", "bash -s")
+			if code != 1 || out != "42\n" {
+				t.Fatalf("bash -s: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+		})
+	}
+	// The key may ssh to index=0 only; NATS may ssh anywhere.
+	if _, errOut, code := runSSH(t, jump, "", "node-1.tether", "true"); code != 255 {
+		t.Errorf("ssh -J to node-1 with a key policy refuses there: exit %d, stderr %q", code, errOut)
+	}
+	if out, errOut, code := runSSH(t, proxy, "", "node-1.tether", "echo ok"); code != 0 || out != "ok\n" {
+		t.Errorf("ssh-proxy to node-1: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestSSHProxyRefusal: ssh-proxy exits 255 with the policy's message when
+// the caller may not ssh to the node, and 2 for a bad node name.
+func TestSSHProxyRefusal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	f := fleettest.Start(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+		path := filepath.Join(t.TempDir(), "policy.yaml")
+		os.WriteFile(path, []byte("version: 1\nidentities:\n  nats:fleettest:\n    rules:\n      - nodes: \"*\"\n        operations: [nodes.list]\n"), 0o600)
+		store, err := policy.NewStore(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Policy = store
+	}})
+	args := []string{"--nats-url", f.NATS.ClientURL(), "--nats-creds", f.CredsFile}
+	r := runCLI(testCtx(t), nil, "", append([]string{"ssh-proxy", "node-0.tether"}, args...)...)
+	if r.code != exitTether || !strings.Contains(r.stderr, "nats:fleettest") || !strings.Contains(r.stderr, "ssh") || !strings.Contains(r.stderr, "node-0") {
+		t.Errorf("refused ssh-proxy: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", append([]string{"ssh-proxy", "no/de"}, args...)...); r.code != exitUsage {
+		t.Errorf("bad node: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(testCtx(t), nil, "", append([]string{"forward", "--stdio", "node-0", "web", "8080"}, args...)...); r.code != exitUsage {
+		t.Errorf("forward --stdio with a local address: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestDevSSHKeys: tether dev takes the user's ~/.ssh/*.pub plain keys
+// (certificates and junk skipped, duplicates once) into the jump host's
+// authorized_keys, and its policy grants each ssh and forward as the dev
+// user; without a key it writes nothing and says how to make one; a policy
+// written before the keys is named in a note.
+func TestDevSSHKeys(t *testing.T) {
+	if _, err := exec.LookPath("ssh-keygen"); err != nil {
+		t.Skip("no ssh-keygen")
+	}
+	home := t.TempDir()
+	getenv := testGetenv(map[string]string{"HOME": home})
+	out := filepath.Join(t.TempDir(), "ssh", "authorized_keys")
+	ids, note, err := writeDevAuthorizedKeys(out, getenv)
+	if err != nil || ids != nil || !strings.Contains(note, "ssh-keygen -t ed25519") {
+		t.Fatalf("no keys: %v %q %v", ids, note, err)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("an authorized_keys file without keys was written")
+	}
+	os.MkdirAll(filepath.Join(home, ".ssh"), 0o700)
+	key := filepath.Join(home, ".ssh", "id_ed25519")
+	if b, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "me@host", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, b)
+	}
+	pub, _ := os.ReadFile(key + ".pub")
+	os.WriteFile(filepath.Join(home, ".ssh", "copy.pub"), pub, 0o600)
+	os.WriteFile(filepath.Join(home, ".ssh", "junk.pub"), []byte("not a key\n"), 0o600)
+	ids, note, err = writeDevAuthorizedKeys(out, getenv)
+	if err != nil || len(ids) != 1 || note != "" {
+		t.Fatalf("keys: %v %q %v", ids, note, err)
+	}
+	pk, _, _, _, _ := ssh.ParseAuthorizedKey(pub)
+	if want := "ssh-key:" + ssh.FingerprintSHA256(pk); ids[0] != want {
+		t.Errorf("identity %s, want %s", ids[0], want)
+	}
+	if b, err := os.ReadFile(out); err != nil || strings.TrimSpace(string(b)) != strings.TrimSpace(string(pub)) {
+		t.Errorf("authorized_keys = %q, %v; want %q", b, err, pub)
+	}
+	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("authorized_keys mode %v, %v", fi.Mode(), err)
+	}
+
+	data, err := devPolicy("nats:alice", "alice", ids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse("dev", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := policy.Node{ID: "n", Labels: map[string]string{"dev": "true"}}
+	kid := policy.Identity{Kind: policy.KindSSHKey, Name: strings.TrimPrefix(ids[0], "ssh-key:")}
+	for _, id := range []policy.Identity{kid, {Kind: policy.KindNATS, Name: "alice"}} {
+		gs, err := p.Grants(id, policy.OpSSH, node)
+		if err != nil || len(gs) != 1 || gs[0].RunAs != "alice" {
+			t.Errorf("%s ssh grants %+v, %v; want run_as alice", id, gs, err)
+		}
+		if _, err := p.Decide(id, policy.OpForward, node, policy.Object{Target: "openshell"}); err != nil {
+			t.Errorf("%s forward: %v", id, err)
+		}
+	}
+	if _, err := p.Decide(kid, policy.OpExec, node, policy.Object{}); err == nil {
+		t.Error("the key may exec over NATS")
+	}
+	dir := t.TempDir()
+	old, err := writeDevPolicy(dir, "nats:alice", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if note := devPolicySSHNote(old, ids); !strings.Contains(note, ids[0]) {
+		t.Errorf("note for a policy without the key: %q", note)
+	}
+	if note := devPolicySSHNote(filepath.Join(t.TempDir(), "none"), ids); note != "" {
+		t.Errorf("note without a policy file: %q", note)
+	}
+	fresh := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(fresh, data, 0o600)
+	if note := devPolicySSHNote(fresh, ids); note != "" {
+		t.Errorf("note for a policy granting the key: %q", note)
+	}
+}

@@ -1,0 +1,224 @@
+package sshgate
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+func authorizedLine(t testing.TB) string {
+	return string(ssh.MarshalAuthorizedKey(newSigner(t).PublicKey()))
+}
+
+func TestParseKeyFile(t *testing.T) {
+	k1, k2 := authorizedLine(t), authorizedLine(t)
+	ca := newSigner(t)
+	cert := certTemplate(newSigner(t).PublicKey(), "x")
+	if err := cert.SignCert(randReader, ca); err != nil {
+		t.Fatal(err)
+	}
+	certLine := string(ssh.MarshalAuthorizedKey(cert))
+
+	keys, err := parseKeyFile("ak", []byte("# comment\n\n  "+k1+"\r\n"+k2+k1), false)
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("two keys, one repeated: %d keys, %v", len(keys), err)
+	}
+	for _, tc := range []struct {
+		name, data string
+		ca         bool
+		want       []string // substrings of the error; nil: no error
+	}{
+		{"option refused", k1 + `from="10.0.0.0/8" ` + k2, false, []string{"ak:2: option \"from=\\\"10.0.0.0/8\\\"\" refused"}},
+		{"restrict refused", "restrict,no-pty " + k1, false, []string{"ak:1: option \"restrict\",\"no-pty\" refused"}},
+		{"cert-authority in authorized keys", "cert-authority " + k1, false, []string{"ak:1: option \"cert-authority\" refused"}},
+		{"cert-authority in a CA file", "cert-authority " + k1 + k2, true, nil},
+		{"certificate as a key", certLine, false, []string{"ak:1: a certificate in an authorized keys file"}},
+		{"certificate as a CA", certLine, true, []string{"ak:1: a certificate cannot be a user CA"}},
+		{"garbage, every line reported", "ssh-ed25519 AAAA\n" + k1 + "nonsense\n", false, []string{"ak:1: not an authorized key line", "ak:3: not an authorized key line"}},
+		{"empty", "# nothing\n", false, []string{"ak: no authorized key in the file"}},
+		{"empty CA file", "", true, []string{"ak: no user CA key in the file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseKeyFile("ak", []byte(tc.data), tc.ca)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+	if _, err := parseKeyFile("big", bytes.Repeat([]byte("#"), maxKeysFileSize+1), false); err == nil {
+		t.Error("an oversized file was read")
+	}
+}
+
+// TestReload: a key added to the file authenticates after Reload; a bad
+// file leaves the keys in force; a removed key gets no new channel on a
+// connection authenticated before.
+func TestReload(t *testing.T) {
+	e := newEnv(t)
+	akPath := filepath.Join(e.dir, "authorized_keys")
+	if c, err := e.dial(e.mallory.signer); err == nil {
+		c.Close()
+		t.Fatal("mallory authenticated before being added")
+	}
+	alice, err := e.dial(e.alice.signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	if err := os.WriteFile(akPath, []byte("bad line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.gate.Reload(); err == nil || !strings.Contains(err.Error(), akPath+":1:") {
+		t.Fatalf("Reload of a bad file: %v", err)
+	}
+	if c, err := e.dial(e.alice.signer); err != nil {
+		t.Fatalf("alice refused after a failed reload: %v", err)
+	} else {
+		c.Close()
+	}
+	if err := os.WriteFile(akPath, ssh.MarshalAuthorizedKey(e.mallory.signer.PublicKey()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.gate.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := e.dial(e.mallory.signer); err != nil {
+		t.Errorf("mallory refused after being added: %v", err)
+	} else {
+		c.Close()
+	}
+	_, err = openDirect(alice, "node-a", 22)
+	wantReject(t, err, ssh.Prohibited, "no longer an authorized key")
+}
+
+func TestLoadOrCreateKey(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sub", "key")
+	s1, err := loadOrCreateKey(path, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, %v; want mode 0600", st, err)
+	}
+	s2, err := loadOrCreateKey(path, "c")
+	if err != nil || !bytes.Equal(s1.PublicKey().Marshal(), s2.PublicKey().Marshal()) {
+		t.Fatalf("reloaded a different key (%v)", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
+		t.Errorf("temporary files left: %v", entries)
+	}
+	// Corrupt, too open, or of another type: an error naming the file,
+	// and the file left as it was.
+	corrupt := filepath.Join(dir, "corrupt")
+	os.WriteFile(corrupt, []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n"), 0o600)
+	if _, err := loadOrCreateKey(corrupt, "c"); err == nil || !strings.Contains(err.Error(), corrupt) || !strings.Contains(err.Error(), "corrupt") {
+		t.Errorf("corrupt key: %v", err)
+	}
+	if data, _ := os.ReadFile(corrupt); !bytes.Contains(data, []byte("AAAA")) {
+		t.Error("the corrupt file was overwritten")
+	}
+	open := filepath.Join(dir, "open")
+	data, _ := os.ReadFile(path)
+	os.WriteFile(open, data, 0o644)
+	os.Chmod(open, 0o644)
+	if _, err := loadOrCreateKey(open, "c"); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("group-readable key: %v", err)
+	}
+}
+
+func TestHostCA(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := LoadHostCA(filepath.Join(dir, "ca"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	ca.now = func() time.Time { return now }
+	hk := newSigner(t).PublicKey()
+	w1, err := ca.Certify("node-a", hk.Marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := ssh.ParsePublicKey(w1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := k.(*ssh.Certificate)
+	if cert.CertType != ssh.HostCert || !slices.Equal(cert.ValidPrincipals, []string{"node-a", "node-a.tether"}) || cert.KeyId != "tether-node:node-a" ||
+		cert.ValidAfter != uint64(now.Add(-5*time.Minute).Unix()) || cert.ValidBefore != uint64(now.Add(7*24*time.Hour).Unix()) ||
+		!bytes.Equal(cert.Key.Marshal(), hk.Marshal()) {
+		t.Errorf("certificate %+v", cert)
+	}
+	checker := ssh.CertChecker{
+		IsHostAuthority: func(auth ssh.PublicKey, _ string) bool { return bytes.Equal(auth.Marshal(), ca.PublicKey().Marshal()) },
+		Clock:           func() time.Time { return now },
+	}
+	if err := checker.CheckCert("node-a.tether", cert); err != nil {
+		t.Errorf("the certificate does not check: %v", err)
+	}
+	// Reused until half its life, renewed after; a new key gets a new one.
+	now = now.Add(3 * 24 * time.Hour)
+	if w2, _ := ca.Certify("node-a", hk.Marshal()); !bytes.Equal(w1, w2) {
+		t.Error("certificate not reused before its half-life")
+	}
+	now = now.Add(24 * time.Hour)
+	if w3, _ := ca.Certify("node-a", hk.Marshal()); bytes.Equal(w1, w3) {
+		t.Error("certificate not renewed past its half-life")
+	}
+	if w4, _ := ca.Certify("node-a", newSigner(t).PublicKey().Marshal()); bytes.Equal(w1, w4) {
+		t.Error("a new host key got the old certificate")
+	}
+	// Bad input.
+	if _, err := ca.Certify("../x", hk.Marshal()); err == nil {
+		t.Error("invalid node id certified")
+	}
+	if _, err := ca.Certify("node-b", []byte("junk")); err == nil || !strings.Contains(err.Error(), "node-b") {
+		t.Errorf("junk host key: %v", err)
+	}
+	if _, err := ca.Certify("node-b", w1); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("a certificate as a host key: %v", err)
+	}
+	// The same file gives the same CA; the line has the documented shape.
+	ca2, err := LoadHostCA(filepath.Join(dir, "ca"), time.Hour)
+	if err != nil || !bytes.Equal(ca2.PublicKey().Marshal(), ca.PublicKey().Marshal()) {
+		t.Fatalf("reloaded CA differs (%v)", err)
+	}
+	want := "@cert-authority *.tether " + authorizedKey(ca.PublicKey()) + " tether-host-ca"
+	if got := ca.KnownHostsLine(); got != want {
+		t.Errorf("KnownHostsLine = %q, want %q", got, want)
+	}
+	if got := ca.KnownHostsLineFor("node-a", "node-b"); !strings.HasPrefix(got, "@cert-authority node-a,node-b ssh-ed25519 ") {
+		t.Errorf("KnownHostsLineFor = %q", got)
+	}
+	if _, err := LoadHostCA(filepath.Join(dir, "ca3"), time.Minute); err == nil {
+		t.Error("a lifetime under the backdate was accepted")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	err := (&Config{MaxConnections: -1}).Validate()
+	for _, w := range []string{"StateDir", "AuthorizedKeysFile nor UserCAFiles", "Nodes", "Policy", "Auditor", "MaxConnections -1"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("Validate: %v, want it to name %s", err, w)
+		}
+	}
+}
