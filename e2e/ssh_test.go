@@ -160,16 +160,21 @@ func TestSSHEndToEnd(t *testing.T) {
 	a, b := hostAlias("node-a"), hostAlias("node-b")
 
 	t.Run("config names both nodes", func(t *testing.T) {
-		cfg, _ := os.ReadFile(s.alice.Config)
-		for _, want := range []string{"Host ", "tether", "UserKnownHostsFile"} {
-			if !bytes.Contains(cfg, []byte(want)) {
-				t.Errorf("tether ssh-config printed no %q:\n%s", want, cfg)
-			}
-		}
-		for _, h := range []string{a, b} {
-			r := s.alice.ssh(t, defaultTestTimeout, nil, "-G", h)
-			if r.Code != 0 || !strings.Contains(r.Stdout, "\nuser ") {
-				t.Errorf("ssh -G %s with the printed config: %v", h, r)
+		for _, c := range []*sshClient{s.alice, s.proxy} {
+			for _, h := range []string{a, b} {
+				r := c.ssh(t, defaultTestTimeout, nil, "-G", h)
+				if r.Code != 0 {
+					t.Fatalf("ssh -G %s with the %s config: %v", h, c.Name, r)
+				}
+				g := sshOptions(r.Stdout)
+				if g["hostkeyalias"] != h || g["user"] != s.login || g["proxyjump"] == "" && g["proxycommand"] == "" {
+					t.Errorf("%s config for %s: hostkeyalias %q, user %q, proxyjump %q, proxycommand %q; want the alias, %s, and a way in",
+						c.Name, h, g["hostkeyalias"], g["user"], g["proxyjump"], g["proxycommand"], s.login)
+				}
+				known, err := os.ReadFile(strings.Fields(g["userknownhostsfile"] + " ")[0])
+				if err != nil || !bytes.Contains(known, []byte("@cert-authority ")) {
+					t.Errorf("%s config for %s: known_hosts %q: %v, want an @cert-authority line in\n%s", c.Name, h, g["userknownhostsfile"], err, known)
+				}
 			}
 		}
 	})
@@ -564,6 +569,18 @@ func metricValue(t *testing.T, httpAddr, name string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// sshOptions parses ssh -G output: option name (lowercase) → value.
+func sshOptions(g string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(g, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if _, dup := out[k]; k != "" && !dup {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func containsStr(list []string, s string) bool {
