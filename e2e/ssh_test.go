@@ -208,6 +208,73 @@ func TestSSHEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("OpenSSH behaviours beyond bash -s", func(t *testing.T) {
+		// stdout and stderr stay apart; the exit status comes back.
+		r := s.alice.ssh(t, defaultTestTimeout, nil, a, "echo out; echo err >&2; exit 3")
+		if r.Code != 3 || r.Stdout != "out\n" || !strings.HasPrefix(r.Stderr, "err\n") {
+			t.Errorf("stdout, stderr and exit status: %v", r)
+		}
+		// env requests: LC_* is allowed, other names are dropped.
+		r = s.alice.ssh(t, defaultTestTimeout, nil, "-o", "SetEnv=LC_E2E=lc E2E_NOT_ALLOWED=no", a, `echo "[$LC_E2E][$E2E_NOT_ALLOWED]"`)
+		if r.Code != 0 || r.Stdout != "[lc][]\n" {
+			t.Errorf("SetEnv LC_E2E (allowed) and E2E_NOT_ALLOWED (not): %v", r)
+		}
+		// A command killed by a signal is not a success.
+		r = s.alice.ssh(t, defaultTestTimeout, nil, a, "kill -KILL $$")
+		if r.Code == 0 {
+			t.Errorf("a remote command killed by SIGKILL: %v, want a failure", r)
+		}
+		// Parallel sessions on one connection (NeMo Gym's master serves
+		// every command; tools run them side by side).
+		sock := filepath.Join(s.dir, "par-%C")
+		if m := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", a); m.Code != 0 {
+			t.Fatalf("master: %v", m)
+		}
+		defer s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlPath="+sock, "-O", "exit", a)
+		results := make(chan toolRun, 10)
+		for i := range 10 {
+			go func() {
+				results <- s.alice.ssh(t, defaultTestTimeout, strings.NewReader(fmt.Sprintf("head -c 100000 /dev/zero | wc -c; echo par-%d", i)),
+					"-o", "ControlMaster=no", "-o", "ControlPath="+sock, "-o", "ProxyCommand=false", a, "bash -s")
+			}()
+		}
+		for range 10 {
+			if r := <-results; r.Code != 0 || !regexp.MustCompile(`^100000\npar-\d\n$`).MatchString(r.Stdout) {
+				t.Errorf("one of 10 parallel sessions on one master: %v", r)
+			}
+		}
+		// scp, with the SFTP protocol (OpenSSH 9's default) and the
+		// legacy one (-O: an exec of scp -t on the node).
+		src := filepath.Join(s.dir, "scp-src")
+		blob := make([]byte, 300000)
+		for i := range blob {
+			blob[i] = byte(i * 7)
+		}
+		os.WriteFile(src, blob, 0o640)
+		for _, legacy := range []bool{false, true} {
+			dst := filepath.Join(s.dir, fmt.Sprintf("scp-dst-legacy-%v", legacy))
+			args := []string{"-F", s.alice.Config, "-p"}
+			if legacy {
+				args = append(args, "-O")
+			}
+			r := runTool(t, defaultTestTimeout, nil, s.alice.Env, "", "scp", append(args, src, a+":"+dst)...)
+			got, err := os.ReadFile(dst)
+			if r.Code != 0 || err != nil || !bytes.Equal(got, blob) {
+				t.Errorf("scp (legacy protocol %v) to %s: %v; copy %d bytes, %v", legacy, a, r, len(got), err)
+			}
+		}
+		// A login the policy does not grant, and a node nobody runs.
+		r = s.alice.ssh(t, defaultTestTimeout, nil, "nobody@"+a, "echo must-not-run")
+		if r.Code != 255 || r.Stdout != "" {
+			t.Errorf("login nobody on %s (not granted): want refused; %v", a, r)
+		}
+		t.Logf("login nobody: ssh says %q", r.Stderr)
+		r = s.alice.ssh(t, defaultTestTimeout, nil, hostAlias("node-z"), "echo must-not-run")
+		if r.Code != 255 || !strings.Contains(r.Stderr, "node-z") {
+			t.Errorf("a node nobody runs: want refused naming node-z; %v", r)
+		}
+	})
+
 	t.Run("20 commands through one ControlMaster", func(t *testing.T) {
 		sock := filepath.Join(s.dir, "cm-%C")
 		m := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes",
