@@ -67,7 +67,7 @@ func TestSSHBenchmark(t *testing.T) {
 
 	scenarios := []benchScenario{
 		{name: "20 × ssh true via one ControlMaster", unit: "s", lowerBetter: true, target: 1.2, run: func(t *testing.T, s benchSide, round int) float64 {
-			sock := filepath.Join(dir, fmt.Sprintf("cm-%s-%d", s.name, round))
+			sock := filepath.Join(dir, fmt.Sprintf("cm-%s-%d", s.tag(), round))
 			s.mustSSH(t, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", s.host)
 			defer s.run(t, nil, "-o", "ControlPath="+sock, "-O", "exit", s.host)
 			start := time.Now()
@@ -92,7 +92,7 @@ func TestSSHBenchmark(t *testing.T) {
 			return float64(bulkMiB) / time.Since(start).Seconds()
 		}},
 		{name: fmt.Sprintf("rsync -az of %d files", nfiles), unit: "files/s", lowerBetter: false, target: 0.9, run: func(t *testing.T, s benchSide, round int) float64 {
-			dst := filepath.Join(dir, fmt.Sprintf("rsync-%s-%d", s.name, round))
+			dst := filepath.Join(dir, fmt.Sprintf("rsync-%s-%d", s.tag(), round))
 			start := time.Now()
 			r := runTool(t, bulkTimeout, nil, s.env, "", "rsync", "-az", "--delete", "-e", "ssh -o ControlPath=none -F "+shellQuote(s.config), tree+"/", s.host+":"+dst)
 			el := time.Since(start).Seconds()
@@ -153,6 +153,9 @@ type benchSide struct {
 	name, config, host string
 	env                []string
 }
+
+// tag is the side's name as a file name part.
+func (s benchSide) tag() string { return strings.ReplaceAll(s.name, " ", "-") }
 
 func (s benchSide) run(t *testing.T, stdin io.Reader, args ...string) toolRun {
 	t.Helper()
