@@ -275,6 +275,34 @@ func TestSSHEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("the session's environment is sshd's", func(t *testing.T) {
+		// What sshd gives a command, and programs rely on: the login's
+		// HOME, USER, LOGNAME and SHELL, the home directory as the
+		// working directory (NeMo Gym's relative mkdir -p and rsync
+		// targets land there), and SSH_CONNECTION / SSH_CLIENT, by which
+		// Debian's bash decides to read ~/.bashrc for a command (the PATH
+		// of pyenv, conda or module setups) and scripts tell a remote
+		// session.
+		home, err := os.UserHomeDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := s.alice.ssh(t, defaultTestTimeout, nil, a, `printf '%s|%s|%s|%s|%s|%s|%s\n' "$HOME" "$USER" "$LOGNAME" "$(pwd)" "$SSH_CONNECTION" "$SSH_CLIENT" "$SHELL"`)
+		f := strings.Split(strings.TrimSuffix(r.Stdout, "\n"), "|")
+		if r.Code != 0 || len(f) != 7 {
+			t.Fatalf("environment probe: %v", r)
+		}
+		if f[0] != home || f[1] != s.login || f[2] != s.login || f[3] != home {
+			t.Errorf("HOME %q USER %q LOGNAME %q cwd %q; want %s, %s, %s and %s", f[0], f[1], f[2], f[3], home, s.login, s.login, home)
+		}
+		if len(strings.Fields(f[4])) != 4 || len(strings.Fields(f[5])) != 3 {
+			t.Errorf("SSH_CONNECTION %q, SSH_CLIENT %q: want sshd's four and three fields (client address and port, server address and port)", f[4], f[5])
+		}
+		if f[6] == "" {
+			t.Errorf("SHELL is empty")
+		}
+	})
+
 	t.Run("20 commands through one ControlMaster", func(t *testing.T) {
 		sock := filepath.Join(s.dir, "cm-%C")
 		m := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes",
