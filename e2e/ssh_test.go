@@ -566,6 +566,10 @@ func TestSSHEndToEnd(t *testing.T) {
 		runNeMoGymPython(t, s.alice, "node-a")
 	})
 
+	t.Run("NeMo Gym's SSHConnection in Python through ssh-proxy", func(t *testing.T) {
+		runNeMoGymPython(t, s.proxy, "node-b")
+	})
+
 	t.Run("through tether ssh-proxy as a ProxyCommand", func(t *testing.T) {
 		cfg, _ := os.ReadFile(s.proxy.Config)
 		if !bytes.Contains(cfg, []byte("ssh-proxy")) {
