@@ -602,6 +602,24 @@ func TestSSHEndToEnd(t *testing.T) {
 		}
 	})
 
+
+	t.Run("a restarted coordinator keeps its jump host key and host CA", func(t *testing.T) {
+		// The configs and known_hosts written before the restart still
+		// check both hops (StrictHostKeyChecking yes, from the config).
+		if err := s.coord.stop(t); err != nil {
+			t.Fatalf("coordinator exit after SIGTERM: %v", err)
+		}
+		s.coord = start(t, "coordinator-restarted", s.coordArgs...)
+		s.waitReady(t)
+		s.waitNodes(t, "node-a", "node-b")
+		for _, h := range []string{a, b} {
+			r := s.alice.ssh(t, defaultTestTimeout, nil, h, "echo after-restart")
+			if r.Code != 0 || r.Stdout != "after-restart\n" {
+				t.Errorf("%s after the coordinator restarted, with the config written before: %v", h, r)
+			}
+		}
+	})
+
 }
 
 // TestSSHNeMoGymPython lives in TestSSHEndToEnd (one fleet): see
