@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,6 +43,8 @@ type sshFleet struct {
 	alice, bob, mallory, expired, rogue, proxy *sshClient
 	aliceFP                                    string // alice's key fingerprint
 	nodeA                                      *proc
+	authorized                                 string // the jump host's --ssh-authorized-keys
+	keys                                       map[string]sshKey
 	nodeAArgs                                  []string // node-a's extra agent flags, its data dir among them
 }
 
@@ -68,6 +71,8 @@ func startSSHFleet(t *testing.T) *sshFleet {
 	signUserCert(t, rogueCA, rogue, "bob-rogue@e2e", []string{"bob"}, "-5m:+1h")
 
 	authorized := filepath.Join(s.dir, "authorized_keys")
+	s.authorized = authorized
+	s.keys = map[string]sshKey{"alice": alice, "mallory": mallory}
 	pub, _ := os.ReadFile(alice.Pub)
 	if err := os.WriteFile(authorized, pub, 0o600); err != nil {
 		t.Fatal(err)
@@ -602,7 +607,6 @@ func TestSSHEndToEnd(t *testing.T) {
 		}
 	})
 
-
 	t.Run("a restarted coordinator keeps its jump host key and host CA", func(t *testing.T) {
 		// The configs and known_hosts written before the restart still
 		// check both hops (StrictHostKeyChecking yes, from the config).
@@ -618,6 +622,50 @@ func TestSSHEndToEnd(t *testing.T) {
 				t.Errorf("%s after the coordinator restarted, with the config written before: %v", h, r)
 			}
 		}
+	})
+
+	t.Run("SIGHUP reloads the authorized keys", func(t *testing.T) {
+		authorize := func(names ...string) {
+			t.Helper()
+			var b []byte
+			for _, n := range names {
+				pub, _ := os.ReadFile(s.keys[n].Pub)
+				b = append(b, pub...)
+			}
+			if err := os.WriteFile(s.authorized+".tmp", b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			os.Rename(s.authorized+".tmp", s.authorized)
+			s.coord.cmd.Process.Signal(syscall.SIGHUP)
+		}
+		defer func() {
+			authorize("alice")
+			checkFor(t, defaultTestTimeout, func() error {
+				if r := s.alice.ssh(t, defaultTestTimeout, nil, a, "true"); r.Code != 0 {
+					return fmt.Errorf("alice after her key came back: %v", r)
+				}
+				return nil
+			})
+		}()
+		// mallory's key, once authorized, gets past the jump host's
+		// authentication to the policy, which names no such key.
+		authorize("alice", "mallory")
+		checkFor(t, defaultTestTimeout, func() error {
+			r := s.mallory.ssh(t, defaultTestTimeout, nil, a, "echo must-not-run")
+			if r.Code != 255 || r.Stdout != "" || strings.Contains(r.Stderr, "Permission denied") || !strings.Contains(r.Stderr, s.keys["mallory"].Fingerprint) {
+				return fmt.Errorf("mallory after her key was authorized: want the policy's refusal naming her key; %v", r)
+			}
+			return nil
+		})
+		// alice's key, removed, is refused.
+		authorize("mallory")
+		checkFor(t, defaultTestTimeout, func() error {
+			r := s.alice.ssh(t, defaultTestTimeout, nil, a, "echo must-not-run")
+			if r.Code != 255 || r.Stdout != "" || !strings.Contains(r.Stderr, "Permission denied") {
+				return fmt.Errorf("alice after her key was removed: want Permission denied; %v", r)
+			}
+			return nil
+		})
 	})
 
 }
