@@ -162,6 +162,7 @@ done
 
 func TestSSHEndToEnd(t *testing.T) {
 	s := startSSHFleet(t)
+	top := t // processes restarted in a subtest belong to the whole test
 	a, b := hostAlias("node-a"), hostAlias("node-b")
 
 	t.Run("config names both nodes", func(t *testing.T) {
@@ -599,7 +600,9 @@ func TestSSHEndToEnd(t *testing.T) {
 			t.Fatalf("node-a's agent exit after SIGTERM: %v", err)
 		}
 		s.waitNodes(t, "node-b")
-		s.nodeA = s.startAgentBin(t, *tetherBin, "node-a", "role=a", s.tokenFile, s.nodeAArgs...)
+		// Started under the whole test, not this subtest, so that it
+		// outlives the subtest for the ones after it.
+		s.nodeA = s.startAgentBin(top, *tetherBin, "node-a", "role=a", s.tokenFile, s.nodeAArgs...)
 		s.waitNodes(t, "node-a", "node-b")
 		r := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "UserKnownHostsFile="+learned, "-o", "StrictHostKeyChecking=yes", a, "echo same-key")
 		if r.Code != 0 || r.Stdout != "same-key\n" {
@@ -613,7 +616,7 @@ func TestSSHEndToEnd(t *testing.T) {
 		if err := s.coord.stop(t); err != nil {
 			t.Fatalf("coordinator exit after SIGTERM: %v", err)
 		}
-		s.coord = start(t, "coordinator-restarted", s.coordArgs...)
+		s.coord = start(top, "coordinator-restarted", s.coordArgs...) // outlives the subtest
 		s.waitReady(t)
 		s.waitNodes(t, "node-a", "node-b")
 		for _, h := range []string{a, b} {
