@@ -225,6 +225,22 @@ func TestSSHEndToEnd(t *testing.T) {
 		if r.Code != 0 || r.Stdout != "[lc][]\n" {
 			t.Errorf("SetEnv LC_E2E (allowed) and E2E_NOT_ALLOWED (not): %v", r)
 		}
+		// All the output arrives before the exit status ends the channel.
+		r = s.alice.ssh(t, defaultTestTimeout, nil, a, "head -c 5000000 /dev/zero; head -c 300000 /dev/zero >&2; exit 3")
+		if r.Code != 3 || len(r.Stdout) != 5000000 || len(r.Stderr) != 300000 {
+			t.Errorf("5 MB of stdout, 300 kB of stderr, then exit 3: got exit %d, %d and %d bytes", r.Code, len(r.Stdout), len(r.Stderr))
+		}
+		// OpenSSH's keepalives (ServerAliveInterval, a global request
+		// wanting a reply) are answered: the session outlives them.
+		r = s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=1", a, "sleep 4; echo alive")
+		if r.Code != 0 || r.Stdout != "alive\n" {
+			t.Errorf("a 4 s command with ServerAliveInterval=1 ServerAliveCountMax=1: %v", r)
+		}
+		// A remote forward (tcpip-forward) is refused, not hung on.
+		r = s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ExitOnForwardFailure=yes", "-R", "127.0.0.1:0:127.0.0.1:1", a, "echo must-not-run")
+		if r.Code != 255 || r.Stdout != "" || !strings.Contains(r.Stderr, "forwarding failed") {
+			t.Errorf("ssh -R with ExitOnForwardFailure: want refused; %v", r)
+		}
 		// A command killed by a signal is not a success.
 		r = s.alice.ssh(t, defaultTestTimeout, nil, a, "kill -KILL $$")
 		if r.Code == 0 {
