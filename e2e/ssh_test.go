@@ -37,15 +37,15 @@ type sshFleet struct {
 	// The identities: alice by key (authorized, every node, forward to
 	// echo), bob by certificate (principal bob: role=a nodes only),
 	// mallory by a key nobody authorized, expired by a certificate that
-	// expired, rogue by a certificate from a CA nobody trusts. proxy is
-	// alice's key through tether ssh-proxy (ProxyCommand) instead of the
-	// jump port.
+	// expired, rogue by a certificate from a CA nobody trusts. proxy
+	// reaches the nodes through tether ssh-proxy (ProxyCommand) instead of
+	// the jump port, as the NATS client nats:e2e, granted what alice is.
 	alice, bob, mallory, expired, rogue, proxy *sshClient
-	aliceFP                                    string // alice's key fingerprint
-	nodeA                                      *proc
-	authorized                                 string // the jump host's --ssh-authorized-keys
-	keys                                       map[string]sshKey
-	nodeAArgs                                  []string // node-a's extra agent flags, its data dir among them
+
+	keys       map[string]sshKey // alice's and mallory's keys, by name
+	authorized string            // the jump host's --ssh-authorized-keys
+	nodeA      *proc             // node-a's agent
+	nodeAArgs  []string          // node-a's extra agent flags, its data dir among them
 }
 
 // startSSHFleet starts the fleet, or skips the test when this tether has
@@ -111,7 +111,6 @@ func startSSHFleet(t *testing.T) *sshFleet {
 	s.startAgentBin(t, *tetherBin, "node-b", "role=b", s.tokenFile)
 	s.waitNodes(t, "node-a", "node-b")
 
-	s.aliceFP = alice.Fingerprint
 	s.alice = s.client(t, "alice", alice)
 	s.bob = s.client(t, "bob", bob)
 	s.mallory = s.client(t, "mallory", mallory)
@@ -555,7 +554,7 @@ func TestSSHEndToEnd(t *testing.T) {
 	t.Run("every SSH session is audited", func(t *testing.T) {
 		// The bash -s subtest ran "... exit 7" as alice; the policy
 		// subtest refused bob on node-b; sftp ran a subsystem.
-		alice := "ssh-key:" + s.aliceFP
+		alice := "ssh-key:" + s.keys["alice"].Fingerprint
 		checkFor(t, defaultTestTimeout, func() error {
 			evs, err := s.auditEvents(t, "--operation", "ssh")
 			if err != nil {
