@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -304,10 +305,11 @@ func TestSSHEndToEnd(t *testing.T) {
 		// Debian's bash decides to read ~/.bashrc for a command (the PATH
 		// of pyenv, conda or module setups) and scripts tell a remote
 		// session.
-		home, err := os.UserHomeDir()
+		u, err := user.Current()
 		if err != nil {
 			t.Fatal(err)
 		}
+		home := u.HomeDir // the passwd entry's, as sshd sets it
 		r := s.alice.ssh(t, defaultTestTimeout, nil, a, `printf '%s|%s|%s|%s|%s|%s|%s\n' "$HOME" "$USER" "$LOGNAME" "$(pwd)" "$SSH_CONNECTION" "$SSH_CLIENT" "$SHELL"`)
 		f := strings.Split(strings.TrimSuffix(r.Stdout, "\n"), "|")
 		if r.Code != 0 || len(f) != 7 {
