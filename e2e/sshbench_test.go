@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -51,13 +52,13 @@ func TestSSHBenchmark(t *testing.T) {
 	dir := t.TempDir()
 	key := newSSHKey(t, dir, "bench")
 	sshd := startSSHD(t, key)
-	jump, proxy := startBenchFleet(t, key)
+	jump, proxy, tetherPIDs := startBenchFleet(t, key)
 	sides := []benchSide{
-		{name: "sshd", env: nil, config: sshd.Config, host: sshd.Host},
-		{name: "tether", env: jump.Env, config: jump.Config, host: hostAlias("node-a")},
+		{name: "sshd", env: nil, config: sshd.Config, host: sshd.Host, servers: []int{sshd.PID}},
+		{name: "tether", env: jump.Env, config: jump.Config, host: hostAlias("node-a"), servers: tetherPIDs},
 	}
 	if os.Getenv("SSHBENCH_PROXY") != "0" {
-		sides = append(sides, benchSide{name: "tether ssh-proxy", env: proxy.Env, config: proxy.Config, host: hostAlias("node-a")})
+		sides = append(sides, benchSide{name: "tether ssh-proxy", env: proxy.Env, config: proxy.Config, host: hostAlias("node-a"), servers: tetherPIDs})
 	}
 
 	tree := filepath.Join(dir, "tree")
@@ -105,8 +106,10 @@ func TestSSHBenchmark(t *testing.T) {
 	}
 
 	results := make([][][]float64, len(scenarios)) // scenario → side → per-round values
+	cpu := make([][][]float64, len(scenarios))     // the same, CPU seconds of client and server
 	for i := range results {
 		results[i] = make([][]float64, len(sides))
+		cpu[i] = make([][]float64, len(sides))
 	}
 	for round := range rounds {
 		for i, sc := range scenarios {
@@ -114,7 +117,9 @@ func TestSSHBenchmark(t *testing.T) {
 			// runs first (or last) on a machine whose load drifts.
 			for k := range sides {
 				side := (k + round) % len(sides)
+				before := benchCPU(t, sides[side].servers)
 				results[i][side] = append(results[i][side], sc.run(t, sides[side], round))
+				cpu[i][side] = append(cpu[i][side], benchCPU(t, sides[side].servers)-before)
 			}
 		}
 		t.Logf("round %d of %d done", round+1, rounds)
@@ -124,9 +129,9 @@ func TestSSHBenchmark(t *testing.T) {
 	fmt.Fprintf(&out, "SSH benchmark: %d interleaved rounds, OpenSSH client %s, %d cores, load %s\n",
 		rounds, sshVersion(t), runtime.NumCPU(), loadAvg())
 	tw := tabwriter.NewWriter(&out, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tside\tmedian\tratio to sshd (median of rounds; each round)\ttarget\tmet")
+	fmt.Fprintln(tw, "scenario\tside\tmedian\tratio to sshd (median of rounds; each round)\ttarget\tmet\tCPU s (ratio)")
 	for i, sc := range scenarios {
-		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t\t\t\n", sc.name, sides[0].name, median(results[i][0]), sc.unit)
+		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t\t\t\t%.3g\n", sc.name, sides[0].name, median(results[i][0]), sc.unit, median(cpu[i][0]))
 		for side := 1; side < len(sides); side++ {
 			var ratios []float64
 			for r := range rounds {
@@ -139,11 +144,19 @@ func TestSSHBenchmark(t *testing.T) {
 			if !sc.lowerBetter {
 				met, cmp = ratio >= sc.target, ">="
 			}
-			fmt.Fprintf(tw, "\t%s\t%.4g %s\t%.3fx (%s)\t%s %.1fx\t%s\n", sides[side].name,
-				median(results[i][side]), sc.unit, ratio, fmtRatios(ratios), cmp, sc.target, yesNo(met))
+			var cpuRatios []float64
+			for r := range rounds {
+				cpuRatios = append(cpuRatios, cpu[i][side][r]/cpu[i][0][r])
+			}
+			fmt.Fprintf(tw, "\t%s\t%.4g %s\t%.3fx (%s)\t%s %.1fx\t%s\t%.3g (%.2fx)\n", sides[side].name,
+				median(results[i][side]), sc.unit, ratio, fmtRatios(ratios), cmp, sc.target, yesNo(met),
+				median(cpu[i][side]), median(cpuRatios))
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(&out, "CPU s: user+system seconds of the clients (ssh, rsync and their children) and the servers (sshd and its")
+	fmt.Fprintln(&out, "connections; the coordinator, the agent and its children), median of rounds; a ControlPersist master")
+	fmt.Fprintln(&out, "detaches, so its own CPU is not counted on either side. Under load the CPU ratio is the steadier one.")
 	fmt.Print(out.String()) // make bench-ssh runs with -v: stdout shows as it comes
 }
 
@@ -151,6 +164,7 @@ func TestSSHBenchmark(t *testing.T) {
 type benchSide struct {
 	name, config, host string
 	env                []string
+	servers            []int // the server processes whose CPU counts (with their reaped children)
 }
 
 // tag is the side's name as a file name part.
@@ -179,7 +193,7 @@ type benchScenario struct {
 // startBenchFleet is a coordinator with its jump host trusting key, and
 // one agent node-a, and returns the ways in that tether ssh-config prints:
 // through the jump host, and through tether ssh-proxy.
-func startBenchFleet(t *testing.T, key sshKey) (jump, proxy *sshClient) {
+func startBenchFleet(t *testing.T, key sshKey) (jump, proxy *sshClient, pids []int) {
 	t.Helper()
 	dir := t.TempDir()
 	login := currentUser(t)
@@ -192,11 +206,41 @@ func startBenchFleet(t *testing.T, key sshKey) (jump, proxy *sshClient) {
 	os.WriteFile(policy, []byte(pol), 0o600)
 	jumpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	f := startFleetArgs(t, policy, "--ssh-addr", jumpAddr, "--ssh-authorized-keys", authorized)
-	f.startAgentBin(t, *tetherBin, "node-a", "role=a", f.tokenFile)
+	agent := f.startAgentBin(t, *tetherBin, "node-a", "role=a", f.tokenFile)
 	f.waitNodes(t, "node-a")
 	s := &sshFleet{fleet: f, dir: dir, login: login, jumpAddr: jumpAddr}
-	return s.client(t, "bench", key), s.client(t, "bench-proxy", key, "--proxy-command")
+	return s.client(t, "bench", key), s.client(t, "bench-proxy", key, "--proxy-command"),
+		[]int{f.coord.cmd.Process.Pid, agent.cmd.Process.Pid}
 }
+
+// benchCPU is the user+system CPU, in seconds, of this process's waited-for
+// children (the clients each scenario ran) and of the server processes
+// with their waited-for children (/proc/PID/stat utime, stime, cutime,
+// cstime).
+func benchCPU(t *testing.T, servers []int) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+		t.Fatalf("getrusage: %v", err)
+	}
+	total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	for _, pid := range servers {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("server process %d: %v", pid, err)
+		}
+		// Fields after the command's closing parenthesis: state is the
+		// 3rd field of the line, utime..cstime the 14th to 17th.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		for _, v := range f[11:15] {
+			ticks, _ := strconv.ParseFloat(v, 64)
+			total += ticks / clockTicks
+		}
+	}
+	return total
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat times (100 on Linux).
+const clockTicks = 100
 
 // repeatReader yields block over and over, left bytes in all.
 type repeatReader struct {

@@ -373,6 +373,7 @@ func echoOnce(addr, line string, d time.Duration) (string, error) {
 // its own host key and authorized_keys, and a client config to reach it as
 // Host "sshd-bench".
 type sshdServer struct {
+	PID    int // the listening sshd, which reaps every connection's processes
 	Port   int
 	Config string // the client config file (ssh -F) for Host sshd-bench
 	Host   string // "sshd-bench"
@@ -446,7 +447,7 @@ func startSSHD(t testing.TB, client sshKey) *sshdServer {
 	known := filepath.Join(dir, "known_hosts")
 	hostPub, _ := os.ReadFile(host.Pub)
 	os.WriteFile(known, []byte(fmt.Sprintf("[127.0.0.1]:%d %s", port, hostPub)), 0o600)
-	s := &sshdServer{Port: port, Config: filepath.Join(dir, "ssh_config"), Host: "sshd-bench"}
+	s := &sshdServer{PID: cmd.Process.Pid, Port: port, Config: filepath.Join(dir, "ssh_config"), Host: "sshd-bench"}
 	client_ := strings.Join([]string{
 		"Host sshd-bench",
 		"  HostName 127.0.0.1",
