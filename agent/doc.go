@@ -111,6 +111,20 @@
 // session watcher in serveStreams and context.AfterFunc callbacks (no logic
 // of their own), and the goroutines of the tunnel and mirror packages.
 //
+// SSH (ssh.go, package sshd). Ssh streams (KindSSH) carry an SSH
+// connection to the agent's own SSH server, which listens on no socket.
+// Its host key is Config.SSHHostKeyFile (created on first start, listed in
+// Hello.SSHHostKey with FeatureSSH). The coordinator vouches for the caller
+// in protocol.SSHParams; a login must be one of its Logins and pass runAs
+// ("exec" for commands and sftp, "shell" for shells), and each channel runs
+// as that account exactly as an exec does (credential, reduced
+// environment, home directory, its own process group, killed when the
+// channel or connection closes). Each channel's end is reported as a
+// FrameSSHChannel on the control stream, whose writers (heartbeats,
+// renewals, these events) share one lock (writeControl). The sftp
+// subsystem runs in a helper process of the agent's binary with the
+// login's credentials, as copies do (copyas.go).
+//
 // The agent must not import the coordinator package, nats.go or nats-server:
 // it speaks to the fleet only through the tunnel.
 //

@@ -369,7 +369,7 @@ func TestExecErrors(t *testing.T) {
 		{"not executable", protocol.KindExec, protocol.ExecParams{Argv: []string{"/etc/passwd"}}, protocol.CodeNotExecutable, []string{"node-a", "/etc/passwd"}},
 		{"missing interpreter", protocol.KindExec, protocol.ExecParams{Argv: []string{badInterpreter}}, protocol.CodeNotExecutable, []string{"node-a", badInterpreter}},
 		{"cwd missing", protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Cwd: "/nonexistent/dir"}, protocol.CodeStartFailed, []string{"node-a", "/nonexistent/dir"}},
-		{"reserved kind", protocol.KindSSH, struct{}{}, protocol.CodeUnsupported, []string{"node-a", "ssh"}},
+		{"ssh without params", protocol.KindSSH, struct{}{}, protocol.CodeBadRequest, []string{"node-a", "ssh stream params", "logins is empty"}},
 		{"control kind from the coordinator", protocol.KindControl, protocol.ControlParams{}, protocol.CodeUnsupported, []string{"control"}},
 		{"undefined kind", protocol.Kind(99), struct{}{}, protocol.CodeUnsupported, []string{"99"}},
 	}

@@ -226,7 +226,7 @@ func (e *execStream) finish(t *testing.T) {
 const testWait = time.Minute
 
 // waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

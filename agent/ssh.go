@@ -123,6 +123,7 @@ func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		KillGrace:        a.cfg.KillGrace,
 		Log:              log,
 		NodeID:           a.cfg.NodeID,
+		Guard:            a.guard,
 	})
 }
 
@@ -143,9 +144,15 @@ func (a *Agent) sshLogin(login string) (*sshd.Login, error) {
 		acct = acctS
 	}
 	home := a.baseDir(acct)
+	// A login's environment, as sshd's is, never the daemon's own: even
+	// for the agent's own account only PATH, LANG, LC_* and TZ of the
+	// agent's environment pass, then HOME, USER, LOGNAME and SHELL (as
+	// for any other account; see procEnv).
+	reduced := *acct
+	reduced.self = false
 	l := &sshd.Login{
 		Name: acct.Name, UID: acct.UID, GID: acct.GID, Credential: acct.credential(), Self: acct.self,
-		Home: home, Shell: acct.shellPath(), Env: a.procEnv(acct, nil, home),
+		Home: home, Shell: acct.shellPath(), Env: a.procEnv(&reduced, nil, home),
 	}
 	if errE != nil {
 		l.ExecErr = errors.New(errE.Message)

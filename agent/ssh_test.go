@@ -25,6 +25,7 @@ import (
 	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -35,12 +36,18 @@ type sshFixture struct {
 	user    string
 	key     ssh.Signer
 	hostKey ssh.Signer
+	priv    ed25519.PrivateKey // key's private half
 	mu      sync.Mutex
 	events  []*protocol.SSHChannelEvent
 	evc     chan *protocol.SSHChannelEvent
 }
 
 func newSigner(t testing.TB) ssh.Signer {
+	s, _ := newKey(t)
+	return s
+}
+
+func newKey(t testing.TB) (ssh.Signer, ed25519.PrivateKey) {
 	t.Helper()
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -50,7 +57,7 @@ func newSigner(t testing.TB) ssh.Signer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return s, priv
 }
 
 func newSSHFixture(t testing.TB, mutate func(*Config)) *sshFixture {
@@ -59,7 +66,8 @@ func newSSHFixture(t testing.TB, mutate func(*Config)) *sshFixture {
 	if err != nil {
 		t.Skipf("no current user: %v", err)
 	}
-	f := &sshFixture{user: me.Username, key: newSigner(t), evc: make(chan *protocol.SSHChannelEvent, 1024)}
+	key, priv := newKey(t)
+	f := &sshFixture{user: me.Username, key: key, priv: priv, evc: make(chan *protocol.SSHChannelEvent, 1024)}
 	f.h = newHarnessWith(t, mutate, func(a *Agent) {
 		a.testHook = func(point string, v any) {
 			if point == "ssh-event" {
@@ -98,36 +106,50 @@ func (f *sshFixture) params(mutate func(*protocol.SSHParams)) *protocol.SSHParam
 // stream (after FrameDialOK) or the error frame.
 func (f *sshFixture) open(t testing.TB, p *protocol.SSHParams) (*yamux.Stream, *protocol.ErrorInfo) {
 	t.Helper()
+	st, info, err := f.openStream(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != nil {
+		t.Cleanup(func() { st.Close() })
+	}
+	return st, info
+}
+
+// openStream is open without a testing.TB, for goroutines.
+func (f *sshFixture) openStream(p *protocol.SSHParams) (*yamux.Stream, *protocol.ErrorInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
 	st, err := f.h.srv.Open(ctx, protocol.KindSSH, p)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	t.Cleanup(func() { st.Close() })
 	// The answer frame, read byte-exactly: SSH follows it.
 	var hdr [5]byte
 	st.SetReadDeadline(time.Now().Add(testWait))
 	if _, err := io.ReadFull(st, hdr[:]); err != nil {
-		t.Fatalf("read the answer to the ssh stream: %v", err)
+		st.Close()
+		return nil, nil, fmt.Errorf("read the answer to the ssh stream: %w", err)
 	}
 	payload := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
 	if _, err := io.ReadFull(st, payload); err != nil {
-		t.Fatal(err)
+		st.Close()
+		return nil, nil, err
 	}
 	st.SetReadDeadline(time.Time{})
 	switch protocol.FrameType(hdr[0]) {
 	case protocol.FrameDialOK:
-		return st, nil
+		return st, nil, nil
 	case protocol.FrameError:
+		st.Close()
 		info := &protocol.ErrorInfo{}
 		if err := protocol.DecodeJSON(payload, info); err != nil {
-			t.Fatal(err)
+			return nil, nil, err
 		}
-		return nil, info
+		return nil, info, nil
 	default:
-		t.Fatalf("answer %s frame, want dial-ok or error", protocol.FrameType(hdr[0]))
-		return nil, nil
+		st.Close()
+		return nil, nil, fmt.Errorf("answer %s frame, want dial-ok or error", protocol.FrameType(hdr[0]))
 	}
 }
 
@@ -239,7 +261,7 @@ func TestSSHExecScriptOnStdinLastStatusCounts(t *testing.T) {
 func TestSSHExecRunsInHomeThroughLoginShell(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
-	out, err := run(t, c, `echo "$PWD|$HOME|$USER|$SHELL|$0"`, "")
+	out, err := run(t, c, `echo "$PWD|$HOME|$USER|$SHELL|$0"; set -- $SSH_CONNECTION; echo $#; set -- $SSH_CLIENT; echo $#`, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +270,7 @@ func TestSSHExecRunsInHomeThroughLoginShell(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := f.h.a.baseDir(acct)
-	if want := home + "|" + acct.home + "|" + f.user + "|" + acct.shellPath() + "|" + acct.shellPath() + "\n"; out != want {
+	if want := home + "|" + acct.home + "|" + f.user + "|" + acct.shellPath() + "|" + acct.shellPath() + "\n4\n3\n"; out != want {
 		t.Errorf("environment %q, want %q", out, want)
 	}
 }
@@ -302,7 +324,7 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in, _ := s.StdinPipe()
 	out, _ := s.StdoutPipe()
-	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; ls -l /proc/self/fd/0`); err != nil {
+	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; [ "$SSH_TTY" = "$(tty)" ] && echo TTY-OK`); err != nil {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
@@ -325,6 +347,7 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in.Write([]byte("\n"))
 	readUntil("50 120")
+	readUntil("TTY-OK")
 	if err := s.Wait(); err != nil {
 		t.Errorf("wait: %v (output %q)", err, got.String())
 	}
@@ -565,11 +588,15 @@ func TestSSHDirectTCPIP(t *testing.T) {
 			t.Errorf("forward to %s: %v, want the reason", dest, err)
 		}
 	}
-	ev := f.event(t, "forward", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditOK })
+	ev := f.event(t, "forward", func(e *protocol.SSHChannelEvent) bool {
+		return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditOK
+	})
 	if ev.Target != "web" || ev.BytesIn != 4 || ev.BytesOut != 4 {
 		t.Errorf("forward event %+v", ev)
 	}
-	f.event(t, "refused forward", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditRefused })
+	f.event(t, "refused forward", func(e *protocol.SSHChannelEvent) bool {
+		return e.Type == protocol.SSHChannelForward && e.Result == protocol.AuditRefused
+	})
 }
 
 func TestSSHSFTPSubsystem(t *testing.T) {
@@ -699,5 +726,160 @@ func TestSSHEventOnControlStream(t *testing.T) {
 	}
 	if ev.ExitStatus == nil || *ev.ExitStatus != 3 || ev.Channel != 1 || ev.Type != protocol.SSHChannelExec || ev.End.Before(ev.Start) {
 		t.Errorf("event %+v", ev)
+	}
+}
+
+// An event fits a control frame whatever the client sets.
+func TestSSHEventFitsAControlFrame(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 200 {
+		if err := s.Setenv(fmt.Sprintf("LC_%03d_%s", i, strings.Repeat("x", 200)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Run(strings.Repeat("true ", 1000)); err != nil {
+		t.Fatal(err)
+	}
+	ev := f.event(t, "of the exec", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	b, err := protocol.MarshalJSON(ev)
+	if err != nil || len(b) > protocol.MaxControlFrameSize {
+		t.Errorf("event of %d bytes (%v), over %d", len(b), err, protocol.MaxControlFrameSize)
+	}
+	if n := len(ev.Command.EnvKeys); n != 17 || ev.Command.EnvKeys[16] != "(184 more)" {
+		t.Errorf("env keys %d, last %q", n, ev.Command.EnvKeys[n-1])
+	}
+}
+
+// A host certificate of the agent's key is offered; one of another key is
+// not (the plain key still is).
+func TestSSHHostCertificateOfferedOnlyWhenItCertifiesTheHostKey(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	ca := newSigner(t)
+	certify := func(key ssh.PublicKey) []byte {
+		c := &ssh.Certificate{Key: key, CertType: ssh.HostCert, ValidPrincipals: []string{"node-a", sshHost}, ValidBefore: ssh.CertTimeInfinity}
+		if err := c.SignCert(rand.Reader, ca); err != nil {
+			t.Fatal(err)
+		}
+		return c.Marshal()
+	}
+	checker := &ssh.CertChecker{IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
+		return bytes.Equal(auth.Marshal(), ca.PublicKey().Marshal())
+	}}
+	certOnly := func() *ssh.ClientConfig {
+		cc := f.clientConfig()
+		cc.HostKeyAlgorithms = []string{ssh.CertAlgoED25519v01}
+		cc.HostKeyCallback = checker.CheckHostKey
+		return cc
+	}
+	p := f.params(func(p *protocol.SSHParams) { p.HostCertificate = certify(f.hostKey.PublicKey()) })
+	if _, err := f.dial(t, p, certOnly()); err != nil {
+		t.Fatalf("host certificate of the host key: %v", err)
+	}
+	p = f.params(func(p *protocol.SSHParams) { p.HostCertificate = certify(newSigner(t).PublicKey()) })
+	if _, err := f.dial(t, p, certOnly()); err == nil {
+		t.Error("a certificate of another key was offered")
+	}
+	if _, err := f.dial(t, p, f.clientConfig()); err != nil {
+		t.Errorf("plain host key beside a refused certificate: %v", err)
+	}
+}
+
+// A process that left the channel's process group (setsid) but holds its
+// output does not keep the channel open once the client closed it.
+func TestSSHChannelCloseAbandonsOutputHeldOutsideTheGroup(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := s.StdoutPipe()
+	// The pid comes from the detached process itself, once it is out of
+	// the group; the leader waits, so the close kills it.
+	if err := s.Start("setsid sh -c 'echo $$; exec sleep 1000' & wait"); err != nil {
+		t.Fatal(err)
+	}
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) == 0 || line[len(line)-1] != '\n' {
+		if _, err := out.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		line = append(line, b[0])
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(line)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	s.Close()
+	ev := f.event(t, "of the closed channel", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || ev.ExitSignal == "" {
+		t.Errorf("event %+v: want the killed leader's signal", ev)
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Errorf("the detached process %d is gone (%v): the test proved nothing", pid, err)
+	}
+	// The connection still serves.
+	if out, err := run(t, c, "echo still", ""); err != nil || out != "still\n" {
+		t.Errorf("after the abandoned channel: %q %v", out, err)
+	}
+}
+
+// The local policy decides per request: here commands but no shells, and
+// no forwarding.
+func TestSSHLocalPolicyPerRequest(t *testing.T) {
+	me, err := user.Current()
+	if err != nil {
+		t.Skip(err)
+	}
+	lp, err := localpolicy.Parse("/etc/tether/local-policy.yaml", []byte(fmt.Sprintf(
+		"version: 1\nusers:\n  - name: %s\nexec: true\nshell: false\nforward: false\n", me.Username)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newSSHFixture(t, func(c *Config) {
+		c.LocalPolicy = lp
+		c.Targets = map[string]string{"web": "127.0.0.1:1"}
+	})
+	c, err := f.dial(t, f.params(func(p *protocol.SSHParams) { p.Targets = []string{"web"} }), f.clientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, c, "echo ok", ""); err != nil || out != "ok\n" {
+		t.Errorf("exec allowed by the local policy: %q %v", out, err)
+	}
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Shell(); err == nil {
+		t.Error("shell started although the local policy says shell: false")
+	}
+	s.Close()
+	ev := f.event(t, "of the refused shell", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelShell })
+	if ev.Result != protocol.AuditRefused || !strings.Contains(ev.Error, "local-policy.yaml") {
+		t.Errorf("shell event %+v", ev)
+	}
+	if conn, err := c.Dial("tcp", "web:1"); err == nil {
+		conn.Close()
+		t.Error("forward allowed although the local policy says forward: false")
+	}
+}
+
+// An SSH login's environment is a login's, not the agent's.
+func TestSSHLoginEnvironmentIsNotTheAgents(t *testing.T) {
+	t.Setenv("TETHER_TEST_AGENT_ONLY", "leaked")
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	out, err := run(t, c, `echo "${TETHER_TEST_AGENT_ONLY-unset} ${PATH:+path}"`, "")
+	if err != nil || out != "unset path\n" {
+		t.Errorf("environment: %q %v, want the agent's variable unset and PATH set", out, err)
 	}
 }

@@ -422,7 +422,8 @@ func (r *relay) recordAudit() {
 		ev.RunAs = protocol.ClipUTF8(strings.Join(p.Logins, ", "), protocol.MaxAuditProgramLen)
 	}
 	// The agent's last word decides (a copy's: the receiver's, which may
-	// be the client); without one (a dial), how the pipe ended. A client
+	// be the client; a dial's or ssh stream's first frame, its refusal);
+	// without one (a dial that connected), how the pipe ended. A client
 	// closing its end after the exit frame or the copy's FrameCopyDone is
 	// done, not failed.
 	var pe *panics.Error

@@ -311,7 +311,7 @@ func (r *relay) run() {
 	if r.ssh != nil {
 		// The agent's channel events of this connection are audited under
 		// the caller's identity (ssh.go).
-		rec := &sshSession{node: r.n.id}
+		rec := &sshSession{node: r.n.id, start: time.Now()}
 		if id, ok := caller.Of(r.req); ok {
 			rec.identity, rec.key, rec.account = id.String(), id.Key, id.Account
 		}
@@ -602,7 +602,9 @@ func (r *relay) noteCopy(f *frameCursor, fromAgent bool) {
 // CancelGrace) and ends the client's side there (endShutdown).
 func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
-	out := &frameCursor{w: p, keep: !rawKind(r.kind), copy: r.kind == protocol.KindCopy}
+	// A dial or ssh stream's first frame (dial-ok, or the agent's error)
+	// is kept too; what follows it is raw bytes, not frames.
+	out := &frameCursor{w: p, keep: true, rawAfterFirst: rawKind(r.kind), copy: r.kind == protocol.KindCopy}
 	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends(); r.noteCopy(out, true) }()
 	var graceEnd time.Time // set once the stop found a frame under way
 loop:
@@ -798,6 +800,10 @@ type frameCursor struct {
 	left uint64  // payload bytes of the current frame still to come
 
 	keep bool
+	// rawAfterFirst: only the first frame is a frame (a dial or ssh
+	// stream's dial-ok or error); the bytes after it are counted only.
+	rawAfterFirst bool
+	frames        int // whole frames seen
 	// copy, for a copy stream's cursors, has them note the frames that
 	// end a copy (either side may be the receiver): FrameCopyDone, and
 	// the FrameCopySkip frames that make it partial.
@@ -827,6 +833,9 @@ func (f *frameCursor) Write(b []byte) (int, error) {
 
 func (f *frameCursor) advance(b []byte) {
 	for len(b) > 0 {
+		if f.rawAfterFirst && f.frames > 0 {
+			return
+		}
 		if f.left > 0 {
 			k := min(uint64(len(b)), f.left)
 			if f.cur != nil && len(f.cur)+int(k) <= maxKeptFrame {
@@ -870,8 +879,10 @@ func (f *frameCursor) advance(b []byte) {
 	}
 }
 
-// endFrame keeps a whole exit or error frame.
+// endFrame counts a whole frame and keeps it if it is an exit or error
+// frame.
 func (f *frameCursor) endFrame() {
+	f.frames++
 	if f.cur != nil {
 		f.lastTyp, f.last, f.cur = f.typ, f.cur, nil
 	}

@@ -81,6 +81,7 @@ const (
 type sshSession struct {
 	identity, key, account string // the caller, as the audit log names it
 	node                   string
+	start                  time.Time // when the stream was opened
 	// expires is zero while the stream is open, then the end of its grace.
 	expires time.Time
 }
@@ -217,7 +218,7 @@ func (c *Coordinator) openSSH(ctx context.Context, id string, params *protocol.S
 	if closing {
 		return nil, c.unavailable()
 	}
-	rec.node = n.id
+	rec.node, rec.start = n.id, time.Now()
 	if err := c.ssh.add(params.Session, rec); err != nil {
 		return nil, fmt.Errorf("open ssh stream to node %s: %w", n.id, err)
 	}
@@ -449,8 +450,12 @@ func sshAuditEvent(node string, rec *sshSession, ev *protocol.SSHChannelEvent) *
 		code := *ev.ExitStatus
 		out.ExitCode = &code
 	}
+	// The agent's clock bounds its channel; without a start (a login that
+	// never happened), the connection's time on the coordinator's.
 	if d := ev.End.Sub(ev.Start); !ev.Start.IsZero() && d > 0 {
 		out.DurationMS = float64(d) / float64(time.Millisecond)
+	} else if ev.Start.IsZero() && !rec.start.IsZero() {
+		out.DurationMS = float64(time.Since(rec.start)) / float64(time.Millisecond)
 	}
 	if ev.Result == protocol.AuditRefused {
 		out.Reason = protocol.AuditReasonLocalPolicy

@@ -152,6 +152,11 @@ identities:
       - nodes: "*"
         operations: [nodes.list, forward]
         targets: [openshell]
+  nats:carol:
+    rules:
+      - nodes: "*"
+        operations: [ssh]
+        run_as: refuse
 `
 
 // readDialOK reads the agent's first frame off a pipe and fails unless it
@@ -381,6 +386,31 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 		if ev["method"] == "shell" || ev["identity"] == "nats:mallory" {
 			t.Errorf("a dropped event was audited: %v", ev)
 		}
+	}
+	// The ssh stream itself is the connection's event: alice's is open;
+	// carol's, which the agent refused (its local policy allows none of
+	// her logins), is refused by the local policy.
+	e, p = streamAs(t, h.as("carol"), "n-a", protocol.KindSSH, nil)
+	if e != nil {
+		t.Fatal(e)
+	}
+	if f, err := protocol.NewFrameReader(p).Next(); err != nil || f.Type != protocol.FrameError {
+		t.Fatalf("carol's first frame: %v %v, want the agent's error", f.Type, err)
+	}
+	p.Close() // as client.SSH does on a refusal
+	var refused map[string]any
+	checkFor(t, defaultTestTimeout, func() error {
+		for _, ev := range auditLines(t, logs) {
+			if ev["operation"] == "ssh" && ev["method"] == "connect" && ev["identity"] == "nats:carol" {
+				refused = ev
+				return nil
+			}
+		}
+		return errors.New("no connect event for carol")
+	})
+	if refused["result"] != protocol.AuditRefused || refused["reason"] != protocol.AuditReasonLocalPolicy || refused["run_as"] != "refuse" ||
+		refused["nodes"] != "n-a" || refused["session"] == nil || !strings.Contains(fmt.Sprint(refused["error"]), "local policy") {
+		t.Errorf("carol's connect event: %v", refused)
 	}
 	if _, ok := h.c.SSHNodes().Node("n-b"); !ok {
 		t.Error("n-b's session ended over a dropped event")

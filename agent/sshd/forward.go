@@ -62,12 +62,13 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 	}
 	defer ch.Close()
 	var in, out atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(3)
+	reqsDone := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(reqsDone)
 		ssh.DiscardRequests(reqs)
 	}()
+	var wg sync.WaitGroup
+	wg.Add(2)
 	stop := context.AfterFunc(ctx, func() {
 		tc.Close()
 		ch.Close()
@@ -75,6 +76,7 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 	defer stop()
 	go func() { // client → target
 		defer wg.Done()
+		defer c.cfg.Guard.Recover("ssh forward relay", c.panicked)
 		_, err := io.Copy(countWriter{tc, &in}, ch)
 		if cw, ok := tc.(interface{ CloseWrite() error }); ok && err == nil {
 			cw.CloseWrite()
@@ -84,15 +86,18 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 	}()
 	go func() { // target → client
 		defer wg.Done()
+		defer c.cfg.Guard.Recover("ssh forward relay", c.panicked)
 		if _, err := io.Copy(countWriter{ch, &out}, tc); err != nil {
 			ch.Close()
 			return
 		}
 		ch.CloseWrite()
 	}()
-	// Both copies end when both directions did; the requests when the
-	// channel is closed, which the client does after both EOFs (or ctx).
+	// Both directions ended: close the channel (the client waits for
+	// it), and its requests end once the client's close came back.
 	wg.Wait()
+	ch.Close()
+	<-reqsDone
 	ev.BytesIn, ev.BytesOut = in.Load(), out.Load()
 	ev.Result = protocol.AuditOK
 	c.log.Info("ssh port forward ended", "channel", n, "target", target, "bytes_in", ev.BytesIn, "bytes_out", ev.BytesOut)

@@ -29,6 +29,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -92,6 +93,10 @@ type Config struct {
 	Log *slog.Logger
 	// NodeID names the node in messages to the client.
 	NodeID string
+	// Guard contains a panic of the connection's goroutines: the panic is
+	// counted and logged, and the connection is closed (its processes
+	// killed) while the agent keeps serving. Nil: not contained.
+	Guard *panics.Guard
 }
 
 // DefaultAcceptEnv are the environment variables env requests may always
@@ -134,9 +139,13 @@ func CheckHostCert(hostKey ssh.Signer, cert []byte) (ssh.Signer, error) {
 // conn is one SSH connection.
 type conn struct {
 	cfg      *Config
+	nc       net.Conn
 	log      *slog.Logger
 	channels atomic.Int64 // channels opened so far
 	wg       sync.WaitGroup
+	// sshClient and sshConnection are the values of SSH_CLIENT and
+	// SSH_CONNECTION for the connection's processes.
+	sshClient, sshConnection string
 	// refusal is the last authentication refusal, for the auth event.
 	mu      sync.Mutex
 	refusal string
@@ -148,7 +157,8 @@ type conn struct {
 // in (after reporting an auth event), nil otherwise.
 func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	defer nc.Close()
-	c := &conn{cfg: cfg, log: cfg.Log.With("ssh_session", cfg.Params.Session)}
+	c := &conn{cfg: cfg, nc: nc, log: cfg.Log.With("ssh_session", cfg.Params.Session)}
+	c.setSSHEnv(nc.RemoteAddr(), nc.LocalAddr())
 	start := time.Now()
 	sc := &ssh.ServerConfig{
 		// Only what the params vouch for: no passwords, no
@@ -254,6 +264,7 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 			c.wg.Add(1)
 			go func() {
 				defer c.wg.Done()
+				defer c.cfg.Guard.Recover("ssh forward channel", c.panicked)
 				c.serveForward(cctx, nch, n, login)
 			}()
 		default:
@@ -298,6 +309,30 @@ func (c *conn) loginOf(sconn *ssh.ServerConn) *Login {
 	return l
 }
 
+// setSSHEnv sets SSH_CLIENT ("ADDR PORT LOCALPORT") and SSH_CONNECTION
+// ("ADDR PORT LOCALADDR LOCALPORT") from the stream's addresses, which are
+// the tunnel's: the agent never sees the client's own. sshd sets them, and
+// Debian's bash reads ~/.bashrc for a command when SSH_CLIENT is set, which
+// users' remote commands rely on (their PATH, their virtualenv).
+func (c *conn) setSSHEnv(remote, local net.Addr) {
+	split := func(a net.Addr) (string, string) {
+		if a != nil {
+			if h, p, err := net.SplitHostPort(a.String()); err == nil {
+				return h, p
+			}
+		}
+		return "0.0.0.0", "0"
+	}
+	rh, rp := split(remote)
+	lh, lp := split(local)
+	c.sshClient = rh + " " + rp + " " + lp
+	c.sshConnection = rh + " " + rp + " " + lh + " " + lp
+}
+
+// panicked closes the connection after a contained panic: every channel
+// and its processes end with it.
+func (c *conn) panicked(*panics.Error) { c.nc.Close() }
+
 func (c *conn) refused(why string) {
 	c.mu.Lock()
 	c.refusal = why
@@ -311,5 +346,9 @@ func (c *conn) event(ev *protocol.SSHChannelEvent) {
 		ev.End = time.Now()
 	}
 	ev.Error = protocol.ClipUTF8(ev.Error, protocol.MaxAuditErrorLen)
+	if b, err := protocol.MarshalJSON(ev); err == nil && len(b) > protocol.MaxControlFrameSize && ev.Command != nil {
+		// Cannot happen with the bounds above; the frame must fit.
+		ev.Command.EnvKeys = []string{"(dropped)"}
+	}
 	c.cfg.Event(ev)
 }

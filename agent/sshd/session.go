@@ -22,6 +22,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
+	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -80,8 +81,13 @@ type process struct {
 	// state is the leader's wait status, set before done is closed.
 	state *os.ProcessState
 
+	// outputs are the read ends of a process's stdout and stderr pipes.
+	outputs []*os.File
+
 	killOnce sync.Once
+	mu       sync.Mutex // guards timer and stopped
 	timer    *time.Timer
+	stopped  bool
 }
 
 func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, login *Login) {
@@ -91,6 +97,12 @@ func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, logi
 		return
 	}
 	s := &session{c: c, ch: ch, n: n, login: login, start: time.Now(), env: map[string]string{}}
+	defer c.cfg.Guard.Recover("ssh session channel", func(e *panics.Error) {
+		if s.proc != nil {
+			syscall.Kill(-s.proc.pgid, syscall.SIGKILL)
+		}
+		c.panicked(e)
+	})
 	s.ev = protocol.SSHChannelEvent{Channel: n, Login: login.Name, Start: s.start}
 	s.run(ctx, reqs)
 }
@@ -151,7 +163,7 @@ func (s *session) finish(exited bool) {
 	}
 	s.ev.BytesIn, s.ev.BytesOut = s.in.Load(), s.out.Load()
 	s.c.log.Info("ssh channel ended", "channel", s.n, "type", s.ev.Type, "result", s.ev.Result,
-		"exit_status", s.ev.ExitStatus, "exit_signal", s.ev.ExitSignal, "bytes_in", s.ev.BytesIn, "bytes_out", s.ev.BytesOut)
+		"exit_status", exitStatusAttr(s.ev.ExitStatus), "exit_signal", s.ev.ExitSignal, "bytes_in", s.ev.BytesIn, "bytes_out", s.ev.BytesOut)
 	s.c.event(&s.ev)
 }
 
@@ -278,15 +290,29 @@ func (s *session) envKeys() []string {
 	}
 	keys := make([]string, 0, len(s.env))
 	for k := range s.env {
-		keys = append(keys, protocol.ClipUTF8(k, protocol.MaxAuditProgramLen))
+		keys = append(keys, protocol.ClipUTF8(k, maxEventEnvKeyLen))
 	}
 	slices.Sort(keys)
+	if len(keys) > maxEventEnvKeys {
+		keys = append(keys[:maxEventEnvKeys], fmt.Sprintf("(%d more)", len(keys)-maxEventEnvKeys))
+	}
 	return keys
 }
 
+// maxEventEnvKeys and maxEventEnvKeyLen bound the env keys an event
+// lists, so that it fits protocol.MaxControlFrameSize.
+const (
+	maxEventEnvKeys   = 16
+	maxEventEnvKeyLen = 64
+)
+
 // procEnv is the environment of the session's process.
 func (s *session) procEnv() []string {
-	env := slices.Clone(s.login.Env)
+	// As sshd's: a session's shell is a top-level one (SHLVL unset, as
+	// the agent's own environment may have it), so that bash reads
+	// ~/.bashrc for a command as it does under sshd.
+	env := slices.DeleteFunc(slices.Clone(s.login.Env), func(kv string) bool { return strings.HasPrefix(kv, "SHLVL=") })
+	env = append(env, "SSH_CLIENT="+s.c.sshClient, "SSH_CONNECTION="+s.c.sshConnection)
 	for _, k := range slices.Sorted(maps.Keys(s.env)) {
 		env = append(env, k+"="+s.env[k])
 	}
@@ -409,7 +435,12 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		return nil, err
 	}
 	for _, f := range []*os.File{inW, outR} {
-		unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+		// Bigger pipes: fewer wake-ups per MiB. Through SyscallConn, not
+		// Fd, which would make the pipe blocking (no deadlines). Best
+		// effort: past /proc/sys/fs/pipe-max-size the kernel refuses.
+		if rc, err := f.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
+		}
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 	if err := cmd.Start(); err != nil {
@@ -419,28 +450,31 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 	inR.Close()
 	outW.Close()
 	errW.Close()
-	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{}), outputs: []*os.File{outR, errR}}
 	var outputs sync.WaitGroup
 	outputs.Add(2)
 	p.wg.Add(4)
 	go func() { // client → stdin; the client's EOF closes it
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer inW.Close()
 		io.Copy(inW, countReader{s.ch, &s.in})
 	}()
 	go func() {
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer outputs.Done()
 		defer outR.Close()
 		io.CopyBuffer(countWriter{s.ch, &s.out}, outR, make([]byte, 256<<10))
 	}()
 	go func() {
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer outputs.Done()
 		defer errR.Close()
 		io.Copy(countWriter{s.ch.Stderr(), &s.out}, errR)
 	}()
-	go func() {
+	go func() { // not guarded: done must be closed, and nothing here panics
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
@@ -479,6 +513,7 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 		return nil, err
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.Env = append(cmd.Env, "SSH_TTY="+tty.Name())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
 	if err := cmd.Start(); err != nil {
 		ptm.Close()
@@ -489,14 +524,16 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 	p.wg.Add(3)
 	go func() { // client → terminal; the client's EOF is not a terminal's
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		io.Copy(ptm, countReader{s.ch, &s.in})
 	}()
 	go func() { // terminal → client, until every holder of the tty closed it (EIO)
 		defer p.wg.Done()
+		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer close(output)
 		io.Copy(countWriter{s.ch, &s.out}, ptm)
 	}()
-	go func() {
+	go func() { // not guarded: done must be closed, and nothing here panics
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
@@ -510,30 +547,47 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 	return p, nil
 }
 
-// kill ends the process's group: SIGTERM (and SIGHUP, for a terminal's
-// shell), then SIGKILL grace later. It may be called more than once.
+// kill ends the process's group: SIGHUP and SIGTERM, SIGKILL grace
+// later, and another grace later it stops relaying the output that
+// something outside the group (a setsid daemon) may still hold open, so
+// that the channel ends whatever was started. It may be called more than
+// once.
 func (p *process) kill(grace time.Duration) {
 	p.killOnce.Do(func() {
 		syscall.Kill(-p.pgid, syscall.SIGHUP)
 		syscall.Kill(-p.pgid, syscall.SIGTERM)
-		p.timer = time.AfterFunc(grace, func() { syscall.Kill(-p.pgid, syscall.SIGKILL) })
-		if p.ptm != nil {
-			// Unblocks the relay of a terminal that something outside
-			// the group still holds.
-			go func() {
-				<-p.done
-				p.ptm.Close()
-			}()
-		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.timer = time.AfterFunc(grace, func() {
+			syscall.Kill(-p.pgid, syscall.SIGKILL)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if !p.stopped {
+				p.timer = time.AfterFunc(grace, p.abandon)
+			}
+		})
 	})
+}
+
+// abandon stops reading the process's output (pipes or terminal).
+func (p *process) abandon() {
+	for _, f := range p.outputs {
+		f.SetReadDeadline(time.Now())
+	}
+	if p.ptm != nil {
+		p.ptm.SetReadDeadline(time.Now())
+	}
 }
 
 // stopKill releases the kill timer and the terminal once the channel is
 // done with them.
 func (p *process) stopKill() {
+	p.mu.Lock()
+	p.stopped = true
 	if p.timer != nil {
 		p.timer.Stop()
 	}
+	p.mu.Unlock()
 	if p.ptm != nil {
 		p.ptm.Close()
 	}
@@ -565,4 +619,12 @@ func (c countWriter) Write(p []byte) (int, error) {
 	k, err := c.w.Write(p)
 	c.n.Add(int64(k))
 	return k, err
+}
+
+// exitStatusAttr is an exit status for logs: the number, or "none".
+func exitStatusAttr(p *int) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
 }

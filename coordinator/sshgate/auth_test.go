@@ -3,6 +3,8 @@ package sshgate
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +229,27 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestOpenSSHOfferedKeyNotProved: OpenSSH offers alice's key from its .pub
+// alone (the gate accepts the offer), cannot sign with it, and proves
+// bob's: the node is vouched bob's identity and key.
+func TestOpenSSHOfferedKeyNotProved(t *testing.T) {
+	e := newEnv(t)
+	pubOnly := filepath.Join(t.TempDir(), "alice-offered")
+	data, err := os.ReadFile(e.alice.path + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pubOnly+".pub", data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := e.runSSH(sshOpts{key: e.bob, identities: []string{pubOnly}, dest: "bob@node-b", cmd: []string{"params"}})
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got, want := strings.TrimSpace(stdout), "ssh-key:"+e.bob.fingerprint()+" bob"; got != want {
+		t.Errorf("the node saw %q, want %q", got, want)
 	}
 }

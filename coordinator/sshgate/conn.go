@@ -88,7 +88,14 @@ func (cs *connState) serve() {
 		g.log.Debug("ssh handshake failed", "remote", cs.remote, "result", result, "err", err)
 		return
 	}
-	defer sconn.Close()
+	// Once authenticated, the connection's end (the client's, the gate's
+	// Close, a contained panic) ends its channels: done tells their
+	// splices, which close their node streams.
+	defer func() {
+		sconn.Close()
+		close(cs.done)
+		cs.wg.Wait()
+	}()
 	cs.conn.SetDeadline(time.Time{})
 	pr, err := provenOf(sconn.Permissions)
 	if err != nil {
@@ -99,7 +106,6 @@ func (cs *connState) serve() {
 	cs.proven, cs.user = pr, sconn.User()
 	g.mu.Lock()
 	cs.authed = true
-	g.handshake--
 	g.mu.Unlock()
 	g.m.connections.WithLabelValues(connOK).Inc()
 	g.log.Debug("ssh client authenticated", "remote", cs.remote, "identity", pr.id.String(), "user", cs.user)
@@ -120,9 +126,6 @@ func (cs *connState) serve() {
 	for nc := range chans {
 		cs.dispatch(nc)
 	}
-	sconn.Close()
-	close(cs.done)
-	cs.wg.Wait()
 }
 
 // auditAuthFailure records the one audit event of a connection that
@@ -201,23 +204,23 @@ func (ch *channel) run() {
 	}
 	var req directTCPIP
 	if err := ssh.Unmarshal(ch.nc.ExtraData(), &req); err != nil {
-		ch.reject(chanBadTarget, ssh.ConnectionFailed, "", "bad_request", "malformed direct-tcpip request")
+		ch.reject(chanBadTarget, ssh.ConnectionFailed, protocol.ErrCodeMalformed, "", "malformed direct-tcpip request")
 		return
 	}
 	name := strings.TrimSuffix(req.Host, protocol.SSHHostSuffix)
 	ch.ev.Target = clipAudit(req.Host + ":" + fmt.Sprint(req.Port))
 	if req.Port != 22 {
-		ch.reject(chanBadTarget, ssh.Prohibited, "", "bad_request",
+		ch.reject(chanBadTarget, ssh.Prohibited, protocol.ErrCodeInvalid, "",
 			fmt.Sprintf("port %d refused: the jump host joins ssh to a node's SSH server, NODE:22 or NODE%s:22, only", req.Port, protocol.SSHHostSuffix))
 		return
 	}
 	if protocol.ValidNodeID(name) != nil {
-		ch.reject(chanError, ssh.ConnectionFailed, "", "", "unknown node "+clipString(req.Host, 80))
+		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeUnknownNode, "", "unknown node "+clipString(req.Host, 80))
 		return
 	}
 	ch.ev.Nodes = []string{name}
 	if err := stillTrusted(g.keys.Load(), cs.proven.key, g.cfg.Now(), g.cfg.ClockSkew); err != nil {
-		ch.reject(chanRefused, ssh.Prohibited, "", "unauthenticated", err.Error())
+		ch.reject(chanRefused, ssh.Prohibited, protocol.ErrCodeUnauthenticated, "unauthenticated", err.Error())
 		return
 	}
 	node, known := g.cfg.Nodes.Node(name)
@@ -234,7 +237,11 @@ func (ch *channel) run() {
 	if err != nil {
 		var r *policy.Refusal
 		if errors.As(err, &r) {
-			ch.reject(chanRefused, ssh.Prohibited, "", r.Reason.String(), r.Error())
+			code := protocol.ErrCodeForbidden
+			if r.Reason == policy.ReasonRateLimit || r.Reason == policy.ReasonJobLimit {
+				code = protocol.ErrCodeRateLimited
+			}
+			ch.reject(chanRefused, ssh.Prohibited, code, r.Reason.String(), r.Error())
 			return
 		}
 		g.log.Error("ssh policy decision failed", "identity", ch.ev.Identity, "node", name, "err", err)
@@ -242,7 +249,7 @@ func (ch *channel) run() {
 		return
 	}
 	if !known {
-		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeNotFound, "",
+		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeUnknownNode, "",
 			fmt.Sprintf("unknown node %s: no node of this id is connected and serving SSH", name))
 		return
 	}
@@ -250,7 +257,7 @@ func (ch *channel) run() {
 	ch.ev.RunAs = clipN(strings.Join(logins, ", "), protocol.MaxAuditProgramLen)
 	ch.ev.Rule = clipAudit(strings.Join(rules, "; "))
 	if len(logins) == 0 {
-		ch.reject(chanRefused, ssh.Prohibited, "", policy.ReasonNoRule.String(), "the policy grants ssh on "+name+" as no login")
+		ch.reject(chanRefused, ssh.Prohibited, protocol.ErrCodeForbidden, policy.ReasonNoRule.String(), "the policy grants ssh on "+name+" as no login")
 		return
 	}
 	var targets []string
@@ -281,7 +288,15 @@ func (ch *channel) run() {
 		ch.reject(chanError, ssh.ConnectionFailed, protocol.ErrCodeInternal, "", "the jump host could not build the stream's parameters for "+name)
 		return
 	}
+	// The open ends early when the gate closes or the client goes away.
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.OpenTimeout)
+	go func() {
+		select {
+		case <-cs.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	conn, err := g.cfg.Nodes.OpenSSH(ctx, name, params)
 	cancel()
 	if err != nil {

@@ -1,7 +1,9 @@
 package sshgate
 
 import (
+	"net"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -36,6 +38,47 @@ func FuzzParseKeyFile(f *testing.F) {
 			if _, isCert := k.(*ssh.Certificate); isCert {
 				t.Fatalf("%s: accepted a certificate", e.where)
 			}
+		}
+	})
+}
+
+// FuzzCheckKey: any key or certificate a client can send (whatever parses
+// as an SSH public key) is decided without a panic, and an accepted one
+// carries its own wire form and an identity that names it.
+func FuzzCheckKey(f *testing.F) {
+	ca := newSigner(f)
+	user := newSigner(f)
+	ks := &keySet{
+		users: map[string]keyEntry{string(user.PublicKey().Marshal()): {key: user.PublicKey()}},
+		cas:   map[string]keyEntry{string(ca.PublicKey().Marshal()): {key: ca.PublicKey()}},
+	}
+	good := certTemplate(user.PublicKey(), "alice", "ops")
+	if err := good.SignCert(randReader, ca); err != nil {
+		f.Fatal(err)
+	}
+	odd := certTemplate(user.PublicKey())
+	odd.CriticalOptions = map[string]string{"source-address": "127.0.0.1/33,::1"}
+	signRaw(f, odd, ca, nil)
+	f.Add(user.PublicKey().Marshal())
+	f.Add(good.Marshal())
+	f.Add(odd.Marshal())
+	f.Add(ca.PublicKey().Marshal())
+	remote := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2222}
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		key, err := ssh.ParsePublicKey(wire)
+		if err != nil {
+			return
+		}
+		perms, err := checkKey(ks, key, remote, time.Now(), time.Minute)
+		if err != nil {
+			return
+		}
+		pr, err := provenOf(perms)
+		if err != nil {
+			t.Fatalf("accepted key's permissions: %v", err)
+		}
+		if string(pr.key.Marshal()) != string(key.Marshal()) || pr.id.Name == "" {
+			t.Fatalf("accepted %s as %v", key.Type(), pr.id)
 		}
 	})
 }

@@ -245,7 +245,6 @@ type Gate struct {
 	closed    bool // Close or Shutdown began: no new connection
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]*connState
-	handshake int // conns not yet authenticated
 	wg        sync.WaitGroup
 }
 
@@ -428,7 +427,6 @@ func (g *Gate) accept(conn net.Conn) {
 	}
 	cs := &connState{g: g, conn: conn, remote: conn.RemoteAddr(), done: make(chan struct{})}
 	g.conns[conn] = cs
-	g.handshake++
 	g.wg.Add(1)
 	g.mu.Unlock()
 	g.m.open.Inc()
@@ -439,9 +437,6 @@ func (g *Gate) accept(conn net.Conn) {
 func (g *Gate) forget(cs *connState) {
 	g.mu.Lock()
 	delete(g.conns, cs.conn)
-	if !cs.authed {
-		g.handshake--
-	}
 	g.mu.Unlock()
 	g.m.open.Dec()
 }

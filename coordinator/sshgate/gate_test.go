@@ -43,6 +43,9 @@ func TestJumpAuthorizedKey(t *testing.T) {
 		cert.KeyId != "tether-node:node-a" || !bytes.Equal(cert.SignatureKey.Marshal(), e.gate.HostCA().PublicKey().Marshal()) {
 		t.Errorf("host certificate = %+v", cert)
 	}
+	// The channel is audited when the gate's side of it ends, which may be
+	// after ssh exits.
+	waitFor(t, "the channel audited", func() bool { return len(e.audit.events()) != 0 })
 	evs := e.audit.events()
 	if len(evs) != 1 {
 		t.Fatalf("audit events: %+v", evs)
@@ -125,6 +128,9 @@ func TestPolicyRefusalVisible(t *testing.T) {
 	if !strings.Contains(stderr, "administratively prohibited") || !strings.Contains(stderr, "no rule grants ssh on a node with node-b's labels") {
 		t.Errorf("stderr does not show the policy's refusal: %s", stderr)
 	}
+	// The channel is audited when the gate's side of it ends, which may be
+	// after ssh exits.
+	waitFor(t, "the channel audited", func() bool { return len(e.audit.events()) != 0 })
 	evs := e.audit.events()
 	if len(evs) != 1 || evs[0].Result != protocol.AuditRefused || evs[0].Reason != "no_rule" || !strings.Contains(evs[0].Error, "node-b") {
 		t.Errorf("audit events = %+v", evs)

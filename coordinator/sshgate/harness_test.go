@@ -476,7 +476,11 @@ type sshOpts struct {
 	knownHosts string // the known_hosts text; empty: no checking
 	dest       string // USER@HOST
 	cmd        []string
-	stdin      string // a file to give ssh as stdin; empty: none
+	stdin      string   // a file to give ssh as stdin; empty: none
+	pre        []string // options before the destination
+	// identities are IdentityFile paths tried before key's (a path whose
+	// private key is missing is offered by its .pub alone).
+	identities []string
 }
 
 // runSSH runs the OpenSSH client through the gate (ProxyJump) and returns
@@ -508,7 +512,7 @@ Host node-* *.tether
   ProxyJump gate
 Host *
   User nobody
-  IdentityFile %s
+%s  IdentityFile %s
 %s  IdentitiesOnly yes
   IdentityAgent none
   BatchMode yes
@@ -516,18 +520,16 @@ Host *
   UserKnownHostsFile %s
   GlobalKnownHostsFile /dev/null
   UpdateHostKeys no
-  ControlMaster no
-  ControlPath none
   LogLevel INFO
   ConnectTimeout 30
-`, e.addr.Port, o.key.path, certLine, strict, kh)
+`, e.addr.Port, identityLines(o.identities), o.key.path, certLine, strict, kh)
 	cfgPath := filepath.Join(dir, "config")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	args := append([]string{"-F", cfgPath, o.dest}, o.cmd...)
+	args := append(append(append([]string{"-F", cfgPath}, o.pre...), o.dest), o.cmd...)
 	cmd := exec.CommandContext(ctx, "ssh", args...)
 	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
 	var stdout, stderr bytes.Buffer
@@ -563,3 +565,11 @@ const panicsZero = `
 # TYPE tether_panics_total counter
 tether_panics_total{component="sshgate"} 0
 `
+
+func identityLines(paths []string) string {
+	var b strings.Builder
+	for _, p := range paths {
+		b.WriteString("  IdentityFile " + p + "\n")
+	}
+	return b.String()
+}

@@ -33,6 +33,9 @@ func TestBulkThroughJump(t *testing.T) {
 	if sha256.Sum256([]byte(stdout)) != sha256.Sum256(payload) {
 		t.Fatalf("got %d bytes back, not the %d sent", len(stdout), len(payload))
 	}
+	// The channel is audited when the gate's side of it ends, which may be
+	// after ssh exits.
+	waitFor(t, "the channel audited", func() bool { return len(e.audit.events()) != 0 })
 	evs := e.audit.events()
 	if len(evs) != 1 || evs[0].BytesIn < int64(len(payload)) || evs[0].BytesOut < int64(len(payload)) {
 		t.Errorf("audit %+v: want at least the payload counted each way", evs)
@@ -155,5 +158,43 @@ func TestStuckNode(t *testing.T) {
 	waitFor(t, "the channel audited", func() bool { return len(e.audit.events()) == 1 })
 	if ev := e.audit.events()[0]; ev.BytesIn != 14 {
 		t.Errorf("audit %+v: want 14 bytes in", ev)
+	}
+}
+
+// TestServeAfterClose: a closed gate serves nothing.
+func TestServeAfterClose(t *testing.T) {
+	e := newEnv(t)
+	e.gate.Close()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.gate.Serve(l); !errors.Is(err, ErrClosed) {
+		t.Errorf("Serve after Close = %v, want ErrClosed", err)
+	}
+	if _, err := net.Dial("tcp", l.Addr().String()); err == nil {
+		t.Error("Serve left its listener open")
+	}
+}
+
+// TestControlMasterThroughJump: NeMo Gym's pattern, a ControlMaster that
+// later commands multiplex over, goes through one direct-tcpip channel.
+func TestControlMasterThroughJump(t *testing.T) {
+	e := newEnv(t)
+	sock := filepath.Join(t.TempDir(), "cm")
+	master := []string{"-o", "ControlMaster=yes", "-o", "ControlPersist=60", "-o", "ControlPath=" + sock, "-N", "-f"}
+	if code, _, stderr := e.runSSH(sshOpts{key: e.bob, dest: "bob@node-a", pre: master}); code != 0 {
+		t.Fatalf("master: exit %d: %s", code, stderr)
+	}
+	defer e.runSSH(sshOpts{key: e.bob, dest: "bob@node-a", pre: []string{"-o", "ControlPath=" + sock, "-O", "exit"}})
+	for i := range 5 {
+		code, stdout, stderr := e.runSSH(sshOpts{key: e.bob, dest: "bob@node-a", cmd: []string{"whoami"},
+			pre: []string{"-o", "ControlMaster=no", "-o", "ControlPath=" + sock}})
+		if code != 0 || stdout != "bob\n" {
+			t.Fatalf("command %d: exit %d, %q, %s", i, code, stdout, stderr)
+		}
+	}
+	if params, _ := e.nodes.recorded(); len(params) != 1 {
+		t.Errorf("%d streams opened, want the master's one", len(params))
 	}
 }

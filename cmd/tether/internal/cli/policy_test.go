@@ -39,7 +39,7 @@ func TestPolicyCheckErrors(t *testing.T) {
 	}
 	want := "tether: " + bad + ":6:15: roles.r[0].run_as: want a string, got the integer 1000\n" +
 		"tether: " + bad + `:8:21: identities["nats:al"].roles[0]: role "x" is not defined (roles: r)` + "\n" +
-		"tether: " + bad + `:9:3: identities: identity "ssh:bar": unknown kind "ssh": want one of nats, nats-account, cert, token` + "\n"
+		"tether: " + bad + `:9:3: identities: identity "ssh:bar": unknown kind "ssh": want one of nats, nats-account, cert, token, ssh-key, ssh-principal` + "\n"
 	if r.stderr != want {
 		t.Errorf("stderr\n%s\nwant\n%s", r.stderr, want)
 	}

@@ -9,12 +9,15 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/fleettest"
@@ -146,6 +149,9 @@ identities:
         run_as: %[1]q
       - nodes: "*"
         operations: [nodes.list]
+      - nodes: "*"
+        operations: [forward]
+        targets: [echo]
   "ssh-key:%[2]s":
     rules:
       - nodes: "index=0"
@@ -166,7 +172,10 @@ identities:
 	}
 	var jmu sync.Mutex
 	var jumpAddr, jumpKey string
-	f := fleettest.Start(t, fleettest.Options{Agents: 2, Coordinator: func(c *coordinator.Config) {
+	echo := echoServer(t)
+	f := fleettest.Start(t, fleettest.Options{Agents: 2, Agent: func(_ int, c *agent.Config) {
+		c.Targets = map[string]string{"echo": echo, "other": echo}
+	}, Coordinator: func(c *coordinator.Config) {
 		c.Policy = store
 		c.SSH.HostCA = ca
 		c.SSH.Jump = func() (string, string) { jmu.Lock(); defer jmu.Unlock(); return jumpAddr, jumpKey }
@@ -262,6 +271,19 @@ func TestSSHThroughFleet(t *testing.T) {
 	}
 	if out, errOut, code := runSSH(t, proxy, "", "node-1.tether", "echo ok"); code != 0 || out != "ok\n" {
 		t.Errorf("ssh-proxy to node-1: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// direct-tcpip (ssh -W, as ssh -L) to a target the policy's forward
+	// rule names, by name; another target of the agent is refused.
+	if out, errOut, code := runSSH(t, proxy, "through the tunnel\n", "-W", "echo:7", "node-0.tether"); code != 0 || out != "through the tunnel\n" {
+		t.Errorf("ssh -W echo:7: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if out, errOut, code := runSSH(t, proxy, "x\n", "-W", "other:7", "node-0.tether"); code == 0 || out != "" {
+		t.Errorf("ssh -W other:7 (no forward rule): exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// tether forward --stdio: the same stdio join, for a dial target.
+	r := runCLI(testCtx(t), s.vars, "ping\n", "forward", "--stdio", "--nats-url", s.natsURL, "--nats-creds", s.f.CredsFile, "node-1", "echo")
+	if r.code != 0 || r.stdout != "ping\n" {
+		t.Errorf("forward --stdio: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
 
@@ -372,5 +394,83 @@ func TestDevSSHKeys(t *testing.T) {
 	os.WriteFile(fresh, data, 0o600)
 	if note := devPolicySSHNote(fresh, ids); note != "" {
 		t.Errorf("note for a policy granting the key: %q", note)
+	}
+}
+
+// TestDevSSH: tether dev with a key in ~/.ssh runs the jump host for it,
+// says so in its banner, and the real OpenSSH client logs in to the dev
+// node with the config tether ssh-config prints (its key, host keys
+// checked strictly), and through ssh-proxy too.
+func TestDevSSH(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack and runs ssh")
+	}
+	for _, bin := range []string{"ssh", "ssh-keygen"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("no %s", bin)
+		}
+	}
+	home := t.TempDir()
+	os.MkdirAll(filepath.Join(home, ".ssh"), 0o700)
+	key := filepath.Join(home, ".ssh", "id_ed25519")
+	if b, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, b)
+	}
+	dir := t.TempDir()
+	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir(), "HOME": home}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(vars), now: time.Now}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	})
+	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+	var url string
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := urlRE.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+		}
+		url = m[1]
+		return nil
+	})
+	node := devNodeID()
+	banner := stdout.String()
+	for _, w := range []string{"ssh jump:", "tether ssh-config --nats-url " + url + " >> ~/.ssh/config", "ssh " + node + ".tether"} {
+		if !strings.Contains(banner, w) {
+			t.Errorf("banner lacks %q:\n%s", w, banner)
+		}
+	}
+	// The ProxyCommand runs outside this process's variables: the
+	// credentials' path goes into it, as --nats-creds does.
+	creds := filepath.Join(vars["XDG_CONFIG_HOME"], "tether", "dev.creds")
+	for _, mode := range [][]string{{"--identity", key}, {"--proxy-command", "--nats-creds", creds}} {
+		r := runCLI(testCtx(t), vars, "", append([]string{"ssh-config", "--nats-url", url}, mode...)...)
+		if r.code != 0 {
+			t.Fatalf("ssh-config %v: exit %d, stderr %q", mode, r.code, r.stderr)
+		}
+		cfg := filepath.Join(t.TempDir(), "config")
+		os.WriteFile(cfg, []byte(r.stdout), 0o600)
+		out, errOut, code := runSSH(t, cfg, "", node+".tether", "echo dev ok")
+		if code != 0 || out != "dev ok\n" {
+			t.Errorf("ssh %v to the dev node: exit %d, stdout %q, stderr %q\nconfig:\n%s", mode, code, out, errOut, r.stdout)
+		}
 	}
 }
