@@ -417,12 +417,6 @@ func startSSHD(t testing.TB, client sshKey) *sshdServer {
 		"MaxSessions 100",
 		"MaxStartups 100:30:200",
 		"Subsystem sftp " + sftpServer,
-		// Debian's bash sources ~/.bashrc for a command when SSH_CLIENT is
-		// set and SHLVL is unset; Tether's agent sets no SSH_CLIENT, so its
-		// shells skip it. SHLVL=1 makes sshd's shells skip it too, so that
-		// both sides run the same shell work (a .bashrc that runs pyenv
-		// init costs ~100 ms a command).
-		"SetEnv SHLVL=1",
 		"LogLevel ERROR",
 		"",
 	}, "\n")
