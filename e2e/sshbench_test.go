@@ -61,6 +61,14 @@ func TestSSHBenchmark(t *testing.T) {
 		sides = append(sides, benchSide{name: "tether ssh-proxy", env: proxy.Env, config: proxy.Config, host: hostAlias("node-a"), servers: tetherPIDs})
 	}
 
+	if c := os.Getenv("SSHBENCH_CIPHERS"); c != "" {
+		// Every hop of every side (the jump host's too: its ssh reads the
+		// same file) offers only these ciphers.
+		for i := range sides {
+			sides[i].config = withOption(t, sides[i].config, "Ciphers "+c)
+		}
+	}
+
 	tree := filepath.Join(dir, "tree")
 	makeManyFiles(t, tree, nfiles)
 	block := make([]byte, 1<<20)
@@ -106,10 +114,12 @@ func TestSSHBenchmark(t *testing.T) {
 	}
 
 	results := make([][][]float64, len(scenarios)) // scenario → side → per-round values
-	cpu := make([][][]float64, len(scenarios))     // the same, CPU seconds of client and server
+	cpu := make([][][]float64, len(scenarios))     // the same, CPU seconds of clients and servers
+	split := make([][][][]float64, len(scenarios)) // the same, CPU seconds of the clients, then of each server
 	for i := range results {
 		results[i] = make([][]float64, len(sides))
 		cpu[i] = make([][]float64, len(sides))
+		split[i] = make([][][]float64, len(sides))
 	}
 	for round := range rounds {
 		for i, sc := range scenarios {
@@ -119,7 +129,15 @@ func TestSSHBenchmark(t *testing.T) {
 				side := (k + round) % len(sides)
 				before := benchCPU(t, sides[side].servers)
 				results[i][side] = append(results[i][side], sc.run(t, sides[side], round))
-				cpu[i][side] = append(cpu[i][side], benchCPU(t, sides[side].servers)-before)
+				waitNoChildren(t, sides[side].servers) // their CPU is counted once they are reaped
+				after := benchCPU(t, sides[side].servers)
+				total := 0.0
+				for k := range after {
+					after[k] -= before[k]
+					total += after[k]
+				}
+				cpu[i][side] = append(cpu[i][side], total)
+				split[i][side] = append(split[i][side], after)
 			}
 		}
 		t.Logf("round %d of %d done", round+1, rounds)
@@ -128,10 +146,13 @@ func TestSSHBenchmark(t *testing.T) {
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "SSH benchmark: %d interleaved rounds, OpenSSH client %s, %d cores, load %s\n",
 		rounds, sshVersion(t), runtime.NumCPU(), loadAvg())
+	if c := os.Getenv("SSHBENCH_CIPHERS"); c != "" {
+		fmt.Fprintf(&out, "ciphers offered: %s (SSHBENCH_CIPHERS)\n", c)
+	}
 	tw := tabwriter.NewWriter(&out, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tside\tmedian\tratio to sshd (median of rounds; each round)\ttarget\tmet\tCPU s (ratio)")
+	fmt.Fprintln(tw, "scenario\tside\tmedian\tratio to sshd (median of rounds; each round)\ttarget\tmet\tCPU s (ratio)\tCPU s: clients/servers")
 	for i, sc := range scenarios {
-		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t\t\t\t%.3g\n", sc.name, sides[0].name, median(results[i][0]), sc.unit, median(cpu[i][0]))
+		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t\t\t\t%.3g\t%s\n", sc.name, sides[0].name, median(results[i][0]), sc.unit, median(cpu[i][0]), fmtSplit(split[i][0]))
 		for side := 1; side < len(sides); side++ {
 			var ratios []float64
 			for r := range rounds {
@@ -148,15 +169,16 @@ func TestSSHBenchmark(t *testing.T) {
 			for r := range rounds {
 				cpuRatios = append(cpuRatios, cpu[i][side][r]/cpu[i][0][r])
 			}
-			fmt.Fprintf(tw, "\t%s\t%.4g %s\t%.3fx (%s)\t%s %.1fx\t%s\t%.3g (%.2fx)\n", sides[side].name,
+			fmt.Fprintf(tw, "\t%s\t%.4g %s\t%.3fx (%s)\t%s %.1fx\t%s\t%.3g (%.2fx)\t%s\n", sides[side].name,
 				median(results[i][side]), sc.unit, ratio, fmtRatios(ratios), cmp, sc.target, yesNo(met),
-				median(cpu[i][side]), median(cpuRatios))
+				median(cpu[i][side]), median(cpuRatios), fmtSplit(split[i][side]))
 		}
 	}
 	tw.Flush()
 	fmt.Fprintln(&out, "CPU s: user+system seconds of the clients (ssh, rsync and their children) and the servers (sshd and its")
 	fmt.Fprintln(&out, "connections; the coordinator, the agent and its children), median of rounds; a ControlPersist master")
 	fmt.Fprintln(&out, "detaches, so its own CPU is not counted on either side. Under load the CPU ratio is the steadier one.")
+	fmt.Fprintln(&out, "clients/servers: the clients' median, then each server's (sshd; the coordinator, then the agent).")
 	fmt.Print(out.String()) // make bench-ssh runs with -v: stdout shows as it comes
 }
 
@@ -213,16 +235,30 @@ func startBenchFleet(t *testing.T, key sshKey) (jump, proxy *sshClient, pids []i
 		[]int{f.coord.cmd.Process.Pid, agent.cmd.Process.Pid}
 }
 
+// withOption writes a copy of the ssh config file with line first (ssh
+// takes the first value of an option) and returns the copy's path.
+func withOption(t *testing.T, config, line string) string {
+	b, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := config + ".opt"
+	if err := os.WriteFile(out, append([]byte(line+"\n"), b...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // benchCPU is the user+system CPU, in seconds, of this process's waited-for
-// children (the clients each scenario ran) and of the server processes
-// with their waited-for children (/proc/PID/stat utime, stime, cutime,
+// children (the clients each scenario ran), then of each server process
+// with its waited-for children (/proc/PID/stat utime, stime, cutime,
 // cstime).
-func benchCPU(t *testing.T, servers []int) float64 {
+func benchCPU(t *testing.T, servers []int) []float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
 		t.Fatalf("getrusage: %v", err)
 	}
-	total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	out := []float64{time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()}
 	for _, pid := range servers {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
@@ -231,12 +267,47 @@ func benchCPU(t *testing.T, servers []int) float64 {
 		// Fields after the command's closing parenthesis: state is the
 		// 3rd field of the line, utime..cstime the 14th to 17th.
 		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		sec := 0.0
 		for _, v := range f[11:15] {
 			ticks, _ := strconv.ParseFloat(v, 64)
-			total += ticks / clockTicks
+			sec += ticks / clockTicks
+		}
+		out = append(out, sec)
+	}
+	return out
+}
+
+// waitNoChildren waits, up to 10 s, until none of the processes has a
+// child (sshd's per-connection processes, the agent's commands), so that
+// their CPU is in the parent's cutime and cstime.
+func waitNoChildren(t *testing.T, pids []int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+			if err != nil || len(bytes.TrimSpace(b)) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	return total
+}
+
+// fmtSplit formats per-round CPU splits as the median of each part,
+// slash-separated.
+func fmtSplit(rounds [][]float64) string {
+	if len(rounds) == 0 {
+		return ""
+	}
+	parts := make([]string, len(rounds[0]))
+	for k := range parts {
+		var v []float64
+		for _, r := range rounds {
+			v = append(v, r[k])
+		}
+		parts[k] = fmt.Sprintf("%.3g", median(v))
+	}
+	return strings.Join(parts, "/")
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat times (100 on Linux).
