@@ -18,8 +18,9 @@ import (
 // (ProxyJump) and through tether ssh-proxy (ProxyCommand), in interleaved
 // rounds, and logs the medians and their ratios to sshd's.
 func TestSSHLatencyVsSSHD(t *testing.T) {
-	if os.Getenv("TETHER_SSH_BENCH") != "1" {
-		t.Skip("set TETHER_SSH_BENCH=1 to measure")
+	mode := os.Getenv("TETHER_SSH_BENCH")
+	if mode != "1" && mode != "bulk" {
+		t.Skip("set TETHER_SSH_BENCH=1 to measure (bulk: the bulk copies only)")
 	}
 	sshd, err := exec.LookPath("sshd")
 	if err != nil {
@@ -61,9 +62,21 @@ func TestSSHLatencyVsSSHD(t *testing.T) {
 
 	type variant struct{ name, config, host string }
 	vs := []variant{{"sshd", local, "local"}, {"jump", jump, "node-0.tether"}, {"ssh-proxy", proxy, "node-0.tether"}}
+	// TETHER_SSH_BENCH_ALT_BIN: another build of this test binary, as a
+	// further ssh-proxy side (an A/B of ssh-proxy changes in one run).
+	if alt := os.Getenv("TETHER_SSH_BENCH_ALT_BIN"); alt != "" {
+		self, _ := os.Executable()
+		text, _ := os.ReadFile(proxy)
+		altConf := filepath.Join(s.dir, "proxy-alt.conf")
+		os.WriteFile(altConf, []byte(strings.ReplaceAll(string(text), self, alt)), 0o600)
+		vs = append(vs, variant{"proxy-alt", altConf, "node-0.tether"})
+	}
 	fresh := map[string][]time.Duration{}
 	muxed := map[string][]time.Duration{}
-	const rounds, perMaster = 5, 20
+	rounds, perMaster := 5, 20
+	if mode == "bulk" {
+		rounds = 0
+	}
 	for r := 0; r < rounds; r++ {
 		for i := range vs {
 			v := vs[(i+r)%len(vs)] // interleaved, rotating the order
@@ -94,7 +107,7 @@ func TestSSHLatencyVsSSHD(t *testing.T) {
 		t.Fatal(err)
 	}
 	bulkTimes := map[string][]time.Duration{}
-	for r := 0; r < 3; r++ {
+	for r := 0; r < 5; r++ {
 		for i := range vs {
 			v := vs[(i+r)%len(vs)]
 			f, err := os.Open(bulk)
@@ -116,6 +129,9 @@ func TestSSHLatencyVsSSHD(t *testing.T) {
 	mibps := func(d time.Duration) float64 { return bulkMiB / d.Seconds() }
 	var b strings.Builder
 	for _, v := range vs {
+		if rounds == 0 {
+			break
+		}
 		fmt.Fprintf(&b, "%-9s fresh median %7.1f ms (%.2fx sshd)   ControlMaster median %6.1f ms (%.2fx sshd)\n", v.name,
 			float64(med(fresh[v.name]))/1e6, float64(med(fresh[v.name]))/float64(med(fresh["sshd"])),
 			float64(med(muxed[v.name]))/1e6, float64(med(muxed[v.name]))/float64(med(muxed["sshd"])))
