@@ -163,6 +163,11 @@ done
 func TestSSHEndToEnd(t *testing.T) {
 	s := startSSHFleet(t)
 	top := t // processes restarted in a subtest belong to the whole test
+	// No sshd takes part: the nodes' sessions descend from the agents
+	// (the bash -s subtest checks). One running here is only noted.
+	if pids := processesNamed("sshd"); len(pids) > 0 {
+		t.Logf("note: sshd processes %v are running on this machine; these tests do not use them", pids)
+	}
 	a, b := hostAlias("node-a"), hostAlias("node-b")
 
 	t.Run("config names both nodes", func(t *testing.T) {
@@ -766,6 +771,22 @@ func sshOptions(g string) map[string]string {
 		}
 	}
 	return out
+}
+
+// processesNamed lists the pids whose command name (/proc/PID/comm) is name.
+func processesNamed(name string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(b)) == name {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func containsStr(list []string, s string) bool {
