@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        bench-ssh docker docker-context docker-base docker-coordinator docker-agent dev clean
+        bench-ssh docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -155,6 +155,9 @@ docker-coordinator: docker-context ## build the coordinator image only
 docker-agent: docker-context ## build the agent image only (builds the base first if it is missing)
 	@docker image inspect $(AGENT_BASE) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-base
 	docker build -f Dockerfile.agent --build-arg BASE=$(AGENT_BASE) -t $(AGENT_IMAGE) .
+
+compose-test: docker ## build the images, bring up deploy/compose and check enrollment, exec, policy and audit (deploy/compose/test.sh)
+	TETHER=$(CURDIR)/$(BIN) deploy/compose/test.sh
 
 # --- local runs ---------------------------------------------------------------
 

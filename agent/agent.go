@@ -113,7 +113,9 @@ func New(cfg Config) (*Agent, error) {
 // ctx is done and everything it started has stopped: no goroutine and no
 // exec process group is left behind (an exec's background child that
 // redirected its output away is the one exception; see the package doc). It
-// returns an error only if it cannot start. Run must be called once.
+// returns an error if it cannot start, or one wrapping ErrEnrollRefused
+// when a coordinator refused its enrollment for good (logged as an error
+// first). Run must be called once.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("agent %s: create data dir: %w", a.cfg.NodeID, err)
@@ -167,12 +169,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger:  a.log,
 		OnRetry: func(int, error) { a.m.reconnects.Inc() },
 	}
-	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
+	err = r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
 		// A panic in the session's own goroutine (the handshake, the
 		// accept loop) ends this session only: the redialer backs off
 		// and dials again.
 		defer a.guard.Recover("session", func(e *panics.Error) { err = fmt.Errorf("agent %s: session with %s: %w", a.cfg.NodeID, addr, e) })
 		h := hello
+		h.Targets = a.advertisedTargets()
 		h.Reconnects = int(a.sessions.Load())
 		h.Instance = a.instance
 		if a.needsEnrollment() {
@@ -185,8 +188,34 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return a.serve(ctx, conn, addr, &h)
 	})
+	if errors.Is(err, ErrEnrollRefused) {
+		a.log.Info("agent stopped: enrollment refused")
+		return err
+	}
 	a.log.Info("agent stopped")
 	return nil
+}
+
+// advertisedTargets are the dial targets a hello announces: the
+// configured ones (sorted) that the local policy in force allows, all of
+// them without one. A target the node would refuse is not announced, so
+// the coordinator does not route to it (the facades place sandboxes only
+// on nodes whose hello lists their target) nor show it in tether nodes,
+// only for every call there to be refused. A policy reloaded during a
+// session applies to the next session's hello (reconnecting would drop the
+// session's streams); until then the agent refuses such dials itself.
+func (a *Agent) advertisedTargets() []string {
+	lp := a.localPolicy()
+	if lp == nil {
+		return a.targetNames
+	}
+	out := make([]string, 0, len(a.targetNames))
+	for _, t := range a.targetNames {
+		if lp.AllowDial(t) == nil {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // serve runs one tunnel session over conn: handshake, heartbeats, streams. It

@@ -368,6 +368,8 @@ func TestConfigValidate(t *testing.T) {
 			c.KillGrace, c.PipeWait, c.HandshakeTimeout, c.OutputLimit = -1, -1, -1, -1
 		}, []string{"KillGrace", "PipeWait", "HandshakeTimeout", "OutputLimit"}},
 		{"bad tunnel config", func(c *Config) { c.Tunnel = tunnel.Config{MaxStreamWindow: 1} }, []string{"Tunnel"}},
+		{"ssh accept env names and prefixes", func(c *Config) { c.SSHAcceptEnv = []string{"GOOD", "PRE_*"} }, nil},
+		{"ssh accept env", func(c *Config) { c.SSHAcceptEnv = []string{"GOOD", "PRE_*", "A=B", "*", "X*Y*"} }, []string{`"A=B"`, `"*"`, `"X*Y*"`}},
 		{"dial hook replaces TLS", func(c *Config) {
 			c.TLS = nil
 			c.Dial = func(context.Context, string) (net.Conn, error) { return nil, errors.New("x") }

@@ -134,6 +134,13 @@ type Config struct {
 	// confined to CopyRoots, every configured target may be dialled.
 	// Agent.SetLocalPolicy replaces it while the agent runs.
 	LocalPolicy *localpolicy.Policy
+	// RunAsHint, if set, is what a refusal to run as another user than the
+	// agent's own (with no LocalPolicy) tells the caller to do instead,
+	// e.g. tether dev's "set run_as to you in DATA-DIR/policy.yaml". Empty
+	// means tether agent's advice: write a local policy (localpolicy.
+	// DefaultPath) or pass --local-policy, and, for an agent not running
+	// as root, that only root can run jobs as other users.
+	RunAsHint string
 	// SecretFiles are files holding the agent's secrets (its join token,
 	// its gateways' credentials): no copy reads or writes them, whatever
 	// CopyRoots allow, by whatever path or hard link. Optional.
@@ -295,6 +302,12 @@ func (c *Config) Validate() error {
 	for _, addr := range c.Coordinators {
 		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("agent config: Coordinators: %q is not host:port", addr))
+		}
+	}
+	for _, name := range c.SSHAcceptEnv {
+		base := strings.TrimSuffix(name, "*")
+		if base == "" || strings.ContainsAny(base, "=*\x00 ") {
+			errs = append(errs, fmt.Errorf("agent config: SSHAcceptEnv: %q: want a variable name, or a prefix ending in *", name))
 		}
 	}
 	if c.SharedToken && strings.TrimSpace(c.Token) == "" {

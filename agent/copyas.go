@@ -233,9 +233,14 @@ func (a *Agent) copyAs(ctx context.Context, st *yamux.Stream, acct *account, p *
 	defer outR.Close()
 	// Bigger pipes and buffers than the defaults (64 KiB, 32 KiB): fewer
 	// wake-ups per MiB relayed (BenchmarkCopyPushAsUser). Best effort: the
-	// kernel may refuse past /proc/sys/fs/pipe-max-size.
+	// kernel may refuse past /proc/sys/fs/pipe-max-size. Through
+	// SyscallConn, not Fd: Fd would put the pipe in blocking mode, taking
+	// it off the runtime's poller (a blocked Write then holds an OS
+	// thread, and deadlines stop working).
 	for _, f := range []*os.File{inW, outR} {
-		unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, relayPipeSize)
+		if rc, err := f.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, relayPipeSize) })
+		}
 	}
 	var stderr bytes.Buffer
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, &limitedBuffer{b: &stderr, n: maxHelperStderr}

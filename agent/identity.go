@@ -117,7 +117,14 @@ func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 	}
 	cert, labels, err := a.acceptCert(f, protocol.FrameEnrolled, key)
 	if err != nil {
-		return fmt.Errorf("agent %s: enroll with %s: %w", a.cfg.NodeID, addr, err)
+		err = fmt.Errorf("agent %s: enroll with %s: %w", a.cfg.NodeID, addr, err)
+		if info := (*protocol.ErrorInfo)(nil); errors.As(err, &info) && permanentEnrollRefusal(info.Code) {
+			a.m.enrollments.WithLabelValues("refused").Inc()
+			a.log.Error("enrollment refused: no retry can succeed; stopping the agent: give it a new join token (tether token create) with --token-file, or, if the node id is enrolled already, revoke it first (tether node revoke)",
+				"coordinator", addr, "code", info.Code, "reason", info.Message, "exit_status", ExitEnrollRefused)
+			return tunnel.Permanent(fmt.Errorf("%w: %w", ErrEnrollRefused, err))
+		}
+		return err
 	}
 	id := &tunnel.Identity{Cert: cert, Key: key}
 	if old := a.ident.Load(); old != nil && old.Pinned != nil {
@@ -133,6 +140,26 @@ func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 	a.log.Info("enrolled: node certificate stored", "coordinator", addr, "cert_serial", tunnel.SerialHex(cert),
 		"not_after", cert.NotAfter, "identity_dir", a.cfg.IdentityDir, "bound_labels", labels, "pinned_ca", id.Pinned != nil)
 	return nil
+}
+
+// ErrEnrollRefused is what Run returns when a coordinator refused the
+// agent's enrollment for good (protocol.CodeEnrollRefused: the join token
+// is unknown, expired or used up, the node id is enrolled already or
+// revoked, the request is bad; protocol.CodeVersion): redialing with the
+// same token cannot succeed, so the agent stops rather than retry forever.
+// A refusal the coordinator says is passing (CodeInternal: its store is
+// unavailable) is retried with the usual backoff.
+var ErrEnrollRefused = errors.New("enrollment refused")
+
+// ExitEnrollRefused is the exit status tether agent ends with on
+// ErrEnrollRefused: EX_CONFIG of sysexits.h, which the systemd unit
+// (RestartPreventExitStatus) does not restart.
+const ExitEnrollRefused = 78
+
+// permanentEnrollRefusal reports whether a reject of an Enroll with code
+// is one no retry with the same token can change.
+func permanentEnrollRefusal(code string) bool {
+	return code == protocol.CodeEnrollRefused || code == protocol.CodeVersion
 }
 
 // exchange writes one JSON frame on ctl and reads the answer, both within

@@ -69,9 +69,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.enrollments = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_agent_enrollments_total",
-		Help: "Node certificate enrollments and renewals, by result (enrolled, renewed, renew_failed).",
+		Help: "Node certificate enrollments and renewals, by result (enrolled, refused: for good, the agent stops; renewed, renew_failed).",
 	}, []string{"result"})
-	for _, r := range []string{"enrolled", "renewed", "renew_failed"} {
+	for _, r := range []string{"enrolled", "refused", "renewed", "renew_failed"} {
 		m.enrollments.WithLabelValues(r)
 	}
 	m.copies = f.NewCounterVec(prometheus.CounterOpts{

@@ -243,8 +243,9 @@ func (a *Agent) procEnv(acct *account, extra map[string]string, dir string) []st
 	if !acct.named {
 		return a.childEnv(extra, dir)
 	}
-	var base []string
-	for _, kv := range os.Environ() {
+	env := os.Environ()
+	base := make([]string, 0, len(env)+6+len(extra)) // + PATH, HOME, USER, LOGNAME, SHELL, PWD; extra
+	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
 		case secretEnvVars[k]:
@@ -261,8 +262,7 @@ func (a *Agent) procEnv(acct *account, extra map[string]string, dir string) []st
 		home = "/"
 	}
 	base = append(base, "HOME="+home, "USER="+acct.Name, "LOGNAME="+acct.Name, "SHELL="+acct.shellPath())
-	env := a.childEnvFrom(base, extra, dir)
-	return env
+	return a.childEnvFrom(base, extra, dir)
 }
 
 func hasEnv(env []string, k string) bool {
@@ -314,9 +314,17 @@ func (a *Agent) runAs(u, op string) (*account, *protocol.ErrorInfo) {
 		if cur, err := user.Current(); err == nil {
 			me = fmt.Sprintf("%s (uid %s)", cur.Username, cur.Uid)
 		}
+		hint := a.cfg.RunAsHint
+		switch {
+		case hint != "":
+		case os.Geteuid() != 0:
+			hint = fmt.Sprintf("only an agent running as root can run jobs as other users: run it as root with a local policy (%s, or --local-policy) that lists %s", localpolicy.DefaultPath, acct)
+		default:
+			hint = fmt.Sprintf("write a local policy that lists %s at %s, or pass --local-policy", acct, localpolicy.DefaultPath)
+		}
 		return nil, &protocol.ErrorInfo{Code: codeForbidden, Message: fmt.Sprintf(
-			"node %s: run as %s refused: this agent has no local policy, so it runs jobs only as its own user %s (write one at %s, or pass --local-policy)",
-			a.cfg.NodeID, acct, me, localpolicy.DefaultPath)}
+			"node %s: run as %s refused: this agent has no local policy, so it runs jobs only as its own user %s (%s)",
+			a.cfg.NodeID, acct, me, hint)}
 	}
 	return acct, nil
 }

@@ -153,9 +153,25 @@ func TestUnknownUserAndNoLocalPolicy(t *testing.T) {
 	if os.Geteuid() == 0 {
 		e = h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"id", "-u"}, User: "nobody"})
 		e.finish(t)
-		if e.errInfo == nil || e.errInfo.Code != codeForbidden || !strings.Contains(e.errInfo.Message, "no local policy") {
+		if e.errInfo == nil || e.errInfo.Code != codeForbidden || !strings.Contains(e.errInfo.Message, "no local policy") ||
+			!strings.Contains(e.errInfo.Message, "write a local policy that lists") {
 			t.Errorf("as nobody without a local policy: exit %+v error %+v", e.exit, e.errInfo)
 		}
+	}
+}
+
+// TestRunAsHint: Config.RunAsHint replaces the advice of a refusal to run
+// as another user without a local policy (tether dev's).
+func TestRunAsHint(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: as another user every user is 'another', and the test needs one that exists besides the agent's")
+	}
+	h := newHarness(t, func(c *Config) { c.RunAsHint = "do the dev thing" })
+	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, User: "nobody"})
+	e.finish(t)
+	if e.errInfo == nil || e.errInfo.Code != codeForbidden || !strings.Contains(e.errInfo.Message, "(do the dev thing)") ||
+		strings.Contains(e.errInfo.Message, "--local-policy") {
+		t.Errorf("as nobody with a hint: %+v", e.errInfo)
 	}
 }
 

@@ -124,7 +124,25 @@ func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		Log:              log,
 		NodeID:           a.cfg.NodeID,
 		Guard:            a.guard,
+		// An SSH command is an exec like any other: it takes one of the
+		// node's MaxExecs slots while its process runs.
+		Acquire: a.acquireExecSlot,
 	})
+}
+
+// acquireExecSlot takes one of the Config.MaxExecs slots that exec
+// streams also take, for a process an SSH channel starts.
+func (a *Agent) acquireExecSlot() (func(), error) {
+	if n := a.running.Add(1); n > int64(a.cfg.MaxExecs) {
+		a.running.Add(-1)
+		a.log.Warn("ssh command refused: at the limit of concurrent execs", "max_execs", a.cfg.MaxExecs)
+		return nil, fmt.Errorf("node %s is running %d execs, its limit", a.cfg.NodeID, a.cfg.MaxExecs)
+	}
+	a.m.execsRunning.Inc()
+	return func() {
+		a.running.Add(-1)
+		a.m.execsRunning.Dec()
+	}, nil
 }
 
 // sshLogin resolves login for an SSH connection: the account, as runAs

@@ -205,6 +205,13 @@ func (f *sshFixture) event(t testing.TB, what string, cond func(*protocol.SSHCha
 
 func run(t *testing.T, c *ssh.Client, cmd string, stdin string) (string, error) {
 	t.Helper()
+	out, _, err := runErr(t, c, cmd, stdin)
+	return out, err
+}
+
+// runErr is run returning standard error too.
+func runErr(t *testing.T, c *ssh.Client, cmd string, stdin string) (string, string, error) {
+	t.Helper()
 	s, err := c.NewSession()
 	if err != nil {
 		t.Fatalf("new session: %v", err)
@@ -213,12 +220,16 @@ func run(t *testing.T, c *ssh.Client, cmd string, stdin string) (string, error) 
 	if stdin != "" {
 		s.Stdin = strings.NewReader(stdin)
 	}
-	// One writer for both, safe for their concurrent copies.
-	var out syncBuffer
+	// Standard output only: the login's rc files (bash reads ~/.bashrc
+	// as under sshd) may say things on standard error.
+	var out, errb bytes.Buffer
 	s.Stdout = &out
-	s.Stderr = &out
+	s.Stderr = &errb
 	err = s.Run(cmd)
-	return out.String(), err
+	if errb.Len() > 0 {
+		t.Logf("%s: stderr: %s", cmd, errb.String())
+	}
+	return out.String(), errb.String(), err
 }
 
 func exitStatus(err error) int {
@@ -236,14 +247,14 @@ func TestSSHExecScriptOnStdinLastStatusCounts(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
 	script := "false\necho one\nexit 4\n"
-	out, err := run(t, c, "bash -s", script)
+	out, stderr, err := runErr(t, c, "bash -s", script)
 	if exitStatus(err) != 4 || out != "one\n" {
 		t.Fatalf("bash -s: out %q err %v, want exit 4 and one", out, err)
 	}
 	ev := f.event(t, "for the first exec", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
 	sum, size := protocol.CommandDigest("", []string{"bash -s"})
 	if ev.Type != protocol.SSHChannelExec || ev.Login != f.user || ev.ExitStatus == nil || *ev.ExitStatus != 4 ||
-		ev.Result != protocol.AuditFailed || ev.BytesIn != int64(len(script)) || ev.BytesOut != 4 ||
+		ev.Result != protocol.AuditFailed || ev.BytesIn != int64(len(script)) || ev.BytesOut != int64(4+len(stderr)) ||
 		ev.Command == nil || ev.Command.Mode != "argv" || ev.Command.SHA256 != sum || ev.Command.Size != size || ev.Command.Program != "bash" {
 		t.Errorf("exec event %+v command %+v", ev, ev.Command)
 	}
@@ -395,13 +406,15 @@ func TestSSHBinaryCleanStdinStdout(t *testing.T) {
 	}
 	defer s.Close()
 	s.Stdin = bytes.NewReader(data)
+	var stderr bytes.Buffer
+	s.Stderr = &stderr
 	out, err := s.Output("cat")
 	if err != nil || !bytes.Equal(out, data) {
 		t.Fatalf("cat of %d random bytes: got %d bytes, equal %v, err %v", len(data), len(out), bytes.Equal(out, data), err)
 	}
 	ev := f.event(t, "of cat", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
-	if ev.BytesIn != int64(len(data)) || ev.BytesOut != int64(len(data)) {
-		t.Errorf("bytes in %d out %d, want %d each", ev.BytesIn, ev.BytesOut, len(data))
+	if ev.BytesIn != int64(len(data)) || ev.BytesOut != int64(len(data)+stderr.Len()) {
+		t.Errorf("bytes in %d out %d, want %d and %d (stdout and stderr)", ev.BytesIn, ev.BytesOut, len(data), len(data)+stderr.Len())
 	}
 }
 
@@ -881,5 +894,37 @@ func TestSSHLoginEnvironmentIsNotTheAgents(t *testing.T) {
 	out, err := run(t, c, `echo "${TETHER_TEST_AGENT_ONLY-unset} ${PATH:+path}"`, "")
 	if err != nil || out != "unset path\n" {
 		t.Errorf("environment: %q %v, want the agent's variable unset and PATH set", out, err)
+	}
+}
+
+// An SSH command takes one of the node's MaxExecs slots while it runs, as
+// an exec stream does, so SSH cannot run more processes than the node
+// allows; the slot comes back when the command ends.
+func TestSSHCommandsTakeExecSlots(t *testing.T) {
+	f := newSSHFixture(t, func(c *Config) { c.MaxExecs = 1 })
+	c := f.mustDial(t)
+	hold, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, _ := hold.StdinPipe()
+	if err := hold.Start("cat"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, testWait, "the first command holds the slot", func() bool { return f.h.a.running.Load() == 1 })
+	if _, _, err := runErr(t, c, "true", ""); err == nil {
+		t.Fatal("a second command started past MaxExecs")
+	}
+	ev := f.event(t, "of the refused command", func(e *protocol.SSHChannelEvent) bool { return e.Result == protocol.AuditRefused })
+	if !strings.Contains(ev.Error, "running 1 execs, its limit") {
+		t.Fatalf("refused command's event %+v; want the exec limit", ev)
+	}
+	in.Close()
+	if err := hold.Wait(); err != nil {
+		t.Fatalf("first command: %v", err)
+	}
+	waitFor(t, testWait, "the slot is back", func() bool { return f.h.a.running.Load() == 0 })
+	if out, err := run(t, c, "echo again", ""); err != nil || out != "again\n" {
+		t.Fatalf("after the slot came back: %q %v", out, err)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -54,14 +54,11 @@ func truncateAgentString(s string) string {
 // agentConn is one accepted agent connection, from TCP accept to close. The
 // drain closes every agentConn to end its goroutine.
 type agentConn struct {
-	conn   net.Conn
-	source netip.Prefix // what its handshake counts against (sourceOf)
-	// admitted is set while the connection holds a handshake place;
-	// guarded by admission.mu.
-	admitted bool
-	// evicted is set when its handshake was cut to make room for another
-	// source's; the cut is already counted, its failure is not.
-	evicted atomic.Bool
+	conn net.Conn
+	// ticket is its place in the pre-auth admission (Owner: the
+	// agentConn); Evicted once its handshake was cut to make room for
+	// another source's: the cut is already counted, its failure is not.
+	ticket *admission.Ticket
 
 	// peer is the client certificate the agent presented in its TLS
 	// handshake; nil if none (or not TLS). Set before the Hello is read.
@@ -119,29 +116,31 @@ type node struct {
 // reason source_limit or overload). Admitting it may cut another source's
 // handshake (admission.enter), which is counted as overload.
 func (c *Coordinator) startConn(conn net.Conn) {
-	ac := &agentConn{conn: conn, source: sourceOf(conn.RemoteAddr())}
-	victim, refused := c.admit.enter(ac)
+	ac := &agentConn{conn: conn}
+	ac.ticket = admission.NewTicket(conn.RemoteAddr(), ac)
+	victim, refused := c.admit.Enter(ac.ticket)
 	if refused != "" {
 		c.m.authFailures.WithLabelValues(refused).Inc()
 		c.preauth.Warn("agent connection refused before its handshake (each one counted in tether_coordinator_auth_failures_total)",
-			"reason", refused, "remote_addr", conn.RemoteAddr().String(), "source", ac.source.String(),
+			"reason", refused, "remote_addr", conn.RemoteAddr().String(), "source", ac.ticket.Source.String(),
 			"max_handshakes", c.cfg.MaxHandshakes, "max_handshakes_per_source", c.cfg.MaxHandshakesPerSource)
 		conn.Close()
 		return
 	}
 	if victim != nil {
+		vc := victim.Owner.(*agentConn)
 		c.m.authFailures.WithLabelValues(reasonOverload).Inc()
 		c.preauth.Warn("agent handshake cut to make room for another source's (each one counted in tether_coordinator_auth_failures_total)",
-			"reason", reasonOverload, "remote_addr", victim.conn.RemoteAddr().String(), "source", victim.source.String(),
+			"reason", reasonOverload, "remote_addr", vc.conn.RemoteAddr().String(), "source", victim.Source.String(),
 			"for_remote_addr", conn.RemoteAddr().String(), "max_handshakes", c.cfg.MaxHandshakes)
-		victim.close()
+		vc.close()
 	}
 	// The handshake place is released when the handshake ends, whatever
 	// its outcome (serveConn), or here if no goroutine starts.
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
-		c.admit.leave(ac)
+		c.admit.Leave(ac.ticket)
 		conn.Close()
 		return
 	}
@@ -198,7 +197,7 @@ func refuse(reason, code string, err error) *handshakeError {
 // caller runs; otherwise it returns nil and the connection is closed. It
 // releases the connection's handshake slot (startConn) when it returns.
 func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()) {
-	defer c.admit.leave(ac)
+	defer c.admit.Leave(ac.ticket)
 	remote := ac.conn.RemoteAddr().String()
 	// Until the Hello proved the join token, every line goes to the
 	// rate-limited log.
@@ -207,7 +206,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 	deadline := start.Add(c.cfg.HandshakeTimeout)
 	// failed reports whether a failure of this connection should be
 	// counted and logged: not when the drain or the admission cut it.
-	failed := func() bool { return ctx.Err() == nil && !ac.evicted.Load() }
+	failed := func() bool { return ctx.Err() == nil && !ac.ticket.Evicted() }
 
 	if tc, ok := ac.conn.(*tls.Conn); ok {
 		// A silent connection is closed after FirstByteTimeout, well
@@ -264,7 +263,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		log.Warn("start tunnel session", "err", err)
 		return nil // tunnel.Server closed the conn
 	}
-	if ac.evicted.Load() {
+	if ac.ticket.Evicted() {
 		sess.Close() // cut while its TLS handshake finished
 		return nil
 	}

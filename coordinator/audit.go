@@ -42,13 +42,17 @@ import (
 //     facade call) is recorded when it refuses; the facades record their
 //     other calls themselves (AuditLog, their Config.Audit).
 
-// endpointOps maps request subjects to the policy operation they are
-// audited under.
+// endpointOps maps request subjects to the operation they are audited
+// under: a policy operation, or one of protocol.AuditOtherOperations for
+// a request none covers (the CLI's tether audit --operation accepts just
+// these names). Every endpoint the coordinator serves has an entry
+// (TestAuditEndpointOperations).
 var endpointOps = map[string]string{
 	protocol.SubjectExec:              policy.OpExec.String(),
 	protocol.SubjectNodes:             policy.OpNodesList.String(),
 	protocol.SubjectCancel:            policy.OpJobCancel.String(),
-	protocol.SubjectStream:            "stream", // refined by the kind (relayOp)
+	protocol.SubjectStream:            protocol.AuditOpStream, // refined by the kind (relayOp)
+	protocol.SubjectExecAlive:         protocol.AuditOpExecAlive,
 	protocol.SubjectJobStatus:         policy.OpJobStatus.String(),
 	protocol.SubjectJobOutput:         policy.OpJobLogs.String(),
 	protocol.SubjectJobCancel:         policy.OpJobCancel.String(),
@@ -237,9 +241,12 @@ func (c *Coordinator) observeDecision(d caller.Decision) {
 		return
 	}
 	if a := auditOf(d.Request); a != nil {
+		// A copy made here, on the refusal path only: taking d's address
+		// would move every decision to the heap, allowed ones too.
+		r := d
 		a.mu.Lock()
 		if a.refusal == nil {
-			a.refusal = &d
+			a.refusal = &r
 		}
 		a.mu.Unlock()
 		return
@@ -282,7 +289,7 @@ func relayOp(kind protocol.Kind, params json.RawMessage) string {
 		}
 		return policy.OpCopyWrite.String()
 	}
-	return kind.String()
+	return protocol.AuditOpStream
 }
 
 // recordAudit records the event of an exec job that ran (or whose
@@ -466,7 +473,7 @@ func (c *Coordinator) handleAuditQuery(req micro.Request) {
 	if !c.decodeValid(req, &q) {
 		return
 	}
-	if _, e := c.authorizer().Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpAdmin, nil, policy.Object{}); e != nil { // the rate budget, then the decision
 		c.replyError(req, e)
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/agent/localpolicy"
@@ -528,5 +529,32 @@ identities:
 	slices.Sort(want)
 	if both.RunAs != strings.Join(want, ", ") {
 		t.Errorf("exec on all: run_as %q, want %q", both.RunAs, strings.Join(want, ", "))
+	}
+}
+
+// TestAuditEndpointOperations: every endpoint the coordinator serves is
+// audited under a named operation, and every such name is a policy
+// operation or one of protocol.AuditOtherOperations: the list tether audit
+// --operation accepts.
+func TestAuditEndpointOperations(t *testing.T) {
+	h := newHarness(t, nil)
+	m, err := h.coordNC.Request("$SRV.INFO."+protocol.ServiceName, nil, defaultTestTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info micro.Info
+	if err := json.Unmarshal(m.Data, &info); err != nil {
+		t.Fatal(err)
+	}
+	ops := coordinator.EndpointOps()
+	for _, e := range info.Endpoints {
+		if _, ok := ops[e.Subject]; !ok {
+			t.Errorf("endpoint %s (%s) has no audit operation", e.Name, e.Subject)
+		}
+	}
+	for subject, op := range ops {
+		if _, err := policy.ParseOperation(op); err != nil && !slices.Contains(protocol.AuditOtherOperations(), op) {
+			t.Errorf("%s is audited as %q: neither a policy operation nor in protocol.AuditOtherOperations", subject, op)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -47,8 +48,9 @@ type Coordinator struct {
 	ssh sshSessions
 
 	serving atomic.Bool // Serve is running and not yet draining
-	// admit bounds the agent connections in their handshake (admission.go).
-	admit *admission
+	// admit bounds the agent connections in their handshake
+	// (internal/admission).
+	admit *admission.Controller
 
 	// mu guards the fields below. It is never held while doing I/O.
 	mu      sync.Mutex
@@ -111,7 +113,7 @@ func New(cfg Config) (*Coordinator, error) {
 		nodes:     map[string]*node{},
 		jobs:      map[string]*job{},
 
-		admit:   newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		admit:   admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 		nodeUps: make(chan string, 1024),
 		syncs:   make(chan chan []protocol.SyncProblem),
 	}, nil

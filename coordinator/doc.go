@@ -26,7 +26,7 @@
 // # Agent sessions
 //
 // Agents dial out to the coordinator. Before a connection has proven the
-// join token it is held to little (admission.go): at most MaxHandshakes
+// join token it is held to little (internal/admission): at most MaxHandshakes
 // connections are in their handshake at once, at most
 // MaxHandshakesPerSource of them from one source (an IPv4 address or an
 // IPv6 /64; past it: closed unread, reason "source_limit"). When all places

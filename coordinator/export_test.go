@@ -1,6 +1,10 @@
 package coordinator
 
-import "github.com/tetherfleet/tether/coordinator/caller"
+import (
+	"maps"
+
+	"github.com/tetherfleet/tether/coordinator/caller"
+)
 
 // SetTestHook makes c call f at named points, in the goroutine that reaches
 // them: "nats <endpoint>" before a NATS request's handler (e.g. "nats
@@ -16,3 +20,6 @@ func SetTestHook(c *Coordinator, f func(point string)) {
 
 // AuthorizerForTest returns the Authorizer c's handlers ask.
 func AuthorizerForTest(c *Coordinator) caller.Authorizer { return c.authorizer() }
+
+// EndpointOps is the operation each endpoint subject is audited under.
+func EndpointOps() map[string]string { return maps.Clone(endpointOps) }

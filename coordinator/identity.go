@@ -331,7 +331,7 @@ func (c *Coordinator) handleTokenCreate(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeUnsupported, "coordinator %s has no per-node identity (no node CA)", c.cfg.ID))
 		return
 	}
-	if _, e := c.authorizer().Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpAdmin, nil, policy.Object{}); e != nil { // the rate budget, then the decision
 		c.replyError(req, e)
 		return
 	}
@@ -371,7 +371,7 @@ func (c *Coordinator) handleNodeRevoke(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeUnsupported, "coordinator %s has no per-node identity (no node CA)", c.cfg.ID))
 		return
 	}
-	if _, e := c.authorizer().Decide(req, policy.OpAdmin, policy.Node{}, policy.Object{}); e != nil {
+	if _, e := c.authorizer().Authorize(req, policy.OpAdmin, nil, policy.Object{}); e != nil { // the rate budget, then the decision
 		c.replyError(req, e)
 		return
 	}

@@ -5,23 +5,24 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/protocol"
 )
 
 // Reasons of tether_coordinator_auth_failures_total: why an agent's
 // handshake was refused.
 const (
-	reasonBadToken  = "bad_token" // the Hello's token is wrong
-	reasonNoToken   = "no_token"  // the Hello has no token
-	reasonVersion   = "version"   // protocol versions differ
-	reasonBadHello  = "bad_hello" // the Hello failed validation
-	reasonTimeout   = "timeout"   // TLS handshake or Hello not done in time
-	reasonProtocol  = "protocol"  // anything else: TLS failure, wrong first stream or frame
-	reasonOverload  = "overload"  // MaxHandshakes handshakes were in progress: closed unread, or cut to make room for another source
-	reasonDuplicate = "duplicate" // another live agent instance holds the node id
+	reasonBadToken  = "bad_token"        // the Hello's token is wrong
+	reasonNoToken   = "no_token"         // the Hello has no token
+	reasonVersion   = "version"          // protocol versions differ
+	reasonBadHello  = "bad_hello"        // the Hello failed validation
+	reasonTimeout   = "timeout"          // TLS handshake or Hello not done in time
+	reasonProtocol  = "protocol"         // anything else: TLS failure, wrong first stream or frame
+	reasonOverload  = admission.Overload // MaxHandshakes handshakes were in progress: closed unread, or cut to make room for another source
+	reasonDuplicate = "duplicate"        // another live agent instance holds the node id
 	// reasonSourceLimit: MaxHandshakesPerSource handshakes from the same
 	// source (IPv4 address or IPv6 /64) were in progress: closed unread.
-	reasonSourceLimit = "source_limit"
+	reasonSourceLimit = admission.SourceLimit
 	// Certificate refusals (identity.go).
 	reasonCertRequired = "cert_required" // no client certificate, and no shared token allowed, or the node id is enrolled
 	reasonForeignCA    = "foreign_ca"    // the certificate does not chain to the node CA

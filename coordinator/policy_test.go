@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/natspipe"
@@ -430,13 +431,89 @@ func TestPolicyCancelOwnJobOnly(t *testing.T) {
 		return nil
 	})
 	e, _ := requestAs(t, h.as("bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
-	wantRefused(t, "bob cancels alice's job", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel", "another identity's job")
+	wantRefused(t, "bob cancels alice's job", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel", "no rule grants job.cancel")
 	if strings.Contains(e.Message, "alice") {
 		t.Errorf("the refusal names the owner: %s", e.Message)
 	}
 	e, _ = requestAs(t, h.as("ops"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"})
 	if e != nil {
 		t.Fatalf("ops (scope any) cancels: %v", e)
+	}
+	select {
+	case r := <-done:
+		if r.result == nil || len(r.result.Results) != 1 || !r.result.Results[0].Cancelled {
+			t.Fatalf("alice's job: %+v %+v, want cancelled", r.err, r.result)
+		}
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("alice's job did not end")
+	}
+}
+
+// TestPolicyCancelNoOracle: tether.v1.cancel tells a caller nothing about
+// job ids it may not cancel. A caller holding no job.cancel is refused
+// the same way whether the job runs or not; one holding it on other nodes
+// or on its own jobs only gets the same not_found for a running job it may
+// not cancel as for an id no job has.
+func TestPolicyCancelNoOracle(t *testing.T) {
+	const pol = stagingPolicy + `  nats:carol:
+    rules:
+      - nodes: "*"
+        operations: [exec, job.cancel]
+        run_as: carol
+  nats:dave:
+    rules:
+      - nodes: "env=prod"
+        operations: [job.cancel]
+        scope: any
+`
+	h, _ := newPolicyHarness(t, pol, nil)
+	a := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, err := execRaw(h.as("alice"), mustJSON(t, map[string]any{"id": "alices-job", "target": map[string]any{"node": "n-a"}, "argv": []string{"hang"}}))
+		if err != nil {
+			t.Errorf("alice's exec: %v", err)
+		}
+		done <- r
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		if n := a.execs.Load(); n != 1 {
+			return errors.New("job not started yet")
+		}
+		return nil
+	})
+	cancel := func(who, id string) *protocol.APIError {
+		t.Helper()
+		e, _ := requestAs(t, h.as(who), protocol.SubjectCancel, protocol.CancelRequest{ID: id})
+		if e == nil {
+			t.Fatalf("%s cancelled %s", who, id)
+		}
+		return e
+	}
+	// The same answer for both ids, but for the id itself.
+	same := func(who string, status int, code string) {
+		t.Helper()
+		running, missing := cancel(who, "alices-job"), cancel(who, "no-such-job")
+		if running.Status != status || running.Code != code {
+			t.Errorf("%s on alice's running job: %d %s (%s), want %d %s", who, running.Status, running.Code, running.Message, status, code)
+		}
+		got := strings.ReplaceAll(running.Message, "alices-job", "ID")
+		want := strings.ReplaceAll(missing.Message, "no-such-job", "ID")
+		if running.Status != missing.Status || running.Code != missing.Code || got != want {
+			t.Errorf("%s tells a running job from none:\n  running: %d %s %s\n  none:    %d %s %s",
+				who, running.Status, running.Code, running.Message, missing.Status, missing.Code, missing.Message)
+		}
+		if strings.Contains(got, "alice") || strings.Contains(got, "n-a") {
+			t.Errorf("%s's answer names the job's owner or node: %s", who, running.Message)
+		}
+	}
+	same("bob", 403, protocol.ErrCodeForbidden)  // no job.cancel at all
+	same("carol", 404, protocol.ErrCodeNotFound) // her own jobs only
+	same("dave", 404, protocol.ErrCodeNotFound)  // other nodes only
+	e := cancel("alice", "no-such-job")          // the owner's own miss
+	wantRefused(t, "alice cancels no job", e, 404, protocol.ErrCodeNotFound, "no-such-job", "nats:alice")
+	if e, _ := requestAs(t, h.as("alice"), protocol.SubjectCancel, protocol.CancelRequest{ID: "alices-job"}); e != nil {
+		t.Fatalf("alice cancels her own job: %v", e)
 	}
 	select {
 	case r := <-done:
@@ -562,5 +639,68 @@ identities:
 	wantRefused(t, "ops' cancel (no job.cancel)", e, 403, protocol.ErrCodeForbidden, "nats:ops", "job.cancel")
 	if e, _ := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobCancel, status); e != nil {
 		t.Fatalf("alice cancels her job: %v", e)
+	}
+}
+
+// TestPolicyAdminRateLimited: the admin endpoints take each request from
+// the caller's rate budget before they decide, like every other handler:
+// an admin past its burst gets 429, and so does a caller flooding them
+// without the right (its refusals count against its budget too).
+func TestPolicyAdminRateLimited(t *testing.T) {
+	const pol = `version: 1
+identities:
+  nats:root:
+    limits:
+      requests_per_second: 0.001
+      burst: 2
+    rules:
+      - operations: [admin]
+  nats:outsider:
+    limits:
+      requests_per_second: 0.001
+      burst: 2
+    rules:
+      - nodes: "*"
+        operations: [nodes.list]
+`
+	store, _ := writePolicy(t, pol)
+	ih := newIDHarness(t, false, func(c *coordinator.Config) {
+		c.Policy = store
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			rec.Close(ctx)
+		})
+		c.Audit = rec
+	})
+	endpoints := []struct {
+		subject string
+		body    any
+	}{
+		{protocol.SubjectTokensCreate, protocol.TokenCreateRequest{TTLSeconds: 600, Uses: 1}},
+		{protocol.SubjectNodesRevoke, protocol.NodeRevokeRequest{Node: "nobody"}},
+		{protocol.SubjectAuditQuery, protocol.AuditQueryRequest{}},
+	}
+	// One budget per identity across the admin endpoints: two requests,
+	// then 429 on whichever comes third.
+	for i, ep := range endpoints[:2] {
+		e, _ := requestAs(t, ih.as("root"), ep.subject, ep.body)
+		if e != nil && e.Status == 429 {
+			t.Fatalf("root's request %d (%s) was rate limited within its burst: %v", i, ep.subject, e)
+		}
+		e, _ = requestAs(t, ih.as("outsider"), ep.subject, ep.body)
+		wantRefused(t, "outsider "+ep.subject, e, 403, protocol.ErrCodeForbidden, "nats:outsider", "admin")
+	}
+	for _, ep := range endpoints {
+		e, _ := requestAs(t, ih.as("root"), ep.subject, ep.body)
+		wantRefused(t, "root past its burst on "+ep.subject, e, 429, protocol.ErrCodeRateLimited, "nats:root", "burst 2")
+		e, _ = requestAs(t, ih.as("outsider"), ep.subject, ep.body)
+		wantRefused(t, "outsider past its burst on "+ep.subject, e, 429, protocol.ErrCodeRateLimited, "nats:outsider", "burst 2")
 	}
 }

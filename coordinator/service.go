@@ -331,6 +331,14 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 
 // handleCancel cancels a running job: each of its nodes is sent a cancel and
 // reports its exit status in the job's final result.
+//
+// Authorization comes before the job is looked up, so that the answer
+// tells a caller nothing about job ids it may not cancel: one request from
+// the rate budget (429), then a caller who holds job.cancel in no rule is
+// refused (403) whatever the id; for the others a job that is not running
+// and a job they may not cancel (not on their nodes, another identity's
+// without scope: any) get the same 404 not_found. The refusal itself is
+// still decided (Decide), so the audit log and the refusal metrics keep it.
 func (c *Coordinator) handleCancel(req micro.Request) {
 	var r protocol.CancelRequest
 	if e := protocol.DecodeRequest(req.Data(), &r); e != nil {
@@ -341,19 +349,36 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "id is required"))
 		return
 	}
+	az := c.authorizer()
+	if e := az.Allow(req, policy.OpJobCancel); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	if e := az.Holds(req, policy.OpJobCancel); e != nil {
+		c.replyError(req, e)
+		return
+	}
 	c.mu.Lock()
 	j, ok := c.jobs[r.ID]
 	c.mu.Unlock()
+	if ok {
+		for _, id := range j.targets {
+			if _, e := az.Decide(req, policy.OpJobCancel, c.nodeOrID(id), policy.Object{Owner: j.ownerString()}); e != nil {
+				if e.Status != 403 {
+					c.replyError(req, e) // 401, or 400: not about this job
+					return
+				}
+				ok = false
+				break
+			}
+		}
+	}
 	if !ok {
-		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s is running on coordinator %s", protocol.Clip(r.ID), c.cfg.ID))
-		return
-	}
-	nodes := make([]policy.Node, len(j.targets))
-	for i, id := range j.targets {
-		nodes[i] = c.nodeOrID(id)
-	}
-	if _, e := c.authorizer().Authorize(req, policy.OpJobCancel, nodes, policy.Object{Owner: j.ownerString()}); e != nil {
-		c.replyError(req, e)
+		who := ""
+		if id, known := caller.Of(req); known {
+			who = " that " + id.String() + " may cancel"
+		}
+		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s%s is running on coordinator %s", protocol.Clip(r.ID), who, c.cfg.ID))
 		return
 	}
 	j.cancel(nil)

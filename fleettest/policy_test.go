@@ -244,12 +244,20 @@ identities:
         operations: [forward]
         targets: [openshell, opensandbox]
       - operations: [sandboxes.list]
+  token:nowhere:
+    rules:
+      - nodes: "index=9"
+        operations: [forward]
+        targets: [openshell, opensandbox]
+      - operations: [sandboxes.list, sandboxes.reap]
+        scope: any
 `
 
 // facadeTokens is each holder's token, as a named token file gives them.
 var facadeTokens = map[string]string{
 	"alice": "alice-0123456789abcdef", "bob": "bob-0123456789abcdef",
 	"ops": "ops-0123456789abcdef", "n0": "n0-0123456789abcdef",
+	"nowhere": "nowhere-0123456789abcdef",
 }
 
 func facadeFleet(t *testing.T) *fleettest.Fleet {
@@ -368,6 +376,33 @@ func TestPolicyOpenShellFacade(t *testing.T) {
 	if err := oshCall(t, cc, "ops", openshell.MethodDeleteSandbox, &openshell.DeleteSandboxRequest{Name: "ng-alice"}, &del); err != nil {
 		t.Fatalf("ops (reap scope any) deletes alice's: %v", err)
 	}
+}
+
+// TestPolicyOpenShellFacadeNoReachableNode: a caller whose forward rule
+// matches no connected node is refused with PERMISSION_DENIED on every
+// call a gateway would serve, never UNAVAILABLE (which NeMo Gym retries,
+// and retrying cannot help), even where the sandbox it names is on a node
+// it may not reach.
+func TestPolicyOpenShellFacadeNoReachableNode(t *testing.T) {
+	f := facadeFleet(t)
+	cc := openShellClient(t, f)
+	var sr openshell.SandboxResponse
+	create := &openshell.CreateSandboxRequest{Name: "ng-alice", Spec: &openshell.SandboxSpec{Environment: map[string]string{}}}
+	if err := oshCall(t, cc, "alice", openshell.MethodCreateSandbox, create, &sr); err != nil {
+		t.Fatalf("alice creates: %v", err)
+	}
+	id := sr.GetSandbox().GetMetadata().GetId()
+	var hr openshell.HealthResponse
+	wantDenied(t, "nowhere asks Health", oshCall(t, cc, "nowhere", openshell.MethodHealth, &openshell.HealthRequest{}, &hr), "token:nowhere", "forward")
+	wantDenied(t, "nowhere gets alice's by name", oshCall(t, cc, "nowhere", openshell.MethodGetSandbox, &openshell.GetSandboxRequest{Name: "ng-alice"}, &sr), "token:nowhere", "forward")
+	wantDenied(t, "nowhere gets a name nobody has", oshCall(t, cc, "nowhere", openshell.MethodGetSandbox, &openshell.GetSandboxRequest{Name: "ng-none"}, &sr), "token:nowhere", "forward")
+	wantDenied(t, "nowhere execs in alice's by id", oshCall(t, cc, "nowhere", openshell.MethodExecSandbox, &openshell.ExecSandboxRequest{SandboxId: id}, &sr), "token:nowhere", "forward")
+	var del openshell.DeleteSandboxResponse
+	wantDenied(t, "nowhere deletes alice's", oshCall(t, cc, "nowhere", openshell.MethodDeleteSandbox, &openshell.DeleteSandboxRequest{Name: "ng-alice"}, &del), "token:nowhere", "forward")
+	create.Name = "ng-nowhere"
+	wantDenied(t, "nowhere creates", oshCall(t, cc, "nowhere", openshell.MethodCreateSandbox, create, &sr), "token:nowhere", "forward")
+	// Named explicitly, a node it may not reach is refused too.
+	wantDenied(t, "nowhere gets alice's on node-0", oshCall(t, cc, "nowhere", openshell.MethodGetSandbox, &openshell.GetSandboxRequest{Name: "ng-alice"}, &sr, "tether-node", "node-0"), "token:nowhere", "forward", "node-0")
 }
 
 // osbAs sends an OpenSandbox request through the facade as who.

@@ -83,18 +83,20 @@ type Verifier struct {
 	// headers maps a Nats-Request-Info value to what it says, so a
 	// connection's requests are parsed once (the value changes only when
 	// the server updates the connection's RTT); cache maps a user JWT to its
-	// decoded claims, so each user's signature is checked once. The checks
-	// that depend on time and the account (expiry, revocation, issuer) run
-	// on every request.
+	// decoded claims, so each user's signature is checked once. Identify's
+	// verdict on a header value is kept with it for the accounts it was
+	// reached under (judge), so only the checks that depend on the time
+	// (expiry, not-before) run on every request.
 	mu      sync.Mutex
 	headers map[string]*parsedInfo
 	cache   map[string]*jwt.UserClaims
 }
 
-// parsedInfo is a header value, decoded.
+// parsedInfo is a header value, decoded, and Identify's verdict on it
+// (nil until the first Identify, replaced when the accounts change).
 type parsedInfo struct {
-	ri requestInfo
-	uc *jwt.UserClaims // nil until its JWT is decoded
+	ri      requestInfo
+	verdict atomic.Pointer[verdict]
 }
 
 // maxCache bounds each of Verifier's caches; a full one is emptied.
@@ -186,43 +188,18 @@ func (v *Verifier) Identify(h nats.Header) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	ri := pi.ri
 	st := v.state.Load()
-	ca := st.accounts[ri.Account]
-	if ca == nil {
-		return Identity{}, fmt.Errorf("%w: user %s is in account %s, not a client account", ErrUntrusted, ri.User, ri.Account)
+	vd := pi.verdict.Load()
+	if vd == nil || vd.st != st {
+		// First sight of this header value under these accounts: check
+		// what does not depend on the time, once.
+		vd = v.judge(pi, st)
+		pi.verdict.Store(vd)
 	}
-	if ri.JWT == "" {
-		return Identity{}, fmt.Errorf("%w: the request of user %s in account %s carries no user JWT: the import must share the requestor's identity (share: true) on a server in operator mode", ErrUntrusted, ri.User, ca.name)
+	if vd.pre != nil {
+		return Identity{}, vd.pre
 	}
-	v.mu.Lock()
-	uc := pi.uc
-	v.mu.Unlock()
-	if uc == nil {
-		if uc, err = v.decode(ri.JWT); err != nil {
-			return Identity{}, fmt.Errorf("%w: user %s in account %s: its JWT: %v", ErrUntrusted, ri.User, ca.name, err)
-		}
-		v.mu.Lock()
-		pi.uc = uc
-		v.mu.Unlock()
-	}
-	if uc.Subject != ri.User || !nkeys.IsValidPublicUserKey(uc.Subject) {
-		return Identity{}, fmt.Errorf("%w: the JWT in the header is user %s's, the server authenticated %s", ErrUntrusted, uc.Subject, ri.User)
-	}
-	if uc.IssuerAccount != ca.claims.Subject {
-		return Identity{}, fmt.Errorf("%w: user %s (%s) was not issued by a client signing key of account %s", ErrUntrusted, uc.Subject, uc.Name, ca.name)
-	}
-	if !ca.signers[uc.Issuer] || uc.Issuer != ri.IssuerKey {
-		return Identity{}, fmt.Errorf("%w: user %s (%s) was issued by %s, not by a client signing key of account %s: its permissions are not known to be a client's", ErrUntrusted, uc.Subject, uc.Name, uc.Issuer, ca.name)
-	}
-	if !uc.HasEmptyPermissions() {
-		// The server refuses such users of a scoped key at connect; this is
-		// a second look at what the header claims.
-		return Identity{}, fmt.Errorf("%w: user %s (%s) carries permissions of its own", ErrUntrusted, uc.Subject, uc.Name)
-	}
-	if uc.BearerToken {
-		return Identity{}, fmt.Errorf("%w: user %s (%s) is a bearer token", ErrUntrusted, uc.Subject, uc.Name)
-	}
+	uc := vd.uc
 	now := v.now().Unix()
 	if uc.Expires != 0 && now >= uc.Expires {
 		return Identity{}, fmt.Errorf("%w: user %s (%s) expired at %s", ErrExpired, uc.Subject, uc.Name, time.Unix(uc.Expires, 0).UTC().Format(time.RFC3339))
@@ -230,19 +207,79 @@ func (v *Verifier) Identify(h nats.Header) (Identity, error) {
 	if uc.NotBefore != 0 && now < uc.NotBefore {
 		return Identity{}, fmt.Errorf("%w: user %s (%s) is not valid before %s", ErrExpired, uc.Subject, uc.Name, time.Unix(uc.NotBefore, 0).UTC().Format(time.RFC3339))
 	}
-	if ca.claims.IsClaimRevoked(uc) {
-		return Identity{}, fmt.Errorf("%w: account %s revoked user %s (%s)", ErrRevoked, ca.name, uc.Subject, uc.Name)
+	if vd.post != nil {
+		return Identity{}, vd.post
 	}
-	id := Identity{Kind: KindNATS, Key: uc.Subject, Account: ca.name}
+	return vd.id, nil
+}
+
+// verdict is what Identify concluded about one header value under one
+// verifierState, except the checks of the JWT's validity period, which
+// depend on the time and run on every request: pre is the error of the
+// checks before them, post of those after (revocation, the name), id the
+// identity when both are nil. uc is the user's claims (nil when pre says
+// why there are none).
+type verdict struct {
+	st        *verifierState
+	uc        *jwt.UserClaims
+	pre, post error
+	id        Identity
+}
+
+// judge checks pi's header against the accounts of st (see Identify).
+// Everything it reads is fixed for pi's header value (the user JWT's
+// claims, decoded once per JWT) or for st (the trusted accounts, their
+// signing keys and revocations; SetAccounts replaces st as a whole), so
+// its verdict is reused until st changes.
+func (v *Verifier) judge(pi *parsedInfo, st *verifierState) *verdict {
+	vd := &verdict{st: st}
+	ri := pi.ri
+	ca := st.accounts[ri.Account]
+	if ca == nil {
+		vd.pre = fmt.Errorf("%w: user %s is in account %s, not a client account", ErrUntrusted, ri.User, ri.Account)
+		return vd
+	}
+	if ri.JWT == "" {
+		vd.pre = fmt.Errorf("%w: the request of user %s in account %s carries no user JWT: the import must share the requestor's identity (share: true) on a server in operator mode", ErrUntrusted, ri.User, ca.name)
+		return vd
+	}
+	uc, err := v.decode(ri.JWT)
+	if err != nil {
+		vd.pre = fmt.Errorf("%w: user %s in account %s: its JWT: %v", ErrUntrusted, ri.User, ca.name, err)
+		return vd
+	}
+	switch {
+	case uc.Subject != ri.User || !nkeys.IsValidPublicUserKey(uc.Subject):
+		vd.pre = fmt.Errorf("%w: the JWT in the header is user %s's, the server authenticated %s", ErrUntrusted, uc.Subject, ri.User)
+	case uc.IssuerAccount != ca.claims.Subject:
+		vd.pre = fmt.Errorf("%w: user %s (%s) was not issued by a client signing key of account %s", ErrUntrusted, uc.Subject, uc.Name, ca.name)
+	case !ca.signers[uc.Issuer] || uc.Issuer != ri.IssuerKey:
+		vd.pre = fmt.Errorf("%w: user %s (%s) was issued by %s, not by a client signing key of account %s: its permissions are not known to be a client's", ErrUntrusted, uc.Subject, uc.Name, uc.Issuer, ca.name)
+	case !uc.HasEmptyPermissions():
+		// The server refuses such users of a scoped key at connect; this
+		// is a second look at what the header claims.
+		vd.pre = fmt.Errorf("%w: user %s (%s) carries permissions of its own", ErrUntrusted, uc.Subject, uc.Name)
+	case uc.BearerToken:
+		vd.pre = fmt.Errorf("%w: user %s (%s) is a bearer token", ErrUntrusted, uc.Subject, uc.Name)
+	}
+	if vd.pre != nil {
+		return vd
+	}
+	vd.uc = uc
+	if ca.claims.IsClaimRevoked(uc) {
+		vd.post = fmt.Errorf("%w: account %s revoked user %s (%s)", ErrRevoked, ca.name, uc.Subject, uc.Name)
+		return vd
+	}
+	vd.id = Identity{Kind: KindNATS, Key: uc.Subject, Account: ca.name}
 	switch {
 	case uc.Name == "" || uc.Name == uc.Subject:
 		// Named by its key (jwt.IssueUserJWT's default): Key says it.
 	case checkName(uc.Name) != nil:
-		return Identity{}, fmt.Errorf("%w: user %s: %v", ErrUntrusted, uc.Subject, checkName(uc.Name))
+		vd.post = fmt.Errorf("%w: user %s: %v", ErrUntrusted, uc.Subject, checkName(uc.Name))
 	default:
-		id.Name = uc.Name
+		vd.id.Name = uc.Name
 	}
-	return id, nil
+	return vd
 }
 
 // parse returns the decoded Nats-Request-Info of h, from the cache if this

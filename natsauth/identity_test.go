@@ -135,6 +135,28 @@ func TestIdentify(t *testing.T) {
 		})
 	}
 
+	t.Run("expires while its verdict is kept", func(t *testing.T) {
+		// The verdict on a header value is reused; the validity period is
+		// still checked on every request.
+		h := scoped(func(uc *jwt.UserClaims) { uc.Name = "carol"; uc.Expires = now.Add(time.Minute).Unix() })
+		if _, err := v.Identify(h); err != nil {
+			t.Fatal(err)
+		}
+		later := now.Add(2 * time.Minute)
+		v.now = func() time.Time { return later }
+		defer func() { v.now = func() time.Time { return now } }()
+		if _, err := v.Identify(h); !errors.Is(err, ErrExpired) {
+			t.Fatalf("after its expiry: %v, want %v", err, ErrExpired)
+		}
+	})
+	t.Run("refusal kept", func(t *testing.T) {
+		h := scoped(func(uc *jwt.UserClaims) { uc.BearerToken = true })
+		for i := range 2 {
+			if _, err := v.Identify(h); !errors.Is(err, ErrUntrusted) {
+				t.Fatalf("request %d: %v, want %v", i, err, ErrUntrusted)
+			}
+		}
+	})
 	t.Run("revoked", func(t *testing.T) {
 		h := stamp(clients, okPub, okTok, signerKey)
 		if err := l.Revoke(okPub); err != nil {

@@ -274,3 +274,43 @@ func TestOperationNames(t *testing.T) {
 		t.Error("zero or numOps operation is valid")
 	}
 }
+
+// TestHolds: Holds answers whether any rule of the caller's grants the
+// operation, whatever node, path or scope, and its refusals name neither
+// a node nor an object.
+func TestHolds(t *testing.T) {
+	p := mustParse(t, decideFile)
+	for _, c := range []struct {
+		id     Identity
+		op     Operation
+		reason Reason // 0: held
+	}{
+		{alice, OpJobCancel, 0},          // scope own, every node
+		{alice, OpForward, 0},            // gpu nodes only, one target
+		{alice, OpCopyWrite, 0},          // under its paths only
+		{bob, OpNodesList, 0},            // by its account's entry
+		{bob, OpJobCancel, ReasonNoRule}, // its account grants no job.cancel
+		{mallory, OpJobCancel, ReasonNoIdentity},
+		{ops1, OpAdmin, 0},
+		{ciTok, OpAdmin, ReasonNoRule},
+	} {
+		err := p.Holds(c.id, c.op)
+		if c.reason == 0 {
+			if err != nil {
+				t.Errorf("%s %s: %v", c.id, c.op, err)
+			}
+			continue
+		}
+		var r *Refusal
+		if !errors.As(err, &r) || r.Reason != c.reason {
+			t.Errorf("%s %s: %v, want a %s refusal", c.id, c.op, err, c.reason)
+			continue
+		}
+		if r.Node != "" || r.Object != (Object{}) || !strings.Contains(r.Error(), c.id.String()) || !strings.Contains(r.Error(), c.op.String()) {
+			t.Errorf("%s %s: refusal %+v (%s)", c.id, c.op, r, r.Error())
+		}
+		if strings.Contains(r.Error(), " on ") && strings.Contains(r.Error(), "node-") {
+			t.Errorf("%s %s: the refusal names a node: %s", c.id, c.op, r.Error())
+		}
+	}
+}

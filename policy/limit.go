@@ -37,7 +37,7 @@ func DefaultLimits() Limits {
 
 // over returns base with the limits l sets replaced.
 func (l *fileLimits) over(base Limits) Limits {
-	from := l.path + " (" + l.pos.String() + ")"
+	from := l.from // built once by the parser: Limits runs on every request
 	if l.MaxConcurrentJobs != nil {
 		base.MaxConcurrentJobs, base.jobsFrom = *l.MaxConcurrentJobs, from
 	}

@@ -57,6 +57,7 @@ type fileLimits struct {
 
 	pos  position
 	path string
+	from string // "path (file:line:col)": where a refusal says a limit is set
 }
 
 type fileEntry struct {
@@ -676,6 +677,7 @@ func (p *parser) identities(n *yaml.Node, doc *fileDoc, refs map[string][]ref) {
 
 func (p *parser) limits(n *yaml.Node, lp string) *fileLimits {
 	l := &fileLimits{pos: p.pos(n), path: lp}
+	l.from = lp + " (" + l.pos.String() + ")"
 	f, ok := p.fields(n, lp, "max_concurrent_jobs", "requests_per_second", "burst")
 	if !ok {
 		return l

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestParseErrors: each bad file is refused with FILE:LINE:COLUMN and the
@@ -303,8 +304,24 @@ func TestLoadRefusesWorldWritable(t *testing.T) {
 	if _, err := Load(path); err != nil {
 		t.Errorf("0644: %v", err)
 	}
-	if _, err := Load(filepath.Dir(path)); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := Load(filepath.Dir(path)); err == nil || !strings.Contains(err.Error(), "not a regular file (a directory)") {
 		t.Errorf("directory: %v", err)
+	}
+	// A FIFO in the file's place is refused at once: opening it must not
+	// wait for a writer (it blocked every later reload and the shutdown).
+	fifo := filepath.Join(t.TempDir(), "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := Load(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file (a named pipe)") {
+			t.Errorf("fifo: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Load of a FIFO blocks")
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("missing: %v", err)
@@ -371,5 +388,46 @@ func TestDocExample(t *testing.T) {
 	flat := strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " ")
 	if !strings.Contains(flat, err.Error()) {
 		t.Errorf("the doc does not show the refusal\n  %s", err)
+	}
+}
+
+// TestComposePolicyFile: deploy/compose/policy.yaml parses without
+// warnings and grants what deploy/compose/test.sh relies on: compose-token
+// may mint join tokens (admin) and nothing else; compose-admin may run
+// jobs as root, the agents' only account.
+func TestComposePolicyFile(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "deploy", "compose", "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := p.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %q", w)
+	}
+	node := Node{ID: "agent-1", Labels: map[string]string{"zone": "a", "role": "worker"}}
+	tok := Identity{Kind: KindNATS, Name: "compose-token", Account: "CLIENTS"}
+	adm := Identity{Kind: KindNATS, Name: "compose-admin", Account: "CLIENTS"}
+	if _, err := p.Decide(tok, OpAdmin, Node{}, Object{}); err != nil {
+		t.Errorf("compose-token admin: %v", err)
+	}
+	for _, op := range []Operation{OpExec, OpNodesList, OpShell} {
+		if _, err := p.Decide(tok, op, node, Object{}); err == nil {
+			t.Errorf("compose-token may %v", op)
+		}
+	}
+	if g, err := p.Decide(adm, OpExec, node, Object{}); err != nil || g.RunAs != "root" {
+		t.Errorf("compose-admin exec: %+v %v", g, err)
+	}
+	for _, op := range []Operation{OpAdmin, OpNodesList} {
+		if _, err := p.Decide(adm, op, node, Object{}); err != nil {
+			t.Errorf("compose-admin %v: %v", op, err)
+		}
 	}
 }

@@ -50,6 +50,7 @@ type rule struct {
 	any     bool   // scope: any
 	origin  string // its field path: roles.deployer[0], identities["nats:alice"].rules[1]
 	pos     position
+	name    string // String's answer, built once: every granted request names its rule
 }
 
 // Load reads and parses the policy file at path (Parse). A file over
@@ -59,7 +60,11 @@ type rule struct {
 // policy, agent/localpolicy, has the same rules). The checks are made on
 // the open descriptor, so the file checked is the file read.
 func Load(path string) (*Policy, error) {
-	f, err := os.Open(path)
+	// O_NONBLOCK: a FIFO put in the file's place opens at once (and is
+	// then refused as not regular) instead of blocking the reload, and
+	// with it every later SIGHUP and the shutdown, until a writer comes.
+	// It changes nothing for a regular file.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
@@ -83,7 +88,7 @@ func Load(path string) (*Policy, error) {
 // could grant themselves everything.
 func checkFile(path string, fi os.FileInfo, euid uint32) error {
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("policy: %s is not a regular file (%s)", path, fi.Mode().Type())
+		return fmt.Errorf("policy: %s is not a regular file (%s)", path, fileType(fi.Mode()))
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
@@ -134,6 +139,7 @@ func compile(name string, doc *fileDoc) *Policy {
 				paths: fr.Paths, targets: fr.Targets, runAs: fr.RunAs, any: fr.Scope == "any",
 				origin: origin(i), pos: fr.pos,
 			}
+			out[i].name = out[i].origin + " (" + out[i].pos.String() + ")"
 		}
 		p.nrules += len(rs)
 		return out
@@ -227,7 +233,7 @@ func (g Grant) Rule() string {
 	return g.rule.String()
 }
 
-func (r *rule) String() string { return r.origin + " (" + r.pos.String() + ")" }
+func (r *rule) String() string { return r.name }
 
 // ErrRefused matches every *Refusal with errors.Is.
 var ErrRefused = errors.New("policy: refused")
@@ -619,4 +625,48 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// Holds reports whether some rule of id's grants op at all, on any node,
+// path, target or scope: nil, or a *Refusal (ReasonNoIdentity when no
+// entry names id, else ReasonNoRule) whose message names the identity,
+// the operation and the entries that grant no op, and nothing about any
+// node or object. A handler asks it before it looks up what a request
+// names, so that a caller who may never do op learns nothing about whether
+// that exists (tether.v1.cancel's job ids). Holds is not Decide: a nil
+// answer still needs Decide on the object itself.
+func (p *Policy) Holds(id Identity, op Operation) error {
+	if !op.Valid() {
+		return p.bad(id, op, Node{}, Object{}, "it is not an operation the policy knows")
+	}
+	var buf [3]*entry
+	ents := p.lookup(id, &buf)
+	if len(ents) == 0 {
+		return p.refuse(id, op, Node{}, Object{}, ReasonNoIdentity, p.noIdentity(id))
+	}
+	for _, e := range ents {
+		if len(e.byOp[op]) > 0 {
+			return nil
+		}
+	}
+	return p.refuse(id, op, Node{}, Object{}, ReasonNoRule, p.missing(ents, op, Node{}, "", Object{}, false))
+}
+
+// fileType names a file's type for an error: "a directory", "a named pipe"...
+func fileType(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	case m&os.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "mode " + m.String()
 }

@@ -84,6 +84,18 @@ func (s *Store) Grants(id Identity, op Operation, node Node) ([]Grant, error) {
 	return gs, err
 }
 
+// Holds is Policy.Holds on the policy in force, counting refusals.
+func (s *Store) Holds(id Identity, op Operation) error {
+	err := s.cur.Load().Holds(id, op)
+	if err != nil {
+		var r *Refusal
+		if errors.As(err, &r) {
+			s.metrics.refused(op, r.Reason)
+		}
+	}
+	return err
+}
+
 // Allow takes one request from id's budget under the policy in force
 // (Limiter.Allow).
 func (s *Store) Allow(id Identity, op Operation) error {

@@ -29,6 +29,25 @@ const (
 	SubjectAuditQuery = "tether.v1.admin.audit"
 )
 
+// Operations of audit events that are not policy operations: a request
+// no policy operation covers is recorded under its endpoint's name. An
+// event's Operation is a policy operation's name (policy.Operations) or
+// one of these (AuditOtherOperations), nothing else; the coordinator
+// records only these names and the CLI's --operation accepts them.
+const (
+	// AuditOpStream is a SubjectStream request whose stream kind is not
+	// one of exec, pty, copy or dial (those are recorded as exec, shell,
+	// cp.read or cp.write, and forward), typically refused as invalid.
+	AuditOpStream = "stream"
+	// AuditOpExecAlive is a SubjectExecAlive request (a client's
+	// keepalive of its running exec).
+	AuditOpExecAlive = "exec-alive"
+)
+
+// AuditOtherOperations lists the audit operations that are not policy
+// operations, in a fixed order.
+func AuditOtherOperations() []string { return []string{AuditOpStream, AuditOpExecAlive} }
+
 // AuditVersion is the version of AuditEvent's shape (AuditEvent.Version).
 // Fields may be added within a version; a reader skips fields it does not
 // know.

@@ -99,10 +99,26 @@ type Redialer struct {
 	OnRetry func(attempt int, err error)
 }
 
+// Permanent marks err, returned by a Redialer's serve, as one that no
+// redial can cure: Run stops and returns err (unwrapped from the mark).
+// Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
 // Run dials until ctx ends. For each connection it calls serve, which owns
 // the connection and blocks until it is done with it; then Run waits out the
 // backoff and dials again, moving to the next address after a failure. Run
-// returns ctx's error. It runs in the caller's goroutine.
+// returns ctx's error, or the error serve marked Permanent (at once, without
+// redialing). It runs in the caller's goroutine.
 func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn net.Conn, addr string) error) error {
 	if len(r.Addrs) == 0 || r.Dial == nil {
 		return errors.New("tunnel: redialer needs Addrs and Dial")
@@ -128,6 +144,9 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if pe := (*permanentError)(nil); errors.As(err, &pe) {
+			return pe.err
 		}
 		if err != nil {
 			idx++

@@ -246,7 +246,11 @@ func Under(roots []string, path string) bool {
 // grant himself anything), and one larger than MaxFileSize. The checks are
 // made on the open descriptor, so the file checked is the file read.
 func Load(path string) (*Policy, error) {
-	f, err := os.Open(path)
+	// O_NONBLOCK: a FIFO put in the file's place opens at once (and is
+	// then refused as not regular) instead of blocking the reload, and
+	// with it every later SIGHUP and the shutdown, until a writer comes.
+	// It changes nothing for a regular file.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("local policy: %w", err)
 	}
@@ -272,7 +276,7 @@ func Load(path string) (*Policy, error) {
 // uid, or writable by group or others.
 func checkFileMode(path string, fi os.FileInfo, uid uint32) error {
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("local policy %s: not a regular file (%s)", path, fi.Mode().Type())
+		return fmt.Errorf("local policy %s: not a regular file (%s)", path, fileType(fi.Mode()))
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
@@ -285,4 +289,23 @@ func checkFileMode(path string, fi os.FileInfo, uid uint32) error {
 		return fmt.Errorf("local policy %s: mode %04o is writable by its group or others; it must not be (chmod go-w)", path, perm)
 	}
 	return nil
+}
+
+// fileType names a file's type for an error: "a directory", "a named pipe"...
+func fileType(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	case m&os.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "mode " + m.String()
 }

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -163,8 +165,22 @@ func TestLoadRefusesUnsafeFiles(t *testing.T) {
 			t.Errorf("Load of a file owned by nobody = %v, want a refusal", err)
 		}
 	}
-	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "not a regular file (a directory)") {
 		t.Errorf("Load of a directory = %v", err)
+	}
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := Load(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file (a named pipe)") {
+			t.Errorf("Load of a FIFO = %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Load of a FIFO blocks (it blocked reloads until a writer came)")
 	}
 	big := filepath.Join(dir, "big.yaml")
 	os.WriteFile(big, []byte("version: 1\n"+strings.Repeat("#", MaxFileSize)), 0o600)

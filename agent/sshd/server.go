@@ -97,7 +97,20 @@ type Config struct {
 	// counted and logged, and the connection is closed (its processes
 	// killed) while the agent keeps serving. Nil: not contained.
 	Guard *panics.Guard
+	// MaxChannels bounds the channels open at once on the connection (a
+	// ControlMaster multiplexes every later ssh onto one); a channel past
+	// it is rejected with "resource shortage". Zero means
+	// DefaultMaxChannels.
+	MaxChannels int
+	// Acquire, if set, takes one of the agent's process slots before a
+	// channel starts a process (exec, shell, subsystem); release gives it
+	// back when the process ended. An error refuses the request, its text
+	// shown to the client.
+	Acquire func() (release func(), err error)
 }
+
+// DefaultMaxChannels is Config.MaxChannels' default.
+const DefaultMaxChannels = 64
 
 // DefaultAcceptEnv are the environment variables env requests may always
 // set, as sshd's usual AcceptEnv; a trailing "*" is a prefix.
@@ -142,6 +155,7 @@ type conn struct {
 	nc       net.Conn
 	log      *slog.Logger
 	channels atomic.Int64 // channels opened so far
+	open     atomic.Int64 // session and direct-tcpip channels open now (Config.MaxChannels)
 	wg       sync.WaitGroup
 	// sshClient and sshConnection are the values of SSH_CLIENT and
 	// SSH_CONNECTION for the connection's processes.
@@ -251,19 +265,31 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 			}
 		}
 	}()
+	maxChannels := int64(cfg.MaxChannels)
+	if maxChannels <= 0 {
+		maxChannels = DefaultMaxChannels
+	}
 	for nch := range chans {
 		n := int(c.channels.Add(1))
+		if t := nch.ChannelType(); (t == "session" || t == "direct-tcpip") && c.open.Add(1) > maxChannels {
+			c.open.Add(-1)
+			nch.Reject(ssh.ResourceShortage, fmt.Sprintf("node %s: %d channels are open on this connection, its limit", cfg.NodeID, maxChannels))
+			c.log.Warn("ssh channel refused: at the limit of open channels", "channel", n, "max_channels", maxChannels)
+			continue
+		}
 		switch nch.ChannelType() {
 		case "session":
 			c.wg.Add(1)
 			go func() {
 				defer c.wg.Done()
+				defer c.open.Add(-1)
 				c.serveSession(cctx, nch, n, login)
 			}()
 		case "direct-tcpip":
 			c.wg.Add(1)
 			go func() {
 				defer c.wg.Done()
+				defer c.open.Add(-1)
 				defer c.cfg.Guard.Recover("ssh forward channel", c.panicked)
 				c.serveForward(cctx, nch, n, login)
 			}()

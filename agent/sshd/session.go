@@ -62,13 +62,16 @@ type session struct {
 	login *Login
 	start time.Time
 
-	env    map[string]string
-	pty    *ptyReqMsg
-	proc   *process
-	ev     protocol.SSHChannelEvent
-	in     atomic.Int64 // bytes from the client
-	out    atomic.Int64 // bytes to the client (stdout and stderr)
-	refuse string       // why the last start was refused, for the event
+	env  map[string]string
+	pty  *ptyReqMsg
+	proc *process
+	// release gives back the process slot (Config.Acquire) once proc
+	// ended; nil without one.
+	release func()
+	ev      protocol.SSHChannelEvent
+	in      atomic.Int64 // bytes from the client
+	out     atomic.Int64 // bytes to the client (stdout and stderr)
+	refuse  string       // why the last start was refused, for the event
 }
 
 // process is what a session runs.
@@ -151,6 +154,9 @@ func (s *session) finish(exited bool) {
 		p.kill(s.c.cfg.KillGrace) // what is left of its group
 		p.wg.Wait()
 		p.stopKill()
+		if s.release != nil {
+			s.release()
+		}
 	}
 	if s.ev.Type == "" {
 		// Closed without starting anything.
@@ -393,6 +399,13 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 	} else {
 		cmd.Env = append(env, cmd.Env...)
 	}
+	if acquire := s.c.cfg.Acquire; acquire != nil {
+		release, err := acquire()
+		if err != nil {
+			return s.refused("start", err)
+		}
+		s.release = release
+	}
 	var p *process
 	var err error
 	if s.pty != nil {
@@ -401,6 +414,10 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 		p, err = s.startPipes(cmd)
 	}
 	if err != nil {
+		if s.release != nil {
+			s.release()
+			s.release = nil
+		}
 		return s.refused("start", fmt.Errorf("start %s as %s: %w", cmd.Path, s.login.Name, err))
 	}
 	s.proc = p

@@ -219,6 +219,32 @@ func (a Authorizer) Decide(req micro.Request, op policy.Operation, node policy.N
 	return g, nil
 }
 
+// Holds says whether the sender of req holds op at all (policy.Holds: some
+// rule of its grants op, on any node or object): nil, or the API error to
+// answer with (401 without an identity, 403 forbidden naming the identity
+// and the operation, and no node or object). Observe sees a refusal, as a
+// decision on no node. It takes nothing from the rate budget: ask Allow
+// first.
+func (a Authorizer) Holds(req micro.Request, op policy.Operation) *protocol.APIError {
+	if a.Policy == nil {
+		return nil
+	}
+	id, ok := Of(req)
+	if !ok {
+		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		a.observe(Decision{Request: req, Op: op, Err: e})
+		return e
+	}
+	if err := a.Policy.Holds(id, op); err != nil {
+		e := RefusalError(err)
+		var r *policy.Refusal
+		errors.As(err, &r)
+		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Err: e, Refusal: r})
+		return e
+	}
+	return nil
+}
+
 // Allow takes one request from the sender's requests-per-second budget
 // (policy limits): nil, or 429 rate_limited.
 func (a Authorizer) Allow(req micro.Request, op policy.Operation) *protocol.APIError {

@@ -282,6 +282,13 @@ func (l *Ledger) handleRegister(req micro.Request, o *endpointOptions) {
 		node.Labels = o.labels(r.Node)
 	}
 	owner := l.runOwner(req, r.Run)
+	// The rate budget and the caller's own right first (Authorize), so
+	// that a refused caller is refused the same whether the sandbox is
+	// recorded or not.
+	if _, e := o.authz.Authorize(req, policy.OpSandboxesRegister, []policy.Node{node}, policy.Object{Owner: owner}); e != nil {
+		l.replyError(req, e)
+		return
+	}
 	// A recorded sandbox that belongs to someone else stays theirs unless
 	// policy grants the caller others' runs.
 	if cur, ok := l.Get(Key{r.Provider, r.Node, r.ID}); ok {
@@ -291,10 +298,6 @@ func (l *Ledger) handleRegister(req micro.Request, o *endpointOptions) {
 				return
 			}
 		}
-	}
-	if _, e := o.authz.Authorize(req, policy.OpSandboxesRegister, []policy.Node{node}, policy.Object{Owner: owner}); e != nil {
-		l.replyError(req, e)
-		return
 	}
 	knownNode := o.knownNode
 	if knownNode != nil && !knownNode(r.Node) && !l.knownNode(r.Node) {

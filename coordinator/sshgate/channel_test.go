@@ -184,9 +184,7 @@ func TestPreAuthFloodDoesNotStarve(t *testing.T) {
 		dialFrom("127.0.0.2")
 	}
 	waitFor(t, "the flood admitted up to the limit and refused", func() bool {
-		e.gate.adm.mu.Lock()
-		defer e.gate.adm.mu.Unlock()
-		return e.gate.adm.total == 4 && e.conns(connOverload) == 4
+		return e.gate.adm.InProgress() == 4 && e.conns(connOverload) == 4
 	})
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}, Timeout: 10 * time.Second}
 	nc, err := d.Dial("tcp", e.addr.String())

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -32,10 +33,10 @@ type connState struct {
 	conn   net.Conn
 	remote net.Addr
 
-	triedKey    atomic.Bool // a key was offered in the handshake
-	lastRefusal string      // why the last key was refused; set by the handshake's callbacks, which run in serve's goroutine
-	evicted     atomic.Bool // cut by admission for another source
-	authed      bool        // guarded by g.mu
+	triedKey    atomic.Bool       // a key was offered in the handshake
+	lastRefusal string            // why the last key was refused; set by the handshake's callbacks, which run in serve's goroutine
+	ticket      *admission.Ticket // its pre-auth place; Evicted when cut for another source
+	authed      bool              // guarded by g.mu
 	proven      proven
 	user        string // the SSH user name the client sent (logged, not used)
 	channels    atomic.Int32
@@ -52,29 +53,24 @@ func (cs *connState) serve() {
 	defer cs.conn.Close()
 	defer g.guard.Recover("ssh connection", nil)
 
-	p := &pending{conn: cs.conn, source: sourceOf(cs.remote)}
-	victim, refused := g.adm.enter(p)
+	cs.ticket = admission.NewTicket(cs.remote, cs)
+	victim, refused := g.adm.Enter(cs.ticket)
 	if refused != "" {
 		g.m.connections.WithLabelValues(refused).Inc()
 		g.log.Debug("ssh connection refused before its handshake", "remote", cs.remote, "reason", refused)
 		return
 	}
 	if victim != nil {
-		g.mu.Lock()
-		if vs := g.conns[victim.conn]; vs != nil {
-			vs.evicted.Store(true)
-		}
-		g.mu.Unlock()
-		victim.conn.Close()
+		victim.Owner.(*connState).conn.Close()
 	}
 	deadline := time.Now().Add(g.cfg.HandshakeTimeout)
 	cs.conn.SetDeadline(deadline)
 	sconn, chans, reqs, err := ssh.NewServerConn(cs.conn, g.serverConfig(cs))
-	g.adm.leave(p)
+	g.adm.Leave(cs.ticket)
 	if err != nil {
 		result := connHandshake
 		switch {
-		case cs.evicted.Load():
+		case cs.ticket.Evicted():
 			result = connEvicted
 		case errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline):
 			result = connTimeout

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
 )
@@ -234,7 +235,7 @@ type Gate struct {
 	guard   *panics.Guard
 	hostKey ssh.Signer
 	ca      *HostCA
-	adm     *admission
+	adm     *admission.Controller
 	keys    atomic.Pointer[keySet]
 	jump    atomic.Pointer[jumpCert]
 
@@ -268,7 +269,7 @@ func New(cfg Config) (*Gate, error) {
 		log:       cfg.Logger.With("component", "sshgate"),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]*connState{},
-		adm:       newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		adm:       admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 	}
 	var err error
 	if g.hostKey, err = loadOrCreateKey(filepath.Join(cfg.StateDir, HostKeyFile), "tether-jump-host"); err != nil {

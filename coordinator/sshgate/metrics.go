@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/internal/admission"
 )
 
 // Results of tether_ssh_connections_total: how each accepted connection's
@@ -16,6 +18,9 @@ const (
 	connEvicted     = "evicted"     // cut to make room for another source's handshake
 	connLimit       = "limit"       // MaxConnections connections were open: closed unread
 	connInternalErr = "internal"    // the handshake's permissions were inconsistent (a bug)
+	// Refused before the handshake by the pre-auth admission.
+	connSourceLimit = admission.SourceLimit // MaxHandshakesPerSource handshakes of its source in progress
+	connOverload    = admission.Overload    // MaxHandshakes handshakes in progress, none to cut
 )
 
 var connResults = []string{connOK, connAuthFailed, connHandshake, connTimeout, connEvicted, connLimit, connSourceLimit, connOverload, connInternalErr}

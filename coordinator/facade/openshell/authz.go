@@ -110,9 +110,32 @@ func (c *call) reachable(nodes []protocol.NodeInfo) []protocol.NodeInfo {
 	return out
 }
 
-// gatewayNodes is Server.gatewayNodes limited to what the caller may reach.
-func (c *call) gatewayNodes(sel protocol.Selector) []protocol.NodeInfo {
-	return c.reachable(c.s.gatewayNodes(sel))
+// gatewayNodes is Server.gatewayNodes limited to what the caller may
+// reach. When nodes have a gateway but the caller may reach none of them,
+// the error is the refusal for the first (PERMISSION_DENIED naming the
+// rule missing), not an empty list: "no gateway" is UNAVAILABLE, which
+// clients (NeMo Gym) retry, and retrying cannot help a caller policy
+// keeps out.
+func (c *call) gatewayNodes(sel protocol.Selector) ([]protocol.NodeInfo, error) {
+	all := c.s.gatewayNodes(sel)
+	nodes := c.reachable(all)
+	if len(nodes) == 0 && len(all) > 0 {
+		return nil, c.reach(all[0])
+	}
+	return nodes, nil
+}
+
+// notReachable is the status of a call routed to node when node is not
+// among the nodes the caller may reach: the refusal (PERMISSION_DENIED)
+// when node is connected with a gateway, else otherwise (the node is
+// gone: UNAVAILABLE, or the caller's own mistake).
+func (c *call) notReachable(node string, otherwise error) error {
+	if n, ok := findNode(c.s.gatewayNodes(protocol.Selector{}), node); ok {
+		if err := c.reach(n); err != nil {
+			return err
+		}
+	}
+	return otherwise
 }
 
 // ownerOf returns the owner of sandbox r, "" when unknown.

@@ -307,12 +307,15 @@ func (c *call) byName() error {
 	if err := c.mayUse(op, rec, known); err != nil {
 		return err
 	}
-	nodes := c.gatewayNodes(protocol.Selector{})
+	nodes, err := c.gatewayNodes(protocol.Selector{})
+	if err != nil {
+		return err
+	}
 
 	if explicit := mdFirst(c.md, MetaNode); explicit != "" {
 		n, ok := findNode(nodes, explicit)
 		if !ok {
-			return status.Errorf(codes.FailedPrecondition, "tether: metadata %s=%s names no connected node with an openshell gateway", MetaNode, explicit)
+			return c.notReachable(explicit, status.Errorf(codes.FailedPrecondition, "tether: metadata %s=%s names no connected node with an openshell gateway", MetaNode, explicit))
 		}
 		_, id, _ := c.s.knownName(key, false)
 		a := c.invoke(n, c.method, first)
@@ -386,7 +389,7 @@ func (c *call) byName() error {
 		return err
 	}
 	if hintedGone != "" {
-		return errNotConnected(what, hintedGone)
+		return c.notReachable(hintedGone, errNotConnected(what, hintedGone))
 	}
 	switch {
 	case hinted != nil:
@@ -544,7 +547,10 @@ func (c *call) byID() error {
 			return err
 		}
 	}
-	nodes := c.gatewayNodes(protocol.Selector{})
+	nodes, err := c.gatewayNodes(protocol.Selector{})
+	if err != nil {
+		return err
+	}
 	what := "sandbox " + id
 	target, err := c.routeID(nodes, id)
 	if err != nil {
@@ -561,7 +567,7 @@ func (c *call) byID() error {
 	}
 	n, ok := findNode(nodes, target)
 	if !ok {
-		return errNotConnected(what, target)
+		return c.notReachable(target, errNotConnected(what, target))
 	}
 	return c.relay(n, first)
 }
@@ -571,7 +577,7 @@ func (c *call) byID() error {
 func (c *call) routeID(nodes []protocol.NodeInfo, id string) (string, error) {
 	if explicit := mdFirst(c.md, MetaNode); explicit != "" {
 		if _, ok := findNode(nodes, explicit); !ok {
-			return "", status.Errorf(codes.FailedPrecondition, "tether: metadata %s=%s names no connected node with an openshell gateway", MetaNode, explicit)
+			return "", c.notReachable(explicit, status.Errorf(codes.FailedPrecondition, "tether: metadata %s=%s names no connected node with an openshell gateway", MetaNode, explicit))
 		}
 		return explicit, nil
 	}
@@ -605,7 +611,10 @@ func (c *call) health() error {
 	if err != nil {
 		return err
 	}
-	nodes := c.gatewayNodes(protocol.Selector{})
+	nodes, err := c.gatewayNodes(protocol.Selector{})
+	if err != nil {
+		return err
+	}
 	if len(nodes) == 0 {
 		return errNoGateway()
 	}

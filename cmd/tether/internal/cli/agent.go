@@ -383,15 +383,25 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 		log.Info("local policy loaded", "file", lpPath)
 	}
 	defer watchLocalPolicy(ctx, a, lpPath, o.LocalPolicy, log)()
-	if o.MetricsAddr == "" {
-		return a.Run(ctx)
+	if o.MetricsAddr != "" {
+		_, stop, err := serveMetrics(o.MetricsAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
-	_, stop, err := serveMetrics(o.MetricsAddr, reg, log)
-	if err != nil {
-		return err
+	return agentRunError(a.Run(ctx))
+}
+
+// agentRunError maps the agent's Run error to the command's: a refused
+// enrollment ends tether agent with agent.ExitEnrollRefused (78), which
+// the systemd unit does not restart (RestartPreventExitStatus), so that
+// systemctl status shows the refusal instead of a loop of retries.
+func agentRunError(err error) error {
+	if errors.Is(err, agent.ErrEnrollRefused) {
+		return &exitError{code: agent.ExitEnrollRefused, err: err}
 	}
-	defer stop()
-	return a.Run(ctx)
+	return err
 }
 
 // serveMetrics serves g's /metrics on addr, with adminLimits, until stop

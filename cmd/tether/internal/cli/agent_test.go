@@ -1,12 +1,16 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tetherfleet/tether/agent"
 )
 
 func TestAgentTargetFlags(t *testing.T) {
@@ -118,5 +122,30 @@ func TestAgentUnsetsGatewaySecretEnv(t *testing.T) {
 	}
 	if strings.Contains(r.stderr, "secret") {
 		t.Errorf("stderr shows a secret: %q", r.stderr)
+	}
+}
+
+// TestAgentRunErrorExitCode: a refused enrollment ends tether agent with
+// 78 (what the systemd unit's RestartPreventExitStatus names); other
+// errors keep their usual exit.
+func TestAgentRunErrorExitCode(t *testing.T) {
+	refused := fmt.Errorf("%w: agent n1: enroll with c:7443: refused: enroll_refused: join token is used up", agent.ErrEnrollRefused)
+	var ee *exitError
+	if err := agentRunError(refused); !errors.As(err, &ee) || ee.code != 78 || !strings.Contains(err.Error(), "used up") {
+		t.Errorf("refused enrollment: %v, want exit 78 with the reason", err)
+	}
+	other := errors.New("agent n1: create data dir: permission denied")
+	if err := agentRunError(other); err != other {
+		t.Errorf("other error: %v", err)
+	}
+	if err := agentRunError(nil); err != nil {
+		t.Errorf("nil: %v", err)
+	}
+	unit, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "systemd", "tether-agent.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(unit), fmt.Sprintf("\nRestartPreventExitStatus=%d\n", agent.ExitEnrollRefused)) {
+		t.Errorf("the systemd unit does not keep exit %d from restarting", agent.ExitEnrollRefused)
 	}
 }

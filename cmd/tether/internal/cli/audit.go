@@ -61,9 +61,12 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 	}
 	q.Node, q.Operation, q.Result, q.JobID = o.Node, o.Operation, o.Result, o.Job
 	// A filter no event can match is a mistake, not "no matching events".
+	// The names are the coordinator's: policy operations, and the audit
+	// operations of requests no policy operation covers.
 	if o.Operation != "" {
-		if _, err := policy.ParseOperation(o.Operation); err != nil {
-			errs = append(errs, fmt.Errorf("--operation %q: %s", o.Operation, strings.TrimPrefix(err.Error(), fmt.Sprintf("unknown operation %q: ", o.Operation))))
+		if _, err := policy.ParseOperation(o.Operation); err != nil && !slices.Contains(protocol.AuditOtherOperations(), o.Operation) {
+			errs = append(errs, fmt.Errorf("--operation %q: %s, or %s", o.Operation,
+				strings.TrimPrefix(err.Error(), fmt.Sprintf("unknown operation %q: ", o.Operation)), strings.Join(protocol.AuditOtherOperations(), ", ")))
 		}
 	}
 	if o.Job != "" {
@@ -140,7 +143,7 @@ Results are ok, failed, refused and error.`,
 	f.StringVar(&o.Until, "until", "", "only events until this long ago or this RFC 3339 time")
 	f.StringVar(&o.Identity, "identity", "", "only events of this caller (KIND:NAME; a bare name is nats:NAME)")
 	f.StringVar(&o.Node, "node", "", "only events on this node")
-	f.StringVar(&o.Operation, "operation", "", "only this operation (exec, cp.read, cp.write, shell, forward, job.status, admin, ...)")
+	f.StringVar(&o.Operation, "operation", "", "only this operation: a policy operation (exec, cp.read, cp.write, shell, forward, job.status, admin, ...), or stream or exec-alive")
 	f.StringVar(&o.Result, "result", "", "only this result: ok, failed, refused or error")
 	f.StringVar(&o.Job, "job", "", "only events of this job id")
 	f.IntVar(&o.Limit, "limit", o.Limit, "print at most this many of the newest matching events")

@@ -32,7 +32,6 @@ func TestAuditOptions(t *testing.T) {
 		{Limit: 5, Follow: true, Until: "1h", Poll: time.Second},
 		{Since: "1m", Until: "1h", Limit: 5, Poll: time.Second},
 		{Limit: 5, Operation: "frobnicate", Poll: time.Second},
-		{Limit: 5, Operation: "stream", Poll: time.Second},
 		{Limit: 5, Job: "bad id!", Poll: time.Second},
 		{Limit: 5, Job: "-leading-dash", Poll: time.Second},
 	} {
@@ -44,10 +43,19 @@ func TestAuditOptions(t *testing.T) {
 	if q, err := good.query(now); err != nil || q.Operation != "cp.read" || q.JobID != "job-1.a_b" {
 		t.Errorf("%+v: %v, query %+v", good, err, q)
 	}
+	// Every operation the coordinator records events under is accepted:
+	// the policy's and the others (a stream request of no relayed kind).
+	for _, op := range append([]string{"admin"}, protocol.AuditOtherOperations()...) {
+		o := auditOptions{Limit: 5, Operation: op, Poll: time.Second}
+		if q, err := o.query(now); err != nil || q.Operation != op {
+			t.Errorf("--operation %s: %v, query %+v", op, err, q)
+		}
+	}
 	// On the command line: usage errors (exit 2) naming the flag, before
 	// anything is asked.
 	for _, c := range []struct{ flag, value, want string }{
 		{"--operation", "frobnicate", `--operation "frobnicate": want one of exec, `},
+		{"--operation", "frobnicate", `admin, ssh, or stream, exec-alive`},
 		{"--job", "bad id!", `--job: job id "bad id!": must be`},
 		{"--result", "bogus", `result "bogus": want one of`},
 	} {

@@ -375,6 +375,7 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	}
 	cfg.Version = version
 	cfg.Logger = log
+	cfg.RunAsHint = devRunAsHint(o.DataDir)
 	if o.OpenShell != "" {
 		cfg.OpenShell = &agent.OpenShellTarget{Addr: o.OpenShell, Token: getenv(openShellTokenEnv)}
 	}
@@ -383,6 +384,16 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	}
 	cfg.Registerer = reg
 	return cfg, nil
+}
+
+// devRunAsHint is what the dev agent's refusal to run a job as another
+// user tells the dev user to do. The dev agent runs as the invoking user
+// and reads no local policy (tether dev has no --local-policy): the way
+// out is the run_as of the dev policy, which names that user unless
+// edited.
+func devRunAsHint(dataDir string) string {
+	return fmt.Sprintf("in tether dev, which reads no local policy: set run_as back to your user name in %s and send tether dev SIGHUP; "+
+		"to run jobs as other users, run tether agent as root with a local policy", filepath.Join(dataDir, devPolicyFile))
 }
 
 // devJoinToken returns the one-use join token dev's own agent enrolls

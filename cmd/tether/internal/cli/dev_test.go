@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -283,5 +284,77 @@ func TestDevSideBySideKeepsCreds(t *testing.T) {
 	}
 	if r := runCLI(testCtx(t), vars, "", "nodes", "--nats-url", url1); r.code != 0 {
 		t.Errorf("the first dev's shell after the second started: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestDevRunAsRefusalHint: with the dev policy's run_as edited to another
+// user, the dev agent refuses the job, and its message tells the dev user
+// what works in dev (the dev policy's run_as, then SIGHUP), not to pass
+// --local-policy, a flag tether dev does not have.
+func TestDevRunAsRefusalHint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack")
+	}
+	if _, err := user.Lookup("nobody"); err != nil {
+		t.Skipf("no user nobody: %v", err)
+	}
+	dir := t.TempDir()
+	devVars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
+	getenv := testGetenv(devVars)
+	// The policy as a user who edited run_as would leave it.
+	data, err := devPolicy("nats:"+devUserName(getenv), "nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	polPath := filepath.Join(dir, devPolicyFile)
+	if err := os.WriteFile(polPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: getenv, now: time.Now}
+	var code int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	})
+	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+	var url string
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := urlRE.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+		}
+		url = m[1]
+		return nil
+	})
+	r := runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--all", "--", "true")
+	if r.code == 0 {
+		t.Fatalf("exec as nobody succeeded: stdout %q", r.stdout)
+	}
+	for _, want := range []string{"run as", "nobody", "refused", "set run_as back to your user name in " + polPath, "SIGHUP"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("the refusal lacks %q: %s", want, r.stderr)
+		}
+	}
+	if strings.Contains(r.stderr, "--local-policy") {
+		t.Errorf("the refusal tells a dev user to pass --local-policy, which tether dev does not take: %s", r.stderr)
 	}
 }

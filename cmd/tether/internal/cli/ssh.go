@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -164,6 +166,7 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 	in := s.Info
 	var b strings.Builder
 	var known strings.Builder
+	known.WriteString(knownHostsMarker + " " + in.Coordinator + "; rewritten by every run\n")
 	if in.KnownHostsCA != "" {
 		known.WriteString(in.KnownHostsCA + "\n")
 	}
@@ -254,11 +257,28 @@ func sshQuote(s string) string {
 	return strconv.Quote(s)
 }
 
+// knownHostsMarker starts every known_hosts file ssh-config writes: it
+// replaces only a file that starts with it (or none), never a user's own
+// known_hosts given by mistake.
+const knownHostsMarker = "# Written by tether ssh-config for coordinator"
+
 // writeKnownHosts writes text to path (0600; its directory 0700 when
-// created), through a temporary file and a rename.
+// created), through a temporary file and a rename. An existing file is
+// replaced only when ssh-config wrote it (it starts with
+// knownHostsMarker); any other is refused, naming it.
 func writeKnownHosts(path, text string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("ssh-config: known_hosts: %w", err)
+	}
+	if f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+		head := make([]byte, len(knownHostsMarker))
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		if string(head[:n]) != knownHostsMarker {
+			return fmt.Errorf("ssh-config: --known-hosts %s exists and was not written by tether ssh-config: it is not replaced (its host keys would be lost); give another file, or remove it first", path)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("ssh-config: known_hosts %s: %w", path, err)
 	}
 	if err := writeFileAtomic(path, []byte(text), 0o600); err != nil {
 		return fmt.Errorf("ssh-config: write known_hosts %s: %w", path, err)

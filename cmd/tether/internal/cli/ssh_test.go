@@ -25,6 +25,32 @@ import (
 	"github.com/tetherfleet/tether/protocol"
 )
 
+// TestWriteKnownHostsKeepsForeignFiles: ssh-config replaces a known_hosts
+// file it wrote, never one it did not (a user's ~/.ssh/known_hosts given by
+// mistake lost every entry).
+func TestWriteKnownHostsKeepsForeignFiles(t *testing.T) {
+	dir := t.TempDir()
+	ours := filepath.Join(dir, "sub", "known_hosts")
+	text := knownHostsMarker + " c1; rewritten by every run\n@cert-authority *.tether ssh-ed25519 AAAA\n"
+	for range 2 { // created, then replaced
+		if err := writeKnownHosts(ours, text); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(ours); string(b) != text {
+		t.Fatalf("known_hosts = %q", b)
+	}
+	theirs := filepath.Join(dir, "known_hosts")
+	os.WriteFile(theirs, []byte("github.com ssh-ed25519 AAAA\n"), 0o644)
+	err := writeKnownHosts(theirs, text)
+	if err == nil || !strings.Contains(err.Error(), "was not written by tether ssh-config") {
+		t.Fatalf("writing over a user's known_hosts: %v", err)
+	}
+	if b, _ := os.ReadFile(theirs); string(b) != "github.com ssh-ed25519 AAAA\n" {
+		t.Fatalf("the user's known_hosts was changed: %q", b)
+	}
+}
+
 // TestSSHConfigRender: the config names every node as NODE.tether with
 // its HostKeyAlias, reaches them through the jump host (its address, with
 // the NATS host for an unspecified one) or ssh-proxy, checks host keys
@@ -62,7 +88,7 @@ func TestSSHConfigRender(t *testing.T) {
 	if strings.Contains(cfg, "bad id") {
 		t.Errorf("an invalid node id was written:\n%s", cfg)
 	}
-	if want := info.KnownHostsCA + "\ntether-jump " + info.JumpHostKey + "\n"; kh != want {
+	if want := knownHostsMarker + " c1; rewritten by every run\n" + info.KnownHostsCA + "\ntether-jump " + info.JumpHostKey + "\n"; kh != want {
 		t.Errorf("known_hosts = %q, want %q", kh, want)
 	}
 
