@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
+        bench-ssh docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -105,6 +105,15 @@ bench: ## benchmarks (count BENCHCOUNT) into bench.txt; summarised by benchstat 
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) $(BENCHPKGS) | tee bench.txt
 	@if command -v benchstat >/dev/null 2>&1; then benchstat bench.txt; \
 	else echo "(benchstat not installed: go install golang.org/x/perf/cmd/benchstat@latest)"; fi
+
+# `make bench-ssh` settings (see README, Development).
+SSHBENCH_TIMEOUT ?= 90m
+
+bench-ssh: build ## OpenSSH via Tether vs a loopback sshd: interleaved rounds, median ratios (SSHBENCH_ROUNDS, SSHBENCH_BULK_MIB, SSHBENCH_FILES)
+	@# Not in `make test`: it measures, and takes minutes. The tether under test is
+	@# bin/tether (no -race); sshd is Debian's /usr/sbin/sshd, run as you on loopback.
+	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestSSHBenchmark$$' -v \
+		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN)
 
 vet: ## go vet ./...
 	$(GO) vet ./...

@@ -140,7 +140,7 @@ func (p *proc) stop(t *testing.T) error {
 	return p.err
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -216,7 +216,11 @@ func e2ePolicyWith(t *testing.T, extra string) string {
 func startFleet(t *testing.T) *fleet { return startFleetPolicy(t, e2ePolicy(t)) }
 
 // startFleetPolicy is startFleet with the coordinator's policy file.
-func startFleetPolicy(t *testing.T, policy string) *fleet {
+func startFleetPolicy(t *testing.T, policy string) *fleet { return startFleetArgs(t, policy) }
+
+// startFleetArgs is startFleetPolicy with extra coordinator flags after the
+// usual ones (a flag given again there wins).
+func startFleetArgs(t *testing.T, policy string, extra ...string) *fleet {
 	f := &fleet{dataDir: t.TempDir()}
 	f.tokenFile = filepath.Join(t.TempDir(), "token")
 	os.WriteFile(f.tokenFile, []byte("e2e-secret-token\n"), 0o600)
@@ -227,6 +231,7 @@ func startFleetPolicy(t *testing.T, policy string) *fleet {
 	f.coordArgs = []string{"coordinator", "--data-dir", f.dataDir, "--listen", f.tunnelAddr, "--policy", policy,
 		"--http-addr", f.httpAddr, "--nats-listen", natsAddr, "--allow-shared-token", "--token-file", f.tokenFile, "--heartbeat", heartbeat,
 		"--openshell-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--opensandbox-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	f.coordArgs = append(f.coordArgs, extra...)
 	f.coord = start(t, "coordinator", f.coordArgs...)
 	f.waitReady(t)
 	f.nc = f.connect(t)
