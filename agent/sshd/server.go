@@ -175,6 +175,7 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	c.setSSHEnv(nc.RemoteAddr(), nc.LocalAddr())
 	start := time.Now()
 	sc := &ssh.ServerConfig{
+		Config: ssh.Config{Ciphers: protocol.SSHCiphers},
 		// Only what the params vouch for: no passwords, no
 		// keyboard-interactive.
 		MaxAuthTries: 20,

@@ -21,6 +21,7 @@ import (
 	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // Decisions the contract left open, and why:
@@ -499,6 +500,7 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 // callbacks close over cs to record what its handshake saw.
 func (g *Gate) serverConfig(cs *connState) *ssh.ServerConfig {
 	cfg := &ssh.ServerConfig{
+		Config:       ssh.Config{Ciphers: protocol.SSHCiphers},
 		MaxAuthTries: g.cfg.MaxAuthTries,
 		PublicKeyCallback: func(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
 			cs.triedKey.Store(true)
