@@ -370,6 +370,12 @@ func (p *Policy) Grants(id Identity, op Operation, node Node) ([]Grant, error) {
 	return out, nil
 }
 
+// Peek is Grants: a Policy counts nothing (Store.Peek is the uncounted
+// Grants of a Store).
+func (p *Policy) Peek(id Identity, op Operation, node Node) ([]Grant, error) {
+	return p.Grants(id, op, node)
+}
+
 // lookup returns the entries that match id, in decision order: a NATS
 // user's key entry, name entry and account entry; another caller's one
 // entry.

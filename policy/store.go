@@ -84,6 +84,14 @@ func (s *Store) Grants(id Identity, op Operation, node Node) ([]Grant, error) {
 	return gs, err
 }
 
+// Peek is Policy.Grants on the policy in force without counting a
+// refusal, for grants that only add to an operation decided already (the
+// forward targets an ssh connection may reach): their absence refuses no
+// request.
+func (s *Store) Peek(id Identity, op Operation, node Node) ([]Grant, error) {
+	return s.cur.Load().Grants(id, op, node)
+}
+
 // Holds is Policy.Holds on the policy in force, counting refusals.
 func (s *Store) Holds(id Identity, op Operation) error {
 	err := s.cur.Load().Holds(id, op)

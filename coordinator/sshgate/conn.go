@@ -260,7 +260,7 @@ func (ch *channel) run() {
 		return
 	}
 	var targets []string
-	if fwd, err := g.cfg.Policy.Grants(cs.proven.id, policy.OpForward, node); err == nil {
+	if fwd, err := g.cfg.Policy.Peek(cs.proven.id, policy.OpForward, node); err == nil {
 		targets = targetsOf(fwd)
 	} else if !errors.Is(err, policy.ErrRefused) {
 		g.log.Warn("ssh forward grants not decided: no port forwarding", "identity", ch.ev.Identity, "node", name, "err", err)

@@ -45,6 +45,9 @@ type Nodes interface {
 // Policy is the part of the policy the gate uses (*policy.Store has it).
 type Policy interface {
 	Grants(id policy.Identity, op policy.Operation, node policy.Node) ([]policy.Grant, error)
+	// Peek is Grants without counting a refusal: the gate asks it for a
+	// connection's forward targets, which most callers have none of.
+	Peek(id policy.Identity, op policy.Operation, node policy.Node) ([]policy.Grant, error)
 }
 
 // Auditor records audit events (*audit.Recorder has it). The gate records
