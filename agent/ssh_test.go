@@ -335,7 +335,11 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	}
 	in, _ := s.StdinPipe()
 	out, _ := s.StdoutPipe()
-	if err := s.Start(`stty size; echo "T=$TERM"; read x; stty size; [ "$SSH_TTY" = "$(tty)" ] && echo TTY-OK`); err != nil {
+	// The loop prints the size once per line read: a window-change is a
+	// channel request, handled beside the data, so the test asks again
+	// until the new size shows (an ssh client's resize has the same
+	// ordering).
+	if err := s.Start(`stty size; echo "T=$TERM"; while read x; do stty size; [ "$x" = q ] && break; done; [ "$SSH_TTY" = "$(tty)" ] && echo TTY-OK`); err != nil {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
@@ -356,8 +360,22 @@ func TestSSHPTYSizeAndWindowChange(t *testing.T) {
 	if err := s.WindowChange(50, 120); err != nil {
 		t.Fatal(err)
 	}
-	in.Write([]byte("\n"))
-	readUntil("50 120")
+	for i := 0; !strings.Contains(got.String(), "50 120"); i++ {
+		if i == 200 {
+			t.Fatalf("the window change never showed: %q", got.String())
+		}
+		sizes := func() int { return strings.Count(got.String(), "33 101") + strings.Count(got.String(), "50 120") }
+		mark := sizes()
+		in.Write([]byte("\n"))
+		for sizes() == mark {
+			n, err := out.Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				t.Fatalf("terminal output %q: %v", got.String(), err)
+			}
+		}
+	}
+	in.Write([]byte("q\n"))
 	readUntil("TTY-OK")
 	if err := s.Wait(); err != nil {
 		t.Errorf("wait: %v (output %q)", err, got.String())
