@@ -8,6 +8,21 @@
 // params and the agent allow, many channels per connection, and reports
 // each channel's end as a protocol.SSHChannelEvent.
 //
+// Processes, as under OpenSSH's sshd: each session's process is the
+// leader of a session of its own (setsid), whose controlling terminal is
+// the session's pty if it asked for one, and none otherwise. When the
+// command exits, its background processes stay (nohup sleep 300 & echo $!
+// leaves the sleep running); a pty session's process group is hung up,
+// as the kernel does for a terminal's foreground group. The exit status
+// follows all the output, which ends when every holder of the pipes or
+// terminal closed it; unlike sshd, which then waits for ever, the server
+// stops reading Config.KillGrace after the command exited and closes the
+// channel with the exit status, leaving whatever still holds the output
+// running (its later writes fail). When the client closes the channel or
+// the connection before the command exited, the command's whole process
+// group is killed (SIGHUP and SIGTERM, SIGKILL KillGrace later): a client
+// that went leaves no process behind, except what left the group.
+//
 // Everything about the local account (who it is, whether the local policy
 // allows it, its credential and environment) is the agent's: Config.Login
 // resolves a login into a Login, and the server starts processes exactly
@@ -87,7 +102,10 @@ type Config struct {
 	// HandshakeTimeout bounds the key exchange and authentication.
 	HandshakeTimeout time.Duration
 	// KillGrace is the wait between SIGTERM and SIGKILL when a channel's
-	// processes are killed (the channel or the connection closed).
+	// processes are killed (the channel or the connection closed before
+	// the command exited), and how long, after a command exited, the
+	// channel still relays output that its background processes hold
+	// before it stops reading and closes (leaving them running).
 	KillGrace time.Duration
 	// Log receives the connection's logs.
 	Log *slog.Logger

@@ -80,7 +80,9 @@ type process struct {
 	pgid int
 	ptm  *os.File      // the terminal's master, with a pty
 	done chan struct{} // closed when the leader exited and its output was relayed
-	wg   sync.WaitGroup
+	// leaderDone is closed when the leader exited (state is set).
+	leaderDone chan struct{}
+	wg         sync.WaitGroup
 	// state is the leader's wait status, set before done is closed.
 	state *os.ProcessState
 
@@ -89,8 +91,10 @@ type process struct {
 
 	killOnce sync.Once
 	mu       sync.Mutex // guards timer and stopped
-	timer    *time.Timer
-	stopped  bool
+	// timer is the kill's next step, or, after the leader exited, the
+	// end of the wait for output its background processes hold.
+	timer   *time.Timer
+	stopped bool
 }
 
 func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, login *Login) {
@@ -139,11 +143,22 @@ func (s *session) run(ctx context.Context, reqs <-chan *ssh.Request) {
 	}
 }
 
-// finish ends the channel's processes, if still running, and reports it.
+// finish ends the channel and reports it. A process still running when
+// the client closed the channel (or the connection ended) is killed with
+// what is left of its group: a client that went leaves nothing behind. A
+// command that exited keeps its background processes, as under sshd; a
+// pty session's were hung up when the leader exited (startPTY).
 func (s *session) finish(exited bool) {
 	if p := s.proc; p != nil {
 		if !exited {
-			p.kill(s.c.cfg.KillGrace)
+			select {
+			case <-p.leaderDone:
+				// The command exited; what holds its output is a
+				// background process, which stays: stop reading.
+				p.abandon()
+			default:
+				p.kill(s.c.cfg.KillGrace)
+			}
 			<-p.done
 			s.fillExit()
 			if s.ev.Error == "" {
@@ -151,7 +166,6 @@ func (s *session) finish(exited bool) {
 			}
 			s.ev.Result = protocol.AuditFailed
 		}
-		p.kill(s.c.cfg.KillGrace) // what is left of its group
 		p.wg.Wait()
 		p.stopKill()
 		if s.release != nil {
@@ -426,11 +440,12 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 	return true
 }
 
-// startPipes starts cmd in its own process group on pipes: stdin is the
-// channel's data (its EOF closes the pipe), stdout its data, stderr its
-// extended data, all binary-clean.
+// startPipes starts cmd in its own session (and so process group), with
+// no controlling terminal, as sshd does, on pipes: stdin is the channel's
+// data (its EOF closes the pipe), stdout its data, stderr its extended
+// data, all binary-clean.
 func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
 	var files []*os.File
 	closeAll := func() {
 		for _, f := range files {
@@ -467,7 +482,7 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 	inR.Close()
 	outW.Close()
 	errW.Close()
-	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{}), outputs: []*os.File{outR, errR}}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{}), leaderDone: make(chan struct{}), outputs: []*os.File{outR, errR}}
 	var outputs sync.WaitGroup
 	outputs.Add(2)
 	p.wg.Add(4)
@@ -495,9 +510,12 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
+		close(p.leaderDone)
 		// Like sshd: the exit status goes after all the output, which
 		// ends when every holder of the pipes (background children too)
-		// closed them.
+		// closed them; unlike sshd, which waits for ever, at most a
+		// grace later: a background job that kept them is left running.
+		p.abandonAfter(s.c.cfg.KillGrace)
 		outputs.Wait()
 		close(p.done)
 	}()
@@ -536,7 +554,7 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 		ptm.Close()
 		return nil, err
 	}
-	p := &process{cmd: cmd, pgid: cmd.Process.Pid, ptm: ptm, done: make(chan struct{})}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, ptm: ptm, done: make(chan struct{}), leaderDone: make(chan struct{})}
 	output := make(chan struct{})
 	p.wg.Add(3)
 	go func() { // client → terminal; the client's EOF is not a terminal's
@@ -554,10 +572,14 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
+		close(p.leaderDone)
 		// The session leader is gone: hang up what is left of its
-		// session, as the kernel does for a terminal's foreground
-		// group, so that the terminal closes and its output ends.
+		// group, as the kernel does for a terminal's foreground group,
+		// so that the terminal closes and its output ends; what ignores
+		// the hangup and still holds the terminal is left running, its
+		// output no longer read a grace later.
 		syscall.Kill(-p.pgid, syscall.SIGHUP)
+		p.abandonAfter(s.c.cfg.KillGrace)
 		<-output
 		close(p.done)
 	}()
@@ -575,6 +597,9 @@ func (p *process) kill(grace time.Duration) {
 		syscall.Kill(-p.pgid, syscall.SIGTERM)
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if p.timer != nil {
+			p.timer.Stop() // abandonAfter's: the kill's own abandon follows
+		}
 		p.timer = time.AfterFunc(grace, func() {
 			syscall.Kill(-p.pgid, syscall.SIGKILL)
 			p.mu.Lock()
@@ -584,6 +609,16 @@ func (p *process) kill(grace time.Duration) {
 			}
 		})
 	})
+}
+
+// abandonAfter stops reading the process's output grace from now, unless
+// it ended before (stopKill) or a kill is under way.
+func (p *process) abandonAfter(grace time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.stopped && p.timer == nil {
+		p.timer = time.AfterFunc(grace, p.abandon)
+	}
 }
 
 // abandon stops reading the process's output (pipes or terminal).

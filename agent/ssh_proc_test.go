@@ -1,0 +1,165 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// procStat is the part of /proc/PID/stat after the command name: state,
+// ppid, pgrp, session, tty_nr, ...
+func procStat(t testing.TB, stat string) []string {
+	t.Helper()
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		t.Fatalf("stat %q: no command name", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 5 {
+		t.Fatalf("stat %q: too short", stat)
+	}
+	return f
+}
+
+// checkAlive fails t unless pid is a live process with no signal pending:
+// a SIGTERM sent before the check is either pending or has killed it.
+func checkAlive(t testing.TB, pid int, when string) {
+	t.Helper()
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("%s: process %d is gone: %v", when, pid, err)
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("%s: process %d: %v", when, pid, err)
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "State":
+			if !strings.HasPrefix(v, "S") && !strings.HasPrefix(v, "R") {
+				t.Fatalf("%s: process %d is %s", when, pid, v)
+			}
+		case "SigPnd", "ShdPnd":
+			if strings.Trim(v, "0") != "" {
+				t.Fatalf("%s: process %d has signals pending (%s %s)", when, pid, k, v)
+			}
+		}
+	}
+}
+
+// A command's background job outlives the command, as under sshd: the
+// channel ends with the command, and nothing signals what it left.
+func TestSSHBackgroundJobOutlivesTheCommand(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	out, err := run(t, c, "nohup sleep 300 >/dev/null 2>&1 & echo $!", "")
+	if err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("output %q: want the background pid", out)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	ev := f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditOK || ev.ExitStatus == nil || *ev.ExitStatus != 0 {
+		t.Errorf("event %+v", ev)
+	}
+	checkAlive(t, pid, "after the channel ended")
+	if out, err := run(t, c, "echo next", ""); err != nil || out != "next\n" {
+		t.Fatalf("next command: %q %v", out, err)
+	}
+	checkAlive(t, pid, "after the next command")
+	// Closing the connection does not reach it either.
+	c.Close()
+	f.event(t, "of the next command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 2 })
+	checkAlive(t, pid, "after the connection closed")
+}
+
+// A background job that keeps the command's output open does not hold the
+// channel: a grace after the command exited the channel closes with the
+// exit status, and the job is left running.
+func TestSSHBackgroundJobHoldingOutputIsLeftRunning(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := c.NewSession()
+		if err != nil {
+			done <- result{"", err}
+			return
+		}
+		defer s.Close()
+		var out bytes.Buffer
+		s.Stdout = &out
+		err = s.Run("sleep 300 & echo $!; exit 3")
+		done <- result{out.String(), err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(testWait):
+		t.Fatal("the channel stayed open while a background job held its output")
+	}
+	if exitStatus(r.err) != 3 {
+		t.Errorf("exit %v, want status 3", r.err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(r.out))
+	if err != nil {
+		t.Fatalf("output %q: want the background pid", r.out)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	ev := f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || ev.ExitStatus == nil || *ev.ExitStatus != 3 {
+		t.Errorf("event %+v", ev)
+	}
+	checkAlive(t, pid, "after the channel ended")
+}
+
+// Each session's process leads a session of its own, as under sshd: with
+// no controlling terminal on pipes, with its pty as one on a terminal.
+func TestSSHSessionProcessLeadsItsOwnSession(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	out, err := run(t, c, "exec cat /proc/self/stat", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.Fields(out)[0]
+	st := procStat(t, out)
+	if st[2] != pid || st[3] != pid || st[4] != "0" {
+		t.Errorf("on pipes: pid %s pgrp %s session %s tty %s: want its own session with no terminal", pid, st[2], st[3], st[4])
+	}
+
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Output("exec cat /proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid = strings.Fields(string(b))[0]
+	st = procStat(t, string(b))
+	if st[2] != pid || st[3] != pid || st[4] == "0" {
+		t.Errorf("on a pty: pid %s pgrp %s session %s tty %s: want its own session with the pty", pid, st[2], st[3], st[4])
+	}
+}
