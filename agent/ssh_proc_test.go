@@ -163,3 +163,92 @@ func TestSSHSessionProcessLeadsItsOwnSession(t *testing.T) {
 		t.Errorf("on a pty: pid %s pgrp %s session %s tty %s: want its own session with the pty", pid, st[2], st[3], st[4])
 	}
 }
+
+// A channel closed before any request was not refused: it failed, and
+// says so.
+func TestSSHChannelClosedBeforeAnyRequestFailed(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	ev := f.event(t, "of the closed channel", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || ev.Error != "the channel was closed before any command was requested" {
+		t.Errorf("event %+v: want failed, closed before any request", ev)
+	}
+}
+
+// A command line longer than the kernel takes for one argument (128 KiB)
+// fails to start: the client is told why, and the channel failed (nothing
+// refused it).
+func TestSSHCommandTooLongForExecFailed(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	cmd := "echo " + strings.Repeat("x", 200<<10)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Start(cmd); err == nil {
+		t.Fatal("a 200 KiB command line started")
+	}
+	s.Close()
+	ev := f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || !strings.Contains(ev.Error, "argument list too long") {
+		t.Errorf("event %+v: want failed with the start error", ev)
+	}
+}
+
+// A login the params do not grant is refused with reason
+// login_not_granted, naming the login asked for.
+func TestSSHLoginNotGrantedAuthEvent(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	cc := f.clientConfig()
+	cc.User = "daemon"
+	if _, err := f.dial(t, f.params(nil), cc); err == nil {
+		t.Fatal("a login not in Logins logged in")
+	}
+	ev := f.event(t, "auth", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelAuth })
+	if ev.Result != protocol.AuditRefused || ev.Reason != protocol.AuditReasonLoginNotGranted || ev.Login != "daemon" {
+		t.Errorf("auth event %+v: want refused, login_not_granted, login daemon", ev)
+	}
+}
+
+// A wrong key is a failed authentication: no reason (the coordinator
+// audits it as unauthenticated).
+func TestSSHWrongKeyAuthEventHasNoReason(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	cc := f.clientConfig()
+	cc.Auth = []ssh.AuthMethod{ssh.PublicKeys(newSigner(t))}
+	if _, err := f.dial(t, f.params(nil), cc); err == nil {
+		t.Fatal("a wrong key logged in")
+	}
+	ev := f.event(t, "auth", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelAuth })
+	if ev.Result != protocol.AuditRefused || ev.Reason != "" || ev.Login != f.user {
+		t.Errorf("auth event %+v: want refused, no reason, login %s", ev, f.user)
+	}
+}
+
+// OpenSSH sends a command line over 256 KiB, which no SSH server reads
+// (the packet limit): the connection breaks, and the channel's event says
+// so instead of a refusal.
+func TestOpenSSHCommandOverThePacketLimit(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	o := newOpenSSH(t, f, nil)
+	// Three arguments, each under the kernel's 128 KiB per argument,
+	// which ssh joins into one command line.
+	x := strings.Repeat("x", 100000)
+	_, stderr, code := o.run("", sshHost, "echo", x, x, x)
+	t.Logf("ssh: exit %d, stderr %q", code, protocol.Clip(stderr))
+	if code == 0 {
+		t.Fatal("a 300 KB command line ran")
+	}
+	ev := f.event(t, "of the channel", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditFailed || !strings.Contains(ev.Error, "the connection ended before any command was requested") ||
+		!strings.Contains(ev.Error, "256 KiB") {
+		t.Errorf("event %+v: want failed, the connection broken by the packet limit", ev)
+	}
+}

@@ -71,7 +71,6 @@ type session struct {
 	ev      protocol.SSHChannelEvent
 	in      atomic.Int64 // bytes from the client
 	out     atomic.Int64 // bytes to the client (stdout and stderr)
-	refuse  string       // why the last start was refused, for the event
 }
 
 // process is what a session runs.
@@ -173,13 +172,10 @@ func (s *session) finish(exited bool) {
 		}
 	}
 	if s.ev.Type == "" {
-		// Closed without starting anything.
+		// Closed without starting anything: nothing was refused.
 		s.ev.Type = protocol.SSHChannelShell
-		s.ev.Result = protocol.AuditRefused
-		s.ev.Error = s.refuse
-		if s.ev.Error == "" {
-			s.ev.Error = "the channel was closed before any command was requested"
-		}
+		s.ev.Result = protocol.AuditFailed
+		s.ev.Error = s.c.whyNoRequest(s.c.cfg.KillGrace)
 	}
 	s.ev.BytesIn, s.ev.BytesOut = s.in.Load(), s.out.Load()
 	s.c.log.Info("ssh channel ended", "channel", s.n, "type", s.ev.Type, "result", s.ev.Result,
@@ -359,7 +355,7 @@ func (s *session) startCommand(command string) bool {
 		return s.refused("exec refused by the local policy", err)
 	}
 	if strings.ContainsRune(command, 0) {
-		return s.refused("exec refused", errors.New("the command contains a NUL byte"))
+		return s.failed("exec", errors.New("the command contains a NUL byte"))
 	}
 	cmd := exec.Command(s.login.Shell, "-c", command)
 	return s.startProc(cmd)
@@ -384,7 +380,7 @@ func (s *session) startSubsystem(name string) bool {
 	s.ev.Type = protocol.SSHChannelSubsystem
 	s.ev.Subsystem = protocol.ClipUTF8(name, protocol.MaxAuditProgramLen)
 	if name != "sftp" {
-		return s.refused("subsystem refused", fmt.Errorf("subsystem %s is not served (only sftp)", protocol.Clip(name)))
+		return s.failed("subsystem", fmt.Errorf("subsystem %s is not served (only sftp)", protocol.Clip(name)))
 	}
 	if err := s.login.ExecErr; err != nil {
 		return s.refused("sftp refused by the local policy", err)
@@ -393,12 +389,25 @@ func (s *session) startSubsystem(name string) bool {
 	return s.startProc(sftpCommand())
 }
 
+// refused reports a request the local policy refused: the channel's
+// result is AuditRefused, and the client is told why on its stderr.
 func (s *session) refused(what string, err error) bool {
-	s.refuse = fmt.Sprintf("%s: %v", what, err)
-	s.ev.Result = protocol.AuditRefused
-	s.ev.Error = s.refuse
-	s.c.log.Warn("ssh channel refused", "channel", s.n, "login", s.login.Name, "what", what, "err", err)
-	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, s.refuse)
+	return s.notStarted(protocol.AuditRefused, what, err)
+}
+
+// failed reports a request that could not start (a bad request, the
+// exec limit, a fork failure): the channel's result is AuditFailed, and
+// the client is told why on its stderr.
+func (s *session) failed(what string, err error) bool {
+	return s.notStarted(protocol.AuditFailed, what, err)
+}
+
+func (s *session) notStarted(result, what string, err error) bool {
+	why := fmt.Sprintf("%s: %v", what, err)
+	s.ev.Result = result
+	s.ev.Error = why
+	s.c.log.Warn("ssh channel request not served", "channel", s.n, "login", s.login.Name, "result", result, "what", what, "err", err)
+	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, why)
 	s.ch.Stderr().Write([]byte(msg))
 	return false
 }
@@ -416,7 +425,7 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 	if acquire := s.c.cfg.Acquire; acquire != nil {
 		release, err := acquire()
 		if err != nil {
-			return s.refused("start", err)
+			return s.failed("start", err)
 		}
 		s.release = release
 	}
@@ -432,7 +441,7 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 			s.release()
 			s.release = nil
 		}
-		return s.refused("start", fmt.Errorf("start %s as %s: %w", cmd.Path, s.login.Name, err))
+		return s.failed("start", fmt.Errorf("start %s as %s: %w", cmd.Path, s.login.Name, err))
 	}
 	s.proc = p
 	s.ev.Result = ""
