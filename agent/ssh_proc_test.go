@@ -252,3 +252,39 @@ func TestOpenSSHCommandOverThePacketLimit(t *testing.T) {
 		t.Errorf("event %+v: want failed, the connection broken by the packet limit", ev)
 	}
 }
+
+// On a pty, a background job that ignores the hangup (nohup) outlives the
+// command too: the leader's exit hangs up its group, and nothing more.
+func TestSSHPTYNohupJobOutlivesTheCommand(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	// The pid file is written once nohup ignores SIGHUP (inherited by the
+	// sh it runs), so the leader's exit cannot race it.
+	pidFile := t.TempDir() + "/pid"
+	cmd := fmt.Sprintf("nohup sh -c 'echo $$ > %[1]s.tmp && mv %[1]s.tmp %[1]s; exec sleep 300' >/dev/null 2>&1 </dev/null & while [ ! -s %[1]s ]; do :; done", pidFile)
+	if out, err := s.CombinedOutput(cmd); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file %q", b)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	ev := f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
+	if ev.Result != protocol.AuditOK {
+		t.Errorf("event %+v", ev)
+	}
+	checkAlive(t, pid, "after the pty channel ended")
+}
