@@ -288,3 +288,53 @@ func TestSSHPTYNohupJobOutlivesTheCommand(t *testing.T) {
 	}
 	checkAlive(t, pid, "after the pty channel ended")
 }
+
+// gateWriter blocks its first Write until open is closed.
+type gateWriter struct {
+	open <-chan struct{}
+	buf  bytes.Buffer
+}
+
+func (g *gateWriter) Write(p []byte) (int, error) {
+	<-g.open
+	return g.buf.Write(p)
+}
+
+// The grace after the command exited never cuts the command's own output:
+// what is still buffered for a slow client is relayed in full.
+func TestSSHOutputBufferedAtExitIsRelayedInFull(t *testing.T) {
+	f := newSSHFixture(t, func(c *Config) { c.KillGrace = time.Nanosecond })
+	c := f.mustDial(t)
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pidFile := t.TempDir() + "/pid"
+	// Past the client's channel window (x/crypto's 2 MiB) and the relay's
+	// 256 KiB buffer, within a pipe's (64 KiB or more): the last bytes are
+	// still in the pipe when the command exits.
+	const size = 2<<20 + 300<<10
+	open := make(chan struct{})
+	w := &gateWriter{open: open}
+	s.Stdout = w
+	if err := s.Start(fmt.Sprintf("echo $$ > %s; head -c %d /dev/zero", pidFile, size)); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	waitFor(t, testWait, "the command's pid", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
+	})
+	// The leader is the agent's child: gone once reaped, which is when
+	// the grace starts; the client has read nothing yet.
+	waitFor(t, testWait, "the command to exit and be reaped", func() bool { return syscall.Kill(pid, 0) != nil })
+	close(open)
+	if err := s.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if w.buf.Len() != size {
+		t.Errorf("got %d bytes of the command's %d", w.buf.Len(), size)
+	}
+}

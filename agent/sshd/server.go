@@ -16,9 +16,11 @@
 // as the kernel does for a terminal's foreground group. The exit status
 // follows all the output, which ends when every holder of the pipes or
 // terminal closed it; unlike sshd, which then waits for ever, the server
-// stops reading Config.KillGrace after the command exited and closes the
-// channel with the exit status, leaving whatever still holds the output
-// running (its later writes fail). When the client closes the channel or
+// stops reading once Config.KillGrace passed since the command exited and
+// nothing is left buffered (the command's own output is always relayed in
+// full; a background job that keeps writing keeps the channel open), and
+// closes the channel with the exit status, leaving whatever still holds
+// the output running (its later writes fail). When the client closes the channel or
 // the connection before the command exited, the command's whole process
 // group is killed (SIGHUP and SIGTERM, SIGKILL KillGrace later): a client
 // that went leaves no process behind, except what left the group.

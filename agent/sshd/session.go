@@ -89,11 +89,12 @@ type process struct {
 	outputs []*os.File
 
 	killOnce sync.Once
-	mu       sync.Mutex // guards timer and stopped
+	mu       sync.Mutex // guards timer, stopped and killing
 	// timer is the kill's next step, or, after the leader exited, the
 	// end of the wait for output its background processes hold.
 	timer   *time.Timer
 	stopped bool
+	killing bool // kill was called: its timer is the one
 }
 
 func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, login *Login) {
@@ -606,6 +607,7 @@ func (p *process) kill(grace time.Duration) {
 		syscall.Kill(-p.pgid, syscall.SIGTERM)
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		p.killing = true
 		if p.timer != nil {
 			p.timer.Stop() // abandonAfter's: the kill's own abandon follows
 		}
@@ -622,12 +624,47 @@ func (p *process) kill(grace time.Duration) {
 
 // abandonAfter stops reading the process's output grace from now, unless
 // it ended before (stopKill) or a kill is under way.
+// What is still buffered in the pipes or terminal then (the leader's
+// last output, not yet relayed to a slow client) is relayed first: the
+// check repeats every grace until they are empty.
 func (p *process) abandonAfter(grace time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.stopped && p.timer == nil {
-		p.timer = time.AfterFunc(grace, p.abandon)
+	if p.stopped || p.killing {
+		return
 	}
+	p.timer = time.AfterFunc(grace, func() {
+		if p.buffered() {
+			p.abandonAfter(grace)
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.stopped && !p.killing {
+			p.abandon()
+		}
+	})
+}
+
+// buffered reports whether any of the process's outputs has bytes not
+// yet read (FIONREAD, TIOCINQ on Linux); an output it cannot ask counts as empty.
+func (p *process) buffered() bool {
+	files := p.outputs
+	if p.ptm != nil {
+		files = append(slices.Clone(files), p.ptm)
+	}
+	for _, f := range files {
+		rc, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		n := 0
+		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // abandon stops reading the process's output (pipes or terminal).
