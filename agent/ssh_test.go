@@ -933,7 +933,7 @@ func TestSSHCommandsTakeExecSlots(t *testing.T) {
 	if _, _, err := runErr(t, c, "true", ""); err == nil {
 		t.Fatal("a second command started past MaxExecs")
 	}
-	ev := f.event(t, "of the refused command", func(e *protocol.SSHChannelEvent) bool { return e.Result == protocol.AuditRefused })
+	ev := f.event(t, "of the command past the limit", func(e *protocol.SSHChannelEvent) bool { return e.Result == protocol.AuditFailed })
 	if !strings.Contains(ev.Error, "running 1 execs, its limit") {
 		t.Fatalf("refused command's event %+v; want the exec limit", ev)
 	}

@@ -457,9 +457,16 @@ func sshAuditEvent(node string, rec *sshSession, ev *protocol.SSHChannelEvent) *
 	} else if ev.Start.IsZero() && !rec.start.IsZero() {
 		out.DurationMS = float64(time.Since(rec.start)) / float64(time.Millisecond)
 	}
+	// Only a refusal has a reason: a channel that failed (a start
+	// failure, a channel closed before any request) was not refused.
 	if ev.Result == protocol.AuditRefused {
-		out.Reason = protocol.AuditReasonLocalPolicy
-		if ev.Type == protocol.SSHChannelAuth {
+		switch {
+		case ev.Type != protocol.SSHChannelAuth:
+			// The agent refuses a channel only by its local policy.
+			out.Reason = protocol.AuditReasonLocalPolicy
+		case ev.Reason == protocol.AuditReasonLoginNotGranted || ev.Reason == protocol.AuditReasonLocalPolicy:
+			out.Reason = ev.Reason
+		default:
 			out.Reason = protocol.ErrCodeUnauthenticated
 		}
 	}

@@ -232,7 +232,19 @@ type SSHChannelEvent struct {
 	// bytes.
 	Result string `json:"result"`
 	Error  string `json:"error,omitempty"`
+	// Reason, for an SSHChannelAuth event, says which refusal it was:
+	// AuditReasonLoginNotGranted (Login is not one of SSHParams.Logins),
+	// AuditReasonLocalPolicy (the node's local policy refused Login), or
+	// empty (the client failed to authenticate). Login is the login the
+	// client asked for.
+	Reason string `json:"reason,omitempty"`
 }
+
+// AuditReasonLoginNotGranted is the Reason of an SSH login the policy
+// does not grant the caller (the user name is not one of
+// SSHParams.Logins): its Result is AuditRefused, its RunAs the login
+// asked for.
+const AuditReasonLoginNotGranted = "login_not_granted"
 
 // isLowerHex reports whether s is n lowercase hex digits.
 func isLowerHex(s string, n int) bool {

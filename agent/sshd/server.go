@@ -8,6 +8,23 @@
 // params and the agent allow, many channels per connection, and reports
 // each channel's end as a protocol.SSHChannelEvent.
 //
+// Processes, as under OpenSSH's sshd: each session's process is the
+// leader of a session of its own (setsid), whose controlling terminal is
+// the session's pty if it asked for one, and none otherwise. When the
+// command exits, its background processes stay (nohup sleep 300 & echo $!
+// leaves the sleep running); a pty session's process group is hung up,
+// as the kernel does for a terminal's foreground group. The exit status
+// follows all the output, which ends when every holder of the pipes or
+// terminal closed it; unlike sshd, which then waits for ever, the server
+// stops reading once Config.KillGrace passed since the command exited and
+// nothing is left buffered (the command's own output is always relayed in
+// full; a background job that keeps writing keeps the channel open), and
+// closes the channel with the exit status, leaving whatever still holds
+// the output running (its later writes fail). When the client closes the channel or
+// the connection before the command exited, the command's whole process
+// group is killed (SIGHUP and SIGTERM, SIGKILL KillGrace later): a client
+// that went leaves no process behind, except what left the group.
+//
 // Everything about the local account (who it is, whether the local policy
 // allows it, its credential and environment) is the agent's: Config.Login
 // resolves a login into a Login, and the server starts processes exactly
@@ -87,7 +104,10 @@ type Config struct {
 	// HandshakeTimeout bounds the key exchange and authentication.
 	HandshakeTimeout time.Duration
 	// KillGrace is the wait between SIGTERM and SIGKILL when a channel's
-	// processes are killed (the channel or the connection closed).
+	// processes are killed (the channel or the connection closed before
+	// the command exited), and how long, after a command exited, the
+	// channel still relays output that its background processes hold
+	// before it stops reading and closes (leaving them running).
 	KillGrace time.Duration
 	// Log receives the connection's logs.
 	Log *slog.Logger
@@ -160,9 +180,14 @@ type conn struct {
 	// sshClient and sshConnection are the values of SSH_CLIENT and
 	// SSH_CONNECTION for the connection's processes.
 	sshClient, sshConnection string
-	// refusal is the last authentication refusal, for the auth event.
-	mu      sync.Mutex
-	refusal string
+	// sconn is the connection once logged in.
+	sconn *ssh.ServerConn
+	// refusal is the last authentication refusal, for the auth event:
+	// why, the login asked for, and the audit reason ("" for a failed
+	// authentication).
+	mu                    sync.Mutex
+	refusal, refusedLogin string
+	refusalReason         string
 }
 
 // Serve runs one SSH server connection on nc until it ends or ctx is done,
@@ -203,7 +228,7 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 		// which runs once the client proved the key with a signature.
 		sc.PublicKeyCallback = func(md ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
 			if !bytes.Equal(key.Marshal(), vouched) {
-				c.refused(fmt.Sprintf("key %s %s is not the key the coordinator vouched for", key.Type(), ssh.FingerprintSHA256(key)))
+				c.refused(fmt.Sprintf("key %s %s is not the key the coordinator vouched for", key.Type(), ssh.FingerprintSHA256(key)), md.User(), "")
 				return nil, errors.New("not the vouched key")
 			}
 			return &ssh.Permissions{}, nil
@@ -229,22 +254,24 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	sconn, chans, reqs, err := ssh.NewServerConn(nc, sc)
 	if err != nil {
 		c.mu.Lock()
-		why := c.refusal
+		why, login, reason := c.refusal, c.refusedLogin, c.refusalReason
 		c.mu.Unlock()
 		if why == "" {
 			why = "handshake: " + err.Error()
 		}
 		if ctx.Err() != nil {
-			why = "the tunnel session ended during the handshake"
+			why, reason = "the tunnel session ended during the handshake", ""
 		}
 		c.log.Warn("ssh login refused", "identity", cfg.Params.Identity, "reason", why, "err", err)
 		cfg.Event(&protocol.SSHChannelEvent{
 			Session: cfg.Params.Session, Type: protocol.SSHChannelAuth, Start: start, End: time.Now(),
+			Login: protocol.ClipUTF8(login, protocol.MaxAuditProgramLen), Reason: reason,
 			Result: protocol.AuditRefused, Error: protocol.ClipUTF8(why, protocol.MaxAuditErrorLen),
 		})
 		return fmt.Errorf("ssh session %s: %w", cfg.Params.Session, err)
 	}
 	nc.SetDeadline(time.Time{})
+	c.sconn = sconn
 	login := c.loginOf(sconn)
 	c.log = c.log.With("login", login.Name)
 	c.log.Info("ssh login", "identity", cfg.Params.Identity, "client_version", string(sconn.ClientVersion()))
@@ -311,13 +338,13 @@ func (c *conn) authorize(user string) (*ssh.Permissions, error) {
 	if !p.AllowsLogin(user) {
 		why := fmt.Sprintf("login %s is not one of the logins the policy grants %s on node %s (%s)",
 			protocol.Clip(user), protocol.Clip(p.Identity), c.cfg.NodeID, strings.Join(p.Logins, ", "))
-		c.refused(why)
+		c.refused(why, user, protocol.AuditReasonLoginNotGranted)
 		c.log.Warn("ssh login refused", "identity", p.Identity, "user", protocol.Clip(user), "rule", "coordinator policy logins", "logins", p.Logins)
 		return nil, &ssh.BannerError{Err: errors.New(why), Message: "tether: " + why + "\r\n"}
 	}
 	if _, err := c.cfg.Login(user); err != nil {
 		why := fmt.Sprintf("login %s refused on node %s: %v", protocol.Clip(user), c.cfg.NodeID, err)
-		c.refused(why)
+		c.refused(why, user, protocol.AuditReasonLocalPolicy)
 		c.log.Warn("ssh login refused", "identity", p.Identity, "user", protocol.Clip(user), "rule", "local policy", "err", err)
 		return nil, &ssh.BannerError{Err: errors.New(why), Message: "tether: " + why + "\r\n"}
 	}
@@ -360,10 +387,45 @@ func (c *conn) setSSHEnv(remote, local net.Addr) {
 // and its processes end with it.
 func (c *conn) panicked(*panics.Error) { c.nc.Close() }
 
-func (c *conn) refused(why string) {
+// refused records an authentication refusal of login: why, and the
+// audit reason (protocol.SSHChannelEvent.Reason).
+func (c *conn) refused(why, login, reason string) {
 	c.mu.Lock()
-	c.refusal = why
+	c.refusal, c.refusedLogin, c.refusalReason = why, login, reason
 	c.mu.Unlock()
+}
+
+// whyNoRequest says why a channel ended before any command was
+// requested: the client closed it, or the connection broke, with the
+// transport's error. The connection is probed with a global request
+// (a live client answers it, as OpenSSH's answers a keepalive); without
+// an answer within wait the client is taken to have closed the channel.
+func (c *conn) whyNoRequest(wait time.Duration) string {
+	const closed = "the channel was closed before any command was requested"
+	if c.sconn == nil {
+		return closed
+	}
+	probe := make(chan error, 1)
+	go func() {
+		_, _, err := c.sconn.SendRequest("keepalive@tether", true, nil)
+		probe <- err
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-probe:
+		if err == nil {
+			return closed
+		}
+	case <-t.C:
+		return closed
+	}
+	err := c.sconn.Wait()
+	why := "the connection ended before any command was requested: " + err.Error()
+	if msg := err.Error(); strings.Contains(msg, "packet too large") || strings.Contains(msg, "max packet length exceeded") {
+		why += " (an SSH packet is at most 256 KiB, so a request such as a command line cannot be longer: pass long input on stdin)"
+	}
+	return why
 }
 
 // event fills the fields every channel event shares and sends ev.

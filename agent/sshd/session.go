@@ -71,7 +71,6 @@ type session struct {
 	ev      protocol.SSHChannelEvent
 	in      atomic.Int64 // bytes from the client
 	out     atomic.Int64 // bytes to the client (stdout and stderr)
-	refuse  string       // why the last start was refused, for the event
 }
 
 // process is what a session runs.
@@ -80,7 +79,9 @@ type process struct {
 	pgid int
 	ptm  *os.File      // the terminal's master, with a pty
 	done chan struct{} // closed when the leader exited and its output was relayed
-	wg   sync.WaitGroup
+	// leaderDone is closed when the leader exited (state is set).
+	leaderDone chan struct{}
+	wg         sync.WaitGroup
 	// state is the leader's wait status, set before done is closed.
 	state *os.ProcessState
 
@@ -88,9 +89,12 @@ type process struct {
 	outputs []*os.File
 
 	killOnce sync.Once
-	mu       sync.Mutex // guards timer and stopped
-	timer    *time.Timer
-	stopped  bool
+	mu       sync.Mutex // guards timer, stopped and killing
+	// timer is the kill's next step, or, after the leader exited, the
+	// end of the wait for output its background processes hold.
+	timer   *time.Timer
+	stopped bool
+	killing bool // kill was called: its timer is the one
 }
 
 func (c *conn) serveSession(ctx context.Context, nch ssh.NewChannel, n int, login *Login) {
@@ -139,11 +143,22 @@ func (s *session) run(ctx context.Context, reqs <-chan *ssh.Request) {
 	}
 }
 
-// finish ends the channel's processes, if still running, and reports it.
+// finish ends the channel and reports it. A process still running when
+// the client closed the channel (or the connection ended) is killed with
+// what is left of its group: a client that went leaves nothing behind. A
+// command that exited keeps its background processes, as under sshd; a
+// pty session's were hung up when the leader exited (startPTY).
 func (s *session) finish(exited bool) {
 	if p := s.proc; p != nil {
 		if !exited {
-			p.kill(s.c.cfg.KillGrace)
+			select {
+			case <-p.leaderDone:
+				// The command exited; what holds its output is a
+				// background process, which stays: stop reading.
+				p.abandon()
+			default:
+				p.kill(s.c.cfg.KillGrace)
+			}
 			<-p.done
 			s.fillExit()
 			if s.ev.Error == "" {
@@ -151,7 +166,6 @@ func (s *session) finish(exited bool) {
 			}
 			s.ev.Result = protocol.AuditFailed
 		}
-		p.kill(s.c.cfg.KillGrace) // what is left of its group
 		p.wg.Wait()
 		p.stopKill()
 		if s.release != nil {
@@ -159,13 +173,10 @@ func (s *session) finish(exited bool) {
 		}
 	}
 	if s.ev.Type == "" {
-		// Closed without starting anything.
+		// Closed without starting anything: nothing was refused.
 		s.ev.Type = protocol.SSHChannelShell
-		s.ev.Result = protocol.AuditRefused
-		s.ev.Error = s.refuse
-		if s.ev.Error == "" {
-			s.ev.Error = "the channel was closed before any command was requested"
-		}
+		s.ev.Result = protocol.AuditFailed
+		s.ev.Error = s.c.whyNoRequest(s.c.cfg.KillGrace)
 	}
 	s.ev.BytesIn, s.ev.BytesOut = s.in.Load(), s.out.Load()
 	s.c.log.Info("ssh channel ended", "channel", s.n, "type", s.ev.Type, "result", s.ev.Result,
@@ -345,7 +356,7 @@ func (s *session) startCommand(command string) bool {
 		return s.refused("exec refused by the local policy", err)
 	}
 	if strings.ContainsRune(command, 0) {
-		return s.refused("exec refused", errors.New("the command contains a NUL byte"))
+		return s.failed("exec", errors.New("the command contains a NUL byte"))
 	}
 	cmd := exec.Command(s.login.Shell, "-c", command)
 	return s.startProc(cmd)
@@ -370,7 +381,7 @@ func (s *session) startSubsystem(name string) bool {
 	s.ev.Type = protocol.SSHChannelSubsystem
 	s.ev.Subsystem = protocol.ClipUTF8(name, protocol.MaxAuditProgramLen)
 	if name != "sftp" {
-		return s.refused("subsystem refused", fmt.Errorf("subsystem %s is not served (only sftp)", protocol.Clip(name)))
+		return s.failed("subsystem", fmt.Errorf("subsystem %s is not served (only sftp)", protocol.Clip(name)))
 	}
 	if err := s.login.ExecErr; err != nil {
 		return s.refused("sftp refused by the local policy", err)
@@ -379,12 +390,25 @@ func (s *session) startSubsystem(name string) bool {
 	return s.startProc(sftpCommand())
 }
 
+// refused reports a request the local policy refused: the channel's
+// result is AuditRefused, and the client is told why on its stderr.
 func (s *session) refused(what string, err error) bool {
-	s.refuse = fmt.Sprintf("%s: %v", what, err)
-	s.ev.Result = protocol.AuditRefused
-	s.ev.Error = s.refuse
-	s.c.log.Warn("ssh channel refused", "channel", s.n, "login", s.login.Name, "what", what, "err", err)
-	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, s.refuse)
+	return s.notStarted(protocol.AuditRefused, what, err)
+}
+
+// failed reports a request that could not start (a bad request, the
+// exec limit, a fork failure): the channel's result is AuditFailed, and
+// the client is told why on its stderr.
+func (s *session) failed(what string, err error) bool {
+	return s.notStarted(protocol.AuditFailed, what, err)
+}
+
+func (s *session) notStarted(result, what string, err error) bool {
+	why := fmt.Sprintf("%s: %v", what, err)
+	s.ev.Result = result
+	s.ev.Error = why
+	s.c.log.Warn("ssh channel request not served", "channel", s.n, "login", s.login.Name, "result", result, "what", what, "err", err)
+	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, why)
 	s.ch.Stderr().Write([]byte(msg))
 	return false
 }
@@ -402,7 +426,7 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 	if acquire := s.c.cfg.Acquire; acquire != nil {
 		release, err := acquire()
 		if err != nil {
-			return s.refused("start", err)
+			return s.failed("start", err)
 		}
 		s.release = release
 	}
@@ -418,7 +442,7 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 			s.release()
 			s.release = nil
 		}
-		return s.refused("start", fmt.Errorf("start %s as %s: %w", cmd.Path, s.login.Name, err))
+		return s.failed("start", fmt.Errorf("start %s as %s: %w", cmd.Path, s.login.Name, err))
 	}
 	s.proc = p
 	s.ev.Result = ""
@@ -426,11 +450,12 @@ func (s *session) startProc(cmd *exec.Cmd) bool {
 	return true
 }
 
-// startPipes starts cmd in its own process group on pipes: stdin is the
-// channel's data (its EOF closes the pipe), stdout its data, stderr its
-// extended data, all binary-clean.
+// startPipes starts cmd in its own session (and so process group), with
+// no controlling terminal, as sshd does, on pipes: stdin is the channel's
+// data (its EOF closes the pipe), stdout its data, stderr its extended
+// data, all binary-clean.
 func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL, Credential: s.login.Credential}
 	var files []*os.File
 	closeAll := func() {
 		for _, f := range files {
@@ -467,7 +492,7 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 	inR.Close()
 	outW.Close()
 	errW.Close()
-	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{}), outputs: []*os.File{outR, errR}}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{}), leaderDone: make(chan struct{}), outputs: []*os.File{outR, errR}}
 	var outputs sync.WaitGroup
 	outputs.Add(2)
 	p.wg.Add(4)
@@ -495,9 +520,12 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
+		close(p.leaderDone)
 		// Like sshd: the exit status goes after all the output, which
 		// ends when every holder of the pipes (background children too)
-		// closed them.
+		// closed them; unlike sshd, which waits for ever, at most a
+		// grace later: a background job that kept them is left running.
+		p.abandonAfter(s.c.cfg.KillGrace)
 		outputs.Wait()
 		close(p.done)
 	}()
@@ -536,7 +564,7 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 		ptm.Close()
 		return nil, err
 	}
-	p := &process{cmd: cmd, pgid: cmd.Process.Pid, ptm: ptm, done: make(chan struct{})}
+	p := &process{cmd: cmd, pgid: cmd.Process.Pid, ptm: ptm, done: make(chan struct{}), leaderDone: make(chan struct{})}
 	output := make(chan struct{})
 	p.wg.Add(3)
 	go func() { // client → terminal; the client's EOF is not a terminal's
@@ -554,10 +582,14 @@ func (s *session) startPTY(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		cmd.Wait()
 		p.state = cmd.ProcessState
+		close(p.leaderDone)
 		// The session leader is gone: hang up what is left of its
-		// session, as the kernel does for a terminal's foreground
-		// group, so that the terminal closes and its output ends.
+		// group, as the kernel does for a terminal's foreground group,
+		// so that the terminal closes and its output ends; what ignores
+		// the hangup and still holds the terminal is left running, its
+		// output no longer read a grace later.
 		syscall.Kill(-p.pgid, syscall.SIGHUP)
+		p.abandonAfter(s.c.cfg.KillGrace)
 		<-output
 		close(p.done)
 	}()
@@ -575,6 +607,10 @@ func (p *process) kill(grace time.Duration) {
 		syscall.Kill(-p.pgid, syscall.SIGTERM)
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		p.killing = true
+		if p.timer != nil {
+			p.timer.Stop() // abandonAfter's: the kill's own abandon follows
+		}
 		p.timer = time.AfterFunc(grace, func() {
 			syscall.Kill(-p.pgid, syscall.SIGKILL)
 			p.mu.Lock()
@@ -584,6 +620,51 @@ func (p *process) kill(grace time.Duration) {
 			}
 		})
 	})
+}
+
+// abandonAfter stops reading the process's output grace from now, unless
+// it ended before (stopKill) or a kill is under way.
+// What is still buffered in the pipes or terminal then (the leader's
+// last output, not yet relayed to a slow client) is relayed first: the
+// check repeats every grace until they are empty.
+func (p *process) abandonAfter(grace time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped || p.killing {
+		return
+	}
+	p.timer = time.AfterFunc(grace, func() {
+		if p.buffered() {
+			p.abandonAfter(grace)
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.stopped && !p.killing {
+			p.abandon()
+		}
+	})
+}
+
+// buffered reports whether any of the process's outputs has bytes not
+// yet read (FIONREAD, TIOCINQ on Linux); an output it cannot ask counts as empty.
+func (p *process) buffered() bool {
+	files := p.outputs
+	if p.ptm != nil {
+		files = append(slices.Clone(files), p.ptm)
+	}
+	for _, f := range files {
+		rc, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		n := 0
+		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // abandon stops reading the process's output (pipes or terminal).
