@@ -256,7 +256,7 @@ func TestResolveConfined(t *testing.T) {
 		"up2": "-> d/../../outside", "toother": "-> " + other, "loop": "-> loop", "dot": "-> .", "dotdot": "-> d/.."})
 	build(t, other, spec{"g": "g"})
 	build(t, outside, spec{"secret": "s"})
-	rs := newResolver([]string{root, other})
+	rs := newResolver([]string{root, other}, nil)
 	for _, tc := range []struct {
 		path, dir, name string // dir relative to top
 		err             string
