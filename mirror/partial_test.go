@@ -362,3 +362,22 @@ func TestWithoutOpenat2(t *testing.T) {
 	mustCopy(t, src, dst, Options{Delete: true})
 	copyEqual(t, src, dst)
 }
+
+// TestEffectiveRoots: the intersection of copy roots and granted paths, on
+// component boundaries.
+func TestEffectiveRoots(t *testing.T) {
+	for _, tt := range []struct {
+		roots, within []string
+		want          string
+	}{
+		{[]string{"/tmp"}, []string{"/tmp/f10/pub"}, "/tmp/f10/pub"},
+		{[]string{"/srv/a", "/srv/b"}, []string{"/srv"}, "/srv/a,/srv/b"},
+		{[]string{"/"}, []string{"/home/u", "/opt/x/"}, "/home/u,/opt/x"},
+		{[]string{"/tmp"}, []string{"/tmpfoo", "/etc"}, ""},
+		{[]string{"/data"}, []string{"/data"}, "/data"},
+	} {
+		if got := strings.Join(EffectiveRoots(tt.roots, tt.within), ","); got != tt.want {
+			t.Errorf("EffectiveRoots(%q, %q) = %q, want %q", tt.roots, tt.within, got, tt.want)
+		}
+	}
+}
