@@ -143,6 +143,14 @@ func (c *Coordinator) authorizeStream(req micro.Request, kind protocol.Kind, n *
 			// Decide grants a path only under one of the rule's paths.
 			return nil, op, protocol.NewAPIError(500, protocol.ErrCodeInternal, "the grant of %s %s names no path", op, protocol.Clip(obj.Path))
 		}
+		if !n.hello.HasFeature(protocol.FeatureCopyRoots) {
+			if len(roots) != 1 || roots[0] != "/" {
+				return nil, op, protocol.NewAPIError(403, protocol.ErrCodeForbidden,
+					"node %s: its agent does not confine copies to the policy's paths (%s, granted by %s): it predates protocol feature %s; upgrade the agent",
+					n.id, strings.Join(roots, ", "), grants[0].Rule(), protocol.FeatureCopyRoots)
+			}
+			roots = nil // "/" narrows nothing
+		}
 	}
 	out, err := withGrant(params, grants[0].RunAs, roots)
 	if err != nil {

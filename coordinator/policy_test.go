@@ -300,8 +300,10 @@ func streamAs(t *testing.T, nc *nats.Conn, node string, kind protocol.Kind, para
 func TestPolicyStreams(t *testing.T) {
 	h, _ := newPolicyHarness(t, stagingPolicy, nil)
 	var hdrs headerLog
-	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a")})
+	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a"), features: []string{protocol.FeatureCopyRoots}})
 	h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, header: hdrs.hook("n-b")})
+	// An agent of a release that cannot confine copies to the grant.
+	h.dialAgent(t, agentOpts{id: "n-old", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-old")})
 
 	for _, tt := range []struct {
 		name   string
@@ -315,6 +317,7 @@ func TestPolicyStreams(t *testing.T) {
 		{"exec", "n-a", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}, User: "root"}, "deploy", nil, ""},
 		{"exec elsewhere", "n-b", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}}, "", []string{"nats:alice", "exec", "n-b"}, ""},
 		{"push", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/app/current", User: "root", Roots: []string{"/"}}, "deploy", nil, "/srv/app"},
+		{"push to an old agent", "n-old", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/app/current"}, "", []string{"node n-old", "/srv/app", protocol.FeatureCopyRoots, "upgrade"}, ""},
 		{"push outside", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/etc/cron.d/x"}, "", []string{"nats:alice", "cp.write", `"/etc/cron.d/x"`, "/srv/app"}, ""},
 		{"push sibling", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/application"}, "", []string{"cp.write"}, ""},
 		{"pull", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: "/srv/app/log"}, "", []string{"nats:alice", "cp.read"}, ""},

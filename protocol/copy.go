@@ -109,6 +109,13 @@ type CopyParams struct {
 // MaxCopyRoots bounds CopyParams.Roots.
 const MaxCopyRoots = 64
 
+// FeatureCopyRoots, in Hello.Features: the agent confines a copy to
+// CopyParams.Roots. A coordinator sends Roots only to an agent that
+// lists it (an older agent refuses params with a field it does not
+// know), and refuses a copy whose grant is narrower than "/" on an agent
+// that does not: it could not keep the copy inside the grant.
+const FeatureCopyRoots = "copy_roots"
+
 // MarshalJSON encodes p with a Path that is not valid UTF-8 in PathB64
 // (see "Names" above), so that every byte survives.
 func (p CopyParams) MarshalJSON() ([]byte, error) {
