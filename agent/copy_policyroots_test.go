@@ -88,6 +88,27 @@ func policyRootsCheck(t *testing.T, h *harness, base, user string, uid int) {
 	} else if _, err := os.Stat(filepath.Join(base, "new", "dir", "f")); err != nil {
 		t.Errorf("push into a granted directory not there yet: %v", err)
 	}
+	// A granted file, not there yet: a push onto it creates the file (not
+	// a directory), a pull reads it back; a path below it is not a
+	// directory.
+	conf := filepath.Join(base, "app.conf")
+	roots = []string{conf}
+	if err := copyErr(protocol.CopyParams{Direction: protocol.CopyPush, Path: conf}); err != nil {
+		t.Errorf("push onto a granted file: %v", err)
+	} else if b, err := os.ReadFile(conf); err != nil || string(b) != "x" {
+		t.Errorf("push onto a granted file: %q, %v", b, err)
+	}
+	if err := copyErr(protocol.CopyParams{Direction: protocol.CopyPull, Path: conf}); err != nil {
+		t.Errorf("pull of a granted file: %v", err)
+	}
+	// The granted directory itself, with --delete: mirrored as a whole.
+	roots = []string{pub}
+	st := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: pub, Delete: true, User: user, Roots: roots})
+	if _, err := mirror.Send(copyCtx(t), src, st.st, mirror.Options{}); err != nil {
+		t.Errorf("push --delete onto the granted directory itself: %v", err)
+	} else if got := readTree(t, pub); !equalMaps(got, map[string]string{"planted": "x"}) {
+		t.Errorf("push --delete onto the granted directory itself: it holds %v, want the source's tree", got)
+	}
 	// A granted directory reached through a symlink out of the copy roots
 	// is not opened by name: its symlink is resolved beneath the roots.
 	if err := os.Symlink(t.TempDir(), filepath.Join(base, "away")); err != nil {

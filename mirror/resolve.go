@@ -261,6 +261,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 	}()
 	var queue []string
 	var root *copyRoot // the root the walk is in (confined)
+	// whole, once set, is the walk's result: the path named a narrowed
+	// root itself (see anchor).
+	var whole *target
 	// anchor starts the walk at the absolute path comps.
 	anchor := func(comps []string, link string) error {
 		for _, fd := range stack {
@@ -283,6 +286,21 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			}
 			return refusef("copy path %s is not under a copy root (%s)", p, r.names)
 		}
+		if cr.base != nil && len(rest) == 0 && len(queue) == 0 {
+			// The path is a narrowed root itself (a granted path, which
+			// may be a file or not exist yet): it lands where resolving
+			// it beneath the configured roots says, in its parent (which
+			// then only holds the copy's stage), as it would without
+			// the narrowing.
+			in := *cr.in
+			in.prot = r.prot
+			t, err := in.walk(cr.conf, create)
+			if err != nil {
+				return err
+			}
+			whole = &t
+			return nil
+		}
 		fd, err := r.openRoot(cr, create)
 		if err != nil {
 			return fmt.Errorf("copy root %s: %w", cr.conf, err)
@@ -299,6 +317,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 		}
 		if err := anchor(components(p), ""); err != nil {
 			return target{}, err
+		}
+		if whole != nil {
+			return *whole, nil
 		}
 	case r.roots != nil:
 		return target{}, errors.New("not an absolute path")
@@ -381,6 +402,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			if strings.HasPrefix(link, "/") {
 				if err := anchor(comps, c); err != nil {
 					return target{}, err
+				}
+				if whole != nil {
+					return *whole, nil
 				}
 			} else {
 				queue = append(comps, queue...)
