@@ -381,3 +381,30 @@ func TestEffectiveRoots(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkResolveWithin: resolving a path three levels below a granted
+// path, with the copy roots alone (roots) and narrowed to the grant
+// (within), which opens the granted path beneath the root first.
+func BenchmarkResolveWithin(b *testing.B) {
+	root := b.TempDir()
+	pub := filepath.Join(root, "a", "pub")
+	if err := os.MkdirAll(filepath.Join(pub, "x", "y"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	p := filepath.Join(pub, "x", "y", "f")
+	for _, bc := range []struct {
+		name   string
+		within []string
+	}{{"roots", nil}, {"within", []string{pub}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			rs := newResolver([]string{root}, bc.within)
+			for b.Loop() {
+				t, err := rs.resolve(p, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t.dir.Close()
+			}
+		})
+	}
+}
