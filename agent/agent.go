@@ -155,7 +155,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Capacity:        *capacity,
 		AgentVersion:    a.cfg.Version,
 		Targets:         a.targetNames,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots},
 		SSHHostKey:      hostKey.PublicKey().Marshal(),
 	}
 	r := &tunnel.Redialer{

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/mirror"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -57,6 +58,17 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 		refuse(a.forbidden(err))
 		return
 	}
+	// The coordinator's grant (p.Roots) narrows the copy roots: the copy
+	// resolves beneath their intersection, so a symlink cannot take it
+	// out of what the policy granted.
+	if len(p.Roots) > 0 {
+		eff := mirror.EffectiveRoots(roots, p.Roots)
+		if !localpolicy.Under(eff, path) {
+			a.refuseCopy(st, fmt.Sprintf("copy path %s is not under a path the coordinator's policy granted (%s) within the copy roots (%s)",
+				protocol.Clip(path), strings.Join(p.Roots, ", "), strings.Join(roots, ", ")))
+			return
+		}
+	}
 	log.Info("copy started", "user", acct.Name, "delete", p.Delete, "checksum", p.Checksum, "strict", p.Strict)
 	start := time.Now()
 	var res *protocol.CopyResult
@@ -65,7 +77,7 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 	} else {
 		opts := mirror.Options{
 			Delete: p.Delete, Checksum: p.Checksum, Into: p.Into, Strict: p.Strict, Logger: log,
-			Roots: roots, Protected: a.copyProtected(),
+			Roots: roots, Within: p.Roots, Protected: a.copyProtected(),
 		}
 		if p.Direction == protocol.CopyPush {
 			res, err = mirror.Receive(ctx, path, st, opts)

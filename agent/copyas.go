@@ -91,6 +91,9 @@ type copyHelperRequest struct {
 	Into      bool     `json:"into,omitempty"`
 	Strict    bool     `json:"strict,omitempty"`
 	Roots     []string `json:"roots"`
+	// Within are the paths the coordinator's policy granted
+	// (protocol.CopyParams.Roots), narrowing Roots (mirror.Options.Within).
+	Within []string `json:"within,omitempty"`
 	// Protected is the number of protected files passed as descriptors
 	// 3, 4, ...
 	Protected int `json:"protected,omitempty"`
@@ -159,7 +162,7 @@ func runCopyHelper() int {
 	defer stop()
 	opts := mirror.Options{
 		Delete: req.Delete, Checksum: req.Checksum, Into: req.Into, Strict: req.Strict,
-		Roots: req.Roots, Protected: protected,
+		Roots: req.Roots, Within: req.Within, Protected: protected,
 	}
 	var res *protocol.CopyResult
 	var err error
@@ -184,7 +187,7 @@ func runCopyHelper() int {
 func (a *Agent) copyAs(ctx context.Context, st *yamux.Stream, acct *account, p *protocol.CopyParams, roots, protected []string, log *slog.Logger) (*protocol.CopyResult, error) {
 	req := copyHelperRequest{
 		Direction: p.Direction, Path: []byte(p.Path), Delete: p.Delete, Checksum: p.Checksum,
-		Into: p.Into, Strict: p.Strict, Roots: roots,
+		Into: p.Into, Strict: p.Strict, Roots: roots, Within: p.Roots,
 	}
 	var extra []*os.File
 	defer func() {

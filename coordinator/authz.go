@@ -3,6 +3,9 @@ package coordinator
 import (
 	"bytes"
 	"encoding/json"
+	"path"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/micro"
@@ -117,7 +120,8 @@ func runsAs(op policy.Operation) bool {
 
 // authorizeStream decides a stream request for node n and returns its
 // operation and its params with the user field set to the grant's run_as
-// (removed when the grant names none), whatever the client wrote there.
+// (removed when the grant names none), and for a copy the roots field set
+// to the grant's paths (copyRoots), whatever the client wrote there.
 func (c *Coordinator) authorizeStream(req micro.Request, kind protocol.Kind, n *node, params []byte) ([]byte, policy.Operation, *protocol.APIError) {
 	op, obj, e := streamOp(kind, params)
 	if e != nil {
@@ -132,7 +136,23 @@ func (c *Coordinator) authorizeStream(req micro.Request, kind protocol.Kind, n *
 	if !runsAs(op) || c.cfg.Policy == nil {
 		return params, op, nil
 	}
-	out, err := withUser(params, grants[0].RunAs)
+	var roots []string
+	if op == policy.OpCopyRead || op == policy.OpCopyWrite {
+		roots = copyRoots(grants[0].Paths, obj.Path)
+		if len(roots) == 0 {
+			// Decide grants a path only under one of the rule's paths.
+			return nil, op, protocol.NewAPIError(500, protocol.ErrCodeInternal, "the grant of %s %s names no path", op, protocol.Clip(obj.Path))
+		}
+		if !n.hello.HasFeature(protocol.FeatureCopyRoots) {
+			if len(roots) != 1 || roots[0] != "/" {
+				return nil, op, protocol.NewAPIError(403, protocol.ErrCodeForbidden,
+					"node %s: its agent does not confine copies to the policy's paths (%s, granted by %s): it predates protocol feature %s; upgrade the agent",
+					n.id, strings.Join(roots, ", "), grants[0].Rule(), protocol.FeatureCopyRoots)
+			}
+			roots = nil // "/" narrows nothing
+		}
+	}
+	out, err := withGrant(params, grants[0].RunAs, roots)
 	if err != nil {
 		return nil, op, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "params: %v", err)
 	}
@@ -142,22 +162,84 @@ func (c *Coordinator) authorizeStream(req micro.Request, kind protocol.Kind, n *
 	return out, op, nil
 }
 
-// withUser returns the JSON object params with its "user" member set to
-// user, or removed when user is empty. The other members keep their
+// copyRoots returns the roots a copy of path granted by a rule with the
+// path prefixes paths goes to the node with (protocol.CopyParams.Roots):
+// the prefixes, clean, without those under another one (the outer one
+// covers them), the one holding path first; past protocol.MaxCopyRoots
+// or a total of protocol.MaxHeaderSize/4 bytes the others are dropped,
+// which only narrows what the node lets symlinks reach. Empty if no
+// prefix holds path.
+func copyRoots(paths []string, p string) []string {
+	p = path.Clean(p)
+	var outer []string
+	for _, a := range paths {
+		a = path.Clean(a)
+		covered := false
+		for _, b := range paths {
+			b = path.Clean(b)
+			if b != a && underDir(a, b) {
+				covered = true
+				break
+			}
+		}
+		if !covered && !slices.Contains(outer, a) {
+			outer = append(outer, a)
+		}
+	}
+	var out []string
+	size := 0
+	for _, a := range outer {
+		if underDir(p, a) {
+			out = append(out, a)
+			size += len(a)
+			break
+		}
+	}
+	if out == nil {
+		return nil
+	}
+	for _, a := range outer {
+		if len(out) == protocol.MaxCopyRoots || size+len(a) > protocol.MaxHeaderSize/4 {
+			break
+		}
+		if a != out[0] {
+			out = append(out, a)
+			size += len(a)
+		}
+	}
+	return out
+}
+
+// underDir reports whether the clean absolute path p is dir or below it.
+func underDir(p, dir string) bool {
+	return dir == "/" || p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// withGrant returns the JSON object params with its "user" member set to
+// user, or removed when user is empty, and its "roots" member set to
+// roots, or removed when roots is empty. The other members keep their
 // encoding (a copy's path_b64 too).
-func withUser(params []byte, user string) ([]byte, error) {
+func withGrant(params []byte, user string, roots []string) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(params, &m); err != nil {
 		return nil, err
 	}
+	_, hasUser := m["user"]
+	_, hasRoots := m["roots"]
+	if user == "" && !hasUser && len(roots) == 0 && !hasRoots {
+		return params, nil
+	}
 	if user == "" {
-		if _, ok := m["user"]; !ok {
-			return params, nil
-		}
 		delete(m, "user")
 	} else {
 		u, _ := json.Marshal(user)
 		m["user"] = u
+	}
+	if len(roots) == 0 {
+		delete(m, "roots")
+	} else {
+		r, _ := json.Marshal(roots)
+		m["roots"] = r
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

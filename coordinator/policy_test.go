@@ -299,12 +299,15 @@ func streamAs(t *testing.T, nc *nats.Conn, node string, kind protocol.Kind, para
 // TestPolicyStreams: each stream kind is decided as its operation (exec,
 // cp.write with the destination, cp.read with the source, shell, forward
 // with the target), and the params the agent gets carry the user of the
-// grant, not the one the client wrote.
+// grant, not the one the client wrote, and for a copy the grant's paths
+// as its roots, not the ones the client wrote.
 func TestPolicyStreams(t *testing.T) {
 	h, _ := newPolicyHarness(t, stagingPolicy, nil)
 	var hdrs headerLog
-	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a")})
+	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-a"), features: []string{protocol.FeatureCopyRoots}})
 	h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, header: hdrs.hook("n-b")})
+	// An agent of a release that cannot confine copies to the grant.
+	h.dialAgent(t, agentOpts{id: "n-old", labels: map[string]string{"env": "staging"}, header: hdrs.hook("n-old")})
 
 	for _, tt := range []struct {
 		name   string
@@ -313,16 +316,18 @@ func TestPolicyStreams(t *testing.T) {
 		params any
 		user   string   // the user the agent must see ("" for dial)
 		refuse []string // non-nil: refused, naming these
+		roots  string   // the roots the agent must see, comma-joined ("" but for a copy)
 	}{
-		{"exec", "n-a", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}, User: "root"}, "deploy", nil},
-		{"exec elsewhere", "n-b", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}}, "", []string{"nats:alice", "exec", "n-b"}},
-		{"push", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/app/current", User: "root"}, "deploy", nil},
-		{"push outside", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/etc/cron.d/x"}, "", []string{"nats:alice", "cp.write", `"/etc/cron.d/x"`, "/srv/app"}},
-		{"push sibling", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/application"}, "", []string{"cp.write"}},
-		{"pull", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: "/srv/app/log"}, "", []string{"nats:alice", "cp.read"}},
-		{"shell", "n-a", protocol.KindPTY, protocol.PTYParams{}, "", []string{"nats:alice", "shell"}},
-		{"dial", "n-a", protocol.KindDial, protocol.DialParams{Target: "openshell"}, "", nil},
-		{"dial execd", "n-a", protocol.KindDial, protocol.DialParams{Target: "execd"}, "", []string{"nats:alice", "forward", `"execd"`, "openshell"}},
+		{"exec", "n-a", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}, User: "root"}, "deploy", nil, ""},
+		{"exec elsewhere", "n-b", protocol.KindExec, protocol.ExecParams{Argv: []string{"ok"}}, "", []string{"nats:alice", "exec", "n-b"}, ""},
+		{"push", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/app/current", User: "root", Roots: []string{"/"}}, "deploy", nil, "/srv/app"},
+		{"push to an old agent", "n-old", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/app/current"}, "", []string{"node n-old", "/srv/app", protocol.FeatureCopyRoots, "upgrade"}, ""},
+		{"push outside", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/etc/cron.d/x"}, "", []string{"nats:alice", "cp.write", `"/etc/cron.d/x"`, "/srv/app"}, ""},
+		{"push sibling", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/application"}, "", []string{"cp.write"}, ""},
+		{"pull", "n-a", protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: "/srv/app/log"}, "", []string{"nats:alice", "cp.read"}, ""},
+		{"shell", "n-a", protocol.KindPTY, protocol.PTYParams{}, "", []string{"nats:alice", "shell"}, ""},
+		{"dial", "n-a", protocol.KindDial, protocol.DialParams{Target: "openshell"}, "", nil, ""},
+		{"dial execd", "n-a", protocol.KindDial, protocol.DialParams{Target: "execd"}, "", []string{"nats:alice", "forward", `"execd"`, "openshell"}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := len(hdrs.of(tt.node))
@@ -347,6 +352,11 @@ func TestPolicyStreams(t *testing.T) {
 			got := hs[len(hs)-1]
 			if got.Kind != tt.kind || userOf(t, got) != tt.user {
 				t.Fatalf("agent got a %s stream as user %q (%s), want %s as %q", got.Kind, userOf(t, got), got.Params, tt.kind, tt.user)
+			}
+			var p struct{ Roots []string }
+			json.Unmarshal(got.Params, &p)
+			if r := strings.Join(p.Roots, ","); r != tt.roots {
+				t.Fatalf("agent got roots %q (%s), want %q", r, got.Params, tt.roots)
 			}
 		})
 	}

@@ -93,6 +93,14 @@ type Options struct {
 	// the working directory's descriptor if relative: the local end of
 	// `tether cp`.
 	Roots []string
+	// Within, if set, narrows Roots to the paths the coordinator's policy
+	// granted this copy (protocol.CopyParams.Roots): the copy resolves
+	// beneath EffectiveRoots(Roots, Within) instead, each Within entry
+	// under a root being opened beneath that root (symlinks on its way
+	// stay in Roots), so symlinks cannot take the path out of what was
+	// granted. Nothing in common refuses every path. Without Roots,
+	// Within entries are the roots.
+	Within []string
 	// Protected names files and directories no copy may write, replace,
 	// delete or read, whatever Roots allow: a destination at, above or
 	// below one is refused, a source below one too, and a source holding
@@ -120,10 +128,10 @@ type Progress struct {
 
 // resolver returns the resolver for the path this end names.
 func (o *Options) resolver() *resolver {
-	if len(o.Roots) == 0 {
+	if len(o.Roots) == 0 && len(o.Within) == 0 {
 		return &resolver{}
 	}
-	return newResolver(o.Roots)
+	return newResolver(o.Roots, o.Within)
 }
 
 // protected returns the identities of o.Protected.

@@ -30,7 +30,10 @@
 // walk starts at the root that holds the path and every directory it holds
 // stays inside a root: ".." cannot climb above it, a relative symlink
 // cannot leave it, and an absolute one continues in the root that holds
-// its target or is refused. Options.Protected (the agent's own state) is
+// its target or is refused. Options.Within (the paths the coordinator's
+// policy granted) narrows the roots: each granted path under a root is
+// itself a root, opened by resolving it beneath that root, so the same
+// rules keep symlinks inside the grant. Options.Protected (the agent's own state) is
 // refused as a destination and as a source, at, above or below it, and
 // skipped inside a source, by device and inode. Nothing is reopened by
 // name later, so a directory swapped for a symlink during the copy cannot

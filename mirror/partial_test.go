@@ -256,7 +256,7 @@ func TestResolveConfined(t *testing.T) {
 		"up2": "-> d/../../outside", "toother": "-> " + other, "loop": "-> loop", "dot": "-> .", "dotdot": "-> d/.."})
 	build(t, other, spec{"g": "g"})
 	build(t, outside, spec{"secret": "s"})
-	rs := newResolver([]string{root, other})
+	rs := newResolver([]string{root, other}, nil)
 	for _, tc := range []struct {
 		path, dir, name string // dir relative to top
 		err             string
@@ -361,4 +361,50 @@ func TestWithoutOpenat2(t *testing.T) {
 	build(t, dst, spec{"a.txt": "old", "deep/x/old": "o"})
 	mustCopy(t, src, dst, Options{Delete: true})
 	copyEqual(t, src, dst)
+}
+
+// TestEffectiveRoots: the intersection of copy roots and granted paths, on
+// component boundaries.
+func TestEffectiveRoots(t *testing.T) {
+	for _, tt := range []struct {
+		roots, within []string
+		want          string
+	}{
+		{[]string{"/tmp"}, []string{"/tmp/f10/pub"}, "/tmp/f10/pub"},
+		{[]string{"/srv/a", "/srv/b"}, []string{"/srv"}, "/srv/a,/srv/b"},
+		{[]string{"/"}, []string{"/home/u", "/opt/x/"}, "/home/u,/opt/x"},
+		{[]string{"/tmp"}, []string{"/tmpfoo", "/etc"}, ""},
+		{[]string{"/data"}, []string{"/data"}, "/data"},
+	} {
+		if got := strings.Join(EffectiveRoots(tt.roots, tt.within), ","); got != tt.want {
+			t.Errorf("EffectiveRoots(%q, %q) = %q, want %q", tt.roots, tt.within, got, tt.want)
+		}
+	}
+}
+
+// BenchmarkResolveWithin: resolving a path three levels below a granted
+// path, with the copy roots alone (roots) and narrowed to the grant
+// (within), which opens the granted path beneath the root first.
+func BenchmarkResolveWithin(b *testing.B) {
+	root := b.TempDir()
+	pub := filepath.Join(root, "a", "pub")
+	if err := os.MkdirAll(filepath.Join(pub, "x", "y"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	p := filepath.Join(pub, "x", "y", "f")
+	for _, bc := range []struct {
+		name   string
+		within []string
+	}{{"roots", nil}, {"within", []string{pub}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			rs := newResolver([]string{root}, bc.within)
+			for b.Loop() {
+				t, err := rs.resolve(p, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t.dir.Close()
+			}
+		})
+	}
 }

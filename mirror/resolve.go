@@ -53,24 +53,119 @@ type resolver struct {
 	prot map[fileID]string
 }
 
-// copyRoot is one configured copy root.
+// copyRoot is one copy root.
 type copyRoot struct {
 	conf    string   // as configured, cleaned
 	aliases []string // paths naming it: conf and conf with its symlinks resolved
+	// base, if set, is the configured root conf lies under (a Within
+	// entry narrowing it): conf is then opened by resolving it beneath
+	// the configured roots (in), never by name.
+	base *copyRoot
+	in   *resolver
 }
 
-func newResolver(roots []string) *resolver {
-	r := &resolver{}
+// newResolver returns the resolver confined to roots, narrowed by within
+// (Options.Within): see EffectiveRoots. With within set and nothing
+// left, the resolver is still confined, to no root: it refuses every path.
+func newResolver(roots, within []string) *resolver {
+	base := &resolver{}
 	for _, c := range roots {
 		c = filepath.Clean(c)
 		cr := copyRoot{conf: c, aliases: []string{c}}
 		if ev, err := filepath.EvalSymlinks(c); err == nil && ev != c {
 			cr.aliases = append(cr.aliases, ev)
 		}
-		r.roots = append(r.roots, cr)
+		base.roots = append(base.roots, cr)
 	}
-	r.names = strings.Join(roots, ", ")
+	base.names = strings.Join(roots, ", ")
+	if len(within) == 0 {
+		return base
+	}
+	if len(roots) == 0 {
+		// Within alone: they are the roots.
+		return newResolver(within, nil)
+	}
+	r := &resolver{roots: []copyRoot{}}
+	var names []string
+	for _, e := range effectiveRoots(roots, within) {
+		cr := copyRoot{conf: e.root, aliases: []string{e.root}}
+		if e.under >= 0 {
+			cr.base, cr.in = &base.roots[e.under], base
+		} else {
+			cr = base.roots[e.agent]
+		}
+		r.roots = append(r.roots, cr)
+		names = append(names, e.root)
+	}
+	r.names = strings.Join(names, ", ")
+	if r.names == "" {
+		r.names = "none: the granted paths (" + strings.Join(within, ", ") + ") are outside the copy roots (" + base.names + ")"
+	}
 	return r
+}
+
+// effective is one root of EffectiveRoots: a Within entry lying under the
+// configured root roots[under], or the configured root roots[agent]
+// (under -1) lying under a Within entry.
+type effective struct {
+	root         string
+	under, agent int
+}
+
+func effectiveRoots(roots, within []string) []effective {
+	var out []effective
+	seen := map[string]bool{}
+	add := func(e effective) {
+		if !seen[e.root] {
+			seen[e.root] = true
+			out = append(out, e)
+		}
+	}
+	for _, w := range within {
+		w = filepath.Clean(w)
+		best, bestLen := -1, -1
+		for i, c := range roots {
+			c = filepath.Clean(c)
+			if underDir(w, c) && len(c) > bestLen {
+				best, bestLen = i, len(c)
+			}
+		}
+		if best >= 0 {
+			add(effective{root: w, under: best, agent: -1})
+		}
+	}
+	for i, c := range roots {
+		c = filepath.Clean(c)
+		for _, w := range within {
+			if underDir(c, filepath.Clean(w)) && !seen[c] {
+				add(effective{root: c, under: -1, agent: i})
+			}
+		}
+	}
+	return out
+}
+
+// EffectiveRoots returns the roots a copy confined to roots (a node's copy
+// roots) and narrowed by within (the paths the coordinator's policy
+// granted, Options.Within) resolves beneath: each within entry that lies
+// under a root, and each root that lies under a within entry, cleaned and
+// without repeats. Empty when they do not meet. The test is on the names
+// (component boundaries); the resolver then opens each within entry
+// beneath its root, so a symlink on the way cannot take it out.
+func EffectiveRoots(roots, within []string) []string {
+	var out []string
+	for _, e := range effectiveRoots(roots, within) {
+		out = append(out, e.root)
+	}
+	return out
+}
+
+// underDir reports whether the clean absolute path p is dir or below it.
+func underDir(p, dir string) bool {
+	if dir == "/" {
+		return strings.HasPrefix(p, "/")
+	}
+	return p == dir || strings.HasPrefix(p, dir+"/")
 }
 
 // components splits p into its non-empty components other than ".".
@@ -102,15 +197,42 @@ func (r *resolver) findRoot(comps []string) (*copyRoot, []string) {
 	return best, rest
 }
 
-// openRoot opens a root's directory by its configured name (the agent's
-// administrator wrote it), creating it when create is set.
-func openRoot(cr *copyRoot, create bool) (int, error) {
-	if create {
-		if err := os.MkdirAll(cr.conf, 0o755); err != nil {
+// openRoot opens a root's directory, creating it when create is set: a
+// configured root by its configured name (the agent's administrator wrote
+// it), a narrowed one (copyRoot.base) by resolving it beneath the
+// configured roots, with their confinement, so that no symlink on its way
+// can take it out of them.
+func (r *resolver) openRoot(cr *copyRoot, create bool) (int, error) {
+	if cr.base == nil {
+		if create {
+			if err := os.MkdirAll(cr.conf, 0o755); err != nil {
+				return -1, err
+			}
+		}
+		return openAt1(unix.AT_FDCWD, cr.conf, unix.O_PATH|unix.O_DIRECTORY, 0)
+	}
+	in := *cr.in
+	in.prot = r.prot
+	t, err := in.walk(cr.conf, create)
+	if err != nil {
+		return -1, err
+	}
+	defer t.dir.Close()
+	dfd := int(t.dir.Fd())
+	if t.name == "" {
+		return openAt1(dfd, ".", unix.O_PATH|unix.O_DIRECTORY, 0)
+	}
+	fd, err := openBeneath(dfd, t.name, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err == unix.ENOENT && create {
+		if err := checkProtected(dfd, "", r.prot, "copy root "+cr.conf); err != nil {
 			return -1, err
 		}
+		if err := unix.Mkdirat(dfd, t.name, 0o755); err != nil && err != unix.EEXIST {
+			return -1, fmt.Errorf("create directory %q: %w", t.name, err)
+		}
+		fd, err = openBeneath(dfd, t.name, unix.O_PATH|unix.O_DIRECTORY, 0)
 	}
-	return openAt1(unix.AT_FDCWD, cr.conf, unix.O_PATH|unix.O_DIRECTORY, 0)
+	return fd, err
 }
 
 // resolve finds where p lands. With create, missing directories on the way
@@ -139,6 +261,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 	}()
 	var queue []string
 	var root *copyRoot // the root the walk is in (confined)
+	// whole, once set, is the walk's result: the path named a narrowed
+	// root itself (see anchor).
+	var whole *target
 	// anchor starts the walk at the absolute path comps.
 	anchor := func(comps []string, link string) error {
 		for _, fd := range stack {
@@ -161,7 +286,22 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			}
 			return refusef("copy path %s is not under a copy root (%s)", p, r.names)
 		}
-		fd, err := openRoot(cr, create)
+		if cr.base != nil && len(rest) == 0 && len(queue) == 0 {
+			// The path is a narrowed root itself (a granted path, which
+			// may be a file or not exist yet): it lands where resolving
+			// it beneath the configured roots says, in its parent (which
+			// then only holds the copy's stage), as it would without
+			// the narrowing.
+			in := *cr.in
+			in.prot = r.prot
+			t, err := in.walk(cr.conf, create)
+			if err != nil {
+				return err
+			}
+			whole = &t
+			return nil
+		}
+		fd, err := r.openRoot(cr, create)
 		if err != nil {
 			return fmt.Errorf("copy root %s: %w", cr.conf, err)
 		}
@@ -177,6 +317,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 		}
 		if err := anchor(components(p), ""); err != nil {
 			return target{}, err
+		}
+		if whole != nil {
+			return *whole, nil
 		}
 	case r.roots != nil:
 		return target{}, errors.New("not an absolute path")
@@ -259,6 +402,9 @@ func (r *resolver) walk(p string, create bool) (target, error) {
 			if strings.HasPrefix(link, "/") {
 				if err := anchor(comps, c); err != nil {
 					return target{}, err
+				}
+				if whole != nil {
+					return *whole, nil
 				}
 			} else {
 				queue = append(comps, queue...)

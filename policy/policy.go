@@ -224,7 +224,12 @@ type Grant struct {
 	RunAs string
 	// Targets are the rule's targets (forward), filled by Grants only.
 	Targets []string
-	rule    *rule
+	// Paths are the rule's path prefixes (cp.read, cp.write), filled by
+	// Decide: absolute, clean, as the policy lists them. The
+	// coordinator hands them to the node, which confines the copy
+	// beneath them (protocol.CopyParams.Roots).
+	Paths []string
+	rule  *rule
 }
 
 // Rule names the rule that granted the operation, for audit:
@@ -327,7 +332,11 @@ func (p *Policy) Decide(id Identity, op Operation, node Node, obj Object) (Grant
 			if info.scoped && !r.any && !own {
 				continue
 			}
-			return Grant{RunAs: r.runAs, rule: r}, nil
+			g := Grant{RunAs: r.runAs, rule: r}
+			if info.paths {
+				g.Paths = slices.Clone(r.paths)
+			}
+			return g, nil
 		}
 	}
 	return Grant{}, p.refuse(id, op, node, obj, ReasonNoRule, p.missing(ents, op, node, cpath, obj, own))

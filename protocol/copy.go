@@ -93,7 +93,28 @@ type CopyParams struct {
 	// whatever a client wrote; the agent's local policy decides whether it
 	// may run as that user. Empty means the agent's own user.
 	User string `json:"user,omitempty"`
+	// Roots are the path prefixes of the coordinator's policy rule that
+	// granted the copy (its cp.read or cp.write paths), at most
+	// MaxCopyRoots, each absolute and clean. The coordinator sets them
+	// and overwrites whatever a client wrote, as it does User. The agent
+	// resolves Path beneath the intersection of Roots and its own copy
+	// roots (each root under a copy root, each copy root under a root),
+	// so that symlinks, which the agent otherwise follows within its
+	// copy roots, cannot lead a copy out of what the policy granted; a
+	// Path under none of them is refused. Empty means no grant narrows
+	// the copy roots (a coordinator without a policy).
+	Roots []string `json:"roots,omitempty"`
 }
+
+// MaxCopyRoots bounds CopyParams.Roots.
+const MaxCopyRoots = 64
+
+// FeatureCopyRoots, in Hello.Features: the agent confines a copy to
+// CopyParams.Roots. A coordinator sends Roots only to an agent that
+// lists it (an older agent refuses params with a field it does not
+// know), and refuses a copy whose grant is narrower than "/" on an agent
+// that does not: it could not keep the copy inside the grant.
+const FeatureCopyRoots = "copy_roots"
 
 // MarshalJSON encodes p with a Path that is not valid UTF-8 in PathB64
 // (see "Names" above), so that every byte survives.
@@ -142,6 +163,15 @@ func (p *CopyParams) Validate() error {
 		errs = append(errs, fmt.Errorf("path: contains NUL or is longer than %d bytes", MaxCopyPathLen))
 	}
 	errs = append(errs, checkUser(p.User)...)
+	if len(p.Roots) > MaxCopyRoots {
+		errs = append(errs, fmt.Errorf("roots: %d, at most %d", len(p.Roots), MaxCopyRoots))
+	} else {
+		for i, r := range p.Roots {
+			if !path.IsAbs(r) || path.Clean(r) != r || strings.ContainsRune(r, 0) || len(r) > MaxCopyPathLen {
+				errs = append(errs, fmt.Errorf("roots[%d] %s: must be absolute, clean, without NUL and at most %d bytes", i, Clip(r), MaxCopyPathLen))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 

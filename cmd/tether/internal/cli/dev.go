@@ -374,6 +374,7 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 		}
 		cfg.CopyRoots = devCopyRoots(os.Geteuid(), dir)
 	}
+	cfg.SecretFiles = devProtected(o.DataDir, cfg.DataDir, info.CredsFile)
 	cfg.Version = version
 	cfg.Logger = log
 	cfg.RunAsHint = devRunAsHint(o.DataDir)
@@ -385,6 +386,48 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	}
 	cfg.Registerer = reg
 	return cfg, nil
+}
+
+// devCoordinatorState names the dev coordinator's state in its data dir
+// (beside the agent's own directory): the NATS operator and account keys,
+// the node PKI, the policy, the SSH jump host's keys, the NATS store (the
+// audit log, the ledger), the dev user's credentials, the tokens and the
+// lock.
+var devCoordinatorState = []string{"nats-auth", "pki", devPolicyFile, "ssh", "nats", "dev.creds", joinTokenFile, facadeTokenFile, "lock"}
+
+// devProtected returns what the dev agent's copies must never read or
+// write (agent.Config.SecretFiles) besides the agent's own state: the dev
+// coordinator's state in dataDir, which would hand a copy the fleet's
+// keys: devCoordinatorState, every other entry dataDir holds now but the
+// agent's directory agentDir (state a later version adds), and the dev
+// user's credentials file credsFile (in the config home) if set. A path
+// that does not exist when a copy starts protects nothing (the agent
+// resolves them per copy).
+func devProtected(dataDir, agentDir, credsFile string) []string {
+	var out []string
+	add := func(p string) {
+		if abs, err := filepath.Abs(p); err == nil {
+			p = abs
+		}
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	for _, n := range devCoordinatorState {
+		add(filepath.Join(dataDir, n))
+	}
+	agentAbs, _ := filepath.Abs(agentDir)
+	if ents, err := os.ReadDir(dataDir); err == nil {
+		for _, e := range ents {
+			if p, _ := filepath.Abs(filepath.Join(dataDir, e.Name())); p != agentAbs {
+				add(p)
+			}
+		}
+	}
+	if credsFile != "" {
+		add(credsFile)
+	}
+	return out
 }
 
 // devRunAsHint is what the dev agent's refusal to run a job as another

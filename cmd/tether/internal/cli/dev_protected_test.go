@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// TestDevAgentNeverCopiesCoordinatorState: under tether dev, the dev
+// agent's copies (its copy roots reach the data dir) refuse the dev
+// coordinator's own state, which would hand the copier the fleet: the
+// NATS operator keys, the CA, the policy, the SSH jump host's keys, the
+// dev user's credentials; a pull of the whole data dir skips them. Other
+// files beside them still copy.
+func TestDevAgentNeverCopiesCoordinatorState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack")
+	}
+	dir := t.TempDir()
+	devVars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(devVars), now: time.Now}
+	var code int
+	done := make(chan struct{})
+	// The working directory is a dev copy root as root; the data dir is
+	// under the temporary directory, another one (and "/" as any other
+	// user).
+	go func() {
+		defer close(done)
+		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
+			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	})
+	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+	var url string
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := urlRE.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+		}
+		url = m[1]
+		return nil
+	})
+	node := devNodeID()
+	local := t.TempDir()
+	ents, err := os.ReadDir(filepath.Join(dir, "nats-auth"))
+	if err != nil || len(ents) == 0 {
+		t.Fatalf("the dev data dir holds no NATS keys: %v", err)
+	}
+	secrets := []string{
+		filepath.Join(dir, "nats-auth", ents[0].Name()),
+		filepath.Join(dir, "nats-auth"),
+		filepath.Join(dir, "pki", tunnel.CAFile),
+		filepath.Join(dir, devPolicyFile),
+		filepath.Join(dir, "dev.creds"),
+		filepath.Join(devVars["XDG_CONFIG_HOME"], "tether", "dev.creds"),
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ssh")); err == nil {
+		secrets = append(secrets, filepath.Join(dir, "ssh"))
+	}
+	for i, p := range secrets {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("dev state %s: %v", p, err)
+			continue
+		}
+		dst := filepath.Join(local, "got", strings.Repeat("x", i+1))
+		r := runCLI(testCtx(t), devVars, "", "cp", "--nats-url", url, node+":"+p, dst)
+		if r.code == 0 || !strings.Contains(r.stderr, "the agent's own state") {
+			t.Errorf("cp %s:%s: exit %d, stderr %q; want a refusal: the agent's own state", node, p, r.code, r.stderr)
+		}
+		if _, err := os.Lstat(dst); err == nil {
+			t.Errorf("cp %s:%s copied the dev coordinator's state", node, p)
+		}
+	}
+	// A write onto the policy is refused too, and leaves it as it was.
+	before, _ := os.ReadFile(filepath.Join(dir, devPolicyFile))
+	evil := filepath.Join(local, "evil.yaml")
+	os.WriteFile(evil, []byte("version: 1\n"), 0o600)
+	if r := runCLI(testCtx(t), devVars, "", "cp", "--nats-url", url, evil, node+":"+filepath.Join(dir, devPolicyFile)); r.code == 0 {
+		t.Errorf("cp onto the dev policy: exit 0, stderr %q", r.stderr)
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, devPolicyFile)); string(after) != string(before) {
+		t.Error("cp onto the dev policy replaced it")
+	}
+	// A file of the user's beside them still copies.
+	mine := filepath.Join(dir, "mine.txt")
+	os.WriteFile(mine, []byte("mine\n"), 0o600)
+	if r := runCLI(testCtx(t), devVars, "", "cp", "--nats-url", url, node+":"+mine, filepath.Join(local, "mine.txt")); r.code != 0 {
+		t.Errorf("cp of a user's file in the data dir: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
