@@ -353,6 +353,8 @@ func TestTargetsConfig(t *testing.T) {
 		{"reserved names", func(c *Config) {
 			c.Targets = map[string]string{"openshell": "127.0.0.1:1", "opensandbox": "127.0.0.1:2"}
 		}, []string{`"openshell" is reserved for the openshell gateway (configure it with OpenShell)`, `"opensandbox" is reserved for the opensandbox gateway (configure it with OpenSandbox)`}},
+		{"own-ports is reserved", func(c *Config) { c.Targets = map[string]string{"own-ports": "127.0.0.1:1"} },
+			[]string{`"own-ports" is reserved (the SSH login's own loopback ports)`}},
 		{"bad names", func(c *Config) {
 			c.Targets = map[string]string{"Web": "127.0.0.1:1", "9x": "127.0.0.1:2"}
 		}, []string{`target name "Web"`, `target name "9x"`}},
