@@ -227,6 +227,7 @@ func TestDialRefusals(t *testing.T) {
 		{"etcd", protocol.CodeUnknownTarget, `node node-a has no target "etcd" (its targets: gone, opensandbox, web)`},
 		{"openshell", protocol.CodeUnknownTarget, `node node-a has no target "openshell" (its targets: gone, opensandbox, web)`},
 		{"127.0.0.1:22", protocol.CodeUnknownTarget, `node node-a has no target "127.0.0.1:22" (its targets: gone, opensandbox, web)`},
+		{"own-ports", protocol.CodeUnknownTarget, `node node-a has no target "own-ports" (its targets: gone, opensandbox, web); own-ports is for port forwards inside an SSH connection (ssh -L), as your login`},
 		{"", protocol.CodeUnknownTarget, `node node-a has no target "" (its targets: gone, opensandbox, web)`},
 		{strings.Repeat("x", 200), protocol.CodeUnknownTarget, `node node-a has no target "` + strings.Repeat("x", 100) + `..." (its targets: gone, opensandbox, web)`},
 		{"gone", protocol.CodeDialFailed, "node node-a: dial target gone at " + closed + ": connect: connection refused"},
