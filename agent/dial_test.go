@@ -259,7 +259,7 @@ func TestDialRefusals(t *testing.T) {
 	if err != nil || f.Type != protocol.FrameError || protocol.DecodeJSON(f.Payload, &info) != nil || info.Code != protocol.CodeBadRequest {
 		t.Errorf("dial with an address param: %v %v %+v, want a bad_request error", f.Type, err, info)
 	}
-	for result, want := range map[string]float64{dialUnknownTarget: 5, dialFailed: 1, dialBadRequest: 1, dialOK: 0} {
+	for result, want := range map[string]float64{dialUnknownTarget: 6, dialFailed: 1, dialBadRequest: 1, dialOK: 0} {
 		if got := testutil.ToFloat64(h.a.m.dials.WithLabelValues(result)); got != want {
 			t.Errorf("dials %s = %v, want %v", result, got, want)
 		}

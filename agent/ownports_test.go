@@ -252,3 +252,30 @@ func TestVerifyOwnPeer(t *testing.T) {
 		t.Error("queued on nobody's listener, checked for uid 1234: allowed")
 	}
 }
+
+// OpenSSH as VS Code Remote-SSH drives it: a direct-tcpip channel (ssh -W,
+// as ssh -L's and ssh -D's connections are) to the server the login
+// started on the node's loopback.
+func TestOpenSSHOwnPorts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	echoAll(ln, plainAccept)
+	port := ln.Addr().(*net.TCPAddr).Port
+	f := newSSHFixture(t, nil)
+	o := newOpenSSH(t, f, func(p *protocol.SSHParams) { p.Targets = []string{protocol.TargetOwnPorts} })
+	for _, dest := range []string{ln.Addr().String(), fmt.Sprintf("localhost:%d", port)} {
+		out, errs, code := o.run("ping\n", "-W", dest, sshHost)
+		if code != 0 || out != "ping\n" {
+			t.Errorf("ssh -W %s with own-ports: exit %d out %q stderr %q", dest, code, out, errs)
+		}
+	}
+	without := newOpenSSH(t, f, nil)
+	without.logLevel = "INFO" // shows the channel open failure's reason
+	out, errs, code := without.run("ping\n", "-W", ln.Addr().String(), sshHost)
+	if code == 0 || !strings.Contains(errs, "administratively prohibited") || !strings.Contains(errs, "own-ports") {
+		t.Errorf("ssh -W without own-ports: exit %d out %q stderr %q", code, out, errs)
+	}
+}
