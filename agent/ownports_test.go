@@ -8,8 +8,10 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/internal/sockdiag/sockdiagtest"
@@ -278,4 +280,64 @@ func TestOpenSSHOwnPorts(t *testing.T) {
 	if code == 0 || !strings.Contains(errs, "administratively prohibited") || !strings.Contains(errs, "own-ports") {
 		t.Errorf("ssh -W without own-ports: exit %d out %q stderr %q", code, out, errs)
 	}
+}
+
+// BenchmarkSSHOwnPortsForwardOpen compares opening a forward (channel
+// open, the agent's checks and dial, one byte each way, close) to an own
+// port (localhost:PORT, own-ports: two or three sock_diag queries) with
+// the same to a named target on the same listener (web), in interleaved
+// rounds of 100 forwards, which goes first alternating. It reports the
+// median of each round's ratio own-ports/named.
+func BenchmarkSSHOwnPortsForwardOpen(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	echoAll(ln, plainAccept)
+	port := ln.Addr().(*net.TCPAddr).Port
+	f := newSSHFixture(b, func(c *Config) { c.Logger = nil; c.Targets = map[string]string{"web": ln.Addr().String()} })
+	c, err := f.dial(b, f.params(func(p *protocol.SSHParams) { p.Targets = []string{"web", protocol.TargetOwnPorts} }), f.clientConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	one := func(dest string) {
+		conn, err := c.Dial("tcp", dest)
+		if err != nil {
+			b.Fatalf("forward to %s: %v", dest, err)
+		}
+		buf := []byte{1}
+		if _, err := conn.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			b.Fatal(err)
+		}
+		conn.Close()
+	}
+	round := func(dest string) float64 {
+		start := time.Now()
+		for range 100 {
+			one(dest)
+		}
+		return float64(time.Since(start))
+	}
+	own, named := fmt.Sprintf("localhost:%d", port), fmt.Sprintf("web:%d", port)
+	var ratios []float64
+	var ownT, namedT float64
+	for i := 0; b.Loop(); i++ {
+		var o, n float64
+		if i%2 == 0 {
+			o, n = round(own), round(named)
+		} else {
+			n, o = round(named), round(own)
+		}
+		ratios = append(ratios, o/n)
+		ownT += o
+		namedT += n
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "own/named")
+	b.ReportMetric(ownT/float64(len(ratios))/100/1e3, "own-µs/forward")
+	b.ReportMetric(namedT/float64(len(ratios))/100/1e3, "named-µs/forward")
 }

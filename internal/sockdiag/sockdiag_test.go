@@ -171,3 +171,19 @@ func TestOtherUIDs(t *testing.T) {
 		t.Errorf("dialer's side: %+v %v %v, want uid %d", mine, found, err, os.Geteuid())
 	}
 }
+
+// BenchmarkListeners: one Listeners query (a dump of both families'
+// listeners, filtered to one port) with the host's sockets as they are.
+func BenchmarkListeners(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	for b.Loop() {
+		if ls, err := sockdiag.Listeners(port); err != nil || len(ls) != 1 {
+			b.Fatal(ls, err)
+		}
+	}
+}
