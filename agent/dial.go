@@ -85,7 +85,11 @@ func (a *Agent) serveDial(ctx context.Context, st *yamux.Stream, h protocol.Head
 			known = strings.Join(a.targetNames, ", ")
 		}
 		log.Warn("dial refused: unknown target", "target", clip(p.Target, 100))
-		a.refuse(st, protocol.CodeUnknownTarget, fmt.Sprintf("node %s has no target %q (its targets: %s)", a.cfg.NodeID, clip(p.Target, 100), known))
+		msg := fmt.Sprintf("node %s has no target %q (its targets: %s)", a.cfg.NodeID, clip(p.Target, 100), known)
+		if p.Target == protocol.TargetOwnPorts {
+			msg += "; " + protocol.TargetOwnPorts + " is for port forwards inside an SSH connection (ssh -L), as your login"
+		}
+		a.refuse(st, protocol.CodeUnknownTarget, msg)
 		return
 	}
 	log = log.With("target", p.Target, "addr", addr)

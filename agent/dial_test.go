@@ -227,6 +227,7 @@ func TestDialRefusals(t *testing.T) {
 		{"etcd", protocol.CodeUnknownTarget, `node node-a has no target "etcd" (its targets: gone, opensandbox, web)`},
 		{"openshell", protocol.CodeUnknownTarget, `node node-a has no target "openshell" (its targets: gone, opensandbox, web)`},
 		{"127.0.0.1:22", protocol.CodeUnknownTarget, `node node-a has no target "127.0.0.1:22" (its targets: gone, opensandbox, web)`},
+		{"own-ports", protocol.CodeUnknownTarget, `node node-a has no target "own-ports" (its targets: gone, opensandbox, web); own-ports is for port forwards inside an SSH connection (ssh -L), as your login`},
 		{"", protocol.CodeUnknownTarget, `node node-a has no target "" (its targets: gone, opensandbox, web)`},
 		{strings.Repeat("x", 200), protocol.CodeUnknownTarget, `node node-a has no target "` + strings.Repeat("x", 100) + `..." (its targets: gone, opensandbox, web)`},
 		{"gone", protocol.CodeDialFailed, "node node-a: dial target gone at " + closed + ": connect: connection refused"},
@@ -258,7 +259,7 @@ func TestDialRefusals(t *testing.T) {
 	if err != nil || f.Type != protocol.FrameError || protocol.DecodeJSON(f.Payload, &info) != nil || info.Code != protocol.CodeBadRequest {
 		t.Errorf("dial with an address param: %v %v %+v, want a bad_request error", f.Type, err, info)
 	}
-	for result, want := range map[string]float64{dialUnknownTarget: 5, dialFailed: 1, dialBadRequest: 1, dialOK: 0} {
+	for result, want := range map[string]float64{dialUnknownTarget: 6, dialFailed: 1, dialBadRequest: 1, dialOK: 0} {
 		if got := testutil.ToFloat64(h.a.m.dials.WithLabelValues(result)); got != want {
 			t.Errorf("dials %s = %v, want %v", result, got, want)
 		}
@@ -353,6 +354,8 @@ func TestTargetsConfig(t *testing.T) {
 		{"reserved names", func(c *Config) {
 			c.Targets = map[string]string{"openshell": "127.0.0.1:1", "opensandbox": "127.0.0.1:2"}
 		}, []string{`"openshell" is reserved for the openshell gateway (configure it with OpenShell)`, `"opensandbox" is reserved for the opensandbox gateway (configure it with OpenSandbox)`}},
+		{"own-ports is reserved", func(c *Config) { c.Targets = map[string]string{"own-ports": "127.0.0.1:1"} },
+			[]string{`"own-ports" is reserved (the SSH login's own loopback ports)`}},
 		{"bad names", func(c *Config) {
 			c.Targets = map[string]string{"Web": "127.0.0.1:1", "9x": "127.0.0.1:2"}
 		}, []string{`target name "Web"`, `target name "9x"`}},

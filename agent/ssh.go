@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,8 +115,8 @@ func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		HostKey:  key,
 		HostCert: cert,
 		Login:    a.sshLogin,
-		Dial: func(ctx context.Context, host string, port uint32) (net.Conn, string, error) {
-			return a.sshDial(ctx, &p, host, port)
+		Dial: func(ctx context.Context, login *sshd.Login, host string, port uint32) (net.Conn, string, error) {
+			return a.sshDial(ctx, &p, login, host, port)
 		},
 		Event:            a.sshEvent,
 		AcceptEnv:        a.cfg.SSHAcceptEnv,
@@ -182,16 +183,24 @@ func (a *Agent) sshLogin(login string) (*sshd.Login, error) {
 }
 
 // sshDial connects a direct-tcpip destination host:port for an SSH
-// connection with params p: it must name one of the agent's targets that
-// p allows, by the target's configured address or by its name (any
-// port), and the local policy must allow dialling it.
-func (a *Agent) sshDial(ctx context.Context, p *protocol.SSHParams, host string, port uint32) (net.Conn, string, error) {
+// connection with params p and its login: it must name one of the agent's
+// targets that p allows, by the target's configured address or by its
+// name (any port), or, when p allows protocol.TargetOwnPorts, a loopback
+// port that login listens on (dialOwnPort); the local policy must allow
+// dialling the target.
+func (a *Agent) sshDial(ctx context.Context, p *protocol.SSHParams, login *sshd.Login, host string, port uint32) (net.Conn, string, error) {
 	dest := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	target := ""
 	for _, t := range p.Targets {
 		if addr, ok := a.targets[t]; ok && (host == t || addr == dest) {
 			target = t
 			break
+		}
+	}
+	ownPorts := slices.Contains(p.Targets, protocol.TargetOwnPorts)
+	if target == "" && ownPorts {
+		if addrs := ownPortAddrs(host); addrs != nil {
+			return a.dialOwnPort(ctx, login, addrs, port)
 		}
 	}
 	if target == "" {
@@ -201,12 +210,19 @@ func (a *Agent) sshDial(ctx context.Context, p *protocol.SSHParams, host string,
 				allowed = append(allowed, t+" ("+addr+")")
 			}
 		}
+		if ownPorts {
+			allowed = append(allowed, protocol.TargetOwnPorts+" (loopback ports you listen on)")
+		}
 		mine := "none"
 		if len(allowed) > 0 {
 			mine = strings.Join(allowed, ", ")
 		}
-		return nil, "", fmt.Errorf("%w: node %s: %s is not a target you may forward to (yours here: %s)",
-			sshd.ErrForwardRefused, a.cfg.NodeID, protocol.Clip(dest), mine)
+		hint := ""
+		if !ownPorts && ownPortAddrs(host) != nil {
+			hint = "; a loopback port of your own needs a forward grant of target " + protocol.TargetOwnPorts
+		}
+		return nil, "", fmt.Errorf("%w: node %s: %s is not a target you may forward to (yours here: %s)%s",
+			sshd.ErrForwardRefused, a.cfg.NodeID, protocol.Clip(dest), mine, hint)
 	}
 	if lp := a.localPolicy(); lp != nil {
 		if err := lp.AllowDial(target); err != nil {

@@ -97,6 +97,10 @@ func (c *Config) validateTargets() []error {
 			errs = append(errs, fmt.Errorf("agent config: Targets: %q is reserved for the %s gateway (configure it with %s)", name, name, field))
 			continue
 		}
+		if name == protocol.TargetOwnPorts {
+			errs = append(errs, fmt.Errorf("agent config: Targets: %q is reserved (the SSH login's own loopback ports)", name))
+			continue
+		}
 		if err := protocol.ValidTargetName(name); err != nil {
 			errs = append(errs, fmt.Errorf("agent config: Targets: %w", err))
 		}

@@ -105,7 +105,12 @@
 //	            what is under it, not /srv/application; ".." is refused
 //	targets     target names for forward (required with it, refused
 //	            otherwise), as the agent names them (openshell, opensandbox,
-//	            or its --target names)
+//	            or its --target names), or own-ports: inside an SSH
+//	            connection (ssh -L, ssh -D, VS Code Remote-SSH), loopback
+//	            ports (127.0.0.0/8, ::1, localhost) whose listening socket
+//	            belongs to the SSH login's own uid, never another user's
+//	            or root's (the agent checks the owner with sock_diag); an
+//	            agent target cannot take that name
 //	run_as      the local user that exec, shell, cp.read and cp.write run as
 //	            (required with them, refused otherwise): 1-32 bytes of
 //	            [A-Za-z0-9._-], starting with a letter or '_'; root must be
@@ -137,7 +142,8 @@
 //	                    granting it on the node adds its run_as to the
 //	                    logins the caller may use there (ssh run_as@node);
 //	                    port forwarding inside the connection (ssh -L)
-//	                    needs forward to the target as well
+//	                    needs forward to the target as well (own-ports
+//	                    for the login's own loopback servers)
 //
 // When several rules grant an operation, the first one that matches wins
 // and names the run_as user: the caller's entries in the order key, name,

@@ -111,6 +111,15 @@ const (
 	TargetOpenSandbox = "opensandbox"
 )
 
+// TargetOwnPorts is a reserved target name that no agent target may
+// take: granted (a forward grant's targets, carried in SSHParams.Targets),
+// it lets an SSH connection's direct-tcpip channels reach loopback ports
+// (127.0.0.0/8, ::1, localhost) whose listening socket belongs to the
+// login's own uid: the user's own servers, e.g. VS Code's remote server,
+// never another user's or the node's gateways. Dial streams do not serve
+// it.
+const TargetOwnPorts = "own-ports"
+
 // ValidTargetName checks a target name: 1–63 characters of lowercase
 // letters, digits and '-', starting with a letter.
 func ValidTargetName(s string) error {

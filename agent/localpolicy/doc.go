@@ -20,6 +20,7 @@
 //	shell: false            # pty streams (tether shell)
 //	forward: true           # dial streams (tether forward and the facades)
 //	targets: [openshell]    # dial targets; omitted: every target the agent has
+//	                        # (own-ports: SSH forwards to a login's own loopback ports)
 //
 // Omitted booleans are false and an omitted users list allows no account
 // (not even the agent's own): a file allows only what it says. Loading

@@ -40,7 +40,7 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 		return
 	}
 	dest := net.JoinHostPort(m.Host, fmt.Sprint(m.Port))
-	tc, target, err := c.cfg.Dial(ctx, m.Host, m.Port)
+	tc, target, err := c.cfg.Dial(ctx, login, m.Host, m.Port)
 	ev.Target = target
 	if err != nil {
 		reason, result := ssh.ConnectionFailed, protocol.AuditFailed

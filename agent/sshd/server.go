@@ -91,10 +91,12 @@ type Config struct {
 	// Params.Logins, into a Login, or says why it may not log in
 	// (a local policy refusal, an unknown user).
 	Login func(user string) (*Login, error)
-	// Dial connects a direct-tcpip channel's destination host:port, which
-	// must be a target the agent has and Params.Targets allows; it returns
-	// the target's name, or an error saying why not (shown to the client).
-	Dial func(ctx context.Context, host string, port uint32) (net.Conn, string, error)
+	// Dial connects a direct-tcpip channel's destination host:port for
+	// login (the connection's authenticated login), which must be a
+	// target the agent has and Params.Targets allows (or a loopback port
+	// of login's own, protocol.TargetOwnPorts); it returns the target's
+	// name, or an error saying why not (shown to the client).
+	Dial func(ctx context.Context, login *Login, host string, port uint32) (net.Conn, string, error)
 	// Event receives each channel's report when the channel ended, and the
 	// auth event of a connection that ended without a login.
 	Event func(*protocol.SSHChannelEvent)

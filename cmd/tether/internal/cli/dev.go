@@ -636,10 +636,12 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 }
 
 // devPolicy is the policy tether dev writes: role admin (every operation
-// on every node, every path, the gateways' targets, everyone's jobs and
+// on every node, every path, the gateways' targets and own-ports (the
+// login's own loopback ports, for VS Code Remote-SSH), everyone's jobs and
 // runs, administration) for identity, running commands as runAs (the
 // invoking user, whom the dev agent runs as), and role ssh (ssh as runAs
-// and forward to the gateways' targets, on every node) for each of
+// and forward to the gateways' targets and own-ports, so VS Code
+// Remote-SSH reaches its server, on every node) for each of
 // sshKeys, the ssh-key:SHA256:… identities of the user's keys, which the
 // jump host proves. identity is a policy identity (KIND:VALUE); the
 // result is checked with policy.Parse.
@@ -653,7 +655,7 @@ func devPolicy(identity, runAs string, sshKeys ...string) ([]byte, error) {
       run_as: %q
     - nodes: "*"
       operations: [forward]
-      targets: [openshell, opensandbox, execd]
+      targets: [openshell, opensandbox, execd, own-ports]
 `, runAs)
 	}
 	for _, k := range sshKeys {
@@ -674,7 +676,7 @@ roles:
       run_as: %[1]q
     - nodes: "*"
       operations: [forward]
-      targets: [openshell, opensandbox, execd]
+      targets: [openshell, opensandbox, execd, own-ports]
     - nodes: "*"
       operations: [nodes.list]
     - nodes: "*"

@@ -398,8 +398,10 @@ func TestDevSSHKeys(t *testing.T) {
 		if err != nil || len(gs) != 1 || gs[0].RunAs != "alice" {
 			t.Errorf("%s ssh grants %+v, %v; want run_as alice", id, gs, err)
 		}
-		if _, err := p.Decide(id, policy.OpForward, node, policy.Object{Target: "openshell"}); err != nil {
-			t.Errorf("%s forward: %v", id, err)
+		for _, target := range []string{"openshell", protocol.TargetOwnPorts} { // own-ports: VS Code Remote-SSH
+			if _, err := p.Decide(id, policy.OpForward, node, policy.Object{Target: target}); err != nil {
+				t.Errorf("%s forward to %s: %v", id, target, err)
+			}
 		}
 	}
 	if _, err := p.Decide(kid, policy.OpExec, node, policy.Object{}); err == nil {
