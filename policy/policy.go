@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/tetherfleet/tether/internal/filetype"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -91,7 +92,7 @@ func Load(path string) (*Policy, error) {
 // could grant themselves everything.
 func checkFile(path string, fi os.FileInfo, euid uint32) error {
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("policy: %s is not a regular file (%s)", path, fileType(fi.Mode()))
+		return fmt.Errorf("policy: %s is not a regular file (%s)", path, filetype.Of(fi.Mode()))
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
@@ -668,23 +669,4 @@ func (p *Policy) Holds(id Identity, op Operation) error {
 		}
 	}
 	return p.refuse(id, op, Node{}, Object{}, ReasonNoRule, p.missing(ents, op, Node{}, "", Object{}, false))
-}
-
-// fileType names a file's type for an error: "a directory", "a named pipe"...
-func fileType(m os.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&os.ModeNamedPipe != 0:
-		return "a named pipe"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	case m&os.ModeCharDevice != 0:
-		return "a character device"
-	case m&os.ModeDevice != 0:
-		return "a block device"
-	case m&os.ModeSymlink != 0:
-		return "a symbolic link"
-	}
-	return "mode " + m.String()
 }

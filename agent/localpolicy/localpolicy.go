@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/tetherfleet/tether/internal/filetype"
 )
 
 // DefaultPath is where the agent looks for its local policy when no
@@ -276,7 +278,7 @@ func Load(path string) (*Policy, error) {
 // uid, or writable by group or others.
 func checkFileMode(path string, fi os.FileInfo, uid uint32) error {
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("local policy %s: not a regular file (%s)", path, fileType(fi.Mode()))
+		return fmt.Errorf("local policy %s: not a regular file (%s)", path, filetype.Of(fi.Mode()))
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
@@ -289,23 +291,4 @@ func checkFileMode(path string, fi os.FileInfo, uid uint32) error {
 		return fmt.Errorf("local policy %s: mode %04o is writable by its group or others; it must not be (chmod go-w)", path, perm)
 	}
 	return nil
-}
-
-// fileType names a file's type for an error: "a directory", "a named pipe"...
-func fileType(m os.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&os.ModeNamedPipe != 0:
-		return "a named pipe"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	case m&os.ModeCharDevice != 0:
-		return "a character device"
-	case m&os.ModeDevice != 0:
-		return "a block device"
-	case m&os.ModeSymlink != 0:
-		return "a symbolic link"
-	}
-	return "mode " + m.String()
 }
