@@ -244,6 +244,13 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 func (s *sshConfig) common(b *strings.Builder) {
 	fmt.Fprintf(b, "  UserKnownHostsFile %s\n", sshQuote(s.KnownHosts))
 	fmt.Fprintf(b, "  StrictHostKeyChecking yes\n")
+	// The client's order picks the cipher (RFC 4253 §7.1), and OpenSSH's
+	// default puts chacha20-poly1305 and AES-CTR (with an HMAC) before
+	// AES-GCM: the servers offer no chacha20, so without this line every
+	// hop ran AES-CTR + HMAC-SHA2-256, whose MAC alone took 15% of the jump
+	// host's CPU in a bulk copy. Offering the servers' own list, in their
+	// order, makes each hop AES-GCM (AES-NI, no separate MAC).
+	fmt.Fprintf(b, "  Ciphers %s\n", strings.Join(protocol.SSHCiphers, ","))
 	if s.Identity != "" {
 		fmt.Fprintf(b, "  IdentityFile %s\n", sshQuote(s.Identity))
 		fmt.Fprintf(b, "  IdentitiesOnly yes\n")

@@ -75,11 +75,14 @@ func TestSSHConfigRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every hop asks for AES-GCM first: OpenSSH's own order would pick
+	// AES-CTR with an HMAC, since the servers offer no chacha20.
+	gcmFirst := "aes128-gcm@openssh.com,aes256-gcm@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
 	for _, want := range []string{
 		"Host node-a.tether\n  HostKeyAlias node-a.tether\n  User deploy\n",
 		"Host node-b.tether\n  HostKeyAlias node-b.tether\n  # logins: alice, deploy",
-		"Host *.tether\n  ProxyJump tether-jump\n  UserKnownHostsFile \"" + known + "\"\n  StrictHostKeyChecking yes\n  IdentityFile /keys/id_ed25519\n  IdentitiesOnly yes\n",
-		"Host tether-jump\n  HostName coord.example\n  Port 7022\n  HostKeyAlias tether-jump\n",
+		"Host *.tether\n  ProxyJump tether-jump\n  UserKnownHostsFile \"" + known + "\"\n  StrictHostKeyChecking yes\n  Ciphers " + gcmFirst + "\n  IdentityFile /keys/id_ed25519\n  IdentitiesOnly yes\n",
+		"Host tether-jump\n  HostName coord.example\n  Port 7022\n  HostKeyAlias tether-jump\n  UserKnownHostsFile \"" + known + "\"\n  StrictHostKeyChecking yes\n  Ciphers " + gcmFirst + "\n",
 	} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("config lacks %q:\n%s", want, cfg)
@@ -115,7 +118,7 @@ func TestSSHConfigRender(t *testing.T) {
 			t.Fatalf("ssh -G %s: %v\n%s", c.name, err, out)
 		}
 		g := string(out)
-		for _, want := range []string{"hostkeyalias " + c.host, "stricthostkeychecking true", "userknownhostsfile " + strings.ReplaceAll(known, " ", "\\ ")} {
+		for _, want := range []string{"hostkeyalias " + c.host, "stricthostkeychecking true", "ciphers " + gcmFirst, "userknownhostsfile " + strings.ReplaceAll(known, " ", "\\ ")} {
 			if !strings.Contains(g, want) && !strings.Contains(g, strings.ReplaceAll(want, "\\ ", " ")) {
 				t.Errorf("ssh -G %s lacks %q:\n%s", c.name, want, g)
 			}
