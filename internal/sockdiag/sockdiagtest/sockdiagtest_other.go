@@ -1,7 +1,5 @@
 //go:build !linux
 
-// Package sockdiagtest makes TCP sockets that belong to another local
-// user, for tests of code that asks sock_diag who owns a socket.
 package sockdiagtest
 
 import (
