@@ -207,6 +207,9 @@ func (o *agentOptions) validateTargets() []error {
 		case name == protocol.TargetOpenShell || name == protocol.TargetOpenSandbox:
 			errs = append(errs, fmt.Errorf("--target %q: the name %s is reserved: give the gateway with --%s", t, name, name))
 			continue
+		case name == protocol.TargetOwnPorts:
+			errs = append(errs, fmt.Errorf("--target %q: the name %s is reserved for SSH port forwards to a login's own loopback ports (a policy forward grant of target %s)", t, name, name))
+			continue
 		case o.targets[name] != "":
 			errs = append(errs, fmt.Errorf("--target %q: target %s is given twice", t, name))
 			continue

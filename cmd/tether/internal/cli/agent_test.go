@@ -36,8 +36,9 @@ func TestAgentTargetFlags(t *testing.T) {
 		{"bad gateway addresses", func(o *agentOptions) { o.OpenShell, o.OpenSandbox = "8080", "localhost:http" },
 			[]string{`--openshell: "8080" is not host:port`, `--opensandbox: "localhost:http": port "http" is not a number`}, nil},
 		{"bad targets", func(o *agentOptions) {
-			o.Targets = []string{"web", "openshell=127.0.0.1:1", "Web=127.0.0.1:1", "db=db", "a=127.0.0.1:1", "a=127.0.0.1:2"}
+			o.Targets = []string{"web", "openshell=127.0.0.1:1", "Web=127.0.0.1:1", "db=db", "a=127.0.0.1:1", "a=127.0.0.1:2", "own-ports=127.0.0.1:3"}
 		}, []string{
+			`--target "own-ports=127.0.0.1:3": the name own-ports is reserved for SSH port forwards`,
 			`--target "web": want NAME=HOST:PORT`,
 			`--target "openshell=127.0.0.1:1": the name openshell is reserved: give the gateway with --openshell`,
 			`--target: target name "Web"`,
