@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/internal/filetype"
 )
 
 // Bounds of the key files, so that a wrong path (a log, /dev/zero) fails
@@ -120,16 +123,47 @@ func parseKeyFile(name string, data []byte, ca bool) (map[string]keyEntry, error
 
 // readKeyFile reads and parses a key file (see parseKeyFile).
 func readKeyFile(path string, ca bool) (map[string]keyEntry, error) {
-	f, err := os.Open(path)
+	// O_NONBLOCK: a FIFO in the file's place opens at once and is refused
+	// below, instead of blocking the reload (and with it every later
+	// SIGHUP and the shutdown) until a writer comes.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("ssh gate: %w", err)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("ssh gate: %w", err)
+	}
+	if err := checkKeyFileMode(path, fi, uint32(os.Geteuid())); err != nil {
+		return nil, err
+	}
 	data, err := io.ReadAll(io.LimitReader(f, maxKeysFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("ssh gate: reading %s: %w", path, err)
 	}
 	return parseKeyFile(path, data, ca)
+}
+
+// checkKeyFileMode refuses a key file that is not regular, owned by
+// neither root nor euid, or writable by its group or others: whoever can
+// write it can let themselves in (OpenSSH's StrictModes, and the policy
+// file's rule).
+func checkKeyFileMode(path string, fi os.FileInfo, euid uint32) error {
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("ssh gate: %s is not a regular file (%s)", path, filetype.Of(fi.Mode()))
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("ssh gate: %s: cannot tell its owner", path)
+	}
+	if st.Uid != 0 && st.Uid != euid {
+		return fmt.Errorf("ssh gate: %s is owned by uid %d: it must be owned by root or by the uid this runs as (%d), or its owner could let any key in; chown it", path, st.Uid, euid)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("ssh gate: %s is writable by its group or others (mode %04o): whoever can write it can let any key in; chmod go-w it", path, perm)
+	}
+	return nil
 }
 
 // loadKeySet reads the authorized keys file (may be empty: none) and the

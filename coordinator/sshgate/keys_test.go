@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -220,5 +221,38 @@ func TestConfigValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("Validate: %v, want it to name %s", err, w)
 		}
+	}
+}
+
+// A key file that is a FIFO is refused at once (opening it blocked the
+// reload, every later SIGHUP and the shutdown until a writer came), and so
+// is one its group or others may write (they could let any key in).
+func TestReadKeyFileRefusesFIFOsAndWritableFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "authorized_keys")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := readKeyFile(fifo, false); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file (a named pipe)") {
+			t.Errorf("FIFO: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("reading a FIFO key file blocks")
+	}
+	open := filepath.Join(dir, "open_keys")
+	if err := os.WriteFile(open, []byte(authorizedLine(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o666)
+	if _, err := readKeyFile(open, false); err == nil || !strings.Contains(err.Error(), "writable by its group or others (mode 0666)") {
+		t.Errorf("world-writable key file: %v", err)
+	}
+	os.Chmod(open, 0o644)
+	if _, err := readKeyFile(open, false); err != nil {
+		t.Errorf("0644 key file: %v", err)
 	}
 }
