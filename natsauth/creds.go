@@ -97,6 +97,17 @@ func WriteCreds(path string, c *Creds) error {
 	return writeFileAtomic(path, b)
 }
 
+// WriteNewCreds is WriteCreds for a path that must not exist: it fails,
+// matching fs.ErrExist, when it does (also when another writer created it
+// meanwhile), and leaves that file as it is.
+func WriteNewCreds(path string, c *Creds) error {
+	b, err := c.Bytes()
+	if err != nil {
+		return err
+	}
+	return writeFile(path, b, true)
+}
+
 // PublicKey is the user's public key ("U...").
 func (c *Creds) PublicKey() string { return c.claims.Subject }
 

@@ -50,6 +50,14 @@ func readSecret(path, what string) ([]byte, error) {
 // the same directory, synced, then renamed over path, so a reader never sees
 // a partial file and a crash leaves the old one.
 func writeFileAtomic(path string, data []byte) error {
+	return writeFile(path, data, false)
+}
+
+// writeFile is writeFileAtomic; with exclusive it fails with an error
+// matching fs.ErrExist when path exists (the complete file is linked into
+// place, which fails on an existing name, so two writers cannot both
+// believe they wrote it).
+func writeFile(path string, data []byte, exclusive bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -74,6 +82,14 @@ func writeFileAtomic(path string, data []byte) error {
 	if err := tmp.Close(); err != nil {
 		os.Remove(name)
 		return fmt.Errorf("natsauth: write %s: %w", path, err)
+	}
+	if exclusive {
+		err := os.Link(name, path)
+		os.Remove(name)
+		if err != nil {
+			return fmt.Errorf("natsauth: write %s: %w", path, err)
+		}
+		return nil
 	}
 	if err := os.Rename(name, path); err != nil {
 		os.Remove(name)

@@ -134,7 +134,14 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 					if _, err := e.stdout.Write(b); err != nil {
 						return err
 					}
-				} else if err := natsauth.WriteCreds(out, c); err != nil {
+				} else if force {
+					if err := natsauth.WriteCreds(out, c); err != nil {
+						return err
+					}
+				} else if err := natsauth.WriteNewCreds(out, c); err != nil {
+					if errors.Is(err, fs.ErrExist) {
+						return fmt.Errorf("%s exists: not overwritten (it may be another user's credentials); give another --output, or --force", out)
+					}
 					return err
 				}
 				if err := appendNATSUser(l.Dir(), rec); err != nil {

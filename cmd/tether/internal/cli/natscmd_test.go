@@ -2,11 +2,14 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -307,6 +310,24 @@ func TestNATSUserCreateRefusesOverwritesAndTwins(t *testing.T) {
 	}
 	if r := create("alice", "-o", b, "--force"); r.code != 0 {
 		t.Errorf("second alice with --force: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// Racing creates of one file: exactly one writes it (the check before
+	// minting is not the guard; the exclusive write is).
+	same := filepath.Join(out, "same.creds")
+	var wg sync.WaitGroup
+	var wrote atomic.Int32
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := create(fmt.Sprintf("racer%d", i), "-o", same); r.code == 0 {
+				wrote.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := wrote.Load(); n != 1 {
+		t.Errorf("%d racing creates said they wrote %s, want 1", n, same)
 	}
 	if r := create("-bad", "-o", filepath.Join(out, "c.creds")); r.code != 2 {
 		t.Errorf("bad name: exit %d (want 2), stderr %q", r.code, r.stderr)
