@@ -1,13 +1,10 @@
 package cli
 
 import (
-	"context"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -24,44 +21,8 @@ func TestDevAgentNeverCopiesCoordinatorState(t *testing.T) {
 	}
 	dir := t.TempDir()
 	devVars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(devVars), now: time.Now}
-	var code int
-	done := make(chan struct{})
-	// The working directory is a dev copy root as root; the data dir is
-	// under the temporary directory, another one (and "/" as any other
-	// user).
-	go func() {
-		defer close(done)
-		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
-			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(defaultTestTimeout):
-			t.Error("dev did not stop")
-		}
-	})
-	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
-	var url string
-	checkFor(t, defaultTestTimeout, func() error {
-		select {
-		case <-done:
-			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
-		default:
-		}
-		m := urlRE.FindStringSubmatch(stdout.String())
-		if m == nil {
-			return errorString("no ready banner yet; stderr:\n" + stderr.String())
-		}
-		url = m[1]
-		return nil
-	})
+	dev := runDevT(t, dir, testGetenv(devVars))
+	url := dev.URL
 	node := devNodeID()
 	local := t.TempDir()
 	ents, err := os.ReadDir(filepath.Join(dir, "nats-auth"))

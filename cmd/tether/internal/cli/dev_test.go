@@ -46,47 +46,13 @@ func TestDevSmoke(t *testing.T) {
 	// one shell's is: dev writes its user's credentials there, and the
 	// client commands find them with no flag or variable.
 	devVars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(devVars), now: time.Now}
-	var code int
-	done := make(chan struct{}) // closed when run returned code
-	go func() {
-		defer close(done)
-		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
-			"--openshell-listen", "127.0.0.1:0", "--opensandbox-listen", "127.0.0.1:0"}, e)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(defaultTestTimeout):
-			t.Error("dev did not stop")
-		}
-	})
-
-	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
-	var url string
-	checkFor(t, defaultTestTimeout, func() error {
-		select {
-		case <-done:
-			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
-		default:
-		}
-		m := urlRE.FindStringSubmatch(stdout.String())
-		if m == nil {
-			return errorString("no ready banner yet; stderr:\n" + stderr.String())
-		}
-		url = m[1]
-		return nil
-	})
+	dev := runDevT(t, dir, testGetenv(devVars), "--openshell-listen", "127.0.0.1:0", "--opensandbox-listen", "127.0.0.1:0")
+	url := dev.URL
 	creds := filepath.Join(devVars["XDG_CONFIG_HOME"], "tether", "dev.creds")
 	for _, w := range []string{"tether exec", "--all -- uname -a", "export TETHER_NATS_CREDS=" + creds + "\n",
 		"nats -s " + url + " --creds " + creds + " --inbox-prefix _INBOX_U", "Ctrl-C"} {
-		if !strings.Contains(stdout.String(), w) {
-			t.Errorf("banner lacks %q:\n%s", w, stdout.String())
+		if !strings.Contains(dev.Banner(), w) {
+			t.Errorf("banner lacks %q:\n%s", w, dev.Banner())
 		}
 	}
 	for _, p := range []string{creds, filepath.Join(dir, "dev.creds")} {
@@ -101,9 +67,9 @@ func TestDevSmoke(t *testing.T) {
 
 	// The admin endpoint serves the dev agent's metrics beside the
 	// coordinator's: one registry.
-	m := regexp.MustCompile(`admin: +(http://\S+/metrics)`).FindStringSubmatch(stdout.String())
+	m := regexp.MustCompile(`admin: +(http://\S+/metrics)`).FindStringSubmatch(dev.Banner())
 	if m == nil {
-		t.Fatalf("banner lacks the admin URL:\n%s", stdout.String())
+		t.Fatalf("banner lacks the admin URL:\n%s", dev.Banner())
 	}
 	checkFor(t, defaultTestTimeout, func() error {
 		body, err := httpGet(m[1])
@@ -134,9 +100,9 @@ func TestDevSmoke(t *testing.T) {
 	// The loopback facades: the dev user's own calls pass; another local
 	// user's (the fresh-user finding: uid 1000 listed and deleted as the
 	// dev user) are refused, naming who they are.
-	osbURL := regexp.MustCompile(`opensandbox: +(http://\S+) `).FindStringSubmatch(stdout.String())
+	osbURL := regexp.MustCompile(`opensandbox: +(http://\S+) `).FindStringSubmatch(dev.Banner())
 	if osbURL == nil {
-		t.Fatalf("banner lacks the opensandbox facade:\n%s", stdout.String())
+		t.Fatalf("banner lacks the opensandbox facade:\n%s", dev.Banner())
 	}
 	if body, err := httpGet(osbURL[1] + "/v1/sandboxes"); err != nil || !strings.Contains(body, `"items"`) {
 		t.Errorf("dev user lists sandboxes: %v %s", err, body)
@@ -204,15 +170,7 @@ func TestDevSmoke(t *testing.T) {
 		t.Fatal("interrupted exec did not return")
 	}
 
-	cancel()
-	select {
-	case <-done:
-		if code != 0 {
-			t.Errorf("dev exit code %d after ctx cancel; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(defaultTestTimeout):
-		t.Fatal("dev did not stop within the timeout")
-	}
+	dev.Stop() // a non-zero exit after ctx cancel is an error
 }
 
 // httpGet returns the body of a GET of url.
@@ -324,41 +282,8 @@ func TestDevRunAsRefusalHint(t *testing.T) {
 	if err := os.WriteFile(polPath, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: getenv, now: time.Now}
-	var code int
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
-			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(defaultTestTimeout):
-			t.Error("dev did not stop")
-		}
-	})
-	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
-	var url string
-	checkFor(t, defaultTestTimeout, func() error {
-		select {
-		case <-done:
-			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
-		default:
-		}
-		m := urlRE.FindStringSubmatch(stdout.String())
-		if m == nil {
-			return errorString("no ready banner yet; stderr:\n" + stderr.String())
-		}
-		url = m[1]
-		return nil
-	})
+	dev := runDevT(t, dir, getenv)
+	url := dev.URL
 	r := runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--all", "--", "true")
 	if r.code == 0 {
 		t.Fatalf("exec as nobody succeeded: stdout %q", r.stdout)

@@ -13,24 +13,39 @@ import (
 	"github.com/tetherfleet/tether/protocol"
 )
 
-// startDev runs `tether dev` on dir with random ports and the environment
-// vars until the test ends (or stop is called) and returns its NATS URL,
-// tunnel address and CA file, from its banner.
-func startDev(t *testing.T, dir string, vars map[string]string) (url, tunnelAddr, caFile string, stop func()) {
+// devInstance is a `tether dev` a test started (runDevT): its banner's
+// NATS URL, tunnel address and CA file, its output so far, and Stop.
+type devInstance struct {
+	URL, TunnelAddr, CAFile string
+	stdout, stderr          *syncBuffer
+	// Stop ends it (also at the test's end) and reports a non-zero exit.
+	Stop func()
+}
+
+// Banner is what the dev printed on stdout so far.
+func (d *devInstance) Banner() string { return d.stdout.String() }
+
+// runDevT runs `tether dev --data-dir dir` with free loopback ports, the
+// facades off, the SSH jump host on a free port and the environment
+// getenv, plus extra flags (a flag given again takes the later value:
+// "--openshell-listen", "127.0.0.1:0" turns a facade on), until the test
+// ends or Stop; it returns once the ready banner is printed.
+func runDevT(t *testing.T, dir string, getenv func(string) string, extra ...string) *devInstance {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(vars), now: time.Now}
+	d := &devInstance{stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	e := &env{stdin: strings.NewReader(""), stdout: d.stdout, stderr: d.stderr, getenv: getenv, now: time.Now}
 	var code int
 	done := make(chan struct{})
+	args := append([]string{"dev", "--data-dir", dir, "--nats-port", "0",
+		"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
+		"--openshell-listen", "", "--opensandbox-listen", ""}, extra...)
 	go func() {
 		defer close(done)
-		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
-			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
+		code = run(ctx, args, e)
 	}()
 	stopped := false
-	stop = func() {
+	d.Stop = func() {
 		if stopped {
 			return
 		}
@@ -39,33 +54,41 @@ func startDev(t *testing.T, dir string, vars map[string]string) (url, tunnelAddr
 		select {
 		case <-done:
 			if code != 0 {
-				t.Errorf("dev exit code %d; stderr:\n%s", code, stderr.String())
+				t.Errorf("dev exit code %d; stderr:\n%s", code, d.stderr.String())
 			}
 		case <-time.After(defaultTestTimeout):
 			t.Error("dev did not stop")
 		}
 	}
-	t.Cleanup(stop)
+	t.Cleanup(d.Stop)
 	re := regexp.MustCompile(`NATS URL: +(nats://\S+)[\s\S]*tunnel: +(\S+) \(CA (\S+)\)`)
 	checkFor(t, defaultTestTimeout, func() error {
 		select {
 		case <-done:
-			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, d.stderr.String())
 		default:
 		}
-		m := re.FindStringSubmatch(stdout.String())
+		m := re.FindStringSubmatch(d.stdout.String())
 		if m == nil {
-			return errorString("no ready banner yet; stderr:\n" + stderr.String())
+			return errorString("no ready banner yet; stderr:\n" + d.stderr.String())
 		}
-		url, tunnelAddr, caFile = m[1], m[2], m[3]
+		d.URL, d.TunnelAddr, d.CAFile = m[1], m[2], m[3]
 		return nil
 	})
-	// Dev has no config home here, so it wrote its user's credentials in
-	// the data dir; the test's client commands use them.
+	return d
+}
+
+// startDev runs `tether dev` on dir (runDevT) with the environment vars
+// and returns its NATS URL, tunnel address and CA file. Dev has no config
+// home here, so it wrote its user's credentials in the data dir; the
+// test's client commands use them.
+func startDev(t *testing.T, dir string, vars map[string]string) (url, tunnelAddr, caFile string, stop func()) {
+	t.Helper()
+	d := runDevT(t, dir, testGetenv(vars))
 	creds := filepath.Join(dir, "dev.creds")
 	fleetCreds.Store(&creds)
 	t.Cleanup(func() { fleetCreds.Store(nil) })
-	return url, tunnelAddr, caFile, stop
+	return d.URL, d.TunnelAddr, d.CAFile, d.Stop
 }
 
 // nodeLabels lists the nodes through the CLI: id → labels.

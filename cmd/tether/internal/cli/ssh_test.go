@@ -9,11 +9,9 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -449,41 +447,10 @@ func TestDevSSH(t *testing.T) {
 	}
 	dir := t.TempDir()
 	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir(), "HOME": home}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(vars), now: time.Now}
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
-			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(defaultTestTimeout):
-			t.Error("dev did not stop")
-		}
-	})
-	urlRE := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
-	var url string
-	checkFor(t, defaultTestTimeout, func() error {
-		select {
-		case code := <-done:
-			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
-		default:
-		}
-		m := urlRE.FindStringSubmatch(stdout.String())
-		if m == nil {
-			return errorString("no ready banner yet; stderr:\n" + stderr.String())
-		}
-		url = m[1]
-		return nil
-	})
+	dev := runDevT(t, dir, testGetenv(vars))
+	url := dev.URL
 	node := devNodeID()
-	banner := stdout.String()
+	banner := dev.Banner()
 	for _, w := range []string{"ssh jump:", "tether ssh-config --nats-url " + url + " >> ~/.ssh/config", "ssh " + node + ".tether"} {
 		if !strings.Contains(banner, w) {
 			t.Errorf("banner lacks %q:\n%s", w, banner)
