@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -13,8 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
-	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/internal/countcopy"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -155,7 +154,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		defer upDone.Store(true)
 		defer a.guard.Recover("dial copier", func(*panics.Error) { abort() })
 		var err error
-		up, err = copyCounted(conn, st, a.m.dialBytes.WithLabelValues(toTarget))
+		up, err = countcopy.Copy(conn, st, make([]byte, protocol.ChunkSize), a.m.dialBytes.WithLabelValues(toTarget))
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Debug("dial: copy to target ended", "err", err)
@@ -176,7 +175,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		}
 	}()
 	var err error
-	downBytes, err = copyCounted(down, conn, a.m.dialBytes.WithLabelValues(fromTarget))
+	downBytes, err = countcopy.Copy(down, conn, make([]byte, protocol.ChunkSize), a.m.dialBytes.WithLabelValues(fromTarget))
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Debug("dial: copy from target ended", "err", err)
@@ -205,32 +204,6 @@ func (w *halfClosedWriter) Write(p []byte) (int, error) {
 		w.st.SetWriteDeadline(time.Now().Add(halfClosedWriteTimeout))
 	}
 	return w.st.Write(p)
-}
-
-// copyCounted copies src to dst until src's EOF (a nil error) or a failure,
-// adding every chunk written to c. Its own loop, rather than io.Copy, keeps
-// the stream's and the connection's ReadFrom and WriteTo out of the way, so
-// every byte is counted as it goes.
-func copyCounted(dst io.Writer, src io.Reader, c prometheus.Counter) (int64, error) {
-	buf := make([]byte, protocol.ChunkSize)
-	var total int64
-	for {
-		n, rerr := src.Read(buf)
-		if n > 0 {
-			w, werr := dst.Write(buf[:n])
-			total += int64(w)
-			c.Add(float64(w))
-			if werr != nil {
-				return total, werr
-			}
-		}
-		if rerr == io.EOF {
-			return total, nil
-		}
-		if rerr != nil {
-			return total, rerr
-		}
-	}
 }
 
 // clip shortens s to at most n bytes for messages and logs, marking the

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/tetherfleet/tether/internal/admission"
+	"github.com/tetherfleet/tether/internal/countcopy"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -503,28 +504,10 @@ const spliceBufSize = 256 << 10
 // channels: a connection's channels come and go, the bulk ones stay.
 var spliceBufs = sync.Pool{New: func() any { b := make([]byte, spliceBufSize); return &b }}
 
-// copyCounting copies src to dst until src's EOF (a nil error), adding
-// every chunk written to c.
-func copyCounting(dst io.Writer, src io.Reader, c interface{ Add(float64) }) (int64, error) {
+// copyCounting copies src to dst until src's EOF (a nil error) through a
+// pooled splice buffer, adding every chunk written to c.
+func copyCounting(dst io.Writer, src io.Reader, c countcopy.Counter) (int64, error) {
 	bp := spliceBufs.Get().(*[]byte)
 	defer spliceBufs.Put(bp)
-	buf := *bp
-	var total int64
-	for {
-		n, rerr := src.Read(buf)
-		if n > 0 {
-			w, werr := dst.Write(buf[:n])
-			total += int64(w)
-			c.Add(float64(w))
-			if werr != nil {
-				return total, werr
-			}
-		}
-		if rerr == io.EOF {
-			return total, nil
-		}
-		if rerr != nil {
-			return total, rerr
-		}
-	}
+	return countcopy.Copy(dst, src, *bp, c)
 }
