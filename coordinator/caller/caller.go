@@ -172,13 +172,40 @@ func (a Authorizer) Acquire(req micro.Request, op policy.Operation) (release fun
 	}
 	id, ok := Of(req)
 	if !ok {
-		return nil, protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+		return nil, noIdentity(op)
 	}
 	release, err := a.Policy.Acquire(id, op)
 	if err != nil {
 		return nil, RefusalError(err)
 	}
 	return release, nil
+}
+
+// noIdentity is the 401 for a request of op without an identity.
+func noIdentity(op policy.Operation) *protocol.APIError {
+	return protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
+}
+
+// identify returns req's sender, or the 401 to answer with, observed as
+// req's decision on op (at node, to obj).
+func (a Authorizer) identify(req micro.Request, op policy.Operation, node policy.Node, obj policy.Object) (policy.Identity, *protocol.APIError) {
+	id, ok := Of(req)
+	if !ok {
+		e := noIdentity(op)
+		a.observe(Decision{Request: req, Op: op, Node: node, Object: obj, Err: e})
+		return policy.Identity{}, e
+	}
+	return id, nil
+}
+
+// refused observes the policy's error err about id's op as req's decision
+// and returns the API error to answer with (RefusalError).
+func (a Authorizer) refused(req micro.Request, id policy.Identity, op policy.Operation, node policy.Node, obj policy.Object, err error) *protocol.APIError {
+	e := RefusalError(err)
+	var r *policy.Refusal
+	errors.As(err, &r)
+	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Err: e, Refusal: r})
+	return e
 }
 
 // Owner is the string recorded as the owner of what req creates (a job, a
@@ -200,19 +227,13 @@ func (a Authorizer) Decide(req micro.Request, op policy.Operation, node policy.N
 	if a.Policy == nil {
 		return policy.Grant{}, nil
 	}
-	id, ok := Of(req)
-	if !ok {
-		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
-		a.observe(Decision{Request: req, Op: op, Node: node, Object: obj, Err: e})
+	id, e := a.identify(req, op, node, obj)
+	if e != nil {
 		return policy.Grant{}, e
 	}
 	g, err := a.Policy.Decide(id, op, node, obj)
 	if err != nil {
-		e := RefusalError(err)
-		var r *policy.Refusal
-		errors.As(err, &r)
-		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Err: e, Refusal: r})
-		return policy.Grant{}, e
+		return policy.Grant{}, a.refused(req, id, op, node, obj, err)
 	}
 	req.(*Request).noteRule(g.Rule())
 	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g})
@@ -229,18 +250,12 @@ func (a Authorizer) Holds(req micro.Request, op policy.Operation) *protocol.APIE
 	if a.Policy == nil {
 		return nil
 	}
-	id, ok := Of(req)
-	if !ok {
-		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
-		a.observe(Decision{Request: req, Op: op, Err: e})
+	id, e := a.identify(req, op, policy.Node{}, policy.Object{})
+	if e != nil {
 		return e
 	}
 	if err := a.Policy.Holds(id, op); err != nil {
-		e := RefusalError(err)
-		var r *policy.Refusal
-		errors.As(err, &r)
-		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Err: e, Refusal: r})
-		return e
+		return a.refused(req, id, op, policy.Node{}, policy.Object{}, err)
 	}
 	return nil
 }
@@ -251,18 +266,12 @@ func (a Authorizer) Allow(req micro.Request, op policy.Operation) *protocol.APIE
 	if a.Policy == nil {
 		return nil
 	}
-	id, ok := Of(req)
-	if !ok {
-		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: the request carries no identity", op)
-		a.observe(Decision{Request: req, Op: op, Err: e})
+	id, e := a.identify(req, op, policy.Node{}, policy.Object{})
+	if e != nil {
 		return e
 	}
 	if err := a.Policy.Allow(id, op); err != nil {
-		e := RefusalError(err)
-		var r *policy.Refusal
-		errors.As(err, &r)
-		a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op, Err: e, Refusal: r})
-		return e
+		return a.refused(req, id, op, policy.Node{}, policy.Object{}, err)
 	}
 	a.observe(Decision{Request: req, Identity: id, Identified: true, Op: op})
 	return nil
