@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/sshd"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/internal/sshkey"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -40,7 +41,7 @@ func (a *Agent) sshHostKey() (ssh.Signer, error) {
 	if a.hostKey != nil {
 		return a.hostKey, nil
 	}
-	s, err := sshd.LoadOrCreateHostKey(a.cfg.SSHHostKeyFile)
+	s, err := sshkey.LoadOrCreate(a.cfg.SSHHostKeyFile, "tether agent host key")
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: %w", a.cfg.NodeID, err)
 	}

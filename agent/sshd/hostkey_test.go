@@ -1,75 +1,19 @@
 package sshd
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/tetherfleet/tether/internal/sshkey"
 )
-
-func TestHostKeyCreatedOnceAndReused(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ssh_host_ed25519_key")
-	k1, err := LoadOrCreateHostKey(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm() != 0o600 {
-		t.Errorf("host key mode %04o, want 0600", fi.Mode().Perm())
-	}
-	if k1.PublicKey().Type() != ssh.KeyAlgoED25519 {
-		t.Errorf("host key type %s, want ed25519", k1.PublicKey().Type())
-	}
-	k2, err := LoadOrCreateHostKey(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(k1.PublicKey().Marshal(), k2.PublicKey().Marshal()) {
-		t.Error("second load made a new key instead of reusing the file")
-	}
-	// OpenSSH reads it too (ssh-keygen -y), when installed.
-	entries, _ := os.ReadDir(filepath.Dir(path))
-	if len(entries) != 1 {
-		t.Errorf("directory holds %d entries, want the key only (no temporary file left)", len(entries))
-	}
-}
-
-func TestHostKeyCorruptIsAnErrorNamingTheFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ssh_host_ed25519_key")
-	if err := os.WriteFile(path, []byte("not a key\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	_, err := LoadOrCreateHostKey(path)
-	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "corrupt") {
-		t.Fatalf("corrupt host key: err %v, want an error naming %s", err, path)
-	}
-	if b, _ := os.ReadFile(path); string(b) != "not a key\n" {
-		t.Error("the corrupt file was replaced")
-	}
-}
-
-func TestHostKeyWorldReadableRefused(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "k")
-	if _, err := LoadOrCreateHostKey(path); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(path, 0o644)
-	if _, err := LoadOrCreateHostKey(path); err == nil || !strings.Contains(err.Error(), "0644") {
-		t.Fatalf("mode 0644: err %v, want a refusal naming the mode", err)
-	}
-}
 
 func TestCheckHostCert(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "k")
-	host, err := LoadOrCreateHostKey(path)
+	host, err := sshkey.LoadOrCreate(path, "test host key")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/internal/sshkey"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -279,7 +280,7 @@ func New(cfg Config) (*Gate, error) {
 		preauthLog: rate.NewLimiter(rate.Every(10*time.Second/3), 3),
 	}
 	var err error
-	if g.hostKey, err = loadOrCreateKey(filepath.Join(cfg.StateDir, HostKeyFile), "tether-jump-host"); err != nil {
+	if g.hostKey, err = sshkey.LoadOrCreate(filepath.Join(cfg.StateDir, HostKeyFile), "tether-jump-host"); err != nil {
 		return nil, fmt.Errorf("ssh gate: host key: %w", err)
 	}
 	g.ca = cfg.HostCA

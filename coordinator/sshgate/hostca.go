@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/sshkey"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -66,7 +67,7 @@ func LoadHostCA(path string, lifetime time.Duration) (*HostCA, error) {
 	if lifetime <= HostCertBackdate {
 		return nil, fmt.Errorf("ssh host CA %s: certificate lifetime %v: want over %v", path, lifetime, HostCertBackdate)
 	}
-	signer, err := loadOrCreateKey(path, HostCAComment)
+	signer, err := sshkey.LoadOrCreate(path, HostCAComment)
 	if err != nil {
 		return nil, fmt.Errorf("ssh host CA: %w", err)
 	}

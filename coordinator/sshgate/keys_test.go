@@ -109,43 +109,6 @@ func TestReload(t *testing.T) {
 	wantReject(t, err, ssh.Prohibited, "no longer an authorized key")
 }
 
-func TestLoadOrCreateKey(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "sub", "key")
-	s1, err := loadOrCreateKey(path, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(path)
-	if err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("key file: %v, %v; want mode 0600", st, err)
-	}
-	s2, err := loadOrCreateKey(path, "c")
-	if err != nil || !bytes.Equal(s1.PublicKey().Marshal(), s2.PublicKey().Marshal()) {
-		t.Fatalf("reloaded a different key (%v)", err)
-	}
-	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
-		t.Errorf("temporary files left: %v", entries)
-	}
-	// Corrupt, too open, or of another type: an error naming the file,
-	// and the file left as it was.
-	corrupt := filepath.Join(dir, "corrupt")
-	os.WriteFile(corrupt, []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n"), 0o600)
-	if _, err := loadOrCreateKey(corrupt, "c"); err == nil || !strings.Contains(err.Error(), corrupt) || !strings.Contains(err.Error(), "corrupt") {
-		t.Errorf("corrupt key: %v", err)
-	}
-	if data, _ := os.ReadFile(corrupt); !bytes.Contains(data, []byte("AAAA")) {
-		t.Error("the corrupt file was overwritten")
-	}
-	open := filepath.Join(dir, "open")
-	data, _ := os.ReadFile(path)
-	os.WriteFile(open, data, 0o644)
-	os.Chmod(open, 0o644)
-	if _, err := loadOrCreateKey(open, "c"); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-		t.Errorf("group-readable key: %v", err)
-	}
-}
-
 func TestHostCA(t *testing.T) {
 	dir := t.TempDir()
 	ca, err := LoadHostCA(filepath.Join(dir, "ca"), 0)

@@ -1,4 +1,7 @@
-package sshgate
+// Package sshkey keeps the SSH private keys Tether's SSH servers sign
+// with (the agent's host key, the jump host's host key, the host CA): one
+// ed25519 key per file, created once, never silently replaced.
+package sshkey
 
 import (
 	"crypto/ed25519"
@@ -13,20 +16,22 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// maxKeyFileSize bounds a private key file the gate reads, in bytes (an
-// OpenSSH ed25519 key is about 400).
+// maxKeyFileSize bounds a private key file read, in bytes (an OpenSSH
+// ed25519 key is about 400).
 const maxKeyFileSize = 64 << 10
 
-// loadOrCreateKey returns the ed25519 private key in path (OpenSSH
+// LoadOrCreate returns the ed25519 private key in path (OpenSSH
 // "OPENSSH PRIVATE KEY" PEM, unencrypted, as ssh-keygen -t ed25519 -N ”
 // writes it), creating it with mode 0600 when the file does not exist. The
 // directory is created 0700 when missing. A file that exists but is not an
 // unencrypted ed25519 key, or that group or others may read or write
 // (sshd's "UNPROTECTED PRIVATE KEY FILE"), is an error naming it; it is
-// never overwritten. Two processes creating the same file at once end up
+// never overwritten: a server's key is its identity, and a new one would
+// make every client see a changed key (move the file away to have one
+// made). Two processes creating the same file at once end up
 // with one key: the file appears whole, by a hard link from a temporary
 // file, or not at all.
-func loadOrCreateKey(path, comment string) (ssh.Signer, error) {
+func LoadOrCreate(path, comment string) (ssh.Signer, error) {
 	signer, err := loadKey(path)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return signer, err
@@ -99,9 +104,9 @@ func loadKey(path string) (ssh.Signer, error) {
 	if err != nil {
 		var pp *ssh.PassphraseMissingError
 		if errors.As(err, &pp) {
-			return nil, fmt.Errorf("ssh key %s: encrypted with a passphrase; the gate needs an unencrypted key", path)
+			return nil, fmt.Errorf("ssh key %s: encrypted with a passphrase; Tether needs an unencrypted key", path)
 		}
-		return nil, fmt.Errorf("ssh key %s: corrupt or not an OpenSSH private key: %w", path, err)
+		return nil, fmt.Errorf("ssh key %s: corrupt or not an OpenSSH private key: %w (move it away to have a new key created, which every client will see as a changed key)", path, err)
 	}
 	var priv ed25519.PrivateKey
 	switch k := raw.(type) {
