@@ -23,9 +23,9 @@ import (
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
-	"github.com/tetherfleet/tether/coordinator/facade/peeruid/peeruidtest"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/internal/sockdiag/sockdiagtest"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/protocol/opensandbox"
@@ -61,7 +61,7 @@ identities:
 // sandboxes, not the OpenSandbox facade), refused with 403 /
 // PERMISSION_DENIED naming it.
 func TestFacadeLoopbackCallerIsItsUID(t *testing.T) {
-	nobody := peeruidtest.Dialer(t, peeruidtest.Nobody)
+	nobody := sockdiagtest.Dialer(t, sockdiagtest.Nobody)
 	store := policyStore(t, uidPolicy)
 	alice := policy.Identity{Kind: policy.KindNATS, Name: "alice"}
 	self := uint32(os.Geteuid())

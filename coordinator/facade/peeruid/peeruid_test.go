@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
-	"github.com/tetherfleet/tether/coordinator/facade/peeruid/peeruidtest"
+	"github.com/tetherfleet/tether/internal/sockdiag/sockdiagtest"
 )
 
 // accepted dials ln with dial and returns the server's end.
@@ -48,11 +48,11 @@ func TestLookupNamesTheSocketOwner(t *testing.T) {
 			if err != nil || uid != uint32(os.Geteuid()) {
 				t.Fatalf("own connection: uid %d, %v; want %d", uid, err, os.Geteuid())
 			}
-			s = accepted(t, ln, peeruidtest.Dialer(t, peeruidtest.Nobody))
+			s = accepted(t, ln, sockdiagtest.Dialer(t, sockdiagtest.Nobody))
 			p := peeruid.NewPeer(s)
 			uid, err = p.UID()
-			if err != nil || uid != peeruidtest.Nobody {
-				t.Fatalf("nobody's connection: uid %d, %v; want %d", uid, err, peeruidtest.Nobody)
+			if err != nil || uid != sockdiagtest.Nobody {
+				t.Fatalf("nobody's connection: uid %d, %v; want %d", uid, err, sockdiagtest.Nobody)
 			}
 		})
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/coordinator/facade/peeruid/peeruidtest"
+	"github.com/tetherfleet/tether/internal/sockdiag/sockdiagtest"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -108,7 +108,7 @@ func TestDevSmoke(t *testing.T) {
 		t.Errorf("dev user lists sandboxes: %v %s", err, body)
 	}
 	if os.Geteuid() == 0 {
-		dial := peeruidtest.Dialer(t, peeruidtest.Nobody)
+		dial := sockdiagtest.Dialer(t, sockdiagtest.Nobody)
 		other := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }}}
 		defer other.CloseIdleConnections()
 		for _, m := range []string{"GET", "DELETE"} {
