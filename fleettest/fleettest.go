@@ -231,7 +231,7 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		if err := c.Serve(f.ctx, tls.NewListener(ln, srvTLS)); err != nil {
+		if err := c.Serve(f.ctx, tunnel.NewListener(ln, srvTLS)); err != nil {
 			opts.Logger.Error("coordinator stopped", "err", err)
 		}
 	}()

@@ -658,7 +658,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	// Agents with a node certificate present it; the coordinator checks
 	// it (coordinator/identity.go).
-	cs.tunnelLn = tls.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
+	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
