@@ -30,6 +30,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
+	"github.com/tetherfleet/tether/internal/gcfloor"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -668,6 +669,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 // admin server, the NATS connection and the embedded NATS server, in that
 // order. It returns nil after a drain caused by ctx.
 func (cs *coordinatorServer) serve(ctx context.Context) error {
+	gcfloor.Start(ctx, gcfloor.Default)
 	cs.log.Info("coordinator started",
 		"tunnel_addr", cs.info.TunnelAddr,
 		"nats_url", cs.info.NATSURL,
