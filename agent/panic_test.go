@@ -119,4 +119,3 @@ func TestPanicInOneExecLeavesTheOthers(t *testing.T) {
 		t.Errorf("%d 'panic contained' log lines, want 2", n)
 	}
 }
-
