@@ -112,7 +112,10 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Run creates the data directory, measures the node's capacity, then keeps a
+// Run creates the data directory, finds the detached jobs of earlier agent
+// processes again (marking those whose shim died lost), kills the process
+// groups that attached execs of a dead agent process left (it waits up to
+// Config.KillGrace for them), measures the node's capacity, then keeps a
 // session with one of the coordinators until ctx is done, redialing with
 // backoff after every failure, rejection or disconnect. It returns nil once
 // ctx is done and everything it started has stopped: no goroutine and no

@@ -156,7 +156,10 @@ func (a *Agent) launchDetached(p *protocol.ExecParams, acct *account, dir, jdir 
 		// systemd-run --scope registers itself as the scope's process and
 		// then execs the shim: the shim is the agent's child, in the scope.
 		pid, err = a.startShim([]string{run, "--scope", "--collect", "--quiet", "--unit", unit,
-			"--description", "Tether detached job " + p.JobID, "--", exe, jobShimArg}, &spec)
+			"--description", "Tether detached job " + p.JobID,
+			// As the agent's unit: a job may fork many processes.
+			"--property", "TasksMax=infinity",
+			"--", exe, jobShimArg}, &spec)
 		var ne *shimNoReply
 		if errors.As(err, &ne) && !exists(filepath.Join(jdir, "stdout")) {
 			// systemd-run failed before it ran the shim: the job did

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -68,12 +69,22 @@ func (a *Agent) recordGroup(pgid int) (remove func()) {
 		return nop
 	}
 	rec := groupRecord{Version: groupRecordVersion, Leader: procIdentity{PID: pgid, Start: ps.start}, SID: ps.sid, Agent: self}
-	if err := os.MkdirAll(a.execsDir(), 0o700); err != nil {
+	b, err := json.Marshal(rec)
+	if err != nil {
 		a.log.Warn("record exec process group", "pgid", pgid, "err", err)
 		return nop
 	}
+	// Written in place, not renamed into place: an exec pays for each
+	// syscall here, and a record cut short by a crash is only unreadable
+	// (removed at the next start), for a group that was microseconds old.
 	path := filepath.Join(a.execsDir(), fmt.Sprintf("%d-%d.json", pgid, ps.start))
-	if err := writeJSONFile(path, rec); err != nil {
+	err = os.WriteFile(path, b, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(a.execsDir(), 0o700); err == nil {
+			err = os.WriteFile(path, b, 0o600)
+		}
+	}
+	if err != nil {
 		a.log.Warn("record exec process group", "pgid", pgid, "err", err)
 		return nop
 	}

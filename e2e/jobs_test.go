@@ -195,6 +195,16 @@ func TestJobsSurviveAgentKill(t *testing.T) {
 		}
 		return nil
 	})
+	// The shims are race-built too: their logs must hold no report.
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "jobs", "*", "shim.log"))
+	if len(logs) != 2 {
+		t.Errorf("shim logs %v, want one per job", logs)
+	}
+	for _, l := range logs {
+		if b, _ := os.ReadFile(l); strings.Contains(string(b), "DATA RACE") {
+			t.Errorf("%s: the race detector reported a data race:\n%s", l, b)
+		}
+	}
 }
 
 // seqLines counts the complete lines of the file at path.
