@@ -59,11 +59,14 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 		return
 	}
 	a.m.execsRunning.Inc()
+	// The stream closes after the slot is free (defers run last first):
+	// a client that waits for the end of one exec and then starts the
+	// next must not be refused as busy by the one that ended.
+	defer st.Close()
 	defer func() {
 		a.running.Add(-1)
 		a.m.execsRunning.Dec()
 	}()
-	defer st.Close()
 	broken := make(chan struct{})
 	x := &execution{
 		a:  a,
