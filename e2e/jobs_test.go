@@ -48,7 +48,7 @@ func TestJobsSurviveAgentKill(t *testing.T) {
 	// on unless someone ends them.
 	attachedDone := make(chan string, 1)
 	go func() {
-		res, err := f.cl.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "e2e-jobs"}, Script: "sleep 3141 & sleep 3141 & wait"}, nil)
+		res, err := f.cl.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "e2e-jobs"}, Script: "sleep 3161 & sleep 3161 & wait"}, nil)
 		switch {
 		case err != nil:
 			attachedDone <- ""
@@ -59,8 +59,8 @@ func TestJobsSurviveAgentKill(t *testing.T) {
 		}
 	}()
 	checkFor(t, defaultTestTimeout, func() error {
-		if p := processesWith("sleep", "3141"); len(p) != 2 {
-			return fmt.Errorf("sleep 3141 pids %v, want 2", p)
+		if p := processesWith("sleep", "3161"); len(p) != 2 {
+			return fmt.Errorf("sleep 3161 pids %v, want 2", p)
 		}
 		return nil
 	})
@@ -97,16 +97,16 @@ func TestJobsSurviveAgentKill(t *testing.T) {
 		return nil
 	})
 	// The attached exec's group is orphaned: its sleeps still run.
-	if p := processesWith("sleep", "3141"); len(p) != 2 {
-		t.Fatalf("sleep 3141 pids %v with the agent dead, want 2 (the test would prove nothing)", p)
+	if p := processesWith("sleep", "3161"); len(p) != 2 {
+		t.Fatalf("sleep 3161 pids %v with the agent dead, want 2 (the test would prove nothing)", p)
 	}
 
 	agent = start(t, "agent-e2e-jobs-restarted", agentArgs...)
 	f.waitNodes(t, "e2e-jobs")
 	// The restarted agent killed the orphaned group.
 	checkFor(t, defaultTestTimeout, func() error {
-		if p := processesWith("sleep", "3141"); len(p) > 0 {
-			return fmt.Errorf("sleep 3141 still running after the agent's restart: pids %v", p)
+		if p := processesWith("sleep", "3161"); len(p) > 0 {
+			return fmt.Errorf("sleep 3161 still running after the agent's restart: pids %v", p)
 		}
 		return nil
 	})
@@ -174,7 +174,7 @@ func TestJobsSurviveAgentKill(t *testing.T) {
 	}
 
 	// Cancel works on a job found again, too.
-	res, err = f.cl.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "e2e-jobs"}, ID: "long-1", Argv: []string{"sleep", "3142"}, Detach: true}, nil)
+	res, err = f.cl.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "e2e-jobs"}, ID: "long-1", Argv: []string{"sleep", "3162"}, Detach: true}, nil)
 	if err != nil || !res.Results[0].Detached {
 		t.Fatalf("detached exec: %+v, %v", res, err)
 	}
@@ -190,8 +190,8 @@ func TestJobsSurviveAgentKill(t *testing.T) {
 		t.Errorf("cancel after a restart: %+v", st)
 	}
 	checkFor(t, defaultTestTimeout, func() error {
-		if p := processesWith("sleep", "3142"); len(p) > 0 {
-			return fmt.Errorf("sleep 3142 still running: %v", p)
+		if p := processesWith("sleep", "3162"); len(p) > 0 {
+			return fmt.Errorf("sleep 3162 still running: %v", p)
 		}
 		return nil
 	})
