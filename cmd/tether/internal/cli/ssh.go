@@ -318,8 +318,9 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
     ProxyCommand tether ssh-proxy %n`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
-			node := strings.TrimSuffix(args[0], protocol.SSHHostSuffix)
-			if err := protocol.ValidNodeID(node); err != nil {
+			// c.SSH cuts the suffix itself: cutting it here too made
+			// NODE.tether.tether (node id NODE.tether) node NODE.
+			if err := protocol.ValidNodeID(strings.TrimSuffix(args[0], protocol.SSHHostSuffix)); err != nil {
 				return usage(fmt.Errorf("node: %w", err))
 			}
 			c, closeNC, err := o.NATS.connect(e.getenv)
@@ -327,7 +328,7 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
 				return err
 			}
 			defer closeNC()
-			s, err := c.SSH(cmd.Context(), node)
+			s, err := c.SSH(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

@@ -472,3 +472,34 @@ func TestDevSSH(t *testing.T) {
 		}
 	}
 }
+
+// TestSSHProxyNodeIDEndingInSuffix: a node whose id itself ends in .tether
+// ("n1.tether") is reached as "n1.tether.tether" (ssh-config's alias, the
+// %n ssh-proxy is given), as the jump host reaches it; ssh-proxy cut the
+// suffix twice and asked for node "n1".
+func TestSSHProxyNodeIDEndingInSuffix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleettest.Start(t, fleettest.Options{NodeID: func(int) string { return "n1.tether" }, Coordinator: func(c *coordinator.Config) {
+		path := filepath.Join(t.TempDir(), "policy.yaml")
+		pol := fmt.Sprintf("version: 1\nidentities:\n  nats:fleettest:\n    rules:\n      - nodes: \"*\"\n        operations: [ssh]\n        run_as: %q\n", me.Username)
+		if err := os.WriteFile(path, []byte(pol), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		store, err := policy.NewStore(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Policy = store
+	}})
+	args := []string{"--nats-url", f.NATS.ClientURL(), "--nats-creds", f.CredsFile}
+	r := runCLI(testCtx(t), nil, "", append([]string{"ssh-proxy", "n1.tether.tether"}, args...)...)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "SSH-2.0-") {
+		t.Errorf("ssh-proxy n1.tether.tether: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
