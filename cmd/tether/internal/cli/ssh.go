@@ -211,6 +211,13 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 			continue // never written into a config
 		}
 		alias := n.ID + protocol.SSHHostSuffix
+		if n.ID != strings.ToLower(n.ID) {
+			// OpenSSH lowercases the host name (and HostName and
+			// HostKeyAlias): it would ask for node gpu-07 and check the
+			// host certificate for gpu-07.tether, never reaching GPU-07.
+			fmt.Fprintf(&b, "\n# %s: not reachable with OpenSSH, which lowercases host names while node ids\n# are case-sensitive; tether shell and tether exec reach it, or give its agent a\n# lowercase --node-id.\n", alias)
+			continue
+		}
 		fmt.Fprintf(&b, "\nHost %s\n", alias)
 		fmt.Fprintf(&b, "  HostKeyAlias %s\n", alias)
 		if len(n.Logins) == 1 && sshToken(n.Logins[0]) {

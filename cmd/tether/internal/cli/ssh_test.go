@@ -63,8 +63,9 @@ func TestSSHConfigRender(t *testing.T) {
 			{ID: "node-a", Alias: "node-a.tether", Logins: []string{"deploy"}},
 			{ID: "node-b", Alias: "node-b.tether", Logins: []string{"alice", "deploy"}},
 			{ID: "bad id", Alias: "x", Logins: []string{"x"}},
+			{ID: "GPU-07", Alias: "GPU-07.tether", Logins: []string{"deploy"}},
 		},
-		NodesTotal: 3,
+		NodesTotal: 4,
 	}
 	dir := t.TempDir()
 	known := filepath.Join(dir, "known hosts")
@@ -88,6 +89,13 @@ func TestSSHConfigRender(t *testing.T) {
 	}
 	if strings.Contains(cfg, "bad id") {
 		t.Errorf("an invalid node id was written:\n%s", cfg)
+	}
+	// OpenSSH lowercases the host name it is given (and HostName,
+	// HostKeyAlias): it asks the jump host for gpu-07 and checks the host
+	// certificate for gpu-07.tether, so a Host block for a node id with
+	// capitals is a config that never connects. The config says so.
+	if strings.Contains(cfg, "Host GPU-07.tether") || !strings.Contains(cfg, "# GPU-07.tether: not reachable with OpenSSH") {
+		t.Errorf("a node id with capitals:\n%s", cfg)
 	}
 	if want := knownHostsMarker + " c1; rewritten by every run\n" + info.KnownHostsCA + "\ntether-jump " + info.JumpHostKey + "\n"; kh != want {
 		t.Errorf("known_hosts = %q, want %q", kh, want)
