@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -181,8 +182,8 @@ func TestSSHChannelClosedBeforeAnyRequestFailed(t *testing.T) {
 }
 
 // A command line longer than the kernel takes for one argument (128 KiB)
-// fails to start: the client is told why, and the channel failed (nothing
-// refused it).
+// fails to start: the client is told why (stderr, exit status 255), and
+// the channel failed (nothing refused it).
 func TestSSHCommandTooLongForExecFailed(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
@@ -192,8 +193,11 @@ func TestSSHCommandTooLongForExecFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.Start(cmd); err == nil {
-		t.Fatal("a 200 KiB command line started")
+	var out, errb bytes.Buffer
+	s.Stdout, s.Stderr = &out, &errb
+	var ee *ssh.ExitError
+	if err := s.Run(cmd); !errors.As(err, &ee) || ee.ExitStatus() != 255 || out.Len() != 0 || !strings.Contains(errb.String(), "argument list too long") {
+		t.Fatalf("a 200 KiB command line: %v, stdout %q, stderr %q; want exit status 255 and the reason", err, protocol.Clip(out.String()), errb.String())
 	}
 	s.Close()
 	ev := f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
