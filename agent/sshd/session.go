@@ -428,7 +428,7 @@ func (s *session) notStarted(result, what string, err error) bool {
 	why := fmt.Sprintf("%s: %v", what, err)
 	s.ev.Result = result
 	s.ev.Error = why
-	s.c.log.Warn("ssh channel request not served", "channel", s.n, "login", s.login.Name, "result", result, "what", what, "err", err)
+	s.c.log.Warn("ssh channel request not served", "channel", s.n, "result", result, "what", what, "err", err)
 	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, why)
 	s.ch.Stderr().Write([]byte(msg))
 	s.notServed = true
