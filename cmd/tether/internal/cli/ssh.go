@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/internal/filetype"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -98,7 +99,7 @@ Examples:
 				if fi, err := os.Stat(identity); err != nil {
 					return usage(fmt.Errorf("--identity: %w", err))
 				} else if !fi.Mode().IsRegular() {
-					return usage(fmt.Errorf("--identity %s: not a regular file", identity))
+					return usage(fmt.Errorf("--identity %s: not a regular file but %s", identity, filetype.Of(fi.Mode())))
 				}
 			}
 			self, err := os.Executable()
@@ -284,12 +285,21 @@ func sshQuote(s string) string {
 const knownHostsMarker = "# Written by tether ssh-config for coordinator"
 
 // writeKnownHosts writes text to path (0600; its directory 0700 when
-// created), through a temporary file and a rename. An existing file is
-// replaced only when ssh-config wrote it (it starts with
-// knownHostsMarker); any other is refused, naming it.
+// created), through a temporary file and a rename; a symlink's target is
+// written, the link kept. An existing file is replaced only when
+// ssh-config wrote it (it starts with knownHostsMarker); any other, and
+// anything but a regular file, is refused, naming it.
 func writeKnownHosts(path, text string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("ssh-config: known_hosts: %w", err)
+	}
+	// A symlink is written through (the rename would replace the link
+	// and leave its target stale); a dangling one is replaced.
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("ssh-config: --known-hosts %s is not a regular file but %s; give a file", path, filetype.Of(fi.Mode()))
 	}
 	if f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
 		head := make([]byte, len(knownHostsMarker))

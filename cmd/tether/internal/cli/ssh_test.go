@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
@@ -509,5 +510,41 @@ func TestSSHProxyNodeIDEndingInSuffix(t *testing.T) {
 	r := runCLI(testCtx(t), nil, "", append([]string{"ssh-proxy", "n1.tether.tether"}, args...)...)
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "SSH-2.0-") {
 		t.Errorf("ssh-proxy n1.tether.tether: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestWriteKnownHostsOddFiles: a FIFO or a directory at --known-hosts is
+// refused as not a regular file (it was "not written by tether
+// ssh-config: its host keys would be lost"), and a symlink to a file
+// ssh-config wrote is written through, the link kept (it was replaced by
+// a regular file, leaving its target stale).
+func TestWriteKnownHostsOddFiles(t *testing.T) {
+	dir := t.TempDir()
+	text := knownHostsMarker + " c1; rewritten by every run\n@cert-authority *.tether ssh-ed25519 AAAA\n"
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{fifo, dir} {
+		if err := writeKnownHosts(p, text); err == nil || !strings.Contains(err.Error(), "not a regular file but a") || !strings.Contains(err.Error(), p) {
+			t.Errorf("known_hosts %s: %v, want not a regular file", p, err)
+		}
+	}
+	target := filepath.Join(dir, "real_known_hosts")
+	if err := os.WriteFile(target, []byte(knownHostsMarker+" old\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeKnownHosts(link, text); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the symlink was replaced: %v %v", fi, err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != text {
+		t.Errorf("the link's target = %q, want the new text", b)
 	}
 }
