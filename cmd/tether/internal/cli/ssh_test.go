@@ -548,3 +548,42 @@ func TestWriteKnownHostsOddFiles(t *testing.T) {
 		t.Errorf("the link's target = %q, want the new text", b)
 	}
 }
+
+// TestDevSSHKeysSkipsFIFOs: a named pipe among ~/.ssh/*.pub is skipped:
+// tether dev opened it for reading and waited for a writer forever,
+// printing nothing, before its banner (and SIGTERM waited with it).
+func TestDevSSHKeysSkipsFIFOs(t *testing.T) {
+	if _, err := exec.LookPath("ssh-keygen"); err != nil {
+		t.Skip("no ssh-keygen")
+	}
+	home := t.TempDir()
+	os.MkdirAll(filepath.Join(home, ".ssh"), 0o700)
+	if err := syscall.Mkfifo(filepath.Join(home, ".ssh", "a-fifo.pub"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(home, ".ssh", "id_ed25519")
+	if b, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, b)
+	}
+	type answer struct {
+		ids []string
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		ids, _, err := writeDevAuthorizedKeys(filepath.Join(t.TempDir(), "authorized_keys"), testGetenv(map[string]string{"HOME": home}))
+		done <- answer{ids, err}
+	}()
+	select {
+	case a := <-done:
+		if a.err != nil || len(a.ids) != 1 {
+			t.Errorf("keys beside a FIFO: %v, %v; want the one key", a.ids, a.err)
+		}
+	case <-testCtx(t).Done():
+		// Unblock the open so that the goroutine ends.
+		if f, err := os.OpenFile(filepath.Join(home, ".ssh", "a-fifo.pub"), os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("writeDevAuthorizedKeys blocked on a FIFO named *.pub")
+	}
+}
