@@ -86,11 +86,17 @@ Examples:
 				}
 				known = filepath.Join(home, "tether", "known_hosts")
 			}
+			if known, err = homePath(known, e.getenv); err != nil {
+				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
+			}
 			if known, err = filepath.Abs(known); err != nil {
 				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
 			}
 			identity := o.Identity
 			if identity != "" {
+				if identity, err = homePath(identity, e.getenv); err != nil {
+					return usage(fmt.Errorf("--identity: %w", err))
+				}
 				if identity, err = filepath.Abs(identity); err != nil {
 					return fmt.Errorf("ssh-config: --identity: %w", err)
 				}
@@ -125,6 +131,25 @@ Examples:
 	f.StringVar(&o.KnownHosts, "known-hosts", "", "known_hosts file to write the fleet's host keys to (default: ~/.config/tether/known_hosts)")
 	o.NATS.addFlags(cmd)
 	return cmd
+}
+
+// homePath returns p with a leading "~" or "~/" replaced by the home
+// directory ($HOME, else the user's), as OpenSSH reads IdentityFile: the
+// shell leaves "--identity=~/KEY" unexpanded. Other paths are returned
+// as they are. Errors: no home directory.
+func homePath(p string, getenv func(string) string) (string, error) {
+	rest, ok := strings.CutPrefix(p, "~")
+	if !ok || rest != "" && rest[0] != '/' {
+		return p, nil
+	}
+	home := getenv("HOME")
+	if home == "" {
+		var err error
+		if home, err = os.UserHomeDir(); err != nil {
+			return "", fmt.Errorf("%s: no home directory for ~: %w", p, err)
+		}
+	}
+	return home + rest, nil
 }
 
 // flags returns the NATS flags given explicitly, for a ProxyCommand to

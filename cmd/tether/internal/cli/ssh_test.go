@@ -587,3 +587,28 @@ func TestDevSSHKeysSkipsFIFOs(t *testing.T) {
 		t.Fatal("writeDevAuthorizedKeys blocked on a FIFO named *.pub")
 	}
 }
+
+// TestSSHConfigTildePaths: --identity=~/KEY and --known-hosts=~/FILE, which
+// the shell leaves unexpanded after "=", are in the home directory (as
+// OpenSSH takes ~ in IdentityFile); they were taken relative to the
+// working directory ("stat /cwd/~/.ssh/id_ed25519").
+func TestSSHConfigTildePaths(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	f := fleettest.Start(t, fleettest.Options{Agents: 1})
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, "id_test"), []byte("key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"HOME": home, "XDG_CONFIG_HOME": filepath.Join(home, "config")}
+	r := runCLI(testCtx(t), vars, "", "ssh-config", "--nats-url", f.NATS.ClientURL(), "--nats-creds", f.CredsFile,
+		"--identity=~/id_test", "--known-hosts=~/kh")
+	if r.code != 0 || !strings.Contains(r.stdout, "IdentityFile "+filepath.Join(home, "id_test")+"\n") ||
+		!strings.Contains(r.stdout, "UserKnownHostsFile "+filepath.Join(home, "kh")+"\n") {
+		t.Fatalf("ssh-config with ~ paths: exit %d, stderr %q, stdout:\n%s", r.code, r.stderr, r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(home, "kh")); err != nil {
+		t.Errorf("known_hosts not written in the home directory: %v", err)
+	}
+}
