@@ -124,6 +124,11 @@ func (c *Coordinator) handleStream(req micro.Request) {
 
 	c.mu.Lock()
 	n, ok := c.nodes[r.Node]
+	if !ok && kind == protocol.KindSSH {
+		// ssh-proxy gets the host name as OpenSSH lowercased it (sshNode).
+		n = c.nodeFoldedLocked(r.Node)
+		ok = n != nil
+	}
 	c.mu.Unlock()
 	if !ok {
 		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", r.Node, c.cfg.ID))

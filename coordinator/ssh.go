@@ -163,9 +163,15 @@ type SSHNodes struct{ c *Coordinator }
 func (c *Coordinator) SSHNodes() SSHNodes { return SSHNodes{c} }
 
 // sshNode returns the connected node id whose agent serves SSH, or nil.
+// OpenSSH lowercases host names (and HostName, HostKeyAlias) before it
+// uses them, so `ssh GPU-07.tether` asks for gpu-07: an id with no exact
+// match is matched without case, if exactly one connected node matches.
 func (c *Coordinator) sshNode(id string) *node {
 	c.mu.Lock()
 	n := c.nodes[id]
+	if n == nil {
+		n = c.nodeFoldedLocked(id)
+	}
 	c.mu.Unlock()
 	if n == nil || !n.hello.HasFeature(protocol.FeatureSSH) {
 		return nil
@@ -174,7 +180,8 @@ func (c *Coordinator) sshNode(id string) *node {
 }
 
 // Node returns the node id as policy sees it (id and labels), and whether
-// it is connected and its agent serves SSH.
+// it is connected and its agent serves SSH. A known node's ID is its own,
+// which differs from id in case when OpenSSH lowercased it (sshNode).
 func (s SSHNodes) Node(id string) (policy.Node, bool) {
 	n := s.c.sshNode(id)
 	if n == nil {
@@ -190,6 +197,21 @@ func (s SSHNodes) HostKey(id string) []byte {
 		return slices.Clone(n.hello.SSHHostKey)
 	}
 	return nil
+}
+
+// nodeFoldedLocked returns the one connected node whose id equals id but
+// for case, or nil when none or several do. c.mu is held.
+func (c *Coordinator) nodeFoldedLocked(id string) *node {
+	var found *node
+	for k, n := range c.nodes {
+		if strings.EqualFold(k, id) {
+			if found != nil {
+				return nil
+			}
+			found = n
+		}
+	}
+	return found
 }
 
 // OpenSSH opens a KindSSH stream to node with params and returns it once

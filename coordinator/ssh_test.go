@@ -416,3 +416,31 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 		t.Error("n-b's session ended over a dropped event")
 	}
 }
+
+// TestSSHNodeCaseFolded: OpenSSH lowercases host names, so the jump host and
+// ssh-proxy are asked for gpu-07 when the user typed GPU-07: an id without
+// an exact match is found without case, if only one node matches; an exact
+// match always wins.
+func TestSSHNodeCaseFolded(t *testing.T) {
+	h := newHarness(t, nil)
+	seen := make(chan protocol.SSHParams, 4)
+	for _, id := range []string{"GPU-07", "Twin", "twin", "TWIN-b", "Twin-B"} {
+		h.dialAgent(t, agentOpts{id: id, features: sshFeatures, sshHostKey: []byte("key-" + id), stream: sshAgent(seen, nil)})
+	}
+	nodes := h.c.SSHNodes()
+	for asked, want := range map[string]string{"gpu-07": "GPU-07", "GPU-07": "GPU-07", "twin": "twin", "Twin": "Twin", "TWIN": ""} {
+		n, ok := nodes.Node(asked)
+		switch {
+		case want == "" && ok:
+			t.Errorf("Node(%s) = %s; two nodes match without case, want none", asked, n.ID)
+		case want != "" && (!ok || n.ID != want):
+			t.Errorf("Node(%s) = %s, %v; want %s", asked, n.ID, ok, want)
+		}
+	}
+	if _, ok := nodes.Node("twin-b"); ok {
+		t.Error("Node(twin-b) found one of TWIN-b and Twin-B")
+	}
+	if got := nodes.HostKey("gpu-07"); string(got) != "key-GPU-07" {
+		t.Errorf("HostKey(gpu-07) = %q", got)
+	}
+}

@@ -224,6 +224,10 @@ func (ch *channel) run() {
 		return
 	}
 	node, known := g.cfg.Nodes.Node(name)
+	if known {
+		name = node.ID // its own case: OpenSSH lowercases host names
+		ch.ev.Nodes = []string{name}
+	}
 	if !known {
 		// An unknown node is decided as a node without labels: a caller
 		// whose rules would not grant ssh on it gets the policy's refusal,

@@ -100,7 +100,8 @@ func (ca *HostCA) KnownHostsLineFor(patterns ...string) string {
 
 // Certify returns a host certificate, in wire form, for the node's host key
 // hostKey (wire form, a plain key): CertType HostCert, principals nodeID
-// and nodeID+protocol.SSHHostSuffix, KeyId NodeKeyIDPrefix+nodeID, valid
+// and nodeID+protocol.SSHHostSuffix (and both lowercased, for an id with
+// capitals: OpenSSH checks the host name it lowercased), KeyId NodeKeyIDPrefix+nodeID, valid
 // from HostCertBackdate ago for the CA's lifetime, with a random serial. A
 // certificate is reused for the same node and key until half its lifetime
 // has passed. A node id that protocol.ValidNodeID refuses, or a host key
@@ -124,7 +125,13 @@ func (ca *HostCA) Certify(nodeID string, hostKey []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ssh host CA: node %s's host key: %w", nodeID, err)
 	}
-	cert, err := ca.certify(key, []string{nodeID, nodeID + protocol.SSHHostSuffix}, NodeKeyIDPrefix+nodeID, now)
+	principals := []string{nodeID, nodeID + protocol.SSHHostSuffix}
+	if low := strings.ToLower(nodeID); low != nodeID {
+		// OpenSSH checks a host certificate's principals against the host
+		// name (or HostKeyAlias) it lowercased.
+		principals = append(principals, low, low+protocol.SSHHostSuffix)
+	}
+	cert, err := ca.certify(key, principals, NodeKeyIDPrefix+nodeID, now)
 	if err != nil {
 		return nil, fmt.Errorf("ssh host CA: node %s: %w", nodeID, err)
 	}

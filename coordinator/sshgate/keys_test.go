@@ -139,6 +139,16 @@ func TestHostCA(t *testing.T) {
 	if err := checker.CheckCert("node-a.tether", cert); err != nil {
 		t.Errorf("the certificate does not check: %v", err)
 	}
+	// OpenSSH checks the principals against the host name it lowercased:
+	// a node id with capitals is named in lowercase too.
+	wc, err := ca.Certify("GPU-07", newSigner(t).PublicKey().Marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, _ := ssh.ParsePublicKey(wc)
+	if got := kc.(*ssh.Certificate).ValidPrincipals; !slices.Equal(got, []string{"GPU-07", "GPU-07.tether", "gpu-07", "gpu-07.tether"}) {
+		t.Errorf("principals for GPU-07: %q", got)
+	}
 	// Reused until half its life, renewed after; a new key gets a new one.
 	now = now.Add(3 * 24 * time.Hour)
 	if w2, _ := ca.Certify("node-a", hk.Marshal()); !bytes.Equal(w1, w2) {

@@ -232,17 +232,31 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 	if in.NodesTotal > len(in.Nodes) {
 		fmt.Fprintf(&b, "# %d more nodes are not listed (over %d); \"ssh NODE.tether\" reaches them too.\n", in.NodesTotal-len(in.Nodes), len(in.Nodes))
 	}
+	// OpenSSH lowercases the host name (and HostName and HostKeyAlias)
+	// before it matches Host blocks or checks a host certificate, so
+	// aliases are written lowercase: the jump host and ssh-proxy find
+	// GPU-07 when asked for gpu-07, and its host certificate names both.
+	// Two node ids equal but for case would share an alias; the one whose
+	// id is the alias exactly keeps it (that is the one a lowercase
+	// request reaches).
+	taken := map[string]bool{}
+	for _, n := range in.Nodes {
+		if protocol.ValidNodeID(n.ID) == nil && n.ID == strings.ToLower(n.ID) {
+			taken[n.ID] = true
+		}
+	}
 	for _, n := range in.Nodes {
 		if protocol.ValidNodeID(n.ID) != nil {
 			continue // never written into a config
 		}
-		alias := n.ID + protocol.SSHHostSuffix
+		alias := strings.ToLower(n.ID) + protocol.SSHHostSuffix
 		if n.ID != strings.ToLower(n.ID) {
-			// OpenSSH lowercases the host name (and HostName and
-			// HostKeyAlias): it would ask for node gpu-07 and check the
-			// host certificate for gpu-07.tether, never reaching GPU-07.
-			fmt.Fprintf(&b, "\n# %s: not reachable with OpenSSH, which lowercases host names while node ids\n# are case-sensitive; tether shell and tether exec reach it, or give its agent a\n# lowercase --node-id.\n", alias)
-			continue
+			if taken[strings.ToLower(n.ID)] {
+				fmt.Fprintf(&b, "\n# %s: not reachable with OpenSSH, which lowercases host names: node %s\n# takes %s; tether shell and tether exec reach it.\n", n.ID, strings.ToLower(n.ID), alias)
+				continue
+			}
+			taken[strings.ToLower(n.ID)] = true
+			fmt.Fprintf(&b, "\n# node %s (OpenSSH lowercases host names)", n.ID)
 		}
 		fmt.Fprintf(&b, "\nHost %s\n", alias)
 		fmt.Fprintf(&b, "  HostKeyAlias %s\n", alias)

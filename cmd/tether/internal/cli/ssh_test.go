@@ -95,8 +95,10 @@ func TestSSHConfigRender(t *testing.T) {
 	// HostKeyAlias): it asks the jump host for gpu-07 and checks the host
 	// certificate for gpu-07.tether, so a Host block for a node id with
 	// capitals is a config that never connects. The config says so.
-	if strings.Contains(cfg, "Host GPU-07.tether") || !strings.Contains(cfg, "# GPU-07.tether: not reachable with OpenSSH") {
-		t.Errorf("a node id with capitals:\n%s", cfg)
+	// HostKeyAlias: the jump host and ssh-proxy find GPU-07 when asked for
+	// gpu-07, and its host certificate names gpu-07.tether too.
+	if !strings.Contains(cfg, "\nHost gpu-07.tether\n  HostKeyAlias gpu-07.tether\n") || strings.Contains(cfg, "GPU-07.tether") {
+		t.Errorf("a node id with capitals gets no lowercase Host block:\n%s", cfg)
 	}
 	if want := knownHostsMarker + " c1; rewritten by every run\n" + info.KnownHostsCA + "\ntether-jump " + info.JumpHostKey + "\n"; kh != want {
 		t.Errorf("known_hosts = %q, want %q", kh, want)
@@ -610,5 +612,34 @@ func TestSSHConfigTildePaths(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(home, "kh")); err != nil {
 		t.Errorf("known_hosts not written in the home directory: %v", err)
+	}
+}
+
+// TestSSHConfigCaseCollision: node ids equal but for case share OpenSSH's
+// lowercased alias; the lowercase one keeps it (a lowercase request finds
+// it exactly), the other gets a comment, never a second Host block.
+func TestSSHConfigCaseCollision(t *testing.T) {
+	info := &protocol.SSHInfo{
+		Coordinator: "c1",
+		Nodes: []protocol.SSHInfoNode{
+			{ID: "GPU-07", Alias: "GPU-07.tether"},
+			{ID: "gpu-07", Alias: "gpu-07.tether"},
+			{ID: "Big", Alias: "Big.tether"},
+		},
+		NodesTotal: 3,
+	}
+	sc := sshConfig{Info: info, KnownHosts: filepath.Join(t.TempDir(), "kh"), Tether: "/usr/bin/tether"}
+	cfg, _, err := sc.render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(cfg, "\nHost gpu-07.tether\n"); n != 1 {
+		t.Errorf("%d Host blocks for gpu-07.tether, want 1:\n%s", n, cfg)
+	}
+	if !strings.Contains(cfg, "# GPU-07: not reachable with OpenSSH") {
+		t.Errorf("the shadowed node GPU-07 is not named:\n%s", cfg)
+	}
+	if !strings.Contains(cfg, "\nHost big.tether\n") {
+		t.Errorf("node Big has no lowercase Host block:\n%s", cfg)
 	}
 }
