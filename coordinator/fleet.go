@@ -1,0 +1,691 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Several coordinators on one NATS (DESIGN §4). Every coordinator serves
+// the public API in the same queue group, so a request lands on any of
+// them; only the one holding a node's tunnel can reach the node. NATS does
+// the routing:
+//
+//   - The fleet registry is a JetStream KV bucket (BucketNodes): one record
+//     per connected node, key = the node id, value = the node's NodeInfo as
+//     its owning coordinator saw it at registration (labels, capacity,
+//     targets, coordinator id, session id). The owner puts it when the
+//     session registers and deletes it when the session ends, the delete
+//     conditional on the revision of its own put (jetstream.LastRevision):
+//     a coordinator whose session was superseded can never remove the
+//     newer owner's record. Every coordinator watches the whole bucket into
+//     memory (fleetState.recs), so resolving a node or a selector never
+//     waits on NATS.
+//   - Fencing: the newest put wins. A coordinator that holds a session of
+//     node X and sees a record of X with another session id and a higher
+//     revision than its own put closes its session (the agent reconnected
+//     elsewhere; the old tunnel is half dead or about to be). A record of a
+//     node it holds that disappeared (deleted by hand, bucket lost) is put
+//     again by the reconcile every heartbeat interval, as is one whose put
+//     failed.
+//   - Node subjects: the owner subscribes to NodeSubjectPrefix+<node>+".>"
+//     while it holds the node. A request for a node another coordinator
+//     holds is forwarded there unchanged (body and headers, the server's
+//     Nats-Request-Info included) with two headers added: HeaderForwardReply
+//     (the client's reply subject) and HeaderForwardedBy (the forwarder's
+//     id). The owner acknowledges on the forward's own reply subject, runs
+//     the request through the same guard as a public one (Identify reads
+//     the stamped caller; policy decides again on the owner) and answers
+//     the client's reply subject itself, so streamed exec replies and
+//     stream relays (whose pipe subject names the owner) go straight
+//     between the client and the owner. No acknowledgement (no responders:
+//     the record is stale) is answered 503 by the forwarder.
+//   - Why the forwarded caller can be trusted: node and run subjects are
+//     not exported to CLIENTS (natsauth.ServiceExports) and the client
+//     permission template denies publishing to them
+//     (natsauth.ClientPublishDeny): only TETHER users, that is
+//     coordinators, can publish there, and they are trusted to pass on
+//     what the server stamped.
+//   - Running jobs: a coordinator subscribes to RunSubjectPrefix+<job>+".*"
+//     for each exec job it runs. A cancel or a heartbeat for a job it does
+//     not run is forwarded there (a heartbeat without acknowledgement; a
+//     cancel nobody answers gets the same 404 as before).
+//   - Fan-out: a selector or all resolves against the whole registry. The
+//     receiving coordinator runs the job; a target another coordinator
+//     holds is run as a single-node exec forwarded to its owner with the
+//     coordinator's own inbox as the reply subject, whose output chunks
+//     are republished in the job's own sequence and whose node result is
+//     the node's result. Cancelling the job aborts those runs
+//     (RunSubjectPrefix+<run>+".abort", coordinators only).
+//
+// Forwarded requests are never forwarded again: a coordinator that no
+// longer holds the node answers 503 (the client retries; the registry
+// catches up within a watch delivery).
+
+// BucketNodes is the fleet registry's KV bucket.
+const BucketNodes = "tether_nodes"
+
+// Internal subjects between coordinators (TETHER account only).
+const (
+	// NodeSubjectPrefix + <node> + "." + <endpoint>: requests for a node,
+	// served by the coordinator holding its tunnel. Endpoints: exec, stream,
+	// job.status, job.output, job.cancel.
+	NodeSubjectPrefix = "tether.v1.node."
+	// RunSubjectPrefix + <job> + "." + (cancel|alive|abort): messages for a
+	// running exec job, served by the coordinator running it.
+	RunSubjectPrefix = "tether.v1.run."
+)
+
+// Headers of forwarded requests.
+const (
+	// HeaderForwardReply is the client's reply subject of a forwarded
+	// request.
+	HeaderForwardReply = "Tether-Forward-Reply"
+	// HeaderForwardedBy names the coordinator that forwarded it.
+	HeaderForwardedBy = "Tether-Forwarded-By"
+)
+
+// headerFanoutRun marks a forwarded exec as one node's run of a fan-out
+// the forwarder runs (its value is the fan-out's job id): the caller's
+// job was counted there (policy's max_concurrent_jobs), not again here.
+const headerFanoutRun = "Tether-Fanout-Run"
+
+// forwardAckTimeout bounds the wait for the owner's acknowledgement.
+const forwardAckTimeout = 5 * time.Second
+
+// OpenFleetBucket creates (or binds to) the fleet registry bucket on nc's
+// JetStream with replicas replicas (0 or 1: one). Pass it as
+// Config.Fleet to every coordinator of the fleet. Errors name the bucket.
+func OpenFleetBucket(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: fleet bucket %s: jetstream: %w", BucketNodes, err)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketNodes,
+		Description: "Tether fleet registry: node id → the coordinator holding its tunnel",
+		History:     1,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: fleet bucket %s: %w", BucketNodes, err)
+	}
+	return kv, nil
+}
+
+// subjectPart encodes a node or job id ([A-Za-z0-9-_.]) as one subject
+// token: dots become '~', which ids never contain, so the encoding is
+// injective (two ids never share a subject).
+func subjectPart(id string) string { return strings.ReplaceAll(id, ".", "~") }
+
+func nodeSubject(nodeID, endpoint string) string {
+	return NodeSubjectPrefix + subjectPart(nodeID) + "." + endpoint
+}
+
+func runSubject(jobID, op string) string {
+	return RunSubjectPrefix + subjectPart(jobID) + "." + op
+}
+
+// fleetRec is one registry record as watched.
+type fleetRec struct {
+	info protocol.NodeInfo
+	rev  uint64
+}
+
+// fleetState is the coordinator's view of the fleet registry and its node
+// and run subscriptions. mu is a leaf lock; it is never held with
+// Coordinator.mu.
+type fleetState struct {
+	kv jetstream.KeyValue
+	// in receives every message of the node and run subscriptions; the
+	// dispatcher (runDispatch) is its only reader.
+	in chan *nats.Msg
+
+	mu     sync.Mutex
+	recs   map[string]fleetRec           // node id → record, every coordinator's
+	subs   map[string]*nats.Subscription // node id → its node subscription (held nodes)
+	loaded bool                          // the watch delivered the initial values
+	wg     sync.WaitGroup                // the watch, dispatch and reconcile goroutines
+	stop   context.CancelFunc
+}
+
+// newFleetState returns the fleet state for Config.Fleet kv, or nil.
+func newFleetState(kv jetstream.KeyValue) *fleetState {
+	if kv == nil {
+		return nil
+	}
+	return &fleetState{
+		kv:   kv,
+		in:   make(chan *nats.Msg, fleetInbound),
+		recs: map[string]fleetRec{},
+		subs: map[string]*nats.Subscription{},
+		stop: func() {},
+	}
+}
+
+// fleetInbound is the buffer of forwarded requests waiting for the
+// dispatcher; past it the NATS client drops them (slow consumer) and their
+// forwarders answer 503 after forwardAckTimeout.
+const fleetInbound = 4096
+
+// startFleet starts watching the registry and dispatching node and run
+// messages, when Config.Fleet is set. Serve calls it before it accepts
+// agents; stopFleet stops it.
+func (c *Coordinator) startFleet(life context.Context) error {
+	fl := c.fl
+	if fl == nil {
+		return nil
+	}
+	ctx, stop := context.WithCancel(life)
+	fl.stop = stop
+	w, err := fl.kv.WatchAll(ctx)
+	if err != nil {
+		stop()
+		return fmt.Errorf("coordinator: watch fleet bucket %s: %w", fl.kv.Bucket(), err)
+	}
+	loaded := make(chan struct{})
+	fl.wg.Add(3)
+	go func() {
+		defer fl.wg.Done()
+		defer w.Stop()
+		c.watchFleet(ctx, w, loaded)
+	}()
+	go func() {
+		defer fl.wg.Done()
+		c.runDispatch(ctx)
+	}()
+	go func() {
+		defer fl.wg.Done()
+		c.reconcileFleet(ctx)
+	}()
+	// Resolve nothing before the registry is known; bounded, since a slow
+	// JetStream must not keep the coordinator from serving its own nodes.
+	t := time.NewTimer(c.cfg.HandshakeTimeout)
+	defer t.Stop()
+	select {
+	case <-loaded:
+	case <-t.C:
+		c.log.Warn("fleet registry not loaded yet; serving while it loads", "bucket", fl.kv.Bucket())
+	}
+	return nil
+}
+
+// stopFleet stops the goroutines startFleet started and waits for them.
+// The drain calls it after every session ended (so their records are
+// deleted).
+func (c *Coordinator) stopFleet() {
+	fl := c.fl
+	if fl == nil {
+		return
+	}
+	fl.stop()
+	fl.wg.Wait()
+	fl.mu.Lock()
+	for id, s := range fl.subs {
+		s.Unsubscribe()
+		delete(fl.subs, id)
+	}
+	fl.mu.Unlock()
+}
+
+// watchFleet applies the registry's entries to fl.recs until ctx ends.
+func (c *Coordinator) watchFleet(ctx context.Context, w jetstream.KeyWatcher, loaded chan struct{}) {
+	fl := c.fl
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				if ctx.Err() == nil {
+					c.log.Error("fleet registry watcher stopped; remote nodes are no longer followed", "bucket", fl.kv.Bucket())
+				}
+				return
+			}
+			if e == nil {
+				fl.mu.Lock()
+				first := !fl.loaded
+				fl.loaded = true
+				n := len(fl.recs)
+				fl.mu.Unlock()
+				if first {
+					close(loaded)
+					c.log.Info("fleet registry loaded", "nodes", n)
+				}
+				continue
+			}
+			id := e.Key()
+			if e.Operation() != jetstream.KeyValuePut {
+				fl.mu.Lock()
+				delete(fl.recs, id)
+				fl.mu.Unlock()
+				continue
+			}
+			var info protocol.NodeInfo
+			if err := json.Unmarshal(e.Value(), &info); err != nil || info.ID != id {
+				c.log.Warn("fleet registry: ignoring a malformed record", "key", id, "err", err)
+				continue
+			}
+			fl.mu.Lock()
+			fl.recs[id] = fleetRec{info: info, rev: e.Revision()}
+			fl.mu.Unlock()
+			c.mu.Lock()
+			n := c.nodes[id]
+			c.mu.Unlock()
+			if n != nil {
+				c.checkSuperseded(n)
+			}
+		}
+	}
+}
+
+// checkSuperseded closes n's session when the registry names a newer
+// session of its node (a higher revision than n's own put, another
+// session id): the agent reconnected to another coordinator (or here).
+func (c *Coordinator) checkSuperseded(n *node) {
+	mine := n.fleetRev.Load()
+	if mine == 0 {
+		return // our put is in flight; it checks again when done
+	}
+	c.fl.mu.Lock()
+	r, ok := c.fl.recs[n.id]
+	c.fl.mu.Unlock()
+	if !ok || r.rev <= mine || r.info.SessionID == n.sessionID {
+		return
+	}
+	c.log.Warn("node reconnected elsewhere: closing the superseded session",
+		"node_id", n.id, "session_id", n.sessionID, "new_coordinator", r.info.Coordinator, "new_session_id", r.info.SessionID)
+	n.sess.Close()
+}
+
+// fleetUp records n, just registered, in the registry and subscribes to its
+// node subjects (once per node id: a replaced session's subscription
+// carries on). A failed put is retried by the reconcile.
+func (c *Coordinator) fleetUp(n *node) {
+	fl := c.fl
+	if fl == nil {
+		return
+	}
+	fl.mu.Lock()
+	if fl.subs[n.id] == nil {
+		s, err := c.cfg.NATS.ChanSubscribe(NodeSubjectPrefix+subjectPart(n.id)+".>", fl.in)
+		if err != nil {
+			c.log.Warn("subscribe to node subjects", "node_id", n.id, "err", err)
+		} else {
+			s.SetPendingLimits(-1, -1) // bounded by fl.in
+			fl.subs[n.id] = s
+		}
+	}
+	fl.mu.Unlock()
+	c.putRecord(n)
+}
+
+// putRecord puts n's record and remembers its revision.
+func (c *Coordinator) putRecord(n *node) {
+	info := n.info(c.cfg.ID)
+	info.LastHeartbeat = time.Time{}
+	info.RTTMicros, info.RunningExecs = 0, 0
+	b, err := json.Marshal(info)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.HandshakeTimeout)
+	defer cancel()
+	rev, err := c.fl.kv.Put(ctx, n.id, b)
+	if err != nil {
+		c.log.Warn("fleet registry: record node", "node_id", n.id, "err", err)
+		return
+	}
+	n.fleetRev.Store(rev)
+	// A newer session may have been recorded (and delivered) meanwhile.
+	c.checkSuperseded(n)
+}
+
+// fleetDown removes n's record (unless a newer put replaced it) and its
+// node subscription. deregister calls it when n left the registry.
+func (c *Coordinator) fleetDown(n *node) {
+	fl := c.fl
+	if fl == nil {
+		return
+	}
+	fl.mu.Lock()
+	if s := fl.subs[n.id]; s != nil {
+		s.Unsubscribe()
+		delete(fl.subs, n.id)
+	}
+	fl.mu.Unlock()
+	rev := n.fleetRev.Load()
+	if rev == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.HandshakeTimeout)
+	defer cancel()
+	err := fl.kv.Delete(ctx, n.id, jetstream.LastRevision(rev))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+			c.log.Warn("fleet registry: remove node", "node_id", n.id, "err", err)
+		}
+	}
+}
+
+// reconcileFleet puts again, every heartbeat interval, the record of each
+// held node whose put failed or whose record disappeared.
+func (c *Coordinator) reconcileFleet(ctx context.Context) {
+	t := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		held := slices.Collect(maps.Values(c.nodes))
+		c.mu.Unlock()
+		for _, n := range held {
+			c.fl.mu.Lock()
+			_, ok := c.fl.recs[n.id]
+			loaded := c.fl.loaded
+			c.fl.mu.Unlock()
+			if n.fleetRev.Load() == 0 || (loaded && !ok) {
+				c.putRecord(n)
+			}
+		}
+	}
+}
+
+// remoteOwner returns the id of the coordinator that holds node id when it
+// is another one, per the registry; "" when the node is unknown, held here
+// or the coordinator runs alone.
+func (c *Coordinator) remoteOwner(id string) string {
+	if c.fl == nil {
+		return ""
+	}
+	c.fl.mu.Lock()
+	r, ok := c.fl.recs[id]
+	c.fl.mu.Unlock()
+	if !ok || r.info.Coordinator == c.cfg.ID {
+		return ""
+	}
+	return r.info.Coordinator
+}
+
+// remoteNodes returns the registry's records of nodes other coordinators
+// hold whose labels match sel, leaving out the node ids in local.
+func (c *Coordinator) remoteNodes(sel protocol.Selector, local map[string]bool) []protocol.NodeInfo {
+	if c.fl == nil {
+		return nil
+	}
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	var out []protocol.NodeInfo
+	for id, r := range c.fl.recs {
+		if local[id] || r.info.Coordinator == c.cfg.ID || !sel.Matches(r.info.Labels) {
+			continue
+		}
+		info := r.info
+		info.Labels = maps.Clone(info.Labels)
+		info.Targets = slices.Clone(info.Targets)
+		out = append(out, info)
+	}
+	return out
+}
+
+// remoteNode returns a stand-in for a node another coordinator holds, for
+// resolution and policy (its id, labels and targets; no session).
+func remoteNode(info protocol.NodeInfo) *node {
+	return &node{
+		id:        info.ID,
+		hello:     protocol.Hello{NodeID: info.ID, Labels: info.Labels, Targets: info.Targets, Capacity: info.Capacity, AgentVersion: info.AgentVersion},
+		sessionID: info.SessionID,
+		owner:     info.Coordinator,
+	}
+}
+
+// holds reports whether this coordinator holds a session of node id.
+func (c *Coordinator) holds(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id] != nil
+}
+
+// forwardForNode forwards req to the coordinator holding node id over the
+// node subject of endpoint, and reports true, when req came from a client
+// (not forwarded already), this coordinator does not hold the node and
+// another one does.
+func (c *Coordinator) forwardForNode(req micro.Request, id, endpoint string) bool {
+	if c.fl == nil || isForwarded(req) || c.holds(id) {
+		return false
+	}
+	owner := c.remoteOwner(id)
+	if owner == "" {
+		return false
+	}
+	c.forward(req, nodeSubject(id, endpoint), owner, "node "+protocol.Clip(id), nil)
+	return true
+}
+
+// isForwarded reports whether req came over a node or run subject from
+// another coordinator: such a request is never forwarded again.
+func isForwarded(req micro.Request) bool {
+	return req.Headers().Get(HeaderForwardedBy) != ""
+}
+
+// forward hands req, a request for node nodeID that coordinator owner
+// holds, to owner over the node subject of endpoint, and returns at once.
+// A goroutine (counted with the jobs) waits for the owner's
+// acknowledgement and answers 503 unavailable if none comes. The owner
+// records the request's audit event; this coordinator records none.
+func (c *Coordinator) forward(req micro.Request, subject, owner, what string, missing *protocol.APIError) {
+	if a := auditOf(req); a != nil {
+		a.takeOver()
+	}
+	h := nats.Header{}
+	for k, v := range req.Headers() {
+		h[k] = slices.Clone(v)
+	}
+	h.Set(HeaderForwardReply, req.Reply())
+	h.Set(HeaderForwardedBy, c.cfg.ID)
+	m := &nats.Msg{Subject: subject, Header: h, Data: req.Data()}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.replyError(req, c.unavailable())
+		return
+	}
+	c.jobWG.Add(1)
+	c.mu.Unlock()
+	c.m.forwarded.Inc()
+	go func() {
+		defer c.jobWG.Done()
+		_, err := c.cfg.NATS.RequestMsg(m, forwardAckTimeout)
+		if err == nil {
+			return
+		}
+		if req.Reply() == "" {
+			return
+		}
+		if missing != nil && errors.Is(err, nats.ErrNoResponders) {
+			c.replyError(req, missing)
+			return
+		}
+		c.log.Warn("forward request", "subject", subject, "owner", owner, "err", err)
+		c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable,
+			"%s is held by coordinator %s, which did not take the request (%v); retry", what, owner, err))
+	}()
+}
+
+// runDispatch serves the messages of the node and run subscriptions, one at
+// a time (as micro serves an endpoint), until ctx ends.
+func (c *Coordinator) runDispatch(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-c.fl.in:
+			c.dispatch(m)
+		}
+	}
+}
+
+// nodeEndpoints maps a node subject's endpoint to its handler's name.
+var nodeEndpoints = map[string]string{
+	"exec":       "exec",
+	"stream":     "stream",
+	"job.status": "job-status",
+	"job.output": "job-output",
+	"job.cancel": "job-cancel",
+}
+
+// dispatch serves one forwarded message.
+func (c *Coordinator) dispatch(m *nats.Msg) {
+	var rest string
+	var handlers map[string]micro.HandlerFunc
+	switch {
+	case strings.HasPrefix(m.Subject, NodeSubjectPrefix):
+		rest = m.Subject[len(NodeSubjectPrefix):]
+		handlers = map[string]micro.HandlerFunc{
+			"exec":       c.handleExec,
+			"stream":     c.handleStream,
+			"job-status": c.jobOpHandler(protocol.JobOpStatus),
+			"job-output": c.handleJobOutput,
+			"job-cancel": c.jobOpHandler(protocol.JobOpCancel),
+		}
+	case strings.HasPrefix(m.Subject, RunSubjectPrefix):
+		rest = m.Subject[len(RunSubjectPrefix):]
+	default:
+		return
+	}
+	dot := strings.IndexByte(rest, '.')
+	if dot < 0 {
+		return
+	}
+	part, op := rest[:dot], rest[dot+1:]
+	if m.Header.Get(HeaderForwardedBy) == "" {
+		return // not from a coordinator's forward
+	}
+	if m.Reply != "" {
+		// The acknowledgement: the forwarder stops waiting.
+		ack := &nats.Msg{Subject: m.Reply, Header: nats.Header{"Tether-Forward-Ack": []string{c.cfg.ID}}}
+		if err := c.cfg.NATS.PublishMsg(ack); err != nil {
+			c.log.Debug("acknowledge forwarded request", "subject", m.Subject, "err", err)
+		}
+	}
+	req := &forwardedRequest{msg: m, reply: m.Header.Get(HeaderForwardReply), nc: c.cfg.NATS}
+	if handlers == nil { // a run subject
+		switch op {
+		case "cancel":
+			c.guardHandler("cancel", micro.HandlerFunc(c.handleCancel)).Handle(req)
+		case "alive":
+			c.guardHandler("exec-alive", micro.HandlerFunc(c.handleExecAlive)).Handle(req)
+		case "abort":
+			c.abortRun(strings.ReplaceAll(part, "~", "."))
+		}
+		return
+	}
+	name, ok := nodeEndpoints[op]
+	if !ok {
+		return
+	}
+	c.guardHandler(name, handlers[name]).Handle(req)
+}
+
+// abortRun cancels the exec job id, a run another coordinator's fan-out
+// forwarded here and now gives up on.
+func (c *Coordinator) abortRun(id string) {
+	c.mu.Lock()
+	j := c.jobs[id]
+	c.mu.Unlock()
+	if j != nil {
+		j.cancel(errRunAborted)
+	}
+}
+
+// errRunAborted: the coordinator that forwarded a fan-out's node run gave
+// up on it (its own job was cancelled).
+var errRunAborted = errors.New("the forwarding coordinator cancelled its job")
+
+// forwardedRequest is a request that came over a node or run subject: its
+// answers go to the client's reply subject (HeaderForwardReply).
+type forwardedRequest struct {
+	msg   *nats.Msg
+	reply string
+	nc    *nats.Conn
+}
+
+var _ micro.Request = (*forwardedRequest)(nil)
+
+func (r *forwardedRequest) Respond(data []byte, opts ...micro.RespondOpt) error {
+	if r.reply == "" {
+		return nil
+	}
+	m := &nats.Msg{Subject: r.reply, Data: data}
+	for _, o := range opts {
+		o(m)
+	}
+	return r.nc.PublishMsg(m)
+}
+
+func (r *forwardedRequest) RespondJSON(v any, opts ...micro.RespondOpt) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return micro.ErrMarshalResponse
+	}
+	return r.Respond(b, opts...)
+}
+
+func (r *forwardedRequest) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
+	if code == "" || description == "" {
+		return errors.Join(micro.ErrArgRequired, errors.New("error code and description"))
+	}
+	if r.reply == "" {
+		return nil
+	}
+	m := &nats.Msg{Subject: r.reply, Data: data, Header: nats.Header{
+		micro.ErrorHeader:     []string{description},
+		micro.ErrorCodeHeader: []string{code},
+	}}
+	for _, o := range opts {
+		o(m)
+	}
+	return r.nc.PublishMsg(m)
+}
+
+func (r *forwardedRequest) Data() []byte           { return r.msg.Data }
+func (r *forwardedRequest) Headers() micro.Headers { return micro.Headers(r.msg.Header) }
+func (r *forwardedRequest) Subject() string        { return r.msg.Subject }
+func (r *forwardedRequest) Reply() string          { return r.reply }
+
+// FleetNodes lists the nodes whose labels match sel across the fleet,
+// sorted by id: the held ones as Nodes does, and, with Config.Fleet, the
+// ones other coordinators hold as their registry records say (labels,
+// capacity, targets, coordinator, session, connected at; LastHeartbeat,
+// RTTMicros and RunningExecs are only known to the owner and are zero).
+func (c *Coordinator) FleetNodes(sel protocol.Selector) []protocol.NodeInfo {
+	out := c.Nodes(sel)
+	if c.fl == nil {
+		return out
+	}
+	local := make(map[string]bool, len(out))
+	c.mu.Lock()
+	for id := range c.nodes {
+		local[id] = true
+	}
+	c.mu.Unlock()
+	out = append(out, c.remoteNodes(sel, local)...)
+	slices.SortFunc(out, func(a, b protocol.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
