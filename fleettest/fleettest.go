@@ -113,8 +113,8 @@ type Fleet struct {
 	// Registries are the coordinators' metric registries (with
 	// Options.Coordinators above 1).
 	Registries []*prometheus.Registry
-	stops        []context.CancelFunc
-	serveDone    []chan struct{}
+	stops      []context.CancelFunc
+	serveDone  []chan struct{}
 	// ClientTLS trusts the fleet's CA; AddAgent uses it.
 	ClientTLS *tls.Config
 
