@@ -423,6 +423,20 @@ func (c *Coordinator) remoteOwner(id string) string {
 	return r.info.Coordinator
 }
 
+// remoteRecord is remoteOwner with the owner's record of the node.
+func (c *Coordinator) remoteRecord(id string) (string, protocol.NodeInfo) {
+	if c.fl == nil {
+		return "", protocol.NodeInfo{}
+	}
+	c.fl.mu.Lock()
+	r, ok := c.fl.recs[id]
+	c.fl.mu.Unlock()
+	if !ok || r.info.Coordinator == c.cfg.ID {
+		return "", protocol.NodeInfo{}
+	}
+	return r.info.Coordinator, r.info
+}
+
 // remoteNodes returns the registry's records of nodes other coordinators
 // hold whose labels match sel, leaving out the node ids in local.
 func (c *Coordinator) remoteNodes(sel protocol.Selector, local map[string]bool) []protocol.NodeInfo {
@@ -577,7 +591,7 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	if m.Header.Get(HeaderForwardedBy) == "" {
 		return // not from a coordinator's forward
 	}
-	if m.Reply != "" {
+	if m.Reply != "" && op != "dial" {
 		// The acknowledgement: the forwarder stops waiting.
 		ack := &nats.Msg{Subject: m.Reply, Header: nats.Header{"Tether-Forward-Ack": []string{c.cfg.ID}}}
 		if err := c.cfg.NATS.PublishMsg(ack); err != nil {
@@ -594,6 +608,10 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 		case "abort":
 			c.abortRun(strings.ReplaceAll(part, "~", "."))
 		}
+		return
+	}
+	if op == "dial" {
+		c.serveDial(m, strings.ReplaceAll(part, "~", "."))
 		return
 	}
 	name, ok := nodeEndpoints[op]

@@ -2,6 +2,9 @@ package fleettest_test
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -223,5 +228,50 @@ func TestMultiCoordinatorRehome(t *testing.T) {
 	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "true"}, nil)
 	if err != nil || res.Succeeded != 4 {
 		t.Fatalf("after re-homing: %+v, %v", res, err)
+	}
+}
+
+// DialTarget (the facades' way to a node) reaches a node another
+// coordinator holds: through a pipe to the owner, which splices it onto
+// the node's dial stream.
+func TestMultiCoordinatorDialTarget(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second,
+		Agent: func(i int, c *agent.Config) { c.Targets = map[string]string{"echo": echo.Addr().String()} }})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for k, c := range f.Coordinators {
+		for _, node := range []string{"node-0", "node-1"} {
+			conn, err := c.DialTarget(ctx, node, "echo")
+			if err != nil {
+				t.Fatalf("coordinator %d: dial echo on %s: %v", k, node, err)
+			}
+			msg := fmt.Sprintf("hello %d %s", k, node)
+			if _, err := conn.Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			conn.(interface{ CloseWrite() error }).CloseWrite()
+			got, err := io.ReadAll(conn)
+			conn.Close()
+			if err != nil || string(got) != msg {
+				t.Fatalf("coordinator %d, %s: echoed %q, %v; want %q", k, node, got, err, msg)
+			}
+		}
+		if _, err := c.DialTarget(ctx, "node-1", "nope"); !errors.Is(err, coordinator.ErrUnknownTarget) {
+			t.Errorf("coordinator %d: unknown target: %v", k, err)
+		}
 	}
 }
