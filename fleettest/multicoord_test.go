@@ -3,9 +3,9 @@ package fleettest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
