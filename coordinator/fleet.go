@@ -141,7 +141,17 @@ func runSubject(jobID, op string) string {
 // fleetRec is one registry record as watched.
 type fleetRec struct {
 	info protocol.NodeInfo
-	rev  uint64
+	// inventoried: the owner reconciled an inventory of this session into
+	// the ledger (Reachable).
+	inventoried bool
+	rev         uint64
+}
+
+// fleetValue is a registry record's value: the node as its owner saw it
+// at registration, and whether the owner has inventoried it since.
+type fleetValue struct {
+	protocol.NodeInfo
+	Inventoried bool `json:"inventoried,omitempty"`
 }
 
 // fleetState is the coordinator's view of the fleet registry and its node
@@ -273,13 +283,13 @@ func (c *Coordinator) watchFleet(ctx context.Context, w jetstream.KeyWatcher, lo
 				fl.mu.Unlock()
 				continue
 			}
-			var info protocol.NodeInfo
-			if err := json.Unmarshal(e.Value(), &info); err != nil || info.ID != id {
+			var v fleetValue
+			if err := json.Unmarshal(e.Value(), &v); err != nil || v.ID != id {
 				c.log.Warn("fleet registry: ignoring a malformed record", "key", id, "err", err)
 				continue
 			}
 			fl.mu.Lock()
-			fl.recs[id] = fleetRec{info: info, rev: e.Revision()}
+			fl.recs[id] = fleetRec{info: v.NodeInfo, inventoried: v.Inventoried, rev: e.Revision()}
 			fl.mu.Unlock()
 			c.mu.Lock()
 			n := c.nodes[id]
@@ -337,7 +347,7 @@ func (c *Coordinator) putRecord(n *node) {
 	info := n.info(c.cfg.ID)
 	info.LastHeartbeat = time.Time{}
 	info.RTTMicros, info.RunningExecs = 0, 0
-	b, err := json.Marshal(info)
+	b, err := json.Marshal(fleetValue{NodeInfo: info, Inventoried: n.inventoried.Load()})
 	if err != nil {
 		return
 	}
@@ -435,6 +445,21 @@ func (c *Coordinator) remoteRecord(id string) (string, protocol.NodeInfo) {
 		return "", protocol.NodeInfo{}
 	}
 	return r.info.Coordinator, r.info
+}
+
+// remoteInventoried is remoteRecord with whether the owner inventoried
+// the node's current session.
+func (c *Coordinator) remoteInventoried(id string) (string, protocol.NodeInfo, bool) {
+	if c.fl == nil {
+		return "", protocol.NodeInfo{}, false
+	}
+	c.fl.mu.Lock()
+	r, ok := c.fl.recs[id]
+	c.fl.mu.Unlock()
+	if !ok || r.info.Coordinator == c.cfg.ID {
+		return "", protocol.NodeInfo{}, false
+	}
+	return r.info.Coordinator, r.info, r.inventoried
 }
 
 // remoteNodes returns the registry's records of nodes other coordinators
@@ -591,7 +616,7 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	if m.Header.Get(HeaderForwardedBy) == "" {
 		return // not from a coordinator's forward
 	}
-	if m.Reply != "" && op != "dial" {
+	if m.Reply != "" && op != "dial" && op != "sandbox.delete" {
 		// The acknowledgement: the forwarder stops waiting.
 		ack := &nats.Msg{Subject: m.Reply, Header: nats.Header{"Tether-Forward-Ack": []string{c.cfg.ID}}}
 		if err := c.cfg.NATS.PublishMsg(ack); err != nil {
@@ -610,8 +635,12 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 		}
 		return
 	}
-	if op == "dial" {
+	switch op {
+	case "dial":
 		c.serveDial(m, strings.ReplaceAll(part, "~", "."))
+		return
+	case "sandbox.delete":
+		c.serveDelete(m, strings.ReplaceAll(part, "~", "."))
 		return
 	}
 	name, ok := nodeEndpoints[op]
