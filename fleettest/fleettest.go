@@ -220,13 +220,17 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	if k > 1 && (opts.Gateways != nil || opts.Processes > 1 || opts.Anonymous) {
 		tb.Fatal("fleettest: Coordinators above 1 does not go with Gateways, Processes or Anonymous")
 	}
+	// Every coordinator's own NATS connection, connected (and so closed by
+	// the cleanup) before the fleet stops: a coordinator drains with its
+	// connection up.
+	cncs := []*nats.Conn{coordNC}
+	for ci := 1; ci < k; ci++ {
+		cncs = append(cncs, natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, fmt.Sprintf("fleettest-coordinator-%d", ci)), nats.InProcessServer(ns)))
+	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(f.stop)
 	for ci := 0; ci < k; ci++ {
-		cnc := coordNC
-		if ci > 0 {
-			cnc = natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, fmt.Sprintf("fleettest-coordinator-%d", ci)), nats.InProcessServer(ns))
-		}
+		cnc := cncs[ci]
 		ccfg := coordinator.DefaultConfig()
 		ccfg.ID = "fleettest"
 		if k > 1 {
