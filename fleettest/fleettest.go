@@ -80,7 +80,9 @@ type Options struct {
 	// and the fleet registry (coordinator.Config.Fleet); default 1, which
 	// runs without a fleet registry, as a lone coordinator always did.
 	// Agent i dials coordinator i mod Coordinators first and the others
-	// after it. Not with Gateways, Processes or Anonymous.
+	// after it. Not with Processes or Anonymous; with Gateways, each
+	// coordinator runs its own sandbox services (one reaper runs at a
+	// time, as the fleet's reaper lock decides).
 	Coordinators int
 	// Gateways, if set, gives each in-process agent its own fake OpenShell
 	// gateway and OpenSandbox server and runs the coordinator's sandbox
@@ -131,6 +133,10 @@ type Fleet struct {
 	// addresses (OpenShell gRPC, OpenSandbox HTTP host:port).
 	Sandboxes                          *sandboxes.Service
 	OpenShellFacade, OpenSandboxFacade string
+	// With Options.Coordinators above 1 too: every coordinator's sandbox
+	// services and facade addresses, in coordinator order.
+	SandboxServices                      []*sandboxes.Service
+	OpenShellFacades, OpenSandboxFacades []string
 	gw                                 gatewayFleet
 }
 
@@ -217,8 +223,8 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: credsFile,
 		NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
 	k := max(opts.Coordinators, 1)
-	if k > 1 && (opts.Gateways != nil || opts.Processes > 1 || opts.Anonymous) {
-		tb.Fatal("fleettest: Coordinators above 1 does not go with Gateways, Processes or Anonymous")
+	if k > 1 && (opts.Processes > 1 || opts.Anonymous) {
+		tb.Fatal("fleettest: Coordinators above 1 does not go with Processes or Anonymous")
 	}
 	// Every coordinator's own NATS connection, connected (and so closed by
 	// the cleanup) before the fleet stops: a coordinator drains with its
@@ -271,14 +277,14 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		if ci == 0 {
 			f.Coordinator = c
 			f.TunnelAddr = ln.Addr().String()
-			if opts.Gateways != nil {
-				f.attachSandboxes(tb)
-			}
 		}
 		f.Coordinators = append(f.Coordinators, c)
 		f.TunnelAddrs = append(f.TunnelAddrs, ln.Addr().String())
 		f.CoordNCs = append(f.CoordNCs, cnc)
 		cctx, stop := context.WithCancel(f.ctx)
+		if opts.Gateways != nil {
+			f.attachSandboxes(tb, c, cctx)
+		}
 		done := make(chan struct{})
 		f.stops = append(f.stops, stop)
 		f.serveDone = append(f.serveDone, done)
