@@ -137,7 +137,7 @@ type Fleet struct {
 	// services and facade addresses, in coordinator order.
 	SandboxServices                      []*sandboxes.Service
 	OpenShellFacades, OpenSandboxFacades []string
-	gw                                 gatewayFleet
+	gw                                   gatewayFleet
 }
 
 // Start starts a fleet and waits until every agent is registered. Everything
