@@ -141,6 +141,10 @@ func runSubject(jobID, op string) string {
 // fleetRec is one registry record as watched.
 type fleetRec struct {
 	info protocol.NodeInfo
+	// ssh and sshHostKey: the node's agent serves SSH with that host key
+	// (Hello.Features, Hello.SSHHostKey), for the jump host.
+	ssh        bool
+	sshHostKey []byte
 	// inventoried: the owner reconciled an inventory of this session into
 	// the ledger (Reachable).
 	inventoried bool
@@ -151,7 +155,9 @@ type fleetRec struct {
 // at registration, and whether the owner has inventoried it since.
 type fleetValue struct {
 	protocol.NodeInfo
-	Inventoried bool `json:"inventoried,omitempty"`
+	Inventoried bool   `json:"inventoried,omitempty"`
+	SSH         bool   `json:"ssh,omitempty"`
+	SSHHostKey  []byte `json:"ssh_host_key,omitempty"`
 }
 
 // fleetState is the coordinator's view of the fleet registry and its node
@@ -289,7 +295,7 @@ func (c *Coordinator) watchFleet(ctx context.Context, w jetstream.KeyWatcher, lo
 				continue
 			}
 			fl.mu.Lock()
-			fl.recs[id] = fleetRec{info: v.NodeInfo, inventoried: v.Inventoried, rev: e.Revision()}
+			fl.recs[id] = fleetRec{info: v.NodeInfo, inventoried: v.Inventoried, ssh: v.SSH, sshHostKey: v.SSHHostKey, rev: e.Revision()}
 			fl.mu.Unlock()
 			c.mu.Lock()
 			n := c.nodes[id]
@@ -347,7 +353,8 @@ func (c *Coordinator) putRecord(n *node) {
 	info := n.info(c.cfg.ID)
 	info.LastHeartbeat = time.Time{}
 	info.RTTMicros, info.RunningExecs = 0, 0
-	b, err := json.Marshal(fleetValue{NodeInfo: info, Inventoried: n.inventoried.Load()})
+	b, err := json.Marshal(fleetValue{NodeInfo: info, Inventoried: n.inventoried.Load(),
+		SSH: n.hello.HasFeature(protocol.FeatureSSH), SSHHostKey: n.hello.SSHHostKey})
 	if err != nil {
 		return
 	}
@@ -445,6 +452,21 @@ func (c *Coordinator) remoteRecord(id string) (string, protocol.NodeInfo) {
 		return "", protocol.NodeInfo{}
 	}
 	return r.info.Coordinator, r.info
+}
+
+// remoteSSH returns the owner of node id when another coordinator holds it
+// and its agent serves SSH, with the node's record and SSH host key.
+func (c *Coordinator) remoteSSH(id string) (string, protocol.NodeInfo, []byte) {
+	if c.fl == nil {
+		return "", protocol.NodeInfo{}, nil
+	}
+	c.fl.mu.Lock()
+	r, ok := c.fl.recs[id]
+	c.fl.mu.Unlock()
+	if !ok || r.info.Coordinator == c.cfg.ID || !r.ssh {
+		return "", protocol.NodeInfo{}, nil
+	}
+	return r.info.Coordinator, r.info, r.sshHostKey
 }
 
 // remoteInventoried is remoteRecord with whether the owner inventoried
@@ -616,7 +638,7 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	if m.Header.Get(HeaderForwardedBy) == "" {
 		return // not from a coordinator's forward
 	}
-	if m.Reply != "" && op != "dial" && op != "sandbox.delete" {
+	if m.Reply != "" && op != "dial" && op != "sandbox.delete" && op != "ssh" {
 		// The acknowledgement: the forwarder stops waiting.
 		ack := &nats.Msg{Subject: m.Reply, Header: nats.Header{"Tether-Forward-Ack": []string{c.cfg.ID}}}
 		if err := c.cfg.NATS.PublishMsg(ack); err != nil {
@@ -641,6 +663,9 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 		return
 	case "sandbox.delete":
 		c.serveDelete(m, strings.ReplaceAll(part, "~", "."))
+		return
+	case "ssh":
+		c.serveSSH(m, strings.ReplaceAll(part, "~", "."))
 		return
 	}
 	name, ok := nodeEndpoints[op]

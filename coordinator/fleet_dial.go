@@ -193,3 +193,84 @@ type pipeAddr string
 
 func (a pipeAddr) Network() string { return "natspipe" }
 func (a pipeAddr) String() string  { return string(a) }
+
+// SSH across coordinators: the jump host on one coordinator reaches a node
+// another holds the way a dial does, through a pipe to the owner's node
+// subject "ssh" (body: sshForward), which opens the ssh stream itself, so
+// that the agent's channel events, which arrive on the owner's control
+// stream, find the session's record (the caller's identity) there.
+
+// sshForward is the body of a forwarded ssh open.
+type sshForward struct {
+	Params protocol.SSHParams `json:"params"`
+}
+
+// sshRemote opens the ssh stream to node id through coordinator owner.
+func (c *Coordinator) sshRemote(ctx context.Context, id string, params *protocol.SSHParams, owner string) (net.Conn, error) {
+	body, err := json.Marshal(sshForward{Params: *params})
+	if err != nil {
+		return nil, fmt.Errorf("open ssh stream to node %s via coordinator %s: %w", id, owner, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, dialAnswerTimeout)
+		defer cancel()
+	}
+	c.m.forwarded.Inc()
+	p, err := natspipe.Dial(ctx, c.cfg.NATS, nodeSubject(id, "ssh"), nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}, body, c.cfg.Pipe)
+	if err != nil {
+		var rej *natspipe.RejectedError
+		if errors.As(err, &rej) {
+			var ei protocol.ErrorInfo
+			if json.Unmarshal(rej.Msg.Data, &ei) == nil && ei.Code != "" {
+				return nil, fmt.Errorf("open ssh stream to node %s via coordinator %s: %w", id, owner, &ei)
+			}
+		}
+		return nil, fmt.Errorf("open ssh stream to node %s via coordinator %s: %w", id, owner, err)
+	}
+	return &pipeConn{Pipe: p, node: id, target: "ssh"}, nil
+}
+
+// serveSSH answers a forwarded ssh open (dispatch) as serveDial answers a
+// dial.
+func (c *Coordinator) serveSSH(m *nats.Msg, nodeID string) {
+	if m.Reply == "" {
+		return
+	}
+	var r sshForward
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		c.rejectDial(m, protocol.CodeBadRequest, fmt.Sprintf("coordinator %s: ssh request: %v", c.cfg.ID, err))
+		return
+	}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.rejectDial(m, protocol.CodeShutdown, fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID))
+		return
+	}
+	life := c.life
+	c.connWG.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.connWG.Done()
+		ctx, cancel := context.WithTimeout(life, dialAnswerTimeout)
+		conn, err := c.openSSH(ctx, nodeID, &r.Params, &sshSession{identity: r.Params.Identity, forwarded: true})
+		cancel()
+		if err != nil {
+			code := protocol.CodeDialFailed
+			var ei *protocol.ErrorInfo
+			if errors.As(err, &ei) {
+				code = ei.Code
+			}
+			c.rejectDial(m, code, err.Error())
+			return
+		}
+		p, err := natspipe.Accept(c.cfg.NATS, m.Reply, c.cfg.Pipe)
+		if err != nil {
+			conn.Close()
+			c.log.Warn("accept a forwarded ssh open's pipe", "node_id", nodeID, "err", err)
+			return
+		}
+		splice(conn, p)
+	}()
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/user"
 	"slices"
 	"strings"
 	"sync"
@@ -272,6 +273,42 @@ func TestMultiCoordinatorDialTarget(t *testing.T) {
 		}
 		if _, err := c.DialTarget(ctx, "node-1", "nope"); !errors.Is(err, coordinator.ErrUnknownTarget) {
 			t.Errorf("coordinator %d: unknown target: %v", k, err)
+		}
+	}
+}
+
+// The SSH jump host's way to a node (SSHNodes) reaches a node another
+// coordinator holds: policy labels and host key from the registry, the
+// ssh stream opened by the owner and piped back; the agent's SSH server
+// greets through it.
+func TestMultiCoordinatorSSH(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range f.Coordinators {
+		for _, node := range []string{"node-0", "node-1"} {
+			nodes := c.SSHNodes()
+			if pn, ok := nodes.Node(node); !ok || pn.Labels["index"] != node[len("node-"):] {
+				t.Fatalf("coordinator %d: node %s = %+v, %v", k, node, pn, ok)
+			}
+			if len(nodes.HostKey(node)) == 0 {
+				t.Fatalf("coordinator %d: no host key for %s", k, node)
+			}
+			conn, err := nodes.OpenSSH(ctx, node, protocol.SSHParams{
+				Session: fmt.Sprintf("%031x%s", k, node[len("node-"):]), Identity: "ssh-principal:test", Logins: []string{u.Username}, Auth: protocol.SSHAuthNone,
+			})
+			if err != nil {
+				t.Fatalf("coordinator %d: open ssh to %s: %v", k, node, err)
+			}
+			banner := make([]byte, 8)
+			if _, err := io.ReadFull(conn, banner); err != nil || string(banner) != "SSH-2.0-" {
+				t.Fatalf("coordinator %d, %s: banner %q, %v", k, node, banner, err)
+			}
+			conn.Close()
 		}
 	}
 }
