@@ -520,12 +520,20 @@ func (c *Coordinator) handleSSHInfo(req micro.Request) {
 	}
 	c.mu.Lock()
 	var ns []*node
+	held := make(map[string]bool, len(c.nodes))
 	for _, n := range c.nodes {
+		held[n.id] = true
 		if n.hello.HasFeature(protocol.FeatureSSH) {
 			ns = append(ns, n)
 		}
 	}
 	c.mu.Unlock()
+	// The whole fleet: every coordinator's jump host reaches every node.
+	for _, info := range c.remoteNodes(protocol.Selector{}, held) {
+		if owner, _, _ := c.remoteSSH(info.ID); owner != "" {
+			ns = append(ns, remoteNode(info))
+		}
+	}
 	sort.Slice(ns, func(i, j int) bool { return ns[i].id < ns[j].id })
 	pns := policyNodes(ns)
 	visible, e := c.authorizer().Filter(req, policy.OpNodesList, pns, policy.Object{})

@@ -312,3 +312,20 @@ func TestMultiCoordinatorSSH(t *testing.T) {
 		}
 	}
 }
+
+// ssh.info (tether ssh-config) lists the whole fleet's SSH nodes from any
+// coordinator.
+func TestMultiCoordinatorSSHInfo(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 8 {
+		info, err := f.Client.SSHInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NodesTotal != 4 {
+			t.Fatalf("ssh.info %d (from %s): %d nodes, want 4: %+v", i, info.Coordinator, info.NodesTotal, info.Nodes)
+		}
+	}
+}
