@@ -86,6 +86,10 @@ const (
 	// RunSubjectPrefix + <job> + "." + (cancel|alive|abort): messages for a
 	// running exec job, served by the coordinator running it.
 	RunSubjectPrefix = "tether.v1.run."
+	// CoordSubjectPrefix + <coordinator> + ".nodes": the live state
+	// (heartbeat, RTT, running execs) of the nodes a coordinator holds,
+	// which the registry does not keep; nodes.list asks each owner.
+	CoordSubjectPrefix = "tether.v1.coord."
 )
 
 // Headers of forwarded requests.
@@ -212,6 +216,15 @@ func (c *Coordinator) startFleet(life context.Context) error {
 		return fmt.Errorf("coordinator: watch fleet bucket %s: %w", fl.kv.Bucket(), err)
 	}
 	loaded := make(chan struct{})
+	cs, err := c.cfg.NATS.ChanSubscribe(CoordSubjectPrefix+subjectPart(c.cfg.ID)+".nodes", fl.in)
+	if err != nil {
+		stop()
+		w.Stop()
+		return fmt.Errorf("coordinator: subscribe to its coordinator subject: %w", err)
+	}
+	fl.mu.Lock()
+	fl.subs[""] = cs // unsubscribed by stopFleet with the node subscriptions
+	fl.mu.Unlock()
 	fl.wg.Add(3)
 	go func() {
 		defer fl.wg.Done()
@@ -627,6 +640,11 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 		}
 	case strings.HasPrefix(m.Subject, RunSubjectPrefix):
 		rest = m.Subject[len(RunSubjectPrefix):]
+	case strings.HasPrefix(m.Subject, CoordSubjectPrefix):
+		if m.Header.Get(HeaderForwardedBy) != "" && m.Reply != "" {
+			c.serveLive(m)
+		}
+		return
 	default:
 		return
 	}
@@ -760,4 +778,74 @@ func (c *Coordinator) FleetNodes(sel protocol.Selector) []protocol.NodeInfo {
 	out = append(out, c.remoteNodes(sel, local)...)
 	slices.SortFunc(out, func(a, b protocol.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// liveNode is the live state of a held node, as nodes.list shows it.
+type liveNode struct {
+	ID            string    `json:"id"`
+	SessionID     string    `json:"session_id"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	RTTMicros     int64     `json:"rtt_us,omitempty"`
+	RunningExecs  int       `json:"running_execs,omitempty"`
+}
+
+// serveLive answers a coordinator subject's nodes request with the live
+// state of every node held here.
+func (c *Coordinator) serveLive(m *nats.Msg) {
+	ns := c.Nodes(protocol.Selector{})
+	out := make([]liveNode, len(ns))
+	for i, n := range ns {
+		out[i] = liveNode{ID: n.ID, SessionID: n.SessionID, LastHeartbeat: n.LastHeartbeat, RTTMicros: n.RTTMicros, RunningExecs: n.RunningExecs}
+	}
+	b, _ := json.Marshal(out)
+	if err := c.cfg.NATS.Publish(m.Reply, b); err != nil {
+		c.log.Debug("answer live nodes request", "err", err)
+	}
+}
+
+// liveTimeout bounds the wait for another coordinator's live node state;
+// past it nodes.list shows that coordinator's nodes as the registry has
+// them (no heartbeat, RTT or running execs).
+const liveTimeout = time.Second
+
+// withLive fills the live fields of the nodes in ns that other
+// coordinators hold by asking each owner once, in parallel.
+func (c *Coordinator) withLive(ns []protocol.NodeInfo) {
+	if c.fl == nil {
+		return
+	}
+	idx := map[string]int{}
+	owners := map[string]bool{}
+	for i, n := range ns {
+		if n.Coordinator != c.cfg.ID {
+			idx[n.ID] = i
+			owners[n.Coordinator] = true
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for owner := range owners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := c.cfg.NATS.RequestMsg(&nats.Msg{Subject: CoordSubjectPrefix + subjectPart(owner) + ".nodes",
+				Header: nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}}, liveTimeout)
+			if err != nil {
+				c.log.Debug("live node state", "coordinator", owner, "err", err)
+				return
+			}
+			var live []liveNode
+			if json.Unmarshal(m.Data, &live) != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, l := range live {
+				if i, ok := idx[l.ID]; ok && ns[i].SessionID == l.SessionID {
+					ns[i].LastHeartbeat, ns[i].RTTMicros, ns[i].RunningExecs = l.LastHeartbeat, l.RTTMicros, l.RunningExecs
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -345,11 +345,36 @@ func (c *Coordinator) decodeValid(req micro.Request, v interface{ Validate() *pr
 
 // handleNodes lists one page of the connected nodes matching the request's
 // selector.
+//
+// With a fleet registry the list is the whole fleet's, and the live fields
+// of other coordinators' nodes come from their owners (withLive): that
+// wait runs in a goroutine counted with the jobs, not on micro's.
 func (c *Coordinator) handleNodes(req micro.Request) {
 	var r protocol.NodesRequest
 	if !c.decodeValid(req, &r) {
 		return
 	}
+	if c.fl == nil {
+		c.listNodes(req, &r)
+		return
+	}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.replyError(req, c.unavailable())
+		return
+	}
+	c.jobWG.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.jobWG.Done()
+		defer c.guard.Recover("nodes", func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
+		c.listNodes(req, &r)
+	}()
+}
+
+// listNodes answers a nodes request.
+func (c *Coordinator) listNodes(req micro.Request, r *protocol.NodesRequest) {
 	sel, _ := protocol.ParseSelector(r.Selector) // Validate parsed it
 	all := c.FleetNodes(sel)
 	// A caller sees the nodes a nodes.list rule of its grants, as if the
@@ -376,6 +401,7 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 	}
 	from := min(r.Offset, len(all))
 	to := min(from+limit, len(all))
+	c.withLive(all[from:to])
 	resp := protocol.NodesResponse{Nodes: all[from:to], Total: len(all)}
 	c.replyJSON(req, resp, fmt.Sprintf("%d nodes", to-from), "ask for fewer with a smaller limit")
 }

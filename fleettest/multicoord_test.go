@@ -58,6 +58,12 @@ func TestMultiCoordinatorRegistry(t *testing.T) {
 		if len(ns) != 4 {
 			t.Fatalf("nodes.list = %d nodes, want the whole fleet's 4", len(ns))
 		}
+		for _, n := range ns {
+			// Live state from the owner, whichever coordinator answered.
+			if n.LastHeartbeat.IsZero() {
+				t.Errorf("nodes.list: %s (held by %s) has no last heartbeat", n.ID, n.Coordinator)
+			}
+		}
 	}
 }
 

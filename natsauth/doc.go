@@ -27,7 +27,7 @@
 // its users:
 //
 //	publish    allow tether.v1.>
-//	           deny  tether.v1.node.>, tether.v1.run.>   (coordinator routing)
+//	           deny  tether.v1.node.>, tether.v1.run.>, tether.v1.coord.>   (coordinator routing)
 //	subscribe  allow _INBOX_{{subject()}}.>   (the user's own public key)
 //	responses  none (allow_responses off)
 //

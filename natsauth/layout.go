@@ -43,11 +43,12 @@ const (
 	// ClientPublishDeny are the subjects under ClientPublishAllow a client
 	// user is refused publishing to (a permissions violation, not a silent
 	// drop): the coordinators' internal routing, node subjects
-	// (tether.v1.node.<id>.>) and run subjects (tether.v1.run.<job>.>).
+	// (tether.v1.node.<id>.>), run subjects (tether.v1.run.<job>.>) and
+	// coordinator subjects (tether.v1.coord.<id>.>).
 	// Coordinators trust the caller identity in what arrives there
 	// (coordinator/fleet.go); they are not exported either, so in TETHER
 	// only coordinators can publish them.
-	ClientPublishDeny = "tether.v1.node.>,tether.v1.run.>"
+	ClientPublishDeny = "tether.v1.node.>,tether.v1.run.>,tether.v1.coord.>"
 	// ClientSubscribeAllow is the template of what a client user may
 	// subscribe to: its private inbox prefix.
 	ClientSubscribeAllow = inboxPrefixBase + "{{subject()}}.>"

@@ -259,6 +259,7 @@ func TestClientPermissions(t *testing.T) {
 		{"a node subject", "tether.v1.node.n1.exec"},
 		{"a node subject (stream)", "tether.v1.node.n1~x.stream"},
 		{"a run subject", "tether.v1.run.job-1.cancel"},
+		{"a coordinator subject", "tether.v1.coord.c1.nodes"},
 	}
 	for _, tt := range pubs {
 		t.Run("publish to "+tt.name, func(t *testing.T) {
