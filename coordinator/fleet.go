@@ -70,9 +70,40 @@ import (
 //     the node's result. Cancelling the job aborts those runs
 //     (RunSubjectPrefix+<run>+".abort", coordinators only).
 //
+//   - Node lists: nodes.list, ssh.info, selectors and the facades' views
+//     (FleetNodes) take the registry's records for the nodes other
+//     coordinators hold; nodes.list asks each owner once for their live
+//     state (CoordSubjectPrefix+<coordinator>+".nodes").
+//   - Streams the coordinator itself opens to a node: a facade's dial
+//     (DialTarget) and the SSH jump host's ssh stream go to the owner's
+//     node subject "dial" or "ssh" as a natspipe request; the owner opens
+//     the tunnel stream and splices it to the pipe (fleet_dial.go). The
+//     reaper's deletes go to "sandbox.delete" (fleet_delete.go), and
+//     Reachable reads the owner's inventory state from the registry.
+//
 // Forwarded requests are never forwarded again: a coordinator that no
 // longer holds the node answers 503 (the client retries; the registry
 // catches up within a watch delivery).
+//
+// Why this shape. The alternative that the first design sketch allowed,
+// running every job on the coordinator that received it and opening node
+// streams remotely through a pipe, would have put every exec byte through
+// two NATS hops and a flow-controlled pipe, and would have needed the
+// out-of-band cancel (control stream) carried across as well; forwarding
+// the request leaves the data path of a single-node request exactly as it
+// is on the owner (one NATS hop to the client), and only a fan-out's
+// remote nodes pay a relay through the fan-out's coordinator, which must
+// renumber them into its one sequence anyway. Per-job run subjects,
+// rather than a job → coordinator map in KV, keep the exec path free of
+// JetStream writes: NATS interest is the map, and "no responders" is the
+// answer for a job nobody runs.
+//
+// Known gaps: a fan-out's remote run gets no client heartbeats (the run
+// is not cancelled when the fan-out's coordinator dies; it ends on its
+// own timeout); detached jobs' owners are remembered in memory by the
+// coordinator that started them (job.* refuse scoped callers after the
+// node re-homed); two live agents with one node id on two coordinators
+// replace each other (each new put supersedes the other's session).
 
 // BucketNodes is the fleet registry's KV bucket.
 const BucketNodes = "tether_nodes"
