@@ -137,8 +137,13 @@ const (
 // job was counted there (policy's max_concurrent_jobs), not again here.
 const headerFanoutRun = "Tether-Fanout-Run"
 
-// forwardAckTimeout bounds the wait for the owner's acknowledgement.
-const forwardAckTimeout = 5 * time.Second
+// forwardAckTimeout bounds the wait for the owner's acknowledgement;
+// runAckTimeout that of a job's runner (a cancel for a job nobody runs
+// waits that long for its 404 when the server cannot say "no responders").
+const (
+	forwardAckTimeout = 5 * time.Second
+	runAckTimeout     = time.Second
+)
 
 // OpenFleetBucket creates (or binds to) the fleet registry bucket on nc's
 // JetStream with replicas replicas (0 or 1: one). Pass it as
@@ -443,16 +448,19 @@ func (c *Coordinator) fleetDown(n *node) {
 }
 
 // reconcileFleet puts again, every heartbeat interval, the record of each
-// held node whose put failed or whose record disappeared.
+// held node whose put failed or whose record disappeared, and removes the
+// records of coordinators that are gone (sweepStale).
 func (c *Coordinator) reconcileFleet(ctx context.Context) {
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer t.Stop()
+	missed := map[string]int{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		c.sweepStale(ctx, missed)
 		c.mu.Lock()
 		held := slices.Collect(maps.Values(c.nodes))
 		c.mu.Unlock()
@@ -466,6 +474,90 @@ func (c *Coordinator) reconcileFleet(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// staleAfter is how many sweeps in a row a coordinator must be missing from
+// the service's instances before its records are removed.
+const staleAfter = 2
+
+// sweepStale removes the records of nodes whose coordinator is gone: one
+// killed without draining leaves its records behind, and until its agents
+// re-register elsewhere (or forever, for a node that died with it) they
+// would send requests to nobody. Membership is NATS's: the micro
+// service's instances answering $SRV.PING.tether, gathered for a short
+// window; a coordinator missing from staleAfter sweeps in a row, while
+// this one's own instance answered (so the ping went out), is gone. Each
+// delete is conditional on the record's revision, so a put that came
+// meanwhile survives. A coordinator wrongly taken for gone (slow to
+// answer) puts its records again at its next reconcile.
+func (c *Coordinator) sweepStale(ctx context.Context, missed map[string]int) {
+	owners := map[string][]fleetRec{}
+	c.fl.mu.Lock()
+	for _, r := range c.fl.recs {
+		if r.info.Coordinator != c.cfg.ID {
+			owners[r.info.Coordinator] = append(owners[r.info.Coordinator], r)
+		}
+	}
+	c.fl.mu.Unlock()
+	if len(owners) == 0 {
+		clear(missed)
+		return
+	}
+	live, ok := c.liveCoordinators(min(c.cfg.HeartbeatInterval/2, 500*time.Millisecond))
+	if !ok {
+		return
+	}
+	for owner, recs := range owners {
+		if live[owner] {
+			delete(missed, owner)
+			continue
+		}
+		missed[owner]++
+		if missed[owner] < staleAfter {
+			continue
+		}
+		c.log.Warn("fleet registry: coordinator gone; removing its node records", "coordinator", owner, "nodes", len(recs))
+		for _, r := range recs {
+			dctx, cancel := context.WithTimeout(ctx, c.cfg.HandshakeTimeout)
+			err := c.fl.kv.Delete(dctx, r.info.ID, jetstream.LastRevision(r.rev))
+			cancel()
+			if err != nil {
+				c.log.Debug("fleet registry: remove a gone coordinator's record", "node_id", r.info.ID, "err", err)
+			}
+		}
+		delete(missed, owner)
+	}
+}
+
+// liveCoordinators gathers, for window, the coordinator ids of the micro
+// service's instances answering $SRV.PING; ok is false when this
+// coordinator's own instance did not answer (the ping did not go round).
+func (c *Coordinator) liveCoordinators(window time.Duration) (map[string]bool, bool) {
+	nc := c.cfg.NATS
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, false
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.PING."+protocol.ServiceName, inbox, nil); err != nil {
+		return nil, false
+	}
+	live := map[string]bool{}
+	deadline := time.Now().Add(window)
+	for {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			break
+		}
+		var ping struct {
+			Metadata map[string]string `json:"metadata"`
+		}
+		if json.Unmarshal(m.Data, &ping) == nil && ping.Metadata["coordinator_id"] != "" {
+			live[ping.Metadata["coordinator_id"]] = true
+		}
+	}
+	return live, live[c.cfg.ID]
 }
 
 // remoteOwner returns the id of the coordinator that holds node id when it
@@ -614,16 +706,24 @@ func (c *Coordinator) forward(req micro.Request, subject, owner, what string, mi
 	c.jobWG.Add(1)
 	c.mu.Unlock()
 	c.m.forwarded.Inc()
+	wait := forwardAckTimeout
+	if missing != nil {
+		wait = runAckTimeout
+	}
 	go func() {
 		defer c.jobWG.Done()
-		_, err := c.cfg.NATS.RequestMsg(m, forwardAckTimeout)
+		_, err := c.cfg.NATS.RequestMsg(m, wait)
 		if err == nil {
 			return
 		}
 		if req.Reply() == "" {
 			return
 		}
-		if missing != nil && errors.Is(err, nats.ErrNoResponders) {
+		// Nobody took it: for a job's run subject that is the answer (no
+		// coordinator runs the job). A timeout counts too: a subscriber
+		// that is not a coordinator (an operator's `nats sub '>'` in
+		// TETHER) keeps the server from answering "no responders".
+		if missing != nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)) {
 			c.replyError(req, missing)
 			return
 		}

@@ -68,15 +68,28 @@ func (j *job) runRemote(id, owner string, tail *stderrTail) (res protocol.NodeRe
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(j.params.TimeoutMS)*time.Millisecond+execSlack)
 		defer cancel()
 	}
-	aborted := false
+	aborted, acked := false, false
+	// Until the owner acknowledged, wait forwardAckTimeout at most: a
+	// stale record (or a non-coordinator subscriber in TETHER, which keeps
+	// the server from answering "no responders") must not hold the node's
+	// run for the job's whole timeout.
+	ackCtx, ackCancel := context.WithTimeout(ctx, forwardAckTimeout)
+	defer ackCancel()
 	var nodeRes *protocol.NodeResult
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
+		wctx := ctx
+		if !acked {
+			wctx = ackCtx
+		}
+		m, err := sub.NextMsgWithContext(wctx)
 		if err != nil {
+			if !acked && ctx.Err() == nil && j.ctx.Err() == nil {
+				return fail("coordinator %s holding node %s did not take the run within %v", owner, id, forwardAckTimeout)
+			}
 			if j.ctx.Err() != nil && !aborted {
 				// Cancelled here: stop the run there and wait for its
 				// result a little.
-				aborted = true
+				aborted, acked = true, true // wait on the grace below, acknowledged or not
 				ah := nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}
 				nc.PublishMsg(&nats.Msg{Subject: runSubject(runID, "abort"), Header: ah})
 				var cancel context.CancelFunc
@@ -94,6 +107,7 @@ func (j *job) runRemote(id, owner string, tail *stderrTail) (res protocol.NodeRe
 		if m.Header.Get("Status") == "503" {
 			return fail("coordinator %s holding node %s does not answer (no responders)", owner, id)
 		}
+		acked = true // an acknowledgement, or a reply after one
 		if m.Header.Get("Tether-Forward-Ack") != "" {
 			continue
 		}

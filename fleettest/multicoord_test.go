@@ -2,6 +2,7 @@ package fleettest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -333,5 +334,37 @@ func TestMultiCoordinatorSSHInfo(t *testing.T) {
 		if info.NodesTotal != 4 {
 			t.Fatalf("ssh.info %d (from %s): %d nodes, want 4: %+v", i, info.Coordinator, info.NodesTotal, info.Nodes)
 		}
+	}
+}
+
+// A coordinator that is gone without draining (kill -9) leaves its records
+// behind; the others remove them once it is missing from the service's
+// instances, and a live coordinator's records stay.
+func TestMultiCoordinatorStaleRecordsSwept(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost, _ := json.Marshal(protocol.NodeInfo{ID: "ghost-node", Coordinator: "ghost-coordinator", SessionID: "s1", Labels: map[string]string{"index": "9"}})
+	if _, err := kv.Put(context.Background(), "ghost-node", ghost); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	sawGhost := false
+	for {
+		ns := f.Coordinators[1].FleetNodes(protocol.Selector{})
+		has := slices.ContainsFunc(ns, func(n protocol.NodeInfo) bool { return n.ID == "ghost-node" })
+		sawGhost = sawGhost || has
+		if sawGhost && !has {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ghost record not swept (seen: %v): %+v", sawGhost, ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ns := f.Coordinators[0].FleetNodes(protocol.Selector{}); len(ns) != 2 {
+		t.Fatalf("after the sweep: %+v, want the two live nodes", ns)
 	}
 }
