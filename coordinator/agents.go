@@ -483,6 +483,10 @@ func (c *Coordinator) tokenOK(token string) bool {
 // jobs would run on whichever holds the id at the moment. It also refuses
 // everything once the drain began. The returned ErrorInfo is the refusal.
 func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
+	if c.partitioned() {
+		// Cut off from NATS while other coordinators serve (fleet.go shed).
+		return &protocol.ErrorInfo{Code: protocol.CodeShutdown, Message: fmt.Sprintf("coordinator %s cannot reach NATS; connect to another coordinator", c.cfg.ID)}
+	}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()

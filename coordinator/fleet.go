@@ -81,6 +81,15 @@ import (
 //     reaper's deletes go to "sandbox.delete" (fleet_delete.go), and
 //     Reachable reads the owner's inventory state from the registry.
 //
+//   - Membership is the micro service's: every heartbeat interval each
+//     coordinator gathers the instances answering $SRV.PING.tether. The
+//     records of a coordinator missing twice in a row (killed without
+//     draining) are deleted, each conditional on its revision
+//     (sweepStale). A coordinator cut off from NATS for two intervals
+//     while the last sweep saw another one hands its agents to the others
+//     and refuses new ones until NATS is back (shed): it could neither
+//     receive their requests nor record them.
+//
 // Forwarded requests are never forwarded again: a coordinator that no
 // longer holds the node answers 503 (the client retries; the registry
 // catches up within a watch delivery).
@@ -213,8 +222,13 @@ type fleetState struct {
 	recs   map[string]fleetRec           // node id → record, every coordinator's
 	subs   map[string]*nats.Subscription // node id → its node subscription (held nodes)
 	loaded bool                          // the watch delivered the initial values
-	wg     sync.WaitGroup                // the watch, dispatch and reconcile goroutines
-	stop   context.CancelFunc
+	// othersLive: the last sweep saw another coordinator's instance;
+	// shedding: NATS has been unreachable long enough that this
+	// coordinator hands its agents to the others and refuses new ones
+	// (partitioned).
+	othersLive, shedding bool
+	wg                   sync.WaitGroup // the watch, dispatch and reconcile goroutines
+	stop                 context.CancelFunc
 }
 
 // newFleetState returns the fleet state for Config.Fleet kv, or nil.
@@ -454,11 +468,31 @@ func (c *Coordinator) reconcileFleet(ctx context.Context) {
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer t.Stop()
 	missed := map[string]int{}
+	var down time.Time // since when NATS is unreachable; zero while connected
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if !c.cfg.NATS.IsConnected() {
+			if down.IsZero() {
+				down = time.Now()
+			}
+			if time.Since(down) >= partitionAfter*c.cfg.HeartbeatInterval {
+				c.shed()
+			}
+			continue
+		}
+		if !down.IsZero() {
+			down = time.Time{}
+			c.fl.mu.Lock()
+			was := c.fl.shedding
+			c.fl.shedding = false
+			c.fl.mu.Unlock()
+			if was {
+				c.log.Info("NATS reachable again: taking agents again")
+			}
 		}
 		c.sweepStale(ctx, missed)
 		c.mu.Lock()
@@ -474,6 +508,46 @@ func (c *Coordinator) reconcileFleet(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// partitionAfter is how many heartbeat intervals without NATS make a
+// coordinator that knows of other coordinators hand its agents to them.
+const partitionAfter = 2
+
+// shed hands every agent to the other coordinators (GoAway, then the
+// session closed: the agents redial the next address) and refuses new
+// sessions until NATS is back (shedding), when the last sweep saw another
+// coordinator: cut off from NATS this one can neither receive requests
+// for its nodes nor record them, while the others can serve them. A lone
+// coordinator keeps its agents (its facades and jump host still reach
+// them).
+func (c *Coordinator) shed() {
+	c.fl.mu.Lock()
+	if !c.fl.othersLive || c.fl.shedding {
+		c.fl.mu.Unlock()
+		return
+	}
+	c.fl.shedding = true
+	c.fl.mu.Unlock()
+	c.mu.Lock()
+	held := slices.Collect(maps.Values(c.nodes))
+	c.mu.Unlock()
+	c.log.Warn("NATS unreachable: handing agents to the other coordinators", "agents", len(held), "after", partitionAfter*c.cfg.HeartbeatInterval)
+	for _, n := range held {
+		n.sess.GoAway()
+		n.sess.Close()
+	}
+}
+
+// partitioned reports whether the coordinator refuses agents because it
+// is cut off from NATS while other coordinators serve (shed).
+func (c *Coordinator) partitioned() bool {
+	if c.fl == nil {
+		return false
+	}
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	return c.fl.shedding
 }
 
 // staleAfter is how many sweeps in a row a coordinator must be missing from
@@ -499,14 +573,13 @@ func (c *Coordinator) sweepStale(ctx context.Context, missed map[string]int) {
 		}
 	}
 	c.fl.mu.Unlock()
-	if len(owners) == 0 {
-		clear(missed)
-		return
-	}
 	live, ok := c.liveCoordinators(min(c.cfg.HeartbeatInterval/2, 500*time.Millisecond))
 	if !ok {
 		return
 	}
+	c.fl.mu.Lock()
+	c.fl.othersLive = len(live) > 1
+	c.fl.mu.Unlock()
 	for owner, recs := range owners {
 		if live[owner] {
 			delete(missed, owner)

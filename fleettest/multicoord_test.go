@@ -368,3 +368,44 @@ func TestMultiCoordinatorStaleRecordsSwept(t *testing.T) {
 		t.Fatalf("after the sweep: %+v, want the two live nodes", ns)
 	}
 }
+
+// A coordinator cut off from NATS hands its agents to the others (and
+// refuses them while it stays cut off): the fleet keeps serving them.
+func TestMultiCoordinatorPartitionedCoordinatorShedsAgents(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	// Let a sweep see the other coordinator first.
+	time.Sleep(1500 * time.Millisecond)
+	f.CoordNCs[1].Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		held := f.Coordinators[0].Nodes(protocol.Selector{})
+		if len(held) == 4 && len(f.Coordinators[1].Nodes(protocol.Selector{})) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("coordinator 0 holds %d nodes, coordinator 1 %d; want 4 and 0", len(held), len(f.Coordinators[1].Nodes(protocol.Selector{})))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The registry follows (the records were re-put by coordinator 0).
+	for {
+		ns := f.Coordinators[0].FleetNodes(protocol.Selector{})
+		ok := len(ns) == 4
+		for _, n := range ns {
+			ok = ok && n.Coordinator == "fleettest-0"
+		}
+		if ok {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("registry not re-homed: %+v", ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "true"}, nil)
+	if err != nil || res.Succeeded != 4 {
+		t.Fatalf("after the partition: %+v, %v", res, err)
+	}
+}
