@@ -129,6 +129,7 @@ const (
 	// CoordSubjectPrefix + <coordinator> + ".nodes": the live state
 	// (heartbeat, RTT, running execs) of the nodes a coordinator holds,
 	// which the registry does not keep; nodes.list asks each owner.
+	// ... + ".sync": take an inventory of its nodes now (Sync, fleet-wide).
 	CoordSubjectPrefix = "tether.v1.coord."
 )
 
@@ -266,7 +267,7 @@ func (c *Coordinator) startFleet(life context.Context) error {
 		return fmt.Errorf("coordinator: watch fleet bucket %s: %w", fl.kv.Bucket(), err)
 	}
 	loaded := make(chan struct{})
-	cs, err := c.cfg.NATS.ChanSubscribe(CoordSubjectPrefix+subjectPart(c.cfg.ID)+".nodes", fl.in)
+	cs, err := c.cfg.NATS.ChanSubscribe(CoordSubjectPrefix+subjectPart(c.cfg.ID)+".*", fl.in)
 	if err != nil {
 		stop()
 		w.Stop()
@@ -845,8 +846,14 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	case strings.HasPrefix(m.Subject, RunSubjectPrefix):
 		rest = m.Subject[len(RunSubjectPrefix):]
 	case strings.HasPrefix(m.Subject, CoordSubjectPrefix):
-		if m.Header.Get(HeaderForwardedBy) != "" && m.Reply != "" {
+		if m.Header.Get(HeaderForwardedBy) == "" || m.Reply == "" {
+			return
+		}
+		switch {
+		case strings.HasSuffix(m.Subject, ".nodes"):
 			c.serveLive(m)
+		case strings.HasSuffix(m.Subject, ".sync"):
+			c.serveSync(m)
 		}
 		return
 	default:

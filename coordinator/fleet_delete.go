@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/gateway"
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // Reaping across coordinators: one reaper runs in the fleet (the fenced
@@ -104,3 +107,90 @@ func (c *Coordinator) serveDelete(m *nats.Msg, nodeID string) {
 		}
 	}()
 }
+
+// syncFleet asks every other coordinator holding nodes (per the registry)
+// to take an inventory of its nodes now, and returns their problems; one
+// that does not answer before ctx ends counts one problem per node it
+// holds.
+func (c *Coordinator) syncFleet(ctx context.Context) []protocol.SyncProblem {
+	owners := map[string][]string{}
+	c.fl.mu.Lock()
+	for id, r := range c.fl.recs {
+		if r.info.Coordinator != c.cfg.ID {
+			owners[r.info.Coordinator] = append(owners[r.info.Coordinator], id)
+		}
+	}
+	c.fl.mu.Unlock()
+	var mu sync.Mutex
+	var out []protocol.SyncProblem
+	var wg sync.WaitGroup
+	for owner, nodes := range owners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var p []protocol.SyncProblem
+			m, err := c.cfg.NATS.RequestMsgWithContext(ctx, &nats.Msg{Subject: CoordSubjectPrefix + subjectPart(owner) + ".sync",
+				Header: nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}})
+			var a syncAnswer
+			switch {
+			case err != nil:
+				a.Error = err.Error()
+			case json.Unmarshal(m.Data, &a) != nil:
+				a.Error = "malformed answer"
+			}
+			if a.Error != "" {
+				for _, n := range nodes {
+					p = append(p, protocol.SyncProblem{Node: n, Error: fmt.Sprintf("coordinator %s holding it: sync: %s", owner, a.Error)})
+				}
+			} else {
+				p = a.Problems
+			}
+			mu.Lock()
+			out = append(out, p...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// syncAnswer is a coordinator's answer to another's sync request.
+type syncAnswer struct {
+	Problems []protocol.SyncProblem `json:"problems,omitempty"`
+	Error    string                 `json:"error,omitempty"`
+}
+
+// serveSync answers another coordinator's sync request from a goroutine
+// counted with the jobs.
+func (c *Coordinator) serveSync(m *nats.Msg) {
+	answer := func(a syncAnswer) {
+		b, _ := json.Marshal(a)
+		if err := c.cfg.NATS.Publish(m.Reply, b); err != nil {
+			c.log.Debug("answer sync request", "err", err)
+		}
+	}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		answer(syncAnswer{Error: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)})
+		return
+	}
+	life := c.life
+	c.jobWG.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.jobWG.Done()
+		ctx, cancel := context.WithTimeout(life, fleetSyncTimeout)
+		defer cancel()
+		p, err := c.syncLocal(ctx)
+		if err != nil {
+			answer(syncAnswer{Error: err.Error()})
+			return
+		}
+		answer(syncAnswer{Problems: p})
+	}()
+}
+
+// fleetSyncTimeout bounds a sync another coordinator asked for (below the
+// API's own 2-minute bound on tether.v1.sandboxes.sync).
+const fleetSyncTimeout = 100 * time.Second

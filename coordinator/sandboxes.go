@@ -133,8 +133,26 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 // Sync takes an inventory of every connected node now and returns once the
 // ledger has reconciled them (or ctx ends), with what could not be listed:
 // a node whose inventory failed, or a gateway whose listing was incomplete.
-// It needs RunInventory running.
+// It needs RunInventory running. With a fleet registry it asks every other
+// coordinator holding nodes to do the same for its nodes, in parallel
+// (fleet.go syncFleet); a coordinator that does not answer within ctx is
+// one problem per node it holds.
 func (c *Coordinator) Sync(ctx context.Context) ([]protocol.SyncProblem, error) {
+	if c.fl == nil {
+		return c.syncLocal(ctx)
+	}
+	remote := make(chan []protocol.SyncProblem, 1)
+	go func() { remote <- c.syncFleet(ctx) }()
+	p, err := c.syncLocal(ctx)
+	rp := <-remote
+	if err != nil {
+		return nil, err
+	}
+	return append(p, rp...), nil
+}
+
+// syncLocal is Sync of the nodes this coordinator holds.
+func (c *Coordinator) syncLocal(ctx context.Context) ([]protocol.SyncProblem, error) {
 	if !c.inventoryRunning.Load() {
 		return nil, errors.New("sandbox inventory sync: the inventory loop is not running")
 	}

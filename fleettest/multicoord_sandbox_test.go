@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol/opensandbox"
 )
@@ -99,4 +100,31 @@ func createOpenSandboxAt(t *testing.T, addr, node, run string) string {
 		t.Fatalf("create opensandbox on %s via %s: status %d, %v", node, addr, resp.StatusCode, err)
 	}
 	return out.ID
+}
+
+// sandboxes.sync takes the inventory of the whole fleet from any
+// coordinator: a node with a dead gateway, held by either coordinator, is
+// reported whichever coordinator the request lands on.
+func TestMultiCoordinatorSyncFleetWide(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Gateways: &fleettest.GatewayOptions{},
+		Agent: func(i int, c *agent.Config) {
+			if i == 1 {
+				c.OpenSandbox.Addr = "127.0.0.1:1" // nothing listens
+			}
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 6 {
+		r, err := f.Client.SyncSandboxes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, p := range r.Incomplete {
+			found = found || p.Node == "node-1"
+		}
+		if !found {
+			t.Fatalf("sync %d: problems %+v do not name node-1, whose opensandbox gateway is dead", i, r.Incomplete)
+		}
+	}
 }

@@ -659,7 +659,7 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 	covered[protocol.SubjectSandboxEventPrefix] = true // sub/pub probes below
 	// The coordinators' own routing (coordinator/fleet.go): publish probes below.
 	covered[coordinator.NodeSubjectPrefix+surfaceNode+".>"] = true
-	covered[coordinator.CoordSubjectPrefix+"surface.nodes"] = true
+	covered[coordinator.CoordSubjectPrefix+"surface.*"] = true
 	for name, v := range surfaceProtocolSubjects(t) {
 		if !covered[v] {
 			t.Errorf("protocol.%s = %q is not served by the micro service and has no probe in TestSurface: add one", name, v)
