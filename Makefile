@@ -109,11 +109,11 @@ bench: ## benchmarks (count BENCHCOUNT) into bench.txt; summarised by benchstat 
 # `make bench-ssh` settings (see README, Development).
 SSHBENCH_TIMEOUT ?= 90m
 
-bench-ssh: build ## OpenSSH via Tether vs a loopback sshd: interleaved rounds, median ratios (SSHBENCH_ROUNDS, SSHBENCH_BULK_MIB, SSHBENCH_FILES)
+bench-ssh: build ## OpenSSH via Tether vs a loopback sshd: interleaved rounds, median ratios (SSHBENCH_ROUNDS, SSHBENCH_BULK_MIB, SSHBENCH_FILES; BASE=old/tether adds it beside)
 	@# Not in `make test`: it measures, and takes minutes. The tether under test is
 	@# bin/tether (no -race); sshd is Debian's /usr/sbin/sshd, run as you on loopback.
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestSSHBenchmark$$' -v \
-		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN)
+		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
 
 vet: ## go vet ./...
 	$(GO) vet ./...

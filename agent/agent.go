@@ -44,8 +44,15 @@ type Agent struct {
 	// dataWriteTimeout bounds one output frame's wait for the coordinator
 	// to make room (dataWriteTimeout in exec.go); tests shorten it.
 	dataWriteTimeout time.Duration
-	// jobs are the detached jobs this agent supervises (jobs.go).
+	// jobs are the shims of the detached jobs this agent started (jobs.go).
 	jobs jobTable
+	// self is this agent process's identity, read once (orphans.go).
+	selfOnce sync.Once
+	self     procIdentity
+	selfErr  error
+	// systemdRunPath, set only by tests, replaces the detection of
+	// systemd-run for detached jobs' scopes (jobScope).
+	systemdRunPath func() string
 	// cancels are the operations the coordinator can cancel out of band,
 	// per session (cancel.go).
 	cancels cancelRegistry
@@ -61,9 +68,7 @@ type Agent struct {
 	// handling in the goroutine that reaches them (Agent.hook): "exec" in
 	// an exec's handler after its params were checked (v is the
 	// *protocol.ExecParams), "exec-output" in an exec's output copier for
-	// each chunk read (v is the *protocol.ExecParams), "job-output" in a
-	// detached job's stdout copier and "job-supervise" in its supervisor
-	// (v is the job id), "pty-output" in a pty's output copier before each
+	// each chunk read (v is the *protocol.ExecParams), "pty-output" in a pty's output copier before each
 	// read of the terminal and "pty-drain" in its handler after each step
 	// of its end once the leader exited (v is the *protocol.PTYParams).
 	testHook func(point string, v any)
@@ -107,7 +112,10 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Run creates the data directory, measures the node's capacity, then keeps a
+// Run creates the data directory, finds the detached jobs of earlier agent
+// processes again (marking those whose shim died lost), kills the process
+// groups that attached execs of a dead agent process left (it waits up to
+// Config.KillGrace for them), measures the node's capacity, then keeps a
 // session with one of the coordinators until ctx is done, redialing with
 // backoff after every failure, rejection or disconnect. It returns nil once
 // ctx is done and everything it started has stopped: no goroutine and no
@@ -119,6 +127,15 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("agent %s: create data dir: %w", a.cfg.NodeID, err)
+	}
+	// Before serving anything: find the detached jobs a previous agent
+	// process started, and end the attached execs it left behind.
+	a.recoverJobs()
+	a.killOrphanGroups()
+	if run := a.jobScope(); run != "" {
+		a.log.Info("detached jobs run in transient systemd scopes (tether-job-ID.scope)", "systemd_run", run)
+	} else {
+		a.log.Info("detached jobs run in their own session (no systemd scopes: systemd is not the init system, the agent is not root, or systemd-run is missing)")
 	}
 	if err := a.loadIdentity(); err != nil {
 		return err

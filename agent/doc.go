@@ -77,14 +77,19 @@
 // handler, each with its own waiter and copiers. Every exec leader is
 // started with a parent-death signal (SIGKILL), so an agent killed with
 // SIGKILL does not leave leaders running; the rest of their process groups
-// survive that unless the service manager reaps the cgroup.
+// are recorded in DataDir/execs while they run, and the next agent to start
+// kills the groups it finds recorded (orphans.go), unless the service
+// manager reaped the cgroup first.
 //
-// Detached execs (jobs.go) are the exception to the rules below: they run
-// in their own session, outlive their stream and the session, and are
-// supervised by one goroutine per job (plus its waiter and two copiers into
-// the job's files) owned by the Agent's job table, which ends when the job
-// exits. Run does not wait for them. Job streams (KindJob) query, read and
-// cancel them.
+// Detached execs (jobs.go) are the exception to the rules below: each runs
+// under a job shim (jobshim.go), a process of the agent's binary in its
+// own session (under systemd, in its own transient scope) that supervises
+// it, writes its output and status to files and outlives the stream, the
+// session and the agent process itself. The agent reads those files and
+// signals the shim; its only goroutine per job is the one that reaps a
+// shim it started (the job table's WaitGroup). Run does not wait for them.
+// Job streams (KindJob) query, read and cancel them, also when a previous
+// agent process started them.
 //
 // Every goroutine is owned: a session does not end until its execs ended, and
 // an exec does not end until its process group was killed or exited and its
@@ -99,11 +104,10 @@
 //
 // Panics (panic.go). Every per-stream goroutine above (handler, waiter,
 // copiers, frame reader, stdin feeder, listers, cancel watcher), each
-// detached job's supervisor, waiter and copiers, each session (the
+// session (the
 // redialer's callback: handshake and accept loop), its heartbeat loop, its
 // pinger and its control reader defer internal/panics' Recover: a panic fails that stream with
-// a CodeInternal error frame (a detached job is killed and recorded lost; a
-// session is closed and redialled), is counted in
+// a CodeInternal error frame (a session is closed and redialled), is counted in
 // tether_panics_total{component="agent"} and logged once with its stack,
 // and the agent keeps serving everything else. A helper's panic makes its
 // handler kill the process group and answer with the internal error. Left

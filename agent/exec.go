@@ -59,11 +59,14 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 		return
 	}
 	a.m.execsRunning.Inc()
+	// The stream closes after the slot is free (defers run last first):
+	// a client that waits for the end of one exec and then starts the
+	// next must not be refused as busy by the one that ended.
+	defer st.Close()
 	defer func() {
 		a.running.Add(-1)
 		a.m.execsRunning.Dec()
 	}()
-	defer st.Close()
 	broken := make(chan struct{})
 	x := &execution{
 		a:  a,
@@ -304,10 +307,17 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	cmd.Dir = dir
 	cmd.Env = a.procEnv(x.acct, x.p.Env, dir)
 	// Pdeathsig: if the agent dies (even by SIGKILL) the kernel kills the
-	// leader. The rest of its group survives that; see the package doc.
+	// leader at once. The rest of its group survives that: the group is
+	// recorded below (orphans.go), and the next agent to start kills it.
 	// Linux ties the signal to the forking thread, not the process: nothing
 	// in the agent may end an OS thread (a goroutine that exits while
 	// locked with runtime.LockOSThread), or it would kill leaders early.
+	// The Go runtime ends a thread only then, and the agent locks none
+	// (the shim of a detached job, which must fork from a thread that
+	// lives as long as it does, forks from its locked main thread:
+	// jobshim.go). We keep it as the first guard rather than rely on the
+	// record alone: it acts at the agent's death, not at its next start
+	// (which may never come), and costs nothing.
 	// Credential: the account's uid, gid and groups (nil: the agent's own).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: x.acct.credential()}
 
@@ -352,6 +362,8 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	pgid := cmd.Process.Pid
 	log := x.log.With("pid", pgid)
 	log.Debug("exec started", "cmd", spec.name)
+	// Removed last, once the group is over (the defers below run first).
+	defer a.recordGroup(pgid)()
 
 	var wg sync.WaitGroup
 	procDone := make(chan struct{}) // closed when this process's run ends

@@ -156,7 +156,7 @@ func (e *execStream) send(t *testing.T, ft protocol.FrameType, payload []byte) {
 }
 
 // next reads one frame and records it; it returns false at EOF.
-func (e *execStream) next(t *testing.T) bool {
+func (e *execStream) next(t testing.TB) bool {
 	t.Helper()
 	f, err := e.fr.Next()
 	if errors.Is(err, io.EOF) {
@@ -210,7 +210,7 @@ func (e *execStream) until(t *testing.T, what string, cond func() bool) {
 }
 
 // finish reads frames to EOF and checks that exactly one final frame came.
-func (e *execStream) finish(t *testing.T) {
+func (e *execStream) finish(t testing.TB) {
 	t.Helper()
 	for e.next(t) {
 	}

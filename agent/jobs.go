@@ -17,57 +17,58 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
 
-// Detached jobs (ExecParams.Detach). The agent starts the job in its own
-// session (setsid, no parent-death signal), so that neither the exec
-// stream's end nor the tunnel's loss touches it, and supervises it from a
-// goroutine that copies its stdout and stderr into files under
-// DataDir/jobs/<id>/ (each capped at the output limit, the rest counted and
-// dropped), enforces its timeout and writes status.json when it exits. Job
-// streams (KindJob) query, read and cancel it by id.
+// Detached jobs (ExecParams.Detach). Each runs under a job shim
+// (jobshim.go): a process of the agent's own binary, in its own session
+// and, under systemd, in its own transient scope (tether-job-ID.scope), so
+// that neither the exec stream's end, nor the tunnel's loss, nor the
+// agent's own stop, restart, upgrade or crash touches it, nor does the
+// agent unit's KillMode. The shim is the job's parent: it writes the
+// job's output into files under DataDir/jobs/<id>/ (each capped at the
+// output limit, the rest counted and dropped), enforces its timeout,
+// handles its cancel and writes status.json when it exits. The agent only
+// reads those files and signals the shim, so a restarted agent finds its
+// jobs again from the files: a job whose shim is alive (pid and start
+// time, procIdentity) is running, one whose shim died without writing
+// status.json is lost. Job streams (KindJob) query, read and cancel a job
+// by id.
 //
-// Files of a job directory: meta.json (JobStatus at start), stdout, stderr,
-// script (the bash -s script, if any), status.json (JobStatus at exit).
-// A directory without status.json whose job is not in the table belongs to
-// an agent process that stopped while the job ran: its state is "lost".
+// Files of a job directory: meta.json (JobStatus at start, written by the
+// agent once the shim reported the job started), script (the bash -s
+// script, if any), shim.log (the shim's log, and systemd-run's), and the
+// shim's: shim.json, live.json, stdout, stderr, status.json (jobshim.go).
 // Finished jobs' directories are removed Config.JobRetention after they
-// finished, by a sweep that runs with job operations (at most once a minute).
+// finished, by a sweep that runs with job operations (at most once a
+// minute); so are lost jobs', which the first agent to start after their
+// shim died marks as such (status.json with state lost).
 
 // Error code of a job stream for an unknown job id.
 const codeJobNotFound = "job_not_found"
 
-// jobTable holds the detached jobs this agent process supervises.
+// shimStartTimeout bounds the wait for a shim's reply (systemd-run may
+// take a while on a loaded host).
+const shimStartTimeout = time.Minute
+
+// jobTable holds the shims this agent process started: it is their parent
+// and reaps them (a shim found again after a restart is reaped by init).
 type jobTable struct {
 	mu        sync.Mutex
-	jobs      map[string]*detachedJob
 	lastSweep time.Time
-	wg        sync.WaitGroup // one per supervisor
-}
+	wg        sync.WaitGroup // one per shim this process started and waits for
 
-// detachedJob is one supervised detached job.
-type detachedJob struct {
-	id       string
-	dir      string
-	pgid     int
-	cancelCh chan struct{} // buffered 1: cancel requested
-	done     chan struct{} // closed once status.json is written
-
-	finishOnce sync.Once // finish runs once, also after a contained panic
-
-	mu sync.Mutex
-	st protocol.JobStatus
-}
-
-func (j *detachedJob) snapshot() protocol.JobStatus {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.st
+	scopeOnce sync.Once
+	scope     string // systemd-run's path when jobs get scopes, else ""
 }
 
 func (a *Agent) jobsDir() string { return filepath.Join(a.cfg.DataDir, "jobs") }
+
+// jobStartError is a job that could not start, with the protocol error
+// code the exec is failed with.
+type jobStartError struct{ code, msg string }
+
+func (e *jobStartError) Error() string { return e.msg }
 
 // startDetached starts x's job detached and answers the exec stream with a
 // Detached exit status, or an error frame if it could not start.
@@ -92,336 +93,258 @@ func (a *Agent) startDetached(x *execution) {
 		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: create job directory: %v", a.cfg.NodeID, err))
 		return
 	}
-	j, err := a.launchDetached(p, x.acct, dir, jdir)
+	pid, err := a.launchDetached(p, x.acct, dir, jdir)
 	if err != nil {
 		os.RemoveAll(jdir)
-		x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
+		code := startFailCode(err, dir)
+		var se *jobStartError
+		if errors.As(err, &se) {
+			code = se.code
+		}
+		x.fail(code, fmt.Sprintf("node %s: %v", a.cfg.NodeID, err))
 		return
 	}
-	x.log.Info("detached job started", "job_id", j.id, "pid", j.pgid)
+	x.log.Info("detached job started", "job_id", p.JobID, "pid", pid)
 	if err := x.w.final(protocol.FrameExit, &protocol.ExitStatus{Detached: true}); err != nil {
-		x.log.Warn("detached job start not reported", "job_id", j.id, "err", err)
+		x.log.Warn("detached job start not reported", "job_id", p.JobID, "err", err)
 	}
 }
 
-// launchDetached starts the process of p as acct in jdir's job and its
-// supervisor. The job's files are the agent's (created and written by it,
-// 0600 in its own data directory): the process gets its script and output
-// as descriptors, so it needs no right on them, and status, output and
-// cancel keep working whatever account the job runs as (the agent signals
-// its process group as root, or as the same uid).
-func (a *Agent) launchDetached(p *protocol.ExecParams, acct *account, dir, jdir string) (*detachedJob, error) {
-	var cmd *exec.Cmd
-	var stdin *os.File
-	if s := p.ShellScript(); s != "" {
-		path := filepath.Join(jdir, "script")
-		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
-			return nil, fmt.Errorf("write job script: %w", err)
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("open job script: %w", err)
-		}
-		defer f.Close()
-		stdin = f
-		cmd = exec.Command("bash", "-s")
-	} else {
-		cmd = exec.Command(p.Argv[0], p.Argv[1:]...)
+// launchDetached starts the shim of p's job, run as acct in dir, with its
+// files in jdir, and returns the job's pid once it started. The job's
+// files are the agent's and its shim's (created and written by them, 0600
+// in the agent's data directory): the job gets its script and output as
+// descriptors, so it needs no right on them, and status, output and
+// cancel keep working whatever account the job runs as.
+func (a *Agent) launchDetached(p *protocol.ExecParams, acct *account, dir, jdir string) (int, error) {
+	limit := p.OutputLimit
+	if limit == 0 {
+		limit = a.cfg.OutputLimit
 	}
-	cmd.Dir = dir
-	cmd.Env = a.procEnv(acct, p.Env, dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: acct.credential()}
-	if stdin != nil {
-		cmd.Stdin = stdin
-	}
-	var files [2]*os.File
-	for i, name := range []string{"stdout", "stderr"} {
-		f, err := os.OpenFile(filepath.Join(jdir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			for _, g := range files[:i] {
-				g.Close()
-			}
-			return nil, fmt.Errorf("create job %s file: %w", name, err)
-		}
-		files[i] = f
-	}
-	closeFiles := func() { files[0].Close(); files[1].Close() }
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		closeFiles()
-		return nil, fmt.Errorf("stdout pipe: %w", err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		closeFiles()
-		outR.Close()
-		outW.Close()
-		return nil, fmt.Errorf("stderr pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	err = cmd.Start()
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		closeFiles()
-		outR.Close()
-		errR.Close()
-		return nil, fmt.Errorf("start %s: %w", cmd.Args[0], explainStart(err, dir))
-	}
-	j := &detachedJob{
-		id:       p.JobID,
-		dir:      jdir,
-		pgid:     cmd.Process.Pid,
-		cancelCh: make(chan struct{}, 1),
-		done:     make(chan struct{}),
-		st: protocol.JobStatus{
+	spec := jobShimSpec{
+		Version:     jobShimVersion,
+		Dir:         jdir,
+		Cwd:         dir,
+		Env:         a.procEnv(acct, p.Env, dir),
+		Limit:       limit,
+		TimeoutMS:   p.TimeoutMS,
+		KillGraceMS: a.cfg.KillGrace.Milliseconds(),
+		Status: protocol.JobStatus{
 			ID:        p.JobID,
 			Node:      a.cfg.NodeID,
 			State:     protocol.JobRunning,
 			StartedAt: time.Now().UTC(),
 		},
 	}
-	if err := writeJSONFile(filepath.Join(jdir, "meta.json"), j.st); err != nil {
-		a.log.Warn("write detached job meta", "job_id", j.id, "err", err)
+	if c := acct.credential(); c != nil {
+		spec.Cred = &jobCred{UID: c.Uid, GID: c.Gid, Groups: c.Groups}
 	}
-	limit := p.OutputLimit
-	if limit == 0 {
-		limit = a.cfg.OutputLimit
-	}
-	a.jobs.mu.Lock()
-	if a.jobs.jobs == nil {
-		a.jobs.jobs = map[string]*detachedJob{}
-	}
-	a.jobs.jobs[j.id] = j
-	a.jobs.wg.Add(1)
-	a.jobs.mu.Unlock()
-	go func() {
-		defer a.jobs.wg.Done()
-		// The supervisor killed the job's group while unwinding; what is
-		// left to do is to record it as lost.
-		defer a.guard.Recover("detached job supervisor", func(e *panics.Error) {
-			st := j.snapshot()
-			st.State = protocol.JobLost
-			a.finishJob(j, st, a.log.With("job_id", j.id, "pid", j.pgid))
-		})
-		a.superviseJob(j, cmd, [2]*os.File{outR, errR}, files, limit, time.Duration(p.TimeoutMS)*time.Millisecond)
-	}()
-	return j, nil
-}
-
-// superviseJob copies the job's output into its files, enforces its timeout
-// and cancel, and records its end. It returns once the job's process exited
-// and its output pipes were closed (or abandoned after a kill).
-func (a *Agent) superviseJob(j *detachedJob, cmd *exec.Cmd, pipes, files [2]*os.File, limit int64, timeout time.Duration) {
-	log := a.log.With("job_id", j.id, "pid", j.pgid)
-	defer func() {
-		for _, f := range pipes {
-			f.Close()
+	if s := p.ShellScript(); s != "" {
+		if err := os.WriteFile(filepath.Join(jdir, jobFileScript), []byte(s), 0o600); err != nil {
+			return 0, fmt.Errorf("write job script: %w", err)
 		}
-		for _, f := range files {
-			f.Close()
-		}
-	}()
-	var wg sync.WaitGroup
-	waitCh := make(chan error, 1)
-	copyDone := make(chan struct{}, 2)
-	cr := newCrash() // a helper below panicked
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		defer a.guard.Recover("detached job waiter", func(e *panics.Error) {
-			cr.report(e)
-			waitCh <- e
-		})
-		waitCh <- cmd.Wait()
-	}()
-	for i := range pipes {
-		go func() {
-			defer wg.Done()
-			defer func() { copyDone <- struct{}{} }()
-			defer a.guard.Recover("detached job output copier", cr.report)
-			if i == 0 {
-				a.hook("job-output", j.id)
-			}
-			j.copyToFile(pipes[i], files[i], i == 1, limit, log)
-		}()
+		spec.Argv, spec.Script = []string{"bash", "-s"}, true
+	} else {
+		spec.Argv = p.Argv
 	}
-	defer wg.Wait()
-	// A panic unwinding the loop below must not wait (above) for copiers
-	// of a job that keeps running: end its group and stop reading.
-	returned := false
-	defer func() {
-		if !returned {
-			syscall.Kill(-j.pgid, syscall.SIGKILL)
-			pipes[0].SetReadDeadline(time.Now())
-			pipes[1].SetReadDeadline(time.Now())
-		}
-	}()
-
-	var timeoutC, graceC, abandonC <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		timeoutC = t.C
-	}
-	var (
-		exited, termSent, killSent, abandoned bool
-		timedOut, cancelled, crashed          bool
-		copiers                               = 2
-		crashC                                = cr.done()
-	)
-	kill := func(sig syscall.Signal) {
-		if err := syscall.Kill(-j.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-			log.Warn("kill detached job", "signal", signalName(sig), "err", err)
-		}
-	}
-	end := func() {
-		switch {
-		case exited && !killSent:
-			killSent = true
-			kill(syscall.SIGKILL)
-		case !exited && !termSent && !killSent:
-			termSent = true
-			kill(syscall.SIGTERM)
-			graceC = time.After(a.cfg.KillGrace)
-		}
-	}
-	var waitErr error
-	a.hook("job-supervise", j.id)
-	for !exited || copiers > 0 {
-		select {
-		case waitErr = <-waitCh:
-			exited = true
-		case <-copyDone:
-			copiers--
-		case <-timeoutC:
-			timeoutC = nil
-			timedOut = true
-			log.Info("detached job timed out; killing its process group")
-			end()
-		case <-j.cancelCh:
-			if !exited && !timedOut {
-				cancelled = true
-			}
-			log.Info("detached job cancelled; killing its process group")
-			end()
-		case <-graceC:
-			graceC = nil
-			killSent = true
-			kill(syscall.SIGKILL)
-		case <-crashC:
-			// Its outcome can no longer be told: end it now.
-			crashC = nil
-			crashed = true
-			log.Error("detached job failed with an internal error; killing its process group")
-			killSent = true
-			kill(syscall.SIGKILL)
-		case <-abandonC:
-			abandonC = nil
-			abandoned = true
-			log.Warn("detached job's output pipes still open after killing its group; abandoning them")
-			pipes[0].SetReadDeadline(time.Now())
-			pipes[1].SetReadDeadline(time.Now())
-		}
-		if exited && killSent && !abandoned && abandonC == nil && copiers > 0 {
-			abandonC = time.After(a.cfg.KillGrace)
-		}
-	}
-	group := groupWatch{pgid: j.pgid}
-	for termSent && !killSent && group.alive() {
-		select {
-		case <-graceC:
-			killSent = true
-			kill(syscall.SIGKILL)
-		case <-time.After(groupPoll):
-		}
-	}
-	returned = true
-
-	code := -1
-	var signal string
-	if ps := cmd.ProcessState; ps != nil {
-		ws, ok := ps.Sys().(syscall.WaitStatus)
-		if ok && ws.Signaled() {
-			code = 128 + int(ws.Signal())
-			signal = signalName(ws.Signal())
-		} else {
-			code = ps.ExitCode()
+	exe := fmt.Sprintf("/proc/%d/exe", os.Getpid())
+	var pid int
+	var err error
+	if run := a.jobScope(); run != "" {
+		unit := "tether-job-" + p.JobID
+		spec.Scope = unit + ".scope"
+		// systemd-run --scope registers itself as the scope's process and
+		// then execs the shim: the shim is the agent's child, in the scope.
+		pid, err = a.startShim([]string{run, "--scope", "--collect", "--quiet", "--unit", unit,
+			"--description", "Tether detached job " + p.JobID,
+			// As the agent's unit: a job may fork many processes.
+			"--property", "TasksMax=infinity",
+			"--", exe, jobShimArg}, &spec)
+		var ne *shimNoReply
+		if errors.As(err, &ne) && !exists(filepath.Join(jdir, "stdout")) {
+			// systemd-run failed before it ran the shim: the job did
+			// not start. Run it without a scope rather than not at
+			// all; it then does not outlive a stop of the agent's unit.
+			a.log.Warn("detached job: systemd-run failed; running the job without a scope of its own", "job_id", p.JobID, "err", err)
+			spec.Scope = ""
+			pid, err = a.startShim([]string{exe, jobShimArg}, &spec)
 		}
 	} else {
-		log.Warn("wait for detached job", "err", waitErr)
+		pid, err = a.startShim([]string{exe, jobShimArg}, &spec)
 	}
-	if timedOut {
-		code = 124
+	if err != nil {
+		return 0, err
 	}
-	st := j.snapshot()
-	st.State = protocol.JobExited
-	st.ExitCode = &code
-	st.Signal = signal
-	st.TimedOut = timedOut
-	st.Cancelled = cancelled
-	if crashed {
-		st = j.snapshot()
-		st.State = protocol.JobLost
+	meta := spec.Status
+	if err := writeJSONFile(filepath.Join(jdir, jobFileMeta), meta); err != nil {
+		// Without meta.json the job cannot be queried: cancel it.
+		a.log.Error("write detached job meta; cancelling the job", "job_id", p.JobID, "err", err)
+		if rec, rerr := readShimRecord(jdir); rerr == nil {
+			rec.Shim.signal(syscall.SIGTERM)
+		}
+		return 0, fmt.Errorf("write job %s: %w", jobFileMeta, err)
 	}
-	a.finishJob(j, st, log)
-	log.Info("detached job finished", "state", st.State, "exit_code", code, "signal", signal, "timed_out", timedOut, "cancelled", cancelled)
+	return pid, nil
 }
 
-// finishJob records the end of job j with status st (FinishedAt is set
-// here), removes it from the table and closes j.done, once: a later call
-// does nothing.
-func (a *Agent) finishJob(j *detachedJob, st protocol.JobStatus, log interface{ Warn(string, ...any) }) {
-	j.finishOnce.Do(func() {
-		now := time.Now().UTC()
-		st.FinishedAt = &now
-		// status.json first: whoever sees the job ended may rely on it.
-		if err := writeJSONFile(filepath.Join(j.dir, "status.json"), st); err != nil {
-			log.Warn("write detached job status", "err", err)
-		}
-		j.mu.Lock()
-		j.st = st
-		j.mu.Unlock()
-		a.jobs.mu.Lock()
-		if a.jobs.jobs[j.id] == j {
-			delete(a.jobs.jobs, j.id)
-		}
-		a.jobs.mu.Unlock()
-		close(j.done)
-	})
+// exists reports whether path exists.
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
-// copyToFile copies one output pipe into its file, keeping at most limit
-// bytes and counting everything.
-func (j *detachedJob) copyToFile(r, f *os.File, isErr bool, limit int64, log interface{ Warn(string, ...any) }) {
-	buf := make([]byte, protocol.ChunkSize)
-	var kept int64
-	writeFailed := false
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			keep := min(int64(n), limit-kept)
-			if keep > 0 && !writeFailed {
-				if _, werr := f.Write(buf[:keep]); werr != nil {
-					log.Warn("write detached job output", "err", werr)
-					writeFailed = true
-				}
-				kept += keep
-			}
-			j.mu.Lock()
-			if isErr {
-				j.st.StderrBytes += int64(n)
-				j.st.StderrTruncated = j.st.StderrTruncated || keep < int64(n)
-			} else {
-				j.st.StdoutBytes += int64(n)
-				j.st.StdoutTruncated = j.st.StdoutTruncated || keep < int64(n)
-			}
-			j.mu.Unlock()
+// shimNoReply is a shim (or the systemd-run before it) that ended or
+// timed out without replying.
+type shimNoReply struct {
+	err error
+	log string // the tail of shim.log
+}
+
+func (e *shimNoReply) Error() string {
+	if e.log != "" {
+		return fmt.Sprintf("job shim gave no reply: %v; its log: %s", e.err, e.log)
+	}
+	return fmt.Sprintf("job shim gave no reply: %v", e.err)
+}
+func (e *shimNoReply) Unwrap() error { return e.err }
+
+// startShim runs argv (the shim, or systemd-run running it) in a new
+// session, sends it spec and returns the job's pid from its reply. A shim
+// that replied is waited for by a goroutine of a.jobs.wg.
+func (a *Agent) startShim(argv []string, spec *jobShimSpec) (int, error) {
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("job shim stdin pipe: %w", err)
+	}
+	defer inW.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		return 0, fmt.Errorf("job shim stdout pipe: %w", err)
+	}
+	defer outR.Close()
+	logPath := filepath.Join(spec.Dir, jobFileLog)
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		inR.Close()
+		outW.Close()
+		return 0, fmt.Errorf("create %s: %w", logPath, err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = "/" // hold no directory busy
+	cmd.Env = append(a.childEnv(nil, ""), jobShimEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, logf
+	// Its own session, and no parent-death signal: the shim must outlive
+	// the agent.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	inR.Close()
+	outW.Close()
+	logf.Close()
+	if err != nil {
+		return 0, fmt.Errorf("start job shim %s: %w", argv[0], err)
+	}
+	b, err := json.Marshal(spec)
+	if err == nil {
+		_, err = inW.Write(b)
+	}
+	inW.Close()
+	var rep jobShimReply
+	if err == nil {
+		outR.SetReadDeadline(time.Now().Add(shimStartTimeout))
+		err = json.NewDecoder(outR).Decode(&rep)
+	}
+	if err != nil {
+		// No reply: the shim (or systemd-run) failed or hangs.
+		cmd.Process.Kill()
+		cmd.Wait()
+		return 0, &shimNoReply{err: err, log: logTail(logPath)}
+	}
+	if rep.PID == 0 {
+		cmd.Wait()
+		if rep.Code == "" {
+			rep.Code = protocol.CodeInternal
 		}
-		if err != nil {
+		return 0, &jobStartError{code: rep.Code, msg: rep.Error}
+	}
+	a.jobs.wg.Add(1)
+	go func() {
+		defer a.jobs.wg.Done()
+		cmd.Wait()
+	}()
+	return rep.PID, nil
+}
+
+// logTail returns the last line(s) of the file at path, at most 1 KiB, on
+// one line.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(b) > 1024 {
+		b = b[len(b)-1024:]
+	}
+	return strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "; ")
+}
+
+// jobScope returns the path of systemd-run when detached jobs get a
+// transient systemd scope each: systemd is the init system
+// (/run/systemd/system exists), the agent runs as root (the system
+// manager creates scopes for root only) and systemd-run is on PATH.
+// Otherwise "": jobs run in their own session only, and a stop of the
+// agent's unit kills them with it. Decided once per agent.
+func (a *Agent) jobScope() string {
+	a.jobs.scopeOnce.Do(func() {
+		if a.systemdRunPath != nil {
+			a.jobs.scope = a.systemdRunPath()
 			return
 		}
+		a.jobs.scope = detectSystemdRun()
+	})
+	return a.jobs.scope
+}
+
+// detectSystemdRun is jobScope's detection.
+func detectSystemdRun() string {
+	if fi, err := os.Stat("/run/systemd/system"); err != nil || !fi.IsDir() || os.Geteuid() != 0 {
+		return ""
 	}
+	path, err := exec.LookPath("systemd-run")
+	if err != nil {
+		return ""
+	}
+	return path
+}
+
+// readJSONFile decodes the JSON file at path into v.
+func readJSONFile(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}
+
+// readShimRecord reads a job directory's shim.json.
+func readShimRecord(jdir string) (*shimRecord, error) {
+	var rec shimRecord
+	if err := readJSONFile(filepath.Join(jdir, jobFileShim), &rec); err != nil {
+		return nil, err
+	}
+	if rec.Version != jobShimVersion {
+		return nil, fmt.Errorf("%s: version %d, want %d", filepath.Join(jdir, jobFileShim), rec.Version, jobShimVersion)
+	}
+	return &rec, nil
+}
+
+// shimAlive reports whether jdir's job has a live shim.
+func shimAlive(jdir string) bool {
+	rec, err := readShimRecord(jdir)
+	return err == nil && rec.Shim.alive()
 }
 
 // writeJSONFile writes v to path atomically (temporary file, then rename).
@@ -440,46 +363,151 @@ func writeJSONFile(path string, v any) error {
 // errJobNotFound is returned for a job id the node does not know.
 var errJobNotFound = errors.New("no such detached job")
 
-// jobStatus returns the status of job id: live from the table, else from
-// its directory.
+// jobStatus returns the status of job id, from its directory: status.json
+// once it ended; else running while its shim lives (with the output counts
+// so far), lost when the shim is gone.
 func (a *Agent) jobStatus(id string) (protocol.JobStatus, error) {
-	a.jobs.mu.Lock()
-	j := a.jobs.jobs[id]
-	a.jobs.mu.Unlock()
-	if j != nil {
-		return j.snapshot(), nil
-	}
 	jdir := filepath.Join(a.jobsDir(), id)
 	var st protocol.JobStatus
-	if b, err := os.ReadFile(filepath.Join(jdir, "status.json")); err == nil {
-		if err := json.Unmarshal(b, &st); err != nil {
-			return st, fmt.Errorf("read status of job %s: %w", id, err)
+	err := readJSONFile(filepath.Join(jdir, jobFileStatus), &st)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		if err != nil {
+			err = fmt.Errorf("read status of job %s: %w", id, err)
 		}
+		return st, err
+	}
+	if err := readJSONFile(filepath.Join(jdir, jobFileMeta), &st); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return st, errJobNotFound
+		}
+		return st, fmt.Errorf("read meta of job %s: %w", id, err)
+	}
+	if shimAlive(jdir) {
+		st.State = protocol.JobRunning
+		liveCounts(jdir, &st)
 		return st, nil
 	}
-	if b, err := os.ReadFile(filepath.Join(jdir, "meta.json")); err == nil {
-		if err := json.Unmarshal(b, &st); err != nil {
-			return st, fmt.Errorf("read meta of job %s: %w", id, err)
+	// The shim ended: it may have written status.json since the first
+	// look.
+	var fin protocol.JobStatus
+	if err := readJSONFile(filepath.Join(jdir, jobFileStatus), &fin); err == nil {
+		return fin, nil
+	}
+	st.State = protocol.JobLost
+	liveCounts(jdir, &st)
+	return st, nil
+}
+
+// liveCounts sets st's output counts from live.json and the output files'
+// sizes (whichever is further: live.json lags).
+func liveCounts(jdir string, st *protocol.JobStatus) {
+	var c jobCounts
+	readJSONFile(filepath.Join(jdir, jobFileLive), &c)
+	st.StdoutBytes, st.StderrBytes = c.StdoutBytes, c.StderrBytes
+	st.StdoutTruncated, st.StderrTruncated = c.StdoutTruncated, c.StderrTruncated
+	for i, name := range []string{"stdout", "stderr"} {
+		fi, err := os.Stat(filepath.Join(jdir, name))
+		if err != nil {
+			continue
 		}
-		// Started by an agent process that stopped before the job ended.
+		if i == 0 {
+			st.StdoutBytes = max(st.StdoutBytes, fi.Size())
+		} else {
+			st.StderrBytes = max(st.StderrBytes, fi.Size())
+		}
+	}
+}
+
+// cancelJob asks job id's shim to cancel it (SIGTERM) and waits until it
+// ended, at most the kill grace and a second, or until ctx is done. A
+// lost job whose leader outlived its shim gets its group killed.
+func (a *Agent) cancelJob(ctx context.Context, id string) {
+	jdir := filepath.Join(a.jobsDir(), id)
+	rec, err := readShimRecord(jdir)
+	if err != nil {
+		return
+	}
+	if err := rec.Shim.signal(syscall.SIGTERM); err != nil {
+		if errors.Is(err, syscall.ESRCH) && rec.Job.alive() {
+			a.log.Warn("cancel of a lost detached job: killing the process group its shim left", "job_id", id, "pgid", rec.Job.PID)
+			syscall.Kill(-rec.Job.PID, syscall.SIGKILL)
+		}
+		return
+	}
+	// Report the status after the kill when it comes quickly.
+	deadline := time.NewTimer(a.cfg.KillGrace + time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(groupPoll)
+	defer tick.Stop()
+	for rec.Shim.alive() && !exists(filepath.Join(jdir, jobFileStatus)) {
+		select {
+		case <-deadline.C:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// recoverJobs runs when the agent starts: it logs the detached jobs whose
+// shims are still running (they need nothing else: every operation reads
+// their files), and marks the jobs whose shim died without a status as
+// lost (status.json with state lost), killing the process group of any
+// that outlived its shim.
+func (a *Agent) recoverJobs() {
+	entries, err := os.ReadDir(a.jobsDir())
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			a.log.Warn("read detached jobs", "dir", a.jobsDir(), "err", err)
+		}
+		return
+	}
+	running, lost := 0, 0
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		jdir := filepath.Join(a.jobsDir(), e.Name())
+		if exists(filepath.Join(jdir, jobFileStatus)) {
+			continue
+		}
+		rec, recErr := readShimRecord(jdir)
+		if recErr == nil && rec.Shim.alive() {
+			running++
+			a.log.Info("detached job still running", "job_id", e.Name(), "shim_pid", rec.Shim.PID, "pid", rec.Job.PID, "scope", rec.Scope)
+			continue
+		}
+		var st protocol.JobStatus
+		if err := readJSONFile(filepath.Join(jdir, jobFileMeta), &st); err != nil {
+			continue // not started, or not a job: the sweep removes it
+		}
+		if recErr == nil && rec.Job.alive() {
+			a.log.Warn("detached job's shim is gone but its process is not; killing its process group", "job_id", e.Name(), "pgid", rec.Job.PID)
+			syscall.Kill(-rec.Job.PID, syscall.SIGKILL)
+		}
 		st.State = protocol.JobLost
-		for i, name := range []string{"stdout", "stderr"} {
-			if fi, err := os.Stat(filepath.Join(jdir, name)); err == nil {
-				if i == 0 {
-					st.StdoutBytes = fi.Size()
-				} else {
-					st.StderrBytes = fi.Size()
-				}
-			}
+		liveCounts(jdir, &st)
+		now := time.Now().UTC()
+		st.FinishedAt = &now
+		if exists(filepath.Join(jdir, jobFileStatus)) {
+			continue // the shim finished after all
 		}
-		return st, nil
+		if err := writeJSONFile(filepath.Join(jdir, jobFileStatus), st); err != nil {
+			a.log.Warn("record lost detached job", "job_id", e.Name(), "err", err)
+			continue
+		}
+		lost++
+		a.log.Warn("detached job lost: its shim ended without recording how the job ended", "job_id", e.Name(), "shim_log", logTail(filepath.Join(jdir, jobFileLog)))
 	}
-	return st, errJobNotFound
+	if running > 0 || lost > 0 {
+		a.log.Info("detached jobs found again", "running", running, "lost", lost)
+	}
 }
 
 // sweepJobs removes the directories of jobs that finished (or were lost)
 // more than Config.JobRetention ago. Unless force, it runs at most once per
-// min(JobRetention, 1 minute).
+// min(JobRetention, 1 minute). A job whose shim lives is never removed.
 func (a *Agent) sweepJobs(force bool) {
 	now := time.Now()
 	every := min(a.cfg.JobRetention, time.Minute)
@@ -489,24 +517,22 @@ func (a *Agent) sweepJobs(force bool) {
 		return
 	}
 	a.jobs.lastSweep = now
-	running := map[string]bool{}
-	for id := range a.jobs.jobs {
-		running[id] = true
-	}
 	a.jobs.mu.Unlock()
 	entries, err := os.ReadDir(a.jobsDir())
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		if !e.IsDir() || running[e.Name()] {
+		if !e.IsDir() {
 			continue
 		}
 		jdir := filepath.Join(a.jobsDir(), e.Name())
 		var ended time.Time
 		var st protocol.JobStatus
-		if b, err := os.ReadFile(filepath.Join(jdir, "status.json")); err == nil && json.Unmarshal(b, &st) == nil && st.FinishedAt != nil {
+		if readJSONFile(filepath.Join(jdir, jobFileStatus), &st) == nil && st.FinishedAt != nil {
 			ended = *st.FinishedAt
+		} else if shimAlive(jdir) {
+			continue
 		} else if fi, err := e.Info(); err == nil {
 			ended = fi.ModTime()
 		}
@@ -566,23 +592,7 @@ func (a *Agent) serveJob(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		}
 		answer(js)
 	case protocol.JobOpCancel:
-		a.jobs.mu.Lock()
-		j := a.jobs.jobs[p.ID]
-		a.jobs.mu.Unlock()
-		if j != nil {
-			select {
-			case j.cancelCh <- struct{}{}:
-			default:
-			}
-			// Report the status after the kill when it comes quickly.
-			t := time.NewTimer(a.cfg.KillGrace + time.Second)
-			select {
-			case <-j.done:
-			case <-t.C:
-			case <-ctx.Done():
-			}
-			t.Stop()
-		}
+		a.cancelJob(ctx, p.ID)
 		js, ok := status()
 		if !ok {
 			return

@@ -24,7 +24,8 @@ import (
 // the handler's own frames run before the guard recovers (they are inner
 // frames of the unwinding): those that wait for helpers must first end
 // the process group, or the unwinding would wait for a process that keeps
-// running (runProcess, ptySession.run and superviseJob do).
+// running (runProcess and ptySession.run do; a detached job's supervisor is its
+// shim, a process of its own: jobshim.go).
 
 // answerPanic returns the report of a panic in st's handler: st is answered
 // with a CodeInternal error frame, through w when the handler writes its

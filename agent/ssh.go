@@ -61,7 +61,8 @@ func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		}
 		st.Close()
 	})
-	log := a.log.With("stream", st.StreamID())
+	streamLog := a.log.With("stream", st.StreamID())
+	log := streamLog
 	var p protocol.SSHParams
 	err := h.DecodeParams(&p)
 	if err == nil {
@@ -123,7 +124,7 @@ func (a *Agent) serveSSH(ctx context.Context, st *yamux.Stream, h protocol.Heade
 		AcceptEnv:        a.cfg.SSHAcceptEnv,
 		HandshakeTimeout: a.cfg.HandshakeTimeout,
 		KillGrace:        a.cfg.KillGrace,
-		Log:              log,
+		Log:              streamLog, // sshd.Serve adds the session and the identity
 		NodeID:           a.cfg.NodeID,
 		Guard:            a.guard,
 		// An SSH command is an exec like any other: it takes one of the

@@ -458,3 +458,22 @@ func TestOpenSSHHostCertificateStrictChecking(t *testing.T) {
 		t.Errorf("without the certificate: exit %d stderr %q, want a host key failure", code, errs)
 	}
 }
+
+// TestOpenSSHStartFailureSaysWhy: a command the agent cannot start (here a
+// command line over the kernel's 128 KiB per argument, which ssh joins
+// from two shorter ones) names the node and the reason on OpenSSH's
+// stderr. The agent wrote it, then refused the exec request, and OpenSSH
+// exited on the refusal ("exec request failed on channel 0") before it
+// printed the stderr that came first.
+func TestOpenSSHStartFailureSaysWhy(t *testing.T) {
+	f := newSSHFixture(t, nil)
+	o := newOpenSSH(t, f, nil)
+	half := strings.Repeat("x", 100<<10)
+	out, errs, code := o.run("", sshHost, "echo", half, half)
+	if code != 255 || out != "" || !strings.Contains(errs, "argument list too long") || !strings.Contains(errs, "node ") {
+		t.Errorf("a 200 KiB command line: exit %d, stdout %q, stderr %q; want 255 and the node and the reason on stderr", code, protocol.Clip(out), errs)
+	}
+	f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool {
+		return e.Result == protocol.AuditFailed && strings.Contains(e.Error, "argument list too long")
+	})
+}

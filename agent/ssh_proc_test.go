@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -181,8 +182,8 @@ func TestSSHChannelClosedBeforeAnyRequestFailed(t *testing.T) {
 }
 
 // A command line longer than the kernel takes for one argument (128 KiB)
-// fails to start: the client is told why, and the channel failed (nothing
-// refused it).
+// fails to start: the client is told why (stderr, exit status 255), and
+// the channel failed (nothing refused it).
 func TestSSHCommandTooLongForExecFailed(t *testing.T) {
 	f := newSSHFixture(t, nil)
 	c := f.mustDial(t)
@@ -192,8 +193,11 @@ func TestSSHCommandTooLongForExecFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.Start(cmd); err == nil {
-		t.Fatal("a 200 KiB command line started")
+	var out, errb bytes.Buffer
+	s.Stdout, s.Stderr = &out, &errb
+	var ee *ssh.ExitError
+	if err := s.Run(cmd); !errors.As(err, &ee) || ee.ExitStatus() != 255 || out.Len() != 0 || !strings.Contains(errb.String(), "argument list too long") {
+		t.Fatalf("a 200 KiB command line: %v, stdout %q, stderr %q; want exit status 255 and the reason", err, protocol.Clip(out.String()), errb.String())
 	}
 	s.Close()
 	ev := f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Channel == 1 })
@@ -336,5 +340,46 @@ func TestSSHOutputBufferedAtExitIsRelayedInFull(t *testing.T) {
 	}
 	if w.buf.Len() != size {
 		t.Errorf("got %d bytes of the command's %d", w.buf.Len(), size)
+	}
+}
+
+// The SSH connection's log lines name each attribute once: the session,
+// the identity and the login were each written twice (by the agent's
+// logger and again by the SSH server's), and a refused forward's
+// destination was quoted twice ("\"web:1\"").
+func TestSSHLogAttributesOnce(t *testing.T) {
+	var logs syncBuffer
+	f := newSSHFixture(t, func(c *Config) {
+		c.Logger = testLogger(t, &logs)
+		c.Targets = map[string]string{"web": "127.0.0.1:1"}
+	})
+	c := f.mustDial(t)
+	if conn, err := c.Dial("tcp", "nope:1"); err == nil {
+		conn.Close()
+		t.Fatal("a forward to a target the params do not name was allowed")
+	}
+	if s, err := c.NewSession(); err == nil {
+		s.Run("echo " + strings.Repeat("x", 200<<10))
+		s.Close()
+	}
+	f.event(t, "of the command", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelExec })
+	c.Close()
+	seen := 0
+	for line := range strings.Lines(logs.String()) {
+		if !strings.Contains(line, "ssh_session=") {
+			continue
+		}
+		seen++
+		for _, key := range []string{"ssh_session", "identity", "login"} {
+			if n := strings.Count(line, " "+key+"="); n > 1 {
+				t.Errorf("%s written %d times: %s", key, n, line)
+			}
+		}
+		if strings.Contains(line, `destination="\"`) {
+			t.Errorf("destination quoted twice: %s", line)
+		}
+	}
+	if seen == 0 {
+		t.Fatalf("no ssh log lines:\n%s", logs.String())
 	}
 }

@@ -890,8 +890,17 @@ func TestSSHLocalPolicyPerRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Shell(); err == nil {
-		t.Error("shell started although the local policy says shell: false")
+	// The request is refused as a command that fails: exit status 255,
+	// the reason on stderr (OpenSSH drops the stderr of a request it was
+	// refused).
+	var errb bytes.Buffer
+	s.Stderr = &errb
+	if err := s.Shell(); err != nil {
+		t.Fatalf("shell request: %v", err)
+	}
+	var ee *ssh.ExitError
+	if err := s.Wait(); !errors.As(err, &ee) || ee.ExitStatus() != 255 || !strings.Contains(errb.String(), `no "shell: true" rule`) {
+		t.Errorf("shell although the local policy says shell: false: %v, stderr %q; want exit status 255 and the reason", err, errb.String())
 	}
 	s.Close()
 	ev := f.event(t, "of the refused shell", func(e *protocol.SSHChannelEvent) bool { return e.Type == protocol.SSHChannelShell })

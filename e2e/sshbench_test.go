@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -32,6 +33,8 @@ import (
 // rsync tree's files), SSHBENCH_FRESH (default 5: full handshakes per
 // round, averaged). The ratios are reported, not asserted: a loaded
 // machine moves them, and the targets are for an idle one.
+var baseBin = flag.String("tether-base-bin", "", "make bench-ssh: another tether build to measure beside -tether-bin, in the same rounds")
+
 func TestSSHBenchmark(t *testing.T) {
 	needTools(t, "ssh", "ssh-keygen", "rsync", "sshd")
 	if why := haveSSHCommands(t); why != "" {
@@ -56,6 +59,16 @@ func TestSSHBenchmark(t *testing.T) {
 	sides := []benchSide{
 		{name: "sshd", env: nil, config: sshd.Config, host: sshd.Host, servers: []int{sshd.PID}},
 		{name: "tether", env: jump.Env, config: jump.Config, host: hostAlias("node-a"), servers: tetherPIDs},
+	}
+	if *baseBin != "" {
+		// Another build of tether, measured in the same rounds: the
+		// table then also gives tether's ratio to it (make bench-ssh
+		// BASE=path/to/old/tether).
+		cur := *tetherBin
+		*tetherBin = *baseBin
+		baseJump, _, basePIDs := startBenchFleet(t, key)
+		*tetherBin = cur
+		sides = append(sides, benchSide{name: "tether base", env: baseJump.Env, config: baseJump.Config, host: hostAlias("node-a"), servers: basePIDs, base: true})
 	}
 	if os.Getenv("SSHBENCH_PROXY") != "0" {
 		sides = append(sides, benchSide{name: "tether ssh-proxy", env: proxy.Env, config: proxy.Config, host: hostAlias("node-a"), servers: tetherPIDs})
@@ -175,6 +188,20 @@ func TestSSHBenchmark(t *testing.T) {
 		}
 	}
 	tw.Flush()
+	for base := range sides {
+		if !sides[base].base {
+			continue
+		}
+		fmt.Fprintf(&out, "tether / tether base (%s), median of per-round ratios (time: lower is better; rate: higher):\n", *baseBin)
+		for i, sc := range scenarios {
+			var ratios, cpuRatios []float64
+			for r := range rounds {
+				ratios = append(ratios, results[i][1][r]/results[i][base][r])
+				cpuRatios = append(cpuRatios, cpu[i][1][r]/cpu[i][base][r])
+			}
+			fmt.Fprintf(&out, "  %s: %.3fx (%s); CPU %.3fx (%s)\n", sc.name, median(ratios), fmtRatios(ratios), median(cpuRatios), fmtRatios(cpuRatios))
+		}
+	}
 	fmt.Fprintln(&out, "CPU s: user+system seconds of the clients (ssh, rsync and their children) and the servers (sshd and its")
 	fmt.Fprintln(&out, "connections; the coordinator, the agent and its children), median of rounds; a ControlPersist master")
 	fmt.Fprintln(&out, "detaches, so its own CPU is not counted on either side. Under load the CPU ratio is the steadier one.")
@@ -187,6 +214,7 @@ type benchSide struct {
 	name, config, host string
 	env                []string
 	servers            []int // the server processes whose CPU counts (with their reaped children)
+	base               bool  // another build of tether (-tether-base-bin), for tether's ratio to it
 }
 
 // tag is the side's name as a file name part.

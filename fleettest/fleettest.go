@@ -292,7 +292,7 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		go func() {
 			defer f.wg.Done()
 			defer close(done)
-			if err := c.Serve(cctx, tls.NewListener(ln, srvTLS)); err != nil {
+			if err := c.Serve(cctx, tunnel.NewListener(ln, srvTLS)); err != nil {
 				opts.Logger.Error("coordinator stopped", "err", err)
 			}
 		}()

@@ -235,7 +235,7 @@ func tlsClient(ctx context.Context, c net.Conn, cfg *tls.Config) (net.Conn, erro
 		c.Close()
 		return nil, errors.New("fleettest: agent has no TLS config")
 	}
-	tc := tls.Client(c, tunnel.TunedTLS(cfg))
+	tc := tls.Client(tunnel.Cork(c), tunnel.TunedTLS(cfg))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("fleettest: TLS handshake: %w", err)

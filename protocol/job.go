@@ -32,10 +32,11 @@ const (
 const (
 	JobRunning = "running"
 	JobExited  = "exited"
-	// JobLost: the job's process is gone and how it ended is unknown: the
-	// agent restarted while the job ran, or the agent's supervision of it
-	// failed with an internal error (the agent then killed its process
-	// group).
+	// JobLost: how the job ended is unknown: its supervisor on the node
+	// (the agent's job shim) ended without recording it (it was killed or
+	// failed; its parent-death signal then killed the job's main
+	// process), or the job was started by an agent too old to have one
+	// and that agent restarted.
 	JobLost = "lost"
 )
 

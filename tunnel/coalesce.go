@@ -34,6 +34,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, coalesceMax); return
 // needs no lock.
 type coalesceConn struct {
 	net.Conn
+	cork    *corkConn // the transport beneath the TLS, if made with Cork; else nil
 	hdr     [yamuxHeaderSize]byte
 	pending bool // hdr holds a data header awaiting its body
 }
@@ -41,19 +42,15 @@ type coalesceConn struct {
 func (c *coalesceConn) Write(p []byte) (int, error) {
 	if c.pending {
 		c.pending = false
-		n := min(len(p), coalesceMax-yamuxHeaderSize)
-		bp := bufPool.Get().(*[]byte)
-		b := append(append((*bp)[:0], c.hdr[:]...), p[:n]...)
-		_, err := c.Conn.Write(b)
-		bufPool.Put(bp)
-		if err != nil {
-			return 0, err
+		if c.cork != nil {
+			c.cork.cork()
+			n, err := c.writeFrame(p)
+			if uerr := c.cork.uncork(); err == nil && uerr != nil {
+				return 0, uerr
+			}
+			return n, err
 		}
-		if n == len(p) {
-			return len(p), nil
-		}
-		m, err := c.Conn.Write(p[n:])
-		return n + m, err
+		return c.writeFrame(p)
 	}
 	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {
 		copy(c.hdr[:], p)
@@ -61,4 +58,22 @@ func (c *coalesceConn) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.Conn.Write(p)
+}
+
+// writeFrame writes the pending header and body p: the header with the
+// body's first part in one Write, then the rest.
+func (c *coalesceConn) writeFrame(p []byte) (int, error) {
+	n := min(len(p), coalesceMax-yamuxHeaderSize)
+	bp := bufPool.Get().(*[]byte)
+	b := append(append((*bp)[:0], c.hdr[:]...), p[:n]...)
+	_, err := c.Conn.Write(b)
+	bufPool.Put(bp)
+	if err != nil {
+		return 0, err
+	}
+	if n == len(p) {
+		return len(p), nil
+	}
+	m, err := c.Conn.Write(p[n:])
+	return n + m, err
 }

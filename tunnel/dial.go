@@ -25,7 +25,7 @@ func DialTLS(ctx context.Context, addr string, cfg *tls.Config) (net.Conn, error
 			c.ServerName = host
 		}
 	}
-	tc := tls.Client(raw, c)
+	tc := tls.Client(Cork(raw), c)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", addr, err)

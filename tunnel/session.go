@@ -175,7 +175,7 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		cc = ic
 	}
 	if coalesce {
-		cc = &coalesceConn{Conn: cc}
+		cc = &coalesceConn{Conn: cc, cork: corkOf(conn)}
 	}
 	var (
 		y   *yamux.Session

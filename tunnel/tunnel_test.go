@@ -92,6 +92,24 @@ func tlsPair(tb testing.TB) (net.Conn, net.Conn) {
 	return tc, ts
 }
 
+// corkedTLSPair is tlsPair with both ends' TLS over Cork, as DialTLS and
+// NewListener make them.
+func corkedTLSPair(tb testing.TB) (net.Conn, net.Conn) {
+	tb.Helper()
+	cc, sc := tlsConfigs(tb)
+	c, s := tcpPair(tb)
+	tc, ts := tls.Client(Cork(c), cc), tls.Server(Cork(s), sc)
+	errc := make(chan error, 1)
+	go func() { errc <- ts.Handshake() }()
+	if err := tc.Handshake(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		tb.Fatal(err)
+	}
+	return tc, ts
+}
+
 func sessionPair(tb testing.TB, c, s net.Conn, cfg Config) (*Session, *Session) {
 	tb.Helper()
 	cs, err := Client(c, cfg)

@@ -47,7 +47,7 @@ func (c *conn) serveForward(ctx context.Context, nch ssh.NewChannel, n int, logi
 		if errors.Is(err, ErrForwardRefused) {
 			reason, result = ssh.Prohibited, protocol.AuditRefused
 		}
-		c.log.Warn("ssh port forward refused", "channel", n, "destination", protocol.Clip(dest), "err", err)
+		c.log.Warn("ssh port forward refused", "channel", n, "destination", protocol.ClipUTF8(dest, 256), "err", err)
 		nch.Reject(reason, err.Error())
 		ev.Result, ev.Error = result, err.Error()
 		c.event(ev)

@@ -111,7 +111,9 @@ type Config struct {
 	// channel still relays output that its background processes hold
 	// before it stops reading and closes (leaving them running).
 	KillGrace time.Duration
-	// Log receives the connection's logs.
+	// Log receives the connection's logs; Serve adds ssh_session and
+	// identity (Params.Session, Params.Identity) and, once logged in,
+	// login to every line.
 	Log *slog.Logger
 	// NodeID names the node in messages to the client.
 	NodeID string
@@ -198,7 +200,7 @@ type conn struct {
 // in (after reporting an auth event), nil otherwise.
 func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	defer nc.Close()
-	c := &conn{cfg: cfg, nc: nc, log: cfg.Log.With("ssh_session", cfg.Params.Session)}
+	c := &conn{cfg: cfg, nc: nc, log: cfg.Log.With("ssh_session", cfg.Params.Session, "identity", cfg.Params.Identity)}
 	c.setSSHEnv(nc.RemoteAddr(), nc.LocalAddr())
 	start := time.Now()
 	sc := &ssh.ServerConfig{
@@ -276,7 +278,7 @@ func Serve(ctx context.Context, nc net.Conn, cfg *Config) error {
 	c.sconn = sconn
 	login := c.loginOf(sconn)
 	c.log = c.log.With("login", login.Name)
-	c.log.Info("ssh login", "identity", cfg.Params.Identity, "client_version", string(sconn.ClientVersion()))
+	c.log.Info("ssh login", "client_version", string(sconn.ClientVersion()))
 	cctx, cancel := context.WithCancel(ctx)
 	defer func() {
 		cancel()

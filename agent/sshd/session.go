@@ -68,9 +68,12 @@ type session struct {
 	// release gives back the process slot (Config.Acquire) once proc
 	// ended; nil without one.
 	release func()
-	ev      protocol.SSHChannelEvent
-	in      atomic.Int64 // bytes from the client
-	out     atomic.Int64 // bytes to the client (stdout and stderr)
+	// notServed: an exec, shell or subsystem request could not start
+	// (notStarted told the client why on its stderr).
+	notServed bool
+	ev        protocol.SSHChannelEvent
+	in        atomic.Int64 // bytes from the client
+	out       atomic.Int64 // bytes to the client (stdout and stderr)
 }
 
 // process is what a session runs.
@@ -224,7 +227,7 @@ func (s *session) fillExit() {
 
 // handle serves one request; it reports whether it started a process.
 func (s *session) handle(r *ssh.Request) bool {
-	ok, started := false, false
+	ok, started, notServed := false, false, s.notServed
 	switch r.Type {
 	case "env":
 		var m envMsg
@@ -281,11 +284,29 @@ func (s *session) handle(r *ssh.Request) bool {
 		// x11-req, auth-agent-req@openssh.com, ...: not served.
 		s.c.log.Debug("ssh channel request refused", "channel", s.n, "request", protocol.Clip(r.Type))
 	}
+	if s.notServed && !notServed {
+		// The request is accepted and the channel ends with exit
+		// status 255, as a command that failed: refused, OpenSSH exits
+		// on the refusal ("exec request failed on channel 0") before it
+		// prints the reason notStarted wrote to its stderr, or not.
+		if r.WantReply {
+			r.Reply(true, nil)
+		}
+		s.ch.SendRequest("exit-status", false, ssh.Marshal(&exitStatus{Status: notServedStatus}))
+		s.ch.CloseWrite()
+		s.ch.Close()
+		return false
+	}
 	if r.WantReply {
 		r.Reply(ok, nil)
 	}
 	return started
 }
+
+// notServedStatus is the exit status of a command, shell or subsystem
+// the agent could not start or its local policy refused: ssh's own for a
+// failure of its own (and tether exec's for Tether's).
+const notServedStatus = 255
 
 // acceptEnv reports whether an env request may set name.
 func (s *session) acceptEnv(name string) bool {
@@ -407,9 +428,10 @@ func (s *session) notStarted(result, what string, err error) bool {
 	why := fmt.Sprintf("%s: %v", what, err)
 	s.ev.Result = result
 	s.ev.Error = why
-	s.c.log.Warn("ssh channel request not served", "channel", s.n, "login", s.login.Name, "result", result, "what", what, "err", err)
+	s.c.log.Warn("ssh channel request not served", "channel", s.n, "result", result, "what", what, "err", err)
 	msg := fmt.Sprintf("tether: node %s: %s\r\n", s.c.cfg.NodeID, why)
 	s.ch.Stderr().Write([]byte(msg))
+	s.notServed = true
 	return false
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/agent/localpolicy"
+	"github.com/tetherfleet/tether/internal/gcfloor"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -323,6 +324,7 @@ func newAgentCmd(e *env) *cobra.Command {
 
 // runAgent runs the agent until ctx is done. o must be valid.
 func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets agentSecrets, log *slog.Logger) error {
+	gcfloor.Start(ctx, gcfloor.Default)
 	var token string
 	if o.TokenFile != "" || envToken != "" {
 		t, _, err := resolveToken(o.TokenFile, envToken, "")

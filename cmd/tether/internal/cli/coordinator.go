@@ -31,6 +31,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
+	"github.com/tetherfleet/tether/internal/gcfloor"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -667,7 +668,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	// Agents with a node certificate present it; the coordinator checks
 	// it (coordinator/identity.go).
-	cs.tunnelLn = tls.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
+	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
@@ -677,6 +678,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 // admin server, the NATS connection and the embedded NATS server, in that
 // order. It returns nil after a drain caused by ctx.
 func (cs *coordinatorServer) serve(ctx context.Context) error {
+	gcfloor.Start(ctx, gcfloor.Default)
 	cs.log.Info("coordinator started",
 		"tunnel_addr", cs.info.TunnelAddr,
 		"nats_url", cs.info.NATSURL,

@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/filetype"
 	"github.com/tetherfleet/tether/policy"
 )
 
@@ -81,13 +83,20 @@ func writeDevAuthorizedKeys(path string, getenv func(string) string) (ids []stri
 	return ids, "", nil
 }
 
-// readBounded reads at most max bytes of path, failing when it is larger.
+// readBounded reads at most max bytes of path, failing when it is larger
+// or not a regular file (opened without blocking: a FIFO would wait for a
+// writer forever).
 func readBounded(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file but %s", path, filetype.Of(fi.Mode()))
+	}
 	b, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, err

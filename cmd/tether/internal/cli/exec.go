@@ -332,8 +332,10 @@ with "output_cut": true (an agent run with --pipe-wait killed the process
 group because a process left behind held the output open after the command
 exited; what it wrote later was lost).
 
-With --detach the job is started on each node in its own session, its output
-kept in files there; it survives the tunnel and is queried with 'tether job'.
+With --detach the job is started on each node under a supervisor of its own
+(in a transient systemd scope where the node has systemd), its output kept
+in files there; it survives the tunnel and a restart of the agent, and is
+queried with 'tether job'.
 
 Standard input, as with ssh: with --node and a command after --, a standard
 input that is not a terminal (a pipe, a redirected file) is streamed to the

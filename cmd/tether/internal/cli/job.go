@@ -8,6 +8,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
@@ -67,7 +68,9 @@ and keeps its output in files there (up to the output limit), surviving the
 tunnel. These commands reach it by node and job id. Finished jobs' files are
 kept for the agent's job retention (24 h by default).
 
-'logs --follow' ends with the job's exit code (124 when its timeout killed
+'logs --follow' keeps following while the node or the coordinator is
+unreachable (the job outlives its agent: a restart or upgrade of the agent
+loses no output), and ends with the job's exit code (124 when its timeout killed
 it, 128+N when signal N did), 254 when it exited 0 but its output was
 truncated at the output limit, and 255 when its outcome is unknown (lost).
 Every job command exits 255 when Tether failed (no coordinator, node not
@@ -201,16 +204,28 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 	}
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
+	outage := false
 	for {
 		outEOF, err := read(protocol.ReplyStdout, e.stdout)
-		if err != nil {
-			return err
+		var errEOF bool
+		if err == nil {
+			errEOF, err = read(protocol.ReplyStderr, e.stderr)
 		}
-		errEOF, err := read(protocol.ReplyStderr, e.stderr)
-		if err != nil {
+		switch {
+		case err != nil && followRetryable(ctx, err):
+			// The job outlives its agent (and the coordinator): keep
+			// following from the same offsets once the node is back.
+			if !outage {
+				outage = true
+				fmt.Fprintf(e.stderr, "tether: job %s: %v; still following, from the same offsets\n", id, err)
+			}
+		case err != nil:
 			return err
+		case outage:
+			outage = false
+			fmt.Fprintf(e.stderr, "tether: job %s: node %s answers again; resuming\n", id, o.Node)
 		}
-		if outEOF && errEOF {
+		if err == nil && outEOF && errEOF {
 			// Like `tail --pid` plus wait: the follower ends with the
 			// job's own exit code, so scripts can branch on it.
 			st, err := c.JobStatus(ctx, o.Node, id)
@@ -225,6 +240,22 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		case <-t.C:
 		}
 	}
+}
+
+// followRetryable reports whether err, from a read of a job's output
+// while following it, is an outage that passes: the node not connected or
+// not answering (its agent restarting), no coordinator (it restarting), a
+// request that timed out. Anything else (no such job, refused) ends the
+// follow.
+func followRetryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var ae *protocol.APIError
+	if errors.As(err, &ae) {
+		return ae.Code == protocol.ErrCodeUnknownNode || ae.Code == protocol.ErrCodeUnavailable
+	}
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // jobOutcome is how `job logs --follow` ends once a job's output was read

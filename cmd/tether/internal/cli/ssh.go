@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/internal/filetype"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -85,11 +86,17 @@ Examples:
 				}
 				known = filepath.Join(home, "tether", "known_hosts")
 			}
+			if known, err = homePath(known, e.getenv); err != nil {
+				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
+			}
 			if known, err = filepath.Abs(known); err != nil {
 				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
 			}
 			identity := o.Identity
 			if identity != "" {
+				if identity, err = homePath(identity, e.getenv); err != nil {
+					return usage(fmt.Errorf("--identity: %w", err))
+				}
 				if identity, err = filepath.Abs(identity); err != nil {
 					return fmt.Errorf("ssh-config: --identity: %w", err)
 				}
@@ -98,7 +105,7 @@ Examples:
 				if fi, err := os.Stat(identity); err != nil {
 					return usage(fmt.Errorf("--identity: %w", err))
 				} else if !fi.Mode().IsRegular() {
-					return usage(fmt.Errorf("--identity %s: not a regular file", identity))
+					return usage(fmt.Errorf("--identity %s: not a regular file but %s", identity, filetype.Of(fi.Mode())))
 				}
 			}
 			self, err := os.Executable()
@@ -124,6 +131,25 @@ Examples:
 	f.StringVar(&o.KnownHosts, "known-hosts", "", "known_hosts file to write the fleet's host keys to (default: ~/.config/tether/known_hosts)")
 	o.NATS.addFlags(cmd)
 	return cmd
+}
+
+// homePath returns p with a leading "~" or "~/" replaced by the home
+// directory ($HOME, else the user's), as OpenSSH reads IdentityFile: the
+// shell leaves "--identity=~/KEY" unexpanded. Other paths are returned
+// as they are. Errors: no home directory.
+func homePath(p string, getenv func(string) string) (string, error) {
+	rest, ok := strings.CutPrefix(p, "~")
+	if !ok || rest != "" && rest[0] != '/' {
+		return p, nil
+	}
+	home := getenv("HOME")
+	if home == "" {
+		var err error
+		if home, err = os.UserHomeDir(); err != nil {
+			return "", fmt.Errorf("%s: no home directory for ~: %w", p, err)
+		}
+	}
+	return home + rest, nil
 }
 
 // flags returns the NATS flags given explicitly, for a ProxyCommand to
@@ -211,6 +237,13 @@ func (s *sshConfig) render() (config, knownHosts string, err error) {
 			continue // never written into a config
 		}
 		alias := n.ID + protocol.SSHHostSuffix
+		if n.ID != strings.ToLower(n.ID) {
+			// OpenSSH lowercases the host name (and HostName and
+			// HostKeyAlias): it would ask for node gpu-07 and check the
+			// host certificate for gpu-07.tether, never reaching GPU-07.
+			fmt.Fprintf(&b, "\n# %s: not reachable with OpenSSH, which lowercases host names while node ids\n# are case-sensitive; tether shell and tether exec reach it, or give its agent a\n# lowercase --node-id.\n", alias)
+			continue
+		}
 		fmt.Fprintf(&b, "\nHost %s\n", alias)
 		fmt.Fprintf(&b, "  HostKeyAlias %s\n", alias)
 		if len(n.Logins) == 1 && sshToken(n.Logins[0]) {
@@ -277,12 +310,21 @@ func sshQuote(s string) string {
 const knownHostsMarker = "# Written by tether ssh-config for coordinator"
 
 // writeKnownHosts writes text to path (0600; its directory 0700 when
-// created), through a temporary file and a rename. An existing file is
-// replaced only when ssh-config wrote it (it starts with
-// knownHostsMarker); any other is refused, naming it.
+// created), through a temporary file and a rename; a symlink's target is
+// written, the link kept. An existing file is replaced only when
+// ssh-config wrote it (it starts with knownHostsMarker); any other, and
+// anything but a regular file, is refused, naming it.
 func writeKnownHosts(path, text string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("ssh-config: known_hosts: %w", err)
+	}
+	// A symlink is written through (the rename would replace the link
+	// and leave its target stale); a dangling one is replaced.
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("ssh-config: --known-hosts %s is not a regular file but %s; give a file", path, filetype.Of(fi.Mode()))
 	}
 	if f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
 		head := make([]byte, len(knownHostsMarker))
@@ -318,8 +360,9 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
     ProxyCommand tether ssh-proxy %n`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
-			node := strings.TrimSuffix(args[0], protocol.SSHHostSuffix)
-			if err := protocol.ValidNodeID(node); err != nil {
+			// c.SSH cuts the suffix itself: cutting it here too made
+			// NODE.tether.tether (node id NODE.tether) node NODE.
+			if err := protocol.ValidNodeID(strings.TrimSuffix(args[0], protocol.SSHHostSuffix)); err != nil {
 				return usage(fmt.Errorf("node: %w", err))
 			}
 			c, closeNC, err := o.NATS.connect(e.getenv)
@@ -327,7 +370,7 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
 				return err
 			}
 			defer closeNC()
-			s, err := c.SSH(cmd.Context(), node)
+			s, err := c.SSH(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

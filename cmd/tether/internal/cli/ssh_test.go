@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
@@ -63,8 +64,9 @@ func TestSSHConfigRender(t *testing.T) {
 			{ID: "node-a", Alias: "node-a.tether", Logins: []string{"deploy"}},
 			{ID: "node-b", Alias: "node-b.tether", Logins: []string{"alice", "deploy"}},
 			{ID: "bad id", Alias: "x", Logins: []string{"x"}},
+			{ID: "GPU-07", Alias: "GPU-07.tether", Logins: []string{"deploy"}},
 		},
-		NodesTotal: 3,
+		NodesTotal: 4,
 	}
 	dir := t.TempDir()
 	known := filepath.Join(dir, "known hosts")
@@ -88,6 +90,13 @@ func TestSSHConfigRender(t *testing.T) {
 	}
 	if strings.Contains(cfg, "bad id") {
 		t.Errorf("an invalid node id was written:\n%s", cfg)
+	}
+	// OpenSSH lowercases the host name it is given (and HostName,
+	// HostKeyAlias): it asks the jump host for gpu-07 and checks the host
+	// certificate for gpu-07.tether, so a Host block for a node id with
+	// capitals is a config that never connects. The config says so.
+	if strings.Contains(cfg, "Host GPU-07.tether") || !strings.Contains(cfg, "# GPU-07.tether: not reachable with OpenSSH") {
+		t.Errorf("a node id with capitals:\n%s", cfg)
 	}
 	if want := knownHostsMarker + " c1; rewritten by every run\n" + info.KnownHostsCA + "\ntether-jump " + info.JumpHostKey + "\n"; kh != want {
 		t.Errorf("known_hosts = %q, want %q", kh, want)
@@ -470,5 +479,136 @@ func TestDevSSH(t *testing.T) {
 		if code != 0 || out != "dev ok\n" {
 			t.Errorf("ssh %v to the dev node: exit %d, stdout %q, stderr %q\nconfig:\n%s", mode, code, out, errOut, r.stdout)
 		}
+	}
+}
+
+// TestSSHProxyNodeIDEndingInSuffix: a node whose id itself ends in .tether
+// ("n1.tether") is reached as "n1.tether.tether" (ssh-config's alias, the
+// %n ssh-proxy is given), as the jump host reaches it; ssh-proxy cut the
+// suffix twice and asked for node "n1".
+func TestSSHProxyNodeIDEndingInSuffix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleettest.Start(t, fleettest.Options{NodeID: func(int) string { return "n1.tether" }, Coordinator: func(c *coordinator.Config) {
+		path := filepath.Join(t.TempDir(), "policy.yaml")
+		pol := fmt.Sprintf("version: 1\nidentities:\n  nats:fleettest:\n    rules:\n      - nodes: \"*\"\n        operations: [ssh]\n        run_as: %q\n", me.Username)
+		if err := os.WriteFile(path, []byte(pol), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		store, err := policy.NewStore(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Policy = store
+	}})
+	args := []string{"--nats-url", f.NATS.ClientURL(), "--nats-creds", f.CredsFile}
+	r := runCLI(testCtx(t), nil, "", append([]string{"ssh-proxy", "n1.tether.tether"}, args...)...)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "SSH-2.0-") {
+		t.Errorf("ssh-proxy n1.tether.tether: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestWriteKnownHostsOddFiles: a FIFO or a directory at --known-hosts is
+// refused as not a regular file (it was "not written by tether
+// ssh-config: its host keys would be lost"), and a symlink to a file
+// ssh-config wrote is written through, the link kept (it was replaced by
+// a regular file, leaving its target stale).
+func TestWriteKnownHostsOddFiles(t *testing.T) {
+	dir := t.TempDir()
+	text := knownHostsMarker + " c1; rewritten by every run\n@cert-authority *.tether ssh-ed25519 AAAA\n"
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{fifo, dir} {
+		if err := writeKnownHosts(p, text); err == nil || !strings.Contains(err.Error(), "not a regular file but a") || !strings.Contains(err.Error(), p) {
+			t.Errorf("known_hosts %s: %v, want not a regular file", p, err)
+		}
+	}
+	target := filepath.Join(dir, "real_known_hosts")
+	if err := os.WriteFile(target, []byte(knownHostsMarker+" old\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeKnownHosts(link, text); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the symlink was replaced: %v %v", fi, err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != text {
+		t.Errorf("the link's target = %q, want the new text", b)
+	}
+}
+
+// TestDevSSHKeysSkipsFIFOs: a named pipe among ~/.ssh/*.pub is skipped:
+// tether dev opened it for reading and waited for a writer forever,
+// printing nothing, before its banner (and SIGTERM waited with it).
+func TestDevSSHKeysSkipsFIFOs(t *testing.T) {
+	if _, err := exec.LookPath("ssh-keygen"); err != nil {
+		t.Skip("no ssh-keygen")
+	}
+	home := t.TempDir()
+	os.MkdirAll(filepath.Join(home, ".ssh"), 0o700)
+	if err := syscall.Mkfifo(filepath.Join(home, ".ssh", "a-fifo.pub"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(home, ".ssh", "id_ed25519")
+	if b, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, b)
+	}
+	type answer struct {
+		ids []string
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		ids, _, err := writeDevAuthorizedKeys(filepath.Join(t.TempDir(), "authorized_keys"), testGetenv(map[string]string{"HOME": home}))
+		done <- answer{ids, err}
+	}()
+	select {
+	case a := <-done:
+		if a.err != nil || len(a.ids) != 1 {
+			t.Errorf("keys beside a FIFO: %v, %v; want the one key", a.ids, a.err)
+		}
+	case <-testCtx(t).Done():
+		// Unblock the open so that the goroutine ends.
+		if f, err := os.OpenFile(filepath.Join(home, ".ssh", "a-fifo.pub"), os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("writeDevAuthorizedKeys blocked on a FIFO named *.pub")
+	}
+}
+
+// TestSSHConfigTildePaths: --identity=~/KEY and --known-hosts=~/FILE, which
+// the shell leaves unexpanded after "=", are in the home directory (as
+// OpenSSH takes ~ in IdentityFile); they were taken relative to the
+// working directory ("stat /cwd/~/.ssh/id_ed25519").
+func TestSSHConfigTildePaths(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	f := fleettest.Start(t, fleettest.Options{Agents: 1})
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, "id_test"), []byte("key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"HOME": home, "XDG_CONFIG_HOME": filepath.Join(home, "config")}
+	r := runCLI(testCtx(t), vars, "", "ssh-config", "--nats-url", f.NATS.ClientURL(), "--nats-creds", f.CredsFile,
+		"--identity=~/id_test", "--known-hosts=~/kh")
+	if r.code != 0 || !strings.Contains(r.stdout, "IdentityFile "+filepath.Join(home, "id_test")+"\n") ||
+		!strings.Contains(r.stdout, "UserKnownHostsFile "+filepath.Join(home, "kh")+"\n") {
+		t.Fatalf("ssh-config with ~ paths: exit %d, stderr %q, stdout:\n%s", r.code, r.stderr, r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(home, "kh")); err != nil {
+		t.Errorf("known_hosts not written in the home directory: %v", err)
 	}
 }

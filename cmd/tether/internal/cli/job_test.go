@@ -1,0 +1,39 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// `job logs --follow` rides through the outages a restart of the job's
+// agent (or of the coordinator) causes, and stops on everything else.
+func TestFollowRetryable(t *testing.T) {
+	live := context.Background()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tt := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"node not connected", live, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node n is not connected"), true},
+		{"node not answering", live, fmt.Errorf("job output: %w", protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "no answer")), true},
+		{"no coordinator", live, fmt.Errorf("no Tether coordinator (%w)", nats.ErrNoResponders), true},
+		{"request timed out", live, fmt.Errorf("request: %w", context.DeadlineExceeded), true},
+		{"no such job", live, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job"), false},
+		{"refused", live, protocol.NewAPIError(403, protocol.ErrCodeForbidden, "no"), false},
+		{"other", live, errors.New("boom"), false},
+		{"interrupted", done, fmt.Errorf("x: %w", nats.ErrNoResponders), false},
+	} {
+		if got := followRetryable(tt.ctx, tt.err); got != tt.want {
+			t.Errorf("%s: followRetryable(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}
