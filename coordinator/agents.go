@@ -108,6 +108,12 @@ type node struct {
 	// into the ledger (sandboxes.go); the reaper treats the node as unknown
 	// until then.
 	inventoried atomic.Bool
+	// fleetRev is the fleet registry revision of this session's record
+	// (fleet.go); 0 until it was put.
+	fleetRev atomic.Uint64
+	// owner, set only on stand-ins for nodes another coordinator holds
+	// (remoteNode), is that coordinator's id; sess is then nil.
+	owner string
 }
 
 // startConn starts the goroutine that owns conn, unless the drain began or
@@ -477,6 +483,10 @@ func (c *Coordinator) tokenOK(token string) bool {
 // jobs would run on whichever holds the id at the moment. It also refuses
 // everything once the drain began. The returned ErrorInfo is the refusal.
 func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
+	if c.partitioned() {
+		// Cut off from NATS while other coordinators serve (fleet.go shed).
+		return &protocol.ErrorInfo{Code: protocol.CodeShutdown, Message: fmt.Sprintf("coordinator %s cannot reach NATS; connect to another coordinator", c.cfg.ID)}
+	}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -509,6 +519,7 @@ func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
 	c.m.agentsConnected.Set(float64(len(c.nodes)))
 	c.mu.Unlock()
 	c.nodeUp(n)
+	c.fleetUp(n)
 	if old != nil || n.hello.Reconnects > 0 {
 		c.m.reconnects.Inc()
 	}
@@ -523,11 +534,17 @@ func (c *Coordinator) register(n *node, log *slog.Logger) *protocol.ErrorInfo {
 // deregister removes n from the registry unless a newer session replaced it.
 func (c *Coordinator) deregister(n *node) {
 	c.mu.Lock()
-	if c.nodes[n.id] == n {
+	removed := c.nodes[n.id] == n
+	if removed {
 		delete(c.nodes, n.id)
 	}
 	c.m.agentsConnected.Set(float64(len(c.nodes)))
 	c.mu.Unlock()
+	if removed {
+		// A session replaced here by a newer one leaves its record alone:
+		// the newer session's put superseded it.
+		c.fleetDown(n)
+	}
 }
 
 // readHeartbeats reads the control stream until it fails. It sets no

@@ -49,12 +49,16 @@ func (c *Coordinator) nodeOrID(id string) policy.Node {
 }
 
 // NodeLabels returns the labels of the connected node id (read-only), and
-// false when it is not connected. The sandbox services decide by them.
+// false when it is not connected here nor, with a fleet registry, to
+// another coordinator. The sandbox services decide by them.
 func (c *Coordinator) NodeLabels(id string) (map[string]string, bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	n := c.nodes[id]
+	c.mu.Unlock()
 	if n == nil {
+		if owner, info := c.remoteRecord(id); owner != "" {
+			return info.Labels, true
+		}
 		return nil, false
 	}
 	return n.hello.Labels, true

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -43,6 +44,13 @@ type Config struct {
 	// each node and revocations (package enroll, in JetStream KV). The
 	// caller owns it; the coordinator never closes it.
 	Identities *enroll.Store
+	// Fleet is the fleet registry bucket (OpenFleetBucket), shared by every
+	// coordinator on the NATS cluster: with it, this coordinator records
+	// the nodes it holds there, serves their node subjects, and forwards
+	// requests for nodes other coordinators hold (fleet.go). Nil: the
+	// coordinator runs alone and knows only its own nodes. The caller owns
+	// it.
+	Fleet jetstream.KeyValue
 	// CertTTL is the lifetime of the node certificates the coordinator
 	// issues; agents renew at two thirds of it. Default 24 h.
 	CertTTL time.Duration

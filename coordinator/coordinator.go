@@ -71,6 +71,9 @@ type Coordinator struct {
 	nodeUps          chan string
 	syncs            chan chan []protocol.SyncProblem
 	inventoryRunning atomic.Bool // RunInventory is running
+	// fl is the fleet registry state (fleet.go); nil without Config.Fleet.
+	// Set by New, never changed after.
+	fl *fleetState
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.
@@ -116,6 +119,7 @@ func New(cfg Config) (*Coordinator, error) {
 		admit:   admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 		nodeUps: make(chan string, 1024),
 		syncs:   make(chan chan []protocol.SyncProblem),
+		fl:      newFleetState(cfg.Fleet),
 	}, nil
 }
 
@@ -160,6 +164,14 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	// reconnect, so this is not fatal.
 	if err := c.cfg.NATS.FlushTimeout(c.cfg.HandshakeTimeout); err != nil {
 		c.log.Warn("flush NATS subscriptions", "err", err)
+	}
+	if err := c.startFleet(life); err != nil {
+		svc.Stop()
+		ln.Close()
+		c.mu.Lock()
+		c.closing = true
+		c.mu.Unlock()
+		return err
 	}
 	c.startIdentityWatch()
 	defer c.stopIdentityWatch()
@@ -242,6 +254,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		ac.close()
 	}
 	c.connWG.Wait()
+	c.stopFleet()
 	c.log.Info("stopped")
 }
 

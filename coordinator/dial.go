@@ -52,6 +52,9 @@ func (c *Coordinator) DialTarget(ctx context.Context, nodeID, target string) (ne
 	}
 	n, err := c.node(nodeID)
 	if err != nil {
+		if owner, info := c.remoteRecord(nodeID); owner != "" {
+			return c.dialRemote(ctx, nodeID, target, owner, info.Targets)
+		}
 		return nil, fmt.Errorf("dial %s on node %s: %w", target, nodeID, err)
 	}
 	if !slices.Contains(n.hello.Targets, target) {

@@ -106,6 +106,21 @@
 // job's stdin when the command does not read it. The coordinator does not know how an agent runs
 // a process; it only speaks the exec stream's frames.
 //
+// # Several coordinators
+//
+// fleet.go: with Config.Fleet (the KV bucket tether_nodes) any number of
+// coordinators share one NATS cluster. Each serves the API in the same
+// queue group, records the nodes it holds in the registry (fenced by the
+// revision of its own put) and subscribes to their node subjects
+// (tether.v1.node.<id>.>); a request for a node another one holds is
+// forwarded there unchanged, headers and stamped caller included, and the
+// owner answers the client directly. Cancels and heartbeats reach the
+// coordinator running a job on its run subject (tether.v1.run.<job>.*);
+// fan-outs resolve the whole registry and run remote nodes through their
+// owners; facades, the SSH jump host and the reaper reach remote nodes
+// through the owner (fleet_dial.go, fleet_delete.go). Clients may not
+// publish to any of these subjects (natsauth.ClientPublishDeny).
+//
 // # Authorization
 //
 // Every handler asks Config.Policy before it acts (authz.go), as the
@@ -143,6 +158,14 @@
 //     stream, at most four at once (audit.go);
 //   - while a node's run is being cancelled, a short-lived context.AfterFunc
 //     that writes the cancel frame; the node goroutine waits for it;
+//   - with Config.Fleet (fleet.go): the registry watcher, the dispatcher
+//     of node, run and coordinator subjects (one goroutine serving them one
+//     at a time, as micro serves an endpoint), the reconcile ticker; one
+//     per forwarded request waiting for its owner's acknowledgement, per
+//     fleet-wide nodes.list, per forwarded delete (all counted with the
+//     jobs), and per dial or ssh stream spliced for another coordinator
+//     (counted with the connections, so closing the sessions ends them);
+//     a fan-out's remote node run is its node goroutine;
 //   - per stream relay (relay.go): its goroutine, which copies the client's
 //     bytes to the node, one copier of the node's bytes to the client, and
 //     one watch of the pipe, which cuts a write blocked on a node that
@@ -177,7 +200,10 @@
 // relay.mu is a leaf lock.
 //
 // Coordinator.mu guards the registry, the job table and the shutdown state;
-// it is never held during I/O. job.pubMu serialises a job's publishes. The
+// it is never held during I/O. fleetState.mu (fleet.go) is a leaf lock
+// guarding the watched registry and the node subscriptions; it is never
+// held with Coordinator.mu. pipeConn.mu is a leaf lock around its
+// deadline timer. job.pubMu serialises a job's publishes. The
 // two are never held together. agentConn.mu is a leaf lock around one
 // pointer; admission.mu and the log limiter's mutex are leaf locks too.
 // Heartbeat data lives in atomics.

@@ -39,7 +39,15 @@ const replyHeaderRoom = 1 << 10
 // job is one exec request in flight. Its goroutine (run) starts one goroutine
 // per node, at most maxParallel at a time, and waits for them.
 type job struct {
-	c       *Coordinator
+	c *Coordinator
+	// request and header are the exec request as it came (body, headers
+	// with the caller the server stamped): a fan-out forwards them, one
+	// node at a time, to the coordinators holding its remote targets
+	// (runRemote).
+	request []byte
+	header  nats.Header
+	// sub is the job's run subscription (fleet.go), nil without a fleet.
+	sub     *nats.Subscription
 	id      string
 	reply   string   // the request's reply subject
 	targets []string // node ids, sorted; each is looked up when its run starts
@@ -169,10 +177,15 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 // still there.
 func (j *job) forget() {
 	j.c.mu.Lock()
+	var sub *nats.Subscription
 	if j.c.jobs[j.id] == j {
 		delete(j.c.jobs, j.id)
+		sub, j.sub = j.sub, nil
 	}
 	j.c.mu.Unlock()
+	if sub != nil {
+		sub.Unsubscribe()
+	}
 }
 
 // runNodeGuarded is runNode with a panic in it contained: the node's result
@@ -238,6 +251,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	n := c.nodes[id]
 	c.mu.Unlock()
 	if n == nil {
+		if owner := c.remoteOwner(id); owner != "" {
+			return j.runRemote(id, owner, &tail)
+		}
 		return fail("disconnected before the job's run started there")
 	}
 

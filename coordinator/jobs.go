@@ -134,6 +134,18 @@ func (c *Coordinator) handleExecAlive(req micro.Request) {
 	c.mu.Lock()
 	j := c.jobs[id]
 	c.mu.Unlock()
+	if j == nil && c.fl != nil && !isForwarded(req) {
+		// To the coordinator running it, if another one does.
+		h := nats.Header{}
+		for k, v := range req.Headers() {
+			h[k] = v
+		}
+		h.Set(HeaderForwardedBy, c.cfg.ID)
+		if err := c.cfg.NATS.PublishMsg(&nats.Msg{Subject: runSubject(id, "alive"), Header: h, Data: req.Data()}); err != nil {
+			c.log.Debug("forward heartbeat", "job_id", protocol.Clip(id), "err", err)
+		}
+		return
+	}
 	if j == nil || !ok || !j.ownerKnown || sender.Kind != j.owner.Kind || sender.Key != j.owner.Key || sender.Account != j.owner.Account {
 		return
 	}
@@ -238,6 +250,9 @@ func (c *Coordinator) handleJobOutput(req micro.Request) {
 // submitted it, as recorded when it started detached) and runs the job
 // stream in a goroutine.
 func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobParams) {
+	if c.forwardForNode(req, nodeID, "job."+p.Op) {
+		return
+	}
 	c.mu.Lock()
 	n, ok := c.nodes[nodeID]
 	c.mu.Unlock()

@@ -68,12 +68,19 @@ type metrics struct {
 	// sshEvents counts the agents' SSH channel events (ssh.go), by
 	// outcome: audited, or why one was dropped.
 	sshEvents *prometheus.CounterVec
+	// forwarded counts requests handed to the coordinator holding their
+	// node (fleet.go).
+	forwarded prometheus.Counter
 }
 
 // newMetrics builds the collectors, registers them with reg and
 // pre-initialises every bounded label value to zero.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_coordinator_forwarded_requests_total",
+			Help: "API requests (and fan-out node runs) forwarded to the coordinator holding their node or job.",
+		}),
 		agentsConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tether_coordinator_agents_connected",
 			Help: "Agents with an established tunnel session.",
@@ -124,7 +131,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -73,6 +73,9 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "node: %v", err))
 		return
 	}
+	if c.forwardForNode(req, r.Node, "stream") {
+		return
+	}
 	params := bytes.TrimSpace(r.Params)
 	switch {
 	case kind == protocol.KindSSH:

@@ -55,9 +55,17 @@ func (c *Coordinator) nodeUp(n *node) {
 // provider completely is the ledger's check, per provider: one dead gateway
 // must not stop reaping on the node's other one. It implements
 // ledger.FleetView.
+//
+// With a fleet registry, a node another coordinator holds is reachable when
+// its record says that coordinator reconciled an inventory of the current
+// session (deletes then go through that coordinator: DeleteSandbox).
 func (c *Coordinator) Reachable(nodeID string) bool {
 	n, err := c.node(nodeID)
-	return err == nil && !n.sess.IsClosed() && n.inventoried.Load()
+	if err != nil {
+		owner, _, inv := c.remoteInventoried(nodeID)
+		return owner != "" && inv
+	}
+	return !n.sess.IsClosed() && n.inventoried.Load()
 }
 
 // ConnectedSince returns when node's current session was welcomed, and
@@ -65,6 +73,9 @@ func (c *Coordinator) Reachable(nodeID string) bool {
 func (c *Coordinator) ConnectedSince(nodeID string) (time.Time, bool) {
 	n, err := c.node(nodeID)
 	if err != nil {
+		if owner, info, _ := c.remoteInventoried(nodeID); owner != "" {
+			return info.ConnectedAt, true
+		}
 		return time.Time{}, false
 	}
 	return n.connectedAt, true
@@ -122,8 +133,26 @@ func (c *Coordinator) RunInventory(ctx context.Context, l *ledger.Ledger, interv
 // Sync takes an inventory of every connected node now and returns once the
 // ledger has reconciled them (or ctx ends), with what could not be listed:
 // a node whose inventory failed, or a gateway whose listing was incomplete.
-// It needs RunInventory running.
+// It needs RunInventory running. With a fleet registry it asks every other
+// coordinator holding nodes to do the same for its nodes, in parallel
+// (fleet.go syncFleet); a coordinator that does not answer within ctx is
+// one problem per node it holds.
 func (c *Coordinator) Sync(ctx context.Context) ([]protocol.SyncProblem, error) {
+	if c.fl == nil {
+		return c.syncLocal(ctx)
+	}
+	remote := make(chan []protocol.SyncProblem, 1)
+	go func() { remote <- c.syncFleet(ctx) }()
+	p, err := c.syncLocal(ctx)
+	rp := <-remote
+	if err != nil {
+		return nil, err
+	}
+	return append(p, rp...), nil
+}
+
+// syncLocal is Sync of the nodes this coordinator holds.
+func (c *Coordinator) syncLocal(ctx context.Context) ([]protocol.SyncProblem, error) {
 	if !c.inventoryRunning.Load() {
 		return nil, errors.New("sandbox inventory sync: the inventory loop is not running")
 	}
@@ -189,6 +218,13 @@ func (c *Coordinator) inventoryNodes(ctx context.Context, l *ledger.Ledger, ids 
 // node's inventory then counts as failed (a problem naming the internal
 // error), and the other nodes' go on.
 func (c *Coordinator) inventoryNodeGuarded(ctx context.Context, l *ledger.Ledger, n *node) (p []protocol.SyncProblem) {
+	was := n.inventoried.Load()
+	defer func() {
+		// The other coordinators' reapers read it from the registry.
+		if c.fl != nil && n.inventoried.Load() != was {
+			c.putRecord(n)
+		}
+	}()
 	defer c.guard.Recover("inventory", func(e *panics.Error) {
 		n.inventoried.Store(false)
 		p = []protocol.SyncProblem{{Node: n.id, Error: e.Error()}}
@@ -275,6 +311,9 @@ func (c *Coordinator) DeleteSandbox(ctx context.Context, r ledger.Record) error 
 	}
 	n, err := c.node(r.Node)
 	if err != nil {
+		if owner, _ := c.remoteRecord(r.Node); owner != "" {
+			return c.deleteRemote(ctx, r, owner)
+		}
 		return fmt.Errorf("delete %s sandbox %s on node %s: %w", r.Provider, r.ID, r.Node, err)
 	}
 	var res protocol.SandboxOpResult

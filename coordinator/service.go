@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
@@ -142,7 +143,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		c.replyError(req, apiErr)
 		return
 	}
-	targets, apiErr := c.resolve(r.Target)
+	if r.Target.Node != "" && c.forwardForNode(req, r.Target.Node, "exec") {
+		return
+	}
+	targets, apiErr := c.resolve(r.Target, !isForwarded(req))
 	if apiErr != nil {
 		c.replyError(req, apiErr)
 		return
@@ -158,10 +162,15 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	for i, n := range targets {
 		users[n.id] = grants[i].RunAs
 	}
-	release, apiErr := c.authorizer().Acquire(req, policy.OpExec)
-	if apiErr != nil {
-		c.replyError(req, apiErr)
-		return
+	// A fan-out's node run forwarded here holds one of the caller's jobs
+	// on the coordinator that runs the fan-out already.
+	release := func() {}
+	if req.Headers().Get(headerFanoutRun) == "" || !isForwarded(req) {
+		release, apiErr = c.authorizer().Acquire(req, policy.OpExec)
+		if apiErr != nil {
+			c.replyError(req, apiErr)
+			return
+		}
 	}
 	started := false
 	defer func() {
@@ -184,6 +193,8 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	r.ID = id
 	owner, ownerKnown := caller.Of(req)
 	j := &job{
+		request:     req.Data(),
+		header:      nats.Header(req.Headers()),
 		owner:       owner,
 		ownerKnown:  ownerKnown,
 		c:           c,
@@ -218,6 +229,14 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	}
 	j.ctx, j.cancel = context.WithCancelCause(c.life)
 	c.jobs[id] = j
+	if c.fl != nil {
+		// Cancels and heartbeats landing on other coordinators come here.
+		if s, err := c.cfg.NATS.ChanSubscribe(RunSubjectPrefix+subjectPart(id)+".*", c.fl.in); err != nil {
+			c.log.Warn("subscribe to job subjects", "job_id", id, "err", err)
+		} else {
+			j.sub = s
+		}
+	}
 	c.jobWG.Add(1)
 	c.mu.Unlock()
 	if a := auditOf(req); a != nil && a.takeOver() {
@@ -235,12 +254,19 @@ func (c *Coordinator) handleExec(req micro.Request) {
 }
 
 // resolve turns a validated target into registered nodes, sorted by id.
-func (c *Coordinator) resolve(t protocol.Target) ([]*node, *protocol.APIError) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// With fleet, a selector or all also takes the nodes other coordinators
+// hold (per the fleet registry) as stand-ins (remoteNode), whose runs are
+// forwarded to their owners.
+func (c *Coordinator) resolve(t protocol.Target, fleet bool) ([]*node, *protocol.APIError) {
+	where := "connected to coordinator " + c.cfg.ID
+	if fleet && c.fl != nil {
+		where = "in the fleet"
+	}
 	switch {
 	case t.Node != "":
+		c.mu.Lock()
 		n, ok := c.nodes[t.Node]
+		c.mu.Unlock()
 		if !ok {
 			return nil, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(t.Node), c.cfg.ID)
 		}
@@ -250,19 +276,44 @@ func (c *Coordinator) resolve(t protocol.Target) ([]*node, *protocol.APIError) {
 		if err != nil { // Validate parsed it already
 			return nil, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "target: %v", err)
 		}
-		ns := c.sortedNodesLocked(sel)
+		ns := c.fleetNodes(sel, fleet)
 		if len(ns) == 0 {
-			return nil, protocol.NewAPIError(404, protocol.ErrCodeNoMatch, "selector %s matches no node connected to coordinator %s", protocol.Clip(t.Selector), c.cfg.ID)
+			return nil, protocol.NewAPIError(404, protocol.ErrCodeNoMatch, "selector %s matches no node %s", protocol.Clip(t.Selector), where)
 		}
 		return ns, nil
 	case t.All:
-		ns := c.sortedNodesLocked(protocol.Selector{})
+		ns := c.fleetNodes(protocol.Selector{}, fleet)
 		if len(ns) == 0 {
-			return nil, protocol.NewAPIError(404, protocol.ErrCodeNoMatch, "no node is connected to coordinator %s", c.cfg.ID)
+			return nil, protocol.NewAPIError(404, protocol.ErrCodeNoMatch, "no node is %s", where)
 		}
 		return ns, nil
 	}
 	return nil, protocol.NewAPIError(400, protocol.ErrCodeNoTarget, "request has no target: set target.node, target.selector or target.all")
+}
+
+// fleetNodes returns the held nodes matching sel and, with fleet, the
+// other coordinators' (as stand-ins), sorted by id.
+func (c *Coordinator) fleetNodes(sel protocol.Selector, fleet bool) []*node {
+	c.mu.Lock()
+	ns := c.sortedNodesLocked(sel)
+	c.mu.Unlock()
+	if !fleet || c.fl == nil {
+		return ns
+	}
+	local := make(map[string]bool, len(ns))
+	for _, n := range ns {
+		local[n.id] = true
+	}
+	c.mu.Lock()
+	for id := range c.nodes {
+		local[id] = true
+	}
+	c.mu.Unlock()
+	for _, info := range c.remoteNodes(sel, local) {
+		ns = append(ns, remoteNode(info))
+	}
+	sortNodes(ns)
+	return ns
 }
 
 // sortedNodesLocked returns the registered nodes matching sel, sorted by id.
@@ -294,13 +345,38 @@ func (c *Coordinator) decodeValid(req micro.Request, v interface{ Validate() *pr
 
 // handleNodes lists one page of the connected nodes matching the request's
 // selector.
+//
+// With a fleet registry the list is the whole fleet's, and the live fields
+// of other coordinators' nodes come from their owners (withLive): that
+// wait runs in a goroutine counted with the jobs, not on micro's.
 func (c *Coordinator) handleNodes(req micro.Request) {
 	var r protocol.NodesRequest
 	if !c.decodeValid(req, &r) {
 		return
 	}
+	if c.fl == nil {
+		c.listNodes(req, &r)
+		return
+	}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.replyError(req, c.unavailable())
+		return
+	}
+	c.jobWG.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.jobWG.Done()
+		defer c.guard.Recover("nodes", func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
+		c.listNodes(req, &r)
+	}()
+}
+
+// listNodes answers a nodes request.
+func (c *Coordinator) listNodes(req micro.Request, r *protocol.NodesRequest) {
 	sel, _ := protocol.ParseSelector(r.Selector) // Validate parsed it
-	all := c.Nodes(sel)
+	all := c.FleetNodes(sel)
 	// A caller sees the nodes a nodes.list rule of its grants, as if the
 	// others were not connected.
 	pns := make([]policy.Node, len(all))
@@ -325,6 +401,7 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 	}
 	from := min(r.Offset, len(all))
 	to := min(from+limit, len(all))
+	c.withLive(all[from:to])
 	resp := protocol.NodesResponse{Nodes: all[from:to], Total: len(all)}
 	c.replyJSON(req, resp, fmt.Sprintf("%d nodes", to-from), "ask for fewer with a smaller limit")
 }
@@ -361,6 +438,17 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	c.mu.Lock()
 	j, ok := c.jobs[r.ID]
 	c.mu.Unlock()
+	if !ok && c.fl != nil && !isForwarded(req) {
+		// Another coordinator may run it: the one subscribed to its run
+		// subject answers; nobody is the same 404 as here.
+		who := ""
+		if id, known := caller.Of(req); known {
+			who = " that " + id.String() + " may cancel"
+		}
+		c.forward(req, runSubject(r.ID, "cancel"), "(any)", "job "+protocol.Clip(r.ID),
+			protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s%s is running in the fleet", protocol.Clip(r.ID), who))
+		return
+	}
 	if ok {
 		for _, id := range j.targets {
 			if _, e := az.Decide(req, policy.OpJobCancel, c.nodeOrID(id), policy.Object{Owner: j.ownerString()}); e != nil {

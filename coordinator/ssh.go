@@ -84,6 +84,9 @@ type sshSession struct {
 	start                  time.Time // when the stream was opened
 	// expires is zero while the stream is open, then the end of its grace.
 	expires time.Time
+	// forwarded: opened for another coordinator's jump host (fleet_dial.go);
+	// never forwarded again.
+	forwarded bool
 }
 
 // sshSessions maps SSHParams.Session to the connection's record. Safe for
@@ -185,6 +188,9 @@ func (c *Coordinator) sshNode(id string) *node {
 func (s SSHNodes) Node(id string) (policy.Node, bool) {
 	n := s.c.sshNode(id)
 	if n == nil {
+		if owner, info, _ := s.c.remoteSSH(id); owner != "" {
+			return policy.Node{ID: id, Labels: info.Labels}, true
+		}
 		return policy.Node{ID: id}, false
 	}
 	return n.policyNode(), true
@@ -195,6 +201,9 @@ func (s SSHNodes) Node(id string) (policy.Node, bool) {
 func (s SSHNodes) HostKey(id string) []byte {
 	if n := s.c.sshNode(id); n != nil {
 		return slices.Clone(n.hello.SSHHostKey)
+	}
+	if owner, _, key := s.c.remoteSSH(id); owner != "" {
+		return slices.Clone(key)
 	}
 	return nil
 }
@@ -232,6 +241,9 @@ func (c *Coordinator) openSSH(ctx context.Context, id string, params *protocol.S
 	}
 	n := c.sshNode(id)
 	if n == nil {
+		if owner, _, _ := c.remoteSSH(id); owner != "" && !rec.forwarded {
+			return c.sshRemote(ctx, id, params, owner)
+		}
 		return nil, fmt.Errorf("open ssh stream: node %q is not connected to coordinator %s, or its agent serves no SSH", id, c.cfg.ID)
 	}
 	c.mu.Lock()
@@ -530,12 +542,20 @@ func (c *Coordinator) handleSSHInfo(req micro.Request) {
 	}
 	c.mu.Lock()
 	var ns []*node
+	held := make(map[string]bool, len(c.nodes))
 	for _, n := range c.nodes {
+		held[n.id] = true
 		if n.hello.HasFeature(protocol.FeatureSSH) {
 			ns = append(ns, n)
 		}
 	}
 	c.mu.Unlock()
+	// The whole fleet: every coordinator's jump host reaches every node.
+	for _, info := range c.remoteNodes(protocol.Selector{}, held) {
+		if owner, _, _ := c.remoteSSH(info.ID); owner != "" {
+			ns = append(ns, remoteNode(info))
+		}
+	}
 	sort.Slice(ns, func(i, j int) bool { return ns[i].id < ns[j].id })
 	pns := policyNodes(ns)
 	visible, e := c.authorizer().Filter(req, policy.OpNodesList, pns, policy.Object{})

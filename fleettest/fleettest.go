@@ -30,6 +30,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
@@ -75,6 +76,14 @@ type Options struct {
 	// authorization is measured against (BenchmarkExecAuth); Layout,
 	// ClientCreds and CredsFile are then nil or empty.
 	Anonymous bool
+	// Coordinators is the number of coordinators sharing the NATS server
+	// and the fleet registry (coordinator.Config.Fleet); default 1, which
+	// runs without a fleet registry, as a lone coordinator always did.
+	// Agent i dials coordinator i mod Coordinators first and the others
+	// after it. Not with Processes or Anonymous; with Gateways, each
+	// coordinator runs its own sandbox services (one reaper runs at a
+	// time, as the fleet's reaper lock decides).
+	Coordinators int
 	// Gateways, if set, gives each in-process agent its own fake OpenShell
 	// gateway and OpenSandbox server and runs the coordinator's sandbox
 	// services (gateways.go). Not with Processes.
@@ -97,6 +106,17 @@ type Fleet struct {
 	Coordinator *coordinator.Coordinator
 	// TunnelAddr is where agents dial.
 	TunnelAddr string
+	// With Options.Coordinators above 1: every coordinator (Coordinators[0]
+	// is Coordinator), their tunnel addresses, and each one's own NATS
+	// connection (TETHER credentials).
+	Coordinators []*coordinator.Coordinator
+	TunnelAddrs  []string
+	CoordNCs     []*nats.Conn
+	// Registries are the coordinators' metric registries (with
+	// Options.Coordinators above 1).
+	Registries []*prometheus.Registry
+	stops      []context.CancelFunc
+	serveDone  []chan struct{}
 	// ClientTLS trusts the fleet's CA; AddAgent uses it.
 	ClientTLS *tls.Config
 
@@ -113,7 +133,11 @@ type Fleet struct {
 	// addresses (OpenShell gRPC, OpenSandbox HTTP host:port).
 	Sandboxes                          *sandboxes.Service
 	OpenShellFacade, OpenSandboxFacade string
-	gw                                 gatewayFleet
+	// With Options.Coordinators above 1 too: every coordinator's sandbox
+	// services and facade addresses, in coordinator order.
+	SandboxServices                      []*sandboxes.Service
+	OpenShellFacades, OpenSandboxFacades []string
+	gw                                   gatewayFleet
 }
 
 // Start starts a fleet and waits until every agent is registered. Everything
@@ -198,43 +222,81 @@ func Start(tb testing.TB, opts Options) *Fleet {
 
 	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: credsFile,
 		NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
-	ccfg := coordinator.DefaultConfig()
-	ccfg.ID = "fleettest"
-	ccfg.Token = f.token
-	ccfg.NATS = coordNC
-	ccfg.Identify = identify
-	ccfg.Logger = opts.Logger
-	if opts.HeartbeatInterval > 0 {
-		ccfg.HeartbeatInterval = opts.HeartbeatInterval
+	k := max(opts.Coordinators, 1)
+	if k > 1 && (opts.Processes > 1 || opts.Anonymous) {
+		tb.Fatal("fleettest: Coordinators above 1 does not go with Processes or Anonymous")
 	}
-	if opts.Gateways != nil {
-		f.openSandboxes(tb, coordNC, &ccfg)
+	// Every coordinator's own NATS connection, connected (and so closed by
+	// the cleanup) before the fleet stops: a coordinator drains with its
+	// connection up.
+	cncs := []*nats.Conn{coordNC}
+	for ci := 1; ci < k; ci++ {
+		cncs = append(cncs, natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, fmt.Sprintf("fleettest-coordinator-%d", ci)), nats.InProcessServer(ns)))
 	}
-	if opts.Coordinator != nil {
-		opts.Coordinator(&ccfg)
-	}
-	c, err := coordinator.New(ccfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f.Coordinator = c
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f.TunnelAddr = ln.Addr().String()
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(f.stop)
-	if opts.Gateways != nil {
-		f.attachSandboxes(tb)
-	}
-	f.wg.Add(1)
-	go func() {
-		defer f.wg.Done()
-		if err := c.Serve(f.ctx, tunnel.NewListener(ln, srvTLS)); err != nil {
-			opts.Logger.Error("coordinator stopped", "err", err)
+	for ci := 0; ci < k; ci++ {
+		cnc := cncs[ci]
+		ccfg := coordinator.DefaultConfig()
+		ccfg.ID = "fleettest"
+		if k > 1 {
+			ccfg.ID = fmt.Sprintf("fleettest-%d", ci)
+			kv, err := coordinator.OpenFleetBucket(context.Background(), cnc, 1)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			ccfg.Fleet = kv
+			reg := prometheus.NewRegistry()
+			ccfg.Registerer = reg
+			f.Registries = append(f.Registries, reg)
 		}
-	}()
+		ccfg.Token = f.token
+		ccfg.NATS = cnc
+		ccfg.Identify = identify
+		ccfg.Logger = opts.Logger
+		if k > 1 {
+			ccfg.Logger = opts.Logger.With("fleettest_coordinator", ci)
+		}
+		if opts.HeartbeatInterval > 0 {
+			ccfg.HeartbeatInterval = opts.HeartbeatInterval
+		}
+		if opts.Gateways != nil {
+			f.openSandboxes(tb, cnc, &ccfg)
+		}
+		if opts.Coordinator != nil {
+			opts.Coordinator(&ccfg)
+		}
+		c, err := coordinator.New(ccfg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if ci == 0 {
+			f.Coordinator = c
+			f.TunnelAddr = ln.Addr().String()
+		}
+		f.Coordinators = append(f.Coordinators, c)
+		f.TunnelAddrs = append(f.TunnelAddrs, ln.Addr().String())
+		f.CoordNCs = append(f.CoordNCs, cnc)
+		cctx, stop := context.WithCancel(f.ctx)
+		if opts.Gateways != nil {
+			f.attachSandboxes(tb, c, cctx)
+		}
+		done := make(chan struct{})
+		f.stops = append(f.stops, stop)
+		f.serveDone = append(f.serveDone, done)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			defer close(done)
+			if err := c.Serve(cctx, tunnel.NewListener(ln, srvTLS)); err != nil {
+				opts.Logger.Error("coordinator stopped", "err", err)
+			}
+		}()
+	}
 	if opts.Processes > 1 {
 		f.startAgentHosts(tb, pki.CACert)
 	} else {
@@ -365,6 +427,13 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 	f.agents++
 	f.mu.Unlock()
 	cfg := agentConfig(f.opts.NodeID(i), f.opts.Labels(i), f.TunnelAddr, f.token, f.ClientTLS, tb.TempDir(), f.opts.Logger)
+	if k := len(f.TunnelAddrs); k > 1 {
+		// Its own coordinator first, then the others in turn.
+		cfg.Coordinators = nil
+		for d := 0; d < k; d++ {
+			cfg.Coordinators = append(cfg.Coordinators, f.TunnelAddrs[(i+d)%k])
+		}
+	}
 	f.mu.Lock()
 	if f.dataDirs == nil {
 		f.dataDirs = map[string]string{}
@@ -420,12 +489,32 @@ func (f *Fleet) DataDir(node string) string {
 	return f.dataDirs[node]
 }
 
-// WaitNodes waits until at least n nodes are connected.
+// StopCoordinator drains coordinator k (Options.Coordinators) and waits
+// until its Serve returned; its agents move to the others.
+func (f *Fleet) StopCoordinator(k int) {
+	f.stops[k]()
+	<-f.serveDone[k]
+}
+
+// WaitNodes waits until at least n nodes are connected: to the coordinator,
+// or with Options.Coordinators above 1, in the fleet registry as every
+// running coordinator sees it.
 func (f *Fleet) WaitNodes(tb testing.TB, n int) {
 	tb.Helper()
 	deadline := time.Now().Add(time.Duration(30+n/20) * time.Second)
 	for {
 		got := len(f.Coordinator.Nodes(protocol.Selector{}))
+		if len(f.Coordinators) > 1 {
+			got = n
+			for k, c := range f.Coordinators {
+				select {
+				case <-f.serveDone[k]:
+					continue
+				default:
+				}
+				got = min(got, len(c.FleetNodes(protocol.Selector{})))
+			}
+		}
 		if got >= n {
 			return
 		}
@@ -439,4 +528,26 @@ func (f *Fleet) WaitNodes(tb testing.TB, n int) {
 func (f *Fleet) stop() {
 	f.cancel()
 	f.wg.Wait()
+}
+
+// Forwarded returns how many requests the fleet's coordinators forwarded
+// to another coordinator (tether_coordinator_forwarded_requests_total,
+// summed), with Options.Coordinators above 1.
+func (f *Fleet) Forwarded(tb testing.TB) float64 {
+	tb.Helper()
+	var sum float64
+	for _, reg := range f.Registries {
+		mfs, err := reg.Gather()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "tether_coordinator_forwarded_requests_total" {
+				for _, m := range mf.GetMetric() {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }

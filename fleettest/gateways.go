@@ -56,8 +56,10 @@ func (f *Fleet) OpenSandbox(node string) *opensandboxtest.Server {
 	return f.gw.openSandbox[node]
 }
 
-// openSandboxes starts the sandbox services before the coordinator exists
-// (their endpoints go into its config) and listens for both facades.
+// openSandboxes starts coordinator ccfg.ID's sandbox services before the
+// coordinator exists (their endpoints go into its config) and listens for
+// both facades; the first coordinator's are Fleet.Sandboxes and its
+// facades, every one's are in Fleet.SandboxServices and the facade lists.
 func (f *Fleet) openSandboxes(tb testing.TB, nc *nats.Conn, ccfg *coordinator.Config) {
 	tb.Helper()
 	osh, err := net.Listen("tcp", "127.0.0.1:0")
@@ -68,9 +70,10 @@ func (f *Fleet) openSandboxes(tb testing.TB, nc *nats.Conn, ccfg *coordinator.Co
 	if err != nil {
 		tb.Fatal(err)
 	}
-	f.OpenShellFacade, f.OpenSandboxFacade = osh.Addr().String(), osb.Addr().String()
+	f.OpenShellFacades = append(f.OpenShellFacades, osh.Addr().String())
+	f.OpenSandboxFacades = append(f.OpenSandboxFacades, osb.Addr().String())
 	cfg := sandboxes.Config{
-		NATS: nc, ID: "fleettest", Logger: f.opts.Logger,
+		NATS: nc, ID: ccfg.ID, Logger: ccfg.Logger,
 		InventoryInterval: time.Second,
 		OpenShell:         osh, OpenSandbox: osb,
 	}
@@ -81,24 +84,30 @@ func (f *Fleet) openSandboxes(tb testing.TB, nc *nats.Conn, ccfg *coordinator.Co
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f.Sandboxes, err = sandboxes.Open(ctx, cfg)
+	svc, err := sandboxes.Open(ctx, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ccfg.Endpoints = f.Sandboxes.Endpoints
+	f.SandboxServices = append(f.SandboxServices, svc)
+	if len(f.SandboxServices) == 1 {
+		f.Sandboxes = svc
+		f.OpenShellFacade, f.OpenSandboxFacade = f.OpenShellFacades[0], f.OpenSandboxFacades[0]
+	}
+	ccfg.Endpoints = svc.Endpoints
 }
 
-// attachSandboxes builds the reaper and facades on the coordinator and
-// runs them for the fleet's life.
-func (f *Fleet) attachSandboxes(tb testing.TB) {
+// attachSandboxes builds the reaper and facades of the last opened sandbox
+// services on c and runs them until ctx ends.
+func (f *Fleet) attachSandboxes(tb testing.TB, c *coordinator.Coordinator, ctx context.Context) {
 	tb.Helper()
-	if err := f.Sandboxes.Attach(f.Coordinator); err != nil {
+	svc := f.SandboxServices[len(f.SandboxServices)-1]
+	if err := svc.Attach(c); err != nil {
 		tb.Fatal(err)
 	}
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		if err := f.Sandboxes.Run(f.ctx); err != nil {
+		if err := svc.Run(ctx); err != nil {
 			f.opts.Logger.Error("sandbox services stopped", "err", err)
 		}
 	}()

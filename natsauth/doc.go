@@ -27,6 +27,7 @@
 // its users:
 //
 //	publish    allow tether.v1.>
+//	           deny  tether.v1.node.>, tether.v1.run.>, tether.v1.coord.>   (coordinator routing)
 //	subscribe  allow _INBOX_{{subject()}}.>   (the user's own public key)
 //	responses  none (allow_responses off)
 //
@@ -39,7 +40,9 @@
 // connection without a user JWT of this operator is refused; a client may
 // publish API requests and receive replies on its private inbox prefix
 // (InboxPrefix; Creds.Options sets nats.CustomInboxPrefix), and nothing
-// else: not subscribe to >, another user's inbox, the API subjects, their
+// else: not publish to the coordinators' node and run subjects
+// (ClientPublishDeny: the coordinator that serves them trusts the caller
+// identity in their headers), not subscribe to >, another user's inbox, the API subjects, their
 // queue group, $JS.API.> or $KV.>, not publish to a coordinator's inbox,
 // another user's inbox or JetStream. Subjects under tether.v1. that are not
 // exported (events, audit, node routing) stay in CLIENTS, where nobody may

@@ -40,6 +40,15 @@ const (
 	// rest of tether.v1. stays inside AccountClients, where nobody may
 	// subscribe to it.
 	ClientPublishAllow = "tether.v1.>"
+	// ClientPublishDeny are the subjects under ClientPublishAllow a client
+	// user is refused publishing to (a permissions violation, not a silent
+	// drop): the coordinators' internal routing, node subjects
+	// (tether.v1.node.<id>.>), run subjects (tether.v1.run.<job>.>) and
+	// coordinator subjects (tether.v1.coord.<id>.>).
+	// Coordinators trust the caller identity in what arrives there
+	// (coordinator/fleet.go); they are not exported either, so in TETHER
+	// only coordinators can publish them.
+	ClientPublishDeny = "tether.v1.node.>,tether.v1.run.>,tether.v1.coord.>"
 	// ClientSubscribeAllow is the template of what a client user may
 	// subscribe to: its private inbox prefix.
 	ClientSubscribeAllow = inboxPrefixBase + "{{subject()}}.>"
@@ -170,6 +179,7 @@ func clientScope(signingKey string) *jwt.UserScope {
 	s.Role = ClientRole
 	s.Description = "tether client: publishes API requests, receives its own replies"
 	s.Template.Pub.Allow.Add(ClientPublishAllow)
+	s.Template.Pub.Deny.Add(strings.Split(ClientPublishDeny, ",")...)
 	s.Template.Sub.Allow.Add(ClientSubscribeAllow)
 	return s
 }

@@ -255,6 +255,11 @@ func TestClientPermissions(t *testing.T) {
 		{"another user's inbox", bob.InboxPrefix() + ".x"},
 		{"JetStream API", "$JS.API.STREAM.LIST"},
 		{"KV key", "$KV.tether_locks.n1"},
+		// The coordinators' internal routing (coordinator/fleet.go).
+		{"a node subject", "tether.v1.node.n1.exec"},
+		{"a node subject (stream)", "tether.v1.node.n1~x.stream"},
+		{"a run subject", "tether.v1.run.job-1.cancel"},
+		{"a coordinator subject", "tether.v1.coord.c1.nodes"},
 	}
 	for _, tt := range pubs {
 		t.Run("publish to "+tt.name, func(t *testing.T) {

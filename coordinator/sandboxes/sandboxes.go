@@ -236,7 +236,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 			return err
 		}
 		srv, err := openshell.New(openshell.Config{
-			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
+			Fleet: fleetView{c}, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			DefaultTTL: s.cfg.DefaultTTL, CheckToken: s.cfg.CheckToken, TLS: s.cfg.OpenShellTLS,
 			Hosts: hosts, TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
 			Audit: oshAudit,
@@ -253,7 +253,7 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 			return err
 		}
 		f, err := opensandbox.New(opensandbox.Config{
-			Fleet: c, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
+			Fleet: fleetView{c}, Ledger: s.ledger, Logger: s.log, Registerer: s.cfg.Registerer,
 			ExternalHost: s.cfg.ExternalHost, CheckToken: s.cfg.CheckToken, Hosts: hosts,
 			TokenName: s.cfg.TokenName, Local: s.cfg.Local, Authorizer: c.Authorizer(),
 			Audit: osbAudit,
@@ -266,6 +266,14 @@ func (s *Service) Attach(c *coordinator.Coordinator) error {
 	}
 	return nil
 }
+
+// fleetView is the coordinator as the facades see it: every node of the
+// fleet (coordinator.FleetNodes: the ones other coordinators hold too,
+// dialled through their owners by DialTarget), so that a facade on any
+// coordinator places, lists and reaches sandboxes on every node.
+type fleetView struct{ *coordinator.Coordinator }
+
+func (f fleetView) Nodes(sel protocol.Selector) []protocol.NodeInfo { return f.FleetNodes(sel) }
 
 // hostPolicy is the name policy of a facade listening on ln: loopback
 // names, ln's address, Config.AllowedHosts and external (a host[:port],

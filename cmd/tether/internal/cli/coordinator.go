@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/ssh"
@@ -384,8 +385,9 @@ type coordinatorServer struct {
 	sbx      *sandboxes.Service
 	sbxLn    *sandboxListeners
 	audit    *audit.Recorder
-	ids      *enroll.Store  // join tokens and node identities
-	ns       *server.Server // nil with an external NATS
+	ids      *enroll.Store      // join tokens and node identities
+	fleet    jetstream.KeyValue // the fleet registry shared with the other coordinators
+	ns       *server.Server     // nil with an external NATS
 	layout   *natsauth.Layout
 	unlock   func()        // releases the data dir lock
 	policy   *policy.Store // reloaded on SIGHUP (serve)
@@ -571,10 +573,16 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: connect to NATS at %s: %w", url, err)
 	}
 	undo = append(undo, cs.nc.Close)
-	if err := checkSoleCoordinator(cs.nc); err != nil {
+	if err := checkDistinctCoordinator(cs.nc, id); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 1)
+	ocancel()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	octx, ocancel = context.WithTimeout(context.Background(), 30*time.Second)
 	cs.sbx, err = o.Sandbox.open(octx, sbxLn, o.DataDir, id, cs.nc, log, reg)
 	ocancel()
 	if err != nil {
@@ -608,6 +616,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Token = cs.info.Token
 	cfg.NodeCA = nodeCA
 	cfg.Identities = cs.ids
+	cfg.Fleet = cs.fleet
 	cfg.CertTTL = o.CertTTL
 	cfg.NATS = cs.nc
 	cfg.Identify = caller.FromNATS(verifier)
@@ -888,24 +897,38 @@ func lockDataDir(dir string) (unlock func(), err error) {
 	return func() { once.Do(func() { f.Close() }) }, nil
 }
 
-// checkSoleCoordinator refuses to start a second coordinator on a NATS
-// server that already has one: requests are load-balanced across the
-// service's instances, and a coordinator only reaches the nodes whose
-// tunnels it holds, so a second one would answer "unknown node" for the
-// first one's nodes. (Routing between coordinators is not built yet.)
-func checkSoleCoordinator(nc *nats.Conn) error {
-	msg, err := nc.Request("$SRV.PING."+protocol.ServiceName, nil, 500*time.Millisecond)
+// checkDistinctCoordinator refuses to start a coordinator whose id another
+// coordinator serving the API on the same NATS (the same account: the
+// others are invisible, and could not share the fleet anyway) already uses.
+// Several coordinators share one NATS (coordinator/fleet.go), but each one
+// records the nodes it holds under its id: two with one id would take each
+// other's nodes for their own.
+func checkDistinctCoordinator(nc *nats.Conn, id string) error {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
-		return nil // no responders or no answer: nobody serves the API
+		return fmt.Errorf("ping the %q service on %s: %w", protocol.ServiceName, nc.ConnectedUrlRedacted(), err)
 	}
-	var ping struct {
-		ID       string            `json:"id"`
-		Metadata map[string]string `json:"metadata"`
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.PING."+protocol.ServiceName, inbox, nil); err != nil {
+		return fmt.Errorf("ping the %q service on %s: %w", protocol.ServiceName, nc.ConnectedUrlRedacted(), err)
 	}
-	json.Unmarshal(msg.Data, &ping)
-	who := ping.Metadata["coordinator_id"]
-	if who == "" {
-		who = "service instance " + ping.ID
+	// Every instance answers at once; gather for a short while.
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for {
+		msg, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			return nil // the window ended (or nobody serves the API)
+		}
+		var ping struct {
+			ID       string            `json:"id"`
+			Metadata map[string]string `json:"metadata"`
+		}
+		if json.Unmarshal(msg.Data, &ping) != nil {
+			continue
+		}
+		if ping.Metadata["coordinator_id"] == id {
+			return fmt.Errorf("another coordinator (service instance %s) on %s already uses the coordinator id %q; give each coordinator its own --id", ping.ID, nc.ConnectedUrlRedacted(), id)
+		}
 	}
-	return fmt.Errorf("another coordinator (%s) already serves the %q API on %s; this release supports one coordinator per NATS server", who, protocol.ServiceName, nc.ConnectedUrlRedacted())
 }

@@ -63,7 +63,7 @@ func TestCoordinatorStartFailuresAreClean(t *testing.T) {
 			t.Fatalf("err = %v, want the data dir lock error", err)
 		}
 	})
-	t.Run("second coordinator on the same NATS", func(t *testing.T) {
+	t.Run("second coordinator with the same id on the same NATS", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- first.serve(ctx) }()
@@ -74,9 +74,19 @@ func TestCoordinatorStartFailuresAreClean(t *testing.T) {
 		o.NATSURL = first.info.NATSURL
 		o.NATSCreds = natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, first.layout, "second"))
 		_, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
-		if err == nil || !strings.Contains(err.Error(), "already serves") {
-			t.Fatalf("err = %v, want a refusal naming the other coordinator", err)
+		if err == nil || !strings.Contains(err.Error(), "already uses the coordinator id") {
+			t.Fatalf("err = %v, want a refusal naming the id in use", err)
 		}
+		// With its own id it starts and shares the fleet.
+		o = testCoordinatorOptions(t, t.TempDir())
+		o.NATSURL = first.info.NATSURL
+		o.NATSCreds = natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, first.layout, "second"))
+		o.ID = "second"
+		second, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatalf("second coordinator with its own id: %v", err)
+		}
+		second.close()
 	})
 }
 

@@ -46,6 +46,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/facade/opensandbox"
 	"github.com/tetherfleet/tether/coordinator/facade/openshell"
 	"github.com/tetherfleet/tether/natsauth"
@@ -656,6 +657,9 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 	covered[natsauth.PipeSubjectPrefix+">"] = true
 	covered[protocol.SubjectAuditPrefix] = true        // sub/pub probes below
 	covered[protocol.SubjectSandboxEventPrefix] = true // sub/pub probes below
+	// The coordinators' own routing (coordinator/fleet.go): publish probes below.
+	covered[coordinator.NodeSubjectPrefix+surfaceNode+".>"] = true
+	covered[coordinator.CoordSubjectPrefix+"surface.*"] = true
 	for name, v := range surfaceProtocolSubjects(t) {
 		if !covered[v] {
 			t.Errorf("protocol.%s = %q is not served by the micro service and has no probe in TestSurface: add one", name, v)
@@ -671,9 +675,10 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 	for _, sub := range coordinatorSubscriptions(t, cs) {
 		switch {
 		case covered[sub],
-			strings.HasPrefix(sub, "$SRV."),                    // micro's discovery: the "$SRV.>" and "$SRV.INFO" probes
-			strings.HasPrefix(sub, nats.InboxPrefix),           // the coordinator's own replies: the "_INBOX.>" probe
-			strings.HasPrefix(sub, natsauth.PipeSubjectPrefix): // pipe ends: the pipe publish probe
+			strings.HasPrefix(sub, "$SRV."),                      // micro's discovery: the "$SRV.>" and "$SRV.INFO" probes
+			strings.HasPrefix(sub, nats.InboxPrefix),             // the coordinator's own replies: the "_INBOX.>" probe
+			strings.HasPrefix(sub, natsauth.PipeSubjectPrefix),   // pipe ends: the pipe publish probe
+			strings.HasPrefix(sub, coordinator.RunSubjectPrefix): // a running job's: the run publish probe
 		default:
 			t.Errorf("the coordinator subscribes to %s, which no probe of TestSurface covers: add one and review the new row of %s", sub, surfaceGolden)
 		}
@@ -760,7 +765,8 @@ func probeNATS(t *testing.T, cs *coordinatorServer, eye *nats.Conn, tab *surface
 		return publishProbe(t, nc, spy, self.other.InboxPrefix()+".x", self.name)
 	})
 	for _, subj := range []string{"$JS.API.STREAM.LIST", "$JS.API.INFO", "$KV.tether_locks.x",
-		protocol.SubjectSandboxEventPrefix + "surface", protocol.SubjectAuditPrefix + "surface", "tether.v1.node." + surfaceNode + ".exec"} {
+		protocol.SubjectSandboxEventPrefix + "surface", protocol.SubjectAuditPrefix + "surface", "tether.v1.node." + surfaceNode + ".exec",
+		"tether.v1.run.surface-job.cancel", "tether.v1.coord.surface.nodes"} {
 		add("publish "+subj, func(nc *nats.Conn, self *surfaceCaller) string { return publishProbe(t, nc, spy, subj, self.name) })
 	}
 	add("request $SRV.INFO", func(nc *nats.Conn, _ *surfaceCaller) string { return requestProbe(t, nc, "$SRV.INFO", nil) })

@@ -1,0 +1,411 @@
+package fleettest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/user"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Several coordinators on one NATS server (coordinator/fleet.go): agent i
+// is held by coordinator i mod 2, and requests land on either one (the
+// micro queue group picks), so about half of them reach a coordinator that
+// does not hold their node. Each test sends enough of them that both
+// cases happen (the chance that none of n lands on the non-owner is 2^-n)
+// and checks that some were forwarded.
+
+func startMulti(t *testing.T, coordinators, agents int) *fleettest.Fleet {
+	t.Helper()
+	return fleettest.Start(t, fleettest.Options{Coordinators: coordinators, Agents: agents, HeartbeatInterval: time.Second})
+}
+
+func TestMultiCoordinatorRegistry(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	for k, c := range f.Coordinators {
+		ns := c.FleetNodes(protocol.Selector{})
+		if len(ns) != 4 {
+			t.Fatalf("coordinator %d sees %d nodes, want 4: %+v", k, len(ns), ns)
+		}
+		for i, n := range ns {
+			if want := fmt.Sprintf("fleettest-%d", i%2); n.Coordinator != want || n.ID != fmt.Sprintf("node-%d", i) {
+				t.Errorf("coordinator %d: node %s held by %q, want %q", k, n.ID, n.Coordinator, want)
+			}
+		}
+		if local := c.Nodes(protocol.Selector{}); len(local) != 2 {
+			t.Errorf("coordinator %d holds %d nodes, want 2", k, len(local))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range 8 {
+		ns, err := f.Client.Nodes(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ns) != 4 {
+			t.Fatalf("nodes.list = %d nodes, want the whole fleet's 4", len(ns))
+		}
+		for _, n := range ns {
+			// Live state from the owner, whichever coordinator answered.
+			if n.LastHeartbeat.IsZero() {
+				t.Errorf("nodes.list: %s (held by %s) has no last heartbeat", n.ID, n.Coordinator)
+			}
+		}
+	}
+}
+
+func TestMultiCoordinatorExecOnAnyCoordinator(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 24 {
+		node := fmt.Sprintf("node-%d", i%4)
+		var out strings.Builder
+		res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: node}, Script: "echo hi-" + node + "; echo err >&2; exit 3"},
+			func(n, stream string, data []byte) {
+				if stream == "stdout" && n == node {
+					out.Write(data)
+				}
+			})
+		if err != nil {
+			t.Fatalf("exec %d on %s: %v", i, node, err)
+		}
+		if len(res.Results) != 1 || res.Results[0].Node != node || res.Results[0].ExitCode != 3 || out.String() != "hi-"+node+"\n" {
+			t.Fatalf("exec %d on %s: %+v, stdout %q", i, node, res, out.String())
+		}
+		if !strings.Contains(res.Results[0].Failure, "err") {
+			t.Errorf("exec %d on %s: failure %q does not carry stderr", i, node, res.Results[0].Failure)
+		}
+	}
+	if f.Forwarded(t) == 0 {
+		t.Error("no request was forwarded between the coordinators")
+	}
+}
+
+func TestMultiCoordinatorFanOut(t *testing.T) {
+	f := startMulti(t, 3, 6)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for round := range 6 {
+		var mu sync.Mutex
+		seen := map[string]string{}
+		res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "echo out"},
+			func(n, stream string, data []byte) {
+				mu.Lock()
+				seen[n] += string(data)
+				mu.Unlock()
+			})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if res.Nodes != 6 || res.Succeeded != 6 || len(res.Results) != 6 {
+			t.Fatalf("round %d: %+v, want 6 nodes succeeded", round, res)
+		}
+		for i := range 6 {
+			if n := fmt.Sprintf("node-%d", i); seen[n] != "out\n" || res.Results[i].Node != n {
+				t.Errorf("round %d: node %s output %q, result %+v", round, n, seen[n], res.Results[i])
+			}
+		}
+		// A selector across the coordinators.
+		sel, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Selector: "index in (1,2,4)"}, Script: "true"}, nil)
+		if err != nil {
+			t.Fatalf("round %d: selector: %v", round, err)
+		}
+		var ids []string
+		for _, r := range sel.Results {
+			ids = append(ids, r.Node)
+		}
+		if !slices.Equal(ids, []string{"node-1", "node-2", "node-4"}) || sel.Succeeded != 3 {
+			t.Fatalf("round %d: selector ran on %v (%+v)", round, ids, sel)
+		}
+	}
+	if f.Forwarded(t) == 0 {
+		t.Error("no node run was forwarded between the coordinators")
+	}
+}
+
+func TestMultiCoordinatorCancel(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 6 {
+		id := fmt.Sprintf("long-%d", i)
+		done := make(chan *protocol.ExecResult, 1)
+		go func() {
+			res, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: id, Target: protocol.Target{Node: fmt.Sprintf("node-%d", i%2)}, Script: "sleep 30"}, nil)
+			if err != nil {
+				t.Errorf("exec %s: %v", id, err)
+			}
+			done <- res
+		}()
+		// The cancel lands on either coordinator; retry until the job runs.
+		for {
+			r, err := f.Client.Cancel(ctx, id)
+			if err == nil && r.Cancelled {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("cancel %s: %v", id, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		res := <-done
+		if res == nil || len(res.Results) != 1 || !res.Results[0].Cancelled {
+			t.Fatalf("job %s: %+v, want cancelled", id, res)
+		}
+	}
+	if _, err := f.Client.Cancel(ctx, "no-such-job"); !isCode(err, protocol.ErrCodeNotFound) {
+		t.Errorf("cancel of an unknown job: %v, want not found", err)
+	}
+}
+
+func TestMultiCoordinatorDetachedJob(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "det-m", Target: protocol.Target{Node: "node-1"}, Detach: true, Script: "echo hello"}, nil)
+	if err != nil || !res.Results[0].Detached {
+		t.Fatalf("detached exec: %v %+v", err, res)
+	}
+	for i := range 12 {
+		st, err := f.Client.JobStatus(ctx, "node-1", "det-m")
+		if err != nil || st.Node != "node-1" {
+			t.Fatalf("status %d: %+v, %v", i, st, err)
+		}
+		if st.State == protocol.JobExited {
+			out, err := f.Client.JobOutput(ctx, "node-1", "det-m", "stdout", 0, 0)
+			if err != nil || string(out.Data) != "hello\n" {
+				t.Fatalf("output %d: %+v, %v", i, out, err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestMultiCoordinatorStreamRelay(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 8 {
+		node := fmt.Sprintf("node-%d", i%2)
+		res, err := f.Client.ExecStream(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: node}, Argv: []string{"cat"}},
+			strings.NewReader("through the relay\n"), client.ExecOptions{Output: func(n, stream string, data []byte) {}})
+		if err != nil || res.Results[0].ExitCode != 0 {
+			t.Fatalf("stream %d on %s: %+v, %v", i, node, res, err)
+		}
+	}
+}
+
+func TestMultiCoordinatorRehome(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	f.StopCoordinator(1)
+	// Its agents move to coordinator 0, which then holds all four, and the
+	// registry says so.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ns := f.Coordinators[0].FleetNodes(protocol.Selector{})
+		held := f.Coordinators[0].Nodes(protocol.Selector{})
+		ok := len(ns) == 4 && len(held) == 4
+		for _, n := range ns {
+			ok = ok && n.Coordinator == "fleettest-0"
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not re-homed: registry %+v, held %d", ns, len(held))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "true"}, nil)
+	if err != nil || res.Succeeded != 4 {
+		t.Fatalf("after re-homing: %+v, %v", res, err)
+	}
+}
+
+// DialTarget (the facades' way to a node) reaches a node another
+// coordinator holds: through a pipe to the owner, which splices it onto
+// the node's dial stream.
+func TestMultiCoordinatorDialTarget(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second,
+		Agent: func(i int, c *agent.Config) { c.Targets = map[string]string{"echo": echo.Addr().String()} }})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for k, c := range f.Coordinators {
+		for _, node := range []string{"node-0", "node-1"} {
+			conn, err := c.DialTarget(ctx, node, "echo")
+			if err != nil {
+				t.Fatalf("coordinator %d: dial echo on %s: %v", k, node, err)
+			}
+			msg := fmt.Sprintf("hello %d %s", k, node)
+			if _, err := conn.Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			conn.(interface{ CloseWrite() error }).CloseWrite()
+			got, err := io.ReadAll(conn)
+			conn.Close()
+			if err != nil || string(got) != msg {
+				t.Fatalf("coordinator %d, %s: echoed %q, %v; want %q", k, node, got, err, msg)
+			}
+		}
+		if _, err := c.DialTarget(ctx, "node-1", "nope"); !errors.Is(err, coordinator.ErrUnknownTarget) {
+			t.Errorf("coordinator %d: unknown target: %v", k, err)
+		}
+	}
+}
+
+// The SSH jump host's way to a node (SSHNodes) reaches a node another
+// coordinator holds: policy labels and host key from the registry, the
+// ssh stream opened by the owner and piped back; the agent's SSH server
+// greets through it.
+func TestMultiCoordinatorSSH(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range f.Coordinators {
+		for _, node := range []string{"node-0", "node-1"} {
+			nodes := c.SSHNodes()
+			if pn, ok := nodes.Node(node); !ok || pn.Labels["index"] != node[len("node-"):] {
+				t.Fatalf("coordinator %d: node %s = %+v, %v", k, node, pn, ok)
+			}
+			if len(nodes.HostKey(node)) == 0 {
+				t.Fatalf("coordinator %d: no host key for %s", k, node)
+			}
+			conn, err := nodes.OpenSSH(ctx, node, protocol.SSHParams{
+				Session: fmt.Sprintf("%031x%s", k, node[len("node-"):]), Identity: "ssh-principal:test", Logins: []string{u.Username}, Auth: protocol.SSHAuthNone,
+			})
+			if err != nil {
+				t.Fatalf("coordinator %d: open ssh to %s: %v", k, node, err)
+			}
+			banner := make([]byte, 8)
+			if _, err := io.ReadFull(conn, banner); err != nil || string(banner) != "SSH-2.0-" {
+				t.Fatalf("coordinator %d, %s: banner %q, %v", k, node, banner, err)
+			}
+			conn.Close()
+		}
+	}
+}
+
+// ssh.info (tether ssh-config) lists the whole fleet's SSH nodes from any
+// coordinator.
+func TestMultiCoordinatorSSHInfo(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 8 {
+		info, err := f.Client.SSHInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NodesTotal != 4 {
+			t.Fatalf("ssh.info %d (from %s): %d nodes, want 4: %+v", i, info.Coordinator, info.NodesTotal, info.Nodes)
+		}
+	}
+}
+
+// A coordinator that is gone without draining (kill -9) leaves its records
+// behind; the others remove them once it is missing from the service's
+// instances, and a live coordinator's records stay.
+func TestMultiCoordinatorStaleRecordsSwept(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost, _ := json.Marshal(protocol.NodeInfo{ID: "ghost-node", Coordinator: "ghost-coordinator", SessionID: "s1", Labels: map[string]string{"index": "9"}})
+	if _, err := kv.Put(context.Background(), "ghost-node", ghost); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	sawGhost := false
+	for {
+		ns := f.Coordinators[1].FleetNodes(protocol.Selector{})
+		has := slices.ContainsFunc(ns, func(n protocol.NodeInfo) bool { return n.ID == "ghost-node" })
+		sawGhost = sawGhost || has
+		if sawGhost && !has {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ghost record not swept (seen: %v): %+v", sawGhost, ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ns := f.Coordinators[0].FleetNodes(protocol.Selector{}); len(ns) != 2 {
+		t.Fatalf("after the sweep: %+v, want the two live nodes", ns)
+	}
+}
+
+// A coordinator cut off from NATS hands its agents to the others (and
+// refuses them while it stays cut off): the fleet keeps serving them.
+func TestMultiCoordinatorPartitionedCoordinatorShedsAgents(t *testing.T) {
+	f := startMulti(t, 2, 4)
+	// Let a sweep see the other coordinator first.
+	time.Sleep(1500 * time.Millisecond)
+	f.CoordNCs[1].Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		held := f.Coordinators[0].Nodes(protocol.Selector{})
+		if len(held) == 4 && len(f.Coordinators[1].Nodes(protocol.Selector{})) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("coordinator 0 holds %d nodes, coordinator 1 %d; want 4 and 0", len(held), len(f.Coordinators[1].Nodes(protocol.Selector{})))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The registry follows (the records were re-put by coordinator 0).
+	for {
+		ns := f.Coordinators[0].FleetNodes(protocol.Selector{})
+		ok := len(ns) == 4
+		for _, n := range ns {
+			ok = ok && n.Coordinator == "fleettest-0"
+		}
+		if ok {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("registry not re-homed: %+v", ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "true"}, nil)
+	if err != nil || res.Succeeded != 4 {
+		t.Fatalf("after the partition: %+v, %v", res, err)
+	}
+}
