@@ -73,6 +73,10 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "node: %v", err))
 		return
 	}
+	if kind == protocol.KindSSH {
+		// ssh-proxy gets the host name as OpenSSH lowercased it.
+		r.Node = c.sshCanonical(r.Node)
+	}
 	if c.forwardForNode(req, r.Node, "stream") {
 		return
 	}
@@ -127,11 +131,6 @@ func (c *Coordinator) handleStream(req micro.Request) {
 
 	c.mu.Lock()
 	n, ok := c.nodes[r.Node]
-	if !ok && kind == protocol.KindSSH {
-		// ssh-proxy gets the host name as OpenSSH lowercased it (sshNode).
-		n = c.nodeFoldedLocked(r.Node)
-		ok = n != nil
-	}
 	c.mu.Unlock()
 	if !ok {
 		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", r.Node, c.cfg.ID))

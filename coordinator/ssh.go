@@ -165,16 +165,12 @@ type SSHNodes struct{ c *Coordinator }
 // SSHNodes returns the fleet for the SSH jump host.
 func (c *Coordinator) SSHNodes() SSHNodes { return SSHNodes{c} }
 
-// sshNode returns the connected node id whose agent serves SSH, or nil.
-// OpenSSH lowercases host names (and HostName, HostKeyAlias) before it
-// uses them, so `ssh GPU-07.tether` asks for gpu-07: an id with no exact
-// match is matched without case, if exactly one connected node matches.
+// sshNode returns the connected node id (sshCanonical) whose agent serves
+// SSH, or nil.
 func (c *Coordinator) sshNode(id string) *node {
+	id = c.sshCanonical(id)
 	c.mu.Lock()
 	n := c.nodes[id]
-	if n == nil {
-		n = c.nodeFoldedLocked(id)
-	}
 	c.mu.Unlock()
 	if n == nil || !n.hello.HasFeature(protocol.FeatureSSH) {
 		return nil
@@ -186,6 +182,7 @@ func (c *Coordinator) sshNode(id string) *node {
 // it is connected and its agent serves SSH. A known node's ID is its own,
 // which differs from id in case when OpenSSH lowercased it (sshNode).
 func (s SSHNodes) Node(id string) (policy.Node, bool) {
+	id = s.c.sshCanonical(id)
 	n := s.c.sshNode(id)
 	if n == nil {
 		if owner, info, _ := s.c.remoteSSH(id); owner != "" {
@@ -199,6 +196,7 @@ func (s SSHNodes) Node(id string) (policy.Node, bool) {
 // HostKey returns the SSH host key (wire form) the node's current session
 // reported, nil when it is not connected, serves no SSH or sent none.
 func (s SSHNodes) HostKey(id string) []byte {
+	id = s.c.sshCanonical(id)
 	if n := s.c.sshNode(id); n != nil {
 		return slices.Clone(n.hello.SSHHostKey)
 	}
@@ -208,17 +206,40 @@ func (s SSHNodes) HostKey(id string) []byte {
 	return nil
 }
 
-// nodeFoldedLocked returns the one connected node whose id equals id but
-// for case, or nil when none or several do. c.mu is held.
-func (c *Coordinator) nodeFoldedLocked(id string) *node {
-	var found *node
-	for k, n := range c.nodes {
-		if strings.EqualFold(k, id) {
-			if found != nil {
-				return nil
-			}
-			found = n
+// sshCanonical returns the id of the node an SSH client means by id.
+// OpenSSH lowercases host names (and HostName, HostKeyAlias) before it
+// uses them, so `ssh GPU-07.tether` asks for gpu-07: an id that no node of
+// the fleet has exactly is matched without case, if exactly one node (held
+// here or by another coordinator) matches; otherwise id is returned as it
+// came.
+func (c *Coordinator) sshCanonical(id string) string {
+	c.mu.Lock()
+	_, exact := c.nodes[id]
+	c.mu.Unlock()
+	if exact || c.remoteOwner(id) != "" {
+		return id
+	}
+	found, several := "", false
+	match := func(k string) {
+		if strings.EqualFold(k, id) && k != found {
+			several = several || found != ""
+			found = k
 		}
+	}
+	c.mu.Lock()
+	for k := range c.nodes {
+		match(k)
+	}
+	c.mu.Unlock()
+	if c.fl != nil {
+		c.fl.mu.Lock()
+		for k := range c.fl.recs {
+			match(k)
+		}
+		c.fl.mu.Unlock()
+	}
+	if found == "" || several {
+		return id
 	}
 	return found
 }
