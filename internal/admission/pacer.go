@@ -1,0 +1,174 @@
+package admission
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Pacer admits handshakes at a bounded rate, a token bucket of Rate
+// tokens a second holding at most Burst, and tells each one it refuses
+// when to come back: the refused are given the bucket's next free slots in
+// turn, 1/Rate apart, so that a storm of agents that all dialed at once
+// (a coordinator restart) comes back spread over the time the coordinator
+// needs to handshake them, instead of retrying on their own backoff.
+//
+// A slot is a promise, not a reservation: whoever asks first when a token
+// is there gets it. A refused agent that comes back late, or finds its
+// token taken by a newcomer, is given a new slot at the end of the queue.
+//
+// It is safe for concurrent use; its mutex is a leaf lock.
+type Pacer struct {
+	rate    float64       // tokens per second
+	burst   float64       // bucket size
+	maxWait time.Duration // longest retry-after given
+	now     func() time.Time
+
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time // when tokens was computed
+	next   time.Time // the next slot to promise; in the past when none is promised
+}
+
+// NewPacer returns a Pacer admitting rate handshakes a second (positive),
+// burst at once (at least 1), telling the refused to come back within at
+// most maxWait. The bucket starts full. now is the clock; nil is
+// time.Now.
+func NewPacer(rate float64, burst int, maxWait time.Duration, now func() time.Time) *Pacer {
+	if now == nil {
+		now = time.Now
+	}
+	b := float64(max(burst, 1))
+	return &Pacer{rate: rate, burst: b, maxWait: maxWait, now: now, tokens: b, last: now()}
+}
+
+// Admit takes a token and returns true, or returns false and how long the
+// caller should be told to wait (at most maxWait). The wait is the slot
+// promised to the caller: the time until a token is free for it, behind
+// every slot promised before.
+func (p *Pacer) Admit() (ok bool, retryAfter time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if el := now.Sub(p.last).Seconds(); el > 0 {
+		p.tokens = min(p.burst, p.tokens+el*p.rate)
+	}
+	p.last = now
+	if p.tokens >= 1 {
+		p.tokens--
+		return true, 0
+	}
+	gap := time.Duration(float64(time.Second) / p.rate)
+	slot := now.Add(time.Duration((1 - p.tokens) / p.rate * float64(time.Second)))
+	if p.next.After(slot) {
+		slot = p.next
+	}
+	p.next = slot.Add(gap)
+	return false, min(slot.Sub(now), p.maxWait)
+}
+
+// Rate returns the admission rate, in handshakes a second.
+func (p *Pacer) Rate() float64 { return p.rate }
+
+// Burst returns the bucket size.
+func (p *Pacer) Burst() int { return int(p.burst) }
+
+var (
+	costOnce sync.Once
+	cost     time.Duration
+)
+
+// HandshakeCost returns the CPU time this machine spends on the server's
+// side of one agent handshake, as measured once per process (the first
+// call takes about a dozen handshakes' time, some 20 ms): the median over
+// rounds of a mutual-TLS 1.3 handshake with P-256 certificates over an
+// in-memory pipe, halved. The two sides of a pipe take turns, so a round's
+// wall time is both sides' CPU time; the server's share of it is about
+// half (key exchange, signature, verifying the client's chain). It leaves
+// out what follows the handshake (the Hello, registration), which costs
+// far less.
+func HandshakeCost() time.Duration {
+	costOnce.Do(func() { cost = measureHandshake(9) })
+	return cost
+}
+
+// RateFor returns the handshakes a second that share of this machine's
+// CPUs (GOMAXPROCS) sustains at the measured HandshakeCost, at least 1.
+func RateFor(share float64) float64 {
+	c := HandshakeCost().Seconds()
+	if c <= 0 {
+		c = 1e-3
+	}
+	return max(1, share*float64(runtime.GOMAXPROCS(0))/c)
+}
+
+func measureHandshake(rounds int) time.Duration {
+	srv, cli, err := calibrationConfigs()
+	if err != nil {
+		return time.Millisecond // cannot measure: a typical server's cost
+	}
+	var ds []time.Duration
+	for range rounds {
+		a, b := net.Pipe()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- tls.Server(a, srv).Handshake() }()
+		cerr := tls.Client(b, cli).Handshake()
+		serr := <-done
+		d := time.Since(start)
+		a.Close()
+		b.Close()
+		if cerr == nil && serr == nil {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 {
+		return time.Millisecond
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2] / 2
+}
+
+// calibrationConfigs returns throwaway mutual-TLS configurations shaped
+// like the tunnel's (TLS 1.3, P-256 certificates).
+func calibrationConfigs() (srv, cli *tls.Config, err error) {
+	mk := func() (tls.Certificate, *x509.Certificate, error) {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return tls.Certificate{}, nil, err
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "calibration"},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"calibration"},
+			KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+		if err != nil {
+			return tls.Certificate{}, nil, err
+		}
+		x, err := x509.ParseCertificate(der)
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}, x, err
+	}
+	sc, sx, err := mk()
+	if err != nil {
+		return nil, nil, err
+	}
+	cc, cx, err := mk()
+	if err != nil {
+		return nil, nil, err
+	}
+	sp, cp := x509.NewCertPool(), x509.NewCertPool()
+	sp.AddCert(sx)
+	cp.AddCert(cx)
+	srv = &tls.Config{Certificates: []tls.Certificate{sc}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cp, MinVersion: tls.VersionTLS13}
+	cli = &tls.Config{Certificates: []tls.Certificate{cc}, RootCAs: sp, ServerName: "calibration", MinVersion: tls.VersionTLS13}
+	return srv, cli, nil
+}
