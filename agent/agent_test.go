@@ -220,7 +220,7 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
 		Instance:        a.instance,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain},
 	}
 	hostKey, err := a.sshHostKey()
 	if err != nil {

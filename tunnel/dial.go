@@ -32,6 +32,13 @@ func DialTLS(ctx context.Context, addr string, cfg *tls.Config) (net.Conn, error
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: dial %s: %w", addr, err)
 	}
+	return HandshakeTLS(ctx, raw, addr, cfg)
+}
+
+// HandshakeTLS is DialTLS's second half: the TLS client handshake over
+// raw, a connection to addr, bounded by ctx, with DialTLS's server name
+// and busy refusal handling. It owns raw: on failure raw is closed.
+func HandshakeTLS(ctx context.Context, raw net.Conn, addr string, cfg *tls.Config) (net.Conn, error) {
 	c := cfg.Clone()
 	if c.ServerName == "" {
 		c.ServerName = ServerNameFrom(ctx)

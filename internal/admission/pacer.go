@@ -7,8 +7,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"math"
 	"math/big"
 	"net"
+	"net/netip"
 	"runtime"
 	"slices"
 	"sync"
@@ -26,6 +28,15 @@ import (
 // is there gets it. A refused agent that comes back late, or finds its
 // token taken by a newcomer, is given a new slot at the end of the queue.
 //
+// Sources (SourceOf) are served fairly: a heavy source, one that was
+// admitted more than about twice in the last second or two (a decaying
+// count), may take a token only while the bucket is at least half full.
+// So a flood of connections from a few sources, however fast, cannot keep
+// the agents of other sources out (they find the lower half of the
+// bucket), while a restart storm from many sources, each light, is paced
+// at Rate. Many agents behind one address (a NAT) are one heavy source:
+// they get the rate the light ones leave.
+//
 // It is safe for concurrent use; its mutex is a leaf lock.
 type Pacer struct {
 	rate    float64       // tokens per second
@@ -37,7 +48,27 @@ type Pacer struct {
 	tokens float64
 	last   time.Time // when tokens was computed
 	next   time.Time // the next slot to promise; in the past when none is promised
+	// recent are the sources' decaying admission counts (halved every
+	// heavyHalfLife), at most maxSources of them.
+	recent map[netip.Prefix]*sourceCount
 }
+
+// sourceCount is a source's admissions, decayed to at.
+type sourceCount struct {
+	n  float64
+	at time.Time
+}
+
+const (
+	// heavyCount is the decayed admission count past which a source is
+	// heavy.
+	heavyCount = 2
+	// heavyHalfLife halves a source's count.
+	heavyHalfLife = time.Second
+	// maxSources bounds the sources a Pacer remembers; past it, a source
+	// it does not know is taken for heavy.
+	maxSources = 1 << 14
+)
 
 // NewPacer returns a Pacer admitting rate handshakes a second (positive),
 // burst at once (at least 1), telling the refused to come back within at
@@ -48,14 +79,46 @@ func NewPacer(rate float64, burst int, maxWait time.Duration, now func() time.Ti
 		now = time.Now
 	}
 	b := float64(max(burst, 1))
-	return &Pacer{rate: rate, burst: b, maxWait: maxWait, now: now, tokens: b, last: now()}
+	return &Pacer{rate: rate, burst: b, maxWait: maxWait, now: now, tokens: b, last: now(), recent: map[netip.Prefix]*sourceCount{}}
 }
 
-// Admit takes a token and returns true, or returns false and how long the
-// caller should be told to wait (at most maxWait). The wait is the slot
-// promised to the caller: the time until a token is free for it, behind
-// every slot promised before.
-func (p *Pacer) Admit() (ok bool, retryAfter time.Duration) {
+// heavy reports whether src is a heavy source, and returns its count
+// (decayed to now; nil when it is not remembered and there is no room).
+// p.mu must be held.
+func (p *Pacer) heavy(src netip.Prefix, now time.Time) (bool, *sourceCount) {
+	c := p.recent[src]
+	if c == nil {
+		if len(p.recent) >= maxSources {
+			for k, v := range p.recent {
+				if decay(v, now) < 0.1 {
+					delete(p.recent, k)
+				}
+			}
+		}
+		if len(p.recent) >= maxSources {
+			return true, nil
+		}
+		c = &sourceCount{at: now}
+		p.recent[src] = c
+	}
+	decay(c, now)
+	return c.n >= heavyCount, c
+}
+
+// decay brings c's count to now and returns it.
+func decay(c *sourceCount, now time.Time) float64 {
+	if el := now.Sub(c.at); el > 0 {
+		c.n *= math.Exp2(-el.Seconds() / heavyHalfLife.Seconds())
+		c.at = now
+	}
+	return c.n
+}
+
+// Admit takes a token for a connection from src and returns true, or
+// returns false and how long the caller should be told to wait (at most
+// maxWait). The wait is the slot promised to the caller: the time until a
+// token is free for it, behind every slot promised before.
+func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
@@ -63,8 +126,16 @@ func (p *Pacer) Admit() (ok bool, retryAfter time.Duration) {
 		p.tokens = min(p.burst, p.tokens+el*p.rate)
 	}
 	p.last = now
-	if p.tokens >= 1 {
+	heavy, c := p.heavy(src, now)
+	floor := 1.0
+	if heavy {
+		floor = max(1, p.burst/2)
+	}
+	if p.tokens >= floor {
 		p.tokens--
+		if c != nil {
+			c.n++
+		}
 		return true, 0
 	}
 	gap := time.Duration(float64(time.Second) / p.rate)

@@ -1,9 +1,15 @@
 package admission
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 )
+
+// src returns the i-th test source, a distinct IPv4 /32.
+func src(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32)
+}
 
 // fakeClock is a settable clock.
 type fakeClock struct{ t time.Time }
@@ -15,14 +21,14 @@ func TestPacerAdmitsBurstThenPromisesSlotsInTurn(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	p := NewPacer(100, 10, time.Minute, clk.now) // 10 ms a slot
 	for i := range 10 {
-		if ok, _ := p.Admit(); !ok {
+		if ok, _ := p.Admit(src(i)); !ok {
 			t.Fatalf("handshake %d of the burst refused", i)
 		}
 	}
 	// The refused get successive slots, 10 ms apart.
 	var prev time.Duration
 	for i := range 50 {
-		ok, wait := p.Admit()
+		ok, wait := p.Admit(src(100 + i))
 		if ok {
 			t.Fatalf("refused %d admitted with an empty bucket", i)
 		}
@@ -37,7 +43,7 @@ func TestPacerAdmitsBurstThenPromisesSlotsInTurn(t *testing.T) {
 	// Each one coming back at its slot finds a token.
 	for i := range 50 {
 		clk.add(10 * time.Millisecond)
-		if ok, wait := p.Admit(); !ok {
+		if ok, wait := p.Admit(src(100 + i)); !ok {
 			t.Fatalf("refused %d came back at its slot and was refused again (wait %v)", i, wait)
 		}
 	}
@@ -46,9 +52,9 @@ func TestPacerAdmitsBurstThenPromisesSlotsInTurn(t *testing.T) {
 func TestPacerBoundsTheWait(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	p := NewPacer(1, 1, 3*time.Second, clk.now)
-	p.Admit()
+	p.Admit(src(0))
 	for range 20 {
-		if _, wait := p.Admit(); wait > 3*time.Second {
+		if _, wait := p.Admit(src(0)); wait > 3*time.Second {
 			t.Fatalf("told to wait %v, over the 3 s bound", wait)
 		}
 	}
@@ -57,16 +63,16 @@ func TestPacerBoundsTheWait(t *testing.T) {
 func TestPacerQueueEmptiesWithTime(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	p := NewPacer(10, 1, time.Minute, clk.now)
-	p.Admit()
+	p.Admit(src(0))
 	for range 30 {
-		p.Admit()
+		p.Admit(src(0))
 	}
 	// Long after every promised slot passed, the bucket is full again.
 	clk.add(time.Minute)
-	if ok, _ := p.Admit(); !ok {
+	if ok, _ := p.Admit(src(0)); !ok {
 		t.Fatal("refused after the queue emptied")
 	}
-	if _, wait := p.Admit(); wait > 150*time.Millisecond {
+	if _, wait := p.Admit(src(0)); wait > 150*time.Millisecond {
 		t.Fatalf("told to wait %v after the queue emptied, want one slot", wait)
 	}
 }
@@ -78,5 +84,42 @@ func TestHandshakeCostMeasured(t *testing.T) {
 	}
 	if r := RateFor(0.5); r < 1 {
 		t.Fatalf("RateFor(0.5) = %v", r)
+	}
+}
+
+// A source that connects as fast as it can takes at most the upper half of
+// the bucket: an agent of another source finds a token at once, however
+// long the flood goes on.
+func TestPacerFloodFromOneSourceLeavesRoomForOthers(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPacer(100, 20, time.Minute, clk.now)
+	flooder := src(1)
+	for round := range 200 {
+		clk.add(time.Millisecond)
+		for range 5 {
+			p.Admit(flooder)
+		}
+		if round%20 == 19 {
+			if ok, wait := p.Admit(src(1000 + round)); !ok {
+				t.Fatalf("round %d: an agent of another source refused during the flood (told to wait %v)", round, wait)
+			}
+		}
+	}
+}
+
+// Many agents behind one address are paced, not locked out: they get the
+// whole rate when no one else wants it.
+func TestPacerOneHeavySourceGetsTheRate(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPacer(100, 10, time.Minute, clk.now)
+	admitted := 0
+	for range 1000 { // 10 s, a try every 10 ms
+		clk.add(10 * time.Millisecond)
+		if ok, _ := p.Admit(src(7)); ok {
+			admitted++
+		}
+	}
+	if admitted < 900 {
+		t.Fatalf("one source admitted %d times in 10 s at 100/s, want about 1000", admitted)
 	}
 }

@@ -1,0 +1,346 @@
+//go:build reconnectbench
+
+package coordinator_test
+
+// The reconnect storm benchmark (make bench-reconnect): a fleet of
+// simulated agents — real TLS over loopback, real yamux sessions, the
+// tunnel package's Redialer and the coordinator's accept path — loses its
+// coordinator, which comes back on the same address after a downtime. It
+// measures, for each arm, the time from the new coordinator's listen to
+// the last agent registered, and the largest share of the fleet registered
+// within any one second. The arms run in interleaved rounds in one
+// process:
+//
+//   - baseline: as before pacing: the coordinator handshakes every
+//     connection at once (AdmitRate -1), the agents back off exponentially
+//     after every failure, refused dials included (RefusedMax -1);
+//   - paced: the coordinator admits at its measured rate (AdmitRate 0)
+//     and answers the rest with a retry-after, and the agents cap their
+//     backoff after refused dials (RefusedMax default, 1 s).
+//
+// Each agent dials from its own loopback address (127.1.x.y), as agents
+// on separate hosts do. Environment: RECONNECT_AGENTS (default 1000),
+// RECONNECT_ROUNDS (per arm, default 3), RECONNECT_DOWNTIME (default 2s),
+// RECONNECT_ADMIT_RATE (the paced arm's AdmitRate; default 0, measured).
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/internal/natstest"
+	"github.com/tetherfleet/tether/internal/admission"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// stormEnv is what every round shares: NATS, the PKI, the address.
+type stormEnv struct {
+	nc     *nats.Conn
+	env    *natstest.Env
+	srvTLS *tls.Config
+	cliTLS *tls.Config
+	addr   string
+}
+
+// trackingListener remembers the connections it accepted, so that a
+// crash can cut them all at once.
+type trackingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *trackingListener) cut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.Listener.Close()
+	for _, c := range l.conns {
+		c.Close()
+	}
+}
+
+// runningCoordinator is one coordinator instance on env.addr.
+type runningCoordinator struct {
+	c      *coordinator.Coordinator
+	ln     *trackingListener
+	cancel context.CancelFunc
+	done   chan error
+	start  time.Time // when it listened
+}
+
+func (e *stormEnv) startCoordinator(tb testing.TB, admitRate float64) *runningCoordinator {
+	tb.Helper()
+	var ln net.Listener
+	var err error
+	// The old instance's port may take a moment to be free.
+	for i := 0; i < 100; i++ {
+		if ln, err = net.Listen("tcp", e.addr); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	start := time.Now()
+	cfg := coordinator.DefaultConfig()
+	cfg.ID = "storm"
+	cfg.Token = testToken
+	cfg.NATS = e.nc
+	cfg.Identify = caller.FromNATS(e.env.Layout.Verifier())
+	cfg.Registerer = prometheus.NewRegistry()
+	cfg.AdmitRate = admitRate
+	cfg.MaxHandshakes = 4096
+	cfg.HandshakeTimeout = 10 * time.Second
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tl := &trackingListener{Listener: ln}
+	rc := &runningCoordinator{c: c, ln: tl, cancel: cancel, done: make(chan error, 1), start: start}
+	go func() { rc.done <- c.Serve(ctx, tls.NewListener(tl, e.srvTLS)) }()
+	return rc
+}
+
+// crash cuts every connection at once, as kill -9 does, and stops the
+// instance.
+func (rc *runningCoordinator) crash(tb testing.TB) {
+	rc.ln.cut()
+	rc.cancel()
+	select {
+	case <-rc.done:
+	case <-time.After(time.Minute):
+		tb.Fatal("coordinator did not stop")
+	}
+}
+
+// waitAll waits until n nodes are registered and returns their
+// registration times.
+func (rc *runningCoordinator) waitAll(tb testing.TB, n int, limit time.Duration) []time.Time {
+	tb.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		nodes := rc.c.Nodes(protocol.Selector{})
+		if len(nodes) >= n {
+			ts := make([]time.Time, len(nodes))
+			for i, ni := range nodes {
+				ts[i] = ni.ConnectedAt
+			}
+			return ts
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d agents registered within %v", len(nodes), n, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// simAgent keeps a tunnel session like an agent's: Redialer, TLS from its
+// own loopback address, the control stream's hello and welcome, yamux
+// pings (which keep the coordinator's idle timer fed); it takes drains.
+func (e *stormEnv) simAgent(ctx context.Context, id string, localIP net.IP, refusedMax time.Duration) {
+	r := &tunnel.Redialer{
+		Addrs:      []string{e.addr},
+		Seed:       id,
+		RefusedMax: refusedMax,
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: localIP}}
+			raw, err := d.DialContext(dctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			return tunnel.HandshakeTLS(dctx, raw, addr, e.cliTLS)
+		},
+	}
+	r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) error {
+		sess, err := tunnel.Client(conn, tunnel.DefaultConfig())
+		if err != nil {
+			return err
+		}
+		defer sess.Close()
+		stop := context.AfterFunc(ctx, func() { sess.Close() })
+		defer stop()
+		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		ctl, err := sess.Open(hctx, protocol.KindControl, protocol.ControlParams{})
+		if err != nil {
+			return err
+		}
+		hello := protocol.Hello{ProtocolVersion: protocol.Version, Token: testToken, NodeID: id,
+			AgentVersion: "storm", Instance: id, Features: []string{protocol.FeatureDrain}}
+		if err := protocol.WriteJSONFrame(ctl, protocol.FrameHello, &hello); err != nil {
+			return err
+		}
+		fr := protocol.NewFrameReader(ctl)
+		f, err := fr.Next()
+		if err != nil {
+			return err
+		}
+		if f.Type != protocol.FrameWelcome {
+			return fmt.Errorf("got %s, want welcome", f.Type)
+		}
+		for {
+			f, err := fr.Next()
+			if err != nil {
+				return nil // the session ended
+			}
+			if f.Type == protocol.FrameDrain {
+				var d protocol.Drain
+				protocol.DecodeJSON(f.Payload, &d)
+				return tunnel.Moved(d.RetryAfter(), d.Coordinator)
+			}
+		}
+	})
+}
+
+// stormResult is one round's outcome.
+type stormResult struct {
+	total    time.Duration // from listen to the last registration
+	maxShare float64       // the largest share registered within one second
+}
+
+func measure(start time.Time, ts []time.Time) stormResult {
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	best, j := 0, 0
+	for i := range ts {
+		for ts[i].Sub(ts[j]) >= time.Second {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return stormResult{total: ts[len(ts)-1].Sub(start), maxShare: float64(best) / float64(len(ts))}
+}
+
+// round starts n agents against a fresh coordinator, crashes it, brings
+// it back after downtime and measures the storm.
+func (e *stormEnv) round(tb testing.TB, n int, paced bool, admitRate float64, downtime time.Duration) stormResult {
+	rate, refusedMax := -1.0, time.Duration(-1)
+	if paced {
+		rate, refusedMax = admitRate, 0
+	}
+	first := e.startCoordinator(tb, rate)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range n {
+		ip := net.IPv4(127, 1, byte(i>>8), byte(1+i%250))
+		if i%250 == 0 && i > 0 {
+			time.Sleep(50 * time.Millisecond) // a gentle start: the storm is the restart's
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.simAgent(ctx, fmt.Sprintf("storm-%d-%d", i>>8, i), ip, refusedMax)
+		}()
+	}
+	first.waitAll(tb, n, 5*time.Minute)
+	first.crash(tb)
+	time.Sleep(downtime)
+	second := e.startCoordinator(tb, rate)
+	ts := second.waitAll(tb, n, 5*time.Minute)
+	res := measure(second.start, ts)
+	cancel()
+	wg.Wait()
+	second.crash(tb)
+	return res
+}
+
+func TestReconnectStorm(t *testing.T) {
+	n := envInt("RECONNECT_AGENTS", 1000)
+	rounds := envInt("RECONNECT_ROUNDS", 3)
+	downtime := envDuration("RECONNECT_DOWNTIME", 2*time.Second)
+	admitRate := 0.0
+	if v, err := strconv.ParseFloat(os.Getenv("RECONNECT_ADMIT_RATE"), 64); err == nil {
+		admitRate = v
+	}
+	s := natstest.Run(t)
+	pki, err := tunnel.EnsureDevPKI(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvTLS, err := tunnel.LoadServerTLS(pki.ServerCert, pki.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliTLS, err := tunnel.LoadClientTLS(pki.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliTLS.ServerName = "127.0.0.1"
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	e := &stormEnv{nc: s.Coordinator(t, nats.Name("storm")), env: s, srvTLS: srvTLS, cliTLS: cliTLS, addr: addr}
+	slog.SetLogLoggerLevel(slog.LevelError)
+
+	if admitRate == 0 {
+		t.Logf("measured handshake cost %v: the paced arm admits %.0f handshakes a second (AdmitCPUShare %.2f)",
+			admission.HandshakeCost(), admission.RateFor(coordinator.DefaultAdmitCPUShare), coordinator.DefaultAdmitCPUShare)
+	}
+	var base, paced []stormResult
+	for r := range rounds {
+		b := e.round(t, n, false, admitRate, downtime)
+		base = append(base, b)
+		t.Logf("round %d baseline: all %d back in %v, largest one-second share %.0f%%", r, n, b.total.Round(time.Millisecond), 100*b.maxShare)
+		p := e.round(t, n, true, admitRate, downtime)
+		paced = append(paced, p)
+		t.Logf("round %d paced:    all %d back in %v, largest one-second share %.0f%%", r, n, p.total.Round(time.Millisecond), 100*p.maxShare)
+	}
+	med := func(rs []stormResult, f func(stormResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	total := func(r stormResult) float64 { return r.total.Seconds() }
+	share := func(r stormResult) float64 { return r.maxShare }
+	bt, pt := med(base, total), med(paced, total)
+	bs, ps := med(base, share), med(paced, share)
+	t.Logf("median of %d rounds, %d agents, %v downtime: baseline %.2fs (share %.0f%%), paced %.2fs (share %.0f%%); paced/baseline: time %.2f, share %.2f",
+		rounds, n, downtime, bt, 100*bs, pt, 100*ps, pt/bt, ps/bs)
+}
