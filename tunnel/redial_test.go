@@ -315,7 +315,9 @@ func TestRedialerTriesEveryRecord(t *testing.T) {
 	counts := map[string]int{}
 	for i := range 900 {
 		r := &Redialer{Addrs: []string{"coord.test:7443"}, Seed: fmt.Sprintf("node-%d", i),
-			Resolve: func(context.Context, string) ([]string, error) { return []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}, nil }}
+			Resolve: func(context.Context, string) ([]string, error) {
+				return []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}, nil
+			}}
 		counts[r.endpoints(context.Background())[0].addr]++
 	}
 	for a, n := range counts {
