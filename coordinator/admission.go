@@ -166,30 +166,36 @@ func (c *Coordinator) pace(raw net.Conn, src netip.Prefix) bool {
 // It returns once every hint was written or failed (each bounded by the
 // tunnel's write timeout).
 func (c *Coordinator) drainSessions(sessions []*node) {
+	var takers []*node
+	for _, n := range sessions {
+		if n.hello.HasFeature(protocol.FeatureDrain) {
+			takers = append(takers, n)
+		}
+	}
 	spread := c.cfg.DrainSpread
 	if spread == 0 && c.pacer != nil {
-		spread = min(time.Duration(float64(len(sessions))/c.pacer.Rate()*float64(time.Second)), c.cfg.DrainTimeout/2)
+		spread = min(time.Duration(float64(len(takers))/c.pacer.Rate()*float64(time.Second)), c.cfg.DrainTimeout/2)
 	}
 	spread = max(spread, 0)
-	order := mrand.Perm(len(sessions))
+	order := mrand.Perm(len(takers))
 	var wg sync.WaitGroup
-	for i, n := range sessions {
-		after := time.Duration(0)
-		if len(sessions) > 1 {
-			after = spread * time.Duration(order[i]) / time.Duration(len(sessions))
-		}
+	for i, n := range takers {
+		after := spread * time.Duration(order[i]) / time.Duration(len(takers))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if n.hello.HasFeature(protocol.FeatureDrain) {
-				err := n.ctl.drain(&protocol.Drain{RetryAfterMS: after.Milliseconds(),
-					Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)})
-				if err != nil {
-					c.log.Debug("drain hint not sent", "node_id", n.id, "err", err)
-				}
+			err := n.ctl.drain(&protocol.Drain{RetryAfterMS: after.Milliseconds(),
+				Message: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)})
+			if err != nil {
+				c.log.Debug("drain hint not sent", "node_id", n.id, "err", err)
 			}
-			n.sess.GoAway()
 		}()
+	}
+	wg.Wait()
+	// GoAway after the hints: an agent reads its hint before it sees
+	// the session refuse new streams.
+	for _, n := range sessions {
+		n.sess.GoAway()
 	}
 	wg.Wait()
 	c.log.Info("agents told to move", "agents", len(sessions), "spread", spread)

@@ -31,9 +31,10 @@ import (
 // Sources (SourceOf) are served fairly: a heavy source, one that was
 // admitted more than about twice in the last second or two (a decaying
 // count), may take a token only while the bucket is at least half full.
-// So a flood of connections from a few sources, however fast, cannot keep
-// the agents of other sources out (they find the lower half of the
-// bucket), while a restart storm from many sources, each light, is paced
+// Heavy sources' slots are promised from a queue of their own. So a flood
+// of connections from a few sources, however fast, cannot keep the agents
+// of other sources out (they find the lower half of the bucket, and are
+// not queued behind the flood), while a restart storm from many sources, each light, is paced
 // at Rate. Many agents behind one address (a NAT) are one heavy source:
 // they get the rate the light ones leave.
 //
@@ -47,7 +48,11 @@ type Pacer struct {
 	mu     sync.Mutex
 	tokens float64
 	last   time.Time // when tokens was computed
-	next   time.Time // the next slot to promise; in the past when none is promised
+	// next is the next slot to promise to a light source, nextHeavy to a
+	// heavy one (a queue of their own, so that a flood's promises do not
+	// push the light sources' slots back); in the past when none is
+	// promised.
+	next, nextHeavy time.Time
 	// recent are the sources' decaying admission counts (halved every
 	// heavyHalfLife), at most maxSources of them.
 	recent map[netip.Prefix]*sourceCount
@@ -139,11 +144,15 @@ func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 		return true, 0
 	}
 	gap := time.Duration(float64(time.Second) / p.rate)
-	slot := now.Add(time.Duration((1 - p.tokens) / p.rate * float64(time.Second)))
-	if p.next.After(slot) {
-		slot = p.next
+	slot := now.Add(time.Duration((floor - p.tokens) / p.rate * float64(time.Second)))
+	q := &p.next
+	if heavy {
+		q = &p.nextHeavy
 	}
-	p.next = slot.Add(gap)
+	if q.After(slot) {
+		slot = *q
+	}
+	*q = slot.Add(gap)
 	return false, min(slot.Sub(now), p.maxWait)
 }
 

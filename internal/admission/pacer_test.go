@@ -123,3 +123,21 @@ func TestPacerOneHeavySourceGetsTheRate(t *testing.T) {
 		t.Fatalf("one source admitted %d times in 10 s at 100/s, want about 1000", admitted)
 	}
 }
+
+// A flood's refusals are queued apart: an agent of a light source that
+// finds the bucket empty waits behind the light sources only.
+func TestPacerFloodDoesNotQueueLightSourcesBehindIt(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPacer(10, 4, time.Minute, clk.now)
+	for range 500 {
+		p.Admit(src(1)) // 50 s of slots, promised to the flood
+	}
+	for i := range 4 {
+		p.Admit(src(10 + i)) // the lower half of the bucket, then empty
+	}
+	// Behind the three light ones refused before it (100 ms a slot), not
+	// behind the flood's 50 s.
+	if ok, wait := p.Admit(src(99)); ok || wait > 500*time.Millisecond {
+		t.Fatalf("light source after a flood: admitted %v, wait %v; want a few slots", ok, wait)
+	}
+}
