@@ -30,6 +30,7 @@ package coordinator_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -37,6 +38,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,6 +74,34 @@ type stormEnv struct {
 	srvTLS *tls.Config
 	cliTLS *tls.Config
 	addr   string
+
+	// The agents' failed attempts in the current round, by kind, and an
+	// example of the others.
+	mu       sync.Mutex
+	failures map[string]int
+	example  string
+}
+
+func (e *stormEnv) countFailure(err error) {
+	kind := "other"
+	var ra *tunnel.RetryAfterError
+	var mv *tunnel.MovedError
+	switch {
+	case err == nil:
+		kind = "session ended"
+	case errors.As(err, &ra):
+		kind = "busy"
+	case errors.As(err, &mv):
+		kind = "drained"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		kind = "refused"
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.failures[kind]++
+	if kind == "other" && e.example == "" {
+		e.example = err.Error()
+	}
 }
 
 // trackingListener remembers the connections it accepted, so that a
@@ -186,6 +216,7 @@ func (e *stormEnv) simAgent(ctx context.Context, id string, localIP net.IP, refu
 		Addrs:      []string{e.addr},
 		Seed:       id,
 		RefusedMax: refusedMax,
+		OnRetry:    func(_ int, err error) { e.countFailure(err) },
 		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -242,6 +273,8 @@ func (e *stormEnv) simAgent(ctx context.Context, id string, localIP net.IP, refu
 type stormResult struct {
 	total    time.Duration // from listen to the last registration
 	maxShare float64       // the largest share registered within one second
+	failures map[string]int
+	example  string
 }
 
 func measure(start time.Time, ts []time.Time) stormResult {
@@ -280,11 +313,17 @@ func (e *stormEnv) round(tb testing.TB, n int, rate float64, downtime time.Durat
 		}()
 	}
 	first.waitAll(tb, n, 5*time.Minute)
+	e.mu.Lock()
+	e.failures, e.example = map[string]int{}, ""
+	e.mu.Unlock()
 	first.crash(tb)
 	time.Sleep(downtime)
 	second := e.startCoordinator(tb, rate)
 	ts := second.waitAll(tb, n, 5*time.Minute)
 	res := measure(second.start, ts)
+	e.mu.Lock()
+	res.failures, res.example = e.failures, e.example
+	e.mu.Unlock()
 	cancel()
 	wg.Wait()
 	second.crash(tb)
@@ -333,7 +372,8 @@ func TestReconnectStorm(t *testing.T) {
 		for i, a := range arms {
 			res := e.round(t, n, a.rate, downtime)
 			results[i] = append(results[i], res)
-			t.Logf("round %d %-8s: all %d back in %v, largest one-second share %.0f%%", r, a.name, n, res.total.Round(time.Millisecond), 100*res.maxShare)
+			t.Logf("round %d %-8s: all %d back in %v, largest one-second share %.0f%%; agents' failed attempts %v %s",
+				r, a.name, n, res.total.Round(time.Millisecond), 100*res.maxShare, res.failures, res.example)
 		}
 	}
 	med := func(rs []stormResult, f func(stormResult) float64) float64 {

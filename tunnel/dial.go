@@ -220,8 +220,10 @@ type Redialer struct {
 	// (ECONNREFUSED: the host is up, no coordinator listens yet, as during
 	// its restart), which costs the coordinator's host nothing; once it
 	// listens, it paces admissions itself. So agents find a restarted
-	// coordinator within RefusedMax. Default 1 s; negative: no cap (each
-	// refusal backs off like any failure).
+	// coordinator within RefusedMax. Refusals do not grow the backoff past
+	// that window either, so the first other failure after them backs off
+	// from there. Default 1 s; negative: no cap (each refusal backs off
+	// like any failure).
 	RefusedMax time.Duration
 	// StableAfter is how long a connection must have lasted for the backoff
 	// to start over from Base. Default 10 s.
@@ -415,7 +417,13 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 		default:
 			idx++
 			w := r.Backoff.Window(attempt)
+			grow := true
 			if isRefused(err) && refusedMax > 0 {
+				// Refusals do not escalate the backoff past RefusedMax
+				// either: the first failure once the coordinator
+				// listens again (a handshake cut by its load) must not
+				// wait out a window the downtime grew.
+				grow = w < refusedMax
 				w = min(w, refusedMax)
 			}
 			delay = time.Duration(r.random() * float64(w))
@@ -427,7 +435,9 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 			} else {
 				log.Warn("tunnel disconnected; redialing", "addr", ep.addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
 			}
-			attempt++
+			if grow {
+				attempt++
+			}
 		}
 		if r.OnRetry != nil {
 			r.OnRetry(attempt, err)

@@ -326,3 +326,23 @@ func TestRedialerTriesEveryRecord(t *testing.T) {
 		}
 	}
 }
+
+// A downtime's refusals do not grow the backoff: the first other failure
+// after them (a handshake cut once the coordinator listens again) waits
+// within a window of the order of RefusedMax, not the 30 s cap.
+func TestRedialerRefusalsDoNotEscalate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var log dialLog
+		r := &Redialer{Addrs: []string{"a:1"},
+			Backoff: Backoff{Base: 500 * time.Millisecond, Max: 30 * time.Second, Rand: func() float64 { return 0.99 }}}
+		runDials(t, r, &log, 22, func(k int) error {
+			if k <= 20 {
+				return fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
+			}
+			return errors.New("TLS handshake: connection reset")
+		}, func(int) error { return nil })
+		if g := log.gaps()[20]; g > 2*time.Second {
+			t.Errorf("wait after a failure that followed 20 refusals: %v, want within 2 s", g)
+		}
+	})
+}
