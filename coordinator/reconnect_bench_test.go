@@ -98,6 +98,9 @@ func (e *stormEnv) countFailure(err error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.failures == nil {
+		e.failures = map[string]int{}
+	}
 	e.failures[kind]++
 	if kind == "other" && e.example == "" {
 		e.example = err.Error()
@@ -122,13 +125,20 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// cut closes every connection, then the listener (whose end starts the
+// coordinator's drain, which must find no connection left to drain), then
+// any connection accepted meanwhile.
 func (l *trackingListener) cut() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.Listener.Close()
-	for _, c := range l.conns {
-		c.Close()
+	closeAll := func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, c := range l.conns {
+			c.Close()
+		}
 	}
+	closeAll()
+	l.Listener.Close()
+	closeAll()
 }
 
 // runningCoordinator is one coordinator instance on env.addr.
