@@ -31,7 +31,8 @@ import (
 // Sources (SourceOf) are served fairly: a heavy source, one that was
 // admitted more than about twice in the last second or two (a decaying
 // count), may take a token only while the bucket is at least half full.
-// Heavy sources' slots are promised from a queue of their own. So a flood
+// Heavy sources' slots are promised from a queue of their own, behind the
+// light sources' slots promised so far. So a flood
 // of connections from a few sources, however fast, cannot keep the agents
 // of other sources out (they find the lower half of the bucket, and are
 // not queued behind the flood), while a restart storm from many sources, each light, is paced
@@ -145,14 +146,22 @@ func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 	}
 	gap := time.Duration(float64(time.Second) / p.rate)
 	slot := now.Add(time.Duration((floor - p.tokens) / p.rate * float64(time.Second)))
-	q := &p.next
 	if heavy {
-		q = &p.nextHeavy
+		// Behind every light source's slot promised so far, in a queue
+		// of their own that light sources do not wait behind.
+		if p.nextHeavy.After(slot) {
+			slot = p.nextHeavy
+		}
+		if p.next.After(slot) {
+			slot = p.next
+		}
+		p.nextHeavy = slot.Add(gap)
+	} else {
+		if p.next.After(slot) {
+			slot = p.next
+		}
+		p.next = slot.Add(gap)
 	}
-	if q.After(slot) {
-		slot = *q
-	}
-	*q = slot.Add(gap)
 	return false, min(slot.Sub(now), p.maxWait)
 }
 
