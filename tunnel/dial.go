@@ -194,7 +194,7 @@ func (b Backoff) Delay(n int) time.Duration {
 // Waits: after a failure Run waits out Backoff (its window capped by
 // RefusedMax while dials are refused outright); after a busy refusal
 // (*RetryAfterError) it waits what the coordinator asked, with a little
-// jitter, and dials the same address again; after a drain (Moved) it waits
+// jitter (1%), and dials the same address again; after a drain (Moved) it waits
 // the drain's stagger and dials the next address, without backoff.
 type Redialer struct {
 	// Addrs are the coordinators' addresses (host:port); required.
@@ -319,15 +319,17 @@ func (r *Redialer) random() float64 {
 
 // retryAfter is the wait for a busy refusal: what it asked, bounded by
 // Backoff's cap when not authenticated, floored at minRetryAfter, plus up
-// to 5% (at most 500 ms) of jitter so that the refused do not come back in
-// lockstep.
+// to 1% (at most 50 ms) of jitter. The coordinator already gives each
+// refused agent a slot of its own, 1/rate apart; more jitter would only
+// make agents miss their slots (a token not taken in time is lost once the
+// bucket is full, and the agent queues again at the end).
 func (r *Redialer) retryAfter(e *RetryAfterError) time.Duration {
 	d := e.After
 	if !e.Authenticated {
 		d = min(d, r.Backoff.Window(1<<10))
 	}
 	d = max(d, minRetryAfter)
-	return d + time.Duration(r.random()*float64(min(d/20, 500*time.Millisecond)))
+	return d + time.Duration(r.random()*float64(min(d/100, 50*time.Millisecond)))
 }
 
 // isRefused reports whether err is a TCP connection refused outright.
