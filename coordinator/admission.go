@@ -135,9 +135,8 @@ func newPacingMetrics(reg prometheus.Registerer, p *admission.Pacer) (*pacingMet
 
 // pace admits raw, a connection from src whose ClientHello has arrived,
 // to its TLS handshake (admission.Pacer), or answers it with a busy refusal and reports false; the
-// caller then closes it. The refusal costs no handshake: the ClientHello
-// is read off (so that closing sends a FIN, not a reset that could
-// overtake the refusal) and 12 bytes are written.
+// caller then closes it. The refusal costs no handshake: 12 bytes are
+// written, and the connection is read until the agent closes it.
 func (c *Coordinator) pace(raw net.Conn, src netip.Prefix) bool {
 	if c.pacer == nil {
 		return true
@@ -147,14 +146,17 @@ func (c *Coordinator) pace(raw net.Conn, src netip.Prefix) bool {
 		return true
 	}
 	c.pm.paced.Inc()
-	raw.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	var buf [4 << 10]byte
-	raw.Read(buf[:])
 	raw.SetWriteDeadline(time.Now().Add(time.Second))
 	raw.Write(protocol.AppendBusyRefusal(nil, wait))
 	if cw, ok := raw.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
+	// A lingering close: read what the agent sent (its ClientHello) until
+	// it closes, having read the refusal, or a second passed. Closing with
+	// bytes unread would send a reset, which may reach the agent before
+	// the refusal and discard it.
+	raw.SetReadDeadline(time.Now().Add(time.Second))
+	io.Copy(io.Discard, io.LimitReader(raw, 64<<10))
 	return false
 }
 
