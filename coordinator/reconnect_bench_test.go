@@ -144,6 +144,7 @@ func (l *trackingListener) cut() {
 // runningCoordinator is one coordinator instance on env.addr.
 type runningCoordinator struct {
 	c      *coordinator.Coordinator
+	reg    *prometheus.Registry
 	ln     *trackingListener
 	cancel context.CancelFunc
 	done   chan error
@@ -170,7 +171,8 @@ func (e *stormEnv) startCoordinator(tb testing.TB, admitRate float64, burst int)
 	cfg.Token = testToken
 	cfg.NATS = e.nc
 	cfg.Identify = caller.FromNATS(e.env.Layout.Verifier())
-	cfg.Registerer = prometheus.NewRegistry()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
 	cfg.AdmitRate = admitRate
 	cfg.AdmitBurst = burst
 	cfg.MaxHandshakes = 4096
@@ -181,7 +183,7 @@ func (e *stormEnv) startCoordinator(tb testing.TB, admitRate float64, burst int)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tl := &trackingListener{Listener: ln}
-	rc := &runningCoordinator{c: c, ln: tl, cancel: cancel, done: make(chan error, 1), start: start}
+	rc := &runningCoordinator{c: c, reg: reg, ln: tl, cancel: cancel, done: make(chan error, 1), start: start}
 	go func() { rc.done <- c.Serve(ctx, tls.NewListener(tl, e.srvTLS)) }()
 	return rc
 }
@@ -286,6 +288,32 @@ type stormResult struct {
 	maxShare float64       // the largest share registered within one second
 	failures map[string]int
 	example  string
+	refusals map[string]float64 // the new coordinator's, by reason
+}
+
+// refusals returns the coordinator's non-zero refusal counts by reason
+// (auth failures, and "paced").
+func refusals(tb testing.TB, reg *prometheus.Registry) map[string]float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "tether_coordinator_auth_failures_total":
+				if v := m.GetCounter().GetValue(); v > 0 {
+					out[m.GetLabel()[0].GetValue()] = v
+				}
+			case "tether_coordinator_handshakes_paced_total":
+				if v := m.GetCounter().GetValue(); v > 0 {
+					out["paced"] = v
+				}
+			}
+		}
+	}
+	return out
 }
 
 func measure(start time.Time, ts []time.Time) stormResult {
@@ -335,6 +363,7 @@ func (e *stormEnv) round(tb testing.TB, n int, rate float64, burst int, downtime
 	e.mu.Lock()
 	res.failures, res.example = e.failures, e.example
 	e.mu.Unlock()
+	res.refusals = refusals(tb, second.reg)
 	cancel()
 	wg.Wait()
 	second.crash(tb)
@@ -384,8 +413,8 @@ func TestReconnectStorm(t *testing.T) {
 		for i, a := range arms {
 			res := e.round(t, n, a.rate, a.burst, downtime)
 			results[i] = append(results[i], res)
-			t.Logf("round %d %-8s: all %d back in %v, largest one-second share %.0f%%; agents' failed attempts %v %s",
-				r, a.name, n, res.total.Round(time.Millisecond), 100*res.maxShare, res.failures, res.example)
+			t.Logf("round %d %-8s: all %d back in %v, largest one-second share %.0f%%; agents' failed attempts %v; coordinator's refusals %v; e.g. %s",
+				r, a.name, n, res.total.Round(time.Millisecond), 100*res.maxShare, res.failures, res.refusals, res.example)
 		}
 	}
 	med := func(rs []stormResult, f func(stormResult) float64) float64 {
