@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        bench-ssh docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
+        bench-ssh bench-reconnect docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -114,6 +114,13 @@ bench-ssh: build ## OpenSSH via Tether vs a loopback sshd: interleaved rounds, m
 	@# bin/tether (no -race); sshd is Debian's /usr/sbin/sshd, run as you on loopback.
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestSSHBenchmark$$' -v \
 		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
+
+# `make bench-reconnect` settings (see README, Development).
+RECONNECT_TIMEOUT ?= 30m
+
+bench-reconnect: ## reconnect storm of RECONNECT_AGENTS (1000) simulated agents after a coordinator restart: paced vs unpaced, interleaved rounds, median ratios
+	@# Not in `make test`: it measures, and takes minutes (RECONNECT_ROUNDS, RECONNECT_DOWNTIME, RECONNECT_FIXED_RATE).
+	$(GO) test -count=1 -timeout $(RECONNECT_TIMEOUT) -tags reconnectbench -run '^TestReconnectStorm$$' -v ./coordinator/ | grep -v 'level='
 
 vet: ## go vet ./...
 	$(GO) vet ./...

@@ -81,6 +81,12 @@ type Agent struct {
 	// ctlMu serialises its writers (writeControl).
 	ctl   atomic.Pointer[yamux.Stream]
 	ctlMu sync.Mutex
+	// drained counts the sessions serve runs in goroutines (every one,
+	// so that a drained session can outlive its serve); Run waits for
+	// them. live counts the welcomed sessions open (a drained one and
+	// its successor overlap), for the connected gauge.
+	drained sync.WaitGroup
+	live    atomic.Int64
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -172,11 +178,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		Capacity:        *capacity,
 		AgentVersion:    a.cfg.Version,
 		Targets:         a.targetNames,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain},
 		SSHHostKey:      hostKey.PublicKey().Marshal(),
 	}
+	lookup := a.cfg.LookupHost
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupHost
+	}
 	r := &tunnel.Redialer{
-		Addrs: a.cfg.Coordinators,
+		Addrs:      a.cfg.Coordinators,
+		Resolve:    lookup,
+		Seed:       a.cfg.NodeID,
+		RefusedMax: a.cfg.RefusedMax,
 		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
 			dctx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
 			defer cancel()
@@ -205,6 +218,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return a.serve(ctx, conn, addr, &h)
 	})
+	a.drained.Wait() // drained sessions end with ctx
 	if errors.Is(err, ErrEnrollRefused) {
 		a.log.Info("agent stopped: enrollment refused")
 		return err
@@ -240,38 +254,74 @@ func (a *Agent) advertisedTargets() []string {
 // session ended. It returns an error when the session could not be
 // established (so the redialer moves on to the next address), nil when an
 // established session ended.
+//
+// When the coordinator drains the session (protocol.Drain), serve returns
+// tunnel.Moved at once, so the redialer connects elsewhere after the
+// drain's stagger, and the drained session goes on in a goroutine of its
+// own (Agent.drained, which Run waits for) until its streams in flight
+// ended and the coordinator closed it, or ctx is done.
 func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *protocol.Hello) error {
 	sess, err := tunnel.Client(conn, a.cfg.Tunnel)
 	if err != nil {
 		return fmt.Errorf("agent %s: tunnel to %s: %w", a.cfg.NodeID, addr, err)
 	}
-	defer sess.Close()
 	// Closing the session when ctx ends unblocks every read and write on it.
 	closed := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		sess.Close()
 		close(closed)
 	})
-	defer func() {
+	release := func() {
+		sess.Close()
 		if !stop() {
 			<-closed
 		}
-	}()
+	}
 	ctl, welcome, err := a.handshake(ctx, sess, addr, hello)
 	if err != nil {
+		release()
 		return err
 	}
+	drains := make(chan protocol.Drain, 1)
+	done := make(chan struct{})
+	a.drained.Add(1)
+	go func() {
+		defer a.drained.Done()
+		defer close(done)
+		defer release()
+		defer a.guard.Recover("session", func(*panics.Error) { sess.Close() })
+		a.runSession(ctx, sess, ctl, welcome, addr, hello, drains)
+	}()
+	select {
+	case <-done:
+		return nil
+	case d := <-drains:
+		a.log.Info("coordinator is draining this session: moving to another coordinator while its streams finish",
+			"coordinator", addr, "retry_after", d.RetryAfter(), "message", clip(d.Message, 200))
+		return tunnel.Moved(d.RetryAfter(), d.Coordinator)
+	}
+}
+
+// runSession serves an established session (serve) until it ends or ctx
+// is done; a Drain read on its control stream goes to drains.
+func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux.Stream, welcome *protocol.Welcome, addr string, hello *protocol.Hello, drains chan<- protocol.Drain) {
 	interval := welcome.HeartbeatInterval()
 	if interval <= 0 {
 		interval = defaultHeartbeat
 	}
 	a.sessions.Add(1)
 	a.ctl.Store(ctl)
-	defer a.ctl.Store(nil)
+	defer a.ctl.CompareAndSwap(ctl, nil) // a drained session's successor may hold it
 	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
 	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval)
-	a.m.connected.Set(1)
-	defer a.m.connected.Set(0)
+	if a.live.Add(1) == 1 {
+		a.m.connected.Set(1)
+	}
+	defer func() {
+		if a.live.Add(-1) == 0 {
+			a.m.connected.Set(0)
+		}
+	}()
 
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -288,7 +338,7 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		a.heartbeat(sctx, sess, ctl, interval, log)
 	}()
 	replies := make(chan protocol.Frame, 1)
-	a.startControl(ctl, sess, &wg, replies, log)
+	a.startControl(ctl, sess, &wg, replies, drains, log)
 	if hello.Token == "" && a.ident.Load() != nil {
 		wg.Add(1)
 		go func() {
@@ -299,7 +349,6 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 	}
 	a.serveStreams(sctx, sess)
 	log.Info("disconnected from coordinator")
-	return nil
 }
 
 // handshake opens the control stream, sends hello and waits for welcome.

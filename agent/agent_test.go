@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/yamux"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -31,6 +32,7 @@ type fakeCoordinator struct {
 	hellos     chan protocol.Hello
 	heartbeats chan protocol.Heartbeat
 	sessions   chan *tunnel.Session // welcomed sessions
+	ctls       chan *yamux.Stream   // their control streams, in the same order
 
 	ln     net.Listener
 	ctx    context.Context
@@ -65,6 +67,7 @@ func startFakeCoordinator(t *testing.T, token string) *fakeCoordinator {
 		hellos:     make(chan protocol.Hello, 64),
 		heartbeats: make(chan protocol.Heartbeat, 256),
 		sessions:   make(chan *tunnel.Session, 16),
+		ctls:       make(chan *yamux.Stream, 16),
 		ln:         ln,
 		ctx:        ctx,
 		cancel:     cancel,
@@ -137,6 +140,7 @@ func (fc *fakeCoordinator) handle(t *testing.T, c net.Conn, token string) {
 		Limits: protocol.Limits{MaxFrameSize: protocol.MaxFrameSize},
 	})
 	fc.sessions <- sess
+	fc.ctls <- st
 	for {
 		f, err := fr.Next()
 		if err != nil {
@@ -220,7 +224,7 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
 		Instance:        a.instance,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain},
 	}
 	hostKey, err := a.sshHostKey()
 	if err != nil {

@@ -140,7 +140,7 @@ func (r *cancelRegistry) add(st *yamux.Stream, cancel func()) (remove func()) {
 // the reader of the coordinator's frames on ctl (readControl). The table
 // lives until the reader returns, at the session's end; a panic of the
 // reader closes the session (sess), as a heartbeat's does.
-func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error }, wg *sync.WaitGroup, replies chan<- protocol.Frame, log *slog.Logger) {
+func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error }, wg *sync.WaitGroup, replies chan<- protocol.Frame, drains chan<- protocol.Drain, log *slog.Logger) {
 	ys := ctl.Session()
 	t := a.cancels.open(ys)
 	wg.Add(1)
@@ -148,18 +148,19 @@ func (a *Agent) startControl(ctl *yamux.Stream, sess interface{ Close() error },
 		defer wg.Done()
 		defer a.cancels.close(ys)
 		defer a.guard.Recover("control reader", func(*panics.Error) { sess.Close() })
-		a.readControl(ctl, t, replies, log)
+		a.readControl(ctl, t, replies, drains, log)
 	}()
 }
 
 // readControl reads the coordinator's frames on the control stream until
 // it ends (with the session): FrameCancelStream cancels the named stream's
-// operation through t; other known frames are ignored. A frame it cannot
+// operation through t; FrameDrain goes to drains (without waiting: the
+// first one counts); other known frames are ignored. A frame it cannot
 // read (an unknown type, too large: a coordinator that sent what this
 // agent's Hello did not ask for) ends the interpretation, not the reading:
 // the rest of the stream is read and dropped, so the coordinator's writes
 // never block on it.
-func (a *Agent) readControl(ctl io.Reader, t *streamCancels, replies chan<- protocol.Frame, log *slog.Logger) {
+func (a *Agent) readControl(ctl io.Reader, t *streamCancels, replies chan<- protocol.Frame, drains chan<- protocol.Drain, log *slog.Logger) {
 	fr := protocol.NewFrameReader(ctl)
 	fr.Max = protocol.MaxControlFrameSize
 	for {
@@ -180,6 +181,16 @@ func (a *Agent) readControl(ctl io.Reader, t *streamCancels, replies chan<- prot
 			}
 			found := t.cancel(c.StreamID)
 			log.Debug("cancel from the control stream", "stream", c.StreamID, "running", found)
+		case protocol.FrameDrain:
+			var d protocol.Drain
+			if err := protocol.DecodeJSON(f.Payload, &d); err != nil {
+				log.Warn("control stream: ignoring a bad drain frame", "err", err)
+				continue
+			}
+			select {
+			case drains <- d:
+			default:
+			}
 		case protocol.FrameRenewed, protocol.FrameReject:
 			// The answer to a renewal (identity.go), which waits for it;
 			// one unasked for is dropped.

@@ -44,7 +44,7 @@ func (h *harness) control(t *testing.T) *yamux.Stream {
 		t.Fatal(a.err)
 	}
 	var wg sync.WaitGroup
-	h.a.startControl(ctl, h.client, &wg, nil, h.a.log)
+	h.a.startControl(ctl, h.client, &wg, nil, nil, h.a.log)
 	t.Cleanup(func() {
 		h.client.Close() // ends the reader
 		wg.Wait()
@@ -251,7 +251,7 @@ func FuzzReadControl(f *testing.F) {
 		tab.add(2, func() { calls[0]++ })
 		tab.add(4, func() { calls[1]++ })
 		r := bytes.NewReader(data)
-		a.readControl(r, tab, nil, slog.New(slog.DiscardHandler))
+		a.readControl(r, tab, nil, nil, slog.New(slog.DiscardHandler))
 		if r.Len() != 0 {
 			t.Fatalf("reader stopped with %d bytes unread", r.Len())
 		}

@@ -44,9 +44,23 @@ type Config struct {
 	NodeID string
 	// Labels are the node's labels, matched by selectors. Optional.
 	Labels map[string]string
-	// Coordinators are the coordinators' tunnel addresses (host:port), tried
-	// in turn. At least one is required.
+	// Coordinators are the coordinators' tunnel addresses (host:port). At
+	// least one is required. A host name with several addresses (A/AAAA
+	// records, LookupHost) counts as that many coordinators. The agent
+	// takes them in an order of its own, which its node id's hash picks, so
+	// that a fleet spreads over its coordinators, and moves on to the next
+	// when a session fails or ends, or the coordinator drains it
+	// (tunnel.Redialer).
 	Coordinators []string
+	// LookupHost resolves the host names of Coordinators into addresses,
+	// again each time the agent went through them all. Nil means
+	// net.DefaultResolver.LookupHost. Test hook.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
+	// RefusedMax caps the backoff window while dials are refused outright
+	// (no coordinator listening: during its restart), so that agents find a
+	// restarted coordinator within it; the coordinator then paces their
+	// admission itself. Zero means tunnel's default (1 s); negative, no cap.
+	RefusedMax time.Duration
 	// Token is the join token (tether token create) the agent enrolls
 	// with when IdentityDir holds no valid certificate: then it is required.
 	// With SharedToken it is instead the deprecated shared token, sent in

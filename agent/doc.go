@@ -28,15 +28,20 @@
 // operations against the account.
 //
 // Goroutines. Agent.Run runs the session loop in the caller's goroutine
-// (tunnel.Redialer: dial, serve one session, back off, redial). For each
-// session it starts:
+// (tunnel.Redialer: dial, serve one session, back off, redial). Each
+// welcomed session runs in a goroutine of its own, which the loop waits
+// for, except after a drain (FrameDrain: the coordinator is going away):
+// then the loop dials the next coordinator at once while the drained
+// session goes on until its streams ended and the coordinator closed it,
+// and Run waits for it before it returns. For each session it starts:
 //
 //   - the heartbeat loop, which writes a Heartbeat frame on the control
 //     stream every Welcome.HeartbeatInterval, and its pinger, which measures
 //     the RTT once per interval (a ping may wait up to the tunnel's write
 //     timeout; heartbeats never wait for it, they carry the last RTT);
 //   - the control reader (cancel.go), which reads the coordinator's frames
-//     on the control stream until the session ends and cancels, out of
+//     on the control stream until the session ends, hands a FrameDrain to
+//     the session loop, and cancels, out of
 //     band, the exec, pty or copy a FrameCancelStream names (an in-band
 //     FrameCancel can be stuck behind stdin the command does not read);
 //   - on a session authenticated by its certificate, the renewal loop

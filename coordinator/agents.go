@@ -234,6 +234,10 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 			ac.conn.Close()
 			return nil
 		}
+		if !c.pace(tc.NetConn(), ac.ticket.Source) {
+			ac.conn.Close()
+			return nil
+		}
 		hctx, cancel := context.WithDeadline(ctx, deadline)
 		err = tc.HandshakeContext(hctx)
 		cancel()

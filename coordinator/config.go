@@ -107,6 +107,34 @@ type Config struct {
 	// retries with backoff. Raise it when many agents reach the coordinator
 	// through one NAT address and restart together. Default 8.
 	MaxHandshakesPerSource int
+	// Paced admission (admission.go). AdmitRate is how many agent TLS
+	// handshakes a second the coordinator starts; a connection past it
+	// gets, instead of a ServerHello, a busy refusal naming when to come
+	// back (protocol.AppendBusyRefusal): the next free slot, so that after
+	// a restart the fleet comes back at this rate instead of on its
+	// backoff. Zero: AdmitCPUShare of the CPUs at the measured cost of a
+	// handshake (admission.HandshakeCost); negative: no pacing, every
+	// connection is handshaked at once (as before pacing).
+	AdmitRate float64
+	// AdmitCPUShare is the share of GOMAXPROCS that a zero AdmitRate
+	// gives to handshakes, in (0, 1]; the rest stays for the sessions,
+	// jobs and NATS work of the agents already in, and for what each
+	// admitted agent costs after its handshake (registration, inventory).
+	// Default 0.25.
+	AdmitCPUShare float64
+	// AdmitBurst is how many handshakes may start at once before the rate
+	// applies. Default a tenth of a second's worth, at least 16.
+	AdmitBurst int
+	// MaxRetryAfter bounds the wait a busy refusal asks for. Default 30 s
+	// (agents bound an unauthenticated wait by their own backoff cap, 30 s
+	// by default).
+	MaxRetryAfter time.Duration
+	// DrainSpread is the window over which a drain staggers its agents'
+	// moves (protocol.Drain.RetryAfterMS, spread evenly in random order),
+	// so that they do not all land on one peer at once. Zero: the time the
+	// coordinator would take to admit them all at AdmitRate, at most half
+	// of DrainTimeout (none without pacing); negative: no stagger.
+	DrainSpread time.Duration
 	// MaxJobs bounds the exec jobs in flight; an exec request past it gets
 	// 503 unavailable. Default 1024.
 	MaxJobs int
@@ -308,6 +336,7 @@ func (c *Config) Validate() error {
 	if c.MaxJobs < 0 {
 		errs = append(errs, fmt.Errorf("coordinator config: MaxJobs %d is negative", c.MaxJobs))
 	}
+	errs = append(errs, c.validatePacing()...)
 	if err := c.Pipe.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("coordinator config: Pipe: %w", err))
 	}

@@ -51,6 +51,10 @@ type Coordinator struct {
 	// admit bounds the agent connections in their handshake
 	// (internal/admission).
 	admit *admission.Controller
+	// pacer bounds the rate of TLS handshakes; nil when AdmitRate is
+	// negative (admission.go).
+	pacer *admission.Pacer
+	pm    *pacingMetrics
 
 	// mu guards the fields below. It is never held while doing I/O.
 	mu      sync.Mutex
@@ -104,7 +108,14 @@ func New(cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
+	pacer := newPacer(&cfg)
+	pm, err := newPacingMetrics(reg, pacer)
+	if err != nil {
+		return nil, err
+	}
 	return &Coordinator{
+		pacer:     pacer,
+		pm:        pm,
 		cfg:       cfg,
 		log:       log,
 		preauth:   preauth,
@@ -209,9 +220,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 
 	ln.Close()
 	<-acceptDone
-	for _, n := range sessions {
-		n.sess.GoAway()
-	}
+	c.drainSessions(sessions) // drain hints (staggered), then GoAway
 	if err := svc.Stop(); err != nil {
 		c.log.Warn("stop micro service", "err", err)
 	}

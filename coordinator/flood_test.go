@@ -136,6 +136,10 @@ func TestAgentRegistersDuringPreAuthFlood(t *testing.T) {
 	h := newHarness(t, func(c *coordinator.Config) {
 		c.HandshakeTimeout = 10 * time.Minute
 		c.Logger = testLoggerTo(t, &logs)
+		// The handshake slots are under test: paced admission would
+		// refuse most of the flood before it took one
+		// (TestAgentRegistersDuringChurnFlood covers pacing).
+		c.AdmitRate = -1
 	})
 	f := newFlood(t, h.addr)
 	floodStart := time.Now()

@@ -30,6 +30,11 @@
 // frames ([DecodeJSON]) skip unknown keys but refuse the rest. See
 // strictjson.go.
 //
+// Before TLS, a coordinator that admits agents at a bounded rate may
+// answer a connection with a 12-byte busy refusal instead of its
+// ServerHello, naming when to come back; it is unauthenticated, so
+// agents bound the wait (drain.go, ParseBusyRefusal).
+//
 // After the header both directions carry frames:
 //
 //	+--------+-------------------+----------------------+
@@ -48,7 +53,10 @@
 //     coordinator may send [FrameCancelStream] ([CancelStream], at most
 //     [MaxControlFrameSize] bytes) if the agent's Hello.Features listed
 //     [FeatureCancelStream], and answers an agent's [FrameRenew] with
-//     [FrameRenewed] or [FrameReject] (enroll.go). Such an agent reads the control stream until
+//     [FrameRenewed] or [FrameReject] (enroll.go). When it drains, it sends
+//     [FrameDrain] ([Drain]: when to dial another coordinator) to an agent
+//     that listed [FeatureDrain], then a yamux GoAway; the streams in
+//     flight go on (drain.go). Such an agent reads the control stream until
 //     the session ends; one that did not list it may never read it after
 //     Welcome, so the coordinator sends it nothing. Features are how this
 //     stream grows within a Version: a new coordinator→agent frame comes

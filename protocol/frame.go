@@ -64,6 +64,10 @@ const (
 	// JSON SSHChannelEvent, one SSH channel that ended (ssh.go). Sent only
 	// by an agent whose Hello listed FeatureSSH.
 	FrameSSHChannel FrameType = 25
+	// FrameDrain (coordinator → agent, control stream after Welcome):
+	// JSON Drain, the coordinator is going away (drain.go). Sent only to
+	// an agent whose Hello listed FeatureDrain.
+	FrameDrain FrameType = 26
 
 	// Copy frames (copy.go).
 	FrameManifest    FrameType = 32 // JSON []ManifestEntry: part of what the receiver has
@@ -96,6 +100,7 @@ var frameNames = map[FrameType]string{
 	FrameReject: "reject", FrameHeartbeat: "heartbeat", FrameCancelStream: "cancel-stream",
 	FrameEnroll: "enroll", FrameEnrolled: "enrolled", FrameRenew: "renew", FrameRenewed: "renewed",
 	FrameSSHChannel: "ssh-channel",
+	FrameDrain:      "drain",
 	FrameManifest:   "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameCopySkip: "copy-skip", FrameResize: "resize", FrameSignal: "signal",

@@ -5,32 +5,130 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
+	"syscall"
 	"time"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // DialTLS dials addr over TCP and completes a TLS handshake, both bounded by
 // ctx. cfg must set ServerName or RootCAs suitable for addr; it is cloned.
+// An empty ServerName is the one the Redialer put in ctx for a resolved
+// address (ServerNameFrom), else addr's host.
+//
+// A coordinator that admits agents at a bounded rate may answer, instead
+// of its TLS ServerHello, with a busy refusal (protocol.ParseBusyRefusal):
+// DialTLS then returns a *RetryAfterError, not authenticated, which the
+// Redialer honours.
 func DialTLS(ctx context.Context, addr string, cfg *tls.Config) (net.Conn, error) {
 	d := net.Dialer{KeepAlive: 15 * time.Second}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: dial %s: %w", addr, err)
 	}
+	return HandshakeTLS(ctx, raw, addr, cfg)
+}
+
+// HandshakeTLS is DialTLS's second half: the TLS client handshake over
+// raw, a connection to addr, bounded by ctx, with DialTLS's server name
+// and busy refusal handling. It owns raw: on failure raw is closed.
+func HandshakeTLS(ctx context.Context, raw net.Conn, addr string, cfg *tls.Config) (net.Conn, error) {
 	c := cfg.Clone()
+	if c.ServerName == "" {
+		c.ServerName = ServerNameFrom(ctx)
+	}
 	if c.ServerName == "" {
 		if host, _, err := net.SplitHostPort(addr); err == nil {
 			c.ServerName = host
 		}
 	}
-	tc := tls.Client(Cork(raw), c)
+	rec := &firstBytes{Conn: raw}
+	tc := tls.Client(Cork(rec), c)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
+		defer raw.Close()
+		if rerr := readBusyRefusal(ctx, rec, err); rerr != nil {
+			return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", addr, rerr)
+		}
 		return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", addr, err)
 	}
 	return tc, nil
+}
+
+// firstBytes records the first bytes read from a connection, for the busy
+// refusal that may stand in for a TLS ServerHello.
+type firstBytes struct {
+	net.Conn
+	buf []byte
+}
+
+func (f *firstBytes) Read(p []byte) (int, error) {
+	n, err := f.Conn.Read(p)
+	if room := protocol.BusyRefusalSize - len(f.buf); room > 0 && n > 0 {
+		f.buf = append(f.buf, p[:min(n, room)]...)
+	}
+	return n, err
+}
+
+// readBusyRefusal returns the *RetryAfterError of a handshake that failed
+// with herr because the server sent a busy refusal, or nil. It reads what
+// is missing of the refusal within a second (and ctx).
+func readBusyRefusal(ctx context.Context, rec *firstBytes, herr error) error {
+	var rh tls.RecordHeaderError
+	if !errors.As(herr, &rh) || !protocol.IsBusyRefusalPrefix(rh.RecordHeader[:]) {
+		return nil
+	}
+	b := rec.buf
+	if len(b) < protocol.BusyRefusalSize {
+		dl := time.Now().Add(time.Second)
+		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+			dl = d
+		}
+		rec.Conn.SetReadDeadline(dl)
+		rest := make([]byte, protocol.BusyRefusalSize-len(b))
+		if _, err := io.ReadFull(rec.Conn, rest); err != nil {
+			return nil
+		}
+		b = append(b, rest...)
+	}
+	d, err := protocol.ParseBusyRefusal(b)
+	if err != nil {
+		return nil
+	}
+	return &RetryAfterError{After: d}
+}
+
+// RetryAfterError is a coordinator's refusal to take a connection now,
+// asking the agent to come back after After. Authenticated is false for a
+// busy refusal before TLS: the Redialer then bounds After by its backoff
+// cap.
+type RetryAfterError struct {
+	After         time.Duration
+	Authenticated bool
+}
+
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("coordinator busy: retry after %v", e.After)
+}
+
+type serverNameKey struct{}
+
+// WithServerName returns ctx carrying name, the TLS server name of the
+// address being dialed (a host name the Redialer resolved to that
+// address).
+func WithServerName(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, serverNameKey{}, name)
+}
+
+// ServerNameFrom returns the server name WithServerName put in ctx, or "".
+func ServerNameFrom(ctx context.Context) string {
+	s, _ := ctx.Value(serverNameKey{}).(string)
+	return s
 }
 
 // TunedTLS returns a copy of cfg with the settings tunnels want: TLS 1.3 and
@@ -83,13 +181,50 @@ func (b Backoff) Delay(n int) time.Duration {
 
 // Redialer keeps a connection to one of several addresses, redialing with
 // Backoff after every failure or disconnect.
+//
+// Order: Addrs, each host name expanded into its addresses by Resolve, are
+// tried in an order of the Redialer's own: with Seed set, a permutation of
+// them that Seed's hash picks (so a fleet's agents start on different
+// coordinators and, when one goes away, spread over the others instead of
+// all moving to the next one in the list); without Seed, in the order
+// given. Run moves on to the next after a failed dial, a failed session and
+// the end of a session, and resolves the names again each time it went
+// round.
+//
+// Waits: after a failure Run waits out Backoff (its window capped by
+// RefusedMax while dials are refused outright); after a busy refusal
+// (*RetryAfterError) it waits what the coordinator asked, with a little
+// jitter (1%), and dials the same address again; after a drain (Moved) it waits
+// the drain's stagger and dials the next address, without backoff.
 type Redialer struct {
-	// Addrs are tried in turn, starting with the first; required.
+	// Addrs are the coordinators' addresses (host:port); required.
 	Addrs []string
-	// Dial opens a connection to addr; required.
+	// Dial opens a connection to addr; required. For an address that
+	// Resolve produced from a host name, ctx carries that name
+	// (ServerNameFrom), which DialTLS verifies the certificate against.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
-	// Backoff paces attempts.
+	// Resolve, if set, looks up a host name of Addrs (not an IP address)
+	// and returns its addresses (IPv4 or IPv6, without port), as
+	// net.Resolver.LookupHost does; Run dials each. A failed lookup
+	// leaves the name as it is, for Dial to fail on. Nil: names are
+	// dialed as given (Dial resolves them, trying the records in the
+	// resolver's order).
+	Resolve func(ctx context.Context, host string) ([]string, error)
+	// Seed, if set, picks the order of the addresses (see Redialer): the
+	// agent's node id.
+	Seed string
+	// Backoff paces attempts after failures. Its Max also bounds the wait
+	// an unauthenticated busy refusal may ask for.
 	Backoff Backoff
+	// RefusedMax caps the backoff window after a dial refused outright
+	// (ECONNREFUSED: the host is up, no coordinator listens yet, as during
+	// its restart), which costs the coordinator's host nothing; once it
+	// listens, it paces admissions itself. So agents find a restarted
+	// coordinator within RefusedMax. Refusals do not grow the backoff past
+	// that window either, so the first other failure after them backs off
+	// from there. Default 1 s; negative: no cap (each refusal backs off
+	// like any failure).
+	RefusedMax time.Duration
 	// StableAfter is how long a connection must have lasted for the backoff
 	// to start over from Base. Default 10 s.
 	StableAfter time.Duration
@@ -98,6 +233,107 @@ type Redialer struct {
 	// OnRetry, if set, is called before each wait (for metrics).
 	OnRetry func(attempt int, err error)
 }
+
+// minRetryAfter floors the wait of a busy refusal, so that one asking for
+// none cannot make the agent spin.
+const minRetryAfter = 20 * time.Millisecond
+
+// MovedError is what a Redialer's serve returns when the coordinator
+// drained the session (Moved).
+type MovedError struct {
+	// After is the wait before the next dial.
+	After time.Duration
+	// Prefer is the address to dial next, if it is one of the Redialer's;
+	// else the next one is.
+	Prefer string
+}
+
+func (e *MovedError) Error() string {
+	return fmt.Sprintf("coordinator drained the session: moving on after %v", e.After)
+}
+
+// Moved returns the error serve returns for a session the coordinator
+// drained (protocol.Drain): Run dials the next address (prefer, if it is
+// one of its own) after the wait, without backoff. The drained session
+// may go on while its streams finish: serve hands it to a goroutine of
+// its own and returns Moved at once.
+func Moved(after time.Duration, prefer string) error {
+	return &MovedError{After: after, Prefer: prefer}
+}
+
+// endpoint is one address Run dials: addr, and the host name it was
+// resolved from ("" when addr is as configured).
+type endpoint struct{ addr, name string }
+
+// endpoints expands Addrs (Resolve) and orders them (Seed).
+func (r *Redialer) endpoints(ctx context.Context) []endpoint {
+	var eps []endpoint
+	names := slices.Clone(r.Addrs)
+	r.permute(names, "")
+	for _, a := range names {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || r.Resolve == nil || net.ParseIP(host) != nil {
+			eps = append(eps, endpoint{addr: a})
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ips, err := r.Resolve(rctx, host)
+		cancel()
+		if err != nil || len(ips) == 0 {
+			if r.Logger != nil && ctx.Err() == nil {
+				r.Logger.Warn("resolve coordinator address", "addr", a, "err", err)
+			}
+			eps = append(eps, endpoint{addr: a})
+			continue
+		}
+		ips = slices.Compact(slices.Sorted(slices.Values(ips)))
+		r.permute(ips, a)
+		for _, ip := range ips {
+			eps = append(eps, endpoint{addr: net.JoinHostPort(ip, port), name: host})
+		}
+	}
+	return eps
+}
+
+// permute shuffles l in the order Seed (and salt) picks; without Seed it
+// leaves l alone.
+func (r *Redialer) permute(l []string, salt string) {
+	if r.Seed == "" || len(l) < 2 {
+		return
+	}
+	h := fnv.New64a()
+	h.Write([]byte(r.Seed))
+	h.Write([]byte{0})
+	h.Write([]byte(salt))
+	rng := rand.New(rand.NewPCG(h.Sum64(), 0x7e7e))
+	rng.Shuffle(len(l), func(i, j int) { l[i], l[j] = l[j], l[i] })
+}
+
+// random returns a float in [0,1) from Backoff.Rand or math/rand/v2.
+func (r *Redialer) random() float64 {
+	if r.Backoff.Rand != nil {
+		return r.Backoff.Rand()
+	}
+	return rand.Float64()
+}
+
+// retryAfter is the wait for a busy refusal: what it asked, bounded by
+// Backoff's cap when not authenticated, floored at minRetryAfter, plus up
+// to 1% (at most 50 ms) of jitter. The coordinator already gives each
+// refused agent a slot of its own, 1/rate apart; more jitter would only
+// make agents miss their slots (a token not taken in time is lost once the
+// bucket is full, and the agent queues again at the end).
+func (r *Redialer) retryAfter(e *RetryAfterError) time.Duration {
+	d := e.After
+	if !e.Authenticated {
+		d = min(d, r.Backoff.Window(1<<10))
+	}
+	d = max(d, minRetryAfter)
+	return d + time.Duration(r.random()*float64(min(d/100, 50*time.Millisecond)))
+}
+
+// isRefused reports whether err is a TCP connection refused outright.
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
 // Permanent marks err, returned by a Redialer's serve, as one that no
 // redial can cure: Run stops and returns err (unwrapped from the mark).
@@ -115,10 +351,10 @@ func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Run dials until ctx ends. For each connection it calls serve, which owns
-// the connection and blocks until it is done with it; then Run waits out the
-// backoff and dials again, moving to the next address after a failure. Run
-// returns ctx's error, or the error serve marked Permanent (at once, without
-// redialing). It runs in the caller's goroutine.
+// the connection and blocks until it is done with it (or returns Moved);
+// then Run waits (see Redialer) and dials again. Run returns ctx's error,
+// or the error serve marked Permanent (at once, without redialing). It
+// runs in the caller's goroutine.
 func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn net.Conn, addr string) error) error {
 	if len(r.Addrs) == 0 || r.Dial == nil {
 		return errors.New("tunnel: redialer needs Addrs and Dial")
@@ -127,17 +363,29 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 	if stable <= 0 {
 		stable = 10 * time.Second
 	}
+	refusedMax := r.RefusedMax
+	if refusedMax == 0 {
+		refusedMax = time.Second
+	}
 	log := r.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	var eps []endpoint
 	attempt, idx := 0, 0
 	for {
-		addr := r.Addrs[idx%len(r.Addrs)]
-		conn, err := r.Dial(ctx, addr)
+		if idx >= len(eps) {
+			eps, idx = r.endpoints(ctx), 0
+		}
+		ep := eps[idx]
+		dctx := ctx
+		if ep.name != "" {
+			dctx = WithServerName(ctx, ep.name)
+		}
+		conn, err := r.Dial(dctx, ep.addr)
 		if err == nil {
 			start := time.Now()
-			err = serve(ctx, conn, addr)
+			err = serve(ctx, conn, ep.addr)
 			if time.Since(start) >= stable {
 				attempt = 0
 			}
@@ -148,21 +396,54 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 		if pe := (*permanentError)(nil); errors.As(err, &pe) {
 			return pe.err
 		}
-		if err != nil {
+		var (
+			delay time.Duration
+			moved *MovedError
+			busy  *RetryAfterError
+		)
+		switch {
+		case errors.As(err, &moved):
 			idx++
-		}
-		delay := r.Backoff.Delay(attempt)
-		if err == nil {
-			// serve ended the session on purpose (an enrollment done: the
-			// next dial presents the new certificate).
-			log.Info("tunnel session ended; redialing", "addr", addr, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
-		} else {
-			log.Warn("tunnel disconnected; redialing", "addr", addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+			if i := slices.IndexFunc(eps, func(e endpoint) bool { return e.addr == moved.Prefer }); moved.Prefer != "" && i >= 0 {
+				// The preferred address next, then the rest of the round.
+				eps, idx = append([]endpoint{eps[i]}, slices.Delete(slices.Clone(eps), i, i+1)...), 0
+			}
+			attempt = 0
+			delay = moved.After + time.Duration(r.random()*float64(min(moved.After/20+time.Millisecond, 500*time.Millisecond)))
+			log.Info("coordinator drained the session; moving on", "addr", ep.addr, "delay", delay.Round(time.Millisecond))
+		case errors.As(err, &busy):
+			// The coordinator promised this agent a slot: come back to
+			// the same address for it.
+			delay = r.retryAfter(busy)
+			log.Debug("coordinator busy; coming back when it asked", "addr", ep.addr, "delay", delay.Round(time.Millisecond))
+		default:
+			idx++
+			w := r.Backoff.Window(attempt)
+			grow := true
+			if isRefused(err) && refusedMax > 0 {
+				// Refusals do not escalate the backoff past RefusedMax
+				// either: the first failure once the coordinator
+				// listens again (a handshake cut by its load) must not
+				// wait out a window the downtime grew.
+				grow = w < refusedMax
+				w = min(w, refusedMax)
+			}
+			delay = time.Duration(r.random() * float64(w))
+			if err == nil {
+				// serve ended the session (the coordinator went away,
+				// or an enrollment done: the next dial presents the new
+				// certificate).
+				log.Info("tunnel session ended; redialing", "addr", ep.addr, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+			} else {
+				log.Warn("tunnel disconnected; redialing", "addr", ep.addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+			}
+			if grow {
+				attempt++
+			}
 		}
 		if r.OnRetry != nil {
 			r.OnRetry(attempt, err)
 		}
-		attempt++
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

@@ -1,8 +1,13 @@
 // Package tunnel owns the agent–coordinator transport: TLS over TCP dialing,
 // the yamux session with Tether's tuned configuration, typed stream
 // open/accept (a protocol stream header on every stream), the agent's
-// redialer (several coordinator addresses, capped exponential backoff with
-// full jitter), the development PKI helpers, and node identity with
+// redialer (several coordinator addresses and the records of their names,
+// in an order the agent's seed picks so that a fleet spreads over them;
+// capped exponential backoff with full jitter, capped lower while dials are
+// refused outright; a coordinator's busy refusal before TLS honoured as a
+// retry-after bounded by the backoff cap; a drain honoured by moving on to
+// the next address while the drained session finishes), the development
+// PKI helpers, and node identity with
 // crypto/x509 only (identity.go: the node CA that signs agents' CSRs and
 // verifies their client certificates, the URI SAN naming a node id, the
 // agent's identity file and pinned CA).

@@ -15,6 +15,11 @@
 // only one from more distinct sources than Max, each holding a handshake
 // open, refuses newcomers, and the listener's handshake deadline cuts each
 // of those.
+//
+// A Pacer (pacer.go) bounds the rate at which handshakes start, a token
+// bucket sized from the measured cost of a handshake (HandshakeCost), and
+// promises each connection it refuses a slot to come back at; it serves
+// light sources before heavy ones, so that a flood cannot lock agents out.
 package admission
 
 import (

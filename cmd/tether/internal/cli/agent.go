@@ -298,7 +298,7 @@ func newAgentCmd(e *env) *cobra.Command {
 		}),
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated)")
+	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated; a name with several A/AAAA records counts as several); the agent spreads over them by node id and moves on when one fails or drains")
 	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token to enroll with until the agent has a certificate (default: $TETHER_TOKEN)")
 	f.StringVar(&o.IdentityDir, "identity-dir", o.IdentityDir, "directory of the node certificate, key and pinned CA (default: DATA-DIR/identity)")
 	f.BoolVar(&o.SharedToken, "shared-token", o.SharedToken, "deprecated: present the token as the fleet-wide shared token instead of enrolling (coordinator --allow-shared-token)")

@@ -102,6 +102,12 @@ type coordinatorOptions struct {
 	// one IPv4 address or IPv6 /64 (coordinator.Config). Zero means the
 	// coordinator's default (8).
 	MaxHandshakesPerSource int
+	// AdmitRate is the agent TLS handshakes a second the coordinator
+	// starts (coordinator.Config.AdmitRate): zero measures it, negative
+	// turns pacing off. DrainSpread is the window a SIGTERM drain
+	// staggers its agents' moves over (coordinator.Config.DrainSpread).
+	AdmitRate   float64
+	DrainSpread time.Duration
 	// Policy is the authorization policy file (package policy), required:
 	// everything it does not grant is refused. Reloaded on SIGHUP; a bad
 	// file keeps the policy in force.
@@ -340,6 +346,10 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
 	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
 		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
+	f.Float64Var(&o.AdmitRate, "admit-rate", o.AdmitRate,
+		"agent TLS handshakes started a second; past it agents are told when to come back (0: measured, a quarter of the CPUs; negative: no pacing)")
+	f.DurationVar(&o.DrainSpread, "drain-spread", o.DrainSpread,
+		"on SIGTERM, spread the agents' moves to other coordinators over this window (0: the time to admit them at --admit-rate; negative: none)")
 	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
 	f.Int64Var(&o.AuditMaxBytes, "audit-max-bytes", o.AuditMaxBytes, "bound the audit log to this many bytes, oldest events discarded first (0: 1 GiB)")
 	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, "SSH jump host listen address, for ssh -J and tether ssh-config (default: none; tether ssh-proxy works without)")
@@ -628,6 +638,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if o.MaxHandshakesPerSource > 0 {
 		cfg.MaxHandshakesPerSource = o.MaxHandshakesPerSource
 	}
+	cfg.AdmitRate, cfg.DrainSpread = o.AdmitRate, o.DrainSpread
 	cfg.Logger = log
 	cfg.Registerer = reg
 	cfg.Endpoints = cs.sbx.Endpoints
