@@ -185,10 +185,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if lookup == nil {
 		lookup = net.DefaultResolver.LookupHost
 	}
+	seed := a.cfg.NodeID
+	if a.cfg.CoordinatorsInOrder {
+		seed = "" // the Redialer keeps the listed order
+	}
 	r := &tunnel.Redialer{
 		Addrs:      a.cfg.Coordinators,
 		Resolve:    lookup,
-		Seed:       a.cfg.NodeID,
+		Seed:       seed,
 		RefusedMax: a.cfg.RefusedMax,
 		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
 			dctx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)

@@ -52,6 +52,11 @@ type Config struct {
 	// when a session fails or ends, or the coordinator drains it
 	// (tunnel.Redialer).
 	Coordinators []string
+	// CoordinatorsInOrder, if true, takes Coordinators in the order given
+	// (the first one preferred, the others as fallbacks, e.g. a
+	// coordinator in the node's own zone first) instead of spreading by
+	// node id. Default false.
+	CoordinatorsInOrder bool
 	// LookupHost resolves the host names of Coordinators into addresses,
 	// again each time the agent went through them all. Nil means
 	// net.DefaultResolver.LookupHost. Test hook.

@@ -429,6 +429,7 @@ func (f *Fleet) AddAgent(tb testing.TB) string {
 	cfg := agentConfig(f.opts.NodeID(i), f.opts.Labels(i), f.TunnelAddr, f.token, f.ClientTLS, tb.TempDir(), f.opts.Logger)
 	if k := len(f.TunnelAddrs); k > 1 {
 		// Its own coordinator first, then the others in turn.
+		cfg.CoordinatorsInOrder = true
 		cfg.Coordinators = nil
 		for d := 0; d < k; d++ {
 			cfg.Coordinators = append(cfg.Coordinators, f.TunnelAddrs[(i+d)%k])

@@ -28,6 +28,8 @@ type agentOptions struct {
 	// Coordinators are the coordinators' tunnel addresses (host:port), tried
 	// in turn. Required.
 	Coordinators []string
+	// CoordinatorsInOrder prefers Coordinators in the order given.
+	CoordinatorsInOrder bool
 	// TokenFile holds the join token (tether token create; whitespace is
 	// trimmed) the agent enrolls with when IdentityDir holds no valid
 	// certificate. Empty means $TETHER_TOKEN; one of them is required
@@ -299,6 +301,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated; a name with several A/AAAA records counts as several); the agent spreads over them by node id and moves on when one fails or drains")
+	f.BoolVar(&o.CoordinatorsInOrder, "coordinators-in-order", false, "take the --coordinator addresses in the order given (the first preferred, the rest as fallbacks) instead of spreading by node id")
 	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token to enroll with until the agent has a certificate (default: $TETHER_TOKEN)")
 	f.StringVar(&o.IdentityDir, "identity-dir", o.IdentityDir, "directory of the node certificate, key and pinned CA (default: DATA-DIR/identity)")
 	f.BoolVar(&o.SharedToken, "shared-token", o.SharedToken, "deprecated: present the token as the fleet-wide shared token instead of enrolling (coordinator --allow-shared-token)")
@@ -349,6 +352,7 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	}
 	cfg.Labels = o.labels
 	cfg.Coordinators = o.Coordinators
+	cfg.CoordinatorsInOrder = o.CoordinatorsInOrder
 	cfg.Token = token
 	cfg.SharedToken = o.SharedToken
 	cfg.IdentityDir = o.IdentityDir
