@@ -50,7 +50,9 @@ type Outcome struct {
 //     is set (the caller's bound on waiting has passed).
 func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder string) bool, lose bool) (Outcome, error) {
 	var out Outcome
-	keep := func(r *Record) bool { return r.Coordinator == s.cfg.Coordinator || (dead != nil && dead(r.Coordinator)) }
+	keep := func(r *Record) bool {
+		return r.Coordinator == s.cfg.Coordinator || (dead != nil && dead(r.Coordinator))
+	}
 	jobs, err := s.List(ctx, Filter{Active: true}, keep, 0)
 	if err != nil {
 		return out, fmt.Errorf("jobstore: reconcile: %w", err)
