@@ -26,7 +26,8 @@
 // succeeded, failed, cancelled, lost (terminal; queued and dispatched may
 // go straight to a terminal state). Every write is compare-and-set on the
 // KV revision the writer last saw. A Job handle carries the holder
-// (Record.Coordinator) and epoch it was written with; Claim (reconciliation
+// (Record.Coordinator, with the process it runs in, Record.Boot) and
+// epoch it was written with; Claim (reconciliation
 // by another coordinator, or a restarted one) raises the epoch, after which
 // the old handle's writes and its dispatch fail with ErrFenced: a stale
 // coordinator can neither ack nor finish a job it lost.

@@ -2,6 +2,7 @@ package jobstore
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -52,77 +53,22 @@ var (
 	ErrBackward = errors.New("jobstore: state cannot move backward")
 )
 
-// State is a job's durable state.
-type State string
+// State is a job's durable state (protocol.JobState).
+type State = protocol.JobState
 
 // States, in their order.
 const (
-	Queued     State = "queued"
-	Dispatched State = "dispatched"
-	Running    State = "running"
-	Succeeded  State = "succeeded"
-	Failed     State = "failed"
-	Cancelled  State = "cancelled"
-	Lost       State = "lost"
+	Queued     = protocol.JobQueued
+	Dispatched = protocol.JobDispatched
+	Running    = protocol.JobStateRunning
+	Succeeded  = protocol.JobSucceeded
+	Failed     = protocol.JobFailed
+	Cancelled  = protocol.JobCancelled
+	Lost       = protocol.JobStateLost
 )
 
-// rank orders states; terminal states share the highest rank.
-func (s State) rank() int {
-	switch s {
-	case Queued:
-		return 0
-	case Dispatched:
-		return 1
-	case Running:
-		return 2
-	case Succeeded, Failed, Cancelled, Lost:
-		return 3
-	}
-	return -1
-}
-
-// Valid reports whether s is one of the states.
-func (s State) Valid() bool { return s.rank() >= 0 }
-
-// Terminal reports whether s is final.
-func (s State) Terminal() bool { return s.rank() == 3 }
-
-// Record is a job's state in the bucket (JSON). Times are UTC; zero means
-// not reached.
-type Record struct {
-	ID    string `json:"id"`
-	State State  `json:"state"`
-	// Owner is the submitting identity (policy.Identity.String); empty when
-	// the API could not identify it.
-	Owner string `json:"owner,omitempty"`
-	// Coordinator is the id of the coordinator holding the job, Epoch how
-	// many times it changed hands (fencing).
-	Coordinator string `json:"coordinator"`
-	Epoch       uint64 `json:"epoch"`
-	// Nodes are the target node ids, sorted.
-	Nodes []string `json:"nodes"`
-	// Target is the request's selector ("" for one node).
-	Target     string `json:"target,omitempty"`
-	Detached   bool   `json:"detached,omitempty"`
-	Idempotent bool   `json:"idempotent,omitempty"`
-	// Command is the script's first line, clipped, for listings.
-	Command      string    `json:"command,omitempty"`
-	SubmittedAt  time.Time `json:"submitted_at"`
-	DispatchedAt time.Time `json:"dispatched_at,omitzero"`
-	StartedAt    time.Time `json:"started_at,omitzero"`
-	FinishedAt   time.Time `json:"finished_at,omitzero"`
-	// Results are the nodes' results once the job ended (for a detached
-	// job: once it exited on its node), unless ResultsOmitted.
-	Results        []protocol.NodeResult `json:"results,omitempty"`
-	ResultsOmitted bool                  `json:"results_omitted,omitempty"`
-	Succeeded      int                   `json:"succeeded,omitempty"`
-	Failed         int                   `json:"failed,omitempty"`
-	// Error says why the job was lost or failed without a node result.
-	Error string `json:"error,omitempty"`
-	// Seq is the stream sequence of the job's queue message (0 once
-	// dispatched).
-	Seq uint64 `json:"seq,omitempty"`
-}
+// Record is a job's state in the bucket (protocol.JobRecord as JSON).
+type Record = protocol.JobRecord
 
 // Config configures a Store.
 type Config struct {
@@ -149,6 +95,7 @@ type Config struct {
 // concurrent use.
 type Store struct {
 	cfg      Config
+	boot     string // this process's Record.Boot
 	js       jetstream.JetStream
 	stream   jetstream.Stream
 	kv       jetstream.KeyValue
@@ -177,7 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
 	}
-	s := &Store{cfg: cfg, js: js}
+	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12]}
 	tries := []int{3, 2, 1}
 	if cfg.Replicas > 0 {
 		tries = []int{cfg.Replicas}
@@ -307,7 +254,7 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	nodes := slices.Clone(sub.Nodes)
 	slices.Sort(nodes)
 	j := &Job{Record: Record{
-		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator,
+		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
 		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
 		Command: command(sub.Script), SubmittedAt: s.now(),
 	}}
@@ -406,7 +353,7 @@ func (s *Store) write(ctx context.Context, j *Job, rec Record) error {
 		if gerr != nil {
 			return fmt.Errorf("jobstore: write job %s (%s): %w", j.ID, rec.State, gerr)
 		}
-		if cur.Coordinator != j.Coordinator || cur.Epoch != j.Epoch {
+		if cur.Coordinator != j.Coordinator || cur.Epoch != j.Epoch || cur.Boot != j.Boot {
 			return fmt.Errorf("jobstore: write job %s (%s) as coordinator %s epoch %d: %w (coordinator %s epoch %d)", j.ID, rec.State, j.Coordinator, j.Epoch, ErrFenced, cur.Coordinator, cur.Epoch)
 		}
 		if !forward(cur.State, rec.State) {
@@ -419,14 +366,14 @@ func (s *Store) write(ctx context.Context, j *Job, rec Record) error {
 
 // forward reports whether from → to is allowed.
 func forward(from, to State) bool {
-	return to.Valid() && !from.Terminal() && to.rank() > from.rank()
+	return to.Valid() && !from.Terminal() && to.Rank() > from.Rank()
 }
 
 // transition moves j to state to with change applied, checking the move
 // is forward and that this store is j's holder.
 func (s *Store) transition(ctx context.Context, j *Job, to State, change func(*Record)) error {
-	if j.Coordinator != s.cfg.Coordinator {
-		return fmt.Errorf("jobstore: job %s held by coordinator %s, not %s: %w", j.ID, j.Coordinator, s.cfg.Coordinator, ErrFenced)
+	if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
+		return fmt.Errorf("jobstore: job %s held by coordinator %s (boot %s), not %s (boot %s): %w", j.ID, j.Coordinator, j.Boot, s.cfg.Coordinator, s.boot, ErrFenced)
 	}
 	if !forward(j.State, to) {
 		return fmt.Errorf("jobstore: job %s: %s → %s: %w", j.ID, j.State, to, ErrBackward)
@@ -518,7 +465,7 @@ func (s *Store) Claim(ctx context.Context, j *Job) error {
 		return fmt.Errorf("jobstore: claim job %s: already %s: %w", j.ID, j.State, ErrBackward)
 	}
 	rec := j.Record
-	rec.Coordinator = s.cfg.Coordinator
+	rec.Coordinator, rec.Boot = s.cfg.Coordinator, s.boot
 	rec.Epoch++
 	b, _ := json.Marshal(&rec)
 	rev, err := s.kv.Update(ctx, jobKey(j.ID), b, j.rev)

@@ -456,3 +456,28 @@ func TestSurvivesServerRestart(t *testing.T) {
 		t.Errorf("queued after restart = %d, %v; want 1", n, err)
 	}
 }
+
+// TestReconcileOwnPredecessor: a restarted coordinator (same id, new
+// process) takes over its predecessor's jobs and fences it, but leaves the
+// jobs it runs itself alone.
+func TestReconcileOwnPredecessor(t *testing.T) {
+	env := natstest.Run(t)
+	ctx := testContext(t)
+	before := open(t, env, "c1")
+	old := submit(t, before, jobstore.Submission{ID: "old", Nodes: []string{"n1"}})
+	after := open(t, env, "c1")
+	submit(t, after, jobstore.Submission{ID: "mine", Nodes: []string{"n1"}})
+	out, err := after.Reconcile(ctx, fakeNodes{}, nil, false)
+	if err != nil || out.Errs != nil || out.Claimed != 1 {
+		t.Fatalf("reconcile = %+v, %v", out, err)
+	}
+	if j, _ := after.Get(ctx, "mine"); j.State != jobstore.Queued {
+		t.Errorf("own live job: %s, want queued", j.State)
+	}
+	if j, _ := after.Get(ctx, "old"); j.State != jobstore.Lost {
+		t.Errorf("predecessor's job: %s, want lost", j.State)
+	}
+	if err := before.Dispatch(ctx, old); !errors.Is(err, jobstore.ErrFenced) {
+		t.Errorf("predecessor dispatch = %v, want ErrFenced", err)
+	}
+}

@@ -39,7 +39,8 @@ type Outcome struct {
 
 // Reconcile takes over the non-terminal jobs left by a dead holder (dead
 // reports whether a holder id is dead; this coordinator's own id is always
-// dead to it: those jobs are a predecessor's) and settles them:
+// dead to it when written by another process: those jobs are a
+// predecessor's) and settles them:
 //   - queued: it never ran; lost (at most once) with that reason;
 //   - attached (dispatched or running): its exec stream ended with its
 //     coordinator, so the agent killed it; lost;
