@@ -52,7 +52,10 @@ type Outcome struct {
 func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder string) bool, lose bool) (Outcome, error) {
 	var out Outcome
 	keep := func(r *Record) bool {
-		return r.Coordinator == s.cfg.Coordinator || (dead != nil && dead(r.Coordinator))
+		if r.Coordinator == s.cfg.Coordinator {
+			return r.Boot != s.boot
+		}
+		return dead != nil && dead(r.Coordinator)
 	}
 	jobs, err := s.List(ctx, Filter{Active: true}, keep, 0)
 	if err != nil {
