@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -100,6 +101,9 @@ type Store struct {
 	stream   jetstream.Stream
 	kv       jetstream.KeyValue
 	replicas int
+
+	mu      sync.Mutex
+	pending map[string]struct{} // jobs Reconcile claimed and left running (guarded by mu)
 }
 
 // Open creates or binds the stream and the bucket. Errors name what failed.
@@ -124,7 +128,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
 	}
-	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12]}
+	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]struct{}{}}
 	tries := []int{3, 2, 1}
 	if cfg.Replicas > 0 {
 		tries = []int{cfg.Replicas}

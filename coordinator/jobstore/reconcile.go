@@ -53,7 +53,7 @@ func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder strin
 	var out Outcome
 	keep := func(r *Record) bool {
 		if r.Coordinator == s.cfg.Coordinator {
-			return r.Boot != s.boot
+			return r.Boot != s.boot || s.isPending(r.ID)
 		}
 		return dead != nil && dead(r.Coordinator)
 	}
@@ -63,16 +63,20 @@ func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder strin
 	}
 	var errs []error
 	for _, j := range jobs {
-		if err := s.Claim(ctx, j); err != nil {
-			errs = append(errs, err)
-			continue
+		// A job pending from an earlier pass is ours already.
+		if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
+			if err := s.Claim(ctx, j); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out.Claimed++
 		}
-		out.Claimed++
 		settled, err := s.settleOrphan(ctx, q, j, lose)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		s.setPending(j.ID, !settled)
 		if settled {
 			out.Settled++
 		} else {
@@ -163,4 +167,21 @@ func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bo
 		return false, err
 	}
 	return rec.State.Terminal(), s.ack(ctx, j.ID, seq)
+}
+
+func (s *Store) isPending(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.pending[id]
+	return ok
+}
+
+func (s *Store) setPending(id string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.pending[id] = struct{}{}
+	} else {
+		delete(s.pending, id)
+	}
 }
