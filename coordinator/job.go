@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -70,6 +71,12 @@ type job struct {
 	res     *protocol.ExecResult
 	results []protocol.NodeResult
 
+	// durable is the job's record in Config.Jobs (durable.go), nil
+	// without a store; idempotent and idempotencyKey are the request's.
+	durable        *jobstore.Job
+	idempotent     bool
+	idempotencyKey string
+
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
 	pubMu   sync.Mutex
 	seq     uint64
@@ -90,6 +97,9 @@ func (j *job) run() {
 	stopKeeper := sync.OnceFunc(j.startKeeper())
 	defer stopKeeper()
 	defer j.forget()
+	if !j.recordAccept() || !j.recordDispatch() { // durable.go
+		return
+	}
 
 	results := make([]protocol.NodeResult, len(j.targets))
 	if len(j.targets) == 1 {
@@ -116,6 +126,7 @@ func (j *job) run() {
 		res.Truncated = res.Truncated || results[i].Truncated
 	}
 	j.res, j.results = &res, results
+	j.recordEnd(results) // durable.go
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)

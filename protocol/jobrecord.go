@@ -124,8 +124,13 @@ type JobGetRequest struct {
 	ID string `json:"id"`
 }
 
-// Validate checks the id.
-func (r *JobGetRequest) Validate() error { return ValidJobID(r.ID) }
+// Validate checks the id: 400 invalid_request if bad.
+func (r *JobGetRequest) Validate() *APIError {
+	if err := ValidJobID(r.ID); err != nil {
+		return NewAPIError(400, ErrCodeInvalid, "%v", err)
+	}
+	return nil
+}
 
 // MaxJobList bounds a JobListRequest's Limit.
 const MaxJobList = 1000
@@ -141,8 +146,8 @@ type JobListRequest struct {
 	Limit int `json:"limit,omitempty"`
 }
 
-// Validate reports every problem with r, joined.
-func (r *JobListRequest) Validate() error {
+// Validate reports every problem with r (400 invalid_request).
+func (r *JobListRequest) Validate() *APIError {
 	var errs []error
 	if r.State != "" && !r.State.Valid() {
 		errs = append(errs, fmt.Errorf("state %s: want queued, dispatched, running, succeeded, failed, cancelled or lost", Clip(string(r.State))))
@@ -158,7 +163,10 @@ func (r *JobListRequest) Validate() error {
 	if r.Limit < 0 || r.Limit > MaxJobList {
 		errs = append(errs, fmt.Errorf("limit %d: want 0 (default 100) to %d", r.Limit, MaxJobList))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return NewAPIError(400, ErrCodeInvalid, "%v", err)
+	}
+	return nil
 }
 
 // JobListResponse answers SubjectJobList.

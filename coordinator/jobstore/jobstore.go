@@ -390,11 +390,23 @@ func (s *Store) transition(ctx context.Context, j *Job, to State, change func(*R
 	return s.write(ctx, j, rec)
 }
 
-// Dispatch moves j from queued to dispatched and then removes its queue
-// message (the ack). A fenced holder gets ErrFenced and acks nothing.
-func (s *Store) Dispatch(ctx context.Context, j *Job) error {
+// Dispatch moves j from queued to dispatched (to running, with both
+// times, when started: an attached job starts as its exec streams open)
+// and then removes its queue message (the ack). A fenced holder gets
+// ErrFenced and acks nothing.
+func (s *Store) Dispatch(ctx context.Context, j *Job, started bool) error {
 	seq := j.Seq
-	if err := s.transition(ctx, j, Dispatched, func(r *Record) { r.DispatchedAt = s.now(); r.Seq = 0 }); err != nil {
+	to := Dispatched
+	if started {
+		to = Running
+	}
+	err := s.transition(ctx, j, to, func(r *Record) {
+		r.DispatchedAt, r.Seq = s.now(), 0
+		if started {
+			r.StartedAt = r.DispatchedAt
+		}
+	})
+	if err != nil {
 		return err
 	}
 	return s.ack(ctx, j.ID, seq)

@@ -70,7 +70,7 @@ func TestLifecycleForwardOnly(t *testing.T) {
 		// queued → running is forward too (skipping dispatched is allowed).
 		t.Fatalf("start from queued: %v", err)
 	}
-	if err := s.Dispatch(ctx, j); !errors.Is(err, jobstore.ErrBackward) {
+	if err := s.Dispatch(ctx, j, false); !errors.Is(err, jobstore.ErrBackward) {
 		t.Fatalf("dispatch after start = %v, want ErrBackward", err)
 	}
 	res := []protocol.NodeResult{{Node: "n1"}, {Node: "n2", ExitCode: 3}}
@@ -104,7 +104,7 @@ func TestDispatchAcks(t *testing.T) {
 	s := open(t, env, "c1")
 	ctx := testContext(t)
 	j := submit(t, s, jobstore.Submission{ID: "j1", Nodes: []string{"n1"}})
-	if err := s.Dispatch(ctx, j); err != nil {
+	if err := s.Dispatch(ctx, j, false); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := s.Queued(ctx); n != 0 {
@@ -209,7 +209,7 @@ func TestStaleHolderFenced(t *testing.T) {
 	if taken.Coordinator != "c2" || taken.Epoch != 1 {
 		t.Fatalf("claimed record = %+v", taken.Record)
 	}
-	if err := old.Dispatch(ctx, j); !errors.Is(err, jobstore.ErrFenced) {
+	if err := old.Dispatch(ctx, j, false); !errors.Is(err, jobstore.ErrFenced) {
 		t.Fatalf("stale dispatch = %v, want ErrFenced", err)
 	}
 	if n, _ := old.Queued(ctx); n != 1 {
@@ -222,7 +222,7 @@ func TestStaleHolderFenced(t *testing.T) {
 	if err := old.Claim(ctx, j); !errors.Is(err, jobstore.ErrFenced) {
 		t.Fatalf("stale claim = %v, want ErrFenced", err)
 	}
-	if err := nu.Dispatch(ctx, taken); err != nil {
+	if err := nu.Dispatch(ctx, taken, false); err != nil {
 		t.Fatalf("new holder dispatch: %v", err)
 	}
 	got, _ := nu.Get(ctx, "j1")
@@ -239,13 +239,13 @@ func TestSameHolderConcurrentWrite(t *testing.T) {
 	ctx := testContext(t)
 	j := submit(t, s, jobstore.Submission{ID: "j1", Nodes: []string{"n1"}})
 	other, _ := s.Get(ctx, "j1")
-	if err := s.Dispatch(ctx, other); err != nil {
+	if err := s.Dispatch(ctx, other, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Start(ctx, j); err != nil {
 		t.Fatalf("start on a revision-stale handle of the same holder: %v", err)
 	}
-	if err := s.Dispatch(ctx, other); !errors.Is(err, jobstore.ErrBackward) {
+	if err := s.Dispatch(ctx, other, false); !errors.Is(err, jobstore.ErrBackward) {
 		t.Fatalf("dispatch after start = %v, want ErrBackward", err)
 	}
 }
@@ -326,7 +326,7 @@ func TestReconcile(t *testing.T) {
 		if to == jobstore.Queued {
 			return
 		}
-		if err := dead.Dispatch(ctx, j); err != nil {
+		if err := dead.Dispatch(ctx, j, false); err != nil {
 			t.Fatal(err)
 		}
 		if to == jobstore.Running {
@@ -477,7 +477,7 @@ func TestReconcileOwnPredecessor(t *testing.T) {
 	if j, _ := after.Get(ctx, "old"); j.State != jobstore.Lost {
 		t.Errorf("predecessor's job: %s, want lost", j.State)
 	}
-	if err := before.Dispatch(ctx, old); !errors.Is(err, jobstore.ErrFenced) {
+	if err := before.Dispatch(ctx, old, false); !errors.Is(err, jobstore.ErrFenced) {
 		t.Errorf("predecessor dispatch = %v, want ErrFenced", err)
 	}
 }
