@@ -19,12 +19,16 @@ import (
 // Durable jobs (Config.Jobs, package jobstore). A job goroutine records
 // its job at four points, each one write to the store, all no-ops
 // without a store:
-//   - accept (recordAccept, before run): queued, with the submitting
-//     identity; a failure refuses the job (it must not run unrecorded);
-//   - dispatch (recordDispatch, when run starts): running for an attached
-//     job (its exec streams open now), dispatched for a detached one; a
-//     fenced write (another coordinator took the job over) stops the job;
-//   - start and finish (recordEnd, before the final reply): a detached
+//   - accept (recordAccept, before run): queued (running for an attached
+//     job, whose exec streams open right away: one write, not two, on the
+//     path every exec takes), with the submitting identity; a failure
+//     refuses the job (it must not run unrecorded);
+//   - dispatch (recordDispatch, when run starts): dispatched, for a
+//     detached job; a fenced write (another coordinator took the job over)
+//     stops the job;
+//   - start and finish (recordEnd, just after the final reply, so that
+//     the client's round trip has one store write, not two; a job.get
+//     racing the reply may still see running): a detached
 //     job whose nodes all started it is running (its node settles it:
 //     job.get and reconciliation ask), any other job ends succeeded,
 //     failed or cancelled with the nodes' results.
@@ -61,6 +65,7 @@ func (j *job) recordAccept() bool {
 		ID: j.id, Owner: j.ownerString(), Nodes: j.targets, Target: j.target,
 		Detached: j.params.Detach, Script: j.command(),
 		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
+		StartNow: !j.params.Detach,
 	})
 	switch {
 	case err == nil:
@@ -93,8 +98,8 @@ func (j *job) command() string {
 // recordDispatch records that j's runs begin. It reports false, having
 // cancelled j, when another coordinator holds the job now.
 func (j *job) recordDispatch() bool {
-	if j.durable == nil {
-		return true
+	if j.durable == nil || j.durable.State != jobstore.Queued {
+		return true // none, or recorded running at accept (attached)
 	}
 	ctx, cancel := j.storeCtx()
 	defer cancel()

@@ -110,10 +110,18 @@ func TestDurableAttached(t *testing.T) {
 			if r.err != nil || r.result == nil {
 				t.Fatalf("exec: %+v", r.err)
 			}
-			rec, e := jobGet(t, h.client, tc.id)
-			if e != nil {
-				t.Fatalf("job.get: %+v", e)
-			}
+			// The record is written just after the reply.
+			var rec *protocol.JobRecord
+			checkFor(t, defaultTestTimeout, func() error {
+				var e *protocol.APIError
+				if rec, e = jobGet(t, h.client, tc.id); e != nil {
+					return errorf("job.get: %+v", e)
+				}
+				if !rec.State.Terminal() {
+					return errorf("job %s still %s", tc.id, rec.State)
+				}
+				return nil
+			})
 			if rec.State != tc.want || rec.Owner != "nats:client" || rec.Coordinator != "coord-test" || rec.ExitCode() != tc.exit {
 				t.Errorf("record = %+v; want state %s, owner nats:client, exit %d", rec, tc.want, tc.exit)
 			}

@@ -126,7 +126,9 @@ func (j *job) run() {
 		res.Truncated = res.Truncated || results[i].Truncated
 	}
 	j.res, j.results = &res, results
-	j.recordEnd(results) // durable.go
+	// After the final reply (durable.go): the client waits for no store
+	// write once its job ended.
+	defer j.recordEnd(results)
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)

@@ -98,9 +98,6 @@ type JobRecord struct {
 	Failed         int          `json:"failed,omitempty"`
 	// Error says why the job was lost, or failed without a node result.
 	Error string `json:"error,omitempty"`
-	// Seq is the job store stream's sequence of the job's queue message
-	// (0 once dispatched).
-	Seq uint64 `json:"seq,omitempty"`
 }
 
 // ExitCode is the job's exit status for `tether job wait`: the exit code

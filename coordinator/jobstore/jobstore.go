@@ -209,6 +209,9 @@ type Submission struct {
 	// IdempotencyKey identifies repeats of one idempotent submission
 	// (per owner); empty with Idempotent means the job id.
 	IdempotencyKey string
+	// StartNow records the job as running at once (dispatched and
+	// started): an attached job, whose exec streams open right away.
+	StartNow bool
 }
 
 func jobKey(id string) string { return "job." + id }
@@ -226,11 +229,12 @@ func command(script string) string {
 	return protocol.ClipUTF8(strings.TrimSpace(script), 120)
 }
 
-// Submit records sub as queued, held by this coordinator: first the record
-// (which fails with ErrExists if a job with that id is not terminal), then
-// the queue message. A terminal record of the same id is replaced (ids may
-// be reused once a job ended). An idempotent submission seen before returns
-// the first job's handle and ErrDuplicate.
+// Submit records sub as queued (running, when sub.StartNow), held by this
+// coordinator: the record (which fails with ErrExists if a job with that
+// id is not terminal; a terminal record of the same id is replaced: ids
+// may be reused once a job ended) and, concurrently, the queue message.
+// An idempotent submission seen before returns the first job's handle and
+// ErrDuplicate.
 func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	if err := protocol.ValidJobID(sub.ID); err != nil {
 		return nil, fmt.Errorf("jobstore: submit: %w", err)
@@ -248,7 +252,16 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 			if gerr != nil {
 				return nil, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", sub.ID, gerr)
 			}
+			// The first submitter writes its record just after the key:
+			// give it a moment.
 			first, gerr := s.Get(ctx, string(e.Value()))
+			for wait := time.Millisecond; errors.Is(gerr, ErrNotFound) && wait < time.Second; wait *= 2 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
+				first, gerr = s.Get(ctx, string(e.Value()))
+			}
 			if gerr != nil {
 				return nil, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", sub.ID, e.Value(), gerr)
 			}
@@ -257,28 +270,49 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	}
 	nodes := slices.Clone(sub.Nodes)
 	slices.Sort(nodes)
+	now := s.now()
 	j := &Job{Record: Record{
 		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
 		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
-		Command: command(sub.Script), SubmittedAt: s.now(),
+		Command: command(sub.Script), SubmittedAt: now,
 	}}
-	if err := s.create(ctx, j); err != nil {
-		return nil, err
+	if sub.StartNow {
+		j.State, j.DispatchedAt, j.StartedAt = Running, now, now
 	}
+	// The queue message and the record are written at once: one round
+	// trip, not two.
 	m := nats.NewMsg(SubjectPrefix + sub.ID)
 	m.Data, _ = json.Marshal(&j.Record)
 	if sub.Idempotent {
 		m.Header.Set(jetstream.MsgIDHeader, idemKey(sub.Owner, key))
 	}
-	ack, err := s.js.PublishMsg(ctx, m)
-	if err != nil {
-		// The record stays queued; reconciliation finds it without a
-		// queue message and ends it as lost.
-		return nil, fmt.Errorf("jobstore: submit job %s: queue: %w", sub.ID, err)
+	paf, perr := s.js.PublishMsgAsync(m)
+	cerr := s.create(ctx, j)
+	var seq uint64
+	if perr == nil {
+		select {
+		case ack := <-paf.Ok():
+			if !ack.Duplicate { // never take back another submission's message
+				seq = ack.Sequence
+			}
+		case perr = <-paf.Err():
+		case <-ctx.Done():
+			perr = ctx.Err()
+		}
 	}
-	j.Seq = ack.Sequence
-	if err := s.write(ctx, j, j.Record); err != nil {
-		return nil, err
+	switch {
+	case cerr != nil:
+		if seq != 0 {
+			// Not accepted: take its queue message back.
+			s.stream.DeleteMsg(context.WithoutCancel(ctx), seq)
+		}
+		return nil, cerr
+	case perr != nil:
+		// Recorded but not queued: the job is refused, so end its record.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		s.Lose(lctx, j, fmt.Sprintf("its queue message could not be written: %v", perr))
+		return nil, fmt.Errorf("jobstore: submit job %s: queue: %w", sub.ID, perr)
 	}
 	return j, nil
 }
@@ -395,13 +429,12 @@ func (s *Store) transition(ctx context.Context, j *Job, to State, change func(*R
 // and then removes its queue message (the ack). A fenced holder gets
 // ErrFenced and acks nothing.
 func (s *Store) Dispatch(ctx context.Context, j *Job, started bool) error {
-	seq := j.Seq
 	to := Dispatched
 	if started {
 		to = Running
 	}
 	err := s.transition(ctx, j, to, func(r *Record) {
-		r.DispatchedAt, r.Seq = s.now(), 0
+		r.DispatchedAt = s.now()
 		if started {
 			r.StartedAt = r.DispatchedAt
 		}
@@ -409,19 +442,29 @@ func (s *Store) Dispatch(ctx context.Context, j *Job, started bool) error {
 	if err != nil {
 		return err
 	}
-	return s.ack(ctx, j.ID, seq)
+	return s.ack(ctx, j.ID)
 }
 
-// ack removes a job's queue message, if it is still there.
-func (s *Store) ack(ctx context.Context, id string, seq uint64) error {
-	if seq == 0 {
-		return nil
-	}
-	if err := s.stream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("jobstore: ack job %s (stream %s seq %d): %w", id, StreamName, seq, err)
+// ack removes a job's queue message, if it is still there, without
+// waiting for the server's answer (a purge of the job's subject, sent as
+// a JetStream API request whose reply nobody reads): it is off the path
+// of every job, and a message left behind (the request lost) only makes
+// reconciliation look at a record that is past queued already. Callers
+// ack only after a write of theirs succeeded: a fenced holder acks
+// nothing. The error is the publish's.
+func (s *Store) ack(_ context.Context, id string) error {
+	body, _ := json.Marshal(struct {
+		Filter string `json:"filter"`
+	}{SubjectPrefix + id})
+	nc := s.cfg.NATS
+	if err := nc.PublishRequest(purgeAPI, nc.NewInbox(), body); err != nil {
+		return fmt.Errorf("jobstore: ack job %s (stream %s): %w", id, StreamName, err)
 	}
 	return nil
 }
+
+// purgeAPI is the JetStream API subject purging the stream.
+const purgeAPI = "$JS.API.STREAM.PURGE." + StreamName
 
 // Start moves j to running.
 func (s *Store) Start(ctx context.Context, j *Job) error {
@@ -448,10 +491,9 @@ func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResul
 	case bad > 0 || errMsg != "":
 		to = Failed
 	}
-	seq := j.Seq
 	err := s.transition(ctx, j, to, func(r *Record) {
 		r.FinishedAt = s.now()
-		r.Succeeded, r.Failed, r.Error, r.Seq = ok, bad, errMsg, 0
+		r.Succeeded, r.Failed, r.Error = ok, bad, errMsg
 		r.Results, r.ResultsOmitted = results, false
 		if b, _ := json.Marshal(results); len(b) > maxResultsBytes {
 			r.Results, r.ResultsOmitted = nil, true
@@ -460,16 +502,15 @@ func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResul
 	if err != nil {
 		return err
 	}
-	return s.ack(ctx, j.ID, seq)
+	return s.ack(ctx, j.ID)
 }
 
 // Lose ends j as lost with why.
 func (s *Store) Lose(ctx context.Context, j *Job, why string) error {
-	seq := j.Seq
-	if err := s.transition(ctx, j, Lost, func(r *Record) { r.FinishedAt = s.now(); r.Error = why; r.Seq = 0 }); err != nil {
+	if err := s.transition(ctx, j, Lost, func(r *Record) { r.FinishedAt = s.now(); r.Error = why }); err != nil {
 		return err
 	}
-	return s.ack(ctx, j.ID, seq)
+	return s.ack(ctx, j.ID)
 }
 
 // Claim makes this coordinator the holder of a non-terminal job read by

@@ -45,6 +45,23 @@ func submit(tb testing.TB, s *jobstore.Store, sub jobstore.Submission) *jobstore
 	return j
 }
 
+// waitQueued waits until the stream holds n queue messages (acks are
+// sent without waiting for the server).
+func waitQueued(tb testing.TB, s *jobstore.Store, n uint64) {
+	tb.Helper()
+	deadline := time.Now().Add(defaultTestTimeout)
+	for {
+		got, err := s.Queued(testContext(tb))
+		if err == nil && got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("queued messages = %d (%v), want %d", got, err, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestOpenSingleServerReplicas(t *testing.T) {
 	env := natstest.Run(t)
 	s := open(t, env, "c1")
@@ -94,9 +111,7 @@ func TestLifecycleForwardOnly(t *testing.T) {
 		}
 	}
 	// Finishing acked the queue message (Start did not dispatch it).
-	if n, _ := s.Queued(ctx); n != 0 {
-		t.Errorf("queued messages after finish = %d, want 0", n)
-	}
+	waitQueued(t, s, 0)
 }
 
 func TestDispatchAcks(t *testing.T) {
@@ -107,9 +122,7 @@ func TestDispatchAcks(t *testing.T) {
 	if err := s.Dispatch(ctx, j, false); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := s.Queued(ctx); n != 0 {
-		t.Errorf("queued messages after dispatch = %d, want 0", n)
-	}
+	waitQueued(t, s, 0)
 	if err := s.Start(ctx, j); err != nil {
 		t.Fatal(err)
 	}
@@ -381,9 +394,7 @@ func TestReconcile(t *testing.T) {
 	if j, _ := s.Get(ctx, "exited"); len(j.Results) != 1 || j.Results[0].ExitCode != 2 || !j.FinishedAt.Equal(finished) {
 		t.Errorf("exited record = %+v", j.Record)
 	}
-	if n, _ := s.Queued(ctx); n != 1 { // theirs
-		t.Errorf("queued = %d, want 1", n)
-	}
+	waitQueued(t, s, 1) // theirs
 	// Past the bound, the unreachable node's job is lost; the running one
 	// on a reachable node stays running.
 	if out, err = s.Reconcile(ctx, nodes, isDead, true); err != nil || out.Errs != nil {

@@ -161,12 +161,10 @@ func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bo
 	if !forward(j.State, rec.State) {
 		return rec.State.Terminal(), nil
 	}
-	seq := j.Seq
-	rec.Seq = 0
 	if err := s.write(ctx, j, rec); err != nil {
 		return false, err
 	}
-	return rec.State.Terminal(), s.ack(ctx, j.ID, seq)
+	return rec.State.Terminal(), s.ack(ctx, j.ID)
 }
 
 func (s *Store) isPending(id string) bool {
