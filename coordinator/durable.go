@@ -19,13 +19,15 @@ import (
 // Durable jobs (Config.Jobs, package jobstore). A job goroutine records
 // its job at four points, each one write to the store, all no-ops
 // without a store:
-//   - accept (recordAccept, before run): queued (running for an attached
-//     job, whose exec streams open right away: one write, not two, on the
-//     path every exec takes), with the submitting identity; a failure
-//     refuses the job (it must not run unrecorded);
-//   - dispatch (recordDispatch, when run starts): dispatched, for a
-//     detached job; a fenced write (another coordinator took the job over)
-//     stops the job;
+//   - accept (recordAccept, before run): running for an attached job
+//     (its exec streams open right away), dispatched for a detached one
+//     (it is started on its nodes right away): one write on the path
+//     every exec takes, with the submitting identity; a failure refuses
+//     the job (it must not run unrecorded);
+//   - dispatch (recordDispatch, when run starts): for a job recorded
+//     queued only (none today: the coordinator dispatches what it
+//     accepts at once); a fenced write (another coordinator took the job
+//     over) stops the job;
 //   - start and finish (recordEnd, just after the final reply, so that
 //     the client's round trip has one store write, not two; a job.get
 //     racing the reply may still see running): a detached
@@ -65,7 +67,7 @@ func (j *job) recordAccept() bool {
 		ID: j.id, Owner: j.ownerString(), Nodes: j.targets, Target: j.target,
 		Detached: j.params.Detach, Script: j.command(),
 		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
-		StartNow: !j.params.Detach,
+		StartNow: !j.params.Detach, DispatchNow: j.params.Detach,
 	})
 	switch {
 	case err == nil:

@@ -492,3 +492,26 @@ func TestReconcileOwnPredecessor(t *testing.T) {
 		t.Errorf("predecessor dispatch = %v, want ErrFenced", err)
 	}
 }
+
+// TestSubmitDispatchedOrRunning: a job dispatched (or started) at once is
+// recorded so in the one write, and may still only move forward.
+func TestSubmitDispatchedOrRunning(t *testing.T) {
+	env := natstest.Run(t)
+	s := open(t, env, "c1")
+	ctx := testContext(t)
+	d := submit(t, s, jobstore.Submission{ID: "d", Nodes: []string{"n1"}, Detached: true, DispatchNow: true})
+	r := submit(t, s, jobstore.Submission{ID: "r", Nodes: []string{"n1"}, StartNow: true})
+	if d.State != jobstore.Dispatched || d.DispatchedAt.IsZero() || r.State != jobstore.Running || r.StartedAt.IsZero() {
+		t.Fatalf("records = %+v, %+v", d.Record, r.Record)
+	}
+	if err := s.Dispatch(ctx, d, false); !errors.Is(err, jobstore.ErrBackward) {
+		t.Errorf("dispatch of a dispatched job = %v, want ErrBackward", err)
+	}
+	if err := s.Start(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Finish(ctx, r, []protocol.NodeResult{{Node: "n1"}}, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitQueued(t, s, 1) // d's message: acked when it ends
+}
