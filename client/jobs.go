@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -78,4 +79,53 @@ func (c *Client) JobOutput(ctx context.Context, node, id, stream string, offset,
 	}
 	out.EOF = msg.Header.Get(protocol.HeaderEOF) == "true"
 	return out, nil
+}
+
+// JobGet returns job id's durable record from the coordinators' job store
+// (any coordinator answers; the job may have run through another). An
+// unknown job, or one the caller may not see, is a *protocol.APIError with
+// status 404; a coordinator without a job store answers 501.
+func (c *Client) JobGet(ctx context.Context, id string) (*protocol.JobRecord, error) {
+	var r protocol.JobRecord
+	if err := c.request(ctx, protocol.SubjectJobGet, protocol.JobGetRequest{ID: id}, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// JobList returns the job records matching req that the caller may see,
+// newest first.
+func (c *Client) JobList(ctx context.Context, req protocol.JobListRequest) (*protocol.JobListResponse, error) {
+	var r protocol.JobListResponse
+	if err := c.request(ctx, protocol.SubjectJobList, req, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// JobWait polls job id's record every poll until its state is terminal
+// and returns it, or ctx's error. Each poll is one JobGet (bounded by
+// RequestTimeout when ctx has no deadline); a failed poll is returned.
+func (c *Client) JobWait(ctx context.Context, id string, poll time.Duration) (*protocol.JobRecord, error) {
+	if poll <= 0 {
+		return nil, fmt.Errorf("client: job wait %s: poll interval %v must be positive", id, poll)
+	}
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, c.requestTimeout())
+		r, err := c.JobGet(pctx, id)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if r.State.Terminal() {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("job %s still %s: %w", id, r.State, ctx.Err())
+		case <-t.C:
+		}
+	}
 }

@@ -56,6 +56,8 @@ var endpointOps = map[string]string{
 	protocol.SubjectJobStatus:         policy.OpJobStatus.String(),
 	protocol.SubjectJobOutput:         policy.OpJobLogs.String(),
 	protocol.SubjectJobCancel:         policy.OpJobCancel.String(),
+	protocol.SubjectJobGet:            policy.OpJobStatus.String(),
+	protocol.SubjectJobList:           policy.OpJobStatus.String(),
 	protocol.SubjectLeaseOpen:         policy.OpSandboxesLease.String(),
 	protocol.SubjectLeaseRenew:        policy.OpSandboxesLease.String(),
 	protocol.SubjectLeaseClose:        policy.OpSandboxesLease.String(),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/enroll"
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -176,6 +177,21 @@ type Config struct {
 	// clients (ssh.go); the zero value serves ssh streams without host
 	// certificates and reports no jump host.
 	SSH SSHConfig
+	// Jobs, if set, is the durable job store (package jobstore): every
+	// exec job is recorded there before it runs and its state kept
+	// current, tether.v1.job.get and .list answer from it, and Serve
+	// reconciles the jobs a dead predecessor left (durable.go). Nil keeps
+	// no records (job.get and .list answer 501). The coordinator does not
+	// close it.
+	Jobs *jobstore.Store
+	// JobLostAfter bounds how long reconciliation waits for the node of an
+	// orphaned detached job to reconnect before recording it lost. Zero
+	// means DefaultJobLostAfter.
+	JobLostAfter time.Duration
+	// JobHolderDead, if set, says whether the coordinator with that id is
+	// gone, so that reconciliation takes over its jobs too (not only this
+	// coordinator's predecessor's). Called from the reconcile goroutine.
+	JobHolderDead func(coordinatorID string) bool
 	// Endpoints, if set, adds more endpoints to the micro service "tether"
 	// when it starts (the sandbox ledger's lease and sandbox endpoints).
 	Endpoints func(micro.Service) error
@@ -195,6 +211,7 @@ const (
 	DefaultMaxHandshakes          = 256
 	DefaultMaxHandshakesPerSource = 8
 	DefaultMaxJobs                = 1024
+	DefaultJobLostAfter           = time.Minute
 	DefaultMaxParallel            = 64
 	DefaultDrainTimeout           = 10 * time.Second
 	DefaultCancelGrace            = 5 * time.Second
@@ -255,6 +272,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxHandshakesPerSource == 0 {
 		c.MaxHandshakesPerSource = d.MaxHandshakesPerSource
+	}
+	if c.JobLostAfter <= 0 {
+		c.JobLostAfter = DefaultJobLostAfter
 	}
 	if c.MaxJobs == 0 {
 		c.MaxJobs = d.MaxJobs

@@ -186,6 +186,7 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	c.startIdentityWatch()
 	defer c.stopIdentityWatch()
+	c.startReconcile(ctx) // durable.go
 	c.serving.Store(true)
 	c.log.Info("serving", "tunnel_addr", ln.Addr().String(), "version", c.cfg.Version)
 

@@ -31,6 +31,10 @@ type EmbeddedNATSConfig struct {
 	// ServerName names the server in NATS monitoring and JetStream. Default:
 	// chosen by nats-server.
 	ServerName string
+	// SyncAlways fsyncs every JetStream write (sync_interval: always), as
+	// the job store wants: a job accepted is on disk. Off: the server's
+	// default (every 2 minutes).
+	SyncAlways bool
 	// Logger receives the server's logs (notices at info, warnings, errors;
 	// debug when the logger has debug enabled; traces never). Nil silences
 	// the server.
@@ -61,6 +65,7 @@ func StartEmbeddedNATS(cfg EmbeddedNATSConfig) (*server.Server, error) {
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
 		NoLog:      cfg.Logger == nil,
+		SyncAlways: cfg.SyncAlways,
 	}
 	if err := cfg.Auth.ConfigureServer(opts); err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)

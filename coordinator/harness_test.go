@@ -59,7 +59,7 @@ func testLogger(tb testing.TB) *slog.Logger {
 // harness is a coordinator serving over real TLS on loopback, with an
 // embedded nats-server and a separate client connection.
 type harness struct {
-	t         *testing.T
+	t         testing.TB
 	c         *coordinator.Coordinator
 	reg       *prometheus.Registry
 	client    *nats.Conn // a client user's (CLIENTS)
@@ -81,7 +81,7 @@ func newHarness(t *testing.T, mutate func(*coordinator.Config)) *harness {
 
 // newHarnessNATS is newHarness with natsOpts (if not nil) adjusting the
 // nats-server's options.
-func newHarnessNATS(t *testing.T, natsOpts func(*server.Options), mutate func(*coordinator.Config)) *harness {
+func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*coordinator.Config)) *harness {
 	t.Helper()
 	var s *natstest.Env
 	if natsOpts != nil {

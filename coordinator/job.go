@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -78,6 +79,12 @@ type job struct {
 	res     *protocol.ExecResult
 	results []protocol.NodeResult
 
+	// durable is the job's record in Config.Jobs (durable.go), nil
+	// without a store; idempotent and idempotencyKey are the request's.
+	durable        *jobstore.Job
+	idempotent     bool
+	idempotencyKey string
+
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
 	pubMu   sync.Mutex
 	seq     uint64
@@ -98,6 +105,9 @@ func (j *job) run() {
 	stopKeeper := sync.OnceFunc(j.startKeeper())
 	defer stopKeeper()
 	defer j.forget()
+	if !j.recordAccept() || !j.recordDispatch() { // durable.go
+		return
+	}
 
 	results := make([]protocol.NodeResult, len(j.targets))
 	if len(j.targets) == 1 {
@@ -124,6 +134,9 @@ func (j *job) run() {
 		res.Truncated = res.Truncated || results[i].Truncated
 	}
 	j.res, j.results = &res, results
+	// After the final reply (durable.go): the client waits for no store
+	// write once its job ended.
+	defer j.recordEnd(results)
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
 		log.Error("encode exec result", "err", err)

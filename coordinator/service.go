@@ -62,6 +62,8 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		{"tokens-create", protocol.SubjectTokensCreate, c.handleTokenCreate},
 		{"nodes-revoke", protocol.SubjectNodesRevoke, c.handleNodeRevoke},
 		{"ssh-info", protocol.SubjectSSHInfo, c.handleSSHInfo},
+		{"job-get", protocol.SubjectJobGet, c.handleJobGet},    // durable.go
+		{"job-list", protocol.SubjectJobList, c.handleJobList}, // durable.go
 	}
 	for _, e := range endpoints {
 		if err := svc.AddEndpoint(e.name, c.guardHandler(e.name, e.h), micro.WithEndpointSubject(e.subject)); err != nil {
@@ -205,6 +207,9 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		users:       users,
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,
+
+		idempotent:     r.Idempotent,
+		idempotencyKey: r.IdempotencyKey,
 	}
 	if r.Target.Node == "" {
 		j.target = r.Target.String()

@@ -400,7 +400,7 @@ func TestServiceInfo(t *testing.T) {
 	}
 	slices.Sort(subjects)
 	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectExecAlive, protocol.SubjectNodes, protocol.SubjectStream,
-		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel, protocol.SubjectAuditQuery,
+		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel, protocol.SubjectJobGet, protocol.SubjectJobList, protocol.SubjectAuditQuery,
 		protocol.SubjectTokensCreate, protocol.SubjectNodesRevoke, protocol.SubjectSSHInfo}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, subjects); diff != "" {

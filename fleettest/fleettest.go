@@ -36,6 +36,7 @@ import (
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
@@ -88,6 +89,10 @@ type Options struct {
 	// gateway and OpenSandbox server and runs the coordinator's sandbox
 	// services (gateways.go). Not with Processes.
 	Gateways *GatewayOptions
+	// Jobs opens a job store (coordinator/jobstore) for the coordinator,
+	// as tether coordinator does: exec jobs are recorded and
+	// tether.v1.job.get and .list answer.
+	Jobs bool
 }
 
 // Fleet is a running coordinator with its agents.
@@ -262,6 +267,15 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		}
 		if opts.Gateways != nil {
 			f.openSandboxes(tb, cnc, &ccfg)
+		}
+		if opts.Jobs {
+			jctx, jcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			js, err := jobstore.Open(jctx, jobstore.Config{NATS: cnc, Coordinator: ccfg.ID})
+			jcancel()
+			if err != nil {
+				tb.Fatal(err)
+			}
+			ccfg.Jobs = js
 		}
 		if opts.Coordinator != nil {
 			opts.Coordinator(&ccfg)

@@ -156,6 +156,8 @@ func ServiceExports() []ServiceExport {
 		single(protocol.SubjectJobStatus),
 		single(protocol.SubjectJobOutput),
 		single(protocol.SubjectJobCancel),
+		single(protocol.SubjectJobGet),
+		single(protocol.SubjectJobList),
 		single(protocol.SubjectTokensCreate),
 		single(protocol.SubjectNodesRevoke),
 		single(protocol.SubjectLeaseOpen),

@@ -237,7 +237,19 @@ type ExecRequest struct {
 	// surviving tunnel loss) and replies as soon as it started; query it
 	// with SubjectJobStatus, SubjectJobOutput and SubjectJobCancel.
 	Detach bool `json:"detach,omitempty"`
+	// Idempotent marks a job that may run more than once: a repeat of
+	// its submission (same caller, same IdempotencyKey, or same ID when
+	// the key is empty) within the job store's retention is refused with
+	// 409 duplicate_job naming the first job, instead of running again.
+	// Without it a job runs at most once.
+	Idempotent bool `json:"idempotent,omitempty"`
+	// IdempotencyKey is the key of an Idempotent job, at most
+	// MaxIdempotencyKeyLen bytes.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
+
+// MaxIdempotencyKeyLen bounds ExecRequest.IdempotencyKey, in bytes.
+const MaxIdempotencyKeyLen = 256
 
 // ExecResult is the final reply of a SubjectExec request.
 type ExecResult struct {
@@ -630,6 +642,9 @@ func hasKey(data []byte, k string) bool {
 // Validate checks r and returns the first class of problem found, with every
 // problem of that class in the message.
 func (r *ExecRequest) Validate() *APIError {
+	if len(r.IdempotencyKey) > MaxIdempotencyKeyLen || (r.IdempotencyKey != "" && !r.Idempotent) {
+		return NewAPIError(400, ErrCodeInvalid, "idempotency_key: at most %d bytes, and only with idempotent", MaxIdempotencyKeyLen)
+	}
 	if r.ID != "" {
 		if err := ValidJobID(r.ID); err != nil {
 			return NewAPIError(400, ErrCodeInvalid, "%v", err)

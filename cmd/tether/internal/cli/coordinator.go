@@ -29,6 +29,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/enroll"
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/internal/gcfloor"
@@ -117,6 +118,13 @@ type coordinatorOptions struct {
 	// defaults (90 days, 1 GiB).
 	AuditMaxAge   time.Duration
 	AuditMaxBytes int64
+	// JobRetention is how long the job store keeps job records; zero
+	// means jobstore.DefaultRetention (7 days).
+	JobRetention time.Duration
+	// NATSSyncAlways makes the embedded NATS server fsync every write
+	// (sync_interval: always), so that an accepted job survives a power
+	// loss. Default on; ignored with --nats-url (configure that server).
+	NATSSyncAlways bool
 	// SSHAddr is the SSH jump host's listen address (ssh -J); empty
 	// (default) runs none. Its host key and the fleet's SSH host CA live
 	// in DATA-DIR/ssh (0700; keys 0600); the host CA exists without it
@@ -137,12 +145,13 @@ type coordinatorOptions struct {
 
 func defaultCoordinatorOptions() coordinatorOptions {
 	return coordinatorOptions{
-		DataDir:    defaultStateDir("/var/lib/tether", "coordinator"),
-		Listen:     ":7443",
-		HTTPAddr:   "127.0.0.1:7080",
-		NATSListen: "127.0.0.1:4222",
-		Sandbox:    defaultSandboxOptions(),
-		Log:        defaultLogOptions(),
+		DataDir:        defaultStateDir("/var/lib/tether", "coordinator"),
+		Listen:         ":7443",
+		HTTPAddr:       "127.0.0.1:7080",
+		NATSListen:     "127.0.0.1:4222",
+		NATSSyncAlways: true,
+		Sandbox:        defaultSandboxOptions(),
+		Log:            defaultLogOptions(),
 	}
 }
 
@@ -218,6 +227,9 @@ func (o *coordinatorOptions) Validate() error {
 		}
 	} else if o.SSHAuthorizedKeys != "" || len(o.SSHUserCAs) != 0 {
 		errs = append(errs, errors.New("--ssh-authorized-keys and --ssh-user-ca go with --ssh-addr (the jump host's listen address)"))
+	}
+	if o.JobRetention < 0 || o.JobRetention > 0 && o.JobRetention < time.Minute {
+		errs = append(errs, fmt.Errorf("--job-retention %v: want at least 1m (0: 7 days)", o.JobRetention))
 	}
 	if o.AuditMaxAge < 0 || o.AuditMaxAge > 0 && o.AuditMaxAge < time.Minute {
 		errs = append(errs, fmt.Errorf("--audit-max-age %v: want at least 1m (0: 90 days)", o.AuditMaxAge))
@@ -351,6 +363,8 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.DurationVar(&o.DrainSpread, "drain-spread", o.DrainSpread,
 		"on SIGTERM, spread the agents' moves to other coordinators over this window (0: the time to admit them at --admit-rate; negative: none)")
 	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
+	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep job records (tether job list/status/wait) this long (0: 7 days)")
+	f.BoolVar(&o.NATSSyncAlways, "nats-sync-always", o.NATSSyncAlways, "embedded NATS: fsync every JetStream write, so accepted jobs survive a power loss")
 	f.Int64Var(&o.AuditMaxBytes, "audit-max-bytes", o.AuditMaxBytes, "bound the audit log to this many bytes, oldest events discarded first (0: 1 GiB)")
 	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, "SSH jump host listen address, for ssh -J and tether ssh-config (default: none; tether ssh-proxy works without)")
 	f.StringVar(&o.SSHAuthorizedKeys, "ssh-authorized-keys", o.SSHAuthorizedKeys, "authorized_keys file of the keys the SSH jump host accepts (reloaded on SIGHUP)")
@@ -547,6 +561,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 			ServerName: "tether-" + id,
 			Auth:       cs.layout,
 			Logger:     log,
+			SyncAlways: o.NATSSyncAlways,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
@@ -620,9 +635,17 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	rec := cs.audit // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { closeAudit(rec, log) })
 
+	jctx, jcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	jobs, err := jobstore.Open(jctx, jobstore.Config{NATS: cs.nc, Coordinator: id, Retention: o.JobRetention})
+	jcancel()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w (the job store needs JetStream file storage)", err)
+	}
+
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = id
 	cfg.Audit = cs.audit
+	cfg.Jobs = jobs
 	cfg.Token = cs.info.Token
 	cfg.NodeCA = nodeCA
 	cfg.Identities = cs.ids

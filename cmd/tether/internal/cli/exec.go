@@ -530,10 +530,17 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		}
 	}
 	if o.Detach && !o.JSON {
+		// The job id alone on stdout, for scripts (id=$(tether exec
+		// --detach ...)); the rest goes to stderr.
+		started := false
 		for _, r := range res.Results {
 			if r.Detached {
-				fmt.Fprintf(e.stderr, "tether: job %s started detached on node %s; see: tether job status --node %s %s\n", res.ID, r.Node, r.Node, res.ID)
+				started = true
+				fmt.Fprintf(e.stderr, "tether: job %s started detached on node %s; see: tether job status %s\n", res.ID, r.Node, res.ID)
 			}
+		}
+		if started {
+			fmt.Fprintln(e.stdout, res.ID)
 		}
 	}
 	if interrupted {

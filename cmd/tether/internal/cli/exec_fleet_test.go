@@ -106,7 +106,7 @@ func TestWriteSummary(t *testing.T) {
 
 // The exec and job commands against an in-process fleet.
 func TestExecAndJobCommandsOnFleet(t *testing.T) {
-	f := startFleet(t, fleettest.Options{Agents: 3})
+	f := startFleet(t, fleettest.Options{Agents: 3, Jobs: true})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
 
@@ -166,6 +166,9 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Fatalf("--detach: exit %d, stderr %q", r.code, r.stderr)
 	}
 	id := m[1]
+	if r.stdout != id+"\n" {
+		t.Errorf("--detach: stdout %q, want the job id alone", r.stdout)
+	}
 	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, "--node", "node-2", "--follow", "--poll", "50ms", id)
 	if r.code != 0 || r.stdout != "out\n" || r.stderr != "err\n" {
 		t.Errorf("job logs --follow: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
@@ -180,6 +183,35 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, "--node", "node-2", "--follow", "--poll", "50ms", id6)
 	if r.code != 6 {
 		t.Errorf("job logs --follow of a job that exited 6: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// Without --node: the node is looked up in the job store by id.
+	r = runCLI(ctx, nil, "", "job", "wait", "--nats-url", url, "--poll", "50ms", id6)
+	if r.code != 6 {
+		t.Errorf("job wait of a job that exited 6: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, id6)
+	if r.code != 0 || !strings.Contains(r.stdout, "node:     node-2") || !strings.Contains(r.stdout, "exit:     6") {
+		t.Errorf("job status without --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, id)
+	if r.code != 0 || r.stdout != "out\n" {
+		t.Errorf("job logs without --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// An attached job's record: wait returns its exit code.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-1", "--json", "--", "sh", "-c", "exit 7")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	var res protocol.ExecResult
+	if r.code != 7 || json.Unmarshal([]byte(lines[len(lines)-1]), &res) != nil || res.ID == "" {
+		t.Fatalf("attached exec exit 7: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	attached := res.ID
+	r = runCLI(ctx, nil, "", "job", "wait", "--nats-url", url, "--poll", "50ms", attached)
+	if r.code != 7 {
+		t.Errorf("job wait of an attached job that exited 7: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--state", "failed")
+	if r.code != 0 || !strings.Contains(r.stdout, id6) || !strings.Contains(r.stdout, attached) || strings.Contains(r.stdout, id+" ") {
+		t.Errorf("job list --state failed: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-2", "--detach", "--", "sleep", "60")
 	id = regexp.MustCompile(`job (\S+) started`).FindStringSubmatch(r.stderr)[1]

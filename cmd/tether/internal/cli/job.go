@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,7 +19,8 @@ import (
 
 // jobOptions are the flags of `tether job ...`.
 type jobOptions struct {
-	// Node is the node the detached job runs on. Required.
+	// Node is the node the detached job runs on; empty means look it up
+	// in the coordinators' job store by the job id.
 	Node string
 	// JSON prints the status as JSON (status, cancel).
 	JSON bool
@@ -34,8 +37,10 @@ type jobOptions struct {
 // that nothing is sent.
 func (o *jobOptions) Validate(args []string) error {
 	var errs []error
-	if err := protocol.ValidNodeID(o.Node); err != nil {
-		errs = append(errs, fmt.Errorf("--node: %w", err))
+	if o.Node != "" {
+		if err := protocol.ValidNodeID(o.Node); err != nil {
+			errs = append(errs, fmt.Errorf("--node: %w", err))
+		}
 	}
 	if len(args) != 1 {
 		errs = append(errs, errors.New("give the job id"))
@@ -45,7 +50,7 @@ func (o *jobOptions) Validate(args []string) error {
 	if o.Poll <= 0 {
 		errs = append(errs, fmt.Errorf("--poll %v must be positive", o.Poll))
 	}
-	if len(errs) == 0 {
+	if len(errs) == 0 && o.Node != "" {
 		// Anything else the API checks (none today).
 		for _, r := range []interface{ Validate() *protocol.APIError }{
 			&protocol.JobRequest{Node: o.Node, ID: args[0]},
@@ -62,11 +67,16 @@ func (o *jobOptions) Validate(args []string) error {
 func newJobCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "job",
-		Short: "Query, read and cancel detached jobs (exec --detach)",
+		Short: "List, query, wait for, read and cancel jobs",
 		Long: `A job started with 'tether exec --detach' runs in its own session on its node
 and keeps its output in files there (up to the output limit), surviving the
-tunnel. These commands reach it by node and job id. Finished jobs' files are
-kept for the agent's job retention (24 h by default).
+tunnel. These commands reach it by job id; without --node they look its node
+up in the coordinators' job store, which records every job the exec API
+accepted (when the coordinator keeps one): 'list' lists those records,
+'wait' waits for a job (attached or detached) to end and exits with its exit
+code, 'status' shows a detached job's state on its node (an attached job's
+record otherwise). Finished jobs' files are kept for the agent's job
+retention (24 h by default).
 
 'logs --follow' keeps following while the node or the coordinator is
 unreachable (the job outlives its agent: a restart or upgrade of the agent
@@ -80,11 +90,13 @@ a letter or digit): nothing is sent then.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			cmd.Help()
-			return usage(errors.New("a subcommand is required: status, logs or cancel"))
+			return usage(errors.New("a subcommand is required: list, status, wait, logs or cancel"))
 		}),
 	}
 	cmd.AddCommand(
-		newJobSubCmd(e, "status", "Show a detached job's state, exit code and output sizes", runJobStatus),
+		newJobListCmd(e),
+		newJobSubCmd(e, "wait", "Wait for a job to end; exit with its exit code", runJobWait),
+		newJobSubCmd(e, "status", "Show a job's state, exit code and output sizes", runJobStatus),
 		newJobSubCmd(e, "logs", "Print a detached job's stdout, then its stderr", runJobLogs),
 		newJobSubCmd(e, "cancel", "Kill a detached job's process group", runJobCancel),
 	)
@@ -94,7 +106,7 @@ a letter or digit): nothing is sent then.`,
 func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error) *cobra.Command {
 	o := jobOptions{Poll: time.Second}
 	cmd := &cobra.Command{
-		Use:   name + " --node NODE JOB-ID",
+		Use:   name + " [--node NODE] JOB-ID",
 		Short: short,
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			if err := o.Validate(args); err != nil {
@@ -113,8 +125,11 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 		}),
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Node, "node", "", "the node the job runs on")
+	f.StringVar(&o.Node, "node", "", "the node the job runs on (default: looked up by the job id)")
 	switch name {
+	case "wait":
+		f.BoolVar(&o.JSON, "json", false, "print the job's final record as JSON")
+		f.DurationVar(&o.Poll, "poll", o.Poll, "how often to poll the job's record")
 	case "status", "cancel":
 		f.BoolVar(&o.JSON, "json", false, "print the status as JSON")
 	case "logs":
@@ -125,7 +140,31 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 	return cmd
 }
 
+// resolveNode fills o.Node from the job's record when --node was not
+// given. It returns the record it read (nil with --node).
+func resolveNode(ctx context.Context, c *client.Client, o *jobOptions, id string) (*protocol.JobRecord, error) {
+	if o.Node != "" {
+		return nil, nil
+	}
+	rec, err := c.JobGet(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("look up job %s (give --node to ask its node directly): %w", id, err)
+	}
+	if len(rec.Nodes) != 1 {
+		return rec, usage(fmt.Errorf("job %s ran on %d nodes; give --node", id, len(rec.Nodes)))
+	}
+	o.Node = rec.Nodes[0]
+	return rec, nil
+}
+
 func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	rec, err := resolveNode(ctx, c, o, id)
+	if err != nil {
+		return err
+	}
+	if rec != nil && !rec.Detached {
+		return printJobRecord(e.stdout, rec, o.JSON)
+	}
 	st, err := c.JobStatus(ctx, o.Node, id)
 	if err != nil {
 		return err
@@ -134,6 +173,9 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 }
 
 func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	if _, err := resolveNode(ctx, c, o, id); err != nil {
+		return err
+	}
 	st, err := c.JobCancel(ctx, o.Node, id)
 	if err != nil {
 		return err
@@ -177,6 +219,9 @@ func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
 // polls both, printing new bytes as they come, until the job exited and
 // both were read to the end, then exits with the job's exit code.
 func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	if _, err := resolveNode(ctx, c, o, id); err != nil {
+		return err
+	}
 	offsets := map[string]int64{}
 	read := func(stream string, w io.Writer) (eof bool, err error) {
 		for {
@@ -286,4 +331,119 @@ func jobOutcome(e *env, st *protocol.JobStatus) error {
 		return &exitError{code: exitTruncated}
 	}
 	return nil
+}
+
+// runJobWait polls the job's record until it ended, then exits with its
+// exit code (jobRecordOutcome).
+func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
+	rec, err := c.JobWait(ctx, id, o.Poll)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		if err := json.NewEncoder(e.stdout).Encode(rec); err != nil {
+			return err
+		}
+	}
+	return jobRecordOutcome(rec)
+}
+
+// jobRecordOutcome is how `job wait` ends: with the job's exit code (its
+// one node's, or 1 when a node of a fan-out failed), exitTether when its
+// outcome is unknown (lost, or ended without a node result).
+func jobRecordOutcome(rec *protocol.JobRecord) error {
+	code := rec.ExitCode()
+	switch {
+	case rec.State == protocol.JobStateLost || code < 0:
+		why := rec.Error
+		if why == "" {
+			why = "no exit status recorded"
+		}
+		return &exitError{code: exitTether, err: fmt.Errorf("job %s is %s: %s", rec.ID, rec.State, why)}
+	case code != 0:
+		return &exitError{code: code}
+	}
+	return nil
+}
+
+// printJobRecord prints rec as JSON or as "key: value" lines.
+func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(rec)
+	}
+	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", rec.ID, strings.Join(rec.Nodes, ","), rec.State)
+	if rec.State.Terminal() && rec.ExitCode() >= 0 {
+		fmt.Fprintf(w, "exit:      %d\n", rec.ExitCode())
+	}
+	if rec.Owner != "" {
+		fmt.Fprintf(w, "owner:     %s\n", rec.Owner)
+	}
+	fmt.Fprintf(w, "held by:   %s\nsubmitted: %s\n", rec.Coordinator, rec.SubmittedAt.Format(time.RFC3339))
+	if !rec.FinishedAt.IsZero() {
+		fmt.Fprintf(w, "finished:  %s\n", rec.FinishedAt.Format(time.RFC3339))
+	}
+	if rec.Error != "" {
+		fmt.Fprintf(w, "error:     %s\n", rec.Error)
+	}
+	return nil
+}
+
+// jobListOptions are the flags of `tether job list`.
+type jobListOptions struct {
+	Req  protocol.JobListRequest
+	JSON bool
+	NATS natsOptions
+}
+
+func newJobListCmd(e *env) *cobra.Command {
+	var o jobListOptions
+	var state string
+	cmd := &cobra.Command{
+		Use:   "list [--state STATE] [--node NODE] [--owner IDENTITY]",
+		Short: "List the jobs recorded in the job store that you may see, newest first",
+		Args:  cobra.NoArgs,
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			o.Req.State = protocol.JobState(state)
+			if err := o.Req.Validate(); err != nil {
+				return usage(errors.New(err.Message))
+			}
+			c, closeNC, err := o.NATS.connect(e.getenv)
+			if err != nil {
+				return err
+			}
+			defer closeNC()
+			resp, err := c.JobList(cmd.Context(), o.Req)
+			if err != nil {
+				return err
+			}
+			if o.JSON {
+				return json.NewEncoder(e.stdout).Encode(resp)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")
+			for i := range resp.Jobs {
+				r := &resp.Jobs[i]
+				exit := "-"
+				if r.State.Terminal() && r.ExitCode() >= 0 {
+					exit = fmt.Sprint(r.ExitCode())
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, exit, strings.Join(r.Nodes, ","), r.Owner, r.SubmittedAt.Format(time.RFC3339), r.Command)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if resp.More {
+				fmt.Fprintf(e.stderr, "tether: more jobs match; raise --limit (at most %d)\n", protocol.MaxJobList)
+			}
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&state, "state", "", "only jobs in this state (queued, dispatched, running, succeeded, failed, cancelled, lost)")
+	f.StringVar(&o.Req.Node, "node", "", "only jobs on this node")
+	f.StringVar(&o.Req.Owner, "owner", "", "only jobs submitted by this identity (e.g. nats:alice)")
+	f.IntVar(&o.Req.Limit, "limit", 100, "at most this many jobs")
+	f.BoolVar(&o.JSON, "json", false, "print the list as JSON")
+	o.NATS.addFlags(cmd)
+	return cmd
 }

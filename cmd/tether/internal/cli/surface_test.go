@@ -475,6 +475,8 @@ func natsRequestSamples(self string) map[string]any {
 		protocol.SubjectJobStatus:         protocol.JobRequest{Node: surfaceNode, ID: "surface-no-such-job"},
 		protocol.SubjectJobOutput:         protocol.JobOutputRequest{Node: surfaceNode, ID: "surface-no-such-job", Stream: "stdout"},
 		protocol.SubjectJobCancel:         protocol.JobRequest{Node: surfaceNode, ID: "surface-no-such-job"},
+		protocol.SubjectJobGet:            protocol.JobGetRequest{ID: "surface-no-such-job"},
+		protocol.SubjectJobList:           protocol.JobListRequest{},
 		protocol.SubjectAuditQuery:        protocol.AuditQueryRequest{},
 		protocol.SubjectTokensCreate:      protocol.TokenCreateRequest{TTLSeconds: 60},
 		protocol.SubjectNodesRevoke:       protocol.NodeRevokeRequest{Node: "surface-never-enrolled"},
@@ -538,7 +540,7 @@ const surfacePipe = natsauth.PipeSubjectPrefix + surfaceCoordinator + ".SURFACEP
 var natsOrder = []string{
 	protocol.SubjectNodes, protocol.SubjectExec, protocol.SubjectExecAlive, protocol.SubjectStream,
 	protocol.SubjectCancel, protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel,
-	protocol.SubjectLeaseOpen, protocol.SubjectLeaseRenew, protocol.SubjectSandboxesRegister,
+	protocol.SubjectJobGet, protocol.SubjectJobList, protocol.SubjectLeaseOpen, protocol.SubjectLeaseRenew, protocol.SubjectSandboxesRegister,
 	protocol.SubjectSandboxesList, protocol.SubjectSandboxesReap, protocol.SubjectLeaseClose,
 	protocol.SubjectSandboxesSync, protocol.SubjectAuditQuery, protocol.SubjectTokensCreate, protocol.SubjectNodesRevoke,
 }

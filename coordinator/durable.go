@@ -1,0 +1,382 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/jobstore"
+	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Durable jobs (Config.Jobs, package jobstore). A job goroutine records
+// its job at four points, each one write to the store, all no-ops
+// without a store:
+//   - accept (recordAccept, before run): running for an attached job
+//     (its exec streams open right away), dispatched for a detached one
+//     (it is started on its nodes right away): one write on the path
+//     every exec takes, with the submitting identity; a failure refuses
+//     the job (it must not run unrecorded);
+//   - dispatch (recordDispatch, when run starts): for a job recorded
+//     queued only (none today: the coordinator dispatches what it
+//     accepts at once); a fenced write (another coordinator took the job
+//     over) stops the job;
+//   - start and finish (recordEnd, just after the final reply, so that
+//     the client's round trip has one store write, not two; a job.get
+//     racing the reply may still see running): a detached
+//     job whose nodes all started it is running (its node settles it:
+//     job.get and reconciliation ask), any other job ends succeeded,
+//     failed or cancelled with the nodes' results.
+//
+// Writes after accept that fail are logged: the job's outcome reaches its
+// client anyway, and reconciliation settles what the record misses.
+
+// durableWriteTimeout bounds one write of a job's record.
+const durableWriteTimeout = 5 * time.Second
+
+// reconcileInterval is the pause between reconciliation passes while an
+// orphaned detached job's node is away.
+const reconcileInterval = 5 * time.Second
+
+// errFenced is the cancel cause of a job another coordinator took over.
+var errFenced = errors.New("another coordinator took the job over")
+
+// storeCtx is a context for one write of j's record: j's cancellation
+// must not stop it from recording how the job ended.
+func (j *job) storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(j.ctx), durableWriteTimeout)
+}
+
+// recordAccept records j as queued. It reports false, having published
+// j's error reply, when the job must not run.
+func (j *job) recordAccept() bool {
+	s := j.c.cfg.Jobs
+	if s == nil {
+		return true
+	}
+	ctx, cancel := j.storeCtx()
+	defer cancel()
+	dj, err := s.Submit(ctx, jobstore.Submission{
+		ID: j.id, Owner: j.ownerString(), Nodes: j.targets, Target: j.target,
+		Detached: j.params.Detach, Script: j.command(),
+		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
+		StartNow: !j.params.Detach, DispatchNow: j.params.Detach,
+	})
+	switch {
+	case err == nil:
+		j.durable = dj
+		return true
+	case errors.Is(err, jobstore.ErrDuplicate):
+		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s repeats idempotent job %s (%s); its result: tether job wait %s", j.id, dj.ID, dj.State, dj.ID))
+	case errors.Is(err, jobstore.ErrExists):
+		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s: %v", protocol.Clip(j.id), err))
+	default:
+		j.c.log.Warn("record job", "job_id", j.id, "err", err)
+		j.publishError(protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s: cannot record job %s before running it: %v", j.c.cfg.ID, j.id, err))
+	}
+	return false
+}
+
+// command is the first line of what j runs, for listings.
+func (j *job) command() string {
+	switch {
+	case j.params.Script != "":
+		return j.params.Script
+	case len(j.params.Argv) > 0:
+		return fmt.Sprint(j.params.Argv)
+	case len(j.params.Commands) > 0:
+		return j.params.Commands[0]
+	}
+	return ""
+}
+
+// recordDispatch records that j's runs begin. It reports false, having
+// cancelled j, when another coordinator holds the job now.
+func (j *job) recordDispatch() bool {
+	if j.durable == nil || j.durable.State != jobstore.Queued {
+		return true // none, or recorded running at accept (attached)
+	}
+	ctx, cancel := j.storeCtx()
+	defer cancel()
+	err := j.c.cfg.Jobs.Dispatch(ctx, j.durable, !j.params.Detach)
+	if errors.Is(err, jobstore.ErrFenced) {
+		j.c.log.Warn("job taken over by another coordinator before dispatch; not running it", "job_id", j.id, "err", err)
+		j.cancel(errFenced)
+		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "coordinator %s: job %s: %v; not run here", j.c.cfg.ID, j.id, err))
+		return false
+	}
+	if err != nil {
+		j.c.log.Warn("record job dispatch", "job_id", j.id, "err", err)
+	}
+	return true
+}
+
+// recordEnd records how j's runs ended (see the package comment above).
+func (j *job) recordEnd(results []protocol.NodeResult) {
+	if j.durable == nil {
+		return
+	}
+	ctx, cancel := j.storeCtx()
+	defer cancel()
+	s := j.c.cfg.Jobs
+	started, cancelled := 0, false
+	for i := range results {
+		if results[i].Detached {
+			started++
+		}
+		cancelled = cancelled || results[i].Cancelled
+	}
+	var err error
+	if j.params.Detach && started == len(results) {
+		err = s.Start(ctx, j.durable)
+	} else {
+		err = s.Finish(ctx, j.durable, results, cancelled, "")
+	}
+	if err != nil {
+		j.c.log.Warn("record job end", "job_id", j.id, "err", err)
+	}
+}
+
+// handleJobGet answers tether.v1.job.get from the store: the record, if
+// the caller may see the job (policy job.status on its nodes, its owner
+// as recorded), else 404 as if there were none.
+func (c *Coordinator) handleJobGet(req micro.Request) {
+	var r protocol.JobGetRequest
+	if !c.decodeValid(req, &r) {
+		return
+	}
+	c.goStore(req, "job get", func(ctx context.Context, s *jobstore.Store) {
+		j, err := s.Get(ctx, r.ID)
+		if err != nil {
+			c.replyStoreError(req, r.ID, err)
+			return
+		}
+		if _, e := c.authorizer().Authorize(req, policy.OpJobStatus, c.jobPolicyNodes(j.Nodes), policy.Object{Owner: j.Owner}); e != nil {
+			if e.Status == 403 {
+				e = notFound(r.ID)
+			}
+			c.replyError(req, e)
+			return
+		}
+		c.refreshDetached(ctx, s, j)
+		c.replyJSON(req, j.Record, "a job record", "")
+	})
+}
+
+// refreshDetached asks the node of a single-node detached job recorded
+// dispatched or running for its status, when its tunnel is here, and
+// settles the record with it.
+func (c *Coordinator) refreshDetached(ctx context.Context, s *jobstore.Store, j *jobstore.Job) {
+	if !j.Detached || len(j.Nodes) != 1 || j.State.Terminal() || j.State == jobstore.Queued {
+		return
+	}
+	st, err := c.JobStatus(ctx, j.Nodes[0], j.ID)
+	if err != nil {
+		return
+	}
+	if _, err := s.Observe(ctx, j, st); err != nil {
+		c.log.Debug("settle detached job", "job_id", j.ID, "err", err)
+	}
+}
+
+// handleJobList answers tether.v1.job.list with the records matching the
+// filters that the caller may see (policy job.status on every node of the
+// job, decided silently: a listing leaves out, it does not refuse).
+func (c *Coordinator) handleJobList(req micro.Request) {
+	var r protocol.JobListRequest
+	if !c.decodeValid(req, &r) {
+		return
+	}
+	a := c.authorizer()
+	if e := a.Allow(req, policy.OpJobStatus); e != nil {
+		c.replyError(req, e)
+		return
+	}
+	id, _ := caller.Of(req)
+	visible := func(rec *jobstore.Record) bool {
+		if a.Policy == nil {
+			return true
+		}
+		p := a.Policy.Policy()
+		for _, n := range c.jobPolicyNodes(rec.Nodes) {
+			if _, err := p.Decide(id, policy.OpJobStatus, n, policy.Object{Owner: rec.Owner}); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	limit := r.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	c.goStore(req, "job list", func(ctx context.Context, s *jobstore.Store) {
+		js, err := s.List(ctx, jobstore.Filter{State: r.State, Node: r.Node, Owner: r.Owner}, visible, limit+1)
+		if err != nil {
+			c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s: %v", c.cfg.ID, err))
+			return
+		}
+		resp := protocol.JobListResponse{Jobs: make([]protocol.JobRecord, 0, len(js))}
+		if len(js) > limit {
+			js, resp.More = js[:limit], true
+		}
+		for _, j := range js {
+			resp.Jobs = append(resp.Jobs, j.Record)
+		}
+		c.replyJSON(req, resp, "a job list", "list with a smaller limit")
+	})
+}
+
+func notFound(id string) *protocol.APIError {
+	return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s", protocol.Clip(id))
+}
+
+func (c *Coordinator) replyStoreError(req micro.Request, id string, err error) {
+	if errors.Is(err, jobstore.ErrNotFound) {
+		c.replyError(req, notFound(id))
+		return
+	}
+	c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s: %v", c.cfg.ID, err))
+}
+
+// jobPolicyNodes are a job's nodes as policy sees them: with their labels
+// when connected here, by id alone otherwise.
+func (c *Coordinator) jobPolicyNodes(ids []string) []policy.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]policy.Node, len(ids))
+	for i, id := range ids {
+		if n, ok := c.nodes[id]; ok {
+			out[i] = n.policyNode()
+		} else {
+			out[i] = policy.Node{ID: id}
+		}
+	}
+	return out
+}
+
+// goStore runs f on a goroutine the coordinator owns (counted in jobWG),
+// with the store and a bounded context; 501 without a store.
+func (c *Coordinator) goStore(req micro.Request, what string, f func(context.Context, *jobstore.Store)) {
+	s := c.cfg.Jobs
+	if s == nil {
+		c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeUnsupported, "coordinator %s keeps no job records", c.cfg.ID))
+		return
+	}
+	c.mu.Lock()
+	if c.closing || c.life == nil {
+		c.mu.Unlock()
+		c.replyError(req, c.unavailable())
+		return
+	}
+	life := c.life
+	c.jobWG.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.jobWG.Done()
+		defer c.guard.Recover(what, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
+		ctx, cancel := context.WithTimeout(life, jobAnswerTimeout)
+		defer cancel()
+		f(ctx, s)
+	}()
+}
+
+// JobStatus asks node, if its tunnel is here, for detached job id's
+// status (jobstore.Querier): jobstore.ErrNodeUnreachable when the node is
+// not connected here or does not answer, jobstore.ErrNoSuchJob when its
+// agent does not know the job.
+func (c *Coordinator) JobStatus(ctx context.Context, nodeID, id string) (*protocol.JobStatus, error) {
+	c.mu.Lock()
+	n := c.nodes[nodeID]
+	c.mu.Unlock()
+	if n == nil {
+		return nil, fmt.Errorf("node %s: not connected to coordinator %s: %w", nodeID, c.cfg.ID, jobstore.ErrNodeUnreachable)
+	}
+	ctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
+	defer cancel()
+	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
+	st, err := n.sess.Open(octx, protocol.KindJob, &protocol.JobParams{Op: protocol.JobOpStatus, ID: id})
+	ocancel()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: open job stream: %v: %w", nodeID, err, jobstore.ErrNodeUnreachable)
+	}
+	c.m.streamsOpened.WithLabelValues(protocol.KindJob.String()).Inc()
+	defer st.Close()
+	stop := context.AfterFunc(ctx, func() { st.SetReadDeadline(time.Now()) })
+	defer stop()
+	f, err := protocol.NewFrameReader(st).Next()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("node %s: job %s status: %v: %w", nodeID, id, err, jobstore.ErrNodeUnreachable)
+	}
+	switch f.Type {
+	case protocol.FrameJob:
+		var js protocol.JobStatus
+		if err := protocol.DecodeJSON(f.Payload, &js); err != nil {
+			return nil, fmt.Errorf("node %s: job %s status: %w", nodeID, id, err)
+		}
+		js.Node = nodeID
+		return &js, nil
+	case protocol.FrameError:
+		var ei protocol.ErrorInfo
+		if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
+			return nil, fmt.Errorf("node %s: job %s status: %w", nodeID, id, err)
+		}
+		if ei.Code == "job_not_found" {
+			return nil, fmt.Errorf("node %s: job %s: %w", nodeID, id, jobstore.ErrNoSuchJob)
+		}
+		return nil, fmt.Errorf("node %s: job %s status: %s", nodeID, id, truncateAgentString(ei.Message))
+	}
+	return nil, fmt.Errorf("node %s: job %s status: unexpected %s frame", nodeID, id, f.Type)
+}
+
+var _ jobstore.Querier = (*Coordinator)(nil)
+
+// startReconcile starts the goroutine (counted in jobWG) that takes over
+// and settles the jobs a dead holder left: a pass at once, then one every
+// reconcileInterval while detached jobs wait for their nodes, and a last
+// pass JobLostAfter after start that records those still unreachable as
+// lost. It stops when ctx ends.
+func (c *Coordinator) startReconcile(ctx context.Context) {
+	s := c.cfg.Jobs
+	if s == nil {
+		return
+	}
+	c.jobWG.Add(1)
+	go func() {
+		defer c.jobWG.Done()
+		defer c.guard.Recover("job reconcile", nil)
+		deadline := time.Now().Add(c.cfg.JobLostAfter)
+		for {
+			lose := !time.Now().Before(deadline)
+			pctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
+			out, err := s.Reconcile(pctx, c, c.cfg.JobHolderDead, lose)
+			cancel()
+			switch {
+			case err != nil:
+				c.log.Warn("reconcile jobs", "err", err)
+			case out.Claimed > 0 || out.Settled > 0 || out.Errs != nil:
+				c.log.Info("reconciled jobs", "claimed", out.Claimed, "settled", out.Settled, "pending", out.Pending, "errs", out.Errs)
+			}
+			if lose || (err == nil && out.Pending == 0) {
+				return
+			}
+			wait := min(reconcileInterval, time.Until(deadline))
+			t := time.NewTimer(max(wait, 0))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}

@@ -1,0 +1,46 @@
+// Package jobstore is the durable record of exec jobs (DESIGN §4 durable
+// path, issue 11 item 2): a job accepted by the API is written to JetStream
+// before it runs, and its state lives in a KV bucket that every coordinator
+// on the NATS system reads, so a job can be found, waited for and
+// reconciled by id from any coordinator.
+//
+// # Layout
+//
+// The work-queue stream TETHER_JOBS (subjects tether_jobs.<id>, outside
+// tether.v1. so that no client can publish into it; file storage;
+// duplicate window Config.DedupeWindow; max age Config.Retention) holds one
+// message per accepted job until it is acknowledged: by Dispatch for a job
+// submitted queued, else when the job ends (Finish, Lose, Observe). The ack
+// is a purge of the job's subject, sent without waiting for the answer. The KV bucket tether_jobs (history 1,
+// TTL Config.Retention) holds a Record per job under job.<id> and, for
+// idempotent jobs, the job id under idem.<hash of owner and key>. Both
+// have replicas min(3, cluster size): Open tries 3, then 2, then 1, while
+// the server answers that it cannot place that many.
+//
+// The server's sync setting (sync_interval: always, which the embedded
+// coordinator server sets) decides whether an accepted record survives a
+// power loss; JetStream has no per-stream fsync knob.
+//
+// # States and fencing
+//
+// A record moves only forward: queued → dispatched → running → one of
+// succeeded, failed, cancelled, lost (terminal; queued and dispatched may
+// go straight to a terminal state). Every write is compare-and-set on the
+// KV revision the writer last saw. A Job handle carries the holder
+// (Record.Coordinator, with the process it runs in, Record.Boot) and
+// epoch it was written with; Claim (reconciliation
+// by another coordinator, or a restarted one) raises the epoch, after which
+// the old handle's writes and its dispatch fail with ErrFenced: a stale
+// coordinator can neither ack nor finish a job it lost.
+//
+// # Idempotency
+//
+// A submission is at most once unless Submission.IdempotencyKey is set:
+// then a second submission by the same owner with the same key (within the
+// record's retention) returns the first job (ErrDuplicate with the job), and
+// the stream message carries the key as Nats-Msg-Id, so the queue never
+// holds it twice.
+//
+// The package runs no goroutines; its methods are safe for concurrent use.
+// It must not import the coordinator package or the agent.
+package jobstore

@@ -1,0 +1,610 @@
+package jobstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Names of the stream and the bucket.
+const (
+	StreamName    = "TETHER_JOBS"
+	SubjectPrefix = "tether_jobs."
+	BucketName    = "tether_jobs"
+)
+
+// Defaults of Config.
+const (
+	DefaultRetention    = 7 * 24 * time.Hour
+	DefaultDedupeWindow = 10 * time.Minute
+)
+
+// maxResultsBytes bounds the encoded node results a record keeps; past it
+// only the counts are kept (Record.ResultsOmitted), so a record of a wide
+// fan-out stays well under NATS's payload limit.
+const maxResultsBytes = 256 << 10
+
+// Errors callers branch on (errors.Is).
+var (
+	// ErrNotFound: no record with that id (never submitted, or expired).
+	ErrNotFound = errors.New("jobstore: job not found")
+	// ErrExists: a job with that id is queued, dispatched or running.
+	ErrExists = errors.New("jobstore: job id in use")
+	// ErrDuplicate: an idempotent submission repeated one already
+	// accepted; Submit returns the first job with it.
+	ErrDuplicate = errors.New("jobstore: duplicate idempotent submission")
+	// ErrFenced: another coordinator (or a newer epoch) holds the job;
+	// the handle may no longer write it.
+	ErrFenced = errors.New("jobstore: job is held by another coordinator")
+	// ErrBackward: the transition would move the job's state backward or
+	// out of a terminal state.
+	ErrBackward = errors.New("jobstore: state cannot move backward")
+)
+
+// State is a job's durable state (protocol.JobState).
+type State = protocol.JobState
+
+// States, in their order.
+const (
+	Queued     = protocol.JobQueued
+	Dispatched = protocol.JobDispatched
+	Running    = protocol.JobStateRunning
+	Succeeded  = protocol.JobSucceeded
+	Failed     = protocol.JobFailed
+	Cancelled  = protocol.JobCancelled
+	Lost       = protocol.JobStateLost
+)
+
+// Record is a job's state in the bucket (protocol.JobRecord as JSON).
+type Record = protocol.JobRecord
+
+// Config configures a Store.
+type Config struct {
+	// NATS is the coordinator's connection, in the account holding the
+	// stream and bucket. Required; the Store does not close it.
+	NATS *nats.Conn
+	// Coordinator is this coordinator's id, recorded as a job's holder.
+	// Required.
+	Coordinator string
+	// Retention is how long records and queue messages are kept, after
+	// which they expire. Zero means DefaultRetention.
+	Retention time.Duration
+	// DedupeWindow is the stream's Nats-Msg-Id duplicate window. Zero
+	// means DefaultDedupeWindow; at most Retention.
+	DedupeWindow time.Duration
+	// Replicas forces the replica count (1 to 5); zero means min(3,
+	// cluster size).
+	Replicas int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Store reads and writes job records. Its methods are safe for
+// concurrent use.
+type Store struct {
+	cfg      Config
+	boot     string // this process's Record.Boot
+	js       jetstream.JetStream
+	stream   jetstream.Stream
+	kv       jetstream.KeyValue
+	replicas int
+
+	mu      sync.Mutex
+	pending map[string]struct{} // jobs Reconcile claimed and left running (guarded by mu)
+}
+
+// Open creates or binds the stream and the bucket. Errors name what failed.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.NATS == nil || cfg.Coordinator == "" {
+		return nil, errors.New("jobstore: config: NATS and Coordinator are required")
+	}
+	if cfg.Replicas < 0 || cfg.Replicas > 5 {
+		return nil, fmt.Errorf("jobstore: config: replicas %d: want 0 (auto) to 5", cfg.Replicas)
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.DedupeWindow <= 0 {
+		cfg.DedupeWindow = DefaultDedupeWindow
+	}
+	cfg.DedupeWindow = min(cfg.DedupeWindow, cfg.Retention)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	js, err := jetstream.New(cfg.NATS)
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
+	}
+	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]struct{}{}}
+	tries := []int{3, 2, 1}
+	if cfg.Replicas > 0 {
+		tries = []int{cfg.Replicas}
+	}
+	for i, r := range tries {
+		s.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:        StreamName,
+			Description: "Tether jobs accepted and not yet acknowledged (dispatched or ended)",
+			Subjects:    []string{SubjectPrefix + ">"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    r,
+			MaxAge:      cfg.Retention,
+			Duplicates:  cfg.DedupeWindow,
+		})
+		if err == nil {
+			s.replicas = r
+			break
+		}
+		if i == len(tries)-1 || !tooFewPeers(err) {
+			return nil, fmt.Errorf("jobstore: stream %s (replicas %d): %w", StreamName, r, err)
+		}
+	}
+	s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketName,
+		Description: "Tether job states",
+		History:     1,
+		TTL:         cfg.Retention,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: bucket %s (replicas %d): %w", BucketName, s.replicas, err)
+	}
+	return s, nil
+}
+
+// tooFewPeers reports whether err says the system cannot place that many
+// replicas (a smaller cluster, or a server not in a cluster).
+func tooFewPeers(err error) bool {
+	var ae *jetstream.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode {
+		case 10074 /* replicas not supported (not clustered) */, 10023 /* insufficient resources */ :
+			return true
+		}
+	}
+	m := err.Error()
+	return strings.Contains(m, "replicas") || strings.Contains(m, "insufficient resources")
+}
+
+// Replicas is the replica count of the stream and bucket.
+func (s *Store) Replicas() int { return s.replicas }
+
+// Coordinator is the holder id this store writes.
+func (s *Store) Coordinator() string { return s.cfg.Coordinator }
+
+// Job is a holder's handle on one record: the record as last written and
+// its revision. It is not safe for concurrent use; a job's transitions are
+// made by the one goroutine running it.
+type Job struct {
+	Record
+	rev uint64
+}
+
+// Revision is the KV revision the handle last wrote or read.
+func (j *Job) Revision() uint64 { return j.rev }
+
+// Submission is a job accepted by the API.
+type Submission struct {
+	ID         string
+	Owner      string
+	Nodes      []string
+	Target     string
+	Detached   bool
+	Script     string
+	Idempotent bool
+	// IdempotencyKey identifies repeats of one idempotent submission
+	// (per owner); empty with Idempotent means the job id.
+	IdempotencyKey string
+	// StartNow records the job as running at once (dispatched and
+	// started): an attached job, whose exec streams open right away.
+	StartNow bool
+	// DispatchNow records the job as dispatched at once: a detached job
+	// its coordinator starts on its nodes right away (one write on its
+	// path instead of two). Ignored with StartNow.
+	DispatchNow bool
+}
+
+func jobKey(id string) string { return "job." + id }
+
+func idemKey(owner, key string) string {
+	h := sha256.Sum256([]byte(owner + "\x00" + key))
+	return "idem." + hex.EncodeToString(h[:16])
+}
+
+// command is the first line of a script, clipped to 120 bytes.
+func command(script string) string {
+	if i := strings.IndexByte(script, '\n'); i >= 0 {
+		script = script[:i]
+	}
+	return protocol.ClipUTF8(strings.TrimSpace(script), 120)
+}
+
+// Submit records sub as queued (running, when sub.StartNow), held by this
+// coordinator: the record (which fails with ErrExists if a job with that
+// id is not terminal; a terminal record of the same id is replaced: ids
+// may be reused once a job ended) and, concurrently, the queue message.
+// An idempotent submission seen before returns the first job's handle and
+// ErrDuplicate.
+func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
+	if err := protocol.ValidJobID(sub.ID); err != nil {
+		return nil, fmt.Errorf("jobstore: submit: %w", err)
+	}
+	key := sub.IdempotencyKey
+	if sub.Idempotent && key == "" {
+		key = sub.ID
+	}
+	if sub.Idempotent {
+		if _, err := s.kv.Create(ctx, idemKey(sub.Owner, key), []byte(sub.ID)); err != nil {
+			if !errors.Is(err, jetstream.ErrKeyExists) {
+				return nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
+			}
+			e, gerr := s.kv.Get(ctx, idemKey(sub.Owner, key))
+			if gerr != nil {
+				return nil, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", sub.ID, gerr)
+			}
+			// The first submitter writes its record just after the key:
+			// give it a moment.
+			first, gerr := s.Get(ctx, string(e.Value()))
+			for wait := time.Millisecond; errors.Is(gerr, ErrNotFound) && wait < time.Second; wait *= 2 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
+				first, gerr = s.Get(ctx, string(e.Value()))
+			}
+			if gerr != nil {
+				return nil, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", sub.ID, e.Value(), gerr)
+			}
+			return first, ErrDuplicate
+		}
+	}
+	nodes := slices.Clone(sub.Nodes)
+	slices.Sort(nodes)
+	now := s.now()
+	j := &Job{Record: Record{
+		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
+		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
+		Command: command(sub.Script), SubmittedAt: now,
+	}}
+	switch {
+	case sub.StartNow:
+		j.State, j.DispatchedAt, j.StartedAt = Running, now, now
+	case sub.DispatchNow:
+		j.State, j.DispatchedAt = Dispatched, now
+	}
+	// The queue message and the record are written at once: one round
+	// trip, not two.
+	m := nats.NewMsg(SubjectPrefix + sub.ID)
+	m.Data, _ = json.Marshal(&j.Record)
+	if sub.Idempotent {
+		m.Header.Set(jetstream.MsgIDHeader, idemKey(sub.Owner, key))
+	}
+	paf, perr := s.js.PublishMsgAsync(m)
+	cerr := s.create(ctx, j)
+	var seq uint64
+	if perr == nil {
+		select {
+		case ack := <-paf.Ok():
+			if !ack.Duplicate { // never take back another submission's message
+				seq = ack.Sequence
+			}
+		case perr = <-paf.Err():
+		case <-ctx.Done():
+			perr = ctx.Err()
+		}
+	}
+	switch {
+	case cerr != nil:
+		if seq != 0 {
+			// Not accepted: take its queue message back.
+			s.stream.DeleteMsg(context.WithoutCancel(ctx), seq)
+		}
+		return nil, cerr
+	case perr != nil:
+		// Recorded but not queued: the job is refused, so end its record.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		s.Lose(lctx, j, fmt.Sprintf("its queue message could not be written: %v", perr))
+		return nil, fmt.Errorf("jobstore: submit job %s: queue: %w", sub.ID, perr)
+	}
+	return j, nil
+}
+
+// create writes j's record as new, replacing a terminal record of the same
+// id.
+func (s *Store) create(ctx context.Context, j *Job) error {
+	b, _ := json.Marshal(&j.Record)
+	rev, err := s.kv.Create(ctx, jobKey(j.ID), b)
+	if err == nil {
+		j.rev = rev
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+	}
+	old, err := s.Get(ctx, j.ID)
+	if err != nil {
+		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+	}
+	if !old.State.Terminal() {
+		return fmt.Errorf("jobstore: submit job %s: %w (%s on coordinator %s)", j.ID, ErrExists, old.State, old.Coordinator)
+	}
+	rev, err = s.kv.Update(ctx, jobKey(j.ID), b, old.rev)
+	if err != nil {
+		if isConflict(err) {
+			return fmt.Errorf("jobstore: submit job %s: %w (submitted concurrently)", j.ID, ErrExists)
+		}
+		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+	}
+	j.rev = rev
+	return nil
+}
+
+func isConflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
+
+func (s *Store) now() time.Time { return s.cfg.Now().UTC() }
+
+// Get reads the record of job id, as a handle of its current revision
+// (which only Claim may make this coordinator's own). ErrNotFound if
+// there is none.
+func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
+	e, err := s.kv.Get(ctx, jobKey(id))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return nil, fmt.Errorf("jobstore: job %s: %w", protocol.Clip(id), ErrNotFound)
+		}
+		return nil, fmt.Errorf("jobstore: get job %s: %w", protocol.Clip(id), err)
+	}
+	j := &Job{rev: e.Revision()}
+	if err := json.Unmarshal(e.Value(), &j.Record); err != nil {
+		return nil, fmt.Errorf("jobstore: job %s: decode record: %w", protocol.Clip(id), err)
+	}
+	return j, nil
+}
+
+// write stores rec as j's next record, compare-and-set on j's revision.
+// On a conflict it rereads: if the job still has j's holder and epoch, and
+// rec is still a forward move from the fresh state, it retries once on
+// the fresh revision (another writer of this coordinator, e.g. a cancel);
+// else ErrFenced or ErrBackward.
+func (s *Store) write(ctx context.Context, j *Job, rec Record) error {
+	for attempt := 0; ; attempt++ {
+		b, _ := json.Marshal(&rec)
+		rev, err := s.kv.Update(ctx, jobKey(j.ID), b, j.rev)
+		if err == nil {
+			j.Record, j.rev = rec, rev
+			return nil
+		}
+		if !isConflict(err) || attempt > 0 {
+			return fmt.Errorf("jobstore: write job %s (%s): %w", j.ID, rec.State, err)
+		}
+		cur, gerr := s.Get(ctx, j.ID)
+		if gerr != nil {
+			return fmt.Errorf("jobstore: write job %s (%s): %w", j.ID, rec.State, gerr)
+		}
+		if cur.Coordinator != j.Coordinator || cur.Epoch != j.Epoch || cur.Boot != j.Boot {
+			return fmt.Errorf("jobstore: write job %s (%s) as coordinator %s epoch %d: %w (coordinator %s epoch %d)", j.ID, rec.State, j.Coordinator, j.Epoch, ErrFenced, cur.Coordinator, cur.Epoch)
+		}
+		if !forward(cur.State, rec.State) {
+			j.Record, j.rev = cur.Record, cur.rev
+			return fmt.Errorf("jobstore: job %s: %s → %s: %w", j.ID, cur.State, rec.State, ErrBackward)
+		}
+		j.rev = cur.rev
+	}
+}
+
+// forward reports whether from → to is allowed.
+func forward(from, to State) bool {
+	return to.Valid() && !from.Terminal() && to.Rank() > from.Rank()
+}
+
+// transition moves j to state to with change applied, checking the move
+// is forward and that this store is j's holder.
+func (s *Store) transition(ctx context.Context, j *Job, to State, change func(*Record)) error {
+	if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
+		return fmt.Errorf("jobstore: job %s held by coordinator %s (boot %s), not %s (boot %s): %w", j.ID, j.Coordinator, j.Boot, s.cfg.Coordinator, s.boot, ErrFenced)
+	}
+	if !forward(j.State, to) {
+		return fmt.Errorf("jobstore: job %s: %s → %s: %w", j.ID, j.State, to, ErrBackward)
+	}
+	rec := j.Record
+	rec.State = to
+	if change != nil {
+		change(&rec)
+	}
+	return s.write(ctx, j, rec)
+}
+
+// Dispatch moves j from queued to dispatched (to running, with both
+// times, when started: an attached job starts as its exec streams open)
+// and then removes its queue message (the ack). A fenced holder gets
+// ErrFenced and acks nothing.
+func (s *Store) Dispatch(ctx context.Context, j *Job, started bool) error {
+	to := Dispatched
+	if started {
+		to = Running
+	}
+	err := s.transition(ctx, j, to, func(r *Record) {
+		r.DispatchedAt = s.now()
+		if started {
+			r.StartedAt = r.DispatchedAt
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return s.ack(ctx, j.ID)
+}
+
+// ack removes a job's queue message, if it is still there, without
+// waiting for the server's answer (a purge of the job's subject, sent as
+// a JetStream API request whose reply nobody reads): it is off the path
+// of every job, and a message left behind (the request lost) only makes
+// reconciliation look at a record that is past queued already. Callers
+// ack only after a write of theirs succeeded: a fenced holder acks
+// nothing. The error is the publish's.
+func (s *Store) ack(_ context.Context, id string) error {
+	body, _ := json.Marshal(struct {
+		Filter string `json:"filter"`
+	}{SubjectPrefix + id})
+	nc := s.cfg.NATS
+	if err := nc.PublishRequest(purgeAPI, nc.NewInbox(), body); err != nil {
+		return fmt.Errorf("jobstore: ack job %s (stream %s): %w", id, StreamName, err)
+	}
+	return nil
+}
+
+// purgeAPI is the JetStream API subject purging the stream.
+const purgeAPI = "$JS.API.STREAM.PURGE." + StreamName
+
+// Start moves j to running.
+func (s *Store) Start(ctx context.Context, j *Job) error {
+	return s.transition(ctx, j, Running, func(r *Record) { r.StartedAt = s.now() })
+}
+
+// Finish moves j to its terminal state: cancelled if the job was
+// cancelled (cancelled true), else succeeded when every result is OK,
+// else failed. results are stored unless too large (counts only then).
+// errMsg, if set, is kept as Record.Error.
+func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResult, cancelled bool, errMsg string) error {
+	to := Succeeded
+	ok, bad := 0, 0
+	for i := range results {
+		if results[i].OK() {
+			ok++
+		} else {
+			bad++
+		}
+	}
+	switch {
+	case cancelled:
+		to = Cancelled
+	case bad > 0 || errMsg != "":
+		to = Failed
+	}
+	err := s.transition(ctx, j, to, func(r *Record) {
+		r.FinishedAt = s.now()
+		r.Succeeded, r.Failed, r.Error = ok, bad, errMsg
+		r.Results, r.ResultsOmitted = results, false
+		if b, _ := json.Marshal(results); len(b) > maxResultsBytes {
+			r.Results, r.ResultsOmitted = nil, true
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return s.ack(ctx, j.ID)
+}
+
+// Lose ends j as lost with why.
+func (s *Store) Lose(ctx context.Context, j *Job, why string) error {
+	if err := s.transition(ctx, j, Lost, func(r *Record) { r.FinishedAt = s.now(); r.Error = why }); err != nil {
+		return err
+	}
+	return s.ack(ctx, j.ID)
+}
+
+// Claim makes this coordinator the holder of a non-terminal job read by
+// Get (or found by Orphans), raising its epoch: the previous holder's
+// handle is fenced from then on. It fails with ErrFenced if the record
+// changed since it was read (someone else claimed or wrote it first).
+func (s *Store) Claim(ctx context.Context, j *Job) error {
+	if j.State.Terminal() {
+		return fmt.Errorf("jobstore: claim job %s: already %s: %w", j.ID, j.State, ErrBackward)
+	}
+	rec := j.Record
+	rec.Coordinator, rec.Boot = s.cfg.Coordinator, s.boot
+	rec.Epoch++
+	b, _ := json.Marshal(&rec)
+	rev, err := s.kv.Update(ctx, jobKey(j.ID), b, j.rev)
+	if err != nil {
+		if isConflict(err) {
+			return fmt.Errorf("jobstore: claim job %s: %w (changed since read)", j.ID, ErrFenced)
+		}
+		return fmt.Errorf("jobstore: claim job %s: %w", j.ID, err)
+	}
+	j.Record, j.rev = rec, rev
+	return nil
+}
+
+// Filter selects records for List; zero fields match all.
+type Filter struct {
+	State State
+	Node  string
+	Owner string
+	// Coordinator selects the holder.
+	Coordinator string
+	// Active selects non-terminal records only.
+	Active bool
+}
+
+func (f *Filter) match(r *Record) bool {
+	return (f.State == "" || r.State == f.State) &&
+		(f.Node == "" || slices.Contains(r.Nodes, f.Node)) &&
+		(f.Owner == "" || r.Owner == f.Owner) &&
+		(f.Coordinator == "" || r.Coordinator == f.Coordinator) &&
+		(!f.Active || !r.State.Terminal())
+}
+
+// List returns the records matching f (and keep, if not nil), newest
+// submission first, at most limit (0: all). It reads every record: its cost
+// grows with the bucket.
+func (s *Store) List(ctx context.Context, f Filter, keep func(*Record) bool, limit int) ([]*Job, error) {
+	kl, err := s.kv.ListKeysFiltered(ctx, "job.>")
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: list: %w", err)
+	}
+	var out []*Job
+	for k := range kl.Keys() {
+		j, err := s.Get(ctx, strings.TrimPrefix(k, "job."))
+		if errors.Is(err, ErrNotFound) {
+			continue // expired or deleted since listed
+		}
+		if err != nil {
+			kl.Stop()
+			return nil, err
+		}
+		if f.match(&j.Record) && (keep == nil || keep(&j.Record)) {
+			out = append(out, j)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("jobstore: list: %w", err)
+	}
+	slices.SortFunc(out, func(a, b *Job) int {
+		if c := b.SubmittedAt.Compare(a.SubmittedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// Queued reports how many queue messages the stream holds (jobs accepted
+// and not dispatched).
+func (s *Store) Queued(ctx context.Context) (uint64, error) {
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("jobstore: stream %s info: %w", StreamName, err)
+	}
+	return info.State.Msgs, nil
+}

@@ -1,0 +1,185 @@
+package jobstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// Errors a Querier returns.
+var (
+	// ErrNodeUnreachable: the node is not connected (here, or anywhere
+	// the querier can reach), so the job's fate is unknown for now.
+	ErrNodeUnreachable = errors.New("jobstore: node unreachable")
+	// ErrNoSuchJob: the node answered that it has no such job.
+	ErrNoSuchJob = errors.New("jobstore: node has no such job")
+)
+
+// Querier asks a node about a detached job.
+type Querier interface {
+	// JobStatus returns the job's status on node, ErrNodeUnreachable
+	// (wrapped) when the node cannot be asked, ErrNoSuchJob when the node
+	// does not know the job.
+	JobStatus(ctx context.Context, node, id string) (*protocol.JobStatus, error)
+}
+
+// Outcome is what Reconcile did with the jobs it looked at.
+type Outcome struct {
+	// Claimed jobs this coordinator took over; Settled those it ended
+	// (with the node's result or as lost); Pending the detached jobs left
+	// running because their node could not be asked (a later pass with
+	// lose set ends them lost).
+	Claimed, Settled, Pending int
+	// Errs are the jobs that could not be reconciled (another coordinator
+	// claimed them first: ErrFenced), joined.
+	Errs error
+}
+
+// Reconcile takes over the non-terminal jobs left by a dead holder (dead
+// reports whether a holder id is dead; this coordinator's own id is always
+// dead to it when written by another process: those jobs are a
+// predecessor's) and settles them:
+//   - queued: it never ran; lost (at most once) with that reason;
+//   - attached (dispatched or running): its exec stream ended with its
+//     coordinator, so the agent killed it; lost;
+//   - detached on one node: its status is asked of the node; exited
+//     becomes succeeded (exit 0), failed or cancelled; running stays
+//     running under the new holder; a node that does not know it makes
+//     it lost; an unreachable node leaves it pending, or lost when lose
+//     is set (the caller's bound on waiting has passed).
+func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder string) bool, lose bool) (Outcome, error) {
+	var out Outcome
+	keep := func(r *Record) bool {
+		if r.Coordinator == s.cfg.Coordinator {
+			return r.Boot != s.boot || s.isPending(r.ID)
+		}
+		return dead != nil && dead(r.Coordinator)
+	}
+	jobs, err := s.List(ctx, Filter{Active: true}, keep, 0)
+	if err != nil {
+		return out, fmt.Errorf("jobstore: reconcile: %w", err)
+	}
+	var errs []error
+	for _, j := range jobs {
+		// A job pending from an earlier pass is ours already.
+		if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
+			if err := s.Claim(ctx, j); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out.Claimed++
+		}
+		settled, err := s.settleOrphan(ctx, q, j, lose)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.setPending(j.ID, !settled)
+		if settled {
+			out.Settled++
+		} else {
+			out.Pending++
+		}
+	}
+	out.Errs = errors.Join(errs...)
+	return out, nil
+}
+
+func (s *Store) settleOrphan(ctx context.Context, q Querier, j *Job, lose bool) (bool, error) {
+	switch {
+	case j.State == Queued:
+		return true, s.Lose(ctx, j, "its coordinator stopped before dispatching it; it never ran")
+	case !j.Detached || len(j.Nodes) != 1:
+		return true, s.Lose(ctx, j, "its coordinator stopped while it ran; an attached job dies with its exec stream")
+	}
+	st, err := q.JobStatus(ctx, j.Nodes[0], j.ID)
+	switch {
+	case errors.Is(err, ErrNoSuchJob):
+		return true, s.Lose(ctx, j, fmt.Sprintf("node %s does not know the job", j.Nodes[0]))
+	case errors.Is(err, ErrNodeUnreachable) || err != nil:
+		if lose {
+			return true, s.Lose(ctx, j, fmt.Sprintf("node %s unreachable after its coordinator stopped: %v", j.Nodes[0], err))
+		}
+		return false, nil
+	}
+	done, err := s.Observe(ctx, j, st)
+	return done, err
+}
+
+// Observe applies a detached job's status, as its node reported it, to
+// the record: running moves a dispatched job to running; exited or lost
+// ends it (a zero exit code succeeded, a cancel cancelled, else failed; lost
+// lost). It reports whether the job is now terminal. The write is
+// compare-and-set on the handle's revision but not fenced by holder: the
+// node's own report is authoritative, so any coordinator that read the
+// record may settle it.
+func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bool, error) {
+	if j.State.Terminal() {
+		return true, nil
+	}
+	rec := j.Record
+	switch st.State {
+	case protocol.JobRunning:
+		if j.State == Running {
+			return false, nil
+		}
+		rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
+	case protocol.JobLost:
+		rec.State, rec.FinishedAt, rec.Error = Lost, s.now(), fmt.Sprintf("node %s lost the job (its agent restarted while it ran)", st.Node)
+	case protocol.JobExited:
+		res := protocol.NodeResult{Node: st.Node, Detached: true, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
+			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated}
+		if st.ExitCode != nil {
+			res.ExitCode = *st.ExitCode
+		} else {
+			res.ExitCode = -1
+		}
+		if st.FinishedAt != nil {
+			rec.FinishedAt = st.FinishedAt.UTC()
+			res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
+		} else {
+			rec.FinishedAt = s.now()
+		}
+		rec.Results = []protocol.NodeResult{res}
+		rec.Succeeded, rec.Failed = 0, 0
+		switch {
+		case st.Cancelled:
+			rec.State, rec.Failed = Cancelled, 1
+		case res.ExitCode == 0 && !st.TimedOut:
+			rec.State, rec.Succeeded = Succeeded, 1
+		default:
+			rec.State, rec.Failed = Failed, 1
+		}
+	default:
+		return false, fmt.Errorf("jobstore: observe job %s: unknown node state %s", j.ID, protocol.Clip(st.State))
+	}
+	if rec.StartedAt.IsZero() {
+		rec.StartedAt = st.StartedAt.UTC()
+	}
+	if !forward(j.State, rec.State) {
+		return rec.State.Terminal(), nil
+	}
+	if err := s.write(ctx, j, rec); err != nil {
+		return false, err
+	}
+	return rec.State.Terminal(), s.ack(ctx, j.ID)
+}
+
+func (s *Store) isPending(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.pending[id]
+	return ok
+}
+
+func (s *Store) setPending(id string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.pending[id] = struct{}{}
+	} else {
+		delete(s.pending, id)
+	}
+}
