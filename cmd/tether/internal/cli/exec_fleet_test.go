@@ -193,6 +193,11 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "node:     node-2") || !strings.Contains(r.stdout, "exit:     6") {
 		t.Errorf("job status without --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
+	// An unknown id is said once, in one line with one prefix.
+	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "nosuchjob")
+	if r.code != 255 || strings.Count(r.stderr, "tether:") != 1 || !strings.Contains(r.stderr, `no job "nosuchjob"`) {
+		t.Errorf("job status of an unknown id: exit %d, stderr %q", r.code, r.stderr)
+	}
 	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, id)
 	if r.code != 0 || r.stdout != "out\n" {
 		t.Errorf("job logs without --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)

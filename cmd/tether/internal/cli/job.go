@@ -147,6 +147,10 @@ func resolveNode(ctx context.Context, c *client.Client, o *jobOptions, id string
 		return nil, nil
 	}
 	rec, err := c.JobGet(ctx, id)
+	var ae *protocol.APIError
+	if errors.As(err, &ae) && ae.Status == 404 {
+		return nil, err // "no job ID" says it all
+	}
 	if err != nil {
 		return nil, fmt.Errorf("look up job %s (give --node to ask its node directly): %w", id, err)
 	}
