@@ -269,15 +269,11 @@ func (c *Coordinator) goStore(req micro.Request, what string, f func(context.Con
 		c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeUnsupported, "coordinator %s keeps no job records", c.cfg.ID))
 		return
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	life, ok := c.enter(&c.jobWG)
+	if !ok {
 		c.replyError(req, c.unavailable())
 		return
 	}
-	life := c.life
-	c.jobWG.Add(1)
-	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
 		defer c.guard.Recover(what, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })

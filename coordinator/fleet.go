@@ -771,14 +771,10 @@ func (c *Coordinator) forward(req micro.Request, subject, owner, what string, mi
 	h.Set(HeaderForwardReply, req.Reply())
 	h.Set(HeaderForwardedBy, c.cfg.ID)
 	m := &nats.Msg{Subject: subject, Header: h, Data: req.Data()}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	if _, ok := c.enter(&c.jobWG); !ok {
 		c.replyError(req, c.unavailable())
 		return
 	}
-	c.jobWG.Add(1)
-	c.mu.Unlock()
 	c.m.forwarded.Inc()
 	wait := forwardAckTimeout
 	if missing != nil {
@@ -1059,4 +1055,18 @@ func (c *Coordinator) withLive(ns []protocol.NodeInfo) {
 		}()
 	}
 	wg.Wait()
+}
+
+// enter takes a slot in wg for work that outlives the caller while the
+// coordinator is serving: it returns the serving context (c.life) and
+// true, or false when the coordinator is shutting down (or not started),
+// with no slot taken. The caller runs the work and then calls wg.Done.
+func (c *Coordinator) enter(wg *sync.WaitGroup) (context.Context, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing || c.life == nil {
+		return nil, false
+	}
+	wg.Add(1)
+	return c.life, true
 }

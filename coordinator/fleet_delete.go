@@ -83,15 +83,11 @@ func (c *Coordinator) serveDelete(m *nats.Msg, nodeID string) {
 		answer(deleteAnswer{Error: fmt.Sprintf("node %s is not connected to coordinator %s", nodeID, c.cfg.ID)})
 		return
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	life, ok := c.enter(&c.jobWG)
+	if !ok {
 		answer(deleteAnswer{Error: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)})
 		return
 	}
-	life := c.life
-	c.jobWG.Add(1)
-	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
 		ctx, cancel := context.WithTimeout(life, sandboxOpTimeout)
@@ -169,15 +165,11 @@ func (c *Coordinator) serveSync(m *nats.Msg) {
 			c.log.Debug("answer sync request", "err", err)
 		}
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	life, ok := c.enter(&c.jobWG)
+	if !ok {
 		answer(syncAnswer{Error: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)})
 		return
 	}
-	life := c.life
-	c.jobWG.Add(1)
-	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
 		ctx, cancel := context.WithTimeout(life, fleetSyncTimeout)

@@ -79,19 +79,27 @@ func (c *Coordinator) serveDial(m *nats.Msg, nodeID string) {
 		c.rejectDial(m, protocol.CodeBadRequest, fmt.Sprintf("coordinator %s: dial request: %v", c.cfg.ID, err))
 		return
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	c.serveForwardedConn(m, "dial "+r.Target+" on node "+nodeID, func(ctx context.Context) (net.Conn, error) {
+		return c.DialTarget(ctx, nodeID, r.Target)
+	})
+}
+
+// serveForwardedConn answers a forwarded dial or ssh open (m, on the
+// dispatcher's goroutine) for a node held here: open runs in a goroutine
+// counted in connWG, so that closing the sessions in the drain ends it,
+// within dialAnswerTimeout; its failure is the rejection (rejectDial, with
+// the agent's or this coordinator's code), its conn is spliced onto the
+// pipe the requester opened on m's reply subject.
+func (c *Coordinator) serveForwardedConn(m *nats.Msg, what string, open func(ctx context.Context) (net.Conn, error)) {
+	life, ok := c.enter(&c.connWG)
+	if !ok {
 		c.rejectDial(m, protocol.CodeShutdown, fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID))
 		return
 	}
-	life := c.life
-	c.connWG.Add(1)
-	c.mu.Unlock()
 	go func() {
 		defer c.connWG.Done()
 		ctx, cancel := context.WithTimeout(life, dialAnswerTimeout)
-		conn, err := c.DialTarget(ctx, nodeID, r.Target)
+		conn, err := open(ctx)
 		cancel()
 		if err != nil {
 			code := protocol.CodeDialFailed
@@ -110,7 +118,7 @@ func (c *Coordinator) serveDial(m *nats.Msg, nodeID string) {
 		p, err := natspipe.Accept(c.cfg.NATS, m.Reply, c.cfg.Pipe)
 		if err != nil {
 			conn.Close()
-			c.log.Warn("accept a forwarded dial's pipe", "node_id", nodeID, "target", r.Target, "err", err)
+			c.log.Warn("accept a forwarded connection's pipe", "what", what, "err", err)
 			return
 		}
 		splice(conn, p)
@@ -242,35 +250,7 @@ func (c *Coordinator) serveSSH(m *nats.Msg, nodeID string) {
 		c.rejectDial(m, protocol.CodeBadRequest, fmt.Sprintf("coordinator %s: ssh request: %v", c.cfg.ID, err))
 		return
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
-		c.rejectDial(m, protocol.CodeShutdown, fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID))
-		return
-	}
-	life := c.life
-	c.connWG.Add(1)
-	c.mu.Unlock()
-	go func() {
-		defer c.connWG.Done()
-		ctx, cancel := context.WithTimeout(life, dialAnswerTimeout)
-		conn, err := c.openSSH(ctx, nodeID, &r.Params, &sshSession{identity: r.Params.Identity, forwarded: true})
-		cancel()
-		if err != nil {
-			code := protocol.CodeDialFailed
-			var ei *protocol.ErrorInfo
-			if errors.As(err, &ei) {
-				code = ei.Code
-			}
-			c.rejectDial(m, code, err.Error())
-			return
-		}
-		p, err := natspipe.Accept(c.cfg.NATS, m.Reply, c.cfg.Pipe)
-		if err != nil {
-			conn.Close()
-			c.log.Warn("accept a forwarded ssh open's pipe", "node_id", nodeID, "err", err)
-			return
-		}
-		splice(conn, p)
-	}()
+	c.serveForwardedConn(m, "ssh to node "+nodeID, func(ctx context.Context) (net.Conn, error) {
+		return c.openSSH(ctx, nodeID, &r.Params, &sshSession{identity: r.Params.Identity, forwarded: true})
+	})
 }

@@ -265,15 +265,11 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 		c.replyError(req, e)
 		return
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	life, ok := c.enter(&c.jobWG)
+	if !ok {
 		c.replyError(req, c.unavailable())
 		return
 	}
-	life := c.life
-	c.jobWG.Add(1)
-	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
 		defer c.guard.Recover("job "+p.Op, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })

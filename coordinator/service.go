@@ -363,14 +363,10 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 		c.listNodes(req, &r)
 		return
 	}
-	c.mu.Lock()
-	if c.closing || c.life == nil {
-		c.mu.Unlock()
+	if _, ok := c.enter(&c.jobWG); !ok {
 		c.replyError(req, c.unavailable())
 		return
 	}
-	c.jobWG.Add(1)
-	c.mu.Unlock()
 	go func() {
 		defer c.jobWG.Done()
 		defer c.guard.Recover("nodes", func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
