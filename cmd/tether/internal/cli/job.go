@@ -42,8 +42,10 @@ func (o *jobOptions) Validate(args []string) error {
 			errs = append(errs, fmt.Errorf("--node: %w", err))
 		}
 	}
-	if len(args) != 1 {
+	if len(args) == 0 {
 		errs = append(errs, errors.New("give the job id"))
+	} else if len(args) > 1 {
+		errs = append(errs, fmt.Errorf("give one job id, not %d arguments (%q …)", len(args), args[1]))
 	} else if err := protocol.ValidJobID(args[0]); err != nil {
 		errs = append(errs, err)
 	}

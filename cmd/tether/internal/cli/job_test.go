@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -35,5 +36,19 @@ func TestFollowRetryable(t *testing.T) {
 		if got := followRetryable(tt.ctx, tt.err); got != tt.want {
 			t.Errorf("%s: followRetryable(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
 		}
+	}
+}
+
+// Two job ids are refused as two, not as a missing one (it said "give
+// the job id" when given two).
+func TestJobTwoIDsSaysSo(t *testing.T) {
+	for _, sub := range []string{"status", "wait", "logs", "cancel"} {
+		r := runCLI(testCtx(t), nil, "", "job", sub, "a1", "b2")
+		if r.code != 2 || !strings.Contains(r.stderr, `give one job id, not 2 arguments ("b2"`) {
+			t.Errorf("job %s a1 b2: exit %d, stderr %q; want 2 and one job id, not 2", sub, r.code, r.stderr)
+		}
+	}
+	if r := runCLI(testCtx(t), nil, "", "job", "status"); r.code != 2 || !strings.Contains(r.stderr, "give the job id") {
+		t.Errorf("job status: exit %d, stderr %q; want 2 and give the job id", r.code, r.stderr)
 	}
 }
