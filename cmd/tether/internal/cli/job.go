@@ -359,6 +359,12 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 // outcome is unknown (lost, or ended without a node result).
 func jobRecordOutcome(rec *protocol.JobRecord) error {
 	code := rec.ExitCode()
+	if len(rec.Results) == 1 && rec.Results[0].Error != "" && rec.State != protocol.JobStateLost {
+		// The node said why (a command it could not find or execute, a
+		// bad cwd): exit as `tether exec` does for the same result.
+		code, why := nodeOutcome(&rec.Results[0], 0)
+		return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", rec.ID, rec.Results[0].Node, why)}
+	}
 	switch {
 	case rec.State == protocol.JobStateLost || code < 0:
 		why := rec.Error

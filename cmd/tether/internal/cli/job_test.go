@@ -52,3 +52,19 @@ func TestJobTwoIDsSaysSo(t *testing.T) {
 		t.Errorf("job status: exit %d, stderr %q; want 2 and give the job id", r.code, r.stderr)
 	}
 }
+
+// TestJobWaitOutcomeOfAFailedStart: a detached job the node could not start
+// ends `job wait` as `tether exec` ends for it (127 for a command not
+// found), saying why, not with "no exit status recorded".
+func TestJobWaitOutcomeOfAFailedStart(t *testing.T) {
+	rec := &protocol.JobRecord{ID: "j1", State: protocol.JobFailed, Nodes: []string{"vm"}, Results: []protocol.NodeResult{{
+		Node: "vm", ExitCode: -1, Error: "start /no/such/cmd: no such file or directory", ErrorCode: protocol.CodeCommandNotFound}}}
+	var ee *exitError
+	if err := jobRecordOutcome(rec); !errors.As(err, &ee) || ee.code != exitNotFound || !strings.Contains(ee.err.Error(), "/no/such/cmd") {
+		t.Fatalf("outcome = %v, want exit %d naming the command", err, exitNotFound)
+	}
+	rec.Results[0] = protocol.NodeResult{Node: "vm", ExitCode: 3}
+	if err := jobRecordOutcome(rec); !errors.As(err, &ee) || ee.code != 3 {
+		t.Fatalf("outcome of exit 3 = %v", err)
+	}
+}
