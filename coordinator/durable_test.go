@@ -281,3 +281,34 @@ func TestDurableReconcile(t *testing.T) {
 		return nil
 	})
 }
+
+// TestDurableOwnerOutlivesMemory: a coordinator that does not remember who
+// started a detached job (it restarted, or the node moved to it) takes
+// the owner from the job's record: the owner keeps job.status on its own
+// job, and another caller is still refused.
+func TestDurableOwnerOutlivesMemory(t *testing.T) {
+	store, _ := writePolicy(t, stagingPolicy)
+	h := newHarness(t, withStore(t, nil, func(c *coordinator.Config) { c.Policy = store }))
+	var exited atomic.Bool
+	o := detachedAgent(&exited)
+	o.id, o.labels = "n-a", map[string]string{"env": "staging"}
+	h.dialAgent(t, o)
+	if r := execAs(t, h.as("alice"), protocol.ExecRequest{ID: "aj", Target: protocol.Target{Node: "n-a"}, Script: "sleep 100", Detach: true}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	coordinator.ForgetJobOwnersForTest(h.c)
+	status := func(who string) string {
+		t.Helper()
+		m, err := h.as(who).Request(protocol.SubjectJobStatus, mustJSON(t, protocol.JobRequest{Node: "n-a", ID: "aj"}), defaultTestTimeout)
+		if err != nil {
+			t.Fatalf("job.status as %s: %v", who, err)
+		}
+		return m.Header.Get(micro.ErrorCodeHeader)
+	}
+	if code := status("alice"); code != "" {
+		t.Errorf("alice's job.status on her own job after the coordinator forgot its owner: error %s", code)
+	}
+	if code := status("bob"); code != "403" && code != "404" {
+		t.Errorf("bob's job.status on alice's job: %q, want refused", code)
+	}
+}

@@ -23,3 +23,13 @@ func AuthorizerForTest(c *Coordinator) caller.Authorizer { return c.authorizer()
 
 // EndpointOps is the operation each endpoint subject is audited under.
 func EndpointOps() map[string]string { return maps.Clone(endpointOps) }
+
+// ForgetJobOwnersForTest empties c's memory of detached jobs' submitters,
+// as a restart or a node's move to c leaves it.
+func ForgetJobOwnersForTest(c *Coordinator) {
+	c.owners.mu.Lock()
+	defer c.owners.mu.Unlock()
+	c.owners.m = nil
+	c.owners.order = nil
+	c.owners.next = 0
+}

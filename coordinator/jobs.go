@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -260,7 +261,7 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(nodeID), c.cfg.ID))
 		return
 	}
-	obj := policy.Object{Owner: c.owners.get(nodeID, p.ID)}
+	obj := policy.Object{Owner: c.jobOwner(nodeID, p.ID)}
 	if _, e := c.authorizer().Authorize(req, jobOps[p.Op], []policy.Node{n.policyNode()}, obj); e != nil {
 		c.replyError(req, e)
 		return
@@ -358,3 +359,25 @@ func (c *Coordinator) runJobOp(ctx context.Context, req micro.Request, n *node, 
 		}
 	}
 }
+
+// jobOwner is who submitted job id on nodeID: as this coordinator
+// remembered it when the job started, or else as the job's durable record
+// says (a coordinator restarted, or the node moved here from another), if
+// the record names nodeID. "" when neither knows: then only a grant of
+// scope any reaches the job.
+func (c *Coordinator) jobOwner(nodeID, id string) string {
+	if o := c.owners.get(nodeID, id); o != "" || c.cfg.Jobs == nil {
+		return o
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), jobOwnerTimeout)
+	defer cancel()
+	j, err := c.cfg.Jobs.Get(ctx, id)
+	if err != nil || !slices.Contains(j.Nodes, nodeID) {
+		return ""
+	}
+	return j.Owner
+}
+
+// jobOwnerTimeout bounds jobOwner's read of a record; it runs in the
+// request's handler, once per job a coordinator did not start itself.
+const jobOwnerTimeout = 2 * time.Second
