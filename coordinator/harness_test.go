@@ -492,11 +492,17 @@ func (h *harness) dialTLS(ctx context.Context, localIP string) (net.Conn, error)
 // close ends the agent and waits for its goroutines.
 func (a *fakeAgent) close() {
 	a.once.Do(func() {
-		a.cancel()
 		if a.sess == nil {
+			a.cancel()
 			return // the dial failed
 		}
+		// The session first, then the handlers' context: a handler that
+		// returns on ctx.Done closes its stream, and that FIN, sent
+		// before the session is gone, looked to the coordinator like the
+		// agent's clean end of the stream instead of a lost tunnel
+		// (TestRelayTunnelLost failed so, once in CI).
 		a.sess.Close()
+		a.cancel()
 		a.wg.Wait()
 	})
 }
