@@ -409,3 +409,60 @@ func TestMultiCoordinatorPartitionedCoordinatorShedsAgents(t *testing.T) {
 		t.Fatalf("after the partition: %+v, %v", res, err)
 	}
 }
+
+// A coordinator that dies (its NATS connection gone at once, as after
+// kill -9) leaves its jobs to the others: the client of its attached job
+// learns from whichever coordinator answers that the job was lost, long
+// before its keepalive timeout, and its detached job is taken over and
+// settled with the node's own result once its node re-homed.
+func TestMultiCoordinatorDeadHolderJobsTakenOver(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	det, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "det-dead", Target: protocol.Target{Node: "node-1"}, Detach: true, Script: "sleep 6; echo done"}, nil)
+	if err != nil || !det.Results[0].Detached {
+		t.Fatalf("detached exec: %v %+v", err, det)
+	}
+	cl := *f.Client
+	cl.KeepAliveTimeout = 10 * time.Minute // the outcome must come from the fate check
+	cl.FateCheckAfter = time.Second
+	type outcome struct {
+		res *protocol.ExecResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := cl.Exec(ctx, &protocol.ExecRequest{ID: "att-dead", Target: protocol.Target{Node: "node-1"}, Script: "sleep 120"}, nil)
+		done <- outcome{res, err}
+	}()
+	for {
+		rec, err := f.Client.JobGet(ctx, "att-dead")
+		if err == nil && rec.State == protocol.JobStateRunning {
+			if rec.Coordinator != "fleettest-1" {
+				t.Fatalf("attached job held by %s, want fleettest-1 (node-1's)", rec.Coordinator)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("attached job never running: %+v %v", rec, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.KillCoordinator(1)
+
+	o := <-done
+	if o.err != nil || o.res == nil || len(o.res.Results) != 1 || o.res.Results[0].ExitCode != -1 ||
+		!strings.Contains(o.res.Results[0].Error, "lost") {
+		t.Fatalf("attached job's client got %+v, %v; want node-1 lost", o.res, o.err)
+	}
+	rec, err := f.Client.JobGet(ctx, "att-dead")
+	if err != nil || rec.State != protocol.JobStateLost || rec.Coordinator != "fleettest-0" || rec.Epoch == 0 {
+		t.Fatalf("attached record = %+v, %v; want lost, taken over by fleettest-0", rec, err)
+	}
+	// The detached job ran on: its record ends with the node's result.
+	w, err := f.Client.JobWait(ctx, "det-dead", 200*time.Millisecond)
+	if err != nil || w.State != protocol.JobSucceeded || w.Coordinator != "fleettest-0" {
+		t.Fatalf("detached record = %+v, %v; want succeeded, held by fleettest-0 (coordinator 0 holds %+v; registry %+v)", w, err,
+			f.Coordinators[0].Nodes(protocol.Selector{}), f.Coordinators[0].FleetNodes(protocol.Selector{}))
+	}
+}
