@@ -392,6 +392,7 @@ func (c *Coordinator) reconcilePass(ctx context.Context, s *jobstore.Store) (pen
 	pctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
 	defer cancel()
 	out, err := s.Reconcile(pctx, c, c.holderGone, c.cfg.JobLostAfter)
+	c.m.takenOver.Add(float64(out.Claimed))
 	switch {
 	case err != nil:
 		c.log.Warn("reconcile jobs", "err", err)
@@ -412,7 +413,11 @@ func (c *Coordinator) settleIfOrphaned(ctx context.Context, s *jobstore.Store, j
 	if j.Coordinator != s.Coordinator() && !c.holderGone(j.Coordinator) {
 		return j
 	}
-	if _, _, err := s.TakeOver(ctx, c, j, c.cfg.JobLostAfter); err != nil {
+	claimed, _, err := s.TakeOver(ctx, c, j, c.cfg.JobLostAfter)
+	if claimed {
+		c.m.takenOver.Inc()
+	}
+	if err != nil {
 		c.log.Debug("take over an orphaned job", "job_id", j.ID, "err", err)
 		if cur, gerr := s.Get(ctx, j.ID); gerr == nil {
 			j = cur // someone else settled or claimed it first
