@@ -214,6 +214,11 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	if r.code != 7 {
 		t.Errorf("job wait of an attached job that exited 7: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// Its logs were never kept: said so, not "no detached job".
+	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, attached)
+	if r.code == 0 || !strings.Contains(r.stderr, "was attached") || strings.Contains(r.stderr, "no detached job") {
+		t.Errorf("job logs of an attached job: exit %d, stderr %q", r.code, r.stderr)
+	}
 	r = runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--state", "failed")
 	if r.code != 0 || !strings.Contains(r.stdout, id6) || !strings.Contains(r.stdout, attached) || strings.Contains(r.stdout, id+" ") {
 		t.Errorf("job list --state failed: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
