@@ -102,6 +102,13 @@ func TestWriteSummary(t *testing.T) {
 	if !strings.Contains(w.String(), "\na     0     10ms      ok\n") {
 		t.Errorf("--summary table lacks the ok node:\n%s", w.String())
 	}
+	// A detached fan-out's nodes started the job; none has succeeded yet.
+	w.Reset()
+	det := &protocol.ExecResult{Results: []protocol.NodeResult{{Node: "a", Detached: true}, {Node: "b", Detached: true}, {Node: "c", ExitCode: -1, Error: "tunnel lost"}}}
+	writeSummary(&w, det, 0, false, time.Second)
+	if !strings.HasSuffix(w.String(), "3 nodes: 2 started, 1 failed (1s)\n") {
+		t.Errorf("detached summary:\n%s", w.String())
+	}
 }
 
 // The exec and job commands against an in-process fleet.
