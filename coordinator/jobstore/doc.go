@@ -10,9 +10,7 @@
 // tether.v1. so that no client can publish into it; file storage;
 // duplicate window Config.DedupeWindow; max age Config.Retention) holds one
 // message per accepted job until it is acknowledged when the job ends
-// (Finish, Lose, Observe): the stream is the index of the jobs not ended
-// (Active), so that reconciliation reads those records and not the whole
-// bucket. The ack is a purge of the job's subject, sent without waiting
+// (Finish, Lose, Observe). The ack is a purge of the job's subject, sent without waiting
 // for the answer. The KV bucket tether_jobs (history 1,
 // TTL Config.Retention) holds a Record per job under job.<id> and, for
 // idempotent jobs, the job id under idem.<hash of owner and key>. Both

@@ -438,8 +438,7 @@ func (s *Store) transition(ctx context.Context, j *Job, to State, change func(*R
 // Dispatch moves j from queued to dispatched (to running, with both
 // times, when started: an attached job starts as its exec streams open).
 // A fenced holder gets ErrFenced. The queue message stays until the job
-// ends: the stream is the index of jobs not ended (Active), which
-// reconciliation reads instead of every record.
+// ends.
 func (s *Store) Dispatch(ctx context.Context, j *Job, started bool) error {
 	to := Dispatched
 	if started {
@@ -614,15 +613,16 @@ func (s *Store) Queued(ctx context.Context) (uint64, error) {
 const activeReadConcurrency = 16
 
 // Active returns the jobs not ended that keep passes (nil: all), in no
-// particular order: the records of the stream's subjects (one message per
-// job accepted and not ended), read concurrently. Its cost grows with the
-// jobs in flight, not with the bucket. A record found ended (its ack was
-// lost) is left out.
+// particular order. It lists the bucket's job keys and reads their
+// records concurrently: its cost grows with the bucket (Config.Retention),
+// so reconciliation calls it on events (a holder gone, a restart) and
+// once a minute, never on a job's path.
 func (s *Store) Active(ctx context.Context, keep func(*Record) bool) ([]*Job, error) {
-	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(SubjectPrefix+">"))
+	kl, err := s.kv.ListKeysFiltered(ctx, "job.>")
 	if err != nil {
-		return nil, fmt.Errorf("jobstore: active jobs: stream %s: %w", StreamName, err)
+		return nil, fmt.Errorf("jobstore: active jobs: %w", err)
 	}
+	defer kl.Stop()
 	ids := make(chan string)
 	var (
 		mu   sync.Mutex
@@ -630,7 +630,7 @@ func (s *Store) Active(ctx context.Context, keep func(*Record) bool) ([]*Job, er
 		errs []error
 		wg   sync.WaitGroup
 	)
-	for range min(activeReadConcurrency, max(len(info.State.Subjects), 1)) {
+	for range activeReadConcurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -638,17 +638,13 @@ func (s *Store) Active(ctx context.Context, keep func(*Record) bool) ([]*Job, er
 				j, err := s.Get(ctx, id)
 				switch {
 				case errors.Is(err, ErrNotFound):
-					continue // expired, or its message outlived a deleted record
+					continue // expired or deleted since listed
 				case err != nil:
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
 					continue
-				case j.State.Terminal():
-					// Its ack was lost. Not acked again here: the id may
-					// be reused by a job submitted just now.
-					continue
-				case keep != nil && !keep(&j.Record):
+				case j.State.Terminal(), keep != nil && !keep(&j.Record):
 					continue
 				}
 				mu.Lock()
@@ -657,14 +653,13 @@ func (s *Store) Active(ctx context.Context, keep func(*Record) bool) ([]*Job, er
 			}
 		}()
 	}
-	for subj := range info.State.Subjects {
+	for k := range kl.Keys() {
 		select {
-		case ids <- strings.TrimPrefix(subj, SubjectPrefix):
+		case ids <- strings.TrimPrefix(k, "job."):
+			continue
 		case <-ctx.Done():
 		}
-		if ctx.Err() != nil {
-			break
-		}
+		break
 	}
 	close(ids)
 	wg.Wait()

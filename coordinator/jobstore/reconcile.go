@@ -51,7 +51,7 @@ type Outcome struct {
 //     it lost; an unreachable node leaves it pending, and lost once it
 //     has been pending for loseAfter (0: at once).
 //
-// It reads the records of the jobs not ended (Active), not the bucket.
+// It reads the bucket (Active).
 func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder string) bool, loseAfter time.Duration) (Outcome, error) {
 	var out Outcome
 	keep := func(r *Record) bool {
