@@ -20,7 +20,8 @@ import (
 // catch the holder between its NATS servers (it resubscribes on
 // reconnect, which takes a round trip or two). A probe that times out
 // counts as live (the holder may be slow; taking its jobs would fence a
-// coordinator that still runs them).
+// coordinator that still runs them) unless the last fleet sweep missed it
+// too (probeHolder).
 //
 // Who asks: the reconcile loop (durable.go), woken when the fleet sweep
 // sees a coordinator vanish from the micro service's instances, when
@@ -99,12 +100,23 @@ func (c *Coordinator) holderGone(id string) bool {
 	return gone
 }
 
-// probeHolder asks coordinator id's ping endpoint; false only on "no
-// responders".
+// probeHolder asks coordinator id's ping endpoint: false on "no
+// responders", and on no answer at all when the last fleet sweep did not
+// see the coordinator among the service's instances either (a subscriber
+// that is not a coordinator, such as an operator's `nats sub '>'` in the
+// TETHER account, keeps the server from saying "no responders").
 func (c *Coordinator) probeHolder(id string) bool {
 	m := &nats.Msg{Subject: CoordSubjectPrefix + subjectPart(id) + ".ping", Header: nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}}
 	_, err := c.cfg.NATS.RequestMsg(m, holderProbeTimeout)
-	return !errors.Is(err, nats.ErrNoResponders)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return false
+	case errors.Is(err, nats.ErrTimeout):
+		c.fl.mu.Lock()
+		defer c.fl.mu.Unlock()
+		return c.fl.lastLive == nil || c.fl.lastLive[id]
+	}
+	return true
 }
 
 // servePing answers a coordinator's probe (holderGone).
