@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
@@ -415,8 +417,25 @@ func TestMultiCoordinatorPartitionedCoordinatorShedsAgents(t *testing.T) {
 // learns from whichever coordinator answers that the job was lost, long
 // before its keepalive timeout, and its detached job is taken over and
 // settled with the node's own result once its node re-homed.
+//
+// With a silent subscriber on the coordinator subjects (an operator's
+// `nats sub '>'` in TETHER), NATS never says "no responders": the
+// verdict then rests on the fleet sweep missing the coordinator too.
 func TestMultiCoordinatorDeadHolderJobsTakenOver(t *testing.T) {
+	for _, silent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("silent_subscriber=%v", silent), func(t *testing.T) { testDeadHolderJobsTakenOver(t, silent) })
+	}
+}
+
+func testDeadHolderJobsTakenOver(t *testing.T, silent bool) {
 	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	if silent {
+		sub, err := f.CoordNCs[0].Subscribe(coordinator.CoordSubjectPrefix+">", func(*nats.Msg) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	det, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "det-dead", Target: protocol.Target{Node: "node-1"}, Detach: true, Script: "sleep 6; echo done"}, nil)
