@@ -107,9 +107,10 @@ import (
 // JetStream writes: NATS interest is the map, and "no responders" is the
 // answer for a job nobody runs.
 //
-// Known gaps: a fan-out's remote run gets no client heartbeats (the run
-// is not cancelled when the fan-out's coordinator dies; it ends on its
-// own timeout); detached jobs' owners are remembered in memory by the
+// A fan-out's remote run gets no client heartbeats; its keeper cancels it
+// when the fan-out's coordinator is gone (holders.go).
+//
+// Known gaps: detached jobs' owners are remembered in memory by the
 // coordinator that started them (job.* refuse scoped callers after the
 // node re-homed); two live agents with one node id on two coordinators
 // replace each other (each new put supersedes the other's session).

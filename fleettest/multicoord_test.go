@@ -485,3 +485,41 @@ func testDeadHolderJobsTakenOver(t *testing.T, silent bool) {
 			f.Coordinators[0].Nodes(protocol.Selector{}), f.Coordinators[0].FleetNodes(protocol.Selector{}))
 	}
 }
+
+// A fan-out's run on another coordinator ends when the fan-out's
+// coordinator dies: nobody reads its output any more (it used to run to
+// its own timeout).
+func TestMultiCoordinatorFanOutRunEndsWithItsCoordinator(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true,
+		Coordinator: func(c *coordinator.Config) { c.KeepAliveInterval = time.Second }})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	go f.Client.Exec(ctx, &protocol.ExecRequest{ID: "fan-dead", Target: protocol.Target{All: true}, Script: "sleep 120"}, nil)
+	running := func(k int) int {
+		n := 0
+		for _, ni := range f.Coordinators[k].Nodes(protocol.Selector{}) {
+			n += ni.RunningExecs
+		}
+		return n
+	}
+	var holder int
+	for {
+		rec, err := f.Client.JobGet(ctx, "fan-dead")
+		if err == nil && rec.State == protocol.JobStateRunning && running(0) == 1 && running(1) == 1 {
+			holder = map[string]int{"fleettest-0": 0, "fleettest-1": 1}[rec.Coordinator]
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("fan-out never running on both: %+v %v", rec, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	other := 1 - holder
+	f.KillCoordinator(holder)
+	for running(other) != 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("the fan-out's run on coordinator %d still runs after its coordinator %d died", other, holder)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
