@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -19,21 +20,30 @@ import (
 // Durable jobs (Config.Jobs, package jobstore). A job goroutine records
 // its job at four points, each one write to the store, all no-ops
 // without a store:
-//   - accept (recordAccept, before run): running for an attached job
-//     (its exec streams open right away), dispatched for a detached one
-//     (it is started on its nodes right away): one write on the path
-//     every exec takes, with the submitting identity; a failure refuses
-//     the job (it must not run unrecorded);
-//   - dispatch (recordDispatch, when run starts): for a job recorded
-//     queued only (none today: the coordinator dispatches what it
-//     accepts at once); a fenced write (another coordinator took the job
-//     over) stops the job;
+//   - accept (startAccept, as the job is created; j.accept): running for an
+//     attached job (its exec streams open right away), dispatched for a
+//     detached one (it is started on its nodes right away): one write on
+//     the path every exec takes, with the submitting identity. The write
+//     runs while the job's exec stream opens: the stream's header, which
+//     is what makes the agent start the process, is written only once the
+//     store acknowledged the record (tunnel.Session.OpenGated), so a job
+//     never runs unrecorded; a failed write closes the stream headerless,
+//     refuses the job (409 or 503) and no node runs it. A fan-out waits
+//     for the accept before it starts any node (some may run elsewhere:
+//     runRemote);
+//   - dispatch (recordDispatch, in the accept, once the record is
+//     written): for a job recorded queued only (none today: the
+//     coordinator dispatches what it accepts at once); a fenced write
+//     (another coordinator took the job over) refuses the job;
 //   - start and finish (recordEnd, just after the final reply, so that
 //     the client's round trip has one store write, not two; a job.get
 //     racing the reply may still see running): a detached
 //     job whose nodes all started it is running (its node settles it:
 //     job.get and reconciliation ask), any other job ends succeeded,
-//     failed or cancelled with the nodes' results.
+//     failed or cancelled with the nodes' results. The write is
+//     compare-and-set on the accept's revision and fenced by holder
+//     (jobstore: a coordinator that lost the job gets ErrFenced and
+//     writes nothing), and moves the record forward only.
 //
 // Writes after accept that fail are logged: the job's outcome reaches its
 // client anyway, and reconciliation settles what the record misses.
@@ -54,25 +64,53 @@ func (j *job) storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(j.ctx), durableWriteTimeout)
 }
 
-// recordAccept records j as queued. It reports false, having published
-// j's error reply, when the job must not run.
-func (j *job) recordAccept() bool {
+// startAccept starts recording j (jobstore.Store.Begin: the record's
+// write is on its way when it returns) and sets j.accept, which waits for
+// the outcome (once; later calls, from any goroutine, repeat it) and
+// reports whether j may run: when not, j's error reply was published and
+// j cancelled (errNotAccepted). Without a store j is accepted at once.
+func (j *job) startAccept() {
 	s := j.c.cfg.Jobs
 	if s == nil {
-		return true
+		j.accept = func() bool { return true }
+		return
 	}
-	ctx, cancel := j.storeCtx()
-	defer cancel()
-	dj, err := s.Submit(ctx, jobstore.Submission{
+	wait := s.Begin(jobstore.Submission{
 		ID: j.id, Owner: j.ownerString(), Nodes: j.targets, Target: j.target,
 		Detached: j.params.Detach, Script: j.command(),
 		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
 		StartNow: !j.params.Detach, DispatchNow: j.params.Detach,
 	})
-	switch {
-	case err == nil:
+	j.accept = sync.OnceValue(func() bool {
+		ctx, cancel := j.storeCtx()
+		defer cancel()
+		dj, err := wait(ctx)
+		return j.accepted(dj, err) && j.recordDispatch()
+	})
+}
+
+// errNotAccepted is the cancel cause of a job whose record could not be
+// written.
+var errNotAccepted = errors.New("the job could not be recorded; not run")
+
+// acceptGate is the gate of j's exec streams (tunnel.Session.OpenGated):
+// nil once j's accept succeeded, else errNotAccepted.
+func (j *job) acceptGate() error {
+	if j.accept() {
+		return nil
+	}
+	return errNotAccepted
+}
+
+// accepted takes the outcome of j's submission (dj, err): true when j may
+// run; else false, having cancelled j and published its error reply.
+func (j *job) accepted(dj *jobstore.Job, err error) bool {
+	if err == nil {
 		j.durable = dj
 		return true
+	}
+	j.cancel(errNotAccepted)
+	switch {
 	case errors.Is(err, jobstore.ErrDuplicate):
 		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s repeats idempotent job %s (%s); its result: tether job wait %s", j.id, dj.ID, dj.State, dj.ID))
 	case errors.Is(err, jobstore.ErrExists):

@@ -81,7 +81,10 @@ type job struct {
 
 	// durable is the job's record in Config.Jobs (durable.go), nil
 	// without a store; idempotent and idempotencyKey are the request's.
-	durable        *jobstore.Job
+	durable *jobstore.Job
+	// accept waits for the job's record to be accepted (startAccept,
+	// durable.go) and reports whether the job may run.
+	accept         func() bool
 	idempotent     bool
 	idempotencyKey string
 
@@ -105,16 +108,25 @@ func (j *job) run() {
 	stopKeeper := sync.OnceFunc(j.startKeeper())
 	defer stopKeeper()
 	defer j.forget()
-	if !j.recordAccept() || !j.recordDispatch() { // durable.go
-		return
-	}
-
+	// The job's record is being written (startAccept, in handleExec) while
+	// its exec stream opens; the agent starts nothing before the record is
+	// stored (durable.go). Whatever failed before a refused accept
+	// (nothing started: the stream went without its header) is dropped,
+	// the accept's error reply being the job's last.
 	results := make([]protocol.NodeResult, len(j.targets))
 	if len(j.targets) == 1 {
 		// The common case: no fan-out, so no extra goroutine.
 		results[0] = j.runNodeGuarded(j.targets[0])
+		if !j.accept() {
+			return
+		}
 		j.publishNodeResult(&results[0])
 	} else {
+		// A fan-out starts its nodes one after another, some perhaps
+		// elsewhere (runRemote): it waits for the accept first.
+		if !j.accept() {
+			return
+		}
 		j.fanOut(results)
 	}
 	stopKeeper()
@@ -208,6 +220,9 @@ func (j *job) forget() {
 func (j *job) runNodeGuarded(id string) (res protocol.NodeResult) {
 	start := time.Now()
 	defer func() {
+		if errors.Is(context.Cause(j.ctx), errNotAccepted) {
+			return // refused, not run (durable.go)
+		}
 		j.c.m.execDuration.Observe(time.Since(start).Seconds())
 		j.c.m.execResults.WithLabelValues(outcome(&res)).Inc()
 	}()
@@ -265,6 +280,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	c.mu.Unlock()
 	if n == nil {
 		if owner := c.remoteOwner(id); owner != "" {
+			if !j.accept() { // another coordinator would run it
+				return fail("job %s: %v", j.id, errNotAccepted)
+			}
 			return j.runRemote(id, owner, &tail)
 		}
 		return fail("disconnected before the job's run started there")
@@ -277,11 +295,17 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 		defer cancel()
 	}
 
-	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
+	// The stream opens while the job's record is written; its header
+	// (the agent's go) waits for the record (acceptGate), so the open's
+	// bound covers that write too.
+	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout+durableWriteTimeout)
 	params := j.params
 	params.User = j.users[id]
-	st, err := n.sess.Open(octx, protocol.KindExec, params)
+	st, err := n.sess.OpenGated(octx, protocol.KindExec, params, j.acceptGate)
 	ocancel()
+	if errors.Is(err, errNotAccepted) {
+		return fail("job %s: %v", j.id, err)
+	}
 	if err != nil {
 		if j.ctx.Err() != nil {
 			res.Cancelled = true

@@ -274,20 +274,7 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 			return s.first(ctx, sub.ID, msgID)
 		}
 	}
-	nodes := slices.Clone(sub.Nodes)
-	slices.Sort(nodes)
-	now := s.now()
-	j := &Job{Record: Record{
-		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
-		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
-		Command: command(sub.Script), SubmittedAt: now,
-	}}
-	switch {
-	case sub.StartNow:
-		j.State, j.DispatchedAt, j.StartedAt = Running, now, now
-	case sub.DispatchNow:
-		j.State, j.DispatchedAt = Dispatched, now
-	}
+	j := s.newJob(sub)
 	if j.State != Queued {
 		// The record alone is the accept: one write on the job's path,
 		// carrying the idempotency key as Nats-Msg-Id (the bucket's stream
@@ -337,6 +324,78 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 		return nil, fmt.Errorf("jobstore: submit job %s: queue: %w", sub.ID, perr)
 	}
 	return j, nil
+}
+
+// newJob is sub's handle before its first write: held by this store,
+// queued, running (sub.StartNow) or dispatched (sub.DispatchNow).
+func (s *Store) newJob(sub Submission) *Job {
+	nodes := slices.Clone(sub.Nodes)
+	slices.Sort(nodes)
+	now := s.now()
+	j := &Job{Record: Record{
+		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
+		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
+		Command: command(sub.Script), SubmittedAt: now,
+	}}
+	switch {
+	case sub.StartNow:
+		j.State, j.DispatchedAt, j.StartedAt = Running, now, now
+	case sub.DispatchNow:
+		j.State, j.DispatchedAt = Dispatched, now
+	}
+	return j
+}
+
+// Begin starts Submit(sub) and returns the function that waits for its
+// outcome (what Submit returns; it must be called once). The point is
+// the time between: for the common submission, started or dispatched at
+// once and not idempotent, the record's one write is sent before Begin
+// returns (an asynchronous publish, compare-and-set on the key having no
+// revision, as KV Create does), so the caller overlaps the write's round
+// trip with its own work, such as opening the job's streams. Any other
+// submission (idempotent: its key is checked first; queued) runs whole in
+// wait. As with Submit, the caller must not start the job before wait
+// returned nil, nor at all on an error: until then nothing is stored, or
+// nothing is known to be.
+func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error)) {
+	if sub.Idempotent || !(sub.StartNow || sub.DispatchNow) || protocol.ValidJobID(sub.ID) != nil {
+		return func(ctx context.Context) (*Job, error) { return s.Submit(ctx, sub) }
+	}
+	j := s.newJob(sub)
+	m := nats.NewMsg(recordSubject(jobKey(j.ID)))
+	m.Data, _ = json.Marshal(&j.Record)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	paf, err := s.js.PublishMsgAsync(m)
+	return func(ctx context.Context) (*Job, error) {
+		if err != nil {
+			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+		}
+		select {
+		case ack := <-paf.Ok():
+			// No Nats-Msg-Id: the server cannot take it for a duplicate.
+			j.rev = ack.Sequence
+			return j, nil
+		case err = <-paf.Err():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, ctx.Err())
+		}
+		if !isWrongLastSeq(err) {
+			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+		}
+		// The id has a record: create replaces it if it is terminal
+		// (ids are reused), else refuses with ErrExists.
+		if err := s.create(ctx, j, ""); err != nil {
+			return nil, err
+		}
+		return j, nil
+	}
+}
+
+// isWrongLastSeq reports whether err is the server's answer to a write
+// whose Nats-Expected-Last-Subject-Sequence did not match.
+func isWrongLastSeq(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && (ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // first returns the handle of the job the idempotency key idem (written
@@ -413,8 +472,7 @@ func (s *Store) put(ctx context.Context, key string, b []byte, last uint64, msgI
 	}
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
-		var ae *jetstream.APIError
-		if errors.As(err, &ae) && (ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if isWrongLastSeq(err) {
 			return 0, fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
 		}
 		return 0, err
