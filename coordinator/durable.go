@@ -75,18 +75,47 @@ func (j *job) startAccept() {
 		j.accept = func() bool { return true }
 		return
 	}
-	wait := s.Begin(jobstore.Submission{
+	sub := jobstore.Submission{
 		ID: j.id, Owner: j.ownerString(), Nodes: j.targets, Target: j.target,
 		Detached: j.params.Detach, Script: j.command(),
 		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
 		StartNow: !j.params.Detach, DispatchNow: j.params.Detach,
-	})
+	}
+	j.c.mu.Lock()
+	ending := j.c.ending[j.id]
+	j.c.mu.Unlock()
+	var wait func(context.Context) (*jobstore.Job, error)
+	if ending == nil {
+		wait = s.Begin(sub)
+	}
 	j.accept = sync.OnceValue(func() bool {
 		ctx, cancel := j.storeCtx()
 		defer cancel()
+		if wait == nil {
+			// The id's previous job replied and its final record is on
+			// its way (recordEnd): submitted now, the id would still be
+			// running (409), so wait for it in the job's goroutine.
+			select {
+			case <-ending:
+			case <-ctx.Done():
+			}
+			wait = s.Begin(sub)
+		}
 		dj, err := wait(ctx)
 		return j.accepted(dj, err) && j.recordDispatch()
 	})
+}
+
+// ending registers j's final record write (recordEnd) as under way, till
+// recordEnd returns; run calls it before the final reply, so that a
+// client reusing j's id at once finds it (startAccept).
+func (j *job) ending() {
+	if j.durable == nil {
+		return
+	}
+	j.c.mu.Lock()
+	j.c.ending[j.id] = make(chan struct{})
+	j.c.mu.Unlock()
 }
 
 // errNotAccepted is the cancel cause of a job whose record could not be
@@ -161,6 +190,14 @@ func (j *job) recordEnd(results []protocol.NodeResult) {
 	if j.durable == nil {
 		return
 	}
+	defer func() {
+		j.c.mu.Lock()
+		if ch := j.c.ending[j.id]; ch != nil {
+			delete(j.c.ending, j.id)
+			close(ch)
+		}
+		j.c.mu.Unlock()
+	}()
 	ctx, cancel := j.storeCtx()
 	defer cancel()
 	s := j.c.cfg.Jobs

@@ -312,3 +312,42 @@ func TestDurableOwnerOutlivesMemory(t *testing.T) {
 		t.Errorf("bob's job.status on alice's job: %q, want refused", code)
 	}
 }
+
+// TestDurableIDReusedAtOnce: a client may reuse a job's id as soon as it
+// has the job's result, though the job's final record is written after
+// the reply: the next submission of the id waits for it instead of
+// finding the job still running (409).
+func TestDurableIDReusedAtOnce(t *testing.T) {
+	h := newHarness(t, withStore(t, nil, nil))
+	h.dialAgent(t, agentOpts{id: "n1"})
+	for i := range 30 {
+		if r := h.exec(protocol.ExecRequest{ID: "again", Target: protocol.Target{Node: "n1"}, Argv: []string{"ok"}}); r.err != nil || r.result == nil {
+			t.Fatalf("exec %d of id again: %+v", i, r.err)
+		}
+	}
+}
+
+// TestDurableJobSlotFreeAtResult: a caller at its max_concurrent_jobs may
+// submit its next job as soon as it has the last one's result, though
+// that job's final record is written after the reply: the slot is freed
+// before the reply, not after the write.
+func TestDurableJobSlotFreeAtResult(t *testing.T) {
+	const pol = `version: 1
+identities:
+  nats:serial:
+    limits:
+      max_concurrent_jobs: 1
+    rules:
+      - nodes: "*"
+        operations: [exec]
+        run_as: serial
+`
+	h, _ := newPolicyHarness(t, pol, withStore(t, nil, nil))
+	h.dialAgent(t, agentOpts{id: "n1"})
+	for i := range 30 {
+		r := execAs(t, h.as("serial"), map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+		if r.err != nil || r.result == nil {
+			t.Fatalf("job %d: %+v", i, r.err)
+		}
+	}
+}

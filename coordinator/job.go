@@ -82,6 +82,11 @@ type job struct {
 	// durable is the job's record in Config.Jobs (durable.go), nil
 	// without a store; idempotent and idempotencyKey are the request's.
 	durable *jobstore.Job
+	// release frees the caller's job slot (policy max_concurrent_jobs);
+	// more calls do nothing. run calls it before the final reply, so that
+	// the caller may submit its next job as soon as it has this one's
+	// result (the final record is written after the reply).
+	release func()
 	// accept waits for the job's record to be accepted (startAccept,
 	// durable.go) and reports whether the job may run.
 	accept         func() bool
@@ -131,9 +136,13 @@ func (j *job) run() {
 	}
 	stopKeeper()
 
-	// Forget the job before the final reply, so a client may reuse its id
-	// as soon as it sees the result.
+	// Forget the job and free its slot before the final reply, so a client
+	// may reuse its id, or submit its next job, as soon as it sees the
+	// result.
 	j.forget()
+	if j.release != nil {
+		j.release()
+	}
 
 	slices.SortFunc(results, func(a, b protocol.NodeResult) int { return strings.Compare(a.Node, b.Node) })
 	res := protocol.ExecResult{ID: j.id, Results: results, Nodes: len(results)}
@@ -147,7 +156,8 @@ func (j *job) run() {
 	}
 	j.res, j.results = &res, results
 	// After the final reply (durable.go): the client waits for no store
-	// write once its job ended.
+	// write once its job ended; a reuse of its id waits for it instead.
+	j.ending()
 	defer j.recordEnd(results)
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data

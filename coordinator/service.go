@@ -248,6 +248,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		j.audit = a
 	}
 
+	j.release = release
 	// The job's record is on its way before its goroutine starts
 	// (durable.go); the job waits for it before anything runs.
 	j.startAccept()
