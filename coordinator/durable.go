@@ -47,6 +47,34 @@ import (
 //
 // Writes after accept that fail are logged: the job's outcome reaches its
 // client anyway, and reconciliation settles what the record misses.
+//
+// The accept overlaps the write with the stream's open; this is why each
+// guarantee of issue 11 still holds:
+//   - no job runs unrecorded: the agent acts on a stream only when it
+//     reads its header, and the header leaves only after the server
+//     acknowledged the record (stored; on disk under sync_interval:
+//     always); on a failed or timed-out write the stream is closed
+//     without one, the job is cancelled (errNotAccepted) and its only
+//     reply is the refusal. Remote runs (runRemote) and fan-outs start
+//     only after the accept. (A write that timed out may still land: its
+//     record then says running for a job that never ran, until
+//     reconciliation by this coordinator's successor settles it lost, as
+//     before the overlap; it never makes a job run.)
+//   - fencing: the accept writes the record compare-and-set on the key
+//     having no revision (Nats-Expected-Last-Subject-Sequence 0, as KV
+//     Create), so it never overwrites another holder's live record
+//     (ErrExists); every later write (recordEnd) is a compare-and-set on
+//     the revision it wrote, checked against holder, boot and epoch, so a
+//     coordinator that lost the job gets ErrFenced and writes nothing.
+//   - idempotency: an idempotent submission goes the synchronous way
+//     (its key is created first; a repeat gets ErrDuplicate and runs
+//     nothing), and its record write carries the key as Nats-Msg-Id.
+//   - forward only: the accept writes the first state; recordEnd's moves
+//     are checked forward (jobstore.ErrBackward otherwise).
+//   - the final write is off the client's path and off the next job's:
+//     the caller's job slot is freed and the id forgotten before the
+//     final reply, and a reuse of the id waits for the final record
+//     (ending) instead of finding the job running.
 
 // durableWriteTimeout bounds one write of a job's record.
 const durableWriteTimeout = 5 * time.Second
