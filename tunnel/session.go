@@ -210,8 +210,9 @@ func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux
 // header, which is what makes the peer act on it, is written only once
 // gate returned nil. On gate's error the stream is closed without a
 // header (the peer's ReadHeader fails; it acts on nothing) and that error
-// is returned. gate runs in the caller's goroutine after the stream
-// opened, outside ctx's bound (it bounds itself); nil means none.
+// is returned, as is ctx's error when ctx ended while gate ran. gate runs
+// in the caller's goroutine after the stream opened, outside ctx's bound
+// (it bounds itself); nil means none.
 func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, gate func() error) (*yamux.Stream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -245,6 +246,10 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 		if err := gate(); err != nil {
 			r.st.Close()
 			return nil, err
+		}
+		if err := ctx.Err(); err != nil { // ended while gate ran: act on nothing
+			r.st.Close()
+			return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), err)
 		}
 	}
 	if d, ok := ctx.Deadline(); ok {
