@@ -32,7 +32,8 @@ import (
 //     the client's round trip has one store write, not two; a job.get
 //     racing the reply may still see running): a detached
 //     job whose nodes all started it is running (its node settles it:
-//     job.get and reconciliation ask), any other job ends succeeded,
+//     its agent's exit report, jobexit.go, and job.get and
+//     reconciliation ask), any other job ends succeeded,
 //     failed or cancelled with the nodes' results.
 //
 // Writes after accept that fail are logged: the job's outcome reaches its
@@ -139,7 +140,12 @@ func (j *job) recordEnd(results []protocol.NodeResult) {
 	} else {
 		err = s.Finish(ctx, j.durable, results, cancelled, "")
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, jobstore.ErrBackward) && j.params.Detach:
+		// A detached job quicker than this write: its node's exit
+		// report (jobexit.go) settled the record already.
+		j.c.log.Debug("record job end: already settled", "job_id", j.id, "err", err)
+	case err != nil:
 		j.c.log.Warn("record job end", "job_id", j.id, "err", err)
 	}
 }
