@@ -224,7 +224,7 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
 		Instance:        a.instance,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain, protocol.FeatureJobExit},
 	}
 	hostKey, err := a.sshHostKey()
 	if err != nil {

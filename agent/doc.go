@@ -130,7 +130,7 @@
 // environment, home directory, its own process group, killed when the
 // channel or connection closes). Each channel's end is reported as a
 // FrameSSHChannel on the control stream, whose writers (heartbeats,
-// renewals, these events) share one lock (writeControl). The sftp
+// renewals, these events, job exit reports) share one lock (writeControl). The sftp
 // subsystem runs in a helper process of the agent's binary with the
 // login's credentials, as copies do (copyas.go).
 //
