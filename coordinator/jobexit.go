@@ -17,7 +17,9 @@ import (
 // the report and queues it, and a few worker goroutines settle the job's
 // record with jobstore.Store.Observe, as job.get would after asking the
 // node. The reader never waits for the store: heartbeats come on the same
-// stream.
+// stream. Refusals an agent can cause at will (malformed or foreign
+// reports, a full queue) are logged through the rate-limited log
+// (c.preauth) and counted.
 
 // Bounds of the report queue.
 const (
