@@ -114,6 +114,12 @@ func TestJobExitReported(t *testing.T) {
 	startDetachedOn(t, sess, "gone", "exec sleep 300")
 	killShim(t, dataDir, "gone")
 	checkReport(t, reportsUntil(t, fc, "gone")["gone"], protocol.JobLost, 0)
+	// Delivery is at least once: a write that yamux reports failed
+	// because the session closed as it completed is sent again at the
+	// next session. Once marked, never.
+	waitFor(t, testWait, "the report's marker", func() bool {
+		return exists(filepath.Join(dataDir, "jobs", "gone", jobFileReported))
+	})
 
 	// A new session: only the new job's end comes, not the old ones'
 	// again (reportsUntil fails on a repeat; the new session's backlog
