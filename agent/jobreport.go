@@ -38,10 +38,12 @@ import (
 // sends the reports of ended jobs that have no such file, oldest first:
 // jobs that ended while no session was up, while the coordinator did not
 // take reports, or while no agent ran at all (an agent restarted while
-// its job exited reports it at its first session). A write that yamux
-// took but the session lost before the coordinator read it is not sent
-// again; job.get and reconciliation settle such a record, as they did
-// before reports existed.
+// its job exited reports it at its first session). A write yamux reports
+// failed is sent again at the next session, even when it arrived (yamux
+// may say so of a frame sent as the session closed): a repeat changes
+// nothing. A write it took but the session lost before the coordinator
+// read it is not sent again; job.get and reconciliation settle such a
+// record, as they did before reports existed.
 
 const (
 	// jobWatchEvery is how often the reporter checks the jobs it watches
