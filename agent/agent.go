@@ -81,6 +81,8 @@ type Agent struct {
 	// ctlMu serialises its writers (writeControl).
 	ctl   atomic.Pointer[yamux.Stream]
 	ctlMu sync.Mutex
+	// reports is the reporter of detached jobs' ends (jobreport.go).
+	reports jobReporter
 	// drained counts the sessions serve runs in goroutines (every one,
 	// so that a drained session can outlive its serve); Run waits for
 	// them. live counts the welcomed sessions open (a drained one and
@@ -114,6 +116,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
 		targets: targets, targetNames: slices.Sorted(maps.Keys(targets)),
 		guard: panics.New(cfg.Registerer, log, "agent")}
+	a.reports.wake = make(chan struct{}, 1)
 	a.lp.Store(cfg.LocalPolicy)
 	return a, nil
 }
@@ -178,7 +181,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Capacity:        *capacity,
 		AgentVersion:    a.cfg.Version,
 		Targets:         a.targetNames,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain, protocol.FeatureJobExit},
 		SSHHostKey:      hostKey.PublicKey().Marshal(),
 	}
 	lookup := a.cfg.LookupHost
@@ -203,6 +206,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger:  a.log,
 		OnRetry: func(int, error) { a.m.reconnects.Inc() },
 	}
+	// The reporter of detached jobs' ends (jobreport.go) lives as long as
+	// the sessions do.
+	var reporter sync.WaitGroup
+	rctx, stopReporter := context.WithCancel(ctx)
+	a.startReporter(rctx, &reporter)
+	defer func() {
+		stopReporter()
+		reporter.Wait()
+	}()
 	err = r.Run(ctx, func(ctx context.Context, conn net.Conn, addr string) (err error) {
 		// A panic in the session's own goroutine (the handshake, the
 		// accept loop) ends this session only: the redialer backs off
@@ -300,6 +312,9 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 	case <-done:
 		return nil
 	case d := <-drains:
+		// A draining coordinator gets no more job reports: the next
+		// session's coordinator gets them.
+		a.setReportSession(nil)
 		a.log.Info("coordinator is draining this session: moving to another coordinator while its streams finish",
 			"coordinator", addr, "retry_after", d.RetryAfter(), "message", clip(d.Message, 200))
 		return tunnel.Moved(d.RetryAfter(), d.Coordinator)
@@ -316,6 +331,11 @@ func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux
 	a.sessions.Add(1)
 	a.ctl.Store(ctl)
 	defer a.ctl.CompareAndSwap(ctl, nil) // a drained session's successor may hold it
+	if welcome.HasFeature(protocol.FeatureJobExit) {
+		rs := &reportSession{ctl: ctl, id: welcome.SessionID}
+		a.setReportSession(rs)
+		defer a.reports.cur.CompareAndSwap(rs, nil)
+	}
 	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
 	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval)
 	if a.live.Add(1) == 1 {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +34,10 @@ type fakeCoordinator struct {
 	heartbeats chan protocol.Heartbeat
 	sessions   chan *tunnel.Session // welcomed sessions
 	ctls       chan *yamux.Stream   // their control streams, in the same order
+	// features are the Welcome's; jobExits gets the FrameJobExit
+	// reports the agents send (decoded as the coordinator does).
+	features []string
+	jobExits chan protocol.JobStatus
 
 	ln     net.Listener
 	ctx    context.Context
@@ -43,6 +48,13 @@ type fakeCoordinator struct {
 }
 
 func startFakeCoordinator(t *testing.T, token string) *fakeCoordinator {
+	t.Helper()
+	return startFakeCoordinatorFeatures(t, token)
+}
+
+// startFakeCoordinatorFeatures is startFakeCoordinator whose Welcome
+// lists features.
+func startFakeCoordinatorFeatures(t *testing.T, token string, features ...string) *fakeCoordinator {
 	t.Helper()
 	pki, err := tunnel.EnsureDevPKI(t.TempDir(), nil)
 	if err != nil {
@@ -68,6 +80,8 @@ func startFakeCoordinator(t *testing.T, token string) *fakeCoordinator {
 		heartbeats: make(chan protocol.Heartbeat, 256),
 		sessions:   make(chan *tunnel.Session, 16),
 		ctls:       make(chan *yamux.Stream, 16),
+		features:   features,
+		jobExits:   make(chan protocol.JobStatus, 256),
 		ln:         ln,
 		ctx:        ctx,
 		cancel:     cancel,
@@ -137,7 +151,8 @@ func (fc *fakeCoordinator) handle(t *testing.T, c net.Conn, token string) {
 	}
 	protocol.WriteJSONFrame(st, protocol.FrameWelcome, &protocol.Welcome{
 		SessionID: "sess-1", CoordinatorID: "fake", HeartbeatIntervalMS: 50,
-		Limits: protocol.Limits{MaxFrameSize: protocol.MaxFrameSize},
+		Limits:   protocol.Limits{MaxFrameSize: protocol.MaxFrameSize},
+		Features: fc.features,
 	})
 	fc.sessions <- sess
 	fc.ctls <- st
@@ -145,6 +160,15 @@ func (fc *fakeCoordinator) handle(t *testing.T, c net.Conn, token string) {
 		f, err := fr.Next()
 		if err != nil {
 			return
+		}
+		if f.Type == protocol.FrameJobExit && slices.Contains(fc.features, protocol.FeatureJobExit) {
+			st, err := protocol.DecodeJobExit(f.Payload)
+			if err != nil {
+				t.Errorf("job exit report: %v", err)
+				return
+			}
+			fc.jobExits <- *st
+			continue
 		}
 		if f.Type != protocol.FrameHeartbeat {
 			t.Errorf("control frame %s, want heartbeat", f.Type)
@@ -224,7 +248,7 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		Capacity:        protocol.Capacity{CPUs: 4, MemoryBytes: 1 << 30},
 		AgentVersion:    "v0.0.1-test",
 		Instance:        a.instance,
-		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain},
+		Features:        []string{protocol.FeatureCancelStream, protocol.FeatureSSH, protocol.FeatureCopyRoots, protocol.FeatureDrain, protocol.FeatureJobExit},
 	}
 	hostKey, err := a.sshHostKey()
 	if err != nil {

@@ -93,6 +93,10 @@
 // session and the agent process itself. The agent reads those files and
 // signals the shim; its only goroutine per job is the one that reaps a
 // shim it started (the job table's WaitGroup). Run does not wait for them.
+// One more goroutine, the job reporter (jobreport.go, started by Run and
+// waited for before it returns), reports each job's end to a coordinator
+// that takes reports (protocol.FrameJobExit), watching the jobs found
+// running at start, whose shims are not its children.
 // Job streams (KindJob) query, read and cancel them, also when a previous
 // agent process started them.
 //
@@ -130,7 +134,7 @@
 // environment, home directory, its own process group, killed when the
 // channel or connection closes). Each channel's end is reported as a
 // FrameSSHChannel on the control stream, whose writers (heartbeats,
-// renewals, these events) share one lock (writeControl). The sftp
+// renewals, these events, job exit reports) share one lock (writeControl). The sftp
 // subsystem runs in a helper process of the agent's binary with the
 // login's credentials, as copies do (copyas.go).
 //

@@ -38,7 +38,9 @@ import (
 // Files of a job directory: meta.json (JobStatus at start, written by the
 // agent once the shim reported the job started), script (the bash -s
 // script, if any), shim.log (the shim's log, and systemd-run's), and the
-// shim's: shim.json, live.json, stdout, stderr, status.json (jobshim.go).
+// shim's: shim.json, live.json, stdout, stderr, status.json (jobshim.go),
+// and reported.json once the job's end was reported to a coordinator
+// (jobreport.go).
 // Finished jobs' directories are removed Config.JobRetention after they
 // finished, by a sweep that runs with job operations (at most once a
 // minute); so are lost jobs', which the first agent to start after their
@@ -267,10 +269,14 @@ func (a *Agent) startShim(argv []string, spec *jobShimSpec) (int, error) {
 		}
 		return 0, &jobStartError{code: rep.Code, msg: rep.Error}
 	}
+	// The shim's end is the job's (it wrote status.json first): the
+	// reporter sends it (jobreport.go).
+	a.watchJob(spec.Status.ID, nil)
 	a.jobs.wg.Add(1)
 	go func() {
 		defer a.jobs.wg.Done()
 		cmd.Wait()
+		a.wakeReporter()
 	}()
 	return rep.PID, nil
 }
@@ -476,29 +482,14 @@ func (a *Agent) recoverJobs() {
 		if recErr == nil && rec.Shim.alive() {
 			running++
 			a.log.Info("detached job still running", "job_id", e.Name(), "shim_pid", rec.Shim.PID, "pid", rec.Job.PID, "scope", rec.Scope)
+			// Its shim is init's child now: the reporter checks it
+			// (jobreport.go).
+			a.watchJob(e.Name(), rec)
 			continue
 		}
-		var st protocol.JobStatus
-		if err := readJSONFile(filepath.Join(jdir, jobFileMeta), &st); err != nil {
-			continue // not started, or not a job: the sweep removes it
+		if a.recordLost(e.Name(), jdir, rec, recErr) {
+			lost++
 		}
-		if recErr == nil && rec.Job.alive() {
-			a.log.Warn("detached job's shim is gone but its process is not; killing its process group", "job_id", e.Name(), "pgid", rec.Job.PID)
-			syscall.Kill(-rec.Job.PID, syscall.SIGKILL)
-		}
-		st.State = protocol.JobLost
-		liveCounts(jdir, &st)
-		now := time.Now().UTC()
-		st.FinishedAt = &now
-		if exists(filepath.Join(jdir, jobFileStatus)) {
-			continue // the shim finished after all
-		}
-		if err := writeJSONFile(filepath.Join(jdir, jobFileStatus), st); err != nil {
-			a.log.Warn("record lost detached job", "job_id", e.Name(), "err", err)
-			continue
-		}
-		lost++
-		a.log.Warn("detached job lost: its shim ended without recording how the job ended", "job_id", e.Name(), "shim_log", logTail(filepath.Join(jdir, jobFileLog)))
 	}
 	if running > 0 || lost > 0 {
 		a.log.Info("detached jobs found again", "running", running, "lost", lost)

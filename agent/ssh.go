@@ -260,8 +260,8 @@ func (a *Agent) sshEvent(ev *protocol.SSHChannelEvent) {
 
 // writeControl writes one frame on the control stream ctl within the
 // tunnel's write timeout. Every writer of the control stream after the
-// handshake (heartbeats, renewals, SSH events) goes through it, so that
-// their deadlines and frames never interleave.
+// handshake (heartbeats, renewals, SSH events, job exit reports) goes
+// through it, so that their deadlines and frames never interleave.
 func (a *Agent) writeControl(ctl *yamux.Stream, t protocol.FrameType, v any) error {
 	a.ctlMu.Lock()
 	defer a.ctlMu.Unlock()

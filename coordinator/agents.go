@@ -357,6 +357,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		CoordinatorID:       c.cfg.ID,
 		HeartbeatIntervalMS: c.cfg.HeartbeatInterval.Milliseconds(),
 		Limits:              protocol.Limits{MaxFrameSize: protocol.MaxFrameSize},
+		Features:            c.welcomeFeatures(),
 	})
 	if err != nil {
 		log.Warn("send welcome", "err", err)
@@ -573,6 +574,10 @@ func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
 		}
 		if f.Type == protocol.FrameSSHChannel && n.hello.HasFeature(protocol.FeatureSSH) {
 			c.sshChannelEvent(n, f.Payload) // ssh.go
+			continue
+		}
+		if f.Type == protocol.FrameJobExit && n.hello.HasFeature(protocol.FeatureJobExit) {
+			c.jobExitReport(n, f.Payload) // jobexit.go
 			continue
 		}
 		if f.Type != protocol.FrameHeartbeat {

@@ -46,6 +46,9 @@ type Coordinator struct {
 	owners jobOwners
 	// ssh remembers who opened each SSH connection (ssh.go).
 	ssh sshSessions
+	// reports are the agents' job exit reports waiting to be settled
+	// (jobexit.go).
+	reports jobReports
 
 	serving atomic.Bool // Serve is running and not yet draining
 	// admit bounds the agent connections in their handshake

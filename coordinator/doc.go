@@ -156,6 +156,9 @@
 //   - one per job.* request while its job stream runs;
 //   - one per audit query (tether.v1.admin.audit) while it reads the audit
 //     stream, at most four at once (audit.go);
+//   - up to four settling the agents' job exit reports (jobexit.go) while
+//     some wait, counted with the jobs; the control stream's reader only
+//     queues them;
 //   - while a node's run is being cancelled, a short-lived context.AfterFunc
 //     that writes the cancel frame; the node goroutine waits for it;
 //   - with Config.Fleet (fleet.go): the registry watcher, the dispatcher

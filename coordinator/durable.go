@@ -39,7 +39,8 @@ import (
 //     the client's round trip has one store write, not two; a job.get
 //     racing the reply may still see running): a detached
 //     job whose nodes all started it is running (its node settles it:
-//     job.get and reconciliation ask), any other job ends succeeded,
+//     its agent's exit report, jobexit.go, and job.get and
+//     reconciliation ask), any other job ends succeeded,
 //     failed or cancelled with the nodes' results. The write is
 //     compare-and-set on the accept's revision and fenced by holder
 //     (jobstore: a coordinator that lost the job gets ErrFenced and
@@ -242,7 +243,12 @@ func (j *job) recordEnd(results []protocol.NodeResult) {
 	} else {
 		err = s.Finish(ctx, j.durable, results, cancelled, "")
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, jobstore.ErrBackward) && j.params.Detach:
+		// A detached job quicker than this write: its node's exit
+		// report (jobexit.go) settled the record already.
+		j.c.log.Debug("record job end: already settled", "job_id", j.id, "err", err)
+	case err != nil:
 		j.c.log.Warn("record job end", "job_id", j.id, "err", err)
 	}
 }

@@ -74,6 +74,9 @@ type metrics struct {
 	// takenOver counts the jobs this coordinator took over from a gone
 	// holder (holders.go).
 	takenOver prometheus.Counter
+	// jobReports counts the agents' job exit reports (jobexit.go), by
+	// result.
+	jobReports *prometheus.CounterVec
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -121,6 +124,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_coordinator_ssh_channel_events_total",
 			Help: "SSH channel events agents reported on their control streams, by outcome: audited, or dropped (malformed, unknown_session: no SSH connection of this node has that session).",
 		}, []string{"outcome"}),
+		jobReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_job_exit_reports_total",
+			Help: "Detached jobs' exit reports agents sent on their control streams, by result: settled (the job's record ended), unchanged (already ended), or not applied (malformed, foreign: not a detached job of the reporting node, unknown: no record, dropped: queue full or draining, error: the job store failed).",
+		}, []string{"result"}),
+	}
+	for _, r := range jobReportResults {
+		m.jobReports.WithLabelValues(r)
 	}
 	for _, o := range []string{sshEventAudited, sshEventMalformed, sshEventUnknownSession} {
 		m.sshEvents.WithLabelValues(o)
@@ -138,7 +148,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents, m.jobReports} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

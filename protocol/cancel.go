@@ -13,6 +13,9 @@ const (
 // HasFeature reports whether h lists feature f.
 func (h *Hello) HasFeature(f string) bool { return slices.Contains(h.Features, f) }
 
+// HasFeature reports whether w lists feature f.
+func (w *Welcome) HasFeature(f string) bool { return slices.Contains(w.Features, f) }
+
 // MaxControlFrameSize bounds a frame the coordinator sends on the control
 // stream after Welcome (FrameCancelStream), in bytes; the agent's reader
 // refuses larger ones.

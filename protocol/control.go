@@ -95,6 +95,13 @@ type Welcome struct {
 	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms"`
 	// Limits are the coordinator's limits the agent must respect.
 	Limits Limits `json:"limits"`
+	// Features lists the optional parts of this protocol Version the
+	// coordinator takes from the agent (Feature* constants that name an
+	// agent → coordinator frame, FeatureJobExit today). An agent sends
+	// such a frame only to a coordinator that listed it: an older one
+	// ends the session on a frame type it does not know. Names the
+	// agent does not know are ignored.
+	Features []string `json:"features,omitempty"`
 }
 
 // HeartbeatInterval returns HeartbeatIntervalMS as a duration.

@@ -64,6 +64,14 @@
 //     not know, and an agent that reads a frame it cannot parse (a
 //     coordinator breaking this rule) stops interpreting the stream but
 //     keeps reading it, so that the coordinator never blocks on it.
+//     Agent → coordinator frames grow the other way round: the agent
+//     lists the feature in its Hello and sends the frame only when the
+//     coordinator's Welcome.Features listed it too (a coordinator ends a
+//     session on a frame type it does not know). [FrameJobExit]
+//     ([JobStatus], at most [MaxJobExitSize] bytes; [FeatureJobExit]) is
+//     one: the agent reports each detached job of its node that exited
+//     or was found lost, and the coordinator settles the job's durable
+//     record, so that job listings are current (jobexit.go).
 //   - exec: the coordinator sends [FrameStdin]* then [FrameStdinClose], and
 //     may send [FrameCancel] at any time; the agent sends [FrameStdout] and
 //     [FrameStderr] as output is produced, then exactly one [FrameExit] or

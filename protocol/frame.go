@@ -68,6 +68,13 @@ const (
 	// JSON Drain, the coordinator is going away (drain.go). Sent only to
 	// an agent whose Hello listed FeatureDrain.
 	FrameDrain FrameType = 26
+	// FrameJobExit (agent → coordinator, control stream after Welcome):
+	// JSON JobStatus, a detached job of the agent's node that exited or
+	// was found lost (jobexit.go), so that the job's durable record is
+	// settled at once rather than when someone next asks. Sent only by
+	// an agent whose Hello listed FeatureJobExit, to a coordinator whose
+	// Welcome listed it.
+	FrameJobExit FrameType = 27
 
 	// Copy frames (copy.go).
 	FrameManifest    FrameType = 32 // JSON []ManifestEntry: part of what the receiver has
@@ -101,6 +108,7 @@ var frameNames = map[FrameType]string{
 	FrameEnroll: "enroll", FrameEnrolled: "enrolled", FrameRenew: "renew", FrameRenewed: "renewed",
 	FrameSSHChannel: "ssh-channel",
 	FrameDrain:      "drain",
+	FrameJobExit:    "job-exit",
 	FrameManifest:   "manifest", FrameManifestEnd: "manifest-end", FrameEntry: "entry",
 	FrameFileData: "file-data", FrameEntryEnd: "entry-end", FrameCopyEnd: "copy-end",
 	FrameCopyDone: "copy-done", FrameCopySkip: "copy-skip", FrameResize: "resize", FrameSignal: "signal",
