@@ -57,12 +57,24 @@ type Pacer struct {
 	// recent are the sources' decaying admission counts (halved every
 	// heavyHalfLife), at most maxSources of them.
 	recent map[netip.Prefix]*sourceCount
+
+	// The storm (storm.go): the one in progress (nil: none); the size
+	// Expect announced for the next one, and when; the newcomers counted
+	// since arrFrom.
+	storm    *storm
+	expect   int
+	expectAt time.Time
+	arrFrom  time.Time
+	arrN     int
 }
 
-// sourceCount is a source's admissions, decayed to at.
+// sourceCount is a source's admissions, decayed to at; when it last
+// asked; the point of the storm it was given (zero: none).
 type sourceCount struct {
-	n  float64
-	at time.Time
+	n    float64
+	at   time.Time
+	seen time.Time
+	slot time.Time
 }
 
 const (
@@ -96,7 +108,7 @@ func (p *Pacer) heavy(src netip.Prefix, now time.Time) (bool, *sourceCount) {
 	if c == nil {
 		if len(p.recent) >= maxSources {
 			for k, v := range p.recent {
-				if decay(v, now) < 0.1 {
+				if decay(v, now) < 0.1 && v.slot.IsZero() {
 					delete(p.recent, k)
 				}
 			}
@@ -133,6 +145,13 @@ func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 	}
 	p.last = now
 	heavy, c := p.heavy(src, now)
+	newcomer := c == nil || c.seen.IsZero() || now.Sub(c.seen) > newcomerAfter
+	if c != nil {
+		c.seen = now
+	}
+	if ok, wait, handled := p.admitStorm(c, newcomer, now); handled {
+		return ok, wait
+	}
 	floor := 1.0
 	if heavy {
 		floor = max(1, p.burst/2)
