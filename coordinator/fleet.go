@@ -343,6 +343,7 @@ func (c *Coordinator) watchFleet(ctx context.Context, w jetstream.KeyWatcher, lo
 				if first {
 					close(loaded)
 					c.log.Info("fleet registry loaded", "nodes", n)
+					c.expectReturning()
 				}
 				continue
 			}

@@ -2,7 +2,9 @@ package coordinator_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"testing"
@@ -175,5 +177,57 @@ func TestAgentRegistersDuringChurnFlood(t *testing.T) {
 			t.Fatalf("attempt %d during the flood: %v", attempt, err)
 		}
 		time.Sleep(ra.After)
+	}
+}
+
+// prefillRegistry opens the fleet registry on cfg's NATS, puts n records
+// of nodes held by the coordinator owner (as one killed without draining
+// leaves them) and sets it as cfg.Fleet.
+func prefillRegistry(t *testing.T, cfg *coordinator.Config, owner string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	kv, err := coordinator.OpenFleetBucket(ctx, cfg.NATS, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		id := fmt.Sprintf("held-%d", i)
+		b, _ := json.Marshal(protocol.NodeInfo{ID: id, Coordinator: owner})
+		if _, err := kv.Put(ctx, id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Fleet = kv
+}
+
+// A coordinator restarted after a kill finds in the fleet registry the
+// agents it held and spreads their return as a storm; the first agent
+// back is admitted at once all the same. Records of another coordinator's
+// nodes announce nothing: one agent reconnecting there is no storm.
+func TestRestartAnnouncesTheAgentsItHeld(t *testing.T) {
+	for _, tc := range []struct {
+		owner string
+		storm bool
+	}{{"coord-test", true}, {"elsewhere", false}} {
+		t.Run(tc.owner, func(t *testing.T) {
+			h := newHarness(t, func(c *coordinator.Config) {
+				prefillRegistry(t, c, tc.owner, 300) // more than the burst (16 at 160 a second)
+				c.AdmitRate = 160
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			conn, err := h.dialFrom(ctx, "127.0.6.1")
+			if err != nil {
+				t.Fatalf("the first agent after the restart: %v, want admitted at once", err)
+			}
+			conn.Close()
+			if got := coordinator.InStormForTest(h.c); got != tc.storm {
+				t.Fatalf("storm in progress = %v after 300 records of %s, want %v", got, tc.owner, tc.storm)
+			}
+			if got := h.metric("tether_coordinator_handshakes_paced_total"); got != 0 {
+				t.Errorf("handshakes_paced_total = %v, want 0", got)
+			}
+		})
 	}
 }

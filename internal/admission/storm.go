@@ -67,6 +67,7 @@ type storm struct {
 	// extrapolated); n is the size the schedule is planned for.
 	announced, n int
 	k            int       // points given
+	pre          int       // the newcomers admitted before it was recognised
 	next         time.Time // the next free point
 }
 
@@ -123,7 +124,14 @@ func (p *Pacer) admitStorm(c *sourceCount, newcomer bool, now time.Time) (ok boo
 		p.expect = 0 // nobody came
 	}
 	if p.storm == nil && (p.expect > 0 || float64(p.arrN) > p.burst) {
-		p.storm = &storm{from: now, end: now.Add(StormWindow), announced: p.expect, n: p.expect, next: now}
+		// The first point is when the bucket has a token: a storm
+		// recognised from its newcomers comes after the burst the bucket
+		// admitted.
+		first := now
+		if p.tokens < 1 {
+			first = now.Add(time.Duration((1 - p.tokens) / p.rate * float64(time.Second)))
+		}
+		p.storm = &storm{from: now, end: now.Add(StormWindow), announced: p.expect, n: p.expect, next: first, pre: p.arrN - 1}
 		p.expect = 0
 	}
 	s := p.storm
@@ -148,9 +156,12 @@ func (p *Pacer) admitStorm(c *sourceCount, newcomer bool, now time.Time) (ok boo
 	}
 	s.k++
 	if s.announced == 0 {
-		el := max(now.Sub(s.from), minElapsed)
-		if el < demandWindow {
-			s.n = max(s.n, int(math.Ceil(float64(s.k)*demandWindow.Seconds()/el.Seconds())))
+		// The newcomers of the demand window so far (the burst admitted
+		// before the storm was recognised among them) stand for
+		// demandWindow's worth.
+		if el := now.Sub(p.arrFrom); el < demandWindow {
+			el = max(el, minElapsed)
+			s.n = max(s.n, int(math.Ceil(float64(p.arrN)*demandWindow.Seconds()/el.Seconds()))-s.pre)
 		}
 	}
 	s.n = max(s.n, s.k)

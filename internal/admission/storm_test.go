@@ -2,6 +2,7 @@ package admission
 
 import (
 	"container/heap"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -241,24 +242,28 @@ func TestStormNeverExceedsTheRate(t *testing.T) {
 
 // A storm nobody announced (a graceful restart's agents, or a failover's)
 // is recognised by its newcomers and spread too, its size extrapolated
-// from its arrivals: no second holds much more than 40% of it (its first
-// burst was admitted at once, and its size is guessed), and it is all in
-// within the window and the span of its arrivals.
+// from its arrivals: no second holds much more than 40% of it (less
+// precisely the smaller it is), and it is all in within about the window.
 func TestStormRecognisedFromDemand(t *testing.T) {
-	for _, n := range []int{1000, 5000} {
-		rng := rand.New(rand.NewPCG(7, uint64(n)))
-		clk := &fakeClock{t: time.Unix(1000, 0)}
-		p := NewPacer(50000, 32, 30*time.Second, clk.now)
-		start := clk.t
-		agents := stormAgents(n, start, time.Second, rng)
-		simulate(t, p, clk, agents, rng)
-		total, share := stormStats(agents, start)
-		t.Logf("n=%d unannounced: all in after %v, largest one-second share %.1f%%", n, total.Round(time.Millisecond), 100*share)
-		if share > 0.42 {
-			t.Errorf("n=%d: %.1f%% admitted within one second", n, 100*share)
-		}
-		if total > StormWindow+demandWindow {
-			t.Errorf("n=%d: all in after %v", n, total)
+	for _, n := range []int{200, 1000, 5000} {
+		for seed := range uint64(5) {
+			rng := rand.New(rand.NewPCG(seed, uint64(n)))
+			clk := &fakeClock{t: time.Unix(1000, 0)}
+			p := NewPacer(50000, 32, 30*time.Second, clk.now)
+			start := clk.t
+			agents := stormAgents(n, start, time.Second, rng)
+			simulate(t, p, clk, agents, rng)
+			total, share := stormStats(agents, start)
+			t.Logf("n=%d seed %d unannounced: all in after %v, largest one-second share %.1f%%", n, seed, total.Round(time.Millisecond), 100*share)
+			// Unannounced, the first burst is admitted before the storm is
+			// recognised and its size is a guess from its first arrivals:
+			// the share is nearer 40% the larger the storm.
+			if limit := 0.40 + 6/math.Sqrt(float64(n)); share > limit {
+				t.Errorf("n=%d seed %d: %.1f%% admitted within one second, want at most %.1f%%", n, seed, 100*share, 100*limit)
+			}
+			if limit := StormWindow + demandWindow/2; total > limit {
+				t.Errorf("n=%d seed %d: all in after %v, want within %v", n, seed, total, limit)
+			}
 		}
 	}
 }
