@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -229,5 +230,53 @@ func TestRestartAnnouncesTheAgentsItHeld(t *testing.T) {
 				t.Errorf("handshakes_paced_total = %v, want 0", got)
 			}
 		})
+	}
+}
+
+// By default a drain spreads more agents than the admission burst over at
+// least the storm window, as a restart would: the peers they move to see
+// no more than about 38% of them in one second.
+func TestDrainSpreadsMoreThanABurstOverTheStormWindow(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.AdmitRate = 100 // 17 agents take 170 ms at the rate
+		c.AdmitBurst = 16
+	})
+	const n = 17
+	var agents []*fakeAgent
+	for i := range n {
+		// Fewer newcomers a second than the burst: no storm on the way in.
+		time.Sleep(80 * time.Millisecond)
+		agents = append(agents, h.dialAgent(t, agentOpts{id: fmt.Sprintf("node-%d", i),
+			localIP: fmt.Sprintf("127.0.7.%d", 1+i), features: []string{protocol.FeatureDrain}}))
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if got := len(h.c.Nodes(protocol.Selector{})); got != n {
+			return fmt.Errorf("%d of %d agents registered", got, n)
+		}
+		return nil
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.stop() }()
+	var got []int64
+	for _, a := range agents {
+		a.ctrl.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+		f, err := protocol.NewFrameReader(a.ctrl).Next()
+		if err != nil || f.Type != protocol.FrameDrain {
+			t.Fatalf("agent %s: %v %v, want a drain", a.o.id, f.Type, err)
+		}
+		var d protocol.Drain
+		if err := protocol.DecodeJSON(f.Payload, &d); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d.RetryAfterMS)
+	}
+	slices.Sort(got)
+	for i, ms := range got {
+		if want := (admission.StormWindow * time.Duration(i) / n).Milliseconds(); ms != want {
+			t.Fatalf("drain waits %v ms, want %d agents spread evenly over the storm window %v", got, n, admission.StormWindow)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -39,6 +39,12 @@ import (
 // at Rate. Many agents behind one address (a NAT) are one heavy source:
 // they get the rate the light ones leave.
 //
+// Many agents coming back at once (a storm: announced by Expect after a
+// restart, or more newcomers in a second than the burst) are not admitted
+// as fast as the rate allows but spread over StormWindow, each given a
+// point of the window of its own (storm.go); the rate stays the upper
+// bound.
+//
 // It is safe for concurrent use; its mutex is a leaf lock.
 type Pacer struct {
 	rate    float64       // tokens per second
@@ -135,7 +141,8 @@ func decay(c *sourceCount, now time.Time) float64 {
 // Admit takes a token for a connection from src and returns true, or
 // returns false and how long the caller should be told to wait (at most
 // maxWait). The wait is the slot promised to the caller: the time until a
-// token is free for it, behind every slot promised before.
+// token is free for it, behind every slot promised before; during a storm,
+// its point of the storm's window (storm.go).
 func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
