@@ -152,7 +152,10 @@ func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 	}
 	p.last = now
 	heavy, c := p.heavy(src, now)
-	newcomer := c == nil || c.seen.IsZero() || now.Sub(c.seen) > newcomerAfter
+	// A newcomer: a source that has not asked for a while and holds no
+	// point of a storm (an agent back for its point after a long wait is
+	// no newcomer).
+	newcomer := c == nil || (c.slot.IsZero() && (c.seen.IsZero() || now.Sub(c.seen) > newcomerAfter))
 	if c != nil {
 		c.seen = now
 	}

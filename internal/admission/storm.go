@@ -52,8 +52,9 @@ const (
 	// that its first few arrivals do not stand for an unbounded fleet.
 	minElapsed = 50 * time.Millisecond
 	// lateGrace is how long a storm's points are kept past the last:
-	// agents come back up to 1% (at most 50 ms) after their wait.
-	lateGrace = 100 * time.Millisecond
+	// agents come back up to 1% (at most 50 ms) after their wait, and on
+	// a loaded host their timers fire late.
+	lateGrace = time.Second
 	// newcomerAfter is how long a source must not have asked to count as
 	// a newcomer.
 	newcomerAfter = 2 * time.Second

@@ -303,3 +303,26 @@ func TestStormFloodFromOneSourceTakesNoPoints(t *testing.T) {
 		t.Fatalf("the storm's agents all in after %v during a flood, want within %v", total, limit)
 	}
 }
+
+// Agents back for their points late (timers fire late on a loaded host)
+// are admitted all the same, and are not taken for the newcomers of
+// another storm: their waits were longer than a newcomer's absence.
+func TestStormLateReturnsAreAdmitted(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPacer(50000, 100, 30*time.Second, clk.now)
+	p.Expect(1000)
+	start := clk.t
+	waits := make([]time.Duration, 1000)
+	for i := range waits {
+		_, waits[i] = p.Admit(src(i))
+	}
+	for i, w := range waits {
+		if w == 0 {
+			continue // admitted at once
+		}
+		clk.t = start.Add(w + 500*time.Millisecond)
+		if ok, wait := p.Admit(src(i)); !ok {
+			t.Fatalf("agent %d back 500ms after its point (%v) told to wait %v", i, w, wait)
+		}
+	}
+}
