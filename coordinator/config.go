@@ -119,8 +119,8 @@ type Config struct {
 	// rate, a storm of more agents than AdmitBurst coming back at once
 	// (after a restart: the agents the fleet registry says this
 	// coordinator held; or seen as more newcomers in a second than the
-	// burst) is spread over admission.StormWindow (2.7 s), at most this
-	// rate: no one-second window holds more than about 37% of it, and
+	// burst) is spread over admission.StormWindow (2.8 s), at most this
+	// rate: no one-second window holds more than about 36% of it, and
 	// each agent is told its own point of the window
 	// (admission.Pacer.Expect).
 	AdmitRate float64

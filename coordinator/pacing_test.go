@@ -235,7 +235,7 @@ func TestRestartAnnouncesTheAgentsItHeld(t *testing.T) {
 
 // By default a drain spreads more agents than the admission burst over at
 // least the storm window, as a restart would: the peers they move to see
-// no more than about 37% of them in one second.
+// no more than about 36% of them in one second.
 func TestDrainSpreadsMoreThanABurstOverTheStormWindow(t *testing.T) {
 	h := newHarness(t, func(c *coordinator.Config) {
 		c.AdmitRate = 100 // 17 agents take 170 ms at the rate

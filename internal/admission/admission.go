@@ -21,7 +21,7 @@
 // promises each connection it refuses a slot to come back at; it serves
 // light sources before heavy ones, so that a flood cannot lock agents out;
 // a storm of agents coming back at once (storm.go) it spreads over
-// StormWindow, so that no second holds more than about 37% of it.
+// StormWindow, so that no second holds more than about 36% of it.
 package admission
 
 import (

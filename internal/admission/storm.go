@@ -25,7 +25,7 @@ import (
 // admissions take too, so that Rate bounds both together. So with n agents expected, the k-th is
 // admitted about k·StormWindow/n after the first, every agent is in
 // within StormWindow (or n/Rate, if longer), and no one-second window
-// holds more than 1/StormWindow (about 37%) of them. A storm of no more
+// holds more than 1/StormWindow (about 36%) of them. A storm of no more
 // agents than the burst is no storm: the bucket admits them at once.
 //
 // Without an announcement the storm's size is extrapolated from its
@@ -35,12 +35,13 @@ import (
 // agents was admitted at once, before it was recognised.
 
 // StormWindow is the window a storm's admissions are spread over. A
-// one-second window holds at most 1/StormWindow of them (37%); the rest
+// one-second window holds at most 1/StormWindow of them (36%); the rest
 // of the 40% the fleet target allows is for what happens after admission:
 // the agents come back up to 1% late, and handshakes and registrations
-// started evenly finish in bunches on a loaded host (make bench-reconnect
-// saw 42% over a 2.6 s window). All back within 3 s leaves it no longer.
-const StormWindow = 2700 * time.Millisecond
+// started evenly finish in bunches, most after the coordinator's start
+// (make bench-reconnect saw registrations 4 to 6 points above the
+// admissions' share). All back within 3 s leaves it no longer.
+const StormWindow = 2800 * time.Millisecond
 
 const (
 	// demandWindow is the refused-dial window agents redial within
