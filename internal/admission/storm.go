@@ -22,17 +22,20 @@ import (
 // slots): coming back at it, or late, they are admitted. A source holds
 // one point at a time: its other connections meanwhile (agents behind one
 // NAT address, a flood) are paced by the bucket, whose tokens the storm's
-// admissions take too, so that Rate bounds both together. So with n agents expected, the k-th is
-// admitted about k·StormWindow/n after the first, every agent is in
-// within StormWindow (or n/Rate, if longer), and no one-second window
+// admissions take too, so that Rate bounds both together; so are sources
+// past the maxSources the Pacer remembers. So with n agents expected, the
+// k-th is admitted about k·StormWindow/n after the first, every agent is
+// in within StormWindow (or n/Rate, if longer), and no one-second window
 // holds more than 1/StormWindow (about 36%) of them. A storm of no more
 // agents than the burst is no storm: the bucket admits them at once.
 //
 // Without an announcement the storm's size is extrapolated from its
 // arrivals: agents find a restarted coordinator within their refused-dial
-// window (tunnel.Redialer.RefusedMax, 1 s by default), so k arrivals in
-// the first e of a storm stand for k·demandWindow/e. Its first burst of
-// agents was admitted at once, before it was recognised.
+// window (tunnel.Redialer.RefusedMax, 1 s by default), so the m newcomers
+// of the first e of a storm stand for m·demandWindow/e, less the burst
+// the bucket admitted before the storm was recognised. That is a guess:
+// the share of the busiest second comes nearer 1/StormWindow the larger
+// the storm.
 
 // StormWindow is the window a storm's admissions are spread over. A
 // one-second window holds at most 1/StormWindow of them (36%); the rest
