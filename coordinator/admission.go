@@ -106,6 +106,32 @@ func newPacer(cfg *Config) *admission.Pacer {
 	return admission.NewPacer(cfg.AdmitRate, cfg.AdmitBurst, cfg.MaxRetryAfter, nil)
 }
 
+// expectReturning announces to the pacer the agents the fleet registry,
+// just loaded, says this coordinator held: records naming it that its
+// predecessor (killed, so it did not remove them) left behind, whose
+// agents are redialing now. Their storm is spread over
+// admission.StormWindow (Pacer.Expect); a handful is admitted at once.
+func (c *Coordinator) expectReturning() {
+	if c.pacer == nil {
+		return
+	}
+	c.fl.mu.Lock()
+	n := 0
+	for _, r := range c.fl.recs {
+		if r.info.Coordinator == c.cfg.ID {
+			n++
+		}
+	}
+	c.fl.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	c.pacer.Expect(n)
+	if spread := c.pacer.StormSpread(n); spread > 0 {
+		c.log.Info("agents held before the restart are coming back: spreading their admissions", "agents", n, "spread", spread)
+	}
+}
+
 // pacingMetrics are the paced admission's collectors.
 type pacingMetrics struct {
 	paced prometheus.Counter
@@ -176,7 +202,12 @@ func (c *Coordinator) drainSessions(sessions []*node) {
 	}
 	spread := c.cfg.DrainSpread
 	if spread == 0 && c.pacer != nil {
-		spread = min(time.Duration(float64(len(takers))/c.pacer.Rate()*float64(time.Second)), c.cfg.DrainTimeout/2)
+		// The time to admit them at the rate, and at least the storm
+		// window when they are more than the burst: the spread a
+		// restarted coordinator gives its agents (Pacer.StormSpread),
+		// here given by the one that knows how many are leaving.
+		spread = time.Duration(float64(len(takers)) / c.pacer.Rate() * float64(time.Second))
+		spread = min(max(spread, c.pacer.StormSpread(len(takers))), c.cfg.DrainTimeout/2)
 	}
 	spread = max(spread, 0)
 	order := mrand.Perm(len(takers))

@@ -115,7 +115,14 @@ type Config struct {
 	// a restart the fleet comes back at this rate instead of on its
 	// backoff. Zero: AdmitCPUShare of the CPUs at the measured cost of a
 	// handshake (admission.HandshakeCost); negative: no pacing, every
-	// connection is handshaked at once (as before pacing).
+	// connection is handshaked at once (as before pacing). Whatever the
+	// rate, a storm of more agents than AdmitBurst coming back at once
+	// (after a restart: the agents the fleet registry says this
+	// coordinator held; or seen as more newcomers in a second than the
+	// burst) is spread over admission.StormWindow (2.8 s), at most this
+	// rate: no one-second window holds more than about 36% of it, and
+	// each agent is told its own point of the window
+	// (admission.Pacer.Expect).
 	AdmitRate float64
 	// AdmitCPUShare is the share of GOMAXPROCS that a zero AdmitRate
 	// gives to handshakes, in (0, 1]; the rest stays for the sessions,
@@ -124,7 +131,9 @@ type Config struct {
 	// Default 0.25.
 	AdmitCPUShare float64
 	// AdmitBurst is how many handshakes may start at once before the rate
-	// applies. Default a tenth of a second's worth, at least 16.
+	// applies, and the size up to which agents coming back together are
+	// admitted at once rather than spread as a storm. Default a tenth of
+	// a second's worth, at least 16.
 	AdmitBurst int
 	// MaxRetryAfter bounds the wait a busy refusal asks for. Default 30 s
 	// (agents bound an unauthenticated wait by their own backoff cap, 30 s
@@ -133,8 +142,10 @@ type Config struct {
 	// DrainSpread is the window over which a drain staggers its agents'
 	// moves (protocol.Drain.RetryAfterMS, spread evenly in random order),
 	// so that they do not all land on one peer at once. Zero: the time the
-	// coordinator would take to admit them all at AdmitRate, at most half
-	// of DrainTimeout (none without pacing); negative: no stagger.
+	// coordinator would take to admit them all at AdmitRate, and at
+	// least admission.StormWindow for more agents than AdmitBurst (the
+	// spread a restart gives them), at most half of DrainTimeout (none
+	// without pacing); negative: no stagger.
 	DrainSpread time.Duration
 	// MaxJobs bounds the exec jobs in flight; an exec request past it gets
 	// 503 unavailable. Default 1024.

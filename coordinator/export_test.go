@@ -33,3 +33,7 @@ func ForgetJobOwnersForTest(c *Coordinator) {
 	c.owners.order = nil
 	c.owners.next = 0
 }
+
+// InStormForTest reports whether c's pacer is spreading a storm of
+// returning agents (admission.Pacer.InStorm).
+func InStormForTest(c *Coordinator) bool { return c.pacer != nil && c.pacer.InStorm() }

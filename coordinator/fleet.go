@@ -346,6 +346,9 @@ func (c *Coordinator) watchFleet(ctx context.Context, w jetstream.KeyWatcher, lo
 				n := len(fl.recs)
 				fl.mu.Unlock()
 				if first {
+					// Before Serve accepts: the first agents back are
+					// already part of the storm.
+					c.expectReturning()
 					close(loaded)
 					c.log.Info("fleet registry loaded", "nodes", n)
 				}

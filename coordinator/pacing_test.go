@@ -2,13 +2,16 @@ package coordinator_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -175,5 +178,105 @@ func TestAgentRegistersDuringChurnFlood(t *testing.T) {
 			t.Fatalf("attempt %d during the flood: %v", attempt, err)
 		}
 		time.Sleep(ra.After)
+	}
+}
+
+// prefillRegistry opens the fleet registry on cfg's NATS, puts n records
+// of nodes held by the coordinator owner (as one killed without draining
+// leaves them) and sets it as cfg.Fleet.
+func prefillRegistry(t *testing.T, cfg *coordinator.Config, owner string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	kv, err := coordinator.OpenFleetBucket(ctx, cfg.NATS, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		id := fmt.Sprintf("held-%d", i)
+		b, _ := json.Marshal(protocol.NodeInfo{ID: id, Coordinator: owner})
+		if _, err := kv.Put(ctx, id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Fleet = kv
+}
+
+// A coordinator restarted after a kill finds in the fleet registry the
+// agents it held and spreads their return as a storm; the first agent
+// back is admitted at once all the same. Records of another coordinator's
+// nodes announce nothing: one agent reconnecting there is no storm.
+func TestRestartAnnouncesTheAgentsItHeld(t *testing.T) {
+	for _, tc := range []struct {
+		owner string
+		storm bool
+	}{{"coord-test", true}, {"elsewhere", false}} {
+		t.Run(tc.owner, func(t *testing.T) {
+			h := newHarness(t, func(c *coordinator.Config) {
+				prefillRegistry(t, c, tc.owner, 300) // more than the burst (16 at 160 a second)
+				c.AdmitRate = 160
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			conn, err := h.dialFrom(ctx, "127.0.6.1")
+			if err != nil {
+				t.Fatalf("the first agent after the restart: %v, want admitted at once", err)
+			}
+			conn.Close()
+			if got := coordinator.InStormForTest(h.c); got != tc.storm {
+				t.Fatalf("storm in progress = %v after 300 records of %s, want %v", got, tc.owner, tc.storm)
+			}
+			if got := h.metric("tether_coordinator_handshakes_paced_total"); got != 0 {
+				t.Errorf("handshakes_paced_total = %v, want 0", got)
+			}
+		})
+	}
+}
+
+// By default a drain spreads more agents than the admission burst over at
+// least the storm window, as a restart would: the peers they move to see
+// no more than about 36% of them in one second.
+func TestDrainSpreadsMoreThanABurstOverTheStormWindow(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.AdmitRate = 100 // 17 agents take 170 ms at the rate
+		c.AdmitBurst = 16
+	})
+	const n = 17
+	var agents []*fakeAgent
+	for i := range n {
+		// Fewer newcomers a second than the burst: no storm on the way in.
+		time.Sleep(80 * time.Millisecond)
+		agents = append(agents, h.dialAgent(t, agentOpts{id: fmt.Sprintf("node-%d", i),
+			localIP: fmt.Sprintf("127.0.7.%d", 1+i), features: []string{protocol.FeatureDrain}}))
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if got := len(h.c.Nodes(protocol.Selector{})); got != n {
+			return fmt.Errorf("%d of %d agents registered", got, n)
+		}
+		return nil
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.stop() }()
+	var got []int64
+	for _, a := range agents {
+		a.ctrl.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+		f, err := protocol.NewFrameReader(a.ctrl).Next()
+		if err != nil || f.Type != protocol.FrameDrain {
+			t.Fatalf("agent %s: %v %v, want a drain", a.o.id, f.Type, err)
+		}
+		var d protocol.Drain
+		if err := protocol.DecodeJSON(f.Payload, &d); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d.RetryAfterMS)
+	}
+	slices.Sort(got)
+	for i, ms := range got {
+		if want := (admission.StormWindow * time.Duration(i) / n).Milliseconds(); ms != want {
+			t.Fatalf("drain waits %v ms, want %d agents spread evenly over the storm window %v", got, n, admission.StormWindow)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,24 +8,29 @@ package coordinator_test
 // coordinator, which comes back on the same address after a downtime. It
 // measures, for each arm, the time from the new coordinator's listen to
 // the last agent registered, and the largest share of the fleet registered
-// within any one second. The arms run in interleaved rounds in one
+// within any one second. The coordinators keep the fleet registry
+// (Config.Fleet, as tether coordinator does), and the crash leaves its
+// records behind, as kill -9 does (the instance's NATS connection closes
+// before its tunnels are cut). The arms run in interleaved rounds in one
 // process:
 //
 //   - baseline: as before pacing: the coordinator handshakes every
 //     connection at once (AdmitRate -1), the agents back off exponentially
 //     after every failure, refused dials included (RefusedMax -1);
-//   - paced: the coordinator admits at its measured rate (AdmitRate 0)
-//     and answers the rest with a retry-after, and the agents cap their
-//     backoff after refused dials (RefusedMax default, 1 s);
-//   - fixed: paced as above, at a set AdmitRate (RECONNECT_FIXED_RATE,
-//     default 370 a second) and AdmitBurst 16: what spreads 1,000 agents
-//     over about 2.7 s, the target of all back within 3 s with no
-//     second holding more than 40% of them.
+//   - default: the default configuration: the coordinator admits at its
+//     measured rate (AdmitRate 0), spreads the agents the registry says it
+//     held over admission.StormWindow, and answers the rest with a
+//     retry-after; the agents cap their backoff after refused dials
+//     (RefusedMax default, 1 s);
+//   - fixed (only with RECONNECT_FIXED_RATE set): as default, at that
+//     AdmitRate and AdmitBurst 16.
 //
 // Each agent dials from its own loopback address (127.1.x.y), as agents
 // on separate hosts do. Environment: RECONNECT_AGENTS (default 1000),
 // RECONNECT_ROUNDS (per arm, default 3), RECONNECT_DOWNTIME (default 2s),
-// RECONNECT_FIXED_RATE (the fixed arm's AdmitRate, default 370).
+// RECONNECT_FIXED_RATE (adds the fixed arm). It reports each arm's medians
+// and the medians of its per-round ratios to the baseline of the same
+// round.
 
 import (
 	"context"
@@ -144,6 +149,7 @@ func (l *trackingListener) cut() {
 // runningCoordinator is one coordinator instance on env.addr.
 type runningCoordinator struct {
 	c      *coordinator.Coordinator
+	nc     *nats.Conn // its own, closed first by crash
 	reg    *prometheus.Registry
 	ln     *trackingListener
 	cancel context.CancelFunc
@@ -169,7 +175,13 @@ func (e *stormEnv) startCoordinator(tb testing.TB, admitRate float64, burst int)
 	cfg := coordinator.DefaultConfig()
 	cfg.ID = "storm"
 	cfg.Token = testToken
-	cfg.NATS = e.nc
+	nc := e.env.Coordinator(tb, nats.Name("storm"))
+	kv, err := coordinator.OpenFleetBucket(context.Background(), nc, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.NATS = nc
+	cfg.Fleet = kv
 	cfg.Identify = caller.FromNATS(e.env.Layout.Verifier())
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
@@ -183,14 +195,16 @@ func (e *stormEnv) startCoordinator(tb testing.TB, admitRate float64, burst int)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tl := &trackingListener{Listener: ln}
-	rc := &runningCoordinator{c: c, reg: reg, ln: tl, cancel: cancel, done: make(chan error, 1), start: start}
+	rc := &runningCoordinator{c: c, nc: nc, reg: reg, ln: tl, cancel: cancel, done: make(chan error, 1), start: start}
 	go func() { rc.done <- c.Serve(ctx, tls.NewListener(tl, e.srvTLS)) }()
 	return rc
 }
 
 // crash cuts every connection at once, as kill -9 does, and stops the
-// instance.
+// instance. Its NATS connection goes first, so that, as after kill -9,
+// its fleet registry records stay behind.
 func (rc *runningCoordinator) crash(tb testing.TB) {
+	rc.nc.Close()
 	rc.ln.cut()
 	rc.cancel()
 	select {
@@ -289,6 +303,7 @@ type stormResult struct {
 	failures map[string]int
 	example  string
 	refusals map[string]float64 // the new coordinator's, by reason
+	hist     []int              // registrations by quarter second from the listen
 }
 
 // refusals returns the coordinator's non-zero refusal counts by reason
@@ -325,7 +340,16 @@ func measure(start time.Time, ts []time.Time) stormResult {
 		}
 		best = max(best, i-j+1)
 	}
-	return stormResult{total: ts[len(ts)-1].Sub(start), maxShare: float64(best) / float64(len(ts))}
+	// Registrations by quarter second from the listen.
+	var hist []int
+	for _, t := range ts {
+		q := max(int(t.Sub(start)/(250*time.Millisecond)), 0)
+		for len(hist) <= q {
+			hist = append(hist, 0)
+		}
+		hist[q]++
+	}
+	return stormResult{total: ts[len(ts)-1].Sub(start), maxShare: float64(best) / float64(len(ts)), hist: hist}
 }
 
 // round starts n agents against a fresh coordinator, crashes it, brings
@@ -374,10 +398,6 @@ func TestReconnectStorm(t *testing.T) {
 	n := envInt("RECONNECT_AGENTS", 1000)
 	rounds := envInt("RECONNECT_ROUNDS", 3)
 	downtime := envDuration("RECONNECT_DOWNTIME", 2*time.Second)
-	fixed := 370.0
-	if v, err := strconv.ParseFloat(os.Getenv("RECONNECT_FIXED_RATE"), 64); err == nil && v > 0 {
-		fixed = v
-	}
 	s := natstest.Run(t)
 	pki, err := tunnel.EnsureDevPKI(t.TempDir(), nil)
 	if err != nil {
@@ -401,36 +421,54 @@ func TestReconnectStorm(t *testing.T) {
 	e := &stormEnv{nc: s.Coordinator(t, nats.Name("storm")), env: s, srvTLS: srvTLS, cliTLS: cliTLS, addr: addr}
 	slog.SetLogLoggerLevel(slog.LevelError)
 
-	t.Logf("measured handshake cost %v: the paced arm admits %.0f handshakes a second (AdmitCPUShare %.2f); the fixed arm %.0f",
-		admission.HandshakeCost(), admission.RateFor(coordinator.DefaultAdmitCPUShare), coordinator.DefaultAdmitCPUShare, fixed)
 	arms := []struct {
 		name  string
 		rate  float64
 		burst int
-	}{{"baseline", -1, 0}, {"paced", 0, 0}, {"fixed", fixed, 16}}
+	}{{"baseline", -1, 0}, {"default", 0, 0}}
+	if v, err := strconv.ParseFloat(os.Getenv("RECONNECT_FIXED_RATE"), 64); err == nil && v > 0 {
+		arms = append(arms, struct {
+			name  string
+			rate  float64
+			burst int
+		}{"fixed", v, 16})
+	}
+	t.Logf("measured handshake cost %v: the default arm admits at most %.0f handshakes a second (AdmitCPUShare %.2f), a storm over %v",
+		admission.HandshakeCost(), admission.RateFor(coordinator.DefaultAdmitCPUShare), coordinator.DefaultAdmitCPUShare, admission.StormWindow)
 	results := make([][]stormResult, len(arms))
 	for r := range rounds {
 		for i, a := range arms {
 			res := e.round(t, n, a.rate, a.burst, downtime)
 			results[i] = append(results[i], res)
-			t.Logf("round %d %-8s: all %d back in %v, largest one-second share %.0f%%; agents' failed attempts %v; coordinator's refusals %v; e.g. %s",
-				r, a.name, n, res.total.Round(time.Millisecond), 100*res.maxShare, res.failures, res.refusals, res.example)
+			t.Logf("round %d %-8s: all %d back in %v, largest one-second share %.0f%%; by quarter second %v; agents' failed attempts %v; coordinator's refusals %v; e.g. %s",
+				r, a.name, n, res.total.Round(time.Millisecond), 100*res.maxShare, res.hist, res.failures, res.refusals, res.example)
 		}
 	}
-	med := func(rs []stormResult, f func(stormResult) float64) float64 {
+	median := func(v []float64) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		if len(v)%2 == 0 {
+			return (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		return v[len(v)/2]
+	}
+	of := func(rs []stormResult, f func(stormResult) float64) []float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return v
 	}
 	total := func(r stormResult) float64 { return r.total.Seconds() }
 	share := func(r stormResult) float64 { return r.maxShare }
-	bt, bs := med(results[0], total), med(results[0], share)
-	t.Logf("medians of %d interleaved rounds, %d agents, %v downtime:", rounds, n, downtime)
+	t.Logf("medians of %d interleaved rounds, %d agents, %v downtime (ratios: median of the per-round ratios to that round's baseline):", rounds, n, downtime)
 	for i, a := range arms {
-		at, as := med(results[i], total), med(results[i], share)
-		t.Logf("  %-8s all back in %.2fs, largest one-second share %.0f%%; vs baseline: time %.2f×, share %.2f×", a.name, at, 100*as, at/bt, as/bs)
+		var rt, rs []float64
+		for r := range rounds {
+			rt = append(rt, results[i][r].total.Seconds()/results[0][r].total.Seconds())
+			rs = append(rs, results[i][r].maxShare/results[0][r].maxShare)
+		}
+		t.Logf("  %-8s all back in %.2fs, largest one-second share %.0f%%; vs baseline: time %.2f×, share %.2f×",
+			a.name, median(of(results[i], total)), 100*median(of(results[i], share)), median(rt), median(rs))
 	}
 }

@@ -19,7 +19,9 @@
 // A Pacer (pacer.go) bounds the rate at which handshakes start, a token
 // bucket sized from the measured cost of a handshake (HandshakeCost), and
 // promises each connection it refuses a slot to come back at; it serves
-// light sources before heavy ones, so that a flood cannot lock agents out.
+// light sources before heavy ones, so that a flood cannot lock agents out;
+// a storm of agents coming back at once (storm.go) it spreads over
+// StormWindow, so that no second holds more than about 36% of it.
 package admission
 
 import (

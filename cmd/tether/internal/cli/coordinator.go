@@ -359,9 +359,9 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
 		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
 	f.Float64Var(&o.AdmitRate, "admit-rate", o.AdmitRate,
-		"agent TLS handshakes started a second; past it agents are told when to come back (0: measured, a quarter of the CPUs; negative: no pacing)")
+		"agent TLS handshakes started a second; past it agents are told when to come back; a restart's returning fleet is spread over 2.8 s at most this rate (0: measured, a quarter of the CPUs; negative: no pacing)")
 	f.DurationVar(&o.DrainSpread, "drain-spread", o.DrainSpread,
-		"on SIGTERM, spread the agents' moves to other coordinators over this window (0: the time to admit them at --admit-rate; negative: none)")
+		"on SIGTERM, spread the agents' moves to other coordinators over this window (0: the time to admit them at --admit-rate, at least 2.8 s for more than a burst of them; negative: none)")
 	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
 	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep job records (tether job list/status/wait) this long (0: 7 days)")
 	f.BoolVar(&o.NATSSyncAlways, "nats-sync-always", o.NATSSyncAlways, "embedded NATS: fsync every JetStream write, so accepted jobs survive a power loss")
