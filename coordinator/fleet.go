@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -156,18 +157,26 @@ const (
 )
 
 // OpenFleetBucket creates (or binds to) the fleet registry bucket on nc's
-// JetStream with replicas replicas (0 or 1: one). Pass it as
-// Config.Fleet to every coordinator of the fleet. Errors name the bucket.
+// JetStream. replicas 0 means min(3, cluster size) (package jsreplicas:
+// tried from 3 down while the servers cannot place that many); 1 to 5
+// forces that count. An existing bucket is updated to the count. Pass it
+// as Config.Fleet to every coordinator of the fleet. Errors name the
+// bucket.
 func OpenFleetBucket(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.KeyValue, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: fleet bucket %s: jetstream: %w", BucketNodes, err)
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketNodes,
-		Description: "Tether fleet registry: node id → the coordinator holding its tunnel",
-		History:     1,
-		Replicas:    max(replicas, 1),
+	var kv jetstream.KeyValue
+	_, err = jsreplicas.Create(replicas, func(r int) error {
+		var err error
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      BucketNodes,
+			Description: "Tether fleet registry: node id → the coordinator holding its tunnel",
+			History:     1,
+			Replicas:    r,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: fleet bucket %s: %w", BucketNodes, err)

@@ -602,7 +602,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
-	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 1)
+	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 0)
 	ocancel()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
