@@ -1073,4 +1073,3 @@ func copyFile(t *testing.T, src, dst string) {
 		t.Fatal(err)
 	}
 }
-
