@@ -168,7 +168,7 @@ func OpenFleetBucket(ctx context.Context, nc *nats.Conn, replicas int) (jetstrea
 		return nil, fmt.Errorf("coordinator: fleet bucket %s: jetstream: %w", BucketNodes, err)
 	}
 	var kv jetstream.KeyValue
-	_, err = jsreplicas.Create(replicas, func(r int) error {
+	_, err = jsreplicas.Create(ctx, replicas, func(ctx context.Context, r int) error {
 		var err error
 		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      BucketNodes,

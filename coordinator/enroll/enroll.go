@@ -168,7 +168,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		{&s.nodes, BucketNodes, "Tether node identities: accepted certificate serials, bound labels, revocations"},
 	} {
 		var kv jetstream.KeyValue
-		_, err := jsreplicas.Create(cfg.Replicas, func(r int) error {
+		_, err := jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
 			var err error
 			kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.name, Description: b.desc, History: 1, Replicas: r})
 			return err

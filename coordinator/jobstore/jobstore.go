@@ -130,7 +130,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
 	}
 	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]struct{}{}}
-	s.replicas, err = jsreplicas.Create(cfg.Replicas, func(r int) error {
+	s.replicas, err = jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
 		var err error
 		s.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name:        StreamName,

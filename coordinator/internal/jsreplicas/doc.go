@@ -17,6 +17,11 @@
 // is scaled up the next time a coordinator opens it on a cluster that has
 // room: nats-server moves a stream between replica counts in place.
 //
+// Each create call is bounded to a few seconds and made again when it runs
+// out of them: coordinators starting together on a fresh cluster create
+// the same replicated buckets at once, and nats-server can leave all of
+// those concurrent requests unanswered (see attemptTimeout).
+//
 // It runs no goroutines and imports only the standard library and
 // nats.go's jetstream package.
 package jsreplicas

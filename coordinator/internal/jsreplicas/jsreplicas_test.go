@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 )
 
-const defaultTestTimeout = 30 * time.Second
+const defaultTestTimeout = 60 * time.Second
 
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
@@ -29,21 +30,21 @@ func testContext(t *testing.T) context.Context {
 func TestCreateStopsAtOtherErrors(t *testing.T) {
 	var tried []int
 	bad := errors.New("stream name already in use with a different configuration")
-	_, err := jsreplicas.Create(0, func(r int) error { tried = append(tried, r); return bad })
+	_, err := jsreplicas.Create(context.Background(), 0, func(_ context.Context, r int) error { tried = append(tried, r); return bad })
 	if !errors.Is(err, bad) || !strings.Contains(err.Error(), "replicas 3") || fmt.Sprint(tried) != "[3]" {
 		t.Errorf("err %v after tries %v, want the error itself after [3]", err, tried)
 	}
 	tried = nil
 	few := &jetstream.APIError{Code: 500, ErrorCode: 10023, Description: "insufficient resources"}
-	_, err = jsreplicas.Create(0, func(r int) error { tried = append(tried, r); return few })
+	_, err = jsreplicas.Create(context.Background(), 0, func(_ context.Context, r int) error { tried = append(tried, r); return few })
 	if !errors.Is(err, few) || fmt.Sprint(tried) != "[3 2 1]" {
 		t.Errorf("err %v after tries %v, want insufficient resources after [3 2 1]", err, tried)
 	}
 	tried = nil
-	if r, err := jsreplicas.Create(2, func(r int) error { tried = append(tried, r); return nil }); r != 2 || err != nil || fmt.Sprint(tried) != "[2]" {
+	if r, err := jsreplicas.Create(context.Background(), 2, func(_ context.Context, r int) error { tried = append(tried, r); return nil }); r != 2 || err != nil || fmt.Sprint(tried) != "[2]" {
 		t.Errorf("forced 2: %d, %v after %v", r, err, tried)
 	}
-	if _, err := jsreplicas.Create(6, func(int) error { return nil }); err == nil {
+	if _, err := jsreplicas.Create(context.Background(), 6, func(context.Context, int) error { return nil }); err == nil {
 		t.Error("replicas 6 accepted")
 	}
 }
@@ -87,14 +88,14 @@ func connect(t *testing.T, s *server.Server) jetstream.JetStream {
 }
 
 func openStream(ctx context.Context, js jetstream.JetStream, name string, want int) (int, error) {
-	return jsreplicas.Create(want, func(r int) error {
+	return jsreplicas.Create(ctx, want, func(ctx context.Context, r int) error {
 		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage, Replicas: r})
 		return err
 	})
 }
 
 func openBucket(ctx context.Context, js jetstream.JetStream, name string, want int) (int, error) {
-	return jsreplicas.Create(want, func(r int) error {
+	return jsreplicas.Create(ctx, want, func(ctx context.Context, r int) error {
 		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Replicas: r})
 		return err
 	})
@@ -176,6 +177,25 @@ func TestClusterOfThree(t *testing.T) {
 			t.Fatal("the 3 servers elected no JetStream meta leader")
 		}
 	}
+	// Every coordinator opens the same buckets as it starts: three at
+	// once, one per server, must all get 3 replicas (nats-server can
+	// leave such concurrent requests unanswered; Create asks again).
+	var wg sync.WaitGroup
+	got := make([]string, 3)
+	for i, s := range srvs {
+		js := connect(t, s)
+		wg.Go(func() {
+			r, err := openBucket(ctx, js, "together", 0)
+			got[i] = fmt.Sprintf("%d %v", r, err)
+		})
+	}
+	wg.Wait()
+	for i, g := range got {
+		if g != "3 <nil>" {
+			t.Errorf("bucket opened at once through server %d: %s; want 3 replicas", i, g)
+		}
+	}
+
 	js := connect(t, srvs[0])
 	r, err := openStream(ctx, js, "S", 0)
 	if r != 3 || err != nil {
