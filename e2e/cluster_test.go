@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,7 +97,10 @@ type clusterCoord struct {
 }
 
 type cluster struct {
+	// t is the running phase's test (a subtest of root); root owns the
+	// processes, which outlive each phase.
 	t        *testing.T
+	root     *testing.T
 	dir      string
 	natsBin  string
 	layout   *natsauth.Layout
@@ -107,10 +111,14 @@ type cluster struct {
 	nc       *nats.Conn
 	cl       *client.Client
 	runs     string // every job appends its id here when it starts
-	release  string // attached "held" jobs end once this file exists
+	release  string // a FIFO: "held" jobs block opening it until releaseHeld
 	caFile   string
 	nodeIDs  []string
 	jobCount atomic.Int64
+	// deadCoord is the coordinator killed in the running phase; gaps the
+	// failures only a takeover of its jobs fixes (killCoordinator).
+	deadCoord string
+	gaps      []string
 }
 
 // startCluster starts the servers, the coordinators and the agents and
@@ -118,10 +126,10 @@ type cluster struct {
 // NATS only through blackholeProxies (one per server), for the
 // partition.
 func startCluster(t *testing.T) *cluster {
-	c := &cluster{t: t, dir: t.TempDir(), natsBin: buildNATSServer(t)}
+	c := &cluster{t: t, root: t, dir: t.TempDir(), natsBin: buildNATSServer(t)}
 	c.runs = filepath.Join(c.dir, "runs")
 	c.release = filepath.Join(c.dir, "release")
-	t.Cleanup(func() { os.WriteFile(c.release, nil, 0o600) }) // whatever happens, end held jobs
+	t.Cleanup(c.releaseHeld) // whatever happens, end held jobs
 
 	// One layout and one node CA for the whole fleet: every coordinator's
 	// data dir starts as a copy of this template.
@@ -157,6 +165,11 @@ func startCluster(t *testing.T) *cluster {
 		conf := fmt.Sprintf(`server_name: %s
 listen: 127.0.0.1:%d
 http: 127.0.0.1:%d
+# A client that goes silent (the partitioned coordinator) loses its
+# subscriptions, and so its share of the API's queue group, within
+# seconds instead of the default 2 min x 2 pings.
+ping_interval: "2s"
+ping_max: 2
 jetstream {
   store_dir: %q
   sync_interval: always
@@ -189,7 +202,17 @@ include "auth.conf"
 		c.proxies = append(c.proxies, p)
 		proxied = append(proxied, "nats://"+p.addr())
 	}
+	// The e2e policy, with room for 200 jobs at once from one client
+	// and its job-wait polls (the built-in limits are 64 jobs, 50/s).
 	policy := e2ePolicy(t)
+	pb, err := os.ReadFile(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb = []byte(strings.Replace(string(pb), "version: 1\n", "version: 1\ndefaults:\n  limits:\n    max_concurrent_jobs: 1000\n    requests_per_second: 10000\n    burst: 10000\n", 1))
+	if err := os.WriteFile(policy, pb, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tokenFile := filepath.Join(c.dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("e2e-cluster-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -260,11 +283,11 @@ include "auth.conf"
 }
 
 func (c *cluster) startServer(n *natsNode) {
-	n.p = startBin(c.t, c.natsBin, "nats-"+n.name, "-c", n.conf)
+	n.p = startBin(c.root, c.natsBin, "nats-"+n.name, "-c", n.conf)
 }
 
 func (c *cluster) startCoord(co *clusterCoord) {
-	co.p = start(c.t, "coordinator-"+co.id, co.args...)
+	co.p = start(c.root, "coordinator-"+co.id, co.args...)
 }
 
 // waitJetStream waits until every server answers /healthz (JetStream
@@ -362,6 +385,17 @@ func (c *cluster) holders() map[string]int {
 	return m
 }
 
+// releaseHeld ends the held jobs: every reader blocked opening the FIFO
+// is woken by a writer's open, then reads EOF at its close.
+func (c *cluster) releaseHeld() {
+	f, err := os.OpenFile(c.release, os.O_RDWR, 0)
+	if err != nil {
+		return // no FIFO: nothing held
+	}
+	time.Sleep(100 * time.Millisecond)
+	f.Close()
+}
+
 // runCounts reads the runs file: how often each job id started.
 func (c *cluster) runCounts() map[string]int {
 	c.t.Helper()
@@ -385,6 +419,7 @@ type outcome struct {
 	res      *protocol.ExecResult // attached: the final result
 	rec      *protocol.JobRecord  // detached: the terminal record
 	err      error
+	retries  int       // 503s retried before the answer
 	at       time.Time // when the client returned
 }
 
@@ -417,20 +452,47 @@ func (o *outcome) String() string {
 func (c *cluster) submit(ctx context.Context, id, node string, held, detach bool) *outcome {
 	script := "echo " + id + " >> " + c.runs + "\n"
 	if held {
-		script += "while [ ! -e " + c.release + " ]; do sleep 0.1; done\n"
+		// Blocked in open(2) until a writer comes: no CPU, 200 at once.
+		script += "read -r _ < " + c.release + "\nexit 0\n"
 	}
 	c.jobCount.Add(1)
 	o := &outcome{id: id, detached: detach}
-	o.res, o.err = c.cl.Exec(ctx, &protocol.ExecRequest{ID: id, Target: protocol.Target{Node: node}, Script: script, Detach: detach}, nil)
+	req := &protocol.ExecRequest{ID: id, Target: protocol.Target{Node: node}, Script: script, Detach: detach}
+	for {
+		o.res, o.err = c.cl.Exec(ctx, req, nil)
+		// 503 unavailable is the API's "retry": the node's coordinator
+		// did not take the request (it is reconnecting to NATS, or
+		// draining) and the job was not recorded, so it did not run.
+		var ae *protocol.APIError
+		if !errors.As(o.err, &ae) || ae.Status != 503 || ctx.Err() != nil {
+			break
+		}
+		o.retries++
+		time.Sleep(250 * time.Millisecond)
+	}
 	if detach && o.err == nil {
 		if len(o.res.Results) != 1 || !o.res.Results[0].Detached {
 			o.err = fmt.Errorf("detached exec answered %+v", o.res)
 		} else {
-			o.rec, o.err = c.cl.JobWait(ctx, id, 200*time.Millisecond)
+			o.rec, o.err = c.wait(ctx, id)
 		}
 	}
 	o.at = time.Now()
 	return o
+}
+
+// wait polls job id's durable record until it is terminal (JobWait),
+// going on past failed polls (a poll may land on a coordinator that just
+// died) but not past an API error, until ctx ends.
+func (c *cluster) wait(ctx context.Context, id string) (*protocol.JobRecord, error) {
+	for {
+		r, err := c.cl.JobWait(ctx, id, 200*time.Millisecond)
+		var ae *protocol.APIError
+		if err == nil || errors.As(err, &ae) || ctx.Err() != nil {
+			return r, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // records lists the durable records of the given job ids (tether job
@@ -513,6 +575,8 @@ func (c *cluster) checkSettled(outs []*outcome, refusedOK bool) {
 			// Refused up front, never ran.
 		case !ok:
 			c.t.Errorf("job %s has no durable record; client %s, ran %d times", o.id, o, n)
+		case !r.State.Terminal() && c.deadCoord != "" && r.Coordinator == c.deadCoord:
+			c.takeoverGap(fmt.Sprintf("job %s still %s, held by the dead coordinator %s: client %s", o.id, r.State, r.Coordinator, o))
 		case !r.State.Terminal():
 			c.t.Errorf("job %s still %s (coordinator %s, epoch %d) after its client returned: client %s", o.id, r.State, r.Coordinator, r.Epoch, o)
 		case o.succeeded() && (r.State != protocol.JobSucceeded || n != 1):
@@ -520,6 +584,16 @@ func (c *cluster) checkSettled(outs []*outcome, refusedOK bool) {
 		case r.State == protocol.JobSucceeded && n != 1:
 			c.t.Errorf("job %s: record succeeded, ran %d times", o.id, n)
 		}
+	}
+}
+
+// waitGroupFor waits for wg, at most d.
+func waitGroupFor(wg *sync.WaitGroup, d time.Duration) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
 	}
 }
 
@@ -545,12 +619,22 @@ func TestCluster(t *testing.T) {
 	}
 	c := startCluster(t)
 	t.Logf("cluster up: %v", c.holders())
-
-	c.killCoordinator()
-	c.stopNATSServer()
-	c.partition()
-	c.rollingRestart()
-	c.restartEverything()
+	for _, phase := range []struct {
+		name string
+		run  func()
+	}{
+		{"KillCoordinator", c.killCoordinator},
+		{"StopNATSServer", c.stopNATSServer},
+		{"Partition", c.partition},
+		{"RollingRestart", c.rollingRestart},
+		{"RestartEverything", c.restartEverything},
+	} {
+		t.Run(phase.name, func(t *testing.T) {
+			c.t = t
+			defer func() { c.t = c.root }()
+			phase.run()
+		})
+	}
 }
 
 // killCoordinator: kill -9 of the coordinator holding the most agents
@@ -559,6 +643,9 @@ func (c *cluster) killCoordinator() {
 	t := c.t
 	t.Log("=== kill -9 of a coordinator with 200 jobs in flight")
 	os.Remove(c.release)
+	if err := syscall.Mkfifo(c.release, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	const jobs, detachedEvery = 200, 10 // 3 of every 10 detached
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -571,12 +658,22 @@ func (c *cluster) killCoordinator() {
 		})
 	}
 	// All 200 running (each wrote its line).
-	checkFor(t, 2*time.Minute, func() error {
-		if n := len(c.runCounts()); n < jobs {
-			return fmt.Errorf("%d of %d jobs started", n, jobs)
+	for deadline := time.Now().Add(2 * time.Minute); len(c.runCounts()) < jobs; time.Sleep(100 * time.Millisecond) {
+		if time.Now().Before(deadline) {
+			continue
 		}
-		return nil
-	})
+		runs := c.runCounts()
+		c.releaseHeld()
+		waitGroupFor(&wg, time.Minute)
+		for i, o := range outs {
+			id := fmt.Sprintf("kill-%03d", i)
+			if runs[id] == 0 {
+				r, err := c.cl.JobGet(ctx, id)
+				t.Logf("job %s (node %s) did not start: client %v; record %+v, %v", id, c.nodeIDs[i%clusterAgents], o, r, err)
+			}
+		}
+		t.Fatalf("%d of %d jobs started within 2 minutes", len(runs), jobs)
+	}
 	held := c.holders()
 	victim := c.coords[0]
 	for _, co := range c.coords[:clusterCoords-1] { // not the proxied one: the partition needs it
@@ -585,43 +682,71 @@ func (c *cluster) killCoordinator() {
 		}
 	}
 	t.Logf("agents per coordinator %v; killing %s", held, victim.id)
+	owner := map[string]string{} // node -> coordinator at the kill
+	if nodes, err := c.nodes(); err == nil {
+		for _, n := range nodes {
+			owner[n.ID] = n.Coordinator
+		}
+	}
 	if err := victim.p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	<-victim.p.done
 	killed := time.Now()
-	if err := os.WriteFile(c.release, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	c.releaseHeld()
 	rehome := c.waitNodes(fateBound, victim.id)
 	t.Logf("MEASURE re-home: all %d agents registered with the other coordinators %v after the kill", clusterAgents, rehome.Round(time.Millisecond))
 
 	wg.Wait()
-	var fates, slow []time.Duration
-	late := 0
+	var fates, victimFates []time.Duration
+	states := map[string]int{}
+	for i, o := range outs {
+		d := max(o.at.Sub(killed), 0)
+		fates = append(fates, d)
+		if owner[c.nodeIDs[i%clusterAgents]] == victim.id {
+			victimFates = append(victimFates, d)
+		}
+		states[strings.ReplaceAll(o.String(), o.id, "ID")]++
+	}
+	t.Logf("MEASURE time to fate after the kill, all %d clients: %s", jobs, distribution(fates))
+	t.Logf("MEASURE time to fate after the kill, jobs on %s's nodes: %s", victim.id, distribution(victimFates))
+	t.Logf("client outcomes: %v", states)
+	// A job the dead coordinator held is settled by the takeover: until
+	// it exists (TODO(takeover)), such jobs stay running and their
+	// clients hear nothing for 45 s; every other failure is an error.
+	c.deadCoord = victim.id
+	defer func() { c.deadCoord = "" }()
 	for _, o := range outs {
-		d := o.at.Sub(killed)
-		fates = append(fates, max(d, 0))
-		if d > fateBound {
-			late++
-			slow = append(slow, d)
+		if d := o.at.Sub(killed); d > fateBound {
+			c.takeoverGap(fmt.Sprintf("job %s: its client learned its fate %v after the kill (%s)", o.id, d.Round(time.Millisecond), o))
 		}
 	}
-	t.Logf("MEASURE time to fate after the kill (all %d clients): %s", jobs, distribution(fates))
-	states := map[string]int{}
-	for _, o := range outs {
-		states[o.String()]++
-	}
-	t.Logf("client outcomes: %v", states)
-	if late > 0 {
-		t.Errorf("%d clients learned their job's fate more than %v after the kill: %v", late, fateBound, slow)
-	}
 	c.checkSettled(outs, false)
+	if len(c.gaps) > 0 {
+		msg := fmt.Sprintf("%d failures for want of the takeover of a dead coordinator's jobs:\n%s", len(c.gaps), strings.Join(c.gaps, "\n"))
+		c.gaps = nil
+		if takeoverPending {
+			// Restart the victim first: the phases after this one need it.
+			c.startCoord(victim)
+			c.waitCoordReady(victim)
+			t.Skip("TODO(takeover): a kill -9'd coordinator's jobs are not taken over and settled within seconds; " + msg)
+		}
+		t.Error(msg)
+	}
 
 	// Back to three coordinators for what follows.
 	c.startCoord(victim)
 	c.waitCoordReady(victim)
 }
+
+// takeoverPending marks the takeover of a dead coordinator's jobs as not
+// there yet: killCoordinator then skips, naming them, instead of failing
+// on the assertions only the takeover can satisfy.
+const takeoverPending = false
+
+// takeoverGap records a failure that only the takeover of a dead
+// coordinator's jobs can fix (see killCoordinator).
+func (c *cluster) takeoverGap(msg string) { c.gaps = append(c.gaps, msg) }
 
 // stopNATSServer: SIGTERM to the NATS server most coordinators are
 // connected to; jobs submitted after it succeed, then it is started again.
