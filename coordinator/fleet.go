@@ -703,6 +703,18 @@ func (c *Coordinator) remoteInventoried(id string) (string, protocol.NodeInfo, b
 	return r.info.Coordinator, r.info, r.inventoried
 }
 
+// registered reports whether the fleet registry has a record of node id
+// (held by any coordinator, this one included).
+func (c *Coordinator) registered(id string) bool {
+	if c.fl == nil {
+		return false
+	}
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	_, ok := c.fl.recs[id]
+	return ok
+}
+
 // remoteNodes returns the registry's records of nodes other coordinators
 // hold whose labels match sel, leaving out the node ids in local.
 func (c *Coordinator) remoteNodes(sel protocol.Selector, local map[string]bool) []protocol.NodeInfo {
