@@ -26,6 +26,9 @@ const (
 	// before it decides the coordinator is gone: three times 15 s, well
 	// above the coordinator's keepalive interval (5 s by default).
 	DefaultKeepAliveTimeout = 3 * 15 * time.Second
+	// DefaultFateCheckAfter is how long Exec waits with no reply before it
+	// asks the job store (any coordinator) what became of the job.
+	DefaultFateCheckAfter = 3 * time.Second
 )
 
 // ErrCoordinatorSilent is matched (errors.Is) by the error Exec returns when
@@ -90,6 +93,14 @@ type Client struct {
 	// coordinator sends keepalives while a job is silent, so silence means
 	// it is gone. Zero means DefaultKeepAliveTimeout.
 	KeepAliveTimeout time.Duration
+	// FateCheckAfter is how long Exec waits with no reply before it reads
+	// the job's durable record (JobGet, answered by any coordinator), and
+	// again after each further FateCheckAfter of silence: a job whose
+	// coordinator died is settled by another one (lost, for an attached
+	// job), and Exec returns that outcome within seconds instead of after
+	// KeepAliveTimeout. Zero means DefaultFateCheckAfter; negative turns
+	// the checks off.
+	FateCheckAfter time.Duration
 }
 
 // New returns a Client using nc with default timeouts.
@@ -107,6 +118,13 @@ func (c *Client) keepAliveTimeout() time.Duration {
 		return c.KeepAliveTimeout
 	}
 	return DefaultKeepAliveTimeout
+}
+
+func (c *Client) fateCheckAfter() time.Duration {
+	if c.FateCheckAfter != 0 {
+		return c.FateCheckAfter
+	}
+	return DefaultFateCheckAfter
 }
 
 func (c *Client) cancelGrace() time.Duration {
@@ -213,12 +231,37 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 
 	r := execReader{id: req.ID, out: out, onResult: onResult, alive: c.heartbeat(req.ID)}
 	wait := ctx
-	var cause error // ctx's error once the job was cancelled because of it
+	var cause error                // ctx's error once the job was cancelled because of it
+	last := time.Now()             // when the last reply arrived
+	var ended *protocol.ExecResult // the record's outcome, once it ended without a result reply
 	for {
-		mctx, mcancel := context.WithTimeout(wait, c.keepAliveTimeout())
+		// Wait for the next reply, or until the next fate check is due.
+		step := time.Until(last.Add(c.keepAliveTimeout()))
+		check := c.fateCheckAfter() > 0 && cause == nil
+		if check {
+			step = min(step, c.fateCheckAfter())
+		}
+		mctx, mcancel := context.WithTimeout(wait, max(step, 0))
 		msg, err := sub.NextMsgWithContext(mctx)
-		silent := mctx.Err() != nil && wait.Err() == nil
+		silent := mctx.Err() != nil && wait.Err() == nil && time.Since(last) >= c.keepAliveTimeout()
+		timedOut := mctx.Err() != nil && wait.Err() == nil
 		mcancel()
+		if err != nil && timedOut && !silent {
+			if !check {
+				continue
+			}
+			if ended != nil {
+				return ended, nil // no result reply came after the record ended
+			}
+			var lost bool
+			if ended, lost = c.jobFate(ctx, req.ID); lost {
+				return ended, nil
+			}
+			continue
+		}
+		if err == nil {
+			last = time.Now()
+		}
 		if err != nil {
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
@@ -258,6 +301,44 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 			return res, nil
 		}
 	}
+}
+
+// jobFate reads job id's durable record (fate check, see FateCheckAfter)
+// and returns the outcome it records once the job ended, else nil (still
+// running, no record, no job store, or the read failed: keep waiting).
+// The record of a job that ended normally is written after its result
+// reply, so ExecWith waits one more FateCheckAfter for that reply before
+// it returns this outcome. A job lost (its coordinator died, per the
+// coordinator that took it over; lost is true) reports each node with
+// the record's reason as its error, and ExecWith returns it at once.
+func (c *Client) jobFate(ctx context.Context, id string) (res *protocol.ExecResult, lost bool) {
+	// Bounded by the check interval too: replies (and the heartbeats
+	// they ask for) wait while it reads.
+	rctx, cancel := context.WithTimeout(ctx, min(c.requestTimeout(), c.fateCheckAfter()))
+	defer cancel()
+	rec, err := c.JobGet(rctx, id)
+	if err != nil || !rec.State.Terminal() {
+		return nil, false
+	}
+	res = &protocol.ExecResult{ID: id, Nodes: len(rec.Nodes), Succeeded: rec.Succeeded, Failed: rec.Failed}
+	if len(rec.Results) > 0 && rec.State != protocol.JobStateLost {
+		res.Results = slices.Clone(rec.Results)
+		for i := range res.Results {
+			res.Results[i].Truncated = res.Results[i].OutputTruncated()
+			res.Truncated = res.Truncated || res.Results[i].Truncated
+		}
+		return res, false
+	}
+	why := rec.Error
+	if why == "" {
+		why = string(rec.State)
+	}
+	res.Succeeded, res.Failed = 0, len(rec.Nodes)
+	for _, n := range rec.Nodes {
+		res.Results = append(res.Results, protocol.NodeResult{Node: n, ExitCode: -1, Cancelled: rec.State == protocol.JobCancelled,
+			Error: fmt.Sprintf("job %s %s: %s", id, rec.State, why)})
+	}
+	return res, rec.State == protocol.JobStateLost
 }
 
 // cancelJob asks the coordinator to cancel job id, best effort: the caller

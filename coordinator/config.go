@@ -188,9 +188,11 @@ type Config struct {
 	// orphaned detached job to reconnect before recording it lost. Zero
 	// means DefaultJobLostAfter.
 	JobLostAfter time.Duration
-	// JobHolderDead, if set, says whether the coordinator with that id is
-	// gone, so that reconciliation takes over its jobs too (not only this
-	// coordinator's predecessor's). Called from the reconcile goroutine.
+	// JobHolderDead, if set, also says a coordinator is gone, beside the
+	// coordinators' own verdict (holders.go: its coordinator subject has
+	// no subscriber on NATS, twice a second apart; with Config.Fleet
+	// only), so that reconciliation takes over its jobs. Called from
+	// reconciliation and job.get goroutines; it must not block long.
 	JobHolderDead func(coordinatorID string) bool
 	// Endpoints, if set, adds more endpoints to the micro service "tether"
 	// when it starts (the sandbox ledger's lease and sandbox endpoints).

@@ -78,6 +78,8 @@ type Coordinator struct {
 	// fl is the fleet registry state (fleet.go); nil without Config.Fleet.
 	// Set by New, never changed after.
 	fl *fleetState
+	// holders caches job holders' liveness (holders.go).
+	holders *holderState
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.
@@ -131,6 +133,7 @@ func New(cfg Config) (*Coordinator, error) {
 		nodeUps: make(chan string, 1024),
 		syncs:   make(chan chan []protocol.SyncProblem),
 		fl:      newFleetState(cfg.Fleet),
+		holders: newHolderState(),
 	}, nil
 }
 

@@ -165,14 +165,15 @@ func (c *Coordinator) handleJobGet(req micro.Request) {
 			c.replyError(req, e)
 			return
 		}
+		j = c.settleIfOrphaned(ctx, s, j)
 		c.refreshDetached(ctx, s, j)
 		c.replyJSON(req, j.Record, "a job record", "")
 	})
 }
 
 // refreshDetached asks the node of a single-node detached job recorded
-// dispatched or running for its status, when its tunnel is here, and
-// settles the record with it.
+// dispatched or running for its status (through whichever coordinator
+// holds the node) and settles the record with it.
 func (c *Coordinator) refreshDetached(ctx context.Context, s *jobstore.Store, j *jobstore.Job) {
 	if !j.Detached || len(j.Nodes) != 1 || j.State.Terminal() || j.State == jobstore.Queued {
 		return
@@ -283,11 +284,22 @@ func (c *Coordinator) goStore(req micro.Request, what string, f func(context.Con
 	}()
 }
 
-// JobStatus asks node, if its tunnel is here, for detached job id's
-// status (jobstore.Querier): jobstore.ErrNodeUnreachable when the node is
-// not connected here or does not answer, jobstore.ErrNoSuchJob when its
-// agent does not know the job.
+// JobStatus asks node for detached job id's status (jobstore.Querier):
+// through its tunnel when it is here, else through the coordinator
+// holding it (fleet_jobquery.go). jobstore.ErrNodeUnreachable when no
+// coordinator holds the node or it does not answer, jobstore.ErrNoSuchJob
+// when its agent does not know the job.
 func (c *Coordinator) JobStatus(ctx context.Context, nodeID, id string) (*protocol.JobStatus, error) {
+	if !c.holds(nodeID) {
+		if owner := c.remoteOwner(nodeID); owner != "" {
+			return c.remoteJobStatus(ctx, owner, nodeID, id)
+		}
+	}
+	return c.localJobStatus(ctx, nodeID, id)
+}
+
+// localJobStatus is JobStatus through this coordinator's own tunnel.
+func (c *Coordinator) localJobStatus(ctx context.Context, nodeID, id string) (*protocol.JobStatus, error) {
 	c.mu.Lock()
 	n := c.nodes[nodeID]
 	c.mu.Unlock()
@@ -336,11 +348,18 @@ func (c *Coordinator) JobStatus(ctx context.Context, nodeID, id string) (*protoc
 
 var _ jobstore.Querier = (*Coordinator)(nil)
 
+// reconcileSafetyInterval is the longest pause between reconciliation
+// passes: a holder that vanished unseen (no sweep noticed it, no client
+// asked) is found by the next one.
+const reconcileSafetyInterval = time.Minute
+
 // startReconcile starts the goroutine (counted in jobWG) that takes over
-// and settles the jobs a dead holder left: a pass at once, then one every
-// reconcileInterval while detached jobs wait for their nodes, and a last
-// pass JobLostAfter after start that records those still unreachable as
-// lost. It stops when ctx ends.
+// and settles the jobs of gone holders (this coordinator's predecessors,
+// and coordinators gone per holderGone): a pass at once, then one when
+// woken (wakeReconcile: a sweep saw a coordinator vanish, job.get met a
+// gone holder), every reconcileInterval while detached jobs wait for
+// their nodes (lost once they waited JobLostAfter), and at least every
+// reconcileSafetyInterval. It stops when ctx ends.
 func (c *Coordinator) startReconcile(ctx context.Context) {
 	s := c.cfg.Jobs
 	if s == nil {
@@ -349,30 +368,61 @@ func (c *Coordinator) startReconcile(ctx context.Context) {
 	c.jobWG.Add(1)
 	go func() {
 		defer c.jobWG.Done()
-		defer c.guard.Recover("job reconcile", nil)
-		deadline := time.Now().Add(c.cfg.JobLostAfter)
 		for {
-			lose := !time.Now().Before(deadline)
-			pctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
-			out, err := s.Reconcile(pctx, c, c.cfg.JobHolderDead, lose)
-			cancel()
-			switch {
-			case err != nil:
-				c.log.Warn("reconcile jobs", "err", err)
-			case out.Claimed > 0 || out.Settled > 0 || out.Errs != nil:
-				c.log.Info("reconciled jobs", "claimed", out.Claimed, "settled", out.Settled, "pending", out.Pending, "errs", out.Errs)
+			wait := reconcileSafetyInterval
+			if c.reconcilePass(ctx, s) > 0 {
+				wait = reconcileInterval
 			}
-			if lose || (err == nil && out.Pending == 0) {
-				return
-			}
-			wait := min(reconcileInterval, time.Until(deadline))
-			t := time.NewTimer(max(wait, 0))
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
 				return
+			case <-c.holders.wake:
+				t.Stop()
 			case <-t.C:
 			}
 		}
 	}()
+}
+
+// reconcilePass runs one pass and returns how many jobs it left pending.
+func (c *Coordinator) reconcilePass(ctx context.Context, s *jobstore.Store) (pending int) {
+	defer c.guard.Recover("job reconcile", nil)
+	pctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
+	defer cancel()
+	out, err := s.Reconcile(pctx, c, c.holderGone, c.cfg.JobLostAfter)
+	c.m.takenOver.Add(float64(out.Claimed))
+	switch {
+	case err != nil:
+		c.log.Warn("reconcile jobs", "err", err)
+	case out.Claimed > 0 || out.Settled > 0 || out.Errs != nil:
+		c.log.Info("reconciled jobs", "claimed", out.Claimed, "settled", out.Settled, "pending", out.Pending, "errs", out.Errs)
+	}
+	return out.Pending
+}
+
+// settleIfOrphaned takes job j over and settles it (TakeOver) when its
+// holder is gone: a predecessor of this coordinator, or another
+// coordinator per holderGone. j is then the record as it is now. It
+// wakes the reconcile loop for the holder's other jobs.
+func (c *Coordinator) settleIfOrphaned(ctx context.Context, s *jobstore.Store, j *jobstore.Job) *jobstore.Job {
+	if j.State.Terminal() || (j.Coordinator == s.Coordinator() && j.Boot == s.Boot()) {
+		return j
+	}
+	if j.Coordinator != s.Coordinator() && !c.holderGone(j.Coordinator) {
+		return j
+	}
+	claimed, _, err := s.TakeOver(ctx, c, j, c.cfg.JobLostAfter)
+	if claimed {
+		c.m.takenOver.Inc()
+	}
+	if err != nil {
+		c.log.Debug("take over an orphaned job", "job_id", j.ID, "err", err)
+		if cur, gerr := s.Get(ctx, j.ID); gerr == nil {
+			j = cur // someone else settled or claimed it first
+		}
+	}
+	c.wakeReconcile()
+	return j
 }

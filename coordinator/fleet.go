@@ -108,9 +108,10 @@ import (
 // JetStream writes: NATS interest is the map, and "no responders" is the
 // answer for a job nobody runs.
 //
-// Known gaps: a fan-out's remote run gets no client heartbeats (the run
-// is not cancelled when the fan-out's coordinator dies; it ends on its
-// own timeout); detached jobs' owners are remembered in memory by the
+// A fan-out's remote run gets no client heartbeats; its keeper cancels it
+// when the fan-out's coordinator is gone (holders.go).
+//
+// Known gaps: detached jobs' owners are remembered in memory by the
 // coordinator that started them (job.* refuse scoped callers after the
 // node re-homed); two live agents with one node id on two coordinators
 // replace each other (each new put supersedes the other's session).
@@ -131,6 +132,8 @@ const (
 	// (heartbeat, RTT, running execs) of the nodes a coordinator holds,
 	// which the registry does not keep; nodes.list asks each owner.
 	// ... + ".sync": take an inventory of its nodes now (Sync, fleet-wide).
+	// ... + ".ping": an empty answer; "no responders" means the
+	// coordinator is gone (holders.go).
 	CoordSubjectPrefix = "tether.v1.coord."
 )
 
@@ -237,8 +240,10 @@ type fleetState struct {
 	// coordinator hands its agents to the others and refuses new ones
 	// (partitioned).
 	othersLive, shedding bool
-	wg                   sync.WaitGroup // the watch, dispatch and reconcile goroutines
-	stop                 context.CancelFunc
+	// lastLive: the coordinators the last sweep saw (sweepStale).
+	lastLive map[string]bool
+	wg       sync.WaitGroup // the watch, dispatch and reconcile goroutines
+	stop     context.CancelFunc
 }
 
 // newFleetState returns the fleet state for Config.Fleet kv, or nil.
@@ -589,7 +594,16 @@ func (c *Coordinator) sweepStale(ctx context.Context, missed map[string]int) {
 	}
 	c.fl.mu.Lock()
 	c.fl.othersLive = len(live) > 1
+	last := c.fl.lastLive
+	c.fl.lastLive = live
 	c.fl.mu.Unlock()
+	for id := range last {
+		if !live[id] {
+			// It may have held jobs: the reconcile loop asks (holderGone).
+			c.wakeReconcile()
+			break
+		}
+	}
 	for owner, recs := range owners {
 		if live[owner] {
 			delete(missed, owner)
@@ -871,6 +885,8 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 			c.serveLive(m)
 		case strings.HasSuffix(m.Subject, ".sync"):
 			c.serveSync(m)
+		case strings.HasSuffix(m.Subject, ".ping"):
+			c.servePing(m)
 		}
 		return
 	default:
@@ -884,7 +900,7 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	if m.Header.Get(HeaderForwardedBy) == "" {
 		return // not from a coordinator's forward
 	}
-	if m.Reply != "" && op != "dial" && op != "sandbox.delete" && op != "ssh" {
+	if m.Reply != "" && op != "dial" && op != "sandbox.delete" && op != "ssh" && op != "job.query" {
 		// The acknowledgement: the forwarder stops waiting.
 		ack := &nats.Msg{Subject: m.Reply, Header: nats.Header{"Tether-Forward-Ack": []string{c.cfg.ID}}}
 		if err := c.cfg.NATS.PublishMsg(ack); err != nil {
@@ -912,6 +928,9 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 		return
 	case "ssh":
 		c.serveSSH(m, strings.ReplaceAll(part, "~", "."))
+		return
+	case "job.query":
+		c.serveJobQuery(m, strings.ReplaceAll(part, "~", "."))
 		return
 	}
 	name, ok := nodeEndpoints[op]

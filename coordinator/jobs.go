@@ -28,6 +28,9 @@ const stderrTailSize = protocol.FailureStderrTail
 var (
 	// errClientGone: the client stopped listening (see job.startKeeper).
 	errClientGone = errors.New("client disappeared")
+	// errFanoutGone: the coordinator running the fan-out this job is one
+	// node's run of is gone (holders.go): nobody reads the run's output.
+	errFanoutGone = errors.New("the fan-out's coordinator is gone")
 )
 
 // shutdownError is the cause of jobs cancelled by the drain.
@@ -170,11 +173,23 @@ func (j *job) startKeeper() (stop func()) {
 		t := time.NewTicker(iv)
 		defer t.Stop()
 		missed := 0
+		// A fan-out's run on this coordinator gets no client heartbeats
+		// (the fan-out's coordinator reads it): it ends when that
+		// coordinator is gone.
+		var fanout string
+		if j.header.Get(headerFanoutRun) != "" {
+			fanout = j.header.Get(HeaderForwardedBy)
+		}
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
+			}
+			if fanout != "" && j.ctx.Err() == nil && c.holderGone(fanout) {
+				c.log.Warn(fmt.Sprintf("coordinator %s, running the fan-out of job %s, is gone; cancelling its run here", fanout, j.id), "job_id", j.id)
+				j.cancel(errFanoutGone)
+				continue
 			}
 			if j.heard.Load() {
 				if j.alive.Swap(false) {

@@ -71,6 +71,9 @@ type metrics struct {
 	// forwarded counts requests handed to the coordinator holding their
 	// node (fleet.go).
 	forwarded prometheus.Counter
+	// takenOver counts the jobs this coordinator took over from a gone
+	// holder (holders.go).
+	takenOver prometheus.Counter
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -80,6 +83,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_coordinator_forwarded_requests_total",
 			Help: "API requests (and fan-out node runs) forwarded to the coordinator holding their node or job.",
+		}),
+		takenOver: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_coordinator_jobs_taken_over_total",
+			Help: "Jobs taken over (claimed, then settled) from a coordinator that was gone, or from this coordinator's predecessor.",
 		}),
 		agentsConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tether_coordinator_agents_connected",
@@ -131,7 +138,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -122,6 +122,7 @@ type Fleet struct {
 	Registries []*prometheus.Registry
 	stops      []context.CancelFunc
 	serveDone  []chan struct{}
+	listeners  []*killableListener
 	// ClientTLS trusts the fleet's CA; AddAgent uses it.
 	ClientTLS *tls.Config
 
@@ -284,10 +285,12 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		tcp, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			tb.Fatal(err)
 		}
+		ln := &killableListener{Listener: tcp, conns: map[net.Conn]struct{}{}}
+		f.listeners = append(f.listeners, ln)
 		if ci == 0 {
 			f.Coordinator = c
 			f.TunnelAddr = ln.Addr().String()
@@ -509,6 +512,50 @@ func (f *Fleet) DataDir(node string) string {
 func (f *Fleet) StopCoordinator(k int) {
 	f.stops[k]()
 	<-f.serveDone[k]
+}
+
+// KillCoordinator cuts coordinator k off as kill -9 would, seen from
+// outside: its NATS connection closes (its subscriptions vanish from the
+// server at once) and so do its tunnel listener and every connection it
+// accepted (its agents redial the others). Its goroutines go on inside
+// the test process, unheard, until the fleet stops.
+func (f *Fleet) KillCoordinator(k int) {
+	f.CoordNCs[k].Close()
+	f.listeners[k].kill()
+}
+
+// killableListener tracks the connections it accepted so that kill can
+// close them all with the listener.
+type killableListener struct {
+	net.Listener
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	killed bool
+}
+
+func (l *killableListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.killed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	l.conns[c] = struct{}{}
+	return c, nil
+}
+
+func (l *killableListener) kill() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.killed = true
+	l.Listener.Close()
+	for c := range l.conns {
+		c.Close()
+	}
 }
 
 // WaitNodes waits until at least n nodes are connected: to the coordinator,

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
@@ -448,5 +450,117 @@ func TestMultiCoordinatorLaggingRecordIsRetry(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Status != 503 || ae.Code != protocol.ErrCodeUnavailable {
 			t.Fatalf("exec on a node registered to a coordinator without its session: %v, want 503 unavailable", err)
 		}
+	}
+}
+
+// A coordinator that dies (its NATS connection gone at once, as after
+// kill -9) leaves its jobs to the others: the client of its attached job
+// learns from whichever coordinator answers that the job was lost, long
+// before its keepalive timeout, and its detached job is taken over and
+// settled with the node's own result once its node re-homed.
+//
+// With a silent subscriber on the coordinator subjects (an operator's
+// `nats sub '>'` in TETHER), NATS never says "no responders": the
+// verdict then rests on the fleet sweep missing the coordinator too.
+func TestMultiCoordinatorDeadHolderJobsTakenOver(t *testing.T) {
+	for _, silent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("silent_subscriber=%v", silent), func(t *testing.T) { testDeadHolderJobsTakenOver(t, silent) })
+	}
+}
+
+func testDeadHolderJobsTakenOver(t *testing.T, silent bool) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	if silent {
+		sub, err := f.CoordNCs[0].Subscribe(coordinator.CoordSubjectPrefix+">", func(*nats.Msg) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	det, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "det-dead", Target: protocol.Target{Node: "node-1"}, Detach: true, Script: "sleep 6; echo done"}, nil)
+	if err != nil || !det.Results[0].Detached {
+		t.Fatalf("detached exec: %v %+v", err, det)
+	}
+	cl := *f.Client
+	cl.KeepAliveTimeout = 10 * time.Minute // the outcome must come from the fate check
+	cl.FateCheckAfter = time.Second
+	type outcome struct {
+		res *protocol.ExecResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := cl.Exec(ctx, &protocol.ExecRequest{ID: "att-dead", Target: protocol.Target{Node: "node-1"}, Script: "sleep 120"}, nil)
+		done <- outcome{res, err}
+	}()
+	for {
+		rec, err := f.Client.JobGet(ctx, "att-dead")
+		if err == nil && rec.State == protocol.JobStateRunning {
+			if rec.Coordinator != "fleettest-1" {
+				t.Fatalf("attached job held by %s, want fleettest-1 (node-1's)", rec.Coordinator)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("attached job never running: %+v %v", rec, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.KillCoordinator(1)
+
+	o := <-done
+	if o.err != nil || o.res == nil || len(o.res.Results) != 1 || o.res.Results[0].ExitCode != -1 ||
+		!strings.Contains(o.res.Results[0].Error, "lost") {
+		t.Fatalf("attached job's client got %+v, %v; want node-1 lost", o.res, o.err)
+	}
+	rec, err := f.Client.JobGet(ctx, "att-dead")
+	if err != nil || rec.State != protocol.JobStateLost || rec.Coordinator != "fleettest-0" || rec.Epoch == 0 {
+		t.Fatalf("attached record = %+v, %v; want lost, taken over by fleettest-0", rec, err)
+	}
+	// The detached job ran on: its record ends with the node's result.
+	w, err := f.Client.JobWait(ctx, "det-dead", 200*time.Millisecond)
+	if err != nil || w.State != protocol.JobSucceeded || w.Coordinator != "fleettest-0" {
+		t.Fatalf("detached record = %+v, %v; want succeeded, held by fleettest-0 (coordinator 0 holds %+v; registry %+v)", w, err,
+			f.Coordinators[0].Nodes(protocol.Selector{}), f.Coordinators[0].FleetNodes(protocol.Selector{}))
+	}
+}
+
+// A fan-out's run on another coordinator ends when the fan-out's
+// coordinator dies: nobody reads its output any more (it used to run to
+// its own timeout).
+func TestMultiCoordinatorFanOutRunEndsWithItsCoordinator(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true,
+		Coordinator: func(c *coordinator.Config) { c.KeepAliveInterval = time.Second }})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	go f.Client.Exec(ctx, &protocol.ExecRequest{ID: "fan-dead", Target: protocol.Target{All: true}, Script: "sleep 120"}, nil)
+	running := func(k int) int {
+		n := 0
+		for _, ni := range f.Coordinators[k].Nodes(protocol.Selector{}) {
+			n += ni.RunningExecs
+		}
+		return n
+	}
+	var holder int
+	for {
+		rec, err := f.Client.JobGet(ctx, "fan-dead")
+		if err == nil && rec.State == protocol.JobStateRunning && running(0) == 1 && running(1) == 1 {
+			holder = map[string]int{"fleettest-0": 0, "fleettest-1": 1}[rec.Coordinator]
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("fan-out never running on both: %+v %v", rec, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	other := 1 - holder
+	f.KillCoordinator(holder)
+	for running(other) != 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("the fan-out's run on coordinator %d still runs after its coordinator %d died", other, holder)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

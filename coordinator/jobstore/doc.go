@@ -9,9 +9,9 @@
 // The work-queue stream TETHER_JOBS (subjects tether_jobs.<id>, outside
 // tether.v1. so that no client can publish into it; file storage;
 // duplicate window Config.DedupeWindow; max age Config.Retention) holds one
-// message per accepted job until it is acknowledged: by Dispatch for a job
-// submitted queued, else when the job ends (Finish, Lose, Observe). The ack
-// is a purge of the job's subject, sent without waiting for the answer. The KV bucket tether_jobs (history 1,
+// message per accepted job until it is acknowledged when the job ends
+// (Finish, Lose, Observe). The ack is a purge of the job's subject, sent without waiting
+// for the answer. The KV bucket tether_jobs (history 1,
 // TTL Config.Retention) holds a Record per job under job.<id> and, for
 // idempotent jobs, the job id under idem.<hash of owner and key>. Both
 // have replicas min(3, cluster size): Open tries 3, then 2, then 1, while

@@ -104,7 +104,7 @@ type Store struct {
 	replicas int
 
 	mu      sync.Mutex
-	pending map[string]struct{} // jobs Reconcile claimed and left running (guarded by mu)
+	pending map[string]time.Time // jobs Reconcile claimed and left running → since when (guarded by mu)
 }
 
 // Open creates or binds the stream and the bucket. Errors name what failed.
@@ -129,7 +129,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
 	}
-	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]struct{}{}}
+	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]time.Time{}}
 	s.replicas, err = jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
 		var err error
 		s.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
@@ -166,6 +166,10 @@ func (s *Store) Replicas() int { return s.replicas }
 
 // Coordinator is the holder id this store writes.
 func (s *Store) Coordinator() string { return s.cfg.Coordinator }
+
+// Boot is the holder process this store writes (Record.Boot): a record of
+// this coordinator's id with another boot is a predecessor's.
+func (s *Store) Boot() string { return s.boot }
 
 // Job is a holder's handle on one record: the record as last written and
 // its revision. It is not safe for concurrent use; a job's transitions are
@@ -413,24 +417,20 @@ func (s *Store) transition(ctx context.Context, j *Job, to State, change func(*R
 }
 
 // Dispatch moves j from queued to dispatched (to running, with both
-// times, when started: an attached job starts as its exec streams open)
-// and then removes its queue message (the ack). A fenced holder gets
-// ErrFenced and acks nothing.
+// times, when started: an attached job starts as its exec streams open).
+// A fenced holder gets ErrFenced. The queue message stays until the job
+// ends.
 func (s *Store) Dispatch(ctx context.Context, j *Job, started bool) error {
 	to := Dispatched
 	if started {
 		to = Running
 	}
-	err := s.transition(ctx, j, to, func(r *Record) {
+	return s.transition(ctx, j, to, func(r *Record) {
 		r.DispatchedAt = s.now()
 		if started {
 			r.StartedAt = r.DispatchedAt
 		}
 	})
-	if err != nil {
-		return err
-	}
-	return s.ack(ctx, j.ID)
 }
 
 // ack removes a job's queue message, if it is still there, without
@@ -580,12 +580,75 @@ func (s *Store) List(ctx context.Context, f Filter, keep func(*Record) bool, lim
 	return out, nil
 }
 
-// Queued reports how many queue messages the stream holds (jobs accepted
-// and not dispatched).
+// Queued reports how many queue messages the stream holds: jobs accepted
+// and not ended (and, rarely, ended ones whose ack was lost).
 func (s *Store) Queued(ctx context.Context) (uint64, error) {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("jobstore: stream %s info: %w", StreamName, err)
 	}
 	return info.State.Msgs, nil
+}
+
+// activeReadConcurrency bounds the record reads of one Active call.
+const activeReadConcurrency = 16
+
+// Active returns the jobs not ended that keep passes (nil: all), in no
+// particular order. It lists the bucket's job keys and reads their
+// records concurrently: its cost grows with the bucket (Config.Retention),
+// so reconciliation calls it on events (a holder gone, a restart) and
+// once a minute, never on a job's path.
+func (s *Store) Active(ctx context.Context, keep func(*Record) bool) ([]*Job, error) {
+	kl, err := s.kv.ListKeysFiltered(ctx, "job.>")
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: active jobs: %w", err)
+	}
+	defer kl.Stop()
+	ids := make(chan string)
+	var (
+		mu   sync.Mutex
+		out  []*Job
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range activeReadConcurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				j, err := s.Get(ctx, id)
+				switch {
+				case errors.Is(err, ErrNotFound):
+					continue // expired or deleted since listed
+				case err != nil:
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					continue
+				case j.State.Terminal(), keep != nil && !keep(&j.Record):
+					continue
+				}
+				mu.Lock()
+				out = append(out, j)
+				mu.Unlock()
+			}
+		}()
+	}
+	for k := range kl.Keys() {
+		select {
+		case ids <- strings.TrimPrefix(k, "job."):
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	close(ids)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("jobstore: active jobs: %w", err)
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("jobstore: active jobs: %w", errors.Join(errs...))
+	}
+	return out, nil
 }

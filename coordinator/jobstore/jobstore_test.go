@@ -114,7 +114,9 @@ func TestLifecycleForwardOnly(t *testing.T) {
 	waitQueued(t, s, 0)
 }
 
-func TestDispatchAcks(t *testing.T) {
+// TestQueueHoldsUntilEnd: a job's queue message stays through dispatch
+// and start, so that Active finds it, and goes when the job ends.
+func TestQueueHoldsUntilEnd(t *testing.T) {
 	env := natstest.Run(t)
 	s := open(t, env, "c1")
 	ctx := testContext(t)
@@ -122,15 +124,22 @@ func TestDispatchAcks(t *testing.T) {
 	if err := s.Dispatch(ctx, j, false); err != nil {
 		t.Fatal(err)
 	}
-	waitQueued(t, s, 0)
 	if err := s.Start(ctx, j); err != nil {
 		t.Fatal(err)
+	}
+	waitQueued(t, s, 1)
+	if act, err := s.Active(ctx, nil); err != nil || len(act) != 1 || act[0].ID != "j1" || act[0].State != jobstore.Running {
+		t.Fatalf("active = %v, %v; want j1 running", act, err)
 	}
 	if err := s.Finish(ctx, j, []protocol.NodeResult{{Node: "n1"}}, false, ""); err != nil {
 		t.Fatal(err)
 	}
 	if j.State != jobstore.Succeeded {
 		t.Errorf("state = %s, want succeeded", j.State)
+	}
+	waitQueued(t, s, 0)
+	if act, err := s.Active(ctx, nil); err != nil || len(act) != 0 {
+		t.Errorf("active after the end = %v, %v; want none", act, err)
 	}
 }
 
@@ -364,7 +373,7 @@ func TestReconcile(t *testing.T) {
 	}}
 	s := open(t, env, "new")
 	isDead := func(h string) bool { return h == "dead" }
-	out, err := s.Reconcile(ctx, nodes, isDead, false)
+	out, err := s.Reconcile(ctx, nodes, isDead, time.Hour)
 	if err != nil || out.Errs != nil {
 		t.Fatalf("reconcile: %v, %v", err, out.Errs)
 	}
@@ -394,14 +403,15 @@ func TestReconcile(t *testing.T) {
 	if j, _ := s.Get(ctx, "exited"); len(j.Results) != 1 || j.Results[0].ExitCode != 2 || !j.FinishedAt.Equal(finished) {
 		t.Errorf("exited record = %+v", j.Record)
 	}
-	waitQueued(t, s, 1) // theirs
+	waitQueued(t, s, 3) // theirs, and still and away: not ended
 	// Past the bound, the unreachable node's job is lost; the running one
 	// on a reachable node stays running.
-	if out, err = s.Reconcile(ctx, nodes, isDead, true); err != nil || out.Errs != nil {
+	if out, err = s.Reconcile(ctx, nodes, isDead, 0); err != nil || out.Errs != nil {
 		t.Fatalf("second reconcile: %v, %v", err, out.Errs)
 	}
 	want["away"] = jobstore.Lost
 	check()
+	waitQueued(t, s, 2) // theirs and still
 }
 
 // TestObserveNotFencedByHolder: a node's report settles a job whichever
@@ -478,7 +488,7 @@ func TestReconcileOwnPredecessor(t *testing.T) {
 	old := submit(t, before, jobstore.Submission{ID: "old", Nodes: []string{"n1"}})
 	after := open(t, env, "c1")
 	submit(t, after, jobstore.Submission{ID: "mine", Nodes: []string{"n1"}})
-	out, err := after.Reconcile(ctx, fakeNodes{}, nil, false)
+	out, err := after.Reconcile(ctx, fakeNodes{}, nil, time.Hour)
 	if err != nil || out.Errs != nil || out.Claimed != 1 {
 		t.Fatalf("reconcile = %+v, %v", out, err)
 	}

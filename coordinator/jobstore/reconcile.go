@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -29,8 +30,8 @@ type Querier interface {
 type Outcome struct {
 	// Claimed jobs this coordinator took over; Settled those it ended
 	// (with the node's result or as lost); Pending the detached jobs left
-	// running because their node could not be asked (a later pass with
-	// lose set ends them lost).
+	// running because their node could not be asked (a later pass ends
+	// them lost once they have been pending loseAfter).
 	Claimed, Settled, Pending int
 	// Errs are the jobs that could not be reconciled (another coordinator
 	// claimed them first: ErrFenced), joined.
@@ -47,9 +48,11 @@ type Outcome struct {
 //   - detached on one node: its status is asked of the node; exited
 //     becomes succeeded (exit 0), failed or cancelled; running stays
 //     running under the new holder; a node that does not know it makes
-//     it lost; an unreachable node leaves it pending, or lost when lose
-//     is set (the caller's bound on waiting has passed).
-func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder string) bool, lose bool) (Outcome, error) {
+//     it lost; an unreachable node leaves it pending, and lost once it
+//     has been pending for loseAfter (0: at once).
+//
+// It reads the bucket (Active).
+func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder string) bool, loseAfter time.Duration) (Outcome, error) {
 	var out Outcome
 	keep := func(r *Record) bool {
 		if r.Coordinator == s.cfg.Coordinator {
@@ -57,34 +60,49 @@ func (s *Store) Reconcile(ctx context.Context, q Querier, dead func(holder strin
 		}
 		return dead != nil && dead(r.Coordinator)
 	}
-	jobs, err := s.List(ctx, Filter{Active: true}, keep, 0)
-	if err != nil {
+	jobs, err := s.Active(ctx, keep)
+	if err != nil && jobs == nil {
 		return out, fmt.Errorf("jobstore: reconcile: %w", err)
 	}
-	var errs []error
+	errs := []error{err} // records that could not be read, if any
 	for _, j := range jobs {
-		// A job pending from an earlier pass is ours already.
-		if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
-			if err := s.Claim(ctx, j); err != nil {
-				errs = append(errs, err)
-				continue
-			}
+		claimed, settled, err := s.TakeOver(ctx, q, j, loseAfter)
+		if claimed {
 			out.Claimed++
 		}
-		settled, err := s.settleOrphan(ctx, q, j, lose)
-		if err != nil {
+		switch {
+		case err != nil:
 			errs = append(errs, err)
-			continue
-		}
-		s.setPending(j.ID, !settled)
-		if settled {
+		case settled:
 			out.Settled++
-		} else {
+		default:
 			out.Pending++
 		}
 	}
 	out.Errs = errors.Join(errs...)
 	return out, nil
+}
+
+// TakeOver claims one orphaned job read by Get or Active (unless this
+// coordinator holds it already: pending from an earlier pass) and settles
+// it as Reconcile does. claimed reports whether this call raised the
+// epoch; settled whether the job ended (else it stays running, pending,
+// under this coordinator, and is lost once pending for loseAfter). A job
+// claimed first by another coordinator is ErrFenced.
+func (s *Store) TakeOver(ctx context.Context, q Querier, j *Job, loseAfter time.Duration) (claimed, settled bool, err error) {
+	if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
+		if err := s.Claim(ctx, j); err != nil {
+			return false, false, err
+		}
+		claimed = true
+	}
+	since := s.pendingSince(j.ID)
+	settled, err = s.settleOrphan(ctx, q, j, since != (time.Time{}) && s.cfg.Now().Sub(since) >= loseAfter || loseAfter <= 0)
+	if err != nil {
+		return claimed, false, err
+	}
+	s.setPending(j.ID, !settled)
+	return claimed, settled, nil
 }
 
 func (s *Store) settleOrphan(ctx context.Context, q Querier, j *Job, lose bool) (bool, error) {
@@ -164,22 +182,30 @@ func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bo
 	if err := s.write(ctx, j, rec); err != nil {
 		return false, err
 	}
-	return rec.State.Terminal(), s.ack(ctx, j.ID)
+	if !rec.State.Terminal() {
+		return false, nil // its queue message stays until it ends
+	}
+	return true, s.ack(ctx, j.ID)
 }
 
 func (s *Store) isPending(id string) bool {
+	return s.pendingSince(id) != (time.Time{})
+}
+
+// pendingSince is when a pass first left job id pending; zero if none did.
+func (s *Store) pendingSince(id string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.pending[id]
-	return ok
+	return s.pending[id]
 }
 
 func (s *Store) setPending(id string, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if on {
-		s.pending[id] = struct{}{}
-	} else {
+	switch _, ok := s.pending[id]; {
+	case !on:
 		delete(s.pending, id)
+	case !ok:
+		s.pending[id] = s.cfg.Now()
 	}
 }

@@ -102,6 +102,13 @@ func TestWriteSummary(t *testing.T) {
 	if !strings.Contains(w.String(), "\na     0     10ms      ok\n") {
 		t.Errorf("--summary table lacks the ok node:\n%s", w.String())
 	}
+	// A detached fan-out's nodes started the job; none has succeeded yet.
+	w.Reset()
+	det := &protocol.ExecResult{Results: []protocol.NodeResult{{Node: "a", Detached: true}, {Node: "b", Detached: true}, {Node: "c", ExitCode: -1, Error: "tunnel lost"}}}
+	writeSummary(&w, det, 0, false, time.Second)
+	if !strings.HasSuffix(w.String(), "3 nodes: 2 started, 1 failed (1s)\n") {
+		t.Errorf("detached summary:\n%s", w.String())
+	}
 }
 
 // The exec and job commands against an in-process fleet.
@@ -213,6 +220,11 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	r = runCLI(ctx, nil, "", "job", "wait", "--nats-url", url, "--poll", "50ms", attached)
 	if r.code != 7 {
 		t.Errorf("job wait of an attached job that exited 7: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// Its logs were never kept: said so, not "no detached job".
+	r = runCLI(ctx, nil, "", "job", "logs", "--nats-url", url, attached)
+	if r.code == 0 || !strings.Contains(r.stderr, "was attached") || strings.Contains(r.stderr, "no detached job") {
+		t.Errorf("job logs of an attached job: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--state", "failed")
 	if r.code != 0 || !strings.Contains(r.stdout, id6) || !strings.Contains(r.stdout, attached) || strings.Contains(r.stdout, id+" ") {

@@ -225,8 +225,13 @@ func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
 // polls both, printing new bytes as they come, until the job exited and
 // both were read to the end, then exits with the job's exit code.
 func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
-	if _, err := resolveNode(ctx, c, o, id); err != nil {
+	rec, err := resolveNode(ctx, c, o, id)
+	if err != nil {
 		return err
+	}
+	if rec != nil && !rec.Detached {
+		// Its output went to the client that ran it; nothing kept it.
+		return fmt.Errorf("job %s was attached (%s): its output went to the tether exec that ran it and was not kept; only detached jobs (tether exec --detach) keep logs", id, rec.State)
 	}
 	offsets := map[string]int64{}
 	read := func(stream string, w io.Writer) (eof bool, err error) {

@@ -188,8 +188,23 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 	if truncated > 0 {
 		trunc = fmt.Sprintf(", %d with output truncated", truncated)
 	}
-	_, err := fmt.Fprintf(w, "%d %s: %d succeeded, %d failed%s (%v)\n", n, noun, n-failed, failed, trunc, elapsed.Round(time.Millisecond))
+	verb := "succeeded"
+	if n > 0 && n-failed > 0 && allDetached(res.Results) {
+		verb = "started" // a detached job's nodes report its start, not its end
+	}
+	_, err := fmt.Fprintf(w, "%d %s: %d %s, %d failed%s (%v)\n", n, noun, n-failed, verb, failed, trunc, elapsed.Round(time.Millisecond))
 	return err
+}
+
+// allDetached reports whether every result that is OK is a detached
+// job's start.
+func allDetached(rs []protocol.NodeResult) bool {
+	for i := range rs {
+		if rs[i].OK() && !rs[i].Detached {
+			return false
+		}
+	}
+	return true
 }
 
 // summaryText is a node's RESULT column: ok, or the first line of what went
