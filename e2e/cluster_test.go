@@ -434,6 +434,13 @@ func (o *outcome) succeeded() bool {
 }
 
 func (o *outcome) String() string {
+	if o.retries > 0 {
+		return fmt.Sprintf("after %d 503s retried: %s", o.retries, o.answer())
+	}
+	return o.answer()
+}
+
+func (o *outcome) answer() string {
 	switch {
 	case o.err != nil:
 		return "error: " + o.err.Error()
