@@ -419,7 +419,7 @@ type outcome struct {
 	res      *protocol.ExecResult // attached: the final result
 	rec      *protocol.JobRecord  // detached: the terminal record
 	err      error
-	retries  int       // 503s retried before the answer
+	retries  int       // 503s and no-responders retried before the answer
 	at       time.Time // when the client returned
 }
 
@@ -435,7 +435,7 @@ func (o *outcome) succeeded() bool {
 
 func (o *outcome) String() string {
 	if o.retries > 0 {
-		return fmt.Sprintf("after %d 503s retried: %s", o.retries, o.answer())
+		return fmt.Sprintf("after %d retries (503, no responders): %s", o.retries, o.answer())
 	}
 	return o.answer()
 }
@@ -469,9 +469,12 @@ func (c *cluster) submit(ctx context.Context, id, node string, held, detach bool
 		o.res, o.err = c.cl.Exec(ctx, req, nil)
 		// 503 unavailable is the API's "retry": the node's coordinator
 		// did not take the request (it is reconnecting to NATS, or
-		// draining) and the job was not recorded, so it did not run.
+		// draining) and the job was not recorded, so it did not run. No
+		// responders: no coordinator was subscribed at that instant
+		// (every one reconnecting after its NATS server stopped).
 		var ae *protocol.APIError
-		if !errors.As(o.err, &ae) || ae.Status != 503 || ctx.Err() != nil {
+		retry := errors.As(o.err, &ae) && ae.Status == 503 || errors.Is(o.err, nats.ErrNoResponders)
+		if !retry || ctx.Err() != nil {
 			break
 		}
 		o.retries++
