@@ -761,6 +761,15 @@ func remoteNode(info protocol.NodeInfo) *node {
 	}
 }
 
+// takesForNode reports whether this coordinator answers requests
+// forwarded for node id: it holds a session of the node and is not
+// draining.
+func (c *Coordinator) takesForNode(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id] != nil && !c.closing
+}
+
 // holds reports whether this coordinator holds a session of node id.
 func (c *Coordinator) holds(id string) bool {
 	c.mu.Lock()
@@ -899,6 +908,18 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	part, op := rest[:dot], rest[dot+1:]
 	if m.Header.Get(HeaderForwardedBy) == "" {
 		return // not from a coordinator's forward
+	}
+	if handlers != nil && nodeEndpoints[op] != "" && !c.takesForNode(strings.ReplaceAll(part, "~", ".")) {
+		// A node subject is not a queue group: every coordinator
+		// subscribed to it gets the request. One that does not hold
+		// the node now (its subscription outlived the session: restored
+		// by nats.go after a partition, or the agent just moved on) or
+		// is draining stays silent, neither acknowledging nor
+		// answering: its 503 or 404 would race the holder's answer, and
+		// a client told to retry ran the job twice (e2e TestCluster).
+		// The holder answers; if none does, the forwarder's
+		// acknowledgement timeout answers 503.
+		return
 	}
 	if m.Reply != "" && op != "dial" && op != "sandbox.delete" && op != "ssh" && op != "job.query" {
 		// The acknowledgement: the forwarder stops waiting.
