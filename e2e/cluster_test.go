@@ -118,7 +118,6 @@ type cluster struct {
 	// deadCoord is the coordinator killed in the running phase; gaps the
 	// failures only a takeover of its jobs fixes (killCoordinator).
 	deadCoord string
-	gapKind   string // "drain" during rollingRestart's checks
 	gaps      []string
 }
 
@@ -581,8 +580,6 @@ func (c *cluster) checkSettled(outs []*outcome, refusedOK bool) {
 		r, ok := recs[o.id]
 		n := runs[o.id]
 		switch {
-		case n > 1 && c.gapKind == "drain":
-			c.gap(fmt.Sprintf("job %s ran %d times (not idempotent): client %s", o.id, n, o))
 		case n > 1:
 			c.t.Errorf("job %s ran %d times (not idempotent): client %s", o.id, n, o)
 		case !ok && refusedOK && o.err != nil && n == 0:
@@ -762,8 +759,8 @@ const takeoverPending = false
 // coordinator's jobs can fix (see killCoordinator).
 func (c *cluster) takeoverGap(msg string) { c.gap(msg) }
 
-// gap records a failure of a known gap (c.gapKind, c.deadCoord), reported
-// at the end of its phase.
+// gap records a failure of a known gap (the takeover, the drain),
+// reported at the end of its phase.
 func (c *cluster) gap(msg string) { c.gaps = append(c.gaps, msg) }
 
 // stopNATSServer: SIGTERM to the NATS server most coordinators are
@@ -943,8 +940,6 @@ func (c *cluster) rollingRestart() {
 		t.Fatal("no job was submitted during the rolling restart")
 	}
 	runs := c.runCounts()
-	c.gapKind = "drain"
-	defer func() { c.gapKind = "" }()
 	for _, o := range outs {
 		if !o.succeeded() && (o.err == nil || runs[o.id] != 0) {
 			c.gap(fmt.Sprintf("job %s lost in the rolling restart: %s, ran %d times", o.id, o, runs[o.id]))
@@ -952,7 +947,7 @@ func (c *cluster) rollingRestart() {
 	}
 	c.checkSettled(outs, true)
 	if len(c.gaps) > 0 {
-		msg := fmt.Sprintf("%d jobs lost or run twice across a drain:\n%s", len(c.gaps), strings.Join(c.gaps, "\n"))
+		msg := fmt.Sprintf("%d jobs lost across a drain:\n%s", len(c.gaps), strings.Join(c.gaps, "\n"))
 		c.gaps = nil
 		if drainGapsPending && !t.Failed() {
 			t.Skip("TODO(drain): a rolling restart loses jobs: " + msg)
@@ -963,13 +958,13 @@ func (c *cluster) rollingRestart() {
 
 // drainGapsPending marks the drain's known gaps (see rollingRestart) as
 // not fixed yet: rollingRestart then skips, naming every lost job,
-// instead of failing. Seen in every run on 2026-12-02 after merging main:
-// (1) a detached job whose start raced the drain runs while its client is
-// told "tunnel lost during exec: unexpected EOF"; (2) a job dispatched to
-// a session the drain had sent GoAway fails with "open exec stream:
-// session shutdown" without running, instead of being refused with 503;
-// (3) a job refused 503 by a draining coordinator and submitted again with
-// its id (as 503 asks) runs twice on the node's new coordinator.
+// instead of failing. Seen on 2026-12-02 (main at d53208d merged): (1) a
+// detached job whose start raced the drain runs while its client is told
+// "tunnel lost during exec: unexpected EOF"; (2) a job dispatched onto a
+// session the drain is closing fails without running ("open exec stream:
+// ... session shutdown", "tunnel lost during exec: unexpected EOF")
+// instead of being refused with 503 before it is recorded. A job run
+// twice is not one of them: that fails the test.
 const drainGapsPending = true
 
 // restartEverything: a lease and a sandbox record before; every
