@@ -114,7 +114,6 @@ type cluster struct {
 	release  string // a FIFO: "held" jobs block opening it until releaseHeld
 	caFile   string
 	nodeIDs  []string
-	jobCount atomic.Int64
 	// deadCoord is the coordinator killed in the running phase; gaps the
 	// failures only a takeover of its jobs fixes (killCoordinator).
 	deadCoord string
@@ -462,7 +461,6 @@ func (c *cluster) submit(ctx context.Context, id, node string, held, detach bool
 		// Blocked in open(2) until a writer comes: no CPU, 200 at once.
 		script += "read -r _ < " + c.release + "\nexit 0\n"
 	}
-	c.jobCount.Add(1)
 	o := &outcome{id: id, detached: detach}
 	req := &protocol.ExecRequest{ID: id, Target: protocol.Target{Node: node}, Script: script, Detach: detach}
 	for {
@@ -598,13 +596,15 @@ func (c *cluster) checkSettled(outs []*outcome, refusedOK bool) {
 	}
 }
 
-// waitGroupFor waits for wg, at most d.
-func waitGroupFor(wg *sync.WaitGroup, d time.Duration) {
+// waitGroupFor waits for wg, at most d, and reports whether it is done.
+func waitGroupFor(wg *sync.WaitGroup, d time.Duration) bool {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		return true
 	case <-time.After(d):
+		return false
 	}
 }
 
@@ -675,10 +675,14 @@ func (c *cluster) killCoordinator() {
 		}
 		runs := c.runCounts()
 		c.releaseHeld()
-		waitGroupFor(&wg, time.Minute)
-		for i, o := range outs {
+		finished := waitGroupFor(&wg, time.Minute)
+		for i := range outs {
 			id := fmt.Sprintf("kill-%03d", i)
 			if runs[id] == 0 {
+				var o any = "still waiting"
+				if finished {
+					o = outs[i]
+				}
 				r, err := c.cl.JobGet(ctx, id)
 				t.Logf("job %s (node %s) did not start: client %v; record %+v, %v", id, c.nodeIDs[i%clusterAgents], o, r, err)
 			}
