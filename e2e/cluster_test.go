@@ -99,21 +99,21 @@ type clusterCoord struct {
 type cluster struct {
 	// t is the running phase's test (a subtest of root); root owns the
 	// processes, which outlive each phase.
-	t        *testing.T
-	root     *testing.T
-	dir      string
-	natsBin  string
-	layout   *natsauth.Layout
-	servers  []*natsNode
-	coords   []*clusterCoord
-	agents   []*proc
-	proxies  []*blackholeProxy // between coords[len-1] and each server
-	nc       *nats.Conn
-	cl       *client.Client
-	runs     string // every job appends its id here when it starts
-	release  string // a FIFO: "held" jobs block opening it until releaseHeld
-	caFile   string
-	nodeIDs  []string
+	t       *testing.T
+	root    *testing.T
+	dir     string
+	natsBin string
+	layout  *natsauth.Layout
+	servers []*natsNode
+	coords  []*clusterCoord
+	agents  []*proc
+	proxies []*blackholeProxy // between coords[len-1] and each server
+	nc      *nats.Conn
+	cl      *client.Client
+	runs    string // every job appends its id here when it starts
+	release string // a FIFO: "held" jobs block opening it until releaseHeld
+	caFile  string
+	nodeIDs []string
 	// deadCoord is the coordinator killed in the running phase; gaps the
 	// failures only a takeover of its jobs fixes (killCoordinator).
 	deadCoord string
