@@ -47,32 +47,17 @@ const (
 // race build on a loaded machine.
 const fateBound = 30 * time.Second
 
-var (
-	natsServerOnce sync.Once
-	natsServerBin  string
-	natsServerErr  error
-)
-
 // buildNATSServer builds nats-server from the module's own nats-server
-// dependency (its module root is package main), once per test binary.
+// dependency (its module root is package main) into a temporary
+// directory of t's.
 func buildNATSServer(t *testing.T) string {
 	t.Helper()
-	natsServerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tether-e2e-nats")
-		if err != nil {
-			natsServerErr = err
-			return
-		}
-		natsServerBin = filepath.Join(dir, "nats-server")
-		out, err := exec.Command("go", "build", "-o", natsServerBin, "github.com/nats-io/nats-server/v2").CombinedOutput()
-		if err != nil {
-			natsServerErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
-		}
-	})
-	if natsServerErr != nil {
-		t.Fatal(natsServerErr)
+	bin := filepath.Join(t.TempDir(), "nats-server")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build nats-server: %v\n%s", err, out)
 	}
-	return natsServerBin
+	return bin
 }
 
 // natsNode is one nats-server of the cluster.
