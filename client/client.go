@@ -27,8 +27,11 @@ const (
 	// above the coordinator's keepalive interval (5 s by default).
 	DefaultKeepAliveTimeout = 3 * 15 * time.Second
 	// DefaultFateCheckAfter is how long Exec waits with no reply before it
-	// asks the job store (any coordinator) what became of the job.
-	DefaultFateCheckAfter = 3 * time.Second
+	// asks the job store (any coordinator) what became of the job: a
+	// little more than the coordinator's keepalive interval
+	// (protocol.DefaultKeepAliveInterval), so that a job whose coordinator
+	// lives is never asked about (each check is an audited job.get).
+	DefaultFateCheckAfter = protocol.DefaultKeepAliveInterval + time.Second
 )
 
 // ErrCoordinatorSilent is matched (errors.Is) by the error Exec returns when

@@ -64,9 +64,12 @@ type Coordinator struct {
 	conns   map[*agentConn]struct{} // every live agent connection, registered or not
 	nodes   map[string]*node        // registered sessions by node id
 	jobs    map[string]*job         // running jobs by id
-	connWG  sync.WaitGroup          // one per agent connection goroutine
-	jobWG   sync.WaitGroup          // one per running job goroutine
-	relays  relaySet                // running stream relays (relay.go)
+	// ending are the jobs that replied and whose final record is being
+	// written, by id: closed once it is (durable.go).
+	ending map[string]chan struct{}
+	connWG sync.WaitGroup // one per agent connection goroutine
+	jobWG  sync.WaitGroup // one per running job goroutine
+	relays relaySet       // running stream relays (relay.go)
 	// auditQueries counts the audit queries being read (audit.go).
 	auditQueries int
 	svc          micro.Service // set while serving
@@ -128,6 +131,7 @@ func New(cfg Config) (*Coordinator, error) {
 		conns:     map[*agentConn]struct{}{},
 		nodes:     map[string]*node{},
 		jobs:      map[string]*job{},
+		ending:    map[string]chan struct{}{},
 
 		admit:   admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
 		nodeUps: make(chan string, 1024),

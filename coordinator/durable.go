@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -19,24 +20,61 @@ import (
 // Durable jobs (Config.Jobs, package jobstore). A job goroutine records
 // its job at four points, each one write to the store, all no-ops
 // without a store:
-//   - accept (recordAccept, before run): running for an attached job
-//     (its exec streams open right away), dispatched for a detached one
-//     (it is started on its nodes right away): one write on the path
-//     every exec takes, with the submitting identity; a failure refuses
-//     the job (it must not run unrecorded);
-//   - dispatch (recordDispatch, when run starts): for a job recorded
-//     queued only (none today: the coordinator dispatches what it
-//     accepts at once); a fenced write (another coordinator took the job
-//     over) stops the job;
+//   - accept (startAccept, as the job is created; j.accept): running for an
+//     attached job (its exec streams open right away), dispatched for a
+//     detached one (it is started on its nodes right away): one write on
+//     the path every exec takes, with the submitting identity. The write
+//     runs while the job's exec stream opens: the stream's header, which
+//     is what makes the agent start the process, is written only once the
+//     store acknowledged the record (tunnel.Session.OpenGated), so a job
+//     never runs unrecorded; a failed write closes the stream headerless,
+//     refuses the job (409 or 503) and no node runs it. A fan-out waits
+//     for the accept before it starts any node (some may run elsewhere:
+//     runRemote);
+//   - dispatch (recordDispatch, in the accept, once the record is
+//     written): for a job recorded queued only (none today: the
+//     coordinator dispatches what it accepts at once); a fenced write
+//     (another coordinator took the job over) refuses the job;
 //   - start and finish (recordEnd, just after the final reply, so that
 //     the client's round trip has one store write, not two; a job.get
 //     racing the reply may still see running): a detached
 //     job whose nodes all started it is running (its node settles it:
 //     job.get and reconciliation ask), any other job ends succeeded,
-//     failed or cancelled with the nodes' results.
+//     failed or cancelled with the nodes' results. The write is
+//     compare-and-set on the accept's revision and fenced by holder
+//     (jobstore: a coordinator that lost the job gets ErrFenced and
+//     writes nothing), and moves the record forward only.
 //
 // Writes after accept that fail are logged: the job's outcome reaches its
 // client anyway, and reconciliation settles what the record misses.
+//
+// The accept overlaps the write with the stream's open; this is why each
+// guarantee of issue 11 still holds:
+//   - no job runs unrecorded: the agent acts on a stream only when it
+//     reads its header, and the header leaves only after the server
+//     acknowledged the record (stored; on disk under sync_interval:
+//     always); on a failed or timed-out write the stream is closed
+//     without one, the job is cancelled (errNotAccepted) and its only
+//     reply is the refusal. Remote runs (runRemote) and fan-outs start
+//     only after the accept. (A write that timed out may still land: its
+//     record then says running for a job that never ran, until
+//     reconciliation by this coordinator's successor settles it lost, as
+//     before the overlap; it never makes a job run.)
+//   - fencing: the accept writes the record compare-and-set on the key
+//     having no revision (Nats-Expected-Last-Subject-Sequence 0, as KV
+//     Create), so it never overwrites another holder's live record
+//     (ErrExists); every later write (recordEnd) is a compare-and-set on
+//     the revision it wrote, checked against holder, boot and epoch, so a
+//     coordinator that lost the job gets ErrFenced and writes nothing.
+//   - idempotency: an idempotent submission goes the synchronous way
+//     (its key is created first; a repeat gets ErrDuplicate and runs
+//     nothing), and its record write carries the key as Nats-Msg-Id.
+//   - forward only: the accept writes the first state; recordEnd's moves
+//     are checked forward (jobstore.ErrBackward otherwise).
+//   - the final write is off the client's path and off the next job's:
+//     the caller's job slot is freed and the id forgotten before the
+//     final reply, and a reuse of the id waits for the final record
+//     (ending) instead of finding the job running.
 
 // durableWriteTimeout bounds one write of a job's record.
 const durableWriteTimeout = 5 * time.Second
@@ -54,25 +92,82 @@ func (j *job) storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(j.ctx), durableWriteTimeout)
 }
 
-// recordAccept records j as queued. It reports false, having published
-// j's error reply, when the job must not run.
-func (j *job) recordAccept() bool {
+// startAccept starts recording j (jobstore.Store.Begin: the record's
+// write is on its way when it returns) and sets j.accept, which waits for
+// the outcome (once; later calls, from any goroutine, repeat it) and
+// reports whether j may run: when not, j's error reply was published and
+// j cancelled (errNotAccepted). Without a store j is accepted at once.
+func (j *job) startAccept() {
 	s := j.c.cfg.Jobs
 	if s == nil {
-		return true
+		j.accept = func() bool { return true }
+		return
 	}
-	ctx, cancel := j.storeCtx()
-	defer cancel()
-	dj, err := s.Submit(ctx, jobstore.Submission{
+	sub := jobstore.Submission{
 		ID: j.id, Owner: j.ownerString(), Nodes: j.targets, Target: j.target,
 		Detached: j.params.Detach, Script: j.command(),
 		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
 		StartNow: !j.params.Detach, DispatchNow: j.params.Detach,
+	}
+	j.c.mu.Lock()
+	ending := j.c.ending[j.id]
+	j.c.mu.Unlock()
+	var wait func(context.Context) (*jobstore.Job, error)
+	if ending == nil {
+		wait = s.Begin(sub)
+	}
+	j.accept = sync.OnceValue(func() bool {
+		ctx, cancel := j.storeCtx()
+		defer cancel()
+		if wait == nil {
+			// The id's previous job replied and its final record is on
+			// its way (recordEnd): submitted now, the id would still be
+			// running (409), so wait for it in the job's goroutine.
+			select {
+			case <-ending:
+			case <-ctx.Done():
+			}
+			wait = s.Begin(sub)
+		}
+		dj, err := wait(ctx)
+		return j.accepted(dj, err) && j.recordDispatch()
 	})
-	switch {
-	case err == nil:
+}
+
+// ending registers j's final record write (recordEnd) as under way, till
+// recordEnd returns; run calls it before the final reply, so that a
+// client reusing j's id at once finds it (startAccept).
+func (j *job) ending() {
+	if j.durable == nil {
+		return
+	}
+	j.c.mu.Lock()
+	j.c.ending[j.id] = make(chan struct{})
+	j.c.mu.Unlock()
+}
+
+// errNotAccepted is the cancel cause of a job whose record could not be
+// written.
+var errNotAccepted = errors.New("the job could not be recorded; not run")
+
+// acceptGate is the gate of j's exec streams (tunnel.Session.OpenGated):
+// nil once j's accept succeeded, else errNotAccepted.
+func (j *job) acceptGate() error {
+	if j.accept() {
+		return nil
+	}
+	return errNotAccepted
+}
+
+// accepted takes the outcome of j's submission (dj, err): true when j may
+// run; else false, having cancelled j and published its error reply.
+func (j *job) accepted(dj *jobstore.Job, err error) bool {
+	if err == nil {
 		j.durable = dj
 		return true
+	}
+	j.cancel(errNotAccepted)
+	switch {
 	case errors.Is(err, jobstore.ErrDuplicate):
 		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s repeats idempotent job %s (%s); its result: tether job wait %s", j.id, dj.ID, dj.State, dj.ID))
 	case errors.Is(err, jobstore.ErrExists):
@@ -123,6 +218,14 @@ func (j *job) recordEnd(results []protocol.NodeResult) {
 	if j.durable == nil {
 		return
 	}
+	defer func() {
+		j.c.mu.Lock()
+		if ch := j.c.ending[j.id]; ch != nil {
+			delete(j.c.ending, j.id)
+			close(ch)
+		}
+		j.c.mu.Unlock()
+	}()
 	ctx, cancel := j.storeCtx()
 	defer cancel()
 	s := j.c.cfg.Jobs

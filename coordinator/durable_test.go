@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator"
@@ -122,7 +123,13 @@ func TestDurableAttached(t *testing.T) {
 				}
 				return nil
 			})
-			if rec.State != tc.want || rec.Owner != "nats:client" || rec.Coordinator != "coord-test" || rec.ExitCode() != tc.exit {
+			exit := rec.ExitCode()
+			if tc.cmd == "hang" && exit == -1 && len(rec.Results) == 1 && rec.Results[0].Cancelled {
+				// The record says running from accept: the cancel may
+				// reach the node before the process started there.
+				exit = tc.exit
+			}
+			if rec.State != tc.want || rec.Owner != "nats:client" || rec.Coordinator != "coord-test" || exit != tc.exit {
 				t.Errorf("record = %+v; want state %s, owner nats:client, exit %d", rec, tc.want, tc.exit)
 			}
 			if rec.StartedAt.IsZero() || rec.FinishedAt.IsZero() || rec.DispatchedAt.IsZero() {
@@ -310,5 +317,101 @@ func TestDurableOwnerOutlivesMemory(t *testing.T) {
 	}
 	if code := status("bob"); code != "403" && code != "404" {
 		t.Errorf("bob's job.status on alice's job: %q, want refused", code)
+	}
+}
+
+// TestDurableIDReusedAtOnce: a client may reuse a job's id as soon as it
+// has the job's result, though the job's final record is written after
+// the reply: the next submission of the id waits for it instead of
+// finding the job still running (409).
+func TestDurableIDReusedAtOnce(t *testing.T) {
+	h := newHarness(t, withStore(t, nil, nil))
+	h.dialAgent(t, agentOpts{id: "n1"})
+	for i := range 30 {
+		if r := h.exec(protocol.ExecRequest{ID: "again", Target: protocol.Target{Node: "n1"}, Argv: []string{"ok"}}); r.err != nil || r.result == nil {
+			t.Fatalf("exec %d of id again: %+v", i, r.err)
+		}
+	}
+}
+
+// TestDurableJobSlotFreeAtResult: a caller at its max_concurrent_jobs may
+// submit its next job as soon as it has the last one's result, though
+// that job's final record is written after the reply: the slot is freed
+// before the reply, not after the write.
+func TestDurableJobSlotFreeAtResult(t *testing.T) {
+	const pol = `version: 1
+identities:
+  nats:serial:
+    limits:
+      max_concurrent_jobs: 1
+    rules:
+      - nodes: "*"
+        operations: [exec]
+        run_as: serial
+`
+	h, _ := newPolicyHarness(t, pol, withStore(t, nil, nil))
+	h.dialAgent(t, agentOpts{id: "n1"})
+	for i := range 30 {
+		r := execAs(t, h.as("serial"), map[string]any{"target": map[string]any{"node": "n1"}, "argv": []string{"ok"}})
+		if r.err != nil || r.result == nil {
+			t.Fatalf("job %d: %+v", i, r.err)
+		}
+	}
+}
+
+// TestDurableAgentStartsOnlyRecorded: the job's record is written while
+// its exec stream opens, but the agent gets the stream's header (its go)
+// only once the record is stored: whenever an exec reaches the agent, its
+// job's record is there, running.
+func TestDurableAgentStartsOnlyRecorded(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, withStore(t, &st, nil))
+	var bad, current atomic.Value // current: the id of the job in flight
+	h.dialAgent(t, agentOpts{id: "n1", header: func(hd protocol.Header) {
+		if hd.Kind != protocol.KindExec {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		id := current.Load().(string)
+		if j, err := st.Get(ctx, id); err != nil || j.State != jobstore.Running {
+			bad.Store(fmt.Sprintf("job %s reached the agent before its record: %v, %v", id, j, err))
+		}
+	}})
+	for i := range 30 {
+		current.Store(fmt.Sprint("r", i))
+		if r := h.exec(protocol.ExecRequest{ID: fmt.Sprint("r", i), Target: protocol.Target{Node: "n1"}, Argv: []string{"ok"}}); r.err != nil {
+			t.Fatalf("exec %d: %+v", i, r.err)
+		}
+		if b := bad.Load(); b != nil {
+			t.Fatal(b)
+		}
+	}
+}
+
+// TestDurableRefusedUnrecorded: a job whose record cannot be written
+// (here its bucket is gone) is refused with 503, and its agent starts
+// nothing: the exec stream it opened meanwhile closes without a header.
+func TestDurableRefusedUnrecorded(t *testing.T) {
+	h := newHarness(t, withStore(t, nil, nil))
+	var headers atomic.Int32
+	a := h.dialAgent(t, agentOpts{id: "n1", header: func(protocol.Header) { headers.Add(1) }})
+	js, err := jetstream.New(h.coordNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	if err := js.DeleteKeyValue(ctx, jobstore.BucketName); err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []protocol.Target{{Node: "n1"}, {All: true}} {
+		r := h.exec(protocol.ExecRequest{Target: target, Argv: []string{"ok"}})
+		if r.err == nil || r.err.Status != 503 || r.result != nil {
+			t.Fatalf("exec on %+v with the store gone = %+v, %+v; want 503", target, r.err, r.result)
+		}
+	}
+	if n, m := a.execs.Load(), headers.Load(); n != 0 || m != 0 {
+		t.Errorf("agent got %d execs, %d stream headers; want none", n, m)
 	}
 }

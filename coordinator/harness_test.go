@@ -385,12 +385,21 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 	defer dcancel()
 	var conn net.Conn
 	var err error
-	if o.clientCert != nil {
-		cfg := h.clientTLS.Clone()
-		cfg.Certificates = []tls.Certificate{*o.clientCert}
-		conn, err = tunnel.DialTLS(dctx, h.addr, cfg)
-	} else {
-		conn, err = h.dialTLS(dctx, o.localIP)
+	for {
+		if o.clientCert != nil {
+			cfg := h.clientTLS.Clone()
+			cfg.Certificates = []tls.Certificate{*o.clientCert}
+			conn, err = tunnel.DialTLS(dctx, h.addr, cfg)
+		} else {
+			conn, err = h.dialTLS(dctx, o.localIP)
+		}
+		// The pacer may ask a fast redialer to come back (a real agent's
+		// Redialer does): do so, as tests are not about pacing here.
+		var busy *tunnel.RetryAfterError
+		if !errors.As(err, &busy) || dctx.Err() != nil {
+			break
+		}
+		time.Sleep(busy.After)
 	}
 	if err != nil {
 		t.Fatal(err)

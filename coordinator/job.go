@@ -81,7 +81,15 @@ type job struct {
 
 	// durable is the job's record in Config.Jobs (durable.go), nil
 	// without a store; idempotent and idempotencyKey are the request's.
-	durable        *jobstore.Job
+	durable *jobstore.Job
+	// release frees the caller's job slot (policy max_concurrent_jobs);
+	// more calls do nothing. run calls it before the final reply, so that
+	// the caller may submit its next job as soon as it has this one's
+	// result (the final record is written after the reply).
+	release func()
+	// accept waits for the job's record to be accepted (startAccept,
+	// durable.go) and reports whether the job may run.
+	accept         func() bool
 	idempotent     bool
 	idempotencyKey string
 
@@ -105,23 +113,36 @@ func (j *job) run() {
 	stopKeeper := sync.OnceFunc(j.startKeeper())
 	defer stopKeeper()
 	defer j.forget()
-	if !j.recordAccept() || !j.recordDispatch() { // durable.go
-		return
-	}
-
+	// The job's record is being written (startAccept, in handleExec) while
+	// its exec stream opens; the agent starts nothing before the record is
+	// stored (durable.go). Whatever failed before a refused accept
+	// (nothing started: the stream went without its header) is dropped,
+	// the accept's error reply being the job's last.
 	results := make([]protocol.NodeResult, len(j.targets))
 	if len(j.targets) == 1 {
 		// The common case: no fan-out, so no extra goroutine.
 		results[0] = j.runNodeGuarded(j.targets[0])
+		if !j.accept() {
+			return
+		}
 		j.publishNodeResult(&results[0])
 	} else {
+		// A fan-out starts its nodes one after another, some perhaps
+		// elsewhere (runRemote): it waits for the accept first.
+		if !j.accept() {
+			return
+		}
 		j.fanOut(results)
 	}
 	stopKeeper()
 
-	// Forget the job before the final reply, so a client may reuse its id
-	// as soon as it sees the result.
+	// Forget the job and free its slot before the final reply, so a client
+	// may reuse its id, or submit its next job, as soon as it sees the
+	// result.
 	j.forget()
+	if j.release != nil {
+		j.release()
+	}
 
 	slices.SortFunc(results, func(a, b protocol.NodeResult) int { return strings.Compare(a.Node, b.Node) })
 	res := protocol.ExecResult{ID: j.id, Results: results, Nodes: len(results)}
@@ -135,7 +156,8 @@ func (j *job) run() {
 	}
 	j.res, j.results = &res, results
 	// After the final reply (durable.go): the client waits for no store
-	// write once its job ended.
+	// write once its job ended; a reuse of its id waits for it instead.
+	j.ending()
 	defer j.recordEnd(results)
 	body, err := json.Marshal(res)
 	if err != nil { // cannot happen: plain data
@@ -208,6 +230,9 @@ func (j *job) forget() {
 func (j *job) runNodeGuarded(id string) (res protocol.NodeResult) {
 	start := time.Now()
 	defer func() {
+		if errors.Is(context.Cause(j.ctx), errNotAccepted) {
+			return // refused, not run (durable.go)
+		}
 		j.c.m.execDuration.Observe(time.Since(start).Seconds())
 		j.c.m.execResults.WithLabelValues(outcome(&res)).Inc()
 	}()
@@ -265,6 +290,9 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 	c.mu.Unlock()
 	if n == nil {
 		if owner := c.remoteOwner(id); owner != "" {
+			if !j.accept() { // another coordinator would run it
+				return fail("job %s: %v", j.id, errNotAccepted)
+			}
 			return j.runRemote(id, owner, &tail)
 		}
 		return fail("disconnected before the job's run started there")
@@ -277,11 +305,17 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 		defer cancel()
 	}
 
-	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
+	// The stream opens while the job's record is written; its header
+	// (the agent's go) waits for the record (acceptGate), so the open's
+	// bound covers that write too.
+	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout+durableWriteTimeout)
 	params := j.params
 	params.User = j.users[id]
-	st, err := n.sess.Open(octx, protocol.KindExec, params)
+	st, err := n.sess.OpenGated(octx, protocol.KindExec, params, j.acceptGate)
 	ocancel()
+	if errors.Is(err, errNotAccepted) {
+		return fail("job %s: %v", j.id, err)
+	}
 	if err != nil {
 		if j.ctx.Err() != nil {
 			res.Cancelled = true

@@ -248,6 +248,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		j.audit = a
 	}
 
+	j.release = release
+	// The job's record is on its way before its goroutine starts
+	// (durable.go); the job waits for it before anything runs.
+	j.startAccept()
 	started = true
 	go func() {
 		defer c.jobWG.Done()

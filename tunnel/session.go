@@ -202,6 +202,18 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 // Close half-closes (the peer reads EOF), and the stream is released once
 // both sides closed.
 func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux.Stream, error) {
+	return s.OpenGated(ctx, k, params, nil)
+}
+
+// OpenGated is Open with the header held back until gate returns: the
+// stream is opened at once (the peer accepts it while gate runs), and its
+// header, which is what makes the peer act on it, is written only once
+// gate returned nil. On gate's error the stream is closed without a
+// header (the peer's ReadHeader fails; it acts on nothing) and that error
+// is returned, as is ctx's error when ctx ended while gate ran. gate runs
+// in the caller's goroutine after the stream opened, outside ctx's bound
+// (it bounds itself); nil means none.
+func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, gate func() error) (*yamux.Stream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -229,6 +241,16 @@ func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), r.err)
+	}
+	if gate != nil {
+		if err := gate(); err != nil {
+			r.st.Close()
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil { // ended while gate ran: act on nothing
+			r.st.Close()
+			return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), err)
+		}
 	}
 	if d, ok := ctx.Deadline(); ok {
 		r.st.SetWriteDeadline(d)

@@ -9,13 +9,26 @@
 // The work-queue stream TETHER_JOBS (subjects tether_jobs.<id>, outside
 // tether.v1. so that no client can publish into it; file storage;
 // duplicate window Config.DedupeWindow; max age Config.Retention) holds one
-// message per accepted job until it is acknowledged when the job ends
-// (Finish, Lose, Observe). The ack is a purge of the job's subject, sent without waiting
-// for the answer. The KV bucket tether_jobs (history 1,
-// TTL Config.Retention) holds a Record per job under job.<id> and, for
-// idempotent jobs, the job id under idem.<hash of owner and key>. Both
-// have replicas min(3, cluster size): Open tries 3, then 2, then 1, while
+// message per job submitted queued (not dispatched at once) until it is
+// acknowledged when the job ends (Finish, Lose, Observe). The ack is a
+// purge of the job's subject, sent without waiting for the answer. The KV
+// bucket tether_jobs (history 1, TTL Config.Retention) holds a Record per
+// job under job.<id> and, for idempotent jobs, the job id under
+// idem.<hash of owner and key>. Both have replicas min(3, cluster size): Open tries 3, then 2, then 1, while
 // the server answers that it cannot place that many.
+//
+// # Accept
+//
+// A job is accepted once its record is stored (Submit returned): the
+// caller starts it only then. A job started or dispatched at once
+// (Submission.StartNow, DispatchNow: every exec today) is accepted by its
+// record alone, one write: a queue message would wait for no dispatcher
+// and only cost a purge when the job ends. Nothing is lost by it:
+// reconciliation works from the records (it settles every non-terminal
+// record of a dead holder, whatever its queue holds), and the idempotency
+// key goes with the record write as Nats-Msg-Id instead, so the bucket's
+// stream drops a repeat as the queue would. A job submitted queued gets
+// its queue message too, written concurrently with its record.
 //
 // The server's sync setting (sync_interval: always, which the embedded
 // coordinator server sets) decides whether an accepted record survives a
@@ -38,8 +51,10 @@
 // A submission is at most once unless Submission.IdempotencyKey is set:
 // then a second submission by the same owner with the same key (within the
 // record's retention) returns the first job (ErrDuplicate with the job), and
-// the stream message carries the key as Nats-Msg-Id, so the queue never
-// holds it twice.
+// the job's first write carries the key as Nats-Msg-Id (its queue
+// message, or its record when it has none), so that the server drops a
+// repeat within the duplicate window even where the idempotency key was
+// not seen (deleted by hand, or written by an older coordinator).
 //
 // The package runs no goroutines; its methods are safe for concurrent use.
 // It must not import the coordinator package or the agent.

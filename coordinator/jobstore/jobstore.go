@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -101,6 +102,7 @@ type Store struct {
 	js       jetstream.JetStream
 	stream   jetstream.Stream
 	kv       jetstream.KeyValue
+	kvStream jetstream.Stream // the bucket's stream, KV_tether_jobs
 	replicas int
 
 	mu      sync.Mutex
@@ -158,6 +160,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobstore: bucket %s (replicas %d): %w", BucketName, s.replicas, err)
 	}
+	if s.kvStream, err = js.Stream(ctx, "KV_"+BucketName); err != nil {
+		return nil, fmt.Errorf("jobstore: bucket %s: its stream: %w", BucketName, err)
+	}
 	return s, nil
 }
 
@@ -177,6 +182,11 @@ func (s *Store) Boot() string { return s.boot }
 type Job struct {
 	Record
 	rev uint64
+	// queued: the job may have a queue message to ack. Submit knows (a
+	// job started or dispatched at once has none); a handle read by Get
+	// does not, so it acks when it dispatches or ends (a purge of an
+	// empty subject is harmless).
+	queued bool
 }
 
 // Revision is the KV revision the handle last wrote or read.
@@ -218,12 +228,18 @@ func command(script string) string {
 	return protocol.ClipUTF8(strings.TrimSpace(script), 120)
 }
 
-// Submit records sub as queued (running, when sub.StartNow), held by this
-// coordinator: the record (which fails with ErrExists if a job with that
-// id is not terminal; a terminal record of the same id is replaced: ids
-// may be reused once a job ended) and, concurrently, the queue message.
-// An idempotent submission seen before returns the first job's handle and
-// ErrDuplicate.
+// Submit records sub as queued (running, when sub.StartNow; dispatched,
+// when sub.DispatchNow), held by this coordinator. The record fails with
+// ErrExists if a job with that id is not terminal; a terminal record of
+// the same id is replaced (ids may be reused once a job ended). A job
+// recorded queued also gets its queue message, written concurrently with
+// the record; a job started or dispatched at once gets none (see
+// "Accept" in the package doc). An idempotent submission seen before
+// returns the first job's handle and ErrDuplicate.
+//
+// Submit returns only once the record is stored (acknowledged by the
+// server, on disk under sync_interval: always); the caller must not start
+// the job before, and must not start it at all on an error.
 func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	if err := protocol.ValidJobID(sub.ID); err != nil {
 		return nil, fmt.Errorf("jobstore: submit: %w", err)
@@ -232,54 +248,40 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	if sub.Idempotent && key == "" {
 		key = sub.ID
 	}
+	msgID, idemRev := "", uint64(0)
 	if sub.Idempotent {
-		if _, err := s.kv.Create(ctx, idemKey(sub.Owner, key), []byte(sub.ID)); err != nil {
+		msgID = idemKey(sub.Owner, key)
+		var err error
+		if idemRev, err = s.kv.Create(ctx, msgID, []byte(sub.ID)); err != nil {
 			if !errors.Is(err, jetstream.ErrKeyExists) {
 				return nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
 			}
-			e, gerr := s.kv.Get(ctx, idemKey(sub.Owner, key))
-			if gerr != nil {
-				return nil, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", sub.ID, gerr)
-			}
-			// The first submitter writes its record just after the key:
-			// give it a moment.
-			first, gerr := s.Get(ctx, string(e.Value()))
-			for wait := time.Millisecond; errors.Is(gerr, ErrNotFound) && wait < time.Second; wait *= 2 {
-				select {
-				case <-ctx.Done():
-				case <-time.After(wait):
-				}
-				first, gerr = s.Get(ctx, string(e.Value()))
-			}
-			if gerr != nil {
-				return nil, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", sub.ID, e.Value(), gerr)
-			}
-			return first, ErrDuplicate
+			return s.first(ctx, sub.ID, msgID)
 		}
 	}
-	nodes := slices.Clone(sub.Nodes)
-	slices.Sort(nodes)
-	now := s.now()
-	j := &Job{Record: Record{
-		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
-		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
-		Command: command(sub.Script), SubmittedAt: now,
-	}}
-	switch {
-	case sub.StartNow:
-		j.State, j.DispatchedAt, j.StartedAt = Running, now, now
-	case sub.DispatchNow:
-		j.State, j.DispatchedAt = Dispatched, now
+	j := s.newJob(sub)
+	if j.State != Queued {
+		// The record alone is the accept: one write on the job's path,
+		// carrying the idempotency key as Nats-Msg-Id (the bucket's stream
+		// drops a repeat within its duplicate window, as the queue would).
+		if err := s.create(ctx, j, msgID); err != nil {
+			if de := (*duplicateError)(nil); errors.As(err, &de) {
+				return s.repeatOf(ctx, sub.ID, msgID, idemRev, de.seq)
+			}
+			return nil, err
+		}
+		return j, nil
 	}
 	// The queue message and the record are written at once: one round
 	// trip, not two.
+	j.queued = true
 	m := nats.NewMsg(SubjectPrefix + sub.ID)
 	m.Data, _ = json.Marshal(&j.Record)
 	if sub.Idempotent {
-		m.Header.Set(jetstream.MsgIDHeader, idemKey(sub.Owner, key))
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
 	paf, perr := s.js.PublishMsgAsync(m)
-	cerr := s.create(ctx, j)
+	cerr := s.create(ctx, j, "")
 	var seq uint64
 	if perr == nil {
 		select {
@@ -309,29 +311,205 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	return j, nil
 }
 
+// newJob is sub's handle before its first write: held by this store,
+// queued, running (sub.StartNow) or dispatched (sub.DispatchNow).
+func (s *Store) newJob(sub Submission) *Job {
+	nodes := slices.Clone(sub.Nodes)
+	slices.Sort(nodes)
+	now := s.now()
+	j := &Job{Record: Record{
+		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
+		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
+		Command: command(sub.Script), SubmittedAt: now,
+	}}
+	switch {
+	case sub.StartNow:
+		j.State, j.DispatchedAt, j.StartedAt = Running, now, now
+	case sub.DispatchNow:
+		j.State, j.DispatchedAt = Dispatched, now
+	}
+	return j
+}
+
+// Begin starts Submit(sub) and returns the function that waits for its
+// outcome (what Submit returns; it must be called once). The point is
+// the time between: for the common submission, started or dispatched at
+// once and not idempotent, the record's one write is sent before Begin
+// returns (an asynchronous publish, compare-and-set on the key having no
+// revision, as KV Create does), so the caller overlaps the write's round
+// trip with its own work, such as opening the job's streams. Any other
+// submission (idempotent: its key is checked first; queued) runs whole in
+// wait. As with Submit, the caller must not start the job before wait
+// returned nil, nor at all on an error: until then nothing is stored, or
+// nothing is known to be.
+func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error)) {
+	if sub.Idempotent || !(sub.StartNow || sub.DispatchNow) || protocol.ValidJobID(sub.ID) != nil {
+		return func(ctx context.Context) (*Job, error) { return s.Submit(ctx, sub) }
+	}
+	j := s.newJob(sub)
+	m := nats.NewMsg(recordSubject(jobKey(j.ID)))
+	m.Data, _ = json.Marshal(&j.Record)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	paf, err := s.js.PublishMsgAsync(m)
+	return func(ctx context.Context) (*Job, error) {
+		if err != nil {
+			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+		}
+		select {
+		case ack := <-paf.Ok():
+			// No Nats-Msg-Id: the server cannot take it for a duplicate.
+			j.rev = ack.Sequence
+			return j, nil
+		case err = <-paf.Err():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, ctx.Err())
+		}
+		if !isWrongLastSeq(err) {
+			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+		}
+		// The id has a record: create replaces it if it is terminal
+		// (ids are reused), else refuses with ErrExists.
+		if err := s.create(ctx, j, ""); err != nil {
+			return nil, err
+		}
+		return j, nil
+	}
+}
+
+// isWrongLastSeq reports whether err is the server's answer to a write
+// whose Nats-Expected-Last-Subject-Sequence did not match.
+func isWrongLastSeq(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && (ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// first returns the handle of the job the idempotency key idem (written
+// by an earlier submission) names, and ErrDuplicate.
+func (s *Store) first(ctx context.Context, id, idem string) (*Job, error) {
+	e, err := s.kv.Get(ctx, idem)
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", id, err)
+	}
+	// The first submitter writes its record just after the key: give it
+	// a moment.
+	first, err := s.Get(ctx, string(e.Value()))
+	for wait := time.Millisecond; errors.Is(err, ErrNotFound) && wait < time.Second; wait *= 2 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		first, err = s.Get(ctx, string(e.Value()))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, e.Value(), err)
+	}
+	return first, ErrDuplicate
+}
+
+// duplicateError: the bucket's stream dropped a record write as a repeat
+// of its message seq, which had the same Nats-Msg-Id.
+type duplicateError struct{ seq uint64 }
+
+func (e *duplicateError) Error() string {
+	return fmt.Sprintf("jobstore: record write dropped as a repeat of message %d of the bucket's stream (same Nats-Msg-Id)", e.seq)
+}
+
+// repeatOf answers a submission (job id, idempotency key idem, which it
+// wrote at revision idemRev) whose record write the server dropped as a
+// repeat of the bucket's message seq: the first job's record, whose id
+// the key is set back to, and ErrDuplicate. When that message is gone
+// (the first record moved on since: the bucket keeps one revision) the
+// key is deleted and the submission refused with ErrExists.
+func (s *Store) repeatOf(ctx context.Context, id, idem string, idemRev, seq uint64) (*Job, error) {
+	m, err := s.kvStream.GetMsg(ctx, seq)
+	if err != nil {
+		s.kv.Delete(ctx, idem, jetstream.LastRevision(idemRev))
+		return nil, fmt.Errorf("jobstore: submit job %s: %w: it repeats an idempotent submission whose record moved on (%v)", id, ErrExists, err)
+	}
+	firstID := strings.TrimPrefix(m.Subject, recordSubject(jobKey("")))
+	if _, err := s.kv.Update(ctx, idem, []byte(firstID), idemRev); err != nil {
+		return nil, fmt.Errorf("jobstore: submit job %s: repeat of job %s: restore idempotency key: %w", id, firstID, err)
+	}
+	first, err := s.Get(ctx, firstID)
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, firstID, err)
+	}
+	return first, ErrDuplicate
+}
+
+// recordSubject is the subject a write of key goes to: the bucket's
+// stream subject (Open creates the bucket in this account, with no mirror
+// or domain prefix).
+func recordSubject(key string) string { return "$KV." + BucketName + "." + key }
+
+// put writes b as key's value, compare-and-set: last is the revision it
+// replaces (0: the key has none), sent as Nats-Expected-Last-Subject-Sequence,
+// as KV Update does; msgID, if set, as Nats-Msg-Id. It returns the new
+// revision once the server stored it, an error wrapping
+// jetstream.ErrKeyRevisionMismatch when key has another revision, and a
+// *duplicateError when the server dropped it as a repeat of msgID.
+func (s *Store) put(ctx context.Context, key string, b []byte, last uint64, msgID string) (uint64, error) {
+	m := nats.NewMsg(recordSubject(key))
+	m.Data = b
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(last, 10))
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	ack, err := s.js.PublishMsg(ctx, m)
+	if err != nil {
+		if isWrongLastSeq(err) {
+			return 0, fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
+		}
+		return 0, err
+	}
+	if ack.Duplicate {
+		return 0, &duplicateError{seq: ack.Sequence}
+	}
+	return ack.Sequence, nil
+}
+
 // create writes j's record as new, replacing a terminal record of the same
-// id.
-func (s *Store) create(ctx context.Context, j *Job) error {
+// id; msgID, if set, goes with the write as Nats-Msg-Id.
+func (s *Store) create(ctx context.Context, j *Job, msgID string) error {
 	b, _ := json.Marshal(&j.Record)
-	rev, err := s.kv.Create(ctx, jobKey(j.ID), b)
+	rev, err := s.put(ctx, jobKey(j.ID), b, 0, msgID)
 	if err == nil {
 		j.rev = rev
 		return nil
 	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
+	if de := (*duplicateError)(nil); errors.As(err, &de) {
+		return err
+	}
+	if !isConflict(err) {
 		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
 	}
 	old, err := s.Get(ctx, j.ID)
+	if errors.Is(err, ErrNotFound) {
+		// The key's last revision is a delete marker (a record deleted by
+		// hand): KV Create writes over it.
+		rev, err = s.kv.Create(ctx, jobKey(j.ID), b)
+		if err != nil {
+			if isConflict(err) {
+				return fmt.Errorf("jobstore: submit job %s: %w (submitted concurrently)", j.ID, ErrExists)
+			}
+			return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
+		}
+		j.rev = rev
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
 	}
 	if !old.State.Terminal() {
 		return fmt.Errorf("jobstore: submit job %s: %w (%s on coordinator %s)", j.ID, ErrExists, old.State, old.Coordinator)
 	}
-	rev, err = s.kv.Update(ctx, jobKey(j.ID), b, old.rev)
+	rev, err = s.put(ctx, jobKey(j.ID), b, old.rev, msgID)
 	if err != nil {
 		if isConflict(err) {
 			return fmt.Errorf("jobstore: submit job %s: %w (submitted concurrently)", j.ID, ErrExists)
+		}
+		if de := (*duplicateError)(nil); errors.As(err, &de) {
+			return err
 		}
 		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
 	}
@@ -356,7 +534,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 		}
 		return nil, fmt.Errorf("jobstore: get job %s: %w", protocol.Clip(id), err)
 	}
-	j := &Job{rev: e.Revision()}
+	j := &Job{rev: e.Revision(), queued: true}
 	if err := json.Unmarshal(e.Value(), &j.Record); err != nil {
 		return nil, fmt.Errorf("jobstore: job %s: decode record: %w", protocol.Clip(id), err)
 	}
@@ -451,6 +629,21 @@ func (s *Store) ack(_ context.Context, id string) error {
 	return nil
 }
 
+// ackJob acks j's queue message if it may have one (Job.queued), once: a
+// job started or dispatched at once has none, and its end costs no purge
+// (a purge emptying the stream replaces its message block, files and
+// all: the most expensive step of a job's record when it was taken).
+func (s *Store) ackJob(ctx context.Context, j *Job) error {
+	if !j.queued {
+		return nil
+	}
+	if err := s.ack(ctx, j.ID); err != nil {
+		return err
+	}
+	j.queued = false
+	return nil
+}
+
 // purgeAPI is the JetStream API subject purging the stream.
 const purgeAPI = "$JS.API.STREAM.PURGE." + StreamName
 
@@ -490,7 +683,7 @@ func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResul
 	if err != nil {
 		return err
 	}
-	return s.ack(ctx, j.ID)
+	return s.ackJob(ctx, j)
 }
 
 // Lose ends j as lost with why.
@@ -498,7 +691,7 @@ func (s *Store) Lose(ctx context.Context, j *Job, why string) error {
 	if err := s.transition(ctx, j, Lost, func(r *Record) { r.FinishedAt = s.now(); r.Error = why }); err != nil {
 		return err
 	}
-	return s.ack(ctx, j.ID)
+	return s.ackJob(ctx, j)
 }
 
 // Claim makes this coordinator the holder of a non-terminal job read by

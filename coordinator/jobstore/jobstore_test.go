@@ -523,5 +523,47 @@ func TestSubmitDispatchedOrRunning(t *testing.T) {
 	if err := s.Finish(ctx, r, []protocol.NodeResult{{Node: "n1"}}, false, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitQueued(t, s, 1) // d's message: acked when it ends
+	// Their records are their accept: neither has a queue message.
+	if n, err := s.Queued(ctx); err != nil || n != 0 {
+		t.Errorf("queued messages = %d, %v; want 0", n, err)
+	}
+}
+
+// TestBegin: Begin's write is Submit's: a live id is refused (ErrExists),
+// an ended one reused, an idempotent repeat deduplicated; the handle it
+// returns is at the record's revision, so its holder's next write goes
+// through; and no queue message is left.
+func TestBegin(t *testing.T) {
+	env := natstest.Run(t)
+	s := open(t, env, "c1")
+	ctx := testContext(t)
+	sub := jobstore.Submission{ID: "b1", Owner: "alice", Nodes: []string{"n1"}, StartNow: true}
+	j, err := s.Begin(sub)(ctx)
+	if err != nil || j.State != jobstore.Running || j.Revision() == 0 {
+		t.Fatalf("begin = %+v, %v", j, err)
+	}
+	if got, err := s.Get(ctx, "b1"); err != nil || got.Revision() != j.Revision() || got.Owner != "alice" {
+		t.Fatalf("record = %+v, %v; want revision %d", got, err, j.Revision())
+	}
+	if _, err := s.Begin(sub)(ctx); !errors.Is(err, jobstore.ErrExists) {
+		t.Fatalf("begin of a live id = %v, want ErrExists", err)
+	}
+	if err := s.Finish(ctx, j, []protocol.NodeResult{{Node: "n1"}}, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.Begin(sub)(ctx)
+	if err != nil || again.State != jobstore.Running {
+		t.Fatalf("begin of an ended id = %+v, %v; want it reused", again, err)
+	}
+	idem := jobstore.Submission{ID: "i1", Owner: "alice", Nodes: []string{"n1"}, StartNow: true, Idempotent: true, IdempotencyKey: "k"}
+	if _, err := s.Begin(idem)(ctx); err != nil {
+		t.Fatal(err)
+	}
+	idem.ID = "i2"
+	if first, err := s.Begin(idem)(ctx); !errors.Is(err, jobstore.ErrDuplicate) || first.ID != "i1" {
+		t.Fatalf("idempotent repeat = %+v, %v; want i1, ErrDuplicate", first, err)
+	}
+	if n, err := s.Queued(ctx); err != nil || n != 0 {
+		t.Errorf("queued messages = %d, %v; want 0", n, err)
+	}
 }

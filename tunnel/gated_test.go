@@ -1,0 +1,88 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// OpenGated opens the stream at once but writes its header only when the
+// gate allows: the peer accepts the stream while the gate runs and reads
+// no header before it returned; a closed gate, or a ctx ended meanwhile,
+// sends none at all.
+func TestOpenGated(t *testing.T) {
+	cfg := testConfig()
+	c, s := net.Pipe()
+	client, server := sessionPair(t, c, s, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	params := protocol.ExecParams{Argv: []string{"true"}}
+
+	// Open: the peer accepts the stream while the gate still holds.
+	release := make(chan error)
+	opened := make(chan error, 1)
+	go func() {
+		st, err := client.OpenGated(ctx, protocol.KindExec, params, func() error { return <-release })
+		if st != nil {
+			defer st.Close()
+		}
+		opened <- err
+	}()
+	st, err := server.AcceptRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	headerRead := make(chan error, 1)
+	go func() {
+		_, err := server.ReadHeader(st)
+		headerRead <- err
+	}()
+	select {
+	case err := <-headerRead:
+		t.Fatalf("header read before the gate opened (%v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release <- nil
+	if err := <-opened; err != nil {
+		t.Fatalf("gated open: %v", err)
+	}
+	if err := <-headerRead; err != nil {
+		t.Fatalf("header after the gate opened: %v", err)
+	}
+
+	// A gate's error: no header; its error returned.
+	errNo := errors.New("not recorded")
+	go func() {
+		_, err := client.OpenGated(ctx, protocol.KindExec, params, func() error { return errNo })
+		opened <- err
+	}()
+	if st, err = server.AcceptRaw(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; !errors.Is(err, errNo) {
+		t.Errorf("refused gate: open = %v, want its error", err)
+	}
+	if _, err := server.ReadHeader(st); err == nil {
+		t.Error("the peer read a header through a refused gate")
+	}
+
+	// ctx ends while the gate runs: no header either.
+	gctx, gcancel := context.WithCancel(ctx)
+	go func() {
+		_, err := client.OpenGated(gctx, protocol.KindExec, params, func() error { gcancel(); return nil })
+		opened <- err
+	}()
+	if st, err = server.AcceptRaw(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; !errors.Is(err, context.Canceled) {
+		t.Errorf("ctx ended in the gate: open = %v, want context.Canceled", err)
+	}
+	if _, err := server.ReadHeader(st); err == nil {
+		t.Error("the peer read a header though ctx ended in the gate")
+	}
+}
