@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -159,18 +160,26 @@ const (
 )
 
 // OpenFleetBucket creates (or binds to) the fleet registry bucket on nc's
-// JetStream with replicas replicas (0 or 1: one). Pass it as
-// Config.Fleet to every coordinator of the fleet. Errors name the bucket.
+// JetStream. replicas 0 means min(3, cluster size) (package jsreplicas:
+// tried from 3 down while the servers cannot place that many); 1 to 5
+// forces that count. An existing bucket is updated to the count. Pass it
+// as Config.Fleet to every coordinator of the fleet. Errors name the
+// bucket.
 func OpenFleetBucket(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.KeyValue, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: fleet bucket %s: jetstream: %w", BucketNodes, err)
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketNodes,
-		Description: "Tether fleet registry: node id → the coordinator holding its tunnel",
-		History:     1,
-		Replicas:    max(replicas, 1),
+	var kv jetstream.KeyValue
+	_, err = jsreplicas.Create(ctx, replicas, func(ctx context.Context, r int) error {
+		var err error
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      BucketNodes,
+			Description: "Tether fleet registry: node id → the coordinator holding its tunnel",
+			History:     1,
+			Replicas:    r,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: fleet bucket %s: %w", BucketNodes, err)
@@ -711,6 +720,18 @@ func (c *Coordinator) remoteInventoried(id string) (string, protocol.NodeInfo, b
 	return r.info.Coordinator, r.info, r.inventoried
 }
 
+// registered reports whether the fleet registry has a record of node id
+// (held by any coordinator, this one included).
+func (c *Coordinator) registered(id string) bool {
+	if c.fl == nil {
+		return false
+	}
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	_, ok := c.fl.recs[id]
+	return ok
+}
+
 // remoteNodes returns the registry's records of nodes other coordinators
 // hold whose labels match sel, leaving out the node ids in local.
 func (c *Coordinator) remoteNodes(sel protocol.Selector, local map[string]bool) []protocol.NodeInfo {
@@ -741,6 +762,15 @@ func remoteNode(info protocol.NodeInfo) *node {
 		sessionID: info.SessionID,
 		owner:     info.Coordinator,
 	}
+}
+
+// takesForNode reports whether this coordinator answers requests
+// forwarded for node id: it holds a session of the node and is not
+// draining.
+func (c *Coordinator) takesForNode(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id] != nil && !c.closing
 }
 
 // holds reports whether this coordinator holds a session of node id.
@@ -881,6 +911,18 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	part, op := rest[:dot], rest[dot+1:]
 	if m.Header.Get(HeaderForwardedBy) == "" {
 		return // not from a coordinator's forward
+	}
+	if handlers != nil && nodeEndpoints[op] != "" && !c.takesForNode(strings.ReplaceAll(part, "~", ".")) {
+		// A node subject is not a queue group: every coordinator
+		// subscribed to it gets the request. One that does not hold
+		// the node now (its subscription outlived the session: restored
+		// by nats.go after a partition, or the agent just moved on) or
+		// is draining stays silent, neither acknowledging nor
+		// answering: its 503 or 404 would race the holder's answer, and
+		// a client told to retry ran the job twice (e2e TestCluster).
+		// The holder answers; if none does, the forwarder's
+		// acknowledgement timeout answers 503.
+		return
 	}
 	if m.Reply != "" && op != "dial" && op != "sandbox.delete" && op != "ssh" && op != "job.query" {
 		// The acknowledgement: the forwarder stops waiting.

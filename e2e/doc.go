@@ -11,6 +11,15 @@
 // sshbench, `make bench-ssh`) compares that path with a throwaway sshd on
 // loopback.
 //
+// The cluster test (cluster_test.go, TestCluster) runs issue 11's fleet:
+// 3 nats-server processes clustered with JetStream (built from the
+// module's own nats-server dependency), 3 coordinators with --nats-url and
+// 20 agents given all 3 coordinator addresses; then, in turn, kill -9 of a
+// coordinator with 200 jobs in flight, one NATS server stopped, one
+// coordinator partitioned from NATS (a TCP proxy of the test's that stops
+// forwarding without closing), a rolling restart under load and a restart
+// of everything. It logs its measurements on lines starting MEASURE.
+//
 // The tests carry the build tag e2e: run them with `make test-e2e` or
 // `go test -tags e2e ./e2e/`. Pass -tether-bin=PATH to test a prebuilt binary.
 package e2e

@@ -412,6 +412,47 @@ func TestMultiCoordinatorPartitionedCoordinatorShedsAgents(t *testing.T) {
 	}
 }
 
+// A node the registry names this coordinator for while it holds no
+// session of it (its view lags after a partition or reconnect, or the
+// node is moving between coordinators) is not an unknown node: an exec
+// for it is answered 503 unavailable, the API's "retry", and not 404
+// unknown_node, whichever coordinator the request lands on. (After the
+// heal of a partition in e2e TestCluster clients were told 404 for nodes
+// that were connected.)
+func TestMultiCoordinatorLaggingRecordIsRetry(t *testing.T) {
+	f := startMulti(t, 2, 2)
+	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(protocol.NodeInfo{ID: "lagging-node", Coordinator: "fleettest-0", SessionID: "s1", Labels: map[string]string{"index": "9"}})
+	if _, err := kv.Put(context.Background(), "lagging-node", rec); err != nil {
+		t.Fatal(err)
+	}
+	// fleettest-1 lists it as the other's; fleettest-0 lists only the
+	// nodes it holds, and gets the same watch delivery.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if slices.ContainsFunc(f.Coordinators[1].FleetNodes(protocol.Selector{}), func(n protocol.NodeInfo) bool { return n.ID == "lagging-node" }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("fleettest-1 never saw the record")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Requests spread over both coordinators (queue group): some land
+	// on fleettest-0 directly, the others are forwarded to it.
+	for range 6 {
+		_, err := f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "lagging-node"}, Script: "true"}, nil)
+		var ae *protocol.APIError
+		if !errors.As(err, &ae) || ae.Status != 503 || ae.Code != protocol.ErrCodeUnavailable {
+			t.Fatalf("exec on a node registered to a coordinator without its session: %v, want 503 unavailable", err)
+		}
+	}
+}
+
 // A coordinator that dies (its NATS connection gone at once, as after
 // kill -9) leaves its jobs to the others: the client of its attached job
 // learns from whichever coordinator answers that the job was lost, long

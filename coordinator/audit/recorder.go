@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -58,8 +59,8 @@ type Config struct {
 	// MaxBytes bounds the stream's size, in bytes; the oldest events are
 	// discarded past it. Default DefaultMaxBytes (1 GiB).
 	MaxBytes int64
-	// Replicas is the stream's replica count (for a clustered JetStream).
-	// Default 1.
+	// Replicas is the stream's replica count, 1 to 5. Zero (default)
+	// means min(3, cluster size), tried from 3 down (package jsreplicas).
 	Replicas int
 	// QueueSize bounds the events waiting to be published; past it Record
 	// drops them (from the stream, not from the log). Default
@@ -94,7 +95,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("audit config: MaxBytes %d is under 1 MiB", c.MaxBytes))
 	}
 	if c.Replicas < 0 || c.Replicas > 5 {
-		errs = append(errs, fmt.Errorf("audit config: Replicas %d: want 1 to 5", c.Replicas))
+		errs = append(errs, fmt.Errorf("audit config: Replicas %d: want 0 (auto) to 5", c.Replicas))
 	}
 	if c.QueueSize < 0 {
 		errs = append(errs, fmt.Errorf("audit config: QueueSize %d is negative", c.QueueSize))
@@ -114,9 +115,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBytes == 0 {
 		c.MaxBytes = DefaultMaxBytes
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
 	}
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize
@@ -183,19 +181,23 @@ func New(ctx context.Context, cfg Config) (*Recorder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: JetStream: %w", err)
 	}
-	r.stream, err = r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        cfg.Stream,
-		Description: "Tether audit log: one event per operation and refusal (written by coordinators only)",
-		Subjects:    []string{protocol.SubjectAuditPrefix + ">"},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Discard:     jetstream.DiscardOld,
-		MaxAge:      cfg.MaxAge,
-		MaxBytes:    cfg.MaxBytes,
-		Replicas:    cfg.Replicas,
-		Duplicates:  2 * time.Minute,
-		DenyDelete:  true,
-		DenyPurge:   true,
+	_, err = jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, replicas int) error {
+		var err error
+		r.stream, err = r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:        cfg.Stream,
+			Description: "Tether audit log: one event per operation and refusal (written by coordinators only)",
+			Subjects:    []string{protocol.SubjectAuditPrefix + ">"},
+			Storage:     jetstream.FileStorage,
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      cfg.MaxAge,
+			MaxBytes:    cfg.MaxBytes,
+			Replicas:    replicas,
+			Duplicates:  2 * time.Minute,
+			DenyDelete:  true,
+			DenyPurge:   true,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("audit: create or update stream %s: %w", cfg.Stream, err)

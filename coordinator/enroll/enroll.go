@@ -32,6 +32,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 )
 
 // Buckets.
@@ -63,7 +65,8 @@ type Config struct {
 	// NATS is the connection the buckets are reached on. Required; the
 	// caller owns it.
 	NATS *nats.Conn
-	// Replicas of each bucket. Zero means 1.
+	// Replicas of each bucket, 1 to 5. Zero means min(3, cluster size),
+	// tried from 3 down (package jsreplicas).
 	Replicas int
 	// Now is the clock. Nil means time.Now.
 	Now func() time.Time
@@ -147,9 +150,6 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Replicas == 0 {
-		cfg.Replicas = 1
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -167,7 +167,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		{&s.tokens, BucketTokens, "Tether join tokens (SHA-256 of each token)"},
 		{&s.nodes, BucketNodes, "Tether node identities: accepted certificate serials, bound labels, revocations"},
 	} {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.name, Description: b.desc, History: 1, Replicas: cfg.Replicas})
+		var kv jetstream.KeyValue
+		_, err := jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
+			var err error
+			kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.name, Description: b.desc, History: 1, Replicas: r})
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("enroll: bucket %s: %w", b.name, err)
 		}

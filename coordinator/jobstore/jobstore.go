@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -131,11 +132,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
 	}
 	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]time.Time{}}
-	tries := []int{3, 2, 1}
-	if cfg.Replicas > 0 {
-		tries = []int{cfg.Replicas}
-	}
-	for i, r := range tries {
+	s.replicas, err = jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
+		var err error
 		s.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name:        StreamName,
 			Description: "Tether jobs accepted and not yet acknowledged (dispatched or ended)",
@@ -146,13 +144,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			MaxAge:      cfg.Retention,
 			Duplicates:  cfg.DedupeWindow,
 		})
-		if err == nil {
-			s.replicas = r
-			break
-		}
-		if i == len(tries)-1 || !tooFewPeers(err) {
-			return nil, fmt.Errorf("jobstore: stream %s (replicas %d): %w", StreamName, r, err)
-		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: stream %s: %w", StreamName, err)
 	}
 	s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketName,
@@ -169,20 +164,6 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("jobstore: bucket %s: its stream: %w", BucketName, err)
 	}
 	return s, nil
-}
-
-// tooFewPeers reports whether err says the system cannot place that many
-// replicas (a smaller cluster, or a server not in a cluster).
-func tooFewPeers(err error) bool {
-	var ae *jetstream.APIError
-	if errors.As(err, &ae) {
-		switch ae.ErrorCode {
-		case 10074 /* replicas not supported (not clustered) */, 10023 /* insufficient resources */ :
-			return true
-		}
-	}
-	m := err.Error()
-	return strings.Contains(m, "replicas") || strings.Contains(m, "insufficient resources")
 }
 
 // Replicas is the replica count of the stream and bucket.

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -72,7 +73,8 @@ type Config struct {
 	// ID names this coordinator in events and in the reaper's lock;
 	// default a random id.
 	ID string
-	// Replicas of each bucket in a clustered JetStream; default 1.
+	// Replicas of each bucket, 1 to 5; zero (default) means min(3,
+	// cluster size), tried from 3 down (package jsreplicas).
 	Replicas int
 	// Attribution says which labels carry team, user, workload and run.
 	Attribution Attribution
@@ -113,7 +115,6 @@ func (c *Config) setDefaults() {
 		rand.Read(b[:])
 		c.ID = "ledger-" + hex.EncodeToString(b[:])
 	}
-	c.Replicas = cmp.Or(c.Replicas, 1)
 	c.Attribution = c.Attribution.withDefaults()
 	c.MarkerLabel = cmp.Or(c.MarkerLabel, DefaultMarkerLabel)
 	c.MarkerValue = cmp.Or(c.MarkerValue, DefaultMarkerValue)
@@ -147,8 +148,8 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
 		}
 	}
-	if c.Replicas < 1 || c.Replicas > 5 {
-		errs = append(errs, fmt.Errorf("replicas %d: want 1 to 5", c.Replicas))
+	if c.Replicas < 0 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("replicas %d: want 0 (auto) to 5", c.Replicas))
 	}
 	if c.WriteConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("write concurrency %d: want at least 1", c.WriteConcurrency))
@@ -238,8 +239,13 @@ func Open(ctx context.Context, cfg Config) (*Ledger, error) {
 		{&l.inventory, BucketInventory, "Tether node inventory status"},
 		{&l.locks, BucketLocks, "Tether locks (reaper)"},
 	} {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: b.name, Description: b.desc, History: 1, Replicas: cfg.Replicas,
+		var kv jetstream.KeyValue
+		_, err := jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
+			var err error
+			kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+				Bucket: b.name, Description: b.desc, History: 1, Replicas: r,
+			})
+			return err
 		})
 		if err != nil {
 			return nil, fmt.Errorf("ledger: bucket %s: %w", b.name, err)

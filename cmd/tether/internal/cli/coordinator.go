@@ -550,7 +550,17 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: NATS layout: %w", err)
 	}
 	verifier := cs.layout.Verifier()
-	natsOpts := []nats.Option{nats.Name("tether-coordinator " + id), nats.MaxReconnects(-1)}
+	// A connection that stops carrying traffic without closing (a
+	// partition, a blackholed route) must be noticed within a few
+	// heartbeats, not nats.go's default of minutes (2 min pings, 2 out):
+	// the coordinator hands its agents to the others only once it sees
+	// itself disconnected (coordinator: fleet.go shed).
+	pingEvery := o.Heartbeat
+	if pingEvery <= 0 {
+		pingEvery = coordinator.DefaultConfig().HeartbeatInterval
+	}
+	natsOpts := []nats.Option{nats.Name("tether-coordinator " + id), nats.MaxReconnects(-1),
+		nats.PingInterval(pingEvery), nats.MaxPingsOutstanding(2)}
 	url := o.NATSURL
 	if url == "" {
 		host, port, _ := splitNATSListen(o.NATSListen)
@@ -602,7 +612,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
-	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 1)
+	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 0)
 	ocancel()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)

@@ -1,0 +1,252 @@
+package jsreplicas_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tetherfleet/tether/coordinator/internal/jsreplicas"
+)
+
+const defaultTestTimeout = 60 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestCreateStopsAtOtherErrors: only "cannot place that many" moves on to
+// fewer replicas; any other error ends the trial at once, naming the count.
+func TestCreateStopsAtOtherErrors(t *testing.T) {
+	var tried []int
+	bad := errors.New("stream name already in use with a different configuration")
+	_, err := jsreplicas.Create(context.Background(), 0, func(_ context.Context, r int) error { tried = append(tried, r); return bad })
+	if !errors.Is(err, bad) || !strings.Contains(err.Error(), "replicas 3") || fmt.Sprint(tried) != "[3]" {
+		t.Errorf("err %v after tries %v, want the error itself after [3]", err, tried)
+	}
+	tried = nil
+	few := &jetstream.APIError{Code: 500, ErrorCode: 10023, Description: "insufficient resources"}
+	_, err = jsreplicas.Create(context.Background(), 0, func(_ context.Context, r int) error { tried = append(tried, r); return few })
+	if !errors.Is(err, few) || fmt.Sprint(tried) != "[3 2 1]" {
+		t.Errorf("err %v after tries %v, want insufficient resources after [3 2 1]", err, tried)
+	}
+	tried = nil
+	if r, err := jsreplicas.Create(context.Background(), 2, func(_ context.Context, r int) error { tried = append(tried, r); return nil }); r != 2 || err != nil || fmt.Sprint(tried) != "[2]" {
+		t.Errorf("forced 2: %d, %v after %v", r, err, tried)
+	}
+	if _, err := jsreplicas.Create(context.Background(), 6, func(context.Context, int) error { return nil }); err == nil {
+		t.Error("replicas 6 accepted")
+	}
+}
+
+// runServer starts a JetStream server on loopback; with routes, a member
+// of cluster "c" listening for routes on clusterPort.
+func runServer(t *testing.T, name string, clusterPort int, routes []string) *server.Server {
+	t.Helper()
+	o := &server.Options{
+		ServerName: name, Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+	}
+	if clusterPort != 0 {
+		o.Cluster = server.ClusterOpts{Name: "c", Host: "127.0.0.1", Port: clusterPort}
+		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+	}
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(defaultTestTimeout) {
+		t.Fatalf("server %s not ready", name)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+func connect(t *testing.T, s *server.Server) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func openStream(ctx context.Context, js jetstream.JetStream, name string, want int) (int, error) {
+	return jsreplicas.Create(ctx, want, func(ctx context.Context, r int) error {
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage, Replicas: r})
+		return err
+	})
+}
+
+func openBucket(ctx context.Context, js jetstream.JetStream, name string, want int) (int, error) {
+	return jsreplicas.Create(ctx, want, func(ctx context.Context, r int) error {
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Replicas: r})
+		return err
+	})
+}
+
+func streamReplicas(t *testing.T, ctx context.Context, js jetstream.JetStream, name string) int {
+	t.Helper()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Config.Replicas
+}
+
+// TestSingleServerFallsBackToOne: a server that is not clustered refuses
+// replicas above 1, and Create settles on 1 for streams and buckets; a
+// forced 2 is refused with the server's reason.
+func TestSingleServerFallsBackToOne(t *testing.T) {
+	ctx := testContext(t)
+	js := connect(t, runServer(t, "solo", 0, nil))
+	if r, err := openStream(ctx, js, "S", 0); r != 1 || err != nil {
+		t.Fatalf("stream: replicas %d, %v; want 1", r, err)
+	}
+	if got := streamReplicas(t, ctx, js, "S"); got != 1 {
+		t.Errorf("stream S has %d replicas, want 1", got)
+	}
+	if r, err := openBucket(ctx, js, "kv", 0); r != 1 || err != nil {
+		t.Fatalf("bucket: replicas %d, %v; want 1", r, err)
+	}
+	// Opening again binds the same stream.
+	if r, err := openStream(ctx, js, "S", 0); r != 1 || err != nil {
+		t.Fatalf("stream again: replicas %d, %v", r, err)
+	}
+	if _, err := openStream(ctx, js, "T", 2); !jsreplicas.TooFewPeers(err) {
+		t.Errorf("forced replicas 2 on one server: %v, want the server's refusal", err)
+	}
+}
+
+// TestClusterOfThree: on a 3-server cluster Create places 3 replicas; a
+// stream and a bucket created with 1 (an older release) are scaled up to 3
+// when opened again; with one server down an existing R3 stream stays R3
+// (no scale-down) and its data is readable, and a new stream still opens.
+func TestClusterOfThree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-server JetStream cluster")
+	}
+	ctx := testContext(t)
+	var ports []int
+	var routes []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port))
+		ln.Close()
+	}
+	var srvs []*server.Server
+	for i := range 3 {
+		srvs = append(srvs, runServer(t, fmt.Sprintf("n%d", i), ports[i], routes))
+	}
+	// The cluster's meta leader takes a moment to be elected.
+	for deadline := time.Now().Add(defaultTestTimeout); ; time.Sleep(50 * time.Millisecond) {
+		leaders := 0
+		for _, s := range srvs {
+			if s.JetStreamIsLeader() {
+				leaders++
+			}
+		}
+		if leaders == 1 && srvs[0].JetStreamIsCurrent() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the 3 servers elected no JetStream meta leader")
+		}
+	}
+	// Every coordinator opens the same buckets as it starts: three at
+	// once, one per server, must all get 3 replicas (nats-server can
+	// leave such concurrent requests unanswered; Create asks again).
+	var wg sync.WaitGroup
+	got := make([]string, 3)
+	for i, s := range srvs {
+		js := connect(t, s)
+		wg.Go(func() {
+			r, err := openBucket(ctx, js, "together", 0)
+			got[i] = fmt.Sprintf("%d %v", r, err)
+		})
+	}
+	wg.Wait()
+	for i, g := range got {
+		if g != "3 <nil>" {
+			t.Errorf("bucket opened at once through server %d: %s; want 3 replicas", i, g)
+		}
+	}
+
+	js := connect(t, srvs[0])
+	r, err := openStream(ctx, js, "S", 0)
+	if r != 3 || err != nil {
+		t.Fatalf("stream on 3 servers: replicas %d, %v; want 3", r, err)
+	}
+
+	// Created R1 (as before this package), then opened with auto.
+	if r, err := openStream(ctx, js, "OLD", 1); r != 1 || err != nil {
+		t.Fatalf("forced R1: %d, %v", r, err)
+	}
+	if _, err := js.Publish(ctx, "OLD.x", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := openStream(ctx, js, "OLD", 0); r != 3 || err != nil {
+		t.Fatalf("R1 stream reopened: replicas %d, %v; want scaled to 3", r, err)
+	}
+	if got := streamReplicas(t, ctx, js, "OLD"); got != 3 {
+		t.Errorf("stream OLD has %d replicas after the update, want 3", got)
+	}
+	if r, err := openBucket(ctx, js, "oldkv", 1); r != 1 || err != nil {
+		t.Fatalf("forced R1 bucket: %d, %v", r, err)
+	}
+	if r, err := openBucket(ctx, js, "oldkv", 0); r != 3 || err != nil {
+		t.Fatalf("R1 bucket reopened: replicas %d, %v; want scaled to 3", r, err)
+	}
+
+	// One server of three down.
+	srvs[2].Shutdown()
+	srvs[2].WaitForShutdown()
+	for deadline := time.Now().Add(defaultTestTimeout); ; time.Sleep(200 * time.Millisecond) {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		r, err = openStream(actx, js, "OLD", 0)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if r != 3 || err != nil {
+		t.Fatalf("R3 stream reopened with a server down: replicas %d, %v; want 3 (no scale-down)", r, err)
+	}
+	st, err := js.Stream(ctx, "OLD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.GetMsg(ctx, 1); err != nil || string(m.Data) != "kept" {
+		t.Errorf("message 1 of OLD with a server down: %v, %v", m, err)
+	}
+	// A new stream still opens (the servers may place all 3 replicas,
+	// the offline one catching up when it returns, or fewer).
+	if r, err = openStream(ctx, js, "NEW", 0); err != nil {
+		t.Errorf("new stream with one server of three down: %v", err)
+	}
+	t.Logf("new stream with one server of three down: %d replicas", r)
+}
