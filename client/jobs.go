@@ -104,28 +104,53 @@ func (c *Client) JobList(ctx context.Context, req protocol.JobListRequest) (*pro
 }
 
 // JobWait polls job id's record every poll until its state is terminal
-// and returns it, or ctx's error. Each poll is one JobGet (bounded by
-// RequestTimeout when ctx has no deadline); a failed poll is returned.
+// and returns it, or ctx's error. Each poll is one JobGet, bounded by
+// jobPollTimeout (and RequestTimeout). A poll that is lost (its
+// coordinator died with it: a timeout), finds no coordinator for a moment
+// or gets 503 (one draining) is tried again at the next tick: the record
+// lives in JetStream, not in the coordinator that answers. Any other
+// failed poll is returned (no coordinator at all, too: a wait would not
+// end).
 func (c *Client) JobWait(ctx context.Context, id string, poll time.Duration) (*protocol.JobRecord, error) {
 	if poll <= 0 {
 		return nil, fmt.Errorf("client: job wait %s: poll interval %v must be positive", id, poll)
 	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
+	state := protocol.JobState("unknown")
 	for {
-		pctx, cancel := context.WithTimeout(ctx, c.requestTimeout())
+		pctx, cancel := context.WithTimeout(ctx, min(c.requestTimeout(), jobPollTimeout))
 		r, err := c.JobGet(pctx, id)
 		cancel()
-		if err != nil {
-			return nil, err
-		}
-		if r.State.Terminal() {
+		switch {
+		case err == nil && r.State.Terminal():
 			return r, nil
+		case err == nil:
+			state = r.State
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("job %s still %s: %w", id, state, ctx.Err())
+		case !passingPollError(err):
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("job %s still %s: %w", id, r.State, ctx.Err())
+			return nil, fmt.Errorf("job %s still %s: %w", id, state, ctx.Err())
 		case <-t.C:
 		}
 	}
+}
+
+// jobPollTimeout bounds one poll of JobWait: a poll lost with a dying
+// coordinator costs this long, not RequestTimeout.
+const jobPollTimeout = 3 * time.Second
+
+// passingPollError reports whether err, from one JobGet, passes with the
+// moment: the request was lost or timed out, or a coordinator answered
+// 503 (draining, or its store unreachable for a moment).
+func passingPollError(err error) bool {
+	var ae *protocol.APIError
+	if errors.As(err, &ae) {
+		return ae.Status == 503
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
