@@ -31,8 +31,12 @@ func procStat(t testing.TB, stat string) []string {
 	return f
 }
 
-// checkAlive fails t unless pid is a live process with no signal pending:
-// a SIGTERM sent before the check is either pending or has killed it.
+// checkAlive fails t unless pid is a live process with no signal pending
+// that it does not ignore: a SIGTERM sent before the check is either
+// pending or has killed it. An ignored signal can show as pending for a
+// moment (the kernel queues a signal the process blocks even when it
+// ignores it, as a shell does around a fork or an exec); it is discarded
+// on delivery.
 func checkAlive(t testing.TB, pid int, when string) {
 	t.Helper()
 	if err := syscall.Kill(pid, 0); err != nil {
@@ -42,6 +46,7 @@ func checkAlive(t testing.TB, pid int, when string) {
 	if err != nil {
 		t.Fatalf("%s: process %d: %v", when, pid, err)
 	}
+	var pending, ignored uint64
 	for _, line := range strings.Split(string(st), "\n") {
 		k, v, _ := strings.Cut(line, ":")
 		v = strings.TrimSpace(v)
@@ -53,10 +58,21 @@ func checkAlive(t testing.TB, pid int, when string) {
 				t.Fatalf("%s: process %d is %s", when, pid, v)
 			}
 		case "SigPnd", "ShdPnd":
-			if strings.Trim(v, "0") != "" {
-				t.Fatalf("%s: process %d has signals pending (%s %s)", when, pid, k, v)
+			m, err := strconv.ParseUint(v, 16, 64)
+			if err != nil {
+				t.Fatalf("%s: process %d: %s %q", when, pid, k, v)
 			}
+			pending |= m
+		case "SigIgn":
+			m, err := strconv.ParseUint(v, 16, 64)
+			if err != nil {
+				t.Fatalf("%s: process %d: %s %q", when, pid, k, v)
+			}
+			ignored = m
 		}
+	}
+	if p := pending &^ ignored; p != 0 {
+		t.Fatalf("%s: process %d has signals pending that it does not ignore (mask %x, ignored %x)", when, pid, p, ignored)
 	}
 }
 
