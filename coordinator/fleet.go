@@ -402,6 +402,16 @@ func (c *Coordinator) checkSuperseded(n *node) {
 	if !ok || r.rev <= mine || r.info.SessionID == n.sessionID {
 		return
 	}
+	c.mu.Lock()
+	closing := c.closing
+	c.mu.Unlock()
+	if closing {
+		// A drain sent the agent on: its streams in flight here finish
+		// (up to DrainTimeout) before the drain closes the session.
+		c.log.Debug("node registered elsewhere while this coordinator drains; its session ends with the drain",
+			"node_id", n.id, "new_coordinator", r.info.Coordinator)
+		return
+	}
 	c.log.Warn("node reconnected elsewhere: closing the superseded session",
 		"node_id", n.id, "session_id", n.sessionID, "new_coordinator", r.info.Coordinator, "new_session_id", r.info.SessionID)
 	n.sess.Close()

@@ -92,6 +92,11 @@ type job struct {
 	accept         func() bool
 	idempotent     bool
 	idempotencyKey string
+	// moved: the node's tunnel here was closing when the job was to be
+	// sent there (a drain handing the agent to another coordinator): the
+	// job did not run there (runNode), and a single-node job is refused
+	// with 503, to be retried where the node went (refuseMoved).
+	moved atomic.Bool
 
 	// pubMu serialises publishes so that replies leave in Tether-Seq order.
 	pubMu   sync.Mutex
@@ -123,6 +128,10 @@ func (j *job) run() {
 		// The common case: no fan-out, so no extra goroutine.
 		results[0] = j.runNodeGuarded(j.targets[0])
 		if !j.accept() {
+			return
+		}
+		if j.moved.Load() {
+			j.refuseMoved(results[0].Error)
 			return
 		}
 		j.publishNodeResult(&results[0])
@@ -174,6 +183,25 @@ func (j *job) run() {
 	}
 	j.publish("", protocol.ReplyResult, body)
 	log.Debug("job finished", "succeeded", res.Succeeded, "failed", res.Failed)
+}
+
+// refuseMoved ends a single-node job that was not sent to its node
+// because the node's tunnel here was closing (j.moved): its only reply is
+// a 503, the API's "retry" (the node is on its way to another
+// coordinator; the same job id may be submitted again), and its record
+// ends lost, saying it never ran.
+func (j *job) refuseMoved(why string) {
+	node := j.targets[0]
+	j.publishError(protocol.NewAPIError(503, protocol.ErrCodeUnavailable,
+		"node %s is moving to another coordinator (its tunnel to coordinator %s closed: %s); job %s was not run; retry", node, j.c.cfg.ID, why, j.id))
+	if j.durable == nil {
+		return
+	}
+	ctx, cancel := j.storeCtx()
+	defer cancel()
+	if err := j.c.cfg.Jobs.Lose(ctx, j.durable, fmt.Sprintf("not run: node %s's tunnel to coordinator %s closed before the job was sent (the client was told to retry)", node, j.c.cfg.ID)); err != nil {
+		j.c.log.Warn("record a job refused as its node moved", "job_id", j.id, "err", err)
+	}
 }
 
 // fanOut runs the job on every target, at most maxParallel at once, one
@@ -321,6 +349,11 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			res.Cancelled = true
 			return fail("job %s was cancelled before it started there", j.id)
 		}
+		if errors.Is(err, yamux.ErrSessionShutdown) || errors.Is(err, yamux.ErrRemoteGoAway) {
+			// Its stream never opened, or went without its header: the
+			// agent acted on nothing.
+			j.moved.Store(true)
+		}
 		return fail("open exec stream: %v", err)
 	}
 	c.m.streamsOpened.WithLabelValues(protocol.KindExec.String()).Inc()
@@ -384,6 +417,17 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 				if err == io.EOF {
 					err = io.ErrUnexpectedEOF
 				}
+				if j.params.Detach && j.ctx.Err() == nil {
+					// It may have started and outlive the tunnel (a
+					// drain hands its agent on): ask the node.
+					if started, why := j.confirmDetached(id); started {
+						res.Detached = true
+						c.owners.set(id, j.params.JobID, j.ownerString())
+						return res
+					} else if why != "" {
+						return fail("tunnel lost while starting the detached job: %v; %s", err, why)
+					}
+				}
 				return fail("tunnel lost during exec: %v", err)
 			default:
 				// A truncated frame on a live session, an unknown frame
@@ -438,6 +482,37 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			return fail("%s", withoutNodePrefix(n.id, truncateAgentString(ei.Message)))
 		default:
 			return protoErr("unexpected %s frame: %v", f.Type, protocol.ErrUnexpected)
+		}
+	}
+}
+
+// detachedConfirmWait bounds how long a detached job whose tunnel was
+// lost as it started waits for its node to answer whether it started:
+// long enough for a drained agent to re-register elsewhere.
+const detachedConfirmWait = 15 * time.Second
+
+// confirmDetached asks node id, wherever it re-registers, whether it
+// knows the detached job j (it started there and runs on, or ended).
+// started is true when it does; else why says what is known: the node
+// answered that it has no such job, or it could not be asked within
+// detachedConfirmWait (whether the job started is then unknown).
+func (j *job) confirmDetached(id string) (started bool, why string) {
+	ctx, cancel := context.WithTimeout(j.ctx, detachedConfirmWait)
+	defer cancel()
+	var last error
+	for {
+		_, err := j.c.JobStatus(ctx, id, j.params.JobID)
+		switch {
+		case err == nil:
+			return true, ""
+		case errors.Is(err, jobstore.ErrNoSuchJob):
+			return false, "the node says it did not start"
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return false, fmt.Sprintf("whether it started is unknown (the node did not answer within %v: %v): tether job status %s", detachedConfirmWait, last, j.params.JobID)
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }

@@ -926,23 +926,9 @@ func (c *cluster) rollingRestart() {
 	if len(c.gaps) > 0 {
 		msg := fmt.Sprintf("%d jobs lost across a drain:\n%s", len(c.gaps), strings.Join(c.gaps, "\n"))
 		c.gaps = nil
-		if drainGapsPending && !t.Failed() {
-			t.Skip("TODO(drain): a rolling restart loses jobs: " + msg)
-		}
 		t.Error(msg)
 	}
 }
-
-// drainGapsPending marks the drain's known gaps (see rollingRestart) as
-// not fixed yet: rollingRestart then skips, naming every lost job,
-// instead of failing. Seen on 2026-12-02 (main at d53208d merged): (1) a
-// detached job whose start raced the drain runs while its client is told
-// "tunnel lost during exec: unexpected EOF"; (2) a job dispatched onto a
-// session the drain is closing fails without running ("open exec stream:
-// ... session shutdown", "tunnel lost during exec: unexpected EOF")
-// instead of being refused with 503 before it is recorded. A job run
-// twice is not one of them: that fails the test.
-const drainGapsPending = true
 
 // restartEverything: a lease and a sandbox record before; every
 // coordinator and NATS server stopped and started again; afterwards the
