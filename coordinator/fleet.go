@@ -233,6 +233,7 @@ type fleetState struct {
 
 	mu     sync.Mutex
 	recs   map[string]fleetRec           // node id → record, every coordinator's
+	left   map[string]time.Time          // node id → when its record was removed (registered)
 	subs   map[string]*nats.Subscription // node id → its node subscription (held nodes)
 	loaded bool                          // the watch delivered the initial values
 	// othersLive: the last sweep saw another coordinator's instance;
@@ -255,6 +256,7 @@ func newFleetState(kv jetstream.KeyValue) *fleetState {
 		kv:   kv,
 		in:   make(chan *nats.Msg, fleetInbound),
 		recs: map[string]fleetRec{},
+		left: map[string]time.Time{},
 		subs: map[string]*nats.Subscription{},
 		stop: func() {},
 	}
@@ -367,6 +369,7 @@ func (c *Coordinator) watchFleet(ctx context.Context, w jetstream.KeyWatcher, lo
 			if e.Operation() != jetstream.KeyValuePut {
 				fl.mu.Lock()
 				delete(fl.recs, id)
+				fl.noteLeft(id)
 				fl.mu.Unlock()
 				continue
 			}
@@ -731,15 +734,49 @@ func (c *Coordinator) remoteInventoried(id string) (string, protocol.NodeInfo, b
 }
 
 // registered reports whether the fleet registry has a record of node id
-// (held by any coordinator, this one included).
+// (held by any coordinator, this one included), or had one until less
+// than nodeMovingGrace ago.
 func (c *Coordinator) registered(id string) bool {
 	if c.fl == nil {
 		return false
 	}
 	c.fl.mu.Lock()
 	defer c.fl.mu.Unlock()
-	_, ok := c.fl.recs[id]
-	return ok
+	if _, ok := c.fl.recs[id]; ok {
+		return true
+	}
+	left, ok := c.fl.left[id]
+	return ok && time.Since(left) < nodeMovingGrace
+}
+
+// notConnected is the error for a request for node id, which this
+// coordinator does not hold and cannot forward: 503 (retry) for a node
+// the fleet knows (registered), 404 unknown_node for any other.
+func (c *Coordinator) notConnected(id string) *protocol.APIError {
+	if c.registered(id) {
+		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s is registered in the fleet but not connected to coordinator %s (it is moving between coordinators, or this coordinator's view of the fleet is catching up); retry", protocol.Clip(id), c.cfg.ID)
+	}
+	return protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(id), c.cfg.ID)
+}
+
+// nodeMovingGrace is how long a node whose record was removed counts as
+// registered (registered): an agent whose coordinator went away is on
+// its way to another one, and a request for it meanwhile is 503 (retry),
+// not 404 (no such node).
+const nodeMovingGrace = time.Minute
+
+// noteLeft remembers that node id's record was removed (fl.mu held), and
+// forgets nodes that left longer than nodeMovingGrace ago.
+func (fl *fleetState) noteLeft(id string) {
+	now := time.Now()
+	if len(fl.left) >= 1024 {
+		for k, t := range fl.left {
+			if now.Sub(t) >= nodeMovingGrace {
+				delete(fl.left, k)
+			}
+		}
+	}
+	fl.left[id] = now
 }
 
 // remoteNodes returns the registry's records of nodes other coordinators

@@ -273,7 +273,7 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 	n, ok := c.nodes[nodeID]
 	c.mu.Unlock()
 	if !ok {
-		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(nodeID), c.cfg.ID))
+		c.replyError(req, c.notConnected(nodeID))
 		return
 	}
 	obj := policy.Object{Owner: c.jobOwner(nodeID, p.ID)}

@@ -133,7 +133,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	n, ok := c.nodes[r.Node]
 	c.mu.Unlock()
 	if !ok {
-		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %q is not connected to coordinator %s", r.Node, c.cfg.ID))
+		c.replyError(req, c.notConnected(r.Node))
 		return
 	}
 	var (

@@ -277,15 +277,11 @@ func (c *Coordinator) resolve(t protocol.Target, fleet bool) ([]*node, *protocol
 		n, ok := c.nodes[t.Node]
 		c.mu.Unlock()
 		if !ok {
-			if c.registered(t.Node) {
-				// The fleet knows the node and names no other holder we
-				// could forward to: this coordinator's view of the
-				// registry lags (just back from a partition or a NATS
-				// reconnect) or the node is between coordinators. Not
-				// an unknown node: the caller should retry.
-				return nil, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s is registered in the fleet but not connected to coordinator %s, whose view of the fleet is catching up; retry", protocol.Clip(t.Node), c.cfg.ID)
-			}
-			return nil, protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(t.Node), c.cfg.ID)
+			// A node the fleet knows, with no other holder to forward
+			// to: this coordinator's view of the registry lags (just
+			// back from a partition or a NATS reconnect) or the node is
+			// between coordinators: 503, the caller should retry.
+			return nil, c.notConnected(t.Node)
 		}
 		return []*node{n}, nil
 	case t.Selector != "":
