@@ -75,7 +75,17 @@ type ExecOptions struct {
 	Output OutputHandler
 	// NodeResult receives each node's result as the node finishes.
 	NodeResult NodeResultHandler
+	// Rerun, if set, is told when an idempotent job that was lost with
+	// its coordinator is submitted again (as job next; why is the
+	// record's reason). Output and results of the new attempt follow.
+	Rerun func(lost, next, why string)
+
+	reruns int // attempts submitted again so far (rerun)
 }
+
+// MaxIdempotentReruns bounds how many times ExecWith submits an
+// idempotent job again after an attempt was lost.
+const MaxIdempotentReruns = 3
 
 // Client calls Tether's NATS API over a connection it does not own: closing
 // NC is the caller's job. The zero values of the tuning fields select the
@@ -173,6 +183,12 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 // with an error wrapping ctx.Err(). A gap in the replies' sequence numbers is
 // an error; the job is then cancelled too.
 //
+// After FateCheckAfter without a reply, ExecWith reads the job's record: a
+// job lost with its coordinator returns its nodes with the reason as
+// their error, or, when req.Idempotent, is submitted again (a new id, the
+// same idempotency key; req.ID is then the new attempt's), at most
+// MaxIdempotentReruns times.
+//
 // When no reply at all arrives for KeepAliveTimeout (the coordinator sends
 // keepalives to silent jobs), ExecWith asks for a cancel and returns an error
 // matching ErrCoordinatorSilent.
@@ -258,6 +274,9 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 			}
 			var lost bool
 			if ended, lost = c.jobFate(ctx, req.ID); lost {
+				if req.Idempotent && opts.reruns < MaxIdempotentReruns {
+					return c.rerun(ctx, req, opts, ended)
+				}
 				return ended, nil
 			}
 			continue
@@ -305,6 +324,47 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 		}
 	}
 }
+
+// rerun submits the idempotent job req, whose attempt was lost (ended),
+// again under a new id with the same idempotency key (the job store lets
+// a repeat of a lost job run: at least once), and returns its outcome.
+func (c *Client) rerun(ctx context.Context, req *protocol.ExecRequest, opts ExecOptions, ended *protocol.ExecResult) (*protocol.ExecResult, error) {
+	next := *req
+	next.ID = NewJobID()
+	if next.IdempotencyKey == "" {
+		next.IdempotencyKey = req.ID // the key the first attempt had
+	}
+	why := ""
+	if len(ended.Results) > 0 {
+		why = ended.Results[0].Error
+	}
+	if opts.Rerun != nil {
+		opts.Rerun(req.ID, next.ID, why)
+	}
+	opts.reruns++
+	for tries := 1; ; tries++ {
+		res, err := c.ExecWith(ctx, &next, opts)
+		// 503 is the API's "retry": the node is between coordinators
+		// (its own just died), and the attempt was not run.
+		var ae *protocol.APIError
+		if errors.As(err, &ae) && ae.Status == 503 && tries < rerunTries && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(rerunRetryWait):
+			}
+			continue
+		}
+		*req = next // the caller reads the job id from req
+		return res, err
+	}
+}
+
+// rerunTries and rerunRetryWait bound how long a rerun waits for the
+// node of its job to be reachable again (about 10 s).
+const (
+	rerunTries     = 20
+	rerunRetryWait = 500 * time.Millisecond
+)
 
 // jobFate reads job id's durable record (fate check, see FateCheckAfter)
 // and returns the outcome it records once the job ended, else nil (still

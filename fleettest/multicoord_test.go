@@ -564,3 +564,56 @@ func TestMultiCoordinatorFanOutRunEndsWithItsCoordinator(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// An idempotent job lost with its coordinator runs again (at least
+// once): the client submits it anew under the same idempotency key, and
+// gets the second attempt's output and result.
+func TestMultiCoordinatorIdempotentJobRunsAgain(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	mark := t.TempDir() + "/first"
+	cl := *f.Client
+	cl.KeepAliveTimeout = 10 * time.Minute
+	cl.FateCheckAfter = time.Second
+	req := &protocol.ExecRequest{ID: "idem-dead", Target: protocol.Target{Node: "node-1"}, Idempotent: true,
+		Script: fmt.Sprintf("if [ -e %[1]s ]; then echo second; exit 0; fi; touch %[1]s; sleep 120", mark)}
+	var reruns []string
+	var out strings.Builder
+	type outcome struct {
+		res *protocol.ExecResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := cl.ExecWith(ctx, req, client.ExecOptions{
+			Output: func(_, _ string, b []byte) { out.Write(b) },
+			Rerun:  func(lost, next, why string) { reruns = append(reruns, lost+"→"+next+": "+why) },
+		})
+		done <- outcome{res, err}
+	}()
+	for {
+		rec, err := f.Client.JobGet(ctx, "idem-dead")
+		if err == nil && rec.State == protocol.JobStateRunning && rec.Coordinator == "fleettest-1" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("idempotent job never running on fleettest-1: %+v %v", rec, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.KillCoordinator(1)
+	o := <-done
+	if o.err != nil || o.res == nil || o.res.Succeeded != 1 || out.String() != "second\n" {
+		t.Fatalf("idempotent job after its coordinator died: %+v, %v, output %q; want the second attempt's success", o.res, o.err, out.String())
+	}
+	if len(reruns) != 1 || !strings.Contains(reruns[0], "idem-dead→") || req.ID == "idem-dead" {
+		t.Errorf("reruns %q, request id now %s", reruns, req.ID)
+	}
+	if rec, err := f.Client.JobGet(ctx, "idem-dead"); err != nil || rec.State != protocol.JobStateLost {
+		t.Errorf("the first attempt's record = %+v, %v; want lost", rec, err)
+	}
+	if rec, err := f.Client.JobGet(ctx, req.ID); err != nil || rec.State != protocol.JobSucceeded {
+		t.Errorf("the second attempt's record = %+v, %v; want succeeded", rec, err)
+	}
+}

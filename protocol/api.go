@@ -240,7 +240,9 @@ type ExecRequest struct {
 	// Idempotent marks a job that may run more than once: a repeat of
 	// its submission (same caller, same IdempotencyKey, or same ID when
 	// the key is empty) within the job store's retention is refused with
-	// 409 duplicate_job naming the first job, instead of running again.
+	// 409 duplicate_job naming the first job, instead of running again,
+	// unless that job was lost (its coordinator died while it ran): then
+	// the repeat runs (at least once; client.ExecWith repeats it itself).
 	// Without it a job runs at most once.
 	Idempotent bool `json:"idempotent,omitempty"`
 	// IdempotencyKey is the key of an Idempotent job, at most

@@ -50,11 +50,11 @@
 //
 // A submission is at most once unless Submission.IdempotencyKey is set:
 // then a second submission by the same owner with the same key (within the
-// record's retention) returns the first job (ErrDuplicate with the job), and
-// the job's first write carries the key as Nats-Msg-Id (its queue
-// message, or its record when it has none), so that the server drops a
-// repeat within the duplicate window even where the idempotency key was
-// not seen (deleted by hand, or written by an older coordinator).
+// record's retention) returns the first job (ErrDuplicate with the job),
+// and the record write carries the key as Nats-Msg-Id. A repeat of a job
+// whose attempt ended lost runs (at least once): the key is moved to it
+// (compare-and-set, so of two repeats one runs) and its record write gets
+// a Nats-Msg-Id of that generation.
 //
 // The package runs no goroutines; its methods are safe for concurrent use.
 // It must not import the coordinator package or the agent.

@@ -249,14 +249,32 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 		key = sub.ID
 	}
 	msgID, idemRev := "", uint64(0)
+	recordMsgID := "" // the record write's Nats-Msg-Id
 	if sub.Idempotent {
 		msgID = idemKey(sub.Owner, key)
+		recordMsgID = msgID
 		var err error
 		if idemRev, err = s.kv.Create(ctx, msgID, []byte(sub.ID)); err != nil {
 			if !errors.Is(err, jetstream.ErrKeyExists) {
 				return nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
 			}
-			return s.first(ctx, sub.ID, msgID)
+			first, rev, err := s.firstOf(ctx, sub.ID, msgID)
+			if !errors.Is(err, ErrDuplicate) || first.State != Lost {
+				return first, err
+			}
+			// At least once: the first attempt was lost (its coordinator
+			// died), so this repeat runs, once: the key names it from
+			// now on (compare-and-set: of two repeats one wins), and its
+			// record write is deduplicated under a Nats-Msg-Id of its own
+			// generation.
+			if idemRev, err = s.kv.Update(ctx, msgID, []byte(sub.ID), rev); err != nil {
+				if isConflict(err) {
+					f, _, ferr := s.firstOf(ctx, sub.ID, msgID)
+					return f, ferr
+				}
+				return nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
+			}
+			recordMsgID = fmt.Sprintf("%s/%d", msgID, idemRev)
 		}
 	}
 	j := s.newJob(sub)
@@ -264,7 +282,7 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 		// The record alone is the accept: one write on the job's path,
 		// carrying the idempotency key as Nats-Msg-Id (the bucket's stream
 		// drops a repeat within its duplicate window, as the queue would).
-		if err := s.create(ctx, j, msgID); err != nil {
+		if err := s.create(ctx, j, recordMsgID); err != nil {
 			if de := (*duplicateError)(nil); errors.As(err, &de) {
 				return s.repeatOf(ctx, sub.ID, msgID, idemRev, de.seq)
 			}
@@ -386,9 +404,15 @@ func isWrongLastSeq(err error) bool {
 // first returns the handle of the job the idempotency key idem (written
 // by an earlier submission) names, and ErrDuplicate.
 func (s *Store) first(ctx context.Context, id, idem string) (*Job, error) {
+	j, _, err := s.firstOf(ctx, id, idem)
+	return j, err
+}
+
+// firstOf is first with the key's revision.
+func (s *Store) firstOf(ctx context.Context, id, idem string) (*Job, uint64, error) {
 	e, err := s.kv.Get(ctx, idem)
 	if err != nil {
-		return nil, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", id, err)
+		return nil, 0, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", id, err)
 	}
 	// The first submitter writes its record just after the key: give it
 	// a moment.
@@ -401,9 +425,9 @@ func (s *Store) first(ctx context.Context, id, idem string) (*Job, error) {
 		first, err = s.Get(ctx, string(e.Value()))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, e.Value(), err)
+		return nil, 0, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, e.Value(), err)
 	}
-	return first, ErrDuplicate
+	return first, e.Revision(), ErrDuplicate
 }
 
 // duplicateError: the bucket's stream dropped a record write as a repeat

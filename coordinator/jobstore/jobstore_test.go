@@ -567,3 +567,49 @@ func TestBegin(t *testing.T) {
 		t.Errorf("queued messages = %d, %v; want 0", n, err)
 	}
 }
+
+// TestIdempotentRunsAgainAfterLost: an idempotent job is at least once: a
+// repeat of one whose first attempt was lost (its coordinator died) runs,
+// once (of two repeats at once, one wins), and a repeat of the new attempt
+// while it lives is deduplicated again.
+func TestIdempotentRunsAgainAfterLost(t *testing.T) {
+	env := natstest.Run(t)
+	s := open(t, env, "c1")
+	other := open(t, env, "c2")
+	ctx := testContext(t)
+	sub := func(id string) jobstore.Submission {
+		return jobstore.Submission{ID: id, Owner: "nats:alice", Nodes: []string{"n1"}, Idempotent: true, IdempotencyKey: "k", StartNow: true}
+	}
+	first := submit(t, s, sub("a1"))
+	if err := s.Lose(ctx, first, "its coordinator stopped while it ran"); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		j   *jobstore.Job
+		err error
+	}
+	out := make(chan res, 2)
+	for i, st := range []*jobstore.Store{s, other} {
+		go func() {
+			j, err := st.Submit(ctx, sub(fmt.Sprintf("a%d", i+2)))
+			out <- res{j, err}
+		}()
+	}
+	r1, r2 := <-out, <-out
+	if (r1.err == nil) == (r2.err == nil) {
+		t.Fatalf("two repeats of a lost job: %v and %v; want one run and one duplicate", r1.err, r2.err)
+	}
+	won, dup := r1, r2
+	if r1.err != nil {
+		won, dup = r2, r1
+	}
+	if !errors.Is(dup.err, jobstore.ErrDuplicate) || dup.j == nil || dup.j.ID != won.j.ID {
+		t.Errorf("the other repeat = %+v, %v; want ErrDuplicate naming %s", dup.j, dup.err, won.j.ID)
+	}
+	if won.j.State != jobstore.Running {
+		t.Errorf("the repeat that runs is %s, want running", won.j.State)
+	}
+	if j, err := s.Submit(ctx, sub("a9")); !errors.Is(err, jobstore.ErrDuplicate) || j.ID != won.j.ID {
+		t.Errorf("repeat while the second attempt runs = %+v, %v; want ErrDuplicate naming it", j, err)
+	}
+}

@@ -330,6 +330,10 @@ func TestExecRequest(t *testing.T) {
 			protocol.ExecRequest{Target: protocol.Target{Selector: "gpu=true"}, Script: "echo from file\n"}},
 		{"script stdin", execOptions{All: true, Script: "-"}, nil, "echo from stdin",
 			protocol.ExecRequest{Target: protocol.Target{All: true}, Script: "echo from stdin"}},
+		{"idempotent", execOptions{Node: "n1", Idempotent: true}, []string{"true"}, "",
+			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"true"}, Idempotent: true}},
+		{"an idempotency key implies idempotent", execOptions{Node: "n1", IdempotencyKey: "k1"}, []string{"true"}, "",
+			protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"true"}, Idempotent: true, IdempotencyKey: "k1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

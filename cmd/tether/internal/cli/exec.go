@@ -64,6 +64,10 @@ type execOptions struct {
 	Summary bool
 	// Detach starts the job detached on each node and returns at once.
 	Detach bool
+	// Idempotent and IdempotencyKey mark a job that may run more than
+	// once (ExecRequest.Idempotent).
+	Idempotent     bool
+	IdempotencyKey string
 	// OutputLimit caps each of stdout and stderr per node, in bytes: 0
 	// means the agent's default (64 MiB), protocol.OutputUnlimited no cap.
 	OutputLimit int64
@@ -164,6 +168,9 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 		MaxParallel: o.MaxParallel,
 		OutputLimit: o.OutputLimit,
 		Detach:      o.Detach,
+
+		Idempotent:     o.Idempotent || o.IdempotencyKey != "",
+		IdempotencyKey: o.IdempotencyKey,
 	}
 	if len(o.Env) > 0 {
 		req.Env = map[string]string{}
@@ -397,6 +404,8 @@ coordinator); 2, 130 and 143 as above.`,
 	f.BoolVar(&o.FailFast, "fail-fast", false, "run the -c commands one by one and stop at the first failure")
 	f.BoolVar(&o.Summary, "summary", false, "list every node in the final table, not only the failed ones")
 	f.BoolVar(&o.Detach, "detach", false, "start the job detached on each node and return (see 'tether job')")
+	f.BoolVar(&o.Idempotent, "idempotent", false, "the job may run more than once: a repeat is deduplicated, and it runs again if its coordinator died while it ran")
+	f.StringVar(&o.IdempotencyKey, "idempotency-key", "", "the key that makes repeats of an idempotent job one job (default: the job id; implies --idempotent)")
 	f.Var(outputLimitFlag{&o.OutputLimit}, "output-limit", "cap each of stdout and stderr per node: 64MiB, 1GiB, 1GB or unlimited (default: the agent's, 64 MiB)")
 	o.NATS.addFlags(cmd)
 	return cmd
@@ -483,6 +492,9 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	start := e.now()
 	opts := client.ExecOptions{
 		Output: out.handle,
+		Rerun: func(lost, next, why string) {
+			fmt.Fprintf(stderr, "tether: job %s was lost (%s); it is idempotent: running it again as job %s\n", lost, why, next)
+		},
 		NodeResult: func(r *protocol.NodeResult) {
 			if prog != nil {
 				prog.nodeDone(r.OK())
