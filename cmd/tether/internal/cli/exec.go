@@ -423,7 +423,10 @@ func (f secondsDuration) Set(s string) error {
 	// A negative value is accepted here and reported by Validate with the
 	// other problems of the command line.
 	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		if math.IsNaN(n) || math.Abs(n) > maxTimeout.Seconds() {
+		if math.IsNaN(n) {
+			return fmt.Errorf("%s is not a number of seconds: want a duration like 30s or 5m, or a number of seconds", s)
+		}
+		if math.Abs(n) > maxTimeout.Seconds() {
 			return fmt.Errorf("%s seconds is over the limit of %v (about 146 years)", s, maxTimeout)
 		}
 		*f.d = time.Duration(n * float64(time.Second))

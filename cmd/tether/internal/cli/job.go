@@ -49,8 +49,8 @@ func (o *jobOptions) Validate(args []string) error {
 	} else if err := protocol.ValidJobID(args[0]); err != nil {
 		errs = append(errs, err)
 	}
-	if o.Poll <= 0 {
-		errs = append(errs, fmt.Errorf("--poll %v must be positive", o.Poll))
+	if o.Poll <= 0 || o.Poll > maxPoll {
+		errs = append(errs, fmt.Errorf("--poll %v must be positive and at most %v", o.Poll, maxPoll))
 	}
 	if len(errs) == 0 && o.Node != "" {
 		// Anything else the API checks (none today).
@@ -141,6 +141,10 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 	o.NATS.addFlags(cmd)
 	return cmd
 }
+
+// maxPoll bounds --poll: a longer interval would leave a wait or a follow
+// unaware of the job's end for that long.
+const maxPoll = time.Minute
 
 // resolveNode fills o.Node from the job's record when --node was not
 // given. It returns the record it read (nil with --node).
