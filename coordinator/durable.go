@@ -371,14 +371,26 @@ func (c *Coordinator) jobPolicyNodes(ids []string) []policy.Node {
 	return out
 }
 
-// goStore runs f on a goroutine the coordinator owns (counted in jobWG),
-// with the store and a bounded context; 501 without a store.
+// goStore runs f on a goroutine the coordinator owns (goRequest), with
+// the store and a context bounded by jobAnswerTimeout; 501 without a
+// store.
 func (c *Coordinator) goStore(req micro.Request, what string, f func(context.Context, *jobstore.Store)) {
 	s := c.cfg.Jobs
 	if s == nil {
 		c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeUnsupported, "coordinator %s keeps no job records", c.cfg.ID))
 		return
 	}
+	c.goRequest(req, what, func(life context.Context) {
+		ctx, cancel := context.WithTimeout(life, jobAnswerTimeout)
+		defer cancel()
+		f(ctx, s)
+	})
+}
+
+// goRequest runs f(life) for req on a goroutine counted in jobWG, life
+// ending with the coordinator; a panic in f answers req with an internal
+// error, and a coordinator shutting down answers 503 without running f.
+func (c *Coordinator) goRequest(req micro.Request, what string, f func(life context.Context)) {
 	life, ok := c.enter(&c.jobWG)
 	if !ok {
 		c.replyError(req, c.unavailable())
@@ -387,9 +399,7 @@ func (c *Coordinator) goStore(req micro.Request, what string, f func(context.Con
 	go func() {
 		defer c.jobWG.Done()
 		defer c.guard.Recover(what, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
-		ctx, cancel := context.WithTimeout(life, jobAnswerTimeout)
-		defer cancel()
-		f(ctx, s)
+		f(life)
 	}()
 }
 

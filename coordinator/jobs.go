@@ -281,16 +281,7 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 		c.replyError(req, e)
 		return
 	}
-	life, ok := c.enter(&c.jobWG)
-	if !ok {
-		c.replyError(req, c.unavailable())
-		return
-	}
-	go func() {
-		defer c.jobWG.Done()
-		defer c.guard.Recover("job "+p.Op, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
-		c.runJobOp(life, req, n, p)
-	}()
+	c.goRequest(req, "job "+p.Op, func(life context.Context) { c.runJobOp(life, req, n, p) })
 }
 
 // runJobOp opens a job stream to n with p and replies with its answer.

@@ -371,15 +371,7 @@ func (c *Coordinator) handleNodes(req micro.Request) {
 		c.listNodes(req, &r)
 		return
 	}
-	if _, ok := c.enter(&c.jobWG); !ok {
-		c.replyError(req, c.unavailable())
-		return
-	}
-	go func() {
-		defer c.jobWG.Done()
-		defer c.guard.Recover("nodes", func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
-		c.listNodes(req, &r)
-	}()
+	c.goRequest(req, "nodes", func(context.Context) { c.listNodes(req, &r) })
 }
 
 // listNodes answers a nodes request.
