@@ -597,6 +597,13 @@ func (f *Fleet) stop() {
 // summed), with Options.Coordinators above 1.
 func (f *Fleet) Forwarded(tb testing.TB) float64 {
 	tb.Helper()
+	return f.CounterSum(tb, "tether_coordinator_forwarded_requests_total")
+}
+
+// CounterSum returns counter name summed over its label values and over
+// the fleet's coordinators, with Options.Coordinators above 1.
+func (f *Fleet) CounterSum(tb testing.TB, name string) float64 {
+	tb.Helper()
 	var sum float64
 	for _, reg := range f.Registries {
 		mfs, err := reg.Gather()
@@ -604,7 +611,7 @@ func (f *Fleet) Forwarded(tb testing.TB) float64 {
 			tb.Fatal(err)
 		}
 		for _, mf := range mfs {
-			if mf.GetName() == "tether_coordinator_forwarded_requests_total" {
+			if mf.GetName() == name {
 				for _, m := range mf.GetMetric() {
 					sum += m.GetCounter().GetValue()
 				}

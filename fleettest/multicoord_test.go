@@ -19,6 +19,7 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -519,6 +520,9 @@ func testDeadHolderJobsTakenOver(t *testing.T, silent bool) {
 	if err != nil || rec.State != protocol.JobStateLost || rec.Coordinator != "fleettest-0" || rec.Epoch == 0 {
 		t.Fatalf("attached record = %+v, %v; want lost, taken over by fleettest-0", rec, err)
 	}
+	if n := f.CounterSum(t, "tether_coordinator_jobs_taken_over_total"); n < 1 {
+		t.Errorf("jobs taken over = %v, want at least the attached one", n)
+	}
 	// The detached job ran on: its record ends with the node's result.
 	w, err := f.Client.JobWait(ctx, "det-dead", 200*time.Millisecond)
 	if err != nil || w.State != protocol.JobSucceeded || w.Coordinator != "fleettest-0" {
@@ -615,5 +619,43 @@ func TestMultiCoordinatorIdempotentJobRunsAgain(t *testing.T) {
 	}
 	if rec, err := f.Client.JobGet(ctx, req.ID); err != nil || rec.State != protocol.JobSucceeded {
 		t.Errorf("the second attempt's record = %+v, %v; want succeeded", rec, err)
+	}
+}
+
+// A coordinator asks a node another coordinator holds about a detached
+// job through that coordinator (node.<id>.job.query): the node's status,
+// "no such job" for one it does not know, "unreachable" for a node nobody
+// holds; a malformed query is answered with an error, never a status.
+func TestMultiCoordinatorJobQueryThroughTheOwner(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "q-det", Target: protocol.Target{Node: "node-1"}, Detach: true, Script: "sleep 30"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c0 := f.Coordinators[0] // node-1 is coordinator 1's
+	st, err := c0.JobStatus(ctx, "node-1", "q-det")
+	if err != nil || st.State != protocol.JobRunning || st.Node != "node-1" {
+		t.Fatalf("status through the owner = %+v, %v; want running on node-1", st, err)
+	}
+	if _, err := c0.JobStatus(ctx, "node-1", "no-such-job"); !errors.Is(err, jobstore.ErrNoSuchJob) {
+		t.Errorf("unknown job = %v, want ErrNoSuchJob", err)
+	}
+	if _, err := c0.JobStatus(ctx, "node-9", "q-det"); !errors.Is(err, jobstore.ErrNodeUnreachable) {
+		t.Errorf("unknown node = %v, want ErrNodeUnreachable", err)
+	}
+	for _, body := range []string{"{", `{"id":"bad id!"}`, `{"id":""}`} {
+		m, err := f.CoordNCs[0].RequestMsg(&nats.Msg{Subject: coordinator.NodeSubjectPrefix + "node-1.job.query",
+			Header: nats.Header{coordinator.HeaderForwardedBy: []string{"fleettest-0"}}, Data: []byte(body)}, 5*time.Second)
+		if err != nil {
+			t.Fatalf("query %q: %v", body, err)
+		}
+		var a struct {
+			Status *protocol.JobStatus `json:"status"`
+			Error  string              `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &a); err != nil || a.Status != nil || !strings.Contains(a.Error, "bad job query for node node-1") {
+			t.Errorf("query %q answered %s (%v); want an error naming the node", body, m.Data, err)
+		}
 	}
 }
