@@ -260,6 +260,9 @@ func TestClientPermissions(t *testing.T) {
 		{"a node subject (stream)", "tether.v1.node.n1~x.stream"},
 		{"a run subject", "tether.v1.run.job-1.cancel"},
 		{"a coordinator subject", "tether.v1.coord.c1.nodes"},
+		{"a coordinator's liveness probe", "tether.v1.coord.c1.ping"},
+		{"a job query for a node", "tether.v1.node.n1.job.query"},
+		{"a job's run heartbeat", "tether.v1.run.job-1.alive"},
 	}
 	for _, tt := range pubs {
 		t.Run("publish to "+tt.name, func(t *testing.T) {
