@@ -659,3 +659,55 @@ func TestMultiCoordinatorJobQueryThroughTheOwner(t *testing.T) {
 		}
 	}
 }
+
+// A drain lets a job in flight finish on the session it drains, also once
+// the agent registered with another coordinator (the session it left used
+// to be closed as superseded, killing the job).
+func TestMultiCoordinatorDrainKeepsJobsInFlight(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: 2, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	type outcome struct {
+		res *protocol.ExecResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	var out strings.Builder
+	go func() {
+		res, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "drain-inflight", Target: protocol.Target{Node: "node-1"}, Script: "sleep 4; echo done"},
+			func(_, _ string, b []byte) { out.Write(b) })
+		done <- outcome{res, err}
+	}()
+	for {
+		rec, err := f.Client.JobGet(ctx, "drain-inflight")
+		if err == nil && rec.State == protocol.JobStateRunning {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("job never running: %+v %v", rec, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopped := make(chan struct{})
+	go func() { f.StopCoordinator(1); close(stopped) }()
+	// node-1 moves to coordinator 0 while its job runs on.
+	for {
+		ns := f.Coordinators[0].FleetNodes(protocol.Selector{})
+		moved := len(ns) == 2
+		for _, n := range ns {
+			moved = moved && n.Coordinator == "fleettest-0"
+		}
+		if moved {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("node-1 never moved: %+v", ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	o := <-done
+	if o.err != nil || o.res.Succeeded != 1 || out.String() != "done\n" {
+		t.Fatalf("job in flight across the drain: %+v, %v, output %q; want it to finish", o.res, o.err, out.String())
+	}
+	<-stopped
+}
