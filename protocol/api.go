@@ -647,6 +647,13 @@ func (r *ExecRequest) Validate() *APIError {
 	if len(r.IdempotencyKey) > MaxIdempotencyKeyLen || (r.IdempotencyKey != "" && !r.Idempotent) {
 		return NewAPIError(400, ErrCodeInvalid, "idempotency_key: at most %d bytes, and only with idempotent", MaxIdempotencyKeyLen)
 	}
+	// The key goes out as the Nats-Msg-Id header of the job's first write:
+	// a control character (CR/LF above all) would break or forge headers.
+	for i, c := range r.IdempotencyKey {
+		if c < 0x20 || c == 0x7f {
+			return NewAPIError(400, ErrCodeInvalid, "idempotency_key: control character %q at byte %d", c, i)
+		}
+	}
 	if r.ID != "" {
 		if err := ValidJobID(r.ID); err != nil {
 			return NewAPIError(400, ErrCodeInvalid, "%v", err)

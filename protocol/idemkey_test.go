@@ -1,0 +1,18 @@
+package protocol
+
+import "testing"
+
+// A key carrying control characters (CR/LF above all) would go out as the
+// Nats-Msg-Id header of the first write: it must be refused at validation.
+func TestValidateRefusesIdempotencyKeyControlChars(t *testing.T) {
+	for _, k := range []string{"a\r\nNats-Expected-Stream: x", "a\x01b", "a\x7fb", "a\tb"} {
+		r := &ExecRequest{Target: Target{Node: "n"}, Argv: []string{"true"}, Idempotent: true, IdempotencyKey: k}
+		if err := r.Validate(); err == nil || err.Status != 400 {
+			t.Errorf("key %q: Validate = %v, want 400 invalid", k, err)
+		}
+	}
+	r := &ExecRequest{Target: Target{Node: "n"}, Argv: []string{"true"}, Idempotent: true, IdempotencyKey: "deploy-42/ok"}
+	if err := r.Validate(); err != nil {
+		t.Errorf("plain key: Validate = %v, want nil", err)
+	}
+}
