@@ -647,8 +647,10 @@ func (r *ExecRequest) Validate() *APIError {
 	if len(r.IdempotencyKey) > MaxIdempotencyKeyLen || (r.IdempotencyKey != "" && !r.Idempotent) {
 		return NewAPIError(400, ErrCodeInvalid, "idempotency_key: at most %d bytes, and only with idempotent", MaxIdempotencyKeyLen)
 	}
-	// The key goes out as the Nats-Msg-Id header of the job's first write:
-	// a control character (CR/LF above all) would break or forge headers.
+	// The key is stored and hashed (jobstore: the Nats-Msg-Id is its
+	// hash, never the key), but it is the caller's name for the job and
+	// shows in errors and listings: a control character there forges
+	// lines of a terminal or a log.
 	for i, c := range r.IdempotencyKey {
 		if c < 0x20 || c == 0x7f {
 			return NewAPIError(400, ErrCodeInvalid, "idempotency_key: control character %q at byte %d", c, i)

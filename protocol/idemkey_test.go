@@ -2,8 +2,8 @@ package protocol
 
 import "testing"
 
-// A key carrying control characters (CR/LF above all) would go out as the
-// Nats-Msg-Id header of the first write: it must be refused at validation.
+// A key carrying control characters (CR/LF above all) would forge lines
+// where it is shown: it is refused at validation.
 func TestValidateRefusesIdempotencyKeyControlChars(t *testing.T) {
 	for _, k := range []string{"a\r\nNats-Expected-Stream: x", "a\x01b", "a\x7fb", "a\tb"} {
 		r := &ExecRequest{Target: Target{Node: "n"}, Argv: []string{"true"}, Idempotent: true, IdempotencyKey: k}
