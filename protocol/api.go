@@ -644,8 +644,11 @@ func hasKey(data []byte, k string) bool {
 // Validate checks r and returns the first class of problem found, with every
 // problem of that class in the message.
 func (r *ExecRequest) Validate() *APIError {
-	if len(r.IdempotencyKey) > MaxIdempotencyKeyLen || (r.IdempotencyKey != "" && !r.Idempotent) {
-		return NewAPIError(400, ErrCodeInvalid, "idempotency_key: at most %d bytes, and only with idempotent", MaxIdempotencyKeyLen)
+	if len(r.IdempotencyKey) > MaxIdempotencyKeyLen {
+		return NewAPIError(400, ErrCodeInvalid, "idempotency_key: %d bytes, at most %d", len(r.IdempotencyKey), MaxIdempotencyKeyLen)
+	}
+	if r.IdempotencyKey != "" && !r.Idempotent {
+		return NewAPIError(400, ErrCodeInvalid, "idempotency_key is given without idempotent")
 	}
 	// The key is stored and hashed (jobstore: the Nats-Msg-Id is its
 	// hash, never the key), but it is the caller's name for the job and

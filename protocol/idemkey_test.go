@@ -16,3 +16,16 @@ func TestValidateRefusesIdempotencyKeyControlChars(t *testing.T) {
 		t.Errorf("plain key: Validate = %v, want nil", err)
 	}
 }
+
+// Each problem of a key is named alone: its length, or its want of
+// idempotent (one message said both, whichever was wrong).
+func TestValidateIdempotencyKeyMessages(t *testing.T) {
+	long := &ExecRequest{Target: Target{Node: "n"}, Argv: []string{"true"}, Idempotent: true, IdempotencyKey: string(make([]byte, 300))}
+	if err := long.Validate(); err == nil || err.Message != "idempotency_key: 300 bytes, at most 256" {
+		t.Errorf("long key: %v", err)
+	}
+	alone := &ExecRequest{Target: Target{Node: "n"}, Argv: []string{"true"}, IdempotencyKey: "k"}
+	if err := alone.Validate(); err == nil || err.Message != "idempotency_key is given without idempotent" {
+		t.Errorf("key without idempotent: %v", err)
+	}
+}
