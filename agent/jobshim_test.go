@@ -267,8 +267,16 @@ func TestParseProcStatus(t *testing.T) {
 // does, and returns its leader's identity and session.
 func startGroup(t *testing.T, script string) (procIdentity, int) {
 	t.Helper()
-	cmd := exec.Command("bash", "-c", script)
+	// The leader waits for its stdin to close, which happens once it was
+	// identified: a leader that exits at once could be gone before (CI
+	// saw "read /proc/PID/stat: no such process").
+	cmd := exec.Command("bash", "-c", "read -r _; "+script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	hold, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
