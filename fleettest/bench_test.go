@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -164,9 +165,14 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 	})
 }
 
-func reportPerConn(b *testing.B, before, after int64) {
-	b.ReportMetric(float64(after-before)/idleAgents, "KiB/agent")
-	b.ReportMetric(float64(after), "RSS-KiB")
+// reportPerConn reports what each of the idleAgents connections added to
+// the child: RSS, goroutines, heap and stacks in use.
+func reportPerConn(b *testing.B, before, after usage) {
+	b.ReportMetric(float64(after.rss-before.rss)/idleAgents, "KiB/agent")
+	b.ReportMetric(float64(after.goroutines-before.goroutines)/idleAgents, "goroutines/agent")
+	b.ReportMetric(float64(after.heap-before.heap)/1024/idleAgents, "heap-KiB/agent")
+	b.ReportMetric(float64(after.stack-before.stack)/1024/idleAgents, "stack-KiB/agent")
+	b.ReportMetric(float64(after.rss), "RSS-KiB")
 	for i := 0; i < b.N; i++ {
 	}
 }
@@ -234,17 +240,27 @@ func (c *child) waitCount(b *testing.B, n int) {
 	b.Fatal("TLS child stopped before reaching the connection count")
 }
 
-// rss asks the child to collect and scavenge, then reads its VmRSS.
-func (c *child) rss(b *testing.B) int64 {
+// usage is what a child holds: its VmRSS in KiB, its goroutines, and the
+// bytes of its heap and goroutine stacks in use.
+type usage struct{ rss, goroutines, heap, stack int64 }
+
+// rss asks the child to collect and scavenge, then reads its VmRSS and
+// what the child reported of its goroutines, heap and stacks.
+func (c *child) rss(b *testing.B) usage {
 	b.Helper()
 	fmt.Fprintln(c.stdin, "gc")
 	for c.lines.Scan() {
-		if c.lines.Text() == "gc-done" {
-			return rssKiB(b, c.pid)
+		f := strings.Fields(c.lines.Text())
+		if len(f) == 4 && f[0] == "gc-done" {
+			u := usage{rss: rssKiB(b, c.pid)}
+			u.goroutines, _ = strconv.ParseInt(f[1], 10, 64)
+			u.heap, _ = strconv.ParseInt(f[2], 10, 64)
+			u.stack, _ = strconv.ParseInt(f[3], 10, 64)
+			return u
 		}
 	}
 	b.Fatal("child stopped before answering gc")
-	return 0
+	return usage{}
 }
 
 func rssKiB(b *testing.B, pid int) int64 {
@@ -275,7 +291,9 @@ func serveChildCommands() {
 			for i := 0; i < 4; i++ {
 				debug.FreeOSMemory()
 			}
-			fmt.Println("gc-done")
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			fmt.Printf("gc-done %d %d %d\n", runtime.NumGoroutine(), ms.HeapInuse, ms.StackInuse)
 		}
 	}
 }
