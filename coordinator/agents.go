@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -161,20 +162,19 @@ func (c *Coordinator) startConn(conn net.Conn) {
 		c.connWG.Done()
 	}
 	go func() {
-		var rest func()
-		c.containConn("agent handshake", ac, func() { rest = c.serveConn(life, ac) })
-		if rest == nil {
+		var start func(done func())
+		c.containConn("agent handshake", ac, func() { start = c.serveConn(life, ac) })
+		if start == nil {
 			done()
 			return
 		}
-		// The handshake (TLS, JSON) grew this goroutine's stack to several
-		// times its initial size, and an idle agent's cost is mostly stacks.
-		// The long-lived heartbeat reader therefore continues on a fresh
-		// goroutine, which starts small (BenchmarkIdleAgentMemory).
-		go func() {
-			defer done()
-			c.containConn("agent session", ac, rest)
-		}()
+		// The session needs no goroutine of its own from here on: its
+		// control stream is read when data comes (controlReader) and its
+		// end is handled when its connection closes, each in a short-lived
+		// goroutine, so an idle agent holds yamux's two goroutines only
+		// (BenchmarkIdleAgentMemory). start registers both and returns;
+		// done runs at the session's end.
+		c.containConn("agent session", ac, func() { start(done) })
 	}()
 }
 
@@ -198,11 +198,13 @@ func refuse(reason, code string, err error) *handshakeError {
 }
 
 // serveConn runs one agent connection's handshake and registration. When the
-// agent is registered it returns the rest of the connection's life (the
-// heartbeat reader on the control stream until the session ends), which the
-// caller runs; otherwise it returns nil and the connection is closed. It
-// releases the connection's handshake slot (startConn) when it returns.
-func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()) {
+// agent is registered it returns the rest of the connection's life, start,
+// which the caller calls once: it arranges for the control stream to be
+// read as frames come and for the session's end to deregister the node and
+// then call done, and returns at once. Otherwise serveConn returns nil and
+// the connection is closed. It releases the connection's handshake slot
+// (startConn) when it returns.
+func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) func(done func()) {
 	defer c.admit.Leave(ac.ticket)
 	remote := ac.conn.RemoteAddr().String()
 	// Until the Hello proved the join token, every line goes to the
@@ -279,7 +281,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 	}
 	ac.setSession(sess)
 	// Until the agent is registered and welcomed, every return closes the
-	// session; afterwards rest owns it.
+	// session; afterwards start owns it.
 	handedOff := false
 	defer func() {
 		if !handedOff {
@@ -370,24 +372,41 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion, "auth", "shared_token")
 	}
 	handedOff = true
-	return func() {
-		defer sess.Close()
-		defer ctrl.Close()
-		defer c.deregister(n)
-		c.readUntilGone(ctx, sess, ctrl, n, log)
+	return func(done func()) {
+		r := &controlReader{c: c, n: n, st: ctrl}
+		// OnClose first: whatever happens next, the session's end runs
+		// done.
+		sess.OnClose(func() {
+			defer done()
+			c.containConn("agent session end", ac, func() {
+				defer ctrl.Close()
+				defer c.deregister(n)
+				c.logSessionEnd(ctx, sess, n, r.endErr(), log)
+			})
+		})
+		sess.Watch(ctrl, func() {
+			c.containConn("agent control stream", ac, func() {
+				if err := r.drain(); err != nil {
+					r.fail(err)
+					sess.Close()
+				}
+			})
+		})
 	}
 }
 
-// readUntilGone reads the agent's heartbeats until the session ends, and
-// logs why it ended.
-func (c *Coordinator) readUntilGone(ctx context.Context, sess *tunnel.Session, ctrl *yamux.Stream, n *node, log *slog.Logger) {
-	err := c.readHeartbeats(ctrl, n)
+// logSessionEnd logs why an agent's session ended: err is what ended the
+// control stream's reading, nil if the session closed first.
+func (c *Coordinator) logSessionEnd(ctx context.Context, sess *tunnel.Session, n *node, err error, log *slog.Logger) {
+	if serr := sess.Err(); errors.Is(serr, tunnel.ErrPeerSilent) {
+		err = fmt.Errorf("node %s: read control stream: %w", n.id, serr) // says more than the closed stream
+	}
 	switch {
 	case ctx.Err() != nil:
 		log.Debug("agent session closed by shutdown")
 	case errors.Is(err, tunnel.ErrPeerSilent):
 		log.Warn("agent session dropped: the agent went silent", "err", err)
-	case errors.Is(err, io.EOF) || sess.IsClosed():
+	case err == nil || errors.Is(err, io.EOF) || sess.IsClosed() && !isControlError(err):
 		log.Info("agent disconnected", "err", err)
 	default:
 		log.Warn("agent session dropped", "err", err)
@@ -552,45 +571,126 @@ func (c *Coordinator) deregister(n *node) {
 	}
 }
 
-// readHeartbeats reads the control stream until it fails. It sets no
-// deadline: the session's IdleTimeout (three heartbeat intervals) closes a
-// session from which nothing arrives, and so ends this read. Judging the
-// whole session rather than this stream keeps a busy agent whose heartbeat
-// waits behind a large frame from being taken for a dead one.
-func (c *Coordinator) readHeartbeats(ctrl *yamux.Stream, n *node) error {
-	fr := protocol.NewFrameReader(ctrl)
-	fr.Max = maxHeartbeatSize
+// controlFrameError marks an error of the control stream's content (a
+// frame not allowed there, a malformed heartbeat), as opposed to its end.
+type controlFrameError struct{ err error }
+
+func (e *controlFrameError) Error() string { return e.err.Error() }
+func (e *controlFrameError) Unwrap() error { return e.err }
+
+func isControlError(err error) bool {
+	var ce *controlFrameError
+	return errors.As(err, &ce)
+}
+
+// controlBufSize is the buffer a control stream is read into: two of the
+// largest frames, so that after the frames it holds are handled the start
+// of the next one always leaves room to read more.
+const controlBufSize = 2 * (maxHeartbeatSize + 5)
+
+// controlBufPool holds control read buffers; one is borrowed for a drain
+// and returned, so an idle session holds none.
+var controlBufPool = sync.Pool{New: func() any { b := make([]byte, 0, controlBufSize); return &b }}
+
+// controlReader reads an agent's control stream after Welcome without a
+// goroutine of its own: the session runs drain whenever data came for the
+// stream (tunnel.Session.Watch), never two at once. Between drains it holds
+// only the start of a frame whose rest has not come (usually nothing). No
+// deadline is set: the session's IdleTimeout (three heartbeat intervals)
+// closes a session from which nothing arrives. Judging the whole session
+// rather than this stream keeps a busy agent whose heartbeat waits behind
+// a large frame from being taken for a dead one.
+type controlReader struct {
+	c       *Coordinator
+	n       *node
+	st      *yamux.Stream
+	partial []byte // owned by drain (calls never overlap)
+
+	mu  sync.Mutex
+	err error // the first error that ended the reading
+}
+
+// drain handles every whole frame the stream holds and returns. Its error
+// ends the session: the stream ended (io.EOF, or a frame cut short), or it
+// carried a frame the control stream does not take.
+func (r *controlReader) drain() error {
+	bp := controlBufPool.Get().(*[]byte)
+	buf := append((*bp)[:0], r.partial...)
+	r.partial = nil
+	defer func() {
+		*bp = buf[:0]
+		controlBufPool.Put(bp)
+	}()
 	for {
-		f, err := fr.Next()
-		if err != nil {
-			if serr := n.sess.Err(); errors.Is(serr, tunnel.ErrPeerSilent) {
-				err = serr // says more than the closed stream
+		got, rerr := tunnel.PollRead(r.st, buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+got]
+		off := 0
+		for {
+			f, m, err := protocol.ParseFrame(buf[off:], maxHeartbeatSize)
+			if err != nil {
+				return &controlFrameError{fmt.Errorf("node %s: read control stream: %w", r.n.id, err)}
 			}
-			return fmt.Errorf("node %s: read control stream: %w", n.id, err)
+			if m == 0 {
+				break
+			}
+			if err := r.c.controlFrame(r.n, f); err != nil {
+				return err
+			}
+			off += m
 		}
-		if f.Type == protocol.FrameRenew && n.cert != nil {
-			c.renew(n, f.Payload) // identity.go
-			continue
+		buf = buf[:copy(buf, buf[off:])]
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) && len(buf) > 0 {
+				rerr = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("node %s: read control stream: %w", r.n.id, rerr)
 		}
-		if f.Type == protocol.FrameSSHChannel && n.hello.HasFeature(protocol.FeatureSSH) {
-			c.sshChannelEvent(n, f.Payload) // ssh.go
-			continue
+		if got == 0 {
+			break
 		}
-		if f.Type == protocol.FrameJobExit && n.hello.HasFeature(protocol.FeatureJobExit) {
-			c.jobExitReport(n, f.Payload) // jobexit.go
-			continue
-		}
-		if f.Type != protocol.FrameHeartbeat {
-			return fmt.Errorf("node %s: control stream: got %s frame, want heartbeat: %w", n.id, f.Type, protocol.ErrUnexpected)
-		}
+	}
+	if len(buf) > 0 {
+		r.partial = bytes.Clone(buf)
+	}
+	return nil
+}
+
+func (r *controlReader) fail(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+}
+
+func (r *controlReader) endErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// controlFrame handles one frame of n's control stream after Welcome. Its
+// error (a *controlFrameError) ends the session.
+func (c *Coordinator) controlFrame(n *node, f protocol.Frame) error {
+	switch {
+	case f.Type == protocol.FrameRenew && n.cert != nil:
+		c.renew(n, f.Payload) // identity.go
+	case f.Type == protocol.FrameSSHChannel && n.hello.HasFeature(protocol.FeatureSSH):
+		c.sshChannelEvent(n, f.Payload) // ssh.go
+	case f.Type == protocol.FrameJobExit && n.hello.HasFeature(protocol.FeatureJobExit):
+		c.jobExitReport(n, f.Payload) // jobexit.go
+	case f.Type != protocol.FrameHeartbeat:
+		return &controlFrameError{fmt.Errorf("node %s: control stream: got %s frame, want heartbeat: %w", n.id, f.Type, protocol.ErrUnexpected)}
+	default:
 		var hb protocol.Heartbeat
 		if err := protocol.DecodeJSON(f.Payload, &hb); err != nil {
-			return fmt.Errorf("node %s: heartbeat: %w", n.id, err)
+			return &controlFrameError{fmt.Errorf("node %s: heartbeat: %w", n.id, err)}
 		}
 		n.lastHeartbeat.Store(time.Now().UnixNano())
 		n.rttMicros.Store(hb.RTTMicros)
 		n.runningExecs.Store(int64(hb.RunningExecs))
 	}
+	return nil
 }
 
 // isTimeout reports whether err is a deadline expiry of a conn or stream.

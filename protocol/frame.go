@@ -251,3 +251,32 @@ func DecodeJSON(payload []byte, v any) error {
 	}
 	return nil
 }
+
+// ParseFrame decodes the frame at the start of b, for readers that gather
+// bytes as they come rather than block on a stream (FrameReader's
+// counterpart). It returns the frame and its encoded length, or n == 0 and
+// no error when b holds only part of a frame; ErrUnknownFrame for an
+// unknown type and ErrTooLarge for a payload above max (zero means
+// MaxFrameSize), both as soon as the 5-byte prefix is there. The payload
+// aliases b.
+func ParseFrame(b []byte, max int) (f Frame, n int, err error) {
+	if len(b) < frameHeaderSize {
+		return Frame{}, 0, nil
+	}
+	t := FrameType(b[0])
+	size := binary.BigEndian.Uint32(b[1:5])
+	if !t.Valid() {
+		return Frame{}, 0, fmt.Errorf("read frame: %w: %d", ErrUnknownFrame, b[0])
+	}
+	if max <= 0 {
+		max = MaxFrameSize
+	}
+	if uint64(size) > uint64(max) {
+		return Frame{}, 0, fmt.Errorf("read %s frame of %d bytes: %w (max %d)", t, size, ErrTooLarge, max)
+	}
+	end := frameHeaderSize + int(size)
+	if len(b) < end {
+		return Frame{}, 0, nil
+	}
+	return Frame{Type: t, Payload: b[frameHeaderSize:end]}, end, nil
+}

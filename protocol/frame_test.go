@@ -162,3 +162,53 @@ func TestExecParamsValidate(t *testing.T) {
 		})
 	}
 }
+
+// ParseFrame decodes what FrameReader decodes, from any prefix of the
+// encoded bytes: nothing until a frame is whole, then the frame and its
+// length; and refuses unknown types and oversized payloads from the
+// prefix alone.
+func TestParseFrameMatchesFrameReader(t *testing.T) {
+	var enc bytes.Buffer
+	protocol.WriteFrame(&enc, protocol.FrameHeartbeat, []byte(`{"rtt_us":5}`))
+	protocol.WriteFrame(&enc, protocol.FrameStdout, nil)
+	protocol.WriteFrame(&enc, protocol.FrameJobExit, bytes.Repeat([]byte("x"), 300))
+	all := enc.Bytes()
+	fr := protocol.NewFrameReader(bytes.NewReader(all))
+	off := 0
+	for {
+		want, err := fr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest := all[off:]
+		whole := 0
+		for cut := 0; cut <= len(rest); cut++ {
+			f, n, err := protocol.ParseFrame(rest[:cut], 0)
+			if err != nil {
+				t.Fatalf("prefix of %d bytes: %v", cut, err)
+			}
+			if n == 0 {
+				continue
+			}
+			if whole == 0 {
+				whole = cut
+			}
+			if f.Type != want.Type || !bytes.Equal(f.Payload, want.Payload) {
+				t.Fatalf("prefix of %d bytes: got %s %q, want %s %q", cut, f.Type, f.Payload, want.Type, want.Payload)
+			}
+		}
+		if whole != 5+len(want.Payload) {
+			t.Fatalf("%s frame whole after %d bytes, want %d", want.Type, whole, 5+len(want.Payload))
+		}
+		off += whole
+	}
+	if _, _, err := protocol.ParseFrame([]byte{200, 0, 0, 0, 1}, 0); !errors.Is(err, protocol.ErrUnknownFrame) {
+		t.Errorf("unknown type: %v, want ErrUnknownFrame", err)
+	}
+	if _, _, err := protocol.ParseFrame([]byte{byte(protocol.FrameHeartbeat), 0, 0, 0x10, 1}, 4096); !errors.Is(err, protocol.ErrTooLarge) {
+		t.Errorf("payload over max: %v, want ErrTooLarge", err)
+	}
+}

@@ -151,6 +151,7 @@ type Session struct {
 	y    *yamux.Session
 	cfg  Config
 	idle *idleWatch // nil unless Config.IdleTimeout is set
+	wc   *watchConn // beneath yamux: Watch and OnClose (watch.go)
 }
 
 // Client starts the dialing side's session over conn (the agent). The
@@ -174,6 +175,8 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		ic = newIdleConn(cc)
 		cc = ic
 	}
+	wc := &watchConn{Conn: cc}
+	cc = wc
 	if coalesce {
 		cc = &coalesceConn{Conn: cc, cork: corkOf(conn)}
 	}
@@ -190,7 +193,7 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		conn.Close()
 		return nil, fmt.Errorf("tunnel: start session with %s: %w", conn.RemoteAddr(), err)
 	}
-	s := &Session{y: y, cfg: cfg}
+	s := &Session{y: y, cfg: cfg, wc: wc}
 	if ic != nil {
 		s.idle = watchIdle(y, ic, cfg.IdleTimeout)
 	}
