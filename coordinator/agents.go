@@ -652,6 +652,10 @@ func (r *controlReader) drain() error {
 	if len(buf) > 0 {
 		r.partial = bytes.Clone(buf)
 	}
+	// yamux keeps a stream's receive buffer (grown to the largest burst)
+	// once allocated; drop it now that it is empty, so that an idle
+	// session holds none.
+	r.st.Shrink()
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -293,6 +294,14 @@ func serveChildCommands() {
 			}
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
+			if path := os.Getenv("TETHER_FLEETTEST_HEAPPROFILE"); path != "" {
+				// For finding what an idle agent costs: the heap as of
+				// this point, written over at each "gc".
+				if f, err := os.Create(path); err == nil {
+					pprof.Lookup("heap").WriteTo(f, 0)
+					f.Close()
+				}
+			}
 			fmt.Printf("gc-done %d %d %d\n", runtime.NumGoroutine(), ms.HeapInuse, ms.StackInuse)
 		}
 	}
@@ -312,6 +321,9 @@ func childPKI() (*tls.Config, string) {
 }
 
 func childCoordinator() {
+	if os.Getenv("TETHER_FLEETTEST_HEAPPROFILE") != "" {
+		runtime.MemProfileRate = 1 // every allocation, for a profile per agent
+	}
 	srvTLS, dir := childPKI()
 	layout, err := natsauth.Load(filepath.Join(dir, "nats-auth"), natsauth.Config{})
 	if err != nil {
