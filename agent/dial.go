@@ -154,7 +154,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		defer upDone.Store(true)
 		defer a.guard.Recover("dial copier", func(*panics.Error) { abort() })
 		var err error
-		up, err = countcopy.Copy(conn, st, make([]byte, protocol.ChunkSize), a.m.dialBytes.WithLabelValues(toTarget))
+		up, err = countcopy.CopyPooled(conn, st, a.m.dialBytes.WithLabelValues(toTarget))
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Debug("dial: copy to target ended", "err", err)
@@ -175,7 +175,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		}
 	}()
 	var err error
-	downBytes, err = countcopy.Copy(down, conn, make([]byte, protocol.ChunkSize), a.m.dialBytes.WithLabelValues(fromTarget))
+	downBytes, err = countcopy.CopyPooled(down, conn, a.m.dialBytes.WithLabelValues(fromTarget))
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Debug("dial: copy from target ended", "err", err)

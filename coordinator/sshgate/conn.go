@@ -497,21 +497,13 @@ func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop <-chan struct{}) (in
 	return in, out, first
 }
 
-// spliceBufSize is the size of each splice copy's buffer. An SSH channel's
-// Read returns every packet already buffered (up to the channel window,
-// 2 MiB), so a large buffer turns 32 KiB packets into few large writes to
-// the tunnel stream: each write costs a yamux frame, whose 12-byte header
-// the tunnel's TLS seals and sends as a record of its own.
-const spliceBufSize = 256 << 10
-
-// spliceBufs holds the splice buffers (*[]byte of spliceBufSize) between
-// channels: a connection's channels come and go, the bulk ones stay.
-var spliceBufs = sync.Pool{New: func() any { b := make([]byte, spliceBufSize); return &b }}
-
-// copyCounting copies src to dst until src's EOF (a nil error) through a
-// pooled splice buffer, adding every chunk written to c.
+// copyCounting copies src to dst until src's EOF (a nil error), adding
+// every chunk written to c. An SSH channel's Read returns every packet
+// already buffered (up to the channel window, 2 MiB), so the copy's
+// buffer grows to 256 KiB under bulk (countcopy.CopyPooled), turning
+// 32 KiB packets into few large writes to the tunnel stream (each write
+// costs a yamux frame and its TLS records), and stays at 32 KiB while the
+// channel is interactive or idle.
 func copyCounting(dst io.Writer, src io.Reader, c countcopy.Counter) (int64, error) {
-	bp := spliceBufs.Get().(*[]byte)
-	defer spliceBufs.Put(bp)
-	return countcopy.Copy(dst, src, *bp, c)
+	return countcopy.CopyPooled(dst, src, c)
 }

@@ -3,7 +3,10 @@
 // agent's dial streams, the SSH jump host's channels).
 package countcopy
 
-import "io"
+import (
+	"io"
+	"sync"
+)
 
 // Counter is what Copy adds to: a prometheus.Counter has it.
 type Counter interface{ Add(float64) }
@@ -30,6 +33,61 @@ func Copy(dst io.Writer, src io.Reader, buf []byte, c Counter) (int64, error) {
 		}
 		if rerr != nil {
 			return total, rerr
+		}
+	}
+}
+
+// Buffer sizes of CopyPooled: small while the traffic is interactive or
+// idle, large once a read filled the small one (bulk).
+const (
+	SmallBuf = 32 << 10
+	LargeBuf = 256 << 10
+)
+
+var (
+	smallBufs = sync.Pool{New: func() any { b := make([]byte, SmallBuf); return &b }}
+	largeBufs = sync.Pool{New: func() any { b := make([]byte, LargeBuf); return &b }}
+)
+
+// CopyPooled is Copy through pooled buffers whose size follows the
+// traffic: it reads into a SmallBuf buffer, moves to a LargeBuf one after a
+// read that filled it, and back after a read shorter than SmallBuf. A bulk
+// transfer so reaches a tunnel stream in 256 KiB writes, each one yamux
+// frame whose TLS records leave in one system call (tunnel/cork.go), and is
+// read out of the stream in as large reads, about 1.15x the throughput of
+// 32 KiB copies for 0.9x the CPU per byte (tunnel BenchmarkABCopyChunk);
+// while a copy waits for an idle peer it holds a small buffer only. c may
+// be nil (nothing counted). It returns what Copy returns.
+func CopyPooled(dst io.Writer, src io.Reader, c Counter) (int64, error) {
+	bp, pool := smallBufs.Get().(*[]byte), &smallBufs
+	defer func() { pool.Put(bp) }()
+	var total int64
+	for {
+		buf := *bp
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			w, werr := dst.Write(buf[:n])
+			total += int64(w)
+			if c != nil {
+				c.Add(float64(w))
+			}
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+		switch {
+		case n == len(buf) && pool == &smallBufs:
+			pool.Put(bp)
+			bp, pool = largeBufs.Get().(*[]byte), &largeBufs
+		case n < SmallBuf && pool == &largeBufs:
+			pool.Put(bp)
+			bp, pool = smallBufs.Get().(*[]byte), &smallBufs
 		}
 	}
 }

@@ -54,3 +54,71 @@ var errRead = errors.New("connection reset")
 type iotestErr struct{}
 
 func (iotestErr) Read([]byte) (int, error) { return 0, errRead }
+
+// chunkReader returns its data in reads of at most the sizes it is given in
+// turn (the last one repeating), as a socket with that much buffered would.
+type chunkReader struct {
+	data  []byte
+	sizes []int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	k := min(len(p), len(r.data), r.sizes[0])
+	if len(r.sizes) > 1 {
+		r.sizes = r.sizes[1:]
+	}
+	copy(p, r.data[:k])
+	r.data = r.data[k:]
+	return k, nil
+}
+
+// writeSizes records the size of every Write.
+type writeSizes struct {
+	buf   bytes.Buffer
+	sizes []int
+}
+
+func (w *writeSizes) Write(p []byte) (int, error) {
+	w.sizes = append(w.sizes, len(p))
+	return w.buf.Write(p)
+}
+
+// CopyPooled copies everything intact and counts it; a source that fills
+// every read is written in LargeBuf chunks after the first SmallBuf one; a
+// trickle goes back to the small buffer (its reads come in SmallBuf
+// buffers: a large source read after a trickle is cut at SmallBuf).
+func TestCopyPooledFollowsTheTraffic(t *testing.T) {
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	// Bulk: 1 MiB readable each time.
+	var w writeSizes
+	var c sum
+	n, err := CopyPooled(&w, &chunkReader{data: data, sizes: []int{1 << 20}}, &c)
+	if err != nil || n != int64(len(data)) || !bytes.Equal(w.buf.Bytes(), data) || c.n != float64(len(data)) {
+		t.Fatalf("bulk: CopyPooled = %d, %v; intact=%v counted %v", n, err, bytes.Equal(w.buf.Bytes(), data), c.n)
+	}
+	if w.sizes[0] != SmallBuf || w.sizes[1] != LargeBuf {
+		t.Fatalf("bulk: first writes %v, want %d then %d", w.sizes[:2], SmallBuf, LargeBuf)
+	}
+	// Bulk, then a trickle of 100-byte reads, then bulk again.
+	w = writeSizes{}
+	sizes := []int{1 << 20, 1 << 20, 100, 100, 1 << 20}
+	n, err = CopyPooled(&w, &chunkReader{data: data, sizes: sizes}, nil)
+	if err != nil || n != int64(len(data)) || !bytes.Equal(w.buf.Bytes(), data) {
+		t.Fatalf("mixed: CopyPooled = %d, %v; intact=%v", n, err, bytes.Equal(w.buf.Bytes(), data))
+	}
+	want := []int{SmallBuf, LargeBuf, 100, 100, SmallBuf, LargeBuf}
+	if len(w.sizes) < len(want) {
+		t.Fatalf("mixed: writes %v, want to start with %v", w.sizes, want)
+	}
+	for i, s := range want {
+		if w.sizes[i] != s {
+			t.Fatalf("mixed: writes %v, want to start with %v", w.sizes[:len(want)], want)
+		}
+	}
+}
