@@ -68,7 +68,7 @@
 // urn:tether:node:<id>) and have a serial the node's identity record lists.
 // An agent without a certificate sends an Enroll instead of a Hello (join
 // token, CSR), gets a certificate and redials. Renewals arrive on the
-// control stream and are answered there by the heartbeat reader. Every
+// control stream and are answered there by the control stream's reader. Every
 // change of an identity record (a revocation, here or on another
 // coordinator) re-checks that node's session and closes it if its
 // certificate is no longer listed. The deprecated shared token (Config.Token)
@@ -150,7 +150,11 @@
 // # Goroutines
 //
 //   - the accept loop, started by Serve;
-//   - one per agent connection (handshake, then heartbeat reader);
+//   - one per agent connection during its handshake; a registered agent
+//     has none of its own (yamux's two are the session's): its control
+//     stream is read by a short-lived goroutine started when frames came
+//     (controlReader, tunnel.Session.Watch), and its end is handled by one
+//     started when its connection closed (tunnel.Session.OnClose);
 //   - one per running job, plus one per node of the job while it runs, plus
 //     the job's keeper (keepalives, probes, the client's heartbeats);
 //   - one per job.* request while its job stream runs;

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -316,4 +317,65 @@ func TestHeartbeatTimeout(t *testing.T) {
 func isTimeoutErr(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// A registered agent costs the coordinator no goroutine of its own while
+// idle (yamux's two are the session's): its heartbeats are read by a
+// short-lived goroutine when they come (tunnel.Session.Watch), and still
+// recorded, and a frame the control stream does not take still ends the
+// session. Goroutines are told apart by their stacks: the per-connection
+// goroutine starts in startConn.
+func TestIdleAgentHoldsNoGoroutine(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) { c.HeartbeatInterval = 200 * time.Millisecond })
+	const n = 5
+	agents := make([]*fakeAgent, n)
+	for i := range agents {
+		agents[i] = h.dialAgent(t, agentOpts{id: fmt.Sprintf("idle-%d", i), heartbeat: true})
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		nodes := h.c.Nodes(protocol.Selector{})
+		if len(nodes) != n {
+			return fmt.Errorf("%d nodes registered, want %d", len(nodes), n)
+		}
+		for _, nd := range nodes {
+			if nd.RTTMicros != 1234 || !nd.LastHeartbeat.After(nd.ConnectedAt) {
+				return fmt.Errorf("node %s: no heartbeat recorded yet", nd.ID)
+			}
+		}
+		if k := goroutinesIn("coordinator.(*Coordinator).startConn"); k > 0 {
+			return fmt.Errorf("%d per-connection goroutines still running with %d idle agents", k, n)
+		}
+		return nil
+	})
+	// A frame the control stream does not take ends that session. (The
+	// write may report "session shutdown": the coordinator can close the
+	// session before yamux's send loop confirms the frame.)
+	protocol.WriteJSONFrame(agents[0].ctrl, protocol.FrameExit, &protocol.ExitStatus{})
+	agents[0].waitClosed()
+	checkFor(t, defaultTestTimeout, func() error {
+		if k := len(h.c.Nodes(protocol.Selector{})); k != n-1 {
+			return fmt.Errorf("%d nodes registered after one was dropped, want %d", k, n-1)
+		}
+		return nil
+	})
+}
+
+// goroutinesIn counts the goroutines with fn in their stacks.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) {
+			buf = buf[:k]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			count++
+		}
+	}
+	return count
 }
