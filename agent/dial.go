@@ -154,7 +154,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		defer upDone.Store(true)
 		defer a.guard.Recover("dial copier", func(*panics.Error) { abort() })
 		var err error
-		up, err = countcopy.CopyPooled(conn, st, a.m.dialBytes.WithLabelValues(toTarget))
+		up, err = dialCopy(conn, st, a.m.dialBytes.WithLabelValues(toTarget))
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Debug("dial: copy to target ended", "err", err)
@@ -175,7 +175,7 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 		}
 	}()
 	var err error
-	downBytes, err = countcopy.CopyPooled(down, conn, a.m.dialBytes.WithLabelValues(fromTarget))
+	downBytes, err = dialCopy(down, conn, a.m.dialBytes.WithLabelValues(fromTarget))
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Debug("dial: copy from target ended", "err", err)
@@ -192,6 +192,11 @@ func (a *Agent) relay(ctx context.Context, st *yamux.Stream, conn net.Conn, log 
 // halfClosedWriteTimeout bounds one write to a dial stream whose
 // coordinator side has ended (see relay).
 var halfClosedWriteTimeout = 30 * time.Second
+
+// dialCopy copies one direction of a dial stream, counting into c: through
+// pooled buffers that grow to 256 KiB under bulk (countcopy.CopyPooled).
+// A variable so that a test can count in fixed 32 KiB steps.
+var dialCopy = countcopy.CopyPooled
 
 // halfClosedWriter writes to st, with a deadline per write once upDone.
 type halfClosedWriter struct {

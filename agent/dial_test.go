@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tetherfleet/tether/internal/countcopy"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -435,6 +436,14 @@ func TestDialEndsWhenClosedSideStopsReading(t *testing.T) {
 	old := halfClosedWriteTimeout
 	halfClosedWriteTimeout = 300 * time.Millisecond
 	t.Cleanup(func() { halfClosedWriteTimeout = old })
+	// Copies of 32 KiB, each counted as it passes, so that the count below
+	// tells when the window is full (a 256 KiB write blocked on the
+	// window would be counted only once it went through).
+	oldCopy := dialCopy
+	dialCopy = func(dst io.Writer, src io.Reader, c countcopy.Counter) (int64, error) {
+		return countcopy.Copy(dst, src, make([]byte, protocol.ChunkSize), c)
+	}
+	t.Cleanup(func() { dialCopy = oldCopy })
 	addr := targetServer(t, func(c *net.TCPConn) {
 		buf := make([]byte, 32<<10)
 		for {

@@ -155,6 +155,13 @@ func BenchmarkABCopyChunk(b *testing.B) {
 		big.wbuf, big.rbuf = make([]byte, 256<<10), make([]byte, 256<<10)
 		runAB(b, mk("32KiB", false), big)
 	})
+	b.Run("64KiB-writes-vs-256KiB-writes", func(b *testing.B) {
+		mid := mk("64KiB-w", false)
+		mid.wbuf, mid.rbuf = make([]byte, 64<<10), make([]byte, 256<<10)
+		big := mk("256KiB-w", false)
+		big.wbuf, big.rbuf = make([]byte, 256<<10), make([]byte, 256<<10)
+		runAB(b, mid, big)
+	})
 	b.Run("plain-tls-vs-tunnel", func(b *testing.B) {
 		c, s := tlsPair(b)
 		b.Cleanup(func() { c.Close(); s.Close() })
