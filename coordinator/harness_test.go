@@ -137,7 +137,7 @@ func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*c
 		addr: ln.Addr().String(), clientTLS: cliTLS,
 		cancel: cancel, done: make(chan error, 1),
 	}
-	go func() { h.done <- c.Serve(ctx, tls.NewListener(ln, srvTLS)) }()
+	go func() { h.done <- c.Serve(ctx, tunnel.NewListener(ln, srvTLS)) }()
 	t.Cleanup(func() {
 		if err := h.stop(); err != nil {
 			t.Errorf("Serve: %v", err)

@@ -252,3 +252,33 @@ func BenchmarkCopy256KiB(b *testing.B) {
 	b.ReportMetric(median(mbps), "MB/s")
 	b.ReportMetric(median(cpu), "cpu-ns/B")
 }
+
+// BenchmarkABReadAhead: the tunnel with read-ahead beneath TLS
+// (readahead.go) off and on, CopyPooled at both ends. The knob is read at
+// each Read, so both sides run the same sessions; rounds interleave.
+func BenchmarkABReadAhead(b *testing.B) {
+	w, r := streamPair(b, 16<<20, true, 0)
+	s := &abSide{name: "x", w: w, r: r, pooled: true}
+	var tput, cpu, off, on []float64
+	round := func(disable bool) (float64, float64) {
+		readAheadOff.Store(disable)
+		defer readAheadOff.Store(false)
+		return s.round(b)
+	}
+	for i := 0; i < b.N; i++ {
+		var ma, ca, mz, cz float64
+		if i%2 == 0 {
+			ma, ca = round(true)
+			mz, cz = round(false)
+		} else {
+			mz, cz = round(false)
+			ma, ca = round(true)
+		}
+		off, on = append(off, ma), append(on, mz)
+		tput, cpu = append(tput, mz/ma), append(cpu, cz/ca)
+	}
+	b.ReportMetric(median(off), "MB/s-off")
+	b.ReportMetric(median(on), "MB/s-on")
+	b.ReportMetric(median(tput), "throughput-ratio")
+	b.ReportMetric(median(cpu), "cpu/B-ratio")
+}

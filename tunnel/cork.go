@@ -2,8 +2,10 @@ package tunnel
 
 import (
 	"crypto/tls"
+	"fmt"
 	"net"
 	"sync"
+	"syscall"
 )
 
 // Corking: crypto/tls hands each record (at most 16 KiB of plaintext) to the
@@ -28,7 +30,9 @@ var corkPool = sync.Pool{New: func() any { b := make([]byte, 0, corkMax); return
 // tls.Client or tls.Server), so that a Session over that TLS connection can
 // write each frame's records in one system call. Without it a Session works
 // the same, one write per record.
-func Cork(raw net.Conn) net.Conn { return &corkConn{Conn: raw} }
+func Cork(raw net.Conn) net.Conn {
+	return &corkConn{Conn: raw, ahead: aheadReader{rc: rawConnOf(raw)}}
+}
 
 // NewListener is tls.NewListener over ln for tunnels: each accepted
 // connection is wrapped by Cork beneath its TLS.
@@ -54,7 +58,30 @@ type corkConn struct {
 	mu     sync.Mutex
 	corked bool
 	buf    *[]byte // borrowed while corked and holding bytes
+
+	ahead aheadReader // the read side (readahead.go)
 }
+
+// SyscallConn is the transport's, so that what inspects the socket beneath
+// the TLS (the coordinator's wait for a first byte before its handshake)
+// sees it through the cork. It fails for a transport without one.
+func (c *corkConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, fmt.Errorf("tunnel: %T beneath the cork has no file descriptor", c.Conn)
+}
+
+// CloseWrite half-closes the transport, when it can (TCP, Unix sockets).
+func (c *corkConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return fmt.Errorf("tunnel: %T beneath the cork cannot half-close", c.Conn)
+}
+
+// Read reads with read-ahead (readahead.go).
+func (c *corkConn) Read(p []byte) (int, error) { return c.ahead.read(c.Conn, p) }
 
 // corkOf returns the corkConn beneath c, a TLS connection made over Cork, or
 // nil.

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -125,5 +127,31 @@ func TestCorkedSessionStream(t *testing.T) {
 	}
 	if !bytes.Equal(got.Bytes(), want.Bytes()) {
 		t.Fatalf("stream carried %d bytes, want %d, or changed them", got.Len(), want.Len())
+	}
+}
+
+// A corked transport still shows its socket (the coordinator peeks at the
+// first byte through it before the TLS handshake) and half-closes (its busy
+// refusal is followed by a FIN).
+func TestCorkKeepsSocketAndHalfClose(t *testing.T) {
+	c, s := tcpPair(t)
+	defer s.Close()
+	k := Cork(c)
+	defer k.Close()
+	sc, ok := k.(syscall.Conn)
+	if !ok {
+		t.Fatal("corked conn is not a syscall.Conn")
+	}
+	if _, err := sc.SyscallConn(); err != nil {
+		t.Fatal(err)
+	}
+	k.Write([]byte("x"))
+	if err := k.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	s.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	got, err := io.ReadAll(s)
+	if err != nil || string(got) != "x" {
+		t.Fatalf("peer read %q, %v; want x then EOF", got, err)
 	}
 }

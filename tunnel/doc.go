@@ -33,5 +33,8 @@
 // and syscall, which costs throughput and small-message latency. Sessions
 // wrap their net.Conn in a coalescing writer that holds a data-frame header
 // and sends it in the same Write as the body that always follows it (see
-// coalesce.go). yamux itself is unmodified.
+// coalesce.go), and the transport beneath the TLS (Cork) gathers a frame's
+// records into one write and, under bulk, reads everything the socket holds
+// (up to 256 KiB) in one system call instead of one per record
+// (readahead.go). yamux itself is unmodified.
 package tunnel

@@ -31,6 +31,9 @@ func transports(t *testing.T) map[string]func() (client, server net.Conn) {
 		"pipe": func() (net.Conn, net.Conn) { return net.Pipe() },
 		"tcp":  func() (net.Conn, net.Conn) { return tcpPair(t) },
 		"tls":  func() (net.Conn, net.Conn) { return tlsPair(t) },
+		// As DialTLS and NewListener make them: corked writes and
+		// read-ahead beneath the TLS.
+		"tls-corked": func() (net.Conn, net.Conn) { return corkedTLSPair(t) },
 	}
 }
 
