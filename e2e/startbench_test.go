@@ -45,7 +45,9 @@ func TestStartupBenchmark(t *testing.T) {
 	// Every run below must reuse this master: without it, each would be a
 	// full handshake and the comparison would flatter tether.
 	mustRun(t, "ssh", "-F", sshd.Config, "-o", "ControlPath="+sock, "-O", "check", sshd.Host)
-	t.Cleanup(func() { exec.Command("ssh", "-F", sshd.Config, "-o", "ControlPath="+sock, "-O", "exit", sshd.Host).Run() })
+	t.Cleanup(func() {
+		exec.Command("ssh", "-F", sshd.Config, "-o", "ControlPath="+sock, "-O", "exit", sshd.Host).Run()
+	})
 
 	f := startFleet(t)
 	f.startAgent(t, "node-a", "role=a", f.tokenFile)
