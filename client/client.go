@@ -54,7 +54,7 @@ func (e *silentError) Is(target error) bool { return target == ErrCoordinatorSil
 // replies and Exec reports the sequence gap.
 const (
 	execPendingMsgs  = -1        // no limit on the number of replies
-	execPendingBytes = 256 << 20 // 256 MiB of buffered replies
+	execPendingBytes = 256 << 20 // 256 MiB of buffered replies (per request)
 )
 
 // OutputHandler receives one chunk of a node's output. stream is
@@ -114,6 +114,30 @@ type Client struct {
 	// KeepAliveTimeout. Zero means DefaultFateCheckAfter; negative turns
 	// the checks off.
 	FateCheckAfter time.Duration
+
+	// replies is the one reply subscription of all exec requests (see
+	// replyMux); perRequest makes each request subscribe on its own
+	// instead, as before it (for the benchmark that compares them).
+	replies    replyMux
+	perRequest bool
+}
+
+// replySub is an exec request's replies: its queue on the shared reply
+// subscription, or with perRequest a subscription of its own.
+func (c *Client) replySub() (replySource, error) {
+	if c.perRequest {
+		inbox := c.NC.NewInbox()
+		sub, err := c.NC.SubscribeSync(inbox)
+		if err != nil {
+			return nil, fmt.Errorf("subscribe to replies: %w", err)
+		}
+		if err := sub.SetPendingLimits(execPendingMsgs, execPendingBytes); err != nil {
+			sub.Unsubscribe()
+			return nil, fmt.Errorf("set reply limits: %w", err)
+		}
+		return ownReplies{sub}, nil
+	}
+	return c.replies.open(c.NC, execPendingBytes)
 }
 
 // New returns a Client using nc with default timeouts.
@@ -225,16 +249,12 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 		onResult = func(*protocol.NodeResult) {}
 	}
 
-	inbox := c.NC.NewInbox()
-	sub, err := c.NC.SubscribeSync(inbox)
+	sub, err := c.replySub()
 	if err != nil {
-		return nil, fmt.Errorf("exec job %s: subscribe to replies: %w", req.ID, err)
+		return nil, fmt.Errorf("exec job %s: %w", req.ID, err)
 	}
-	defer sub.Unsubscribe()
-	if err := sub.SetPendingLimits(execPendingMsgs, execPendingBytes); err != nil {
-		return nil, fmt.Errorf("exec job %s: set reply limits: %w", req.ID, err)
-	}
-	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: inbox, Data: body}); err != nil {
+	defer sub.Close()
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: sub.subject(), Data: body}); err != nil {
 		return nil, fmt.Errorf("exec job %s: publish request: %w", req.ID, err)
 	}
 	// The flush round trip orders a possible 503 "no responders" status
