@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -115,10 +116,11 @@ type Client struct {
 	// the checks off.
 	FateCheckAfter time.Duration
 
-	// replies is the one reply subscription of all exec requests (see
-	// replyMux); perRequest makes each request subscribe on its own
-	// instead, as before it (for the benchmark that compares them).
-	replies    replyMux
+	// replies is the one reply subscription of all exec requests on NC
+	// (see replyMux), made on first use under repliesMu; a copy of the
+	// Client shares it. perRequest makes each request subscribe on its
+	// own instead, as before it (for the benchmark that compares them).
+	replies    *replyMux
 	perRequest bool
 }
 
@@ -137,8 +139,18 @@ func (c *Client) replySub() (replySource, error) {
 		}
 		return ownReplies{sub}, nil
 	}
-	return c.replies.open(c.NC, execPendingBytes)
+	repliesMu.Lock()
+	if c.replies == nil || c.replies.nc != c.NC {
+		c.replies = &replyMux{nc: c.NC}
+	}
+	m := c.replies
+	repliesMu.Unlock()
+	return m.open(execPendingBytes)
 }
+
+// repliesMu guards every Client's replies field: a Client is a struct
+// callers copy (and fill in as a literal), so it cannot hold a lock.
+var repliesMu sync.Mutex
 
 // New returns a Client using nc with default timeouts.
 func New(nc *nats.Conn) *Client { return &Client{NC: nc} }

@@ -20,9 +20,9 @@ import (
 // subscription's pending limit did), not the others.
 //
 // The subscription is made on first use and lives as long as the
-// connection (nats.go re-subscribes it after a reconnect). The zero value
-// is ready to use.
+// connection (nats.go re-subscribes it after a reconnect).
 type replyMux struct {
+	nc     *nats.Conn
 	once   sync.Once
 	err    error  // from the subscribe, for every request after it
 	prefix string // "INBOX." (with the trailing dot)
@@ -36,8 +36,9 @@ type replyMux struct {
 // Subject is the reply subject to send with the request. maxBytes bounds
 // the replies the queue holds unread (<= 0: no bound). Close the queue
 // when the request ends.
-func (m *replyMux) open(nc *nats.Conn, maxBytes int) (*replyQueue, error) {
+func (m *replyMux) open(maxBytes int) (*replyQueue, error) {
 	m.once.Do(func() {
+		nc := m.nc
 		inbox := nc.NewInbox()
 		m.prefix = inbox + "."
 		m.queues = map[string]*replyQueue{}
