@@ -1,0 +1,202 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// wsServe serves the WebSocket transport on a loopback TLS listener made
+// as the coordinator's (Cork, ServeALPN) with sc; each upgraded connection
+// goes to the returned channel. It returns the listener's address.
+func wsServe(tb testing.TB, sc *tls.Config) (string, <-chan net.Conn) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	conns := make(chan net.Conn, 16)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != WebSocketPath {
+			http.NotFound(w, r)
+			return
+		}
+		c, err := UpgradeWebSocket(w, r)
+		if err != nil {
+			return
+		}
+		conns <- c
+	})}
+	go srv.Serve(NewListener(ln, ServeALPN(sc)))
+	tb.Cleanup(func() {
+		srv.Close()
+		for {
+			select {
+			case c := <-conns:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	return ln.Addr().String(), conns
+}
+
+// wsPair returns both ends of a WebSocket transport connection over TLS,
+// dialed as agents dial it.
+func wsPair(tb testing.TB) (client, server net.Conn) {
+	tb.Helper()
+	cc, sc := tlsConfigs(tb)
+	addr, conns := wsServe(tb, sc)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	d := &WebSocketDialer{TLS: TunedTLS(cc), PingInterval: -1}
+	c, err := d.Dial(ctx, addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	select {
+	case s := <-conns:
+		return c, s
+	case <-ctx.Done():
+		tb.Fatal("no upgraded connection")
+	}
+	return nil, nil
+}
+
+func TestWebSocketConnCarriesBytesAcrossMessages(t *testing.T) {
+	c, s := wsPair(t)
+	defer c.Close()
+	defer s.Close()
+	if !IsWebSocket(c) || !IsWebSocket(s) {
+		t.Fatal("not websocket conns")
+	}
+	if st := c.(*wsConn).ConnectionState(); len(st.PeerCertificates) == 0 || st.NegotiatedProtocol != ALPNHTTP {
+		t.Errorf("client TLS state: %d peer certificates, ALPN %q; want the server's chain and %s", len(st.PeerCertificates), st.NegotiatedProtocol, ALPNHTTP)
+	}
+	// Three writes (one message each, the last larger than the write
+	// buffer, so several frames), read back in small reads that straddle
+	// the messages' bounds.
+	want := []byte(strings.Repeat("a", 10) + strings.Repeat("b", 1) + strings.Repeat("c", 3*wsBufferSize+7))
+	errc := make(chan error, 1)
+	go func() {
+		for _, p := range [][]byte{want[:10], want[10:11], want[11:]} {
+			if _, err := c.Write(p); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	got := make([]byte, 0, len(want))
+	buf := make([]byte, 7)
+	for len(got) < len(want) {
+		s.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+		n, err := s.Read(buf)
+		if err != nil {
+			t.Fatalf("read after %d bytes: %v", len(got), err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("read %d bytes that differ from the %d written", len(got), len(want))
+	}
+	// A closed peer reads as EOF or an error, never hangs.
+	c.Close()
+	s.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	if _, err := s.Read(buf); err == nil {
+		t.Fatal("read from a closed peer succeeded")
+	}
+}
+
+func TestWebSocketReadDeadline(t *testing.T) {
+	c, s := wsPair(t)
+	defer c.Close()
+	defer s.Close()
+	s.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_, err := s.Read(make([]byte, 1))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read past the deadline: %v, want a timeout", err)
+	}
+}
+
+// TestWebSocketTextFrameRefused: a peer that sends a text message is told
+// why (close 1003) and cut off; the reader gets ErrTextFrame.
+func TestWebSocketTextFrameRefused(t *testing.T) {
+	cc, sc := tlsConfigs(t)
+	addr, conns := wsServe(t, sc)
+	cfg := cc.Clone()
+	cfg.NextProtos = []string{ALPNHTTP}
+	d := websocket.Dialer{TLSClientConfig: cfg, HandshakeTimeout: defaultTestTimeout}
+	ws, _, err := d.Dial("wss://"+addr+WebSocketPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	s := <-conns
+	defer s.Close()
+	if err := ws.WriteMessage(websocket.TextMessage, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	s.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	if _, err := s.Read(make([]byte, 16)); !errors.Is(err, ErrTextFrame) {
+		t.Fatalf("server read: %v, want ErrTextFrame", err)
+	}
+	ws.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	_, _, err = ws.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseUnsupportedData || !strings.Contains(ce.Text, "binary") {
+		t.Fatalf("client read: %v, want close 1003 saying binary messages only", err)
+	}
+}
+
+// TestWebSocketDialRefusals: a server that does not take ALPN http/1.1 (an
+// older coordinator) and a path that is not upgraded are errors that say
+// so.
+func TestWebSocketDialRefusals(t *testing.T) {
+	cc, sc := tlsConfigs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+
+	old, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	tln := NewListener(old, sc) // no NextProtos
+	go func() {
+		for {
+			c, err := tln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				c.(*tls.Conn).Handshake()
+				io.Copy(io.Discard, c)
+				c.Close()
+			}()
+		}
+	}()
+	d := &WebSocketDialer{TLS: cc, PingInterval: -1}
+	if _, err := d.Dial(ctx, old.Addr().String()); err == nil || !strings.Contains(err.Error(), "ALPN") {
+		t.Errorf("dial of a server without ALPN: %v, want an error naming ALPN", err)
+	}
+
+	addr, _ := wsServe(t, sc)
+	d.Path = "/elsewhere"
+	if _, err := d.Dial(ctx, addr); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("dial of another path: %v, want 404", err)
+	}
+}
