@@ -202,9 +202,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		Seed:       seed,
 		RefusedMax: a.cfg.RefusedMax,
 		Dial:       dial,
-		Backoff: a.cfg.Backoff,
-		Logger:  a.log,
-		OnRetry: func(int, error) { a.m.reconnects.Inc() },
+		Backoff:    a.cfg.Backoff,
+		Logger:     a.log,
+		OnRetry:    func(int, error) { a.m.reconnects.Inc() },
 	}
 	// The reporter of detached jobs' ends (jobreport.go) lives as long as
 	// the sessions do.

@@ -69,7 +69,7 @@ var ErrTextFrame = errors.New("tunnel: websocket peer sent a text message; the t
 // updates, pings) becomes one WebSocket frame. Larger writes are sent as
 // several frames of one message. Buffers are borrowed from wsWritePool per
 // message, so an idle connection holds none.
-const wsBufferSize = 64 << 10
+const wsBufferSize = 64<<10 + 4<<10
 
 // wsReadBufferSize is gorilla's read buffer, held for the connection's
 // life: payloads larger than it are read straight into the caller's buffer.
@@ -411,7 +411,11 @@ func (c *wsConn) Read(p []byte) (int, error) {
 
 // Write sends p as one binary message: one frame while p fits the write
 // buffer, and in one write beneath the TLS when the TLS was made over Cork.
-func (c *wsConn) Write(p []byte) (int, error) {
+func (c *wsConn) Write(p []byte) (int, error) { return c.writeFrame(nil, p) }
+
+// writeFrame sends hdr and body as one binary message (coalesceConn: a
+// yamux data frame's header and body), as Write does.
+func (c *wsConn) writeFrame(hdr, body []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.cork != nil {
@@ -419,7 +423,12 @@ func (c *wsConn) Write(p []byte) (int, error) {
 	}
 	w, err := c.ws.NextWriter(websocket.BinaryMessage)
 	if err == nil {
-		_, err = w.Write(p)
+		if len(hdr) > 0 {
+			_, err = w.Write(hdr)
+		}
+		if err == nil {
+			_, err = w.Write(body)
+		}
 		if cerr := w.Close(); err == nil {
 			err = cerr
 		}
@@ -435,7 +444,7 @@ func (c *wsConn) Write(p []byte) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("tunnel: websocket write to %s: %w", c.RemoteAddr(), err)
 	}
-	return len(p), nil
+	return len(body), nil
 }
 
 // Close closes the connection beneath at once (no close handshake: the

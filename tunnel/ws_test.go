@@ -7,11 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // wsServe serves the WebSocket transport on a loopback TLS listener made
@@ -199,4 +202,158 @@ func TestWebSocketDialRefusals(t *testing.T) {
 	if _, err := d.Dial(ctx, addr); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("dial of another path: %v, want 404", err)
 	}
+}
+
+// wsStreamPair is streamPair over the WebSocket transport: both ends of
+// one tunnel stream over wsPair.
+func wsStreamPair(b *testing.B) (io.ReadWriteCloser, io.ReadWriteCloser) {
+	b.Helper()
+	c, s := wsPair(b)
+	cfg := DefaultConfig()
+	cfg.KeepAliveInterval = 0
+	cs, ss := sessionPair(b, c, s, cfg)
+	ctx := context.Background()
+	type acc struct {
+		st  io.ReadWriteCloser
+		err error
+	}
+	ch := make(chan acc, 1)
+	go func() {
+		st, _, err := ss.Accept(ctx)
+		ch <- acc{st, err}
+	}()
+	w, err := cs.Open(ctx, protocol.KindExec, struct{}{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := <-ch
+	if a.err != nil {
+		b.Fatal(a.err)
+	}
+	return w, a.st
+}
+
+// BenchmarkWebSocketTransport measures the WebSocket transport against the
+// TLS transport (the agent's default: yamux over TLS over Cork), both with
+// the session's tuning, in the same run: each iteration is one round that
+// measures both, in alternating order, and the benchmark reports the
+// median of the rounds' ratios (ws/tls), so a machine's passing load
+// moves no round much:
+//
+//	go test -run '^$' -bench WebSocketTransport -benchtime 20x ./tunnel
+//
+// throughput: 32 MiB one way, agent to coordinator (the client masks its
+// frames) and back; ratio of MB/s, target ≥ 0.9. roundtrip: 500 64-byte
+// echoes; ratio of the mean round trip, target ≤ 1.1.
+func BenchmarkWebSocketTransport(b *testing.B) {
+	for _, dir := range []string{"up", "down"} {
+		b.Run("throughput-"+dir, func(b *testing.B) {
+			tw, tr := streamPair(b, 16<<20, true, 0)
+			ww, wr := wsStreamPair(b)
+			if dir == "down" {
+				tw, tr = tr, tw
+				ww, wr = wr, ww
+			}
+			const total = 32 << 20
+			var ratios, tlsMBps, wsMBps []float64
+			for i := 0; i < b.N; i++ {
+				var dt, dw time.Duration
+				if i%2 == 0 {
+					dt, dw = bulkOnce(b, tw, tr, total), bulkOnce(b, ww, wr, total)
+				} else {
+					dw, dt = bulkOnce(b, ww, wr, total), bulkOnce(b, tw, tr, total)
+				}
+				ratios = append(ratios, dt.Seconds()/dw.Seconds())
+				tlsMBps = append(tlsMBps, total/dt.Seconds()/1e6)
+				wsMBps = append(wsMBps, total/dw.Seconds()/1e6)
+			}
+			b.ReportMetric(median(ratios), "ws/tls-ratio")
+			b.ReportMetric(median(tlsMBps), "tls-MB/s")
+			b.ReportMetric(median(wsMBps), "ws-MB/s")
+		})
+	}
+	b.Run("roundtrip", func(b *testing.B) {
+		tw, tr := streamPair(b, 16<<20, true, 0)
+		ww, wr := wsStreamPair(b)
+		go echoLoop(tr)
+		go echoLoop(wr)
+		const n = 500
+		var ratios, tlsUS, wsUS []float64
+		for i := 0; i < b.N; i++ {
+			var dt, dw time.Duration
+			if i%2 == 0 {
+				dt, dw = rttOnce(b, tw, n), rttOnce(b, ww, n)
+			} else {
+				dw, dt = rttOnce(b, ww, n), rttOnce(b, tw, n)
+			}
+			ratios = append(ratios, dw.Seconds()/dt.Seconds())
+			tlsUS = append(tlsUS, dt.Seconds()/n*1e6)
+			wsUS = append(wsUS, dw.Seconds()/n*1e6)
+		}
+		b.ReportMetric(median(ratios), "ws/tls-ratio")
+		b.ReportMetric(median(tlsUS), "tls-µs/rt")
+		b.ReportMetric(median(wsUS), "ws-µs/rt")
+	})
+}
+
+// bulkOnce writes total bytes to w in 64 KiB writes and returns how long
+// until r read them all.
+func bulkOnce(b *testing.B, w io.Writer, r io.Reader, total int64) time.Duration {
+	buf := make([]byte, benchChunk)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := io.CopyN(io.Discard, r, total)
+		done <- err
+	}()
+	for sent := int64(0); sent < total; sent += benchChunk {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// echoLoop echoes 64-byte messages until the stream fails.
+func echoLoop(z io.ReadWriter) {
+	buf := make([]byte, 64)
+	for {
+		if _, err := io.ReadFull(z, buf); err != nil {
+			return
+		}
+		if _, err := z.Write(buf); err != nil {
+			return
+		}
+	}
+}
+
+// rttOnce runs n 64-byte round trips on a and returns how long they took.
+func rttOnce(b *testing.B, a io.ReadWriter, n int) time.Duration {
+	msg := make([]byte, 64)
+	buf := make([]byte, 64)
+	start := time.Now()
+	for range n {
+		if _, err := a.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(a, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
