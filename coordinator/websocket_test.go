@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
+	"github.com/tetherfleet/tether/tunnel/tunneltest"
 )
 
 // TestWebSocketAgentRunsJobs: an agent on the WebSocket transport is
@@ -276,4 +278,89 @@ func TestRealAgentOverWebSocket(t *testing.T) {
 	reg, stop = run("", []string{"wss", "tls"}, "/not-the-tunnel")
 	defer stop()
 	connected(reg, "tls")
+}
+
+// TestRealAgentThroughProxy runs the agent on the WebSocket transport
+// through a CONNECT proxy (tunneltest.Proxy, with Basic auth) that cuts
+// tunnels silent for 1.5 s: the session, kept busy by the agent's
+// heartbeats and pings, outlives several such periods without a job, runs
+// jobs, and after the proxy kills it the agent comes back through the
+// proxy.
+func TestRealAgentThroughProxy(t *testing.T) {
+	h := newHarness(t, nil)
+	_, port, _ := net.SplitHostPort(h.addr)
+	target := net.JoinHostPort("coord.test", port)
+	proxy := tunneltest.StartProxy(t, tunneltest.ProxyConfig{
+		IdleTimeout: 1500 * time.Millisecond, User: "node", Password: "pw",
+		Resolve: map[string]string{target: h.addr},
+	})
+	pu, err := url.Parse(proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := h.clientTLS.Clone()
+	cli.ServerName = "127.0.0.1" // the test certificate's; the proxy knows the name
+	a, err := agent.New(agent.Config{
+		NodeID:       "behind-proxy",
+		Coordinators: []string{target},
+		LookupHost:   func(context.Context, string) ([]string, error) { return nil, errors.New("no DNS for coord.test here") },
+		Transports:   []string{"wss"},
+		Proxy:        func(*url.URL) (*url.URL, error) { return pu, nil },
+		Token:        testToken,
+		SharedToken:  true,
+		TLS:          cli,
+		DataDir:      t.TempDir(),
+		Capacity:     &protocol.Capacity{CPUs: 1},
+		Backoff:      tunnel.Backoff{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		Logger:       testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent Run: %v", err)
+		}
+	}()
+	session := func() string {
+		t.Helper()
+		var id string
+		checkFor(t, defaultTestTimeout, func() error {
+			ns := h.c.Nodes(protocol.Selector{})
+			if len(ns) != 1 || ns[0].Transport != "wss" {
+				return fmt.Errorf("nodes %+v, want behind-proxy on wss", ns)
+			}
+			id = ns[0].SessionID
+			return nil
+		})
+		return id
+	}
+	first := session()
+	time.Sleep(5 * time.Second) // more than three of the proxy's idle timeouts
+	if got := session(); got != first {
+		t.Fatalf("session %s after the idle period, want %s kept (proxy idle cuts: %d)", got, first, proxy.IdleCuts())
+	}
+	if n := proxy.IdleCuts(); n != 0 {
+		t.Fatalf("proxy cut %d idle tunnels", n)
+	}
+	r := h.exec(protocol.ExecRequest{Target: protocol.Target{Node: "behind-proxy"}, Argv: []string{"true"}})
+	if r.err != nil || r.result == nil || len(r.result.Results) != 1 || r.result.Results[0].ExitCode != 0 {
+		t.Fatalf("exec through the proxy: %+v, %v", r.result, r.err)
+	}
+	if n := proxy.KillAll(); n != 1 {
+		t.Fatalf("proxy relayed %d tunnels, want 1", n)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if got := session(); got == first {
+			return errors.New("still the first session")
+		}
+		return nil
+	})
+	if got := proxy.Targets(); len(got) != 2 || got[0] != target || got[1] != target {
+		t.Errorf("proxy CONNECT targets %v, want %s twice", got, target)
+	}
 }
