@@ -219,8 +219,8 @@ type Config struct {
 	// (never prometheus.DefaultRegisterer).
 	Registerer prometheus.Registerer
 	// Dial opens a connection to a coordinator address. Nil means
-	// tunnel.DialTLS with TLS. Test hook: tests may dial plain TCP or
-	// inject failures.
+	// Transports, with TLS. Test hook: tests may dial plain TCP or inject
+	// failures.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 

@@ -281,7 +281,9 @@ func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // does, and the pongs answer them.
 func UpgradeWebSocket(w http.ResponseWriter, r *http.Request) (net.Conn, error) {
 	up := websocket.Upgrader{
-		ReadBufferSize:  wsReadBufferSize,
+		// Zero: the HTTP server's 4 KiB reader, hijacked, is the
+		// connection's for its life; no second one per agent.
+		ReadBufferSize:  0,
 		WriteBufferSize: wsBufferSize,
 		WriteBufferPool: wsWritePool,
 		CheckOrigin:     func(r *http.Request) bool { return r.Header.Get("Origin") == "" },
