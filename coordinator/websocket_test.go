@@ -282,16 +282,17 @@ func TestRealAgentOverWebSocket(t *testing.T) {
 
 // TestRealAgentThroughProxy runs the agent on the WebSocket transport
 // through a CONNECT proxy (tunneltest.Proxy, with Basic auth) that cuts
-// tunnels silent for 1.5 s: the session, kept busy by the agent's
-// heartbeats and pings, outlives several such periods without a job, runs
-// jobs, and after the proxy kills it the agent comes back through the
-// proxy.
+// tunnels silent for 2.5 s: the session, kept busy by the agent's
+// heartbeats (every second here) and WebSocket pings (configured to 500 ms,
+// below the proxy's timeout, as an operator would), outlives more than two
+// such periods without a job, runs jobs, and after the proxy kills it the
+// agent comes back through the proxy.
 func TestRealAgentThroughProxy(t *testing.T) {
 	h := newHarness(t, nil)
 	_, port, _ := net.SplitHostPort(h.addr)
 	target := net.JoinHostPort("coord.test", port)
 	proxy := tunneltest.StartProxy(t, tunneltest.ProxyConfig{
-		IdleTimeout: 1500 * time.Millisecond, User: "node", Password: "pw",
+		IdleTimeout: 2500 * time.Millisecond, User: "node", Password: "pw",
 		Resolve: map[string]string{target: h.addr},
 	})
 	pu, err := url.Parse(proxy.URL)
@@ -301,18 +302,19 @@ func TestRealAgentThroughProxy(t *testing.T) {
 	cli := h.clientTLS.Clone()
 	cli.ServerName = "127.0.0.1" // the test certificate's; the proxy knows the name
 	a, err := agent.New(agent.Config{
-		NodeID:       "behind-proxy",
-		Coordinators: []string{target},
-		LookupHost:   func(context.Context, string) ([]string, error) { return nil, errors.New("no DNS for coord.test here") },
-		Transports:   []string{"wss"},
-		Proxy:        func(*url.URL) (*url.URL, error) { return pu, nil },
-		Token:        testToken,
-		SharedToken:  true,
-		TLS:          cli,
-		DataDir:      t.TempDir(),
-		Capacity:     &protocol.Capacity{CPUs: 1},
-		Backoff:      tunnel.Backoff{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond},
-		Logger:       testLogger(t),
+		NodeID:        "behind-proxy",
+		Coordinators:  []string{target},
+		LookupHost:    func(context.Context, string) ([]string, error) { return nil, errors.New("no DNS for coord.test here") },
+		Transports:    []string{"wss"},
+		Proxy:         func(*url.URL) (*url.URL, error) { return pu, nil },
+		WebSocketPing: 500 * time.Millisecond,
+		Token:         testToken,
+		SharedToken:   true,
+		TLS:           cli,
+		DataDir:       t.TempDir(),
+		Capacity:      &protocol.Capacity{CPUs: 1},
+		Backoff:       tunnel.Backoff{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		Logger:        testLogger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +342,7 @@ func TestRealAgentThroughProxy(t *testing.T) {
 		return id
 	}
 	first := session()
-	time.Sleep(5 * time.Second) // more than three of the proxy's idle timeouts
+	time.Sleep(6 * time.Second) // more than two of the proxy's idle timeouts
 	if got := session(); got != first {
 		t.Fatalf("session %s after the idle period, want %s kept (proxy idle cuts: %d)", got, first, proxy.IdleCuts())
 	}
