@@ -272,18 +272,9 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		if pc := tc.ConnectionState().PeerCertificates; len(pc) > 0 {
 			ac.peer = pc[0]
 		}
-		conn, transport, err = c.dispatchALPN(ctx, tc, deadline)
-		if err != nil {
-			if failed() && !errors.Is(err, errNoUpgrade) {
-				reason := reasonProtocol
-				if errors.Is(err, context.DeadlineExceeded) {
-					reason = reasonTimeout
-				}
-				c.m.authFailures.WithLabelValues(reason).Inc()
-				log.Warn("agent transport refused (each one counted in tether_coordinator_auth_failures_total)", "reason", reason, "transport", transport, "err", err)
-			} else if failed() {
-				c.m.authFailures.WithLabelValues(reasonProtocol).Inc()
-				log.Debug("HTTP request on the tunnel port without a websocket upgrade (counted in tether_coordinator_auth_failures_total)", "err", err)
+		if conn, transport, err = c.dispatchALPN(ctx, tc, deadline); err != nil {
+			if failed() {
+				c.transportRefused(err, transport, log)
 			}
 			ac.conn.Close()
 			return nil

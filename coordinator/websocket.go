@@ -52,6 +52,22 @@ func (c *Coordinator) dispatchALPN(ctx context.Context, tc *tls.Conn, deadline t
 	}
 }
 
+// transportRefused counts and logs a connection dispatchALPN refused:
+// reason timeout when it sent no upgrade in time, else protocol. An HTTP
+// request that is no upgrade (a scanner, a browser) is logged at debug.
+func (c *Coordinator) transportRefused(err error, transport string, log *slog.Logger) {
+	reason := reasonProtocol
+	if errors.Is(err, context.DeadlineExceeded) {
+		reason = reasonTimeout
+	}
+	c.m.authFailures.WithLabelValues(reason).Inc()
+	if errors.Is(err, errNoUpgrade) {
+		log.Debug("HTTP request on the tunnel port without a websocket upgrade (counted in tether_coordinator_auth_failures_total)", "transport", transport, "err", err)
+		return
+	}
+	log.Warn("agent transport refused (each one counted in tether_coordinator_auth_failures_total)", "reason", reason, "transport", transport, "err", err)
+}
+
 // acceptWebSocket hands tc to the HTTP server and waits, until deadline
 // (or ctx's end), for it to be upgraded. It closes tc on failure.
 func (c *Coordinator) acceptWebSocket(ctx context.Context, tc *tls.Conn, deadline time.Time) (net.Conn, error) {
