@@ -277,7 +277,7 @@ func (a *Agent) advertisedTargets() []string {
 // own (Agent.drained, which Run waits for) until its streams in flight
 // ended and the coordinator closed it, or ctx is done.
 func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *protocol.Hello) error {
-	transport := transportOf(conn)
+	transport := a.dialedTransport()
 	sess, err := tunnel.Client(conn, a.cfg.Tunnel)
 	if err != nil {
 		return fmt.Errorf("agent %s: tunnel to %s: %w", a.cfg.NodeID, addr, err)

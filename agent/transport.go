@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -39,28 +38,19 @@ func validateTransports(ts []string) []error {
 	return errs
 }
 
-// transportConn is a dialed connection and the transport that made it.
-type transportConn struct {
-	net.Conn
-	transport string
-}
-
-// transportOf is the transport conn was dialed with ("" for a Config.Dial
-// connection).
-func transportOf(conn net.Conn) string {
-	if tc, ok := conn.(*transportConn); ok {
-		return tc.transport
+// dialedTransport is the transport of the connection dialTransports
+// returned last ("" with Config.Dial): the Redialer serves each connection
+// right after dialing it, in the same goroutine. The connection itself is
+// not wrapped, so that the session finds the TLS (or WebSocket) connection
+// it writes frames through in one system call (tunnel.Cork).
+func (a *Agent) dialedTransport() string {
+	if a.cfg.Dial != nil {
+		return ""
+	}
+	if t := a.lastTransport.Load(); t != nil {
+		return *t
 	}
 	return ""
-}
-
-// ConnectionState passes the TLS state through, for the enrollment's
-// pinning (identity.go).
-func (c *transportConn) ConnectionState() (st tls.ConnectionState) {
-	if s, ok := c.Conn.(interface{ ConnectionState() tls.ConnectionState }); ok {
-		return s.ConnectionState()
-	}
-	return st
 }
 
 // dialTransports dials addr with each of Config.Transports in turn, the one
@@ -78,7 +68,7 @@ func (a *Agent) dialTransports(ctx context.Context, addr string) (net.Conn, erro
 		cancel()
 		if err == nil {
 			a.lastTransport.Store(&t)
-			return &transportConn{Conn: conn, transport: t}, nil
+			return conn, nil
 		}
 		var busy *tunnel.RetryAfterError
 		if errors.As(err, &busy) || ctx.Err() != nil {
@@ -98,7 +88,7 @@ func (a *Agent) dialTransports(ctx context.Context, addr string) (net.Conn, erro
 func (a *Agent) transportOrder() []string {
 	order := a.cfg.Transports
 	last := a.lastTransport.Load()
-	if last == nil || order[0] == *last {
+	if last == nil || order[0] == *last || !slices.Contains(order, *last) {
 		return order
 	}
 	out := []string{*last}
