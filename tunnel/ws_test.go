@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,11 @@ import (
 // as the coordinator's (Cork, ServeALPN) with sc; each upgraded connection
 // goes to the returned channel. It returns the listener's address.
 func wsServe(tb testing.TB, sc *tls.Config) (string, <-chan net.Conn) {
+	return wsServeBuf(tb, sc, wsServerBufferSize)
+}
+
+// wsServeBuf is wsServe with the server's write buffer of bufSize bytes.
+func wsServeBuf(tb testing.TB, sc *tls.Config, bufSize int) (string, <-chan net.Conn) {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -32,7 +38,7 @@ func wsServe(tb testing.TB, sc *tls.Config) (string, <-chan net.Conn) {
 			http.NotFound(w, r)
 			return
 		}
-		c, err := UpgradeWebSocket(w, r)
+		c, err := upgradeWebSocket(w, r, bufSize, &sync.Pool{})
 		if err != nil {
 			return
 		}
@@ -57,8 +63,14 @@ func wsServe(tb testing.TB, sc *tls.Config) (string, <-chan net.Conn) {
 // dialed as agents dial it.
 func wsPair(tb testing.TB) (client, server net.Conn) {
 	tb.Helper()
+	return wsPairBuf(tb, wsServerBufferSize)
+}
+
+// wsPairBuf is wsPair with the server's write buffer of bufSize bytes.
+func wsPairBuf(tb testing.TB, bufSize int) (client, server net.Conn) {
+	tb.Helper()
 	cc, sc := tlsConfigs(tb)
-	addr, conns := wsServe(tb, sc)
+	addr, conns := wsServeBuf(tb, sc, bufSize)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	d := &WebSocketDialer{TLS: TunedTLS(cc), PingInterval: -1}
@@ -208,7 +220,14 @@ func TestWebSocketDialRefusals(t *testing.T) {
 // one tunnel stream over wsPair.
 func wsStreamPair(b *testing.B) (io.ReadWriteCloser, io.ReadWriteCloser) {
 	b.Helper()
-	c, s := wsPair(b)
+	return wsStreamPairBuf(b, wsServerBufferSize)
+}
+
+// wsStreamPairBuf is wsStreamPair with the server's write buffer of
+// bufSize bytes.
+func wsStreamPairBuf(b *testing.B, bufSize int) (io.ReadWriteCloser, io.ReadWriteCloser) {
+	b.Helper()
+	c, s := wsPairBuf(b, bufSize)
 	cfg := DefaultConfig()
 	cfg.KeepAliveInterval = 0
 	cs, ss := sessionPair(b, c, s, cfg)
@@ -243,7 +262,8 @@ func wsStreamPair(b *testing.B) (io.ReadWriteCloser, io.ReadWriteCloser) {
 //	go test -run '^$' -bench WebSocketTransport -benchtime 20x ./tunnel
 //
 // throughput: 32 MiB one way, agent to coordinator (the client masks its
-// frames) and back; ratio of MB/s, target ≥ 0.9. roundtrip: 500 64-byte
+// frames) and back; ratio of MB/s, target ≥ 0.9, and of the process's CPU
+// time (ws/tls-cpu-ratio, steadier on a loaded machine). roundtrip: 500 64-byte
 // echoes; ratio of the mean round trip, target ≤ 1.1.
 func BenchmarkWebSocketTransport(b *testing.B) {
 	for _, dir := range []string{"up", "down"} {
@@ -255,19 +275,23 @@ func BenchmarkWebSocketTransport(b *testing.B) {
 				ww, wr = wr, ww
 			}
 			const total = 32 << 20
-			var ratios, tlsMBps, wsMBps []float64
+			var ratios, cpuRatios, tlsMBps, wsMBps []float64
 			for i := 0; i < b.N; i++ {
-				var dt, dw time.Duration
+				var dt, dw, ct, cw time.Duration
 				if i%2 == 0 {
-					dt, dw = bulkOnce(b, tw, tr, total), bulkOnce(b, ww, wr, total)
+					dt, ct = bulkCPU(b, tw, tr, total)
+					dw, cw = bulkCPU(b, ww, wr, total)
 				} else {
-					dw, dt = bulkOnce(b, ww, wr, total), bulkOnce(b, tw, tr, total)
+					dw, cw = bulkCPU(b, ww, wr, total)
+					dt, ct = bulkCPU(b, tw, tr, total)
 				}
 				ratios = append(ratios, dt.Seconds()/dw.Seconds())
+				cpuRatios = append(cpuRatios, cw.Seconds()/ct.Seconds())
 				tlsMBps = append(tlsMBps, total/dt.Seconds()/1e6)
 				wsMBps = append(wsMBps, total/dw.Seconds()/1e6)
 			}
 			b.ReportMetric(median(ratios), "ws/tls-ratio")
+			b.ReportMetric(median(cpuRatios), "ws/tls-cpu-ratio")
 			b.ReportMetric(median(tlsMBps), "tls-MB/s")
 			b.ReportMetric(median(wsMBps), "ws-MB/s")
 		})
@@ -299,8 +323,17 @@ func BenchmarkWebSocketTransport(b *testing.B) {
 // bulkOnce writes total bytes to w in 64 KiB writes and returns how long
 // until r read them all.
 func bulkOnce(b *testing.B, w io.Writer, r io.Reader, total int64) time.Duration {
+	d, _ := bulkCPU(b, w, r, total)
+	return d
+}
+
+// bulkCPU is bulkOnce that also returns the process's CPU time for it
+// (both ends run in this process): steadier than the wall time on a
+// loaded machine, which also measures the wait for a core.
+func bulkCPU(b *testing.B, w io.Writer, r io.Reader, total int64) (wall, cpu time.Duration) {
 	buf := make([]byte, benchChunk)
 	done := make(chan error, 1)
+	cpu0 := processCPU()
 	start := time.Now()
 	go func() {
 		_, err := io.CopyN(io.Discard, r, total)
@@ -314,7 +347,7 @@ func bulkOnce(b *testing.B, w io.Writer, r io.Reader, total int64) time.Duration
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
-	return time.Since(start)
+	return time.Since(start), processCPU() - cpu0
 }
 
 // echoLoop echoes 64-byte messages until the stream fails.
@@ -356,4 +389,34 @@ func median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// BenchmarkWebSocketServerBuffer measures the coordinator's write buffer
+// (wsServerBufferSize, 16 KiB: gorilla writes a server's body of more than
+// twice that straight from yamux's buffer, with the frame header as a
+// record of its own) against a buffer that holds a whole 64 KiB frame
+// (every byte copied into it), coordinator to agent, in interleaved
+// rounds; it reports the medians of the per-round ratios of throughput
+// and of CPU time (16 KiB's over 68 KiB's: below 1 is cheaper):
+//
+//	go test -run '^$' -bench WebSocketServerBuffer -benchtime 40x ./tunnel
+func BenchmarkWebSocketServerBuffer(b *testing.B) {
+	sr, sw := wsStreamPairBuf(b, wsServerBufferSize) // agent reads, coordinator writes
+	cr, cw := wsStreamPairBuf(b, wsBufferSize)
+	const total = 32 << 20
+	var ratios, cpuRatios []float64
+	for i := 0; i < b.N; i++ {
+		var ds, dc, cs, cc time.Duration
+		if i%2 == 0 {
+			ds, cs = bulkCPU(b, sw, sr, total)
+			dc, cc = bulkCPU(b, cw, cr, total)
+		} else {
+			dc, cc = bulkCPU(b, cw, cr, total)
+			ds, cs = bulkCPU(b, sw, sr, total)
+		}
+		ratios = append(ratios, dc.Seconds()/ds.Seconds())
+		cpuRatios = append(cpuRatios, cs.Seconds()/cc.Seconds())
+	}
+	b.ReportMetric(median(ratios), "16KiB/68KiB-ratio")
+	b.ReportMetric(median(cpuRatios), "16KiB/68KiB-cpu-ratio")
 }
