@@ -366,3 +366,29 @@ func TestRealAgentThroughProxy(t *testing.T) {
 		t.Errorf("proxy CONNECT targets %v, want %s twice", got, target)
 	}
 }
+
+// TestWebSocketDialIsPaced: past its admission rate the coordinator answers
+// a WebSocket dial, as a raw TLS one, with a busy refusal before TLS, which
+// the dialer returns as a RetryAfterError (the Redialer honours it).
+func TestWebSocketDialIsPaced(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.AdmitRate = 2 // a slot every 500 ms
+		c.AdmitBurst = 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	d := tunnel.WebSocketDialer{TLS: h.clientTLS}
+	first, err := d.Dial(ctx, h.addr)
+	if err != nil {
+		t.Fatalf("first dial: %v", err)
+	}
+	defer first.Close()
+	_, err = d.Dial(ctx, h.addr)
+	var ra *tunnel.RetryAfterError
+	if !errors.As(err, &ra) || ra.After <= 0 || ra.After > 500*time.Millisecond {
+		t.Fatalf("second dial at once: %v, want a busy refusal within 500ms", err)
+	}
+	if got := h.metric("tether_coordinator_handshakes_paced_total"); got != 1 {
+		t.Errorf("handshakes_paced_total = %v, want 1", got)
+	}
+}
