@@ -88,6 +88,13 @@ const wsServerBufferSize = 16 << 10
 
 var wsServerWritePool = &sync.Pool{}
 
+// wsServerReadBufferSize is the coordinator's read buffer, held for the
+// connection's life: frame headers are read through it, payloads straight
+// into yamux's buffer. Smaller than the HTTP server's 4 KiB reader, which
+// is dropped at the upgrade, since an idle agent's cost is mostly such
+// buffers.
+const wsServerReadBufferSize = 512
+
 // ServeALPN returns a copy of cfg, the coordinator's tunnel listener config,
 // that offers ALPNTunnel and ALPNHTTP (keeping any protocols cfg offers
 // already, first), so WebSocket dials reach the HTTP server and raw TLS
@@ -291,17 +298,15 @@ func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // browsers always do) and returns the error. It sends no pings: the agent
 // does, and the pongs answer them.
 func UpgradeWebSocket(w http.ResponseWriter, r *http.Request) (net.Conn, error) {
-	return upgradeWebSocket(w, r, wsServerBufferSize, wsServerWritePool)
+	return upgradeWebSocket(w, r, wsServerReadBufferSize, wsServerBufferSize, wsServerWritePool)
 }
 
-// upgradeWebSocket is UpgradeWebSocket with gorilla's write buffer size
-// and pool (benchmarks compare sizes).
-func upgradeWebSocket(w http.ResponseWriter, r *http.Request, bufSize int, pool websocket.BufferPool) (net.Conn, error) {
+// upgradeWebSocket is UpgradeWebSocket with gorilla's buffer sizes and
+// write pool (benchmarks compare sizes).
+func upgradeWebSocket(w http.ResponseWriter, r *http.Request, readSize, writeSize int, pool websocket.BufferPool) (net.Conn, error) {
 	up := websocket.Upgrader{
-		// Zero: the HTTP server's 4 KiB reader, hijacked, is the
-		// connection's for its life; no second one per agent.
-		ReadBufferSize:  0,
-		WriteBufferSize: bufSize,
+		ReadBufferSize:  readSize,
+		WriteBufferSize: writeSize,
 		WriteBufferPool: pool,
 		CheckOrigin:     func(r *http.Request) bool { return r.Header.Get("Origin") == "" },
 		Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {

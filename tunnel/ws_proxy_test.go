@@ -128,13 +128,15 @@ func fixedProxy(u string) tunnel.ProxyFunc {
 }
 
 // TestWebSocketThroughIdleKillingProxy runs sessions through a CONNECT
-// proxy (with Basic auth) that cuts tunnels silent for a second: with
+// proxy (with Basic auth) that cuts tunnels silent for two seconds: with
 // WebSocket pings, or with the session's yamux keepalive, a session
-// survives idle periods of several seconds; with neither, the proxy cuts
+// survives an idle period of more than twice that; with neither, the proxy cuts
 // it (which shows the proxy does cut). When the proxy kills the tunnel,
 // the Redialer gets a new session through it.
 func TestWebSocketThroughIdleKillingProxy(t *testing.T) {
-	const proxyIdle = time.Second
+	// The keepalives below run 20 times as often as the proxy cuts: a
+	// busy machine must stall a timer for most of two seconds to fail it.
+	const proxyIdle = 2 * time.Second
 	for _, tc := range []struct {
 		name      string
 		ping      time.Duration // WebSocketDialer.PingInterval
@@ -146,6 +148,7 @@ func TestWebSocketThroughIdleKillingProxy(t *testing.T) {
 		{"no-keepalive", -1, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			srv, d := startWSEcho(t)
 			target := net.JoinHostPort(coordName, srv.port)
 			proxy := tunneltest.StartProxy(t, tunneltest.ProxyConfig{
@@ -197,8 +200,8 @@ func TestWebSocketThroughIdleKillingProxy(t *testing.T) {
 				}
 				return
 			}
-			// Idle for three times the proxy's timeout.
-			time.Sleep(3 * proxyIdle)
+			// Idle for more than twice the proxy's timeout.
+			time.Sleep(proxyIdle * 9 / 4)
 			if first.IsClosed() {
 				t.Fatalf("session closed while idle (proxy idle cuts: %d)", proxy.IdleCuts())
 			}

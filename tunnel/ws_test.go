@@ -22,11 +22,12 @@ import (
 // as the coordinator's (Cork, ServeALPN) with sc; each upgraded connection
 // goes to the returned channel. It returns the listener's address.
 func wsServe(tb testing.TB, sc *tls.Config) (string, <-chan net.Conn) {
-	return wsServeBuf(tb, sc, wsServerBufferSize)
+	return wsServeBuf(tb, sc, wsServerReadBufferSize, wsServerBufferSize)
 }
 
-// wsServeBuf is wsServe with the server's write buffer of bufSize bytes.
-func wsServeBuf(tb testing.TB, sc *tls.Config, bufSize int) (string, <-chan net.Conn) {
+// wsServeBuf is wsServe with the server's read and write buffers of
+// readSize and bufSize bytes.
+func wsServeBuf(tb testing.TB, sc *tls.Config, readSize, bufSize int) (string, <-chan net.Conn) {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -38,7 +39,7 @@ func wsServeBuf(tb testing.TB, sc *tls.Config, bufSize int) (string, <-chan net.
 			http.NotFound(w, r)
 			return
 		}
-		c, err := upgradeWebSocket(w, r, bufSize, &sync.Pool{})
+		c, err := upgradeWebSocket(w, r, readSize, bufSize, &sync.Pool{})
 		if err != nil {
 			return
 		}
@@ -63,14 +64,15 @@ func wsServeBuf(tb testing.TB, sc *tls.Config, bufSize int) (string, <-chan net.
 // dialed as agents dial it.
 func wsPair(tb testing.TB) (client, server net.Conn) {
 	tb.Helper()
-	return wsPairBuf(tb, wsServerBufferSize)
+	return wsPairBuf(tb, wsServerReadBufferSize, wsServerBufferSize)
 }
 
-// wsPairBuf is wsPair with the server's write buffer of bufSize bytes.
-func wsPairBuf(tb testing.TB, bufSize int) (client, server net.Conn) {
+// wsPairBuf is wsPair with the server's read and write buffers of
+// readSize and bufSize bytes.
+func wsPairBuf(tb testing.TB, readSize, bufSize int) (client, server net.Conn) {
 	tb.Helper()
 	cc, sc := tlsConfigs(tb)
-	addr, conns := wsServeBuf(tb, sc, bufSize)
+	addr, conns := wsServeBuf(tb, sc, readSize, bufSize)
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	d := &WebSocketDialer{TLS: TunedTLS(cc), PingInterval: -1}
@@ -220,14 +222,14 @@ func TestWebSocketDialRefusals(t *testing.T) {
 // one tunnel stream over wsPair.
 func wsStreamPair(b *testing.B) (io.ReadWriteCloser, io.ReadWriteCloser) {
 	b.Helper()
-	return wsStreamPairBuf(b, wsServerBufferSize)
+	return wsStreamPairBuf(b, wsServerReadBufferSize, wsServerBufferSize)
 }
 
-// wsStreamPairBuf is wsStreamPair with the server's write buffer of
-// bufSize bytes.
-func wsStreamPairBuf(b *testing.B, bufSize int) (io.ReadWriteCloser, io.ReadWriteCloser) {
+// wsStreamPairBuf is wsStreamPair with the server's read and write
+// buffers of readSize and bufSize bytes.
+func wsStreamPairBuf(b *testing.B, readSize, bufSize int) (io.ReadWriteCloser, io.ReadWriteCloser) {
 	b.Helper()
-	c, s := wsPairBuf(b, bufSize)
+	c, s := wsPairBuf(b, readSize, bufSize)
 	cfg := DefaultConfig()
 	cfg.KeepAliveInterval = 0
 	cs, ss := sessionPair(b, c, s, cfg)
@@ -401,8 +403,8 @@ func median(v []float64) float64 {
 //
 //	go test -run '^$' -bench WebSocketServerBuffer -benchtime 40x ./tunnel
 func BenchmarkWebSocketServerBuffer(b *testing.B) {
-	sr, sw := wsStreamPairBuf(b, wsServerBufferSize) // agent reads, coordinator writes
-	cr, cw := wsStreamPairBuf(b, wsBufferSize)
+	sr, sw := wsStreamPairBuf(b, wsServerReadBufferSize, wsServerBufferSize) // agent reads, coordinator writes
+	cr, cw := wsStreamPairBuf(b, wsServerReadBufferSize, wsBufferSize)
 	const total = 32 << 20
 	var ratios, cpuRatios []float64
 	for i := 0; i < b.N; i++ {
@@ -419,4 +421,32 @@ func BenchmarkWebSocketServerBuffer(b *testing.B) {
 	}
 	b.ReportMetric(median(ratios), "16KiB/68KiB-ratio")
 	b.ReportMetric(median(cpuRatios), "16KiB/68KiB-cpu-ratio")
+}
+
+// BenchmarkWebSocketServerReadBuffer measures the coordinator's read
+// buffer (wsServerReadBufferSize, 512 B, held by every idle agent) against
+// 4 KiB, agent to coordinator, in interleaved rounds; it reports the
+// medians of the per-round ratios of throughput and of CPU time (512 B's
+// over 4 KiB's):
+//
+//	go test -run '^$' -bench WebSocketServerReadBuffer -benchtime 40x ./tunnel
+func BenchmarkWebSocketServerReadBuffer(b *testing.B) {
+	sw, sr := wsStreamPairBuf(b, wsServerReadBufferSize, wsServerBufferSize) // agent writes, coordinator reads
+	bw, br := wsStreamPairBuf(b, 4<<10, wsServerBufferSize)
+	const total = 32 << 20
+	var ratios, cpuRatios []float64
+	for i := 0; i < b.N; i++ {
+		var ds, db, cs, cb time.Duration
+		if i%2 == 0 {
+			ds, cs = bulkCPU(b, sw, sr, total)
+			db, cb = bulkCPU(b, bw, br, total)
+		} else {
+			db, cb = bulkCPU(b, bw, br, total)
+			ds, cs = bulkCPU(b, sw, sr, total)
+		}
+		ratios = append(ratios, db.Seconds()/ds.Seconds())
+		cpuRatios = append(cpuRatios, cs.Seconds()/cb.Seconds())
+	}
+	b.ReportMetric(median(ratios), "512B/4KiB-ratio")
+	b.ReportMetric(median(cpuRatios), "512B/4KiB-cpu-ratio")
 }
