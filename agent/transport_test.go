@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"strings"
@@ -37,6 +39,8 @@ func TestDialTransports(t *testing.T) {
 	}
 	conns := make(chan net.Conn, 4)
 	srv := &http.Server{
+		// The raw TLS dial's connection is no HTTP: not worth a line.
+		ErrorLog: log.New(io.Discard, "", 0),
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path != tunnel.WebSocketPath {
 				http.NotFound(w, r)
