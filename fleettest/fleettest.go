@@ -423,7 +423,15 @@ func (f *Fleet) startAgentHosts(tb testing.TB, caFile string) {
 // to register. They stop when the test ends.
 func Dial(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int) *Fleet {
 	tb.Helper()
+	return DialWith(tb, addr, clientTLS, token, n, nil)
+}
+
+// DialWith is Dial with each agent's config adjusted by mutate, if not
+// nil, as Options.Agent does (e.g. its Transports).
+func DialWith(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int, mutate func(i int, c *agent.Config)) *Fleet {
+	tb.Helper()
 	f := &Fleet{TunnelAddr: addr, ClientTLS: clientTLS, token: token}
+	f.opts.Agent = mutate
 	f.opts.NodeID = func(i int) string { return fmt.Sprintf("node-%d", i) }
 	f.opts.Labels = func(i int) map[string]string { return map[string]string{"index": fmt.Sprint(i)} }
 	f.opts.Logger = slog.New(slog.DiscardHandler)

@@ -338,7 +338,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the join token, dev PKI and embedded NATS store")
-	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS)")
+	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS; also WebSocket, GET "+tunnel.WebSocketPath+" with ALPN http/1.1)")
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
 	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
 	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "the coordinator's NATS credentials (TETHER account user) for --nats-url")
@@ -712,7 +712,8 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	// Agents with a node certificate present it; the coordinator checks
 	// it (coordinator/identity.go).
-	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
+	// ALPN http/1.1 reaches the WebSocket transport on the same port.
+	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(tunnel.ServeALPN(tlsCfg)))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
