@@ -9,7 +9,10 @@
 // inbox prefix (natsauth.Creds.Options, e.g. from ReadCreds of a .creds
 // file): NATS admits no anonymous client, and a client user may receive
 // replies under its own prefix only. Each call's reply inbox comes from
-// the connection (nc.NewInbox), so it gets that prefix.
+// the connection (nc.NewInbox), so it gets that prefix. Exec requests of
+// a Client share one subscription, INBOX.* (replies.go), each request
+// replying to INBOX.<n>: a subscription per request cost a SUB and an
+// UNSUB per exec.
 //
 // # Exec and its waits
 //
