@@ -266,6 +266,9 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		if pc := tc.ConnectionState().PeerCertificates; len(pc) > 0 {
 			ac.peer = pc[0]
 		}
+		if rest, handled := c.dispatchALPN(ctx, ac, tc); handled {
+			return rest
+		}
 	}
 
 	sess, err := tunnel.Server(ac.conn, c.cfg.Tunnel)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,6 +75,21 @@ type harness struct {
 	stopErr  error
 }
 
+// harnessDirect, as a mutate's Config.Direct.Addr, turns on the direct
+// data path: the harness sets the listener's address and pin.
+const harnessDirect = "harness:direct"
+
+// withDirect is a newHarness mutate that turns on the direct path, then
+// applies mutate (if not nil).
+func withDirect(mutate func(*coordinator.Config)) func(*coordinator.Config) {
+	return func(c *coordinator.Config) {
+		c.Direct.Addr = harnessDirect
+		if mutate != nil {
+			mutate(c)
+		}
+	}
+}
+
 func newHarness(t *testing.T, mutate func(*coordinator.Config)) *harness {
 	t.Helper()
 	return newHarnessNATS(t, nil, mutate)
@@ -103,6 +119,11 @@ func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*c
 	// As the tether binary does: agents with a node certificate present
 	// it (identity_test.go); the others do not.
 	srvTLS = tunnel.RequestClientCert(srvTLS)
+	srvTLS.NextProtos = []string{protocol.ALPNAgent, protocol.ALPNClient}
+	leaf, err := x509.ParseCertificate(srvTLS.Certificates[0].Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 	cliTLS, err := tunnel.LoadClientTLS(pki.CACert)
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +146,9 @@ func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*c
 	cfg.Tunnel.WriteTimeout = 5 * time.Second
 	if mutate != nil {
 		mutate(&cfg)
+	}
+	if cfg.Direct.Addr == harnessDirect {
+		cfg.Direct.Addr, cfg.Direct.Pin = ln.Addr().String(), protocol.CertPin(leaf)
 	}
 	c, err := coordinator.New(cfg)
 	if err != nil {

@@ -1,0 +1,35 @@
+package coordinator_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// TestDirectExecWithStdin: an exec stream with stdin on the direct path
+// carries stdin to the command and its output and exit status back.
+func TestDirectExecWithStdin(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Direct: true})
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Direct() {
+		t.Fatal("stream not on the direct path")
+	}
+	if err := protocol.WriteFrame(st, protocol.FrameStdin, []byte("hello direct")); err != nil {
+		t.Fatal(err)
+	}
+	if err := protocol.WriteFrame(st, protocol.FrameStdinClose, nil); err != nil {
+		t.Fatal(err)
+	}
+	out, es := readExec(t, st)
+	if out != "hello direct" || es.ExitCode != 0 {
+		t.Fatalf("stdout %q, exit %+v", out, es)
+	}
+}
