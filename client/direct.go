@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -161,7 +162,7 @@ func (c *Client) openDirect(ctx context.Context, node string, kind protocol.Kind
 	}
 	var rep protocol.DirectStreamReply
 	if err := json.Unmarshal(msg.Data, &rep); err != nil || rep.Ticket == "" || rep.Pin == "" || rep.Addr == "" {
-		return nil, fmt.Errorf("open %s stream to node %s: malformed direct stream reply %q (%v)", kind, node, protocol.Clip(string(msg.Data)), err)
+		return nil, fmt.Errorf("open %s stream to node %s: malformed direct stream reply %q (%v)", kind, node, protocol.ClipUTF8(string(msg.Data), 256), err)
 	}
 	for attempt := 0; ; attempt++ {
 		s, err := c.directSession(ctx, rep)
@@ -263,7 +264,7 @@ func (c *Client) dialDirect(ctx context.Context, rep protocol.DirectStreamReply)
 			if len(cs.PeerCertificates) == 0 {
 				return errors.New("the listener presented no certificate")
 			}
-			if got := protocol.CertPin(cs.PeerCertificates[0]); subtle.ConstantTimeCompare([]byte(got), []byte(pin)) != 1 {
+			if got := tunnel.CertPin(cs.PeerCertificates[0]); subtle.ConstantTimeCompare([]byte(got), []byte(pin)) != 1 {
 				return fmt.Errorf("the listener's certificate has key pin %s, the coordinator said %s", got, pin)
 			}
 			return nil
@@ -354,7 +355,7 @@ func (s *directSession) read() {
 	if serr := s.sess.Err(); serr != nil && (errors.Is(err, io.EOF) || err == nil) {
 		err = serr
 	}
-	gone := fmt.Errorf("direct session with coordinator listener %s lost: %w", s.addr, err)
+	gone := &natspipe.Error{Msg: fmt.Sprintf("direct session with coordinator listener %s lost: %v", s.addr, err), Kind: natspipe.ErrPeerGone, Cause: err}
 	s.mu.Lock()
 	s.err = gone
 	streams := make([]*directStream, 0, len(s.streams))
@@ -494,14 +495,20 @@ type directStream struct {
 func (ds *directStream) onEnd(msg string) {
 	ds.mu.Lock()
 	if msg != "" && ds.err == nil {
-		ds.err = errors.New(msg)
+		// As the NATS pipe reports its peer's close, so that callers
+		// find the coordinator's reason the same way on either path.
+		ds.err = &natspipe.Error{Msg: "closed by the coordinator: " + msg, Kind: natspipe.ErrPeerClosed, Reason: msg}
 	}
 	if !ds.ended {
 		ds.ended = true
 		close(ds.endCh)
 	}
-	fin := ds.finPending
-	ds.finPending = false
+	// After Close, the FIN waits for the coordinator's answer to it (a
+	// failed end): a FIN seen first would read as a half-close.
+	fin := ds.finPending && (msg != "" || ds.writeClosed)
+	if fin {
+		ds.finPending = false
+	}
 	ds.mu.Unlock()
 	if msg != "" {
 		// The coordinator reads no more: blocked writes fail now.
@@ -630,25 +637,24 @@ func (ds *directStream) Close() error {
 		return nil
 	}
 	ds.closed = true
-	ended, clean := ds.ended, ds.ended && ds.writeClosed
-	if !ended {
-		ds.finPending = true
-	}
+	// Both directions over, or the coordinator's side failed (its relay
+	// is over or aborting): the FIN can go now. Else the coordinator is
+	// told first, and the FIN follows its answer (onEnd).
+	clean := ds.ended && (ds.writeClosed || ds.cancelled) && ds.err == nil
+	finNow := clean || ds.err != nil
+	ds.finPending = !finNow
 	ds.mu.Unlock()
 	ds.st.SetReadDeadline(time.Now())
 	ds.st.SetWriteDeadline(time.Now())
-	var err error
 	if !clean {
-		err = ds.s.writeControl(protocol.FrameDirectClose, &protocol.DirectRef{Stream: ds.id})
+		// A failure means the session is gone, and the stream with it.
+		ds.s.writeControl(protocol.FrameDirectClose, &protocol.DirectRef{Stream: ds.id})
 	}
-	if ended {
+	if finNow {
 		ds.st.Close()
 		ds.s.forget(ds)
 	}
-	if err != nil && !ended {
-		return nil // the session is gone, and the stream with it
-	}
-	return err
+	return nil
 }
 
 // Err returns why the stream failed; nil while healthy or after a clean

@@ -231,7 +231,7 @@ type DirectConfig struct {
 	// must offer protocol.ALPNClient (and protocol.ALPNAgent) in its
 	// NextProtos.
 	Addr string
-	// Pin is protocol.CertPin of the tunnel listener's certificate, which
+	// Pin is tunnel.CertPin of the tunnel listener's certificate, which
 	// clients verify the TLS connection against. Required with Addr.
 	Pin string
 	// TicketTTL is how long a ticket may be redeemed after it was issued.
@@ -401,7 +401,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("coordinator config: Direct.Addr %q: %w", c.Direct.Addr, err))
 		}
 		if c.Direct.Pin == "" {
-			errs = append(errs, errors.New("coordinator config: Direct.Addr needs Direct.Pin (protocol.CertPin of the tunnel listener's certificate), which clients verify the listener against"))
+			errs = append(errs, errors.New("coordinator config: Direct.Addr needs Direct.Pin (tunnel.CertPin of the tunnel listener's certificate), which clients verify the listener against"))
 		}
 	}
 	if err := c.Pipe.Validate(); err != nil {

@@ -553,7 +553,7 @@ func writeAnswer(st *yamux.Stream, timeout time.Duration, e *protocol.APIError) 
 	a := protocol.DirectAnswer{Error: e}
 	if e != nil && len(e.Message) > protocol.MaxDirectFrame/2 {
 		c := *e
-		c.Message = protocol.Clip(c.Message)
+		c.Message = protocol.ClipUTF8(c.Message, protocol.MaxDirectFrame/2)
 		a.Error = &c
 	}
 	st.SetWriteDeadline(time.Now().Add(timeout))
@@ -704,7 +704,7 @@ func (e *directEnd) sendEnd(msg string) error {
 		e.endedErr = true
 	}
 	e.mu.Unlock()
-	return e.cs.writeControl(protocol.FrameDirectEnd, &protocol.DirectEnd{Stream: e.id, Error: protocol.Clip(msg)})
+	return e.cs.writeControl(protocol.FrameDirectEnd, &protocol.DirectEnd{Stream: e.id, Error: protocol.ClipUTF8(msg, protocol.MaxDirectFrame/2)})
 }
 
 // CloseWrite sends the client EOF after the bytes written so far.

@@ -33,3 +33,33 @@ func TestDirectExecWithStdin(t *testing.T) {
 		t.Fatalf("stdout %q, exit %+v", out, es)
 	}
 }
+
+// TestDirectRelaySemantics runs the relay's tests on the direct path: what
+// users depend on (Close aborts the operation on the agent, Cancel stops it
+// while its answer still arrives, half-close, the tunnel's loss named, the
+// default timeout, refusals and params checks, the drain's shutdown result
+// at a frame boundary, the metrics) holds there too.
+func TestDirectRelaySemantics(t *testing.T) {
+	directRun = true
+	defer func() { directRun = false }()
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"ExecWithStdin", TestRelayExecWithStdin},
+		{"ExecDefaultTimeout", TestRelayExecDefaultTimeout},
+		{"Refusals", TestRelayRefusals},
+		{"ChecksParams", TestRelayChecksParams},
+		{"ClientCloseKillsExec", TestRelayClientCloseKillsExec},
+		{"TunnelLost", TestRelayTunnelLost},
+		{"AbortSendsCancel", TestRelayAbortSendsCancel},
+		{"MetricAndDrain", TestRelayMetricAndDrain},
+		{"ExecStreamCancelReachesCommandIgnoringStdin", TestExecStreamCancelReachesCommandIgnoringStdin},
+		{"StreamCloseReachesPTYIgnoringStdin", TestStreamCloseReachesPTYIgnoringStdin},
+		{"SendsCancelStreamToAgentsThatTakeIt", TestRelaySendsCancelStreamToAgentsThatTakeIt},
+		{"StreamedExecShutdownResult", TestStreamedExecShutdownResult},
+		{"ShutdownMidFrame", TestRelayShutdownMidFrame},
+	} {
+		t.Run(tc.name, tc.test)
+	}
+}

@@ -237,7 +237,7 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	pin := protocol.CertPin(leaf)
+	pin := tunnel.CertPin(leaf)
 
 	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: credsFile,
 		NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}

@@ -1,8 +1,6 @@
 package protocol
 
 import (
-	"crypto/sha256"
-	"crypto/x509"
 	"encoding/base64"
 	"fmt"
 	"time"
@@ -69,7 +67,7 @@ type DirectStreamReply struct {
 	// listener is on every interface: the client then uses the host of
 	// its NATS server.
 	Addr string `json:"addr"`
-	// Pin is the listener certificate's public key pin (CertPin): the
+	// Pin is the listener certificate's public key pin (tunnel.CertPin): the
 	// client accepts the TLS connection only if the leaf certificate's
 	// key matches it. It comes over the authenticated NATS connection, so
 	// the client needs no CA of its own.
@@ -134,12 +132,4 @@ func ParseDirectTicket(s string) ([DirectTicketSize]byte, error) {
 // FormatDirectTicket is the text of ticket bytes t.
 func FormatDirectTicket(t [DirectTicketSize]byte) string {
 	return base64.RawURLEncoding.EncodeToString(t[:])
-}
-
-// CertPin is the pin of cert's public key: "sha256/" and the standard
-// base64 of the SHA-256 of its SubjectPublicKeyInfo (the form HPKP used),
-// so a renewed certificate with the same key keeps its pin.
-func CertPin(cert *x509.Certificate) string {
-	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
-	return "sha256/" + base64.StdEncoding.EncodeToString(sum[:])
 }

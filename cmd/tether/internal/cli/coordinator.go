@@ -691,7 +691,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: tunnel listener certificate: %w", err)
 		}
-		cfg.Direct.Pin = protocol.CertPin(leaf)
+		cfg.Direct.Pin = tunnel.CertPin(leaf)
 		cfg.Direct.Addr = o.DirectAddr
 		if cfg.Direct.Addr == "" {
 			cfg.Direct.Addr = reportedAddr(o.Listen, rawLn.Addr())
