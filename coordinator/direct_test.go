@@ -2,7 +2,12 @@ package coordinator_test
 
 import (
 	"context"
+	"net"
+	"strings"
 	"testing"
+
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
 
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
@@ -61,5 +66,71 @@ func TestDirectRelaySemantics(t *testing.T) {
 		{"ShutdownMidFrame", TestRelayShutdownMidFrame},
 	} {
 		t.Run(tc.name, tc.test)
+	}
+}
+
+// TestDirectFallback: a client that cannot use the direct path (the
+// listener unreachable, a certificate that does not match the pin, a
+// coordinator without the path) relays over NATS instead, unless told to
+// use the direct path only; DirectOff relays even when the path is there.
+func TestDirectFallback(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := closed.Addr().String()
+	closed.Close()
+	for _, tc := range []struct {
+		name   string
+		direct func(c *coordinator.Config)
+		want   string // DirectOnly's error, "" when it opens
+	}{
+		{"unreachable", func(c *coordinator.Config) { c.Direct.Addr = deadAddr }, "unusable"},
+		{"wrong pin", func(c *coordinator.Config) { c.Direct.Pin = "sha256/AAAA" }, "pin"},
+		{"no direct path", func(c *coordinator.Config) { c.Direct = coordinator.DirectConfig{} }, protocol.ErrCodeDirectUnavailable},
+		{"direct", func(*coordinator.Config) {}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Direct: true,
+				Coordinator: func(c *coordinator.Config) { tc.direct(c) }})
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			echo := func(c *client.Client) (*client.Stream, error) {
+				st, err := c.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
+				if err != nil {
+					return nil, err
+				}
+				protocol.WriteFrame(st, protocol.FrameStdin, []byte("hi"))
+				protocol.WriteFrame(st, protocol.FrameStdinClose, nil)
+				if out, es := readExec(t, st); out != "hi" || es.ExitCode != 0 {
+					t.Fatalf("stdout %q, exit %+v", out, es)
+				}
+				return st, nil
+			}
+			only := &client.Client{NC: f.NC, Direct: client.DirectOnly}
+			defer only.Close()
+			st, err := echo(only)
+			if tc.want == "" {
+				if err != nil || !st.Direct() {
+					t.Fatalf("DirectOnly: %v; want a direct stream", err)
+				}
+				st.Close()
+			} else if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("DirectOnly: %v; want an error naming %q", err, tc.want)
+			}
+			auto := &client.Client{NC: f.NC}
+			defer auto.Close()
+			st, err = echo(auto)
+			if err != nil || st.Direct() != (tc.want == "") {
+				t.Fatalf("DirectAuto: %v (direct %v); want a stream, direct only if the path works", err, err == nil && st.Direct())
+			}
+			st.Close()
+			off := &client.Client{NC: f.NC, Direct: client.DirectOff}
+			st, err = echo(off)
+			if err != nil || st.Direct() {
+				t.Fatalf("DirectOff: %v; want a relayed stream", err)
+			}
+			st.Close()
+		})
 	}
 }

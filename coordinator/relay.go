@@ -529,7 +529,9 @@ func (r *relay) fromOpener(m *nats.Msg) bool {
 // goes on to the client. On any failure it aborts the relay and tells the
 // agent (finishWrite).
 func (r *relay) pipeToStream(st *yamux.Stream, p clientEnd) {
-	fw := &frameCursor{w: st, copy: r.kind == protocol.KindCopy}
+	// A dial or ssh stream's client bytes are raw from the first: they
+	// are counted, never parsed (the relay injects no frame into them).
+	fw := &frameCursor{w: st, copy: r.kind == protocol.KindCopy, raw: rawKind(r.kind)}
 	defer func() { r.bytesIn.Store(fw.n); r.noteCopy(fw, false) }()
 	_, err := p.WriteTo(fw)
 	r.mu.Lock()
@@ -882,6 +884,9 @@ type frameCursor struct {
 	left uint64  // payload bytes of the current frame still to come
 
 	keep bool
+	// raw: the bytes are not frames at all (a dial or ssh stream's
+	// client side); they are counted only.
+	raw bool
 	// rawAfterFirst: only the first frame is a frame (a dial or ssh
 	// stream's dial-ok or error); the bytes after it are counted only.
 	rawAfterFirst bool
@@ -914,6 +919,9 @@ func (f *frameCursor) Write(b []byte) (int, error) {
 }
 
 func (f *frameCursor) advance(b []byte) {
+	if f.raw {
+		return
+	}
 	for len(b) > 0 {
 		if f.rawAfterFirst && f.frames > 0 {
 			return
