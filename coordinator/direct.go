@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -53,6 +54,10 @@ var directRefusalReasons = []string{directOff, directALPN, directPreamble, direc
 // late or replayed redemption is told "expired" or "already redeemed"
 // rather than "unknown".
 const directForget = time.Minute
+
+// maxDirectRefusals is how many refused opens a client session may have
+// before it is closed: anyone who reaches the port can cause them.
+const maxDirectRefusals = 8
 
 // directBuf is the size of a direct stream's read buffer toward the node
 // (the other direction reads through the relay's own buffer).
@@ -316,6 +321,12 @@ type clientSession struct {
 	wmu sync.Mutex    // orders the writes on ctl
 	ctl *yamux.Stream // the control stream; set by serve before any data stream
 
+	// redeemed is set once a ticket was redeemed on the session: until
+	// then it is not authenticated, and it is closed HandshakeTimeout
+	// after its control stream (serve).
+	redeemed atomic.Bool
+	refusals atomic.Int32 // refused opens (maxDirectRefusals)
+
 	mu   sync.Mutex
 	ends map[uint32]*directEnd // the data streams by yamux stream id
 	gone error                 // set once the session ended: why
@@ -352,6 +363,16 @@ func (cs *clientSession) serve(ctx context.Context) {
 		return
 	}
 	cs.ctl = ctl
+	// Not authenticated until a ticket is redeemed: a session that
+	// redeems none in time is closed, so unauthenticated sessions stay
+	// bounded by the handshake admission.
+	unproven := time.AfterFunc(c.cfg.HandshakeTimeout, func() {
+		if !cs.redeemed.Load() {
+			c.refuseDirect(directPreamble, cs.remote, fmt.Errorf("no ticket redeemed within %v of the session's start; closed", c.cfg.HandshakeTimeout))
+			cs.sess.Close()
+		}
+	})
+	defer unproven.Stop()
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
@@ -456,6 +477,10 @@ func (cs *clientSession) openData(st *yamux.Stream) {
 		c.refuseDirect(reason, cs.remote, e)
 		writeAnswer(st, c.cfg.Tunnel.WriteTimeout, e)
 		st.Close()
+		if n := cs.refusals.Add(1); n >= maxDirectRefusals {
+			c.preauth.Warn("direct client session closed after too many refused streams", "remote_addr", cs.remote, "refused", n)
+			cs.sess.Close()
+		}
 	}
 	st.SetReadDeadline(time.Now().Add(c.cfg.Tunnel.HeaderTimeout))
 	fr := protocol.NewFrameReader(st)
@@ -485,6 +510,7 @@ func (cs *clientSession) openData(st *yamux.Stream) {
 		refuse(reason, e)
 		return
 	}
+	cs.redeemed.Store(true)
 	end := &directEnd{cs: cs, st: st, id: st.StreamID(), reset: make(chan struct{}), done: make(chan struct{})}
 	cs.mu.Lock()
 	if cs.gone != nil {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go"
@@ -175,7 +176,10 @@ func TestDirectTicketRefusals(t *testing.T) {
 	if hs := hdrs.of("n1"); hs[0].Kind != protocol.KindExec || !strings.Contains(string(hs[0].Params), `"argv":["granted"]`) || len(hdrs.of("n2")) != 0 {
 		t.Fatalf("n1 got %s %s (n2 %d streams); want the authorized exec", hs[0].Kind, hs[0].Params, len(hdrs.of("n2")))
 	}
-	// Once only.
+	// Once only (on a new session: the refusals above used this one's
+	// allowance).
+	r = dialRaw(t, h, protocol.ALPNClient)
+	r.control()
 	if e, _ := r.open(protocol.FrameDirectOpen, openPayload(t, protocol.DirectOpen{Ticket: rep.Ticket})); e == nil || !strings.Contains(e.Message, "already redeemed") {
 		t.Fatalf("replayed ticket answered %v; want refused as already redeemed", e)
 	}
@@ -318,6 +322,34 @@ func TestDirectListenerKeepsProtocolsApart(t *testing.T) {
 		if e, _ := r.open(protocol.FrameDirectOpen, openPayload(t, protocol.DirectOpen{Ticket: rep.Ticket})); e != nil {
 			t.Fatalf("the ticket, after the agent connections: %v", e)
 		}
+	})
+
+	t.Run("refusals end the session", func(t *testing.T) {
+		r := dialRaw(t, h, protocol.ALPNClient)
+		r.control()
+		for i := range 8 {
+			if e, _ := r.open(protocol.FrameDirectOpen, []byte(`{}`)); e == nil {
+				t.Fatalf("open %d without a ticket was not refused", i)
+			}
+		}
+		checkFor(t, defaultTestTimeout, func() error {
+			if !r.sess.IsClosed() {
+				return errors.New("the session is still open after 8 refused opens")
+			}
+			return nil
+		})
+	})
+
+	t.Run("no ticket in time", func(t *testing.T) {
+		quick := newHarness(t, withDirect(func(c *coordinator.Config) { c.HandshakeTimeout = 300 * time.Millisecond }))
+		r := dialRaw(t, quick, protocol.ALPNClient)
+		r.control()
+		checkFor(t, defaultTestTimeout, func() error {
+			if !r.sess.IsClosed() {
+				return errors.New("a session that redeemed no ticket is still open")
+			}
+			return nil
+		})
 	})
 
 	t.Run("direct off", func(t *testing.T) {
