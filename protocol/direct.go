@@ -118,7 +118,7 @@ const MaxDirectFrame = 16 << 10
 // wrong with it.
 func ParseDirectTicket(s string) ([DirectTicketSize]byte, error) {
 	var t [DirectTicketSize]byte
-	b, err := base64.RawURLEncoding.DecodeString(s)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s) // one text per ticket
 	if err != nil {
 		return t, fmt.Errorf("ticket: not unpadded base64url: %w", err)
 	}
