@@ -68,6 +68,9 @@ type execOptions struct {
 	// once (ExecRequest.Idempotent).
 	Idempotent     bool
 	IdempotencyKey string
+	// IdempotencyKeyGiven is whether --idempotency-key was on the command
+	// line: given empty, it would silently make the job non-idempotent.
+	IdempotencyKeyGiven bool
 	// OutputLimit caps each of stdout and stderr per node, in bytes: 0
 	// means the agent's default (64 MiB), protocol.OutputUnlimited no cap.
 	OutputLimit int64
@@ -118,6 +121,9 @@ func (o *execOptions) Validate(argv []string) error {
 	}
 	if len(argv) > 0 && argv[0] == "" {
 		errs = append(errs, errors.New("the command after -- is empty"))
+	}
+	if o.IdempotencyKeyGiven && o.IdempotencyKey == "" {
+		errs = append(errs, errors.New(`--idempotency-key is empty: give a key, or leave the flag out (--idempotent alone keys the job by its id)`))
 	}
 	if o.FailFast && len(o.Commands) == 0 {
 		errs = append(errs, errors.New("--fail-fast needs -c commands"))
@@ -379,6 +385,7 @@ coordinator); 2, 130 and 143 as above.`,
   tether exec --node web-1 --detach -- ./train.sh`,
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			o.SelectorGiven = cmd.Flags().Changed("selector")
+			o.IdempotencyKeyGiven = cmd.Flags().Changed("idempotency-key")
 			if err := o.Validate(args); err != nil {
 				return usage(err)
 			}

@@ -41,6 +41,7 @@ func TestRefusedArgumentsAreUsageErrors(t *testing.T) {
 		{"job status empty id", "", []string{"job", "status", "--node", "n1", ""}, `job id ""`},
 		{"job status long id", "", []string{"job", "status", "--node", "n1", strings.Repeat("j", protocol.MaxJobIDLen+1)}, "job id"},
 		{"shell empty command", "x", []string{"shell", "n1", "--", ""}, "the command after -- is empty"},
+		{"exec empty idempotency key", "", []string{"exec", "--node", "n1", "--idempotency-key", "", "--", "true"}, "--idempotency-key is empty"},
 		{"exec empty command", "", []string{"exec", "--node", "n1", "--", ""}, "the command after -- is empty"},
 		{"shell too many arguments", "x", append([]string{"shell", "n1", "--"}, many...), "argv has 4097 entries"},
 		{"shell params over the header limit", "x", []string{"shell", "n1", "--", "echo", big}, "stream header limit of 65536 bytes"},
