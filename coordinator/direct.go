@@ -105,7 +105,9 @@ type directState struct {
 // redeemed.
 func (c *Coordinator) issueTicket(req micro.Request, g *directGrant) {
 	if c.cfg.Direct.Addr == "" {
-		c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeDirectUnavailable,
+		// Not an operation but the transport's negotiation: the relayed
+		// request the client sends next is the one audited.
+		c.replyError(unaudited(req), protocol.NewAPIError(501, protocol.ErrCodeDirectUnavailable,
 			"coordinator %s has no direct listener for client streams; relay over NATS (a stream request without direct)", c.cfg.ID))
 		return
 	}
@@ -137,13 +139,18 @@ func (c *Coordinator) issueTicket(req micro.Request, g *directGrant) {
 		return
 	}
 	// Past the audit wrapper: the reply is not the outcome.
-	raw := req
-	if a := auditOf(req); a != nil {
-		raw = a.Request
-	}
-	if err := raw.Respond(body); err != nil {
+	if err := unaudited(req).Respond(body); err != nil {
 		c.log.Warn("send direct stream reply", "node_id", g.n.id, "err", err)
 	}
+}
+
+// unaudited is req without its audit wrapper: a reply through it records
+// no event (the request's event is recorded elsewhere, or not at all).
+func unaudited(req micro.Request) micro.Request {
+	if a := auditOf(req); a != nil {
+		return a.Request
+	}
+	return req
 }
 
 // expireTicket ends ticket t's life once its TTL passed: a ticket never

@@ -134,3 +134,42 @@ func TestDirectFallback(t *testing.T) {
 		})
 	}
 }
+
+// TestDirectAudit: a stream on the direct path is audited as a relayed one
+// is, once, when it ends (its bytes counted both ways, the agent's exit
+// status), and a ticket never redeemed gets its request's event when it
+// expires (410 bad_ticket).
+func TestDirectAudit(t *testing.T) {
+	f, _ := auditFleetOpts(t, fleettest.Options{Direct: true}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	protocol.WriteFrame(st, protocol.FrameStdin, []byte("hello"))
+	protocol.WriteFrame(st, protocol.FrameStdinClose, nil)
+	st.CloseWrite()
+	if out, es := readExec(t, st); out != "hello" || es.ExitCode != 0 {
+		t.Fatalf("direct: %q, exit %d", out, es.ExitCode)
+	}
+	st.Close()
+	ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "exec"}, func(e *protocol.AuditEvent) bool { return e.Subject == protocol.SubjectStream })
+	if ev.Result != protocol.AuditOK || ev.ExitCode == nil || *ev.ExitCode != 0 || ev.Command == nil || ev.Command.Program != "cat" ||
+		ev.BytesIn < 5 || ev.BytesOut < 5 || len(ev.Nodes) != 1 || ev.Nodes[0] != "node-0" {
+		t.Errorf("direct: event %+v", ev)
+	}
+
+	// A ticket asked for and never redeemed.
+	body := mustJSON(t, protocol.StreamRequest{Node: "node-0", Kind: "exec", Params: mustJSON(t, protocol.ExecParams{Argv: []string{"never"}}), Direct: true})
+	if _, err := f.NC.Request(protocol.SubjectStream, body, defaultTestTimeout); err != nil {
+		t.Fatal(err)
+	}
+	coordinator.ExpireDirectTicketsForTest(f.Coordinator)
+	ev = auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "exec"}, func(e *protocol.AuditEvent) bool {
+		return e.Subject == protocol.SubjectStream && e.ErrorCode == protocol.ErrCodeTicket
+	})
+	if ev.Status != 410 || ev.Result != protocol.AuditError {
+		t.Errorf("unredeemed ticket: event %+v", ev)
+	}
+}
