@@ -31,6 +31,9 @@ import (
 // and the medians of the absolute values (MB/s, µs) for orientation. Run:
 //
 //	go test -run '^$' -bench BenchmarkForward -benchtime 1x ./fleettest/
+//
+// TETHER_BENCH_ONLY=direct (or nats, relay) measures that path alone, for
+// a CPU profile of it (-cpuprofile); the ratios are then meaningless.
 func BenchmarkForward(b *testing.B) {
 	rounds := benchEnv(b, "TETHER_BENCH_ROUNDS", 5)
 	bulk := int64(benchEnv(b, "TETHER_BENCH_BULK_MIB", 64)) << 20
@@ -58,6 +61,15 @@ func BenchmarkForward(b *testing.B) {
 			return s, err
 		}},
 		{"nats", func() (io.ReadWriteCloser, error) { return relayed.Dial(ctx, "node-0", "bench") }},
+	}
+	if only := os.Getenv("TETHER_BENCH_ONLY"); only != "" {
+		// For a profile of one path: no ratios then.
+		dialers = slices.DeleteFunc(dialers, func(d struct {
+			name string
+			dial func() (io.ReadWriteCloser, error)
+		}) bool {
+			return d.name != only
+		})
 	}
 	bulkOf := map[string][]float64{}
 	rttOf := map[string][]float64{}
