@@ -228,7 +228,7 @@ type DirectConfig struct {
 	// Addr is the tunnel listener's address as clients reach it,
 	// host:port; an empty host tells a client to use its NATS server's
 	// host. Empty turns the direct path off. The listener's TLS config
-	// must offer protocol.ALPNClient (and protocol.ALPNAgent) in its
+	// must offer protocol.ALPNClient (and tunnel.ALPNTunnel) in its
 	// NextProtos.
 	Addr string
 	// Pin is tunnel.CertPin of the tunnel listener's certificate, which

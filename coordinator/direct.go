@@ -28,7 +28,7 @@ import (
 // request as it would a relayed one (after forwarding it to the
 // coordinator holding the node) and issueTicket answers with a ticket
 // bound to that one authorized request. The client then connects to the
-// tunnel listener with ALPN tether-client/1 (dispatchALPN), runs one yamux
+// tunnel listener with ALPN tether-client/1 (dispatchClient), runs one yamux
 // session (clientSession) and opens a data stream per operation, whose
 // first frame carries the ticket; redeem spends it once, and the stream
 // becomes the client's end (directEnd) of an ordinary relay (relay.go), so
@@ -40,7 +40,6 @@ import (
 // Reasons of tether_coordinator_direct_refusals_total.
 const (
 	directOff      = "direct_off"
-	directALPN     = "alpn"
 	directPreamble = "bad_preamble"
 	directBadTkt   = "bad_ticket"
 	directUnknown  = "unknown_ticket"
@@ -48,7 +47,7 @@ const (
 	directReused   = "reused_ticket"
 )
 
-var directRefusalReasons = []string{directOff, directALPN, directPreamble, directBadTkt, directUnknown, directExpired, directReused}
+var directRefusalReasons = []string{directOff, directPreamble, directBadTkt, directUnknown, directExpired, directReused}
 
 // directForget is how long a ticket is remembered after its expiry, so a
 // late or replayed redemption is told "expired" or "already redeemed"
@@ -246,23 +245,16 @@ func (c *Coordinator) refuseDirect(reason, remote string, err error) {
 		"reason", reason, "remote_addr", remote, "err", err)
 }
 
-// dispatchALPN hands a TLS connection whose handshake is done to the
-// protocol its peer negotiated: an agent's (no ALPN protocol, or
-// protocol.ALPNAgent) goes on in serveConn (handled false); a client's
-// direct session (protocol.ALPNClient) is served by serveClientConn, whose
-// rest of life is returned with handled true. Kept apart so that other
-// transports on the port add their own case.
-func (c *Coordinator) dispatchALPN(ctx context.Context, ac *agentConn, tc *tls.Conn) (rest func(), handled bool) {
-	switch p := tc.ConnectionState().NegotiatedProtocol; p {
-	case "", protocol.ALPNAgent:
+// dispatchClient hands a TLS connection whose handshake is done and that
+// negotiated protocol.ALPNClient to the client's direct session
+// (serveClientConn), whose rest of life it returns with handled true; every
+// other connection (an agent's, on any transport: dispatchALPN) goes on in
+// serveConn, handled false.
+func (c *Coordinator) dispatchClient(ctx context.Context, ac *agentConn, tc *tls.Conn) (rest func(), handled bool) {
+	if tc.ConnectionState().NegotiatedProtocol != protocol.ALPNClient {
 		return nil, false
-	case protocol.ALPNClient:
-		return c.serveClientConn(ctx, ac), true
-	default:
-		c.refuseDirect(directALPN, ac.conn.RemoteAddr().String(), fmt.Errorf("ALPN protocol %q is not served on the tunnel listener", p))
-		ac.conn.Close()
-		return nil, true
 	}
+	return c.serveClientConn(ctx, ac), true
 }
 
 // clientTunnel is the yamux configuration of client sessions: the agents'
@@ -360,7 +352,7 @@ func (cs *clientSession) serve(ctx context.Context) {
 	ctl.SetReadDeadline(time.Time{})
 	if err == nil && f.Type != protocol.FrameDirectControl {
 		err = fmt.Errorf("first frame is %s, want %s: a connection that negotiated ALPN %s speaks the direct client protocol (agents connect without ALPN, or with %s)",
-			f.Type, protocol.FrameDirectControl, protocol.ALPNClient, protocol.ALPNAgent)
+			f.Type, protocol.FrameDirectControl, protocol.ALPNClient, tunnel.ALPNTunnel)
 	}
 	if err != nil {
 		c.refuseDirect(directPreamble, cs.remote, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // rawDirect is a client of the direct protocol written by hand, so that it
@@ -296,7 +297,7 @@ func TestDirectListenerKeepsProtocolsApart(t *testing.T) {
 		if e != nil {
 			t.Fatal(e)
 		}
-		for _, alpn := range []string{"", protocol.ALPNAgent} {
+		for _, alpn := range []string{"", tunnel.ALPNTunnel} {
 			r := dialRaw(t, h, alpn)
 			st, err := r.sess.OpenStream()
 			if err != nil {

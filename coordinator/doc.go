@@ -56,6 +56,14 @@
 // The session's accept backlog is one, so yamux resets any further stream an
 // agent opens instead of buffering it.
 //
+// The WebSocket transport (websocket.go) shares the port: a TLS handshake
+// that negotiated ALPN http/1.1 is handed, from the same goroutine and
+// within the same handshake deadline and admission place, to the one HTTP
+// server of WebSocket dials, which upgrades GET tunnel.WebSocketPath (404
+// for anything else) and hands the connection back; the session and
+// handshake then run over it exactly as over raw TLS, with the TLS client
+// certificate as the agent's identity.
+//
 // The registry holds connected nodes only. Reconnects are counted from the
 // agent's own count (Hello.Reconnects) and from replaced live sessions.
 //
@@ -149,7 +157,9 @@
 //
 // # Goroutines
 //
-//   - the accept loop, started by Serve;
+//   - the accept loop, started by Serve; the HTTP server of WebSocket
+//     dials (its Serve loop, and one per connection until it is upgraded
+//     or answered), stopped by the drain;
 //   - one per agent connection (handshake, then heartbeat reader);
 //   - one per running job, plus one per node of the job while it runs, plus
 //     the job's keeper (keepalives, probes, the client's heartbeats);

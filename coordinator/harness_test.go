@@ -144,8 +144,9 @@ func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*c
 	}
 	// As the tether binary does: agents with a node certificate present
 	// it (identity_test.go); the others do not.
+	srvTLS = tunnel.ServeALPN(srvTLS)
+	srvTLS.NextProtos = append(srvTLS.NextProtos, protocol.ALPNClient)
 	srvTLS = tunnel.RequestClientCert(srvTLS)
-	srvTLS.NextProtos = []string{protocol.ALPNAgent, protocol.ALPNClient}
 	leaf, err := x509.ParseCertificate(srvTLS.Certificates[0].Certificate[0])
 	if err != nil {
 		t.Fatal(err)
@@ -385,6 +386,7 @@ type agentOpts struct {
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	localIP      string            // source address to dial from; default any
 	clientCert   *tls.Certificate  // TLS client certificate (identity_test.go); default none
+	ws           bool              // dial the WebSocket transport instead of raw TLS
 	sshHostKey   []byte            // Hello.SSHHostKey
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
@@ -439,7 +441,14 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 	var conn net.Conn
 	var err error
 	for {
-		if o.clientCert != nil {
+		if o.ws {
+			cfg := h.clientTLS.Clone()
+			if o.clientCert != nil {
+				cfg.Certificates = []tls.Certificate{*o.clientCert}
+			}
+			d := tunnel.WebSocketDialer{TLS: cfg}
+			conn, err = d.Dial(dctx, h.addr)
+		} else if o.clientCert != nil {
 			cfg := h.clientTLS.Clone()
 			cfg.Certificates = []tls.Certificate{*o.clientCert}
 			conn, err = tunnel.DialTLS(dctx, h.addr, cfg)

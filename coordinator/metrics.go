@@ -135,7 +135,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		directRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_coordinator_direct_refusals_total",
-			Help: "Connections and streams refused on the direct data path for clients (ALPN tether-client/1 on the tunnel listener), by reason: direct_off (no direct listener configured), alpn (an ALPN protocol the listener does not speak), bad_preamble (a first frame that is not the direct protocol's, e.g. an agent's hello), bad_ticket (missing or malformed), unknown_ticket, expired_ticket, reused_ticket.",
+			Help: "Connections and streams refused on the direct data path for clients (ALPN tether-client/1 on the tunnel listener), by reason: direct_off (no direct listener configured), bad_preamble (a first frame that is not the direct protocol's, e.g. an agent's hello), bad_ticket (missing or malformed), unknown_ticket, expired_ticket, reused_ticket.",
 		}, []string{"reason"}),
 		directStreams: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_coordinator_direct_streams_total",

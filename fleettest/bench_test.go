@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/caller"
@@ -133,7 +134,19 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 		child.waitCount(b, idleAgents)
 		reportPerConn(b, base, child.rss(b))
 	})
-	b.Run("tether-coordinator", func(b *testing.B) {
+	for _, transport := range []string{agent.TransportTLS, agent.TransportWebSocket} {
+		name := "tether-coordinator"
+		if transport != agent.TransportTLS {
+			name += "-" + transport
+		}
+		b.Run(name, func(b *testing.B) { benchIdleCoordinator(b, transport) })
+	}
+}
+
+// benchIdleCoordinator measures a coordinator child's memory per idle
+// agent whose tunnel uses transport.
+func benchIdleCoordinator(b *testing.B, transport string) {
+	{
 		child := startChild(b, "coordinator")
 		creds, err := natsauth.ReadCreds(child.credsFile)
 		if err != nil {
@@ -145,7 +158,9 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 		}
 		defer nc.Close()
 		base := child.rss(b)
-		fleettest.Dial(b, child.addr, child.tls, child.token, idleAgents)
+		fleettest.DialWith(b, child.addr, child.tls, child.token, idleAgents, func(_ int, c *agent.Config) {
+			c.Transports = []string{transport}
+		})
 		cl := client.New(nc)
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
@@ -161,7 +176,7 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 		// Let every agent finish its first heartbeat, then measure.
 		time.Sleep(2 * time.Second)
 		reportPerConn(b, base, child.rss(b))
-	})
+	}
 }
 
 func reportPerConn(b *testing.B, before, after int64) {
@@ -334,7 +349,9 @@ func childCoordinator() {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { serveChildCommands(); cancel() }()
 	fmt.Printf("READY %s %s %s %s\n", ln.Addr(), ns.ClientURL(), cfg.Token, credsFile)
-	c.Serve(ctx, tls.NewListener(ln, srvTLS))
+	// As the tether binary offers it: ALPN http/1.1 reaches the
+	// WebSocket transport.
+	c.Serve(ctx, tls.NewListener(ln, tunnel.ServeALPN(srvTLS)))
 	nc.Close()
 	ns.Shutdown()
 }

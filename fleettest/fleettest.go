@@ -230,9 +230,11 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		tb.Fatal(err)
 	}
 	cliTLS.ServerName = "localhost"
-	// As tether coordinator does: agents offer no ALPN protocol, clients'
-	// direct sessions tether-client/1.
-	srvTLS.NextProtos = []string{protocol.ALPNAgent, protocol.ALPNClient}
+	// As tether coordinator does: agents offer no ALPN protocol, tether/1,
+	// or http/1.1 (the WebSocket transport); clients' direct sessions
+	// tether-client/1.
+	srvTLS = tunnel.ServeALPN(srvTLS)
+	srvTLS.NextProtos = append(srvTLS.NextProtos, protocol.ALPNClient)
 	leaf, err := x509.ParseCertificate(srvTLS.Certificates[0].Certificate[0])
 	if err != nil {
 		tb.Fatal(err)
@@ -443,7 +445,15 @@ func (f *Fleet) startAgentHosts(tb testing.TB, caFile string) {
 // to register. They stop when the test ends.
 func Dial(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int) *Fleet {
 	tb.Helper()
+	return DialWith(tb, addr, clientTLS, token, n, nil)
+}
+
+// DialWith is Dial with each agent's config adjusted by mutate, if not
+// nil, as Options.Agent does (e.g. its Transports).
+func DialWith(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int, mutate func(i int, c *agent.Config)) *Fleet {
+	tb.Helper()
 	f := &Fleet{TunnelAddr: addr, ClientTLS: clientTLS, token: token}
+	f.opts.Agent = mutate
 	f.opts.NodeID = func(i int) string { return fmt.Sprintf("node-%d", i) }
 	f.opts.Labels = func(i int) map[string]string { return map[string]string{"index": fmt.Sprint(i)} }
 	f.opts.Logger = slog.New(slog.DiscardHandler)

@@ -412,6 +412,10 @@ type NodeInfo struct {
 	// Targets names the local targets the agent dials (Hello.Targets), e.g.
 	// "openshell", "opensandbox".
 	Targets []string `json:"targets,omitempty"`
+	// Transport is how the agent's tunnel reached the coordinator: "tls"
+	// (raw TLS) or "wss" (the WebSocket transport, perhaps through an HTTP
+	// proxy). Empty from coordinators that predate it.
+	Transport string `json:"transport,omitempty"`
 }
 
 // NodesResponse is the reply to SubjectNodes: one page of the matching

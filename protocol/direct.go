@@ -12,8 +12,8 @@ import (
 // on SubjectStream; the coordinator that holds the node authorizes it as it
 // would a relayed stream and answers with a DirectStreamReply. The data
 // goes over the coordinator's own TLS tunnel listener, to which the client
-// connects with the ALPN protocol ALPNClient (agents offer none, or
-// ALPNAgent), verifying the certificate against the reply's Pin. Over that
+// connects with the ALPN protocol ALPNClient (agents offer none,
+// tether/1 or http/1.1), verifying the certificate against the reply's Pin. Over that
 // connection the client runs one yamux session (the client opens every
 // stream), whose streams begin with one frame:
 //
@@ -34,14 +34,10 @@ import (
 // answer) are the control stream's messages, so they overtake the bytes
 // queued in the data stream.
 
-// ALPN protocol names of the coordinator's tunnel listener.
-const (
-	// ALPNAgent is an agent's tunnel (the agent protocol). Agents that
-	// offer no ALPN protocol speak it too.
-	ALPNAgent = "tether/1"
-	// ALPNClient is a client's direct data session.
-	ALPNClient = "tether-client/1"
-)
+// ALPNClient is the ALPN protocol of a client's direct data session on the
+// coordinator's tunnel listener (agents offer none, tunnel.ALPNTunnel, or
+// tunnel.ALPNHTTP for the WebSocket transport).
+const ALPNClient = "tether-client/1"
 
 // DirectTicketSize is the size of a direct stream ticket, in random bytes
 // (its text is their unpadded base64url encoding, 43 characters).

@@ -175,7 +175,8 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		cc = ic
 	}
 	if coalesce {
-		cc = &coalesceConn{Conn: cc, cork: corkOf(conn)}
+		fw, _ := conn.(frameWriter)
+		cc = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw}
 	}
 	var (
 		y   *yamux.Session

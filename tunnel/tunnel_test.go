@@ -31,6 +31,7 @@ func transports(t *testing.T) map[string]func() (client, server net.Conn) {
 		"pipe": func() (net.Conn, net.Conn) { return net.Pipe() },
 		"tcp":  func() (net.Conn, net.Conn) { return tcpPair(t) },
 		"tls":  func() (net.Conn, net.Conn) { return tlsPair(t) },
+		"wss":  func() (net.Conn, net.Conn) { return wsPair(t) },
 	}
 }
 

@@ -344,7 +344,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the join token, dev PKI and embedded NATS store")
-	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS)")
+	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS; also WebSocket, GET "+tunnel.WebSocketPath+" with ALPN http/1.1)")
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
 	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --listen address as clients reach it, for their streams' direct data path (default: --listen's host and bound port; "off": streams are relayed over NATS)`)
 	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
@@ -732,11 +732,11 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	// Agents with a node certificate present it; the coordinator checks
 	// it (coordinator/identity.go).
-	lnTLS := tunnel.RequestClientCert(tlsCfg)
-	// Agents offer no ALPN protocol (or tether/1); clients' direct
-	// sessions offer tether-client/1 (coordinator: dispatchALPN).
-	lnTLS.NextProtos = []string{protocol.ALPNAgent, protocol.ALPNClient}
-	cs.tunnelLn = tunnel.NewListener(rawLn, lnTLS)
+	// ALPN http/1.1 reaches the WebSocket transport on the same port, and
+	// tether-client/1 clients' direct sessions (coordinator: dispatchClient).
+	lnTLS := tunnel.ServeALPN(tlsCfg)
+	lnTLS.NextProtos = append(lnTLS.NextProtos, protocol.ALPNClient)
+	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(lnTLS))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil
