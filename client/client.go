@@ -115,6 +115,16 @@ type Client struct {
 	// KeepAliveTimeout. Zero means DefaultFateCheckAfter; negative turns
 	// the checks off.
 	FateCheckAfter time.Duration
+	// Direct selects how OpenStream carries streams (direct.go): the zero
+	// value, DirectAuto, uses the coordinator's tunnel listener when it
+	// can and relays over NATS otherwise.
+	Direct DirectMode
+	// DirectDialTimeout bounds the dial and TLS handshake with a
+	// coordinator's tunnel listener. Zero means DefaultDirectDialTimeout.
+	DirectDialTimeout time.Duration
+
+	// direct is the cached direct sessions; Close releases them.
+	direct directClient
 
 	// replies is the one reply subscription of all exec requests on NC
 	// (see replyMux), made on first use under repliesMu; a copy of the

@@ -272,6 +272,9 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) (rest func()
 		if pc := tc.ConnectionState().PeerCertificates; len(pc) > 0 {
 			ac.peer = pc[0]
 		}
+		if rest, handled := c.dispatchClient(ctx, ac, tc); handled {
+			return rest
+		}
 		if conn, transport, err = c.dispatchALPN(ctx, tc, deadline); err != nil {
 			if failed() {
 				c.transportRefused(err, transport, log)

@@ -73,6 +73,9 @@ type Coordinator struct {
 	connWG sync.WaitGroup // one per agent connection goroutine
 	jobWG  sync.WaitGroup // one per running job goroutine
 	relays relaySet       // running stream relays (relay.go)
+	// direct holds the direct data path's tickets and client sessions
+	// (direct.go); it has its own lock.
+	direct directState
 	// auditQueries counts the audit queries being read (audit.go).
 	auditQueries int
 	svc          micro.Service // set while serving
@@ -236,6 +239,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 	ln.Close()
 	<-acceptDone
 	c.ws.close(true)
+	c.closeDirect()           // no more tickets; client sessions get GoAway
 	c.drainSessions(sessions) // drain hints (staggered), then GoAway
 	if err := svc.Stop(); err != nil {
 		c.log.Warn("stop micro service", "err", err)
