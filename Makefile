@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        bench-ssh bench-reconnect docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
+        bench-ssh bench-forward bench-startup bench-reconnect docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -113,6 +113,15 @@ bench-ssh: build ## OpenSSH via Tether vs a loopback sshd: interleaved rounds, m
 	@# Not in `make test`: it measures, and takes minutes. The tether under test is
 	@# bin/tether (no -race); sshd is Debian's /usr/sbin/sshd, run as you on loopback.
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestSSHBenchmark$$' -v \
+		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
+
+bench-forward: build ## tether forward (direct, NATS) vs ssh -L aes128-gcm vs a 2-hop io.Copy relay: interleaved rounds, median ratios (FWDBENCH_ROUNDS, FWDBENCH_BULK_MIB, FWDBENCH_ECHOES)
+	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestForwardBenchmark$$' -v \
+		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN)
+
+bench-startup: build ## whole processes: tether version vs /bin/true, tether exec vs ssh through a ControlMaster (STARTBENCH_ROUNDS, STARTBENCH_RUNS; BASE=old/tether adds it beside)
+	@# Not in `make test`: it measures. Needs Debian's openssh-client and openssh-server.
+	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestStartupBenchmark$$' -v \
 		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
 
 # `make bench-reconnect` settings (see README, Development).

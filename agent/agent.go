@@ -46,6 +46,8 @@ type Agent struct {
 	dataWriteTimeout time.Duration
 	// jobs are the shims of the detached jobs this agent started (jobs.go).
 	jobs jobTable
+	// lastTransport is the transport that last connected (transport.go).
+	lastTransport atomic.Pointer[string]
 	// self is this agent process's identity, read once (orphans.go).
 	selfOnce sync.Once
 	self     procIdentity
@@ -162,16 +164,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		c := DetectCapacity(ctx)
 		capacity = &c
 	}
-	a.log.Info("agent starting", "coordinators", a.cfg.Coordinators, "labels", a.cfg.Labels,
+	a.log.Info("agent starting", "coordinators", a.cfg.Coordinators, "transports", a.cfg.Transports, "labels", a.cfg.Labels,
 		"cpus", capacity.CPUs, "memory_bytes", capacity.MemoryBytes, "gpus", capacity.GPUs,
 		"gpu_model", capacity.GPUModel, "version", a.cfg.Version, "data_dir", a.cfg.DataDir, "targets", a.targetNames)
 
-	dial := a.cfg.Dial
-	if dial == nil {
+	// Each transport gets the handshake timeout of its own
+	// (dialTransports); a test's Dial gets one in all.
+	dial := a.dialTransports
+	if a.cfg.Dial != nil {
 		dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			// Built per dial: the certificate, once there is one, and
-			// the CA pinned at enrollment (identity.go).
-			return tunnel.DialTLS(ctx, addr, a.tlsConfig())
+			dctx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
+			defer cancel()
+			return a.cfg.Dial(dctx, addr)
 		}
 	}
 	hello := protocol.Hello{
@@ -197,14 +201,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		Resolve:    lookup,
 		Seed:       seed,
 		RefusedMax: a.cfg.RefusedMax,
-		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
-			dctx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
-			defer cancel()
-			return dial(dctx, addr)
-		},
-		Backoff: a.cfg.Backoff,
-		Logger:  a.log,
-		OnRetry: func(int, error) { a.m.reconnects.Inc() },
+		Dial:       dial,
+		Backoff:    a.cfg.Backoff,
+		Logger:     a.log,
+		OnRetry:    func(int, error) { a.m.reconnects.Inc() },
 	}
 	// The reporter of detached jobs' ends (jobreport.go) lives as long as
 	// the sessions do.
@@ -277,6 +277,7 @@ func (a *Agent) advertisedTargets() []string {
 // own (Agent.drained, which Run waits for) until its streams in flight
 // ended and the coordinator closed it, or ctx is done.
 func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *protocol.Hello) error {
+	transport := a.dialedTransport()
 	sess, err := tunnel.Client(conn, a.cfg.Tunnel)
 	if err != nil {
 		return fmt.Errorf("agent %s: tunnel to %s: %w", a.cfg.NodeID, addr, err)
@@ -306,7 +307,7 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		defer close(done)
 		defer release()
 		defer a.guard.Recover("session", func(*panics.Error) { sess.Close() })
-		a.runSession(ctx, sess, ctl, welcome, addr, hello, drains)
+		a.runSession(ctx, sess, ctl, welcome, addr, transport, hello, drains)
 	}()
 	select {
 	case <-done:
@@ -323,7 +324,7 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 
 // runSession serves an established session (serve) until it ends or ctx
 // is done; a Drain read on its control stream goes to drains.
-func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux.Stream, welcome *protocol.Welcome, addr string, hello *protocol.Hello, drains chan<- protocol.Drain) {
+func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux.Stream, welcome *protocol.Welcome, addr, transport string, hello *protocol.Hello, drains chan<- protocol.Drain) {
 	interval := welcome.HeartbeatInterval()
 	if interval <= 0 {
 		interval = defaultHeartbeat
@@ -337,13 +338,15 @@ func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux
 		defer a.reports.cur.CompareAndSwap(rs, nil)
 	}
 	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
-	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval)
+	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval, "transport", transport)
 	if a.live.Add(1) == 1 {
 		a.m.connected.Set(1)
 	}
+	a.setTransportMetric(transport)
 	defer func() {
 		if a.live.Add(-1) == 0 {
 			a.m.connected.Set(0)
+			a.setTransportMetric("")
 		}
 	}()
 

@@ -398,6 +398,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bad tunnel config", func(c *Config) { c.Tunnel = tunnel.Config{MaxStreamWindow: 1} }, []string{"Tunnel"}},
 		{"ssh accept env names and prefixes", func(c *Config) { c.SSHAcceptEnv = []string{"GOOD", "PRE_*"} }, nil},
 		{"ssh accept env", func(c *Config) { c.SSHAcceptEnv = []string{"GOOD", "PRE_*", "A=B", "*", "X*Y*"} }, []string{`"A=B"`, `"*"`, `"X*Y*"`}},
+		{"transports", func(c *Config) { c.Transports = []string{"wss", "tls"} }, nil},
+		{"bad transports", func(c *Config) { c.Transports = []string{"wss", "quic", "wss"} }, []string{`"quic" is not a transport`, `"wss" is listed twice`}},
 		{"dial hook replaces TLS", func(c *Config) {
 			c.TLS = nil
 			c.Dial = func(context.Context, string) (net.Conn, error) { return nil, errors.New("x") }
@@ -505,5 +507,22 @@ func TestParseGPUNames(t *testing.T) {
 		if n != tt.wantN || model != tt.wantModel {
 			t.Errorf("parseGPUNames(%q) = %d %q, want %d %q", tt.in, n, model, tt.wantN, tt.wantModel)
 		}
+	}
+}
+
+// TestTransportOrder: transports are tried in the configured order, but the
+// one that last connected comes first.
+func TestTransportOrder(t *testing.T) {
+	a := &Agent{cfg: Config{Transports: []string{TransportTLS, TransportWebSocket}}}
+	if got := a.transportOrder(); !slices.Equal(got, []string{"tls", "wss"}) {
+		t.Errorf("before any connection: %v", got)
+	}
+	w := TransportWebSocket
+	a.lastTransport.Store(&w)
+	if got := a.transportOrder(); !slices.Equal(got, []string{"wss", "tls"}) {
+		t.Errorf("after wss connected: %v, want it first", got)
+	}
+	if got := a.cfg.Transports; !slices.Equal(got, []string{"tls", "wss"}) {
+		t.Errorf("the configured order changed: %v", got)
 	}
 }

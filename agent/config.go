@@ -57,6 +57,28 @@ type Config struct {
 	// coordinator in the node's own zone first) instead of spreading by
 	// node id. Default false.
 	CoordinatorsInOrder bool
+	// Transports are how the agent reaches each coordinator address, in
+	// the order tried: TransportTLS ("tls", raw TLS) and TransportWebSocket
+	// ("wss": WebSocket over TLS to the same port, path WebSocketPath,
+	// through the CONNECT proxy Proxy picks). Both present the same node
+	// certificate and verify the coordinator's the same way. After a
+	// failed dial the next transport is tried at once; the one that last
+	// connected is tried first. Empty means ["tls"].
+	Transports []string
+	// Proxy picks the HTTP CONNECT proxy of "wss" dials, for the
+	// coordinator's host:port. Nil means tunnel.ProxyFromEnvironment
+	// (HTTPS_PROXY, NO_PROXY), read once by New.
+	Proxy tunnel.ProxyFunc
+	// WebSocketPath is the path "wss" dials upgrade. Empty means
+	// tunnel.WebSocketPath, the coordinator's.
+	WebSocketPath string
+	// WebSocketPing is how long a "wss" connection may go without a write
+	// before it sends a WebSocket ping (tunnel.WebSocketDialer
+	// PingInterval): keep it below the proxy's idle timeout. With the
+	// session's own keepalive on (Tunnel.KeepAliveInterval, every 5 s by
+	// default) the pings are rarely needed. Zero means
+	// tunnel.DefaultPingInterval (15 s); negative, none.
+	WebSocketPing time.Duration
 	// LookupHost resolves the host names of Coordinators into addresses,
 	// again each time the agent went through them all. Nil means
 	// net.DefaultResolver.LookupHost. Test hook.
@@ -197,8 +219,8 @@ type Config struct {
 	// (never prometheus.DefaultRegisterer).
 	Registerer prometheus.Registerer
 	// Dial opens a connection to a coordinator address. Nil means
-	// tunnel.DialTLS with TLS. Test hook: tests may dial plain TCP or
-	// inject failures.
+	// Transports, with TLS. Test hook: tests may dial plain TCP or inject
+	// failures.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
@@ -291,6 +313,13 @@ func (c Config) withDefaults() Config {
 			c.CopyRoots = []string{dir}
 		}
 	}
+	c.Transports = slices.Clone(c.Transports)
+	if len(c.Transports) == 0 {
+		c.Transports = []string{TransportTLS}
+	}
+	if c.Proxy == nil {
+		c.Proxy = tunnel.ProxyFromEnvironment()
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -332,6 +361,7 @@ func (c *Config) Validate() error {
 	if c.SharedToken && strings.TrimSpace(c.Token) == "" {
 		errs = append(errs, errors.New("agent config: Token: SharedToken needs the shared token"))
 	}
+	errs = append(errs, validateTransports(c.Transports)...)
 	if c.TLS == nil && c.Dial == nil {
 		errs = append(errs, errors.New("agent config: TLS: a client TLS configuration is required"))
 	}

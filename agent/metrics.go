@@ -11,6 +11,7 @@ import (
 type metrics struct {
 	reconnects   prometheus.Counter
 	connected    prometheus.Gauge
+	transport    *prometheus.GaugeVec // by transport; 1 for the live session's
 	streams      *prometheus.CounterVec
 	execsRunning prometheus.Gauge
 	execDuration prometheus.Histogram
@@ -52,6 +53,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tether_agent_tunnel_connected",
 			Help: "1 while a tunnel session is established and welcomed by a coordinator, else 0.",
 		}),
+		transport: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tether_agent_tunnel_transport",
+			Help: "1 for the transport of the live tunnel session (tls: raw TLS; wss: WebSocket, perhaps through an HTTP proxy), 0 for the others.",
+		}, []string{"transport"}),
 		streams: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_agent_streams_total",
 			Help: "Streams opened by the coordinator, by kind.",
@@ -121,6 +126,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, k := range protocol.Kinds() {
 		m.streams.WithLabelValues(k.String())
+	}
+	for _, t := range knownTransports {
+		m.transport.WithLabelValues(t)
 	}
 	return m
 }

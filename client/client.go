@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -54,7 +55,7 @@ func (e *silentError) Is(target error) bool { return target == ErrCoordinatorSil
 // replies and Exec reports the sequence gap.
 const (
 	execPendingMsgs  = -1        // no limit on the number of replies
-	execPendingBytes = 256 << 20 // 256 MiB of buffered replies
+	execPendingBytes = 256 << 20 // 256 MiB of buffered replies (per request)
 )
 
 // OutputHandler receives one chunk of a node's output. stream is
@@ -114,7 +115,52 @@ type Client struct {
 	// KeepAliveTimeout. Zero means DefaultFateCheckAfter; negative turns
 	// the checks off.
 	FateCheckAfter time.Duration
+	// Direct selects how OpenStream carries streams (direct.go): the zero
+	// value, DirectAuto, uses the coordinator's tunnel listener when it
+	// can and relays over NATS otherwise.
+	Direct DirectMode
+	// DirectDialTimeout bounds the dial and TLS handshake with a
+	// coordinator's tunnel listener. Zero means DefaultDirectDialTimeout.
+	DirectDialTimeout time.Duration
+
+	// direct is the cached direct sessions; Close releases them.
+	direct directClient
+
+	// replies is the one reply subscription of all exec requests on NC
+	// (see replyMux), made on first use under repliesMu; a copy of the
+	// Client shares it. perRequest makes each request subscribe on its
+	// own instead, as before it (for the benchmark that compares them).
+	replies    *replyMux
+	perRequest bool
 }
+
+// replySub is an exec request's replies: its queue on the shared reply
+// subscription, or with perRequest a subscription of its own.
+func (c *Client) replySub() (replySource, error) {
+	if c.perRequest {
+		inbox := c.NC.NewInbox()
+		sub, err := c.NC.SubscribeSync(inbox)
+		if err != nil {
+			return nil, fmt.Errorf("subscribe to replies: %w", err)
+		}
+		if err := sub.SetPendingLimits(execPendingMsgs, execPendingBytes); err != nil {
+			sub.Unsubscribe()
+			return nil, fmt.Errorf("set reply limits: %w", err)
+		}
+		return ownReplies{sub}, nil
+	}
+	repliesMu.Lock()
+	if c.replies == nil || c.replies.nc != c.NC {
+		c.replies = &replyMux{nc: c.NC}
+	}
+	m := c.replies
+	repliesMu.Unlock()
+	return m.open(execPendingBytes)
+}
+
+// repliesMu guards every Client's replies field: a Client is a struct
+// callers copy (and fill in as a literal), so it cannot hold a lock.
+var repliesMu sync.Mutex
 
 // New returns a Client using nc with default timeouts.
 func New(nc *nats.Conn) *Client { return &Client{NC: nc} }
@@ -225,16 +271,12 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 		onResult = func(*protocol.NodeResult) {}
 	}
 
-	inbox := c.NC.NewInbox()
-	sub, err := c.NC.SubscribeSync(inbox)
+	sub, err := c.replySub()
 	if err != nil {
-		return nil, fmt.Errorf("exec job %s: subscribe to replies: %w", req.ID, err)
+		return nil, fmt.Errorf("exec job %s: %w", req.ID, err)
 	}
-	defer sub.Unsubscribe()
-	if err := sub.SetPendingLimits(execPendingMsgs, execPendingBytes); err != nil {
-		return nil, fmt.Errorf("exec job %s: set reply limits: %w", req.ID, err)
-	}
-	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: inbox, Data: body}); err != nil {
+	defer sub.Close()
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: sub.subject(), Data: body}); err != nil {
 		return nil, fmt.Errorf("exec job %s: publish request: %w", req.ID, err)
 	}
 	// The flush round trip orders a possible 503 "no responders" status

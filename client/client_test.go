@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/natsauth"
@@ -50,6 +51,22 @@ func acceptPipe(nc *nats.Conn, m *nats.Msg) (*natspipe.Pipe, error) {
 		return nil, err
 	}
 	return natspipe.AcceptOn(nc, local, m.Reply, nil, natspipe.Config{})
+}
+
+// refuseDirect answers a stream request for the direct path as a
+// coordinator without a direct listener does (501 direct_unavailable), and
+// reports whether it did: the fakes relay over NATS only.
+func refuseDirect(m *nats.Msg) bool {
+	var req protocol.StreamRequest
+	if json.Unmarshal(m.Data, &req) != nil || !req.Direct {
+		return false
+	}
+	r := nats.NewMsg(m.Reply)
+	r.Header.Set(micro.ErrorCodeHeader, "501")
+	r.Header.Set(micro.ErrorHeader, "no direct listener")
+	r.Data, _ = json.Marshal(protocol.NewAPIError(501, protocol.ErrCodeDirectUnavailable, "coordinator fake has no direct listener"))
+	m.RespondMsg(r)
+	return true
 }
 
 // fake is a scripted stand-in for the coordinator's micro service. Its

@@ -9,7 +9,10 @@
 // inbox prefix (natsauth.Creds.Options, e.g. from ReadCreds of a .creds
 // file): NATS admits no anonymous client, and a client user may receive
 // replies under its own prefix only. Each call's reply inbox comes from
-// the connection (nc.NewInbox), so it gets that prefix.
+// the connection (nc.NewInbox), so it gets that prefix. Exec requests of
+// a Client share one subscription, INBOX.* (replies.go), each request
+// replying to INBOX.<n>: a subscription per request cost a SUB and an
+// UNSUB per exec.
 //
 // # Exec and its waits
 //
@@ -50,6 +53,16 @@
 // command's own pace as flow control; its output and result come in the
 // same shapes as ExecWith's.
 //
+// # The direct data path
+//
+// OpenStream (and Dial, SSH, ExecStream on it) asks for a ticket over NATS
+// and opens the stream on the coordinator's own tunnel listener (ALPN
+// tether-client/1, the certificate checked against the pin of the ticket's
+// reply), on one yamux session per coordinator listener, kept by the
+// Client for all its streams and released by Close; when the listener
+// cannot be reached, or the coordinator has none, it relays over NATS
+// (Client.Direct: DirectAuto, DirectOff, DirectOnly; direct.go).
+//
 // # Goroutines and concurrency
 //
 // nats.go delivers messages on its connection's reader goroutine into a
@@ -57,12 +70,18 @@
 // ExecStream starts one goroutine that copies stdin to the stream (its
 // cancel is the pipe's reset, sent without one), and returns once it ended, except a stdin copier
 // blocked in a Read that cannot be interrupted (see ExecStream); natspipe
-// runs its own. Nothing else starts goroutines. A Client is safe for
-// concurrent use; each call uses its own reply inbox.
+// runs its own. Each direct session has one reader of its control stream,
+// ended by the session's end or Close, and yamux's own loops. Nothing else
+// starts goroutines. A Client is safe for concurrent use (but not to copy:
+// it holds its direct sessions); each call uses its own reply inbox.
+//
+// Locks: directClient.mu, directSession.mu and directStream.mu are leaf
+// locks, never held during I/O; directSession.wmu is held while one frame
+// is written on its control stream.
 //
 // # Imports
 //
-// client depends on protocol and nats.go only. It must not import agent,
-// coordinator or tunnel: a job submitter needs none of them, and the
+// client depends on protocol, natspipe, nats.go and tunnel (the direct
+// path's transport). It must not import agent or coordinator, and the
 // dependency test in cmd/internal/repocheck enforces it.
 package client

@@ -24,6 +24,9 @@ func fakeExecAgent(t *testing.T, nc *nats.Conn, agent func(p *natspipe.Pipe, par
 	got := make(chan protocol.ExecParams, 4)
 	var wg sync.WaitGroup
 	sub, err := nc.Subscribe(protocol.SubjectStream, func(m *nats.Msg) {
+		if refuseDirect(m) {
+			return
+		}
 		var req protocol.StreamRequest
 		var params protocol.ExecParams
 		if err := json.Unmarshal(m.Data, &req); err != nil || json.Unmarshal(req.Params, &params) != nil {

@@ -13,26 +13,50 @@ import (
 	"github.com/tetherfleet/tether/protocol"
 )
 
-// Stream is a tunnel stream to an agent, relayed by the coordinator over a
-// NATS pipe (tether.v1.stream). Its bytes are the stream kind's frames:
+// Stream is a tunnel stream to an agent: on the direct path, a yamux
+// stream on the coordinator's own tunnel listener spliced onto the node's
+// tunnel stream (direct.go); else relayed by the coordinator over a NATS
+// pipe (tether.v1.stream). Its bytes are the stream kind's frames:
 // protocol.WriteFrame and protocol.NewFrameReader work on it. Read and Write
 // may be used from two goroutines at once; Close may be called from any.
 type Stream struct {
-	p    *natspipe.Pipe
-	node string
-	kind protocol.Kind
+	p      streamConn
+	node   string
+	kind   protocol.Kind
+	direct bool
 }
 
-// OpenStream asks the coordinator to open a stream of kind (exec, copy or
-// pty) with params (the kind's params struct, sent to the agent in the
-// stream header) to node, and returns it once the coordinator opened the
-// tunnel stream and the pipe. ctx bounds only this handshake; a ctx without
+// streamConn is what a Stream runs on: a *natspipe.Pipe, or a
+// *directStream. Their methods mean what Stream's say; ResetWrite is
+// Cancel.
+type streamConn interface {
+	io.ReadWriter
+	CloseWrite() error
+	ResetWrite(reason error) error
+	CloseWithError(reason error) error
+	Close() error
+	Err() error
+}
+
+var (
+	_ streamConn = (*natspipe.Pipe)(nil)
+	_ streamConn = (*directStream)(nil)
+)
+
+// OpenStream asks the coordinator to open a stream of kind (exec, copy,
+// pty, dial or ssh) with params (the kind's params struct, sent to the
+// agent in the stream header) to node, and returns it once the coordinator
+// opened the tunnel stream. ctx bounds only this handshake; a ctx without
 // deadline is bounded by RequestTimeout. A request the coordinator refuses
-// (unknown node, bad kind or params) returns its *protocol.APIError; no
-// coordinator at all returns an error wrapping nats.ErrNoResponders.
+// (unknown node, bad kind or params, the policy) returns its
+// *protocol.APIError; no coordinator at all returns an error wrapping
+// nats.ErrNoResponders.
 //
-// The caller must Close the stream. Pipe tuning is natspipe's default
-// (8 MiB window, 5 s keepalive, peer gone after 15 s of silence).
+// By Direct's mode, the stream goes over the direct path (the
+// coordinator's tunnel listener, direct.go) when the coordinator holding
+// the node offers it and the listener is reachable, else over a NATS pipe
+// (natspipe's default tuning: 8 MiB window, 5 s keepalive, peer gone after
+// 15 s of silence). The caller must Close the stream.
 func (c *Client) OpenStream(ctx context.Context, node string, kind protocol.Kind, params any) (*Stream, error) {
 	if c.NC == nil {
 		return nil, errors.New("client: open stream: nil NATS connection")
@@ -41,14 +65,21 @@ func (c *Client) OpenStream(ctx context.Context, node string, kind protocol.Kind
 	if err != nil {
 		return nil, fmt.Errorf("open %s stream to node %s: encode params: %w", kind, node, err)
 	}
-	body, err := json.Marshal(protocol.StreamRequest{Node: node, Kind: kind.String(), Params: raw})
-	if err != nil {
-		return nil, fmt.Errorf("open %s stream to node %s: encode request: %w", kind, node, err)
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.requestTimeout())
 		defer cancel()
+	}
+	if c.Direct != DirectOff && (c.Direct == DirectOnly || !c.direct.skip()) {
+		s, err := c.openDirect(ctx, node, kind, raw)
+		if err == nil || c.Direct == DirectOnly || !fallBack(err) {
+			return s, err
+		}
+		c.direct.noteFallback(err)
+	}
+	body, err := json.Marshal(protocol.StreamRequest{Node: node, Kind: kind.String(), Params: raw})
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream to node %s: encode request: %w", kind, node, err)
 	}
 	p, err := natspipe.Dial(ctx, c.NC, protocol.SubjectStream, nil, body, natspipe.Config{})
 	if err != nil {
@@ -119,6 +150,10 @@ func (s *Stream) Close() error { return s.wrap(s.p.Close()) }
 // Err returns why the stream failed, or nil if it is healthy or ended
 // cleanly.
 func (s *Stream) Err() error { return s.wrap(s.p.Err()) }
+
+// Direct reports whether the stream is on the direct path (else it is
+// relayed over NATS).
+func (s *Stream) Direct() bool { return s.direct }
 
 // Node is the node the stream goes to.
 func (s *Stream) Node() string { return s.node }

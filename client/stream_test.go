@@ -24,6 +24,9 @@ func fakeStreamService(t *testing.T, nc *nats.Conn) {
 	done := make(chan struct{})
 	pipes := make(chan *natspipe.Pipe, 4)
 	sub, err := nc.Subscribe(protocol.SubjectStream, func(m *nats.Msg) {
+		if refuseDirect(m) {
+			return
+		}
 		var req protocol.StreamRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil || req.Node != "echo" {
 			r := nats.NewMsg(m.Reply)

@@ -112,6 +112,9 @@ type node struct {
 	// fleetRev is the fleet registry revision of this session's record
 	// (fleet.go); 0 until it was put.
 	fleetRev atomic.Uint64
+	// transport is how the session reached us: "tls", "wss" (the
+	// WebSocket transport) or "tcp" (no TLS: tests).
+	transport string
 	// owner, set only on stand-ins for nodes another coordinator holds
 	// (remoteNode), is that coordinator's id; sess is then nil.
 	owner string
@@ -215,6 +218,9 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) func(done fu
 	// failed reports whether a failure of this connection should be
 	// counted and logged: not when the drain or the admission cut it.
 	failed := func() bool { return ctx.Err() == nil && !ac.ticket.Evicted() }
+	// conn is what the session runs over: ac.conn, or the WebSocket
+	// connection inside it (dispatchALPN).
+	conn, transport := ac.conn, "tcp"
 
 	if tc, ok := ac.conn.(*tls.Conn); ok {
 		// A silent connection is closed after FirstByteTimeout, well
@@ -268,9 +274,30 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) func(done fu
 		if pc := tc.ConnectionState().PeerCertificates; len(pc) > 0 {
 			ac.peer = pc[0]
 		}
+		if rest, handled := c.dispatchClient(ctx, ac, tc); handled {
+			if rest == nil {
+				return nil
+			}
+			// A client's direct session reads its streams in a
+			// goroutine of its own, started fresh: the handshake grew
+			// this one's stack.
+			return func(done func()) {
+				go func() {
+					defer done()
+					c.containConn("direct client session", ac, rest)
+				}()
+			}
+		}
+		if conn, transport, err = c.dispatchALPN(ctx, tc, deadline); err != nil {
+			if failed() {
+				c.transportRefused(err, transport, log)
+			}
+			ac.conn.Close()
+			return nil
+		}
 	}
 
-	sess, err := tunnel.Server(ac.conn, c.cfg.Tunnel)
+	sess, err := tunnel.Server(conn, c.cfg.Tunnel)
 	if err != nil {
 		log.Warn("start tunnel session", "err", err)
 		return nil // tunnel.Server closed the conn
@@ -334,6 +361,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) func(done fu
 		connectedAt: time.Now().UTC(),
 		ctl:         newControlWriter(ctrl, hello, c.cfg.Tunnel.WriteTimeout),
 		cert:        cert,
+		transport:   transport,
 	}
 	n.lastHeartbeat.Store(n.connectedAt.UnixNano())
 	// The join token is proven: from here on lines are not rate-limited.
@@ -367,7 +395,7 @@ func (c *Coordinator) serveConn(ctx context.Context, ac *agentConn) func(done fu
 	}
 	if cert != nil {
 		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion,
-			"cert_serial", cert.current())
+			"cert_serial", cert.current(), "transport", transport)
 	} else {
 		log.Info("agent connected", "labels", n.hello.Labels, "agent_version", n.hello.AgentVersion, "auth", "shared_token")
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -208,12 +209,34 @@ type Config struct {
 	// Endpoints, if set, adds more endpoints to the micro service "tether"
 	// when it starts (the sandbox ledger's lease and sandbox endpoints).
 	Endpoints func(micro.Service) error
+	// Direct is the direct data path for client streams (direct.go): the
+	// zero value turns it off, and requests for it are answered 501
+	// direct_unavailable (clients then relay over NATS).
+	Direct DirectConfig
 	// Logger receives the coordinator's logs. Nil discards them.
 	Logger *slog.Logger
 	// Registerer receives the coordinator's metrics. Nil registers them in a
 	// private registry (never prometheus.DefaultRegisterer). One Registerer
 	// holds the metrics of one Coordinator.
 	Registerer prometheus.Registerer
+}
+
+// DirectConfig is the direct data path for client streams: clients that
+// reach the tunnel listener open their streams there (ALPN
+// protocol.ALPNClient) instead of relaying them over NATS.
+type DirectConfig struct {
+	// Addr is the tunnel listener's address as clients reach it,
+	// host:port; an empty host tells a client to use its NATS server's
+	// host. Empty turns the direct path off. The listener's TLS config
+	// must offer protocol.ALPNClient (and tunnel.ALPNTunnel) in its
+	// NextProtos.
+	Addr string
+	// Pin is tunnel.CertPin of the tunnel listener's certificate, which
+	// clients verify the TLS connection against. Required with Addr.
+	Pin string
+	// TicketTTL is how long a ticket may be redeemed after it was issued.
+	// Zero means protocol.DefaultDirectTicketTTL.
+	TicketTTL time.Duration
 }
 
 // Defaults of Config.
@@ -307,6 +330,9 @@ func (c Config) withDefaults() Config {
 	if c.CertTTL == 0 {
 		c.CertTTL = DefaultCertTTL
 	}
+	if c.Direct.TicketTTL <= 0 {
+		c.Direct.TicketTTL = protocol.DefaultDirectTicketTTL
+	}
 	if c.SSH.SessionGrace == 0 {
 		c.SSH.SessionGrace = DefaultSSHSessionGrace
 	}
@@ -370,6 +396,14 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("coordinator config: MaxJobs %d is negative", c.MaxJobs))
 	}
 	errs = append(errs, c.validatePacing()...)
+	if c.Direct.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Direct.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("coordinator config: Direct.Addr %q: %w", c.Direct.Addr, err))
+		}
+		if c.Direct.Pin == "" {
+			errs = append(errs, errors.New("coordinator config: Direct.Addr needs Direct.Pin (tunnel.CertPin of the tunnel listener's certificate), which clients verify the listener against"))
+		}
+	}
 	if err := c.Pipe.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("coordinator config: Pipe: %w", err))
 	}

@@ -73,6 +73,9 @@ type Coordinator struct {
 	connWG sync.WaitGroup // one per agent connection goroutine
 	jobWG  sync.WaitGroup // one per running job goroutine
 	relays relaySet       // running stream relays (relay.go)
+	// direct holds the direct data path's tickets and client sessions
+	// (direct.go); it has its own lock.
+	direct directState
 	// auditQueries counts the audit queries being read (audit.go).
 	auditQueries int
 	svc          micro.Service // set while serving
@@ -86,6 +89,8 @@ type Coordinator struct {
 	fl *fleetState
 	// holders caches job holders' liveness (holders.go).
 	holders *holderState
+	// ws is the HTTP server of WebSocket dials (websocket.go).
+	ws *wsServer
 }
 
 // New checks cfg, fills its defaults and returns a Coordinator ready to Serve.
@@ -141,6 +146,7 @@ func New(cfg Config) (*Coordinator, error) {
 		syncs:   make(chan chan []protocol.SyncProblem),
 		fl:      newFleetState(cfg.Fleet),
 		holders: newHolderState(),
+		ws:      newWSServer(cfg.HandshakeTimeout, preauth),
 	}, nil
 }
 
@@ -201,6 +207,7 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	c.log.Info("serving", "tunnel_addr", ln.Addr().String(), "version", c.cfg.Version)
 
 	acceptErr := make(chan error, 1)
+	go c.ws.run()
 	go func() { acceptErr <- c.acceptLoop(life, ln) }()
 
 	var serveErr error
@@ -231,6 +238,8 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 
 	ln.Close()
 	<-acceptDone
+	c.ws.close(true)
+	c.closeDirect()           // no more tickets; client sessions get GoAway
 	c.drainSessions(sessions) // drain hints (staggered), then GoAway
 	if err := svc.Stop(); err != nil {
 		c.log.Warn("stop micro service", "err", err)
@@ -382,5 +391,6 @@ func (n *node) info(coordinatorID string) protocol.NodeInfo {
 		RTTMicros:     n.rttMicros.Load(),
 		RunningExecs:  int(n.runningExecs.Load()),
 		Targets:       slices.Clone(n.hello.Targets),
+		Transport:     n.transport,
 	}
 }

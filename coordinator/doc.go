@@ -56,6 +56,14 @@
 // The session's accept backlog is one, so yamux resets any further stream an
 // agent opens instead of buffering it.
 //
+// The WebSocket transport (websocket.go) shares the port: a TLS handshake
+// that negotiated ALPN http/1.1 is handed, from the same goroutine and
+// within the same handshake deadline and admission place, to the one HTTP
+// server of WebSocket dials, which upgrades GET tunnel.WebSocketPath (404
+// for anything else) and hands the connection back; the session and
+// handshake then run over it exactly as over raw TLS, with the TLS client
+// certificate as the agent's identity.
+//
 // The registry holds connected nodes only. Reconnects are counted from the
 // agent's own count (Hello.Reconnects) and from replaced live sessions.
 //
@@ -149,7 +157,9 @@
 //
 // # Goroutines
 //
-//   - the accept loop, started by Serve;
+//   - the accept loop, started by Serve; the HTTP server of WebSocket
+//     dials (its Serve loop, and one per connection until it is upgraded
+//     or answered), stopped by the drain;
 //   - one per agent connection during its handshake; a registered agent
 //     has none of its own (yamux's two are the session's): its control
 //     stream is read by a short-lived goroutine started when frames came
@@ -178,7 +188,15 @@
 //     one watch of the pipe, which cuts a write blocked on a node that
 //     does not read short and cancels the node's operation out of band
 //     (FrameCancelStream on the agent's control stream, control.go) when
-//     the client resets its direction (a cancel) or the pipe ends early.
+//     the client resets its direction (a cancel) or the pipe ends early;
+//     on the direct path (direct.go) the client's end is a data stream of
+//     its session instead of the pipe, with the same three goroutines;
+//   - per client session on the tunnel listener (ALPN tether-client/1,
+//     direct.go): its goroutine (counted with the connections), which
+//     accepts data streams, one reader of its control stream, and one
+//     short-lived goroutine per data stream until its ticket is redeemed
+//     and its relay started (bounded by the tunnel's header timeout);
+//     serve waits for them.
 //
 // Serve waits for all of them before it returns. yamux adds its own receive
 // and send loops per session, stopped by closing the session.
@@ -213,6 +231,10 @@
 // deadline timer. job.pubMu serialises a job's publishes. The
 // two are never held together. agentConn.mu is a leaf lock around one
 // pointer; admission.mu and the log limiter's mutex are leaf locks too.
+// directState.mu (the tickets and client sessions) and clientSession.mu
+// (its data streams) are leaf locks, never held during I/O;
+// clientSession.wmu is held while one frame is written on its control
+// stream (bounded by the write timeout); directEnd.mu is a leaf lock.
 // Heartbeat data lives in atomics.
 //
 // # Imports

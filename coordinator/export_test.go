@@ -37,3 +37,24 @@ func ForgetJobOwnersForTest(c *Coordinator) {
 // InStormForTest reports whether c's pacer is spreading a storm of
 // returning agents (admission.Pacer.InStorm).
 func InStormForTest(c *Coordinator) bool { return c.pacer != nil && c.pacer.InStorm() }
+
+// ExpireDirectTicketsForTest expires every direct stream ticket c issued
+// and has not seen redeemed, as their TTL passing would.
+func ExpireDirectTicketsForTest(c *Coordinator) {
+	c.direct.mu.Lock()
+	type pending struct {
+		t [32]byte
+		g *directGrant
+	}
+	var ps []pending
+	for t, g := range c.direct.tickets {
+		if g.state == grantIssued {
+			g.timer.Stop()
+			ps = append(ps, pending{t, g})
+		}
+	}
+	c.direct.mu.Unlock()
+	for _, p := range ps {
+		c.expireTicket(p.t, p.g)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,9 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/internal/natstest"
+	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -74,6 +77,45 @@ type harness struct {
 	stopErr  error
 }
 
+// harnessDirect, as a mutate's Config.Direct.Addr, turns on the direct
+// data path: the harness sets the listener's address and pin.
+const harnessDirect = "harness:direct"
+
+// directRun, set only by TestDirectRelaySemantics while its subtests run
+// (one at a time), runs the relay's tests on the direct path: every
+// harness and startFleet turns it on, and streamClient and the fleet's
+// Client use it or fail.
+var directRun bool
+
+// startFleet is fleettest.Start, on the direct path under directRun.
+func startFleet(t *testing.T, o fleettest.Options) *fleettest.Fleet {
+	t.Helper()
+	o.Direct = o.Direct || directRun
+	return fleettest.Start(t, o)
+}
+
+// streamClient is a client of h for streams: on the direct path only
+// under directRun, else as client.New makes it.
+func (h *harness) streamClient() *client.Client {
+	c := client.New(h.client)
+	if directRun {
+		c.Direct = client.DirectOnly
+	}
+	h.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// withDirect is a newHarness mutate that turns on the direct path, then
+// applies mutate (if not nil).
+func withDirect(mutate func(*coordinator.Config)) func(*coordinator.Config) {
+	return func(c *coordinator.Config) {
+		c.Direct.Addr = harnessDirect
+		if mutate != nil {
+			mutate(c)
+		}
+	}
+}
+
 func newHarness(t *testing.T, mutate func(*coordinator.Config)) *harness {
 	t.Helper()
 	return newHarnessNATS(t, nil, mutate)
@@ -102,7 +144,13 @@ func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*c
 	}
 	// As the tether binary does: agents with a node certificate present
 	// it (identity_test.go); the others do not.
+	srvTLS = tunnel.ServeALPN(srvTLS)
+	srvTLS.NextProtos = append(srvTLS.NextProtos, protocol.ALPNClient)
 	srvTLS = tunnel.RequestClientCert(srvTLS)
+	leaf, err := x509.ParseCertificate(srvTLS.Certificates[0].Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 	cliTLS, err := tunnel.LoadClientTLS(pki.CACert)
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +173,12 @@ func newHarnessNATS(t testing.TB, natsOpts func(*server.Options), mutate func(*c
 	cfg.Tunnel.WriteTimeout = 5 * time.Second
 	if mutate != nil {
 		mutate(&cfg)
+	}
+	if directRun {
+		cfg.Direct.Addr = harnessDirect
+	}
+	if cfg.Direct.Addr == harnessDirect {
+		cfg.Direct.Addr, cfg.Direct.Pin = ln.Addr().String(), tunnel.CertPin(leaf)
 	}
 	c, err := coordinator.New(cfg)
 	if err != nil {
@@ -332,6 +386,7 @@ type agentOpts struct {
 	agentVersion string            // Hello.AgentVersion; default "fake-1.0"
 	localIP      string            // source address to dial from; default any
 	clientCert   *tls.Certificate  // TLS client certificate (identity_test.go); default none
+	ws           bool              // dial the WebSocket transport instead of raw TLS
 	sshHostKey   []byte            // Hello.SSHHostKey
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
@@ -386,7 +441,14 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 	var conn net.Conn
 	var err error
 	for {
-		if o.clientCert != nil {
+		if o.ws {
+			cfg := h.clientTLS.Clone()
+			if o.clientCert != nil {
+				cfg.Certificates = []tls.Certificate{*o.clientCert}
+			}
+			d := tunnel.WebSocketDialer{TLS: cfg}
+			conn, err = d.Dial(dctx, h.addr)
+		} else if o.clientCert != nil {
 			cfg := h.clientTLS.Clone()
 			cfg.Certificates = []tls.Certificate{*o.clientCert}
 			conn, err = tunnel.DialTLS(dctx, h.addr, cfg)

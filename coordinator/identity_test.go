@@ -335,17 +335,21 @@ func TestCertificateRefusals(t *testing.T) {
 		{"signed but never enrolled", "n6", signFor(t, ih.ca, "n6", time.Now(), time.Hour), protocol.CodeCertRefused, "unknown_cert", "no identity record"},
 		{"no certificate", "n7", nil, protocol.CodeCertRequired, "cert_required", "admits agents by certificate only"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := ih.metric("tether_coordinator_auth_failures_total", "reason", tt.reason)
-			a := ih.dialAgent(t, agentOpts{id: tt.node, token: "-", clientCert: tt.cert})
-			if a.reject == nil || a.reject.Code != tt.code || !strings.Contains(a.reject.Message, tt.msg) {
-				t.Fatalf("reject %+v, want %s saying %q", a.reject, tt.code, tt.msg)
-			}
-			if got := ih.metric("tether_coordinator_auth_failures_total", "reason", tt.reason); got != before+1 {
-				t.Errorf("auth_failures{%s} = %v, want %v", tt.reason, got, before+1)
-			}
-		})
+	// The WebSocket transport refuses the same way: its identity is the
+	// same TLS handshake's client certificate.
+	for _, transport := range []string{"tls", "wss"} {
+		for _, tt := range tests {
+			t.Run(transport+"/"+tt.name, func(t *testing.T) {
+				before := ih.metric("tether_coordinator_auth_failures_total", "reason", tt.reason)
+				a := ih.dialAgent(t, agentOpts{id: tt.node, token: "-", clientCert: tt.cert, ws: transport == "wss"})
+				if a.reject == nil || a.reject.Code != tt.code || !strings.Contains(a.reject.Message, tt.msg) {
+					t.Fatalf("reject %+v, want %s saying %q", a.reject, tt.code, tt.msg)
+				}
+				if got := ih.metric("tether_coordinator_auth_failures_total", "reason", tt.reason); got != before+1 {
+					t.Errorf("auth_failures{%s} = %v, want %v", tt.reason, got, before+1)
+				}
+			})
+		}
 	}
 	if n := ih.c.Nodes(protocol.Selector{}); len(n) != 0 {
 		t.Errorf("refused agents registered: %+v", n)

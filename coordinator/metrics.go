@@ -77,6 +77,11 @@ type metrics struct {
 	// jobReports counts the agents' job exit reports (jobexit.go), by
 	// result.
 	jobReports *prometheus.CounterVec
+	// directRefusals counts the direct data path's refusals (direct.go),
+	// by reason.
+	directRefusals *prometheus.CounterVec
+	// directStreams counts the streams opened on the direct data path.
+	directStreams prometheus.Counter
 }
 
 // newMetrics builds the collectors, registers them with reg and
@@ -128,6 +133,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_coordinator_job_exit_reports_total",
 			Help: "Detached jobs' exit reports agents sent on their control streams, by result: settled (the job's record ended), unchanged (already ended), or not applied (malformed, foreign: not a detached job of the reporting node, unknown: no record, dropped: queue full or draining, error: the job store failed).",
 		}, []string{"result"}),
+		directRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_direct_refusals_total",
+			Help: "Connections and streams refused on the direct data path for clients (ALPN tether-client/1 on the tunnel listener), by reason: direct_off (no direct listener configured), bad_preamble (a first frame that is not the direct protocol's, e.g. an agent's hello), bad_ticket (missing or malformed), unknown_ticket, expired_ticket, reused_ticket.",
+		}, []string{"reason"}),
+		directStreams: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_coordinator_direct_streams_total",
+			Help: "Client streams opened on the direct data path (a redeemed ticket whose tunnel stream opened).",
+		}),
+	}
+	for _, r := range directRefusalReasons {
+		m.directRefusals.WithLabelValues(r)
 	}
 	for _, r := range jobReportResults {
 		m.jobReports.WithLabelValues(r)
@@ -148,7 +164,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents, m.jobReports} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents, m.jobReports, m.directRefusals, m.directStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -117,7 +117,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 		}
 		params = withDefaultTimeout(params, c.cfg.DefaultTimeout)
 	}
-	if err := protocol.ValidPipeInbox(req.Reply()); err != nil {
+	if err := protocol.ValidPipeInbox(req.Reply()); err != nil && !r.Direct {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "reply subject: %v", err))
 		return
 	}
@@ -154,6 +154,15 @@ func (c *Coordinator) handleStream(req micro.Request) {
 	}
 	if e != nil {
 		c.replyError(req, e)
+		return
+	}
+	if r.Direct {
+		// Authorized as a relay would be; the data goes over this
+		// coordinator's own listener (direct.go).
+		c.issueTicket(req, &directGrant{
+			n: n, kind: kind, params: json.RawMessage(params), ssh: sshp, op: op,
+			openerAccount: acc, openerUser: user,
+		})
 		return
 	}
 	// A relayed stream is one of the caller's running jobs.
@@ -193,6 +202,30 @@ func (c *Coordinator) handleStream(req micro.Request) {
 
 	go rel.run()
 }
+
+// clientEnd is the client's side of a relay: a NATS pipe
+// (*natspipe.Pipe), or a data stream on the direct path (*directEnd). Its
+// methods have the pipe's meaning: WriteTo copies the client's bytes until
+// its EOF (nil) or a failure; PeerReset is closed once the client cancelled
+// its direction (Stream.Cancel), after which WriteTo fails; Done is closed
+// once the end failed or was closed, Err saying why (nil after a clean
+// end); CloseWrite sends the client EOF; CloseWithError aborts, telling
+// the client reason.
+type clientEnd interface {
+	io.Writer
+	WriteTo(w io.Writer) (int64, error)
+	CloseWrite() error
+	CloseWithError(reason error) error
+	Close() error
+	Err() error
+	Done() <-chan struct{}
+	PeerReset() <-chan struct{}
+}
+
+var (
+	_ clientEnd = (*natspipe.Pipe)(nil)
+	_ clientEnd = (*directEnd)(nil)
+)
 
 // relaySet tracks the running relays so the drain can abort and wait for
 // them. Its zero value is ready. mu is a leaf lock (taken under
@@ -250,9 +283,12 @@ type relay struct {
 	kind    protocol.Kind
 	params  json.RawMessage
 	ssh     *protocol.SSHParams // an ssh stream's params (their encoding is params)
-	log     *slog.Logger
-	ctx     context.Context // bounds the stream open; cancelled by abort
-	cancel  context.CancelFunc
+	// direct, for a stream on the direct data path (direct.go), is the
+	// client's data stream; nil on the NATS path (the pipe).
+	direct *directEnd
+	log    *slog.Logger
+	ctx    context.Context // bounds the stream open; cancelled by abort
+	cancel context.CancelFunc
 	// openerAccount and openerUser are the account and user public key
 	// the NATS server stamped on the stream request: the pipe admits only
 	// their messages.
@@ -277,7 +313,7 @@ type relay struct {
 	// mu guards st and pipe, set once both are open, and writesDone.
 	mu   sync.Mutex
 	st   *yamux.Stream
-	pipe *natspipe.Pipe
+	pipe clientEnd
 	// writesDone is set when pipeToStream stopped copying the client's
 	// bytes; watch no longer cuts its writes short then.
 	writesDone bool
@@ -323,7 +359,7 @@ func (r *relay) run() {
 			rec.identity, rec.key, rec.account = id.String(), id.Key, id.Account
 		}
 		if err := c.ssh.add(r.ssh.Session, rec); err != nil {
-			c.replyError(r.req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: %v", r.n.id, err))
+			r.refuse(protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: %v", r.n.id, err))
 			return
 		}
 		defer c.ssh.end(r.ssh.Session, c.cfg.SSH.SessionGrace)
@@ -333,15 +369,64 @@ func (r *relay) run() {
 	ocancel()
 	if err != nil {
 		if r.ctx.Err() != nil {
-			c.replyError(r.req, c.unavailable())
+			r.refuse(c.unavailable())
 			return
 		}
-		c.replyError(r.req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: open %s stream: %v", r.n.id, r.kind, err))
+		r.refuse(protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: open %s stream: %v", r.n.id, r.kind, err))
 		return
 	}
 	st.SetWriteDeadline(time.Time{})
 	c.m.streamsOpened.WithLabelValues(r.kind.String()).Inc()
 
+	var (
+		p    clientEnd
+		name string // the client's end, for the log
+	)
+	if r.direct != nil {
+		// The client's data stream on this coordinator's listener
+		// (direct.go): open once the answer reached it.
+		if err := r.direct.open(); err != nil {
+			st.Close()
+			r.endErr = err
+			r.direct.Close()
+			r.log.Debug("direct stream: the open answer was not delivered", "err", err)
+			return
+		}
+		p, name = r.direct, r.direct.name()
+	} else {
+		np, err := r.openPipe()
+		if err != nil {
+			st.Close()
+			r.refuse(protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
+			return
+		}
+		p, name = np, np.LocalInbox()
+	}
+	log := r.log.With("stream_id", st.StreamID(), "pipe", name)
+	log.Debug("relay started")
+	r.mu.Lock()
+	r.st, r.pipe = st, p
+	r.mu.Unlock()
+	select {
+	case <-r.aborted: // the drain came first: do what abort could not
+		r.abortIO(st, p, c.unavailable())
+	default:
+	}
+	r.relayBytes(st, p, &wg)
+	p.Close() // after both eofs this only tells the client we are gone
+	st.Close()
+	if err := p.Err(); err != nil {
+		r.endErr = err
+		log.Info("relay aborted", "err", err)
+	} else {
+		log.Debug("relay finished")
+	}
+}
+
+// openPipe opens the relay's NATS pipe to the client, which answers the
+// stream request.
+func (r *relay) openPipe() (*natspipe.Pipe, error) {
+	c := r.c
 	pcfg := c.cfg.Pipe
 	if pcfg.Logger == nil {
 		pcfg.Logger = c.log
@@ -353,27 +438,16 @@ func (r *relay) run() {
 	// each message with its sender.
 	local, err := natsauth.PipeSubject(c.pipeToken, natsauth.NewPipeID())
 	if err != nil {
-		st.Close()
-		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
-		return
+		return nil, err
 	}
-	p, err := natspipe.AcceptOn(c.cfg.NATS, local, r.req.Reply(), r.fromOpener, pcfg)
-	if err != nil {
-		st.Close()
-		c.replyError(r.req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: %v", r.n.id, err))
-		return
-	}
-	log := r.log.With("stream_id", st.StreamID(), "pipe", p.LocalInbox())
-	log.Debug("relay started")
-	r.mu.Lock()
-	r.st, r.pipe = st, p
-	r.mu.Unlock()
-	select {
-	case <-r.aborted: // the drain came first: do what abort could not
-		r.abortIO(st, p, c.unavailable())
-	default:
-	}
+	return natspipe.AcceptOn(c.cfg.NATS, local, r.req.Reply(), r.fromOpener, pcfg)
+}
 
+// relayBytes copies both ways between the tunnel stream st and the
+// client's end p until both directions ended or either side failed (see
+// relay).
+func (r *relay) relayBytes(st *yamux.Stream, p clientEnd, wg *sync.WaitGroup) {
+	c := r.c
 	copied := make(chan struct{})  // streamToPipe returned
 	written := make(chan struct{}) // pipeToStream returned
 	wg.Add(2)
@@ -393,15 +467,16 @@ func (r *relay) run() {
 		r.pipeToStream(st, p)
 	}()
 	wg.Wait()
+}
 
-	p.Close() // after both eofs this only tells the client we are gone
-	st.Close()
-	if err := p.Err(); err != nil {
-		r.endErr = err
-		log.Info("relay aborted", "err", err)
-	} else {
-		log.Debug("relay finished")
+// refuse answers a stream that could not open with e: the request's error
+// reply on the NATS path, the data stream's answer on the direct one.
+func (r *relay) refuse(e *protocol.APIError) {
+	if r.direct != nil {
+		r.direct.refuse(e)
+		return
 	}
+	r.c.replyError(r.req, e)
 }
 
 // subjectToken turns id into one NATS subject token of at most 64 bytes of
@@ -453,8 +528,10 @@ func (r *relay) fromOpener(m *nats.Msg) bool {
 // too if it can (cancelInBand) and half-closes, and the agent's answer
 // goes on to the client. On any failure it aborts the relay and tells the
 // agent (finishWrite).
-func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
-	fw := &frameCursor{w: st, copy: r.kind == protocol.KindCopy}
+func (r *relay) pipeToStream(st *yamux.Stream, p clientEnd) {
+	// A dial or ssh stream's client bytes are raw from the first: they
+	// are counted, never parsed (the relay injects no frame into them).
+	fw := &frameCursor{w: st, copy: r.kind == protocol.KindCopy, raw: rawKind(r.kind)}
 	defer func() { r.bytesIn.Store(fw.n); r.noteCopy(fw, false) }()
 	_, err := p.WriteTo(fw)
 	r.mu.Lock()
@@ -496,7 +573,7 @@ func (r *relay) pipeToStream(st *yamux.Stream, p *natspipe.Pipe) {
 // band; when the pipe fails or is closed (the client vanished or aborted,
 // the drain) it aborts the relay and cancels the operation too. It returns
 // when both copies returned (copied, written), or after an abort.
-func (r *relay) watch(st *yamux.Stream, p *natspipe.Pipe, copied, written <-chan struct{}) {
+func (r *relay) watch(st *yamux.Stream, p clientEnd, copied, written <-chan struct{}) {
 	reset := p.PeerReset()
 	for copied != nil || written != nil {
 		select {
@@ -607,7 +684,7 @@ func (r *relay) noteCopy(f *frameCursor, fromAgent bool) {
 // what the agent still sends, for at most CancelGrace. Once shutdown asked
 // the relay to stop, it finishes the frame under way (for at most
 // CancelGrace) and ends the client's side there (endShutdown).
-func (r *relay) streamToPipe(st *yamux.Stream, p *natspipe.Pipe) {
+func (r *relay) streamToPipe(st *yamux.Stream, p clientEnd) {
 	buf := make([]byte, protocol.DefaultPipeMessage)
 	// A dial or ssh stream's first frame (dial-ok, or the agent's error)
 	// is kept too; what follows it is raw bytes, not frames.
@@ -736,7 +813,7 @@ func (r *relay) shutdown() {
 // agent's operation out of band and bounds the drain of what the agent
 // still sends by CancelGrace; the in-band cancel follows when the relay is
 // aborted (the client closed its end, or CancelGrace passed).
-func (r *relay) endShutdown(st *yamux.Stream, p *natspipe.Pipe, out *frameCursor) {
+func (r *relay) endShutdown(st *yamux.Stream, p clientEnd, out *frameCursor) {
 	if err := protocol.WriteJSONFrame(out, protocol.FrameError, r.stopInfo); err != nil {
 		r.abort(r.shutdownReason())
 	} else if err := p.CloseWrite(); err != nil {
@@ -755,7 +832,7 @@ func (r *relay) panicked(e *panics.Error) {
 	r.mu.Unlock()
 	r.endErr = e
 	if p == nil {
-		r.c.replyError(r.req, r.c.internalError(e))
+		r.refuse(r.c.internalError(e))
 	}
 	r.abort(r.c.internalError(e))
 	if st != nil {
@@ -787,7 +864,7 @@ func (r *relay) abort(reason error) {
 	})
 }
 
-func (r *relay) abortIO(st *yamux.Stream, p *natspipe.Pipe, reason error) {
+func (r *relay) abortIO(st *yamux.Stream, p clientEnd, reason error) {
 	st.SetWriteDeadline(time.Now()) // pipeToStream resets it for the cancel frame
 	st.SetReadDeadline(time.Now().Add(r.c.cfg.CancelGrace))
 	p.CloseWithError(reason)
@@ -807,6 +884,9 @@ type frameCursor struct {
 	left uint64  // payload bytes of the current frame still to come
 
 	keep bool
+	// raw: the bytes are not frames at all (a dial or ssh stream's
+	// client side); they are counted only.
+	raw bool
 	// rawAfterFirst: only the first frame is a frame (a dial or ssh
 	// stream's dial-ok or error); the bytes after it are counted only.
 	rawAfterFirst bool
@@ -839,6 +919,9 @@ func (f *frameCursor) Write(b []byte) (int, error) {
 }
 
 func (f *frameCursor) advance(b []byte) {
+	if f.raw {
+		return
+	}
 	for len(b) > 0 {
 		if f.rawAfterFirst && f.frames > 0 {
 			return

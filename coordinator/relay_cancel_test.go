@@ -45,7 +45,7 @@ const queuedStdin = 4 << 20
 // few MiB of stdin the command does not read fill everything between the
 // client and the command.
 func cancelFleet(t *testing.T) *fleettest.Fleet {
-	return fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Agent: func(_ int, c *agent.Config) {
+	return startFleet(t, fleettest.Options{Logger: testLogger(t), Agent: func(_ int, c *agent.Config) {
 		c.Tunnel = tunnel.DefaultConfig()
 		c.Tunnel.MaxStreamWindow = 256 << 10
 		c.KillGrace = 200 * time.Millisecond
@@ -226,7 +226,7 @@ func TestRelaySendsCancelStreamToAgentsThatTakeIt(t *testing.T) {
 				}})
 			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 			defer cancel()
-			st, err := client.New(h.client).OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}, Stdin: true})
+			st, err := h.streamClient().OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}, Stdin: true})
 			if err != nil {
 				t.Fatal(err)
 			}

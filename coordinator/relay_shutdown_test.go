@@ -96,7 +96,7 @@ func TestStreamedExecShutdownResult(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := client.New(h.client).ExecStream(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"x"}}, stdin,
+		res, err := h.streamClient().ExecStream(ctx, &protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"x"}}, stdin,
 			client.ExecOptions{Output: func(string, string, []byte) { once.Do(func() { close(started) }) }})
 		done <- outcome{res, err}
 	}()
@@ -154,7 +154,7 @@ func TestRelayShutdownMidFrame(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*defaultTestTimeout)
 	defer cancel()
-	st, err := client.New(h.client).OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}})
+	st, err := h.streamClient().OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/yamux"
 
-	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
@@ -49,7 +48,7 @@ func readExec(t *testing.T, r io.Reader) (string, protocol.ExitStatus) {
 }
 
 func TestRelayExecWithStdin(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t)})
+	f := startFleet(t, fleettest.Options{Logger: testLogger(t)})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
@@ -87,7 +86,7 @@ func TestRelayExecWithStdin(t *testing.T) {
 // TestRelayExecDefaultTimeout: an exec stream without a timeout gets the
 // coordinator's default timeout, as an exec job does; its own timeout wins.
 func TestRelayExecDefaultTimeout(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+	f := startFleet(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
 		c.DefaultTimeout = 200 * time.Millisecond
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
@@ -112,7 +111,7 @@ func TestRelayExecDefaultTimeout(t *testing.T) {
 }
 
 func TestRelayRefusals(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{})
+	f := startFleet(t, fleettest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
 	exec := protocol.ExecParams{Argv: []string{"true"}}
@@ -159,7 +158,7 @@ func TestRelayChecksParams(t *testing.T) {
 	h.dialAgent(t, agentOpts{id: "n1", heartbeat: true, header: func(hd protocol.Header) { headers <- hd }})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	c := client.New(h.client)
+	c := h.streamClient()
 	many := `"` + strings.Repeat(`a","`, protocol.MaxArgs) + `a"`
 	for _, tc := range []struct {
 		kind   protocol.Kind
@@ -229,7 +228,7 @@ func TestRelayClientCloseKillsExec(t *testing.T) {
 		midFrame bool
 	}{{"at frame boundary", false}, {"mid frame", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t)})
+			f := startFleet(t, fleettest.Options{Logger: testLogger(t)})
 			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 			defer cancel()
 			// sh prints its pid, then becomes sleep (same pid).
@@ -277,7 +276,7 @@ func TestRelayTunnelLost(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	st, err := client.New(h.client).OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}})
+	st, err := h.streamClient().OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +328,7 @@ func TestRelayAbortSendsCancel(t *testing.T) {
 			}})
 			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 			defer cancel()
-			st, err := client.New(h.client).OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}, Stdin: true})
+			st, err := h.streamClient().OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}, Stdin: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -361,7 +360,7 @@ func TestRelayMetricAndDrain(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	st, err := client.New(h.client).OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}})
+	st, err := h.streamClient().OpenStream(ctx, "n1", protocol.KindExec, protocol.ExecParams{Argv: []string{"x"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -18,12 +19,16 @@ import (
 )
 
 // semver is the version syntax micro accepts (semver.org's suggested
-// expression, without build metadata subtleties we never produce).
-var semver = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$`)
+// expression, without build metadata subtleties we never produce). It is
+// compiled on first use, not at start-up: every run of the tether binary
+// (a one-shot `tether exec` too) would pay for it otherwise.
+var semver = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$`)
+})
 
 // serviceVersion returns v if micro accepts it, else "0.1.0".
 func serviceVersion(v string) string {
-	if semver.MatchString(v) {
+	if semver().MatchString(v) {
 		return v
 	}
 	return "0.1.0"

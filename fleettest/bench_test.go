@@ -19,9 +19,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/caller"
@@ -60,6 +62,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// BenchmarkExecRoundTrip times one exec of /bin/true through a fleet of 1
+// and of 1,000 agents, and in the same iterations (order alternating) its
+// floor: a NATS request/reply on a bare embedded server, a yamux stream
+// opened, echoed one byte and closed over loopback TCP, and an os/exec of
+// /bin/true, one after the other. x-floor is the median of the
+// per-iteration ratios exec/floor (issue 12's target: <= 1.15; p99 <= 2 ms).
 func BenchmarkExecRoundTrip(b *testing.B) {
 	b.Run("baseline=local-os-exec", func(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
@@ -78,25 +86,140 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 				b.Skip("1000 agents in -short mode")
 			}
 			f := fleettest.Start(b, fleettest.Options{Agents: agents})
+			floor := newExecFloor(b)
 			ctx := context.Background()
 			req := protocol.ExecRequest{Target: protocol.Target{Node: "node-0"}, Argv: []string{"/bin/true"}}
 			lat := make([]time.Duration, 0, b.N)
+			var floors, ratios []float64
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				var fl time.Duration
+				if i%2 == 1 {
+					fl = floor.once(b)
+				}
 				r := req
 				t0 := time.Now()
 				res, err := f.Client.Exec(ctx, &r, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				lat = append(lat, time.Since(t0))
+				d := time.Since(t0)
+				lat = append(lat, d)
 				if len(res.Results) != 1 || !res.Results[0].OK() {
 					b.Fatalf("result %+v", res.Results)
 				}
+				if i%2 == 0 {
+					fl = floor.once(b)
+				}
+				floors = append(floors, float64(fl.Microseconds()))
+				ratios = append(ratios, float64(d)/float64(fl))
 			}
+			b.StopTimer()
 			reportPercentiles(b, lat)
+			slices.Sort(floors)
+			slices.Sort(ratios)
+			b.ReportMetric(floors[len(floors)/2], "floor-p50-µs")
+			b.ReportMetric(ratios[len(ratios)/2], "x-floor")
 		})
 	}
+}
+
+// execFloor is what an exec round trip cannot do without: a bare NATS
+// server with a responder, and a yamux session over loopback TCP whose
+// server side echoes each stream's byte.
+type execFloor struct {
+	nc   *nats.Conn
+	sess *yamux.Session
+}
+
+func newExecFloor(b *testing.B) *execFloor {
+	b.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		b.Fatal("floor NATS server not ready")
+	}
+	b.Cleanup(ns.Shutdown)
+	resp, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(resp.Close)
+	if _, err := resp.Subscribe("floor", func(m *nats.Msg) { m.Respond(m.Data) }); err != nil {
+		b.Fatal(err)
+	}
+	resp.Flush()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		srv, err := yamux.Server(c, nil)
+		if err != nil {
+			return
+		}
+		for {
+			st, err := srv.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer st.Close()
+				var one [1]byte
+				if _, err := io.ReadFull(st, one[:]); err == nil {
+					st.Write(one[:])
+				}
+			}()
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess, err := yamux.Client(c, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sess.Close() })
+	return &execFloor{nc: nc, sess: sess}
+}
+
+// once is one floor: request/reply, then stream open/echo, then os/exec.
+func (f *execFloor) once(b *testing.B) time.Duration {
+	t0 := time.Now()
+	if _, err := f.nc.Request("floor", []byte("x"), 10*time.Second); err != nil {
+		b.Fatalf("floor request: %v", err)
+	}
+	st, err := f.sess.OpenStream()
+	if err != nil {
+		b.Fatalf("floor stream: %v", err)
+	}
+	var one [1]byte
+	if _, err := st.Write([]byte("x")); err != nil {
+		b.Fatalf("floor stream write: %v", err)
+	}
+	if _, err := io.ReadFull(st, one[:]); err != nil {
+		b.Fatalf("floor stream read: %v", err)
+	}
+	st.Close()
+	if err := exec.Command("/bin/true").Run(); err != nil {
+		b.Fatalf("floor exec: %v", err)
+	}
+	return time.Since(t0)
 }
 
 func reportPercentiles(b *testing.B, lat []time.Duration) {
@@ -135,7 +258,19 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 		child.waitCount(b, idleAgents)
 		reportPerConn(b, base, child.rss(b))
 	})
-	b.Run("tether-coordinator", func(b *testing.B) {
+	for _, transport := range []string{agent.TransportTLS, agent.TransportWebSocket} {
+		name := "tether-coordinator"
+		if transport != agent.TransportTLS {
+			name += "-" + transport
+		}
+		b.Run(name, func(b *testing.B) { benchIdleCoordinator(b, transport) })
+	}
+}
+
+// benchIdleCoordinator measures a coordinator child's memory per idle
+// agent whose tunnel uses transport.
+func benchIdleCoordinator(b *testing.B, transport string) {
+	{
 		child := startChild(b, "coordinator")
 		creds, err := natsauth.ReadCreds(child.credsFile)
 		if err != nil {
@@ -147,7 +282,9 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 		}
 		defer nc.Close()
 		base := child.rss(b)
-		fleettest.Dial(b, child.addr, child.tls, child.token, idleAgents)
+		fleettest.DialWith(b, child.addr, child.tls, child.token, idleAgents, func(_ int, c *agent.Config) {
+			c.Transports = []string{transport}
+		})
 		cl := client.New(nc)
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
@@ -163,7 +300,7 @@ func BenchmarkIdleAgentMemory(b *testing.B) {
 		// Let every agent finish its first heartbeat, then measure.
 		time.Sleep(2 * time.Second)
 		reportPerConn(b, base, child.rss(b))
-	})
+	}
 }
 
 // reportPerConn reports what each of the idleAgents connections added to
@@ -364,7 +501,9 @@ func childCoordinator() {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { serveChildCommands(); cancel() }()
 	fmt.Printf("READY %s %s %s %s\n", ln.Addr(), ns.ClientURL(), cfg.Token, credsFile)
-	c.Serve(ctx, tls.NewListener(ln, srvTLS))
+	// As the tether binary offers it: ALPN http/1.1 reaches the
+	// WebSocket transport.
+	c.Serve(ctx, tls.NewListener(ln, tunnel.ServeALPN(srvTLS)))
 	nc.Close()
 	ns.Shutdown()
 }

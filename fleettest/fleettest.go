@@ -15,6 +15,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -89,6 +90,10 @@ type Options struct {
 	// gateway and OpenSandbox server and runs the coordinator's sandbox
 	// services (gateways.go). Not with Processes.
 	Gateways *GatewayOptions
+	// Direct turns on the coordinators' direct data path for client
+	// streams (coordinator.Config.Direct) and makes Client use it or fail
+	// (client.DirectOnly); without it streams are relayed over NATS.
+	Direct bool
 	// Jobs opens a job store (coordinator/jobstore) for the coordinator,
 	// as tether coordinator does: exec jobs are recorded and
 	// tether.v1.job.get and .list answer.
@@ -225,6 +230,16 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		tb.Fatal(err)
 	}
 	cliTLS.ServerName = "localhost"
+	// As tether coordinator does: agents offer no ALPN protocol, tether/1,
+	// or http/1.1 (the WebSocket transport); clients' direct sessions
+	// tether-client/1.
+	srvTLS = tunnel.ServeALPN(srvTLS)
+	srvTLS.NextProtos = append(srvTLS.NextProtos, protocol.ALPNClient)
+	leaf, err := x509.ParseCertificate(srvTLS.Certificates[0].Certificate[0])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pin := tunnel.CertPin(leaf)
 
 	f := &Fleet{NATS: ns, Layout: layout, ClientCreds: creds, CredsFile: credsFile,
 		NC: nc, Client: client.New(nc), ClientTLS: cliTLS, opts: opts, token: "fleettest-token"}
@@ -238,6 +253,9 @@ func Start(tb testing.TB, opts Options) *Fleet {
 	cncs := []*nats.Conn{coordNC}
 	for ci := 1; ci < k; ci++ {
 		cncs = append(cncs, natsauthtest.Connect(tb, ns.ClientURL(), natsauthtest.CoordinatorCreds(tb, layout, fmt.Sprintf("fleettest-coordinator-%d", ci)), nats.InProcessServer(ns)))
+	}
+	if opts.Direct {
+		f.Client.Direct = client.DirectOnly
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(f.stop)
@@ -278,15 +296,19 @@ func Start(tb testing.TB, opts Options) *Fleet {
 			}
 			ccfg.Jobs = js
 		}
+		tcp, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if opts.Direct {
+			ccfg.Direct = coordinator.DirectConfig{Addr: tcp.Addr().String(), Pin: pin}
+		}
 		if opts.Coordinator != nil {
 			opts.Coordinator(&ccfg)
 		}
 		c, err := coordinator.New(ccfg)
 		if err != nil {
-			tb.Fatal(err)
-		}
-		tcp, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+			tcp.Close()
 			tb.Fatal(err)
 		}
 		ln := &killableListener{Listener: tcp, conns: map[net.Conn]struct{}{}}
@@ -423,7 +445,15 @@ func (f *Fleet) startAgentHosts(tb testing.TB, caFile string) {
 // to register. They stop when the test ends.
 func Dial(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int) *Fleet {
 	tb.Helper()
+	return DialWith(tb, addr, clientTLS, token, n, nil)
+}
+
+// DialWith is Dial with each agent's config adjusted by mutate, if not
+// nil, as Options.Agent does (e.g. its Transports).
+func DialWith(tb testing.TB, addr string, clientTLS *tls.Config, token string, n int, mutate func(i int, c *agent.Config)) *Fleet {
+	tb.Helper()
 	f := &Fleet{TunnelAddr: addr, ClientTLS: clientTLS, token: token}
+	f.opts.Agent = mutate
 	f.opts.NodeID = func(i int) string { return fmt.Sprintf("node-%d", i) }
 	f.opts.Labels = func(i int) map[string]string { return map[string]string{"index": fmt.Sprint(i)} }
 	f.opts.Logger = slog.New(slog.DiscardHandler)
@@ -588,6 +618,7 @@ func (f *Fleet) WaitNodes(tb testing.TB, n int) {
 }
 
 func (f *Fleet) stop() {
+	f.Client.Close()
 	f.cancel()
 	f.wg.Wait()
 }

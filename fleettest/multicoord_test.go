@@ -484,7 +484,7 @@ func testDeadHolderJobsTakenOver(t *testing.T, silent bool) {
 	if err != nil || !det.Results[0].Detached {
 		t.Fatalf("detached exec: %v %+v", err, det)
 	}
-	cl := *f.Client
+	cl := &client.Client{NC: f.Client.NC}
 	cl.KeepAliveTimeout = 10 * time.Minute // the outcome must come from the fate check
 	cl.FateCheckAfter = time.Second
 	type outcome struct {
@@ -577,7 +577,7 @@ func TestMultiCoordinatorIdempotentJobRunsAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	mark := t.TempDir() + "/first"
-	cl := *f.Client
+	cl := &client.Client{NC: f.Client.NC}
 	cl.KeepAliveTimeout = 10 * time.Minute
 	cl.FateCheckAfter = time.Second
 	req := &protocol.ExecRequest{ID: "idem-dead", Target: protocol.Target{Node: "node-1"}, Idempotent: true,

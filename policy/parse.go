@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 
@@ -345,11 +346,25 @@ func (p *parser) strings(n *yaml.Node, fieldPath string, check func(string) (str
 	return out
 }
 
-var simpleKey = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+// simpleKey reports whether key matches ^[A-Za-z0-9_-]+$ (a path shows it
+// bare). A loop, not a regexp: a package-level regexp is compiled at every
+// start of the tether binary.
+func simpleKey(key string) bool {
+	if key == "" {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // child is the path of key in the mapping at fieldPath.
 func child(fieldPath, key string) string {
-	if simpleKey.MatchString(key) {
+	if simpleKey(key) {
 		if fieldPath == "" {
 			return key
 		}
@@ -360,8 +375,9 @@ func child(fieldPath, key string) string {
 
 func index(fieldPath string, i int) string { return fieldPath + "[" + strconv.Itoa(i) + "]" }
 
-// yamlLine matches the position yaml.v3 puts in its syntax errors.
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
+// yamlLine matches the position yaml.v3 puts in its syntax errors; compiled
+// on the first syntax error, not at start-up.
+var yamlLine = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^yaml: line (\d+): `) })
 
 // decode parses data into a fileDoc, checking everything the format says.
 func decode(file string, data []byte) (*fileDoc, error) {
@@ -395,7 +411,7 @@ func decode(file string, data []byte) (*fileDoc, error) {
 // says a line, "FILE: ..." otherwise.
 func syntaxError(file string, err error) error {
 	msg := err.Error()
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+	if m := yamlLine().FindStringSubmatch(msg); m != nil {
 		return fmt.Errorf("%s:%s: %s", file, m[1], strings.TrimPrefix(msg, m[0]))
 	}
 	return fmt.Errorf("%s: %s", file, strings.TrimPrefix(msg, "yaml: "))

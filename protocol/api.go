@@ -78,6 +78,14 @@ type StreamRequest struct {
 	// policy (ssh.go), and the client's end of the pipe carries the raw
 	// SSH protocol (tether ssh-proxy).
 	Params json.RawMessage `json:"params"`
+	// Direct asks for the direct data path (direct.go): instead of a NATS
+	// pipe, the coordinator that holds the node answers with a
+	// DirectStreamReply, a single-use ticket for this one stream (node,
+	// kind, params and the caller's identity, as authorized now) to
+	// redeem on its tunnel listener. A coordinator without a direct
+	// listener answers 501 direct_unavailable; the client then asks again
+	// without Direct.
+	Direct bool `json:"direct,omitempty"`
 }
 
 // Reply headers on SubjectExec's streamed replies.
@@ -404,6 +412,10 @@ type NodeInfo struct {
 	// Targets names the local targets the agent dials (Hello.Targets), e.g.
 	// "openshell", "opensandbox".
 	Targets []string `json:"targets,omitempty"`
+	// Transport is how the agent's tunnel reached the coordinator: "tls"
+	// (raw TLS) or "wss" (the WebSocket transport, perhaps through an HTTP
+	// proxy). Empty from coordinators that predate it.
+	Transport string `json:"transport,omitempty"`
 }
 
 // NodesResponse is the reply to SubjectNodes: one page of the matching

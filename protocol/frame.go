@@ -98,6 +98,15 @@ const (
 	FrameInventory    FrameType = 65 // JSON InventoryPage
 	FrameInventoryEnd FrameType = 66 // JSON InventoryEnd: the last frame of an inventory stream
 	FrameSandboxOp    FrameType = 67 // JSON SandboxOpResult: a sandbox stream's answer
+
+	// The direct data path's frames (direct.go): on a client's yamux
+	// session with the coordinator, never on an agent's tunnel.
+	FrameDirectControl FrameType = 80 // no payload: the first frame of the client session's control stream
+	FrameDirectOpen    FrameType = 81 // JSON DirectOpen (client → coordinator): the first frame of a data stream
+	FrameDirectAnswer  FrameType = 82 // JSON DirectAnswer (coordinator → client): the data stream's open outcome
+	FrameDirectCancel  FrameType = 83 // JSON DirectRef (client → coordinator, control stream): Stream.Cancel
+	FrameDirectClose   FrameType = 84 // JSON DirectRef (client → coordinator, control stream): Stream.Close
+	FrameDirectEnd     FrameType = 85 // JSON DirectEnd (coordinator → client, control stream): how a data stream's coordinator side ended
 )
 
 var frameNames = map[FrameType]string{
@@ -114,6 +123,8 @@ var frameNames = map[FrameType]string{
 	FrameCopyDone: "copy-done", FrameCopySkip: "copy-skip", FrameResize: "resize", FrameSignal: "signal",
 	FrameJob: "job", FrameDialOK: "dial-ok", FrameInventory: "inventory",
 	FrameInventoryEnd: "inventory-end", FrameSandboxOp: "sandbox-op",
+	FrameDirectControl: "direct-control", FrameDirectOpen: "direct-open", FrameDirectAnswer: "direct-answer",
+	FrameDirectCancel: "direct-cancel", FrameDirectClose: "direct-close", FrameDirectEnd: "direct-end",
 }
 
 // String returns the frame type's name, or "frame(N)" for unknown types.

@@ -34,7 +34,8 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, coalesceMax); return
 // needs no lock.
 type coalesceConn struct {
 	net.Conn
-	cork    *corkConn // the transport beneath the TLS, if made with Cork; else nil
+	cork    *corkConn   // the transport beneath the TLS, if made with Cork; else nil
+	frames  frameWriter // the transport writes a frame itself (WebSocket); else nil
 	hdr     [yamuxHeaderSize]byte
 	pending bool // hdr holds a data header awaiting its body
 }
@@ -42,6 +43,9 @@ type coalesceConn struct {
 func (c *coalesceConn) Write(p []byte) (int, error) {
 	if c.pending {
 		c.pending = false
+		if c.frames != nil {
+			return c.frames.writeFrame(c.hdr[:], p)
+		}
 		if c.cork != nil {
 			c.cork.cork()
 			n, err := c.writeFrame(p)
@@ -58,6 +62,15 @@ func (c *coalesceConn) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.Conn.Write(p)
+}
+
+// frameWriter is a transport that sends a data frame's header and body
+// together better than one Write of both: the WebSocket transport makes
+// them one message, copied once into its frame buffer.
+type frameWriter interface {
+	// writeFrame writes hdr then body and returns the bytes of body
+	// written.
+	writeFrame(hdr, body []byte) (int, error)
 }
 
 // writeFrame writes the pending header and body p: the header with the

@@ -1,4 +1,7 @@
 // Package tunnel owns the agent–coordinator transport: TLS over TCP dialing,
+// the WebSocket transport (ws.go: the same session in binary WebSocket
+// messages over TLS to the same port, selected by ALPN http/1.1, dialed
+// directly or through an HTTP CONNECT proxy from the environment),
 // the yamux session with Tether's tuned configuration, typed stream
 // open/accept (a protocol stream header on every stream), the agent's
 // redialer (several coordinator addresses and the records of their names,
@@ -20,7 +23,9 @@
 // all. Config.IdleTimeout adds a timer, not a goroutine (idle.go): it
 // re-arms itself for the time left and closes a session whose peer sent
 // nothing for that long. OpenStream runs no goroutine of its own.
-// Redialer.Run runs in the caller's goroutine.
+// Redialer.Run runs in the caller's goroutine. A WebSocket connection runs
+// no goroutine of its own: its keepalive ping is a timer that re-arms
+// itself (ws.go).
 //
 // Dead peers: a peer that stopped answering with its connection left open
 // (a frozen process: writes still succeed into its kernel buffers) is found

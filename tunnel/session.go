@@ -178,7 +178,8 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 	wc := &watchConn{Conn: cc}
 	cc = wc
 	if coalesce {
-		cc = &coalesceConn{Conn: cc, cork: corkOf(conn)}
+		fw, _ := conn.(frameWriter)
+		cc = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw}
 	}
 	var (
 		y   *yamux.Session
@@ -264,6 +265,39 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 	}
 	r.st.SetWriteDeadline(time.Time{})
 	return r.st, nil
+}
+
+// OpenRaw opens a stream without writing a header, for sessions whose
+// streams begin otherwise (the direct client protocol,
+// protocol/direct.go). It gives up when ctx ends; the caller owns the
+// stream.
+func (s *Session) OpenRaw(ctx context.Context) (*yamux.Stream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		st  *yamux.Stream
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		st, err := s.y.OpenStream()
+		ch <- result{st, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("tunnel: open stream to %s: %w", s.RemoteAddr(), r.err)
+		}
+		return r.st, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.st != nil {
+				r.st.Close()
+			}
+		}()
+		return nil, fmt.Errorf("tunnel: open stream to %s: %w", s.RemoteAddr(), ctx.Err())
+	}
 }
 
 // Accept waits for the peer to open a stream and reads its header, waiting at

@@ -34,6 +34,7 @@ func transports(t *testing.T) map[string]func() (client, server net.Conn) {
 		// As DialTLS and NewListener make them: corked writes and
 		// read-ahead beneath the TLS.
 		"tls-corked": func() (net.Conn, net.Conn) { return corkedTLSPair(t) },
+		"wss":        func() (net.Conn, net.Conn) { return wsPair(t) },
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +31,15 @@ type agentOptions struct {
 	Coordinators []string
 	// CoordinatorsInOrder prefers Coordinators in the order given.
 	CoordinatorsInOrder bool
+	// Transports are how each coordinator address is dialed, in the order
+	// tried: "tls" (raw TLS) and "wss" (WebSocket on the same port,
+	// through $HTTPS_PROXY unless $NO_PROXY excludes the coordinator).
+	// Empty means "tls".
+	Transports []string
+	// WebSocketPing is how long a wss connection may go without a write
+	// before it sends a WebSocket ping. Zero means
+	// tunnel.DefaultPingInterval; negative, none.
+	WebSocketPing time.Duration
 	// TokenFile holds the join token (tether token create; whitespace is
 	// trimmed) the agent enrolls with when IdentityDir holds no valid
 	// certificate. Empty means $TETHER_TOKEN; one of them is required
@@ -121,6 +131,13 @@ func (o *agentOptions) Validate(envToken string) error {
 	for _, a := range o.Coordinators {
 		if err := checkHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("--coordinator: %w", err))
+		}
+	}
+	for i, t := range o.Transports {
+		if t != agent.TransportTLS && t != agent.TransportWebSocket {
+			errs = append(errs, fmt.Errorf("--transport %q: want %s or %s", t, agent.TransportTLS, agent.TransportWebSocket))
+		} else if slices.Index(o.Transports, t) != i {
+			errs = append(errs, fmt.Errorf("--transport %q is listed twice", t))
 		}
 	}
 	for _, r := range o.CopyRoots {
@@ -301,6 +318,8 @@ func newAgentCmd(e *env) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated; a name with several A/AAAA records counts as several); the agent spreads over them by node id and moves on when one fails or drains")
+	f.StringSliceVar(&o.Transports, "transport", o.Transports, "how to reach each coordinator, in the order tried: tls (raw TLS), wss (WebSocket over TLS on the same port, path "+tunnel.WebSocketPath+", through the CONNECT proxy of $HTTPS_PROXY unless $NO_PROXY excludes the coordinator); the one that last connected is tried first (default tls)")
+	f.DurationVar(&o.WebSocketPing, "websocket-ping", o.WebSocketPing, "with --transport wss: send a WebSocket ping after this long without a write; keep it below the proxy's idle timeout (default 15s; negative: none)")
 	f.BoolVar(&o.CoordinatorsInOrder, "coordinators-in-order", false, "take the --coordinator addresses in the order given (the first preferred, the rest as fallbacks) instead of spreading by node id")
 	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token to enroll with until the agent has a certificate (default: $TETHER_TOKEN)")
 	f.StringVar(&o.IdentityDir, "identity-dir", o.IdentityDir, "directory of the node certificate, key and pinned CA (default: DATA-DIR/identity)")
@@ -353,6 +372,8 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	cfg.Labels = o.labels
 	cfg.Coordinators = o.Coordinators
 	cfg.CoordinatorsInOrder = o.CoordinatorsInOrder
+	cfg.Transports = o.Transports
+	cfg.WebSocketPing = o.WebSocketPing
 	cfg.Token = token
 	cfg.SharedToken = o.SharedToken
 	cfg.IdentityDir = o.IdentityDir

@@ -45,6 +45,9 @@ func TestAgentTargetFlags(t *testing.T) {
 			`--target db: "db" is not host:port`,
 			`--target "a=127.0.0.1:2": target a is given twice`,
 		}, nil},
+		{"transports", func(o *agentOptions) { o.Transports = []string{"wss", "tls"} }, nil, nil},
+		{"bad transports", func(o *agentOptions) { o.Transports = []string{"ws", "tls", "tls"} },
+			[]string{`--transport "ws": want tls or wss`, `--transport "tls" is listed twice`}, nil},
 		{"empty workspace", func(o *agentOptions) { o.OpenShell, o.OpenShellWorkspaces = "127.0.0.1:8080", []string{" "} },
 			[]string{"--openshell-workspace: empty workspace name"}, nil},
 	}

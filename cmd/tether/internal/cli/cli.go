@@ -121,7 +121,7 @@ func usage(err error) error {
 }
 
 func run(ctx context.Context, args []string, e *env) int {
-	root := newRootCmd(e)
+	root := newRootCmdFor(e, args)
 	root.SetArgs(args)
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
@@ -167,7 +167,47 @@ func (e *env) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra
 	}
 }
 
-func newRootCmd(e *env) *cobra.Command {
+// topCommands are the top-level subcommands, in the order help lists them,
+// each with its constructor. A run builds only the one it was asked for (see
+// newRootCmdFor): building every subcommand's flags, defaults and help text
+// costs a start-up that a one-shot command such as `tether exec` pays every
+// time (issue 12). name must equal the Name() of what build returns, and
+// no top-level command has aliases (TestTopCommandsTable checks both).
+var topCommands = []struct {
+	name  string
+	build func(*env) *cobra.Command
+}{
+	{"version", newVersionCmd},
+	{"coordinator", newCoordinatorCmd},
+	{"agent", newAgentCmd},
+	{"dev", newDevCmd},
+	{"exec", func(e *env) *cobra.Command { return clientCommand(newExecCmd(e)) }},
+	{"nodes", func(e *env) *cobra.Command { return clientCommand(newNodesCmd(e)) }},
+	{"shell", func(e *env) *cobra.Command { return clientCommand(newShellCmd(e)) }},
+	{"job", func(e *env) *cobra.Command { return clientCommand(newJobCmd(e)) }},
+	{"cp", func(e *env) *cobra.Command { return clientCommand(newCpCmd(e)) }},
+	{"forward", func(e *env) *cobra.Command { return clientCommand(newForwardCmd(e)) }},
+	{"ssh-config", func(e *env) *cobra.Command { return clientCommand(newSSHConfigCmd(e)) }},
+	{"ssh-proxy", func(e *env) *cobra.Command { return clientCommand(newSSHProxyCmd(e)) }},
+	{"sandboxes", func(e *env) *cobra.Command { return clientCommand(newSandboxesCmd(e)) }},
+	{"run-lease", func(e *env) *cobra.Command { return clientCommand(newRunLeaseCmd(e)) }},
+	{"audit", func(e *env) *cobra.Command { return clientCommand(newAuditCmd(e)) }},
+	{"policy", newPolicyCmd},
+	{"token", newTokenCmd},
+	{"node", newNodeCmd},
+	{"nats", newNATSCmd},
+}
+
+// newRootCmd is the whole command tree (every subcommand built).
+func newRootCmd(e *env) *cobra.Command { return newRootCmdFor(e, nil) }
+
+// newRootCmdFor is the command tree that runs args: when args[0] names a
+// top-level subcommand, the root holds only that one; otherwise (no
+// arguments, a flag, help, cobra's hidden __complete, a misspelt command
+// that wants suggestions) it holds all of them. Parsing, help and errors of
+// the named command are the same either way: none of them looks at its
+// siblings (TestLazyTreeSameHelp).
+func newRootCmdFor(e *env, args []string) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "tether",
 		Short: "Run jobs on a fleet of nodes reached through their outbound tunnels",
@@ -186,27 +226,17 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(
-		newVersionCmd(e),
-		newCoordinatorCmd(e),
-		newAgentCmd(e),
-		newDevCmd(e),
-		clientCommand(newExecCmd(e)),
-		clientCommand(newNodesCmd(e)),
-		clientCommand(newShellCmd(e)),
-		clientCommand(newJobCmd(e)),
-		clientCommand(newCpCmd(e)),
-		clientCommand(newForwardCmd(e)),
-		clientCommand(newSSHConfigCmd(e)),
-		clientCommand(newSSHProxyCmd(e)),
-		clientCommand(newSandboxesCmd(e)),
-		clientCommand(newRunLeaseCmd(e)),
-		clientCommand(newAuditCmd(e)),
-		newPolicyCmd(e),
-		newTokenCmd(e),
-		newNodeCmd(e),
-		newNATSCmd(e),
-	)
+	if len(args) > 0 {
+		for _, c := range topCommands {
+			if c.name == args[0] {
+				root.AddCommand(c.build(e))
+				return root
+			}
+		}
+	}
+	for _, c := range topCommands {
+		root.AddCommand(c.build(e))
+	}
 	return root
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,11 @@ type coordinatorOptions struct {
 	DataDir string
 	// Listen is the agent tunnel listener's address (TLS). Default ":7443".
 	Listen string
+	// DirectAddr is the tunnel listener's address as clients reach it for
+	// the direct data path of their streams; empty (default) means
+	// Listen's host and bound port; "off" turns the direct path off
+	// (streams are relayed over NATS).
+	DirectAddr string
 	// HTTPAddr is the admin listener (/metrics, /healthz, /readyz). Default
 	// "127.0.0.1:7080".
 	HTTPAddr string
@@ -338,8 +344,9 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the join token, dev PKI and embedded NATS store")
-	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS)")
+	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS; also WebSocket, GET "+tunnel.WebSocketPath+" with ALPN http/1.1)")
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
+	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --listen address as clients reach it, for their streams' direct data path (default: --listen's host and bound port; "off": streams are relayed over NATS)`)
 	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
 	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "the coordinator's NATS credentials (TETHER account user) for --nats-url")
 	f.BoolVar(&o.InsecureNATS, "insecure-nats", o.InsecureNATS, "start even if the --nats-url server lets anonymous clients publish to tether.v1.>")
@@ -677,6 +684,19 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Endpoints = cs.sbx.Endpoints
 	cfg.Policy = cs.policy
 	cfg.SSH.HostCA = hostCA
+	if o.DirectAddr != "off" {
+		// Clients verify the listener against this pin, which they get
+		// over their authenticated NATS connection.
+		leaf, err := x509.ParseCertificate(tlsCfg.Certificates[0].Certificate[0])
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: tunnel listener certificate: %w", err)
+		}
+		cfg.Direct.Pin = tunnel.CertPin(leaf)
+		cfg.Direct.Addr = o.DirectAddr
+		if cfg.Direct.Addr == "" {
+			cfg.Direct.Addr = reportedAddr(o.Listen, rawLn.Addr())
+		}
+	}
 	var jumpAddr, jumpKey string // set below, before anything serves
 	if cs.sshLn != nil {
 		cfg.SSH.Jump = func() (string, string) { return jumpAddr, jumpKey }
@@ -712,7 +732,11 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cs.info.TunnelAddr = rawLn.Addr().String()
 	// Agents with a node certificate present it; the coordinator checks
 	// it (coordinator/identity.go).
-	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(tlsCfg))
+	// ALPN http/1.1 reaches the WebSocket transport on the same port, and
+	// tether-client/1 clients' direct sessions (coordinator: dispatchClient).
+	lnTLS := tunnel.ServeALPN(tlsCfg)
+	lnTLS.NextProtos = append(lnTLS.NextProtos, protocol.ALPNClient)
+	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(lnTLS))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
 	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
 	return cs, nil

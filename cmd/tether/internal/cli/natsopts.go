@@ -116,7 +116,26 @@ func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(
 		}
 		return nil, nil, fmt.Errorf("connect to NATS at %s (from %s): %w (is a coordinator or `tether dev` running? set --nats-url or %s)", t.url, t.urlFrom, err, natsURLEnv)
 	}
-	return client.New(nc), nc.Close, nil
+	c := client.New(nc)
+	c.Direct = directMode(getenv)
+	return c, func() { c.Close(); nc.Close() }, nil
+}
+
+// directEnv turns off the direct data path for client streams when set
+// to 0, false or off: they are then relayed over NATS. Unset, streams use
+// the coordinator's tunnel listener when they can reach it and fall back
+// to NATS otherwise.
+const directEnv = "TETHER_DIRECT"
+
+// directMode reads directEnv.
+func directMode(getenv func(string) string) client.DirectMode {
+	switch strings.ToLower(strings.TrimSpace(getenv(directEnv))) {
+	case "0", "false", "off", "no":
+		return client.DirectOff
+	case "only":
+		return client.DirectOnly
+	}
+	return client.DirectAuto
 }
 
 // configHome is $XDG_CONFIG_HOME, else ~/.config ("" without a home).

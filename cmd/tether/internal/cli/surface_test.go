@@ -30,6 +30,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -97,6 +98,8 @@ const surfaceHeader = `# Tether's attack surface: what every listener of a coord
 #                         (ok:404: no such job or sandbox, ok:InvalidArgument:
 #                         the gateway refused the empty request)
 #   refused:CODE          the tunnel refused the handshake with CODE
+#   closed:CODE           the WebSocket was closed with status CODE (1003:
+#                         binary messages only)
 #   -                     not probed (that caller cannot speak there)
 #
 # The admin HTTP server takes no credentials at all (keep it on loopback or
@@ -1033,6 +1036,12 @@ var adminProbes = []struct{ method, path string }{
 // notCoordinatorHandlers are HTTP patterns registered in the module's
 // code ("FILE PATTERN", see surfaceHTTPPatterns) that are not served by a
 // coordinator listener.
+// tunnelPortHandlers are the HTTP patterns of the tunnel port's WebSocket
+// side (coordinator/websocket.go), probed by probeTunnel's "https" entries.
+var tunnelPortHandlers = map[string]bool{
+	"coordinator/websocket.go /": true,
+}
+
 var notCoordinatorHandlers = map[string]bool{
 	"cmd/tether/internal/cli/agent.go GET /metrics": true, // the agent's own --metrics-addr
 }
@@ -1044,7 +1053,7 @@ func probeAdmin(t *testing.T, cs *coordinatorServer, tab *surfaceTable) (entries
 	}
 	for _, h := range surfaceHTTPPatterns(t) {
 		file, pat, _ := strings.Cut(h, " ")
-		if !probed[pat] && !notCoordinatorHandlers[h] {
+		if !probed[pat] && !notCoordinatorHandlers[h] && !tunnelPortHandlers[h] {
 			t.Errorf("%s registers HTTP route %q, which TestSurface does not probe: add it to adminProbes (or notCoordinatorHandlers) and review the new row", file, pat)
 		}
 	}
@@ -1410,6 +1419,9 @@ func grpcOutcome(err error) string {
 type tunnelProbe struct {
 	entry, caller string
 	plain         bool             // plain TCP, no TLS
+	ws            bool             // the WebSocket transport (ALPN http/1.1, GET tunnel.WebSocketPath)
+	http          string           // instead of a tunnel: "METHOD PATH" on the tunnel port's HTTP side
+	text          bool             // over the WebSocket transport, a text message instead of yamux
 	cert          *tls.Certificate // the client certificate, if any
 	kind          protocol.Kind    // the first stream's kind; 0: control
 	// frame returns the first frame on the first stream, if any.
@@ -1461,6 +1473,16 @@ func probeTunnel(t *testing.T, cs *coordinatorServer, agentDir string, tab *surf
 		{entry: "enroll", caller: "join-token", frame: enroll(surfaceProbeNode, probeTok)},
 		{entry: "enroll", caller: "join-token (used)", frame: enroll(surfaceProbeNode+"-2", probeTok)},
 		{entry: "enroll " + surfaceNode, caller: nodeCert, cert: id.TLSCertificate(), frame: enroll(surfaceNode, "")},
+		// The WebSocket transport on the same port: the same handshake
+		// behind the upgrade, refused the same way.
+		{entry: "wss hello", caller: "none", ws: true, frame: hello(surfaceProbeNode, "")},
+		{entry: "wss hello", caller: "shared-token", ws: true, frame: hello(surfaceProbeNode, "surface-shared-token")},
+		{entry: "wss hello another node", caller: nodeCert, ws: true, cert: id.TLSCertificate(), frame: hello(surfaceProbeNode, "")},
+		{entry: "wss enroll", caller: "bad-join-token", ws: true, frame: enroll(surfaceProbeNode, "tjt_surfacenotatoken")},
+		{entry: "wss text message", caller: "none", ws: true, text: true},
+		{entry: "https GET " + tunnel.WebSocketPath + " (no upgrade)", caller: "none", http: "GET " + tunnel.WebSocketPath},
+		{entry: "https GET /", caller: "none", http: "GET /"},
+		{entry: "https GET /metrics", caller: "none", http: "GET /metrics"},
 	}
 	for _, p := range probes {
 		if !slices.Contains(entries, p.entry) {
@@ -1508,7 +1530,19 @@ func tunnelAttempt(t *testing.T, cs *coordinatorServer, p tunnelProbe) string {
 	if p.cert != nil {
 		cfg.Certificates = []tls.Certificate{*p.cert}
 	}
-	c, err := tunnel.DialTLS(ctx, addr, cfg)
+	if p.http != "" {
+		return tunnelHTTPAttempt(ctx, addr, cfg, p.http)
+	}
+	if p.text {
+		return tunnelTextAttempt(addr, cfg)
+	}
+	var c net.Conn
+	if p.ws {
+		d := tunnel.WebSocketDialer{TLS: cfg}
+		c, err = d.Dial(ctx, addr)
+	} else {
+		c, err = tunnel.DialTLS(ctx, addr, cfg)
+	}
 	if err != nil {
 		return "refused-at-connect"
 	}
@@ -1561,4 +1595,49 @@ func tunnelAttempt(t *testing.T, cs *coordinatorServer, p tunnelProbe) string {
 		return "refused:" + ei.Code
 	}
 	return "frame " + f.Type.String()
+}
+
+// tunnelHTTPAttempt sends req ("METHOD PATH") to the HTTP side of the
+// tunnel port (ALPN http/1.1) and classifies the status.
+func tunnelHTTPAttempt(ctx context.Context, addr string, cfg *tls.Config, req string) string {
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{tunnel.ALPNHTTP}
+	hc := &http.Client{Timeout: defaultTestTimeout, Transport: &http.Transport{TLSClientConfig: cfg}}
+	defer hc.CloseIdleConnections()
+	method, path, _ := strings.Cut(req, " ")
+	r, err := http.NewRequestWithContext(ctx, method, "https://"+addr+path, nil)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	resp, err := hc.Do(r)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return "unknown"
+	}
+	return statusOutcome(resp.StatusCode)
+}
+
+// tunnelTextAttempt upgrades to the WebSocket transport and sends a text
+// message where the tunnel's binary messages go.
+func tunnelTextAttempt(addr string, cfg *tls.Config) string {
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{tunnel.ALPNHTTP}
+	d := websocket.Dialer{TLSClientConfig: cfg, HandshakeTimeout: defaultTestTimeout}
+	ws, _, err := d.Dial("wss://"+addr+tunnel.WebSocketPath, nil)
+	if err != nil {
+		return "refused-at-connect"
+	}
+	defer ws.Close()
+	ws.WriteMessage(websocket.TextMessage, []byte("{}"))
+	ws.SetReadDeadline(time.Now().Add(defaultTestTimeout))
+	_, _, err = ws.ReadMessage()
+	var ce *websocket.CloseError
+	if errors.As(err, &ce) {
+		return fmt.Sprintf("closed:%d", ce.Code)
+	}
+	return fmt.Sprintf("read: %v", err)
 }

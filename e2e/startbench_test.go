@@ -1,0 +1,146 @@
+//go:build e2e && sshbench
+
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"text/tabwriter"
+	"time"
+)
+
+// TestStartupBenchmark measures whole processes, as a user's shell runs
+// them (issue 12, item 4): `tether version` against /bin/true, and
+// `tether exec --node node-a -- true` against `ssh host true` through an
+// OpenSSH ControlMaster to a loopback sshd. Every side runs
+// STARTBENCH_RUNS (default 30) times in a row per round, for
+// STARTBENCH_ROUNDS (default 7) rounds, the order of the sides reversed
+// every other round; it prints each side's median per-run time and the
+// median of the per-round ratios. -tether-base-bin adds another build
+// beside (its ratio to the current one too). Run it with
+// `make bench-startup`. Nothing is asserted: a loaded machine moves the
+// numbers, the targets (≤ 3 ms, ≤ 0.33× ssh) are for an idle one.
+func TestStartupBenchmark(t *testing.T) {
+	needTools(t, "ssh", "ssh-keygen", "sshd")
+	if raceBuilt(t, *tetherBin) {
+		plain := plainBinary(t)
+		t.Logf("%s is built with -race; benchmarking %s instead", *tetherBin, plain)
+		old := *tetherBin
+		*tetherBin = plain
+		t.Cleanup(func() { *tetherBin = old })
+	}
+	rounds := envInt(t, "STARTBENCH_ROUNDS", 7)
+	runs := envInt(t, "STARTBENCH_RUNS", 30)
+
+	dir := t.TempDir()
+	key := newSSHKey(t, dir, "bench")
+	sshd := startSSHD(t, key)
+	sock := filepath.Join(dir, "cm")
+	mustRun(t, "ssh", "-F", sshd.Config, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", sshd.Host)
+	// Every run below must reuse this master: without it, each would be a
+	// full handshake and the comparison would flatter tether.
+	mustRun(t, "ssh", "-F", sshd.Config, "-o", "ControlPath="+sock, "-O", "check", sshd.Host)
+	t.Cleanup(func() {
+		exec.Command("ssh", "-F", sshd.Config, "-o", "ControlPath="+sock, "-O", "exit", sshd.Host).Run()
+	})
+
+	f := startFleet(t)
+	f.startAgent(t, "node-a", "role=a", f.tokenFile)
+	f.waitNodes(t, "node-a")
+	clientEnv := append(os.Environ(), natsEnv(f.natsURL)...)
+
+	type side struct {
+		name string
+		argv []string
+		env  []string
+	}
+	tetherSides := func(bin, label string) []side {
+		return []side{
+			{name: label + " version", argv: []string{bin, "version"}},
+			{name: label + " exec --node node-a -- true", argv: []string{bin, "exec", "--node", "node-a", "--", "true"}, env: clientEnv},
+		}
+	}
+	sides := []side{
+		{name: "/bin/true", argv: []string{"/bin/true"}},
+		{name: "ssh true via ControlMaster", argv: []string{"ssh", "-F", sshd.Config, "-o", "ControlMaster=no", "-o", "ControlPath=" + sock, sshd.Host, "true"}},
+	}
+	sides = append(sides, tetherSides(*tetherBin, "tether")...)
+	if *baseBin != "" {
+		sides = append(sides, tetherSides(*baseBin, "base")...)
+	}
+	// One run of each first: a side that fails stops the benchmark here,
+	// and the page cache holds every binary before the first round.
+	for _, s := range sides {
+		if out, err := runOnce(s.argv, s.env); err != nil {
+			t.Fatalf("%s: %v: %s", s.name, err, out)
+		}
+	}
+	per := make([][]float64, len(sides)) // [side][round] seconds per run
+	for r := range rounds {
+		order := make([]int, len(sides))
+		for i := range order {
+			order[i] = i
+			if r%2 == 1 {
+				order[i] = len(sides) - 1 - i
+			}
+		}
+		for _, i := range order {
+			s := sides[i]
+			start := time.Now()
+			for range runs {
+				if out, err := runOnce(s.argv, s.env); err != nil {
+					t.Fatalf("round %d, %s: %v: %s", r, s.name, err, out)
+				}
+			}
+			per[i] = append(per[i], time.Since(start).Seconds()/float64(runs))
+		}
+	}
+	ratio := func(a, b int) []float64 {
+		var v []float64
+		for r := range rounds {
+			v = append(v, per[a][r]/per[b][r])
+		}
+		return v
+	}
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "start-up benchmark: %d interleaved rounds of %d runs per side, %d cores, load %s, %s\n",
+		rounds, runs, runtime.NumCPU(), loadAvg(), sshVersion(t))
+	tw := tabwriter.NewWriter(&out, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "side\tmedian per run\tratio (median of rounds; each round)\ttarget")
+	for i, s := range sides {
+		line := fmt.Sprintf("%s\t%.3f ms", s.name, median(per[i])*1e3)
+		switch {
+		case i >= 2 && (i-2)%2 == 0: // version: to /bin/true
+			rs := ratio(i, 0)
+			line += fmt.Sprintf("\t%.2fx /bin/true (%s)\t<= 3 ms", median(rs), fmtRatios(rs))
+		case i >= 2: // exec: to ssh
+			rs := ratio(i, 1)
+			line += fmt.Sprintf("\t%.2fx ssh (%s)\t<= 0.33x", median(rs), fmtRatios(rs))
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+	if *baseBin != "" {
+		for i := 2; i < 4; i++ {
+			rs := ratio(i, i+2)
+			fmt.Fprintf(&out, "%s / base: %.3fx (%s)\n", sides[i].name, median(rs), fmtRatios(rs))
+		}
+	}
+	fmt.Print(out.String())
+}
+
+// runOnce runs argv to the end with env (nil: this process's), its output
+// kept only for an error.
+func runOnce(argv, env []string) ([]byte, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.Bytes(), err
+}
