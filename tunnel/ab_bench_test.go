@@ -130,15 +130,7 @@ func runAB(b *testing.B, a, z *abSide) {
 	b.ReportMetric(median(cpu), "cpu/B-ratio")
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
+// median is ws_test.go's.
 // BenchmarkABCopyChunk: the splices' copy, 32 KiB buffers (io.Copy's and
 // the agent's dial copies' before) against countcopy.CopyPooled (32 KiB
 // growing to 256 KiB), both ends, over one corked TLS tunnel stream each;
