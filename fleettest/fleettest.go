@@ -618,7 +618,9 @@ func (f *Fleet) WaitNodes(tb testing.TB, n int) {
 }
 
 func (f *Fleet) stop() {
-	f.Client.Close()
+	if f.Client != nil { // Dial's fleets of agents only have none
+		f.Client.Close()
+	}
 	f.cancel()
 	f.wg.Wait()
 }
