@@ -55,15 +55,15 @@ func Create(ctx context.Context, want int, create func(ctx context.Context, repl
 	return 0, errors.New("replicas: no count to try") // not reached: tries is never empty
 }
 
-// attempt calls create for r until it answers within attemptTimeout or
-// ctx ends.
+// attempt calls create for r until it answers within attemptTimeout, with
+// anything but Unavailable, or ctx ends.
 func attempt(ctx context.Context, r int, create func(ctx context.Context, replicas int) error) error {
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		err := create(actx, r)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
-		if err == nil || !timedOut {
+		if err == nil || !(timedOut || Unavailable(err)) {
 			return err
 		}
 		select {
@@ -72,6 +72,17 @@ func attempt(ctx context.Context, r int, create func(ctx context.Context, replic
 		case <-time.After(time.Duration(100+rand.IntN(400)) * time.Millisecond):
 		}
 	}
+}
+
+// Unavailable reports whether err says the JetStream servers cannot answer
+// yet (10008, "JetStream system temporarily unavailable"): what a cluster
+// that was just restarted answers while it elects its meta and stream
+// leaders. Like a timed-out call, such a call is made again. (No
+// responders is not among them: it is what a server without JetStream
+// answers, which waiting does not mend.)
+func Unavailable(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && ae.ErrorCode == 10008
 }
 
 // TooFewPeers reports whether err says the JetStream servers cannot place

@@ -49,6 +49,24 @@ func TestCreateStopsAtOtherErrors(t *testing.T) {
 	}
 }
 
+// TestCreateWaitsWhileUnavailable: a cluster electing its leaders (just
+// restarted) answers 10008 "temporarily unavailable"; the create is made
+// again until it succeeds, at the same replica count.
+func TestCreateWaitsWhileUnavailable(t *testing.T) {
+	var tried []int
+	unavail := &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}
+	r, err := jsreplicas.Create(testContext(t), 0, func(_ context.Context, r int) error {
+		tried = append(tried, r)
+		if len(tried) < 3 {
+			return unavail
+		}
+		return nil
+	})
+	if r != 3 || err != nil || fmt.Sprint(tried) != "[3 3 3]" {
+		t.Errorf("Create: %d, %v after tries %v; want 3, nil after [3 3 3]", r, err, tried)
+	}
+}
+
 // runServer starts a JetStream server on loopback; with routes, a member
 // of cluster "c" listening for routes on clusterPort.
 func runServer(t *testing.T, name string, clusterPort int, routes []string) *server.Server {

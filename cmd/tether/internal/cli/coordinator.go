@@ -381,6 +381,14 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	return cmd
 }
 
+// storeOpenTimeout bounds the opening of each JetStream store at start-up
+// (fleet registry, ledger, enrollment, audit, jobs). After a restart of a
+// whole NATS cluster its replicated streams elect leaders before they
+// answer, which took over 30 s on a loaded 2-core machine (e2e TestCluster's
+// RestartEverything); a coordinator started with its NATS cluster should
+// wait for it, not exit (jsreplicas retries each create meanwhile).
+const storeOpenTimeout = 2 * time.Minute
+
 // coordinatorInfo is where a started coordinator can be reached.
 type coordinatorInfo struct {
 	TunnelAddr string // the tunnel listener's bound address
@@ -618,13 +626,13 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if err := checkDistinctCoordinator(cs.nc, id); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	octx, ocancel := context.WithTimeout(context.Background(), 30*time.Second)
+	octx, ocancel := context.WithTimeout(context.Background(), storeOpenTimeout)
 	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 0)
 	ocancel()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	octx, ocancel = context.WithTimeout(context.Background(), 30*time.Second)
+	octx, ocancel = context.WithTimeout(context.Background(), storeOpenTimeout)
 	cs.sbx, err = o.Sandbox.open(octx, sbxLn, o.DataDir, id, cs.nc, log, reg)
 	ocancel()
 	if err != nil {
@@ -632,7 +640,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	}
 	sbx := cs.sbx // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { sbx.Ledger().Close() })
-	octx, ocancel = context.WithTimeout(context.Background(), 30*time.Second)
+	octx, ocancel = context.WithTimeout(context.Background(), storeOpenTimeout)
 	cs.ids, err = enroll.Open(octx, enroll.Config{NATS: cs.nc, Logger: log})
 	ocancel()
 	if err != nil {
@@ -641,7 +649,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	ids := cs.ids
 	undo = append(undo, ids.Close)
 
-	actx, acancel := context.WithTimeout(context.Background(), 30*time.Second)
+	actx, acancel := context.WithTimeout(context.Background(), storeOpenTimeout)
 	cs.audit, err = audit.New(actx, audit.Config{
 		NATS: cs.nc, Coordinator: id, MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Logger: log, Registerer: reg,
 	})
@@ -652,7 +660,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	rec := cs.audit // cs is nil by the time undo runs on an error return
 	undo = append(undo, func() { closeAudit(rec, log) })
 
-	jctx, jcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	jctx, jcancel := context.WithTimeout(context.Background(), storeOpenTimeout)
 	jobs, err := jobstore.Open(jctx, jobstore.Config{NATS: cs.nc, Coordinator: id, Retention: o.JobRetention})
 	jcancel()
 	if err != nil {
