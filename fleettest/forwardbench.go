@@ -32,51 +32,31 @@ func Median(v []float64) float64 {
 // connection's first byte picks it. 'B' then an 8-byte length: the bytes
 // are read and discarded, then one byte answers; 'E': every byte is echoed.
 func BenchTarget(tb testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	tb.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	return serveLoopback(tb, func(c net.Conn) {
+		var mode [1]byte
+		if _, err := io.ReadFull(c, mode[:]); err != nil {
+			return
+		}
+		switch mode[0] {
+		case 'B':
+			var n [8]byte
+			if _, err := io.ReadFull(c, n[:]); err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				var mode [1]byte
-				if _, err := io.ReadFull(c, mode[:]); err != nil {
+			// Big reads: the sink should cost little next to the paths.
+			buf := make([]byte, 1<<20)
+			for left := int64(binary.BigEndian.Uint64(n[:])); left > 0; {
+				k, err := c.Read(buf[:min(left, int64(len(buf)))])
+				left -= int64(k)
+				if err != nil {
 					return
 				}
-				switch mode[0] {
-				case 'B':
-					var n [8]byte
-					if _, err := io.ReadFull(c, n[:]); err != nil {
-						return
-					}
-					// Big reads: the sink should cost little next to the paths.
-					buf := make([]byte, 1<<20)
-					for left := int64(binary.BigEndian.Uint64(n[:])); left > 0; {
-						k, err := c.Read(buf[:min(left, int64(len(buf)))])
-						left -= int64(k)
-						if err != nil {
-							return
-						}
-					}
-					c.Write([]byte{1})
-				case 'E':
-					io.Copy(c, c)
-				}
-			}()
+			}
+			c.Write([]byte{1})
+		case 'E':
+			io.Copy(c, c)
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // TwoHopRelay chains two userspace relays (io.Copy each way) in front
@@ -86,6 +66,29 @@ func TwoHopRelay(tb testing.TB, target string) string {
 }
 
 func startRelay(tb testing.TB, to string) string {
+	return serveLoopback(tb, func(c net.Conn) {
+		u, err := net.Dial("tcp", to)
+		if err != nil {
+			return
+		}
+		defer u.Close()
+		done := make(chan struct{})
+		go func() {
+			io.Copy(u, c)
+			u.(*net.TCPConn).CloseWrite()
+			close(done)
+		}()
+		io.Copy(c, u)
+		c.(*net.TCPConn).CloseWrite()
+		<-done
+	})
+}
+
+// serveLoopback listens on a loopback TCP port and runs handle on each
+// connection in its own goroutine, closing the connection after; the
+// listener closes, and every handler is waited for, at tb's cleanup. It
+// returns the listener's address.
+func serveLoopback(tb testing.TB, handle func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -104,20 +107,7 @@ func startRelay(tb testing.TB, to string) string {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				u, err := net.Dial("tcp", to)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				done := make(chan struct{})
-				go func() {
-					io.Copy(u, c)
-					u.(*net.TCPConn).CloseWrite()
-					close(done)
-				}()
-				io.Copy(c, u)
-				c.(*net.TCPConn).CloseWrite()
-				<-done
+				handle(c)
 			}()
 		}
 	}()
