@@ -637,6 +637,7 @@ func (ds *directStream) Close() error {
 		return nil
 	}
 	ds.closed = true
+	halfClosed := ds.writeClosed
 	// Both directions over, or the coordinator's side failed (its relay
 	// is over or aborting): the FIN can go now. Else the coordinator is
 	// told first, and the FIN follows its answer (onEnd).
@@ -648,7 +649,7 @@ func (ds *directStream) Close() error {
 	ds.st.SetWriteDeadline(time.Now())
 	if !clean {
 		// A failure means the session is gone, and the stream with it.
-		ds.s.writeControl(protocol.FrameDirectClose, &protocol.DirectRef{Stream: ds.id})
+		ds.s.writeControl(protocol.FrameDirectClose, &protocol.DirectRef{Stream: ds.id, HalfClosed: halfClosed})
 	}
 	if finNow {
 		ds.st.Close()

@@ -444,6 +444,11 @@ func (cs *clientSession) readControl(fr *protocol.FrameReader) {
 		if f.Type == protocol.FrameDirectCancel {
 			e.peerReset()
 		} else {
+			if !ref.HalfClosed {
+				e.mu.Lock()
+				e.closedOpen = true
+				e.mu.Unlock()
+			}
 			e.fail(errClientClosed)
 		}
 	}
@@ -604,7 +609,10 @@ type directEnd struct {
 	err      error         // why it failed; nil after a clean end
 	endedOK  bool          // a clean DirectEnd was sent (CloseWrite)
 	endedErr bool          // a failed DirectEnd was sent
-	released bool          // Close ran
+	// closedOpen: the client closed the stream without half-closing it
+	// first; the data stream's EOF is then part of the abort (WriteTo).
+	closedOpen bool
+	released   bool // Close ran
 }
 
 // name identifies the end in logs.
@@ -665,8 +673,25 @@ func (e *directEnd) WriteTo(w io.Writer) (int64, error) {
 				// yamux ends a dead session's streams with EOF.
 				return total, e.cs.goneErr()
 			default:
-				return total, nil
 			}
+			// The client's close (or cancel) of a stream it had not
+			// half-closed came first on the control stream, and the FIN
+			// it sends once the relay answered may beat this read's
+			// wake-up by its deadline: yamux answers a read of a remotely
+			// closed stream with EOF before it looks at the deadline.
+			// That FIN is no half-close (protocol.DirectRef).
+			select {
+			case <-e.reset:
+				return total, errPeerReset
+			default:
+			}
+			e.mu.Lock()
+			aborted, ferr := e.closedOpen, e.err
+			e.mu.Unlock()
+			if aborted {
+				return total, ferr
+			}
+			return total, nil
 		}
 		if err != nil {
 			select {

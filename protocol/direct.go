@@ -92,9 +92,15 @@ type DirectAnswer struct {
 }
 
 // DirectRef is the payload of FrameDirectCancel and FrameDirectClose: the
-// data stream's yamux stream id.
+// data stream's yamux stream id. HalfClosed, in a close, says the client
+// had half-closed the data stream before it closed it: the coordinator
+// then takes the data stream's EOF for the end of the client's bytes, as
+// on the relayed path. Without it, the EOF that follows a close (the
+// client sends its FIN once the coordinator answered the close, but the
+// two travel on different streams) is part of the abort.
 type DirectRef struct {
-	Stream uint32 `json:"stream"`
+	Stream     uint32 `json:"stream"`
+	HalfClosed bool   `json:"half_closed,omitempty"`
 }
 
 // DirectEnd is the payload of FrameDirectEnd: the data stream whose
