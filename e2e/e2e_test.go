@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -140,7 +141,53 @@ func (p *proc) stop(t *testing.T) error {
 	return p.err
 }
 
+// freePort returns a loopback TCP port that was free a moment ago, for a
+// process the test starts later (or restarts on the same port). It is
+// taken below the kernel's ephemeral range (ip_local_port_range), where
+// the kernel never puts an outgoing connection's local port: a port from
+// the ephemeral range (what listening on port 0 gives) can be taken by
+// any connection made meanwhile, and CI saw a nats-server of TestCluster
+// die on "address already in use". Ports handed out in this process are
+// not handed out again.
 func freePort(t testing.TB) int {
+	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const floor = 10000 // above the well-known and most registered services' ports
+	if low <= floor+1000 {
+		return ephemeralPort(t) // an unusual range: no room below it
+	}
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		port := floor + rand.IntN(low-floor)
+		if portsGiven[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		portsGiven[port] = true
+		return port
+	}
+	return ephemeralPort(t)
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// ephemeralPort is a port the kernel chose, free a moment ago.
+func ephemeralPort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
