@@ -541,6 +541,15 @@ func TestRenewalOnControlStreamKeepsSession(t *testing.T) {
 		t.Error("a refused renewal closed the session")
 	}
 	a.close()
+	// The old session must be gone first: another instance's hello while
+	// it is still registered is refused as a duplicate node (CI saw the
+	// redial win the race against the deregistration by 9 ms).
+	checkFor(t, defaultTestTimeout, func() error {
+		if ns := ih.c.Nodes(protocol.Selector{}); len(ns) != 0 {
+			return fmt.Errorf("nodes after the close: %+v", ns)
+		}
+		return nil
+	})
 	b := ih.dialAgent(t, agentOpts{id: "n1", token: "-", heartbeat: true, instance: "renewed",
 		clientCert: &tls.Certificate{Certificate: [][]byte{nc.Raw}, PrivateKey: key, Leaf: nc}})
 	if b.reject != nil {
