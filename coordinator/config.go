@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"time"
 
@@ -397,8 +396,8 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.validatePacing()...)
 	if c.Direct.Addr != "" {
-		if _, _, err := net.SplitHostPort(c.Direct.Addr); err != nil {
-			errs = append(errs, fmt.Errorf("coordinator config: Direct.Addr %q: %w", c.Direct.Addr, err))
+		if err := protocol.CheckDirectAddr(c.Direct.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("coordinator config: Direct.Addr: %w", err))
 		}
 		if c.Direct.Pin == "" {
 			errs = append(errs, errors.New("coordinator config: Direct.Addr needs Direct.Pin (tunnel.CertPin of the tunnel listener's certificate), which clients verify the listener against"))
