@@ -52,7 +52,7 @@ type coordinatorOptions struct {
 	// the direct data path of their streams; empty (default) means
 	// Listen's host and bound port; "off" (in any case) turns the direct
 	// path off (streams are relayed over NATS). Else host:port with a
-	// port number (protocol.CheckDirectAddr); an empty host means the
+	// port number (coordinator.CheckDirectAddr); an empty host means the
 	// host of the client's NATS server.
 	DirectAddr string
 	// HTTPAddr is the admin listener (/metrics, /healthz, /readyz). Default
@@ -221,7 +221,7 @@ func (o *coordinatorOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
 	}
 	if o.DirectAddr != "" && !o.directOff() {
-		if err := protocol.CheckDirectAddr(o.DirectAddr); err != nil {
+		if err := coordinator.CheckDirectAddr(o.DirectAddr); err != nil {
 			errs = append(errs, fmt.Errorf("--direct-addr: %w (want HOST:PORT as clients reach --listen, :PORT for their NATS server's host, or off)", err))
 		}
 	}
