@@ -86,7 +86,10 @@ type Config struct {
 	// RefusedMax caps the backoff window while dials are refused outright
 	// (no coordinator listening: during its restart), so that agents find a
 	// restarted coordinator within it; the coordinator then paces their
-	// admission itself. Zero means tunnel's default (1 s); negative, no cap.
+	// admission itself. The cap holds for tunnel.DefaultRefusedFor (30 s)
+	// of refusals in a row, then the backoff grows as after any failure;
+	// a refused HTTP proxy is backed off from at once. Zero means tunnel's
+	// default (1 s); negative, no cap.
 	RefusedMax time.Duration
 	// Token is the join token (tether token create) the agent enrolls
 	// with when IdentityDir holds no valid certificate: then it is required.

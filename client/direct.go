@@ -31,7 +31,8 @@ const (
 	// be reached (dial or TLS failure within DirectDialTimeout), a
 	// coordinator without one, or one that predates it. After such a
 	// fallback the Client relays over NATS for DirectRetryAfter before it
-	// tries again.
+	// tries again. A listener whose certificate does not match the pin
+	// is no outage: OpenStream fails with *PinMismatchError.
 	DirectAuto DirectMode = iota
 	// DirectOff always relays over NATS (`TETHER_DIRECT=0` in the CLI).
 	DirectOff
@@ -91,6 +92,23 @@ func (e *directUnreachableError) Error() string {
 }
 
 func (e *directUnreachableError) Unwrap() error { return e.err }
+
+// PinMismatchError is a direct listener that answered with a certificate
+// whose key pin (tunnel.CertPin) is not the one the coordinator gave over
+// NATS. OpenStream returns it in every mode, DirectAuto included, instead
+// of falling back to the NATS relay: the listener was reached, and what
+// answered is not the coordinator (an interception, or a misconfiguration
+// such as a --direct-addr that names another server, or a proxy that
+// terminates TLS in front of the listener). Falling back would hide it.
+type PinMismatchError struct {
+	Addr string // the address dialed (host:port)
+	Want string // the pin the coordinator gave
+	Got  string // the pin of the certificate the listener presented
+}
+
+func (e *PinMismatchError) Error() string {
+	return fmt.Sprintf("direct listener %s presented a certificate with key pin %s, but the coordinator gave %s over NATS: refusing the connection and not falling back to NATS (an interception, or --direct-addr naming a server other than the coordinator's tunnel listener, or a proxy terminating TLS in front of it; TETHER_DIRECT=0 relays over NATS meanwhile)", e.Addr, e.Got, e.Want)
+}
 
 // fallBack reports whether a direct open that failed with err may be tried
 // again over NATS: the listener is out of reach, or the coordinator does
@@ -265,13 +283,17 @@ func (c *Client) dialDirect(ctx context.Context, rep protocol.DirectStreamReply)
 				return errors.New("the listener presented no certificate")
 			}
 			if got := tunnel.CertPin(cs.PeerCertificates[0]); subtle.ConstantTimeCompare([]byte(got), []byte(pin)) != 1 {
-				return fmt.Errorf("the listener's certificate has key pin %s, the coordinator said %s", got, pin)
+				return &PinMismatchError{Addr: addr, Want: pin, Got: got}
 			}
 			return nil
 		},
 	})
 	conn, err := tunnel.DialTLS(dctx, addr, cfg)
 	if err != nil {
+		if pm := (*PinMismatchError)(nil); errors.As(err, &pm) {
+			// Not an outage: no fallback (fallBack), whatever the mode.
+			return nil, pm
+		}
 		return nil, &directUnreachableError{addr: addr, err: err}
 	}
 	if p := conn.(*tls.Conn).ConnectionState().NegotiatedProtocol; p != protocol.ALPNClient {

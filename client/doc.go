@@ -61,7 +61,9 @@
 // reply), on one yamux session per coordinator listener, kept by the
 // Client for all its streams and released by Close; when the listener
 // cannot be reached, or the coordinator has none, it relays over NATS
-// (Client.Direct: DirectAuto, DirectOff, DirectOnly; direct.go).
+// (Client.Direct: DirectAuto, DirectOff, DirectOnly; direct.go). A
+// listener whose certificate does not match the pin is refused in every
+// mode (*PinMismatchError), never fallen back from.
 //
 // # Goroutines and concurrency
 //

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -397,8 +399,8 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.validatePacing()...)
 	if c.Direct.Addr != "" {
-		if _, _, err := net.SplitHostPort(c.Direct.Addr); err != nil {
-			errs = append(errs, fmt.Errorf("coordinator config: Direct.Addr %q: %w", c.Direct.Addr, err))
+		if err := CheckDirectAddr(c.Direct.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("coordinator config: Direct.Addr: %w", err))
 		}
 		if c.Direct.Pin == "" {
 			errs = append(errs, errors.New("coordinator config: Direct.Addr needs Direct.Pin (tunnel.CertPin of the tunnel listener's certificate), which clients verify the listener against"))
@@ -413,4 +415,54 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CheckDirectAddr reports whether addr may be DirectConfig.Addr, the
+// protocol.DirectStreamReply Addr clients dial: host:port with a port
+// number from 1 to 65535 (a number: a service name would depend on the
+// client's /etc/services) and a host that is empty
+// (the client's NATS host), an IP address or a DNS-style name (labels of
+// letters, digits, '-' and '_', 1 to 63 bytes each, no label starting or
+// ending with '-', at most 253 bytes in all). The error says which part
+// is wrong and quotes addr.
+func CheckDirectAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	if port == "" {
+		return fmt.Errorf("%q has no port", addr)
+	}
+	if n, err := strconv.ParseUint(port, 10, 32); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number from 1 to 65535", addr, port)
+	}
+	if host == "" || net.ParseIP(host) != nil {
+		return nil
+	}
+	if err := checkHostName(host); err != nil {
+		return fmt.Errorf("%q: host %q is not an IP address or host name: %w", addr, host, err)
+	}
+	return nil
+}
+
+// checkHostName checks a DNS-style host name (CheckDirectAddr's rules).
+func checkHostName(h string) error {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return errors.New("want 1 to 253 bytes")
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 {
+			return errors.New("empty label or one longer than 63 bytes")
+		}
+		if label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("label %q starts or ends with '-'", label)
+		}
+		for _, c := range []byte(label) {
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return fmt.Errorf("byte %q is not a letter, digit, '-' or '_'", c)
+			}
+		}
+	}
+	return nil
 }

@@ -37,17 +37,24 @@ import (
 // Lock order: directState.mu and clientSession.mu are leaves; neither is
 // held while doing I/O or while taking Coordinator.mu.
 
-// Reasons of tether_coordinator_direct_refusals_total.
+// Reasons of tether_coordinator_direct_refusals_total (metrics.go's Help
+// and the README describe them).
 const (
 	directOff      = "direct_off"
 	directPreamble = "bad_preamble"
+	// directNoCtl is a connection that opened no control stream within
+	// the handshake timeout (or went away first): idle, not malformed.
+	directNoCtl = "no_control_stream"
+	// directNoRedeem is a session whose control stream was fine but that
+	// redeemed no ticket within the handshake timeout.
+	directNoRedeem = "no_redemption"
 	directBadTkt   = "bad_ticket"
 	directUnknown  = "unknown_ticket"
 	directExpired  = "expired_ticket"
 	directReused   = "reused_ticket"
 )
 
-var directRefusalReasons = []string{directOff, directPreamble, directBadTkt, directUnknown, directExpired, directReused}
+var directRefusalReasons = []string{directOff, directPreamble, directNoCtl, directNoRedeem, directBadTkt, directUnknown, directExpired, directReused}
 
 // directForget is how long a ticket is remembered after its expiry, so a
 // late or replayed redemption is told "expired" or "already redeemed"
@@ -342,7 +349,7 @@ func (cs *clientSession) serve(ctx context.Context) {
 	ctl, err := cs.sess.AcceptRaw(actx)
 	cancel()
 	if err != nil {
-		c.refuseDirect(directPreamble, cs.remote, fmt.Errorf("no control stream within %v: %w", c.cfg.HandshakeTimeout, err))
+		c.refuseDirect(directNoCtl, cs.remote, fmt.Errorf("no control stream within %v: %w", c.cfg.HandshakeTimeout, err))
 		return
 	}
 	ctl.SetReadDeadline(time.Now().Add(c.cfg.HandshakeTimeout))
@@ -367,7 +374,7 @@ func (cs *clientSession) serve(ctx context.Context) {
 	// bounded by the handshake admission.
 	unproven := time.AfterFunc(c.cfg.HandshakeTimeout, func() {
 		if !cs.redeemed.Load() {
-			c.refuseDirect(directPreamble, cs.remote, fmt.Errorf("no ticket redeemed within %v of the session's start; closed", c.cfg.HandshakeTimeout))
+			c.refuseDirect(directNoRedeem, cs.remote, fmt.Errorf("no ticket redeemed within %v of the session's start; closed", c.cfg.HandshakeTimeout))
 			cs.sess.Close()
 		}
 	})

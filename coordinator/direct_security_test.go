@@ -351,6 +351,38 @@ func TestDirectListenerKeepsProtocolsApart(t *testing.T) {
 			}
 			return nil
 		})
+		checkFor(t, defaultTestTimeout, func() error {
+			if got := quick.metric("tether_coordinator_direct_refusals_total", "reason", "no_redemption"); got != 1 {
+				return fmt.Errorf("refusals{reason=no_redemption} = %v, want 1", got)
+			}
+			return nil
+		})
+		if got := quick.metric("tether_coordinator_direct_refusals_total", "reason", "bad_preamble"); got != 0 {
+			t.Errorf("refusals{reason=bad_preamble} = %v for a well-formed session that redeemed nothing, want 0", got)
+		}
+	})
+
+	// An idle connection (no control stream ever) is closed and counted
+	// as idle, not as a malformed preamble: the two call for different
+	// things of an operator (a slow or stuck client, a wrong one).
+	t.Run("no control stream", func(t *testing.T) {
+		quick := newHarness(t, withDirect(func(c *coordinator.Config) { c.HandshakeTimeout = 300 * time.Millisecond }))
+		r := dialRaw(t, quick, protocol.ALPNClient)
+		checkFor(t, defaultTestTimeout, func() error {
+			if !r.sess.IsClosed() {
+				return errors.New("a session that opened no control stream is still open")
+			}
+			return nil
+		})
+		checkFor(t, defaultTestTimeout, func() error {
+			if got := quick.metric("tether_coordinator_direct_refusals_total", "reason", "no_control_stream"); got != 1 {
+				return fmt.Errorf("refusals{reason=no_control_stream} = %v, want 1", got)
+			}
+			return nil
+		})
+		if got := quick.metric("tether_coordinator_direct_refusals_total", "reason", "bad_preamble"); got != 0 {
+			t.Errorf("refusals{reason=bad_preamble} = %v for an idle connection, want 0", got)
+		}
 	})
 
 	t.Run("direct off", func(t *testing.T) {

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -70,9 +71,10 @@ func TestDirectRelaySemantics(t *testing.T) {
 }
 
 // TestDirectFallback: a client that cannot use the direct path (the
-// listener unreachable, a certificate that does not match the pin, a
-// coordinator without the path) relays over NATS instead, unless told to
-// use the direct path only; DirectOff relays even when the path is there.
+// listener unreachable, a coordinator without the path) relays over NATS
+// instead, unless told to use the direct path only; DirectOff relays even
+// when the path is there. A certificate that does not match the pin is no
+// outage: DirectAuto refuses it too, naming both pins.
 func TestDirectFallback(t *testing.T) {
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -121,10 +123,18 @@ func TestDirectFallback(t *testing.T) {
 			auto := &client.Client{NC: f.NC}
 			defer auto.Close()
 			st, err = echo(auto)
-			if err != nil || st.Direct() != (tc.want == "") {
+			if tc.name == "wrong pin" {
+				var pm *client.PinMismatchError
+				if !errors.As(err, &pm) || pm.Want != "sha256/AAAA" || pm.Got == "" || pm.Got == pm.Want ||
+					!strings.Contains(err.Error(), pm.Want) || !strings.Contains(err.Error(), pm.Got) {
+					t.Fatalf("DirectAuto with a wrong pin: %v; want a *client.PinMismatchError naming the expected and the presented pin, no fallback", err)
+				}
+			} else if err != nil || st.Direct() != (tc.want == "") {
 				t.Fatalf("DirectAuto: %v (direct %v); want a stream, direct only if the path works", err, err == nil && st.Direct())
 			}
-			st.Close()
+			if st != nil {
+				st.Close()
+			}
 			off := &client.Client{NC: f.NC, Direct: client.DirectOff}
 			st, err = echo(off)
 			if err != nil || st.Direct() {

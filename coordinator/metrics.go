@@ -135,7 +135,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		directRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_coordinator_direct_refusals_total",
-			Help: "Connections and streams refused on the direct data path for clients (ALPN tether-client/1 on the tunnel listener), by reason: direct_off (no direct listener configured), bad_preamble (a first frame that is not the direct protocol's, e.g. an agent's hello), bad_ticket (missing or malformed), unknown_ticket, expired_ticket, reused_ticket.",
+			Help: "Connections and streams refused on the direct data path for clients (ALPN tether-client/1 on the tunnel listener), by reason: direct_off (no direct listener configured), bad_preamble (a first frame that is not the direct protocol's, e.g. an agent's hello, or a malformed control frame), no_control_stream (a connection that opened no control stream within the handshake timeout: idle), no_redemption (a session that redeemed no ticket within the handshake timeout), bad_ticket (missing or malformed), unknown_ticket, expired_ticket, reused_ticket.",
 		}, []string{"reason"}),
 		directStreams: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_coordinator_direct_streams_total",

@@ -192,7 +192,8 @@ func (b Backoff) Delay(n int) time.Duration {
 // round.
 //
 // Waits: after a failure Run waits out Backoff (its window capped by
-// RefusedMax while dials are refused outright); after a busy refusal
+// RefusedMax while dials are refused outright, for up to RefusedFor);
+// after a busy refusal
 // (*RetryAfterError) it waits what the coordinator asked, with a little
 // jitter (1%), and dials the same address again; after a drain (Moved) it waits
 // the drain's stagger and dials the next address, without backoff.
@@ -222,9 +223,17 @@ type Redialer struct {
 	// listens, it paces admissions itself. So agents find a restarted
 	// coordinator within RefusedMax. Refusals do not grow the backoff past
 	// that window either, so the first other failure after them backs off
-	// from there. Default 1 s; negative: no cap (each refusal backs off
-	// like any failure).
+	// from there. A refused HTTP proxy (*ProxyDialError) is not such a
+	// refusal. Default 1 s; negative: no cap (each refusal backs off like
+	// any failure).
 	RefusedMax time.Duration
+	// RefusedFor bounds how long refusals in a row keep the window within
+	// RefusedMax: a coordinator refused for longer is not restarting but
+	// gone (or never there), and is then backed off from as after any
+	// failure (the window doubling from RefusedMax up to Backoff.Max).
+	// The streak ends at any other outcome. Default 30 s; negative: no
+	// bound.
+	RefusedFor time.Duration
 	// StableAfter is how long a connection must have lasted for the backoff
 	// to start over from Base. Default 10 s.
 	StableAfter time.Duration
@@ -233,6 +242,10 @@ type Redialer struct {
 	// OnRetry, if set, is called before each wait (for metrics).
 	OnRetry func(attempt int, err error)
 }
+
+// DefaultRefusedFor is Redialer.RefusedFor's default: longer than a
+// coordinator's restart takes.
+const DefaultRefusedFor = 30 * time.Second
 
 // minRetryAfter floors the wait of a busy refusal, so that one asking for
 // none cannot make the agent spin.
@@ -332,8 +345,30 @@ func (r *Redialer) retryAfter(e *RetryAfterError) time.Duration {
 	return d + time.Duration(r.random()*float64(min(d/100, 50*time.Millisecond)))
 }
 
-// isRefused reports whether err is a TCP connection refused outright.
-func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+// isRefused reports whether err is a coordinator's host refusing the TCP
+// connection outright (ECONNREFUSED: nothing listens, as during a
+// restart). A refused proxy (*ProxyDialError) is not: it is down, and the
+// coordinator's state unknown. An error that joins several (one per
+// transport: errors.Join) is a refusal only if each of them is.
+func isRefused(err error) bool {
+	switch e := err.(type) {
+	case nil:
+		return false
+	case *ProxyDialError:
+		return false
+	case interface{ Unwrap() []error }:
+		errs := e.Unwrap()
+		for _, x := range errs {
+			if !isRefused(x) {
+				return false
+			}
+		}
+		return len(errs) > 0
+	case interface{ Unwrap() error }:
+		return isRefused(e.Unwrap())
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
 
 // Permanent marks err, returned by a Redialer's serve, as one that no
 // redial can cure: Run stops and returns err (unwrapped from the mark).
@@ -367,6 +402,13 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 	if refusedMax == 0 {
 		refusedMax = time.Second
 	}
+	refusedFor := r.RefusedFor
+	if refusedFor == 0 {
+		refusedFor = DefaultRefusedFor
+	}
+	// refusedSince is when the current streak of refused dials began
+	// (zero: none).
+	var refusedSince time.Time
 	log := r.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -401,6 +443,12 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 			moved *MovedError
 			busy  *RetryAfterError
 		)
+		refused := isRefused(err)
+		if !refused {
+			refusedSince = time.Time{}
+		} else if refusedSince.IsZero() {
+			refusedSince = time.Now()
+		}
 		switch {
 		case errors.As(err, &moved):
 			idx++
@@ -420,7 +468,7 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 			idx++
 			w := r.Backoff.Window(attempt)
 			grow := true
-			if isRefused(err) && refusedMax > 0 {
+			if refused && refusedMax > 0 && (refusedFor < 0 || time.Since(refusedSince) < refusedFor) {
 				// Refusals do not escalate the backoff past RefusedMax
 				// either: the first failure once the coordinator
 				// listens again (a handshake cut by its load) must not

@@ -7,7 +7,8 @@
 // redialer (several coordinator addresses and the records of their names,
 // in an order the agent's seed picks so that a fleet spreads over them;
 // capped exponential backoff with full jitter, capped lower while dials are
-// refused outright; a coordinator's busy refusal before TLS honoured as a
+// refused outright by the coordinator's host, for a restart's span
+// (RefusedFor), never for a refused proxy; a coordinator's busy refusal before TLS honoured as a
 // retry-after bounded by the backoff cap; a drain honoured by moving on to
 // the next address while the drained session finishes), the development
 // PKI helpers, and node identity with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"slices"
 	"sync"
 	"syscall"
@@ -343,6 +344,86 @@ func TestRedialerRefusalsDoNotEscalate(t *testing.T) {
 		}, func(int) error { return nil })
 		if g := log.gaps()[20]; g > 2*time.Second {
 			t.Errorf("wait after a failure that followed 20 refusals: %v, want within 2 s", g)
+		}
+	})
+}
+
+// Refusals that go on for longer than RefusedFor are no restart: the
+// window grows from RefusedMax as after any failure, up to the cap,
+// instead of a dial about every second forever. Within RefusedFor it
+// stays within RefusedMax, so a restarted coordinator is found at once.
+func TestRedialerLongRefusalsBackOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var log dialLog
+		r := &Redialer{Addrs: []string{"a:1"},
+			Backoff: Backoff{Base: 500 * time.Millisecond, Max: 30 * time.Second, Rand: func() float64 { return 0.99 }}}
+		start := time.Now()
+		runDials(t, r, &log, 50, func(int) error { return fmt.Errorf("dial: %w", syscall.ECONNREFUSED) }, func(int) error { return nil })
+		var slow int
+		for i, g := range log.gaps() {
+			at := log.at[i].Sub(start)
+			switch {
+			case at < DefaultRefusedFor && g > time.Second:
+				t.Errorf("wait %d, %v into the refusals: %v, want within RefusedMax (1 s)", i, at, g)
+			case g > 30*time.Second:
+				t.Errorf("wait %d: %v, past the 30 s cap", i, g)
+			case g >= 10*time.Second:
+				slow++
+			}
+		}
+		if slow == 0 {
+			t.Errorf("no wait of 10 s or more in %d refusals over %v: want the backoff to grow once refusals last past %v", len(log.gaps()), log.at[len(log.at)-1].Sub(start), DefaultRefusedFor)
+		}
+		// RefusedFor negative: no bound, the cap holds throughout.
+		log = dialLog{}
+		r.RefusedFor = -1
+		runDials(t, r, &log, 50, func(int) error { return fmt.Errorf("dial: %w", syscall.ECONNREFUSED) }, func(int) error { return nil })
+		if g := slices.Max(log.gaps()); g > time.Second {
+			t.Errorf("RefusedFor -1: a wait of %v, want all within RefusedMax", g)
+		}
+	})
+}
+
+// A proxy that refuses connections is down, not a coordinator restarting:
+// the agent backs off from it as from any failure (a refused proxy used
+// to be redialed about once a second forever). The error is a real one,
+// from a WebSocketDialer pointed at a proxy port nothing listens on.
+func TestRedialerRefusedProxyBacksOff(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyURL := &url.URL{Scheme: "http", Host: ln.Addr().String()}
+	ln.Close()
+	client, _ := tlsConfigs(t)
+	d := &WebSocketDialer{TLS: client, Proxy: func(*url.URL) (*url.URL, error) { return proxyURL, nil }, PingInterval: -1}
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	_, proxyErr := d.Dial(ctx, "coord.test:7443")
+	var pe *ProxyDialError
+	if !errors.As(proxyErr, &pe) || !errors.Is(proxyErr, syscall.ECONNREFUSED) {
+		t.Fatalf("dial through a closed proxy port: %v; want a *ProxyDialError wrapping ECONNREFUSED", proxyErr)
+	}
+	if isRefused(proxyErr) {
+		t.Fatalf("a refused proxy counts as a refused coordinator: %v", proxyErr)
+	}
+	// As an agent with two transports reports it: tls refused by the
+	// coordinator's host, wss by the proxy. Not every transport says the
+	// coordinator restarts.
+	refused := fmt.Errorf("tunnel: dial coord.test:7443: %w", syscall.ECONNREFUSED)
+	if isRefused(errors.Join(fmt.Errorf("tls: %w", refused), fmt.Errorf("wss: %w", proxyErr))) {
+		t.Error("tls refused and wss's proxy refused counts as a refused coordinator")
+	}
+	if !isRefused(errors.Join(fmt.Errorf("tls: %w", refused), fmt.Errorf("wss: %w", refused))) {
+		t.Error("both transports refused by the coordinator's host does not count as a refusal")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		var log dialLog
+		r := &Redialer{Addrs: []string{"coord.test:7443"},
+			Backoff: Backoff{Base: 500 * time.Millisecond, Max: 30 * time.Second, Rand: func() float64 { return 0.99 }}}
+		runDials(t, r, &log, 9, func(int) error { return proxyErr }, func(int) error { return nil })
+		if last := log.gaps()[len(log.gaps())-1]; last < 10*time.Second {
+			t.Errorf("8th wait after a refused proxy: %v, want the exponential window (about 30 s)", last)
 		}
 	})
 }

@@ -222,6 +222,22 @@ func (d *WebSocketDialer) Dial(ctx context.Context, addr string) (net.Conn, erro
 	return newWSConn(ws, tc, d.PingInterval), nil
 }
 
+// ProxyDialError is a failure to connect to the HTTP proxy itself (before
+// any CONNECT). A proxy that refuses connections is down, which says
+// nothing about the coordinator behind it: the Redialer backs off from it
+// as from any failure, not as from a coordinator's restart (RefusedMax).
+type ProxyDialError struct {
+	Proxy  string // the proxy URL, password redacted
+	Target string // the coordinator's host:port asked for
+	Err    error
+}
+
+func (e *ProxyDialError) Error() string {
+	return fmt.Sprintf("tunnel: dial proxy %s for %s: %v", e.Proxy, e.Target, e.Err)
+}
+
+func (e *ProxyDialError) Unwrap() error { return e.Err }
+
 // dialConnect opens a tunnel to target (host:port) through the HTTP proxy
 // proxy with CONNECT, within ctx.
 func dialConnect(ctx context.Context, proxy *url.URL, target string) (net.Conn, error) {
@@ -235,7 +251,7 @@ func dialConnect(ctx context.Context, proxy *url.URL, target string) (net.Conn, 
 	nd := net.Dialer{KeepAlive: 15 * time.Second}
 	raw, err := nd.DialContext(ctx, "tcp", paddr)
 	if err != nil {
-		return nil, fmt.Errorf("tunnel: dial proxy %s for %s: %w", proxy.Redacted(), target, err)
+		return nil, &ProxyDialError{Proxy: proxy.Redacted(), Target: target, Err: err}
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(dl)

@@ -37,8 +37,9 @@ type agentOptions struct {
 	// Empty means "tls".
 	Transports []string
 	// WebSocketPing is how long a wss connection may go without a write
-	// before it sends a WebSocket ping. Zero means
-	// tunnel.DefaultPingInterval; negative, none.
+	// before it sends a WebSocket ping: at least minWebSocketPing. Zero
+	// means tunnel.DefaultPingInterval (15 s); negative, none. Given
+	// (non-zero) only with "wss" in Transports.
 	WebSocketPing time.Duration
 	// TokenFile holds the join token (tether token create; whitespace is
 	// trimmed) the agent enrolls with when IdentityDir holds no valid
@@ -107,6 +108,10 @@ type agentOptions struct {
 	// Log configures logging to stderr.
 	Log logOptions
 
+	// transportGiven and pingGiven say that --transport and
+	// --websocket-ping were on the command line (even as "" or 0).
+	transportGiven, pingGiven bool
+
 	labels  map[string]string // Labels, parsed by Validate
 	targets map[string]string // Targets, parsed by Validate
 }
@@ -122,6 +127,11 @@ func defaultAgentOptions() agentOptions {
 	return agentOptions{DataDir: agent.DefaultDataDir(), Log: defaultLogOptions()}
 }
 
+// minWebSocketPing is the shortest --websocket-ping: a ping every few
+// milliseconds would be a flood of control frames (each one a TLS record
+// and a pong back) that no proxy's idle timer needs.
+const minWebSocketPing = time.Second
+
 // Validate reports every invalid option; envToken is $TETHER_TOKEN.
 func (o *agentOptions) Validate(envToken string) error {
 	var errs []error
@@ -133,12 +143,35 @@ func (o *agentOptions) Validate(envToken string) error {
 			errs = append(errs, fmt.Errorf("--coordinator: %w", err))
 		}
 	}
+	if o.transportGiven && len(o.Transports) == 0 {
+		// pflag reads --transport '' as no entries, which would mean the
+		// default; "wss," has an empty one, an error: both are a value
+		// the user meant to write and did not.
+		errs = append(errs, fmt.Errorf("--transport is empty: want %s, %s or both, comma-separated in the order to try (leave the flag out for %s)", agent.TransportTLS, agent.TransportWebSocket, agent.TransportTLS))
+	}
+	emptyEntry := false
 	for i, t := range o.Transports {
-		if t != agent.TransportTLS && t != agent.TransportWebSocket {
+		switch {
+		case strings.TrimSpace(t) == "":
+			if !emptyEntry {
+				errs = append(errs, fmt.Errorf("--transport %q has an empty entry (a stray comma?): want %s, %s or both, comma-separated", strings.Join(o.Transports, ","), agent.TransportTLS, agent.TransportWebSocket))
+			}
+			emptyEntry = true
+		case t != agent.TransportTLS && t != agent.TransportWebSocket:
 			errs = append(errs, fmt.Errorf("--transport %q: want %s or %s", t, agent.TransportTLS, agent.TransportWebSocket))
-		} else if slices.Index(o.Transports, t) != i {
+		case slices.Index(o.Transports, t) != i:
 			errs = append(errs, fmt.Errorf("--transport %q is listed twice", t))
 		}
+	}
+	switch {
+	case (o.pingGiven || o.WebSocketPing != 0) && !slices.Contains(o.Transports, agent.TransportWebSocket):
+		transports := strings.Join(o.Transports, ",")
+		if len(o.Transports) == 0 {
+			transports = agent.TransportTLS + " (the default)"
+		}
+		errs = append(errs, fmt.Errorf("--websocket-ping applies to the %s transport only, and --transport is %s: add it (--transport %s,%s) or leave --websocket-ping out", agent.TransportWebSocket, transports, agent.TransportTLS, agent.TransportWebSocket))
+	case o.WebSocketPing > 0 && o.WebSocketPing < minWebSocketPing:
+		errs = append(errs, fmt.Errorf("--websocket-ping %v: want at least %v (0: the default, %v; negative: no pings)", o.WebSocketPing, minWebSocketPing, tunnel.DefaultPingInterval))
 	}
 	for _, r := range o.CopyRoots {
 		if !filepath.IsAbs(r) {
@@ -305,6 +338,7 @@ func newAgentCmd(e *env) *cobra.Command {
 			for _, k := range []string{tokenEnv, openShellTokenEnv, openSandboxAPIKeyEnv} {
 				os.Unsetenv(k)
 			}
+			o.transportGiven, o.pingGiven = cmd.Flags().Changed("transport"), cmd.Flags().Changed("websocket-ping")
 			if err := o.Validate(envToken); err != nil {
 				return usage(err)
 			}
@@ -318,8 +352,8 @@ func newAgentCmd(e *env) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.Coordinators, "coordinator", o.Coordinators, "coordinator tunnel address host:port (comma-separated or repeated; a name with several A/AAAA records counts as several); the agent spreads over them by node id and moves on when one fails or drains")
-	f.StringSliceVar(&o.Transports, "transport", o.Transports, "how to reach each coordinator, in the order tried: tls (raw TLS), wss (WebSocket over TLS on the same port, path "+tunnel.WebSocketPath+", through the CONNECT proxy of $HTTPS_PROXY unless $NO_PROXY excludes the coordinator); the one that last connected is tried first (default tls)")
-	f.DurationVar(&o.WebSocketPing, "websocket-ping", o.WebSocketPing, "with --transport wss: send a WebSocket ping after this long without a write; keep it below the proxy's idle timeout (default 15s; negative: none)")
+	f.StringSliceVar(&o.Transports, "transport", o.Transports, "how to reach each coordinator, in the order tried: tls (raw TLS), wss (WebSocket over TLS on the same port, path "+tunnel.WebSocketPath+", through the CONNECT proxy of $HTTPS_PROXY unless $NO_PROXY excludes the coordinator); the one that last connected is tried first (default tls; an empty list or entry is an error)")
+	f.DurationVar(&o.WebSocketPing, "websocket-ping", o.WebSocketPing, "with --transport wss only: send a WebSocket ping after this long without a write; keep it below the proxy's idle timeout (at least 1s; default and 0: 15s; negative: no pings)")
 	f.BoolVar(&o.CoordinatorsInOrder, "coordinators-in-order", false, "take the --coordinator addresses in the order given (the first preferred, the rest as fallbacks) instead of spreading by node id")
 	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the join token to enroll with until the agent has a certificate (default: $TETHER_TOKEN)")
 	f.StringVar(&o.IdentityDir, "identity-dir", o.IdentityDir, "directory of the node certificate, key and pinned CA (default: DATA-DIR/identity)")

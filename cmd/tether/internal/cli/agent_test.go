@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -48,6 +49,16 @@ func TestAgentTargetFlags(t *testing.T) {
 		{"transports", func(o *agentOptions) { o.Transports = []string{"wss", "tls"} }, nil, nil},
 		{"bad transports", func(o *agentOptions) { o.Transports = []string{"ws", "tls", "tls"} },
 			[]string{`--transport "ws": want tls or wss`, `--transport "tls" is listed twice`}, nil},
+		{"wss with pings", func(o *agentOptions) { o.Transports, o.WebSocketPing = []string{"tls", "wss"}, 30*time.Second }, nil, nil},
+		{"wss without pings", func(o *agentOptions) { o.Transports, o.WebSocketPing = []string{"wss"}, -1 }, nil, nil},
+		{"wss with the default ping", func(o *agentOptions) { o.Transports, o.pingGiven = []string{"wss"}, true }, nil, nil},
+		{"websocket ping below the floor", func(o *agentOptions) { o.Transports, o.WebSocketPing = []string{"wss"}, 999*time.Millisecond },
+			[]string{"--websocket-ping 999ms: want at least 1s"}, nil},
+		{"websocket ping without wss", func(o *agentOptions) { o.Transports, o.WebSocketPing = []string{"tls"}, 20*time.Second },
+			[]string{"--websocket-ping applies to the wss transport only"}, nil},
+		{"empty transport list", func(o *agentOptions) { o.Transports, o.transportGiven = nil, true }, []string{"--transport is empty"}, nil},
+		{"empty transport entries", func(o *agentOptions) { o.Transports = []string{"", "wss", " "} },
+			[]string{`--transport ",wss, " has an empty entry`}, nil},
 		{"empty workspace", func(o *agentOptions) { o.OpenShell, o.OpenShellWorkspaces = "127.0.0.1:8080", []string{" "} },
 			[]string{"--openshell-workspace: empty workspace name"}, nil},
 	}

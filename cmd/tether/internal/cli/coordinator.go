@@ -50,8 +50,10 @@ type coordinatorOptions struct {
 	Listen string
 	// DirectAddr is the tunnel listener's address as clients reach it for
 	// the direct data path of their streams; empty (default) means
-	// Listen's host and bound port; "off" turns the direct path off
-	// (streams are relayed over NATS).
+	// Listen's host and bound port; "off" (in any case) turns the direct
+	// path off (streams are relayed over NATS). Else host:port with a
+	// port number (coordinator.CheckDirectAddr); an empty host means the
+	// host of the client's NATS server.
 	DirectAddr string
 	// HTTPAddr is the admin listener (/metrics, /healthz, /readyz). Default
 	// "127.0.0.1:7080".
@@ -218,6 +220,11 @@ func (o *coordinatorOptions) Validate() error {
 	if o.ExecTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
 	}
+	if o.DirectAddr != "" && !o.directOff() {
+		if err := coordinator.CheckDirectAddr(o.DirectAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--direct-addr: %w (want HOST:PORT as clients reach --listen, :PORT for their NATS server's host, or off)", err))
+		}
+	}
 	if o.MaxHandshakesPerSource < 0 {
 		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative", o.MaxHandshakesPerSource))
 	}
@@ -251,6 +258,10 @@ func (o *coordinatorOptions) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// directOff reports whether --direct-addr turns the direct data path off
+// ("off", in any case).
+func (o *coordinatorOptions) directOff() bool { return strings.EqualFold(o.DirectAddr, "off") }
 
 // errNoPolicy: a coordinator refuses what its policy does not grant, so
 // one without a policy could only refuse everything. Starting it anyway
@@ -346,7 +357,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the join token, dev PKI and embedded NATS store")
 	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS; also WebSocket, GET "+tunnel.WebSocketPath+" with ALPN http/1.1)")
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
-	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --listen address as clients reach it, for their streams' direct data path (default: --listen's host and bound port; "off": streams are relayed over NATS)`)
+	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --listen address as clients reach it, for their streams' direct data path (HOST:PORT, the port a number; an empty HOST is the clients' NATS server's host; default: --listen's host and bound port; "off": streams are relayed over NATS)`)
 	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
 	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "the coordinator's NATS credentials (TETHER account user) for --nats-url")
 	f.BoolVar(&o.InsecureNATS, "insecure-nats", o.InsecureNATS, "start even if the --nats-url server lets anonymous clients publish to tether.v1.>")
@@ -692,7 +703,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.Endpoints = cs.sbx.Endpoints
 	cfg.Policy = cs.policy
 	cfg.SSH.HostCA = hostCA
-	if o.DirectAddr != "off" {
+	if !o.directOff() {
 		// Clients verify the listener against this pin, which they get
 		// over their authenticated NATS connection.
 		leaf, err := x509.ParseCertificate(tlsCfg.Certificates[0].Certificate[0])

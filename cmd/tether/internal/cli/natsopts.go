@@ -94,6 +94,12 @@ func (o *natsOptions) resolve(getenv func(string) string) (natsTarget, error) {
 // the resolved credentials with its private inbox prefix. The caller
 // closes it.
 func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(), error) {
+	// Before connecting: a mistyped $TETHER_DIRECT is a usage error, not
+	// a mode nobody asked for.
+	direct, err := directMode(getenv)
+	if err != nil {
+		return nil, nil, usage(err)
+	}
 	t, err := o.resolve(getenv)
 	if err != nil {
 		return nil, nil, err
@@ -117,25 +123,36 @@ func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(
 		return nil, nil, fmt.Errorf("connect to NATS at %s (from %s): %w (is a coordinator or `tether dev` running? set --nats-url or %s)", t.url, t.urlFrom, err, natsURLEnv)
 	}
 	c := client.New(nc)
-	c.Direct = directMode(getenv)
+	c.Direct = direct
 	return c, func() { c.Close(); nc.Close() }, nil
 }
 
-// directEnv turns off the direct data path for client streams when set
-// to 0, false or off: they are then relayed over NATS. Unset, streams use
-// the coordinator's tunnel listener when they can reach it and fall back
-// to NATS otherwise.
+// directEnv selects how client streams carry their bytes: unset, empty,
+// auto, 1, true, on or yes (client.DirectAuto: the coordinator's tunnel
+// listener when they can reach it, else relayed over NATS); 0, false, off
+// or no (client.DirectOff: always relayed over NATS); only
+// (client.DirectOnly: the listener or an error). Case and surrounding
+// spaces do not matter; any other value is an error.
 const directEnv = "TETHER_DIRECT"
 
-// directMode reads directEnv.
-func directMode(getenv func(string) string) client.DirectMode {
-	switch strings.ToLower(strings.TrimSpace(getenv(directEnv))) {
+// directValues is what directEnv accepts, for its error message.
+const directValues = "auto, 1, true, on, yes (the default: direct, falling back to NATS); 0, false, off, no (relay over NATS); only (direct, no fallback)"
+
+// directMode reads directEnv. An unknown value is an error naming the
+// variable, the value and the accepted values: taking it for the default
+// would hide a typo (TETHER_DIRECT=onlyy would fall back to NATS silently,
+// the one thing "only" is there to prevent).
+func directMode(getenv func(string) string) (client.DirectMode, error) {
+	v := getenv(directEnv)
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "auto", "1", "true", "on", "yes":
+		return client.DirectAuto, nil
 	case "0", "false", "off", "no":
-		return client.DirectOff
+		return client.DirectOff, nil
 	case "only":
-		return client.DirectOnly
+		return client.DirectOnly, nil
 	}
-	return client.DirectAuto
+	return client.DirectAuto, fmt.Errorf("$%s %q: not a mode; want %s", directEnv, v, directValues)
 }
 
 // configHome is $XDG_CONFIG_HOME, else ~/.config ("" without a home).
