@@ -1,0 +1,216 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/tetherfleet/tether/policy"
+)
+
+// cookieName is the session cookie.
+const cookieName = "tether_console"
+
+// caller is a request's identity, as identify found it.
+type caller struct {
+	ID         policy.Identity
+	Identified bool
+	// Via says how ("token", "session", "loopback"), for the page.
+	Via string
+}
+
+// authed wraps a page handler: it identifies the caller and answers 401
+// (with the login form) when it cannot.
+func (h *Handler) authed(page func(http.ResponseWriter, *http.Request, caller)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, err := h.identify(r)
+		if err != nil {
+			h.render(w, http.StatusUnauthorized, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
+			return
+		}
+		if !c.Identified {
+			h.render(w, http.StatusUnauthorized, "login", loginView{Error: "sign in: this console needs an identity (a console token, or a loopback connection from a local user the policy names)", Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
+			return
+		}
+		page(w, r, c)
+	}
+}
+
+// errBadToken: a bearer token that is no console token. Answered 401,
+// never falling back to a weaker identity.
+var errBadToken = errors.New("the bearer token is not a console token")
+
+// identify returns the caller of r: by bearer token, by session cookie,
+// or as its loopback local user (package doc, Identities). A bad bearer
+// token is an error; a bad or expired cookie is ignored.
+func (h *Handler) identify(r *http.Request) (caller, error) {
+	if tok, ok := bearer(r); ok {
+		if h.cfg.Tokens != nil {
+			if name, ok := h.cfg.Tokens(tok); ok {
+				return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "token"}, nil
+			}
+		}
+		return caller{}, errBadToken
+	}
+	if ck, err := r.Cookie(cookieName); err == nil {
+		if name, ok := h.openSession(ck.Value); ok {
+			return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
+		}
+	}
+	if h.cfg.Local != nil {
+		if id, ok := h.cfg.Local(r); ok {
+			return caller{ID: id, Identified: true, Via: "loopback"}, nil
+		}
+	}
+	return caller{}, nil
+}
+
+// bearer returns the token of an Authorization: Bearer header.
+func bearer(r *http.Request) (string, bool) {
+	v := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
+// sealSession returns the cookie value naming token name until the
+// session's end: "NAME.EXPIRY.MAC", EXPIRY in Unix seconds, MAC the
+// base64url HMAC-SHA256 of "NAME.EXPIRY" under the process's key. Token
+// names hold no '.'? They may ([A-Za-z0-9._-]): openSession splits at the
+// last two dots.
+func (h *Handler) sealSession(name string) string {
+	exp := strconv.FormatInt(h.cfg.now().Add(h.cfg.SessionTTL).Unix(), 10)
+	body := name + "." + exp
+	return body + "." + base64.RawURLEncoding.EncodeToString(h.mac(body))
+}
+
+func (h *Handler) mac(body string) []byte {
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(body))
+	return m.Sum(nil)
+}
+
+// openSession checks a cookie value sealSession made and returns its
+// token name; false when forged, malformed or expired.
+func (h *Handler) openSession(v string) (string, bool) {
+	i := strings.LastIndexByte(v, '.')
+	if i <= 0 {
+		return "", false
+	}
+	body, sig := v[:i], v[i+1:]
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, h.mac(body)) { // constant time
+		return "", false
+	}
+	j := strings.LastIndexByte(body, '.')
+	if j <= 0 {
+		return "", false
+	}
+	exp, err := strconv.ParseInt(body[j+1:], 10, 64)
+	if err != nil || h.cfg.now().Unix() >= exp {
+		return "", false
+	}
+	return body[:j], true
+}
+
+// loginView is the login page's data.
+type loginView struct {
+	Error    string
+	Next     string
+	TokensOn bool
+}
+
+// login serves the login exchange: GET with ?token= or POST with the
+// form field token sets the session cookie and redirects to next (a path
+// under Prefix, default the console's front page); GET without a token
+// shows the form.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	next := safeNext(r.FormValue("next"))
+	if r.Method == http.MethodPost {
+		// A cross-site form post could sign a victim's browser in as the
+		// attacker's token; only this origin's form may post.
+		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+			h.render(w, http.StatusForbidden, "login", loginView{Error: "login refused: the form was posted from another site (" + o + ")", Next: next, TokensOn: h.cfg.Tokens != nil})
+			return
+		}
+	}
+	tok := r.FormValue("token")
+	if tok == "" {
+		h.render(w, http.StatusOK, "login", loginView{Next: next, TokensOn: h.cfg.Tokens != nil})
+		return
+	}
+	if h.cfg.Tokens == nil {
+		h.render(w, http.StatusForbidden, "login", loginView{Error: "this coordinator has no console tokens (tether coordinator --console-token-file)", Next: next})
+		return
+	}
+	if !privateChannel(r) {
+		h.render(w, http.StatusForbidden, "login", loginView{Error: "token login refused: the connection is neither TLS nor loopback, so the token would cross the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel", Next: next, TokensOn: true})
+		return
+	}
+	name, ok := h.cfg.Tokens(tok)
+	if !ok {
+		h.render(w, http.StatusUnauthorized, "login", loginView{Error: "that is not a console token", Next: next, TokensOn: true})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name:     cookieName,
+		Value:    h.sealSession(name),
+		Path:     Prefix,
+		MaxAge:   int(h.cfg.SessionTTL.Seconds()),
+		HttpOnly: true, // no script reads it
+		Secure:   true, // browsers count loopback http as secure
+		SameSite: http.SameSiteStrictMode,
+	})
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+// logout clears the session cookie.
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// safeNext returns next when it is a path under Prefix (no scheme, no
+// host: no open redirect), else Prefix.
+func safeNext(next string) string {
+	u, err := url.Parse(next)
+	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.Opaque != "" ||
+		!strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
+		return Prefix
+	}
+	return next
+}
+
+// sameOrigin reports whether origin is r's own (scheme and Host).
+func sameOrigin(origin string, r *http.Request) bool {
+	u, err := url.Parse(origin)
+	if err != nil {
+		return false
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return u.Scheme == scheme && strings.EqualFold(u.Host, r.Host)
+}
+
+// privateChannel reports whether r came over TLS or from loopback.
+func privateChannel(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
