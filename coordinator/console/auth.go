@@ -83,9 +83,9 @@ func bearer(r *http.Request) (string, bool) {
 
 // sealSession returns the cookie value naming token name until the
 // session's end: "NAME.EXPIRY.MAC", EXPIRY in Unix seconds, MAC the
-// base64url HMAC-SHA256 of "NAME.EXPIRY" under the process's key. Token
-// names hold no '.'? They may ([A-Za-z0-9._-]): openSession splits at the
-// last two dots.
+// base64url HMAC-SHA256 of "NAME.EXPIRY" under the process's key. A token
+// name may hold dots ([A-Za-z0-9._-]), so openSession splits at the last
+// two; neither the expiry nor the MAC holds one.
 func (h *Handler) sealSession(name string) string {
 	exp := strconv.FormatInt(h.cfg.now().Add(h.cfg.SessionTTL).Unix(), 10)
 	body := name + "." + exp
