@@ -603,4 +603,3 @@ func TestNewNeedsPolicyAndFleet(t *testing.T) {
 		t.Errorf("no fleet: %v", err)
 	}
 }
-
