@@ -131,18 +131,20 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: static files: %w", err)
 	}
+	// Literal patterns: the attack-surface test (cli TestSurface) finds
+	// every route by scanning for them.
 	m := http.NewServeMux()
-	m.Handle("GET "+Prefix+"static/", http.StripPrefix(Prefix+"static/", http.FileServerFS(static)))
-	m.HandleFunc("GET "+Prefix+"login", h.login)
-	m.HandleFunc("POST "+Prefix+"login", h.login)
-	m.HandleFunc("GET "+Prefix+"logout", h.logout)
-	m.HandleFunc("GET "+Prefix+"{$}", h.authed(h.index))
-	m.HandleFunc("GET "+Prefix+"nodes", h.authed(h.nodes))
-	m.HandleFunc("GET "+Prefix+"jobs", h.authed(h.jobs))
-	m.HandleFunc("GET "+Prefix+"jobs/{id}", h.authed(h.job))
-	m.HandleFunc("GET "+Prefix+"jobs/{id}/output/{node}/{stream}", h.authed(h.output))
-	m.HandleFunc("GET "+Prefix+"sandboxes", h.authed(h.sandboxes))
-	m.HandleFunc("GET "+Prefix+"audit", h.authed(h.audit))
+	m.Handle("GET /console/static/", http.StripPrefix(Prefix+"static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /console/login", h.login)
+	m.HandleFunc("POST /console/login", h.login)
+	m.HandleFunc("GET /console/logout", h.logout)
+	m.HandleFunc("GET /console/{$}", h.authed(h.index))
+	m.HandleFunc("GET /console/nodes", h.authed(h.nodes))
+	m.HandleFunc("GET /console/jobs", h.authed(h.jobs))
+	m.HandleFunc("GET /console/jobs/{id}", h.authed(h.job))
+	m.HandleFunc("GET /console/jobs/{id}/output/{node}/{stream}", h.authed(h.output))
+	m.HandleFunc("GET /console/sandboxes", h.authed(h.sandboxes))
+	m.HandleFunc("GET /console/audit", h.authed(h.audit))
 	h.mux = m
 	return h, nil
 }

@@ -295,7 +295,9 @@ func TestCallersWithoutGrantsGet403(t *testing.T) {
 		tok, path string
 		want      int
 	}{
-		{"nobody-token-0123456789", "/console/nodes", http.StatusForbidden}, // identified, not in the policy
+		{"nobody-token-0123456789", "/console/", http.StatusForbidden}, // identified, not in the policy
+		{"nobody-token-0123456789", "/console/nodes", http.StatusForbidden},
+		{"lister-token-0123456789", "/console/", http.StatusOK},
 		{"nobody-token-0123456789", "/console/jobs", http.StatusForbidden},
 		{"lister-token-0123456789", "/console/nodes", http.StatusOK},
 		{"lister-token-0123456789", "/console/jobs", http.StatusForbidden},

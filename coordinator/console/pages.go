@@ -136,6 +136,12 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request, c caller) {
 	} {
 		v.Sections = append(v.Sections, section{Path: Prefix + s.path, Name: s.name, Op: s.op.String(), Granted: p.Holds(c.ID, s.op) == nil})
 	}
+	if !slices.ContainsFunc(v.Sections, func(s section) bool { return s.Granted }) {
+		// Nothing to show: refuse as the pages would, with the policy's
+		// reason (an identity it does not know, or no read granted).
+		h.fail(w, c, http.StatusForbidden, p.Holds(c.ID, policy.OpNodesList).Error())
+		return
+	}
 	h.render(w, http.StatusOK, "index", page{Title: "Tether console", Caller: c, Data: v})
 }
 

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/console"
@@ -89,8 +90,17 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", admin)
-	mux.Handle(console.Prefix, con)
-	return mux, nil
+	// Paths under the prefix are the console's (its own mux cleans them);
+	// the rest the admin endpoints'.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == strings.TrimSuffix(console.Prefix, "/") {
+			http.Redirect(w, r, console.Prefix, http.StatusMovedPermanently)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, console.Prefix) {
+			con.ServeHTTP(w, r)
+			return
+		}
+		admin.ServeHTTP(w, r)
+	}), nil
 }
