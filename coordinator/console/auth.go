@@ -23,22 +23,32 @@ type caller struct {
 	Identified bool
 	// Via says how ("token", "session", "loopback"), for the page.
 	Via string
+	// note collects the request's audit facts (never nil in a page).
+	note *note
 }
 
-// authed wraps a page handler: it identifies the caller and answers 401
-// (with the login form) when it cannot.
-func (h *Handler) authed(page func(http.ResponseWriter, *http.Request, caller)) http.HandlerFunc {
+// authed wraps a page handler: it identifies the caller, answers 401
+// (with the login form) when it cannot, and records the request's audit
+// event (op: the operation's name; page: the route, for the event's
+// Method).
+func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.Request, caller)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		start := h.cfg.now()
+		sw := &statusWriter{ResponseWriter: w}
+		n := &note{}
 		c, err := h.identify(r)
-		if err != nil {
-			h.render(w, http.StatusUnauthorized, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
-			return
+		switch {
+		case err != nil:
+			n.reason = "unauthenticated"
+			h.render(sw, http.StatusUnauthorized, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
+		case !c.Identified:
+			n.reason = "unauthenticated"
+			h.render(sw, http.StatusUnauthorized, "login", loginView{Error: "sign in: this console needs an identity (a console token, or a loopback connection from a local user the policy names)", Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
+		default:
+			c.note = n
+			serve(sw, r, c)
 		}
-		if !c.Identified {
-			h.render(w, http.StatusUnauthorized, "login", loginView{Error: "sign in: this console needs an identity (a console token, or a loopback connection from a local user the policy names)", Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
-			return
-		}
-		page(w, r, c)
+		h.record(r, op, page, c, n, sw.status, start)
 	}
 }
 
@@ -133,33 +143,53 @@ type loginView struct {
 // under Prefix, default the console's front page); GET without a token
 // shows the form.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	start := h.cfg.now()
+	sw := &statusWriter{ResponseWriter: w}
+	n := &note{}
+	var who caller
+	if h.loginAttempt(sw, r, n, &who) {
+		h.record(r, opLogin, "login", who, n, sw.status, start)
+	}
+}
+
+// opLogin is the audit operation of a login exchange.
+const opLogin = "console.login"
+
+// loginAttempt serves login; it reports whether the request tried a
+// token (and so is recorded), setting who on success.
+func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, who *caller) bool {
 	next := safeNext(r.FormValue("next"))
 	if r.Method == http.MethodPost {
 		// A cross-site form post could sign a victim's browser in as the
 		// attacker's token; only this origin's form may post.
 		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+			n.reason = "origin"
 			h.render(w, http.StatusForbidden, "login", loginView{Error: "login refused: the form was posted from another site (" + o + ")", Next: next, TokensOn: h.cfg.Tokens != nil})
-			return
+			return true
 		}
 	}
 	tok := r.FormValue("token")
 	if tok == "" {
 		h.render(w, http.StatusOK, "login", loginView{Next: next, TokensOn: h.cfg.Tokens != nil})
-		return
+		return false
 	}
 	if h.cfg.Tokens == nil {
+		n.reason = "unauthenticated"
 		h.render(w, http.StatusForbidden, "login", loginView{Error: "this coordinator has no console tokens (tether coordinator --console-token-file)", Next: next})
-		return
+		return true
 	}
 	if !privateChannel(r) {
+		n.reason = "clear_text"
 		h.render(w, http.StatusForbidden, "login", loginView{Error: "token login refused: the connection is neither TLS nor loopback, so the token would cross the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel", Next: next, TokensOn: true})
-		return
+		return true
 	}
 	name, ok := h.cfg.Tokens(tok)
 	if !ok {
+		n.reason = "unauthenticated"
 		h.render(w, http.StatusUnauthorized, "login", loginView{Error: "that is not a console token", Next: next, TokensOn: true})
-		return
+		return true
 	}
+	*who = caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "login"}
 	http.SetCookie(w, &http.Cookie{
 		Name:     cookieName,
 		Value:    h.sealSession(name),
@@ -170,6 +200,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteStrictMode,
 	})
 	http.Redirect(w, r, next, http.StatusSeeOther)
+	return true
 }
 
 // logout clears the session cookie.

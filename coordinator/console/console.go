@@ -70,6 +70,9 @@ type Config struct {
 	Jobs   Jobs
 	Ledger Ledger
 	Audit  Audit
+	// Auditor records the console's own audit events (audit.go); nil
+	// records none. *audit.Recorder is both Audit and Auditor.
+	Auditor Auditor
 	// Tokens returns the name of a console token (identity token:NAME)
 	// and whether tok is one; it must compare in constant time. Nil turns
 	// bearer tokens and the login exchange off.
@@ -138,13 +141,13 @@ func New(cfg Config) (*Handler, error) {
 	m.HandleFunc("GET /console/login", h.login)
 	m.HandleFunc("POST /console/login", h.login)
 	m.HandleFunc("GET /console/logout", h.logout)
-	m.HandleFunc("GET /console/{$}", h.authed(h.index))
-	m.HandleFunc("GET /console/nodes", h.authed(h.nodes))
-	m.HandleFunc("GET /console/jobs", h.authed(h.jobs))
-	m.HandleFunc("GET /console/jobs/{id}", h.authed(h.job))
-	m.HandleFunc("GET /console/jobs/{id}/output/{node}/{stream}", h.authed(h.output))
-	m.HandleFunc("GET /console/sandboxes", h.authed(h.sandboxes))
-	m.HandleFunc("GET /console/audit", h.authed(h.audit))
+	m.HandleFunc("GET /console/{$}", h.authed("console", "index", h.index))
+	m.HandleFunc("GET /console/nodes", h.authed(policy.OpNodesList.String(), "nodes", h.nodes))
+	m.HandleFunc("GET /console/jobs", h.authed(policy.OpJobStatus.String(), "jobs", h.jobs))
+	m.HandleFunc("GET /console/jobs/{id}", h.authed(policy.OpJobStatus.String(), "job", h.job))
+	m.HandleFunc("GET /console/jobs/{id}/output/{node}/{stream}", h.authed(policy.OpJobLogs.String(), "job output", h.output))
+	m.HandleFunc("GET /console/sandboxes", h.authed(policy.OpSandboxesList.String(), "sandboxes", h.sandboxes))
+	m.HandleFunc("GET /console/audit", h.authed(policy.OpAdmin.String(), "audit", h.audit))
 	h.mux = m
 	return h, nil
 }

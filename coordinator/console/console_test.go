@@ -159,9 +159,25 @@ func (l *fakeLedger) OwnerOf(r ledger.Record) string {
 }
 
 type fakeAudit struct {
-	mu     sync.Mutex
-	events []protocol.AuditEvent
-	last   protocol.AuditQueryRequest
+	mu       sync.Mutex
+	events   []protocol.AuditEvent
+	last     protocol.AuditQueryRequest
+	recorded []protocol.AuditEvent // the console's own events
+}
+
+func (a *fakeAudit) Record(ev *protocol.AuditEvent) {
+	a.mu.Lock()
+	a.recorded = append(a.recorded, *ev)
+	a.mu.Unlock()
+}
+
+// take returns and forgets the recorded events.
+func (a *fakeAudit) take() []protocol.AuditEvent {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := a.recorded
+	a.recorded = nil
+	return out
 }
 
 func (a *fakeAudit) Query(ctx context.Context, q protocol.AuditQueryRequest, maxBytes int) (*protocol.AuditQueryResponse, error) {
@@ -232,12 +248,13 @@ func newEnv(t *testing.T) *env {
 		{Identity: "nats:bob", Operation: "exec", Result: protocol.AuditRefused, Nodes: []string{"dev-1"}, Error: xss},
 	}}
 	e.h, err = New(Config{
-		Policy: store,
-		Fleet:  e.fleet,
-		Jobs:   jobs,
-		Ledger: led,
-		Audit:  e.audit,
-		Tokens: func(tok string) (string, bool) { n, ok := testTokens[tok]; return n, ok },
+		Policy:  store,
+		Fleet:   e.fleet,
+		Jobs:    jobs,
+		Ledger:  led,
+		Audit:   e.audit,
+		Auditor: e.audit,
+		Tokens:  func(tok string) (string, bool) { n, ok := testTokens[tok]; return n, ok },
 		Local: func(r *http.Request) (policy.Identity, bool) {
 			if e.local == nil {
 				return policy.Identity{}, false
@@ -545,6 +562,9 @@ func TestLoginRefusals(t *testing.T) {
 	if rec := do(req); rec.Code != http.StatusUnauthorized || rec.Header().Get("Set-Cookie") != "" {
 		t.Errorf("bad token: %d, cookie %q", rec.Code, rec.Header().Get("Set-Cookie"))
 	}
+	if evs := e.audit.take(); len(evs) != 1 || evs[0].Operation != opLogin || evs[0].Reason != "unauthenticated" {
+		t.Errorf("a bad token's login recorded %+v, want one refused console.login", evs)
+	}
 	// A good token over plain HTTP from another host.
 	req = httptest.NewRequest("GET", "/console/login?token=alice-token-0123456789", nil)
 	req.RemoteAddr = "192.0.2.7:5000"
@@ -603,5 +623,41 @@ func TestNewNeedsPolicyAndFleet(t *testing.T) {
 	}
 	if _, err := New(Config{Policy: store}); err == nil || !strings.Contains(err.Error(), "Fleet") {
 		t.Errorf("no fleet: %v", err)
+	}
+}
+
+func TestReadsAreAudited(t *testing.T) {
+	e := newEnv(t)
+	type want struct{ identity, op, method, result, reason, job string }
+	for _, tc := range []struct {
+		path, tok string
+		want      []want // nil: nothing recorded
+	}{
+		{"/console/nodes", "lister-token-0123456789", []want{{"token:lister", "nodes.list", "GET nodes", protocol.AuditOK, "", ""}}},
+		{"/console/nodes", "", []want{{"", "nodes.list", "GET nodes", protocol.AuditRefused, "unauthenticated", ""}}},
+		{"/console/jobs", "nobody-token-0123456789", []want{{"token:nobody", "job.status", "GET jobs", protocol.AuditRefused, "no_identity", ""}}},
+		{"/console/audit", "alice-token-0123456789", []want{{"token:alice", "admin", "GET audit", protocol.AuditRefused, "no_rule", ""}}},
+		{"/console/jobs/job-bob", "alice-token-0123456789", []want{{"token:alice", "job.status", "GET job", protocol.AuditRefused, "no_rule", "job-bob"}}},
+		{"/console/jobs/job-alice", "alice-token-0123456789", []want{{"token:alice", "job.status", "GET job", protocol.AuditOK, "", "job-alice"}}},
+		{"/console/jobs/job-alice/output/prod-1/stdout?offset=0", "alice-token-0123456789", []want{{"token:alice", "job.logs", "GET job output", protocol.AuditOK, "", "job-alice"}}},
+		{"/console/jobs/job-alice/output/prod-1/stdout?offset=3", "alice-token-0123456789", nil}, // a continuation
+		{"/console/jobs/job-bob/output/dev-1/stdout?offset=3", "alice-token-0123456789", []want{{"token:alice", "job.logs", "GET job output", protocol.AuditRefused, "no_rule", "job-bob"}}},
+		{"/console/static/console.css", "", nil},
+		{"/console/login", "", nil},
+		// httptest's requests come from 192.0.2.1: a token in clear text.
+		{"/console/login?token=alice-token-0123456789", "", []want{{"", "console.login", "GET login", protocol.AuditRefused, "clear_text", ""}}},
+	} {
+		e.get(t, tc.path, tc.tok)
+		got := e.audit.take()
+		if len(got) != len(tc.want) {
+			t.Errorf("GET %s as %q recorded %d events, want %d: %+v", tc.path, testTokens[tc.tok], len(got), len(tc.want), got)
+			continue
+		}
+		for i, w := range tc.want {
+			g := got[i]
+			if g.Identity != w.identity || g.Operation != w.op || g.Method != w.method || g.Result != w.result || g.Reason != w.reason || g.JobID != w.job || g.Facade != Facade {
+				t.Errorf("GET %s as %q: event %+v, want %+v", tc.path, testTokens[tc.tok], g, w)
+			}
+		}
 	}
 }

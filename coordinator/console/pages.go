@@ -94,10 +94,12 @@ type errorView struct {
 // (429 or 403) and returns false.
 func (h *Handler) gate(w http.ResponseWriter, c caller, op policy.Operation) bool {
 	if err := h.cfg.Policy.Allow(c.ID, op); err != nil {
+		c.note.refused(err)
 		h.fail(w, c, http.StatusTooManyRequests, err.Error())
 		return false
 	}
 	if err := h.cfg.Policy.Holds(c.ID, op); err != nil {
+		c.note.refused(err)
 		h.fail(w, c, http.StatusForbidden, err.Error())
 		return false
 	}
@@ -139,7 +141,9 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request, c caller) {
 	if !slices.ContainsFunc(v.Sections, func(s section) bool { return s.Granted }) {
 		// Nothing to show: refuse as the pages would, with the policy's
 		// reason (an identity it does not know, or no read granted).
-		h.fail(w, c, http.StatusForbidden, p.Holds(c.ID, policy.OpNodesList).Error())
+		err := p.Holds(c.ID, policy.OpNodesList)
+		c.note.refused(err)
+		h.fail(w, c, http.StatusForbidden, err.Error())
 		return
 	}
 	h.render(w, http.StatusOK, "index", page{Title: "Tether console", Caller: c, Data: v})
@@ -270,7 +274,9 @@ func (h *Handler) lookupJob(ctx context.Context, w http.ResponseWriter, c caller
 		return nil
 	}
 	rec := j.Record
+	c.note.nodes = rec.Nodes
 	if !h.visibleJob(c, &rec) {
+		c.note.reason = policy.ReasonNoRule.String() // answered as not found
 		h.fail(w, c, http.StatusNotFound, "no job "+id)
 		return nil
 	}
@@ -291,6 +297,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request, c caller) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	id := r.PathValue("id")
+	c.note.job = id
 	rec := h.lookupJob(ctx, w, c, id)
 	if rec == nil {
 		return
@@ -322,15 +329,22 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request, c caller) {
 // query's offset, as text/plain, with HeaderOutputTotal and
 // HeaderOutputEOF. It is what the job page's script polls.
 func (h *Handler) output(w http.ResponseWriter, r *http.Request, c caller) {
+	id, node, stream := r.PathValue("id"), r.PathValue("node"), r.PathValue("stream")
+	c.note.job, c.note.nodes = id, []string{node}
+	// A poll past the start continues a read already recorded.
+	c.note.skip = r.FormValue("offset") != "0"
 	if err := h.cfg.Policy.Allow(c.ID, policy.OpJobLogs); err != nil {
+		c.note.refused(err)
+		c.note.skip = false
 		http.Error(w, err.Error(), http.StatusTooManyRequests)
 		return
 	}
 	if err := h.cfg.Policy.Holds(c.ID, policy.OpJobLogs); err != nil {
+		c.note.refused(err)
+		c.note.skip = false
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return
 	}
-	id, node, stream := r.PathValue("id"), r.PathValue("node"), r.PathValue("stream")
 	if stream != protocol.ReplyStdout && stream != protocol.ReplyStderr {
 		http.Error(w, "stream "+protocol.Clip(stream)+": want stdout or stderr", http.StatusBadRequest)
 		return
@@ -347,6 +361,10 @@ func (h *Handler) output(w http.ResponseWriter, r *http.Request, c caller) {
 		return
 	}
 	j, err := h.cfg.Jobs.Get(ctx, id)
+	if err == nil && slices.Contains(j.Nodes, node) && (!h.visibleJob(c, &j.Record) || !h.mayReadLogs(c, &j.Record, node)) {
+		c.note.reason = policy.ReasonNoRule.String() // answered as not found
+		c.note.skip = false
+	}
 	if err != nil || !slices.Contains(j.Nodes, node) || !h.visibleJob(c, &j.Record) || !h.mayReadLogs(c, &j.Record, node) {
 		// Not found, not the job's node, or not the caller's to read: one
 		// answer, so that the caller learns nothing of others' jobs.
@@ -506,11 +524,13 @@ type auditView struct {
 
 func (h *Handler) audit(w http.ResponseWriter, r *http.Request, c caller) {
 	if err := h.cfg.Policy.Allow(c.ID, policy.OpAdmin); err != nil {
+		c.note.refused(err)
 		h.fail(w, c, http.StatusTooManyRequests, err.Error())
 		return
 	}
 	// The audit log is admin's, as tether.v1.audit.query.
 	if _, err := h.cfg.Policy.Decide(c.ID, policy.OpAdmin, policy.Node{}, policy.Object{}); err != nil {
+		c.note.refused(err)
 		h.fail(w, c, http.StatusForbidden, err.Error())
 		return
 	}

@@ -84,7 +84,7 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 		cfg.Ledger = cs.sbx.Ledger()
 	}
 	if cs.audit != nil {
-		cfg.Audit = cs.audit
+		cfg.Audit, cfg.Auditor = cs.audit, cs.audit
 	}
 	con, err := console.New(cfg)
 	if err != nil {
