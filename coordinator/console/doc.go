@@ -36,7 +36,8 @@
 // A caller with no identity gets 401 and a login form; one the policy
 // does not know, or that may not read a page, gets 403 naming what is
 // missing. Requests count against the identity's requests_per_second like
-// API requests (429 past it). The console has no write actions at all.
+// API requests (429 past it), and each page read and login is an audit
+// event (audit.go). The console has no write actions at all.
 //
 // # Identities
 //
