@@ -66,7 +66,7 @@ func (h *Handler) render(w http.ResponseWriter, status int, name string, p any) 
 		pg = page{Data: p}
 	}
 	if pg.Title == "" {
-		pg.Title = name
+		pg.Title = map[string]string{"login": "Sign in"}[name]
 	}
 	var b bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&b, "layout", pg); err != nil {
