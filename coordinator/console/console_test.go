@@ -353,6 +353,9 @@ func TestNodesShowOnlyWhatPolicyAllows(t *testing.T) {
 	if !strings.Contains(body, `<td class="rtt">—</td>`) {
 		t.Errorf("a node without an RTT should show —:\n%s", body)
 	}
+	if !strings.Contains(body, `<td class="stalls">`) {
+		t.Errorf("no stalls column:\n%s", body)
+	}
 }
 
 func TestValuesFromNodesAndJobsAreEscaped(t *testing.T) {
@@ -659,5 +662,23 @@ func TestReadsAreAudited(t *testing.T) {
 				t.Errorf("GET %s as %q: event %+v, want %+v", tc.path, testTokens[tc.tok], g, w)
 			}
 		}
+	}
+}
+
+func TestStallsColumn(t *testing.T) {
+	type withStalls struct {
+		ID           string
+		StreamStalls int64
+		WindowStalls uint32
+		stallsHidden int
+	}
+	if got := stallsOf(&withStalls{StreamStalls: 3, WindowStalls: 2, stallsHidden: 9}); got != "5" {
+		t.Errorf("stallsOf = %q, want 5 (the exported Stall fields' sum)", got)
+	}
+	if got := stallsOf(struct{ ID string }{"n"}); got != "—" {
+		t.Errorf("stallsOf a record without stalls = %q, want —", got)
+	}
+	if got := stallsOf(42); got != "—" {
+		t.Errorf("stallsOf(42) = %q, want —", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -153,6 +154,39 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request, c caller) {
 type nodeRow struct {
 	protocol.NodeInfo
 	LabelList []string // k=v, sorted
+	// Stalls is the session's stream-window stall count when the registry
+	// reports one (stallsOf), else "—".
+	Stalls string
+}
+
+// stallsOf returns a node record's stream-window stalls as the nodes page
+// shows them: the sum of the struct's (or pointed-to struct's) exported
+// integer fields whose name contains "Stall", or "—" when it has none
+// (per-session flow-control figures are being added to
+// protocol.NodeInfo; the column shows them once they are, without a change
+// here).
+func stallsOf(rec any) string {
+	v := reflect.Indirect(reflect.ValueOf(rec))
+	if v.Kind() != reflect.Struct {
+		return "—"
+	}
+	found, sum := false, int64(0)
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		if !f.IsExported() || !strings.Contains(f.Name, "Stall") {
+			continue
+		}
+		switch fv := v.Field(i); fv.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			found, sum = true, sum+fv.Int()
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			found, sum = true, sum+int64(fv.Uint())
+		}
+	}
+	if !found {
+		return "—"
+	}
+	return strconv.FormatInt(sum, 10)
 }
 
 func (h *Handler) nodes(w http.ResponseWriter, r *http.Request, c caller) {
@@ -164,7 +198,7 @@ func (h *Handler) nodes(w http.ResponseWriter, r *http.Request, c caller) {
 		if !h.allowed(c, policy.OpNodesList, policy.Node{ID: n.ID, Labels: n.Labels}, policy.Object{}) {
 			continue
 		}
-		rows = append(rows, nodeRow{NodeInfo: n, LabelList: labelList(n.Labels)})
+		rows = append(rows, nodeRow{NodeInfo: n, LabelList: labelList(n.Labels), Stalls: stallsOf(&n)})
 	}
 	h.render(w, http.StatusOK, "nodes", page{Title: "Nodes", Nav: "nodes", Caller: c, Data: rows})
 }
