@@ -30,6 +30,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/enroll"
+	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
@@ -147,6 +148,8 @@ type coordinatorOptions struct {
 	SSHUserCAs        []string
 	// Sandbox configures the facades, the ledger and the reaper.
 	Sandbox sandboxOptions
+	// Console configures the web console on the admin address.
+	Console consoleOptions
 	// Log configures logging to stderr.
 	Log logOptions
 }
@@ -356,7 +359,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f := cmd.Flags()
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the join token, dev PKI and embedded NATS store")
 	f.StringVar(&o.Listen, "listen", o.Listen, "agent tunnel listen address (TLS; also WebSocket, GET "+tunnel.WebSocketPath+" with ALPN http/1.1)")
-	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
+	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz, the web console under /console/)")
 	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --listen address as clients reach it, for their streams' direct data path (HOST:PORT, the port a number; an empty HOST is the clients' NATS server's host; default: --listen's host and bound port; "off": streams are relayed over NATS)`)
 	f.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "external NATS server URL (default: embedded NATS with JetStream)")
 	f.StringVar(&o.NATSCreds, "nats-creds", o.NATSCreds, "the coordinator's NATS credentials (TETHER account user) for --nats-url")
@@ -388,6 +391,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.StringVar(&o.SSHAuthorizedKeys, "ssh-authorized-keys", o.SSHAuthorizedKeys, "authorized_keys file of the keys the SSH jump host accepts (reloaded on SIGHUP)")
 	f.StringArrayVar(&o.SSHUserCAs, "ssh-user-ca", o.SSHUserCAs, "file of SSH user CA keys whose certificates the jump host accepts (repeatable; reloaded on SIGHUP)")
 	o.Sandbox.addFlags(cmd)
+	o.Console.addFlags(f)
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -757,7 +761,17 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	lnTLS.NextProtos = append(lnTLS.NextProtos, protocol.ALPNClient)
 	cs.tunnelLn = tunnel.NewListener(rawLn, tunnel.RequestClientCert(lnTLS))
 	cs.info.AdminAddr = cs.adminLn.Addr().String()
-	cs.admin = newHTTPServer(cs.coord.AdminHandler(reg), adminLimits)
+	local := o.Sandbox.local
+	if local == nil {
+		local = loopbackIdentity
+	}
+	adminH, err := o.Console.adminHandler(cs.coord.AdminHandler(reg), cs.coord, cs, jobs, local, log)
+	if err != nil {
+		return nil, err
+	}
+	cs.admin = newHTTPServer(adminH, adminLimits)
+	// The console names loopback callers by their socket's uid.
+	cs.admin.ConnContext = peeruid.ConnContext
 	return cs, nil
 }
 

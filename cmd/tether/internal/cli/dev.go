@@ -195,7 +195,7 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the dev PKI, token, NATS store and agent")
 	f.IntVar(&o.NATSPort, "nats-port", o.NATSPort, "embedded NATS port on 127.0.0.1 (0: any free port)")
 	f.StringVar(&o.TunnelAddr, "tunnel-addr", o.TunnelAddr, "tunnel listen address")
-	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz)")
+	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz, the web console under /console/)")
 	f.StringVar(&o.OpenShellListen, "openshell-listen", o.OpenShellListen, `OpenShell gRPC facade address on loopback ("" turns it off)`)
 	f.StringVar(&o.OpenSandboxListen, "opensandbox-listen", o.OpenSandboxListen, `OpenSandbox HTTP facade address on loopback ("" turns it off)`)
 	addAllowedHostsFlag(cmd, &o.AllowedHosts)
@@ -524,6 +524,7 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote
 	fmt.Fprintf(&b, "  NATS URL:    %s\n", info.NATSURL)
 	fmt.Fprintf(&b, "  tunnel:      %s (CA %s)\n", info.TunnelAddr, info.CAFile)
 	fmt.Fprintf(&b, "  admin:       http://%s/metrics\n", info.AdminAddr)
+	fmt.Fprintf(&b, "  console:     http://%s/console/ (a browser on this machine)\n", info.AdminAddr)
 	if info.OpenShellAddr != "" {
 		fmt.Fprintf(&b, "  openshell:   %s (gRPC facade; point OPENSHELL_GATEWAY_ENDPOINT here)\n", info.OpenShellAddr)
 	}

@@ -102,8 +102,12 @@ const surfaceHeader = `# Tether's attack surface: what every listener of a coord
 #                         binary messages only)
 #   -                     not probed (that caller cannot speak there)
 #
-# The admin HTTP server takes no credentials at all (keep it on loopback or
-# behind a proxy); its only caller is "none".
+# The admin HTTP server's /metrics, /healthz and /readyz take no credentials
+# at all (keep it on loopback or behind a proxy); its web console under
+# /console/ takes a console token (Authorization: Bearer, or the login
+# cookie) or names a loopback caller by its uid (here "none": the test's
+# uid, which policy does not name). 404s of /console/jobs/... are the
+# console's own (no such job, or not one the caller may see): ok:404.
 `
 
 // Fixed names, so the golden file does not depend on the host.
@@ -275,6 +279,7 @@ func TestSurface(t *testing.T) {
 	if err := os.WriteFile(o.Sandbox.TokenFile, []byte(tokFile.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	o.Console.TokenFile = o.Sandbox.TokenFile // the console's callers are the facades'
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +335,7 @@ func TestSurface(t *testing.T) {
 	callers := map[string][]string{}
 
 	entries[lnNATS], callers[lnNATS] = probeNATS(t, cs, eye, tab)
-	entries[lnAdmin], callers[lnAdmin] = probeAdmin(t, cs, tab)
+	entries[lnAdmin], callers[lnAdmin] = probeAdmin(t, cs, fc, tab)
 	entries[lnOpenSandbox], callers[lnOpenSandbox] = probeOpenSandbox(t, cs, pki.CACert, fc, tab)
 	entries[lnOpenShell], callers[lnOpenShell] = probeOpenShell(t, cs, pki.CACert, fc, tab)
 	entries[lnTunnel], callers[lnTunnel] = probeTunnel(t, cs, agentDir, tab)
@@ -1027,11 +1032,33 @@ func surfaceProtocolSubjects(t *testing.T) map[string]string {
 // ---- admin HTTP ----
 
 // adminProbes are the admin server's requests: every route it registers
-// and a few it does not.
-var adminProbes = []struct{ method, path string }{
-	{"GET", "/metrics"}, {"GET", "/healthz"}, {"GET", "/readyz"},
-	{"POST", "/healthz"}, {"GET", "/"}, {"GET", "/debug/pprof/"}, {"GET", "/debug/vars"},
+// and a few it does not. pattern is the route's pattern when it is not
+// "METHOD PATH" (a path with wildcards filled in), "-" for a probe of no
+// route.
+var adminProbes = []struct{ method, path, pattern string }{
+	{"GET", "/metrics", ""}, {"GET", "/healthz", ""}, {"GET", "/readyz", ""},
+	{"POST", "/healthz", ""}, {"GET", "/", ""}, {"GET", "/debug/pprof/", ""}, {"GET", "/debug/vars", ""},
+	// The web console (coordinator/console).
+	{"GET", "/console/", "GET /console/{$}"},
+	{"GET", "/console/nodes", ""},
+	{"GET", "/console/jobs", ""},
+	{"GET", "/console/jobs/no-such-job", "GET /console/jobs/{id}"},
+	{"GET", "/console/jobs/no-such-job/output/surface-node/stdout?offset=0", "GET /console/jobs/{id}/output/{node}/{stream}"},
+	{"GET", "/console/sandboxes", ""},
+	{"GET", "/console/audit", ""},
+	{"GET", "/console/static/console.css", "GET /console/static/"},
+	{"GET", "/console/login", ""},
+	{"GET", "/console/login?token=wrong-token-0123456789", "GET /console/login"},
+	{"POST", "/console/login", ""},
+	{"GET", "/console/logout", ""},
+	{"DELETE", "/console/nodes", "-"},
 }
+
+// adminCallers are the admin server's callers: no credentials (the
+// console sees the test's own uid on loopback, which policy does not
+// name), a wrong bearer token and each role's token (the console's token
+// file is the facades'), as Authorization: Bearer.
+func adminCallers() []string { return facadeCallers()[:2+len(surfaceRoles)] }
 
 // notCoordinatorHandlers are HTTP patterns registered in the module's
 // code ("FILE PATTERN", see surfaceHTTPPatterns) that are not served by a
@@ -1046,10 +1073,14 @@ var notCoordinatorHandlers = map[string]bool{
 	"cmd/tether/internal/cli/agent.go GET /metrics": true, // the agent's own --metrics-addr
 }
 
-func probeAdmin(t *testing.T, cs *coordinatorServer, tab *surfaceTable) (entries, callers []string) {
+func probeAdmin(t *testing.T, cs *coordinatorServer, fc facadeCreds, tab *surfaceTable) (entries, callers []string) {
 	probed := map[string]bool{}
 	for _, p := range adminProbes {
-		probed[p.method+" "+p.path] = true
+		if p.pattern != "" {
+			probed[p.pattern] = true
+		} else {
+			probed[p.method+" "+p.path] = true
+		}
 	}
 	for _, h := range surfaceHTTPPatterns(t) {
 		file, pat, _ := strings.Cut(h, " ")
@@ -1057,28 +1088,40 @@ func probeAdmin(t *testing.T, cs *coordinatorServer, tab *surfaceTable) (entries
 			t.Errorf("%s registers HTTP route %q, which TestSurface does not probe: add it to adminProbes (or notCoordinatorHandlers) and review the new row", file, pat)
 		}
 	}
-	hc := &http.Client{Timeout: defaultTestTimeout}
+	hc := &http.Client{Timeout: defaultTestTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	callers = adminCallers()
 	for _, p := range adminProbes {
 		e := p.method + " " + p.path
 		entries = append(entries, e)
-		req, err := http.NewRequest(p.method, "http://"+cs.info.AdminAddr+p.path, nil)
-		if err != nil {
-			t.Fatal(err)
+		for _, c := range callers {
+			req, err := http.NewRequest(p.method, "http://"+cs.info.AdminAddr+p.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case c == "bad-token":
+				req.Header.Set("Authorization", "Bearer surface-wrong-token-0123456789")
+			case strings.HasPrefix(c, "token:"):
+				req.Header.Set("Authorization", "Bearer "+fc.tokens[strings.TrimPrefix(c, "token:")])
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				tab.add(lnAdmin, e, c, "error: "+err.Error())
+				continue
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			out := statusOutcome(resp.StatusCode)
+			if resp.StatusCode == http.StatusNotFound {
+				out = "unknown"
+				if strings.HasPrefix(p.path, "/console/jobs/") {
+					out = "ok:404" // the console's answer for a job one may not see, or that does not exist
+				}
+			}
+			tab.add(lnAdmin, e, c, out)
 		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			tab.add(lnAdmin, e, "none", "error: "+err.Error())
-			continue
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		out := statusOutcome(resp.StatusCode)
-		if resp.StatusCode == http.StatusNotFound {
-			out = "unknown"
-		}
-		tab.add(lnAdmin, e, "none", out)
 	}
-	return entries, []string{"none"}
+	return entries, callers
 }
 
 // surfaceHTTPPatterns returns "FILE PATTERN" for every Handle and

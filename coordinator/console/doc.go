@@ -1,0 +1,67 @@
+// Package console is the coordinator's web console: read-only HTML pages
+// on the admin address (under /console/) showing the fleet's nodes, the
+// running and recent jobs with live output, the sandbox ledger by run and
+// node with its leases and reaps, and the audit log.
+//
+// The pages are rendered on the server with html/template (so every value
+// a node, job or caller supplied is escaped), from templates and one
+// stylesheet embedded in the binary; one small script, served from the
+// same origin, polls a job's output endpoint to append live output. There
+// is no build step and nothing is fetched from elsewhere: the Content
+// Security Policy allows only this origin.
+//
+// # What it reads
+//
+// Everything comes from the coordinator's own read paths (Config): the
+// node registry (Fleet.FleetNodes), the job store (Jobs), a detached job's
+// output through the node's tunnel (Fleet.JobOutput, nodes connected to
+// this coordinator only), the sandbox ledger and its leases (Ledger), and
+// the audit stream (Audit). The console stores nothing of its own except
+// one random key per process for its session cookies.
+//
+// # Who may read what
+//
+// Every request is attributed to an identity the transport proved, and
+// decided by the coordinator's policy exactly as the NATS API decides the
+// same read:
+//
+//   - nodes: nodes.list, per node (a listing leaves out the nodes not
+//     granted);
+//   - jobs: job.status on every node of a job, with the job's owner (scope
+//     own or any); a job's output: job.logs the same way;
+//   - sandboxes and leases: sandboxes.list (scope own shows the caller's
+//     runs and the sandboxes it created, scope any everything);
+//   - audit: admin.
+//
+// A caller with no identity gets 401 and a login form; one the policy
+// does not know, or that may not read a page, gets 403 naming what is
+// missing. Requests count against the identity's requests_per_second like
+// API requests (429 past it), and each page read and login is an audit
+// event (audit.go). The console has no write actions at all.
+//
+// # Identities
+//
+// In order:
+//
+//  1. A bearer token (Authorization: Bearer TOKEN) that Config.Tokens
+//     names: identity token:NAME, as the facades' tokens.
+//  2. A session cookie from the login exchange: GET
+//     /console/login?token=TOKEN or POST /console/login (form field
+//     token) checks the token (constant time, Config.Tokens) and answers
+//     303 to the console with a cookie tether_console: HttpOnly, Secure,
+//     SameSite=Strict, Path=/console/, lasting Config.SessionTTL. Its value
+//     is the token's name and expiry, MACed (HMAC-SHA256) with the
+//     process's random key: it never holds the token, a restart ends every
+//     session, and a forged or expired cookie is ignored. The exchange is
+//     refused unless the connection is TLS or loopback (a token must not
+//     cross a network in clear text), and a POST whose Origin is another
+//     site's is refused. The pages themselves are GETs that change
+//     nothing, and SameSite=Strict keeps the cookie off other sites'
+//     requests.
+//  3. The local user of a loopback caller without credentials
+//     (Config.Local: the uid owning the caller's socket, as the facades on
+//     loopback name it, token:loopback-uid-UID).
+//
+// Handler is safe for concurrent use; it holds no locks of its own beyond
+// the policy store's.
+package console
