@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,4 +61,38 @@ func TestCoordinatorNotifiesReloads(t *testing.T) {
 	}
 	done <- nil
 	sock.Wait(t, defaultTestTimeout, "STOPPING=1", is("STOPPING=1"))
+}
+
+// `tether coordinator` started by systemd (NOTIFY_SOCKET, WATCHDOG_USEC in
+// its environment) says READY=1, pets the watchdog, has taken the
+// variables out of its environment (nothing it starts inherits them), and
+// says STOPPING=1 when it is stopped.
+func TestCoordinatorCommandUnderSystemd(t *testing.T) {
+	sock := sdnotifytest.Listen(t)
+	t.Setenv(sdnotify.EnvSocket, sock.Path)
+	t.Setenv(sdnotify.EnvWatchdogUSec, "2000000")
+	t.Setenv(sdnotify.EnvWatchdogPID, strconv.Itoa(os.Getpid()))
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	done := make(chan result, 1)
+	go func() {
+		done <- runCLI(ctx, nil, "", "coordinator", "--data-dir", t.TempDir(), "--policy", writeTestPolicy(t, testAdminPolicy(t)),
+			"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0",
+			"--openshell-listen", "127.0.0.1:0", "--opensandbox-listen", "127.0.0.1:0")
+	}()
+	has := func(kv string) func(sdnotifytest.Message) bool {
+		return func(m sdnotifytest.Message) bool { return m.Has(kv) }
+	}
+	sock.Wait(t, defaultTestTimeout, "READY=1", has("READY=1"))
+	sock.Wait(t, defaultTestTimeout, "WATCHDOG=1", has("WATCHDOG=1"))
+	for _, k := range []string{sdnotify.EnvSocket, sdnotify.EnvWatchdogUSec, sdnotify.EnvWatchdogPID} {
+		if v, ok := os.LookupEnv(k); ok {
+			t.Errorf("$%s=%q still in the environment of a running coordinator", k, v)
+		}
+	}
+	cancel()
+	if r := <-done; r.code != 0 {
+		t.Errorf("tether coordinator: exit %d, stderr %s", r.code, r.stderr)
+	}
+	sock.Wait(t, defaultTestTimeout, "STOPPING=1", has("STOPPING=1"))
 }
