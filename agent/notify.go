@@ -116,7 +116,8 @@ func (a *Agent) runNotify(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var failed bool // a send failed: logged once until one succeeds
+	var failed bool    // a send failed: logged once until one succeeds
+	var unhealthy bool // the last probe failed
 	check := func(err error) {
 		switch {
 		case err != nil && !failed:
@@ -145,12 +146,18 @@ func (a *Agent) runNotify(ctx context.Context) {
 			check(n.Ready(status))
 		}
 		if tick && wd > 0 {
+			// Logged when the verdict changes, not at every tick.
 			if err := a.probe(ctx, cur, wd/4); err != nil {
 				status += "; not petting the watchdog: " + err.Error()
-				if ctx.Err() == nil {
-					a.log.Warn("tunnel unhealthy: not petting the systemd watchdog", "err", err)
+				if ctx.Err() == nil && !unhealthy {
+					a.log.Warn("tunnel unhealthy: not petting the systemd watchdog; systemd restarts the agent if this lasts", "err", err, "watchdog", wd)
 				}
+				unhealthy = true
 			} else {
+				if unhealthy {
+					a.log.Info("tunnel healthy again: petting the systemd watchdog")
+				}
+				unhealthy = false
 				check(n.Watchdog())
 			}
 		}

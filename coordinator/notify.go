@@ -60,7 +60,8 @@ func (c *Coordinator) runNotify(ctx context.Context) {
 	if wd > 0 {
 		every = wd / 2
 	}
-	failed := false
+	failed := false    // a send failed: logged once until one succeeds
+	unhealthy := false // the last check failed
 	check := func(err error) {
 		switch {
 		case err != nil && !failed:
@@ -81,12 +82,18 @@ func (c *Coordinator) runNotify(ctx context.Context) {
 		}
 		status := c.notifyStatus()
 		if wd > 0 {
+			// Logged when the verdict changes, not at every tick.
 			if err := c.healthy(ctx, wd/4); err != nil {
 				status += "; not petting the watchdog: " + err.Error()
-				if ctx.Err() == nil {
-					c.log.Warn("coordinator unhealthy: not petting the systemd watchdog", "err", err)
+				if ctx.Err() == nil && !unhealthy {
+					c.log.Warn("coordinator unhealthy: not petting the systemd watchdog; systemd restarts it if this lasts", "err", err, "watchdog", wd)
 				}
+				unhealthy = true
 			} else {
+				if unhealthy {
+					c.log.Info("coordinator healthy again: petting the systemd watchdog")
+				}
+				unhealthy = false
 				check(n.Watchdog())
 			}
 		}

@@ -1,6 +1,7 @@
 package fleettest
 
 import (
+	"context"
 	"io"
 	"net"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/internal/sdnotify/sdnotifytest"
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // testWatchdog is the watchdog interval (WATCHDOG_USEC) the tests give the
@@ -47,6 +49,16 @@ func TestAgentNotifiesSystemd(t *testing.T) {
 		t.Errorf("READY=1 came with STATUS=%q, want it to name the coordinator, its address and the transport", v)
 	}
 	sock.Wait(t, 30*time.Second, "WATCHDOG=1", has("WATCHDOG=1"))
+	// The status counts the execs running (refreshed at every tick).
+	ctx, cancel := context.WithCancel(context.Background())
+	execDone := make(chan struct{})
+	go func() {
+		defer close(execDone)
+		f.Client.Exec(ctx, &protocol.ExecRequest{Target: protocol.Target{All: true}, Commands: []string{"sleep 60"}}, nil)
+	}()
+	sock.Wait(t, 30*time.Second, "a status counting the exec", statusHas(", 1 execs running"))
+	cancel()
+	<-execDone
 	for i, m := range sock.Messages() {
 		if m.Has("READY=1") {
 			break
