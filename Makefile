@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        bench-ssh bench-forward bench-startup bench-reconnect docker docker-context docker-base docker-coordinator docker-agent compose-test dev clean
+        bench-ssh bench-forward bench-startup bench-reconnect docker docker-context docker-base docker-coordinator docker-agent compose-test systemd-verify systemd-security dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -174,6 +174,14 @@ docker-agent: docker-context ## build the agent image only (builds the base firs
 
 compose-test: docker ## build the images, bring up deploy/compose and check enrollment, exec, policy and audit (deploy/compose/test.sh)
 	TETHER=$(CURDIR)/$(BIN) deploy/compose/test.sh
+
+# --- systemd units --------------------------------------------------------------
+
+systemd-verify: build ## systemd-analyze verify systemd/*.service, with ExecStart pointed at bin/tether; any message fails (skipped without systemd-analyze unless REQUIRE_SYSTEMD_ANALYZE=1)
+	systemd/verify.sh $(BIN)
+
+systemd-security: build ## systemd-verify, then the units' `systemd-analyze security --offline` exposure scores
+	systemd/verify.sh $(BIN) --security
 
 # --- local runs ---------------------------------------------------------------
 

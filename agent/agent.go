@@ -91,6 +91,8 @@ type Agent struct {
 	// its successor overlap), for the connected gauge.
 	drained sync.WaitGroup
 	live    atomic.Int64
+	// notify is what the systemd notifier reports (notify.go).
+	notify notifyState
 }
 
 // New checks cfg, fills its zero fields with defaults and returns an Agent.
@@ -119,6 +121,7 @@ func New(cfg Config) (*Agent, error) {
 		targets: targets, targetNames: slices.Sorted(maps.Keys(targets)),
 		guard: panics.New(cfg.Registerer, log, "agent")}
 	a.reports.wake = make(chan struct{}, 1)
+	a.notify.wake = make(chan struct{}, 1)
 	a.lp.Store(cfg.LocalPolicy)
 	return a, nil
 }
@@ -204,13 +207,19 @@ func (a *Agent) Run(ctx context.Context) error {
 		Dial:       dial,
 		Backoff:    a.cfg.Backoff,
 		Logger:     a.log,
-		OnRetry:    func(int, error) { a.m.reconnects.Inc() },
+		OnRetry: func(attempt int, err error) {
+			a.m.reconnects.Inc()
+			a.noteRetry(attempt, err)
+		},
 	}
 	// The reporter of detached jobs' ends (jobreport.go) lives as long as
 	// the sessions do.
 	var reporter sync.WaitGroup
 	rctx, stopReporter := context.WithCancel(ctx)
 	a.startReporter(rctx, &reporter)
+	// The systemd notifier says STOPPING=1 as soon as ctx ends, and is
+	// gone before Run returns.
+	a.startNotify(ctx, &reporter)
 	defer func() {
 		stopReporter()
 		reporter.Wait()
@@ -337,6 +346,7 @@ func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux
 		a.setReportSession(rs)
 		defer a.reports.cur.CompareAndSwap(rs, nil)
 	}
+	defer a.sessionUp(&liveSession{sess: sess, addr: addr, coordinator: welcome.CoordinatorID, transport: transport})()
 	log := a.log.With("coordinator", addr, "session", welcome.SessionID)
 	log.Info("connected to coordinator", "coordinator_id", welcome.CoordinatorID, "heartbeat_interval", interval, "transport", transport)
 	if a.live.Add(1) == 1 {

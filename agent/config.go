@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/agent/localpolicy"
+	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
@@ -221,6 +222,16 @@ type Config struct {
 	// Registerer receives the agent's metrics. Nil means a private registry
 	// (never prometheus.DefaultRegisterer).
 	Registerer prometheus.Registerer
+	// Notify, if not nil, tells the service manager (a systemd unit of
+	// Type=notify) how the agent is doing (notify.go): READY=1 once its
+	// first session is welcomed, STATUS= lines (connected to which
+	// coordinator over which transport, execs running; reconnecting and
+	// why), STOPPING=1 when Run's ctx ends, and, with a watchdog interval,
+	// WATCHDOG=1 at half of it but only after a ping round trip over the
+	// current session answered in time: an agent whose tunnel is wedged or
+	// partitioned stops petting, and systemd restarts it. Nil sends
+	// nothing.
+	Notify *sdnotify.Notifier
 	// Dial opens a connection to a coordinator address. Nil means
 	// Transports, with TLS. Test hook: tests may dial plain TCP or inject
 	// failures.

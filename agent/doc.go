@@ -96,7 +96,11 @@
 // One more goroutine, the job reporter (jobreport.go, started by Run and
 // waited for before it returns), reports each job's end to a coordinator
 // that takes reports (protocol.FrameJobExit), watching the jobs found
-// running at start, whose shims are not its children.
+// running at start, whose shims are not its children. With Config.Notify,
+// one more, the systemd notifier (notify.go, started by Run and waited
+// for), sends READY=1, STATUS= and STOPPING=1, and pets the watchdog after
+// each successful ping probe of the current session; each probe's ping
+// runs in a goroutine of its own that the notifier waits for when it ends.
 // Job streams (KindJob) query, read and cancel them, also when a previous
 // agent process started them.
 //

@@ -18,6 +18,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/coordinator/jobstore"
+	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -217,6 +218,14 @@ type Config struct {
 	Direct DirectConfig
 	// Logger receives the coordinator's logs. Nil discards them.
 	Logger *slog.Logger
+	// Notify, if not nil, tells the service manager (a systemd unit of
+	// Type=notify) how the coordinator is doing (notify.go): READY=1 once
+	// Serve accepts agents and serves the API, STATUS= lines ("serving N
+	// agents, M jobs running"), STOPPING=1 when the drain starts, and,
+	// with a watchdog interval, WATCHDOG=1 at half of it while the NATS
+	// connection is up and answers a round trip and the coordinator's
+	// registry lock is free within a quarter of it. Nil sends nothing.
+	Notify *sdnotify.Notifier
 	// Registerer receives the coordinator's metrics. Nil registers them in a
 	// private registry (never prometheus.DefaultRegisterer). One Registerer
 	// holds the metrics of one Coordinator.

@@ -209,6 +209,8 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	acceptErr := make(chan error, 1)
 	go c.ws.run()
 	go func() { acceptErr <- c.acceptLoop(life, ln) }()
+	// Accepting and subscribed: READY=1 (notify.go).
+	stopNotify := c.startNotify()
 
 	var serveErr error
 	select {
@@ -216,15 +218,16 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	case serveErr = <-acceptErr:
 		acceptErr <- serveErr // the drain below waits for it again
 	}
-	c.drain(ln, acceptErr, kill)
+	c.drain(ln, acceptErr, kill, stopNotify)
 	if serveErr != nil {
 		return fmt.Errorf("coordinator: accept agents on %s: %w", ln.Addr(), serveErr)
 	}
 	return nil
 }
 
-// drain shuts Serve down in the order documented on Serve.
-func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill context.CancelFunc) {
+// drain shuts Serve down in the order documented on Serve; stopNotify
+// (startNotify) says STOPPING=1 first.
+func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill context.CancelFunc, stopNotify func(string)) {
 	c.serving.Store(false)
 	c.mu.Lock()
 	c.closing = true
@@ -233,7 +236,9 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 	for _, n := range c.nodes {
 		sessions = append(sessions, n)
 	}
+	jobs := len(c.jobs)
 	c.mu.Unlock()
+	stopNotify(fmt.Sprintf("draining: moving %d agents, %d jobs running", len(sessions), jobs))
 	c.log.Info("draining", "agents", len(sessions))
 
 	ln.Close()

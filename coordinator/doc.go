@@ -196,9 +196,14 @@
 //     accepts data streams, one reader of its control stream, and one
 //     short-lived goroutine per data stream until its ticket is redeemed
 //     and its relay started (bounded by the tunnel's header timeout);
-//     serve waits for them.
+//     serve waits for them;
+//   - with Config.Notify (notify.go): the systemd notifier, from READY=1
+//     until the drain begins (drain stops and waits for it, then sends
+//     STOPPING=1), and per watchdog check one short-lived goroutine that
+//     takes and releases the registry lock.
 //
-// Serve waits for all of them before it returns. yamux adds its own receive
+// Serve waits for all of them before it returns (the lock check's
+// goroutine ends as soon as the lock is free). yamux adds its own receive
 // and send loops per session, stopped by closing the session.
 //
 // # Panics

@@ -8,7 +8,9 @@
 //     imports coordinator, nats.go or nats-server; protocol imports only the
 //     standard library (and, later, the protobuf runtime); tunnel knows
 //     nothing of agent, coordinator, client or NATS; coordinator does not
-//     import agent; client does not import agent, coordinator or tunnel.
+//     import agent; client does not import agent, coordinator or tunnel;
+//   - the systemd units in systemd/ pass `systemd-analyze verify` (when it
+//     is installed) and keep what the daemons' sd_notify support needs.
 //
 // The package has no non-test code besides this comment; it starts no
 // goroutines and must be imported by nothing.

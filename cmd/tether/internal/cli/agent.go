@@ -20,12 +20,16 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/internal/gcfloor"
+	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/protocol"
 	"github.com/tetherfleet/tether/tunnel"
 )
 
 // agentOptions are the flags of `tether agent`.
 type agentOptions struct {
+	// notify is systemd's notify socket (sdnotify.FromEnv); nil when not
+	// run by systemd as Type=notify. Not a flag.
+	notify *sdnotify.Notifier
 	// Coordinators are the coordinators' tunnel addresses (host:port), tried
 	// in turn. Required.
 	Coordinators []string
@@ -339,6 +343,13 @@ func newAgentCmd(e *env) *cobra.Command {
 				os.Unsetenv(k)
 			}
 			o.transportGiven, o.pingGiven = cmd.Flags().Changed("transport"), cmd.Flags().Changed("websocket-ping")
+			// The same for systemd's NOTIFY_SOCKET and WATCHDOG_*: a job
+			// must not pet the agent's watchdog.
+			notify, err := sdnotify.FromEnv()
+			if err != nil {
+				return err
+			}
+			o.notify = notify
 			if err := o.Validate(envToken); err != nil {
 				return usage(err)
 			}
@@ -439,6 +450,7 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	cfg.Version = version
 	cfg.Logger = log
 	cfg.Registerer = reg
+	cfg.Notify = o.notify
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err
@@ -446,7 +458,7 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	if lp != nil {
 		log.Info("local policy loaded", "file", lpPath)
 	}
-	defer watchLocalPolicy(ctx, a, lpPath, o.LocalPolicy, log)()
+	defer watchLocalPolicy(ctx, a, lpPath, o.LocalPolicy, o.notify, log)()
 	if o.MetricsAddr != "" {
 		_, stop, err := serveMetrics(o.MetricsAddr, reg, log)
 		if err != nil {

@@ -35,6 +35,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator/sandboxes"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/internal/gcfloor"
+	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -43,6 +44,9 @@ import (
 
 // coordinatorOptions are the flags of `tether coordinator`.
 type coordinatorOptions struct {
+	// notify is systemd's notify socket (sdnotify.FromEnv); nil when not
+	// run by systemd as Type=notify. Not a flag.
+	notify *sdnotify.Notifier
 	// DataDir holds the generated join token, the dev PKI and the embedded
 	// NATS server's JetStream store. Created 0700 if missing. Default
 	// /var/lib/tether as root, else ~/.local/state/tether/coordinator.
@@ -342,6 +346,12 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
+			// Read once and taken out of the environment (sdnotify.FromEnv).
+			notify, err := sdnotify.FromEnv()
+			if err != nil {
+				return err
+			}
+			o.notify = notify
 			log := o.Log.logger(e.stderr)
 			reg := newRegistry()
 			envToken := e.getenv(tokenEnv)
@@ -443,10 +453,11 @@ type coordinatorServer struct {
 	fleet    jetstream.KeyValue // the fleet registry shared with the other coordinators
 	ns       *server.Server     // nil with an external NATS
 	layout   *natsauth.Layout
-	unlock   func()        // releases the data dir lock
-	policy   *policy.Store // reloaded on SIGHUP (serve)
-	gate     *sshgate.Gate // the SSH jump host; nil without --ssh-addr
-	sshLn    net.Listener  // its listener
+	unlock   func()             // releases the data dir lock
+	policy   *policy.Store      // reloaded on SIGHUP (serve)
+	gate     *sshgate.Gate      // the SSH jump host; nil without --ssh-addr
+	sshLn    net.Listener       // its listener
+	notify   *sdnotify.Notifier // systemd's notify socket; nil without one
 }
 
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
@@ -469,7 +480,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	undo = append(undo, unlock)
-	cs = &coordinatorServer{log: log, unlock: unlock}
+	cs = &coordinatorServer{log: log, unlock: unlock, notify: o.notify}
 	// The policy first: a bad file is the operator's to fix before
 	// anything binds or starts.
 	if o.Policy == "" {
@@ -704,6 +715,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	cfg.AdmitRate, cfg.DrainSpread = o.AdmitRate, o.DrainSpread
 	cfg.Logger = log
 	cfg.Registerer = reg
+	cfg.Notify = o.notify
 	cfg.Endpoints = cs.sbx.Endpoints
 	cfg.Policy = cs.policy
 	cfg.SSH.HostCA = hostCA
@@ -805,7 +817,10 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 			case <-hupCtx.Done():
 				return
 			case <-hup:
-				cs.reloadPolicy()
+				// RELOADING=1 … READY=1 around it, once ready.
+				if err := cs.notify.Reload(cs.reloadPolicy); err != nil {
+					cs.log.Warn("systemd notification failed", "err", err)
+				}
 			}
 		}
 	}()
@@ -881,16 +896,18 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 // reloadPolicy loads the policy file again (SIGHUP). A bad file keeps the
 // policy in force; the error names each problem as FILE:LINE:COLUMN.
 // Decisions already made, sessions and running jobs and streams stand.
-func (cs *coordinatorServer) reloadPolicy() {
+// It returns the outcome as a status line for systemd.
+func (cs *coordinatorServer) reloadPolicy() (status string) {
 	if cs.gate != nil {
 		cs.gate.Reload() // logs its own outcome; bad files keep the keys in force
 	}
 	p, err := cs.policy.Reload()
 	if err != nil {
 		cs.log.Error("policy reload failed; the policy loaded before stays in force", "policy", cs.policy.Path(), "err", err)
-		return
+		return "policy reload failed (the policy loaded before stays in force): " + err.Error()
 	}
 	logPolicy(cs.log, "policy reloaded", p)
+	return "policy reloaded from " + cs.policy.Path()
 }
 
 // logPolicy logs a loaded policy's counts and its warnings.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/agent/localpolicy"
+	"github.com/tetherfleet/tether/internal/sdnotify"
 )
 
 // loadLocalPolicy loads the agent's local policy: the file flag names, or
@@ -37,8 +38,10 @@ func loadLocalPolicy(flag string) (p *localpolicy.Policy, path string, err error
 // until ctx ends or stop is called; stop waits for its goroutine. A file
 // that fails to load keeps the policy in force (logged as an error), so a
 // typo cannot lift the node's restrictions; a default file that is still
-// absent keeps "none".
-func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, log *slog.Logger) (stop func()) {
+// absent keeps "none". Each reload is announced to systemd (RELOADING=1,
+// then READY=1 with the outcome as STATUS=) through notify, once the agent
+// is ready; nil notify sends nothing.
+func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, notify *sdnotify.Notifier, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(ctx)
@@ -52,15 +55,23 @@ func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, lo
 				return
 			case <-hup:
 			}
-			p, _, err := loadLocalPolicy(flag)
-			switch {
-			case err != nil:
-				log.Error("local policy not reloaded; the one in force stays", "file", path, "err", err)
-			case p == nil:
-				log.Info("no local policy to reload", "file", path)
-			default:
-				a.SetLocalPolicy(p)
-				log.Info("local policy reloaded", "file", path)
+			err := notify.Reload(func() string {
+				p, _, err := loadLocalPolicy(flag)
+				switch {
+				case err != nil:
+					log.Error("local policy not reloaded; the one in force stays", "file", path, "err", err)
+					return "local policy not reloaded (the one in force stays): " + err.Error()
+				case p == nil:
+					log.Info("no local policy to reload", "file", path)
+					return "no local policy to reload at " + path
+				default:
+					a.SetLocalPolicy(p)
+					log.Info("local policy reloaded", "file", path)
+					return "local policy reloaded from " + path
+				}
+			})
+			if err != nil {
+				log.Warn("systemd notification failed", "err", err)
 			}
 		}
 	}()

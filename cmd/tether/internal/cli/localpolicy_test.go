@@ -13,6 +13,8 @@ import (
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/agent/localpolicy"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/internal/sdnotify"
+	"github.com/tetherfleet/tether/internal/sdnotify/sdnotifytest"
 )
 
 // TestLocalPolicyRefusalsShown: what the node's local policy refuses,
@@ -111,7 +113,12 @@ func TestLocalPolicyReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	stop := watchLocalPolicy(testCtx(t), a, path, path, slog.New(slog.NewTextHandler(&logs, nil)))
+	// systemd hears of each reload (RELOADING=1, then READY=1 with the
+	// outcome) once the agent said READY=1.
+	sock := sdnotifytest.Listen(t)
+	notify := sdnotify.New(sock.Path, 0)
+	notify.Ready("connected")
+	stop := watchLocalPolicy(testCtx(t), a, path, path, notify, slog.New(slog.NewTextHandler(&logs, nil)))
 	defer stop()
 	hup := func() { syscall.Kill(os.Getpid(), syscall.SIGHUP) }
 	write("version: 1\nexec: true\n")
@@ -121,6 +128,11 @@ func TestLocalPolicyReloadOnSIGHUP(t *testing.T) {
 			return errorString("exec still refused after SIGHUP")
 		}
 		return nil
+	})
+	sock.Wait(t, defaultTestTimeout, "RELOADING=1", func(m sdnotifytest.Message) bool { return m.Has("RELOADING=1") })
+	sock.Wait(t, defaultTestTimeout, "READY=1 after the reload", func(m sdnotifytest.Message) bool {
+		v, _ := m.Value("STATUS")
+		return m.Has("READY=1") && v == "local policy reloaded from "+path
 	})
 	reloaded := a.LocalPolicy()
 	write("version: 1\nexec: true\nshell: true\nbogus: 1\n")
@@ -134,6 +146,10 @@ func TestLocalPolicyReloadOnSIGHUP(t *testing.T) {
 	if a.LocalPolicy() != reloaded {
 		t.Error("a broken file replaced the policy in force")
 	}
+	sock.Wait(t, defaultTestTimeout, "READY=1 after the refused reload", func(m sdnotifytest.Message) bool {
+		v, _ := m.Value("STATUS")
+		return m.Has("READY=1") && strings.HasPrefix(v, "local policy not reloaded (the one in force stays): ") && strings.Contains(v, "bogus")
+	})
 }
 
 func TestDevCopyRoots(t *testing.T) {
