@@ -208,6 +208,34 @@ func (d *Dashboard) Exprs() []Expr {
 	return out
 }
 
+// VariableExprs returns the selector inside label_values(SELECTOR, label)
+// or query_result(EXPR) of every query variable; other variable queries
+// (label_names(), metrics(...)) select no series and are skipped.
+func (d *Dashboard) VariableExprs() []Expr {
+	var out []Expr
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		q, _ := v.Query.(string)
+		if m, ok := v.Query.(map[string]any); ok {
+			q, _ = m["query"].(string)
+		}
+		q = strings.TrimSpace(q)
+		switch {
+		case strings.HasPrefix(q, "label_values(") && strings.HasSuffix(q, ")"):
+			inner := q[len("label_values(") : len(q)-1]
+			if i := strings.LastIndexByte(inner, ','); i >= 0 {
+				inner = inner[:i]
+			}
+			out = append(out, Expr{Where: "dashboard variable " + v.Name, Expr: inner})
+		case strings.HasPrefix(q, "query_result(") && strings.HasSuffix(q, ")"):
+			out = append(out, Expr{Where: "dashboard variable " + v.Name, Expr: q[len("query_result(") : len(q)-1]})
+		}
+	}
+	return out
+}
+
 // Titles returns every panel's title, rows' nested panels included.
 func (d *Dashboard) Titles() []string {
 	var out []string

@@ -251,6 +251,7 @@ func TestMonitoringReferencesOnlyExportedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	exprs = append(exprs, d.Exprs()...)
+	exprs = append(exprs, d.VariableExprs()...)
 	rules, err := monitoring.LoadRules(alertsFile)
 	if err != nil {
 		t.Fatal(err)
