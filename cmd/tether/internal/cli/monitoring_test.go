@@ -1,19 +1,23 @@
 package cli
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -165,8 +169,11 @@ func (r *recordingRegistry) exported(t *testing.T) map[string]bool {
 // binariesSeries starts the coordinator as `tether coordinator` does,
 // with every optional part on (both facades, the SSH jump host, the
 // ledger and reaper, audit), and an agent as `tether agent` does, each on
-// its own recording registry, and returns the union of the series names
-// they export and the metric names alone (for the coverage checks).
+// its own recording registry; then `tether dev` (runDevRecording), whose
+// agent holds a tunnel session and runs a job, so that what registers
+// only once a session or a job exists is recorded too. It returns the
+// union of the series names they export and the metric names alone (for
+// the coverage checks).
 func binariesSeries(t *testing.T) (series map[string]bool, metrics []string) {
 	t.Helper()
 	o := testCoordinatorOptions(t, t.TempDir())
@@ -203,15 +210,85 @@ func binariesSeries(t *testing.T) (series map[string]bool, metrics []string) {
 		t.Fatal(err)
 	}
 
+	dreg := runDevRecording(t)
+
 	series = creg.exported(t)
 	maps.Copy(series, areg.exported(t))
-	for _, r := range []*recordingRegistry{creg, areg} {
+	maps.Copy(series, dreg.exported(t))
+	for _, r := range []*recordingRegistry{creg, areg, dreg} {
 		r.mu.Lock()
 		metrics = slices.AppendSeq(metrics, maps.Keys(r.kinds))
 		r.mu.Unlock()
 	}
 	slices.Sort(metrics)
 	return series, slices.Compact(metrics)
+}
+
+// runDevRecording runs `tether dev` (both facades on, free loopback
+// ports) on a recording registry until its agent's tunnel is up and one
+// job ran through it, and returns the registry; dev stops when the test
+// ends.
+func runDevRecording(t *testing.T) *recordingRegistry {
+	t.Helper()
+	dir := t.TempDir()
+	reg := newRecordingRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	e := &env{stdin: strings.NewReader(""), stdout: stdout, stderr: stderr, getenv: testGetenv(nil), now: time.Now,
+		registry: func() metricsRegistry { return reg }}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0", "--tunnel-addr", "127.0.0.1:0",
+			"--http-addr", "127.0.0.1:0", "--ssh-addr", "", "--log-level", "warn",
+			"--openshell-listen", "127.0.0.1:0", "--opensandbox-listen", "127.0.0.1:0"}, e)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("dev exit code %d; stderr:\n%s", code, stderr.String())
+			}
+		case <-time.After(defaultTestTimeout):
+			t.Error("dev did not stop")
+		}
+	})
+	gauge := func(name string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	banner := regexp.MustCompile(`NATS URL: +(nats://\S+)`)
+	var url string
+	checkFor(t, defaultTestTimeout, func() error {
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited early with %d; stderr:\n%s", code, stderr.String())
+		default:
+		}
+		m := banner.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return errors.New("no ready banner yet")
+		}
+		url = m[1]
+		if c, a := gauge("tether_coordinator_agents_connected"), gauge("tether_agent_tunnel_connected"); c != 1 || a != 1 {
+			return fmt.Errorf("agents connected %v, agent tunnel connected %v; want 1 and 1", c, a)
+		}
+		return nil
+	})
+	creds := filepath.Join(dir, "dev.creds")
+	r := runCLI(testCtx(t), map[string]string{natsCredsEnv: creds}, "", "exec", "--nats-url", url, "--all", "--", "true")
+	if r.code != 0 {
+		t.Fatalf("exec through dev: exit %d, stderr %q", r.code, r.stderr)
+	}
+	return reg
 }
 
 // The Grafana dashboard and the Prometheus alert rules and their tests
