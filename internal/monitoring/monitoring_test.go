@@ -196,3 +196,24 @@ tests:
 		}
 	}
 }
+
+func TestVariableExprs(t *testing.T) {
+	body := strings.Replace(goodDashboard, `{"name": "datasource", "type": "datasource", "query": "prometheus"}`,
+		`{"name": "datasource", "type": "datasource", "query": "prometheus"},
+		 {"name": "a", "type": "query", "query": "label_values(tether_a{x=\"y\"}, job)"},
+		 {"name": "b", "type": "query", "query": {"query": "query_result(sum by (job) (tether_b))", "refId": "B"}},
+		 {"name": "c", "type": "query", "query": "label_names()"},
+		 {"name": "d", "type": "custom", "query": "x,y"}`, 1)
+	d, err := LoadDashboard(writeFile(t, "d.json", body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range d.VariableExprs() {
+		got = append(got, e.Where+": "+e.Expr)
+	}
+	want := []string{`dashboard variable a: tether_a{x="y"}`, `dashboard variable b: sum by (job) (tether_b)`}
+	if !slices.Equal(got, want) {
+		t.Errorf("VariableExprs = %q, want %q", got, want)
+	}
+}
