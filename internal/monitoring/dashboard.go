@@ -7,6 +7,11 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 )
 
 // Dashboard is the part of a Grafana dashboard model (JSON, schemaVersion
@@ -68,8 +73,35 @@ type Expr struct {
 	Expr  string
 }
 
+// registerPlugins registers the Grafana Foundation SDK's panel and query
+// variants (timeseries, stat, prometheus...) once, so that its strict
+// decoding checks panels' options and targets too.
+var registerPlugins = sync.OnceFunc(plugins.RegisterDefaultPlugins)
+
+// grafanaSchema decodes data strictly into the Grafana Foundation SDK's
+// dashboard model (generated from Grafana's own schema): an unknown field
+// anywhere, a missing required one, or a value of the wrong type is an
+// error; so is a model that fails the SDK's validation.
+func grafanaSchema(data []byte) error {
+	registerPlugins()
+	var d dashboard.Dashboard
+	// The SDK returns its error list as a typed nil when there is none.
+	failed := func(err error) bool {
+		var be cog.BuildErrors
+		return err != nil && (!errors.As(err, &be) || len(be) > 0)
+	}
+	if err := d.UnmarshalJSONStrict(data); failed(err) {
+		return fmt.Errorf("not a Grafana dashboard model: %w", err)
+	}
+	if err := d.Validate(); failed(err) {
+		return fmt.Errorf("Grafana dashboard model: %w", err)
+	}
+	return nil
+}
+
 // LoadDashboard reads a dashboard file and checks that Grafana can load it
-// as we mean it: valid JSON with a uid, a title and schemaVersion >= 39;
+// as we mean it: Grafana's dashboard schema, strictly (grafanaSchema), and
+// valid JSON with a uid, a title and schemaVersion >= 39;
 // a datasource variable of type prometheus that every query panel and
 // target refers to (${name}); every panel (rows' nested panels too) with a
 // unique numeric id, a type, a title and a gridPos inside the 24 columns
@@ -91,6 +123,9 @@ func LoadDashboard(path string) (*Dashboard, error) {
 	}
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if err := grafanaSchema(data); err != nil {
+		errs = append(errs, err)
+	}
 	if d.UID == "" || d.Title == "" {
 		bad("uid %q and title %q must both be set", d.UID, d.Title)
 	}

@@ -71,7 +71,8 @@ func TestSubstitute(t *testing.T) {
 // goodDashboard is a minimal dashboard LoadDashboard accepts; the bad
 // cases each break one thing in it.
 const goodDashboard = `{
-  "uid": "u", "title": "T", "schemaVersion": 39,
+  "uid": "u", "title": "T", "schemaVersion": 39, "editable": true, "graphTooltip": 0, "time": {"from": "now-1h", "to": "now"},
+  "timepicker": {}, "fiscalYearStartMonth": 0, "links": [], "annotations": {"list": []},
   "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
   "panels": [
     {"id": 1, "type": "row", "title": "Row", "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0}, "collapsed": false, "panels": []},
@@ -120,6 +121,10 @@ func TestLoadDashboard(t *testing.T) {
 		{`"targets": [{"refId": "A", "expr": "b",`, `"targets": [], "x": [{"refId": "A", "expr": "b",`, "no targets"},
 		{`"panels": []}`, `"panels": [{"id": 9}]}`, "expanded row keeps its panels"},
 		{`"schemaVersion": 39,`, `"schemaVersion": 39,,`, "not a JSON dashboard"},
+		// Grafana's own schema, through the Foundation SDK.
+		{`"uid": "u",`, `"uid": "u", "refreshes": "1m",`, "unexpected field 'refreshes'"},
+		{`"refId": "A", "expr": "b"`, `"refId": "A", "expr": "b", "legend": "x"`, "unexpected field 'legend'"},
+		{`"h": 8, "w": 12, "x": 12`, `"h": "8", "w": 12, "x": 12`, "gridPos"},
 	} {
 		if !strings.Contains(goodDashboard, tc.old) {
 			t.Fatalf("case %q: goodDashboard lacks %q", tc.want, tc.old)

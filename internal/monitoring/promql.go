@@ -3,6 +3,12 @@
 // deploy/prometheus) for their shape and lists the metric names they use,
 // so that a test can hold them against the metrics the binaries register.
 //
+// Dashboards are checked against Grafana's own dashboard schema through
+// the Grafana Foundation SDK's strict decoder (Apache-2.0; its model is
+// generated from Grafana's schema), then for what the SDK leaves open:
+// unique panel ids, the grid, the data source variable, targets with an
+// expr.
+//
 // It does not evaluate PromQL: Prometheus's own parser lives in a module
 // whose dependencies would move the tunnel's (gorilla/websocket) forward,
 // so MetricNames is a tokenizer that knows PromQL's lexical grammar well
