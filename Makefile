@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        bench-ssh bench-forward bench-startup bench-reconnect docker docker-context docker-base docker-coordinator docker-agent compose-test systemd-verify systemd-security dev clean
+        bench-ssh bench-forward bench-startup bench-reconnect monitoring-check docker docker-context docker-base docker-coordinator docker-agent compose-test systemd-verify systemd-security dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -130,6 +130,22 @@ RECONNECT_TIMEOUT ?= 30m
 bench-reconnect: ## reconnect storm of RECONNECT_AGENTS (1000) simulated agents after a coordinator restart: paced vs unpaced, interleaved rounds, median ratios
 	@# Not in `make test`: it measures, and takes minutes (RECONNECT_ROUNDS, RECONNECT_DOWNTIME, RECONNECT_FIXED_RATE).
 	$(GO) test -count=1 -timeout $(RECONNECT_TIMEOUT) -tags reconnectbench -run '^TestReconnectStorm$$' -v ./coordinator/ | grep -v 'level='
+
+# `make monitoring-check` settings: the promtool binary (Debian package prometheus;
+# .ci/run unpacks it when it is missing).
+PROMTOOL ?= promtool
+
+monitoring-check: ## alert rules (promtool check rules + test rules) and the Grafana dashboard, checked against the metrics the binaries register
+	@# The Go tests load deploy/grafana/tether.json (the Grafana dashboard shape, unique
+	@# panel ids), list every metric the coordinator and the agent register (their
+	@# real wiring), and fail on any dashboard, alert or rule-test series that names
+	@# another; TETHER_REQUIRE_PROMTOOL makes the promtool parse of the dashboard's
+	@# expressions a failure, not a skip, when promtool is missing.
+	$(PROMTOOL) check rules deploy/prometheus/alerts.yml
+	$(PROMTOOL) test rules deploy/prometheus/alerts_test.yml
+	$(GO) test -race -count=1 $(GOTESTFLAGS) ./internal/monitoring/
+	PROMTOOL="$$(command -v $(PROMTOOL))" TETHER_REQUIRE_PROMTOOL=1 \
+		$(GO) test -race -count=1 $(GOTESTFLAGS) -run '^TestMonitoring' ./cmd/tether/internal/cli/
 
 vet: ## go vet ./...
 	$(GO) vet ./...

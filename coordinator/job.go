@@ -442,8 +442,10 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 				typ = protocol.ReplyStderr
 				res.StderrBytes += int64(len(f.Payload))
 				tail.write(f.Payload)
+				j.c.m.outputBytes.WithLabelValues("stderr").Add(float64(len(f.Payload)))
 			} else {
 				res.StdoutBytes += int64(len(f.Payload))
+				j.c.m.outputBytes.WithLabelValues("stdout").Add(float64(len(f.Payload)))
 			}
 			if err := j.publishOutput(n.id, typ, f.Payload); err != nil {
 				return fail("output reply lost, giving up: %v", err)

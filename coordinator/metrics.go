@@ -64,7 +64,10 @@ type metrics struct {
 	streamsOpened   *prometheus.CounterVec
 	execDuration    prometheus.Histogram
 	execResults     *prometheus.CounterVec
-	enrollments     *prometheus.CounterVec
+	// outputBytes counts the exec output relayed to clients, by stream
+	// (job.go).
+	outputBytes *prometheus.CounterVec
+	enrollments *prometheus.CounterVec
 	// sshEvents counts the agents' SSH channel events (ssh.go), by
 	// outcome: audited, or why one was dropped.
 	sshEvents *prometheus.CounterVec
@@ -121,6 +124,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_coordinator_exec_results_total",
 			Help: "Node exec results, by outcome.",
 		}, []string{"outcome"}),
+		outputBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_coordinator_exec_output_bytes_total",
+			Help: "Bytes of exec output relayed from the nodes to the clients, by stream (stdout, stderr).",
+		}, []string{"stream"}),
 		enrollments: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_coordinator_enrollments_total",
 			Help: "Agent enrollments (join token and CSR) and certificate renewals, by result.",
@@ -161,10 +168,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range []string{outcomeSuccess, outcomeFailure, outcomeTimeout, outcomeCancelled, outcomeError} {
 		m.execResults.WithLabelValues(o)
 	}
+	for _, st := range []string{"stdout", "stderr"} {
+		m.outputBytes.WithLabelValues(st)
+	}
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.enrollments, m.sshEvents, m.jobReports, m.directRefusals, m.directStreams} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.outputBytes, m.enrollments, m.sshEvents, m.jobReports, m.directRefusals, m.directStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

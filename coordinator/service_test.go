@@ -91,6 +91,13 @@ func TestExecOutputAndExitCode(t *testing.T) {
 	if got := h.metric("tether_coordinator_exec_duration_seconds"); got != 1 {
 		t.Errorf("exec_duration observations = %v, want 1", got)
 	}
+	// The fake agent wrote "hello\n", "bye\n" (10 bytes) and "oops\n" (5).
+	if got := h.metric("tether_coordinator_exec_output_bytes_total", "stream", "stdout"); got != 10 {
+		t.Errorf("exec_output_bytes{stdout} = %v, want 10", got)
+	}
+	if got := h.metric("tether_coordinator_exec_output_bytes_total", "stream", "stderr"); got != 5 {
+		t.Errorf("exec_output_bytes{stderr} = %v, want 5", got)
+	}
 
 	// Without an id the coordinator picks one and reports it everywhere.
 	r = h.exec(protocol.ExecRequest{Target: protocol.Target{Node: "node-a"}, Argv: []string{"ok"}})
@@ -435,6 +442,7 @@ func TestAdminHandler(t *testing.T) {
 		`tether_coordinator_streams_opened_total{kind="dial"} 0`,
 		`tether_coordinator_exec_results_total{outcome="timeout"} 0`,
 		"tether_coordinator_exec_duration_seconds_count 0",
+		`tether_coordinator_exec_output_bytes_total{stream="stderr"} 0`,
 		"tether_coordinator_tunnel_reconnects_total 0",
 	} {
 		if code != 200 || !strings.Contains(body, want) {

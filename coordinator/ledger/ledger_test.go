@@ -210,6 +210,43 @@ tether_sandboxes{node="n1",provider="openshell",state="lost"} 0
 	}
 }
 
+// tether_leases counts the leases by state, as the clock sees them at
+// scrape time.
+func TestMetricsLeases(t *testing.T) {
+	e := newEnv(t)
+	l := e.open()
+	ctx := testContext(t)
+	for _, run := range []string{"run-a", "run-b", "run-c"} {
+		if _, err := l.OpenLease(ctx, run, "", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.CloseLease(ctx, "run-c"); err != nil {
+		t.Fatal(err)
+	}
+	gauges := func() string {
+		return fmt.Sprintf("open=%v expired=%v closed=%v", metricValue(t, l, "tether_leases", "state", "open"),
+			metricValue(t, l, "tether_leases", "state", "expired"), metricValue(t, l, "tether_leases", "state", "closed"))
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if g := gauges(); g != "open=2 expired=0 closed=1" {
+			return fmt.Errorf("%s, want open=2 expired=0 closed=1", g)
+		}
+		return nil
+	})
+	e.clock.Advance(30 * time.Second)
+	if _, err := l.RenewLease(ctx, "run-a"); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(45 * time.Second) // run-b's minute is over, run-a's renewal is not
+	checkFor(t, defaultTestTimeout, func() error {
+		if g := gauges(); g != "open=1 expired=1 closed=1" {
+			return fmt.Errorf("%s, want open=1 expired=1 closed=1", g)
+		}
+		return nil
+	})
+}
+
 func TestTwoLedgersShareState(t *testing.T) {
 	e := newEnv(t)
 	a, b := e.open(), e.open()

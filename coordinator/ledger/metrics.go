@@ -24,15 +24,43 @@ var sandboxesDesc = prometheus.NewDesc("tether_sandboxes",
 	"Sandbox records in the ledger, by provider, node and state (every coordinator reports the whole shared ledger).",
 	[]string{"provider", "node", "state"}, nil)
 
-// gaugeCollector reports tether_sandboxes from the index at scrape time.
+// leasesDesc describes tether_leases.
+var leasesDesc = prometheus.NewDesc("tether_leases",
+	"Run leases in the ledger, by state: open (renewed within its TTL), expired (its TTL passed unrenewed: the reaper deletes what it owns), closed (kept for the lease retention). Every coordinator reports the whole shared ledger.",
+	[]string{"state"}, nil)
+
+// Lease states of tether_leases.
+const (
+	leaseOpen    = "open"
+	leaseExpired = "expired"
+	leaseClosed  = "closed"
+)
+
+// gaugeCollector reports tether_sandboxes and tether_leases from the
+// indexes at scrape time.
 type gaugeCollector struct{ l *Ledger }
 
-func (c gaugeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sandboxesDesc }
+func (c gaugeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- sandboxesDesc
+	ch <- leasesDesc
+}
 
 // Collect reports every state of each provider and node that has records,
-// zero included.
+// and every lease state, zero included.
 func (c gaugeCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.l.now()
 	c.l.mu.RLock()
+	leases := map[string]int{}
+	for _, ls := range c.l.leaseIdx.byRun {
+		switch {
+		case ls.Closed:
+			leases[leaseClosed]++
+		case ls.Expired(now):
+			leases[leaseExpired]++
+		default:
+			leases[leaseOpen]++
+		}
+	}
 	pairs := map[[2]string]map[State]int{}
 	for k, n := range c.l.idx.counts {
 		p := [2]string{k.provider, k.node}
@@ -42,6 +70,9 @@ func (c gaugeCollector) Collect(ch chan<- prometheus.Metric) {
 		pairs[p][k.state] = n
 	}
 	c.l.mu.RUnlock()
+	for _, st := range []string{leaseOpen, leaseExpired, leaseClosed} {
+		ch <- prometheus.MustNewConstMetric(leasesDesc, prometheus.GaugeValue, float64(leases[st]), st)
+	}
 	for p, counts := range pairs {
 		for _, s := range allStates {
 			ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[s]), p[0], p[1], string(s))

@@ -88,6 +88,19 @@ type env struct {
 	// reached is set once a command's RunE starts: an error before it is a
 	// usage error (unknown command, bad flag, wrong arguments).
 	reached bool
+	// registry, when set, makes the registry `tether dev` registers its
+	// metrics on and serves (tests record what registers); nil is
+	// newRegistry.
+	registry func() metricsRegistry
+}
+
+// metricsRegistry returns the registry for `tether dev`: e.registry's, or
+// a newRegistry.
+func (e *env) metricsRegistry() metricsRegistry {
+	if e.registry != nil {
+		return e.registry()
+	}
+	return newRegistry()
 }
 
 // exitError ends Run with code. A nil err prints nothing (the command has

@@ -460,10 +460,18 @@ type coordinatorServer struct {
 	notify   *sdnotify.Notifier // systemd's notify socket; nil without one
 }
 
+// metricsRegistry is what a daemon registers its metrics on and serves
+// /metrics from: newRegistry's *prometheus.Registry, or in tests one that
+// also records what was registered.
+type metricsRegistry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
 // external), listeners. On error it releases everything it acquired. The
 // caller must call serve, which releases everything when it returns.
-func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, reg *prometheus.Registry) (cs *coordinatorServer, err error) {
+func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, reg metricsRegistry) (cs *coordinatorServer, err error) {
 	var undo []func()
 	defer func() {
 		if err != nil {

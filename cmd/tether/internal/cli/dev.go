@@ -266,7 +266,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	}
 	co.Sandbox.local = devLocal(policy.Identity{Kind: policy.KindNATS, Name: devUser}, uint32(os.Geteuid()))
 	// Dev ignores TETHER_TOKEN: its token lives in the data directory.
-	reg := newRegistry()
+	reg := e.metricsRegistry()
 	cs, err := startCoordinator(co, "", log, reg)
 	if err != nil {
 		return err
