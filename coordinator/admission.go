@@ -200,7 +200,7 @@ func (c *Coordinator) drainSessions(sessions []*node) {
 			takers = append(takers, n)
 		}
 	}
-	spread := c.cfg.DrainSpread
+	spread := c.Limits().DrainSpread
 	if spread == 0 && c.pacer != nil {
 		// The time to admit them at the rate, and at least the storm
 		// window when they are more than the burst: the spread a

@@ -109,6 +109,9 @@ type agentOptions struct {
 
 	labels  map[string]string // Labels, parsed by Validate
 	targets map[string]string // Targets, parsed by Validate
+	// config is the config file the options came from (with the flags);
+	// nil without --config (config.go).
+	config *configSource
 }
 
 // Environment variables holding the gateways' credentials, read (and then
@@ -292,11 +295,24 @@ func readAgentSecrets(o *agentOptions, env agentSecrets) (agentSecrets, error) {
 
 func newAgentCmd(e *env) *cobra.Command {
 	o := defaultAgentOptions()
+	return agentCommand(e, &o)
+}
+
+// agentCommand is `tether agent` with its flags bound to o (config.go
+// builds a second one to re-read the config file on SIGHUP).
+func agentCommand(e *env, o *agentOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "agent --coordinator ADDR[,ADDR...] [--token-file FILE | TETHER_TOKEN=...]",
 		Short: "Run a node agent: dial out to a coordinator and run its jobs",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			// The config file first, while the environment it defers to
+			// (flag > env > file) is still set.
+			src, err := loadDaemonConfig(cmd, e, agentConfigRole)
+			if err != nil {
+				return usage(err)
+			}
+			o.config = src
 			envToken := e.getenv(tokenEnv)
 			envSecrets := agentSecrets{openShellToken: e.getenv(openShellTokenEnv), openSandboxAPIKey: e.getenv(openSandboxAPIKeyEnv)}
 			// Read once, then gone from the process environment, so that
@@ -306,14 +322,14 @@ func newAgentCmd(e *env) *cobra.Command {
 				os.Unsetenv(k)
 			}
 			if err := o.Validate(envToken); err != nil {
-				return usage(err)
+				return usage(src.annotate(err))
 			}
-			secrets, err := readAgentSecrets(&o, envSecrets)
+			secrets, err := readAgentSecrets(o, envSecrets)
 			if err != nil {
 				return err
 			}
 			log := o.Log.logger(e.stderr)
-			return runAgent(cmd.Context(), &o, envToken, secrets, log)
+			return runAgent(cmd.Context(), o, envToken, secrets, log)
 		}),
 	}
 	f := cmd.Flags()
@@ -341,6 +357,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	f.StringVar(&o.OpenSandboxAPIKeyFile, "opensandbox-api-key-file", o.OpenSandboxAPIKeyFile, "file holding the API key for the agent's own OpenSandbox calls (inventory, reaper deletes) (default: $"+openSandboxAPIKeyEnv+", else none)")
 	f.StringArrayVar(&o.Targets, "target", nil, "further dial target NAME=HOST:PORT (repeatable)")
 	o.Log.addFlags(cmd)
+	addConfigFlag(cmd)
 	return cmd
 }
 
@@ -412,7 +429,7 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	if lp != nil {
 		log.Info("local policy loaded", "file", lpPath)
 	}
-	defer watchLocalPolicy(ctx, a, lpPath, o.LocalPolicy, log)()
+	defer watchAgentReload(ctx, a, lpPath, o.LocalPolicy, o.config, log)()
 	if o.MetricsAddr != "" {
 		_, stop, err := serveMetrics(o.MetricsAddr, reg, log)
 		if err != nil {

@@ -193,6 +193,7 @@ var topCommands = []struct {
 	{"run-lease", func(e *env) *cobra.Command { return clientCommand(newRunLeaseCmd(e)) }},
 	{"audit", func(e *env) *cobra.Command { return clientCommand(newAuditCmd(e)) }},
 	{"policy", newPolicyCmd},
+	{"config", newConfigCmd},
 	{"token", newTokenCmd},
 	{"node", newNodeCmd},
 	{"nats", newNATSCmd},

@@ -303,6 +303,12 @@ func splitNATSListen(addr string) (string, int, error) {
 
 func newCoordinatorCmd(e *env) *cobra.Command {
 	o := defaultCoordinatorOptions()
+	return coordinatorCommand(e, &o)
+}
+
+// coordinatorCommand is `tether coordinator` with its flags bound to o
+// (config.go builds a second one to re-read the config file on SIGHUP).
+func coordinatorCommand(e *env, o *coordinatorOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "coordinator",
 		Short: "Run a coordinator: agent tunnel listener, NATS API, admin endpoints",
@@ -325,8 +331,12 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 --insecure-nats.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			if err := o.Validate(); err != nil {
+			src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole)
+			if err != nil {
 				return usage(err)
+			}
+			if err := o.Validate(); err != nil {
+				return usage(src.annotate(err))
 			}
 			log := o.Log.logger(e.stderr)
 			reg := newRegistry()
@@ -335,10 +345,11 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 				log.Warn("ignoring $" + tokenEnv + ": the shared token is deprecated and needs --allow-shared-token; agents enroll with join tokens (tether token create)")
 				envToken = ""
 			}
-			cs, err := startCoordinator(o, envToken, log, reg)
+			cs, err := startCoordinator(*o, envToken, log, reg)
 			if err != nil {
 				return err
 			}
+			cs.config = src
 			return cs.serve(cmd.Context())
 		}),
 	}
@@ -378,6 +389,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.StringArrayVar(&o.SSHUserCAs, "ssh-user-ca", o.SSHUserCAs, "file of SSH user CA keys whose certificates the jump host accepts (repeatable; reloaded on SIGHUP)")
 	o.Sandbox.addFlags(cmd)
 	o.Log.addFlags(cmd)
+	addConfigFlag(cmd)
 	return cmd
 }
 
@@ -432,6 +444,7 @@ type coordinatorServer struct {
 	policy   *policy.Store // reloaded on SIGHUP (serve)
 	gate     *sshgate.Gate // the SSH jump host; nil without --ssh-addr
 	sshLn    net.Listener  // its listener
+	config   *configSource // the config file SIGHUP re-reads; nil without --config
 }
 
 // startCoordinator prepares a coordinator: token, TLS, NATS (embedded or
@@ -780,7 +793,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 			case <-hupCtx.Done():
 				return
 			case <-hup:
-				cs.reloadPolicy()
+				cs.reload()
 			}
 		}
 	}()

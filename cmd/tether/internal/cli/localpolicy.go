@@ -33,12 +33,20 @@ func loadLocalPolicy(flag string) (p *localpolicy.Policy, path string, err error
 	return p, path, nil
 }
 
-// watchLocalPolicy reloads the local policy at path into a on every SIGHUP
-// until ctx ends or stop is called; stop waits for its goroutine. A file
-// that fails to load keeps the policy in force (logged as an error), so a
-// typo cannot lift the node's restrictions; a default file that is still
-// absent keeps "none".
+// watchLocalPolicy reloads the local policy at path (as flag names it:
+// loadLocalPolicy) into a on every SIGHUP until ctx ends or stop is
+// called; stop waits for its goroutine. It is watchAgentReload without a
+// config file.
 func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, log *slog.Logger) (stop func()) {
+	return watchAgentReload(ctx, a, path, flag, nil, log)
+}
+
+// watchAgentReload is the agent's SIGHUP: with a config file (src
+// non-nil) it first re-reads that, which may name another local-policy
+// file (configreload.go), then it reloads the local policy. A file that fails to load keeps the
+// policy in force (logged as an error), so a typo cannot lift the node's
+// restrictions; a default file that is still absent keeps "none".
+func watchAgentReload(ctx context.Context, a *agent.Agent, path, flag string, src *configSource, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(ctx)
@@ -52,15 +60,24 @@ func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, lo
 				return
 			case <-hup:
 			}
-			p, _, err := loadLocalPolicy(flag)
+			next, live := flag, []configChange(nil)
+			if src != nil {
+				next, live = reloadAgentConfig(src, flag, log)
+			}
+			p, npath, err := loadLocalPolicy(next)
 			switch {
 			case err != nil:
-				log.Error("local policy not reloaded; the one in force stays", "file", path, "err", err)
+				log.Error("local policy not reloaded; the one in force stays", "file", orDefault(next, path), "err", err)
+				continue
 			case p == nil:
-				log.Info("no local policy to reload", "file", path)
+				log.Info("no local policy to reload", "file", npath)
 			default:
 				a.SetLocalPolicy(p)
-				log.Info("local policy reloaded", "file", path)
+				log.Info("local policy reloaded", "file", npath)
+			}
+			flag, path = next, npath
+			if src != nil {
+				src.commit(live)
 			}
 		}
 	}()
@@ -69,4 +86,12 @@ func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, lo
 		cancel()
 		wg.Wait()
 	}
+}
+
+// orDefault is s, or def when s is empty.
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

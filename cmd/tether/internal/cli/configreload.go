@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"log/slog"
+
+	"github.com/tetherfleet/tether/coordinator"
+)
+
+// What SIGHUP does with the config file: read it again under the same
+// precedence (the command line's flags, then the environment as it was at
+// start, then the file), validate the whole result, then apply the keys
+// that can change without dropping a session (configRole.live) and log a
+// warning naming each other key that changed: it waits for a restart, and
+// the running value stays. Any error keeps the settings in force.
+
+// reload is the coordinator's SIGHUP: the config file (when it runs with
+// one), then the policy, the SSH jump host's keys and CAs.
+func (cs *coordinatorServer) reload() {
+	if cs.config != nil {
+		cs.reloadConfig()
+	}
+	cs.reloadPolicy()
+}
+
+// reloadConfig re-reads the coordinator's config file and applies the
+// limits (coordinator.Limits) it changes.
+func (cs *coordinatorServer) reloadConfig() {
+	src := cs.config
+	_, opts, live, fixed, err := src.reread()
+	if err != nil {
+		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
+		return
+	}
+	logFixed(cs.log, src, fixed)
+	if len(live) == 0 {
+		cs.log.Info("config reloaded; no setting that applies live changed", "config", src.path)
+		return
+	}
+	o := opts.(*coordinatorOptions)
+	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread}
+	if err := cs.coord.SetLimits(l); err != nil {
+		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
+		return
+	}
+	src.commit(live)
+	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
+		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread)
+}
+
+// reloadAgentConfig re-reads the agent's config file and returns the
+// local-policy setting it names (cur when it fails or names the same) and
+// the changes to commit once that policy is loaded.
+func reloadAgentConfig(src *configSource, cur string, log *slog.Logger) (localPolicy string, live []configChange) {
+	_, opts, live, fixed, err := src.reread()
+	if err != nil {
+		log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
+		return cur, nil
+	}
+	logFixed(log, src, fixed)
+	return opts.(*agentOptions).LocalPolicy, live
+}
+
+// logFixed warns of each changed key that does not apply while running.
+func logFixed(log *slog.Logger, src *configSource, fixed []configChange) {
+	for _, c := range fixed {
+		log.Warn("config key changed but does not apply to a running "+src.role.name+"; it keeps the running value until a restart",
+			"config", src.path, "key", c.key, "running", c.from, "file", c.to)
+	}
+}

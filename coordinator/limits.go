@@ -1,0 +1,61 @@
+package coordinator
+
+import (
+	"fmt"
+	"time"
+)
+
+// Limits are the settings of a running Coordinator that SetLimits changes
+// without dropping a session or a job: `tether coordinator` applies them
+// when SIGHUP re-reads its config file. Every other Config field is fixed
+// by New.
+type Limits struct {
+	// MaxHandshakesPerSource is Config.MaxHandshakesPerSource; zero means
+	// DefaultMaxHandshakesPerSource. Handshakes in progress keep their
+	// place; the new bound applies to the next one from each source.
+	MaxHandshakesPerSource int
+	// DefaultTimeout is Config.DefaultTimeout; zero means none. Jobs and
+	// streams already running keep the timeout they started with.
+	DefaultTimeout time.Duration
+	// DrainSpread is Config.DrainSpread, for the next drain.
+	DrainSpread time.Duration
+}
+
+// Validate reports every problem of l.
+func (l Limits) Validate() error {
+	switch {
+	case l.MaxHandshakesPerSource < 0:
+		return fmt.Errorf("coordinator limits: MaxHandshakesPerSource %d is negative", l.MaxHandshakesPerSource)
+	case l.DefaultTimeout < 0:
+		return fmt.Errorf("coordinator limits: DefaultTimeout %v is negative", l.DefaultTimeout)
+	}
+	return nil
+}
+
+// Limits returns the limits in force, with defaults filled in.
+func (c *Coordinator) Limits() Limits {
+	if l := c.limits.Load(); l != nil {
+		return *l
+	}
+	return Limits{
+		MaxHandshakesPerSource: c.cfg.MaxHandshakesPerSource,
+		DefaultTimeout:         c.cfg.DefaultTimeout,
+		DrainSpread:            c.cfg.DrainSpread,
+	}
+}
+
+// SetLimits puts l in force at once. It is safe to call concurrently with
+// everything, also while serving; an invalid l changes nothing.
+func (c *Coordinator) SetLimits(l Limits) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if l.MaxHandshakesPerSource == 0 {
+		l.MaxHandshakesPerSource = DefaultMaxHandshakesPerSource
+	}
+	c.limitsMu.Lock()
+	defer c.limitsMu.Unlock()
+	c.admit.SetPerSource(l.MaxHandshakesPerSource)
+	c.limits.Store(&l)
+	return nil
+}
