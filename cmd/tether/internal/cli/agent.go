@@ -313,12 +313,12 @@ func agentCommand(e *env, o *agentOptions) *cobra.Command {
 				return usage(err)
 			}
 			o.config = src
-			envToken := e.getenv(tokenEnv)
-			envSecrets := agentSecrets{openShellToken: e.getenv(openShellTokenEnv), openSandboxAPIKey: e.getenv(openSandboxAPIKeyEnv)}
+			envToken := src.getenv(e, tokenEnv)
+			envSecrets := agentSecrets{openShellToken: src.getenv(e, openShellTokenEnv), openSandboxAPIKey: src.getenv(e, openSandboxAPIKeyEnv)}
 			// Read once, then gone from the process environment, so that
 			// nothing the agent starts can inherit them (the agent also
 			// filters them out of every job's environment).
-			for _, k := range []string{tokenEnv, openShellTokenEnv, openSandboxAPIKeyEnv} {
+			for _, k := range append([]string{tokenEnv, openShellTokenEnv, openSandboxAPIKeyEnv}, src.envRefs()...) {
 				os.Unsetenv(k)
 			}
 			if err := o.Validate(envToken); err != nil {

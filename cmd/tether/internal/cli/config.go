@@ -12,8 +12,11 @@ package cli
 // that a flag or its environment variable overrides is ignored.
 //
 // Secrets never appear in the file: secret-bearing settings are file
-// paths (token-file, nats-creds, facade-token-file, …) or the environment
-// variables above; a key that would hold a secret inline is refused.
+// paths (token-file, nats-creds, facade-token-file, …), or the name of the
+// environment variable that holds the secret (token: {env: VARIABLE},
+// which the daemon reads and then unsets like $TETHER_TOKEN), or the
+// environment variables above; a key that would hold a secret inline is
+// refused.
 
 import (
 	"bytes"
@@ -60,6 +63,11 @@ type configRole struct {
 	// secrets maps a key that would hold a secret inline to what to use
 	// instead.
 	secrets map[string]string
+	// secretEnv are the secrets the file may name an environment variable
+	// for (token: {env: VARIABLE}), by key: the variable the daemon reads
+	// when the file names none, and the key of the file that holds it
+	// instead (only one of the two may be given).
+	secretEnv map[string]secretRef
 	// live are the keys a running daemon applies when SIGHUP re-reads
 	// the file; a change of any other key is logged and waits for a
 	// restart.
@@ -81,12 +89,17 @@ var agentConfigRole = &configRole{
 		"opensandbox-api-key-file": openSandboxAPIKeyEnv,
 	},
 	secrets: map[string]string{
-		"token":               "give token-file: FILE, or set $" + tokenEnv,
-		"join-token":          "give token-file: FILE, or set $" + tokenEnv,
-		"openshell-token":     "give openshell-token-file: FILE, or set $" + openShellTokenEnv,
-		"opensandbox-api-key": "give opensandbox-api-key-file: FILE, or set $" + openSandboxAPIKeyEnv,
-		"api-key":             "give opensandbox-api-key-file: FILE, or set $" + openSandboxAPIKeyEnv,
+		"token":               "give token-file: FILE, or token: {env: VARIABLE}, or set $" + tokenEnv,
+		"join-token":          "give token-file: FILE, or token: {env: VARIABLE}, or set $" + tokenEnv,
+		"openshell-token":     "give openshell-token-file: FILE, or openshell-token: {env: VARIABLE}, or set $" + openShellTokenEnv,
+		"opensandbox-api-key": "give opensandbox-api-key-file: FILE, or opensandbox-api-key: {env: VARIABLE}, or set $" + openSandboxAPIKeyEnv,
+		"api-key":             "give opensandbox-api-key-file: FILE, or opensandbox-api-key: {env: VARIABLE}, or set $" + openSandboxAPIKeyEnv,
 		"password":            "secrets are read from files (the *-file keys) or the environment",
+	},
+	secretEnv: map[string]secretRef{
+		"token":               {tokenEnv, "token-file"},
+		"openshell-token":     {openShellTokenEnv, "openshell-token-file"},
+		"opensandbox-api-key": {openSandboxAPIKeyEnv, "opensandbox-api-key-file"},
 	},
 	live: map[string]bool{"local-policy": true},
 }
@@ -96,9 +109,10 @@ var coordinatorConfigRole = &configRole{
 	validate: func(opts any, _ func(string) bool) error {
 		return opts.(*coordinatorOptions).Validate()
 	},
-	envFirst: map[string]string{"token-file": tokenEnv},
+	envFirst:  map[string]string{"token-file": tokenEnv},
+	secretEnv: map[string]secretRef{"token": {tokenEnv, "token-file"}},
 	secrets: map[string]string{
-		"token":         "give token-file: FILE (with allow-shared-token), or set $" + tokenEnv,
+		"token":         "give token-file: FILE (with allow-shared-token), or token: {env: VARIABLE}, or set $" + tokenEnv,
 		"join-token":    "agents enroll with join tokens from `tether token create`; the coordinator keeps none in its config",
 		"facade-token":  "give facade-token-file: FILE",
 		"nats-password": "give nats-creds: FILE (a NATS credentials file)",
@@ -114,6 +128,13 @@ var coordinatorConfigRole = &configRole{
 		"exec-timeout":              true,
 		"drain-spread":              true,
 	},
+}
+
+// secretRef is a secret the config file may name an environment variable
+// for.
+type secretRef struct {
+	env     string // the variable read when the file names none
+	fileKey string // the key naming a file that holds the secret instead
 }
 
 // The commands refer to their roles, so the roles get their commands here
@@ -147,6 +168,9 @@ type configFile struct {
 	path   string
 	role   string // the file's role: key, "" if none
 	values []configValue
+	// envRefs are the secrets' variables the file names (token: {env:
+	// VARIABLE}), by the variable each stands for (secretRef.env).
+	envRefs map[string]string
 }
 
 // line returns the line of the key that set flag, or 0.
@@ -166,7 +190,7 @@ func (f *configFile) line(flag string) int {
 // given inline, a key set twice, a role: other than r's. An empty file is
 // a valid file that sets nothing.
 func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*configFile, error) {
-	cf := &configFile{path: path}
+	cf := &configFile{path: path, envRefs: map[string]string{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -233,6 +257,10 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 			p.errf(k, key, "YAML aliases are not accepted: write the value")
 			continue
 		}
+		if ref, ok := p.r.secretEnv[name]; ok && v.Kind == yaml.MappingNode {
+			p.envRef(k, v, key, name, ref)
+			continue
+		}
 		if hint, ok := p.r.secrets[name]; ok {
 			p.errf(k, key, "a secret is not accepted inline in a config file: %s", hint)
 			continue
@@ -251,6 +279,10 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 			p.errf(k, key, "sets %s again (first set on line %d)", name, first)
 			continue
 		}
+		if sk := p.secretKeyOf(name); sk != "" && p.seen[sk] > 0 {
+			p.errf(k, key, "give %s or %s (line %d), not both", name, sk, p.seen[sk])
+			continue
+		}
 		p.seen[name] = k.Line
 		cv := configValue{key: key, flag: name, line: k.Line}
 		if !p.value(&cv, f, v) {
@@ -258,6 +290,27 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 		}
 		p.cf.values = append(p.cf.values, cv)
 	}
+}
+
+// envVarName is what an environment variable's name may be.
+var envVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// envRef reads a secret's {env: VARIABLE}.
+func (p *configParser) envRef(k, v *yaml.Node, key, name string, ref secretRef) {
+	if len(v.Content) != 2 || v.Content[0].Value != "env" || v.Content[1].Kind != yaml.ScalarNode || v.Content[1].Tag != "!!str" || !envVarName.MatchString(v.Content[1].Value) {
+		p.errf(v, key, "want {env: VARIABLE}: the name of the environment variable that holds the secret")
+		return
+	}
+	if first, dup := p.seen[name]; dup {
+		p.errf(k, key, "set again (first set on line %d)", first)
+		return
+	}
+	if l, both := p.seen[ref.fileKey]; both {
+		p.errf(k, key, "give %s or %s (line %d), not both", name, ref.fileKey, l)
+		return
+	}
+	p.seen[name] = k.Line
+	p.cf.envRefs[ref.env] = v.Content[1].Value
 }
 
 // role checks the role: key.
@@ -270,6 +323,16 @@ func (p *configParser) role(k, v *yaml.Node) {
 	if v.Value != p.r.name {
 		p.errf(k, "role", "this is a %s's config file, not a %s's", v.Value, p.r.name)
 	}
+}
+
+// secretKeyOf is the secret key whose file flag is name, or "".
+func (p *configParser) secretKeyOf(name string) string {
+	for k, ref := range p.r.secretEnv {
+		if ref.fileKey == name {
+			return k
+		}
+	}
+	return ""
 }
 
 // hasFlagPrefix reports whether some flag's name starts with prefix.
@@ -529,6 +592,9 @@ type configSource struct {
 	// envSet are the role's environment variables (envFirst) that were
 	// set at start: the daemon may have cleared them since.
 	envSet map[string]bool
+	// refSet are the secrets (by secretRef.env) whose variable, as the
+	// file named it at start, was set.
+	refSet map[string]bool
 	// file is the file as last loaded (for lines in messages).
 	file *configFile
 }
@@ -563,6 +629,10 @@ func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole) (*configSource,
 		return nil, err
 	}
 	s.file = cf
+	s.refSet = map[string]bool{}
+	for std := range cf.envRefs {
+		s.refSet[std] = s.getenv(e, std) != ""
+	}
 	return s, nil
 }
 
@@ -592,6 +662,32 @@ func (s *configSource) skip(flag string) string {
 		return "$" + v + " is set"
 	}
 	return ""
+}
+
+// getenv is the value of the secret variable name (secretRef.env) for the
+// daemon: $name when set (the environment overrides the file), else the
+// variable the file names for it, if any. s may be nil: then it is $name.
+func (s *configSource) getenv(e *env, name string) string {
+	if v := e.getenv(name); v != "" || s == nil {
+		return v
+	}
+	if ref := s.file.envRefs[name]; ref != "" {
+		return e.getenv(ref)
+	}
+	return ""
+}
+
+// envRefs lists the variables the file names for secrets; s may be nil.
+func (s *configSource) envRefs() []string {
+	if s == nil {
+		return nil
+	}
+	var out []string
+	for _, v := range s.file.envRefs {
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // annotate is configFile.annotate for the file as loaded; s may be nil.
@@ -632,7 +728,7 @@ func (s *configSource) reread() (fresh *cobra.Command, opts any, live, fixed []c
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	if err := cf.annotate(s.role.validate(opts, func(v string) bool { return s.envSet[v] })); err != nil {
+	if err := cf.annotate(s.role.validate(opts, func(v string) bool { return s.envSet[v] || s.refSet[v] })); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	s.cmd.Flags().VisitAll(func(old *pflag.Flag) {

@@ -81,7 +81,7 @@ func TestConfigStrictErrors(t *testing.T) {
 		{"NaN", "coordinator", "admit-rate: .nan\n",
 			[]string{`:1: key admit-rate: want a number, got the number .nan`}},
 		{"inline join token", "agent", "coordinator: [a:1]\ntoken: s3cret-value\n",
-			[]string{":2: key token: a secret is not accepted inline in a config file: give token-file: FILE, or set $TETHER_TOKEN"}},
+			[]string{":2: key token: a secret is not accepted inline in a config file: give token-file: FILE, or token: {env: VARIABLE}, or set $TETHER_TOKEN"}},
 		{"inline NATS password", "coordinator", "nats:\n  url: nats://n:4222\n  password: hunter2\n",
 			[]string{":3: key nats.password: a secret is not accepted inline in a config file: give nats-creds: FILE"}},
 		{"inline facade token", "coordinator", "facade-token: abc\n",
@@ -249,5 +249,74 @@ func TestDaemonConfigErrors(t *testing.T) {
 	res = runCLI(testCtx(t), map[string]string{configEnv: path}, "", "coordinator")
 	if res.code != exitUsage || !strings.Contains(res.stderr, path+":1: key coordinator: unknown key for the coordinator") {
 		t.Fatalf("coordinator with an agent's config: exit %d, stderr:\n%s", res.code, res.stderr)
+	}
+}
+
+// A secret may be named by the environment variable that holds it, never
+// written inline; $TETHER_TOKEN (the variable the daemon reads by itself)
+// overrides the file's.
+func TestConfigSecretFromNamedEnv(t *testing.T) {
+	path := writeConfig(t, "coordinator: [c:7443]\ntoken:\n  env: MY_JOIN_TOKEN\nopenshell: 127.0.0.1:8080\nopenshell-token: {env: GW_TOKEN}\n")
+	load := func(vars map[string]string) *configSource {
+		t.Helper()
+		o := defaultAgentOptions()
+		e := testEnv(vars)
+		cmd := agentCommand(e, &o)
+		if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+			t.Fatal(err)
+		}
+		src, err := loadDaemonConfig(cmd, e, agentConfigRole)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	vars := map[string]string{"MY_JOIN_TOKEN": "join-secret", "GW_TOKEN": "gw-secret"}
+	src := load(vars)
+	e := testEnv(vars)
+	if got := src.getenv(e, tokenEnv); got != "join-secret" {
+		t.Errorf("token = %q, want $MY_JOIN_TOKEN's", got)
+	}
+	if got := src.getenv(e, openShellTokenEnv); got != "gw-secret" {
+		t.Errorf("openshell token = %q, want $GW_TOKEN's", got)
+	}
+	if got := strings.Join(src.envRefs(), ","); got != "GW_TOKEN,MY_JOIN_TOKEN" {
+		t.Errorf("envRefs = %q: the daemon unsets these", got)
+	}
+	vars[tokenEnv] = "env-wins"
+	if got := load(vars).getenv(testEnv(vars), tokenEnv); got != "env-wins" {
+		t.Errorf("token = %q, want $%s's over the file's", got, tokenEnv)
+	}
+	if err := validateConfigFile(testEnv(map[string]string{"MY_JOIN_TOKEN": "x"}), agentConfigRole, path); err != nil {
+		t.Errorf("validate with the named variable set: %v", err)
+	}
+
+	for name, tt := range map[string]struct{ file, want string }{
+		"bad variable name": {"token: {env: \"my token\"}\n", ":2: key token: want {env: VARIABLE}"},
+		"file: instead":     {"token: {file: /t}\n", ":2: key token: want {env: VARIABLE}"},
+		"and token-file":    {"token-file: /t\ntoken: {env: T}\n", ":3: key token: give token or token-file (line 2), not both"},
+		"token-file after":  {"token: {env: T}\ntoken-file: /t\n", ":3: key token-file: give token-file or token (line 2), not both"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := validateConfigFile(testEnv(nil), agentConfigRole, writeConfig(t, "coordinator: [c:1]\n"+tt.file))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// The agent unsets the variable its config file names for a secret, as it
+// does $TETHER_TOKEN, and takes the token from it: with no other token, an
+// unenrolled agent passes validation (and fails later, on the CA file).
+func TestAgentUnsetsConfigNamedEnv(t *testing.T) {
+	t.Setenv("MY_JOIN_TOKEN", "from-named-env")
+	path := writeConfig(t, "coordinator: [127.0.0.1:1]\ntoken: {env: MY_JOIN_TOKEN}\nca-file: "+filepath.Join(t.TempDir(), "missing.crt")+"\ndata-dir: "+t.TempDir()+"\n")
+	r := runCLI(testCtx(t), map[string]string{"MY_JOIN_TOKEN": "from-named-env"}, "", "agent", "--config", path)
+	if r.code == exitOK || r.code == exitUsage || !strings.Contains(r.stderr, "missing.crt") {
+		t.Fatalf("agent: exit %d, want the CA file's failure after validation:\n%s", r.code, r.stderr)
+	}
+	if v, ok := os.LookupEnv("MY_JOIN_TOKEN"); ok {
+		t.Errorf("MY_JOIN_TOKEN = %q still set after the agent command read it", v)
 	}
 }

@@ -112,7 +112,8 @@ func validateConfigFile(e *env, r *configRole, path string) error {
 	if err != nil {
 		return err
 	}
-	return cf.annotate(r.validate(opts, func(v string) bool { return s.envSet[v] }))
+	s.file = cf
+	return cf.annotate(r.validate(opts, func(v string) bool { return s.getenv(e, v) != "" }))
 }
 
 // exampleValues are the keys each role's example sets, with their values;
@@ -157,7 +158,8 @@ func configExample(e *env, r *configRole) string {
 # Keys are the flags of 'tether %s --help' without the dashes. Flags given
 # on the command line override this file; so do the environment variables
 # that carry secrets. Secrets never go in this file: give the path of the
-# file that holds each one (the *-file keys), or its environment variable.
+# file that holds each one (the *-file keys), or the environment variable
+# that does (token: {env: VARIABLE}).
 # SIGHUP re-reads the file; keys marked "live" apply at once, the others at
 # the next restart.
 role: %s

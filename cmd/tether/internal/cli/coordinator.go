@@ -340,7 +340,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 			}
 			log := o.Log.logger(e.stderr)
 			reg := newRegistry()
-			envToken := e.getenv(tokenEnv)
+			envToken := src.getenv(e, tokenEnv)
 			if !o.AllowSharedToken && envToken != "" {
 				log.Warn("ignoring $" + tokenEnv + ": the shared token is deprecated and needs --allow-shared-token; agents enroll with join tokens (tether token create)")
 				envToken = ""
