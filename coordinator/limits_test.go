@@ -59,6 +59,23 @@ func TestSetLimitsPerSourceLive(t *testing.T) {
 	if got := h.c.Limits(); got != l {
 		t.Fatalf("Limits after a refused SetLimits = %+v, want %+v", got, l)
 	}
+	// The admission rate changes, and so does its gauge; pacing cannot
+	// be turned off while serving.
+	l.AdmitRate = 123
+	if err := h.c.SetLimits(l); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.metric("tether_coordinator_admit_rate_per_second"); got != 123 {
+		t.Errorf("tether_coordinator_admit_rate_per_second = %v after SetLimits, want 123", got)
+	}
+	off := l
+	off.AdmitRate = -1
+	if err := h.c.SetLimits(off); err == nil {
+		t.Error("SetLimits turning pacing off: no error")
+	}
+	if got := h.c.Limits().AdmitRate; got != 123 {
+		t.Errorf("AdmitRate after a refused SetLimits = %v, want 123", got)
+	}
 	// Raised: the agent gets a place beside the two held connections.
 	l.MaxHandshakesPerSource = 3
 	if err := h.c.SetLimits(l); err != nil {

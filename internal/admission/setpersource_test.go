@@ -3,6 +3,7 @@ package admission
 import (
 	"net/netip"
 	"testing"
+	"time"
 )
 
 // SetPerSource applies to the next handshake: lowered below what a source
@@ -43,5 +44,32 @@ func TestSetPerSource(t *testing.T) {
 	c.SetPerSource(0) // at least 1
 	if c.perSource != 1 {
 		t.Fatalf("SetPerSource(0): perSource = %d, want 1", c.perSource)
+	}
+}
+
+// SetRate changes the rate from now on: the refill and the retry-after
+// follow the new rate; the bucket keeps its tokens.
+func TestSetRate(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := NewPacer(1, 1, time.Hour, func() time.Time { return now })
+	src := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), 32)
+	if ok, _ := p.Admit(src); !ok {
+		t.Fatal("first Admit refused with a full bucket")
+	}
+	_, wait := p.Admit(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, 2}), 32))
+	if wait < 500*time.Millisecond {
+		t.Fatalf("retry-after at 1/s = %v, want about 1s", wait)
+	}
+	p.SetRate(100)
+	if p.Rate() != 100 || p.Burst() != 1 {
+		t.Fatalf("Rate, Burst = %v, %d after SetRate(100), want 100, 1", p.Rate(), p.Burst())
+	}
+	now = now.Add(2 * time.Second) // past every slot promised at the old rate
+	if ok, _ := p.Admit(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, 3}), 32)); !ok {
+		t.Fatal("Admit refused after a refill")
+	}
+	_, wait = p.Admit(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, 4}), 32))
+	if wait > 100*time.Millisecond {
+		t.Fatalf("retry-after at 100/s = %v, want about 10ms", wait)
 	}
 }

@@ -127,6 +127,7 @@ var coordinatorConfigRole = &configRole{
 		"max-handshakes-per-source": true,
 		"exec-timeout":              true,
 		"drain-spread":              true,
+		"admit-rate":                true,
 	},
 }
 

@@ -37,14 +37,14 @@ func (cs *coordinatorServer) reloadConfig() {
 		return
 	}
 	o := opts.(*coordinatorOptions)
-	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread}
+	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread, AdmitRate: o.AdmitRate}
 	if err := cs.coord.SetLimits(l); err != nil {
 		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
 		return
 	}
 	src.commit(live)
 	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
-		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread)
+		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", cs.coord.Limits().AdmitRate)
 }
 
 // reloadAgentConfig re-reads the agent's config file and returns the

@@ -139,10 +139,10 @@ func TestCoordinatorConfigReload(t *testing.T) {
 
 	// The limits change, and so does a listener, which must wait.
 	replaceFile(t, path, strings.Replace(base, "listen: 127.0.0.1:0\n", "listen: 127.0.0.1:1\n", 1)+
-		"max-handshakes-per-source: 2\nexec-timeout: 1s\ndata-dir: /elsewhere\n")
+		"max-handshakes-per-source: 2\nexec-timeout: 1s\nadmit-rate: 77\ndata-dir: /elsewhere\n")
 	hup()
 	waitFor(t, func() error {
-		if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 {
+		if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 || l.AdmitRate != 77 {
 			return fmt.Errorf("limits after SIGHUP: %+v", l)
 		}
 		return nil
@@ -178,8 +178,8 @@ func TestCoordinatorConfigReload(t *testing.T) {
 	if !strings.Contains(logs.String(), path+":10: key exec-timeout") {
 		t.Errorf("the reload failure does not name %s:10:\n%s", path, logs.String())
 	}
-	if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 {
-		t.Fatalf("limits after a broken reload: %+v, want the ones in force (2, 1s)", l)
+	if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 || l.AdmitRate != 77 {
+		t.Fatalf("limits after a broken reload: %+v, want the ones in force (2, 1s, 77/s)", l)
 	}
 	echo("still\n")
 	sameSession()
