@@ -308,7 +308,7 @@ func agentCommand(e *env, o *agentOptions) *cobra.Command {
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			// The config file first, while the environment it defers to
 			// (flag > env > file) is still set.
-			src, err := loadDaemonConfig(cmd, e, agentConfigRole)
+			src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
 			if err != nil {
 				return usage(err)
 			}

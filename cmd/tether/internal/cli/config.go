@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"regexp"
@@ -101,7 +102,7 @@ var agentConfigRole = &configRole{
 		"openshell-token":     {openShellTokenEnv, "openshell-token-file"},
 		"opensandbox-api-key": {openSandboxAPIKeyEnv, "opensandbox-api-key-file"},
 	},
-	live: map[string]bool{"local-policy": true},
+	live: map[string]bool{"local-policy": true, "log-level": true},
 }
 
 var coordinatorConfigRole = &configRole{
@@ -128,6 +129,7 @@ var coordinatorConfigRole = &configRole{
 		"exec-timeout":              true,
 		"drain-spread":              true,
 		"admit-rate":                true,
+		"log-level":                 true,
 	},
 }
 
@@ -587,6 +589,8 @@ type configSource struct {
 	e    *env
 	// cmd is the running command: its flags hold the settings in force.
 	cmd *cobra.Command
+	// log are its logging options (nil: none to change).
+	log *logOptions
 	// cli are the flags given on the command line, by name, with their
 	// values; they override the file on every re-read.
 	cli map[string][]string
@@ -602,8 +606,9 @@ type configSource struct {
 
 // loadDaemonConfig applies the config file of cmd (--config, else
 // $TETHER_CONFIG; none: nil, nil) to cmd's flags under the precedence
-// above. Errors name the file and line.
-func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole) (*configSource, error) {
+// above. Errors name the file and line. log are the running command's
+// logging options, whose level a re-read may change.
+func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole, log *logOptions) (*configSource, error) {
 	path := cmd.Flags().Lookup(configFlag).Value.String()
 	if path == "" {
 		path = e.getenv(configEnv)
@@ -611,7 +616,7 @@ func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole) (*configSource,
 	if path == "" {
 		return nil, nil
 	}
-	s := &configSource{path: path, role: r, e: e, cmd: cmd, cli: map[string][]string{}, envSet: map[string]bool{}}
+	s := &configSource{path: path, role: r, e: e, cmd: cmd, log: log, cli: map[string][]string{}, envSet: map[string]bool{}}
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		if f.Name == configFlag {
 			return
@@ -749,6 +754,25 @@ func (s *configSource) reread() (fresh *cobra.Command, opts any, live, fixed []c
 	})
 	s.file = cf
 	return fresh, opts, live, fixed, nil
+}
+
+// applyLogLevel puts a changed log-level of live in force (and commits
+// it) and returns the other changes.
+func (s *configSource) applyLogLevel(live []configChange) (rest []configChange) {
+	for _, c := range live {
+		if c.key != "log-level" || s.log == nil || s.log.level == nil {
+			rest = append(rest, c)
+			continue
+		}
+		var l slog.Level
+		if l.UnmarshalText([]byte(c.to)) != nil {
+			rest = append(rest, c) // Validate checked it: not reached
+			continue
+		}
+		s.log.level.Set(l)
+		s.commit([]configChange{c})
+	}
+	return rest
 }
 
 // commit records that the live changes are in force.

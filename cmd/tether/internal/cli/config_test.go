@@ -137,7 +137,7 @@ func TestConfigGroupsAndEmpty(t *testing.T) {
 	cmd := coordinatorCommand(testEnv(nil), &o)
 	path := writeConfig(t, "policy: /p.yaml\nlog:\n  level: debug\n  format: json\nnats:\n  listen: 127.0.0.1:0\nfacade:\n  allowed-hosts: [a.example, b.example]\n")
 	cmd.ParseFlags([]string{"--config", path})
-	if _, err := loadDaemonConfig(cmd, testEnv(nil), coordinatorConfigRole); err != nil {
+	if _, err := loadDaemonConfig(cmd, testEnv(nil), coordinatorConfigRole, &o.Log); err != nil {
 		t.Fatal(err)
 	}
 	if o.Log.Level != "debug" || o.Log.Format != "json" || o.NATSListen != "127.0.0.1:0" || strings.Join(o.Sandbox.AllowedHosts, ",") != "a.example,b.example" {
@@ -158,7 +158,7 @@ func TestConfigPrecedence(t *testing.T) {
 		if err := cmd.ParseFlags(args); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := loadDaemonConfig(cmd, e, agentConfigRole); err != nil {
+		if _, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log); err != nil {
 			t.Fatal(err)
 		}
 		return o
@@ -265,7 +265,7 @@ func TestConfigSecretFromNamedEnv(t *testing.T) {
 		if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
 			t.Fatal(err)
 		}
-		src, err := loadDaemonConfig(cmd, e, agentConfigRole)
+		src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
 		if err != nil {
 			t.Fatal(err)
 		}

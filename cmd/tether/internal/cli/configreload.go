@@ -23,7 +23,8 @@ func (cs *coordinatorServer) reload() {
 }
 
 // reloadConfig re-reads the coordinator's config file and applies the
-// limits (coordinator.Limits) it changes.
+// limits (coordinator.Limits) and the log level it changes: the limits
+// first, so that a refusal of theirs leaves everything as it was.
 func (cs *coordinatorServer) reloadConfig() {
 	src := cs.config
 	_, opts, live, fixed, err := src.reread()
@@ -42,9 +43,10 @@ func (cs *coordinatorServer) reloadConfig() {
 		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
 		return
 	}
-	src.commit(live)
+	src.commit(src.applyLogLevel(live))
+	l = cs.coord.Limits()
 	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
-		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", cs.coord.Limits().AdmitRate)
+		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", l.AdmitRate)
 }
 
 // reloadAgentConfig re-reads the agent's config file and returns the
@@ -57,7 +59,10 @@ func reloadAgentConfig(src *configSource, cur string, log *slog.Logger) (localPo
 		return cur, nil
 	}
 	logFixed(log, src, fixed)
-	return opts.(*agentOptions).LocalPolicy, live
+	if len(live) > 0 {
+		log.Info("config reloaded", "config", src.path, "applied", keys(live))
+	}
+	return opts.(*agentOptions).LocalPolicy, src.applyLogLevel(live)
 }
 
 // logFixed warns of each changed key that does not apply while running.

@@ -43,7 +43,7 @@ func TestCoordinatorConfigReload(t *testing.T) {
 	if err := cmd.ParseFlags([]string{"--config", path, "--data-dir", dir}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole)
+	src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestAgentConfigReload(t *testing.T) {
 	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := loadDaemonConfig(cmd, e, agentConfigRole)
+	src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,5 +259,43 @@ func TestAgentConfigReload(t *testing.T) {
 	}
 	if a.LocalPolicy().AllowExec() != nil {
 		t.Fatal("a broken config file changed the local policy")
+	}
+}
+
+// A re-read changes the running logger's level; the format waits for a
+// restart.
+func TestConfigReloadLogLevel(t *testing.T) {
+	path := writeConfig(t, "coordinator: [c:7443]\ntoken-file: /t\nlog-level: info\n")
+	o := defaultAgentOptions()
+	e := testEnv(nil)
+	cmd := agentCommand(e, &o)
+	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	log := o.Log.logger(&logs)
+	log.Debug("before")
+	replaceFile(t, path, "coordinator: [c:7443]\ntoken-file: /t\nlog-level: debug\nlog-format: json\n")
+	_, _, live, fixed, err := src.reread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rest := src.applyLogLevel(live); len(rest) != 0 {
+		t.Fatalf("changes other than log-level applied: %+v", rest)
+	}
+	if len(fixed) != 1 || fixed[0].key != "log-format" {
+		t.Fatalf("fixed changes = %+v, want log-format", fixed)
+	}
+	log.Debug("after")
+	if strings.Contains(logs.String(), "before") || !strings.Contains(logs.String(), "after") {
+		t.Fatalf("logs:\n%s\nwant the debug line after the re-read only", logs.String())
+	}
+	// Committed: a second re-read finds log-level unchanged.
+	if _, _, live, _, err := src.reread(); err != nil || len(live) != 0 {
+		t.Fatalf("second re-read: %v, live %+v", err, live)
 	}
 }

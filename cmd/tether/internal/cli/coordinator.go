@@ -331,7 +331,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 --insecure-nats.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole)
+			src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
 			if err != nil {
 				return usage(err)
 			}
