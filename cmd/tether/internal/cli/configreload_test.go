@@ -284,6 +284,9 @@ func TestConfigReloadLogLevel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got, want := reloadStatus(live, fixed), "config reloaded: applied log-level; 1 changed key(s) wait for a restart: log-format"; got != want {
+		t.Errorf("status %q, want %q", got, want)
+	}
 	if rest := src.applyLogLevel(live); len(rest) != 0 {
 		t.Fatalf("changes other than log-level applied: %+v", rest)
 	}

@@ -62,7 +62,7 @@ func watchAgentReload(ctx context.Context, a *agent.Agent, path, flag string, sr
 			}
 			next, live := flag, []configChange(nil)
 			if src != nil {
-				next, live = reloadAgentConfig(src, flag, log)
+				next, live, _ = reloadAgentConfig(src, flag, log)
 			}
 			p, npath, err := loadLocalPolicy(next)
 			switch {
