@@ -142,15 +142,16 @@ func newPacingMetrics(reg prometheus.Registerer, p *admission.Pacer) (*pacingMet
 		Name: "tether_coordinator_handshakes_paced_total",
 		Help: "Agent connections answered with a busy refusal and a retry-after, before TLS, because handshakes were at the admission rate.",
 	})}
-	rate := 0.0
-	if p != nil {
-		rate = p.Rate()
-	}
-	g := prometheus.NewGauge(prometheus.GaugeOpts{
+	// A function of the pacer: SetLimits changes the rate while serving.
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tether_coordinator_admit_rate_per_second",
 		Help: "Agent TLS handshakes a second the coordinator starts at most (0: not paced).",
+	}, func() float64 {
+		if p == nil {
+			return 0
+		}
+		return p.Rate()
 	})
-	g.Set(rate)
 	for _, c := range []prometheus.Collector{m.paced, g} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
@@ -200,7 +201,7 @@ func (c *Coordinator) drainSessions(sessions []*node) {
 			takers = append(takers, n)
 		}
 	}
-	spread := c.cfg.DrainSpread
+	spread := c.Limits().DrainSpread
 	if spread == 0 && c.pacer != nil {
 		// The time to admit them at the rate, and at least the storm
 		// window when they are more than the burst: the spread a

@@ -133,7 +133,7 @@ func (c *Coordinator) startConn(conn net.Conn) {
 		c.m.authFailures.WithLabelValues(refused).Inc()
 		c.preauth.Warn("agent connection refused before its handshake (each one counted in tether_coordinator_auth_failures_total)",
 			"reason", refused, "remote_addr", conn.RemoteAddr().String(), "source", ac.ticket.Source.String(),
-			"max_handshakes", c.cfg.MaxHandshakes, "max_handshakes_per_source", c.cfg.MaxHandshakesPerSource)
+			"max_handshakes", c.cfg.MaxHandshakes, "max_handshakes_per_source", c.Limits().MaxHandshakesPerSource)
 		conn.Close()
 		return
 	}

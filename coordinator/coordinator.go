@@ -58,6 +58,10 @@ type Coordinator struct {
 	// negative (admission.go).
 	pacer *admission.Pacer
 	pm    *pacingMetrics
+	// limits are the Limits SetLimits put in force; nil: Config's
+	// (limits.go). limitsMu orders concurrent SetLimits calls.
+	limits   atomic.Pointer[Limits]
+	limitsMu sync.Mutex
 
 	// mu guards the fields below. It is never held while doing I/O.
 	mu      sync.Mutex

@@ -29,7 +29,9 @@
 // join token it is held to little (internal/admission): at most MaxHandshakes
 // connections are in their handshake at once, at most
 // MaxHandshakesPerSource of them from one source (an IPv4 address or an
-// IPv6 /64; past it: closed unread, reason "source_limit"). When all places
+// IPv6 /64; past it: closed unread, reason "source_limit"); SetLimits
+// changes that bound, the admission rate, the default job timeout and the
+// drain spread while serving (limits.go). When all places
 // are taken, a newcomer from a source with at least two handshakes fewer
 // than the busiest one takes the place of that source's oldest handshake
 // (cut), else it is closed unread (both reason "overload"); so a flood from

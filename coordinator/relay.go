@@ -115,7 +115,7 @@ func (c *Coordinator) handleStream(req micro.Request) {
 			c.replyError(req, e)
 			return
 		}
-		params = withDefaultTimeout(params, c.cfg.DefaultTimeout)
+		params = withDefaultTimeout(params, c.Limits().DefaultTimeout)
 	}
 	if err := protocol.ValidPipeInbox(req.Reply()); err != nil && !r.Direct {
 		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "reply subject: %v", err))

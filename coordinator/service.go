@@ -208,7 +208,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		id:          id,
 		reply:       req.Reply(),
 		targets:     ids,
-		params:      r.Params(c.cfg.DefaultTimeout),
+		params:      r.Params(c.Limits().DefaultTimeout),
 		users:       users,
 		stdin:       r.Stdin,
 		maxParallel: maxParallel,

@@ -66,17 +66,27 @@ func (t *Ticket) Evicted() bool { return t.evicted.Load() }
 // Controller is the admission of one listener. It is safe for concurrent
 // use; its mutex is a leaf lock.
 type Controller struct {
-	max, perSource int
+	max int
 
-	mu       sync.Mutex
-	total    int
-	bySource map[netip.Prefix][]*Ticket // oldest first
+	mu        sync.Mutex
+	perSource int // SetPerSource changes it
+	total     int
+	bySource  map[netip.Prefix][]*Ticket // oldest first
 }
 
 // New returns a Controller admitting max handshakes, perSource of them
 // from one source.
 func New(max, perSource int) *Controller {
 	return &Controller{max: max, perSource: perSource, bySource: map[netip.Prefix][]*Ticket{}}
+}
+
+// SetPerSource changes the handshakes admitted from one source (at least
+// 1). Handshakes already admitted keep their places; a source over the new
+// bound is refused until it is back under it.
+func (c *Controller) SetPerSource(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.perSource = max(n, 1)
 }
 
 // Enter admits t, or returns the reason of its refusal (SourceLimit,

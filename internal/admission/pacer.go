@@ -47,12 +47,12 @@ import (
 //
 // It is safe for concurrent use; its mutex is a leaf lock.
 type Pacer struct {
-	rate    float64       // tokens per second
-	burst   float64       // bucket size
 	maxWait time.Duration // longest retry-after given
 	now     func() time.Time
 
 	mu     sync.Mutex
+	rate   float64 // tokens per second (SetRate)
+	burst  float64 // bucket size
 	tokens float64
 	last   time.Time // when tokens was computed
 	// next is the next slot to promise to a light source, nextHeavy to a
@@ -195,10 +195,31 @@ func (p *Pacer) Admit(src netip.Prefix) (ok bool, retryAfter time.Duration) {
 }
 
 // Rate returns the admission rate, in handshakes a second.
-func (p *Pacer) Rate() float64 { return p.rate }
+func (p *Pacer) Rate() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rate
+}
 
 // Burst returns the bucket size.
-func (p *Pacer) Burst() int { return int(p.burst) }
+func (p *Pacer) Burst() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int(p.burst)
+}
+
+// SetRate changes the admission rate (positive, handshakes a second) from
+// now on. The bucket keeps its tokens; slots already promised stand.
+func (p *Pacer) SetRate(rate float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if el := now.Sub(p.last).Seconds(); el > 0 {
+		p.tokens = min(p.burst, p.tokens+el*p.rate) // earned at the old rate
+	}
+	p.last = now
+	p.rate = rate
+}
 
 var (
 	costOnce sync.Once

@@ -102,6 +102,8 @@ func (p *Pacer) Expect(n int) {
 // StormWindow, or the time Rate takes to admit them when longer; zero for
 // n of at most the burst, which are admitted at once.
 func (p *Pacer) StormSpread(n int) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if float64(n) <= p.burst {
 		return 0
 	}

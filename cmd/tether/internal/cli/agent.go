@@ -118,6 +118,9 @@ type agentOptions struct {
 
 	labels  map[string]string // Labels, parsed by Validate
 	targets map[string]string // Targets, parsed by Validate
+	// config is the config file the options came from (with the flags);
+	// nil without --config (config.go).
+	config *configSource
 }
 
 // Environment variables holding the gateways' credentials, read (and then
@@ -329,17 +332,30 @@ func readAgentSecrets(o *agentOptions, env agentSecrets) (agentSecrets, error) {
 
 func newAgentCmd(e *env) *cobra.Command {
 	o := defaultAgentOptions()
+	return agentCommand(e, &o)
+}
+
+// agentCommand is `tether agent` with its flags bound to o (config.go
+// builds a second one to re-read the config file on SIGHUP).
+func agentCommand(e *env, o *agentOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "agent --coordinator ADDR[,ADDR...] [--token-file FILE | TETHER_TOKEN=...]",
 		Short: "Run a node agent: dial out to a coordinator and run its jobs",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			envToken := e.getenv(tokenEnv)
-			envSecrets := agentSecrets{openShellToken: e.getenv(openShellTokenEnv), openSandboxAPIKey: e.getenv(openSandboxAPIKeyEnv)}
+			// The config file first, while the environment it defers to
+			// (flag > env > file) is still set.
+			src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
+			if err != nil {
+				return usage(err)
+			}
+			o.config = src
+			envToken := src.getenv(e, tokenEnv)
+			envSecrets := agentSecrets{openShellToken: src.getenv(e, openShellTokenEnv), openSandboxAPIKey: src.getenv(e, openSandboxAPIKeyEnv)}
 			// Read once, then gone from the process environment, so that
 			// nothing the agent starts can inherit them (the agent also
 			// filters them out of every job's environment).
-			for _, k := range []string{tokenEnv, openShellTokenEnv, openSandboxAPIKeyEnv} {
+			for _, k := range append([]string{tokenEnv, openShellTokenEnv, openSandboxAPIKeyEnv}, src.envRefs()...) {
 				os.Unsetenv(k)
 			}
 			o.transportGiven, o.pingGiven = cmd.Flags().Changed("transport"), cmd.Flags().Changed("websocket-ping")
@@ -351,14 +367,14 @@ func newAgentCmd(e *env) *cobra.Command {
 			}
 			o.notify = notify
 			if err := o.Validate(envToken); err != nil {
-				return usage(err)
+				return usage(src.annotate(err))
 			}
-			secrets, err := readAgentSecrets(&o, envSecrets)
+			secrets, err := readAgentSecrets(o, envSecrets)
 			if err != nil {
 				return err
 			}
 			log := o.Log.logger(e.stderr)
-			return runAgent(cmd.Context(), &o, envToken, secrets, log)
+			return runAgent(cmd.Context(), o, envToken, secrets, log)
 		}),
 	}
 	f := cmd.Flags()
@@ -386,6 +402,7 @@ func newAgentCmd(e *env) *cobra.Command {
 	f.StringVar(&o.OpenSandboxAPIKeyFile, "opensandbox-api-key-file", o.OpenSandboxAPIKeyFile, "file holding the API key for the agent's own OpenSandbox calls (inventory, reaper deletes) (default: $"+openSandboxAPIKeyEnv+", else none)")
 	f.StringArrayVar(&o.Targets, "target", nil, "further dial target NAME=HOST:PORT (repeatable)")
 	o.Log.addFlags(cmd)
+	addConfigFlag(cmd)
 	return cmd
 }
 
@@ -458,7 +475,7 @@ func runAgent(ctx context.Context, o *agentOptions, envToken string, secrets age
 	if lp != nil {
 		log.Info("local policy loaded", "file", lpPath)
 	}
-	defer watchLocalPolicy(ctx, a, lpPath, o.LocalPolicy, o.notify, log)()
+	defer watchAgentReload(ctx, a, lpPath, o.LocalPolicy, o.config, o.notify, log)()
 	if o.MetricsAddr != "" {
 		_, stop, err := serveMetrics(o.MetricsAddr, reg, log)
 		if err != nil {

@@ -206,6 +206,7 @@ var topCommands = []struct {
 	{"run-lease", func(e *env) *cobra.Command { return clientCommand(newRunLeaseCmd(e)) }},
 	{"audit", func(e *env) *cobra.Command { return clientCommand(newAuditCmd(e)) }},
 	{"policy", newPolicyCmd},
+	{"config", newConfigCmd},
 	{"token", newTokenCmd},
 	{"node", newNodeCmd},
 	{"nats", newNATSCmd},
@@ -276,6 +277,9 @@ type logOptions struct {
 	Format string
 	// Level is "debug", "info" (default), "warn" or "error".
 	Level string
+	// level is the level of the logger built by logger; setLevel changes
+	// it while running (a config file's SIGHUP).
+	level *slog.LevelVar
 }
 
 func defaultLogOptions() logOptions { return logOptions{Format: "text", Level: "info"} }
@@ -302,7 +306,9 @@ func (o *logOptions) Validate() error {
 func (o *logOptions) logger(w io.Writer) *slog.Logger {
 	var l slog.Level
 	l.UnmarshalText([]byte(o.Level))
-	ho := &slog.HandlerOptions{Level: l}
+	o.level = new(slog.LevelVar)
+	o.level.Set(l)
+	ho := &slog.HandlerOptions{Level: o.level}
 	if o.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, ho))
 	}

@@ -321,6 +321,12 @@ func splitNATSListen(addr string) (string, int, error) {
 
 func newCoordinatorCmd(e *env) *cobra.Command {
 	o := defaultCoordinatorOptions()
+	return coordinatorCommand(e, &o)
+}
+
+// coordinatorCommand is `tether coordinator` with its flags bound to o
+// (config.go builds a second one to re-read the config file on SIGHUP).
+func coordinatorCommand(e *env, o *coordinatorOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "coordinator",
 		Short: "Run a coordinator: agent tunnel listener, NATS API, admin endpoints",
@@ -343,8 +349,12 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 --insecure-nats.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			if err := o.Validate(); err != nil {
+			src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
+			if err != nil {
 				return usage(err)
+			}
+			if err := o.Validate(); err != nil {
+				return usage(src.annotate(err))
 			}
 			// Read once and taken out of the environment (sdnotify.FromEnv).
 			notify, err := sdnotify.FromEnv()
@@ -354,15 +364,16 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 			o.notify = notify
 			log := o.Log.logger(e.stderr)
 			reg := newRegistry()
-			envToken := e.getenv(tokenEnv)
+			envToken := src.getenv(e, tokenEnv)
 			if !o.AllowSharedToken && envToken != "" {
 				log.Warn("ignoring $" + tokenEnv + ": the shared token is deprecated and needs --allow-shared-token; agents enroll with join tokens (tether token create)")
 				envToken = ""
 			}
-			cs, err := startCoordinator(o, envToken, log, reg)
+			cs, err := startCoordinator(*o, envToken, log, reg)
 			if err != nil {
 				return err
 			}
+			cs.config = src
 			return cs.serve(cmd.Context())
 		}),
 	}
@@ -403,6 +414,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	o.Sandbox.addFlags(cmd)
 	o.Console.addFlags(f)
 	o.Log.addFlags(cmd)
+	addConfigFlag(cmd)
 	return cmd
 }
 
@@ -458,6 +470,7 @@ type coordinatorServer struct {
 	gate     *sshgate.Gate      // the SSH jump host; nil without --ssh-addr
 	sshLn    net.Listener       // its listener
 	notify   *sdnotify.Notifier // systemd's notify socket; nil without one
+	config   *configSource      // the config file SIGHUP re-reads; nil without --config
 }
 
 // metricsRegistry is what a daemon registers its metrics on and serves
@@ -826,7 +839,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 				return
 			case <-hup:
 				// RELOADING=1 … READY=1 around it, once ready.
-				if err := cs.notify.Reload(cs.reloadPolicy); err != nil {
+				if err := cs.notify.Reload(cs.reload); err != nil {
 					cs.log.Warn("systemd notification failed", "err", err)
 				}
 			}

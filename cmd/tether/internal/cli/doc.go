@@ -9,11 +9,15 @@
 // Run's code. Run is testable in-process: it takes its arguments, standard
 // streams and context as parameters, and there are no package-level flag
 // variables (each command's options are a documented struct with defaults and
-// a Validate method). Flags are the only configuration source for now; the
-// environment is read only for the secrets TETHER_TOKEN,
+// a Validate method). The daemons `agent` and `coordinator` also read a
+// strict YAML config file (--config, TETHER_CONFIG; config.go) whose keys
+// are their flag names: flag > env > file > default, and SIGHUP re-reads
+// it (configreload.go). The environment is read only for the secrets
+// TETHER_TOKEN,
 // TETHER_OPENSHELL_TOKEN and TETHER_OPENSANDBOX_API_KEY (unset once read),
 // TETHER_NATS_URL, TETHER_NATS_CREDS (a credentials file's path), and
-// TETHER_RUN/NEMO_GYM_RUN_ID (run-lease's run id), all through env.getenv,
+// TETHER_RUN/NEMO_GYM_RUN_ID (run-lease's run id), TETHER_CONFIG and the
+// variables a config file names for secrets, all through env.getenv,
 // for XDG_STATE_HOME/HOME when computing the default data directories, and
 // for XDG_CONFIG_HOME/HOME (through env.getenv) to find the nats CLI's
 // context and the dev credentials (~/.config/tether/dev.creds).

@@ -1,0 +1,322 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func writeConfig(t *testing.T, data string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func testEnv(vars map[string]string) *env {
+	return &env{getenv: testGetenv(vars), now: time.Now}
+}
+
+// The example of each role validates as printed, and names every flag of
+// the role's command as a key (set, or commented out with its default).
+func TestConfigExampleValidates(t *testing.T) {
+	for _, r := range []*configRole{agentConfigRole, coordinatorConfigRole} {
+		t.Run(r.name, func(t *testing.T) {
+			res := runCLI(testCtx(t), nil, "", "config", "example", "--role", r.name)
+			if res.code != 0 {
+				t.Fatalf("config example: exit %d: %s", res.code, res.stderr)
+			}
+			path := writeConfig(t, res.stdout)
+			if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 || !strings.Contains(res.stdout, "ok") {
+				t.Fatalf("config validate of the example: exit %d, stdout %q, stderr:\n%s", res.code, res.stdout, res.stderr)
+			}
+			cmd, _ := r.newCmd(testEnv(nil))
+			cmd.Flags().VisitAll(func(f *pflag.Flag) {
+				if f.Name == configFlag || f.Name == "help" {
+					return
+				}
+				if !regexp.MustCompile(`(?m)^(# )?` + regexp.QuoteMeta(f.Name) + `: `).MatchString(res.stdout) {
+					t.Errorf("the example has no key %s", f.Name)
+				}
+			})
+		})
+	}
+	// The checked-in examples are valid too.
+	for _, f := range []string{"agent.yaml", "coordinator.yaml"} {
+		path := filepath.Join("..", "..", "..", "..", "deploy", "examples", f)
+		if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 {
+			t.Errorf("config validate %s: exit %d:\n%s", path, res.code, res.stderr)
+		}
+	}
+}
+
+// Bad files: each error names the file, the line and the key, and says
+// what was wanted; every problem is reported at once.
+func TestConfigStrictErrors(t *testing.T) {
+	tests := []struct {
+		name, role, file string
+		want             []string
+	}{
+		{"unknown key", "coordinator", "listen: :7443\nlisten-addr: :1\n",
+			[]string{":2: key listen-addr: unknown key for the coordinator; did you mean listen?"}},
+		{"unknown key far from any", "agent", "frobnicate: 1\n",
+			[]string{":1: key frobnicate: unknown key for the agent (the keys are the flags of tether agent --help"}},
+		{"duration as a bare number", "coordinator", "exec-timeout: 30\n",
+			[]string{":1: key exec-timeout: want a duration with its unit, such as 30s, 5m or 1h30m, got the whole number 30"}},
+		{"string for an int", "coordinator", "max-handshakes-per-source: many\n",
+			[]string{`:1: key max-handshakes-per-source: want a whole number, got the string "many"`}},
+		{"string for a bool", "coordinator", "no-reaper: \"yes\"\n",
+			[]string{`:1: key no-reaper: want a boolean (true or false), got the string "yes"`}},
+		{"scalar for a list", "agent", "coordinator: a:1\n",
+			[]string{`:1: key coordinator: want a list of strings`}},
+		{"number for a string", "agent", "node-id: 7\n",
+			[]string{`:1: key node-id: want a string, got the whole number 7`}},
+		{"NaN", "coordinator", "admit-rate: .nan\n",
+			[]string{`:1: key admit-rate: want a number, got the number .nan`}},
+		{"inline join token", "agent", "coordinator: [a:1]\ntoken: s3cret-value\n",
+			[]string{":2: key token: a secret is not accepted inline in a config file: give token-file: FILE, or token: {env: VARIABLE}, or set $TETHER_TOKEN"}},
+		{"inline NATS password", "coordinator", "nats:\n  url: nats://n:4222\n  password: hunter2\n",
+			[]string{":3: key nats.password: a secret is not accepted inline in a config file: give nats-creds: FILE"}},
+		{"inline facade token", "coordinator", "facade-token: abc\n",
+			[]string{":1: key facade-token: a secret is not accepted inline", "facade-token-file"}},
+		{"set twice through a group", "coordinator", "log-level: debug\nlog:\n  level: warn\n",
+			[]string{":3: key log.level: sets log-level again (first set on line 1)"}},
+		{"unknown key in a group", "coordinator", "log:\n  levle: warn\n",
+			[]string{":2: key log.levle: unknown key for the coordinator; did you mean log-level?"}},
+		{"other role", "agent", "role: coordinator\n",
+			[]string{":1: key role: this is a coordinator's config file, not a agent's"}},
+		{"not a mapping", "agent", "- a\n- b\n",
+			[]string{":1: the file must be a mapping"}},
+		{"several problems at once", "coordinator", "listne: x\nheartbeat: true\n",
+			[]string{":1: key listne:", ":2: key heartbeat: want a duration"}},
+		{"bad YAML", "coordinator", "listen: [\n",
+			[]string{"config.yaml:"}},
+		{"semantic error names the key's line", "coordinator", "policy: /p.yaml\n\nlisten: nohostport\n",
+			[]string{`:3: --listen: "nohostport" is not host:port`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := writeConfig(t, tt.file)
+			err := validateConfigFile(testEnv(nil), configRoles[tt.role], path)
+			if err == nil {
+				t.Fatalf("no error for:\n%s", tt.file)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not contain %q:\n%v", w, err)
+				}
+			}
+			if !strings.Contains(err.Error(), path) {
+				t.Errorf("error does not name the file %s:\n%v", path, err)
+			}
+			if strings.Contains(err.Error(), "s3cret-value") || strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("error shows the secret:\n%v", err)
+			}
+		})
+	}
+}
+
+// Groups map onto flags by joining with a dash; an empty file sets
+// nothing.
+func TestConfigGroupsAndEmpty(t *testing.T) {
+	for name, file := range map[string]string{"empty": "", "comments only": "# nothing\n"} {
+		t.Run(name, func(t *testing.T) {
+			if err := validateConfigFile(testEnv(nil), coordinatorConfigRole, writeConfig(t, file)); err == nil || !strings.Contains(err.Error(), "--policy FILE is required") {
+				t.Fatalf("err = %v, want only the coordinator's own missing --policy", err)
+			}
+		})
+	}
+	o := defaultCoordinatorOptions()
+	cmd := coordinatorCommand(testEnv(nil), &o)
+	path := writeConfig(t, "policy: /p.yaml\nlog:\n  level: debug\n  format: json\nnats:\n  listen: 127.0.0.1:0\nfacade:\n  allowed-hosts: [a.example, b.example]\n")
+	cmd.ParseFlags([]string{"--config", path})
+	if _, err := loadDaemonConfig(cmd, testEnv(nil), coordinatorConfigRole, &o.Log); err != nil {
+		t.Fatal(err)
+	}
+	if o.Log.Level != "debug" || o.Log.Format != "json" || o.NATSListen != "127.0.0.1:0" || strings.Join(o.Sandbox.AllowedHosts, ",") != "a.example,b.example" {
+		t.Fatalf("options after the groups: log %+v nats-listen %q allowed-hosts %q", o.Log, o.NATSListen, o.Sandbox.AllowedHosts)
+	}
+}
+
+// Precedence: a flag on the command line, then the environment variable
+// that stands for the setting, then the file, then the default.
+func TestConfigPrecedence(t *testing.T) {
+	file := "coordinator: [file:7443]\ntoken-file: /file/token\nlabels: zone=file\nnode-id: file-node\npipe-wait: 2s\n"
+	path := writeConfig(t, file)
+	load := func(t *testing.T, vars map[string]string, args ...string) agentOptions {
+		t.Helper()
+		o := defaultAgentOptions()
+		e := testEnv(vars)
+		cmd := agentCommand(e, &o)
+		if err := cmd.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	t.Run("file over defaults", func(t *testing.T) {
+		o := load(t, nil, "--config", path)
+		if strings.Join(o.Coordinators, ",") != "file:7443" || o.TokenFile != "/file/token" || o.NodeID != "file-node" || o.PipeWait != 2*time.Second {
+			t.Fatalf("options: %+v", o)
+		}
+		if o.JobRetention != 0 || o.DataDir != defaultAgentOptions().DataDir {
+			t.Fatalf("keys the file does not set changed: job-retention %v data-dir %q", o.JobRetention, o.DataDir)
+		}
+	})
+	t.Run("flags over the file", func(t *testing.T) {
+		o := load(t, nil, "--config", path, "--coordinator", "flag:1,flag:2", "--node-id", "flag-node", "--token-file", "/flag/token")
+		if strings.Join(o.Coordinators, ",") != "flag:1,flag:2" || o.NodeID != "flag-node" || o.TokenFile != "/flag/token" {
+			t.Fatalf("options: %+v", o)
+		}
+		if o.Labels != "zone=file" {
+			t.Fatalf("labels %q, want the file's (no flag)", o.Labels)
+		}
+	})
+	t.Run("environment over the file", func(t *testing.T) {
+		o := load(t, map[string]string{tokenEnv: "from-env"}, "--config", path)
+		if o.TokenFile != "" {
+			t.Fatalf("token-file %q: the file's, want none ($%s is set)", o.TokenFile, tokenEnv)
+		}
+		if o.NodeID != "file-node" {
+			t.Fatalf("node-id %q, want the file's", o.NodeID)
+		}
+	})
+	t.Run("flag over the environment", func(t *testing.T) {
+		o := load(t, map[string]string{tokenEnv: "from-env"}, "--config", path, "--token-file", "/flag/token")
+		if o.TokenFile != "/flag/token" {
+			t.Fatalf("token-file %q, want the flag's", o.TokenFile)
+		}
+	})
+	t.Run("TETHER_CONFIG names the file", func(t *testing.T) {
+		o := load(t, map[string]string{configEnv: path})
+		if o.NodeID != "file-node" {
+			t.Fatalf("node-id %q: $%s not read", o.NodeID, configEnv)
+		}
+		o = load(t, map[string]string{configEnv: "/nonexistent"}, "--config", path)
+		if o.NodeID != "file-node" {
+			t.Fatalf("node-id %q: --config should win over $%s", o.NodeID, configEnv)
+		}
+	})
+}
+
+// tether config validate's exit codes: 0 and ok, 1 and the errors with
+// their lines for an invalid file, 2 for a usage error.
+func TestConfigValidateExitCodes(t *testing.T) {
+	good := writeConfig(t, "role: coordinator\npolicy: /etc/tether/policy.yaml\n")
+	noRole := writeConfig(t, "policy: /etc/tether/policy.yaml\n")
+	bad := writeConfig(t, "role: coordinator\npolicy: /p\nlistne: :1\n")
+	tests := []struct {
+		args       []string
+		code       int
+		out, inErr string
+	}{
+		{[]string{"config", "validate", good}, 0, good + ": ok (coordinator)", ""},
+		{[]string{"config", "validate", "--role", "coordinator", noRole}, 0, "ok (coordinator)", ""},
+		{[]string{"config", "validate", bad}, 1, "", bad + ":3: key listne: unknown key"},
+		{[]string{"config", "validate", "--role", "agent", good}, 1, "", "this is a coordinator's config file, not a agent's"},
+		{[]string{"config", "validate", "/nonexistent.yaml", "--role", "agent"}, 1, "", "no such file"},
+		{[]string{"config", "validate", noRole}, 2, "", "names no role"},
+		{[]string{"config", "validate", "--role", "nats", good}, 2, "", `--role "nats"`},
+		{[]string{"config", "validate"}, 2, "", "accepts 1 arg"},
+		{[]string{"config", "example"}, 2, "", "want agent or coordinator"},
+		{[]string{"config"}, 2, "", "a subcommand is required"},
+	}
+	for _, tt := range tests {
+		res := runCLI(testCtx(t), nil, "", tt.args...)
+		if res.code != tt.code || !strings.Contains(res.stdout, tt.out) || !strings.Contains(res.stderr, tt.inErr) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", tt.args, res.code, res.stdout, res.stderr, tt.code, tt.out, tt.inErr)
+		}
+	}
+}
+
+// The daemons refuse a bad config file as a usage error naming the line,
+// before they start anything.
+func TestDaemonConfigErrors(t *testing.T) {
+	path := writeConfig(t, "coordinator: [c:7443]\ntoken-file: /t\nnode-id: [x]\n")
+	res := runCLI(testCtx(t), nil, "", "agent", "--config", path)
+	if res.code != exitUsage || !strings.Contains(res.stderr, path+":3: key node-id: want a string, got a list") {
+		t.Fatalf("agent with a bad config: exit %d, stderr:\n%s", res.code, res.stderr)
+	}
+	res = runCLI(testCtx(t), map[string]string{configEnv: path}, "", "coordinator")
+	if res.code != exitUsage || !strings.Contains(res.stderr, path+":1: key coordinator: unknown key for the coordinator") {
+		t.Fatalf("coordinator with an agent's config: exit %d, stderr:\n%s", res.code, res.stderr)
+	}
+}
+
+// A secret may be named by the environment variable that holds it, never
+// written inline; $TETHER_TOKEN (the variable the daemon reads by itself)
+// overrides the file's.
+func TestConfigSecretFromNamedEnv(t *testing.T) {
+	path := writeConfig(t, "coordinator: [c:7443]\ntoken:\n  env: MY_JOIN_TOKEN\nopenshell: 127.0.0.1:8080\nopenshell-token: {env: GW_TOKEN}\n")
+	load := func(vars map[string]string) *configSource {
+		t.Helper()
+		o := defaultAgentOptions()
+		e := testEnv(vars)
+		cmd := agentCommand(e, &o)
+		if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+			t.Fatal(err)
+		}
+		src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	vars := map[string]string{"MY_JOIN_TOKEN": "join-secret", "GW_TOKEN": "gw-secret"}
+	src := load(vars)
+	e := testEnv(vars)
+	if got := src.getenv(e, tokenEnv); got != "join-secret" {
+		t.Errorf("token = %q, want $MY_JOIN_TOKEN's", got)
+	}
+	if got := src.getenv(e, openShellTokenEnv); got != "gw-secret" {
+		t.Errorf("openshell token = %q, want $GW_TOKEN's", got)
+	}
+	if got := strings.Join(src.envRefs(), ","); got != "GW_TOKEN,MY_JOIN_TOKEN" {
+		t.Errorf("envRefs = %q: the daemon unsets these", got)
+	}
+	vars[tokenEnv] = "env-wins"
+	if got := load(vars).getenv(testEnv(vars), tokenEnv); got != "env-wins" {
+		t.Errorf("token = %q, want $%s's over the file's", got, tokenEnv)
+	}
+	if err := validateConfigFile(testEnv(map[string]string{"MY_JOIN_TOKEN": "x"}), agentConfigRole, path); err != nil {
+		t.Errorf("validate with the named variable set: %v", err)
+	}
+
+	for name, tt := range map[string]struct{ file, want string }{
+		"bad variable name": {"token: {env: \"my token\"}\n", ":2: key token: want {env: VARIABLE}"},
+		"file: instead":     {"token: {file: /t}\n", ":2: key token: want {env: VARIABLE}"},
+		"and token-file":    {"token-file: /t\ntoken: {env: T}\n", ":3: key token: give token or token-file (line 2), not both"},
+		"token-file after":  {"token: {env: T}\ntoken-file: /t\n", ":3: key token-file: give token-file or token (line 2), not both"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := validateConfigFile(testEnv(nil), agentConfigRole, writeConfig(t, "coordinator: [c:1]\n"+tt.file))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// The agent unsets the variable its config file names for a secret, as it
+// does $TETHER_TOKEN, and takes the token from it: with no other token, an
+// unenrolled agent passes validation (and fails later, on the CA file).
+func TestAgentUnsetsConfigNamedEnv(t *testing.T) {
+	t.Setenv("MY_JOIN_TOKEN", "from-named-env")
+	path := writeConfig(t, "coordinator: [127.0.0.1:1]\ntoken: {env: MY_JOIN_TOKEN}\nca-file: "+filepath.Join(t.TempDir(), "missing.crt")+"\ndata-dir: "+t.TempDir()+"\n")
+	r := runCLI(testCtx(t), map[string]string{"MY_JOIN_TOKEN": "from-named-env"}, "", "agent", "--config", path)
+	if r.code == exitOK || r.code == exitUsage || !strings.Contains(r.stderr, "missing.crt") {
+		t.Fatalf("agent: exit %d, want the CA file's failure after validation:\n%s", r.code, r.stderr)
+	}
+	if v, ok := os.LookupEnv("MY_JOIN_TOKEN"); ok {
+		t.Errorf("MY_JOIN_TOKEN = %q still set after the agent command read it", v)
+	}
+}

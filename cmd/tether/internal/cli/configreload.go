@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/tetherfleet/tether/coordinator"
+)
+
+// What SIGHUP does with the config file: read it again under the same
+// precedence (the command line's flags, then the environment as it was at
+// start, then the file), validate the whole result, then apply the keys
+// that can change without dropping a session (configRole.live) and log a
+// warning naming each other key that changed: it waits for a restart, and
+// the running value stays. Any error keeps the settings in force.
+//
+// Each step returns a one-line status (for systemd's STATUS= beside the
+// log lines).
+
+// reload is the coordinator's SIGHUP: the config file (when it runs with
+// one), then the policy, the SSH jump host's keys and CAs.
+func (cs *coordinatorServer) reload() (status string) {
+	if cs.config != nil {
+		status = cs.reloadConfig() + "; "
+	}
+	return status + cs.reloadPolicy()
+}
+
+// reloadConfig re-reads the coordinator's config file and applies the
+// limits (coordinator.Limits) and the log level it changes: the limits
+// first, so that a refusal of theirs leaves everything as it was.
+func (cs *coordinatorServer) reloadConfig() (status string) {
+	src := cs.config
+	_, opts, live, fixed, err := src.reread()
+	if err != nil {
+		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
+		return "config reload failed (the settings in force stay): " + err.Error()
+	}
+	logFixed(cs.log, src, fixed)
+	if len(live) == 0 {
+		cs.log.Info("config reloaded; no setting that applies live changed", "config", src.path)
+		return reloadStatus(nil, fixed)
+	}
+	o := opts.(*coordinatorOptions)
+	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread, AdmitRate: o.AdmitRate}
+	if err := cs.coord.SetLimits(l); err != nil {
+		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
+		return "config reload failed (the settings in force stay): " + err.Error()
+	}
+	src.commit(src.applyLogLevel(live))
+	l = cs.coord.Limits()
+	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
+		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", l.AdmitRate)
+	return reloadStatus(live, fixed)
+}
+
+// reloadAgentConfig re-reads the agent's config file and returns the
+// local-policy setting it names (cur when it fails), the changes to commit
+// once that policy is loaded, and the status of the re-read.
+func reloadAgentConfig(src *configSource, cur string, log *slog.Logger) (localPolicy string, live []configChange, status string) {
+	_, opts, live, fixed, err := src.reread()
+	if err != nil {
+		log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
+		return cur, nil, "config reload failed (the settings in force stay): " + err.Error()
+	}
+	logFixed(log, src, fixed)
+	if len(live) > 0 {
+		log.Info("config reloaded", "config", src.path, "applied", keys(live))
+	}
+	return opts.(*agentOptions).LocalPolicy, src.applyLogLevel(live), reloadStatus(live, fixed)
+}
+
+// reloadStatus is the one-line outcome of a re-read that succeeded.
+func reloadStatus(live, fixed []configChange) string {
+	s := "config reloaded"
+	if len(live) > 0 {
+		s += ": applied " + strings.Join(keys(live), ", ")
+	}
+	if len(fixed) > 0 {
+		s += fmt.Sprintf("; %d changed key(s) wait for a restart: %s", len(fixed), strings.Join(keys(fixed), ", "))
+	}
+	return s
+}
+
+// logFixed warns of each changed key that does not apply while running.
+func logFixed(log *slog.Logger, src *configSource, fixed []configChange) {
+	for _, c := range fixed {
+		log.Warn("config key changed but does not apply to a running "+src.role.name+"; it keeps the running value until a restart",
+			"config", src.path, "key", c.key, "running", c.from, "file", c.to)
+	}
+}

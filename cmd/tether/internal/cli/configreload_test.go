@@ -1,0 +1,304 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
+	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
+)
+
+// TestCoordinatorConfigReload: with an agent connected and a stream open
+// through it, SIGHUP re-reads the config file: the changed limits apply
+// (a job without a timeout of its own gets the new exec-timeout; the
+// per-source handshake bound is the new one), a changed listener is only
+// logged, naming the key, and the agent's session and the stream stay up.
+// A broken file keeps everything in force.
+func TestCoordinatorConfigReload(t *testing.T) {
+	dir := t.TempDir()
+	policyFile := writeTestPolicy(t, testAdminPolicy(t))
+	base := fmt.Sprintf("role: coordinator\npolicy: %s\nlisten: 127.0.0.1:0\nhttp-addr: 127.0.0.1:0\nnats-listen: 127.0.0.1:0\nopenshell-listen: 127.0.0.1:0\nopensandbox-listen: 127.0.0.1:0\nallow-shared-token: true\n", policyFile)
+	path := writeConfig(t, base+"max-handshakes-per-source: 4\n")
+
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+	o := defaultCoordinatorOptions()
+	e := testEnv(nil)
+	cmd := coordinatorCommand(e, &o)
+	// --data-dir on the command line: a re-read keeps it over the file.
+	if err := cmd.ParseFlags([]string{"--config", path, "--data-dir", dir}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs.config = src
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cs.serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	checkReady(t, cs)
+	if got := cs.coord.Limits().MaxHandshakesPerSource; got != 4 {
+		t.Fatalf("max handshakes per source at start = %d, want the file's 4", got)
+	}
+
+	acfg := agent.DefaultConfig()
+	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg.NodeID, acfg.Token, acfg.SharedToken, acfg.TLS = "node-cfg", "tok", true, tlsCfg
+	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
+	acfg.DataDir = t.TempDir()
+	acfg.Logger = log
+	a, err := agent.New(acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithCancel(context.Background())
+	adone := make(chan error, 1)
+	go func() { adone <- a.Run(actx) }()
+	t.Cleanup(func() { acancel(); <-adone })
+
+	nc := natsauthtest.Connect(t, cs.info.NATSURL, natsauthtest.ClientCreds(t, cs.layout, "tester"))
+	cl := client.New(nc)
+	var session string
+	waitFor(t, func() error {
+		ns, err := cl.Nodes(testCtx(t), "")
+		if err != nil || len(ns) != 1 {
+			return errors.New("agent not registered yet")
+		}
+		session = ns[0].SessionID
+		return nil
+	})
+	st, err := cl.OpenStream(testCtx(t), "node-cfg", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	fr := protocol.NewFrameReader(st)
+	echo := func(s string) {
+		t.Helper()
+		if err := protocol.WriteFrame(st, protocol.FrameStdin, []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		for len(got) < len(s) {
+			f, err := fr.Next()
+			if err != nil {
+				t.Fatalf("stream after %q: %v", got, err)
+			}
+			if f.Type == protocol.FrameStdout {
+				got = append(got, f.Payload...)
+			}
+		}
+		if string(got) != s {
+			t.Fatalf("echo %q, got %q", s, got)
+		}
+	}
+	echo("before\n")
+	sameSession := func() {
+		t.Helper()
+		if ns, err := cl.Nodes(testCtx(t), ""); err != nil || len(ns) != 1 || ns[0].SessionID != session {
+			t.Fatalf("nodes after the reload: %v %+v; want the same session %s", err, ns, session)
+		}
+	}
+	hup := func() {
+		t.Helper()
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The limits change, and so does a listener, which must wait.
+	replaceFile(t, path, strings.Replace(base, "listen: 127.0.0.1:0\n", "listen: 127.0.0.1:1\n", 1)+
+		"max-handshakes-per-source: 2\nexec-timeout: 1s\nadmit-rate: 77\ndata-dir: /elsewhere\n")
+	hup()
+	waitFor(t, func() error {
+		if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 || l.AdmitRate != 77 {
+			return fmt.Errorf("limits after SIGHUP: %+v", l)
+		}
+		return nil
+	})
+	waitFor(t, func() error {
+		if !strings.Contains(logs.String(), "key=listen ") {
+			return errors.New("no warning naming the changed listen key yet")
+		}
+		return nil
+	})
+	if strings.Contains(logs.String(), "key=data-dir") {
+		t.Errorf("the file's data-dir was taken over the command line's --data-dir:\n%s", logs.String())
+	}
+	res, err := cl.Exec(testCtx(t), &protocol.ExecRequest{Target: protocol.Target{Node: "node-cfg"}, Argv: []string{"sleep", "30"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Results) != 1 || !res.Results[0].TimedOut {
+		t.Fatalf("a job without a timeout after the reload: %+v, want timed out by the new exec-timeout (1s)", res.Results)
+	}
+	echo("after\n")
+	sameSession()
+
+	// A broken file: nothing changes, the log names the line.
+	replaceFile(t, path, base+"max-handshakes-per-source: 9\nexec-timeout: 30\n")
+	hup()
+	waitFor(t, func() error {
+		if !strings.Contains(logs.String(), "config reload failed") {
+			return errors.New("no reload failure logged yet")
+		}
+		return nil
+	})
+	if !strings.Contains(logs.String(), path+":10: key exec-timeout") {
+		t.Errorf("the reload failure does not name %s:10:\n%s", path, logs.String())
+	}
+	if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 || l.AdmitRate != 77 {
+		t.Fatalf("limits after a broken reload: %+v, want the ones in force (2, 1s, 77/s)", l)
+	}
+	echo("still\n")
+	sameSession()
+	st.CloseWrite()
+}
+
+// TestAgentConfigReload: SIGHUP re-reads the agent's config file: a new
+// local-policy file is loaded; a changed node id is only logged, naming
+// the key; a broken file keeps the policy in force.
+func TestAgentConfigReload(t *testing.T) {
+	pdir := t.TempDir()
+	first, second := filepath.Join(pdir, "first.yaml"), filepath.Join(pdir, "second.yaml")
+	for f, doc := range map[string]string{first: "version: 1\nexec: false\n", second: "version: 1\nexec: true\n"} {
+		if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := "role: agent\ncoordinator: [127.0.0.1:1]\ntoken-file: /nonexistent/token\ndata-dir: " + t.TempDir() + "\n"
+	path := writeConfig(t, base+"node-id: one\nlocal-policy: "+first+"\n")
+	o := defaultAgentOptions()
+	e := testEnv(nil)
+	cmd := agentCommand(e, &o)
+	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, lpPath, err := loadLocalPolicy(o.LocalPolicy)
+	if err != nil || lpPath != first {
+		t.Fatalf("local policy: %v %q", err, lpPath)
+	}
+	cfg := agent.DefaultConfig()
+	cfg.Coordinators, cfg.Token, cfg.Dial = o.Coordinators, "t", nil
+	cfg.TLS = &tls.Config{}
+	cfg.LocalPolicy = p
+	a, err := agent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	stop := watchAgentReload(testCtx(t), a, lpPath, o.LocalPolicy, src, nil, slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil)))
+	defer stop()
+	hup := func() { syscall.Kill(os.Getpid(), syscall.SIGHUP) }
+	if a.LocalPolicy().AllowExec() == nil {
+		t.Fatal("exec allowed under the first policy")
+	}
+
+	replaceFile(t, path, base+"node-id: two\nlocal-policy: "+second+"\n")
+	hup()
+	checkFor(t, defaultTestTimeout, func() error {
+		if a.LocalPolicy().AllowExec() != nil {
+			return errorString("exec still refused after SIGHUP named the second policy")
+		}
+		return nil
+	})
+	checkFor(t, defaultTestTimeout, func() error {
+		if !strings.Contains(logs.String(), "key=node-id") {
+			return errorString("no warning naming node-id")
+		}
+		return nil
+	})
+
+	// Broken: the policy in force stays, also when the file names the
+	// first policy again.
+	replaceFile(t, path, base+"node-id: two\nlocal-policy: "+first+"\nlocal-polcy: x\n")
+	hup()
+	checkFor(t, defaultTestTimeout, func() error {
+		if !strings.Contains(logs.String(), "config reload failed") {
+			return errorString("no reload failure logged")
+		}
+		return nil
+	})
+	if !strings.Contains(logs.String(), "did you mean local-policy?") {
+		t.Errorf("the failure does not suggest local-policy:\n%s", logs.String())
+	}
+	if a.LocalPolicy().AllowExec() != nil {
+		t.Fatal("a broken config file changed the local policy")
+	}
+}
+
+// A re-read changes the running logger's level; the format waits for a
+// restart.
+func TestConfigReloadLogLevel(t *testing.T) {
+	path := writeConfig(t, "coordinator: [c:7443]\ntoken-file: /t\nlog-level: info\n")
+	o := defaultAgentOptions()
+	e := testEnv(nil)
+	cmd := agentCommand(e, &o)
+	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	log := o.Log.logger(&logs)
+	log.Debug("before")
+	replaceFile(t, path, "coordinator: [c:7443]\ntoken-file: /t\nlog-level: debug\nlog-format: json\n")
+	_, _, live, fixed, err := src.reread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := reloadStatus(live, fixed), "config reloaded: applied log-level; 1 changed key(s) wait for a restart: log-format"; got != want {
+		t.Errorf("status %q, want %q", got, want)
+	}
+	if rest := src.applyLogLevel(live); len(rest) != 0 {
+		t.Fatalf("changes other than log-level applied: %+v", rest)
+	}
+	if len(fixed) != 1 || fixed[0].key != "log-format" {
+		t.Fatalf("fixed changes = %+v, want log-format", fixed)
+	}
+	log.Debug("after")
+	if strings.Contains(logs.String(), "before") || !strings.Contains(logs.String(), "after") {
+		t.Fatalf("logs:\n%s\nwant the debug line after the re-read only", logs.String())
+	}
+	// Committed: a second re-read finds log-level unchanged.
+	if _, _, live, _, err := src.reread(); err != nil || len(live) != 0 {
+		t.Fatalf("second re-read: %v, live %+v", err, live)
+	}
+}

@@ -1,0 +1,85 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/tetherfleet/tether/internal/admission"
+)
+
+// Limits are the settings of a running Coordinator that SetLimits changes
+// without dropping a session or a job: `tether coordinator` applies them
+// when SIGHUP re-reads its config file. Every other Config field is fixed
+// by New.
+type Limits struct {
+	// MaxHandshakesPerSource is Config.MaxHandshakesPerSource; zero means
+	// DefaultMaxHandshakesPerSource. Handshakes in progress keep their
+	// place; the new bound applies to the next one from each source.
+	MaxHandshakesPerSource int
+	// DefaultTimeout is Config.DefaultTimeout; zero means none. Jobs and
+	// streams already running keep the timeout they started with.
+	DefaultTimeout time.Duration
+	// DrainSpread is Config.DrainSpread, for the next drain.
+	DrainSpread time.Duration
+	// AdmitRate is Config.AdmitRate: positive, the agent TLS handshakes a
+	// second; zero, the measured rate (Config.AdmitCPUShare). Pacing can
+	// be neither turned on nor off while serving: with pacing off
+	// (Config.AdmitRate negative) it must stay negative, with pacing on
+	// it must not become negative. The burst stays as New set it.
+	AdmitRate float64
+}
+
+// Validate reports every problem of l.
+func (l Limits) Validate() error {
+	switch {
+	case l.MaxHandshakesPerSource < 0:
+		return fmt.Errorf("coordinator limits: MaxHandshakesPerSource %d is negative", l.MaxHandshakesPerSource)
+	case l.DefaultTimeout < 0:
+		return fmt.Errorf("coordinator limits: DefaultTimeout %v is negative", l.DefaultTimeout)
+	case math.IsNaN(l.AdmitRate) || math.IsInf(l.AdmitRate, 0):
+		return fmt.Errorf("coordinator limits: AdmitRate %v is not a number of handshakes a second", l.AdmitRate)
+	}
+	return nil
+}
+
+// Limits returns the limits in force, with defaults filled in.
+func (c *Coordinator) Limits() Limits {
+	if l := c.limits.Load(); l != nil {
+		return *l
+	}
+	return Limits{
+		MaxHandshakesPerSource: c.cfg.MaxHandshakesPerSource,
+		DefaultTimeout:         c.cfg.DefaultTimeout,
+		DrainSpread:            c.cfg.DrainSpread,
+		AdmitRate:              c.cfg.AdmitRate, // New filled in the measured one
+	}
+}
+
+// SetLimits puts l in force at once. It is safe to call concurrently with
+// everything, also while serving; an invalid l changes nothing.
+func (c *Coordinator) SetLimits(l Limits) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if l.MaxHandshakesPerSource == 0 {
+		l.MaxHandshakesPerSource = DefaultMaxHandshakesPerSource
+	}
+	switch {
+	case c.pacer == nil && l.AdmitRate >= 0:
+		return errors.New("coordinator limits: handshake pacing is off (AdmitRate was negative at start); turning it on needs a restart")
+	case c.pacer != nil && l.AdmitRate < 0:
+		return errors.New("coordinator limits: handshake pacing is on; turning it off (a negative AdmitRate) needs a restart")
+	case l.AdmitRate == 0:
+		l.AdmitRate = admission.RateFor(c.cfg.AdmitCPUShare)
+	}
+	c.limitsMu.Lock()
+	defer c.limitsMu.Unlock()
+	c.admit.SetPerSource(l.MaxHandshakesPerSource)
+	if c.pacer != nil {
+		c.pacer.SetRate(l.AdmitRate)
+	}
+	c.limits.Store(&l)
+	return nil
+}
