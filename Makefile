@@ -176,7 +176,7 @@ opensandbox-fake: ## build bin/opensandbox-fake, the OpenSandbox test double the
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/opensandbox-fake ./deploy/compose/opensandbox-fake
 
 compose-test: docker opensandbox-fake ## build the images, bring up deploy/compose (3 agents, a sandbox fake) and check enrollment, secrets, fan-out, node loss, the facade, policy and audit (deploy/compose/test.sh)
-	TETHER=$(CURDIR)/$(BIN) deploy/compose/test.sh
+	TETHER=$(CURDIR)/$(BIN) TETHER_COORDINATOR_IMAGE=$(COORD_IMAGE) TETHER_AGENT_IMAGE=$(AGENT_IMAGE) deploy/compose/test.sh
 
 ci-compose: ## CI's container step: make compose-test with docker present, else a loud skip; prints how long build and test took
 	@# .ci/run calls this after `make test`. Without a docker daemon it skips
@@ -191,7 +191,7 @@ ci-compose: ## CI's container step: make compose-test with docker present, else 
 	t0=$$(date +%s); \
 	$(MAKE) --no-print-directory docker opensandbox-fake; \
 	t1=$$(date +%s); \
-	TETHER=$(CURDIR)/$(BIN) deploy/compose/test.sh; \
+	TETHER=$(CURDIR)/$(BIN) TETHER_COORDINATOR_IMAGE=$(COORD_IMAGE) TETHER_AGENT_IMAGE=$(AGENT_IMAGE) deploy/compose/test.sh; \
 	t2=$$(date +%s); \
 	echo "ci-compose: images built in $$((t1 - t0))s, compose fleet test ran in $$((t2 - t1))s, $$((t2 - t0))s in all"
 
