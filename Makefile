@@ -43,7 +43,7 @@ DOCKER_CTX  := build/docker
 DEBOOTSTRAP ?= auto
 
 .PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
-        bench-ssh bench-forward bench-startup bench-reconnect docker docker-context docker-base docker-coordinator docker-agent opensandbox-fake compose-test ci-compose k8s-check dev clean
+        bench-ssh bench-forward bench-startup bench-reconnect docker docker-context docker-base docker-coordinator docker-agent opensandbox-fake nats-server compose-test ci-compose k8s-check k8s-smoke dev clean
 
 help: ## list the targets
 	@echo "usage: make <target> [VAR=value]"
@@ -178,7 +178,7 @@ opensandbox-fake: ## build bin/opensandbox-fake, the OpenSandbox test double the
 compose-test: docker opensandbox-fake ## build the images, bring up deploy/compose (3 agents, a sandbox fake) and check enrollment, secrets, fan-out, node loss, the facade, policy and audit (deploy/compose/test.sh)
 	TETHER=$(CURDIR)/$(BIN) TETHER_COORDINATOR_IMAGE=$(COORD_IMAGE) TETHER_AGENT_IMAGE=$(AGENT_IMAGE) deploy/compose/test.sh
 
-ci-compose: ## CI's container step: make compose-test with docker present, else a loud skip; prints how long build and test took
+ci-compose: ## CI's container step: images, make compose-test and the k8s/ha smoke test with docker present, else a loud skip; prints how long each took
 	@# .ci/run calls this after `make test`. Without a docker daemon it skips
 	@# (exit 0) with a banner; with one, any failure fails CI.
 	@if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then \
@@ -189,11 +189,21 @@ ci-compose: ## CI's container step: make compose-test with docker present, else 
 		exit 0; \
 	fi; \
 	t0=$$(date +%s); \
-	$(MAKE) --no-print-directory docker opensandbox-fake; \
+	$(MAKE) --no-print-directory docker opensandbox-fake nats-server; \
 	t1=$$(date +%s); \
 	TETHER=$(CURDIR)/$(BIN) TETHER_COORDINATOR_IMAGE=$(COORD_IMAGE) TETHER_AGENT_IMAGE=$(AGENT_IMAGE) deploy/compose/test.sh; \
 	t2=$$(date +%s); \
-	echo "ci-compose: images built in $$((t1 - t0))s, compose fleet test ran in $$((t2 - t1))s, $$((t2 - t0))s in all"
+	TETHER=$(CURDIR)/$(BIN) NATS_SERVER=$(CURDIR)/bin/nats-server COORD_IMAGE=$(COORD_IMAGE) AGENT_IMAGE=$(AGENT_IMAGE) \
+		AGENT_BASE=$(AGENT_BASE) deploy/k8s/ha-smoke.sh; \
+	t3=$$(date +%s); \
+	echo "ci-compose: images built in $$((t1 - t0))s, compose fleet test ran in $$((t2 - t1))s, the k8s/ha smoke test in $$((t3 - t2))s, $$((t3 - t0))s in all"
+
+nats-server: ## build bin/nats-server (the nats-server release of go.mod) for make k8s-smoke
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/nats-server github.com/nats-io/nats-server/v2
+
+k8s-smoke: docker nats-server ## run deploy/k8s/ha's pods as containers: NATS cluster, coordinators, agents, a coordinator stopped (deploy/k8s/ha-smoke.sh; needs docker)
+	TETHER=$(CURDIR)/$(BIN) NATS_SERVER=$(CURDIR)/bin/nats-server COORD_IMAGE=$(COORD_IMAGE) AGENT_IMAGE=$(AGENT_IMAGE) \
+		AGENT_BASE=$(AGENT_BASE) deploy/k8s/ha-smoke.sh
 
 # The manifest check is its own module (deploy/k8s/check/go.mod), so that the
 # Kubernetes API types and nats-server's config parser stay out of go.mod.
