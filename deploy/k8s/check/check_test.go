@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -155,6 +156,9 @@ func TestHAInstallShape(t *testing.T) {
 	o := servers[0].Opts
 	if !o.JetStream || o.StoreDir == "" {
 		t.Errorf("JetStream off (%v) or no store_dir (%q)", o.JetStream, o.StoreDir)
+	}
+	if o.PingInterval > 5*time.Second || o.MaxPingsOut > 3 {
+		t.Errorf("ping_interval %v, ping_max %d: a silent coordinator keeps its share of the queue group that long (README: 2s, 2)", o.PingInterval, o.MaxPingsOut)
 	}
 	if len(o.Routes) != 3 {
 		t.Errorf("%d routes, want one per server (3)", len(o.Routes))
