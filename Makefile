@@ -182,10 +182,11 @@ ci-compose: ## CI's container step: images, make compose-test and the k8s/ha smo
 	@# .ci/run calls this after `make test`. Without a docker daemon it skips
 	@# (exit 0) with a banner; with one, any failure fails CI.
 	@if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then \
-		echo "################################################################" >&2; \
-		echo "## SKIPPED: make compose-test: no docker daemon on this machine ##" >&2; \
-		echo "## (the images and the compose fleet test did NOT run)         ##" >&2; \
-		echo "################################################################" >&2; \
+		echo "##########################################################################" >&2; \
+		echo "## SKIPPED: make ci-compose: no docker daemon on this machine           ##" >&2; \
+		echo "## the images, the compose fleet test and the k8s/ha smoke test did NOT ##" >&2; \
+		echo "## run (make k8s-check, which needs no docker, did)                     ##" >&2; \
+		echo "##########################################################################" >&2; \
 		exit 0; \
 	fi; \
 	t0=$$(date +%s); \
