@@ -131,18 +131,24 @@ coord_volume=$(dc ps -q coordinator | xargs docker inspect -f '{{range .Mounts}}
 [ -n "$coord_volume" ] || fail "the coordinator has no /data volume"
 for a in "${agents[@]}"; do
 	cid=$(dc ps -q "$a")
-	mounts=$(docker inspect -f '{{range .Mounts}}{{.Name}}{{.Source}}={{.Destination}} {{end}}' "$cid")
+	mounts=$(docker inspect -f '{{range .Mounts}}{{if .Name}}{{.Name}}{{else}}{{.Source}}{{end}}={{.Destination}} {{end}}' "$cid")
 	[[ " $mounts" != *" $coord_volume="* ]] || fail "$a mounts the coordinator's data volume: $mounts"
 	# By name, anywhere in the container's file system ...
 	named=$(docker exec "$cid" find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type f \
 		\( -name ca.key -o -name server.key -o -name facade-token -o -name '*.nk' -o -name '*.creds' \) -print 2>/dev/null || true)
 	[ -z "$named" ] || fail "$a can read secret-named files: $named"
-	# ... and by content, whatever the name (find's exit status is ignored:
-	# unreadable /proc leftovers are not the point).
-	if hits=$(docker exec "$cid" grep -rlsF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \
-		-e "$facade_token" -e "$ca_key_line" / 2>/dev/null); then
-		fail "$a holds the facade token or the CA key in: $hits"
-	fi
+	# ... and by content, whatever the name: one search for the secrets and
+	# for the agent's own join token, which it must find, or the search
+	# proves nothing. grep's status is not used (2 for an unreadable special
+	# file): what it prints is, one PATH:MATCH a line (-a: binary files too).
+	own_token=$(docker exec "$cid" cat /etc/tether-join/join-token)
+	[ ${#own_token} -ge 16 ] || fail "$a's join token is only ${#own_token} characters"
+	hits=$(docker exec "$cid" grep -rsoaF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \
+		-e "$facade_token" -e "$ca_key_line" -e "$own_token" / 2>/dev/null || true)
+	leaked=$(grep -F -e ":$facade_token" -e ":$ca_key_line" <<<"$hits" | cut -d: -f1 | sort -u || true)
+	[ -z "$leaked" ] || fail "$a holds the facade token or the CA key in: $leaked"
+	grep -qxF "/etc/tether-join/join-token:$own_token" <<<"$hits" ||
+		fail "$a: the content search does not find the agent's own join token: it cannot vouch for the others"
 	# It does hold what it needs: the CA certificate and its own identity.
 	[ "$(docker exec "$cid" sha256sum /etc/tether-join/ca.crt | cut -d' ' -f1)" = "$(sha256sum <"$work/ca.crt" | cut -d' ' -f1)" ] ||
 		fail "$a's CA certificate is not the coordinator's"
