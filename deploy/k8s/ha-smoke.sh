@@ -52,7 +52,7 @@ cleanup() {
 	if [ "${KEEP:-0}" = 1 ]; then
 		log "KEEP=1: left up (label $project, network $project, files $work)"
 	else
-		docker ps -aq --filter "label=$project" | xargs -r docker rm -f >/dev/null 2>&1 || true
+		docker ps -aq --filter "label=$project" | xargs -r docker rm -fv >/dev/null 2>&1 || true
 		docker network rm "$project" >/dev/null 2>&1 || true
 		rm -rf "$work"
 	fi
