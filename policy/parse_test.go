@@ -430,4 +430,29 @@ func TestComposePolicyFile(t *testing.T) {
 			t.Errorf("compose-admin %v: %v", op, err)
 		}
 	}
+	// The OpenSandbox facade's token (test.sh creates, reads and deletes a
+	// sandbox on agent-1, labelled sandboxes=opensandbox by the test's
+	// compose override): the opensandbox target there, nothing else.
+	fac := Identity{Kind: KindToken, Name: "facade"}
+	sbNode := Node{ID: "agent-1", Labels: map[string]string{"zone": "a", "role": "worker", "sandboxes": "opensandbox"}}
+	if _, err := p.Decide(fac, OpForward, sbNode, Object{Target: "opensandbox"}); err != nil {
+		t.Errorf("token:facade forward opensandbox on agent-1: %v", err)
+	}
+	self := Object{Owner: fac.String()}
+	for _, op := range []Operation{OpSandboxesRegister, OpSandboxesReap} {
+		if _, err := p.Decide(fac, op, sbNode, self); err != nil {
+			t.Errorf("token:facade %v of its own run: %v", op, err)
+		}
+	}
+	if _, err := p.Decide(fac, OpForward, node, Object{Target: "opensandbox"}); err == nil {
+		t.Error("token:facade may forward on a node without sandboxes=opensandbox")
+	}
+	if _, err := p.Decide(fac, OpForward, sbNode, Object{Target: "openshell"}); err == nil {
+		t.Error("token:facade may forward to openshell")
+	}
+	for _, op := range []Operation{OpExec, OpAdmin, OpShell} {
+		if _, err := p.Decide(fac, op, sbNode, Object{}); err == nil {
+			t.Errorf("token:facade may %v", op)
+		}
+	}
 }
