@@ -274,6 +274,15 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		}
 	}
 	waitFor(t, testWait, "connected gauge", func() bool { return testutil.ToFloat64(a.m.connected) == 1 })
+	// Each answered heartbeat ping is an RTT sample; the tunnel's flow
+	// counters are exported, nothing queued on an idle tunnel.
+	waitFor(t, testWait, "RTT samples", func() bool { return histogramCount(t, reg, "tether_agent_tunnel_rtt_seconds") >= 1 })
+	for _, name := range []string{"tether_agent_tunnel_window_stalls_total", "tether_agent_tunnel_window_stall_seconds_total", "tether_agent_tunnel_send_queued_bytes"} {
+		if got, err := testutil.GatherAndCount(reg, name); err != nil || got != 1 {
+			t.Errorf("%s: %d series, %v; want 1", name, got, err)
+		}
+	}
+	waitFor(t, testWait, "nothing queued", func() bool { return a.cfg.Tunnel.Flow.QueuedBytes() == 0 })
 
 	// An exec through the real TLS tunnel.
 	sess := recv(t, fc.sessions, "welcomed session")
@@ -525,4 +534,20 @@ func TestTransportOrder(t *testing.T) {
 	if got := a.cfg.Transports; !slices.Equal(got, []string{"tls", "wss"}) {
 		t.Errorf("the configured order changed: %v", got)
 	}
+}
+
+// histogramCount is the sample count of the histogram name in reg, 0 if it
+// has none.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
 }

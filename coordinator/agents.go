@@ -720,6 +720,9 @@ func (c *Coordinator) controlFrame(n *node, f protocol.Frame) error {
 		}
 		n.lastHeartbeat.Store(time.Now().UnixNano())
 		n.rttMicros.Store(hb.RTTMicros)
+		if hb.RTTMicros > 0 {
+			c.m.tunnelRTT.Observe(float64(hb.RTTMicros) / 1e6)
+		}
 		n.runningExecs.Store(int64(hb.RunningExecs))
 	}
 	return nil
