@@ -441,6 +441,12 @@ type pinger interface {
 	Close() error
 }
 
+// flowReporter is a pinger whose flow telemetry goes into the heartbeats
+// (*tunnel.Session).
+type flowReporter interface {
+	FlowStats() tunnel.FlowStats
+}
+
 // heartbeat writes a Heartbeat on the control stream right away and then
 // every interval, until ctx is done. A failed write closes the session.
 //
@@ -485,6 +491,10 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 			return
 		}
 		hb := protocol.Heartbeat{RTTMicros: rttMicros.Load(), RunningExecs: int(a.running.Load())}
+		if fl, ok := sess.(flowReporter); ok {
+			fs := fl.FlowStats()
+			hb.WindowStalls, hb.WindowStallMicros, hb.SendQueuedBytes = fs.Stalls, fs.StallTime.Microseconds(), fs.QueuedBytes
+		}
 		if err := a.writeControl(ctl, protocol.FrameHeartbeat, &hb); err != nil {
 			if ctx.Err() == nil {
 				log.Warn("heartbeat failed; closing session", "err", err)

@@ -407,5 +407,9 @@ func (n *node) info(coordinatorID string) protocol.NodeInfo {
 		WindowStalls:       fs.Stalls,
 		WindowStallSeconds: fs.StallTime.Seconds(),
 		SendQueuedBytes:    fs.QueuedBytes,
+
+		AgentWindowStalls:       n.agentStalls.Load(),
+		AgentWindowStallSeconds: float64(n.agentStallMicros.Load()) / 1e6,
+		AgentSendQueuedBytes:    n.agentQueued.Load(),
 	}
 }

@@ -448,6 +448,7 @@ func (c *Coordinator) putRecord(n *node) {
 	info.LastHeartbeat = time.Time{}
 	info.RTTMicros, info.RunningExecs = 0, 0
 	info.WindowStalls, info.WindowStallSeconds, info.SendQueuedBytes = 0, 0, 0
+	info.AgentWindowStalls, info.AgentWindowStallSeconds, info.AgentSendQueuedBytes = 0, 0, 0
 	b, err := json.Marshal(fleetValue{NodeInfo: info, Inventoried: n.inventoried.Load(),
 		SSH: n.hello.HasFeature(protocol.FeatureSSH), SSHHostKey: n.hello.SSHHostKey})
 	if err != nil {
@@ -1107,9 +1108,17 @@ type liveNode struct {
 	RTTMicros     int64     `json:"rtt_us,omitempty"`
 	RunningExecs  int       `json:"running_execs,omitempty"`
 	// The session's flow telemetry (protocol.NodeInfo).
-	WindowStalls       uint64  `json:"window_stalls,omitempty"`
-	WindowStallSeconds float64 `json:"window_stall_seconds,omitempty"`
-	SendQueuedBytes    int64   `json:"send_queued_bytes,omitempty"`
+	WindowStalls       uint64   `json:"window_stalls,omitempty"`
+	WindowStallSeconds float64  `json:"window_stall_seconds,omitempty"`
+	SendQueuedBytes    int64    `json:"send_queued_bytes,omitempty"`
+	AgentFlow          flowPart `json:"agent_flow,omitzero"`
+}
+
+// flowPart is one direction's flow telemetry in a liveNode.
+type flowPart struct {
+	Stalls       uint64  `json:"stalls,omitempty"`
+	StallSeconds float64 `json:"stall_seconds,omitempty"`
+	QueuedBytes  int64   `json:"queued_bytes,omitempty"`
 }
 
 // serveLive answers a coordinator subject's nodes request with the live
@@ -1119,7 +1128,8 @@ func (c *Coordinator) serveLive(m *nats.Msg) {
 	out := make([]liveNode, len(ns))
 	for i, n := range ns {
 		out[i] = liveNode{ID: n.ID, SessionID: n.SessionID, LastHeartbeat: n.LastHeartbeat, RTTMicros: n.RTTMicros, RunningExecs: n.RunningExecs,
-			WindowStalls: n.WindowStalls, WindowStallSeconds: n.WindowStallSeconds, SendQueuedBytes: n.SendQueuedBytes}
+			WindowStalls: n.WindowStalls, WindowStallSeconds: n.WindowStallSeconds, SendQueuedBytes: n.SendQueuedBytes,
+			AgentFlow: flowPart{n.AgentWindowStalls, n.AgentWindowStallSeconds, n.AgentSendQueuedBytes}}
 	}
 	b, _ := json.Marshal(out)
 	if err := c.cfg.NATS.Publish(m.Reply, b); err != nil {
@@ -1168,6 +1178,7 @@ func (c *Coordinator) withLive(ns []protocol.NodeInfo) {
 				if i, ok := idx[l.ID]; ok && ns[i].SessionID == l.SessionID {
 					ns[i].LastHeartbeat, ns[i].RTTMicros, ns[i].RunningExecs = l.LastHeartbeat, l.RTTMicros, l.RunningExecs
 					ns[i].WindowStalls, ns[i].WindowStallSeconds, ns[i].SendQueuedBytes = l.WindowStalls, l.WindowStallSeconds, l.SendQueuedBytes
+					ns[i].AgentWindowStalls, ns[i].AgentWindowStallSeconds, ns[i].AgentSendQueuedBytes = l.AgentFlow.Stalls, l.AgentFlow.StallSeconds, l.AgentFlow.QueuedBytes
 				}
 			}
 		}()

@@ -92,6 +92,13 @@ func TestNodeFlowTelemetry(t *testing.T) {
 		return nil
 	})
 
+	// The agent's side, as its heartbeats report it (the fake's: 7
+	// stalls for 1.5 ms, 12 bytes queued).
+	if n := node(); n.AgentWindowStalls != 7 || n.AgentWindowStallSeconds != 0.0015 || n.AgentSendQueuedBytes != 12 {
+		t.Errorf("agent's side: %d stalls for %v s, %d bytes queued; want the heartbeat's 7, 0.0015, 12",
+			n.AgentWindowStalls, n.AgentWindowStallSeconds, n.AgentSendQueuedBytes)
+	}
+
 	// Heartbeats (the fake reports 1234 µs) are RTT samples.
 	checkFor(t, defaultTestTimeout, func() error {
 		if c := h.metric("tether_coordinator_tunnel_rtt_seconds"); c < 2 {

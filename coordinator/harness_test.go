@@ -606,7 +606,7 @@ func (a *fakeAgent) heartbeats(every time.Duration) {
 			return
 		case <-tk.C:
 		}
-		hb := protocol.Heartbeat{RTTMicros: 1234, RunningExecs: int(a.execs.Load())}
+		hb := protocol.Heartbeat{RTTMicros: 1234, RunningExecs: int(a.execs.Load()), WindowStalls: 7, WindowStallMicros: 1500, SendQueuedBytes: 12}
 		if err := protocol.WriteJSONFrame(a.ctrl, protocol.FrameHeartbeat, &hb); err != nil {
 			return
 		}

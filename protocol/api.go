@@ -422,6 +422,14 @@ type NodeInfo struct {
 	// taken yet: 0 while idle, above 0 while the link is slower than what
 	// is sent on it.
 	SendQueuedBytes int64 `json:"send_queued_bytes"`
+	// AgentWindowStalls, AgentWindowStallSeconds and AgentSendQueuedBytes
+	// are the same for the other direction, the agent's streams to the
+	// coordinator (exec output, copies from the node, forwarded
+	// responses), as the agent's last heartbeat reported them; 0 from
+	// agents that predate them.
+	AgentWindowStalls       uint64  `json:"agent_window_stalls"`
+	AgentWindowStallSeconds float64 `json:"agent_window_stall_seconds"`
+	AgentSendQueuedBytes    int64   `json:"agent_send_queued_bytes"`
 	// Targets names the local targets the agent dials (Hello.Targets), e.g.
 	// "openshell", "opensandbox".
 	Targets []string `json:"targets,omitempty"`

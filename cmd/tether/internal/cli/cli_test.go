@@ -362,7 +362,7 @@ func TestNodesTable(t *testing.T) {
 	nodes := []protocol.NodeInfo{
 		{ID: "gpu-1", Labels: map[string]string{"zone": "a", "gpu": "true"}, Capacity: protocol.Capacity{CPUs: 64, MemoryBytes: 512 << 30, GPUs: 8, GPUModel: "H100"},
 			Coordinator: "c1", ConnectedAt: now.Add(-3 * time.Hour), LastHeartbeat: now.Add(-2 * time.Second), RTTMicros: 1530,
-			WindowStalls: 3, WindowStallSeconds: 1.2534, SendQueuedBytes: 64 << 10},
+			WindowStalls: 2, WindowStallSeconds: 1.2, SendQueuedBytes: 64 << 10, AgentWindowStalls: 1, AgentWindowStallSeconds: 0.0534},
 		{ID: "small", Capacity: protocol.Capacity{CPUs: 2}, Coordinator: "c1", ConnectedAt: now.Add(-90 * time.Second), LastHeartbeat: now, RTTMicros: 250},
 	}
 	var b bytes.Buffer

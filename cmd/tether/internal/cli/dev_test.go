@@ -98,7 +98,8 @@ func TestDevSmoke(t *testing.T) {
 	}
 	// The session's link telemetry, for an operator looking for a slow
 	// link: RTT and last heartbeat, window stalls, bytes queued.
-	for _, k := range []string{`"rtt_us"`, `"last_heartbeat"`, `"window_stalls"`, `"window_stall_seconds"`, `"send_queued_bytes"`} {
+	for _, k := range []string{`"rtt_us"`, `"last_heartbeat"`, `"window_stalls"`, `"window_stall_seconds"`, `"send_queued_bytes"`,
+		`"agent_window_stalls"`, `"agent_window_stall_seconds"`, `"agent_send_queued_bytes"`} {
 		if !strings.Contains(r.stdout, k) {
 			t.Errorf("nodes --json lacks %s:\n%s", k, r.stdout)
 		}

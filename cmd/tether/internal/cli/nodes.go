@@ -78,18 +78,19 @@ func newNodesCmd(e *env) *cobra.Command {
 }
 
 // writeNodesTable prints nodes as an aligned table; ages are relative to now.
-// STALLS is the session's window stalls and their total time (a slow link
-// or a slow node: the coordinator's writes waited for the agent to read),
-// QUEUED the bytes of the frame the coordinator is writing to the node and
-// the link has not taken yet; --json has both and the rest.
+// STALLS is the session's window stalls and their total time, in both
+// directions (a stream's writes waited for the other end to read: a slow
+// link, a slow node or a slow client downstream), QUEUED the bytes of the
+// frames the coordinator and the agent are writing to each other that the
+// link has not taken yet; --json has each direction apart.
 func writeNodesTable(w io.Writer, nodes []protocol.NodeInfo, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tLABELS\tCPUS\tMEMORY\tGPUS\tRTT\tSTALLS\tQUEUED\tCONNECTED\tLAST SEEN\tCOORDINATOR")
 	for _, n := range nodes {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			n.ID, formatLabels(n.Labels), n.Capacity.CPUs, formatBytes(n.Capacity.MemoryBytes),
-			formatGPUs(n.Capacity), formatRTT(n.RTTMicros), formatStalls(n.WindowStalls, n.WindowStallSeconds),
-			formatQueued(n.SendQueuedBytes), formatAge(now, n.ConnectedAt), formatAge(now, n.LastHeartbeat), n.Coordinator)
+			formatGPUs(n.Capacity), formatRTT(n.RTTMicros), formatStalls(n.WindowStalls+n.AgentWindowStalls, n.WindowStallSeconds+n.AgentWindowStallSeconds),
+			formatQueued(n.SendQueuedBytes+n.AgentSendQueuedBytes), formatAge(now, n.ConnectedAt), formatAge(now, n.LastHeartbeat), n.Coordinator)
 	}
 	return tw.Flush()
 }
