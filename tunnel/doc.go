@@ -52,5 +52,6 @@
 // queued bytes; every answered Ping keeps its round trip. Session.FlowStats
 // reports one session, Config.Flow (a FlowCounters) adds up many. It costs
 // a few atomics per frame, no lock, no allocation per frame and no
-// goroutine.
+// goroutine. Its mutex (flowState.mu) is a leaf lock, held only to replace
+// the stream table when a stream opens or closes.
 package tunnel
