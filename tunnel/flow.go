@@ -200,6 +200,9 @@ func (f *flowState) remove(id uint32) {
 
 // endStall ends e's stall, if one is in progress, and adds its duration.
 func (f *flowState) endStall(e *streamFlow) {
+	if e.stallStart.Load() == 0 {
+		return // the common case, without a read-modify-write
+	}
 	if st := e.stallStart.Swap(0); st != 0 {
 		d := int64(time.Since(f.epoch)) - (st - 1)
 		f.stallNanos.Add(d)

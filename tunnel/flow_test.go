@@ -363,11 +363,14 @@ func BenchmarkFlowFrame(b *testing.B) {
 			hdr, body := yamuxHeader(yamuxTypeData, 0, 1, 64), make([]byte, 64)
 			buf := make([]byte, yamuxHeaderSize)
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			for b.Loop() {
 				cc.Write(hdr)
 				cc.Write(body)
 				wc.Read(buf)
 			}
+			// CPU time, steadier than ns/op on a loaded machine.
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
 }
