@@ -24,7 +24,10 @@ import (
 //     the next window update for that stream ends it. This is the peer's
 //     reader being slower than the writer (a full window in flight), the
 //     way TCP's zero-window / rwnd-limited time is; the writer's own pace,
-//     the connection's and the scheduler's do not count.
+//     the connection's and the scheduler's do not count. A stream's window
+//     is 256 KiB until the peer's acknowledgement of its open grants the
+//     rest, so a writer that sends more than that within the first round
+//     trip counts one short stall: a real wait, the price of a new stream.
 //   - Bytes queued for send: yamux's Write does not return until its frame
 //     was written to the connection (the send loop hands it the error), so
 //     a session holds at most one frame per writing stream. The gauge is
@@ -41,7 +44,9 @@ import (
 // (sent) and the receive loop (granted, stall end) only; the stream table is
 // copy on write, replaced under a mutex when a stream opens or closes and
 // read with one atomic load per frame, so no lock and no allocation is taken
-// per frame. The clock is read only when a stall starts or ends. Tracking is
+// per frame (about 30 ns of CPU for a data frame written and a window
+// update read, BenchmarkFlowFrame). The clock is read only when a stall
+// starts or ends. Tracking is
 // on only for sessions whose Config.Flow is set (the agents' tunnels at both
 // ends); an idle tracked session holds one small table for its control
 // stream and no goroutine.
