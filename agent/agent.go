@@ -115,9 +115,14 @@ func New(cfg Config) (*Agent, error) {
 	if f, err := filepath.Abs(cfg.SSHHostKeyFile); err == nil {
 		cfg.SSHHostKeyFile = f
 	}
+	if cfg.Tunnel.Flow == nil {
+		// The agent's sessions add up their flow telemetry here
+		// (tether_agent_tunnel_window_stalls_total and the like).
+		cfg.Tunnel.Flow = new(tunnel.FlowCounters)
+	}
 	log := cfg.Logger.With("component", "agent", "node", cfg.NodeID)
 	targets := cfg.targetTable()
-	a := &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
+	a := &Agent{cfg: cfg, log: log, m: newMetrics(cfg.Registerer, cfg.Tunnel.Flow), dataWriteTimeout: dataWriteTimeout, instance: rand.Text(),
 		targets: targets, targetNames: slices.Sorted(maps.Keys(targets)),
 		guard: panics.New(cfg.Registerer, log, "agent")}
 	a.reports.wake = make(chan struct{}, 1)
@@ -446,13 +451,20 @@ type pinger interface {
 	Close() error
 }
 
+// flowReporter is a pinger whose flow telemetry goes into the heartbeats
+// (*tunnel.Session).
+type flowReporter interface {
+	FlowStats() tunnel.FlowStats
+}
+
 // heartbeat writes a Heartbeat on the control stream right away and then
 // every interval, until ctx is done. A failed write closes the session.
 //
 // The RTT is measured by a goroutine the loop owns, pinging once per
 // interval: a ping may wait up to the tunnel's write timeout for its answer,
 // and heartbeats must not wait behind it (the coordinator would count them
-// late). Each heartbeat carries the last RTT measured. On return the pinger
+// late). Each heartbeat carries the last RTT measured, and each answered
+// ping is a sample of tether_agent_tunnel_rtt_seconds. On return the pinger
 // goroutine has returned too; it ends when ctx is done and its ping in
 // flight, if any, returned (closing the session ends it).
 func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, interval time.Duration, log *slog.Logger) {
@@ -470,6 +482,7 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 			// liveness).
 			if d, err := sess.Ping(); err == nil {
 				rttMicros.Store(d.Microseconds())
+				a.m.tunnelRTT.Observe(d.Seconds())
 			} else if ctx.Err() == nil {
 				log.Debug("ping failed", "err", err)
 			}
@@ -488,6 +501,10 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 			return
 		}
 		hb := protocol.Heartbeat{RTTMicros: rttMicros.Load(), RunningExecs: int(a.running.Load())}
+		if fl, ok := sess.(flowReporter); ok {
+			fs := fl.FlowStats()
+			hb.WindowStalls, hb.WindowStallMicros, hb.SendQueuedBytes = fs.Stalls, fs.StallTime.Microseconds(), fs.QueuedBytes
+		}
 		if err := a.writeControl(ctl, protocol.FrameHeartbeat, &hb); err != nil {
 			if ctx.Err() == nil {
 				log.Warn("heartbeat failed; closing session", "err", err)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,10 @@ type fakeCoordinator struct {
 	// reports the agents send (decoded as the coordinator does).
 	features []string
 	jobExits chan protocol.JobStatus
+
+	// window, if set before the agent connects, is the stream window of
+	// the coordinator's sessions (tunnel.Config.MaxStreamWindow).
+	window atomic.Uint32
 
 	ln     net.Listener
 	ctx    context.Context
@@ -115,7 +120,11 @@ func startFakeCoordinatorFeatures(t *testing.T, token string, features ...string
 }
 
 func (fc *fakeCoordinator) handle(t *testing.T, c net.Conn, token string) {
-	sess, err := tunnel.Server(c, tunneltest.Config(t))
+	cfg := tunneltest.Config(t)
+	if w := fc.window.Load(); w != 0 {
+		cfg.MaxStreamWindow = w
+	}
+	sess, err := tunnel.Server(c, cfg)
 	if err != nil {
 		t.Error(err)
 		return
@@ -274,6 +283,15 @@ func TestRunHelloWelcomeHeartbeatsAndExec(t *testing.T) {
 		}
 	}
 	waitFor(t, testWait, "connected gauge", func() bool { return testutil.ToFloat64(a.m.connected) == 1 })
+	// Each answered heartbeat ping is an RTT sample; the tunnel's flow
+	// counters are exported, nothing queued on an idle tunnel.
+	waitFor(t, testWait, "RTT samples", func() bool { return histogramCount(t, reg, "tether_agent_tunnel_rtt_seconds") >= 1 })
+	for _, name := range []string{"tether_agent_tunnel_window_stalls_total", "tether_agent_tunnel_window_stall_seconds_total", "tether_agent_tunnel_send_queued_bytes"} {
+		if got, err := testutil.GatherAndCount(reg, name); err != nil || got != 1 {
+			t.Errorf("%s: %d series, %v; want 1", name, got, err)
+		}
+	}
+	waitFor(t, testWait, "nothing queued", func() bool { return a.cfg.Tunnel.Flow.QueuedBytes() == 0 })
 
 	// An exec through the real TLS tunnel.
 	sess := recv(t, fc.sessions, "welcomed session")
@@ -524,5 +542,64 @@ func TestTransportOrder(t *testing.T) {
 	}
 	if got := a.cfg.Transports; !slices.Equal(got, []string{"tls", "wss"}) {
 		t.Errorf("the configured order changed: %v", got)
+	}
+}
+
+// histogramCount is the sample count of the histogram name in reg, 0 if it
+// has none.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
+// The agent's own side of the tunnel: exec output the coordinator reads
+// slower than the agent writes it runs out of the coordinator's window;
+// the agent counts the stall, and its heartbeats report it.
+func TestHeartbeatsCarryFlowStats(t *testing.T) {
+	fc := startFakeCoordinator(t, "good-token")
+	fc.window.Store(256 << 10) // yamux's least: 2 MB of output is eight windows
+	cfg := testConfig(t)
+	cfg.Coordinators = []string{fc.addr}
+	cfg.TLS = fc.clientTLS
+	cfg.Token = "good-token"
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	sess := recv(t, fc.sessions, "welcomed session")
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	st, err := sess.Open(ctx, protocol.KindExec, protocol.ExecParams{Script: "head -c 2000000 /dev/zero"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// The coordinator reads nothing until the agent stalled.
+	waitFor(t, testWait, "the agent's stall", func() bool { return a.cfg.Tunnel.Flow.Stalls() >= 1 })
+	st.SetReadDeadline(time.Now().Add(testWait))
+	e := &execStream{st: st, fr: protocol.NewFrameReader(st)}
+	e.finish(t)
+	if e.exit == nil || e.exit.ExitCode != 0 || e.stdout.Len() != 2000000 {
+		t.Fatalf("exec: exit %+v error %v, %d bytes of stdout", e.exit, e.errInfo, e.stdout.Len())
+	}
+	deadline := time.Now().Add(testWait)
+	for {
+		hb := recv(t, fc.heartbeats, "heartbeat")
+		if hb.WindowStalls >= 1 && hb.WindowStallMicros > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no heartbeat reports the stall: last %+v", hb)
+		}
 	}
 }

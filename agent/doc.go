@@ -38,7 +38,9 @@
 //   - the heartbeat loop, which writes a Heartbeat frame on the control
 //     stream every Welcome.HeartbeatInterval, and its pinger, which measures
 //     the RTT once per interval (a ping may wait up to the tunnel's write
-//     timeout; heartbeats never wait for it, they carry the last RTT);
+//     timeout; heartbeats never wait for it, they carry the last RTT, and
+//     the session's flow telemetry, tunnel.Session.FlowStats; each answered
+//     ping is a sample of tether_agent_tunnel_rtt_seconds);
 //   - the control reader (cancel.go), which reads the coordinator's frames
 //     on the control stream until the session ends, hands a FrameDrain to
 //     the session loop, and cancels, out of

@@ -4,7 +4,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
+	"github.com/tetherfleet/tether/internal/tunnelmetrics"
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // metrics are the agent's collectors, registered on Config.Registerer.
@@ -24,6 +26,9 @@ type metrics struct {
 	// localRefusals counts operations the local policy refused.
 	localRefusals prometheus.Counter
 	enrollments   *prometheus.CounterVec
+	// tunnelRTT takes the round trip of each answered heartbeat ping
+	// (heartbeat in agent.go).
+	tunnelRTT prometheus.Histogram
 }
 
 // Label values of the dial and inventory metrics.
@@ -42,9 +47,22 @@ const (
 	listingIncomplete = "incomplete"
 )
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics builds the agent's collectors and registers them on reg,
+// unless reg is nil; flow is its sessions' flow counters
+// (Config.Tunnel.Flow), exported as tether_agent_tunnel_window_stalls_total,
+// tether_agent_tunnel_window_stall_seconds_total and
+// tether_agent_tunnel_send_queued_bytes.
+func newMetrics(reg prometheus.Registerer, flow *tunnel.FlowCounters) *metrics {
 	f := promauto.With(reg)
+	if reg != nil {
+		reg.MustRegister(tunnelmetrics.Collectors("tether_agent", flow)...)
+	}
 	m := &metrics{
+		tunnelRTT: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tether_agent_tunnel_rtt_seconds",
+			Help:    "Round trips of the agent's heartbeat pings over its tunnel (a yamux ping of the coordinator, one per heartbeat interval).",
+			Buckets: tunnelmetrics.RTTBuckets,
+		}),
 		reconnects: f.NewCounter(prometheus.CounterOpts{
 			Name: "tether_agent_tunnel_reconnects_total",
 			Help: "Redials after a failed dial, a rejected hello or a lost tunnel session.",

@@ -105,6 +105,10 @@ type node struct {
 	lastHeartbeat atomic.Int64 // unix nanoseconds
 	rttMicros     atomic.Int64
 	runningExecs  atomic.Int64
+	// The agent's side's flow telemetry, from its last heartbeat.
+	agentStalls      atomic.Uint64
+	agentStallMicros atomic.Int64
+	agentQueued      atomic.Int64
 	// inventoried is set once an inventory of this session was reconciled
 	// into the ledger (sandboxes.go); the reaper treats the node as unknown
 	// until then.
@@ -720,7 +724,13 @@ func (c *Coordinator) controlFrame(n *node, f protocol.Frame) error {
 		}
 		n.lastHeartbeat.Store(time.Now().UnixNano())
 		n.rttMicros.Store(hb.RTTMicros)
+		if hb.RTTMicros > 0 {
+			c.m.tunnelRTT.Observe(float64(hb.RTTMicros) / 1e6)
+		}
 		n.runningExecs.Store(int64(hb.RunningExecs))
+		n.agentStalls.Store(hb.WindowStalls)
+		n.agentStallMicros.Store(hb.WindowStallMicros)
+		n.agentQueued.Store(hb.SendQueuedBytes)
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/tetherfleet/tether/internal/admission"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // Coordinator accepts agent tunnels, keeps the registry of connected nodes
@@ -121,7 +122,12 @@ func New(cfg Config) (*Coordinator, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	m, err := newMetrics(reg)
+	if cfg.Tunnel.Flow == nil {
+		// The agents' sessions add up their flow telemetry here
+		// (tether_coordinator_tunnel_window_stalls_total and the like).
+		cfg.Tunnel.Flow = new(tunnel.FlowCounters)
+	}
+	m, err := newMetrics(reg, cfg.Tunnel.Flow)
 	if err != nil {
 		return nil, err
 	}
@@ -385,8 +391,13 @@ func (c *Coordinator) AdminHandler(g prometheus.Gatherer) http.Handler {
 	return mux
 }
 
-// info snapshots n for listings.
+// info snapshots n for listings, with its session's flow telemetry
+// (tunnel.Session.FlowStats).
 func (n *node) info(coordinatorID string) protocol.NodeInfo {
+	var fs tunnel.FlowStats
+	if n.sess != nil {
+		fs = n.sess.FlowStats()
+	}
 	return protocol.NodeInfo{
 		ID:            n.id,
 		Labels:        maps.Clone(n.hello.Labels),
@@ -401,5 +412,13 @@ func (n *node) info(coordinatorID string) protocol.NodeInfo {
 		RunningExecs:  int(n.runningExecs.Load()),
 		Targets:       slices.Clone(n.hello.Targets),
 		Transport:     n.transport,
+
+		WindowStalls:       fs.Stalls,
+		WindowStallSeconds: fs.StallTime.Seconds(),
+		SendQueuedBytes:    fs.QueuedBytes,
+
+		AgentWindowStalls:       n.agentStalls.Load(),
+		AgentWindowStallSeconds: float64(n.agentStallMicros.Load()) / 1e6,
+		AgentSendQueuedBytes:    n.agentQueued.Load(),
 	}
 }

@@ -270,6 +270,7 @@ func (c *Coordinator) dispatchClient(ctx context.Context, ac *agentConn, tc *tls
 // intervals closes the session).
 func (c *Coordinator) clientTunnel() tunnel.Config {
 	t := c.cfg.Tunnel
+	t.Flow = nil // the agents' tunnels' telemetry only (metrics.go)
 	t.AcceptBacklog = 256
 	t.KeepAliveInterval = 0
 	t.IdleTimeout = max(t.IdleTimeout, 3*tunnel.DefaultConfig().KeepAliveInterval)

@@ -242,7 +242,11 @@
 // (its data streams) are leaf locks, never held during I/O;
 // clientSession.wmu is held while one frame is written on its control
 // stream (bounded by the write timeout); directEnd.mu is a leaf lock.
-// Heartbeat data lives in atomics.
+// Heartbeat data lives in atomics, as does each agent session's flow
+// telemetry (tunnel.Session.FlowStats, read by listings; every agent
+// session adds up into Config.Tunnel.Flow, which metrics.go exports with
+// no per-node label; the agent's side of each session arrives in its
+// heartbeats). Client direct sessions are not tracked.
 //
 // # Imports
 //

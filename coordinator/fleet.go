@@ -447,6 +447,8 @@ func (c *Coordinator) putRecord(n *node) {
 	info := n.info(c.cfg.ID)
 	info.LastHeartbeat = time.Time{}
 	info.RTTMicros, info.RunningExecs = 0, 0
+	info.WindowStalls, info.WindowStallSeconds, info.SendQueuedBytes = 0, 0, 0
+	info.AgentWindowStalls, info.AgentWindowStallSeconds, info.AgentSendQueuedBytes = 0, 0, 0
 	b, err := json.Marshal(fleetValue{NodeInfo: info, Inventoried: n.inventoried.Load(),
 		SSH: n.hello.HasFeature(protocol.FeatureSSH), SSHHostKey: n.hello.SSHHostKey})
 	if err != nil {
@@ -1105,6 +1107,18 @@ type liveNode struct {
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	RTTMicros     int64     `json:"rtt_us,omitempty"`
 	RunningExecs  int       `json:"running_execs,omitempty"`
+	// The session's flow telemetry (protocol.NodeInfo).
+	WindowStalls       uint64   `json:"window_stalls,omitempty"`
+	WindowStallSeconds float64  `json:"window_stall_seconds,omitempty"`
+	SendQueuedBytes    int64    `json:"send_queued_bytes,omitempty"`
+	AgentFlow          flowPart `json:"agent_flow,omitzero"`
+}
+
+// flowPart is one direction's flow telemetry in a liveNode.
+type flowPart struct {
+	Stalls       uint64  `json:"stalls,omitempty"`
+	StallSeconds float64 `json:"stall_seconds,omitempty"`
+	QueuedBytes  int64   `json:"queued_bytes,omitempty"`
 }
 
 // serveLive answers a coordinator subject's nodes request with the live
@@ -1113,7 +1127,9 @@ func (c *Coordinator) serveLive(m *nats.Msg) {
 	ns := c.Nodes(protocol.Selector{})
 	out := make([]liveNode, len(ns))
 	for i, n := range ns {
-		out[i] = liveNode{ID: n.ID, SessionID: n.SessionID, LastHeartbeat: n.LastHeartbeat, RTTMicros: n.RTTMicros, RunningExecs: n.RunningExecs}
+		out[i] = liveNode{ID: n.ID, SessionID: n.SessionID, LastHeartbeat: n.LastHeartbeat, RTTMicros: n.RTTMicros, RunningExecs: n.RunningExecs,
+			WindowStalls: n.WindowStalls, WindowStallSeconds: n.WindowStallSeconds, SendQueuedBytes: n.SendQueuedBytes,
+			AgentFlow: flowPart{n.AgentWindowStalls, n.AgentWindowStallSeconds, n.AgentSendQueuedBytes}}
 	}
 	b, _ := json.Marshal(out)
 	if err := c.cfg.NATS.Publish(m.Reply, b); err != nil {
@@ -1161,6 +1177,8 @@ func (c *Coordinator) withLive(ns []protocol.NodeInfo) {
 			for _, l := range live {
 				if i, ok := idx[l.ID]; ok && ns[i].SessionID == l.SessionID {
 					ns[i].LastHeartbeat, ns[i].RTTMicros, ns[i].RunningExecs = l.LastHeartbeat, l.RTTMicros, l.RunningExecs
+					ns[i].WindowStalls, ns[i].WindowStallSeconds, ns[i].SendQueuedBytes = l.WindowStalls, l.WindowStallSeconds, l.SendQueuedBytes
+					ns[i].AgentWindowStalls, ns[i].AgentWindowStallSeconds, ns[i].AgentSendQueuedBytes = l.AgentFlow.Stalls, l.AgentFlow.StallSeconds, l.AgentFlow.QueuedBytes
 				}
 			}
 		}()

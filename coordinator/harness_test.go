@@ -388,6 +388,8 @@ type agentOpts struct {
 	clientCert   *tls.Certificate  // TLS client certificate (identity_test.go); default none
 	ws           bool              // dial the WebSocket transport instead of raw TLS
 	sshHostKey   []byte            // Hello.SSHHostKey
+	targets      []string          // Hello.Targets
+	window       uint32            // the agent's stream window (tunnel.Config.MaxStreamWindow); default tunnel.DefaultConfig's
 	// handler serves exec streams; nil uses scriptedExec.
 	handler func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams)
 	// stream, if set, serves the streams of other kinds (it closes st);
@@ -467,6 +469,9 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		t.Fatal(err)
 	}
 	tcfg := tunnel.DefaultConfig()
+	if o.window != 0 {
+		tcfg.MaxStreamWindow = o.window
+	}
 	// Pings keep a session that sends no heartbeats alive, as they keep a
 	// real agent's (the coordinator drops sessions it hears nothing from).
 	tcfg.KeepAliveInterval = 200 * time.Millisecond
@@ -504,6 +509,7 @@ func (h *harness) dialAgent(t testing.TB, o agentOpts) *fakeAgent {
 		Instance:        instanceOf(o),
 		Features:        o.features,
 		SSHHostKey:      o.sshHostKey,
+		Targets:         o.targets,
 	}
 	// A write error is not fatal yet: yamux may report "session shutdown"
 	// for a frame that was sent when the coordinator answered and closed
@@ -600,7 +606,7 @@ func (a *fakeAgent) heartbeats(every time.Duration) {
 			return
 		case <-tk.C:
 		}
-		hb := protocol.Heartbeat{RTTMicros: 1234, RunningExecs: int(a.execs.Load())}
+		hb := protocol.Heartbeat{RTTMicros: 1234, RunningExecs: int(a.execs.Load()), WindowStalls: 7, WindowStallMicros: 1500, SendQueuedBytes: 12}
 		if err := protocol.WriteJSONFrame(a.ctrl, protocol.FrameHeartbeat, &hb); err != nil {
 			return
 		}

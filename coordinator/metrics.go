@@ -6,7 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/internal/admission"
+	"github.com/tetherfleet/tether/internal/tunnelmetrics"
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // Reasons of tether_coordinator_auth_failures_total: why an agent's
@@ -85,12 +87,24 @@ type metrics struct {
 	directRefusals *prometheus.CounterVec
 	// directStreams counts the streams opened on the direct data path.
 	directStreams prometheus.Counter
+	// tunnelRTT takes the tunnel round trip each agent heartbeat reports
+	// (the agent's last ping), across all agents.
+	tunnelRTT prometheus.Histogram
+	// flow reads the agents' sessions' flow counters at each scrape.
+	flow []prometheus.Collector
 }
 
 // newMetrics builds the collectors, registers them with reg and
-// pre-initialises every bounded label value to zero.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// pre-initialises every bounded label value to zero. flow is the agents'
+// sessions' counters (Config.Tunnel.Flow).
+func newMetrics(reg prometheus.Registerer, flow *tunnel.FlowCounters) (*metrics, error) {
 	m := &metrics{
+		tunnelRTT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tether_coordinator_tunnel_rtt_seconds",
+			Help:    "Tunnel round trips the agents reported in their heartbeats (each agent's last ping of the coordinator), one sample per heartbeat, across all agents.",
+			Buckets: tunnelmetrics.RTTBuckets,
+		}),
+		flow: tunnelmetrics.Collectors("tether_coordinator", flow),
 		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_coordinator_forwarded_requests_total",
 			Help: "API requests (and fan-out node runs) forwarded to the coordinator holding their node or job.",
@@ -175,6 +189,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.enrollments.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.outputBytes, m.enrollments, m.sshEvents, m.jobReports, m.directRefusals, m.directStreams} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
+		}
+	}
+	for _, c := range append(m.flow, m.tunnelRTT) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

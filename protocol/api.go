@@ -409,6 +409,27 @@ type NodeInfo struct {
 	// RunningExecs counts the exec operations the agent reported in flight
 	// in its last heartbeat.
 	RunningExecs int `json:"running_execs"`
+	// WindowStalls counts the times one of the coordinator's streams to
+	// this node ran out of the agent's flow-control window in the current
+	// session (the agent read slower than the coordinator wrote: a slow
+	// link or a slow node), a stall in progress included.
+	WindowStalls uint64 `json:"window_stalls"`
+	// WindowStallSeconds is the total time those streams waited for the
+	// agent's window in the current session, in seconds.
+	WindowStallSeconds float64 `json:"window_stall_seconds"`
+	// SendQueuedBytes is the body bytes of the tunnel frame the
+	// coordinator is writing to this node and that the connection has not
+	// taken yet: 0 while idle, above 0 while the link is slower than what
+	// is sent on it.
+	SendQueuedBytes int64 `json:"send_queued_bytes"`
+	// AgentWindowStalls, AgentWindowStallSeconds and AgentSendQueuedBytes
+	// are the same for the other direction, the agent's streams to the
+	// coordinator (exec output, copies from the node, forwarded
+	// responses), as the agent's last heartbeat reported them; 0 from
+	// agents that predate them.
+	AgentWindowStalls       uint64  `json:"agent_window_stalls"`
+	AgentWindowStallSeconds float64 `json:"agent_window_stall_seconds"`
+	AgentSendQueuedBytes    int64   `json:"agent_send_queued_bytes"`
 	// Targets names the local targets the agent dials (Hello.Targets), e.g.
 	// "openshell", "opensandbox".
 	Targets []string `json:"targets,omitempty"`

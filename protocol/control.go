@@ -117,6 +117,15 @@ type Heartbeat struct {
 	RTTMicros int64 `json:"rtt_us"`
 	// RunningExecs counts exec operations in flight on the agent.
 	RunningExecs int `json:"running_execs"`
+	// WindowStalls, WindowStallMicros and SendQueuedBytes are the flow
+	// telemetry of the agent's side of the session (tunnel.FlowStats): how
+	// often and how long, in microseconds, the agent's streams waited for
+	// the coordinator's window, and the bytes of the frame the agent is
+	// writing that its connection has not taken yet. Absent from agents
+	// that predate them.
+	WindowStalls      uint64 `json:"window_stalls,omitempty"`
+	WindowStallMicros int64  `json:"window_stall_us,omitempty"`
+	SendQueuedBytes   int64  `json:"send_queued_bytes,omitempty"`
 }
 
 // ErrorInfo is the payload of FrameError and FrameReject.

@@ -111,6 +111,8 @@ func streamPairOver(b *testing.B, window uint32, coalesce bool, idle time.Durati
 	cfg.MaxStreamWindow = window
 	cfg.KeepAliveInterval = 0
 	cfg.IdleTimeout = idle
+	// Flow telemetry on, as the agents' tunnels run (both ends).
+	cfg.Flow = new(FlowCounters)
 	cs, err := newSession(c, cfg, true, coalesce)
 	if err != nil {
 		b.Fatal(err)

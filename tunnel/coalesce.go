@@ -26,7 +26,8 @@ const (
 var bufPool = sync.Pool{New: func() any { b := make([]byte, coalesceMax); return &b }}
 
 // coalesceConn merges each yamux data-frame header with the first part of its
-// body into one Write. It relies on one fact of yamux's send loop: a data
+// body into one Write, and shows every frame it writes to the session's flow
+// telemetry (flow.go). It relies on one fact of yamux's send loop: a data
 // header with a non-zero length is always followed, by the same goroutine,
 // by a Write of exactly that body. Every other write passes through.
 //
@@ -38,30 +39,66 @@ type coalesceConn struct {
 	frames  frameWriter // the transport writes a frame itself (WebSocket); else nil
 	hdr     [yamuxHeaderSize]byte
 	pending bool // hdr holds a data header awaiting its body
+	// stock writes each header and body as yamux does (benchmarks of what
+	// coalescing saves), still feeding flow.
+	stock bool
+	// flow is the session's flow telemetry (flow.go), fed every header
+	// written and the bytes of each body in the connection's hands; nil
+	// when the session tracks no streams.
+	flow *flowState
 }
 
 func (c *coalesceConn) Write(p []byte) (int, error) {
 	if c.pending {
 		c.pending = false
-		if c.frames != nil {
-			return c.frames.writeFrame(c.hdr[:], p)
+		n, err := c.writeBody(p)
+		if c.flow != nil {
+			c.flow.queueEnd()
 		}
-		if c.cork != nil {
-			c.cork.cork()
-			n, err := c.writeFrame(p)
-			if uerr := c.cork.uncork(); err == nil && uerr != nil {
-				return 0, uerr
+		return n, err
+	}
+	if len(p) != yamuxHeaderSize {
+		return c.Conn.Write(p)
+	}
+	if c.flow != nil {
+		c.flow.send(p)
+	}
+	if p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {
+		if c.flow != nil {
+			c.flow.queueStart(int64(binary.BigEndian.Uint32(p[8:12])))
+		}
+		c.pending = true
+		if c.stock {
+			n, err := c.Conn.Write(p)
+			if err != nil && c.flow != nil {
+				c.flow.queueEnd() // yamux writes no body after a failed header
 			}
 			return n, err
 		}
-		return c.writeFrame(p)
-	}
-	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {
 		copy(c.hdr[:], p)
-		c.pending = true
 		return len(p), nil
 	}
 	return c.Conn.Write(p)
+}
+
+// writeBody writes a data frame's body p, with the header held in hdr
+// unless stock.
+func (c *coalesceConn) writeBody(p []byte) (int, error) {
+	if c.stock {
+		return c.Conn.Write(p)
+	}
+	if c.frames != nil {
+		return c.frames.writeFrame(c.hdr[:], p)
+	}
+	if c.cork != nil {
+		c.cork.cork()
+		n, err := c.writeFrame(p)
+		if uerr := c.cork.uncork(); err == nil && uerr != nil {
+			return 0, uerr
+		}
+		return n, err
+	}
+	return c.writeFrame(p)
 }
 
 // frameWriter is a transport that sends a data frame's header and body

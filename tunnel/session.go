@@ -55,6 +55,14 @@ type Config struct {
 	HeaderTimeout time.Duration
 	// Logger receives yamux's messages at debug level. Nil discards them.
 	Logger *slog.Logger
+	// Flow, if set, turns on the session's flow-control telemetry
+	// (flow.go: window stalls of its streams and the bytes it is writing
+	// into its connection, reported by Session.FlowStats) and adds the
+	// session's events to these counters, shared by every session
+	// configured with them. Nil (the default) tracks nothing: FlowStats
+	// then reports only the RTT of the session's pings. The counters are
+	// the caller's; the session never resets them.
+	Flow *FlowCounters
 }
 
 // DefaultConfig returns the configuration agents use: a dead coordinator is
@@ -163,7 +171,8 @@ func Client(conn net.Conn, cfg Config) (*Session, error) { return newSession(con
 func Server(conn net.Conn, cfg Config) (*Session, error) { return newSession(conn, cfg, false, true) }
 
 // newSession starts a session; coalesce is false only in benchmarks that
-// measure what coalescing saves.
+// measure what coalescing saves (a session with Config.Flow then still
+// shows its frames to the flow telemetry, writing them as stock yamux).
 func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, error) {
 	if err := cfg.Validate(); err != nil {
 		conn.Close()
@@ -176,10 +185,15 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		cc = ic
 	}
 	wc := &watchConn{Conn: cc}
+	var flow *flowState
+	if cfg.Flow != nil {
+		wc.flow.agg, wc.flow.epoch = cfg.Flow, time.Now()
+		flow = &wc.flow
+	}
 	cc = wc
-	if coalesce {
+	if coalesce || flow != nil {
 		fw, _ := conn.(frameWriter)
-		cc = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw}
+		cc = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw, stock: !coalesce, flow: flow}
 	}
 	var (
 		y   *yamux.Session
@@ -366,8 +380,16 @@ func (s *Session) ReadHeader(st *yamux.Stream) (protocol.Header, error) {
 }
 
 // Ping measures the round trip to the peer. It fails after
-// Config.WriteTimeout without an answer.
-func (s *Session) Ping() (time.Duration, error) { return s.y.Ping() }
+// Config.WriteTimeout without an answer. An answered ping's round trip is
+// also kept for FlowStats.
+func (s *Session) Ping() (time.Duration, error) {
+	d, err := s.y.Ping()
+	if err == nil {
+		s.wc.flow.rttNanos.Store(int64(d))
+		s.wc.flow.pings.Add(1)
+	}
+	return d, err
+}
 
 // GoAway tells the peer to open no more streams; streams in flight continue.
 func (s *Session) GoAway() error { return s.y.GoAway() }

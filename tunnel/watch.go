@@ -1,7 +1,6 @@
 package tunnel
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"sync"
@@ -52,6 +51,10 @@ type watchConn struct {
 	mu        sync.Mutex
 	closed    bool
 	onClose   []func()
+
+	// flow is the session's flow-control telemetry (flow.go): the frames
+	// read feed its window arithmetic when flow.agg is set.
+	flow flowState
 }
 
 func (c *watchConn) Read(p []byte) (int, error) {
@@ -68,7 +71,8 @@ func (c *watchConn) Read(p []byte) (int, error) {
 }
 
 // scan follows the frame boundaries through b, marking pending when a data
-// frame's body, or any frame with FIN or RST, of the watched stream passes.
+// frame's body, or any frame with FIN or RST, of the watched stream passes,
+// and hands every header to the flow telemetry (flow.go).
 func (c *watchConn) scan(b []byte) {
 	w := c.watched.Load()
 	for len(b) > 0 {
@@ -88,11 +92,12 @@ func (c *watchConn) scan(b []byte) {
 			return
 		}
 		c.hn = 0
-		typ := c.hdr[1]
-		flags := binary.BigEndian.Uint16(c.hdr[2:4])
-		id := binary.BigEndian.Uint32(c.hdr[4:8])
+		typ, flags, id, length := parseHeader(c.hdr[:])
 		if typ == yamuxTypeData {
-			c.skip, c.cur = binary.BigEndian.Uint32(c.hdr[8:12]), id
+			c.skip, c.cur = length, id
+		}
+		if c.flow.agg != nil {
+			c.flow.recv(typ, flags, id, length)
 		}
 		if id == w && (typ == yamuxTypeData || typ == yamuxTypeWindowUpdate) && flags&(yamuxFlagFIN|yamuxFlagRST) != 0 {
 			c.pending.Store(true)
@@ -100,7 +105,8 @@ func (c *watchConn) scan(b []byte) {
 	}
 }
 
-// scanQuiet keeps the parser in step while nothing is watched.
+// scanQuiet keeps the parser in step while nothing is watched, and feeds
+// the flow telemetry as scan does.
 func (c *watchConn) scanQuiet(b []byte) {
 	for len(b) > 0 {
 		if c.skip > 0 {
@@ -116,8 +122,12 @@ func (c *watchConn) scanQuiet(b []byte) {
 			return
 		}
 		c.hn = 0
-		if c.hdr[1] == yamuxTypeData {
-			c.skip, c.cur = binary.BigEndian.Uint32(c.hdr[8:12]), binary.BigEndian.Uint32(c.hdr[4:8])
+		typ, flags, id, length := parseHeader(c.hdr[:])
+		if typ == yamuxTypeData {
+			c.skip, c.cur = length, id
+		}
+		if c.flow.agg != nil {
+			c.flow.recv(typ, flags, id, length)
 		}
 	}
 }
@@ -126,6 +136,7 @@ func (c *watchConn) scanQuiet(b []byte) {
 func (c *watchConn) Close() error {
 	err := c.Conn.Close()
 	c.closeOnce.Do(func() {
+		c.flow.closeAll()
 		c.mu.Lock()
 		c.closed = true
 		fns := c.onClose

@@ -366,16 +366,17 @@ func TestNodesTable(t *testing.T) {
 	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 	nodes := []protocol.NodeInfo{
 		{ID: "gpu-1", Labels: map[string]string{"zone": "a", "gpu": "true"}, Capacity: protocol.Capacity{CPUs: 64, MemoryBytes: 512 << 30, GPUs: 8, GPUModel: "H100"},
-			Coordinator: "c1", ConnectedAt: now.Add(-3 * time.Hour), LastHeartbeat: now.Add(-2 * time.Second), RTTMicros: 1530},
+			Coordinator: "c1", ConnectedAt: now.Add(-3 * time.Hour), LastHeartbeat: now.Add(-2 * time.Second), RTTMicros: 1530,
+			WindowStalls: 2, WindowStallSeconds: 1.2, SendQueuedBytes: 64 << 10, AgentWindowStalls: 1, AgentWindowStallSeconds: 0.0534},
 		{ID: "small", Capacity: protocol.Capacity{CPUs: 2}, Coordinator: "c1", ConnectedAt: now.Add(-90 * time.Second), LastHeartbeat: now, RTTMicros: 250},
 	}
 	var b bytes.Buffer
 	if err := writeNodesTable(&b, nodes, now); err != nil {
 		t.Fatal(err)
 	}
-	want := `ID     LABELS           CPUS  MEMORY  GPUS    RTT    CONNECTED  LAST SEEN  COORDINATOR
-gpu-1  gpu=true,zone=a  64    512.0Gi  8×H100  1.53ms  3h         2s         c1
-small  -                2     -       0       250µs  1m         0s         c1
+	want := `ID     LABELS           CPUS  MEMORY  GPUS    RTT    STALLS    QUEUED  CONNECTED  LAST SEEN  COORDINATOR
+gpu-1  gpu=true,zone=a  64    512.0Gi  8×H100  1.53ms  3/1.25s  64.0Ki  3h         2s         c1
+small  -                2     -       0       250µs  0         0       1m         0s         c1
 `
 	// tabwriter counts bytes, so the multi-byte × and µ shift columns;
 	// compare fields instead of exact spacing.

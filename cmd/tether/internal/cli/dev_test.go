@@ -96,6 +96,22 @@ func TestDevSmoke(t *testing.T) {
 	if len(nodes.Nodes) != 1 || nodes.Nodes[0].ID != node || nodes.Nodes[0].Labels["dev"] != "true" {
 		t.Fatalf("nodes = %+v, want the dev node %s", nodes.Nodes, node)
 	}
+	// The session's link telemetry, for an operator looking for a slow
+	// link: RTT and last heartbeat, window stalls, bytes queued.
+	for _, k := range []string{`"rtt_us"`, `"last_heartbeat"`, `"window_stalls"`, `"window_stall_seconds"`, `"send_queued_bytes"`,
+		`"agent_window_stalls"`, `"agent_window_stall_seconds"`, `"agent_send_queued_bytes"`} {
+		if !strings.Contains(r.stdout, k) {
+			t.Errorf("nodes --json lacks %s:\n%s", k, r.stdout)
+		}
+	}
+	r = runCLI(testCtx(t), devVars, "", "nodes", "--nats-url", url)
+	if r.code != 0 {
+		t.Fatalf("nodes: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 || !strings.Contains(lines[0], "RTT") || !strings.Contains(lines[0], "STALLS") ||
+		!strings.Contains(lines[0], "QUEUED") || !strings.Contains(lines[0], "LAST SEEN") || !strings.HasPrefix(lines[1], node+" ") {
+		t.Errorf("nodes table:\n%s", r.stdout)
+	}
 
 	// The loopback facades: the dev user's own calls pass; another local
 	// user's (the fresh-user finding: uid 1000 listed and deleted as the

@@ -78,16 +78,47 @@ func newNodesCmd(e *env) *cobra.Command {
 }
 
 // writeNodesTable prints nodes as an aligned table; ages are relative to now.
+// STALLS is the session's window stalls and their total time, in both
+// directions (a stream's writes waited for the other end to read: a slow
+// link, a slow node or a slow client downstream), QUEUED the bytes of the
+// frames the coordinator and the agent are writing to each other that the
+// link has not taken yet; --json has each direction apart.
 func writeNodesTable(w io.Writer, nodes []protocol.NodeInfo, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tLABELS\tCPUS\tMEMORY\tGPUS\tRTT\tCONNECTED\tLAST SEEN\tCOORDINATOR")
+	fmt.Fprintln(tw, "ID\tLABELS\tCPUS\tMEMORY\tGPUS\tRTT\tSTALLS\tQUEUED\tCONNECTED\tLAST SEEN\tCOORDINATOR")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			n.ID, formatLabels(n.Labels), n.Capacity.CPUs, formatBytes(n.Capacity.MemoryBytes),
-			formatGPUs(n.Capacity), formatRTT(n.RTTMicros),
-			formatAge(now, n.ConnectedAt), formatAge(now, n.LastHeartbeat), n.Coordinator)
+			formatGPUs(n.Capacity), formatRTT(n.RTTMicros), formatStalls(n.WindowStalls+n.AgentWindowStalls, n.WindowStallSeconds+n.AgentWindowStallSeconds),
+			formatQueued(n.SendQueuedBytes+n.AgentSendQueuedBytes), formatAge(now, n.ConnectedAt), formatAge(now, n.LastHeartbeat), n.Coordinator)
 	}
 	return tw.Flush()
+}
+
+// formatStalls renders a session's window stalls as count/total time
+// ("3/1.25s"), "0" when none.
+func formatStalls(n uint64, seconds float64) string {
+	if n == 0 {
+		return "0"
+	}
+	d := time.Duration(seconds * float64(time.Second))
+	switch {
+	case d < time.Millisecond:
+		d = d.Round(time.Microsecond)
+	case d < time.Second:
+		d = d.Round(100 * time.Microsecond)
+	default:
+		d = d.Round(10 * time.Millisecond)
+	}
+	return fmt.Sprintf("%d/%s", n, d)
+}
+
+// formatQueued renders the bytes queued for a node, "0" when none.
+func formatQueued(n int64) string {
+	if n <= 0 {
+		return "0"
+	}
+	return formatBytes(uint64(n))
 }
 
 // formatLabels renders labels as sorted k=v pairs, "-" when none.
