@@ -134,9 +134,17 @@ func (p *proc) stop(t *testing.T) error {
 	select {
 	case <-p.done:
 	case <-time.After(20 * time.Second):
-		t.Errorf("%s did not stop within 20s of SIGTERM; killing", p.name)
-		p.cmd.Process.Kill()
-		<-p.done
+		// SIGQUIT first: a Go process prints every goroutine's stack to
+		// its stderr (which the test logs), so a hang in the drain is
+		// found in the log, not guessed at.
+		t.Errorf("%s did not stop within 20s of SIGTERM; SIGQUIT for its goroutines, then killing", p.name)
+		p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
 	}
 	return p.err
 }
