@@ -17,12 +17,12 @@ import (
 func TestSecondsDurationFlag(t *testing.T) {
 	for in, want := range map[string]time.Duration{"5": 5 * time.Second, "1.5": 1500 * time.Millisecond, "2m": 2 * time.Minute, "-1": -time.Second} {
 		var d time.Duration
-		if err := (secondsDuration{&d}).Set(in); err != nil || d != want {
+		if err := (durationFlag{d: &d}).Set(in); err != nil || d != want {
 			t.Errorf("Set(%q) = %v, %v; want %v", in, d, err, want)
 		}
 	}
 	var d time.Duration
-	if err := (secondsDuration{&d}).Set("soon"); err == nil {
+	if err := (durationFlag{d: &d}).Set("soon"); err == nil {
 		t.Error("Set(soon) succeeded")
 	}
 }
