@@ -131,7 +131,7 @@ func TestDevSmoke(t *testing.T) {
 		t.Errorf("exec --all: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
-	wantErr := "err\nCommand failed (exec on " + node + ") with exit code 7:\n  sh -c echo out; echo err >&2; exit 7\nerr\n"
+	wantErr := "err\nCommand failed (exec on " + node + ") with exit code 7:\n  sh -c echo out; echo err >&2; exit 7\n"
 	if r.code != 7 || r.stdout != "out\n" || r.stderr != wantErr {
 		t.Errorf("exec --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}

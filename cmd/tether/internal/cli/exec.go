@@ -478,7 +478,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 			if r.Failure != "" {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
-				fmt.Fprintf(stderr, "%s\n", r.Failure)
+				fmt.Fprintf(stderr, "%s\n", shownFailure(req, r))
 			}
 		},
 	}
@@ -535,6 +535,27 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	}
 	return &exitError{code: code}
 }
+
+// shownFailure is r.Failure as the terminal shows it: NeMo Gym's
+// "Command failed (exec on NODE) with exit code N:" and the command,
+// without the stderr tail the message ends with when that stderr was just
+// streamed to the terminal in full (a failed command's stderr is printed
+// once, issue 13). A truncated stderr keeps its tail: what the limit cut
+// from the stream may be in it. --json keeps the whole message.
+func shownFailure(req *protocol.ExecRequest, r *protocol.NodeResult) string {
+	if stderrStreamed(r) {
+		p := req.Params(0)
+		head := protocol.FailureMessage(r.Node, &p, r, nil)
+		if strings.HasPrefix(r.Failure, head) {
+			return strings.TrimRight(head, "\n")
+		}
+	}
+	return strings.TrimRight(r.Failure, "\n")
+}
+
+// stderrStreamed reports whether the node's whole stderr reached the
+// terminal as it was produced.
+func stderrStreamed(r *protocol.NodeResult) bool { return r.StderrBytes > 0 && !r.StderrTruncated }
 
 // execOutcome maps a result to the exit code and the messages for stderr.
 // single is true for a --node job; timeout is the requested per-node

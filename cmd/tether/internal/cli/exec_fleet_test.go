@@ -118,8 +118,16 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	ctx := testCtx(t)
 
 	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "-c", "echo a", "-c", "echo oops >&2; exit 3", "-c", "echo b", "--fail-fast")
-	if r.code != 3 || r.stdout != "a\n" || r.stderr != "oops\nCommand failed (exec on node-0) with exit code 3:\n  echo oops >&2; exit 3\noops\n" {
+	// Its stderr is printed once: streamed, then not again after the
+	// failure line.
+	if r.code != 3 || r.stdout != "a\n" || r.stderr != "oops\nCommand failed (exec on node-0) with exit code 3:\n  echo oops >&2; exit 3\n" {
 		t.Errorf("fail-fast: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Several nodes: each node's stderr once (streamed), not again in its
+	// failure line nor in the summary table.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--all", "--", "sh", "-c", "echo ${0}-err >&2; exit 2", "uniq")
+	if r.code != 1 || strings.Count(r.stderr, "uniq-err") != 3 || strings.Count(r.stderr, "Command failed") != 3 {
+		t.Errorf("fan-out failure: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "-c", "false", "-c", "echo a")
 	if r.code != 0 || r.stdout != "a\n" {
