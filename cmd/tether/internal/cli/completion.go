@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -177,13 +178,26 @@ func completeJobID(ctx context.Context, c *client.Client, cmd *cobra.Command, ar
 		}
 		desc := fmt.Sprintf("%s on %s", j.State, strings.Join(j.Nodes, ","))
 		if j.Command != "" {
-			desc += ": " + protocol.Clip(j.Command)
+			desc += ": " + clipText(j.Command, 60)
 		}
 		out = append(out, j.ID+"\t"+desc)
 	}
 	// Keep the newest first, as the list answers: cobra's shells sort
 	// anyway unless told to keep the order.
 	return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveKeepOrder
+}
+
+// clipText is s on one line, at most n bytes (cut at a rune), for a
+// candidate's description: shells show descriptions unquoted.
+func clipText(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // completeForward completes forward's NODE, then that node's targets.

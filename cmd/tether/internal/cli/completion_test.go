@@ -144,3 +144,19 @@ func TestCompletionWithoutFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestClipText: a job's command as a candidate's description: one line,
+// unquoted, cut at a rune.
+func TestClipText(t *testing.T) {
+	for in, want := range map[string]string{
+		"[sleep 5]":               "[sleep 5]",
+		"echo a\n\techo b":        "echo a echo b",
+		strings.Repeat("é", 40):   strings.Repeat("é", 30) + "…",
+		strings.Repeat("x", 61):   strings.Repeat("x", 60) + "…",
+		`sh -c "echo \"quoted\""`: `sh -c "echo \"quoted\""`,
+	} {
+		if got := clipText(in, 60); got != want {
+			t.Errorf("clipText(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
