@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -270,6 +271,20 @@ func (c *Coordinator) answerOnce(req micro.Request, col *onceCollector) {
 		}
 	case res != nil:
 		once := col.answer()
+		// Without HTML escaping: people read this reply (nats req), and
+		// a command's "2>&1" should read as written.
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(once); err == nil {
+			if mp := int(c.cfg.NATS.MaxPayload()); mp <= 0 || b.Len()+replyHeaderRoom <= mp {
+				if err := req.Respond(bytes.TrimSuffix(b.Bytes(), []byte("\n"))); err != nil {
+					c.log.Warn("send exec.once reply", "err", err)
+				}
+				return
+			}
+		}
+		// Too large (or unencodable): replyJSON answers 413 saying so.
 		c.replyJSON(req, once, fmt.Sprintf("%d nodes' results and output", len(once.Results)),
 			"ask "+protocol.SubjectExec+", which streams")
 	}

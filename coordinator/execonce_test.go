@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -151,5 +152,32 @@ func TestExecOnceRefusals(t *testing.T) {
 	}
 	if _, err := os.Stat(job.Argv[1]); err == nil {
 		t.Error("a refused job ran")
+	}
+}
+
+// TestExecOnceStockNATSCLI: the stock nats CLI's one-shot `nats req` gets
+// the whole result (when the CLI is installed: go install
+// github.com/nats-io/natscli/nats@latest).
+func TestExecOnceStockNATSCLI(t *testing.T) {
+	natsCLI, err := exec.LookPath("nats")
+	if err != nil {
+		t.Skip("no nats CLI on PATH")
+	}
+	f := onceFleet(t)
+	out, err := exec.Command(natsCLI, "req", "-s", f.NATS.ClientURL(), "--creds", f.CredsFile, "--inbox-prefix", f.ClientCreds.InboxPrefix(),
+		"-H", testIdentity+":alice", "--timeout", "30s", "--raw",
+		protocol.SubjectExecOnce, `{"target":{"all":true},"argv":["sh","-c","echo hi; echo '2>&1' >&2; exit 5"]}`).Output()
+	if err != nil {
+		t.Fatalf("nats req: %v\n%s", err, out)
+	}
+	var res protocol.ExecOnceResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("nats req printed %q: %v", out, err)
+	}
+	if len(res.Results) != 2 || res.Results[0].Stdout != "hi\n" || res.Results[1].Stderr != "2>&1\n" || res.Results[0].ExitCode != 5 {
+		t.Errorf("result %+v", res)
+	}
+	if !strings.Contains(string(out), "2>&1") {
+		t.Errorf("the reply escapes what people read: %s", out)
 	}
 }
