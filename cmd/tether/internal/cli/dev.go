@@ -551,6 +551,7 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
 	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
+	fmt.Fprintf(&b, "  nats%s req %s '{\"target\":{\"all\":true},\"argv\":[\"uname\",\"-a\"]}' --timeout 30s\n", natsFlag, protocol.SubjectExecOnce)
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "SSH to the node (OpenSSH, rsync, sftp, VS Code Remote):\n\n")
 	if info.SSHAddr != "" {

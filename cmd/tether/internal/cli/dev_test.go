@@ -50,7 +50,7 @@ func TestDevSmoke(t *testing.T) {
 	url := dev.URL
 	creds := filepath.Join(devVars["XDG_CONFIG_HOME"], "tether", "dev.creds")
 	for _, w := range []string{"tether exec", "--all -- uname -a", "export TETHER_NATS_CREDS=" + creds + "\n",
-		"nats -s " + url + " --creds " + creds + " --inbox-prefix _INBOX_U", "Ctrl-C"} {
+		"nats -s " + url + " --creds " + creds + " --inbox-prefix _INBOX_U", "req tether.v1.exec.once '{", "Ctrl-C"} {
 		if !strings.Contains(dev.Banner(), w) {
 			t.Errorf("banner lacks %q:\n%s", w, dev.Banner())
 		}
