@@ -42,7 +42,7 @@ DOCKER_CTX  := build/docker
 # Set DEBOOTSTRAP=0 to force the host-assembled agent base even when debootstrap exists.
 DEBOOTSTRAP ?= auto
 
-.PHONY: help build test test-unit test-e2e fuzz bench vet fmt-check generate \
+.PHONY: help build race-cc test test-unit test-e2e fuzz bench vet fmt-check generate \
         bench-ssh bench-forward bench-startup bench-reconnect monitoring-check docker docker-context docker-base docker-coordinator docker-agent opensandbox-fake nats-server compose-test ci-compose k8s-check k8s-smoke systemd-verify systemd-security dev clean
 
 help: ## list the targets
@@ -50,8 +50,18 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-20s %s\n", $$1, $$2}'
 
+# Extra flags for `make build`'s go build (`make dev` passes -v: each package
+# is listed as it compiles, so a first build shows progress).
+BUILDFLAGS ?=
+
 build: ## build the static binary bin/tether (VERSION=... to override the version)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tether
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tether
+
+# -race needs cgo, which needs a C compiler: say which, instead of go's
+# "-race requires cgo" after minutes of module downloads.
+race-cc:
+	@command -v "$${CC:-gcc}" >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 || { \
+		echo "make: go test -race needs cgo and a C compiler, and there is none ($${CC:-gcc}): install gcc (Debian/Ubuntu: sudo apt-get install gcc; Fedora: dnf install gcc; macOS: xcode-select --install)" >&2; exit 1; }
 
 test: ## the one test command (CI runs it): unit tests, then e2e, all under -race; fails if either half fails
 	@# One after the other even under make -j: both load the 2 cores fully. The e2e half
@@ -63,10 +73,10 @@ test: ## the one test command (CI runs it): unit tests, then e2e, all under -rac
 	if [ -n "$$failed" ]; then echo "make test: FAILED: $$failed" >&2; exit 1; fi; \
 	echo "make test: unit and e2e tests passed"
 
-test-unit: ## unit and package tests under -race (each package times out after TESTTIMEOUT)
+test-unit: race-cc ## unit and package tests under -race (each package times out after TESTTIMEOUT)
 	$(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(GOTESTFLAGS) ./...
 
-test-e2e: ## end-to-end tests (./e2e, build tag e2e; they build the binary themselves; E2ETIMEOUT per package)
+test-e2e: race-cc ## end-to-end tests (./e2e, build tag e2e; they build the binary themselves; E2ETIMEOUT per package)
 	@if [ -d e2e ]; then \
 		echo "$(GO) test -race -count=1 -timeout $(E2ETIMEOUT) -tags e2e $(GOTESTFLAGS) ./e2e/..."; \
 		$(GO) test -race -count=1 -timeout $(E2ETIMEOUT) -tags e2e $(GOTESTFLAGS) ./e2e/...; \
@@ -240,7 +250,10 @@ systemd-security: build ## systemd-verify, then the units' `systemd-analyze secu
 
 # --- local runs ---------------------------------------------------------------
 
-dev: build ## build, then run `tether dev` (coordinator + embedded NATS + one agent); DEV_FLAGS=... adds flags
+dev: ## build (listing each package as it compiles), then run `tether dev` (coordinator + embedded NATS + one agent); DEV_FLAGS=... adds flags
+	@echo ">> building $(BIN): go lists each package as it compiles it (the first build downloads the modules and takes minutes)"
+	@$(MAKE) --no-print-directory build BUILDFLAGS="-v $(BUILDFLAGS)"
+	@echo ">> built $(BIN); starting tether dev (Ctrl-C stops it)"
 	./$(BIN) dev $(DEV_FLAGS)
 
 clean: ## remove build outputs

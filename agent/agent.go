@@ -525,12 +525,22 @@ func (a *Agent) heartbeat(ctx context.Context, sess pinger, ctl *yamux.Stream, i
 // handler it started has returned (so every exec was killed or ended), and
 // the session's gateway clients are closed.
 func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
-	ctx, cancel := context.WithCancel(ctx)
+	// The handlers' ctx ends with errSessionGone when the session died,
+	// and with the parent's cause when the agent is stopping (ctx, the
+	// session's context, ends only then while serveStreams runs): an
+	// exec tells its coordinator it was ended by a shutdown only in the
+	// second case, when the session can still carry the word.
+	ctx, cancel := context.WithCancelCause(ctx)
 	gw := &gatewayClients{cfg: &a.cfg}
 	defer gw.close() // after the handlers, below
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	defer cancel()
+	defer func() {
+		if sess.IsClosed() {
+			cancel(errSessionGone)
+		}
+		cancel(nil)
+	}()
 	// A stream's reads see a plain EOF when the session dies, which an exec
 	// cannot tell from a half-close: cancel ctx instead.
 	wg.Add(1)
@@ -538,7 +548,7 @@ func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
 		defer wg.Done()
 		select {
 		case <-sess.Done():
-			cancel()
+			cancel(errSessionGone)
 		case <-ctx.Done():
 		}
 	}()
@@ -560,6 +570,10 @@ func (a *Agent) serveStreams(ctx context.Context, sess *tunnel.Session) {
 		}()
 	}
 }
+
+// errSessionGone is the cause of the stream handlers' ctx when their
+// session died (see serveStreams).
+var errSessionGone = errors.New("agent: tunnel session gone")
 
 // serveStream reads st's header and serves st by kind. It returns when the
 // stream's operation ended, and st is closed. A panic is contained (each

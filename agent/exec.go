@@ -189,12 +189,18 @@ type runState struct {
 	timeout <-chan time.Time
 	cancel  <-chan struct{}
 	ctxDone <-chan struct{}
+	// cause is context.Cause of the exec's ctx: errSessionGone when the
+	// session died, else the agent is shutting down.
+	cause   func() error
 	broken  <-chan struct{}
 	crashed <-chan struct{}
 
 	timedOut, cancelled, lost bool
-	outputCut                 bool
-	failed                    bool // a helper goroutine panicked
+	// shutdown: lost because the agent is stopping, not because the
+	// session died; the coordinator is told so.
+	shutdown  bool
+	outputCut bool
+	failed    bool // a helper goroutine panicked
 }
 
 // stopping reports whether the exec must not start another process.
@@ -247,7 +253,7 @@ func (x *execution) run(ctx context.Context) {
 		wg.Wait()
 	}()
 
-	rs := &runState{cancel: cancelCh, ctxDone: ctx.Done(), broken: x.broken, crashed: x.crash.done()}
+	rs := &runState{cancel: cancelCh, ctxDone: ctx.Done(), cause: func() error { return context.Cause(ctx) }, broken: x.broken, crashed: x.crash.done()}
 	if x.p.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(x.p.TimeoutMS) * time.Millisecond)
 		defer t.Stop()
@@ -280,6 +286,10 @@ func (x *execution) run(ctx context.Context) {
 
 	status, err := x.status(last, start, rs)
 	switch {
+	case rs.shutdown:
+		// Said in the node's terms: without it the coordinator would see
+		// the stream end and report "tunnel lost: unexpected EOF".
+		x.fail(protocol.ResultCodeShutdown, fmt.Sprintf("node %s: its agent shut down; job cancelled", a.cfg.NodeID))
 	case rs.lost:
 		x.log.Info("exec ended without a usable stream; result dropped")
 	case rs.failed:
@@ -472,7 +482,12 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 		case <-rs.ctxDone:
 			rs.ctxDone = nil
 			rs.lost = true
-			log.Info("session gone; killing process group")
+			if rs.cause != nil && !errors.Is(rs.cause(), errSessionGone) {
+				rs.shutdown = true
+				log.Info("agent shutting down; killing process group")
+			} else {
+				log.Info("session gone; killing process group")
+			}
 			end()
 		case <-rs.broken:
 			rs.broken = nil

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel/tunneltest"
 )
 
 func TestExecExitStatus(t *testing.T) {
@@ -414,5 +416,41 @@ func TestExecConcurrent(t *testing.T) {
 		if got := e.stderr.String(); got != "err1\nerr2\nerr3\n" {
 			t.Errorf("exec %d: stderr %q", i, got)
 		}
+	}
+}
+
+// TestExecAgentShutdownSaysSo: an exec ended by the agent's own shutdown
+// (its session still up) gets a final error frame that says so, with the
+// shutdown code, instead of a stream that just ends (which the
+// coordinator reported as "tunnel lost: unexpected EOF").
+func TestExecAgentShutdownSaysSo(t *testing.T) {
+	t.Parallel()
+	a, err := New(testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, srv := tunneltest.PairWith(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.serveStreams(ctx, client)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		client.Close()
+		<-done
+	})
+	h := &harness{a: a, client: client, srv: srv, done: done}
+	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"bash", "-c", "echo $$; sleep 300"}})
+	e.until(t, "the pid", func() bool { return strings.Contains(e.stdout.String(), "\n") })
+	pgid := firstLinePID(t, e.stdout.String())
+	cancel() // the agent stops; the session is still up
+	e.finish(t)
+	if e.errInfo == nil || e.errInfo.Code != protocol.ResultCodeShutdown || !strings.Contains(e.errInfo.Message, "node node-a: its agent shut down") {
+		t.Fatalf("final frame: exit %+v, error %+v; want the agent's shutdown", e.exit, e.errInfo)
+	}
+	if pids := groupMembers(t, pgid); len(pids) > 0 {
+		t.Errorf("process group %d still has live members %v", pgid, pids)
 	}
 }

@@ -49,6 +49,7 @@ import (
 // (TestAuditEndpointOperations).
 var endpointOps = map[string]string{
 	protocol.SubjectExec:              policy.OpExec.String(),
+	protocol.SubjectExecOnce:          policy.OpExec.String(),
 	protocol.SubjectNodes:             policy.OpNodesList.String(),
 	protocol.SubjectCancel:            policy.OpJobCancel.String(),
 	protocol.SubjectStream:            protocol.AuditOpStream, // refined by the kind (relayOp)

@@ -56,6 +56,7 @@ func (c *Coordinator) startService() (micro.Service, error) {
 		h             micro.HandlerFunc
 	}{
 		{"exec", protocol.SubjectExec, c.handleExec},
+		{"exec-once", protocol.SubjectExecOnce, c.handleExecOnce}, // execonce.go
 		{"exec-alive", protocol.SubjectExecAlive, c.handleExecAlive},
 		{"nodes", protocol.SubjectNodes, c.handleNodes},
 		{"cancel", protocol.SubjectCancel, c.handleCancel},

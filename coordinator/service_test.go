@@ -406,7 +406,7 @@ func TestServiceInfo(t *testing.T) {
 		subjects = append(subjects, e.Subject)
 	}
 	slices.Sort(subjects)
-	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectExecAlive, protocol.SubjectNodes, protocol.SubjectStream,
+	want := []string{protocol.SubjectCancel, protocol.SubjectExec, protocol.SubjectExecOnce, protocol.SubjectExecAlive, protocol.SubjectNodes, protocol.SubjectStream,
 		protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel, protocol.SubjectJobGet, protocol.SubjectJobList, protocol.SubjectAuditQuery,
 		protocol.SubjectTokensCreate, protocol.SubjectNodesRevoke, protocol.SubjectSSHInfo}
 	slices.Sort(want)

@@ -116,6 +116,7 @@
 //	nsc add export --account TETHER --service --subject tether.v1.exec --response-type Stream
 //	nsc add export --account TETHER --service --subject tether.v1.stream --response-type Stream
 //	nsc add export --account TETHER --service --subject tether.v1.sandboxes.sync --response-threshold 3m
+//	nsc add export --account TETHER --service --subject tether.v1.exec.once --response-threshold 6m
 //	nsc add export --account TETHER --service --subject tether.v1.nodes
 //	...                                   (every other ServiceExports subject, and tether.v1.pipe.>)
 //	nsc add account --name CLIENTS

@@ -133,6 +133,11 @@ type ServiceExport struct {
 	ResponseThreshold time.Duration
 }
 
+// execOnceSlack is how long past its longest job's timeout the server
+// keeps a tether.v1.exec.once request's reply mapping (the coordinator
+// answers within 30 s of the timeout: coordinator/execonce.go).
+const execOnceSlack = time.Minute
+
 // syncThreshold outlasts the coordinator's own limit on a sandboxes sync
 // (2 minutes, protocol.SubjectSandboxesSync), which would otherwise tie with
 // the server's default threshold.
@@ -148,6 +153,9 @@ func ServiceExports() []ServiceExport {
 	single := func(s string) ServiceExport { return ServiceExport{Subject: s} }
 	return []ServiceExport{
 		{Subject: protocol.SubjectExec, Streamed: true},
+		// One reply, when the job ended: the mapping must outlive the
+		// longest such job.
+		{Subject: protocol.SubjectExecOnce, ResponseThreshold: protocol.ExecOnceMaxTimeout + execOnceSlack},
 		// Heartbeats carry no reply subject; nothing is ever answered.
 		single(protocol.SubjectExecAlive),
 		single(protocol.SubjectNodes),

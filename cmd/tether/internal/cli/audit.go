@@ -91,13 +91,14 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 	return q, errors.Join(errs...)
 }
 
-// parseWhen reads a duration back from now ("90m", "1h") or an RFC 3339
-// time; "" is the zero time.
+// parseWhen reads a duration back from now ("90m", "1h", or seconds as
+// every duration flag takes them: "90") or an RFC 3339 time; "" is the
+// zero time.
 func parseWhen(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
-	if d, err := time.ParseDuration(s); err == nil {
+	if d, err := parseDuration(s, 0); err == nil {
 		if d < 0 {
 			return time.Time{}, fmt.Errorf("%q is negative: give how long ago, e.g. 1h", s)
 		}
@@ -149,7 +150,7 @@ Results are ok, failed, refused and error.`,
 	f.IntVar(&o.Limit, "limit", o.Limit, "print at most this many of the newest matching events")
 	f.BoolVar(&o.JSON, "json", false, "print one JSON event per line")
 	f.BoolVarP(&o.Follow, "follow", "f", false, "keep printing new events until interrupted")
-	f.DurationVar(&o.Poll, "poll", o.Poll, "with --follow, how often to ask for new events")
+	durationVar(f, &o.Poll, "poll", o.Poll, "with --follow, how often to ask for new events")
 	o.NATS.addFlags(cmd)
 	return cmd
 }

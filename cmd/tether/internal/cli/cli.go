@@ -239,7 +239,13 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		}),
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
-	root.CompletionOptions.DisableDefaultCmd = true
+	// `tether completion bash|zsh|fish|powershell` is cobra's own; the
+	// live candidates come from registerCompletions. --version prints
+	// what `tether version` does.
+	root.CompletionOptions.HiddenDefaultCmd = false
+	root.Version = version
+	root.SetVersionTemplate(versionString() + "\n")
+	defer e.registerCompletions(root)
 	if len(args) > 0 {
 		for _, c := range topCommands {
 			if c.name == args[0] {

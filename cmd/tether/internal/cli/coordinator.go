@@ -390,22 +390,22 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 	f.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "embedded NATS client listen address (port 0: any free port)")
 	f.BoolVar(&o.AllowSharedToken, "allow-shared-token", o.AllowSharedToken, "deprecated: also admit agents by the fleet-wide shared token (--token-file, $TETHER_TOKEN, else DATA-DIR/join-token, generated)")
 	f.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file holding the deprecated shared token (needs --allow-shared-token)")
-	f.DurationVar(&o.CertTTL, "cert-ttl", o.CertTTL, "lifetime of the node certificates issued to agents; they renew at 2/3 of it (0: 24h)")
+	durationVar(f, &o.CertTTL, "cert-ttl", o.CertTTL, "lifetime of the node certificates issued to agents; they renew at 2/3 of it (0: 24h)")
 	f.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "tunnel TLS certificate (PEM); default: dev PKI in DATA-DIR/pki")
 	f.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "tunnel TLS key (PEM)")
 	f.StringSliceVar(&o.TLSHosts, "tls-host", o.TLSHosts, "extra host name or IP for the dev certificate (repeatable)")
 	f.StringVar(&o.Policy, "policy", o.Policy, "authorization policy file (required; reloaded on SIGHUP; check it with tether policy check)")
 	f.StringVar(&o.ID, "id", o.ID, "coordinator id (default: host name)")
-	f.DurationVar(&o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
-	f.DurationVar(&o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
+	durationVar(f, &o.Heartbeat, "heartbeat", o.Heartbeat, "agent heartbeat interval; an agent silent for 3 intervals is dropped (0: coordinator default, 5s)")
+	durationVar(f, &o.ExecTimeout, "exec-timeout", o.ExecTimeout, "timeout of jobs that name none (0: none)")
 	f.IntVar(&o.MaxHandshakesPerSource, "max-handshakes-per-source", o.MaxHandshakesPerSource,
 		"agent handshakes in progress allowed from one IPv4 address or IPv6 /64; raise it for many agents behind one NAT address (0: default, 8)")
 	f.Float64Var(&o.AdmitRate, "admit-rate", o.AdmitRate,
 		"agent TLS handshakes started a second; past it agents are told when to come back; a restart's returning fleet is spread over 2.8 s at most this rate (0: measured, a quarter of the CPUs; negative: no pacing)")
-	f.DurationVar(&o.DrainSpread, "drain-spread", o.DrainSpread,
+	durationVar(f, &o.DrainSpread, "drain-spread", o.DrainSpread,
 		"on SIGTERM, spread the agents' moves to other coordinators over this window (0: the time to admit them at --admit-rate, at least 2.8 s for more than a burst of them; negative: none)")
-	f.DurationVar(&o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
-	f.DurationVar(&o.JobRetention, "job-retention", o.JobRetention, "keep job records (tether job list/status/wait) this long (0: 7 days)")
+	durationVar(f, &o.AuditMaxAge, "audit-max-age", o.AuditMaxAge, "discard audit events older than this (0: 90 days)")
+	durationVar(f, &o.JobRetention, "job-retention", o.JobRetention, "keep job records (tether job list/status/wait) this long (0: 7 days)")
 	f.BoolVar(&o.NATSSyncAlways, "nats-sync-always", o.NATSSyncAlways, "embedded NATS: fsync every JetStream write, so accepted jobs survive a power loss")
 	f.Int64Var(&o.AuditMaxBytes, "audit-max-bytes", o.AuditMaxBytes, "bound the audit log to this many bytes, oldest events discarded first (0: 1 GiB)")
 	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, "SSH jump host listen address, for ssh -J and tether ssh-config (default: none; tether ssh-proxy works without)")

@@ -188,6 +188,7 @@ To run several side by side, give each its own --data-dir and ports.`,
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
+			surviveBrokenPipes()
 			return runDev(cmd.Context(), &o, e)
 		}),
 	}
@@ -201,10 +202,10 @@ To run several side by side, give each its own --data-dir and ports.`,
 	addAllowedHostsFlag(cmd, &o.AllowedHosts)
 	f.StringVar(&o.OpenShell, "openshell", o.OpenShell, "the local OpenShell gateway (host:port) the agent serves through the facade")
 	f.StringVar(&o.OpenSandbox, "opensandbox", o.OpenSandbox, "the local OpenSandbox server (host:port) the agent serves through the facade")
-	f.DurationVar(&o.SandboxTTL, "sandbox-ttl", o.SandboxTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
-	f.DurationVar(&o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
+	durationVar(f, &o.SandboxTTL, "sandbox-ttl", o.SandboxTTL, "TTL of OpenShell sandboxes created without tether-ttl (0: none)")
+	durationVar(f, &o.ReapGrace, "reap-grace", o.ReapGrace, "how long an unowned NeMo Gym sandbox may live (negative: never reap unowned)")
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory the local agent's copies may write to and read from (repeatable or comma-separated; default: / when not root, so anywhere you can write; as root: the data dir, the working directory and the temporary directory)")
-	f.DurationVar(&o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
+	durationVar(f, &o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
 	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, `SSH jump host address, accepting your ~/.ssh/*.pub keys ("" turns it off; tether ssh-proxy works without)`)
 	o.Log.addFlags(cmd)
 	return cmd
@@ -551,6 +552,7 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote
 	fmt.Fprintf(&b, "  tether exec%s --all -- uname -a\n", tetherFlag)
 	fmt.Fprintf(&b, "  tether nodes%s\n", tetherFlag)
 	fmt.Fprintf(&b, "  nats%s req %s ''\n", natsFlag, protocol.SubjectNodes)
+	fmt.Fprintf(&b, "  nats%s req %s '{\"target\":{\"all\":true},\"argv\":[\"uname\",\"-a\"]}' --timeout 30s\n", natsFlag, protocol.SubjectExecOnce)
 	fmt.Fprintf(&b, "  tether sandboxes%s\n\n", tetherFlag)
 	fmt.Fprintf(&b, "SSH to the node (OpenSSH, rsync, sftp, VS Code Remote):\n\n")
 	if info.SSHAddr != "" {

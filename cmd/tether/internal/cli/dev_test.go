@@ -50,7 +50,7 @@ func TestDevSmoke(t *testing.T) {
 	url := dev.URL
 	creds := filepath.Join(devVars["XDG_CONFIG_HOME"], "tether", "dev.creds")
 	for _, w := range []string{"tether exec", "--all -- uname -a", "export TETHER_NATS_CREDS=" + creds + "\n",
-		"nats -s " + url + " --creds " + creds + " --inbox-prefix _INBOX_U", "Ctrl-C"} {
+		"nats -s " + url + " --creds " + creds + " --inbox-prefix _INBOX_U", "req tether.v1.exec.once '{", "Ctrl-C"} {
 		if !strings.Contains(dev.Banner(), w) {
 			t.Errorf("banner lacks %q:\n%s", w, dev.Banner())
 		}
@@ -147,7 +147,7 @@ func TestDevSmoke(t *testing.T) {
 		t.Errorf("exec --all: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(testCtx(t), devVars, "", "exec", "--nats-url", url, "--node", node, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
-	wantErr := "err\nCommand failed (exec on " + node + ") with exit code 7:\n  sh -c echo out; echo err >&2; exit 7\nerr\n"
+	wantErr := "err\nCommand failed (exec on " + node + ") with exit code 7:\n  sh -c echo out; echo err >&2; exit 7\n"
 	if r.code != 7 || r.stdout != "out\n" || r.stderr != wantErr {
 		t.Errorf("exec --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}

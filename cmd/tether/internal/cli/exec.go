@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -399,7 +397,7 @@ coordinator); 2, 130 and 143 as above.`,
 	f.StringVar(&o.Node, "node", "", "run on this node")
 	f.StringVar(&o.Selector, "selector", "", "run on the nodes matching this label selector (k=v,k2!=v2,k3 in (a,b))")
 	f.BoolVar(&o.All, "all", false, "run on every connected node")
-	f.Var(secondsDuration{&o.Timeout}, "timeout", "kill the command on a node after this long: 30s, 5m or a number of seconds (default: the coordinator's)")
+	f.Var(durationFlag{d: &o.Timeout, max: maxTimeout}, "timeout", "kill the command on a node after this long: 30s, 5m or a number of seconds (default: the coordinator's)")
 	f.IntVar(&o.MaxParallel, "max-parallel", 0, "run on at most this many nodes at once (default: the coordinator's)")
 	f.BoolVar(&o.JSON, "json", false, "print output chunks, node results and the result as JSON lines")
 	f.StringArrayVar(&o.Env, "env", nil, "set an environment variable KEY=VALUE (repeatable)")
@@ -421,42 +419,6 @@ coordinator); 2, 130 and 143 as above.`,
 // maxTimeout is the longest --timeout: what the API accepts
 // (protocol.MaxTimeoutMS).
 const maxTimeout = time.Duration(protocol.MaxTimeoutMS) * time.Millisecond
-
-// secondsDuration is a duration flag that also takes a plain number of
-// seconds, like the API's timeout field.
-type secondsDuration struct{ d *time.Duration }
-
-func (f secondsDuration) Set(s string) error {
-	// A negative value is accepted here and reported by Validate with the
-	// other problems of the command line.
-	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		if math.IsNaN(n) {
-			return fmt.Errorf("%s is not a number of seconds: want a duration like 30s or 5m, or a number of seconds", s)
-		}
-		if math.Abs(n) > maxTimeout.Seconds() {
-			return fmt.Errorf("%s seconds is over the limit of %v (about 146 years)", s, maxTimeout)
-		}
-		*f.d = time.Duration(n * float64(time.Second))
-		return nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("want a duration like 30s or 5m, or a number of seconds")
-	}
-	*f.d = d
-	return nil
-}
-
-// String is "" for zero, so that help shows no "(default 0s)" next to the
-// flag's own "(default: the coordinator's)".
-func (f secondsDuration) String() string {
-	if f.d == nil || *f.d == 0 {
-		return ""
-	}
-	return f.d.String()
-}
-
-func (f secondsDuration) Type() string { return "duration" }
 
 // runExec submits the job and maps its outcome to an exit code. o must be
 // valid.
@@ -516,7 +478,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 			if r.Failure != "" {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
-				fmt.Fprintf(stderr, "%s\n", r.Failure)
+				fmt.Fprintf(stderr, "%s\n", shownFailure(req, r))
 			}
 		},
 	}
@@ -573,6 +535,27 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	}
 	return &exitError{code: code}
 }
+
+// shownFailure is r.Failure as the terminal shows it: NeMo Gym's
+// "Command failed (exec on NODE) with exit code N:" and the command,
+// without the stderr tail the message ends with when that stderr was just
+// streamed to the terminal in full (a failed command's stderr is printed
+// once, issue 13). A truncated stderr keeps its tail: what the limit cut
+// from the stream may be in it. --json keeps the whole message.
+func shownFailure(req *protocol.ExecRequest, r *protocol.NodeResult) string {
+	if stderrStreamed(r) {
+		p := req.Params(0)
+		head := protocol.FailureMessage(r.Node, &p, r, nil)
+		if strings.HasPrefix(r.Failure, head) {
+			return strings.TrimRight(head, "\n")
+		}
+	}
+	return strings.TrimRight(r.Failure, "\n")
+}
+
+// stderrStreamed reports whether the node's whole stderr reached the
+// terminal as it was produced.
+func stderrStreamed(r *protocol.NodeResult) bool { return r.StderrBytes > 0 && !r.StderrTruncated }
 
 // execOutcome maps a result to the exit code and the messages for stderr.
 // single is true for a --node job; timeout is the requested per-node

@@ -17,12 +17,12 @@ import (
 func TestSecondsDurationFlag(t *testing.T) {
 	for in, want := range map[string]time.Duration{"5": 5 * time.Second, "1.5": 1500 * time.Millisecond, "2m": 2 * time.Minute, "-1": -time.Second} {
 		var d time.Duration
-		if err := (secondsDuration{&d}).Set(in); err != nil || d != want {
+		if err := (durationFlag{d: &d}).Set(in); err != nil || d != want {
 			t.Errorf("Set(%q) = %v, %v; want %v", in, d, err, want)
 		}
 	}
 	var d time.Duration
-	if err := (secondsDuration{&d}).Set("soon"); err == nil {
+	if err := (durationFlag{d: &d}).Set("soon"); err == nil {
 		t.Error("Set(soon) succeeded")
 	}
 }
@@ -118,8 +118,16 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	ctx := testCtx(t)
 
 	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "-c", "echo a", "-c", "echo oops >&2; exit 3", "-c", "echo b", "--fail-fast")
-	if r.code != 3 || r.stdout != "a\n" || r.stderr != "oops\nCommand failed (exec on node-0) with exit code 3:\n  echo oops >&2; exit 3\noops\n" {
+	// Its stderr is printed once: streamed, then not again after the
+	// failure line.
+	if r.code != 3 || r.stdout != "a\n" || r.stderr != "oops\nCommand failed (exec on node-0) with exit code 3:\n  echo oops >&2; exit 3\n" {
 		t.Errorf("fail-fast: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Several nodes: each node's stderr once (streamed), not again in its
+	// failure line nor in the summary table.
+	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--all", "--", "sh", "-c", "echo ${0}-err >&2; exit 2", "uniq")
+	if r.code != 1 || strings.Count(r.stderr, "uniq-err") != 3 || strings.Count(r.stderr, "Command failed") != 3 {
+		t.Errorf("fan-out failure: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "-c", "false", "-c", "echo a")
 	if r.code != 0 || r.stdout != "a\n" {

@@ -67,7 +67,7 @@ func TestExecForwardsPipedStdin(t *testing.T) {
 	})
 	t.Run("remote exit code and failure", func(t *testing.T) {
 		r := runCLI(testCtx(t), nil, "in", "exec", "--nats-url", url, "--node", "node-0", "--", "sh", "-c", "cat; echo err >&2; exit 7")
-		want := "err\nCommand failed (exec on node-0) with exit code 7:\n  sh -c cat; echo err >&2; exit 7\nerr\n"
+		want := "err\nCommand failed (exec on node-0) with exit code 7:\n  sh -c cat; echo err >&2; exit 7\n"
 		if r.code != 7 || r.stdout != "in" || r.stderr != want {
 			t.Errorf("exit %d, stdout %q, stderr %q; want 7, %q, %q", r.code, r.stdout, r.stderr, "in", want)
 		}

@@ -49,7 +49,7 @@ func FuzzExecFlags(f *testing.F) {
 			}
 		}
 		var o execOptions
-		if err := (secondsDuration{&o.Timeout}).Set(timeout); err != nil {
+		if err := (durationFlag{d: &o.Timeout, max: maxTimeout}).Set(timeout); err != nil {
 			short("--timeout", err)
 			return
 		}

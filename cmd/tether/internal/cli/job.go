@@ -131,12 +131,12 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 	switch name {
 	case "wait":
 		f.BoolVar(&o.JSON, "json", false, "print the job's final record as JSON")
-		f.DurationVar(&o.Poll, "poll", o.Poll, "how often to poll the job's record")
+		durationVar(f, &o.Poll, "poll", o.Poll, "how often to poll the job's record")
 	case "status", "cancel":
 		f.BoolVar(&o.JSON, "json", false, "print the status as JSON")
 	case "logs":
 		f.BoolVar(&o.Follow, "follow", false, "keep printing new output until the job exited")
-		f.DurationVar(&o.Poll, "poll", o.Poll, "how often --follow polls")
+		durationVar(f, &o.Poll, "poll", o.Poll, "how often --follow polls")
 	}
 	o.NATS.addFlags(cmd)
 	return cmd

@@ -160,7 +160,7 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 			})
 		}),
 	}
-	create.Flags().DurationVar(&ttl, "ttl", 0, "how long the credentials are valid (0: no expiry)")
+	durationVar(create.Flags(), &ttl, "ttl", 0, "how long the credentials are valid (0: no expiry)")
 	create.Flags().BoolVar(&force, "force", false, "overwrite --output, and mint even if a user of that name exists (both then hold its grants)")
 	create.Flags().StringVarP(&out, "output", "o", "", `credentials file to write, 0600 (default NAME.creds; "-": stdout)`)
 

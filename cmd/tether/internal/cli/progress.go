@@ -221,14 +221,16 @@ func summaryText(r *protocol.NodeResult, timeout time.Duration) string {
 	}
 	if r.Failure != "" && !r.TimedOut {
 		// The failure reads "Command failed (…) with exit code N:",
-		// "  COMMAND", then stderr: the table shows the exit code, the
-		// command and stderr's first line, which say more than line one.
+		// "  COMMAND", then stderr: the table shows the exit code and
+		// the command, which say more than line one.
 		lines := strings.SplitN(r.Failure, "\n", 4)
 		text := fmt.Sprintf("exit %d", r.ExitCode)
 		if len(lines) > 1 {
 			text += ": " + strings.TrimSpace(lines[1])
 		}
-		if len(lines) > 2 && strings.TrimSpace(lines[2]) != "" {
+		// A stderr streamed above the table in full is not repeated
+		// here (it would be its second or third copy).
+		if len(lines) > 2 && strings.TrimSpace(lines[2]) != "" && !stderrStreamed(r) {
 			text += ": " + strings.TrimSpace(lines[2])
 		}
 		if len(text) > 120 {

@@ -106,7 +106,7 @@ coordinator, the lease could not be opened).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Run, "run", "", "run id (default: $TETHER_RUN, else $NEMO_GYM_RUN_ID, else a random id)")
-	f.DurationVar(&o.TTL, "ttl", o.TTL, "lease TTL: the run's sandboxes are reaped this long after run-lease dies")
+	durationVar(f, &o.TTL, "ttl", o.TTL, "lease TTL: the run's sandboxes are reaped this long after run-lease dies")
 	f.BoolVar(&o.Keep, "keep", false, "leave the lease to expire after TTL when COMMAND exits, instead of reaping at once")
 	o.NATS.addFlags(cmd)
 	return cmd

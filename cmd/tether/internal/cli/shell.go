@@ -411,7 +411,7 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 	case interrupted:
 		return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", ctx.Err())}
 	case out.err != nil:
-		return fmt.Errorf("node %s: %w", s.node, out.err)
+		return onNode(s.node, out.err)
 	default:
 		return fmt.Errorf("node %s: the stream ended without an exit status", s.node)
 	}

@@ -412,7 +412,7 @@ func joinStdio(ctx context.Context, e *env, s *client.Stream) error {
 		return &exitError{code: interruptCode(ctx)}
 	}
 	if err != nil {
-		return fmt.Errorf("node %s: %w", s.Node(), err)
+		return onNode(s.Node(), err)
 	}
 	return nil
 }

@@ -478,6 +478,7 @@ func (c *surfaceCaller) runID() string {
 func natsRequestSamples(self string) map[string]any {
 	return map[string]any{
 		protocol.SubjectExec:              protocol.ExecRequest{Target: protocol.Target{Node: surfaceNode}, Argv: []string{"true"}},
+		protocol.SubjectExecOnce:          protocol.ExecRequest{Target: protocol.Target{Node: surfaceNode}, Argv: []string{"true"}},
 		protocol.SubjectNodes:             protocol.NodesRequest{},
 		protocol.SubjectCancel:            protocol.CancelRequest{ID: "surface-no-such-job"},
 		protocol.SubjectJobStatus:         protocol.JobRequest{Node: surfaceNode, ID: "surface-no-such-job"},
@@ -546,7 +547,7 @@ const surfacePipe = natsauth.PipeSubjectPrefix + surfaceCoordinator + ".SURFACEP
 // natsOrder is the order requests go in (leases before what uses them,
 // close last); endpoints not named come after, sorted.
 var natsOrder = []string{
-	protocol.SubjectNodes, protocol.SubjectExec, protocol.SubjectExecAlive, protocol.SubjectStream,
+	protocol.SubjectNodes, protocol.SubjectExec, protocol.SubjectExecOnce, protocol.SubjectExecAlive, protocol.SubjectStream,
 	protocol.SubjectCancel, protocol.SubjectJobStatus, protocol.SubjectJobOutput, protocol.SubjectJobCancel,
 	protocol.SubjectJobGet, protocol.SubjectJobList, protocol.SubjectLeaseOpen, protocol.SubjectLeaseRenew, protocol.SubjectSandboxesRegister,
 	protocol.SubjectSandboxesList, protocol.SubjectSandboxesReap, protocol.SubjectLeaseClose,

@@ -177,7 +177,7 @@ labels. Needs the admin right in the coordinator's policy.`,
 		}),
 	}
 	f := create.Flags()
-	f.DurationVar(&o.TTL, "ttl", o.TTL, "how long the token may be used")
+	durationVar(f, &o.TTL, "ttl", o.TTL, "how long the token may be used")
 	f.IntVar(&o.Uses, "uses", o.Uses, "how many agents may enroll with it (0: unlimited within --ttl)")
 	f.StringVar(&o.Labels, "labels", o.Labels, "labels bound to the nodes enrolled with it, k=v,k2=v2 (override the agents' own)")
 	f.BoolVar(&o.JSON, "json", false, "print the API's JSON response")

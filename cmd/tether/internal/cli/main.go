@@ -1,0 +1,35 @@
+package cli
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Main runs tether as the process: os.Args, the standard streams, and the
+// signals. It returns the exit code for os.Exit. The first SIGINT or
+// SIGTERM cancels the command's context with the signal as its cause
+// (client commands exit 130 for SIGINT, 143 for SIGTERM; daemons drain);
+// then the default handling is restored, so that a second Ctrl-C kills a
+// process that is still draining.
+func Main() int {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		cancel(SignalCause(s))
+		signal.Reset(os.Interrupt, syscall.SIGTERM)
+	}()
+	return Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+}
+
+// surviveBrokenPipes makes a write to a closed pipe an EPIPE error instead
+// of the death by SIGPIPE the Go runtime deals a process whose stdout or
+// stderr is a pipe nobody reads any more: `tether dev | tee log` lives on
+// (and drains in order) when tee is gone, e.g. after the Ctrl-C that hit
+// both. Only the daemons call it: a client command piped into head(1)
+// should still end quietly when head has read enough.
+func surviveBrokenPipes() { signal.Ignore(syscall.SIGPIPE) }

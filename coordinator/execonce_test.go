@@ -1,0 +1,183 @@
+package coordinator_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// onceFleet is a fleet of two nodes whose coordinator identifies callers
+// by a test header and lets alice run jobs, bob only list nodes.
+func onceFleet(t *testing.T) *fleettest.Fleet {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(`version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "*"
+        operations: [exec, nodes.list]
+        run_as: `+runAsSelf(t)+`
+  nats:bob:
+    rules:
+      - nodes: "*"
+        operations: [nodes.list]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store, err := policy.NewStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fleettest.Start(t, fleettest.Options{Agents: 2, Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+		c.Identify = identifyFromHeader
+		c.Policy = store
+	}})
+}
+
+// execOnce sends req to tether.v1.exec.once as a plain request/reply
+// client does and returns the first reply; it also checks that no second
+// reply follows.
+func execOnce(t *testing.T, nc *nats.Conn, hdr nats.Header, req any) *nats.Msg {
+	t.Helper()
+	body, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishMsg(&nats.Msg{Subject: protocol.SubjectExecOnce, Reply: inbox, Header: hdr, Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(3 * defaultTestTimeout)
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	// A keepalive would come within protocol.DefaultKeepAliveInterval; a
+	// streamed output chunk or result at once.
+	if extra, err := sub.NextMsg(200 * time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Errorf("a second reply: %v %q (%v)", extra.Header, extra.Data, err)
+	}
+	return m
+}
+
+func onceResult(t *testing.T, m *nats.Msg) *protocol.ExecOnceResult {
+	t.Helper()
+	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+		t.Fatalf("error reply %s: %s", code, m.Data)
+	}
+	var res protocol.ExecOnceResult
+	if err := json.Unmarshal(m.Data, &res); err != nil {
+		t.Fatalf("reply %q: %v", m.Data, err)
+	}
+	return &res
+}
+
+// TestExecOnceOneReply: a fan-out answered with one reply holding every
+// node's exit status, stdout and stderr.
+func TestExecOnceOneReply(t *testing.T) {
+	f := onceFleet(t)
+	m := execOnce(t, f.NC, as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true},
+		Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+	res := onceResult(t, m)
+	if res.ID == "" || res.Nodes != 2 || res.Failed != 2 || len(res.Results) != 2 || res.Clipped {
+		t.Fatalf("result %+v", res)
+	}
+	for i, r := range res.Results {
+		if want := []string{"node-0", "node-1"}[i]; r.Node != want || r.ExitCode != 3 || r.Stdout != "out\n" || r.Stderr != "err\n" || r.StdoutBytes != 4 {
+			t.Errorf("results[%d] = %+v", i, r)
+		}
+	}
+}
+
+// TestExecOnceClipped: output past the per-stream bound is dropped and
+// flagged; the byte counts still say what the node wrote.
+func TestExecOnceClipped(t *testing.T) {
+	f := onceFleet(t)
+	const n = 3 * protocol.ExecOnceStreamLimit
+	m := execOnce(t, f.NC, as("alice"), protocol.ExecRequest{Target: protocol.Target{Node: "node-0"},
+		Argv: []string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero | tr '\\0' a"}})
+	res := onceResult(t, m)
+	if len(res.Results) != 1 || !res.Clipped {
+		t.Fatalf("result %+v", res)
+	}
+	r := res.Results[0]
+	if len(r.Stdout) != protocol.ExecOnceStreamLimit || !r.StdoutClipped || r.StderrClipped || r.StdoutBytes != n || r.ExitCode != 0 || strings.Trim(r.Stdout, "a") != "" {
+		t.Errorf("node result: %d bytes of stdout, clipped %v/%v, stdout_bytes %d, exit %d", len(r.Stdout), r.StdoutClipped, r.StderrClipped, r.StdoutBytes, r.ExitCode)
+	}
+}
+
+// TestExecOnceRefusals: authorized as exec: an unidentified caller gets
+// 401, one whose policy grants no exec 403, and nothing runs; a bad or too
+// long job is a 400.
+func TestExecOnceRefusals(t *testing.T) {
+	f := onceFleet(t)
+	job := protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"touch", filepath.Join(t.TempDir(), "ran")}}
+	for _, tt := range []struct {
+		name string
+		hdr  nats.Header
+		req  any
+		code string
+		want string
+	}{
+		{"unidentified", nil, job, "401", "unauthenticated"},
+		{"no exec grant", as("bob"), job, "403", "forbidden"},
+		{"nothing to run", as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}}, "400", ""},
+		{"too long", as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"true"}, Timeout: protocol.Duration(time.Hour)}, "400", "use tether.v1.exec"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := execOnce(t, f.NC, tt.hdr, tt.req)
+			if got := m.Header.Get(micro.ErrorCodeHeader); got != tt.code || !strings.Contains(string(m.Data), tt.want) {
+				t.Errorf("reply %s %q, want %s with %q", got, m.Data, tt.code, tt.want)
+			}
+		})
+	}
+	if _, err := os.Stat(job.Argv[1]); err == nil {
+		t.Error("a refused job ran")
+	}
+}
+
+// TestExecOnceStockNATSCLI: the stock nats CLI's one-shot `nats req` gets
+// the whole result (when the CLI is installed: go install
+// github.com/nats-io/natscli/nats@latest).
+func TestExecOnceStockNATSCLI(t *testing.T) {
+	natsCLI, err := exec.LookPath("nats")
+	if err != nil {
+		t.Skip("no nats CLI on PATH")
+	}
+	f := onceFleet(t)
+	out, err := exec.Command(natsCLI, "req", "-s", f.NATS.ClientURL(), "--creds", f.CredsFile, "--inbox-prefix", f.ClientCreds.InboxPrefix(),
+		"-H", testIdentity+":alice", "--timeout", "30s", "--raw",
+		protocol.SubjectExecOnce, `{"target":{"all":true},"argv":["sh","-c","echo hi; echo '2>&1' >&2; exit 5"]}`).Output()
+	if err != nil {
+		t.Fatalf("nats req: %v\n%s", err, out)
+	}
+	var res protocol.ExecOnceResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("nats req printed %q: %v", out, err)
+	}
+	if len(res.Results) != 2 || res.Results[0].Stdout != "hi\n" || res.Results[1].Stderr != "2>&1\n" || res.Results[0].ExitCode != 5 {
+		t.Errorf("result %+v", res)
+	}
+	if !strings.Contains(string(out), "2>&1") {
+		t.Errorf("the reply escapes what people read: %s", out)
+	}
+}
