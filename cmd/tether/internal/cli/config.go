@@ -25,7 +25,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -644,9 +643,9 @@ func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole, log *logOptions
 
 // read parses the file and applies it to fs.
 func (s *configSource) read(fs *pflag.FlagSet) (*configFile, error) {
-	data, err := os.ReadFile(s.path)
+	data, err := readConfigFile(s.path)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, err
 	}
 	cf, err := parseConfig(s.path, data, fs, s.role)
 	if err != nil {
@@ -791,4 +790,22 @@ func keys(cs []configChange) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// maxConfigFileSize is the largest config file read, in bytes: the
+// complete examples are under 10 KiB, and reading stops here, so that
+// --config /dev/zero (or a log file named by mistake) fails at once
+// instead of filling memory.
+const maxConfigFileSize = 1 << 20
+
+// readConfigFile reads the config file at path: a regular file of at most
+// maxConfigFileSize bytes (readBounded: a FIFO opens without blocking, and
+// is refused, so a SIGHUP reload cannot hang on one). Errors start with
+// "config file: " and name the path.
+func readConfigFile(path string) ([]byte, error) {
+	data, err := readBounded(path, maxConfigFileSize)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	return data, nil
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -318,5 +319,43 @@ func TestAgentUnsetsConfigNamedEnv(t *testing.T) {
 	}
 	if v, ok := os.LookupEnv("MY_JOIN_TOKEN"); ok {
 		t.Errorf("MY_JOIN_TOKEN = %q still set after the agent command read it", v)
+	}
+}
+
+// A config file is read only when it is a regular file of at most
+// maxConfigFileSize bytes: /dev/zero, a FIFO with no writer or a huge file
+// is refused with its path, by validate (with or without --role) and by
+// the daemons, instead of being read without end or blocking forever.
+func TestConfigFileNotRegularOrTooLarge(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.yaml")
+	data := []byte("role: agent\n" + strings.Repeat("#", maxConfigFileSize) + "\n")
+	if err := os.WriteFile(huge, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path, inErr string
+	}{
+		{"/dev/zero", "/dev/zero: not a regular file"},
+		{fifo, fifo + ": not a regular file"},
+		{dir, dir + ": not a regular file"},
+		{huge, huge + ": over 1048576 bytes"},
+	}
+	for _, tt := range tests {
+		for _, args := range [][]string{
+			{"config", "validate", tt.path},
+			{"config", "validate", "--role", "agent", tt.path},
+			{"agent", "--config", tt.path},
+			{"coordinator", "--config", tt.path},
+		} {
+			res := runCLI(testCtx(t), nil, "", args...)
+			if res.code == 0 || !strings.Contains(res.stderr, "config file: "+tt.inErr) {
+				t.Errorf("%v: exit %d, stderr %q; want an error with %q", args, res.code, res.stderr, tt.inErr)
+			}
+		}
 	}
 }

@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -87,9 +86,9 @@ func configRoleFor(flag, path string) (*configRole, error) {
 		}
 		return r, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := readConfigFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, err
 	}
 	var doc struct {
 		Role string `yaml:"role"`
