@@ -317,13 +317,18 @@ func (p *configParser) envRef(k, v *yaml.Node, key, name string, ref secretRef) 
 
 // role checks the role: key.
 func (p *configParser) role(k, v *yaml.Node) {
+	if line, ok := p.seen["role"]; ok {
+		p.errf(k, "role", "sets role again (first set on line %d)", line)
+		return
+	}
+	p.seen["role"] = k.Line
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!str" || configRoles[v.Value] == nil {
 		p.errf(k, "role", "want agent or coordinator")
 		return
 	}
 	p.cf.role = v.Value
 	if v.Value != p.r.name {
-		p.errf(k, "role", "this is a %s's config file, not a %s's", v.Value, p.r.name)
+		p.errf(k, "role", "this is %s config file, not %s", possessive(v.Value), possessive(p.r.name))
 	}
 }
 
@@ -808,4 +813,12 @@ func readConfigFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("config file: %w", err)
 	}
 	return data, nil
+}
+
+// possessive is "an agent's" or "a coordinator's".
+func possessive(role string) string {
+	if strings.IndexByte("aeiou", role[0]) >= 0 {
+		return "an " + role + "'s"
+	}
+	return "a " + role + "'s"
 }

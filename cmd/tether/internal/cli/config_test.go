@@ -92,7 +92,7 @@ func TestConfigStrictErrors(t *testing.T) {
 		{"unknown key in a group", "coordinator", "log:\n  levle: warn\n",
 			[]string{":2: key log.levle: unknown key for the coordinator; did you mean log-level?"}},
 		{"other role", "agent", "role: coordinator\n",
-			[]string{":1: key role: this is a coordinator's config file, not a agent's"}},
+			[]string{":1: key role: this is a coordinator's config file, not an agent's"}},
 		{"not a mapping", "agent", "- a\n- b\n",
 			[]string{":1: the file must be a mapping"}},
 		{"several problems at once", "coordinator", "listne: x\nheartbeat: true\n",
@@ -215,6 +215,10 @@ func TestConfigValidateExitCodes(t *testing.T) {
 	good := writeConfig(t, "role: coordinator\npolicy: /etc/tether/policy.yaml\n")
 	noRole := writeConfig(t, "policy: /etc/tether/policy.yaml\n")
 	bad := writeConfig(t, "role: coordinator\npolicy: /p\nlistne: :1\n")
+	dup := writeConfig(t, "role: agent\nlabels: a=b\nlabels: c=d\n")
+	tab := writeConfig(t, "role: agent\nlog:\n\tlevel: info\n")
+	roleList := writeConfig(t, "role: [agent]\n")
+	roleTwice := writeConfig(t, "role: agent\nrole: coordinator\n")
 	tests := []struct {
 		args       []string
 		code       int
@@ -223,9 +227,16 @@ func TestConfigValidateExitCodes(t *testing.T) {
 		{[]string{"config", "validate", good}, 0, good + ": ok (coordinator)", ""},
 		{[]string{"config", "validate", "--role", "coordinator", noRole}, 0, "ok (coordinator)", ""},
 		{[]string{"config", "validate", bad}, 1, "", bad + ":3: key listne: unknown key"},
-		{[]string{"config", "validate", "--role", "agent", good}, 1, "", "this is a coordinator's config file, not a agent's"},
+		{[]string{"config", "validate", "--role", "agent", good}, 1, "", "this is a coordinator's config file, not an agent's"},
 		{[]string{"config", "validate", "/nonexistent.yaml", "--role", "agent"}, 1, "", "no such file"},
 		{[]string{"config", "validate", noRole}, 2, "", "names no role"},
+		// A file that names its role but does not parse, or sets the role
+		// wrongly, gets its own error with the line, not "names no role".
+		{[]string{"config", "validate", dup}, 1, "", dup + ":3: key labels: sets labels again (first set on line 2)"},
+		{[]string{"config", "validate", tab}, 1, "", tab + ": line 3: found character that cannot start any token"},
+		{[]string{"config", "validate", roleList}, 1, "", roleList + ":1: key role: want agent or coordinator"},
+		{[]string{"config", "validate", roleTwice}, 1, "", roleTwice + ":2: key role: sets role again (first set on line 1)"},
+		{[]string{"config", "validate", "--role", "agent", roleTwice}, 1, "", roleTwice + ":2: key role: sets role again (first set on line 1)"},
 		{[]string{"config", "validate", "--role", "nats", good}, 2, "", `--role "nats"`},
 		{[]string{"config", "validate"}, 2, "", "accepts 1 arg"},
 		{[]string{"config", "example"}, 2, "", "want agent or coordinator"},
