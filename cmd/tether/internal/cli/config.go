@@ -173,6 +173,15 @@ type configFile struct {
 	// envRefs are the secrets' variables the file names (token: {env:
 	// VARIABLE}), by the variable each stands for (secretRef.env).
 	envRefs map[string]string
+	// envRefKeys are the keys (as written) and lines of those {env:}
+	// values, by the same variable.
+	envRefKeys map[string]configKeyLine
+}
+
+// configKeyLine is a key as the file wrote it and its line.
+type configKeyLine struct {
+	key  string
+	line int
 }
 
 // line returns the line of the key that set flag, or 0.
@@ -192,7 +201,7 @@ func (f *configFile) line(flag string) int {
 // given inline, a key set twice, a role: other than r's. An empty file is
 // a valid file that sets nothing.
 func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*configFile, error) {
-	cf := &configFile{path: path, envRefs: map[string]string{}}
+	cf := &configFile{path: path, envRefs: map[string]string{}, envRefKeys: map[string]configKeyLine{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -313,6 +322,7 @@ func (p *configParser) envRef(k, v *yaml.Node, key, name string, ref secretRef) 
 	}
 	p.seen[name] = k.Line
 	p.cf.envRefs[ref.env] = v.Content[1].Value
+	p.cf.envRefKeys[ref.env] = configKeyLine{key, k.Line}
 }
 
 // role checks the role: key.
@@ -574,6 +584,7 @@ func (cf *configFile) annotate(err error) error {
 		return err
 	}
 	var out []error
+	named := map[string]bool{}
 	for _, line := range strings.Split(err.Error(), "\n") {
 		if m := flagRef.FindStringSubmatch(line); m != nil {
 			if l := cf.line(m[1]); l > 0 {
@@ -581,6 +592,15 @@ func (cf *configFile) annotate(err error) error {
 			}
 		}
 		out = append(out, errors.New(line))
+		// An error that a secret is missing names its variable ($TETHER_TOKEN):
+		// when the file named another variable for it, that one was empty
+		// too (the secret would be there otherwise), and is what to set.
+		for std, ref := range cf.envRefs {
+			if kl := cf.envRefKeys[std]; !named[std] && regexp.MustCompile(`\b`+regexp.QuoteMeta(std)+`\b`).MatchString(line) {
+				named[std] = true
+				out = append(out, fmt.Errorf("%s:%d: key %s: $%s is not set or empty (it stands for $%s)", cf.path, kl.line, kl.key, ref, std))
+			}
+		}
 	}
 	return errors.Join(out...)
 }

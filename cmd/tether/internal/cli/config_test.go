@@ -370,3 +370,25 @@ func TestConfigFileNotRegularOrTooLarge(t *testing.T) {
 		}
 	}
 }
+
+// A secret named by an environment variable that is not set: the error
+// that the secret is missing names the file's key, its line and the
+// variable, so the operator knows which variable to export.
+func TestConfigSecretEnvUnsetNamed(t *testing.T) {
+	path := writeConfig(t, "role: agent\ncoordinator: [c:7443]\ntoken: {env: NOPE_NOT_SET}\n")
+	t.Setenv("HOME", t.TempDir())
+	res := runCLI(testCtx(t), nil, "", "config", "validate", "--role", "agent", path)
+	want := path + ":3: key token: $NOPE_NOT_SET is not set or empty"
+	if res.code != 1 || !strings.Contains(res.stderr, want) || !strings.Contains(res.stderr, "a join token is required") {
+		t.Fatalf("validate with an unset token variable: exit %d, stderr %q; want exit 1 and %q", res.code, res.stderr, want)
+	}
+	res = runCLI(testCtx(t), nil, "", "agent", "--config", path)
+	if res.code != exitUsage || !strings.Contains(res.stderr, want) {
+		t.Fatalf("agent with an unset token variable: exit %d, stderr %q; want %q", res.code, res.stderr, want)
+	}
+	// Set, the variable is the token: no such error.
+	res = runCLI(testCtx(t), map[string]string{"NOPE_NOT_SET": "tok"}, "", "config", "validate", "--role", "agent", path)
+	if strings.Contains(res.stderr, "NOPE_NOT_SET") || strings.Contains(res.stderr, "join token is required") {
+		t.Fatalf("validate with the variable set: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
