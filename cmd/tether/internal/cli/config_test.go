@@ -49,11 +49,22 @@ func TestConfigExampleValidates(t *testing.T) {
 			})
 		})
 	}
-	// The checked-in examples are valid too.
-	for _, f := range []string{"agent.yaml", "coordinator.yaml"} {
-		path := filepath.Join("..", "..", "..", "..", "deploy", "examples", f)
+	// The checked-in examples are valid too, and are exactly what config
+	// example prints (README and deploy/examples say so): a flag added or
+	// reworded without regenerating them fails here. Regenerate with
+	// tether config example --role ROLE > deploy/examples/ROLE.yaml.
+	for _, r := range []string{"agent", "coordinator"} {
+		path := filepath.Join("..", "..", "..", "..", "deploy", "examples", r+".yaml")
 		if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 {
 			t.Errorf("config validate %s: exit %d:\n%s", path, res.code, res.stderr)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := runCLI(testCtx(t), nil, "", "config", "example", "--role", r)
+		if res.stdout != string(data) {
+			t.Errorf("%s differs from tether config example --role %s: regenerate it", path, r)
 		}
 	}
 }
