@@ -208,7 +208,7 @@ func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*c
 		if errors.Is(err, io.EOF) {
 			return cf, nil
 		}
-		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, yamlSyntaxError(path, data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -841,4 +841,26 @@ func possessive(role string) string {
 		return "an " + role + "'s"
 	}
 	return "a " + role + "'s"
+}
+
+// yamlLineErr is the YAML library's "yaml: line N: problem".
+var yamlLineErr = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+// yamlSyntaxError is err, a YAML syntax error in data, as PATH:LINE:
+// problem like every other config error; a tab at the start of the line
+// it names is said to be the cause (YAML indents with spaces only, and the
+// library's words do not say tab).
+func yamlSyntaxError(path string, data []byte, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	m := yamlLineErr.FindStringSubmatch(msg)
+	if m == nil {
+		return fmt.Errorf("%s: %s", path, msg)
+	}
+	n, _ := strconv.Atoi(m[1])
+	if lines := strings.Split(string(data), "\n"); n >= 1 && n <= len(lines) {
+		if indent := lines[n-1][:len(lines[n-1])-len(strings.TrimLeft(lines[n-1], " \t"))]; strings.Contains(indent, "\t") {
+			m[2] += " (a tab: YAML indents with spaces only)"
+		}
+	}
+	return fmt.Errorf("%s:%s: %s", path, m[1], m[2])
 }

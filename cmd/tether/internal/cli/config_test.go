@@ -244,7 +244,8 @@ func TestConfigValidateExitCodes(t *testing.T) {
 		// A file that names its role but does not parse, or sets the role
 		// wrongly, gets its own error with the line, not "names no role".
 		{[]string{"config", "validate", dup}, 1, "", dup + ":3: key labels: sets labels again (first set on line 2)"},
-		{[]string{"config", "validate", tab}, 1, "", tab + ": line 3: found character that cannot start any token"},
+		{[]string{"config", "validate", tab}, 1, "", tab + ":3: found character that cannot start any token (a tab: YAML indents with spaces only)"},
+		{[]string{"config", "validate", "--role", "agent", tab}, 1, "", tab + ":3: found character that cannot start any token (a tab: YAML indents with spaces only)"},
 		{[]string{"config", "validate", roleList}, 1, "", roleList + ":1: key role: want agent or coordinator"},
 		{[]string{"config", "validate", roleTwice}, 1, "", roleTwice + ":2: key role: sets role again (first set on line 1)"},
 		{[]string{"config", "validate", "--role", "agent", roleTwice}, 1, "", roleTwice + ":2: key role: sets role again (first set on line 1)"},

@@ -96,7 +96,7 @@ func configRoleFor(flag, path string) (*configRole, error) {
 	// and everything else a full parse then reports with its line.
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, yamlSyntaxError(path, data, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
