@@ -139,8 +139,20 @@ func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 	a.m.enrollments.WithLabelValues("enrolled").Inc()
 	a.log.Info("enrolled: node certificate stored", "coordinator", addr, "cert_serial", tunnel.SerialHex(cert),
 		"not_after", cert.NotAfter, "identity_dir", a.cfg.IdentityDir, "bound_labels", labels, "pinned_ca", id.Pinned != nil)
+	// Leave the session up until the coordinator ends the control stream
+	// (it closes it right after the certificate): its yamux write of the
+	// frame reports the session's shutdown if that comes first, even for
+	// bytes we read, and the coordinator then logs a delivered certificate
+	// as "could not be sent". Bounded: a coordinator that keeps the stream
+	// open delays the redial by enrollEndWait at most.
+	ctl.SetReadDeadline(time.Now().Add(enrollEndWait))
+	_, _ = io.Copy(io.Discard, io.LimitReader(ctl, 64<<10))
 	return nil
 }
+
+// enrollEndWait is how long enroll waits, after storing its certificate,
+// for the coordinator to end the control stream.
+const enrollEndWait = 2 * time.Second
 
 // ErrEnrollRefused is what Run returns when a coordinator refused the
 // agent's enrollment for good (protocol.CodeEnrollRefused: the join token

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -186,7 +187,7 @@ func (j *job) command() string {
 	case j.params.Script != "":
 		return j.params.Script
 	case len(j.params.Argv) > 0:
-		return fmt.Sprint(j.params.Argv)
+		return shellJoin(j.params.Argv)
 	case len(j.params.Commands) > 0:
 		return j.params.Commands[0]
 	}
@@ -544,4 +545,20 @@ func (c *Coordinator) settleIfOrphaned(ctx context.Context, s *jobstore.Store, j
 	}
 	c.wakeReconcile()
 	return j
+}
+
+// shellJoin is argv as one shell command line: a plain word as it is, any
+// other argument (spaces, quotes, metacharacters, empty) single-quoted, so
+// that a record's command reads as what was run and pastes back into a
+// shell.
+func shellJoin(argv []string) string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") == "" {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
 }

@@ -369,6 +369,7 @@ func agentCommand(e *env, o *agentOptions) *cobra.Command {
 			if err := o.Validate(envToken); err != nil {
 				return usage(src.annotate(err))
 			}
+			keepServingOnBrokenPipe()
 			secrets, err := readAgentSecrets(o, envSecrets)
 			if err != nil {
 				return err

@@ -25,7 +25,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -174,6 +173,15 @@ type configFile struct {
 	// envRefs are the secrets' variables the file names (token: {env:
 	// VARIABLE}), by the variable each stands for (secretRef.env).
 	envRefs map[string]string
+	// envRefKeys are the keys (as written) and lines of those {env:}
+	// values, by the same variable.
+	envRefKeys map[string]configKeyLine
+}
+
+// configKeyLine is a key as the file wrote it and its line.
+type configKeyLine struct {
+	key  string
+	line int
 }
 
 // line returns the line of the key that set flag, or 0.
@@ -193,14 +201,14 @@ func (f *configFile) line(flag string) int {
 // given inline, a key set twice, a role: other than r's. An empty file is
 // a valid file that sets nothing.
 func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*configFile, error) {
-	cf := &configFile{path: path, envRefs: map[string]string{}}
+	cf := &configFile{path: path, envRefs: map[string]string{}, envRefKeys: map[string]configKeyLine{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			return cf, nil
 		}
-		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, yamlSyntaxError(path, data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -314,17 +322,23 @@ func (p *configParser) envRef(k, v *yaml.Node, key, name string, ref secretRef) 
 	}
 	p.seen[name] = k.Line
 	p.cf.envRefs[ref.env] = v.Content[1].Value
+	p.cf.envRefKeys[ref.env] = configKeyLine{key, k.Line}
 }
 
 // role checks the role: key.
 func (p *configParser) role(k, v *yaml.Node) {
+	if line, ok := p.seen["role"]; ok {
+		p.errf(k, "role", "sets role again (first set on line %d)", line)
+		return
+	}
+	p.seen["role"] = k.Line
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!str" || configRoles[v.Value] == nil {
 		p.errf(k, "role", "want agent or coordinator")
 		return
 	}
 	p.cf.role = v.Value
 	if v.Value != p.r.name {
-		p.errf(k, "role", "this is a %s's config file, not a %s's", v.Value, p.r.name)
+		p.errf(k, "role", "this is %s config file, not %s", possessive(v.Value), possessive(p.r.name))
 	}
 }
 
@@ -570,6 +584,7 @@ func (cf *configFile) annotate(err error) error {
 		return err
 	}
 	var out []error
+	named := map[string]bool{}
 	for _, line := range strings.Split(err.Error(), "\n") {
 		if m := flagRef.FindStringSubmatch(line); m != nil {
 			if l := cf.line(m[1]); l > 0 {
@@ -577,6 +592,15 @@ func (cf *configFile) annotate(err error) error {
 			}
 		}
 		out = append(out, errors.New(line))
+		// An error that a secret is missing names its variable ($TETHER_TOKEN):
+		// when the file named another variable for it, that one was empty
+		// too (the secret would be there otherwise), and is what to set.
+		for std, ref := range cf.envRefs {
+			if kl := cf.envRefKeys[std]; !named[std] && regexp.MustCompile(`\b`+regexp.QuoteMeta(std)+`\b`).MatchString(line) {
+				named[std] = true
+				out = append(out, fmt.Errorf("%s:%d: key %s: $%s is not set or empty (it stands for $%s)", cf.path, kl.line, kl.key, ref, std))
+			}
+		}
 	}
 	return errors.Join(out...)
 }
@@ -644,9 +668,9 @@ func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole, log *logOptions
 
 // read parses the file and applies it to fs.
 func (s *configSource) read(fs *pflag.FlagSet) (*configFile, error) {
-	data, err := os.ReadFile(s.path)
+	data, err := readConfigFile(s.path)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, err
 	}
 	cf, err := parseConfig(s.path, data, fs, s.role)
 	if err != nil {
@@ -791,4 +815,52 @@ func keys(cs []configChange) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// maxConfigFileSize is the largest config file read, in bytes: the
+// complete examples are under 10 KiB, and reading stops here, so that
+// --config /dev/zero (or a log file named by mistake) fails at once
+// instead of filling memory.
+const maxConfigFileSize = 1 << 20
+
+// readConfigFile reads the config file at path: a regular file of at most
+// maxConfigFileSize bytes (readBounded: a FIFO opens without blocking, and
+// is refused, so a SIGHUP reload cannot hang on one). Errors start with
+// "config file: " and name the path.
+func readConfigFile(path string) ([]byte, error) {
+	data, err := readBounded(path, maxConfigFileSize)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	return data, nil
+}
+
+// possessive is "an agent's" or "a coordinator's".
+func possessive(role string) string {
+	if strings.IndexByte("aeiou", role[0]) >= 0 {
+		return "an " + role + "'s"
+	}
+	return "a " + role + "'s"
+}
+
+// yamlLineErr is the YAML library's "yaml: line N: problem".
+var yamlLineErr = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+// yamlSyntaxError is err, a YAML syntax error in data, as PATH:LINE:
+// problem like every other config error; a tab at the start of the line
+// it names is said to be the cause (YAML indents with spaces only, and the
+// library's words do not say tab).
+func yamlSyntaxError(path string, data []byte, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	m := yamlLineErr.FindStringSubmatch(msg)
+	if m == nil {
+		return fmt.Errorf("%s: %s", path, msg)
+	}
+	n, _ := strconv.Atoi(m[1])
+	if lines := strings.Split(string(data), "\n"); n >= 1 && n <= len(lines) {
+		if indent := lines[n-1][:len(lines[n-1])-len(strings.TrimLeft(lines[n-1], " \t"))]; strings.Contains(indent, "\t") {
+			m[2] += " (a tab: YAML indents with spaces only)"
+		}
+	}
+	return fmt.Errorf("%s:%s: %s", path, m[1], m[2])
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,11 +49,22 @@ func TestConfigExampleValidates(t *testing.T) {
 			})
 		})
 	}
-	// The checked-in examples are valid too.
-	for _, f := range []string{"agent.yaml", "coordinator.yaml"} {
-		path := filepath.Join("..", "..", "..", "..", "deploy", "examples", f)
+	// The checked-in examples are valid too, and are exactly what config
+	// example prints (README and deploy/examples say so): a flag added or
+	// reworded without regenerating them fails here. Regenerate with
+	// tether config example --role ROLE > deploy/examples/ROLE.yaml.
+	for _, r := range []string{"agent", "coordinator"} {
+		path := filepath.Join("..", "..", "..", "..", "deploy", "examples", r+".yaml")
 		if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 {
 			t.Errorf("config validate %s: exit %d:\n%s", path, res.code, res.stderr)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := runCLI(testCtx(t), nil, "", "config", "example", "--role", r)
+		if res.stdout != string(data) {
+			t.Errorf("%s differs from tether config example --role %s: regenerate it", path, r)
 		}
 	}
 }
@@ -91,7 +103,7 @@ func TestConfigStrictErrors(t *testing.T) {
 		{"unknown key in a group", "coordinator", "log:\n  levle: warn\n",
 			[]string{":2: key log.levle: unknown key for the coordinator; did you mean log-level?"}},
 		{"other role", "agent", "role: coordinator\n",
-			[]string{":1: key role: this is a coordinator's config file, not a agent's"}},
+			[]string{":1: key role: this is a coordinator's config file, not an agent's"}},
 		{"not a mapping", "agent", "- a\n- b\n",
 			[]string{":1: the file must be a mapping"}},
 		{"several problems at once", "coordinator", "listne: x\nheartbeat: true\n",
@@ -214,6 +226,10 @@ func TestConfigValidateExitCodes(t *testing.T) {
 	good := writeConfig(t, "role: coordinator\npolicy: /etc/tether/policy.yaml\n")
 	noRole := writeConfig(t, "policy: /etc/tether/policy.yaml\n")
 	bad := writeConfig(t, "role: coordinator\npolicy: /p\nlistne: :1\n")
+	dup := writeConfig(t, "role: agent\nlabels: a=b\nlabels: c=d\n")
+	tab := writeConfig(t, "role: agent\nlog:\n\tlevel: info\n")
+	roleList := writeConfig(t, "role: [agent]\n")
+	roleTwice := writeConfig(t, "role: agent\nrole: coordinator\n")
 	tests := []struct {
 		args       []string
 		code       int
@@ -222,9 +238,17 @@ func TestConfigValidateExitCodes(t *testing.T) {
 		{[]string{"config", "validate", good}, 0, good + ": ok (coordinator)", ""},
 		{[]string{"config", "validate", "--role", "coordinator", noRole}, 0, "ok (coordinator)", ""},
 		{[]string{"config", "validate", bad}, 1, "", bad + ":3: key listne: unknown key"},
-		{[]string{"config", "validate", "--role", "agent", good}, 1, "", "this is a coordinator's config file, not a agent's"},
+		{[]string{"config", "validate", "--role", "agent", good}, 1, "", "this is a coordinator's config file, not an agent's"},
 		{[]string{"config", "validate", "/nonexistent.yaml", "--role", "agent"}, 1, "", "no such file"},
 		{[]string{"config", "validate", noRole}, 2, "", "names no role"},
+		// A file that names its role but does not parse, or sets the role
+		// wrongly, gets its own error with the line, not "names no role".
+		{[]string{"config", "validate", dup}, 1, "", dup + ":3: key labels: sets labels again (first set on line 2)"},
+		{[]string{"config", "validate", tab}, 1, "", tab + ":3: found character that cannot start any token (a tab: YAML indents with spaces only)"},
+		{[]string{"config", "validate", "--role", "agent", tab}, 1, "", tab + ":3: found character that cannot start any token (a tab: YAML indents with spaces only)"},
+		{[]string{"config", "validate", roleList}, 1, "", roleList + ":1: key role: want agent or coordinator"},
+		{[]string{"config", "validate", roleTwice}, 1, "", roleTwice + ":2: key role: sets role again (first set on line 1)"},
+		{[]string{"config", "validate", "--role", "agent", roleTwice}, 1, "", roleTwice + ":2: key role: sets role again (first set on line 1)"},
 		{[]string{"config", "validate", "--role", "nats", good}, 2, "", `--role "nats"`},
 		{[]string{"config", "validate"}, 2, "", "accepts 1 arg"},
 		{[]string{"config", "example"}, 2, "", "want agent or coordinator"},
@@ -318,5 +342,65 @@ func TestAgentUnsetsConfigNamedEnv(t *testing.T) {
 	}
 	if v, ok := os.LookupEnv("MY_JOIN_TOKEN"); ok {
 		t.Errorf("MY_JOIN_TOKEN = %q still set after the agent command read it", v)
+	}
+}
+
+// A config file is read only when it is a regular file of at most
+// maxConfigFileSize bytes: /dev/zero, a FIFO with no writer or a huge file
+// is refused with its path, by validate (with or without --role) and by
+// the daemons, instead of being read without end or blocking forever.
+func TestConfigFileNotRegularOrTooLarge(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.yaml")
+	data := []byte("role: agent\n" + strings.Repeat("#", maxConfigFileSize) + "\n")
+	if err := os.WriteFile(huge, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path, inErr string
+	}{
+		{"/dev/zero", "/dev/zero: not a regular file"},
+		{fifo, fifo + ": not a regular file"},
+		{dir, dir + ": not a regular file"},
+		{huge, huge + ": over 1048576 bytes"},
+	}
+	for _, tt := range tests {
+		for _, args := range [][]string{
+			{"config", "validate", tt.path},
+			{"config", "validate", "--role", "agent", tt.path},
+			{"agent", "--config", tt.path},
+			{"coordinator", "--config", tt.path},
+		} {
+			res := runCLI(testCtx(t), nil, "", args...)
+			if res.code == 0 || !strings.Contains(res.stderr, "config file: "+tt.inErr) {
+				t.Errorf("%v: exit %d, stderr %q; want an error with %q", args, res.code, res.stderr, tt.inErr)
+			}
+		}
+	}
+}
+
+// A secret named by an environment variable that is not set: the error
+// that the secret is missing names the file's key, its line and the
+// variable, so the operator knows which variable to export.
+func TestConfigSecretEnvUnsetNamed(t *testing.T) {
+	path := writeConfig(t, "role: agent\ncoordinator: [c:7443]\ntoken: {env: NOPE_NOT_SET}\n")
+	t.Setenv("HOME", t.TempDir())
+	res := runCLI(testCtx(t), nil, "", "config", "validate", "--role", "agent", path)
+	want := path + ":3: key token: $NOPE_NOT_SET is not set or empty"
+	if res.code != 1 || !strings.Contains(res.stderr, want) || !strings.Contains(res.stderr, "a join token is required") {
+		t.Fatalf("validate with an unset token variable: exit %d, stderr %q; want exit 1 and %q", res.code, res.stderr, want)
+	}
+	res = runCLI(testCtx(t), nil, "", "agent", "--config", path)
+	if res.code != exitUsage || !strings.Contains(res.stderr, want) {
+		t.Fatalf("agent with an unset token variable: exit %d, stderr %q; want %q", res.code, res.stderr, want)
+	}
+	// Set, the variable is the token: no such error.
+	res = runCLI(testCtx(t), map[string]string{"NOPE_NOT_SET": "tok"}, "", "config", "validate", "--role", "agent", path)
+	if strings.Contains(res.stderr, "NOPE_NOT_SET") || strings.Contains(res.stderr, "join token is required") {
+		t.Fatalf("validate with the variable set: exit %d, stderr %q", res.code, res.stderr)
 	}
 }

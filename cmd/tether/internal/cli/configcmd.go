@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -78,7 +77,9 @@ its default and its help. It passes tether config validate as printed.`,
 }
 
 // configRoleFor is the role of --role, else of the file's role: key. No
-// role, or a bad one, is a usage error.
+// role is a usage error. A file that does not parse, or whose role: key is
+// not one role, is the file's error (with its line): the problem is the
+// file, not the command line.
 func configRoleFor(flag, path string) (*configRole, error) {
 	if flag != "" {
 		r := configRoles[flag]
@@ -87,15 +88,31 @@ func configRoleFor(flag, path string) (*configRole, error) {
 		}
 		return r, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := readConfigFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, err
 	}
-	var doc struct {
-		Role string `yaml:"role"`
+	// The role is looked up in the node tree, which holds duplicate keys
+	// and everything else a full parse then reports with its line.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, yamlSyntaxError(path, data, err)
 	}
-	if yaml.Unmarshal(data, &doc) == nil && configRoles[doc.Role] != nil {
-		return configRoles[doc.Role], nil
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	if root.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(root.Content); i += 2 {
+			k, v := root.Content[i], root.Content[i+1]
+			if k.Kind != yaml.ScalarNode || k.Value != "role" {
+				continue
+			}
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!str" || configRoles[v.Value] == nil {
+				return nil, fmt.Errorf("%s:%d: key role: want agent or coordinator", path, k.Line)
+			}
+			return configRoles[v.Value], nil
+		}
 	}
 	return nil, usage(fmt.Errorf("%s names no role (role: agent or role: coordinator): give --role", path))
 }

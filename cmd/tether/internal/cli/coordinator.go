@@ -356,6 +356,7 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 			if err := o.Validate(); err != nil {
 				return usage(src.annotate(err))
 			}
+			keepServingOnBrokenPipe()
 			// Read once and taken out of the environment (sdnotify.FromEnv).
 			notify, err := sdnotify.FromEnv()
 			if err != nil {

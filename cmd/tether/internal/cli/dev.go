@@ -188,7 +188,7 @@ To run several side by side, give each its own --data-dir and ports.`,
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
-			surviveBrokenPipes()
+			keepServingOnBrokenPipe()
 			return runDev(cmd.Context(), &o, e)
 		}),
 	}

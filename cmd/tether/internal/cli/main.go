@@ -25,11 +25,3 @@ func Main() int {
 	}()
 	return Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 }
-
-// surviveBrokenPipes makes a write to a closed pipe an EPIPE error instead
-// of the death by SIGPIPE the Go runtime deals a process whose stdout or
-// stderr is a pipe nobody reads any more: `tether dev | tee log` lives on
-// (and drains in order) when tee is gone, e.g. after the Ctrl-C that hit
-// both. Only the daemons call it: a client command piped into head(1)
-// should still end quietly when head has read enough.
-func surviveBrokenPipes() { signal.Ignore(syscall.SIGPIPE) }

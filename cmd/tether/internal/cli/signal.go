@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/signal"
 	"syscall"
 )
 
@@ -30,4 +31,22 @@ func interruptCode(ctx context.Context) int {
 		return exitTerminated
 	}
 	return exitInterrupted
+}
+
+// keepServingOnBrokenPipe makes a daemon (dev, coordinator, agent) live on
+// when the reader of its standard output or error goes away (`tether dev
+// 2>&1 | head -1`, a log collector restarting): a write there then fails
+// with EPIPE, and the lines are lost, instead of the runtime killing the
+// whole process with SIGPIPE, which stopped the coordinator, NATS and the
+// agent at once, with no drain. The signal is caught (signal.Notify), not
+// ignored: an ignored SIGPIPE would be inherited by the jobs the agent
+// starts, and `yes | head` in a job would then never end. Client commands
+// keep the default: `tether exec ... | head` ends as any Unix filter does.
+func keepServingOnBrokenPipe() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGPIPE)
+	go func() {
+		for range ch {
+		}
+	}()
 }
