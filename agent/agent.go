@@ -52,6 +52,9 @@ type Agent struct {
 	selfOnce sync.Once
 	self     procIdentity
 	selfErr  error
+	// slots is the file recording the process groups of running execs
+	// (orphans.go).
+	slots groupSlots
 	// systemdRunPath, set only by tests, replaces the detection of
 	// systemd-run for detached jobs' scopes (jobScope).
 	systemdRunPath func() string
@@ -249,6 +252,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return a.serve(ctx, conn, addr, &h)
 	})
 	a.drained.Wait() // drained sessions end with ctx
+	a.closeSlots()   // no exec runs any more
 	if errors.Is(err, ErrEnrollRefused) {
 		a.log.Info("agent stopped: enrollment refused")
 		return err

@@ -2,7 +2,9 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -357,7 +359,7 @@ func TestKillOrphanGroups(t *testing.T) {
 }
 
 // An attached exec's process group is recorded while it runs, and the
-// record removed once it is over.
+// record cleared once it is over.
 func TestExecGroupRecorded(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
@@ -366,9 +368,9 @@ func TestExecGroupRecorded(t *testing.T) {
 	pgid := firstLinePID(t, e.stdout.String())
 	var rec groupRecord
 	waitFor(t, testWait, "the record", func() bool {
-		ents, _ := os.ReadDir(h.a.execsDir())
-		for _, en := range ents {
-			if strings.HasPrefix(en.Name(), strconv.Itoa(pgid)+"-") && readJSONFile(filepath.Join(h.a.execsDir(), en.Name()), &rec) == nil {
+		for _, r := range slotRecords(t, h.a) {
+			if r.Leader.PID == pgid {
+				rec = r
 				return true
 			}
 		}
@@ -379,7 +381,82 @@ func TestExecGroupRecorded(t *testing.T) {
 	}
 	e.send(t, protocol.FrameCancel, nil)
 	e.finish(t)
-	if ents, _ := os.ReadDir(h.a.execsDir()); len(ents) != 0 {
-		t.Errorf("records left after the exec: %v", ents)
+	if recs := slotRecords(t, h.a); len(recs) != 0 {
+		t.Errorf("records left after the exec: %+v", recs)
+	}
+}
+
+// slotRecords returns the records in a's slot files.
+func slotRecords(t *testing.T, a *Agent) []groupRecord {
+	t.Helper()
+	ents, _ := os.ReadDir(a.execsDir())
+	var recs []groupRecord
+	for _, en := range ents {
+		if !strings.HasPrefix(en.Name(), slotPrefix) {
+			t.Errorf("unexpected file %s in %s", en.Name(), a.execsDir())
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(a.execsDir(), en.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b)%slotSize != 0 {
+			t.Errorf("slot file %s is %d bytes, not a whole number of %d-byte slots", en.Name(), len(b), slotSize)
+		}
+		recs = append(recs, readSlots(b)...)
+	}
+	return recs
+}
+
+// Records of several execs at once take distinct slots, slots are reused
+// once cleared, and an agent that starts ends the groups recorded in a
+// dead agent process's slot file (and removes it) but leaves a live one's.
+func TestGroupSlots(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	a := h.a
+	l1, _ := startGroup(t, "sleep 300")
+	l2, _ := startGroup(t, "sleep 300")
+	r1 := a.recordGroup(l1.PID)
+	r2 := a.recordGroup(l2.PID)
+	if recs := slotRecords(t, a); len(recs) != 2 {
+		t.Fatalf("records %+v, want 2", recs)
+	}
+	r1()
+	recs := slotRecords(t, a)
+	if len(recs) != 1 || recs[0].Leader != l2 {
+		t.Fatalf("records after clearing one: %+v, want only %+v", recs, l2)
+	}
+	r3 := a.recordGroup(l1.PID) // reuses the cleared slot
+	if fi, err := os.Stat(a.slots.path); err != nil || fi.Size() != 2*slotSize {
+		t.Fatalf("slot file: %v, size %d; want 2 slots", err, fi.Size())
+	}
+	r3()
+	r2()
+
+	// A dead agent process's file with one live group and one torn slot.
+	dead := procIdentity{PID: 1, Start: 1<<63 - 1}
+	l4, sid4 := startGroup(t, "sleep 300")
+	b, _ := json.Marshal(groupRecord{Version: groupRecordVersion, Leader: l4, SID: sid4, Agent: dead})
+	slot := make([]byte, 2*slotSize)
+	copy(slot, b)
+	copy(slot[slotSize:], `{"v":1,"lead`)
+	deadFile := filepath.Join(a.execsDir(), fmt.Sprintf("%s%d-%d-x", slotPrefix, dead.PID, dead.Start))
+	if err := os.WriteFile(deadFile, slot, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a.killOrphanGroups()
+	if n := groupLive(l4.PID); n != 0 {
+		t.Errorf("dead agent's recorded group %d has %d live members, want 0", l4.PID, n)
+	}
+	if _, err := os.Stat(deadFile); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("dead agent's slot file: %v, want removed", err)
+	}
+	if _, err := os.Stat(a.slots.path); err != nil {
+		t.Errorf("this (live) agent's slot file: %v, want left", err)
+	}
+	a.closeSlots()
+	if ents, _ := os.ReadDir(a.execsDir()); len(ents) != 0 {
+		t.Errorf("files left after closeSlots: %v", ents)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -18,11 +20,23 @@ import (
 // process), but an agent killed with SIGKILL (or crashing) ends nothing:
 // the leader dies of its parent-death signal (exec.go), the rest of its
 // group runs on, orphaned. So while an exec's process runs, the agent
-// records its group in DataDir/execs/PGID-START.json (groupRecord: the
-// leader's pid, which is the pgid, and start time, its session, and the
-// agent process's identity), and removes the record when the group is
-// over. An agent that starts kills the groups of the records it finds
-// (SIGTERM, SIGKILL after the kill grace) and removes them.
+// records its group (groupRecord: the leader's pid, which is the pgid, and
+// start time, its session, and the agent process's identity), and clears
+// the record when the group is over. An agent that starts kills the groups
+// of the records it finds (SIGTERM, SIGKILL after the kill grace) and
+// removes them.
+//
+// The records live in one file per Agent: DataDir/execs/slots-PID-START-ID
+// (the agent process's pid and start time, and the Agent's instance id),
+// opened once and made of fixed-size slots, one per exec running at once
+// (groupSlots). Recording a group is one pwrite into a free slot and
+// clearing it another: a file created and removed per exec cost more than
+// forking the exec's process (openat with O_CREAT and unlink walk and
+// change the directory; a fan-out of `true` paid twice its fork for them).
+// A slot is written whole by one pwrite; one cut short by a crash is only
+// unparseable, and skipped, for a group that was microseconds old. Records
+// in DataDir/execs/PGID-START.json files (what earlier agents wrote, one
+// file per exec) are read and ended the same way.
 //
 // A recorded pgid may by then name another group: the original emptied
 // and the pid was reused. The group is killed only if it still is the
@@ -32,14 +46,15 @@ import (
 // started no earlier than the leader did. (A pid is not reused while any
 // process still has it as its group or session, so a group that never
 // emptied keeps its pgid.) A record whose agent process is still alive is
-// another agent's (two agents on one data directory): left alone.
+// another agent's (two agents on one data directory): left alone, and so
+// is the slot file of a live agent process.
 //
 // Left: the moment between an exec's start and its record (an agent
 // killed then leaves that group's non-leader members, as before); and
 // pty sessions and SSH channels, whose processes get a hangup when the
 // agent's end of their terminal closes.
 
-// groupRecord is one DataDir/execs/*.json file.
+// groupRecord is one record: a DataDir/execs/*.json file or a slot.
 type groupRecord struct {
 	Version int `json:"v"`
 	// Leader is the group's leader; its pid is the pgid.
@@ -51,10 +66,90 @@ type groupRecord struct {
 
 const groupRecordVersion = 1
 
+// slotSize is the size of one record slot in bytes: a record's JSON
+// (under 150 bytes with 20-digit numbers), padded with spaces, then a
+// newline. A free slot is all zero bytes.
+const slotSize = 256
+
+// slotPrefix starts the name of a slot file in DataDir/execs.
+const slotPrefix = "slots-"
+
 func (a *Agent) execsDir() string { return filepath.Join(a.cfg.DataDir, "execs") }
 
+// groupSlots is an Agent's slot file (see the top of this file). Its mutex
+// guards the free list and the file's opening and closing; pwrites to
+// distinct slots need no lock.
+type groupSlots struct {
+	mu   sync.Mutex
+	f    *os.File // nil until the first record, and after close
+	path string
+	n    int   // slots handed out so far: the file's length in slots
+	free []int // slots handed back, reused first
+}
+
+// take returns a free slot of the agent's slot file, opening (creating)
+// the file first if needed.
+func (a *Agent) takeSlot() (*os.File, int, error) {
+	g := &a.slots
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.f == nil {
+		self, err := a.selfIdentity()
+		if err != nil {
+			return nil, 0, err
+		}
+		path := filepath.Join(a.execsDir(), fmt.Sprintf("%s%d-%d-%s", slotPrefix, self.PID, self.Start, a.instance))
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if errors.Is(err, fs.ErrNotExist) {
+			if err = os.MkdirAll(a.execsDir(), 0o700); err == nil {
+				f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+			}
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		g.f, g.path, g.n, g.free = f, path, 0, nil
+	}
+	if k := len(g.free); k > 0 {
+		slot := g.free[k-1]
+		g.free = g.free[:k-1]
+		return g.f, slot, nil
+	}
+	g.n++
+	return g.f, g.n - 1, nil
+}
+
+// putSlot hands slot of f back, once its record was cleared.
+func (a *Agent) putSlot(f *os.File, slot int) {
+	g := &a.slots
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.f == f {
+		g.free = append(g.free, slot)
+	}
+}
+
+// closeSlots closes and removes the agent's slot file. Run calls it last,
+// when no exec runs any more: every record in it is clear.
+func (a *Agent) closeSlots() {
+	g := &a.slots
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.f == nil {
+		return
+	}
+	g.f.Close()
+	if err := os.Remove(g.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		a.log.Warn("remove exec process group records", "path", g.path, "err", err)
+	}
+	g.f, g.free = nil, nil
+}
+
+// zeroSlot is a free slot's contents.
+var zeroSlot [slotSize]byte
+
 // recordGroup records the process group pgid an exec just started and
-// returns the function that removes the record, to call once the group is
+// returns the function that clears the record, to call once the group is
 // over. A group that cannot be recorded (its leader exited already, the
 // data directory is not writable) is logged and not recorded.
 func (a *Agent) recordGroup(pgid int) (remove func()) {
@@ -69,19 +164,24 @@ func (a *Agent) recordGroup(pgid int) (remove func()) {
 		return nop
 	}
 	rec := groupRecord{Version: groupRecordVersion, Leader: procIdentity{PID: pgid, Start: ps.start}, SID: ps.sid, Agent: self}
+	var buf [slotSize]byte
 	b, err := json.Marshal(rec)
+	if err == nil && len(b) >= slotSize {
+		err = fmt.Errorf("record of %d bytes does not fit a %d-byte slot", len(b), slotSize)
+	}
 	if err != nil {
 		a.log.Warn("record exec process group", "pgid", pgid, "err", err)
 		return nop
 	}
-	// Written in place, not renamed into place: an exec pays for each
-	// syscall here, and a record cut short by a crash is only unreadable
-	// (removed at the next start), for a group that was microseconds old.
-	path := filepath.Join(a.execsDir(), fmt.Sprintf("%d-%d.json", pgid, ps.start))
-	err = os.WriteFile(path, b, 0o600)
-	if errors.Is(err, fs.ErrNotExist) {
-		if err = os.MkdirAll(a.execsDir(), 0o700); err == nil {
-			err = os.WriteFile(path, b, 0o600)
+	n := copy(buf[:], b)
+	for i := n; i < slotSize-1; i++ {
+		buf[i] = ' '
+	}
+	buf[slotSize-1] = '\n'
+	f, slot, err := a.takeSlot()
+	if err == nil {
+		if _, err = f.WriteAt(buf[:], int64(slot)*slotSize); err != nil {
+			a.putSlot(f, slot)
 		}
 	}
 	if err != nil {
@@ -89,10 +189,48 @@ func (a *Agent) recordGroup(pgid int) (remove func()) {
 		return nop
 	}
 	return func() {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			a.log.Warn("remove exec process group record", "path", path, "err", err)
+		if _, err := f.WriteAt(zeroSlot[:], int64(slot)*slotSize); err != nil {
+			// The slot is not handed back: its stale record, if the
+			// agent dies, names a group that is over (left alone).
+			a.log.Warn("clear exec process group record", "pgid", pgid, "err", err)
+			return
+		}
+		a.putSlot(f, slot)
+	}
+}
+
+// readSlots returns the records of a slot file's contents, skipping free
+// slots and slots that do not parse (cut short by a crash).
+func readSlots(b []byte) []groupRecord {
+	var recs []groupRecord
+	for len(b) > 0 {
+		n := min(len(b), slotSize)
+		s := bytes.Trim(b[:n], " \n\x00")
+		b = b[n:]
+		if len(s) == 0 {
+			continue
+		}
+		var rec groupRecord
+		if json.Unmarshal(s, &rec) == nil && rec.Version == groupRecordVersion {
+			recs = append(recs, rec)
 		}
 	}
+	return recs
+}
+
+// slotOwner returns the agent process a slot file's name names.
+func slotOwner(name string) (procIdentity, bool) {
+	var id procIdentity
+	f := strings.SplitN(strings.TrimPrefix(name, slotPrefix), "-", 3)
+	if len(f) < 2 {
+		return id, false
+	}
+	pid, err1 := strconv.Atoi(f[0])
+	start, err2 := strconv.ParseUint(f[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return id, false
+	}
+	return procIdentity{PID: pid, Start: start}, true
 }
 
 // selfIdentity is this agent process's identity, read once.
@@ -117,20 +255,11 @@ func (a *Agent) killOrphanGroups() {
 	}
 	members := procsByGroup()
 	var killed []int
-	for _, e := range entries {
-		path := filepath.Join(a.execsDir(), e.Name())
-		if !strings.HasSuffix(e.Name(), ".json") {
-			os.Remove(path) // a temporary file of an interrupted write
-			continue
-		}
-		var rec groupRecord
-		if err := readJSONFile(path, &rec); err != nil || rec.Version != groupRecordVersion {
-			a.log.Warn("unreadable exec process group record; removing it", "path", path, "err", err)
-			os.Remove(path)
-			continue
-		}
+	// end kills rec's group if it still is the recorded one and its agent
+	// is dead; it reports whether the record may go.
+	end := func(rec groupRecord) bool {
 		if rec.Agent.alive() {
-			continue // a live agent's: not ours to end
+			return false // a live agent's: not ours to end
 		}
 		pgid := rec.Leader.PID
 		if why := orphanGroupMismatch(rec, members[pgid]); why != "" {
@@ -142,6 +271,40 @@ func (a *Agent) killOrphanGroups() {
 			if err := syscall.Kill(-pgid, syscall.SIGTERM); err == nil {
 				killed = append(killed, pgid)
 			}
+		}
+		return true
+	}
+	for _, e := range entries {
+		path := filepath.Join(a.execsDir(), e.Name())
+		if strings.HasPrefix(e.Name(), slotPrefix) {
+			if owner, ok := slotOwner(e.Name()); ok && owner.alive() {
+				continue // a live agent process's file, in use
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				a.log.Warn("read exec process group records", "path", path, "err", err)
+				continue
+			}
+			for _, rec := range readSlots(b) {
+				end(rec)
+			}
+			if err := os.Remove(path); err != nil {
+				a.log.Warn("remove exec process group records", "path", path, "err", err)
+			}
+			continue
+		}
+		if !strings.HasSuffix(e.Name(), ".json") {
+			os.Remove(path) // a temporary file of an interrupted write
+			continue
+		}
+		var rec groupRecord
+		if err := readJSONFile(path, &rec); err != nil || rec.Version != groupRecordVersion {
+			a.log.Warn("unreadable exec process group record; removing it", "path", path, "err", err)
+			os.Remove(path)
+			continue
+		}
+		if !end(rec) {
+			continue
 		}
 		if err := os.Remove(path); err != nil {
 			a.log.Warn("remove exec process group record", "path", path, "err", err)

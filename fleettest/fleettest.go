@@ -22,10 +22,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,6 +152,8 @@ type Fleet struct {
 	SandboxServices                      []*sandboxes.Service
 	OpenShellFacades, OpenSandboxFacades []string
 	gw                                   gatewayFleet
+	// hosts are the agent host children (Options.Processes above 1).
+	hosts []*os.Process
 }
 
 // Start starts a fleet and waits until every agent is registered. Everything
@@ -378,6 +383,7 @@ func RunAgentHostIfChild() {
 		fmt.Fprintln(os.Stderr, "fleettest:", err)
 		os.Exit(2)
 	}
+	stopProfile := profileOnSignal(first)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := first; i < first+count; i++ {
@@ -398,8 +404,81 @@ func RunAgentHostIfChild() {
 	io.Copy(io.Discard, os.Stdin)
 	cancel()
 	wg.Wait()
+	stopProfile()
 	os.RemoveAll(dir)
 	os.Exit(0)
+}
+
+// AgentHostProfileEnv, set to a path prefix in the test process's
+// environment, makes every agent host child (Options.Processes above 1)
+// write a CPU profile of what it does between Fleet.ProfileAgentHosts(true)
+// and (false), to PREFIX-<first agent index>.cpu: benchmarks use it to see
+// the agents' share of a fan-out without their start-up.
+const AgentHostProfileEnv = "TETHER_FLEETTEST_AGENT_CPUPROFILE"
+
+// profileOnSignal, in an agent host child with AgentHostProfileEnv set,
+// starts a CPU profile on SIGUSR1 and stops it on SIGUSR2; the returned
+// func stops it (if running) and the signal handling.
+func profileOnSignal(first int) (stop func()) {
+	prefix := os.Getenv(AgentHostProfileEnv)
+	if prefix == "" {
+		return func() {}
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+	done := make(chan struct{})
+	var mu sync.Mutex
+	var out *os.File
+	end := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if out != nil {
+			pprof.StopCPUProfile()
+			out.Close()
+			out = nil
+		}
+	}
+	go func() {
+		defer close(done)
+		for sig := range sigs {
+			if sig != syscall.SIGUSR1 {
+				end()
+				continue
+			}
+			mu.Lock()
+			if out == nil {
+				f, err := os.Create(fmt.Sprintf("%s-%d.cpu", prefix, first))
+				if err == nil && pprof.StartCPUProfile(f) == nil {
+					out = f
+				} else if f != nil {
+					f.Close()
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(sigs)
+		<-done
+		end()
+	}
+}
+
+// ProfileAgentHosts starts (on) or stops the agent host children's CPU
+// profiles (AgentHostProfileEnv); without children or the variable it does
+// nothing. The signal is asynchronous: the profile may start a moment late.
+func (f *Fleet) ProfileAgentHosts(on bool) {
+	if os.Getenv(AgentHostProfileEnv) == "" {
+		return
+	}
+	sig := syscall.SIGUSR2
+	if on {
+		sig = syscall.SIGUSR1
+	}
+	for _, p := range f.hosts {
+		p.Signal(sig)
+	}
 }
 
 // startAgentHosts runs the fleet's agents in Options.Processes children.
@@ -422,6 +501,7 @@ func (f *Fleet) startAgentHosts(tb testing.TB, caFile string) {
 		if err := cmd.Start(); err != nil {
 			tb.Fatal(err)
 		}
+		f.hosts = append(f.hosts, cmd.Process)
 		tb.Cleanup(func() {
 			stdin.Close() // the child stops its agents and exits
 			done := make(chan struct{})
