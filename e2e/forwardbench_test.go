@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -17,10 +18,90 @@ import (
 	"github.com/tetherfleet/tether/fleettest"
 )
 
+// relayHopEnv, when set in the environment of this test binary, makes it a
+// relay hop process instead (relayHopMain): the address to forward to.
+const relayHopEnv = "TETHER_E2E_RELAY_HOP"
+
+func init() {
+	if to := os.Getenv(relayHopEnv); to != "" {
+		relayHopMain(to)
+	}
+}
+
+// relayHopMain is one hop of the per-process relay baseline: it listens on
+// a loopback port, prints its address on stdout, and copies each
+// connection to and from to (io.Copy each way, as fleettest.TwoHopRelay's
+// hops), until killed.
+func relayHopMain(to string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay hop:", err)
+		os.Exit(1)
+	}
+	fmt.Println(ln.Addr())
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			os.Exit(1)
+		}
+		go func() {
+			defer c.Close()
+			u, err := net.Dial("tcp", to)
+			if err != nil {
+				return
+			}
+			defer u.Close()
+			done := make(chan struct{})
+			go func() {
+				io.Copy(u, c)
+				u.(*net.TCPConn).CloseWrite()
+				close(done)
+			}()
+			io.Copy(c, u)
+			c.(*net.TCPConn).CloseWrite()
+			<-done
+		}()
+	}
+}
+
+// processRelay starts hops relay hop processes (this test binary, see
+// relayHopMain) chained in front of target and returns the first one's
+// address: the shape of `tether forward` (CLI → coordinator → agent →
+// target is three processes), with nothing in each but an io.Copy.
+func processRelay(t *testing.T, target string, hops int) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := target
+	for range hops {
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), relayHopEnv+"="+addr)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil {
+			t.Fatalf("relay hop process: no address: %v", err)
+		}
+		addr = strings.TrimSpace(line)
+	}
+	return addr
+}
+
 // TestForwardBenchmark compares `tether forward` (the CLI process, on the
 // direct path and with TETHER_DIRECT=0 over NATS) with OpenSSH `ssh -L`
 // (aes128-gcm, to a throwaway sshd on loopback) and a plain userspace
-// relay of two io.Copy hops, all in front of the same loopback target, in
+// relay of two io.Copy hops in the test process, and the same relay as three
+// processes of one io.Copy hop each (relay-3proc: the process boundaries
+// of the CLI, the coordinator and the agent, without their work), all in front of the same loopback target, in
 // interleaved rounds (the order turned each round): bulk throughput of one
 // stream (FWDBENCH_BULK_MIB, default 256) and the p50 round trip of 64-byte
 // echoes (FWDBENCH_ECHOES, default 2000). It logs each path's medians and
@@ -43,6 +124,7 @@ func TestForwardBenchmark(t *testing.T) {
 
 	target := fleettest.BenchTarget(t)
 	relay := fleettest.TwoHopRelay(t, target)
+	relay3 := processRelay(t, target, 3)
 
 	pol := e2ePolicyWith(t, "      - nodes: \"*\"\n        operations: [forward]\n        targets: [bench]\n")
 	f := startFleetArgs(t, pol)
@@ -71,7 +153,7 @@ func TestForwardBenchmark(t *testing.T) {
 		}
 	})
 
-	paths := []struct{ name, addr string }{{"relay", relay}, {"tether-direct", direct}, {"tether-nats", natsFwd}, {"ssh-L", sshL}}
+	paths := []struct{ name, addr string }{{"relay", relay}, {"relay-3proc", relay3}, {"tether-direct", direct}, {"tether-nats", natsFwd}, {"ssh-L", sshL}}
 	for _, p := range paths {
 		waitEcho(t, p.name, p.addr)
 	}
@@ -109,6 +191,8 @@ func TestForwardBenchmark(t *testing.T) {
 	fmt.Fprintf(&sb, "  direct bulk / relay   %.2f (target ≥ 0.5)\n", ratio(bw, "tether-direct", "relay"))
 	fmt.Fprintf(&sb, "  direct rtt / relay    %.2f (target ≤ 1.3)\n", ratio(rtt, "tether-direct", "relay"))
 	fmt.Fprintf(&sb, "  direct rtt / ssh -L   %.2f\n", ratio(rtt, "tether-direct", "ssh-L"))
+	fmt.Fprintf(&sb, "  direct rtt / relay-3proc %.2f   relay-3proc rtt / relay %.2f   direct bulk / relay-3proc %.2f\n",
+		ratio(rtt, "tether-direct", "relay-3proc"), ratio(rtt, "relay-3proc", "relay"), ratio(bw, "tether-direct", "relay-3proc"))
 	fmt.Fprintf(&sb, "  nats bulk / ssh -L    %.2f   nats bulk / relay %.2f   nats rtt / relay %.2f\n",
 		ratio(bw, "tether-nats", "ssh-L"), ratio(bw, "tether-nats", "relay"), ratio(rtt, "tether-nats", "relay"))
 	t.Log(sb.String())
