@@ -107,7 +107,8 @@ func processRelay(t *testing.T, target string, hops int) string {
 // echoes (FWDBENCH_ECHOES, default 2000). It logs each path's medians and
 // the median per-round ratios against the issue's targets (direct bulk ≥
 // 1.2× ssh -L and ≥ 0.5× the relay; RTT p50 ≤ 1.3× the relay), and
-// asserts nothing. Run with
+// asserts nothing. -tether-base-bin adds a whole fleet of another build
+// (base-direct) in the same rounds, for an A/B of a change. Run with
 //
 //	go test -count=1 -tags 'e2e sshbench' -run '^TestForwardBenchmark$' -v ./e2e/
 func TestForwardBenchmark(t *testing.T) {
@@ -132,8 +133,21 @@ func TestForwardBenchmark(t *testing.T) {
 	f.waitNodes(t, "node-a")
 	direct := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	natsFwd := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startForward(t, f.natsURL, direct, []string{"TETHER_DIRECT=only"}) // no silent fallback
-	startForward(t, f.natsURL, natsFwd, []string{"TETHER_DIRECT=0"})
+	startForward(t, *tetherBin, f.natsURL, direct, []string{"TETHER_DIRECT=only"}) // no silent fallback
+	startForward(t, *tetherBin, f.natsURL, natsFwd, []string{"TETHER_DIRECT=0"})
+	var baseFwd string
+	if *baseBin != "" {
+		// A whole second fleet of the other build (coordinator, agent,
+		// CLI), for tether's ratio to it in the same rounds.
+		old := *tetherBin
+		*tetherBin = *baseBin
+		bf := startFleetArgs(t, pol)
+		bf.startAgentBin(t, *baseBin, "node-a", "role=a", bf.tokenFile, "--target", "bench="+target)
+		bf.waitNodes(t, "node-a")
+		*tetherBin = old
+		baseFwd = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		startForward(t, *baseBin, bf.natsURL, baseFwd, []string{"TETHER_DIRECT=only"})
+	}
 
 	key := newSSHKey(t, t.TempDir(), "fwd")
 	sshd := startSSHD(t, key)
@@ -154,6 +168,9 @@ func TestForwardBenchmark(t *testing.T) {
 	})
 
 	paths := []struct{ name, addr string }{{"relay", relay}, {"relay-3proc", relay3}, {"tether-direct", direct}, {"tether-nats", natsFwd}, {"ssh-L", sshL}}
+	if baseFwd != "" {
+		paths = append(paths, struct{ name, addr string }{"base-direct", baseFwd})
+	}
 	for _, p := range paths {
 		waitEcho(t, p.name, p.addr)
 	}
@@ -195,19 +212,23 @@ func TestForwardBenchmark(t *testing.T) {
 		ratio(rtt, "tether-direct", "relay-3proc"), ratio(rtt, "relay-3proc", "relay"), ratio(bw, "tether-direct", "relay-3proc"))
 	fmt.Fprintf(&sb, "  nats bulk / ssh -L    %.2f   nats bulk / relay %.2f   nats rtt / relay %.2f\n",
 		ratio(bw, "tether-nats", "ssh-L"), ratio(bw, "tether-nats", "relay"), ratio(rtt, "tether-nats", "relay"))
+	if baseFwd != "" {
+		fmt.Fprintf(&sb, "  direct / base-direct (-tether-base-bin): bulk %.2f   rtt %.2f\n",
+			ratio(bw, "tether-direct", "base-direct"), ratio(rtt, "tether-direct", "base-direct"))
+	}
 	t.Log(sb.String())
 }
 
-// startForward runs `tether forward node-a bench LOCAL` with the fleet's
-// NATS environment and env until the test ends.
-func startForward(t *testing.T, natsURL, local string, env []string) {
+// startForward runs `bin forward node-a bench LOCAL` with the fleet's NATS
+// environment and env until the test ends.
+func startForward(t *testing.T, bin, natsURL, local string, env []string) {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), "forward.log")
 	lf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(*tetherBin, "forward", "node-a", "bench", local)
+	cmd := exec.Command(bin, "forward", "node-a", "bench", local)
 	cmd.Env = append(append(os.Environ(), natsEnv(natsURL)...), env...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
