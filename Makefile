@@ -125,9 +125,9 @@ bench-ssh: build ## OpenSSH via Tether vs a loopback sshd: interleaved rounds, m
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestSSHBenchmark$$' -v \
 		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
 
-bench-forward: build ## tether forward (direct, NATS) vs ssh -L aes128-gcm vs a 2-hop io.Copy relay: interleaved rounds, median ratios (FWDBENCH_ROUNDS, FWDBENCH_BULK_MIB, FWDBENCH_ECHOES)
+bench-forward: build ## tether forward (direct, NATS) vs ssh -L aes128-gcm vs a 2-hop io.Copy relay (in one process, and as three): interleaved rounds, median ratios (FWDBENCH_ROUNDS, FWDBENCH_BULK_MIB, FWDBENCH_ECHOES; BASE=old/tether adds a fleet of it beside)
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestForwardBenchmark$$' -v \
-		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN)
+		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
 
 bench-startup: build ## whole processes: tether version vs /bin/true, tether exec vs ssh through a ControlMaster (STARTBENCH_ROUNDS, STARTBENCH_RUNS; BASE=old/tether adds it beside)
 	@# Not in `make test`: it measures. Needs Debian's openssh-client and openssh-server.
