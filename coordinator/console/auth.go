@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 
@@ -215,6 +216,12 @@ func safeNext(next string) string {
 	u, err := url.Parse(next)
 	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.Opaque != "" ||
 		!strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
+		return Prefix
+	}
+	// Dot segments, also percent-encoded ones (u.Path is decoded), must
+	// not climb out of the console: the browser resolves them before it
+	// asks, so "/console/../metrics" is a redirect to /metrics.
+	if !strings.HasPrefix(path.Clean(u.Path)+"/", Prefix) {
 		return Prefix
 	}
 	return next

@@ -605,7 +605,10 @@ func TestSafeNext(t *testing.T) {
 		"/metrics":                 Prefix,
 		"/console/\\evil":          Prefix,
 		"javascript:alert(1)":      Prefix,
-		"/console/../metrics":      "/console/../metrics", // same origin; harmless
+		"/console/../metrics":      Prefix, // the browser resolves it to /metrics
+		"/console/%2e%2e/evil":     Prefix,
+		"/console/jobs/../nodes":   "/console/jobs/../nodes",
+		"/console":                 Prefix,
 		"/console/jobs/x/output/y": "/console/jobs/x/output/y",
 	} {
 		if got := safeNext(in); got != want {
