@@ -34,6 +34,15 @@ func TestConfigExampleValidates(t *testing.T) {
 			if res.code != 0 {
 				t.Fatalf("config example: exit %d: %s", res.code, res.stderr)
 			}
+			// Every commented-out default is a value: uncommenting one
+			// must not give YAML's null (a zero duration printed as "").
+			for _, line := range strings.Split(res.stdout, "\n") {
+				rest, ok := strings.CutPrefix(line, "# ")
+				key, v, isKey := strings.Cut(rest, ":")
+				if ok && isKey && key != "" && !strings.ContainsAny(key, " \t") && strings.TrimSpace(v) == "" {
+					t.Errorf("example line %q has no default value", line)
+				}
+			}
 			path := writeConfig(t, res.stdout)
 			if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 || !strings.Contains(res.stdout, "ok") {
 				t.Fatalf("config validate of the example: exit %d, stdout %q, stderr:\n%s", res.code, res.stdout, res.stderr)

@@ -220,7 +220,9 @@ func yamlDefault(f *pflag.Flag) string {
 	case "string":
 		return strconv.Quote(f.Value.String())
 	case "duration":
-		if f.Value.String() == "0s" {
+		// durationFlag shows zero as "" (no "(default 0s)" in help); a
+		// config file needs a value ("" would be YAML's null).
+		if v := f.Value.String(); v == "" || v == "0s" {
 			return "0s"
 		}
 	}
