@@ -367,6 +367,17 @@ func (cs *clientSession) serve(ctx context.Context) {
 		ctl.SetWriteDeadline(time.Now().Add(c.cfg.Tunnel.WriteTimeout))
 		protocol.WriteJSONFrame(ctl, protocol.FrameReject, &protocol.ErrorInfo{Code: protocol.CodeBadRequest, Message: err.Error()})
 		ctl.Close()
+		// A lingering close: closing the session at once can reach the
+		// client before the reject it has not read yet (it then sees a
+		// bare "session shutdown"; 3 in 12 runs of
+		// TestDirectListenerKeepsProtocolsApart). The client hangs up
+		// once it has read it; a second bounds the wait.
+		t := time.NewTimer(time.Second)
+		select {
+		case <-cs.sess.Done():
+		case <-t.C:
+		}
+		t.Stop()
 		return
 	}
 	cs.ctl = ctl
