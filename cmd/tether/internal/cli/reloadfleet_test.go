@@ -41,16 +41,7 @@ func startReloadFleet(t *testing.T, o coordinatorOptions, src *configSource, log
 	if src != nil {
 		cs.config = src
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	checkReady(t, cs)
+	serveCoordinator(t, cs)
 
 	acfg := agent.DefaultConfig()
 	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)

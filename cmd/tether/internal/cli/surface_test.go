@@ -288,16 +288,7 @@ func TestSurface(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	checkReady(t, cs)
+	serveCoordinator(t, cs)
 
 	// The coordinators' eye: coordinator credentials, never a caller.
 	eyeCreds, err := cs.layout.MintCoordinator("surface-eye")
