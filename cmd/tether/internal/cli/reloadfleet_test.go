@@ -43,23 +43,9 @@ func startReloadFleet(t *testing.T, o coordinatorOptions, src *configSource, log
 	}
 	serveCoordinator(t, cs)
 
-	acfg := agent.DefaultConfig()
-	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg.NodeID, acfg.Token, acfg.SharedToken, acfg.TLS = node, "tok", true, tlsCfg
-	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
-	acfg.DataDir = t.TempDir()
-	acfg.Logger = log
-	a, err := agent.New(acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	adone := make(chan error, 1)
-	go func() { adone <- a.Run(actx) }()
-	t.Cleanup(func() { acancel(); <-adone })
+	acfg := testAgentConfig(t, cs, node, "tok", log)
+	acfg.SharedToken = true
+	runTestAgent(t, acfg)
 
 	f := &reloadFleet{cs: cs}
 	nc := natsauthtest.Connect(t, cs.info.NATSURL, natsauthtest.ClientCreds(t, cs.layout, "tester"))
@@ -79,6 +65,36 @@ func startReloadFleet(t *testing.T, o coordinatorOptions, src *configSource, log
 	t.Cleanup(func() { f.st.Close() })
 	f.fr = protocol.NewFrameReader(f.st)
 	return f
+}
+
+// testAgentConfig is the config of an agent named node that joins cs
+// (trusting its CA) with token, logging to log, its data in a fresh
+// directory.
+func testAgentConfig(t *testing.T, cs *coordinatorServer, node, token string, log *slog.Logger) agent.Config {
+	t.Helper()
+	acfg := agent.DefaultConfig()
+	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg.NodeID, acfg.Token, acfg.TLS = node, token, tlsCfg
+	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
+	acfg.DataDir = t.TempDir()
+	acfg.Logger = log
+	return acfg
+}
+
+// runTestAgent runs the agent of acfg until the test ends.
+func runTestAgent(t *testing.T, acfg agent.Config) {
+	t.Helper()
+	a, err := agent.New(acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // echo sends s on the stream and fails t unless cat sends it back.
