@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/tunnel"
 )
 
@@ -116,23 +117,17 @@ func (a *Agent) runNotify(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var failed bool    // a send failed: logged once until one succeeds
-	var unhealthy bool // the last probe failed
-	check := func(err error) {
-		switch {
-		case err != nil && !failed:
-			a.log.Warn("systemd notification failed", "err", err)
-			failed = true
-		case err == nil:
-			failed = false
-		}
+	l := &sdnotify.Loop{
+		N: n, Log: a.log,
+		Unhealthy: "tunnel unhealthy: not petting the systemd watchdog; systemd restarts the agent if this lasts",
+		Healthy:   "tunnel healthy again: petting the systemd watchdog",
 	}
 	n.Status("connecting to " + strings.Join(a.cfg.Coordinators, ", "))
 	for {
 		tick := false
 		select {
 		case <-ctx.Done():
-			check(n.Stopping(fmt.Sprintf("stopping: %d execs running", a.running.Load())))
+			l.Check(n.Stopping(fmt.Sprintf("stopping: %d execs running", a.running.Load())))
 			// The sessions close with ctx, which ends a ping in flight.
 			a.notify.pings.Wait()
 			return
@@ -143,26 +138,13 @@ func (a *Agent) runNotify(ctx context.Context) {
 		cur := a.notify.cur.Load()
 		status := a.notifyStatus(cur)
 		if cur != nil && !n.IsReady() {
-			check(n.Ready(status))
+			l.Check(n.Ready(status))
 		}
 		if tick && wd > 0 {
-			// Logged when the verdict changes, not at every tick.
-			if err := a.probe(ctx, cur, wd/4); err != nil {
-				status += "; not petting the watchdog: " + err.Error()
-				if ctx.Err() == nil && !unhealthy {
-					a.log.Warn("tunnel unhealthy: not petting the systemd watchdog; systemd restarts the agent if this lasts", "err", err, "watchdog", wd)
-				}
-				unhealthy = true
-			} else {
-				if unhealthy {
-					a.log.Info("tunnel healthy again: petting the systemd watchdog")
-				}
-				unhealthy = false
-				check(n.Watchdog())
-			}
+			status = l.Tick(ctx, status, a.probe(ctx, cur, wd/4))
 		}
 		if ctx.Err() == nil {
-			check(n.Status(status))
+			l.Check(n.Status(status))
 		}
 	}
 }

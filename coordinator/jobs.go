@@ -286,21 +286,91 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 
 // runJobOp opens a job stream to n with p and replies with its answer.
 func (c *Coordinator) runJobOp(ctx context.Context, req micro.Request, n *node, p *protocol.JobParams) {
+	a, err := c.readJobStream(ctx, n, p, protocol.MaxJobOutputLimit)
+	if err != nil {
+		code, status := protocol.ErrCodeInternal, 500
+		if _, ok := errors.AsType[*jobStreamUnavailable](err); ok {
+			code, status = protocol.ErrCodeUnavailable, 503
+		}
+		c.replyError(req, protocol.NewAPIError(status, code, "node %s: %v", n.id, err))
+		return
+	}
+	if ei := a.agentErr; ei != nil {
+		msg := "node " + n.id + ": " + withoutNodePrefix(n.id, truncateAgentString(ei.Message))
+		switch ei.Code {
+		case "job_not_found":
+			c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%s", msg))
+		case protocol.CodeBadRequest:
+			c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%s", msg))
+		case protocol.CodeUnsupported:
+			c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeUnsupported, "node %s: its agent does not support detached jobs", n.id))
+		default:
+			c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "%s", msg))
+		}
+		return
+	}
+	if p.Op == protocol.JobOpOutput {
+		var end protocol.JobOutputEnd
+		if err := protocol.DecodeJSON(a.answer, &end); err != nil {
+			c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
+			return
+		}
+		h := micro.Headers{}
+		h[protocol.HeaderTotal] = []string{strconv.FormatInt(end.Total, 10)}
+		h[protocol.HeaderEOF] = []string{strconv.FormatBool(end.EOF)}
+		if err := req.Respond(a.data, micro.WithHeaders(h)); err != nil {
+			c.log.Warn("send job output reply", "node_id", n.id, "job_id", p.ID, "err", err)
+		}
+		return
+	}
+	var js protocol.JobStatus
+	if err := protocol.DecodeJSON(a.answer, &js); err != nil {
+		c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
+		return
+	}
+	js.Node = n.id
+	c.replyJSON(req, js, "a job status", "raise the server's max_payload")
+}
+
+// jobStreamUnavailable is a readJobStream error of the transport: the
+// stream did not open or ended before its answer. runJobOp answers it as
+// the node being unavailable (503), the others as a broken peer (500). Its
+// text is err's.
+type jobStreamUnavailable struct{ err error }
+
+func (e *jobStreamUnavailable) Error() string { return e.err.Error() }
+func (e *jobStreamUnavailable) Unwrap() error { return e.err }
+
+// jobAnswer is what a job stream answered: the stdout bytes it sent first,
+// then either answer (the FrameJob payload, undecoded: a JobStatus or a
+// JobOutputEnd by p.Op) or agentErr (the agent's FrameError).
+type jobAnswer struct {
+	data     []byte
+	answer   []byte
+	agentErr *protocol.ErrorInfo
+}
+
+// readJobStream opens a job stream to n with p and reads its answer, with
+// at most limit bytes of stdout before it. It is the one reader of job
+// streams: the NATS job.* handlers (runJobOp) and the console's JobOutput
+// map its result to their own errors. It blocks for at most
+// jobAnswerTimeout or until ctx ends. Errors do not name the node (the
+// caller does); those of the transport are *jobStreamUnavailable.
+func (c *Coordinator) readJobStream(ctx context.Context, n *node, p *protocol.JobParams, limit int64) (jobAnswer, error) {
+	var a jobAnswer
 	ctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
 	defer cancel()
 	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
 	st, err := n.sess.Open(octx, protocol.KindJob, p)
 	ocancel()
 	if err != nil {
-		c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: open job stream: %v", n.id, err))
-		return
+		return a, &jobStreamUnavailable{fmt.Errorf("open job stream: %w", err)}
 	}
 	c.m.streamsOpened.WithLabelValues(protocol.KindJob.String()).Inc()
 	defer st.Close()
 	stop := context.AfterFunc(ctx, func() { st.SetReadDeadline(time.Now()) })
 	defer stop()
 
-	var data []byte
 	fr := protocol.NewFrameReader(st)
 	for {
 		f, err := fr.Next()
@@ -308,60 +378,27 @@ func (c *Coordinator) runJobOp(ctx context.Context, req micro.Request, n *node, 
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s: job stream ended without an answer: %v", n.id, err))
-			return
+			return a, &jobStreamUnavailable{fmt.Errorf("job stream ended without an answer: %w", err)}
 		}
 		switch f.Type {
 		case protocol.FrameStdout:
-			if int64(len(data)+len(f.Payload)) > protocol.MaxJobOutputLimit {
-				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job output answer over the %d byte limit", n.id, protocol.MaxJobOutputLimit))
-				return
+			// The agent answers at most limit bytes; more is a broken peer.
+			if int64(len(a.data)+len(f.Payload)) > limit {
+				return a, fmt.Errorf("job output answer over the %d byte limit", limit)
 			}
-			data = append(data, f.Payload...)
+			a.data = append(a.data, f.Payload...)
 		case protocol.FrameError:
 			var ei protocol.ErrorInfo
 			if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
-				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
-				return
+				return a, fmt.Errorf("job stream: %w", err)
 			}
-			msg := "node " + n.id + ": " + withoutNodePrefix(n.id, truncateAgentString(ei.Message))
-			switch ei.Code {
-			case "job_not_found":
-				c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "%s", msg))
-			case protocol.CodeBadRequest:
-				c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "%s", msg))
-			case protocol.CodeUnsupported:
-				c.replyError(req, protocol.NewAPIError(501, protocol.ErrCodeUnsupported, "node %s: its agent does not support detached jobs", n.id))
-			default:
-				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "%s", msg))
-			}
-			return
+			a.agentErr = &ei
+			return a, nil
 		case protocol.FrameJob:
-			if p.Op == protocol.JobOpOutput {
-				var end protocol.JobOutputEnd
-				if err := protocol.DecodeJSON(f.Payload, &end); err != nil {
-					c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
-					return
-				}
-				h := micro.Headers{}
-				h[protocol.HeaderTotal] = []string{strconv.FormatInt(end.Total, 10)}
-				h[protocol.HeaderEOF] = []string{strconv.FormatBool(end.EOF)}
-				if err := req.Respond(data, micro.WithHeaders(h)); err != nil {
-					c.log.Warn("send job output reply", "node_id", n.id, "job_id", p.ID, "err", err)
-				}
-				return
-			}
-			var js protocol.JobStatus
-			if err := protocol.DecodeJSON(f.Payload, &js); err != nil {
-				c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: %v", n.id, err))
-				return
-			}
-			js.Node = n.id
-			c.replyJSON(req, js, "a job status", "raise the server's max_payload")
-			return
+			a.answer = f.Payload
+			return a, nil
 		default:
-			c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "node %s: job stream: unexpected %s frame", n.id, f.Type))
-			return
+			return a, fmt.Errorf("job stream: unexpected %s frame", f.Type)
 		}
 	}
 }

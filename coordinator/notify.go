@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/tetherfleet/tether/internal/sdnotify"
 )
 
 // errNATSDown is the health check's verdict without a NATS connection.
@@ -60,18 +62,12 @@ func (c *Coordinator) runNotify(ctx context.Context) {
 	if wd > 0 {
 		every = wd / 2
 	}
-	failed := false    // a send failed: logged once until one succeeds
-	unhealthy := false // the last check failed
-	check := func(err error) {
-		switch {
-		case err != nil && !failed:
-			c.log.Warn("systemd notification failed", "err", err)
-			failed = true
-		case err == nil:
-			failed = false
-		}
+	l := &sdnotify.Loop{
+		N: n, Log: c.log,
+		Unhealthy: "coordinator unhealthy: not petting the systemd watchdog; systemd restarts it if this lasts",
+		Healthy:   "coordinator healthy again: petting the systemd watchdog",
 	}
-	check(n.Ready(c.notifyStatus()))
+	l.Check(n.Ready(c.notifyStatus()))
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -82,23 +78,10 @@ func (c *Coordinator) runNotify(ctx context.Context) {
 		}
 		status := c.notifyStatus()
 		if wd > 0 {
-			// Logged when the verdict changes, not at every tick.
-			if err := c.healthy(ctx, wd/4); err != nil {
-				status += "; not petting the watchdog: " + err.Error()
-				if ctx.Err() == nil && !unhealthy {
-					c.log.Warn("coordinator unhealthy: not petting the systemd watchdog; systemd restarts it if this lasts", "err", err, "watchdog", wd)
-				}
-				unhealthy = true
-			} else {
-				if unhealthy {
-					c.log.Info("coordinator healthy again: petting the systemd watchdog")
-				}
-				unhealthy = false
-				check(n.Watchdog())
-			}
+			status = l.Tick(ctx, status, c.healthy(ctx, wd/4))
 		}
 		if ctx.Err() == nil {
-			check(n.Status(status))
+			l.Check(n.Status(status))
 		}
 	}
 }

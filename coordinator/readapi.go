@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"time"
 
 	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/policy"
@@ -50,51 +48,18 @@ func (c *Coordinator) JobOutput(ctx context.Context, nodeID, id, stream string, 
 	if n == nil {
 		return nil, end, fmt.Errorf("node %s: %w (%s)", protocol.Clip(nodeID), ErrNotHere, c.cfg.ID)
 	}
-	ctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
-	defer cancel()
-	octx, ocancel := context.WithTimeout(ctx, c.cfg.Tunnel.WriteTimeout)
-	st, err := n.sess.Open(octx, protocol.KindJob, p)
-	ocancel()
+	a, err := c.readJobStream(ctx, n, p, limit)
 	if err != nil {
-		return nil, end, fmt.Errorf("node %s: open job stream: %w", nodeID, err)
+		return nil, end, fmt.Errorf("node %s: job %s: %w", nodeID, id, err)
 	}
-	c.m.streamsOpened.WithLabelValues(protocol.KindJob.String()).Inc()
-	defer st.Close()
-	stop := context.AfterFunc(ctx, func() { st.SetReadDeadline(time.Now()) })
-	defer stop()
-	var data []byte
-	fr := protocol.NewFrameReader(st)
-	for {
-		f, err := fr.Next()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, end, fmt.Errorf("node %s: job %s output: stream ended without an answer: %w", nodeID, id, err)
+	if ei := a.agentErr; ei != nil {
+		if ei.Code == "job_not_found" {
+			return nil, end, fmt.Errorf("node %s: job %s: %w", nodeID, id, jobstore.ErrNoSuchJob)
 		}
-		switch f.Type {
-		case protocol.FrameStdout:
-			// The agent answers at most limit bytes; more is a broken peer.
-			if int64(len(data)+len(f.Payload)) > limit {
-				return nil, end, fmt.Errorf("node %s: job %s output: answer over the %d byte limit", nodeID, id, limit)
-			}
-			data = append(data, f.Payload...)
-		case protocol.FrameJob:
-			if err := protocol.DecodeJSON(f.Payload, &end); err != nil {
-				return nil, end, fmt.Errorf("node %s: job %s output: %w", nodeID, id, err)
-			}
-			return data, end, nil
-		case protocol.FrameError:
-			var ei protocol.ErrorInfo
-			if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
-				return nil, end, fmt.Errorf("node %s: job %s output: %w", nodeID, id, err)
-			}
-			if ei.Code == "job_not_found" {
-				return nil, end, fmt.Errorf("node %s: job %s: %w", nodeID, id, jobstore.ErrNoSuchJob)
-			}
-			return nil, end, fmt.Errorf("node %s: job %s output: %s", nodeID, id, truncateAgentString(ei.Message))
-		default:
-			return nil, end, fmt.Errorf("node %s: job %s output: unexpected %s frame", nodeID, id, f.Type)
-		}
+		return nil, end, fmt.Errorf("node %s: job %s output: %s", nodeID, id, truncateAgentString(ei.Message))
 	}
+	if err := protocol.DecodeJSON(a.answer, &end); err != nil {
+		return nil, end, fmt.Errorf("node %s: job %s output: %w", nodeID, id, err)
+	}
+	return a.data, end, nil
 }

@@ -30,7 +30,7 @@ func init() {
 
 // relayHopMain is one hop of the per-process relay baseline: it listens on
 // a loopback port, prints its address on stdout, and copies each
-// connection to and from to (io.Copy each way, as fleettest.TwoHopRelay's
+// connection to and from to (fleettest.RelayConn, as fleettest.TwoHopRelay's
 // hops), until killed.
 func relayHopMain(to string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -46,20 +46,7 @@ func relayHopMain(to string) {
 		}
 		go func() {
 			defer c.Close()
-			u, err := net.Dial("tcp", to)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			done := make(chan struct{})
-			go func() {
-				io.Copy(u, c)
-				u.(*net.TCPConn).CloseWrite()
-				close(done)
-			}()
-			io.Copy(c, u)
-			c.(*net.TCPConn).CloseWrite()
-			<-done
+			fleettest.RelayConn(c, to)
 		}()
 	}
 }

@@ -66,22 +66,30 @@ func TwoHopRelay(tb testing.TB, target string) string {
 }
 
 func startRelay(tb testing.TB, to string) string {
-	return serveLoopback(tb, func(c net.Conn) {
-		u, err := net.Dial("tcp", to)
-		if err != nil {
-			return
-		}
-		defer u.Close()
-		done := make(chan struct{})
-		go func() {
-			io.Copy(u, c)
-			u.(*net.TCPConn).CloseWrite()
-			close(done)
-		}()
-		io.Copy(c, u)
-		c.(*net.TCPConn).CloseWrite()
-		<-done
-	})
+	return serveLoopback(tb, func(c net.Conn) { RelayConn(c, to) })
+}
+
+// RelayConn is one connection of a plain relay: it dials TCP address to
+// and copies c to it and it to c (io.Copy each way, half-closing each
+// side's write when its source ends) until both directions end; it
+// returns at once if the dial fails. c is a *net.TCPConn; the caller
+// closes it. The baseline relays of the forwarding benchmarks (here and
+// e2e's relay hop processes) all copy with it.
+func RelayConn(c net.Conn, to string) {
+	u, err := net.Dial("tcp", to)
+	if err != nil {
+		return
+	}
+	defer u.Close()
+	done := make(chan struct{})
+	go func() {
+		io.Copy(u, c)
+		u.(*net.TCPConn).CloseWrite()
+		close(done)
+	}()
+	io.Copy(c, u)
+	c.(*net.TCPConn).CloseWrite()
+	<-done
 }
 
 // serveLoopback listens on a loopback TCP port and runs handle on each

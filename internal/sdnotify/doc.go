@@ -15,6 +15,10 @@
 // the socket FromEnv captured, because that library's SdNotify reads
 // $NOTIFY_SOCKET at every call and so needs it left in the environment.
 //
+// Loop is what both daemons' notifier loops share: it logs a failed send
+// once a run and a turn of the health verdict once, and pets the watchdog
+// only on a healthy tick (the daemon's check says what healthy is).
+//
 // A nil *Notifier is valid and sends nothing; FromEnv returns nil when the
 // process was not started by a service manager that listens, so callers
 // never check. The package starts no goroutines and imports no project

@@ -292,16 +292,7 @@ func TestConfigSecretFromNamedEnv(t *testing.T) {
 	path := writeConfig(t, "coordinator: [c:7443]\ntoken:\n  env: MY_JOIN_TOKEN\nopenshell: 127.0.0.1:8080\nopenshell-token: {env: GW_TOKEN}\n")
 	load := func(vars map[string]string) *configSource {
 		t.Helper()
-		o := defaultAgentOptions()
-		e := testEnv(vars)
-		cmd := agentCommand(e, &o)
-		if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
-			t.Fatal(err)
-		}
-		src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, src := loadAgentConfig(t, path, vars)
 		return src
 	}
 	vars := map[string]string{"MY_JOIN_TOKEN": "join-secret", "GW_TOKEN": "gw-secret"}

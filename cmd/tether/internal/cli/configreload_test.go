@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,13 +12,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tetherfleet/tether/agent"
-	"github.com/tetherfleet/tether/client"
-	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/protocol"
-	"github.com/tetherfleet/tether/tunnel"
 )
 
 // TestCoordinatorConfigReload: with an agent connected and a stream open
@@ -50,86 +44,12 @@ func TestCoordinatorConfigReload(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs.config = src
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	checkReady(t, cs)
+	f := startReloadFleet(t, o, src, log, "node-cfg")
+	cs, cl := f.cs, f.cl
 	if got := cs.coord.Limits().MaxHandshakesPerSource; got != 4 {
 		t.Fatalf("max handshakes per source at start = %d, want the file's 4", got)
 	}
-
-	acfg := agent.DefaultConfig()
-	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg.NodeID, acfg.Token, acfg.SharedToken, acfg.TLS = "node-cfg", "tok", true, tlsCfg
-	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
-	acfg.DataDir = t.TempDir()
-	acfg.Logger = log
-	a, err := agent.New(acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	adone := make(chan error, 1)
-	go func() { adone <- a.Run(actx) }()
-	t.Cleanup(func() { acancel(); <-adone })
-
-	nc := natsauthtest.Connect(t, cs.info.NATSURL, natsauthtest.ClientCreds(t, cs.layout, "tester"))
-	cl := client.New(nc)
-	var session string
-	waitFor(t, func() error {
-		ns, err := cl.Nodes(testCtx(t), "")
-		if err != nil || len(ns) != 1 {
-			return errors.New("agent not registered yet")
-		}
-		session = ns[0].SessionID
-		return nil
-	})
-	st, err := cl.OpenStream(testCtx(t), "node-cfg", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	fr := protocol.NewFrameReader(st)
-	echo := func(s string) {
-		t.Helper()
-		if err := protocol.WriteFrame(st, protocol.FrameStdin, []byte(s)); err != nil {
-			t.Fatal(err)
-		}
-		var got []byte
-		for len(got) < len(s) {
-			f, err := fr.Next()
-			if err != nil {
-				t.Fatalf("stream after %q: %v", got, err)
-			}
-			if f.Type == protocol.FrameStdout {
-				got = append(got, f.Payload...)
-			}
-		}
-		if string(got) != s {
-			t.Fatalf("echo %q, got %q", s, got)
-		}
-	}
-	echo("before\n")
-	sameSession := func() {
-		t.Helper()
-		if ns, err := cl.Nodes(testCtx(t), ""); err != nil || len(ns) != 1 || ns[0].SessionID != session {
-			t.Fatalf("nodes after the reload: %v %+v; want the same session %s", err, ns, session)
-		}
-	}
+	f.echo(t, "before\n")
 	hup := func() {
 		t.Helper()
 		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
@@ -163,8 +83,8 @@ func TestCoordinatorConfigReload(t *testing.T) {
 	if len(res.Results) != 1 || !res.Results[0].TimedOut {
 		t.Fatalf("a job without a timeout after the reload: %+v, want timed out by the new exec-timeout (1s)", res.Results)
 	}
-	echo("after\n")
-	sameSession()
+	f.echo(t, "after\n")
+	f.sameSession(t)
 
 	// A broken file: nothing changes, the log names the line.
 	replaceFile(t, path, base+"max-handshakes-per-source: 9\nexec-timeout: 30\n")
@@ -181,9 +101,9 @@ func TestCoordinatorConfigReload(t *testing.T) {
 	if l := cs.coord.Limits(); l.MaxHandshakesPerSource != 2 || l.DefaultTimeout.Seconds() != 1 || l.AdmitRate != 77 {
 		t.Fatalf("limits after a broken reload: %+v, want the ones in force (2, 1s, 77/s)", l)
 	}
-	echo("still\n")
-	sameSession()
-	st.CloseWrite()
+	f.echo(t, "still\n")
+	f.sameSession(t)
+	f.st.CloseWrite()
 }
 
 // TestAgentConfigReload: SIGHUP re-reads the agent's config file: a new
@@ -199,16 +119,7 @@ func TestAgentConfigReload(t *testing.T) {
 	}
 	base := "role: agent\ncoordinator: [127.0.0.1:1]\ntoken-file: /nonexistent/token\ndata-dir: " + t.TempDir() + "\n"
 	path := writeConfig(t, base+"node-id: one\nlocal-policy: "+first+"\n")
-	o := defaultAgentOptions()
-	e := testEnv(nil)
-	cmd := agentCommand(e, &o)
-	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, src := loadAgentConfig(t, path, nil)
 	p, lpPath, err := loadLocalPolicy(o.LocalPolicy)
 	if err != nil || lpPath != first {
 		t.Fatalf("local policy: %v %q", err, lpPath)
@@ -266,16 +177,7 @@ func TestAgentConfigReload(t *testing.T) {
 // restart.
 func TestConfigReloadLogLevel(t *testing.T) {
 	path := writeConfig(t, "coordinator: [c:7443]\ntoken-file: /t\nlog-level: info\n")
-	o := defaultAgentOptions()
-	e := testEnv(nil)
-	cmd := agentCommand(e, &o)
-	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, src := loadAgentConfig(t, path, nil)
 	var logs syncBuffer
 	log := o.Log.logger(&logs)
 	log.Debug("before")

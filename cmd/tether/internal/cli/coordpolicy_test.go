@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -16,15 +15,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tetherfleet/tether/agent"
-	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/fleettest"
-	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
-	"github.com/tetherfleet/tether/tunnel"
 )
 
 // testAdminPolicy grants every client user (nats-account:CLIENTS) and
@@ -157,79 +152,11 @@ identities:
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
 	o.AllowSharedToken = true // the agent below joins with the shared token
-	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	checkReady(t, cs)
-
-	// A real agent, as tether dev runs one.
-	acfg := agent.DefaultConfig()
-	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg.NodeID, acfg.Token, acfg.SharedToken, acfg.TLS = "node-hup", "tok", true, tlsCfg
-	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
-	acfg.DataDir = t.TempDir()
-	acfg.Logger = log
-	a, err := agent.New(acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	adone := make(chan error, 1)
-	go func() { adone <- a.Run(actx) }()
-	t.Cleanup(func() { acancel(); <-adone })
-
-	nc := natsauthtest.Connect(t, cs.info.NATSURL, natsauthtest.ClientCreds(t, cs.layout, "tester"))
-	cl := client.New(nc)
-	var session string
-	waitFor(t, func() error {
-		ns, err := cl.Nodes(testCtx(t), "")
-		if err != nil || len(ns) != 1 {
-			return errors.New("agent not registered yet")
-		}
-		session = ns[0].SessionID
-		return nil
-	})
-
-	// A stream that runs across the reload: cat echoes what it is sent.
-	st, err := cl.OpenStream(testCtx(t), "node-hup", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	echo := func(s string) {
-		t.Helper()
-		if err := protocol.WriteFrame(st, protocol.FrameStdin, []byte(s)); err != nil {
-			t.Fatal(err)
-		}
-		fr := protocol.NewFrameReader(st)
-		var got []byte
-		for len(got) < len(s) {
-			f, err := fr.Next()
-			if err != nil {
-				t.Fatalf("stream after %q: %v", got, err)
-			}
-			if f.Type == protocol.FrameStdout {
-				got = append(got, f.Payload...)
-			}
-		}
-		if string(got) != s {
-			t.Fatalf("echo %q, got %q", s, got)
-		}
-	}
-	echo("before\n")
+	// A real agent, as tether dev runs one, and a stream that runs
+	// across the reload: cat echoes what it is sent.
+	f := startReloadFleet(t, o, nil, log, "node-hup")
+	cl := f.cl
+	f.echo(t, "before\n")
 	exec := func() error {
 		_, err := cl.Exec(testCtx(t), &protocol.ExecRequest{Target: protocol.Target{Node: "node-hup"}, Argv: []string{"true"}}, nil)
 		return err
@@ -249,10 +176,8 @@ identities:
 		}
 		return nil
 	})
-	echo("after\n")
-	if ns, err := cl.Nodes(testCtx(t), ""); err != nil || len(ns) != 1 || ns[0].SessionID != session {
-		t.Fatalf("nodes after the reload: %v %+v; want the same session %s", err, ns, session)
-	}
+	f.echo(t, "after\n")
+	f.sameSession(t)
 
 	// A broken file: the deny policy stays, the log names the line.
 	replaceFile(t, o.Policy, "version: 1\nidentities:\n  nats:tester:\n    rulez: []\n")
@@ -272,8 +197,8 @@ identities:
 	if err := exec(); !errors.As(err, &ae) || ae.Code != protocol.ErrCodeForbidden {
 		t.Fatalf("exec after a broken reload: %v, want still refused", err)
 	}
-	echo("still\n")
-	st.CloseWrite()
+	f.echo(t, "still\n")
+	f.st.CloseWrite()
 }
 
 func replaceFile(t *testing.T, path, data string) {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"crypto/tls"
 	"log/slog"
 	"strings"
@@ -71,11 +70,7 @@ func TestDirectAddrOffAnyCase(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--direct-addr OFF: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	defer func() { cancel(); <-done }()
-	checkReady(t, cs)
+	serveCoordinator(t, cs)
 	conn, err := tls.Dial("tcp", cs.tunnelLn.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{protocol.ALPNClient}})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -35,11 +34,7 @@ func TestFacadeAllowedHostsServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	defer func() { cancel(); <-done }()
-	checkReady(t, cs)
+	serveCoordinator(t, cs)
 
 	get := func(host string) (int, string) {
 		t.Helper()

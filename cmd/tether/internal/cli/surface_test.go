@@ -288,16 +288,7 @@ func TestSurface(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cs.serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	checkReady(t, cs)
+	serveCoordinator(t, cs)
 
 	// The coordinators' eye: coordinator credentials, never a caller.
 	eyeCreds, err := cs.layout.MintCoordinator("surface-eye")
@@ -362,16 +353,9 @@ func TestSurface(t *testing.T) {
 // ends.
 func startSurfaceAgent(t *testing.T, cs *coordinatorServer, joinToken, dir string, log *slog.Logger) {
 	t.Helper()
-	acfg := agent.DefaultConfig()
-	tlsCfg, err := tunnel.LoadClientTLS(cs.info.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg.NodeID, acfg.Token, acfg.TLS = surfaceNode, joinToken, tlsCfg
+	acfg := testAgentConfig(t, cs, surfaceNode, joinToken, log)
 	acfg.Labels = map[string]string{"pool": "surface"}
-	acfg.Coordinators = []string{dialAddr(cs.info.TunnelAddr)}
 	acfg.DataDir = dir
-	acfg.Logger = log
 	// Both gateways, so that facade calls reach a node and what answers
 	// is the facade's authorization, not "no gateway".
 	gw := openshelltest.New(openshelltest.Options{})
@@ -384,14 +368,7 @@ func startSurfaceAgent(t *testing.T, cs *coordinatorServer, joinToken, dir strin
 	t.Cleanup(func() { osbSrv.Close() })
 	acfg.OpenShell = &agent.OpenShellTarget{Addr: gwAddr}
 	acfg.OpenSandbox = &agent.OpenSandboxTarget{Addr: osbSrv.Host()}
-	a, err := agent.New(acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, acancel := context.WithCancel(context.Background())
-	adone := make(chan error, 1)
-	go func() { adone <- a.Run(actx) }()
-	t.Cleanup(func() { acancel(); <-adone })
+	runTestAgent(t, acfg)
 }
 
 func mintSurfaceCreds(t *testing.T, cs *coordinatorServer, name string) *natsauth.Creds {
