@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/user"
 	"slices"
 	"strings"
@@ -605,6 +606,19 @@ func TestMultiCoordinatorIdempotentJobRunsAgain(t *testing.T) {
 			t.Fatalf("idempotent job never running on fleettest-1: %+v %v", rec, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// Running is recorded when the agent took the job, which can be before
+	// its shell got to the touch: killed then, the second attempt would be
+	// the first to touch and sleep (CI under load: the rerun slept until
+	// the test's deadline).
+	for {
+		if _, err := os.Stat(mark); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the first attempt never touched %s", mark)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	f.KillCoordinator(1)
 	o := <-done
