@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -167,34 +168,15 @@ func LoadFile(root, rel string) ([]Object, error) {
 	return objs, nil
 }
 
-// kindName returns v's kind and name.
+// kindName returns v's kind and name. Every object type decoded here is
+// named after its kind (corev1.ConfigMap is kind ConfigMap), so the type
+// gives the kind and metav1.Object the name.
 func kindName(v any) (string, string) {
 	if k, ok := v.(*Kustomization); ok {
 		return k.Kind, ""
 	}
-	switch o := v.(type) {
-	case *corev1.Namespace:
-		return "Namespace", o.Name
-	case *corev1.ConfigMap:
-		return "ConfigMap", o.Name
-	case *corev1.Secret:
-		return "Secret", o.Name
-	case *corev1.Service:
-		return "Service", o.Name
-	case *corev1.PersistentVolumeClaim:
-		return "PersistentVolumeClaim", o.Name
-	case *corev1.ServiceAccount:
-		return "ServiceAccount", o.Name
-	case *appsv1.Deployment:
-		return "Deployment", o.Name
-	case *appsv1.StatefulSet:
-		return "StatefulSet", o.Name
-	case *appsv1.DaemonSet:
-		return "DaemonSet", o.Name
-	case *policyv1.PodDisruptionBudget:
-		return "PodDisruptionBudget", o.Name
-	case *networkingv1.NetworkPolicy:
-		return "NetworkPolicy", o.Name
+	if o, ok := v.(metav1.Object); ok {
+		return reflect.TypeOf(v).Elem().Name(), o.GetName()
 	}
 	return fmt.Sprintf("%T", v), ""
 }
