@@ -326,6 +326,15 @@ func (a *Agent) killOrphanGroups() {
 // group, given the group's live members; "" when it still does.
 func orphanGroupMismatch(rec groupRecord, members []procMember) string {
 	pgid := rec.Leader.PID
+	// kill(-pgid) of these is not one exec's group: pgid 1 signals every
+	// process, 0 the agent's own group, a negative one a single pid. An
+	// exec's leader is the agent's child, never pid 1 nor in its group.
+	switch {
+	case pgid <= 1:
+		return fmt.Sprintf("pgid %d is never an exec's group", pgid)
+	case pgid == syscall.Getpgrp():
+		return "it is the agent's own process group"
+	}
 	if rec.Leader.alive() {
 		return ""
 	}
