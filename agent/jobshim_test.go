@@ -504,3 +504,31 @@ func TestOrphanGroupMismatchRefusesHostileRecords(t *testing.T) {
 		t.Errorf("the recorded group itself: %s, want it matched", why)
 	}
 }
+
+// A slot file that is a symlink (here to records outside the data
+// directory naming a live group) is not followed: its group is left.
+func TestKillOrphanGroupsIgnoresSymlinks(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	a := h.a
+	dead := procIdentity{PID: 1, Start: 1<<63 - 1}
+	l, sid := startGroup(t, "sleep 300")
+	b, _ := json.Marshal(groupRecord{Version: groupRecordVersion, Leader: l, SID: sid, Agent: dead})
+	outside := filepath.Join(t.TempDir(), "records")
+	if err := os.WriteFile(outside, append(b, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(a.execsDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(a.execsDir(), fmt.Sprintf("%s%d-%d-x", slotPrefix, dead.PID, dead.Start))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(a.execsDir(), fmt.Sprintf("%d-%d.json", l.PID, l.Start))); err != nil {
+		t.Fatal(err)
+	}
+	a.killOrphanGroups()
+	if n := groupLive(l.PID); n != 1 {
+		t.Errorf("group %d named through a symlink has %d live members, want 1 (left alone)", l.PID, n)
+	}
+}

@@ -276,6 +276,13 @@ func (a *Agent) killOrphanGroups() {
 	}
 	for _, e := range entries {
 		path := filepath.Join(a.execsDir(), e.Name())
+		if !e.Type().IsRegular() {
+			// The agent writes only regular files here: a symlink (to
+			// records elsewhere, or to /dev/zero), a FIFO or a directory
+			// is not its, and is neither read nor followed.
+			a.log.Warn("exec process group records: not a regular file; ignoring it", "path", path, "type", e.Type().String())
+			continue
+		}
 		if strings.HasPrefix(e.Name(), slotPrefix) {
 			if owner, ok := slotOwner(e.Name()); ok && owner.alive() {
 				continue // a live agent process's file, in use
