@@ -460,3 +460,75 @@ func TestGroupSlots(t *testing.T) {
 		t.Errorf("files left after closeSlots: %v", ents)
 	}
 }
+
+// A hostile or corrupt record never names a group the agent may not end:
+// pgid 0 (kill(0) is the agent's own group; kernel threads are pgrp 0),
+// pgid 1 (kill(-1) signals every process), a negative pgid (kill of one
+// pid), the agent's own group, or a live pid whose start time differs.
+// Checked through orphanGroupMismatch, so that a regression refuses
+// nothing rather than signalling the machine.
+func TestOrphanGroupMismatchRefusesHostileRecords(t *testing.T) {
+	t.Parallel()
+	members := procsByGroup()
+	own := syscall.Getpgrp()
+	self, err := readProcStatus(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownSID := self.sid
+	ownLeader := procIdentity{PID: own}
+	if id, err := identify(own); err == nil {
+		ownLeader = id
+	}
+	init := procIdentity{PID: 1}
+	initSID := 0
+	if ps, err := readProcStatus(1); err == nil {
+		init.Start, initSID = ps.start, ps.sid
+	}
+	l, sid := startGroup(t, "sleep 300")
+	for _, tt := range []struct {
+		name string
+		rec  groupRecord
+	}{
+		{"pgid 0", groupRecord{Leader: procIdentity{PID: 0}, SID: 0}},
+		{"pgid 1", groupRecord{Leader: init, SID: initSID}},
+		{"negative pgid", groupRecord{Leader: procIdentity{PID: -l.PID}, SID: sid}},
+		{"own group", groupRecord{Leader: ownLeader, SID: ownSID}},
+		{"start time differs", groupRecord{Leader: procIdentity{PID: l.PID, Start: l.Start + 1}, SID: sid}},
+	} {
+		if why := orphanGroupMismatch(tt.rec, members[tt.rec.Leader.PID]); why == "" {
+			t.Errorf("%s: record %+v would be killed", tt.name, tt.rec)
+		}
+	}
+	if why := orphanGroupMismatch(groupRecord{Leader: l, SID: sid}, procsByGroup()[l.PID]); why != "" {
+		t.Errorf("the recorded group itself: %s, want it matched", why)
+	}
+}
+
+// A slot file that is a symlink (here to records outside the data
+// directory naming a live group) is not followed: its group is left.
+func TestKillOrphanGroupsIgnoresSymlinks(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	a := h.a
+	dead := procIdentity{PID: 1, Start: 1<<63 - 1}
+	l, sid := startGroup(t, "sleep 300")
+	b, _ := json.Marshal(groupRecord{Version: groupRecordVersion, Leader: l, SID: sid, Agent: dead})
+	outside := filepath.Join(t.TempDir(), "records")
+	if err := os.WriteFile(outside, append(b, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(a.execsDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(a.execsDir(), fmt.Sprintf("%s%d-%d-x", slotPrefix, dead.PID, dead.Start))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(a.execsDir(), fmt.Sprintf("%d-%d.json", l.PID, l.Start))); err != nil {
+		t.Fatal(err)
+	}
+	a.killOrphanGroups()
+	if n := groupLive(l.PID); n != 1 {
+		t.Errorf("group %d named through a symlink has %d live members, want 1 (left alone)", l.PID, n)
+	}
+}

@@ -276,6 +276,13 @@ func (a *Agent) killOrphanGroups() {
 	}
 	for _, e := range entries {
 		path := filepath.Join(a.execsDir(), e.Name())
+		if !e.Type().IsRegular() {
+			// The agent writes only regular files here: a symlink (to
+			// records elsewhere, or to /dev/zero), a FIFO or a directory
+			// is not its, and is neither read nor followed.
+			a.log.Warn("exec process group records: not a regular file; ignoring it", "path", path, "type", e.Type().String())
+			continue
+		}
 		if strings.HasPrefix(e.Name(), slotPrefix) {
 			if owner, ok := slotOwner(e.Name()); ok && owner.alive() {
 				continue // a live agent process's file, in use
@@ -326,6 +333,15 @@ func (a *Agent) killOrphanGroups() {
 // group, given the group's live members; "" when it still does.
 func orphanGroupMismatch(rec groupRecord, members []procMember) string {
 	pgid := rec.Leader.PID
+	// kill(-pgid) of these is not one exec's group: pgid 1 signals every
+	// process, 0 the agent's own group, a negative one a single pid. An
+	// exec's leader is the agent's child, never pid 1 nor in its group.
+	switch {
+	case pgid <= 1:
+		return fmt.Sprintf("pgid %d is never an exec's group", pgid)
+	case pgid == syscall.Getpgrp():
+		return "it is the agent's own process group"
+	}
 	if rec.Leader.alive() {
 		return ""
 	}

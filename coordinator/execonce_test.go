@@ -32,6 +32,11 @@ identities:
       - nodes: "*"
         operations: [exec, nodes.list]
         run_as: `+runAsSelf(t)+`
+  nats:carol:
+    rules:
+      - nodes: "*"
+        operations: [exec]
+        run_as: `+runAsSelf(t)+`
   nats:bob:
     rules:
       - nodes: "*"
@@ -54,9 +59,12 @@ identities:
 // reply follows.
 func execOnce(t *testing.T, nc *nats.Conn, hdr nats.Header, req any) *nats.Msg {
 	t.Helper()
-	body, err := json.Marshal(req)
-	if err != nil {
-		t.Fatal(err)
+	body, ok := req.([]byte) // a raw body, as a hostile client sends it
+	if !ok {
+		var err error
+		if body, err = json.Marshal(req); err != nil {
+			t.Fatal(err)
+		}
 	}
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -141,6 +149,11 @@ func TestExecOnceRefusals(t *testing.T) {
 		{"unidentified", nil, job, "401", "unauthenticated"},
 		{"no exec grant", as("bob"), job, "403", "forbidden"},
 		{"nothing to run", as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}}, "400", ""},
+		{"not JSON", as("alice"), []byte(`{"target":{"all":true},"argv":["true"]`), "400", "malformed"},
+		{"not an object", as("alice"), []byte(`["true"]`), "400", "JSON object"},
+		{"unknown field", as("alice"), []byte(`{"target":{"all":true},"argv":["true"],"timeout_cap":"1h"}`), "400", "timeout_cap"},
+		{"negative timeout", as("alice"), []byte(`{"target":{"all":true},"argv":["true"],"timeout":"-1s"}`), "400", ""},
+		{"just over the cap", as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"true"}, Timeout: protocol.Duration(protocol.ExecOnceMaxTimeout + time.Millisecond)}, "400", "use tether.v1.exec"},
 		{"too long", as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"true"}, Timeout: protocol.Duration(time.Hour)}, "400", "use tether.v1.exec"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -180,4 +193,42 @@ func TestExecOnceStockNATSCLI(t *testing.T) {
 	if !strings.Contains(string(out), "2>&1") {
 		t.Errorf("the reply escapes what people read: %s", out)
 	}
+}
+
+// TestExecOnceAnotherIdentitysJob: exec.once naming the id of a job
+// another identity is running is refused (409), and does not attach the
+// caller to that job's output.
+func TestExecOnceAnotherIdentitysJob(t *testing.T) {
+	f := onceFleet(t)
+	body, err := json.Marshal(protocol.ExecRequest{ID: "alices-job", Target: protocol.Target{Node: "node-0"},
+		Argv: []string{"sh", "-c", "echo secret; sleep 30"}, Timeout: protocol.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := f.NC.NewInbox()
+	sub, err := f.NC.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := f.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: inbox, Header: as("alice"), Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	for { // alice's job runs once its output streams
+		m, err := sub.NextMsg(3 * defaultTestTimeout)
+		if err != nil {
+			t.Fatalf("alice's job: %v", err)
+		}
+		if m.Header.Get(micro.ErrorCodeHeader) != "" {
+			t.Fatalf("alice's job refused: %s", m.Data)
+		}
+		if m.Header.Get(protocol.HeaderType) == protocol.ReplyStdout {
+			break
+		}
+	}
+	m := execOnce(t, f.NC, as("carol"), protocol.ExecRequest{ID: "alices-job", Target: protocol.Target{Node: "node-0"}, Argv: []string{"true"}})
+	if got := m.Header.Get(micro.ErrorCodeHeader); got != "409" || strings.Contains(string(m.Data), "secret") {
+		t.Errorf("reply %s %q, want 409 without alice's output", got, m.Data)
+	}
+	f.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectCancel, Header: as("alice"), Data: []byte(`{"id":"alices-job"}`)})
 }

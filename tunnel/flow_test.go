@@ -374,3 +374,55 @@ func BenchmarkFlowFrame(b *testing.B) {
 		})
 	}
 }
+
+// A hostile peer's frames (window updates for streams never opened, huge
+// deltas, a SYN flood past maxFlowStreams, FIN and RST of unknown ids,
+// repeated SYNs, stream id 0, unknown types) neither panic the receive
+// loop's bookkeeping nor grow its table past maxFlowStreams, nor drive a
+// counter or gauge negative; a stream of ours still stalls and unstalls.
+func TestFlowHostilePeerFrames(t *testing.T) {
+	var agg FlowCounters
+	f := &flowState{agg: &agg, epoch: time.Now()}
+	const ours = 1 // a stream this side opened
+	hdr := func(typ byte, flags uint16, id, length uint32) []byte {
+		return []byte{0, typ, byte(flags >> 8), byte(flags), byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id),
+			byte(length >> 24), byte(length >> 16), byte(length >> 8), byte(length)}
+	}
+	f.send(hdr(yamuxTypeWindowUpdate, yamuxFlagSYN, ours, 0))
+	for id := uint32(2); id < 2*maxFlowStreams+10; id += 2 {
+		f.recv(yamuxTypeData, yamuxFlagSYN, id, 0)
+		f.recv(yamuxTypeWindowUpdate, yamuxFlagSYN, id, 1<<32-1)
+	}
+	for _, fr := range []struct {
+		typ    byte
+		flags  uint16
+		id, ln uint32
+	}{
+		{yamuxTypeWindowUpdate, 0, 1<<32 - 1, 1<<32 - 1},
+		{yamuxTypeWindowUpdate, 0, 0, 1<<32 - 1},
+		{yamuxTypeData, yamuxFlagFIN | yamuxFlagRST, 12345677, 1 << 31},
+		{yamuxTypeData, yamuxFlagFIN, 12345679, 0},
+		{0xff, 0xffff, ours, 1<<32 - 1},
+		{yamuxTypeData, yamuxFlagSYN | yamuxFlagFIN, ours, 1<<32 - 1}, // a repeated SYN and a FIN of ours
+	} {
+		f.recv(fr.typ, fr.flags, fr.id, fr.ln)
+	}
+	if tab := f.tab.Load(); tab == nil || len(tab.ids) > maxFlowStreams {
+		t.Fatalf("table after the flood: %v streams, want at most %d and ours", tab, maxFlowStreams)
+	}
+	if f.lookup(ours) == nil {
+		t.Fatal("our stream was dropped by the peer's frames")
+	}
+	// Our stream runs out of its window, then the peer's update ends it.
+	f.send(hdr(yamuxTypeData, 0, ours, initialStreamWindow))
+	if got := f.snapshot().Stalls; got != 1 {
+		t.Errorf("stalls after our window ran out: %d, want 1", got)
+	}
+	f.recv(yamuxTypeWindowUpdate, 0, ours, 1<<32-1)
+	f.recv(yamuxTypeWindowUpdate, yamuxFlagRST, ours, 1<<32-1)
+	f.closeAll()
+	s := f.snapshot()
+	if s.Stalls != 1 || s.StallTime < 0 || s.QueuedBytes != 0 || agg.QueuedBytes() != 0 || agg.StallTime() < 0 || agg.Stalls() != 1 {
+		t.Errorf("after the hostile frames: session %+v, shared stalls %d, stall time %v, queued %d", s, agg.Stalls(), agg.StallTime(), agg.QueuedBytes())
+	}
+}
