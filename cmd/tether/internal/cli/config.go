@@ -212,7 +212,10 @@ func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*c
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: one YAML document expected, found more (a --- line?)", path)
+		if err != nil { // the second document's own syntax error, at its line
+			return nil, yamlSyntaxError(path, data, err)
+		}
+		return nil, fmt.Errorf("%s:%d: one YAML document expected, found more (the --- line)", path, extra.Line)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
