@@ -258,7 +258,12 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
-			p.errf(k, "", "keys must be strings (flag names)")
+			// It has no key name to give: say what it is, and where.
+			under := ""
+			if keyPrefix != "" {
+				under = " under " + strings.TrimSuffix(keyPrefix, ".") + ":"
+			}
+			p.errf(k, "", "keys must be strings (flag names);%s this one is %s", under, nodeKind(k))
 			continue
 		}
 		key := keyPrefix + k.Value

@@ -117,6 +117,8 @@ func TestConfigStrictErrors(t *testing.T) {
 			[]string{":1: the file must be a mapping"}},
 		{"several problems at once", "coordinator", "listne: x\nheartbeat: true\n",
 			[]string{":1: key listne:", ":2: key heartbeat: want a duration"}},
+		{"a key that is no string", "coordinator", "log:\n  level: warn\n  7: x\n",
+			[]string{":3: keys must be strings (flag names); under log: this one is the whole number 7"}},
 		{"a second document", "coordinator", "listen: :7443\n# more\n---\nlisten: :1\n",
 			[]string{":3: one YAML document expected, found more (the --- line)"}},
 		{"a second document that is bad YAML", "coordinator", "listen: :7443\n---\nlisten: [\n",
