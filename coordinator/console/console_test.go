@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -111,6 +112,9 @@ func (f *fakeFleet) append(key, text string) {
 
 type fakeJobs map[string]jobstore.Record
 
+// jobStoreDown is a job id whose Get fails as an unavailable store does.
+const jobStoreDown = "job-store-down"
+
 func (j fakeJobs) List(ctx context.Context, f jobstore.Filter, keep func(*jobstore.Record) bool, limit int) ([]*jobstore.Job, error) {
 	var out []*jobstore.Job
 	for _, id := range sortedKeys(j) {
@@ -126,6 +130,9 @@ func (j fakeJobs) List(ctx context.Context, f jobstore.Filter, keep func(*jobsto
 }
 
 func (j fakeJobs) Get(ctx context.Context, id string) (*jobstore.Job, error) {
+	if id == jobStoreDown {
+		return nil, errors.New("jobstore: get " + id + ": the store is unavailable")
+	}
 	rec, ok := j[id]
 	if !ok {
 		return nil, jobstore.ErrNotFound
@@ -728,5 +735,16 @@ func TestCredentialRefusals(t *testing.T) {
 	}
 	if code := do("/console/jobs/job-bob/output/dev-1/stdout?offset=0", "", alice, ""); code != http.StatusNotFound {
 		t.Errorf("alice's session on bob's output: %d, want 404", code)
+	}
+}
+
+// A job store that cannot answer is said to be unavailable (503) on the
+// job page and on its output, never "no job" (404): the job may exist.
+func TestJobStoreDownIsNotNotFound(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"/console/jobs/" + jobStoreDown, "/console/jobs/" + jobStoreDown + "/output/prod-1/stdout?offset=0"} {
+		if code, body := e.get(t, p, "alice-token-0123456789"); code != http.StatusServiceUnavailable || !strings.Contains(body, "unavailable") {
+			t.Errorf("GET %s with the store down: %d %q, want 503 naming it", p, code, body)
+		}
 	}
 }

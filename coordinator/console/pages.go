@@ -395,6 +395,11 @@ func (h *Handler) output(w http.ResponseWriter, r *http.Request, c caller) {
 		return
 	}
 	j, err := h.cfg.Jobs.Get(ctx, id)
+	if err != nil && !errors.Is(err, jobstore.ErrNotFound) {
+		// The store did not answer: the job may exist (as lookupJob says).
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
 	onNode := err == nil && slices.Contains(j.Nodes, node)
 	mayRead := onNode && h.visibleJob(c, &j.Record) && h.mayReadLogs(c, &j.Record, node)
 	if onNode && !mayRead {
