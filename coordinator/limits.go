@@ -33,15 +33,17 @@ type Limits struct {
 
 // Validate reports every problem of l.
 func (l Limits) Validate() error {
-	switch {
-	case l.MaxHandshakesPerSource < 0:
-		return fmt.Errorf("coordinator limits: MaxHandshakesPerSource %d is negative", l.MaxHandshakesPerSource)
-	case l.DefaultTimeout < 0:
-		return fmt.Errorf("coordinator limits: DefaultTimeout %v is negative", l.DefaultTimeout)
-	case math.IsNaN(l.AdmitRate) || math.IsInf(l.AdmitRate, 0):
-		return fmt.Errorf("coordinator limits: AdmitRate %v is not a number of handshakes a second", l.AdmitRate)
+	var errs []error
+	if l.MaxHandshakesPerSource < 0 {
+		errs = append(errs, fmt.Errorf("coordinator limits: MaxHandshakesPerSource %d is negative", l.MaxHandshakesPerSource))
 	}
-	return nil
+	if l.DefaultTimeout < 0 {
+		errs = append(errs, fmt.Errorf("coordinator limits: DefaultTimeout %v is negative", l.DefaultTimeout))
+	}
+	if math.IsNaN(l.AdmitRate) || math.IsInf(l.AdmitRate, 0) {
+		errs = append(errs, fmt.Errorf("coordinator limits: AdmitRate %v is not a number of handshakes a second", l.AdmitRate))
+	}
+	return errors.Join(errs...)
 }
 
 // Limits returns the limits in force, with defaults filled in.

@@ -3,7 +3,9 @@ package coordinator_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +90,20 @@ func TestSetLimitsPerSourceLive(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Validate reports every problem of a Limits, not the first one only.
+func TestLimitsValidateNamesEveryProblem(t *testing.T) {
+	err := coordinator.Limits{MaxHandshakesPerSource: -1, DefaultTimeout: -time.Second, AdmitRate: math.NaN()}.Validate()
+	if err == nil {
+		t.Fatal("no error for three bad fields")
+	}
+	for _, want := range []string{"MaxHandshakesPerSource -1", "DefaultTimeout -1s", "AdmitRate NaN"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %q: %v", want, err)
+		}
+	}
+	if err := (coordinator.Limits{DrainSpread: -time.Second}).Validate(); err != nil {
+		t.Errorf("a negative DrainSpread (no stagger) is valid: %v", err)
+	}
 }

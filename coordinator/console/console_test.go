@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -111,6 +112,9 @@ func (f *fakeFleet) append(key, text string) {
 
 type fakeJobs map[string]jobstore.Record
 
+// jobStoreDown is a job id whose Get fails as an unavailable store does.
+const jobStoreDown = "job-store-down"
+
 func (j fakeJobs) List(ctx context.Context, f jobstore.Filter, keep func(*jobstore.Record) bool, limit int) ([]*jobstore.Job, error) {
 	var out []*jobstore.Job
 	for _, id := range sortedKeys(j) {
@@ -126,6 +130,9 @@ func (j fakeJobs) List(ctx context.Context, f jobstore.Filter, keep func(*jobsto
 }
 
 func (j fakeJobs) Get(ctx context.Context, id string) (*jobstore.Job, error) {
+	if id == jobStoreDown {
+		return nil, errors.New("jobstore: get " + id + ": the store is unavailable")
+	}
 	rec, ok := j[id]
 	if !ok {
 		return nil, jobstore.ErrNotFound
@@ -683,5 +690,61 @@ func TestStallsColumn(t *testing.T) {
 	}
 	if got := stallsOf(42); got != "—" {
 		t.Errorf("stallsOf(42) = %q, want —", got)
+	}
+}
+
+// TestCredentialRefusals: a cookie another process sealed, a bad bearer
+// token next to a good cookie or a loopback identity (no fallback to the
+// weaker credential), and alice's session on bob's job are all refused.
+func TestCredentialRefusals(t *testing.T) {
+	e, other := newEnv(t), newEnv(t)
+	do := func(path, tok, cookie string, remote string) int {
+		t.Helper()
+		req := httptest.NewRequest("GET", path, nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		if cookie != "" {
+			req.AddCookie(&http.Cookie{Name: cookieName, Value: cookie})
+		}
+		if remote != "" {
+			req.RemoteAddr = remote
+		}
+		rec := httptest.NewRecorder()
+		e.h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	good := e.h.sealSession("admin")
+	if code := do("/console/jobs", "", good, ""); code != 200 {
+		t.Fatalf("this process's admin cookie: %d, want 200", code)
+	}
+	if code := do("/console/jobs", "", other.h.sealSession("admin"), ""); code != http.StatusUnauthorized {
+		t.Errorf("a cookie another process sealed: %d, want 401", code)
+	}
+	if code := do("/console/jobs", "not-a-token-0123456789", good, ""); code != http.StatusUnauthorized {
+		t.Errorf("a bad bearer token with a good cookie: %d, want 401", code)
+	}
+	e.local = &policy.Identity{Kind: policy.KindToken, Name: "admin"}
+	if code := do("/console/jobs", "not-a-token-0123456789", "", "127.0.0.1:5000"); code != http.StatusUnauthorized {
+		t.Errorf("a bad bearer token from a loopback local user: %d, want 401", code)
+	}
+	e.local = nil
+	alice := e.h.sealSession("alice")
+	if code := do("/console/jobs/job-bob", "", alice, ""); code != http.StatusNotFound {
+		t.Errorf("alice's session on bob's job: %d, want 404", code)
+	}
+	if code := do("/console/jobs/job-bob/output/dev-1/stdout?offset=0", "", alice, ""); code != http.StatusNotFound {
+		t.Errorf("alice's session on bob's output: %d, want 404", code)
+	}
+}
+
+// A job store that cannot answer is said to be unavailable (503) on the
+// job page and on its output, never "no job" (404): the job may exist.
+func TestJobStoreDownIsNotNotFound(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"/console/jobs/" + jobStoreDown, "/console/jobs/" + jobStoreDown + "/output/prod-1/stdout?offset=0"} {
+		if code, body := e.get(t, p, "alice-token-0123456789"); code != http.StatusServiceUnavailable || !strings.Contains(body, "unavailable") {
+			t.Errorf("GET %s with the store down: %d %q, want 503 naming it", p, code, body)
+		}
 	}
 }

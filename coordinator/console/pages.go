@@ -395,11 +395,18 @@ func (h *Handler) output(w http.ResponseWriter, r *http.Request, c caller) {
 		return
 	}
 	j, err := h.cfg.Jobs.Get(ctx, id)
-	if err == nil && slices.Contains(j.Nodes, node) && (!h.visibleJob(c, &j.Record) || !h.mayReadLogs(c, &j.Record, node)) {
+	if err != nil && !errors.Is(err, jobstore.ErrNotFound) {
+		// The store did not answer: the job may exist (as lookupJob says).
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	onNode := err == nil && slices.Contains(j.Nodes, node)
+	mayRead := onNode && h.visibleJob(c, &j.Record) && h.mayReadLogs(c, &j.Record, node)
+	if onNode && !mayRead {
 		c.note.reason = policy.ReasonNoRule.String() // answered as not found
 		c.note.skip = false
 	}
-	if err != nil || !slices.Contains(j.Nodes, node) || !h.visibleJob(c, &j.Record) || !h.mayReadLogs(c, &j.Record, node) {
+	if !mayRead {
 		// Not found, not the job's node, or not the caller's to read: one
 		// answer, so that the caller learns nothing of others' jobs.
 		http.Error(w, "no job "+protocol.Clip(id)+" on node "+protocol.Clip(node)+" whose output you may read", http.StatusNotFound)

@@ -212,7 +212,10 @@ func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*c
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: one YAML document expected, found more (a --- line?)", path)
+		if err != nil { // the second document's own syntax error, at its line
+			return nil, yamlSyntaxError(path, data, err)
+		}
+		return nil, fmt.Errorf("%s:%d: one YAML document expected, found more (the --- line)", path, extra.Line)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
@@ -255,7 +258,12 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
-			p.errf(k, "", "keys must be strings (flag names)")
+			// It has no key name to give: say what it is, and where.
+			under := ""
+			if keyPrefix != "" {
+				under = " under " + strings.TrimSuffix(keyPrefix, ".") + ":"
+			}
+			p.errf(k, "", "keys must be strings (flag names);%s this one is %s", under, nodeKind(k))
 			continue
 		}
 		key := keyPrefix + k.Value
