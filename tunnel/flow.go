@@ -338,8 +338,11 @@ func (f *flowState) snapshot() FlowStats {
 // send loop writes one frame at a time, so the session holds at most one.
 // The caller checked that f tracks streams (agg is set).
 func (f *flowState) queueStart(n int64) {
-	f.queued.Store(n)
+	// The shared gauge first: a queueEnd from the closing goroutine
+	// between the two steps then takes off only what was added, so the
+	// gauge never dips below zero.
 	f.agg.queued.Add(n)
+	f.queued.Store(n)
 }
 
 // queueEnd ends the frame queueStart began. It is also called when the
