@@ -98,7 +98,8 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
-	if d, err := parseDuration(s, 0); err == nil {
+	d, durErr := parseDuration(s, 0)
+	if durErr == nil {
 		if d < 0 {
 			return time.Time{}, fmt.Errorf("%q is negative: give how long ago, e.g. 1h", s)
 		}
@@ -106,7 +107,12 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%q is neither a duration (1h, 30m) nor an RFC 3339 time (2026-12-01T15:04:05Z)", s)
+		if _, numErr := strconv.ParseFloat(strings.TrimSpace(s), 64); numErr == nil || errors.Is(numErr, strconv.ErrRange) || looksNumeric(strings.TrimSpace(s)) {
+			// A number or a duration that does not fit (1e10, NaN,
+			// 1000000000h): say that, not "neither".
+			return time.Time{}, durErr
+		}
+		return time.Time{}, fmt.Errorf("%q is neither a duration (1h, 30m, or seconds: 90) nor an RFC 3339 time (2026-12-01T15:04:05Z)", s)
 	}
 	return t, nil
 }

@@ -58,6 +58,11 @@ func TestAuditOptions(t *testing.T) {
 		{"--operation", "frobnicate", `admin, ssh, or stream, exec-alive`},
 		{"--job", "bad id!", `--job: job id "bad id!": must be`},
 		{"--result", "bogus", `result "bogus": want one of`},
+		// A number is seconds, as in every duration flag: out of range or
+		// NaN says so rather than "neither a duration nor a time".
+		{"--since", "1e10", `1e10 seconds is over the limit`},
+		{"--since", "NaN", `NaN is not a number of seconds`},
+		{"--since", "soon", `is neither a duration (1h, 30m, or seconds: 90) nor an RFC 3339 time`},
 	} {
 		r := runCLI(testCtx(t), nil, "", "audit", "--nats-url", "nats://127.0.0.1:1", c.flag, c.value)
 		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {

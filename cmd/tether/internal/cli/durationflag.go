@@ -40,6 +40,11 @@ func parseDuration(s string, max time.Duration) (time.Duration, error) {
 			return 0, fmt.Errorf("%s seconds is over the limit of %v", s, limitOf(max))
 		}
 		d = time.Duration(n * float64(time.Second))
+		if d == 0 && n != 0 {
+			// "1e-12" would otherwise become 0, which most flags read as
+			// "none" or "the default": the opposite of a tiny value.
+			return 0, fmt.Errorf("%s seconds is shorter than 1ns", s)
+		}
 	} else if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
 		return 0, fmt.Errorf("%s seconds is over the limit of %v", s, limitOf(max))
 	} else {

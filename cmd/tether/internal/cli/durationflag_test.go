@@ -34,7 +34,7 @@ func TestDurationFlagsParseAlike(t *testing.T) {
 					t.Errorf("%s %s = %s, want %v", name, in, got, want)
 				}
 			}
-			for in, why := range map[string]string{"NaN": "not a number", "Inf": "not a number", "1e10": "over the limit", "-1e300": "over the limit", "1000000000h": "over the limit", "soon": "not a duration"} {
+			for in, why := range map[string]string{"NaN": "not a number", "Inf": "not a number", "1e10": "over the limit", "-1e300": "over the limit", "1000000000h": "over the limit", "soon": "not a duration", "1e-12": "shorter than 1ns", "-1e-12": "shorter than 1ns"} {
 				err := f.Value.Set(in)
 				if err == nil || !strings.Contains(err.Error(), why) {
 					t.Errorf("%s %s: error %v, want one saying %q", name, in, err, why)
