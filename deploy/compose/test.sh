@@ -65,6 +65,8 @@ cleanup() {
 	if [ "$rc" != 0 ]; then
 		log "FAILED (exit $rc); the services' logs:"
 		dc logs --no-color --tail=40 >&2 || true
+		# Again last, so that a log tail (CI keeps only the end) shows why.
+		log "FAILED (exit $rc): ${failure:-a command failed under set -e}"
 	fi
 	if [ "${KEEP:-0}" = 1 ]; then
 		log "KEEP=1: left up as project $COMPOSE_PROJECT_NAME (NATS 127.0.0.1:$nats_port, creds $work/admin.creds)"
@@ -75,7 +77,10 @@ cleanup() {
 	exit "$rc"
 }
 trap cleanup EXIT
-fail() { log "FAIL: $*"; exit 1; }
+# A command that fails under set -e (not a fail call) is named too.
+trap '[ -n "$failure" ] || failure="line $LINENO: $BASH_COMMAND (exit $?)"' ERR
+failure=
+fail() { failure="FAIL: $*"; log "$failure"; exit 1; }
 
 phase_start=$SECONDS
 phase() { # phase NAME: log how long the previous phase took

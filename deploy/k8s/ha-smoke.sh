@@ -31,7 +31,8 @@ agent_base=${AGENT_BASE:-tether/agent-base:local}
 timeout=${TIMEOUT:-120}
 
 log() { printf 'k8s-smoke: %s\n' "$*" >&2; }
-fail() { log "FAIL: $*"; exit 1; }
+failure=
+fail() { failure="FAIL: $*"; log "$failure"; exit 1; }
 for f in "$tether" "$nats_server"; do [ -x "$f" ] || { log "$f is missing: run make k8s-smoke"; exit 2; }; done
 for py in python3 /usr/bin/python3; do
 	if "$py" -c 'import yaml' 2>/dev/null; then python=$py; break; fi
@@ -48,6 +49,8 @@ cleanup() {
 			echo "--- $(docker inspect -f '{{.Name}}' "$c")" >&2
 			docker logs --tail 25 "$c" 2>&1 | cut -c1-400 >&2 || true
 		done
+		# Again last, so that a log tail (CI keeps only the end) shows why.
+		log "FAILED (exit $rc): ${failure:-a command failed under set -e}"
 	fi
 	if [ "${KEEP:-0}" = 1 ]; then
 		log "KEEP=1: left up (label $project, network $project, files $work)"
@@ -59,6 +62,8 @@ cleanup() {
 	exit "$rc"
 }
 trap cleanup EXIT
+# A command that fails under set -e (not a fail call) is named too.
+trap '[ -n "$failure" ] || failure="line $LINENO: $BASH_COMMAND (exit $?)"' ERR
 
 wait_for() { # wait_for WHAT CMD...
 	local what=$1 deadline=$((SECONDS + timeout)); shift
