@@ -150,36 +150,7 @@ func (o *agentOptions) Validate(envToken string) error {
 			errs = append(errs, fmt.Errorf("--coordinator: %w", err))
 		}
 	}
-	if o.transportGiven && len(o.Transports) == 0 {
-		// pflag reads --transport '' as no entries, which would mean the
-		// default; "wss," has an empty one, an error: both are a value
-		// the user meant to write and did not.
-		errs = append(errs, fmt.Errorf("--transport is empty: want %s, %s or both, comma-separated in the order to try (leave the flag out for %s)", agent.TransportTLS, agent.TransportWebSocket, agent.TransportTLS))
-	}
-	emptyEntry := false
-	for i, t := range o.Transports {
-		switch {
-		case strings.TrimSpace(t) == "":
-			if !emptyEntry {
-				errs = append(errs, fmt.Errorf("--transport %q has an empty entry (a stray comma?): want %s, %s or both, comma-separated", strings.Join(o.Transports, ","), agent.TransportTLS, agent.TransportWebSocket))
-			}
-			emptyEntry = true
-		case t != agent.TransportTLS && t != agent.TransportWebSocket:
-			errs = append(errs, fmt.Errorf("--transport %q: want %s or %s", t, agent.TransportTLS, agent.TransportWebSocket))
-		case slices.Index(o.Transports, t) != i:
-			errs = append(errs, fmt.Errorf("--transport %q is listed twice", t))
-		}
-	}
-	switch {
-	case (o.pingGiven || o.WebSocketPing != 0) && !slices.Contains(o.Transports, agent.TransportWebSocket):
-		transports := strings.Join(o.Transports, ",")
-		if len(o.Transports) == 0 {
-			transports = agent.TransportTLS + " (the default)"
-		}
-		errs = append(errs, fmt.Errorf("--websocket-ping applies to the %s transport only, and --transport is %s: add it (--transport %s,%s) or leave --websocket-ping out", agent.TransportWebSocket, transports, agent.TransportTLS, agent.TransportWebSocket))
-	case o.WebSocketPing > 0 && o.WebSocketPing < minWebSocketPing:
-		errs = append(errs, fmt.Errorf("--websocket-ping %v: want at least %v (0: the default, %v; negative: no pings)", o.WebSocketPing, minWebSocketPing, tunnel.DefaultPingInterval))
-	}
+	errs = append(errs, checkTransports(o.Transports, o.transportGiven, o.WebSocketPing, o.pingGiven)...)
 	for _, r := range o.CopyRoots {
 		if !filepath.IsAbs(r) {
 			errs = append(errs, fmt.Errorf("--copy-root %q: must be an absolute path", r))
@@ -522,4 +493,43 @@ func serveMetrics(addr string, g prometheus.Gatherer, log *slog.Logger) (bound n
 			log.Error("metrics server failed", "err", err)
 		}
 	}, nil
+}
+
+// checkTransports reports what is wrong with --transport and
+// --websocket-ping (of `tether agent` and `tether dev`): given and
+// pingGiven say whether each flag was on the command line, so that an
+// empty --transport is an error rather than the default.
+func checkTransports(transports []string, given bool, ping time.Duration, pingGiven bool) []error {
+	var errs []error
+	if given && len(transports) == 0 {
+		// pflag reads --transport '' as no entries, which would mean the
+		// default; "wss," has an empty one, an error: both are a value
+		// the user meant to write and did not.
+		errs = append(errs, fmt.Errorf("--transport is empty: want %s, %s or both, comma-separated in the order to try (leave the flag out for %s)", agent.TransportTLS, agent.TransportWebSocket, agent.TransportTLS))
+	}
+	emptyEntry := false
+	for i, t := range transports {
+		switch {
+		case strings.TrimSpace(t) == "":
+			if !emptyEntry {
+				errs = append(errs, fmt.Errorf("--transport %q has an empty entry (a stray comma?): want %s, %s or both, comma-separated", strings.Join(transports, ","), agent.TransportTLS, agent.TransportWebSocket))
+			}
+			emptyEntry = true
+		case t != agent.TransportTLS && t != agent.TransportWebSocket:
+			errs = append(errs, fmt.Errorf("--transport %q: want %s or %s", t, agent.TransportTLS, agent.TransportWebSocket))
+		case slices.Index(transports, t) != i:
+			errs = append(errs, fmt.Errorf("--transport %q is listed twice", t))
+		}
+	}
+	switch {
+	case (pingGiven || ping != 0) && !slices.Contains(transports, agent.TransportWebSocket):
+		list := strings.Join(transports, ",")
+		if len(transports) == 0 {
+			list = agent.TransportTLS + " (the default)"
+		}
+		errs = append(errs, fmt.Errorf("--websocket-ping applies to the %s transport only, and --transport is %s: add it (--transport %s,%s) or leave --websocket-ping out", agent.TransportWebSocket, list, agent.TransportTLS, agent.TransportWebSocket))
+	case ping > 0 && ping < minWebSocketPing:
+		errs = append(errs, fmt.Errorf("--websocket-ping %v: want at least %v (0: the default, %v; negative: no pings)", ping, minWebSocketPing, tunnel.DefaultPingInterval))
+	}
+	return errs
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/enroll"
 	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
@@ -67,6 +68,19 @@ type devOptions struct {
 	// "" turns it off (tether ssh-proxy works without it). It accepts the
 	// invoking user's keys, ~/.ssh/*.pub.
 	SSHAddr string
+	// DirectAddr is the coordinator's --direct-addr: the tunnel listener
+	// as clients reach it for their streams' direct data path. Default ""
+	// (--tunnel-addr's host and bound port); "off" relays streams over
+	// NATS, as for a client that can reach only NATS.
+	DirectAddr string
+	// Transports and WebSocketPing are the local agent's --transport and
+	// --websocket-ping (default tls; "wss" or "wss,tls" tries the
+	// WebSocket transport the coordinator serves on --tunnel-addr too).
+	Transports    []string
+	WebSocketPing time.Duration
+	// transportGiven and pingGiven record whether --transport and
+	// --websocket-ping were on the command line (even as "" or 0).
+	transportGiven, pingGiven bool
 	// Log configures logging to stderr.
 	Log logOptions
 }
@@ -132,6 +146,12 @@ func (o *devOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--ssh-addr: %w", err))
 		}
 	}
+	if o.DirectAddr != "" && !strings.EqualFold(o.DirectAddr, "off") {
+		if err := coordinator.CheckDirectAddr(o.DirectAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--direct-addr: %w (want HOST:PORT as clients reach --tunnel-addr, or off)", err))
+		}
+	}
+	errs = append(errs, checkTransports(o.Transports, o.transportGiven, o.WebSocketPing, o.pingGiven)...)
 	for _, a := range []struct{ flag, addr string }{{"--openshell-listen", o.OpenShellListen}, {"--opensandbox-listen", o.OpenSandboxListen}} {
 		if a.addr == "" {
 			continue
@@ -185,6 +205,7 @@ client commands find them. Ctrl-C stops everything.
 To run several side by side, give each its own --data-dir and ports.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			o.transportGiven, o.pingGiven = cmd.Flags().Changed("transport"), cmd.Flags().Changed("websocket-ping")
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
@@ -207,6 +228,9 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory the local agent's copies may write to and read from (repeatable or comma-separated; default: / when not root, so anywhere you can write; as root: the data dir, the working directory and the temporary directory)")
 	durationVar(f, &o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
 	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, `SSH jump host address, accepting your ~/.ssh/*.pub keys ("" turns it off; tether ssh-proxy works without)`)
+	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --tunnel-addr address as clients reach it, for their streams' direct data path (HOST:PORT; default: --tunnel-addr's host and bound port; "off": streams are relayed over NATS)`)
+	f.StringSliceVar(&o.Transports, "transport", o.Transports, "how the local agent reaches the coordinator, in the order tried: tls (raw TLS), wss (WebSocket over TLS on --tunnel-addr, path "+tunnel.WebSocketPath+"); default tls")
+	durationVar(f, &o.WebSocketPing, "websocket-ping", o.WebSocketPing, "with --transport wss only: the local agent's WebSocket ping interval (at least 1s; default and 0: 15s; negative: no pings)")
 	o.Log.addFlags(cmd)
 	return cmd
 }
@@ -234,6 +258,7 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	co.HTTPAddr = o.HTTPAddr
 	co.NATSListen = net.JoinHostPort("127.0.0.1", strconv.Itoa(o.NATSPort))
 	co.ID = "dev"
+	co.DirectAddr = o.DirectAddr
 	co.Sandbox.OpenShellListen = o.OpenShellListen
 	co.Sandbox.OpenSandboxListen = o.OpenSandboxListen
 	co.Sandbox.AllowedHosts = o.AllowedHosts
@@ -366,6 +391,12 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	cfg.Labels = map[string]string{"dev": "true"}
 	cfg.Coordinators = []string{dialAddr(info.TunnelAddr)}
 	cfg.TLS = tlsCfg
+	if len(o.Transports) > 0 {
+		cfg.Transports = o.Transports
+	}
+	if o.WebSocketPing != 0 {
+		cfg.WebSocketPing = o.WebSocketPing
+	}
 	cfg.DataDir = filepath.Join(o.DataDir, "agent")
 	cfg.CopyRoots = o.CopyRoots
 	if len(cfg.CopyRoots) == 0 {
