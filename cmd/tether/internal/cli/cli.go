@@ -238,7 +238,18 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 			return usage(errors.New("a command is required"))
 		}),
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+	// A flag error on a command with subcommands (`tether exce --node n1`)
+	// most likely comes from a mistyped subcommand whose flags its parent
+	// lacks: name the unknown command, with suggestions, rather than the
+	// flag. pflag keeps the positional words it parsed before the bad flag.
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		if cmd.HasSubCommands() {
+			if uerr := suggestArgs(cmd, cmd.Flags().Args()); uerr != nil {
+				return usage(uerr)
+			}
+		}
+		return usage(err)
+	})
 	// `tether completion bash|zsh|fish|powershell` is cobra's own; the
 	// live candidates come from registerCompletions. --version prints
 	// what `tether version` does.

@@ -39,6 +39,10 @@ func TestSuggestions(t *testing.T) {
 		{[]string{"nodse"}, `did you mean "node" or "nodes"?`},
 		{[]string{"job", "stauts", "j1"}, `unknown command "stauts" for "tether job"; did you mean "status"?`},
 		{[]string{"nats", "usr"}, `did you mean "user"?`},
+		// A mistyped command followed by the meant command's flags is
+		// still an unknown command, not "unknown flag: --node".
+		{[]string{"exce", "--node", "n1", "--", "true"}, `unknown command "exce" for "tether"; did you mean "exec"?`},
+		{[]string{"job", "stauts", "--node", "n1", "j1"}, `unknown command "stauts" for "tether job"; did you mean "status"?`},
 	} {
 		r := runCLI(ctx, nil, "", tt.args...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, tt.want) {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -620,17 +621,29 @@ func devLocal(dev policy.Identity, uid uint32) func(uint32) policy.Identity {
 // NATS user's, "nats:" and devUserName) every operation, running commands
 // as runAs, and sshKeys (ssh-key:SHA256:… identities) ssh and forward,
 // unless the file exists (it is the user's to edit then; delete it to
-// regenerate), and returns its path.
+// regenerate), and returns its path. One exception: a file byte for byte
+// the one dev writes without keys (a first start before ~/.ssh had a key,
+// unedited) is written again with sshKeys, so that the banner's advice
+// ("ssh-keygen, then restart tether dev") lets the new key in.
 func writeDevPolicy(dataDir, identity, runAs string, sshKeys ...string) (string, error) {
 	path := filepath.Join(dataDir, devPolicyFile)
-	if _, err := os.Lstat(path); err == nil {
-		return path, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("policy: %w", err)
-	}
 	data, err := devPolicy(identity, runAs, sshKeys...)
 	if err != nil {
 		return "", err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if len(sshKeys) == 0 || !fi.Mode().IsRegular() {
+			return path, nil
+		}
+		keyless, err := devPolicy(identity, runAs)
+		if err != nil {
+			return "", err
+		}
+		if old, err := os.ReadFile(path); err != nil || !bytes.Equal(old, keyless) {
+			return path, nil // edited, or unreadable: the user's
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("policy: %w", err)
 	}
 	if err := writeFileAtomic(path, data, 0o600); err != nil {
 		return "", fmt.Errorf("policy: %w", err)

@@ -435,6 +435,27 @@ func TestDevSSHKeys(t *testing.T) {
 	if note := devPolicySSHNote(fresh, ids); note != "" {
 		t.Errorf("note for a policy granting the key: %q", note)
 	}
+
+	// The banner's advice without a key ("ssh-keygen, then restart tether
+	// dev") works: a policy dev wrote before any key existed, unedited,
+	// is written again with the keys; an edited one stays the user's.
+	if _, err := writeDevPolicy(dir, "nats:alice", "alice", ids...); err != nil {
+		t.Fatal(err)
+	}
+	if note := devPolicySSHNote(old, ids); note != "" {
+		t.Errorf("after a restart with a new key, the unedited dev policy still grants it nothing: %q", note)
+	}
+	edited := t.TempDir()
+	ep, _ := writeDevPolicy(edited, "nats:alice", "alice")
+	b, _ := os.ReadFile(ep)
+	b = append(b, []byte("# mine\n")...)
+	os.WriteFile(ep, b, 0o600)
+	if _, err := writeDevPolicy(edited, "nats:alice", "alice", ids...); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(ep); !bytes.Equal(got, b) {
+		t.Errorf("writeDevPolicy replaced an edited dev policy: %q", got)
+	}
 }
 
 // TestDevSSH: tether dev with a key in ~/.ssh runs the jump host for it,
