@@ -178,7 +178,7 @@ func (o *agentOptions) Validate(envToken string) error {
 		}
 		errs = append(errs, fmt.Errorf("--websocket-ping applies to the %s transport only, and --transport is %s: add it (--transport %s,%s) or leave --websocket-ping out", agent.TransportWebSocket, transports, agent.TransportTLS, agent.TransportWebSocket))
 	case o.WebSocketPing > 0 && o.WebSocketPing < minWebSocketPing:
-		errs = append(errs, fmt.Errorf("--websocket-ping %v: want at least %v (0: the default, %v; negative: no pings)", o.WebSocketPing, minWebSocketPing, tunnel.DefaultPingInterval))
+		errs = append(errs, fmt.Errorf("--websocket-ping %s: want at least %s (0: the default, %s; negative: no pings)", humanDuration(o.WebSocketPing), humanDuration(minWebSocketPing), humanDuration(tunnel.DefaultPingInterval)))
 	}
 	for _, r := range o.CopyRoots {
 		if !filepath.IsAbs(r) {
