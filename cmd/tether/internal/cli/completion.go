@@ -69,7 +69,7 @@ func completionClient(ctx context.Context, cmd *cobra.Command, getenv func(strin
 	if t.creds != "" {
 		c, err := natsauth.ReadCreds(t.creds)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, credsFileError(err, t.credsFrom)
 		}
 		opts = append(opts, c.Options()...)
 	}

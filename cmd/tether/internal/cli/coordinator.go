@@ -650,7 +650,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	} else {
 		creds, err := natsauth.ReadCreds(o.NATSCreds)
 		if err != nil {
-			return nil, fmt.Errorf("coordinator: --nats-creds: %w", err)
+			return nil, fmt.Errorf("coordinator: %w", credsFileError(err, "--nats-creds"))
 		}
 		natsOpts = append(natsOpts, nats.UserJWTAndSeed(creds.JWT, string(creds.Seed)))
 		if o.NATSOperatorJWT != "" {
