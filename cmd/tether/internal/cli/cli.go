@@ -238,7 +238,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 			return usage(errors.New("a command is required"))
 		}),
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usage(suggestFlag(c, err)) })
 	// `tether completion bash|zsh|fish|powershell` is cobra's own; the
 	// live candidates come from registerCompletions. --version prints
 	// what `tether version` does.
