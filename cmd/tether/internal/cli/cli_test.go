@@ -132,7 +132,7 @@ func TestUsageErrors(t *testing.T) {
 		{"reap without run", []string{"sandboxes", "reap"}, []string{"--run is required unless --dry-run is given"}},
 		{"run-lease empty run", []string{"run-lease", "--run", "", "--", "true"}, []string{"--run is empty"}},
 		{"run-lease no dash", []string{"run-lease", "true"}, []string{"put the command after --"}},
-		{"run-lease bad ttl", []string{"run-lease", "--ttl", "10ms", "--", "true"}, []string{"--ttl 10ms"}},
+		{"run-lease bad ttl", []string{"run-lease", "--ttl", "10ms", "--", "true"}, []string{`"--ttl" flag: 10ms is under the minimum of 1s (the range is 1s to 24h)`}},
 		{"forward public address", []string{"forward", "n1", "openshell", "0.0.0.0:8080"}, []string{"loopback only"}},
 		{"agent without coordinator", []string{"agent", "--token-file", tokenFile}, []string{"--coordinator is required"}},
 		{"agent without token", []string{"agent", "--coordinator", "c:7443"}, []string{"a join token is required"}},
