@@ -273,7 +273,7 @@ func (x *execution) run(ctx context.Context) {
 		}
 		r, err := x.runProcess(spec, dir, limit, rs, stdinCh)
 		if err != nil {
-			x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: start %s: %v", a.cfg.NodeID, spec.name, explainStart(err, dir)))
+			x.fail(startFailCode(err, dir), fmt.Sprintf("node %s: %s", a.cfg.NodeID, startFailure(spec.name, err, dir)))
 			return
 		}
 		last = r

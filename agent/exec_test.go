@@ -366,7 +366,7 @@ func TestExecErrors(t *testing.T) {
 		{"script with stdin", protocol.KindExec, protocol.ExecParams{Script: "cat", Stdin: true}, protocol.CodeBadRequest, []string{"stdin"}},
 		{"unknown param field", protocol.KindExec, map[string]any{"argv": []string{"true"}, "bogus": 1}, protocol.CodeBadRequest, []string{"bogus"}},
 		{"command not found", protocol.KindExec, protocol.ExecParams{Argv: []string{"/nonexistent/tool", "x"}}, protocol.CodeCommandNotFound, []string{"node-a", "/nonexistent/tool"}},
-		{"not on PATH", protocol.KindExec, protocol.ExecParams{Argv: []string{"no-such-tool-xyz"}}, protocol.CodeCommandNotFound, []string{"node-a", "no-such-tool-xyz"}},
+		{"not on PATH", protocol.KindExec, protocol.ExecParams{Argv: []string{"no-such-tool-xyz"}}, protocol.CodeCommandNotFound, []string{"node-a: command \"no-such-tool-xyz\" not found in PATH"}},
 		{"a directory", protocol.KindExec, protocol.ExecParams{Argv: []string{"/"}}, protocol.CodeNotExecutable, []string{"node-a", "/"}},
 		{"not executable", protocol.KindExec, protocol.ExecParams{Argv: []string{"/etc/passwd"}}, protocol.CodeNotExecutable, []string{"node-a", "/etc/passwd"}},
 		{"missing interpreter", protocol.KindExec, protocol.ExecParams{Argv: []string{badInterpreter}}, protocol.CodeNotExecutable, []string{"node-a", badInterpreter}},
@@ -388,6 +388,13 @@ func TestExecErrors(t *testing.T) {
 			for _, s := range tt.wantIn {
 				if !strings.Contains(e.errInfo.Message, s) {
 					t.Errorf("message %q does not mention %q", e.errInfo.Message, s)
+				}
+			}
+			// Go's words are not the user's (issue 13): no "exec: ",
+			// "fork/exec", "$PATH" or "executable file not found".
+			for _, s := range []string{"exec: ", "fork/exec", "$PATH", "executable file"} {
+				if strings.Contains(e.errInfo.Message, s) {
+					t.Errorf("message %q has Go's %q", e.errInfo.Message, s)
 				}
 			}
 			if e.stdout.Len()+e.stderr.Len() > 0 {

@@ -300,7 +300,7 @@ func startShimJob(spec *jobShimSpec, log *slog.Logger) (*jobShim, jobShimReply) 
 	errW.Close()
 	if err != nil {
 		closeAll(files[0], files[1], outR, errR)
-		return fail(startFailCode(err, spec.Cwd), "start %s: %v", cmd.Args[0], explainStart(err, spec.Cwd))
+		return fail(startFailCode(err, spec.Cwd), "%s", startFailure(cmd.Args[0], err, spec.Cwd))
 	}
 	s := &jobShim{spec: spec, log: log.With("job_pid", cmd.Process.Pid), cmd: cmd, pgid: cmd.Process.Pid,
 		pipes: [2]*os.File{outR, errR}, files: files}

@@ -238,6 +238,14 @@ func TestDetachedJobStartFailure(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, "jobs", "nope")); !os.IsNotExist(err) {
 		t.Errorf("job directory left: %v", err)
 	}
+	if strings.Contains(e.errInfo.Message, "fork/exec") {
+		t.Errorf("message %q has Go's fork/exec", e.errInfo.Message)
+	}
+	e = h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"no-such-tool-xyz"}, Detach: true, JobID: "nope2"})
+	e.finish(t)
+	if e.errInfo == nil || e.errInfo.Code != protocol.CodeCommandNotFound || !strings.Contains(e.errInfo.Message, `command "no-such-tool-xyz" not found in PATH`) {
+		t.Fatalf("exit %+v error %+v, want command_not_found in a shell's words", e.exit, e.errInfo)
+	}
 }
 
 func TestParseProcStatus(t *testing.T) {

@@ -263,6 +263,7 @@ func TestPTYBadRequests(t *testing.T) {
 		{"bad env key", protocol.PTYParams{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, protocol.CodeBadRequest},
 		{"unknown field", map[string]any{"argv": []string{"true"}, "bogus": 1}, protocol.CodeBadRequest},
 		{"no such command", protocol.PTYParams{Argv: []string{"/nonexistent/tether-test"}}, protocol.CodeCommandNotFound},
+		{"not on PATH", protocol.PTYParams{Argv: []string{"no-such-tool-xyz"}}, protocol.CodeCommandNotFound},
 		{"not executable", protocol.PTYParams{Argv: []string{"/etc/passwd"}}, protocol.CodeNotExecutable},
 		{"no such cwd", protocol.PTYParams{Argv: []string{"true"}, Cwd: "/nonexistent/dir"}, protocol.CodeStartFailed},
 	}
@@ -272,6 +273,11 @@ func TestPTYBadRequests(t *testing.T) {
 			e.finish(t)
 			if e.errInfo == nil || e.errInfo.Code != tt.wantCode {
 				t.Fatalf("got exit %+v error %+v, want error code %s", e.exit, e.errInfo, tt.wantCode)
+			}
+			for _, s := range []string{"exec: ", "fork/exec", "$PATH", "executable file"} {
+				if strings.Contains(e.errInfo.Message, s) {
+					t.Errorf("message %q has Go's %q", e.errInfo.Message, s)
+				}
 			}
 		})
 	}

@@ -107,6 +107,44 @@ func explainStart(err error, dir string) error {
 	return err
 }
 
+// startFailure is the message for program name failing to start in dir
+// with err (from Start), in a shell's words rather than Go's ("exec: "x":
+// executable file not found in $PATH", "fork/exec /x: ..."):
+//
+//	command "x" not found in PATH
+//	start /no/such/tool: no such file or directory
+//	start /etc/passwd: permission denied
+//	start ./script: /usr/bin/python9: bad interpreter: no such file or directory (named by the #! line of ...)
+//
+// It names the program once; the caller adds the node.
+func startFailure(name string, err error, dir string) string {
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		if errors.Is(ee.Err, exec.ErrNotFound) {
+			return fmt.Sprintf("command %q not found in PATH", ee.Name)
+		}
+		return fmt.Sprintf("start %s: %v", name, pathErrReason(ee.Err))
+	}
+	if x := explainStart(err, dir); x != err {
+		return fmt.Sprintf("start %s: %v", name, x)
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Op == "fork/exec" {
+		return fmt.Sprintf("start %s: %v", name, pe.Err)
+	}
+	return fmt.Sprintf("start %s: %v", name, err)
+}
+
+// pathErrReason is the reason of a *fs.PathError (its errno, without the
+// operation and path Go puts before it), else err.
+func pathErrReason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
 // shebangInterpreter reads the #! line of the file at path: ok is set when
 // the file starts with "#!", and interp is the interpreter it names (the
 // first word after "#!"; "" for none). The kernel reads at most 256 bytes of

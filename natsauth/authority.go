@@ -523,7 +523,11 @@ func (l *Layout) mint(name string, ttl time.Duration, signer nkeys.KeyPair, issu
 	if err != nil {
 		return nil, fmt.Errorf("natsauth: mint %s: %w", name, err)
 	}
-	return newCreds(token, seed)
+	c, err := newCreds(token, seed)
+	if err != nil {
+		return nil, fmt.Errorf("natsauth: mint %s: %w", name, err)
+	}
+	return c, nil
 }
 
 // ServerConfig returns the nats-server configuration block that gives an

@@ -2,6 +2,7 @@ package natsauth
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/jwt/v2"
@@ -19,61 +20,71 @@ type Creds struct {
 	claims *jwt.UserClaims
 }
 
-// newCreds checks that seed is the user key the JWT was issued to.
+// newCreds checks that seed is the user key the JWT was issued to. Errors
+// carry no package prefix (ParseCreds and ReadCreds add theirs).
 func newCreds(token string, seed []byte) (*Creds, error) {
 	uc, err := jwt.DecodeUserClaims(token)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds: user JWT: %w", err)
+		return nil, fmt.Errorf("user JWT: %w", err)
 	}
 	kp, err := nkeys.FromSeed(seed)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds: seed: %w", err)
+		return nil, fmt.Errorf("seed: %w", err)
 	}
 	defer kp.Wipe()
 	pub, err := kp.PublicKey()
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds: seed: %w", err)
+		return nil, fmt.Errorf("seed: %w", err)
 	}
 	if !nkeys.IsValidPublicUserKey(pub) {
-		return nil, fmt.Errorf("natsauth: creds: the seed is not a user seed")
+		return nil, errors.New("the seed is not a user seed")
 	}
 	if pub != uc.Subject {
-		return nil, fmt.Errorf("natsauth: creds: the seed is user %s's, the JWT was issued to %s", pub, uc.Subject)
+		return nil, fmt.Errorf("the seed is user %s's, the JWT was issued to %s", pub, uc.Subject)
 	}
 	return &Creds{JWT: token, Seed: bytes.Clone(seed), claims: uc}, nil
 }
 
 // ParseCreds parses the contents of a .creds file (nats.go's format: the
 // decorated JWT, then the decorated seed) and checks that the seed belongs
-// to the JWT's user.
+// to the JWT's user. Errors start "natsauth: creds: ".
 func ParseCreds(data []byte) (*Creds, error) {
-	token, err := jwt.ParseDecoratedJWT(data)
+	c, err := parseCreds(data)
 	if err != nil {
 		return nil, fmt.Errorf("natsauth: creds: %w", err)
 	}
+	return c, nil
+}
+
+// parseCreds is ParseCreds with errors that carry no prefix.
+func parseCreds(data []byte) (*Creds, error) {
+	token, err := jwt.ParseDecoratedJWT(data)
+	if err != nil {
+		return nil, err
+	}
 	kp, err := jwt.ParseDecoratedUserNKey(data)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds: %w", err)
+		return nil, err
 	}
 	defer kp.Wipe()
 	seed, err := kp.Seed()
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds: %w", err)
+		return nil, err
 	}
 	return newCreds(token, seed)
 }
 
 // ReadCreds reads and parses a .creds file. It refuses a file the group or
-// others may access (mode & 0077 != 0) or that is not a regular file, with
-// an error naming the file and its mode.
+// others may access (mode & 0077 != 0) or that is not a regular file.
+// Errors are *FileError, naming the file and what is wrong with it.
 func ReadCreds(path string) (*Creds, error) {
 	b, err := readSecret(path, "creds file")
 	if err != nil {
 		return nil, err
 	}
-	c, err := ParseCreds(b)
+	c, err := parseCreds(b)
 	if err != nil {
-		return nil, fmt.Errorf("%w (in %s)", err, path)
+		return nil, &FileError{What: "creds file", Path: path, Err: fmt.Errorf("not NATS user credentials: %w", err)}
 	}
 	return c, nil
 }

@@ -2,6 +2,8 @@ package natsauth
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,5 +94,28 @@ func TestParseCredsRefusesMismatch(t *testing.T) {
 	}
 	if c, err := ParseCreds(good); err != nil || c.PublicKey() != alice.PublicKey() {
 		t.Errorf("round trip: %v", err)
+	}
+}
+
+// TestReadCredsFileError: ReadCreds's errors are *FileError naming the
+// file once, with a reason free of Go's operation ("open PATH: ..."), and
+// a missing file still matches fs.ErrNotExist.
+func TestReadCredsFileError(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.creds")
+	_, err := ReadCreds(missing)
+	var fe *FileError
+	if !errors.As(err, &fe) || fe.Path != missing || fe.What != "creds file" || fe.Err.Error() != "no such file or directory" || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing file: %#v", err)
+	}
+	if got, want := err.Error(), "natsauth: creds file "+missing+": no such file or directory"; got != want {
+		t.Errorf("error %q, want %q", got, want)
+	}
+	junk := filepath.Join(t.TempDir(), "junk.creds")
+	if err := os.WriteFile(junk, []byte("junk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ReadCreds(junk)
+	if !errors.As(err, &fe) || !strings.HasPrefix(fe.Err.Error(), "not NATS user credentials: ") || strings.Count(err.Error(), "natsauth") != 1 {
+		t.Errorf("junk file: %v", err)
 	}
 }

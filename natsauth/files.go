@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tetherfleet/tether/internal/filetype"
+
 	"github.com/nats-io/nkeys"
 )
 
@@ -16,34 +18,68 @@ import (
 // .creds file is about 1 KiB, a seed 58 bytes.
 const maxSecretFile = 64 << 10
 
+// FileError is a file of secrets (a .creds or seed file) that could not be
+// read or used. Error is "natsauth: WHAT PATH: ERR"; a caller that knows
+// where the path came from (a flag, a variable) can say so and print What,
+// Path and Err in its own words. Unwrap is Err, so errors.Is(err,
+// fs.ErrNotExist) holds for a missing file.
+type FileError struct {
+	// What the file is: "creds file" or "seed file".
+	What string
+	// Path is the file as given.
+	Path string
+	// Err is what is wrong with it, in words that name neither the file
+	// nor Go's operation: "no such file or directory", "not a regular
+	// file (a directory)", "mode 0644 lets the group or others access
+	// it; ...", "not a NATS credentials file: no nkey seed found".
+	Err error
+}
+
+func (e *FileError) Error() string {
+	return "natsauth: " + e.What + " " + e.Path + ": " + e.Err.Error()
+}
+func (e *FileError) Unwrap() error { return e.Err }
+
 // readSecret reads a file that holds a secret (a seed or .creds). It
 // refuses anything but a regular file and any mode that gives the group or
 // others access, the way ssh treats private keys: a secret others can read
-// is already leaked, and one they can write may have been replaced.
+// is already leaked, and one they can write may have been replaced. Errors
+// are *FileError.
 func readSecret(path, what string) ([]byte, error) {
+	fail := func(err error) error { return &FileError{What: what, Path: path, Err: err} }
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: %s: %w", what, err)
+		return nil, fail(pathErrReason(err))
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: %s: %w", what, err)
+		return nil, fail(pathErrReason(err))
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("natsauth: %s %s is not a regular file (%v)", what, path, fi.Mode().Type())
+		return nil, fail(fmt.Errorf("not a regular file (%s)", filetype.Of(fi.Mode())))
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("natsauth: %s %s has mode %04o: group or others may access it; it must be readable by its owner only (chmod 600 %s)", what, path, perm, path)
+		return nil, fail(fmt.Errorf("mode %04o lets the group or others access it; it must be readable by its owner only (chmod 600 %s)", perm, path))
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: %s %s: %w", what, path, err)
+		return nil, fail(pathErrReason(err))
 	}
 	if len(b) > maxSecretFile {
-		return nil, fmt.Errorf("natsauth: %s %s is over %d bytes", what, path, maxSecretFile)
+		return nil, fail(fmt.Errorf("over %d bytes: not a %s", maxSecretFile, what))
 	}
 	return b, nil
+}
+
+// pathErrReason is the reason of a *fs.PathError (the errno, without the
+// operation and path Go puts before it), else err.
+func pathErrReason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // writeFileAtomic writes data to path with mode 0600: a temporary file in
@@ -138,14 +174,14 @@ func loadSeed(path string, want nkeys.PrefixByte) (nkeys.KeyPair, error) {
 	seed := bytes.TrimSpace(b)
 	prefix, _, err := nkeys.DecodeSeed(seed)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: seed file %s does not hold one NKey seed: %w", path, err)
+		return nil, &FileError{What: "seed file", Path: path, Err: fmt.Errorf("does not hold one NKey seed: %w", err)}
 	}
 	if prefix != want {
-		return nil, fmt.Errorf("natsauth: seed file %s holds %s key, want %s key", path, prefixName(prefix), prefixName(want))
+		return nil, &FileError{What: "seed file", Path: path, Err: fmt.Errorf("holds %s key, want %s key", prefixName(prefix), prefixName(want))}
 	}
 	kp, err := nkeys.FromSeed(seed)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: seed file %s: %w", path, err)
+		return nil, &FileError{What: "seed file", Path: path, Err: err}
 	}
 	return kp, nil
 }

@@ -529,7 +529,7 @@ func checkTransports(transports []string, given bool, ping time.Duration, pingGi
 		}
 		errs = append(errs, fmt.Errorf("--websocket-ping applies to the %s transport only, and --transport is %s: add it (--transport %s,%s) or leave --websocket-ping out", agent.TransportWebSocket, list, agent.TransportTLS, agent.TransportWebSocket))
 	case ping > 0 && ping < minWebSocketPing:
-		errs = append(errs, fmt.Errorf("--websocket-ping %v: want at least %v (0: the default, %v; negative: no pings)", ping, minWebSocketPing, tunnel.DefaultPingInterval))
+		errs = append(errs, fmt.Errorf("--websocket-ping %s: want at least %s (0: the default, %s; negative: no pings)", humanDuration(ping), humanDuration(minWebSocketPing), humanDuration(tunnel.DefaultPingInterval)))
 	}
 	return errs
 }

@@ -81,7 +81,7 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 		errs = append(errs, errors.New("--follow and --until do not go together"))
 	}
 	if o.Poll <= 0 {
-		errs = append(errs, fmt.Errorf("--poll %v: want a positive duration", o.Poll))
+		errs = append(errs, fmt.Errorf("--poll %s: want a positive duration", humanDuration(o.Poll)))
 	}
 	if len(errs) == 0 {
 		if e := q.Validate(); e != nil {
@@ -98,7 +98,7 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
-	d, durErr := parseDuration(s, 0)
+	d, durErr := parseDuration(s, 0, 0)
 	if durErr == nil {
 		if d < 0 {
 			return time.Time{}, fmt.Errorf("%q is negative: give how long ago, e.g. 1h", s)

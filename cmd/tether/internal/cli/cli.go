@@ -242,13 +242,14 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 	// most likely comes from a mistyped subcommand whose flags its parent
 	// lacks: name the unknown command, with suggestions, rather than the
 	// flag. pflag keeps the positional words it parsed before the bad flag.
+	// Otherwise an unknown flag gets the command's own flags' suggestion.
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		if cmd.HasSubCommands() {
 			if uerr := suggestArgs(cmd, cmd.Flags().Args()); uerr != nil {
 				return usage(uerr)
 			}
 		}
-		return usage(err)
+		return usage(suggestFlag(cmd, err))
 	})
 	// `tether completion bash|zsh|fish|powershell` is cobra's own; the
 	// live candidates come from registerCompletions. --version prints

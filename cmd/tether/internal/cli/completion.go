@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/natsauth"
@@ -69,7 +70,7 @@ func completionClient(ctx context.Context, cmd *cobra.Command, getenv func(strin
 	if t.creds != "" {
 		c, err := natsauth.ReadCreds(t.creds)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, credsFileError(err, t.credsFrom)
 		}
 		opts = append(opts, c.Options()...)
 	}
@@ -320,6 +321,44 @@ func suggestArgs(cmd *cobra.Command, args []string) error {
 		msg += "; did you mean " + strings.Join(quoteAll(s), " or ") + "?"
 	}
 	return errors.New(msg)
+}
+
+// suggestFlag adds "did you mean --timeout?" to err when it is pflag's
+// unknown long flag (--tiemout) and cmd has flags (its own and inherited,
+// hidden ones left out) within edit distance 2 of it, or that it is a
+// prefix of; cobra suggests subcommands only. Any other err is returned
+// as it is.
+func suggestFlag(cmd *cobra.Command, err error) error {
+	var ne *pflag.NotExistError
+	if !errors.As(err, &ne) || ne.GetSpecifiedShortnames() != "" {
+		return err
+	}
+	typed := ne.GetSpecifiedName()
+	if typed == "" || !strings.HasPrefix(err.Error(), "unknown flag: --") {
+		return err
+	}
+	best, bestD := []string(nil), 3
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		d := editDistance(strings.ToLower(typed), f.Name)
+		if d > 2 && len(typed) >= 3 && strings.HasPrefix(f.Name, typed) {
+			d = 2 // "--time" for --timeout
+		}
+		switch {
+		case d > 2:
+		case d < bestD:
+			best, bestD = []string{"--" + f.Name}, d
+		case d == bestD && len(best) < 3:
+			best = append(best, "--"+f.Name)
+		}
+	})
+	if len(best) == 0 {
+		return err
+	}
+	slices.Sort(best)
+	return fmt.Errorf("%w; did you mean %s?", err, strings.Join(best, " or "))
 }
 
 func quoteAll(s []string) []string {

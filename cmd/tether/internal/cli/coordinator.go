@@ -216,16 +216,16 @@ func (o *coordinatorOptions) Validate() error {
 		errs = append(errs, errors.New("--token-file names the deprecated shared token and needs --allow-shared-token; agents enroll with join tokens from `tether token create`"))
 	}
 	if o.CertTTL < 0 || (o.CertTTL > 0 && o.CertTTL < 10*time.Second) {
-		errs = append(errs, fmt.Errorf("--cert-ttl %v: want at least 10s (0: 24h)", o.CertTTL))
+		errs = append(errs, fmt.Errorf("--cert-ttl %s: want at least 10s (0: 24h)", humanDuration(o.CertTTL)))
 	}
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
 	}
 	if o.Heartbeat < 0 {
-		errs = append(errs, fmt.Errorf("--heartbeat %v is negative", o.Heartbeat))
+		errs = append(errs, fmt.Errorf("--heartbeat %s is negative", humanDuration(o.Heartbeat)))
 	}
 	if o.ExecTimeout < 0 {
-		errs = append(errs, fmt.Errorf("--exec-timeout %v is negative", o.ExecTimeout))
+		errs = append(errs, fmt.Errorf("--exec-timeout %s is negative", humanDuration(o.ExecTimeout)))
 	}
 	if o.DirectAddr != "" && !o.directOff() {
 		if err := coordinator.CheckDirectAddr(o.DirectAddr); err != nil {
@@ -249,10 +249,10 @@ func (o *coordinatorOptions) Validate() error {
 		errs = append(errs, errors.New("--ssh-authorized-keys and --ssh-user-ca go with --ssh-addr (the jump host's listen address)"))
 	}
 	if o.JobRetention < 0 || o.JobRetention > 0 && o.JobRetention < time.Minute {
-		errs = append(errs, fmt.Errorf("--job-retention %v: want at least 1m (0: 7 days)", o.JobRetention))
+		errs = append(errs, fmt.Errorf("--job-retention %s: want at least 1m (0: 7 days)", humanDuration(o.JobRetention)))
 	}
 	if o.AuditMaxAge < 0 || o.AuditMaxAge > 0 && o.AuditMaxAge < time.Minute {
-		errs = append(errs, fmt.Errorf("--audit-max-age %v: want at least 1m (0: 90 days)", o.AuditMaxAge))
+		errs = append(errs, fmt.Errorf("--audit-max-age %s: want at least 1m (0: 90 days)", humanDuration(o.AuditMaxAge)))
 	}
 	if o.AuditMaxBytes < 0 || o.AuditMaxBytes > 0 && o.AuditMaxBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("--audit-max-bytes %d: want at least 1048576 (0: 1 GiB)", o.AuditMaxBytes))
@@ -650,7 +650,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	} else {
 		creds, err := natsauth.ReadCreds(o.NATSCreds)
 		if err != nil {
-			return nil, fmt.Errorf("coordinator: --nats-creds: %w", err)
+			return nil, fmt.Errorf("coordinator: %w", credsFileError(err, "--nats-creds"))
 		}
 		natsOpts = append(natsOpts, nats.UserJWTAndSeed(creds.JWT, string(creds.Seed)))
 		if o.NATSOperatorJWT != "" {

@@ -179,10 +179,10 @@ func (o *devOptions) Validate() error {
 		}
 	}
 	if o.SandboxTTL < 0 {
-		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.SandboxTTL))
+		errs = append(errs, fmt.Errorf("--sandbox-ttl %s is negative", humanDuration(o.SandboxTTL)))
 	}
 	if o.InventoryInterval <= 0 {
-		errs = append(errs, fmt.Errorf("--inventory-interval %v must be positive", o.InventoryInterval))
+		errs = append(errs, fmt.Errorf("--inventory-interval %s must be positive", humanDuration(o.InventoryInterval)))
 	}
 	if err := o.Log.Validate(); err != nil {
 		errs = append(errs, err)

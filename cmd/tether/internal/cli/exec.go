@@ -139,10 +139,10 @@ func (o *execOptions) Validate(argv []string) error {
 		errs = append(errs, errors.New("--fail-fast cannot be combined with --detach: use a script with set -e"))
 	}
 	if o.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("--timeout %v is negative", o.Timeout))
+		errs = append(errs, fmt.Errorf("--timeout %s is negative", humanDuration(o.Timeout)))
 	}
 	if o.Timeout > maxTimeout {
-		errs = append(errs, fmt.Errorf("--timeout %v is over the limit of %v (about 146 years)", o.Timeout, maxTimeout))
+		errs = append(errs, fmt.Errorf("--timeout %s is over the limit of %s", humanDuration(o.Timeout), humanDuration(maxTimeout)))
 	}
 	if o.MaxParallel < 0 {
 		errs = append(errs, fmt.Errorf("--max-parallel %d is negative", o.MaxParallel))

@@ -50,7 +50,7 @@ func (o *jobOptions) Validate(args []string) error {
 		errs = append(errs, err)
 	}
 	if o.Poll <= 0 || o.Poll > maxPoll {
-		errs = append(errs, fmt.Errorf("--poll %v must be positive and at most %v", o.Poll, maxPoll))
+		errs = append(errs, fmt.Errorf("--poll %s is out of range: want more than 0 and at most %s", humanDuration(o.Poll), humanDuration(maxPoll)))
 	}
 	if len(errs) == 0 && o.Node != "" {
 		// Anything else the API checks (none today).
@@ -131,12 +131,12 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 	switch name {
 	case "wait":
 		f.BoolVar(&o.JSON, "json", false, "print the job's final record as JSON")
-		durationVar(f, &o.Poll, "poll", o.Poll, "how often to poll the job's record")
+		boundedDurationVar(f, &o.Poll, "poll", o.Poll, 0, maxPoll, "how often to poll the job's record (at most "+humanDuration(maxPoll)+")")
 	case "status", "cancel":
 		f.BoolVar(&o.JSON, "json", false, "print the status as JSON")
 	case "logs":
 		f.BoolVar(&o.Follow, "follow", false, "keep printing new output until the job exited")
-		durationVar(f, &o.Poll, "poll", o.Poll, "how often --follow polls")
+		boundedDurationVar(f, &o.Poll, "poll", o.Poll, 0, maxPoll, "how often --follow polls (at most "+humanDuration(maxPoll)+")")
 	}
 	o.NATS.addFlags(cmd)
 	return cmd

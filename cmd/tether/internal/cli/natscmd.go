@@ -87,7 +87,7 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 		Args: cobra.ExactArgs(1),
 		RunE: e.runE(func(_ *cobra.Command, args []string) error {
 			if ttl < 0 {
-				return usage(fmt.Errorf("--ttl %v is negative", ttl))
+				return usage(fmt.Errorf("--ttl %s is negative", humanDuration(ttl)))
 			}
 			name := args[0]
 			if err := natsauth.CheckUserName(name); err != nil {

@@ -108,7 +108,7 @@ func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(
 	if t.creds != "" {
 		c, err := natsauth.ReadCreds(t.creds)
 		if err != nil {
-			return nil, nil, fmt.Errorf("NATS credentials from %s: %w", t.credsFrom, err)
+			return nil, nil, credsFileError(err, t.credsFrom)
 		}
 		opts = append(opts, c.Options()...)
 	}
@@ -236,4 +236,16 @@ func natsContext(name string, getenv func(string) string) (*natsCLIContext, stri
 		return nil, "", fmt.Errorf("nats context %s (%s): %w", name, path, err)
 	}
 	return &c, name, nil
+}
+
+// credsFileError is an error of natsauth.ReadCreds for the file that from
+// (a flag, a variable, a nats context) named, in the user's terms: "NATS
+// credentials file PATH (from --nats-creds): no such file or directory".
+// Other errors are wrapped as "NATS credentials from FROM: ERR".
+func credsFileError(err error, from string) error {
+	var fe *natsauth.FileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("NATS credentials file %s (from %s): %w", fe.Path, from, fe.Err)
+	}
+	return fmt.Errorf("NATS credentials from %s: %w", from, err)
 }

@@ -50,7 +50,7 @@ func (o *runLeaseOptions) Validate() error {
 		}
 	}
 	if o.TTL < protocol.MinLeaseTTL || o.TTL > protocol.MaxLeaseTTL {
-		errs = append(errs, fmt.Errorf("--ttl %v: must be %v to %v", o.TTL, protocol.MinLeaseTTL, protocol.MaxLeaseTTL))
+		errs = append(errs, fmt.Errorf("--ttl %s is out of range: want %s", humanDuration(o.TTL), durationRange(protocol.MinLeaseTTL, protocol.MaxLeaseTTL)))
 	}
 	if len(errs) == 0 && o.Run != "" {
 		// Anything else the API would refuse of the lease request.
@@ -106,7 +106,7 @@ coordinator, the lease could not be opened).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Run, "run", "", "run id (default: $TETHER_RUN, else $NEMO_GYM_RUN_ID, else a random id)")
-	durationVar(f, &o.TTL, "ttl", o.TTL, "lease TTL: the run's sandboxes are reaped this long after run-lease dies")
+	boundedDurationVar(f, &o.TTL, "ttl", o.TTL, protocol.MinLeaseTTL, protocol.MaxLeaseTTL, "lease TTL, "+durationRange(protocol.MinLeaseTTL, protocol.MaxLeaseTTL)+": the run's sandboxes are reaped this long after run-lease dies")
 	f.BoolVar(&o.Keep, "keep", false, "leave the lease to expire after TTL when COMMAND exits, instead of reaping at once")
 	o.NATS.addFlags(cmd)
 	return cmd

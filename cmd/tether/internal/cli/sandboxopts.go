@@ -172,10 +172,10 @@ func (o *sandboxOptions) Validate() error {
 		errs = append(errs, err)
 	}
 	if o.DefaultTTL < 0 {
-		errs = append(errs, fmt.Errorf("--sandbox-ttl %v is negative", o.DefaultTTL))
+		errs = append(errs, fmt.Errorf("--sandbox-ttl %s is negative", humanDuration(o.DefaultTTL)))
 	}
 	if o.InventoryInterval <= 0 {
-		errs = append(errs, fmt.Errorf("--inventory-interval %v must be positive", o.InventoryInterval))
+		errs = append(errs, fmt.Errorf("--inventory-interval %s must be positive", humanDuration(o.InventoryInterval)))
 	}
 	if !(o.ReapRate > 0) || math.IsInf(o.ReapRate, 1) { // NaN fails the comparison
 		errs = append(errs, fmt.Errorf("--reap-rate %v must be a positive number", o.ReapRate))

@@ -110,7 +110,7 @@ type tokenCreateOptions struct {
 func (o *tokenCreateOptions) Validate() error {
 	var errs []error
 	if o.TTL <= 0 || o.TTL > protocol.MaxTokenTTL || o.TTL%time.Second != 0 {
-		errs = append(errs, fmt.Errorf("--ttl %v: want whole seconds, up to %v", o.TTL, protocol.MaxTokenTTL))
+		errs = append(errs, fmt.Errorf("--ttl %s: want whole seconds, more than 0 and at most %s", humanDuration(o.TTL), humanDuration(protocol.MaxTokenTTL)))
 	}
 	if o.Uses < 0 {
 		errs = append(errs, fmt.Errorf("--uses %d: want 1 or more, or 0 for unlimited", o.Uses))
@@ -177,7 +177,7 @@ labels. Needs the admin right in the coordinator's policy.`,
 		}),
 	}
 	f := create.Flags()
-	durationVar(f, &o.TTL, "ttl", o.TTL, "how long the token may be used")
+	boundedDurationVar(f, &o.TTL, "ttl", o.TTL, 0, protocol.MaxTokenTTL, "how long the token may be used (whole seconds, at most "+humanDuration(protocol.MaxTokenTTL)+")")
 	f.IntVar(&o.Uses, "uses", o.Uses, "how many agents may enroll with it (0: unlimited within --ttl)")
 	f.StringVar(&o.Labels, "labels", o.Labels, "labels bound to the nodes enrolled with it, k=v,k2=v2 (override the agents' own)")
 	f.BoolVar(&o.JSON, "json", false, "print the API's JSON response")
