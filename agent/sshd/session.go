@@ -22,6 +22,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
+	"github.com/tetherfleet/tether/internal/countcopy"
 	"github.com/tetherfleet/tether/internal/panics"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -522,21 +523,21 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer inW.Close()
-		io.Copy(inW, countReader{s.ch, &s.in})
+		pipeCopy(inW, countReader{s.ch, &s.in})
 	}()
 	go func() {
 		defer p.wg.Done()
 		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer outputs.Done()
 		defer outR.Close()
-		io.CopyBuffer(countWriter{s.ch, &s.out}, outR, make([]byte, 256<<10))
+		pipeCopy(countWriter{s.ch, &s.out}, outR)
 	}()
 	go func() {
 		defer p.wg.Done()
 		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer outputs.Done()
 		defer errR.Close()
-		io.Copy(countWriter{s.ch.Stderr(), &s.out}, errR)
+		pipeCopy(countWriter{s.ch.Stderr(), &s.out}, errR)
 	}()
 	go func() { // not guarded: done must be closed, and nothing here panics
 		defer p.wg.Done()
@@ -716,6 +717,19 @@ func (p *process) stopKill() {
 func winsize(cols, rows uint32) *pty.Winsize {
 	clamp := func(v uint32) uint16 { return uint16(min(v, 0xffff)) }
 	return &pty.Winsize{Cols: clamp(cols), Rows: clamp(rows)}
+}
+
+// pipeCopy copies src to dst until src's end or an error, where one of
+// them is a command's pipe (an *os.File) and the other the channel, as
+// countcopy.CopyPooled does: in reads of 32 KiB that grow to 256 KiB once
+// one filled its buffer (bulk), and back when the traffic is interactive.
+// io.Copy and io.CopyBuffer are not used here because they hand the copy
+// to the pipe's ReadFrom or WriteTo, which for a peer that is not a file
+// or a socket fall back to io.Copy with its own 32 KiB buffer (whatever
+// buffer was passed): a bulk upload then cost a pipe write per 32 KiB and
+// the channel a read, and a window adjust, per 128 KiB at most.
+func pipeCopy(dst io.Writer, src io.Reader) {
+	countcopy.CopyPooled(dst, src, nil)
 }
 
 // countReader and countWriter count the bytes through them in n.

@@ -69,7 +69,8 @@ func (cs *connState) serve() {
 	}
 	deadline := time.Now().Add(g.cfg.HandshakeTimeout)
 	cs.conn.SetDeadline(deadline)
-	sconn, chans, reqs, err := ssh.NewServerConn(cs.conn, g.serverConfig(cs))
+	rb := &readBuffered{Conn: cs.conn}
+	sconn, chans, reqs, err := ssh.NewServerConn(rb, g.serverConfig(cs))
 	g.adm.Leave(cs.ticket)
 	if err != nil {
 		result := connHandshake
@@ -97,6 +98,7 @@ func (cs *connState) serve() {
 		cs.wg.Wait()
 	}()
 	cs.conn.SetDeadline(time.Time{})
+	rb.buffer()
 	pr, err := provenOf(sconn.Permissions)
 	if err != nil {
 		g.m.connections.WithLabelValues(connInternalErr).Inc()
