@@ -418,6 +418,12 @@ func startSSHD(t testing.TB, client sshKey) *sshdServer {
 		"MaxStartups 100:30:200",
 		"Subsystem sftp " + sftpServer,
 		"LogLevel ERROR",
+		// Debian's bash reads ~/.bashrc for `ssh host CMD` (sshd runs
+		// `$SHELL -c CMD` with SSH_CLIENT set) unless SHLVL says it is
+		// nested: a heavy rc file (pyenv init takes 0.25 s on a dev box)
+		// would then be timed as ssh's cost and flatter tether, whose
+		// exec runs no shell.
+		"SetEnv SHLVL=1",
 		"",
 	}, "\n")
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {

@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -312,11 +313,11 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 }
 
 // envVarName is what an environment variable's name may be.
-var envVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envVarName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
 
 // envRef reads a secret's {env: VARIABLE}.
 func (p *configParser) envRef(k, v *yaml.Node, key, name string, ref secretRef) {
-	if len(v.Content) != 2 || v.Content[0].Value != "env" || v.Content[1].Kind != yaml.ScalarNode || v.Content[1].Tag != "!!str" || !envVarName.MatchString(v.Content[1].Value) {
+	if len(v.Content) != 2 || v.Content[0].Value != "env" || v.Content[1].Kind != yaml.ScalarNode || v.Content[1].Tag != "!!str" || !envVarName().MatchString(v.Content[1].Value) {
 		p.errf(v, key, "want {env: VARIABLE}: the name of the environment variable that holds the secret")
 		return
 	}
@@ -391,7 +392,7 @@ func (p *configParser) suggest(name string) string {
 }
 
 // intTypes are the pflag types of whole numbers.
-var intTypes = regexp.MustCompile(`^u?int(8|16|32|64)?$`)
+var intTypes = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^u?int(8|16|32|64)?$`) })
 
 // value checks v against the flag's type and fills cv; false after an error.
 func (p *configParser) value(cv *configValue, f *pflag.Flag, v *yaml.Node) bool {
@@ -432,7 +433,7 @@ func (p *configParser) value(cv *configValue, f *pflag.Flag, v *yaml.Node) bool 
 		} else {
 			ok = v.Tag == "!!int" && v.Value == "0"
 		}
-	case intTypes.MatchString(typ):
+	case intTypes().MatchString(typ):
 		ok = v.Tag == "!!int"
 	case typ == "float64" || typ == "float32":
 		if ok = v.Tag == "!!int" || v.Tag == "!!float"; ok {
@@ -501,7 +502,7 @@ func typeName(typ string) string {
 		return "a string"
 	case typ == "duration":
 		return "a duration with its unit, such as 30s, 5m or 1h30m"
-	case intTypes.MatchString(typ):
+	case intTypes().MatchString(typ):
 		return "a whole number"
 	case typ == "float64" || typ == "float32":
 		return "a number"
@@ -583,7 +584,7 @@ func (cf *configFile) apply(fs *pflag.FlagSet, skip func(flag string) string) (s
 }
 
 // flagRef finds the flag an option error names (--name).
-var flagRef = regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)`)
+var flagRef = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)`) })
 
 // annotate prefixes each line of err (the options' Validate errors, which
 // name flags) whose flag the file set with the file and the key's line.
@@ -594,7 +595,7 @@ func (cf *configFile) annotate(err error) error {
 	var out []error
 	named := map[string]bool{}
 	for _, line := range strings.Split(err.Error(), "\n") {
-		if m := flagRef.FindStringSubmatch(line); m != nil {
+		if m := flagRef().FindStringSubmatch(line); m != nil {
 			if l := cf.line(m[1]); l > 0 {
 				line = fmt.Sprintf("%s:%d: %s", cf.path, l, line)
 			}
@@ -852,7 +853,7 @@ func possessive(role string) string {
 }
 
 // yamlLineErr is the YAML library's "yaml: line N: problem".
-var yamlLineErr = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+var yamlLineErr = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`) })
 
 // yamlSyntaxError is err, a YAML syntax error in data, as PATH:LINE:
 // problem like every other config error; a tab at the start of the line
@@ -860,7 +861,7 @@ var yamlLineErr = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 // library's words do not say tab).
 func yamlSyntaxError(path string, data []byte, err error) error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	m := yamlLineErr.FindStringSubmatch(msg)
+	m := yamlLineErr().FindStringSubmatch(msg)
 	if m == nil {
 		return fmt.Errorf("%s: %s", path, msg)
 	}
