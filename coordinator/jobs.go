@@ -52,6 +52,9 @@ func (j *job) cancelReason(r *protocol.NodeResult) {
 	case errors.As(cause, &se):
 		r.Error = se.Error()
 		r.ErrorCode = protocol.ResultCodeShutdown
+	case errors.As(cause, new(*onceBoundError)):
+		r.Error = cause.Error()
+		r.ErrorCode = protocol.ResultCodeExecOnceBound
 	case errors.Is(cause, errClientGone):
 		r.Error = "the client disappeared; job cancelled"
 	case errors.As(cause, new(*panics.Error)):
