@@ -849,3 +849,40 @@ func TestTLSServer(t *testing.T) {
 		}
 	}
 }
+
+// TestNoNodeJobsAreTheSubmittersOnly: a job record with no nodes passes
+// "job.status on every node" vacuously; it is shown only to its submitter
+// and to an admin (jobstore.VisibleTo, shared with job.list), not to a
+// caller with job.status scope any on every node.
+func TestNoNodeJobsAreTheSubmittersOnly(t *testing.T) {
+	e := newEnv(t)
+	jobs := e.h.cfg.Jobs.(fakeJobs)
+	jobs["job-nonode-bob"] = jobstore.Record{ID: "job-nonode-bob", State: protocol.JobFailed, Owner: "nats:bob", Command: "bob-nonode"}
+	jobs["job-nonode-alice"] = jobstore.Record{ID: "job-nonode-alice", State: protocol.JobFailed, Owner: "token:alice", Command: "alice-nonode"}
+	for _, tc := range []struct {
+		tok       string
+		see, hide []string
+	}{
+		{"alice-token-0123456789", []string{"job-nonode-alice"}, []string{"job-nonode-bob"}},
+		{"status-token-0123456789", nil, []string{"job-nonode-alice", "job-nonode-bob"}},
+		{"admin-token-0123456789", []string{"job-nonode-alice", "job-nonode-bob"}, nil},
+	} {
+		_, list := e.get(t, "/console/jobs", tc.tok)
+		for _, id := range tc.see {
+			if !strings.Contains(list, `data-job="`+id+`"`) {
+				t.Errorf("%s: the jobs page lacks %s", testTokens[tc.tok], id)
+			}
+			if code, _ := e.get(t, "/console/jobs/"+id, tc.tok); code != http.StatusOK {
+				t.Errorf("%s GET %s: %d, want 200", testTokens[tc.tok], id, code)
+			}
+		}
+		for _, id := range tc.hide {
+			if strings.Contains(list, id) {
+				t.Errorf("%s: the jobs page shows %s:\n%s", testTokens[tc.tok], id, list)
+			}
+			if code, _ := e.get(t, "/console/jobs/"+id, tc.tok); code != http.StatusNotFound {
+				t.Errorf("%s GET %s: %d, want 404", testTokens[tc.tok], id, code)
+			}
+		}
+	}
+}
