@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -287,10 +288,14 @@ func (a *Agent) killOrphanGroups() {
 			if owner, ok := slotOwner(e.Name()); ok && owner.alive() {
 				continue // a live agent process's file, in use
 			}
-			b, err := os.ReadFile(path)
+			b, size, err := readSlotFile(path, a.slotFileCap())
 			if err != nil {
 				a.log.Warn("read exec process group records", "path", path, "err", err)
 				continue
+			}
+			if size > int64(len(b)) {
+				a.log.Warn("exec process group records: slot file larger than max execs × slot size; reading its first slots only",
+					"path", path, "bytes", size, "read", len(b), "max_execs", a.cfg.MaxExecs, "slot_size", slotSize)
 			}
 			for _, rec := range readSlots(b) {
 				end(rec)
@@ -327,6 +332,39 @@ func (a *Agent) killOrphanGroups() {
 			syscall.Kill(-pgid, syscall.SIGKILL)
 		}
 	}
+}
+
+// slotFileCap is the most bytes of a slot file killOrphanGroups reads:
+// an agent holds at most MaxExecs execs at once, so its slot file never
+// grows past MaxExecs slots (the larger of this agent's MaxExecs and the
+// default, in case the dead agent ran with a higher one).
+func (a *Agent) slotFileCap() int64 {
+	return int64(max(a.cfg.MaxExecs, DefaultMaxExecs)) * slotSize
+}
+
+// readSlotFile returns the first limit bytes (at most) of the regular
+// file at path and the file's size in bytes, without reading past limit:
+// a slot file another process grew (or made sparse and huge) costs no
+// more memory than limit. It refuses a file that is not regular
+// (opened without following a final symlink).
+func readSlotFile(path string, limit int64) ([]byte, int64, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit))
+	if err != nil {
+		return nil, 0, err
+	}
+	return b, max(fi.Size(), int64(len(b))), nil
 }
 
 // orphanGroupMismatch returns why rec's pgid no longer names the recorded

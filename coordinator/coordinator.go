@@ -42,6 +42,10 @@ type Coordinator struct {
 	// testHook, set only by tests (export_test.go), is called at named
 	// points in the goroutine that reaches them (Coordinator.hook).
 	testHook atomic.Pointer[func(point string)]
+	// onceBoundForTest, set only by tests (export_test.go), replaces
+	// protocol.ExecOnceMaxTimeout as exec.once's whole-job bound when
+	// positive, in nanoseconds.
+	onceBoundForTest atomic.Int64
 
 	// owners are the submitters of detached jobs (authz.go).
 	owners jobOwners

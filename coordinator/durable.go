@@ -268,11 +268,19 @@ func (c *Coordinator) handleJobGet(req micro.Request) {
 			c.replyStoreError(req, r.ID, err)
 			return
 		}
-		if _, e := c.authorizer().Authorize(req, policy.OpJobStatus, c.jobPolicyNodes(j.Nodes), policy.Object{Owner: j.Owner}); e != nil {
+		a := c.authorizer()
+		nodes := c.jobPolicyNodes(j.Nodes)
+		if _, e := a.Authorize(req, policy.OpJobStatus, nodes, policy.Object{Owner: j.Owner}); e != nil {
 			if e.Status == 403 {
 				e = notFound(r.ID)
 			}
 			c.replyError(req, e)
+			return
+		}
+		// A job with no nodes passes any node rule: its submitter's and
+		// admins' only (jobstore.VisibleTo), as job.list decides.
+		if id, _ := caller.Of(req); len(nodes) == 0 && a.Policy != nil && !jobstore.VisibleTo(a.Policy.Policy(), id, &j.Record, nodes) {
+			c.replyError(req, notFound(r.ID))
 			return
 		}
 		j = c.settleIfOrphaned(ctx, s, j)
@@ -315,13 +323,7 @@ func (c *Coordinator) handleJobList(req micro.Request) {
 		if a.Policy == nil {
 			return true
 		}
-		p := a.Policy.Policy()
-		for _, n := range c.jobPolicyNodes(rec.Nodes) {
-			if _, err := p.Decide(id, policy.OpJobStatus, n, policy.Object{Owner: rec.Owner}); err != nil {
-				return false
-			}
-		}
-		return true
+		return jobstore.VisibleTo(a.Policy.Policy(), id, rec, c.jobPolicyNodes(rec.Nodes))
 	}
 	limit := r.Limit
 	if limit == 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -29,6 +30,25 @@ import (
 // Whatever handleExec answers itself (a bad request, a refusal, a busy
 // coordinator) goes to the caller unchanged, and ends the collection.
 //
+// Authorization comes first. handleExecOnce decides nothing on its own:
+// its checks (the timeout cap) travel to handleExec in headerOnceBound and
+// are made there after the caller's exec grant, so a caller who may not
+// exec on the nodes hears 403, never what is wrong with a job it could not
+// run anyway (handleExec's refuseInvalid does the same for a request that
+// fails validation, as far as its target can be read).
+//
+// The bound is the whole job's. A request/reply client waits for one
+// answer, so the answer must come within the bound however the job fans
+// out: exec.once does not refuse a fan-out whose nodes × timeout /
+// max_parallel could outlast it (most commands end long before their
+// timeout, and the default timeout is the bound itself), it cancels the
+// job when the bound is reached and answers with what ran: the finished
+// nodes' results and output, the running ones killed and the unstarted
+// ones never started, both Cancelled with ErrorCode
+// protocol.ResultCodeExecOnceBound, and the reply's TimedOut set. The
+// bound runs from the job's start on the coordinator that runs it (the
+// node's, for a request forwarded there: headerOnceBound carries it).
+//
 // The collector never heartbeats the job (tether.v1.exec.alive): a job
 // whose client never heartbeats is never cancelled for silence, as with
 // the stock nats CLI on tether.v1.exec. Its goroutine is counted in jobWG
@@ -40,9 +60,59 @@ import (
 // result after the coordinator began to shut down.
 const onceShutdownWait = 15 * time.Second
 
-// onceSlack is how long past the job's timeout a once collection waits
+// onceSlack is how long past the job's bound a once collection waits
 // for the result (the kill, the final frame and the relay take a moment).
 const onceSlack = 30 * time.Second
+
+// headerOnceBound marks an exec request as exec.once's (handleExecOnce
+// sets it, forwarding keeps it): its value is the whole job's bound, a
+// Go duration ("5m0s") of at most protocol.ExecOnceMaxTimeout. handleExec
+// then refuses (after authorizing) a timeout over it and cancels the job
+// when it is reached. A client setting it on tether.v1.exec only bounds
+// its own job; a value that does not parse, or is out of range, is
+// ignored.
+const headerOnceBound = "Tether-Exec-Once-Bound"
+
+// onceBoundOf returns the bound headerOnceBound gives req, 0 for none.
+func onceBoundOf(req micro.Request) time.Duration {
+	v := req.Headers().Get(headerOnceBound)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > protocol.ExecOnceMaxTimeout {
+		return 0
+	}
+	return d
+}
+
+// onceBound is this coordinator's exec.once bound: protocol.
+// ExecOnceMaxTimeout (or a test's, export_test.go).
+func (c *Coordinator) onceBound() time.Duration {
+	if d := time.Duration(c.onceBoundForTest.Load()); d > 0 {
+		return d
+	}
+	return protocol.ExecOnceMaxTimeout
+}
+
+// checkOnce refuses an exec.once job (bound > 0) whose timeout exceeds
+// bound: 400 naming the streaming endpoint. handleExec calls it once the
+// caller is authorized.
+func checkOnce(r *protocol.ExecRequest, bound time.Duration) *protocol.APIError {
+	if timeout := time.Duration(r.Timeout); bound > 0 && timeout > bound {
+		return protocol.NewAPIError(400, protocol.ErrCodeInvalid,
+			"timeout %v: %s answers jobs of at most %v; use %s, which streams, for longer ones", timeout, protocol.SubjectExecOnce, bound, protocol.SubjectExec)
+	}
+	return nil
+}
+
+// onceBoundError is the cancel cause of an exec.once job that reached its
+// whole-job bound.
+type onceBoundError struct{ bound time.Duration }
+
+func (e *onceBoundError) Error() string {
+	return fmt.Sprintf("%s's whole-job bound of %v was reached; job cancelled (use %s, which streams, for longer jobs)", protocol.SubjectExecOnce, e.bound, protocol.SubjectExec)
+}
 
 // redirected is a request whose replies go to an inbox of this
 // coordinator (Reply), while what the handler answers itself (Respond,
@@ -71,13 +141,23 @@ func (r *redirected) Error(code, description string, data []byte, opts ...micro.
 }
 
 // withBody is a request with its body replaced (the once endpoint's
-// default timeout written into it).
+// default timeout written into it) and headerOnceBound set.
 type withBody struct {
 	micro.Request
-	body []byte
+	body  []byte
+	bound time.Duration
 }
 
 func (r *withBody) Data() []byte { return r.body }
+
+func (r *withBody) Headers() micro.Headers {
+	h := micro.Headers{}
+	for k, v := range r.Request.Headers() {
+		h[k] = slices.Clone(v)
+	}
+	nats.Header(h).Set(headerOnceBound, r.bound.String())
+	return h
+}
 
 // onceCollector gathers one job's streamed replies into an ExecOnceResult.
 type onceCollector struct {
@@ -166,6 +246,7 @@ func (o *onceCollector) answer() *protocol.ExecOnceResult {
 		r := o.out(nr.Node)
 		r.NodeResult = nr
 		once.Results = append(once.Results, *r)
+		once.TimedOut = once.TimedOut || nr.ErrorCode == protocol.ResultCodeExecOnceBound
 	}
 	sort.Slice(once.Results, func(i, j int) bool { return once.Results[i].Node < once.Results[j].Node })
 	return once
@@ -173,7 +254,10 @@ func (o *onceCollector) answer() *protocol.ExecOnceResult {
 
 // handleExecOnce serves protocol.SubjectExecOnce (see the DESIGN note
 // above). The request was identified by guardHandler: req is a
-// *caller.Request.
+// *caller.Request. A request that does not decode goes to handleExec as it
+// came, which authorizes what it can of it before it answers 400; one that
+// does runs as exec with headerOnceBound, its timeout defaulting to the
+// bound.
 func (c *Coordinator) handleExecOnce(req micro.Request) {
 	if req.Reply() == "" {
 		c.log.Debug("exec.once request without a reply subject ignored")
@@ -186,18 +270,14 @@ func (c *Coordinator) handleExecOnce(req micro.Request) {
 	}
 	r, apiErr := protocol.DecodeExecRequest(req.Data())
 	if apiErr != nil {
-		c.replyError(req, apiErr)
+		// Nothing runs: handleExec answers the caller (403 before 400
+		// where the target says which nodes to authorize on).
+		c.handleExec(req)
 		return
 	}
-	timeout := time.Duration(r.Timeout)
-	switch {
-	case timeout > protocol.ExecOnceMaxTimeout:
-		c.replyError(req, protocol.NewAPIError(400, protocol.ErrCodeInvalid,
-			"timeout %v: %s answers jobs of at most %v; use %s, which streams, for longer ones", timeout, protocol.SubjectExecOnce, protocol.ExecOnceMaxTimeout, protocol.SubjectExec))
-		return
-	case timeout == 0:
-		timeout = protocol.ExecOnceMaxTimeout
-		r.Timeout = protocol.Duration(timeout)
+	bound := c.onceBound()
+	if r.Timeout == 0 {
+		r.Timeout = protocol.Duration(bound)
 	}
 	body, err := json.Marshal(r)
 	if err != nil { // cannot happen: plain data
@@ -223,7 +303,7 @@ func (c *Coordinator) handleExecOnce(req micro.Request) {
 
 	// The job as exec runs it, for the same caller, its replies to inbox.
 	inner := &caller.Request{
-		Request:  &redirected{Request: &withBody{Request: cr.Request, body: body}, inbox: inbox, answered: col.finish},
+		Request:  &redirected{Request: &withBody{Request: cr.Request, body: body, bound: bound}, inbox: inbox, answered: col.finish},
 		Identity: cr.Identity,
 	}
 	c.handleExec(inner)
@@ -231,8 +311,10 @@ func (c *Coordinator) handleExecOnce(req micro.Request) {
 	go func() {
 		defer c.jobWG.Done()
 		defer sub.Unsubscribe()
-		bound := time.NewTimer(timeout + onceSlack)
-		defer bound.Stop()
+		// The job is cancelled at bound (handleExec); its result comes
+		// within the cancel's grace after that.
+		wait := time.NewTimer(bound + c.cfg.CancelGrace + onceSlack)
+		defer wait.Stop()
 		lifeDone := life.Done()
 		var drain <-chan time.Time
 		for {
@@ -248,9 +330,9 @@ func (c *Coordinator) handleExecOnce(req micro.Request) {
 			case <-drain:
 				c.replyError(req, c.unavailable())
 				return
-			case <-bound.C:
+			case <-wait.C:
 				c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable,
-					"exec.once: no result within %v of the job's start (timeout %v); see tether job status", timeout+onceSlack, timeout))
+					"exec.once: no result within %v of the job's start (its bound %v passed; the job was cancelled then); see tether job status", bound+c.cfg.CancelGrace+onceSlack, bound))
 				return
 			}
 		}

@@ -232,3 +232,61 @@ func TestExecOnceAnotherIdentitysJob(t *testing.T) {
 	}
 	f.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectCancel, Header: as("alice"), Data: []byte(`{"id":"alices-job"}`)})
 }
+
+// TestExecOnceAuthorizesFirst: a caller without the exec grant hears 403
+// for a bad request whose target names nodes (not what is wrong with a
+// job it could not run), an unidentified one 401; a request whose target
+// cannot be read stays 400 (no node to decide on).
+func TestExecOnceAuthorizesFirst(t *testing.T) {
+	f := onceFleet(t)
+	all := protocol.Target{All: true}
+	for _, tt := range []struct {
+		name string
+		hdr  nats.Header
+		req  any
+		code string
+	}{
+		{"nothing to run", as("bob"), protocol.ExecRequest{Target: all}, "403"},
+		{"over the cap", as("bob"), protocol.ExecRequest{Target: all, Argv: []string{"true"}, Timeout: protocol.Duration(time.Hour)}, "403"},
+		{"negative timeout", as("bob"), []byte(`{"target":{"all":true},"argv":["true"],"timeout":"-1s"}`), "403"},
+		{"unknown field", as("bob"), []byte(`{"target":{"node":"node-0"},"argv":["true"],"timeout_cap":"1h"}`), "403"},
+		{"unidentified, over the cap", nil, protocol.ExecRequest{Target: all, Argv: []string{"true"}, Timeout: protocol.Duration(time.Hour)}, "401"},
+		{"not JSON", as("bob"), []byte(`{"target":{"all":true},"argv":["true"]`), "400"},
+		{"no target", as("bob"), protocol.ExecRequest{Argv: []string{"true"}}, "400"},
+		{"two targets", as("bob"), protocol.ExecRequest{Target: protocol.Target{All: true, Node: "node-0"}, Argv: []string{"true"}}, "400"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := execOnce(t, f.NC, tt.hdr, tt.req)
+			if got := m.Header.Get(micro.ErrorCodeHeader); got != tt.code {
+				t.Errorf("reply %s %q, want %s", got, m.Data, tt.code)
+			}
+		})
+	}
+}
+
+// TestExecOnceWholeJobBound: a fan-out that runs its nodes one at a time
+// and would outlast the bound (2 nodes × a 2 s timeout, one at a time,
+// bound 3 s) is cancelled at the bound and answered with one reply
+// holding every node: the first ended by its own timeout, the second cut
+// by the bound (exec_once_bound), not a 503 while the job runs on.
+func TestExecOnceWholeJobBound(t *testing.T) {
+	f := onceFleet(t)
+	coordinator.SetExecOnceBoundForTest(f.Coordinator, 3*time.Second)
+	m := execOnce(t, f.NC, as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}, MaxParallel: 1,
+		Timeout: protocol.Duration(2 * time.Second), Argv: []string{"sh", "-c", "echo started; exec sleep 60"}})
+	res := onceResult(t, m)
+	if !res.TimedOut || res.Nodes != 2 || len(res.Results) != 2 || res.Failed != 2 {
+		t.Fatalf("result %+v, want both nodes, timed out", res)
+	}
+	if r := res.Results[0]; r.Node != "node-0" || r.OK() || r.ErrorCode == protocol.ResultCodeExecOnceBound {
+		t.Errorf("first node: %+v, want ended by its own timeout", r.NodeResult)
+	}
+	if r := res.Results[1]; r.Node != "node-1" || !r.Cancelled || r.ErrorCode != protocol.ResultCodeExecOnceBound || !strings.Contains(r.Error, "whole-job bound") {
+		t.Errorf("second node: %+v, want cancelled by the bound", r.NodeResult)
+	}
+	// The bound also caps the timeout it takes, checked once authorized.
+	m = execOnce(t, f.NC, as("alice"), protocol.ExecRequest{Target: protocol.Target{All: true}, Argv: []string{"true"}, Timeout: protocol.Duration(4 * time.Second)})
+	if got := m.Header.Get(micro.ErrorCodeHeader); got != "400" || !strings.Contains(string(m.Data), "use tether.v1.exec") {
+		t.Errorf("timeout over the bound: %s %q, want 400", got, m.Data)
+	}
+}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"maps"
+	"time"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
 )
@@ -58,3 +59,8 @@ func ExpireDirectTicketsForTest(c *Coordinator) {
 		c.expireTicket(p.t, p.g)
 	}
 }
+
+// SetExecOnceBoundForTest makes c bound exec.once jobs (the whole job, and
+// the longest timeout it takes) by d instead of
+// protocol.ExecOnceMaxTimeout; zero restores it.
+func SetExecOnceBoundForTest(c *Coordinator, d time.Duration) { c.onceBoundForTest.Store(int64(d)) }

@@ -304,7 +304,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			j.cancelReason(&res)
 		}
 		if res.Error == "" && res.ExitCode != 0 && !res.Detached && !res.Cancelled {
-			res.Failure = protocol.FailureMessage(id, &j.params, &res, tail.bytes())
+			res.Failure = failureOf(id, &j.params, &res, tail.bytes())
 		}
 	}()
 	fail := func(format string, args ...any) protocol.NodeResult {

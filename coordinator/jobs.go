@@ -52,12 +52,31 @@ func (j *job) cancelReason(r *protocol.NodeResult) {
 	case errors.As(cause, &se):
 		r.Error = se.Error()
 		r.ErrorCode = protocol.ResultCodeShutdown
+	case errors.As(cause, new(*onceBoundError)):
+		r.Error = cause.Error()
+		r.ErrorCode = protocol.ResultCodeExecOnceBound
 	case errors.Is(cause, errClientGone):
 		r.Error = "the client disappeared; job cancelled"
 	case errors.As(cause, new(*panics.Error)):
 		r.Error = fmt.Sprintf("coordinator %s: %v; job cancelled", j.c.cfg.ID, cause)
 		r.ErrorCode = protocol.CodeInternal
 	}
+}
+
+// failureOf is a failed node's NodeResult.Failure: protocol.
+// FailureMessage with tail, the last bytes of stderr the coordinator saw.
+// When the agent cut stderr at the output limit (r.StderrTruncated), what
+// the coordinator saw ends at the cut, not where the command's stderr
+// ended (the agent sends nothing past the limit): the message shows no
+// tail then and says where stderr was cut, rather than pass the bytes
+// before the cut (with a small limit, the very first ones) off as the
+// command's last words.
+func failureOf(node string, p *protocol.ExecParams, r *protocol.NodeResult, tail []byte) string {
+	if !r.StderrTruncated {
+		return protocol.FailureMessage(node, p, r, tail)
+	}
+	return protocol.FailureMessage(node, p, r, nil) + fmt.Sprintf(
+		"(stderr was cut at the output limit after %d bytes; its tail was not sent, so none is shown: rerun with a higher --output-limit to see it)", r.StderrBytes)
 }
 
 // stderrTail keeps the last stderrTailSize bytes written to it.

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -148,7 +149,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	}
 	r, apiErr := protocol.DecodeExecRequest(req.Data())
 	if apiErr != nil {
-		c.replyError(req, apiErr)
+		c.refuseInvalid(req, apiErr)
 		return
 	}
 	if r.Target.Node != "" && c.forwardForNode(req, r.Target.Node, "exec") {
@@ -169,6 +170,11 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	users := make(map[string]string, len(targets))
 	for i, n := range targets {
 		users[n.id] = grants[i].RunAs
+	}
+	bound := onceBoundOf(req) // exec.once's (execonce.go), checked once authorized
+	if apiErr := checkOnce(r, bound); apiErr != nil {
+		c.replyError(req, apiErr)
+		return
 	}
 	// A fan-out's node run forwarded here holds one of the caller's jobs
 	// on the coordinator that runs the fan-out already.
@@ -239,6 +245,10 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		return
 	}
 	j.ctx, j.cancel = context.WithCancelCause(c.life)
+	stopBound := func() bool { return false }
+	if bound > 0 {
+		stopBound = time.AfterFunc(bound, func() { j.cancel(&onceBoundError{bound: bound}) }).Stop
+	}
 	c.jobs[id] = j
 	if c.fl != nil {
 		// Cancels and heartbeats landing on other coordinators come here.
@@ -261,11 +271,63 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	started = true
 	go func() {
 		defer c.jobWG.Done()
+		defer stopBound()
 		defer release()
 		defer j.recordAudit() // after a contained panic too
 		defer c.guard.Recover("exec job", func(e *panics.Error) { j.publishError(c.internalError(e)) })
 		j.run()
 	}()
+}
+
+// refuseInvalid answers an exec request that failed validation (bad,
+// 400 or 413). The caller's exec grant is checked first as far as the
+// request still names its nodes: its target alone is read and, when it is
+// a valid node, selector or all that resolves here, authorized (a node
+// another coordinator holds: the request is forwarded there, which does
+// the same), so a caller who may not exec there hears 401/403, not what is
+// wrong with a job it could never run. A request whose target cannot be
+// read (not JSON, no target, a malformed or ambiguous one, or one that
+// matches no node) names no node to decide on, and policy decides per
+// node: it stays bad.
+func (c *Coordinator) refuseInvalid(req micro.Request, bad *protocol.APIError) {
+	var only struct {
+		Target protocol.Target `json:"target"`
+	}
+	if json.Unmarshal(req.Data(), &only) == nil && validTarget(only.Target) {
+		t := only.Target
+		if t.Node != "" && c.forwardForNode(req, t.Node, "exec") {
+			return
+		}
+		if targets, e := c.resolve(t, !isForwarded(req)); e == nil {
+			if _, e := c.authorizer().Authorize(req, policy.OpExec, policyNodes(targets), policy.Object{}); e != nil {
+				c.replyError(req, e)
+				return
+			}
+		}
+	}
+	c.replyError(req, bad)
+}
+
+// validTarget reports whether t names exactly one of a valid node id, a
+// selector that parses, or all.
+func validTarget(t protocol.Target) bool {
+	n := 0
+	if t.Node != "" {
+		if protocol.ValidNodeID(t.Node) != nil {
+			return false
+		}
+		n++
+	}
+	if t.Selector != "" {
+		if _, err := protocol.ParseSelector(t.Selector); err != nil {
+			return false
+		}
+		n++
+	}
+	if t.All {
+		n++
+	}
+	return n == 1
 }
 
 // resolve turns a validated target into registered nodes, sorted by id.

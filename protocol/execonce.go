@@ -20,7 +20,12 @@ import "time"
 // stdout_bytes and stderr_bytes still count all it wrote. The job's
 // timeout must be at most ExecOnceMaxTimeout; none given means
 // ExecOnceMaxTimeout (a reply that long in coming is not "once" any more,
-// and NATS forgets the reply mapping of a silent request).
+// and NATS forgets the reply mapping of a silent request). The bound is
+// the whole job's, not each node's: a fan-out still running when
+// ExecOnceMaxTimeout has passed since it started (max_parallel below its
+// nodes, slow commands) is cancelled then and answered with what ran;
+// the nodes it cut or never reached are Cancelled with ErrorCode
+// ResultCodeExecOnceBound, and TimedOut is set.
 const SubjectExecOnce = "tether.v1.exec.once"
 
 // Bounds of SubjectExecOnce.
@@ -36,6 +41,10 @@ const (
 	// a SubjectExecOnce job.
 	ExecOnceMaxTimeout = 5 * time.Minute
 )
+
+// ResultCodeExecOnceBound is the ErrorCode of a node result that
+// SubjectExecOnce's whole-job bound cut short or never started.
+const ResultCodeExecOnceBound = "exec_once_bound"
 
 // ExecOnceResult is the one reply of a SubjectExecOnce request.
 type ExecOnceResult struct {
@@ -54,6 +63,9 @@ type ExecOnceResult struct {
 	// Clipped is set when this reply dropped output to stay within
 	// ExecOnceStreamLimit and ExecOnceTotalLimit.
 	Clipped bool `json:"clipped,omitempty"`
+	// TimedOut is set when the job reached ExecOnceMaxTimeout and was
+	// cancelled: the results hold what ran until then.
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 // ExecOnceNodeResult is one node's NodeResult with its output. Stdout and

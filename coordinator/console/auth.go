@@ -39,6 +39,9 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 		n := &note{}
 		c, err := h.identify(r)
 		switch {
+		case errors.Is(err, errClearText):
+			n.reason = reasonClearText
+			h.render(sw, http.StatusForbidden, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
 		case err != nil:
 			n.reason = "unauthenticated"
 			h.render(sw, http.StatusUnauthorized, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
@@ -57,11 +60,29 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 // never falling back to a weaker identity.
 var errBadToken = errors.New("the bearer token is not a console token")
 
+// errClearText: a credential (bearer token or session cookie) came over a
+// connection that is neither TLS nor loopback. Answered 403 before the
+// credential is even checked, as the login exchange is: whoever saw it on
+// the wire must not be able to use it here, and the caller learns to
+// reach the console another way.
+var errClearText = errors.New("credentials refused: the connection is neither TLS nor loopback, so the token or session cookie crossed the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel (ssh -L), and replace the token if others could see that network")
+
+// reasonClearText is the audit reason of a refusal by errClearText.
+const reasonClearText = "clear_text"
+
 // identify returns the caller of r: by bearer token, by session cookie,
 // or as its loopback local user (package doc, Identities). A bad bearer
-// token is an error; a bad or expired cookie is ignored.
+// token is errBadToken; a bearer token or session cookie over a channel
+// that is neither TLS nor loopback is errClearText (checked first, so a
+// bad token over clear text says clear text); a bad or expired cookie is
+// ignored.
 func (h *Handler) identify(r *http.Request) (caller, error) {
-	if tok, ok := bearer(r); ok {
+	tok, hasBearer := bearer(r)
+	ck, ckErr := r.Cookie(cookieName)
+	if (hasBearer || ckErr == nil) && !privateChannel(r) {
+		return caller{}, errClearText
+	}
+	if hasBearer {
 		if h.cfg.Tokens != nil {
 			if name, ok := h.cfg.Tokens(tok); ok {
 				return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "token"}, nil
@@ -69,7 +90,7 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		}
 		return caller{}, errBadToken
 	}
-	if ck, err := r.Cookie(cookieName); err == nil {
+	if ckErr == nil {
 		if name, ok := h.openSession(ck.Value); ok {
 			return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
 		}
@@ -180,7 +201,7 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 		return true
 	}
 	if !privateChannel(r) {
-		n.reason = "clear_text"
+		n.reason = reasonClearText
 		h.render(w, http.StatusForbidden, "login", loginView{Error: "token login refused: the connection is neither TLS nor loopback, so the token would cross the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel", Next: next, TokensOn: true})
 		return true
 	}
@@ -240,7 +261,11 @@ func sameOrigin(origin string, r *http.Request) bool {
 	return u.Scheme == scheme && strings.EqualFold(u.Host, r.Host)
 }
 
-// privateChannel reports whether r came over TLS or from loopback.
+// privateChannel reports whether r came over TLS or from loopback: the
+// only connections a credential may travel on (identify, the login
+// exchange). The admin listener serves plain HTTP, so off this host only
+// a TLS proxy on the host (which connects over loopback) or an SSH tunnel
+// reaches the console with credentials.
 func privateChannel(r *http.Request) bool {
 	if r.TLS != nil {
 		return true

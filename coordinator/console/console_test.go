@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net/http"
@@ -278,11 +279,42 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-// get requests path with the bearer token tok ("" for none) and
-// returns the status and body.
+// loopbackAddr is the RemoteAddr of the tests' requests: the console
+// takes credentials only over TLS or loopback, and httptest.NewRequest's
+// default (192.0.2.1, plain HTTP) is a remote caller in clear text.
+const loopbackAddr = "127.0.0.1:40000"
+
+// remoteAddr is a caller on another host.
+const remoteAddr = "192.0.2.7:5000"
+
+// localRequest is httptest.NewRequest from loopbackAddr.
+func localRequest(method, target string, body io.Reader) *http.Request {
+	req := httptest.NewRequest(method, target, body)
+	req.RemoteAddr = loopbackAddr
+	return req
+}
+
+// get requests path from loopback with the bearer token tok ("" for
+// none) and returns the status and body.
 func (e *env) get(t *testing.T, path, tok string) (int, string) {
 	t.Helper()
+	req := localRequest("GET", path, nil)
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	rec := httptest.NewRecorder()
+	e.h.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
+}
+
+// getFrom is get from remote (host:port), over TLS when overTLS.
+func (e *env) getFrom(t *testing.T, path, tok, remote string, overTLS bool) (int, string) {
+	t.Helper()
 	req := httptest.NewRequest("GET", path, nil)
+	req.RemoteAddr = remote
+	if overTLS {
+		req.TLS = &tls.ConnectionState{HandshakeComplete: true}
+	}
 	if tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
@@ -378,7 +410,7 @@ func TestValuesFromNodesAndJobsAreEscaped(t *testing.T) {
 	}
 	// The raw output endpoint is text/plain and nosniff: a browser never
 	// runs it as HTML.
-	req := httptest.NewRequest("GET", "/console/jobs/job-alice/output/prod-1/stdout?offset=0", nil)
+	req := localRequest("GET", "/console/jobs/job-alice/output/prod-1/stdout?offset=0", nil)
 	req.Header.Set("Authorization", "Bearer admin-token-0123456789")
 	rec := httptest.NewRecorder()
 	e.h.ServeHTTP(rec, req)
@@ -535,7 +567,7 @@ func TestLoginExchange(t *testing.T) {
 		t.Fatalf("the cookie holds the token: %q", ck.Value)
 	}
 	withCookie := func(v string) int {
-		req := httptest.NewRequest("GET", "/console/jobs", nil)
+		req := localRequest("GET", "/console/jobs", nil)
 		req.AddCookie(&http.Cookie{Name: cookieName, Value: v})
 		rec := httptest.NewRecorder()
 		e.h.ServeHTTP(rec, req)
@@ -657,10 +689,16 @@ func TestReadsAreAudited(t *testing.T) {
 		{"/console/jobs/job-bob/output/dev-1/stdout?offset=3", "alice-token-0123456789", []want{{"token:alice", "job.logs", "GET job output", protocol.AuditRefused, "no_rule", "job-bob"}}},
 		{"/console/static/console.css", "", nil},
 		{"/console/login", "", nil},
-		// httptest's requests come from 192.0.2.1: a token in clear text.
-		{"/console/login?token=alice-token-0123456789", "", []want{{"", "console.login", "GET login", protocol.AuditRefused, "clear_text", ""}}},
+		// From another host over plain HTTP (remote below): a token in
+		// clear text.
+		{"/console/login?token=alice-token-0123456789&remote", "", []want{{"", "console.login", "GET login", protocol.AuditRefused, "clear_text", ""}}},
+		{"/console/nodes?remote", "admin-token-0123456789", []want{{"", "nodes.list", "GET nodes", protocol.AuditRefused, "clear_text", ""}}},
 	} {
-		e.get(t, tc.path, tc.tok)
+		if strings.HasSuffix(tc.path, "remote") {
+			e.getFrom(t, tc.path, tc.tok, remoteAddr, false)
+		} else {
+			e.get(t, tc.path, tc.tok)
+		}
 		got := e.audit.take()
 		if len(got) != len(tc.want) {
 			t.Errorf("GET %s as %q recorded %d events, want %d: %+v", tc.path, testTokens[tc.tok], len(got), len(tc.want), got)
@@ -700,7 +738,7 @@ func TestCredentialRefusals(t *testing.T) {
 	e, other := newEnv(t), newEnv(t)
 	do := func(path, tok, cookie string, remote string) int {
 		t.Helper()
-		req := httptest.NewRequest("GET", path, nil)
+		req := localRequest("GET", path, nil)
 		if tok != "" {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
@@ -745,6 +783,106 @@ func TestJobStoreDownIsNotNotFound(t *testing.T) {
 	for _, p := range []string{"/console/jobs/" + jobStoreDown, "/console/jobs/" + jobStoreDown + "/output/prod-1/stdout?offset=0"} {
 		if code, body := e.get(t, p, "alice-token-0123456789"); code != http.StatusServiceUnavailable || !strings.Contains(body, "unavailable") {
 			t.Errorf("GET %s with the store down: %d %q, want 503 naming it", p, code, body)
+		}
+	}
+}
+
+// TestClearTextCredentialsRefused: a bearer token or a session cookie
+// from another host over plain HTTP is refused with 403 naming why (TLS or
+// loopback), whether or not it is good, as the login exchange refuses a
+// token; over TLS, or from loopback (IPv4 or IPv6), the same credential
+// reads the page. A caller without credentials still gets the login form.
+func TestClearTextCredentialsRefused(t *testing.T) {
+	e := newEnv(t)
+	const good = "admin-token-0123456789"
+	for _, p := range pages {
+		for _, tok := range []string{good, "not-a-token-0123456789"} {
+			code, body := e.getFrom(t, p, tok, remoteAddr, false)
+			if code != http.StatusForbidden || !strings.Contains(body, "neither TLS nor loopback") {
+				t.Errorf("GET %s with bearer %q over plain HTTP from %s: %d, want 403 naming TLS or loopback:\n%s", p, tok, remoteAddr, code, body)
+			}
+			if strings.Contains(body, "data-node") || strings.Contains(body, "hello") {
+				t.Errorf("GET %s over plain HTTP from afar leaked fleet data:\n%s", p, body)
+			}
+		}
+		if code, _ := e.getFrom(t, p, good, remoteAddr, true); code != http.StatusOK {
+			t.Errorf("GET %s with a good bearer over TLS from %s: %d, want 200", p, remoteAddr, code)
+		}
+		if code, _ := e.getFrom(t, p, good, "[::1]:5000", false); code != http.StatusOK {
+			t.Errorf("GET %s with a good bearer from [::1]: %d, want 200", p, code)
+		}
+		if code, _ := e.getFrom(t, p, "", remoteAddr, false); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without credentials from afar: %d, want 401 (the login form)", p, code)
+		}
+	}
+	// A session cookie is a credential too.
+	req := httptest.NewRequest("GET", "/console/jobs", nil)
+	req.RemoteAddr = remoteAddr
+	req.AddCookie(&http.Cookie{Name: cookieName, Value: e.h.sealSession("admin")})
+	rec := httptest.NewRecorder()
+	e.h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "neither TLS nor loopback") {
+		t.Errorf("a session cookie over plain HTTP from afar: %d, want 403:\n%s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestTLSServer: through a real TLS listener (httptest.NewTLSServer), a
+// bearer token reads the page; the same handler behind a plain listener
+// from loopback too (the connection, not the request, decides).
+func TestTLSServer(t *testing.T) {
+	e := newEnv(t)
+	srv := httptest.NewTLSServer(e.h)
+	defer srv.Close()
+	for name, c := range map[string]struct {
+		url    string
+		client *http.Client
+	}{"tls": {srv.URL, srv.Client()}, "loopback": {e.server.URL, http.DefaultClient}} {
+		req, _ := http.NewRequest("GET", c.url+"/console/nodes", nil)
+		req.Header.Set("Authorization", "Bearer admin-token-0123456789")
+		resp, err := c.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %d, want 200", name, resp.StatusCode)
+		}
+	}
+}
+
+// TestNoNodeJobsAreTheSubmittersOnly: a job record with no nodes passes
+// "job.status on every node" vacuously; it is shown only to its submitter
+// and to an admin (jobstore.VisibleTo, shared with job.list), not to a
+// caller with job.status scope any on every node.
+func TestNoNodeJobsAreTheSubmittersOnly(t *testing.T) {
+	e := newEnv(t)
+	jobs := e.h.cfg.Jobs.(fakeJobs)
+	jobs["job-nonode-bob"] = jobstore.Record{ID: "job-nonode-bob", State: protocol.JobFailed, Owner: "nats:bob", Command: "bob-nonode"}
+	jobs["job-nonode-alice"] = jobstore.Record{ID: "job-nonode-alice", State: protocol.JobFailed, Owner: "token:alice", Command: "alice-nonode"}
+	for _, tc := range []struct {
+		tok       string
+		see, hide []string
+	}{
+		{"alice-token-0123456789", []string{"job-nonode-alice"}, []string{"job-nonode-bob"}},
+		{"status-token-0123456789", nil, []string{"job-nonode-alice", "job-nonode-bob"}},
+		{"admin-token-0123456789", []string{"job-nonode-alice", "job-nonode-bob"}, nil},
+	} {
+		_, list := e.get(t, "/console/jobs", tc.tok)
+		for _, id := range tc.see {
+			if !strings.Contains(list, `data-job="`+id+`"`) {
+				t.Errorf("%s: the jobs page lacks %s", testTokens[tc.tok], id)
+			}
+			if code, _ := e.get(t, "/console/jobs/"+id, tc.tok); code != http.StatusOK {
+				t.Errorf("%s GET %s: %d, want 200", testTokens[tc.tok], id, code)
+			}
+		}
+		for _, id := range tc.hide {
+			if strings.Contains(list, id) {
+				t.Errorf("%s: the jobs page shows %s:\n%s", testTokens[tc.tok], id, list)
+			}
+			if code, _ := e.get(t, "/console/jobs/"+id, tc.tok); code != http.StatusNotFound {
+				t.Errorf("%s GET %s: %d, want 404", testTokens[tc.tok], id, code)
+			}
 		}
 	}
 }

@@ -62,6 +62,14 @@
 //     (Config.Local: the uid owning the caller's socket, as the facades on
 //     loopback name it, token:loopback-uid-UID).
 //
+// Credentials travel only over TLS or loopback. A bearer token or session
+// cookie on a plain-HTTP connection from another host is refused with 403
+// (audit reason clear_text) before it is checked, exactly as the login
+// exchange refuses a token there: the admin listener serves plain HTTP,
+// so a remote browser reaches the console through a TLS proxy on the
+// coordinator's host or an SSH tunnel. The admin address's other paths
+// (/metrics, /healthz, /readyz) take no credentials.
+//
 // Handler is safe for concurrent use; it holds no locks of its own beyond
 // the policy store's.
 package console

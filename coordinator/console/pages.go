@@ -220,15 +220,12 @@ type jobsView struct {
 	More            bool
 }
 
-// visibleJob reports whether the caller may see rec: job.status on every
-// node of it, with its owner (as tether.v1.job.list decides).
+// visibleJob reports whether the caller may see rec: the check
+// tether.v1.job.list makes (jobstore.VisibleTo: job.status on every node
+// of it, with its owner; a job with no nodes its submitter's and admins'
+// only).
 func (h *Handler) visibleJob(c caller, rec *jobstore.Record) bool {
-	for _, n := range h.cfg.Fleet.JobPolicyNodes(rec.Nodes) {
-		if !h.allowed(c, policy.OpJobStatus, n, policy.Object{Owner: rec.Owner}) {
-			return false
-		}
-	}
-	return true
+	return jobstore.VisibleTo(h.cfg.Policy.Policy(), c.ID, rec, h.cfg.Fleet.JobPolicyNodes(rec.Nodes))
 }
 
 func (h *Handler) jobs(w http.ResponseWriter, r *http.Request, c caller) {

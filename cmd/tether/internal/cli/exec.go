@@ -540,8 +540,10 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 // "Command failed (exec on NODE) with exit code N:" and the command,
 // without the stderr tail the message ends with when that stderr was just
 // streamed to the terminal in full (a failed command's stderr is printed
-// once, issue 13). A truncated stderr keeps its tail: what the limit cut
-// from the stream may be in it. --json keeps the whole message.
+// once, issue 13). A stderr cut at the output limit has no tail in the
+// message (the agent sends nothing past the limit): the coordinator says
+// so there instead, and that note is shown. --json keeps the whole
+// message.
 func shownFailure(req *protocol.ExecRequest, r *protocol.NodeResult) string {
 	if stderrStreamed(r) {
 		p := req.Params(0)
