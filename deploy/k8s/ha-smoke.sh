@@ -195,14 +195,15 @@ serving() { # every coordinator (at least two) logged "serving"
 # The manifest's startupProbe gives a coordinator 150 s; a kubelet would
 # restart one that never answers. Here: one that has not served 60 s after
 # the first did is sent SIGQUIT (Go prints every goroutine's stack to its
-# log, which the failure report shows) and started again, once, loudly.
+# log, which the failure report shows) and started again, once, loudly
+# (RESTART_AFTER=SECONDS changes the 60; 0 exercises the restart).
 restarted=
 kubelet_restart() {
 	local c name
 	for c in $(docker ps -q --filter "label=$project" --filter "name=tether-coordinator"); do
 		grep -q '"msg":"serving"' <<<"$(docker logs "$c" 2>&1)" && continue
 		name=$(docker inspect -f '{{.Name}}' "$c")
-		log "WARNING: ${name#/} has not served 60 s after another did: its stacks (SIGQUIT), then a restart as a kubelet would do"
+		log "WARNING: ${name#/} has not served ${RESTART_AFTER:-60} s after another did: its stacks (SIGQUIT), then a restart as a kubelet would do"
 		docker kill -s QUIT "$c" >/dev/null || true
 		sleep 2
 		docker logs --tail 400 "$c" 2>&1 | grep -A12 '^goroutine .*\[\(select\|chan receive\|IO wait\|semacquire\)' | grep -E 'tetherfleet|nats-io' | sort | uniq -c | sort -rn | head -20 >&2 || true
@@ -212,7 +213,7 @@ kubelet_restart() {
 }
 serving_or_restart() {
 	serving && return 0
-	if [ -z "$restarted" ] && [ -n "${first_serving:-}" ] && [ $((SECONDS - first_serving)) -ge 60 ]; then
+	if [ -z "$restarted" ] && [ -n "${first_serving:-}" ] && [ $((SECONDS - first_serving)) -ge "${RESTART_AFTER:-60}" ]; then
 		kubelet_restart
 	fi
 	if [ -z "${first_serving:-}" ]; then
