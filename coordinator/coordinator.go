@@ -70,12 +70,16 @@ type Coordinator struct {
 
 	// mu guards the fields below. It is never held while doing I/O.
 	mu      sync.Mutex
-	started bool                    // Serve was called
-	closing bool                    // drain began: no new sessions or jobs
-	life    context.Context         // Serve's lifetime; parent of jobs and handshakes
-	conns   map[*agentConn]struct{} // every live agent connection, registered or not
-	nodes   map[string]*node        // registered sessions by node id
-	jobs    map[string]*job         // running jobs by id
+	started bool            // Serve was called
+	closing bool            // drain began: no new sessions or jobs
+	life    context.Context // Serve's lifetime; parent of jobs and handshakes
+	// requests is the context of request goroutines (enterRequest):
+	// life, or less once a drain timed out (stopRequests).
+	requests     context.Context
+	stopRequests context.CancelFunc
+	conns        map[*agentConn]struct{} // every live agent connection, registered or not
+	nodes        map[string]*node        // registered sessions by node id
+	jobs         map[string]*job         // running jobs by id
 	// ending are the jobs that replied and whose final record is being
 	// written, by id: closed once it is (durable.go).
 	ending map[string]chan struct{}
@@ -187,6 +191,9 @@ func (c *Coordinator) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	c.started = true
 	c.life = life
+	var stopRequests context.CancelFunc
+	c.requests, stopRequests = context.WithCancel(life)
+	c.stopRequests = stopRequests
 	c.mu.Unlock()
 
 	svc, err := c.startService()
@@ -285,6 +292,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		for _, j := range running {
 			j.cancel(c.shutdownCause())
 		}
+		c.stopRequests() // requests still waiting (enterRequest) end too
 		c.relays.shutdownAll()
 		// Each node reader gives up CancelGrace after its cancel, so this
 		// wait is bounded.

@@ -393,8 +393,12 @@ func (c *Coordinator) goStore(req micro.Request, what string, f func(context.Con
 // goRequest runs f(life) for req on a goroutine counted in jobWG, life
 // ending with the coordinator; a panic in f answers req with an internal
 // error, and a coordinator shutting down answers 503 without running f.
+//
+// life also ends when a drain's timeout passes (requestsDone): a request
+// waiting on another coordinator (a job.get's remote status, up to
+// jobAnswerTimeout) must not hold the drain past it.
 func (c *Coordinator) goRequest(req micro.Request, what string, f func(life context.Context)) {
-	life, ok := c.enter(&c.jobWG)
+	life, ok := c.enterRequest()
 	if !ok {
 		c.replyError(req, c.unavailable())
 		return
@@ -404,6 +408,18 @@ func (c *Coordinator) goRequest(req micro.Request, what string, f func(life cont
 		defer c.guard.Recover(what, func(e *panics.Error) { c.replyError(req, c.internalError(e)) })
 		f(life)
 	}()
+}
+
+// enterRequest is enter(&c.jobWG) for a request's goroutine: its context
+// ends with the coordinator or when the drain timeout passed.
+func (c *Coordinator) enterRequest() (context.Context, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing || c.life == nil || c.requests == nil {
+		return nil, false
+	}
+	c.jobWG.Add(1)
+	return c.requests, true
 }
 
 // JobStatus asks node for detached job id's status (jobstore.Querier):

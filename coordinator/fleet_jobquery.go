@@ -51,7 +51,7 @@ func (c *Coordinator) serveJobQuery(m *nats.Msg, nodeID string) {
 		answer(jobQueryAnswer{Error: fmt.Sprintf("coordinator %s: bad job query for node %s", c.cfg.ID, nodeID)})
 		return
 	}
-	life, ok := c.enter(&c.jobWG)
+	life, ok := c.enterRequest()
 	if !ok {
 		answer(jobQueryAnswer{Unreachable: true, Error: fmt.Sprintf("coordinator %s is shutting down", c.cfg.ID)})
 		return
