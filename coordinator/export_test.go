@@ -1,8 +1,11 @@
 package coordinator
 
 import (
+	"context"
 	"maps"
 	"time"
+
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
 )
@@ -64,3 +67,9 @@ func ExpireDirectTicketsForTest(c *Coordinator) {
 // the longest timeout it takes) by d instead of
 // protocol.ExecOnceMaxTimeout; zero restores it.
 func SetExecOnceBoundForTest(c *Coordinator, d time.Duration) { c.onceBoundForTest.Store(int64(d)) }
+
+// GoRequestForTest runs f as a request goroutine of c (goRequest), as the
+// job.get and job-query handlers do, answering req if c is shutting down.
+func GoRequestForTest(c *Coordinator, req micro.Request, f func(life context.Context)) {
+	c.goRequest(req, "test request", f)
+}
