@@ -139,6 +139,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
+	e.initCompletionCmd(root, args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
