@@ -92,6 +92,9 @@ type env struct {
 	// metrics on and serves (tests record what registers); nil is
 	// newRegistry.
 	registry func() metricsRegistry
+	// natsDefaultDataDir, when set, is the nats commands' default
+	// --data-dir (tests; "" is the coordinator's, natsDataDir).
+	natsDefaultDataDir string
 }
 
 // metricsRegistry returns the registry for `tether dev`: e.registry's, or
