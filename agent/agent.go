@@ -216,7 +216,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		Backoff:    a.cfg.Backoff,
 		Logger:     a.log,
 		OnRetry: func(attempt int, err error) {
-			a.m.reconnects.Inc()
+			if !errors.Is(err, tunnel.ErrHandover) {
+				a.m.reconnects.Inc()
+			}
 			a.noteRetry(attempt, err)
 		},
 	}
@@ -245,7 +247,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			if !a.cfg.SharedToken {
 				conn := conn
 				defer conn.Close()
-				return a.enroll(ctx, conn, addr)
+				if err := a.enroll(ctx, conn, addr); err != nil {
+					return err
+				}
+				// The first session presents the new certificate: a
+				// hand-over, not a reconnect.
+				return tunnel.ErrHandover
 			}
 			h.Token = a.cfg.Token // deprecated: the coordinator's --allow-shared-token
 		}

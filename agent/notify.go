@@ -84,6 +84,8 @@ func (a *Agent) noteRetry(attempt int, err error) {
 	switch {
 	case errors.As(err, &moved):
 		why = "moving: the coordinator drained the session"
+	case errors.Is(err, tunnel.ErrHandover):
+		why = "enrolled: connecting with the node certificate"
 	case err == nil:
 		why = "reconnecting: the session ended"
 	default:

@@ -31,17 +31,36 @@ type Limits struct {
 	AdmitRate float64
 }
 
-// Validate reports every problem of l.
+// LimitError is one Limits field that Validate or SetLimits refused. A
+// caller that set the field from a setting of its own (a config file's
+// key) finds each with errors.As (through errors.Join's list) and names
+// its setting instead of the field.
+type LimitError struct {
+	// Field is the Limits field's name, e.g. "AdmitRate".
+	Field string
+	// Value is the refused value, as the field holds it.
+	Value any
+	// Problem says what is wrong with Value, without the field's name:
+	// "is negative".
+	Problem string
+}
+
+// Error is "coordinator limits: FIELD VALUE PROBLEM".
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("coordinator limits: %s %v %s", e.Field, e.Value, e.Problem)
+}
+
+// Validate reports every problem of l, each a *LimitError (joined).
 func (l Limits) Validate() error {
 	var errs []error
 	if l.MaxHandshakesPerSource < 0 {
-		errs = append(errs, fmt.Errorf("coordinator limits: MaxHandshakesPerSource %d is negative", l.MaxHandshakesPerSource))
+		errs = append(errs, &LimitError{"MaxHandshakesPerSource", l.MaxHandshakesPerSource, "is negative"})
 	}
 	if l.DefaultTimeout < 0 {
-		errs = append(errs, fmt.Errorf("coordinator limits: DefaultTimeout %v is negative", l.DefaultTimeout))
+		errs = append(errs, &LimitError{"DefaultTimeout", l.DefaultTimeout, "is negative"})
 	}
 	if math.IsNaN(l.AdmitRate) || math.IsInf(l.AdmitRate, 0) {
-		errs = append(errs, fmt.Errorf("coordinator limits: AdmitRate %v is not a number of handshakes a second", l.AdmitRate))
+		errs = append(errs, &LimitError{"AdmitRate", l.AdmitRate, "is not a number of handshakes a second"})
 	}
 	return errors.Join(errs...)
 }
@@ -60,7 +79,9 @@ func (c *Coordinator) Limits() Limits {
 }
 
 // SetLimits puts l in force at once. It is safe to call concurrently with
-// everything, also while serving; an invalid l changes nothing.
+// everything, also while serving; an invalid l changes nothing. Its
+// errors are *LimitError (Validate's, joined, or the one refusing to turn
+// pacing on or off).
 func (c *Coordinator) SetLimits(l Limits) error {
 	if err := l.Validate(); err != nil {
 		return err
@@ -70,9 +91,9 @@ func (c *Coordinator) SetLimits(l Limits) error {
 	}
 	switch {
 	case c.pacer == nil && l.AdmitRate >= 0:
-		return errors.New("coordinator limits: handshake pacing is off (AdmitRate was negative at start); turning it on needs a restart")
+		return &LimitError{"AdmitRate", l.AdmitRate, "would turn handshake pacing on: it is off (the rate was negative at start), and turning it on needs a restart"}
 	case c.pacer != nil && l.AdmitRate < 0:
-		return errors.New("coordinator limits: handshake pacing is on; turning it off (a negative AdmitRate) needs a restart")
+		return &LimitError{"AdmitRate", l.AdmitRate, "would turn handshake pacing off (a negative rate): it is on, and turning it off needs a restart"}
 	case l.AdmitRate == 0:
 		l.AdmitRate = admission.RateFor(c.cfg.AdmitCPUShare)
 	}

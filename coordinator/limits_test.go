@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,8 @@ func TestSetLimitsPerSourceLive(t *testing.T) {
 	off.AdmitRate = -1
 	if err := h.c.SetLimits(off); err == nil {
 		t.Error("SetLimits turning pacing off: no error")
+	} else if le := (*coordinator.LimitError)(nil); !errors.As(err, &le) || le.Field != "AdmitRate" {
+		t.Errorf("SetLimits turning pacing off: %v, want a *LimitError for AdmitRate", err)
 	}
 	if got := h.c.Limits().AdmitRate; got != 123 {
 		t.Errorf("AdmitRate after a refused SetLimits = %v, want 123", got)
@@ -102,6 +105,17 @@ func TestLimitsValidateNamesEveryProblem(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %q: %v", want, err)
 		}
+	}
+	// Each problem is a *LimitError naming its field, for a caller to map
+	// to its own setting (tether coordinator's config keys).
+	var fields []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		if le := (*coordinator.LimitError)(nil); errors.As(e, &le) {
+			fields = append(fields, le.Field)
+		}
+	}
+	if want := []string{"MaxHandshakesPerSource", "DefaultTimeout", "AdmitRate"}; !slices.Equal(fields, want) {
+		t.Errorf("LimitError fields = %q, want %q", fields, want)
 	}
 	if err := (coordinator.Limits{DrainSpread: -time.Second}).Validate(); err != nil {
 		t.Errorf("a negative DrainSpread (no stagger) is valid: %v", err)

@@ -370,6 +370,14 @@ func isRefused(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
+// ErrHandover is what a Redialer's serve returns (or wraps) when it ended
+// its session on purpose, for the next dial to carry on: an agent's
+// enrollment session, its certificate stored, hands over to its first
+// session with that certificate. Run then dials again as after a session
+// that ended (the same wait, the next address), but logs it at debug level
+// only, for it is no reconnect to report.
+var ErrHandover = errors.New("tunnel: session handed over to the next dial")
+
 // Permanent marks err, returned by a Redialer's serve, as one that no
 // redial can cure: Run stops and returns err (unwrapped from the mark).
 // Permanent(nil) is nil.
@@ -477,12 +485,15 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 				w = min(w, refusedMax)
 			}
 			delay = time.Duration(r.random() * float64(w))
-			if err == nil {
-				// serve ended the session (the coordinator went away,
-				// or an enrollment done: the next dial presents the new
-				// certificate).
+			switch {
+			case errors.Is(err, ErrHandover):
+				// An enrollment done: the next dial presents the new
+				// certificate. Expected at every first start.
+				log.Debug("tunnel session handed over; dialing again", "addr", ep.addr, "reason", err, "delay", delay.Round(time.Millisecond))
+			case err == nil:
+				// serve ended the session (the coordinator went away).
 				log.Info("tunnel session ended; redialing", "addr", ep.addr, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
-			} else {
+			default:
 				log.Warn("tunnel disconnected; redialing", "addr", ep.addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
 			}
 			if grow {

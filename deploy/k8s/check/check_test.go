@@ -120,6 +120,17 @@ func TestManifestsDecodeAndResolve(t *testing.T) {
 	}
 }
 
+// Prometheus can scrape every coordinator and agent of every install: the
+// metrics flag set, its port declared and annotated as the coordinators'
+// are (an agent DaemonSet without --metrics-addr exported nothing).
+func TestMetricsScrapable(t *testing.T) {
+	for _, dir := range installs {
+		for _, err := range CheckScrape(load(t, dir)) {
+			t.Errorf("install %s: %v", dir, err)
+		}
+	}
+}
+
 // The HA install is what issue 13 asks for: an agent DaemonSet, several
 // coordinators, and a three-server NATS cluster with JetStream and routes.
 func TestHAInstallShape(t *testing.T) {

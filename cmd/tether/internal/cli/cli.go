@@ -92,6 +92,9 @@ type env struct {
 	// metrics on and serves (tests record what registers); nil is
 	// newRegistry.
 	registry func() metricsRegistry
+	// natsDefaultDataDir, when set, is the nats commands' default
+	// --data-dir (tests; "" is the coordinator's, natsDataDir).
+	natsDefaultDataDir string
 }
 
 // metricsRegistry returns the registry for `tether dev`: e.registry's, or
@@ -139,6 +142,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
+	e.initCompletionCmd(root, args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK

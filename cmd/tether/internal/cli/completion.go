@@ -298,6 +298,54 @@ func (e *env) registerCompletions(root *cobra.Command) {
 	walk(root)
 }
 
+// initCompletionCmd adds cobra's completion command to root now, as
+// cobra would on Execute (so call it once root has its output streams:
+// the command keeps them), and gives it an Args check and a body of ours:
+// a shell it writes no script for, or none, is a usage error naming the
+// shells (cobra alone prints the command's help and exits 0).
+func (e *env) initCompletionCmd(root *cobra.Command, args []string) {
+	root.InitDefaultCompletionCmd(args...)
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		c.Args = completionShellArgs
+		c.RunE = e.runE(func(cmd *cobra.Command, _ []string) error {
+			return usage(fmt.Errorf("a shell is required: %s", completionShells(cmd)))
+		})
+	}
+}
+
+// completionShellArgs is the Args check of `tether completion`: its one
+// argument, when given, must be a shell cobra writes a script for (one of
+// its subcommands, which run instead when named). cobra alone prints the
+// command's help and exits 0 for any other word.
+func completionShellArgs(cmd *cobra.Command, args []string) error {
+	switch {
+	case len(args) == 1:
+		return usage(fmt.Errorf("unsupported shell %q: want %s", args[0], completionShells(cmd)))
+	case len(args) > 1:
+		return usage(fmt.Errorf("want one shell, got %d arguments: %s", len(args), completionShells(cmd)))
+	}
+	return nil
+}
+
+// completionShells lists the shells of the completion command cmd (its
+// subcommands), sorted: "bash, fish, powershell or zsh".
+func completionShells(cmd *cobra.Command) string {
+	var shells []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			shells = append(shells, c.Name())
+		}
+	}
+	slices.Sort(shells)
+	if len(shells) < 2 {
+		return strings.Join(shells, "")
+	}
+	return strings.Join(shells[:len(shells)-1], ", ") + " or " + shells[len(shells)-1]
+}
+
 // completeJobState completes the states `job list --state` takes.
 func completeJobState(_ *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 	var out []string

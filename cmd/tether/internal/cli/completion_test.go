@@ -164,3 +164,18 @@ func TestClipText(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionUnsupportedShell: `tether completion SHELL` for a shell
+// cobra writes no script for, or none at all, is a usage error (2) naming
+// the shells there are; cobra alone printed its help and exited 0.
+func TestCompletionUnsupportedShell(t *testing.T) {
+	for _, args := range [][]string{{"completion", "tcsh"}, {"completion"}, {"completion", "tcsh", "csh"}} {
+		r := runCLI(testCtx(t), nil, "", args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "bash, fish, powershell or zsh") || r.stdout != "" {
+			t.Errorf("tether %s: exit %d, stdout %q, stderr %q; want 2, nothing on stdout and the shells named", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := runCLI(testCtx(t), nil, "", "completion", "tcsh"); !strings.Contains(r.stderr, `"tcsh"`) {
+		t.Errorf("completion tcsh does not name the shell asked for: %q", r.stderr)
+	}
+}

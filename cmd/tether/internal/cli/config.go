@@ -187,12 +187,18 @@ type configKeyLine struct {
 
 // line returns the line of the key that set flag, or 0.
 func (f *configFile) line(flag string) int {
+	v, _ := f.value(flag)
+	return v.line
+}
+
+// value returns the setting of the key that set flag, if the file has one.
+func (f *configFile) value(flag string) (configValue, bool) {
 	for _, v := range f.values {
 		if v.flag == flag {
-			return v.line
+			return v, true
 		}
 	}
-	return 0
+	return configValue{}, false
 }
 
 // parseConfig decodes data, the config file path of role r, against fs,

@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tetherfleet/tether/coordinator"
 )
@@ -32,7 +35,7 @@ func (cs *coordinatorServer) reload() (status string) {
 // first, so that a refusal of theirs leaves everything as it was.
 func (cs *coordinatorServer) reloadConfig() (status string) {
 	src := cs.config
-	_, opts, live, fixed, err := src.reread()
+	fresh, opts, live, fixed, err := src.reread()
 	if err != nil {
 		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
 		return "config reload failed (the settings in force stay): " + err.Error()
@@ -45,6 +48,7 @@ func (cs *coordinatorServer) reloadConfig() (status string) {
 	o := opts.(*coordinatorOptions)
 	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread, AdmitRate: o.AdmitRate}
 	if err := cs.coord.SetLimits(l); err != nil {
+		err = src.limitsError(err, fresh.Flags())
 		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
 		return "config reload failed (the settings in force stay): " + err.Error()
 	}
@@ -53,6 +57,49 @@ func (cs *coordinatorServer) reloadConfig() (status string) {
 	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
 		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", l.AdmitRate)
 	return reloadStatus(live, fixed)
+}
+
+// limitKeys are the config keys (flag names) that set each
+// coordinator.Limits field.
+var limitKeys = map[string]string{
+	"MaxHandshakesPerSource": "max-handshakes-per-source",
+	"DefaultTimeout":         "exec-timeout",
+	"DrainSpread":            "drain-spread",
+	"AdmitRate":              "admit-rate",
+}
+
+// limitsError is SetLimits's refusal err in the config file's terms:
+// each *coordinator.LimitError becomes "PATH:LINE: key KEY: VALUE
+// PROBLEM", the value as the file wrote it, or "PATH: key KEY (not set:
+// VALUE) PROBLEM" for a key the file no longer sets (fs, the re-read
+// flags, hold the value then). Other errors stay as they are.
+func (s *configSource) limitsError(err error, fs *pflag.FlagSet) error {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	out := make([]error, 0, len(errs))
+	for _, e := range errs {
+		le := (*coordinator.LimitError)(nil)
+		key := ""
+		if errors.As(e, &le) {
+			key = limitKeys[le.Field]
+		}
+		if key == "" {
+			out = append(out, e)
+			continue
+		}
+		if v, ok := s.file.value(key); ok {
+			out = append(out, fmt.Errorf("%s:%d: key %s: %s %s", s.path, v.line, v.key, v.scalar, le.Problem))
+			continue
+		}
+		val := "its default"
+		if f := fs.Lookup(key); f != nil {
+			val = f.Value.String()
+		}
+		out = append(out, fmt.Errorf("%s: key %s (not set: %s) %s", s.path, key, val, le.Problem))
+	}
+	return errors.Join(out...)
 }
 
 // reloadAgentConfig re-reads the agent's config file and returns the

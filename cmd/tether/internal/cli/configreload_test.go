@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tetherfleet/tether/agent"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -202,5 +204,50 @@ func TestConfigReloadLogLevel(t *testing.T) {
 	// Committed: a second re-read finds log-level unchanged.
 	if _, _, live, _, err := src.reread(); err != nil || len(live) != 0 {
 		t.Fatalf("second re-read: %v, live %+v", err, live)
+	}
+}
+
+// TestCoordinatorReloadLimitRefusalNamesKey: a re-read value that the
+// running coordinator refuses (admit-rate turning handshake pacing on,
+// which was off at start) is reported as load-time errors are: the file,
+// the key's line and the key as written, not the Go field (AdmitRate);
+// the limits in force stay.
+func TestCoordinatorReloadLimitRefusalNamesKey(t *testing.T) {
+	policyFile := writeTestPolicy(t, testAdminPolicy(t))
+	base := fmt.Sprintf("role: coordinator\npolicy: %s\nlisten: 127.0.0.1:0\nhttp-addr: 127.0.0.1:0\nnats-listen: 127.0.0.1:0\nopenshell-listen: \"\"\nopensandbox-listen: \"\"\nallow-shared-token: true\ndata-dir: %s\n", policyFile, t.TempDir())
+	path := writeConfig(t, base+"admit-rate: -1\n")
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+	o := defaultCoordinatorOptions()
+	e := testEnv(nil)
+	cmd := coordinatorCommand(e, &o)
+	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.close()
+	cs.config = src
+
+	for _, tc := range []struct{ file, want string }{
+		{base + "exec-timeout: 5s\nadmit-rate: 50\n", path + ":11: key admit-rate: 50 would turn handshake pacing on"},
+		{base + "exec-timeout: 5s\n", path + ": key admit-rate (not set: 0) would turn handshake pacing on"},
+	} {
+		replaceFile(t, path, tc.file)
+		status := cs.reloadConfig()
+		for _, out := range []string{status, logs.String()} {
+			if !strings.Contains(out, tc.want) || strings.Contains(out, "AdmitRate") {
+				t.Errorf("reload refused by the limits says:\n%s\nwant %q, not the Go field AdmitRate", out, tc.want)
+			}
+		}
+		if l := cs.coord.Limits(); l.AdmitRate >= 0 || l.DefaultTimeout != 0 {
+			t.Errorf("limits after a refused reload: %+v, want the ones in force (pacing off, no timeout)", l)
+		}
 	}
 }

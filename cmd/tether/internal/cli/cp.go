@@ -179,6 +179,9 @@ Exit codes:
 			if err != nil {
 				return usage(err)
 			}
+			if err := checkLocalSource(from); err != nil {
+				return err
+			}
 			c, closeNC, err := o.NATS.connect(e.getenv)
 			if err != nil {
 				return err
@@ -197,7 +200,21 @@ Exit codes:
 	return cmd
 }
 
-// runCp copies from → to through a copy stream opened with op. Its errors
+// checkLocalSource finds a push's missing or unreadable source before
+// anything else is asked of the fleet: "cp: local source PATH: no such
+// file or directory", exit 1. A pull's source is the node's: nil.
+func checkLocalSource(from copyEnd) error {
+	if from.node != "" {
+		return nil
+	}
+	if _, err := os.Lstat(from.path); err != nil {
+		return &exitError{code: exitFailure, err: errors.New("cp: " + localMessage(err, "local source"))}
+	}
+	return nil
+}
+
+// runCp copies from → to through a copy stream opened with op (a push's
+// source checked already: checkLocalSource). Its errors
 // carry their exit codes (see the --help text): cpError for a copy that
 // failed (1), exitPartial, an interrupted copy's code, usage errors for
 // params the agent would refuse, and exitTether for Tether's own failures
@@ -214,11 +231,6 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	// What the agent would refuse is found before anything is sent.
 	if err := params.Validate(); err != nil {
 		return usage(fmt.Errorf("cp %s to %s: the path on the node: %s", from, to, printable(strings.TrimPrefix(err.Error(), "path: "))))
-	}
-	if params.Direction == protocol.CopyPush {
-		if _, err := os.Lstat(from.path); err != nil {
-			return cpError(exitFailure, from, to, localMessage(err, from.path))
-		}
 	}
 	opened, err := op.OpenStream(ctx, node, protocol.KindCopy, &params)
 	if err != nil {
@@ -238,11 +250,11 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	opts := mirror.Options{Delete: o.Delete, Checksum: o.Checksum, Into: to.into, Strict: o.Strict, Progress: pr.update}
 	start := time.Now()
 	var res *protocol.CopyResult
-	local := from.path
+	local := "local source"
 	if params.Direction == protocol.CopyPush {
 		res, err = mirror.Send(ctx, from.path, st, opts)
 	} else {
-		local = to.path
+		local = "local destination"
 		res, err = mirror.Receive(ctx, to.path, st, opts)
 	}
 	pr.finish()
@@ -307,8 +319,9 @@ func cpError(code int, from, to copyEnd, msg string) error {
 }
 
 // cpOutcome is the exit code and message of a copy that failed with err,
-// a mirror error, on the stream st to node; local is the path on this
-// end. Who failed is in the code:
+// a mirror error, on the stream st to node; local names this end's role
+// ("local source" or "local destination", see localMessage). Who failed
+// is in the code:
 //   - the agent's error frame (*mirror.PeerError) says it by its code:
 //     bad_request (not allowed: not under a copy root, the agent's own
 //     state; or a stream that broke the copy protocol), forbidden and
@@ -369,16 +382,18 @@ func streamMessage(err error) string {
 }
 
 // localMessage is a failure on this end's files (err, from mirror or the
-// os package, about path) without mirror's "mirror: OP PATH:" layer, and
-// the path of an *os.PathError quoted as names are.
-func localMessage(err error, path string) string {
+// os package) in the user's terms: without mirror's "mirror: OP PATH:"
+// layer, and an *os.PathError as "END PATH: reason" (end is "local source"
+// or "local destination"; the path quoted as names are) instead of the
+// system call's name ("lstat PATH: ...").
+func localMessage(err error, end string) string {
 	var me *mirror.Error
 	if errors.As(err, &me) {
 		err = me.Err
 	}
 	var pe *os.PathError
 	if errors.As(err, &pe) && err == error(pe) {
-		return pe.Op + " " + quoteName(pe.Path) + ": " + printable(pe.Err.Error())
+		return end + " " + quoteName(pe.Path) + ": " + printable(pe.Err.Error())
 	}
 	return printable(err.Error())
 }

@@ -258,10 +258,10 @@ func TestCpOutcome(t *testing.T) {
 			&watchedStream{err: &natspipe.Error{Msg: "pipe to _INBOX.x: peer silent for 15s", Kind: natspipe.ErrPeerGone}}, 255,
 			"cp /src to node-0:/srv/dst: the stream through the coordinator failed: peer silent for 15s"},
 		{"local failure", &mirror.Error{Op: "send", Path: "/src", Err: &os.PathError{Op: "open", Path: "/src/a\tb", Err: syscall.EACCES}}, quiet, 1,
-			`cp /src to node-0:/srv/dst: open "/src/a\tb": permission denied`},
+			`cp /src to node-0:/srv/dst: local source "/src/a\tb": permission denied`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, msg := cpOutcome(tc.err, tc.st, "node-0", "/src")
+			code, msg := cpOutcome(tc.err, tc.st, "node-0", "local source")
 			var ee *exitError
 			if err := cpError(code, from, to, msg); !errors.As(err, &ee) || ee.code != tc.code || err.Error() != tc.want {
 				t.Errorf("shown as %q, exit %d; want %q, exit %d", err, code, tc.want, tc.code)
@@ -315,5 +315,17 @@ func TestCpQuotesNames(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(root, "evil\x1b]0;title\x07", "ok")); err != nil || string(b) != "ok" {
 		t.Errorf("the tree did not arrive under its name: %q, %v", b, err)
+	}
+}
+
+// TestCpLocalSourceMissing: a missing local source is said in the user's
+// terms (which end, which path), once, and before any connection is made
+// (the coordinator here is unreachable): not Go's "lstat PATH: ...".
+func TestCpLocalSourceMissing(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nonexist")
+	r := runCLI(testCtx(t), nil, "", "cp", "--nats-url", unreachableNATS, missing, "vm:/tmp/")
+	want := "tether: cp: local source " + missing + ": no such file or directory\n"
+	if r.code != exitFailure || r.stderr != want {
+		t.Errorf("cp from a missing source: exit %d, stderr %q; want 1, %q", r.code, r.stderr, want)
 	}
 }

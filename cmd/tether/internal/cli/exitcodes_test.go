@@ -44,6 +44,10 @@ func checkExitRows(t *testing.T, rows []exitRow) {
 			if r.code != tt.code || !strings.Contains(r.stderr, tt.stderr) {
 				t.Errorf("tether %s: exit %d, want %d; stderr %q (want it to contain %q)", strings.Join(tt.args, " "), r.code, tt.code, r.stderr, tt.stderr)
 			}
+			// The --help hint belongs to usage errors only.
+			if hint := strings.Contains(r.stderr, usageHint); hint != (r.code == exitUsage) {
+				t.Errorf("tether %s (exit %d): usage hint printed = %v; stderr %q", strings.Join(tt.args, " "), r.code, hint, r.stderr)
+			}
 		})
 	}
 }
@@ -286,5 +290,37 @@ func TestExecOutputCutIsTruncated(t *testing.T) {
 				t.Errorf("--json: exit %d, result %+v (%v)\n%s", r.code, res, err, r.stdout)
 			}
 		})
+	}
+}
+
+// usageHint is the line run prints after a usage error's message.
+const usageHint = " --help' for usage."
+
+// TestUsageHintOnlyOnUsageErrors: "Run '... --help' for usage." follows
+// usage errors (exit 2) only; Tether's failures (255: here no NATS
+// answers) and a command's own failures (1) print their message alone.
+func TestUsageHintOnlyOnUsageErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nonexist")
+	for _, tt := range []struct {
+		code int
+		args []string
+	}{
+		{exitTether, []string{"nodes", "--nats-url", unreachableNATS}},
+		{exitTether, []string{"exec", "--nats-url", unreachableNATS, "--node", "n1", "--", "true"}},
+		{exitTether, []string{"job", "status", "--nats-url", unreachableNATS, "abc"}},
+		{exitTether, []string{"forward", "--nats-url", unreachableNATS, "n1", "openshell"}},
+		{exitTether, []string{"node", "revoke", "--nats-url", unreachableNATS, "n1"}},
+		{exitFailure, []string{"policy", "check", missing}},
+		{exitUsage, []string{"exec", "--nats-url", unreachableNATS, "--", "true"}},
+		{exitUsage, []string{"nodes", "--no-such-flag"}},
+	} {
+		r := runCLI(testCtx(t), nil, "", tt.args...)
+		if r.code != tt.code {
+			t.Errorf("tether %q: exit %d, want %d; stderr %q", tt.args, r.code, tt.code, r.stderr)
+			continue
+		}
+		if hint := strings.Contains(r.stderr, usageHint); hint != (tt.code == exitUsage) {
+			t.Errorf("tether %q (exit %d): usage hint printed = %v, want %v; stderr %q", tt.args, r.code, hint, tt.code == exitUsage, r.stderr)
+		}
 	}
 }

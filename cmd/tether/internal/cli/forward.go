@@ -44,11 +44,11 @@ type forwardArgs struct {
 func parseForwardArgs(args []string) (forwardArgs, error) {
 	a := forwardArgs{Node: args[0], Target: args[1], Local: defaultForwardAddr}
 	var errs []error
-	if err := protocol.ValidNodeID(a.Node); err != nil {
-		errs = append(errs, fmt.Errorf("node: %w", err))
+	if err := checkNodeArg(a.Node); err != nil {
+		errs = append(errs, err)
 	}
 	if err := protocol.ValidTargetName(a.Target); err != nil {
-		errs = append(errs, fmt.Errorf("target: %w", err))
+		errs = append(errs, fmt.Errorf("TARGET %s: %s (a target the node serves, as openshell or opensandbox; tether nodes --json lists them)", protocol.Clip(a.Target), argProblem(err)))
 	}
 	if len(args) == 3 {
 		local := args[2]
@@ -75,6 +75,29 @@ func parseForwardArgs(args []string) (forwardArgs, error) {
 	return a, errors.Join(errs...)
 }
 
+// argProblem is what a protocol validation error says is wrong with a
+// value, without its lead ("target name X: "), which the caller replaces
+// with the argument's name and the value as typed.
+func argProblem(err error) string {
+	msg := err.Error()
+	if _, rest, ok := strings.Cut(msg, ": "); ok {
+		return rest
+	}
+	return msg
+}
+
+// checkNodeArg checks the NODE argument of a command (forward, shell,
+// ssh-proxy): nil, or what is wrong with it as typed.
+func checkNodeArg(node string) error {
+	if node == "" {
+		return errors.New("NODE is empty: give a node id (tether nodes lists them)")
+	}
+	if err := protocol.ValidNodeID(node); err != nil {
+		return fmt.Errorf("NODE %s: %s (a node id, as tether nodes lists them)", protocol.Clip(node), argProblem(err))
+	}
+	return nil
+}
+
 func newForwardCmd(e *env) *cobra.Command {
 	var o forwardOptions
 	cmd := &cobra.Command{
@@ -95,7 +118,12 @@ Examples:
   tether forward gpu-07 openshell 8080     # grpcurl -plaintext 127.0.0.1:8080 ...
   tether forward gpu-07 opensandbox
   tether forward --stdio gpu-07 web < request > response`,
-		Args: cobra.RangeArgs(2, 3),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) < 2 || len(args) > 3 {
+				return usage(fmt.Errorf("want NODE TARGET [LOCAL_ADDR], got %d %s", len(args), plural(len(args), "argument", "arguments")))
+			}
+			return nil
+		},
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			a, err := parseForwardArgs(args)
 			if err == nil && o.Stdio && len(args) == 3 {

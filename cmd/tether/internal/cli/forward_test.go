@@ -118,3 +118,32 @@ func TestForwardOnFleet(t *testing.T) {
 		t.Errorf("forward exit %d after cancel, want %d; stderr %q", code, exitInterrupted, stderr.String())
 	}
 }
+
+// TestForwardArgumentErrors: a bad NODE or TARGET is named as the user
+// typed it, with the form wanted, once ("target: target name ..." said
+// it twice in the package's terms); a wrong number of arguments names the
+// form the command takes.
+func TestForwardArgumentErrors(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"forward", "nosuch"}, []string{"want NODE TARGET [LOCAL_ADDR]", "got 1 argument"}},
+		{[]string{"forward", "n1", "bad:name"}, []string{`TARGET "bad:name"`, "lowercase letters, digits and '-'", "openshell"}},
+		{[]string{"forward", "n1", "Bad Target"}, []string{`TARGET "Bad Target"`}},
+		{[]string{"forward", "--", " ", "openshell"}, []string{`NODE " "`}},
+	} {
+		r := runCLI(testCtx(t), nil, "", append([]string{tt.args[0], "--nats-url", unreachableNATS}, tt.args[1:]...)...)
+		if r.code != exitUsage {
+			t.Errorf("tether %q: exit %d, want 2; stderr %q", tt.args, r.code, r.stderr)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("tether %q: stderr %q lacks %q", tt.args, r.stderr, w)
+			}
+		}
+		if strings.Contains(r.stderr, "target: target") || strings.Contains(r.stderr, "node: node") {
+			t.Errorf("tether %q: doubled prefix in %q", tt.args, r.stderr)
+		}
+	}
+}

@@ -40,7 +40,7 @@ type natsUserRecord struct {
 }
 
 func newNATSCmd(e *env) *cobra.Command {
-	dataDir := defaultCoordinatorOptions().DataDir
+	dataDir := e.natsDataDir()
 	cmd := &cobra.Command{
 		Use:   "nats",
 		Short: "Manage the coordinator's NATS layout: client users, server config",
@@ -85,7 +85,7 @@ file to the user: tether commands take it as --nats-creds or
 $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 --inbox-prefix printed here.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.runE(func(_ *cobra.Command, args []string) error {
+		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			if ttl < 0 {
 				return usage(fmt.Errorf("--ttl %s is negative", humanDuration(ttl)))
 			}
@@ -101,7 +101,7 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 					return fmt.Errorf("%s exists: not overwritten (it may be another user's credentials); give another --output, or --force", out)
 				}
 			}
-			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, mayCreateLayout(cmd), e.stderr, func(l *natsauth.Layout) error {
 				if !force {
 					recs, err := readNATSUsers(l.Dir())
 					if err != nil {
@@ -243,8 +243,8 @@ revocation and reload the server (nats-server --signal reload). The
 coordinator then connects with --nats-url and --nats-creds (a TETHER user:
 'tether nats coordinator-creds').`,
 		Args: cobra.NoArgs,
-		RunE: e.runE(func(*cobra.Command, []string) error {
-			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
+		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
+			return withNATSLayout(dataDir, mayCreateLayout(cmd), e.stderr, func(l *natsauth.Layout) error {
 				_, err := fmt.Fprint(e.stdout, l.ServerConfig())
 				return err
 			})
@@ -259,11 +259,11 @@ service's queue group, JetStream and the KV buckets. Only coordinators hold
 such credentials (tether coordinator --nats-url URL --nats-creds FILE);
 never give them to a client.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.runE(func(_ *cobra.Command, args []string) error {
+		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			if coordOut == "" {
 				coordOut = args[0] + ".creds"
 			}
-			return withNATSLayout(dataDir, true, e.stderr, func(l *natsauth.Layout) error {
+			return withNATSLayout(dataDir, mayCreateLayout(cmd), e.stderr, func(l *natsauth.Layout) error {
 				c, err := l.MintCoordinator(args[0])
 				if err != nil {
 					return err
@@ -305,7 +305,8 @@ func withNATSLayout(dataDir string, create bool, w io.Writer, f func(*natsauth.L
 	_, err := os.Stat(filepath.Join(dir, "operator.nk"))
 	fresh := errors.Is(err, fs.ErrNotExist)
 	if fresh && !create {
-		return fmt.Errorf("no NATS layout in %s: check --data-dir (a coordinator creates its layout on first start)", dir)
+		return fmt.Errorf("no NATS layout in %s: check --data-dir (a coordinator creates its layout on first start; tether dev's is in %s; a --data-dir given explicitly may be a new one, for a coordinator not started yet)",
+			dir, defaultDevOptions().DataDir)
 	}
 	unlock, err := lockNATSDir(dir)
 	if err != nil {
@@ -320,6 +321,25 @@ func withNATSLayout(dataDir string, create bool, w io.Writer, f func(*natsauth.L
 		fmt.Fprintf(w, "tether: created a new NATS layout in %s (operator %s)\n", dir, l.OperatorKey())
 	}
 	return f(l)
+}
+
+// mayCreateLayout reports whether a layout command (cmd) may create a new
+// layout where it finds none: only in a --data-dir given explicitly.
+// Without one, the default directory holding no layout means the
+// coordinator lives elsewhere (tether dev's, another --data-dir): a layout
+// created there would mint credentials no server trusts.
+func mayCreateLayout(cmd *cobra.Command) bool {
+	f := cmd.Flag("data-dir")
+	return f != nil && f.Changed
+}
+
+// natsDataDir is the default --data-dir of the nats commands: the
+// coordinator's (e.natsDefaultDataDir in tests).
+func (e *env) natsDataDir() string {
+	if e.natsDefaultDataDir != "" {
+		return e.natsDefaultDataDir
+	}
+	return defaultCoordinatorOptions().DataDir
 }
 
 // lockNATSDir creates the layout directory dir (0700) if needed and takes

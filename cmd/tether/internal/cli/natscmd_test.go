@@ -336,3 +336,33 @@ func TestNATSUserCreateRefusesOverwritesAndTwins(t *testing.T) {
 		t.Errorf("bad name: exit %d (want 2), stderr %q", r.code, r.stderr)
 	}
 }
+
+// Without --data-dir, the nats commands that may create a layout (user
+// create, server-config, coordinator-creds) refuse a default directory
+// that holds none, naming --data-dir and tether dev's: a new layout there
+// minted credentials no running server trusts (the README's "from `tether
+// nats user create`" beside a tether dev). Given explicitly, a directory
+// gets a new layout, as the external NATS setup needs.
+func TestNATSLayoutNotCreatedInTheDefaultDir(t *testing.T) {
+	def := filepath.Join(t.TempDir(), "default")
+	for _, args := range [][]string{
+		{"nats", "user", "create", "alice", "-o", filepath.Join(t.TempDir(), "alice.creds")},
+		{"nats", "server-config"},
+		{"nats", "coordinator-creds", "c1", "-o", filepath.Join(t.TempDir(), "c1.creds")},
+	} {
+		var stdout, stderr syncBuffer
+		e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now, natsDefaultDataDir: def}
+		code := run(testCtx(t), args, e)
+		if code == 0 || !strings.Contains(stderr.String(), "no NATS layout in "+filepath.Join(def, "nats-auth")) || !strings.Contains(stderr.String(), "--data-dir") {
+			t.Errorf("tether %q with no layout in the default dir: exit %d, stderr %q; want a refusal naming the directory and --data-dir", args, code, stderr.String())
+		}
+		if _, err := os.Stat(filepath.Join(def, "nats-auth", "operator.nk")); err == nil {
+			t.Fatalf("tether %q created a layout in the default dir", args)
+		}
+	}
+	dir := t.TempDir()
+	r := runCLI(testCtx(t), nil, "", "nats", "user", "create", "alice", "--data-dir", dir, "-o", filepath.Join(t.TempDir(), "alice.creds"))
+	if r.code != 0 || !strings.Contains(r.stderr, "created a new NATS layout") {
+		t.Errorf("user create in an explicit new --data-dir: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

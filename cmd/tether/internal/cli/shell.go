@@ -39,8 +39,8 @@ type shellOptions struct {
 // Validate reports every invalid option; node is the first argument.
 func (o *shellOptions) Validate(node string) error {
 	var errs []error
-	if err := protocol.ValidNodeID(node); err != nil {
-		errs = append(errs, fmt.Errorf("node: %w", err))
+	if err := checkNodeArg(node); err != nil {
+		errs = append(errs, err)
 	}
 	for _, kv := range o.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {

@@ -439,7 +439,7 @@ func TestShellUsage(t *testing.T) {
 		{"no node", []string{"shell"}, "a node is required"},
 		{"command without node", []string{"shell", "--", "ls"}, "the node comes before --"},
 		{"bad env", []string{"shell", "node-a", "--env", "NOEQUALS"}, `--env "NOEQUALS"`},
-		{"bad node", []string{"shell", "no/such"}, "node:"},
+		{"bad node", []string{"shell", "no/such"}, `NODE "no/such": must be`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -376,8 +376,8 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
 		RunE: e.runE(func(cmd *cobra.Command, args []string) error {
 			// c.SSH cuts the suffix itself: cutting it here too made
 			// NODE.tether.tether (node id NODE.tether) node NODE.
-			if err := protocol.ValidNodeID(strings.TrimSuffix(args[0], protocol.SSHHostSuffix)); err != nil {
-				return usage(fmt.Errorf("node: %w", err))
+			if err := checkNodeArg(strings.TrimSuffix(args[0], protocol.SSHHostSuffix)); err != nil {
+				return usage(err)
 			}
 			c, closeNC, err := o.NATS.connect(e.getenv)
 			if err != nil {
