@@ -380,7 +380,10 @@ func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error))
 			return j, nil
 		case err = <-paf.Err():
 		case <-ctx.Done():
-			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, ctx.Err())
+			return s.settleUnconfirmed(ctx, j, ctx.Err())
+		}
+		if isUnconfirmed(err) {
+			return s.settleUnconfirmed(ctx, j, err)
 		}
 		if !isWrongLastSeq(err) {
 			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
@@ -392,6 +395,66 @@ func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error))
 		}
 		return j, nil
 	}
+}
+
+// settleConfirmTimeout bounds settleUnconfirmed's own write and read.
+const settleConfirmTimeout = 5 * time.Second
+
+// isUnconfirmed reports whether err leaves a record write's fate unknown:
+// its acknowledgement did not come in time, so it may still be stored.
+func isUnconfirmed(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}
+
+// settleUnconfirmed decides the fate of j's record write (Begin) whose
+// acknowledgement did not come (cause): under load, or across a NATS
+// reconnect, it may be stored after the caller gave up, leaving a record
+// that says running for a job that was refused and never runs (a retry
+// of its id then got 409; TestCluster saw it at load 40). It writes j's
+// record again, now lost, compare-and-set on the key having no revision:
+//   - stored: the first write will never be (it expected the same empty
+//     key), so the job is refused with a terminal record that a retry of
+//     the id replaces;
+//   - the key has a revision: if it is j's own first write (this holder
+//     and boot, the same submission time and state), the write landed
+//     late and j is accepted after all; if it is an earlier job's
+//     terminal record (the first write, expecting an empty key, failed),
+//     j's record replaces it as Begin would; else the id is another
+//     running job's (ErrExists);
+//   - this write fails too: the fate stays unknown, as before (an error
+//     wrapping cause).
+func (s *Store) settleUnconfirmed(ctx context.Context, j *Job, cause error) (*Job, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleConfirmTimeout)
+	defer cancel()
+	lost := j.Record
+	lost.State, lost.FinishedAt = Lost, s.now()
+	lost.Error = fmt.Sprintf("coordinator %s could not confirm the record in time (%v); the job did not run", s.cfg.Coordinator, cause)
+	b, _ := json.Marshal(&lost)
+	_, err := s.put(ctx, jobKey(j.ID), b, 0, "")
+	if err == nil {
+		return nil, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w); recorded lost, not run", j.ID, cause)
+	}
+	if !isConflict(err) {
+		return nil, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w), and its fate is unknown: %v", j.ID, cause, err)
+	}
+	old, err := s.Get(ctx, j.ID)
+	if err != nil {
+		return nil, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w), and its fate is unknown: %v", j.ID, cause, err)
+	}
+	if old.Coordinator == j.Coordinator && old.Boot == j.Boot && old.State == j.State && old.SubmittedAt.Equal(j.SubmittedAt) {
+		j.rev = old.rev
+		return j, nil
+	}
+	if old.State.Terminal() {
+		// An earlier job's record, which the first write (expecting an
+		// empty key) could not replace: replace it now, as Begin does.
+		if err := s.create(ctx, j, ""); err != nil {
+			return nil, err
+		}
+		return j, nil
+	}
+	return nil, fmt.Errorf("jobstore: submit job %s: %w (%s on coordinator %s)", j.ID, ErrExists, old.State, old.Coordinator)
 }
 
 // isWrongLastSeq reports whether err is the server's answer to a write
