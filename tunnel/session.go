@@ -160,6 +160,10 @@ type Session struct {
 	cfg  Config
 	idle *idleWatch // nil unless Config.IdleTimeout is set
 	wc   *watchConn // beneath yamux: Watch and OnClose (watch.go)
+	// cc is the frame coalescer beneath yamux (coalesce.go), nil for a
+	// stock session; OpenGated arms it to send a stream's SYN with its
+	// header.
+	cc *coalesceConn
 }
 
 // Client starts the dialing side's session over conn (the agent). The
@@ -191,9 +195,11 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		flow = &wc.flow
 	}
 	cc = wc
+	var co *coalesceConn
 	if coalesce || flow != nil {
 		fw, _ := conn.(frameWriter)
-		cc = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw, stock: !coalesce, flow: flow}
+		co = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw, stock: !coalesce, flow: flow}
+		cc = co
 	}
 	var (
 		y   *yamux.Session
@@ -208,7 +214,7 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		conn.Close()
 		return nil, fmt.Errorf("tunnel: start session with %s: %w", conn.RemoteAddr(), err)
 	}
-	s := &Session{y: y, cfg: cfg, wc: wc}
+	s := &Session{y: y, cfg: cfg, wc: wc, cc: co}
 	if ic != nil {
 		s.idle = watchIdle(y, ic, cfg.IdleTimeout)
 	}
@@ -224,13 +230,20 @@ func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux
 }
 
 // OpenGated is Open with the header held back until gate returns: the
-// stream is opened at once (the peer accepts it while gate runs), and its
-// header, which is what makes the peer act on it, is written only once
-// gate returned nil. On gate's error the stream is closed without a
+// stream is opened at once (waiting, if need be, for room in the peer's
+// accept backlog while gate's work is under way), and its header, which
+// is what makes the peer act on it, is written only once gate returned
+// nil. On gate's error the stream is closed without a
 // header (the peer's ReadHeader fails; it acts on nothing) and that error
 // is returned, as is ctx's error when ctx ended while gate ran. gate runs
 // in the caller's goroutine after the stream opened, outside ctx's bound
 // (it bounds itself); nil means none.
+//
+// The stream's SYN waits for the next frame the session writes (at the
+// latest the header, or the close that replaces it), so that the SYN and
+// the header usually leave in one write: the peer accepts the stream when
+// it can act on it, one write and one wake-up earlier on each side
+// (issue 12).
 func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, gate func() error) (*yamux.Stream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -240,10 +253,18 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 		err error
 	}
 	// OpenStream blocks only while the peer's accept backlog is full; run
-	// it aside so ctx can win.
+	// it aside so ctx can win. Every stream it returns is followed by a
+	// frame of its own (header or close, here or in the cleanup below),
+	// which releases a held SYN.
 	ch := make(chan result, 1)
 	go func() {
+		if s.cc != nil {
+			s.cc.armSYNHold()
+		}
 		st, err := s.y.OpenStream()
+		if err != nil && s.cc != nil {
+			s.cc.disarmSYNHold()
+		}
 		ch <- result{st, err}
 	}()
 	var r result
