@@ -334,12 +334,13 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	// Our own pipes (not cmd.StdoutPipe): os/exec then runs no copying
 	// goroutines and Wait returns as soon as the leader exits, and we can
 	// put deadlines on the read ends.
-	outR, outW, err := os.Pipe()
+	// Only the agent's ends are in the poller (childPipe).
+	outR, outW, err := childPipe(false)
 	if err != nil {
 		return procResult{}, fmt.Errorf("stdout pipe: %w", err)
 	}
 	defer outR.Close()
-	errR, errW, err := os.Pipe()
+	errR, errW, err := childPipe(false)
 	if err != nil {
 		outW.Close()
 		return procResult{}, fmt.Errorf("stderr pipe: %w", err)
@@ -347,12 +348,14 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	defer errR.Close()
 	var inR, inW *os.File
 	if spec.script != "" || spec.stdin {
-		if inR, inW, err = os.Pipe(); err != nil {
+		if inW, inR, err = childPipe(true); err != nil {
 			outW.Close()
 			errW.Close()
 			return procResult{}, fmt.Errorf("stdin pipe: %w", err)
 		}
 		cmd.Stdin = inR
+	} else if null, err := devNull(); err == nil {
+		cmd.Stdin = null // else os/exec opens /dev/null itself
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 
