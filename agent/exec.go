@@ -298,10 +298,14 @@ func (x *execution) run(ctx context.Context) {
 		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %s: %v", a.cfg.NodeID, specs[0].name, err))
 	default:
 		status.FailedCommand = failed
+		// The result first, the log line after: the coordinator and its
+		// client wait for the one, nobody for the other (a log write is
+		// a system call, more with journald).
+		err := x.w.final(protocol.FrameExit, status)
 		x.log.Info("exec finished", "exit_code", status.ExitCode, "signal", status.Signal,
 			"timed_out", status.TimedOut, "cancelled", status.Cancelled, "duration_ms", status.DurationMS,
 			"output_cut", status.OutputCut)
-		if err := x.w.final(protocol.FrameExit, status); err != nil {
+		if err != nil {
 			x.log.Warn("exec result not delivered", "err", err)
 		}
 	}

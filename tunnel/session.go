@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -164,6 +165,8 @@ type Session struct {
 	// stock session; OpenGated arms it to send a stream's SYN with its
 	// header.
 	cc *coalesceConn
+	// opening counts the calls inside yamux's OpenStream (openStream).
+	opening atomic.Int64
 }
 
 // Client starts the dialing side's session over conn (the agent). The
@@ -252,31 +255,42 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 		st  *yamux.Stream
 		err error
 	}
-	// OpenStream blocks only while the peer's accept backlog is full; run
-	// it aside so ctx can win. Every stream it returns is followed by a
-	// frame of its own (header or close, here or in the cleanup below),
-	// which releases a held SYN.
-	ch := make(chan result, 1)
-	go func() {
-		if s.cc != nil {
+	// OpenStream blocks while the peer's accept backlog is full: then it
+	// runs aside so ctx can win; while the backlog surely has room it
+	// runs here (no goroutine, no hand-off). Every stream it returns is
+	// followed by a frame of its own (header or close, here or in the
+	// cleanup below), which releases a held SYN.
+	open := func(hold bool) (*yamux.Stream, error) {
+		if hold && s.cc != nil {
 			s.cc.armSYNHold()
 		}
 		st, err := s.y.OpenStream()
-		if err != nil && s.cc != nil {
+		if err != nil && hold && s.cc != nil {
 			s.cc.disarmSYNHold()
 		}
-		ch <- result{st, err}
-	}()
+		return st, err
+	}
 	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
+	if s.roomToOpen() {
+		r.st, r.err = open(true)
+		s.opening.Add(-1)
+	} else {
+		ch := make(chan result, 1)
 		go func() {
-			if r := <-ch; r.st != nil {
-				r.st.Close()
-			}
+			defer s.opening.Add(-1)
+			st, err := open(true)
+			ch <- result{st, err}
 		}()
-		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), ctx.Err())
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			go func() {
+				if r := <-ch; r.st != nil {
+					r.st.Close()
+				}
+			}()
+			return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), ctx.Err())
+		}
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), r.err)
@@ -300,6 +314,19 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 	}
 	r.st.SetWriteDeadline(time.Time{})
 	return r.st, nil
+}
+
+// roomToOpen counts a call about to enter yamux's OpenStream (the caller
+// takes it back with opening.Add(-1) once OpenStream returned) and
+// reports whether OpenStream surely will not wait for its semaphore of
+// opens the peer has not acknowledged yet (AcceptBacklog of them): each
+// such open is an open stream or a call under way, so while those are
+// fewer than the backlog there is room. OpenStream then waits only for the
+// send loop to take its SYN (bounded by WriteTimeout; with the SYN held,
+// no write at all).
+func (s *Session) roomToOpen() bool {
+	n := s.opening.Add(1)
+	return int(n)+s.y.NumStreams() <= s.cfg.AcceptBacklog
 }
 
 // OpenRaw opens a stream without writing a header, for sessions whose
