@@ -298,10 +298,14 @@ func (x *execution) run(ctx context.Context) {
 		x.fail(protocol.CodeInternal, fmt.Sprintf("node %s: wait for %s: %v", a.cfg.NodeID, specs[0].name, err))
 	default:
 		status.FailedCommand = failed
+		// The result first, the log line after: the coordinator and its
+		// client wait for the one, nobody for the other (a log write is
+		// a system call, more with journald).
+		err := x.w.final(protocol.FrameExit, status)
 		x.log.Info("exec finished", "exit_code", status.ExitCode, "signal", status.Signal,
 			"timed_out", status.TimedOut, "cancelled", status.Cancelled, "duration_ms", status.DurationMS,
 			"output_cut", status.OutputCut)
-		if err := x.w.final(protocol.FrameExit, status); err != nil {
+		if err != nil {
 			x.log.Warn("exec result not delivered", "err", err)
 		}
 	}
@@ -334,12 +338,13 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	// Our own pipes (not cmd.StdoutPipe): os/exec then runs no copying
 	// goroutines and Wait returns as soon as the leader exits, and we can
 	// put deadlines on the read ends.
-	outR, outW, err := os.Pipe()
+	// Only the agent's ends are in the poller (childPipe).
+	outR, outW, err := childPipe(false)
 	if err != nil {
 		return procResult{}, fmt.Errorf("stdout pipe: %w", err)
 	}
 	defer outR.Close()
-	errR, errW, err := os.Pipe()
+	errR, errW, err := childPipe(false)
 	if err != nil {
 		outW.Close()
 		return procResult{}, fmt.Errorf("stderr pipe: %w", err)
@@ -347,12 +352,14 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	defer errR.Close()
 	var inR, inW *os.File
 	if spec.script != "" || spec.stdin {
-		if inR, inW, err = os.Pipe(); err != nil {
+		if inW, inR, err = childPipe(true); err != nil {
 			outW.Close()
 			errW.Close()
 			return procResult{}, fmt.Errorf("stdin pipe: %w", err)
 		}
 		cmd.Stdin = inR
+	} else if null, err := devNull(); err == nil {
+		cmd.Stdin = null // else os/exec opens /dev/null itself
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // yamux frame header layout (hashicorp/yamux spec.md): version uint8,
@@ -46,6 +47,72 @@ type coalesceConn struct {
 	// written and the bytes of each body in the connection's hands; nil
 	// when the session tracks no streams.
 	flow *flowState
+
+	// synHolds counts the stream opens whose SYN may wait for the next
+	// frame (Session.OpenGated arms one before it opens a stream whose
+	// header follows at once): such a SYN is kept in syn and written
+	// in front of whatever the send loop writes next, so a stream's SYN
+	// and its header leave in one write and reach the peer in one read
+	// (the peer's accept then finds the header already buffered). Only
+	// the send loop touches syn and holding; synHolds is armed by
+	// openers.
+	synHolds atomic.Int32
+	syn      [yamuxHeaderSize]byte
+	holding  bool
+}
+
+// armSYNHold lets the next stream SYN wait for the frame after it. The
+// caller must make sure a frame follows (the stream's header, or its
+// close); disarmSYNHold takes an unused arming back.
+func (c *coalesceConn) armSYNHold() { c.synHolds.Add(1) }
+
+// disarmSYNHold takes back one arming that no SYN used (the open
+// failed), if any is left.
+func (c *coalesceConn) disarmSYNHold() {
+	for {
+		n := c.synHolds.Load()
+		if n <= 0 || c.synHolds.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
+
+// takeSYNHold reports whether the window update p opening a stream may
+// be held, using up one arming.
+func (c *coalesceConn) takeSYNHold(p []byte) bool {
+	if c.stock || c.frames != nil || c.holding || p[1] != yamuxTypeWindowUpdate ||
+		binary.BigEndian.Uint16(p[2:4])&yamuxFlagSYN == 0 {
+		return false
+	}
+	for {
+		n := c.synHolds.Load()
+		if n <= 0 {
+			return false
+		}
+		if c.synHolds.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// release writes a held SYN in front of p (one Write) and returns p's
+// count; with nothing held it writes p alone.
+func (c *coalesceConn) release(p []byte) (int, error) {
+	if !c.holding {
+		return c.Conn.Write(p)
+	}
+	c.holding = false
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	if len(p) > coalesceMax-yamuxHeaderSize {
+		if _, err := c.Conn.Write(c.syn[:]); err != nil {
+			return 0, err
+		}
+		return c.Conn.Write(p)
+	}
+	b := append(append((*bp)[:0], c.syn[:]...), p...)
+	n, err := c.Conn.Write(b)
+	return max(n-yamuxHeaderSize, 0), err
 }
 
 func (c *coalesceConn) Write(p []byte) (int, error) {
@@ -58,10 +125,15 @@ func (c *coalesceConn) Write(p []byte) (int, error) {
 		return n, err
 	}
 	if len(p) != yamuxHeaderSize {
-		return c.Conn.Write(p)
+		return c.release(p)
 	}
 	if c.flow != nil {
 		c.flow.send(p)
+	}
+	if c.takeSYNHold(p) {
+		copy(c.syn[:], p)
+		c.holding = true
+		return len(p), nil
 	}
 	if p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {
 		if c.flow != nil {
@@ -78,7 +150,7 @@ func (c *coalesceConn) Write(p []byte) (int, error) {
 		copy(c.hdr[:], p)
 		return len(p), nil
 	}
-	return c.Conn.Write(p)
+	return c.release(p)
 }
 
 // writeBody writes a data frame's body p, with the header held in hdr
@@ -113,9 +185,15 @@ type frameWriter interface {
 // writeFrame writes the pending header and body p: the header with the
 // body's first part in one Write, then the rest.
 func (c *coalesceConn) writeFrame(p []byte) (int, error) {
-	n := min(len(p), coalesceMax-yamuxHeaderSize)
 	bp := bufPool.Get().(*[]byte)
-	b := append(append((*bp)[:0], c.hdr[:]...), p[:n]...)
+	b := (*bp)[:0]
+	if c.holding {
+		c.holding = false
+		b = append(b, c.syn[:]...)
+	}
+	b = append(b, c.hdr[:]...)
+	n := min(len(p), coalesceMax-len(b))
+	b = append(b, p[:n]...)
 	_, err := c.Conn.Write(b)
 	bufPool.Put(bp)
 	if err != nil {

@@ -64,3 +64,60 @@ func TestCoalesceConn(t *testing.T) {
 		t.Errorf("large body's first write is %d bytes, want %d", len(rc.writes[3]), coalesceMax)
 	}
 }
+
+// TestCoalesceHoldsArmedSYN: an armed stream SYN waits for the next frame
+// and leaves in the same write (with a data frame, or with any other
+// frame); an unarmed SYN, and any SYN of a stock coalescer, goes at once.
+// The byte stream never changes.
+func TestCoalesceHoldsArmedSYN(t *testing.T) {
+	small := []byte("header")
+	syn := func(id uint32) []byte { return yamuxHeader(yamuxTypeWindowUpdate, yamuxFlagSYN, id, 0) }
+	fin := yamuxHeader(yamuxTypeWindowUpdate, 4, 3, 0) // FIN: a frame with no body
+
+	rc := &recordConn{}
+	c := &coalesceConn{Conn: rc}
+	var want bytes.Buffer
+	write := func(p []byte) {
+		t.Helper()
+		if n, err := c.Write(p); err != nil || n != len(p) {
+			t.Fatalf("Write = %d, %v; want %d", n, err, len(p))
+		}
+		want.Write(p)
+	}
+	c.armSYNHold()
+	write(syn(1))
+	if len(rc.writes) != 0 {
+		t.Fatalf("an armed SYN was written at once (%d writes)", len(rc.writes))
+	}
+	write(yamuxHeader(yamuxTypeData, 0, 1, uint32(len(small))))
+	write(small)
+	if len(rc.writes) != 1 || len(rc.writes[0]) != 2*yamuxHeaderSize+len(small) {
+		t.Fatalf("SYN, header and body took %d writes, want 1 of all three", len(rc.writes))
+	}
+	write(syn(3)) // not armed: at once
+	if len(rc.writes) != 2 {
+		t.Fatalf("an unarmed SYN was held (%d writes)", len(rc.writes))
+	}
+	c.armSYNHold()
+	write(syn(5))
+	write(fin) // any frame releases it
+	if len(rc.writes) != 3 || len(rc.writes[2]) != 2*yamuxHeaderSize {
+		t.Fatalf("held SYN and the next frame took %d writes, want 1 of both", len(rc.writes)-2)
+	}
+	c.armSYNHold()
+	c.disarmSYNHold() // an open that failed
+	write(syn(7))
+	if len(rc.writes) != 4 {
+		t.Fatal("a disarmed SYN was held")
+	}
+	if got := bytes.Join(rc.writes, nil); !bytes.Equal(got, want.Bytes()) {
+		t.Fatal("byte stream changed by holding SYNs")
+	}
+
+	stock := &coalesceConn{Conn: &recordConn{}, stock: true}
+	stock.armSYNHold()
+	stock.Write(syn(1))
+	if n := len(stock.Conn.(*recordConn).writes); n != 1 {
+		t.Fatalf("a stock coalescer held a SYN (%d writes)", n)
+	}
+}

@@ -7,13 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
+
 	"github.com/tetherfleet/tether/protocol"
 )
 
 // OpenGated opens the stream at once but writes its header only when the
-// gate allows: the peer accepts the stream while the gate runs and reads
-// no header before it returned; a closed gate, or a ctx ended meanwhile,
-// sends none at all.
+// gate allows: the peer reads no header before the gate returned (its SYN
+// waits for the header, so the peer accepts the stream with it); a closed
+// gate, or a ctx ended meanwhile, sends none at all.
 func TestOpenGated(t *testing.T) {
 	cfg := testConfig()
 	c, s := net.Pipe()
@@ -22,25 +24,26 @@ func TestOpenGated(t *testing.T) {
 	defer cancel()
 	params := protocol.ExecParams{Argv: []string{"true"}}
 
-	// Open: the peer accepts the stream while the gate still holds.
+	// Open: the peer reads no header while the gate still holds.
 	release := make(chan error)
+	gateRuns := make(chan struct{})
 	opened := make(chan error, 1)
 	go func() {
-		st, err := client.OpenGated(ctx, protocol.KindExec, params, func() error { return <-release })
+		st, err := client.OpenGated(ctx, protocol.KindExec, params, func() error { close(gateRuns); return <-release })
 		if st != nil {
 			defer st.Close()
 		}
 		opened <- err
 	}()
-	st, err := server.AcceptRaw(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	headerRead := make(chan error, 1)
 	go func() {
-		_, err := server.ReadHeader(st)
+		st, err := server.AcceptRaw(ctx)
+		if err == nil {
+			_, err = server.ReadHeader(st)
+		}
 		headerRead <- err
 	}()
+	<-gateRuns // the stream is open
 	select {
 	case err := <-headerRead:
 		t.Fatalf("header read before the gate opened (%v)", err)
@@ -53,6 +56,8 @@ func TestOpenGated(t *testing.T) {
 	if err := <-headerRead; err != nil {
 		t.Fatalf("header after the gate opened: %v", err)
 	}
+	var st *yamux.Stream
+	var err error
 
 	// A gate's error: no header; its error returned.
 	errNo := errors.New("not recorded")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -160,6 +161,12 @@ type Session struct {
 	cfg  Config
 	idle *idleWatch // nil unless Config.IdleTimeout is set
 	wc   *watchConn // beneath yamux: Watch and OnClose (watch.go)
+	// cc is the frame coalescer beneath yamux (coalesce.go), nil for a
+	// stock session; OpenGated arms it to send a stream's SYN with its
+	// header.
+	cc *coalesceConn
+	// opening counts the calls inside yamux's OpenStream (openStream).
+	opening atomic.Int64
 }
 
 // Client starts the dialing side's session over conn (the agent). The
@@ -191,9 +198,11 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		flow = &wc.flow
 	}
 	cc = wc
+	var co *coalesceConn
 	if coalesce || flow != nil {
 		fw, _ := conn.(frameWriter)
-		cc = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw, stock: !coalesce, flow: flow}
+		co = &coalesceConn{Conn: cc, cork: corkOf(conn), frames: fw, stock: !coalesce, flow: flow}
+		cc = co
 	}
 	var (
 		y   *yamux.Session
@@ -208,7 +217,7 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		conn.Close()
 		return nil, fmt.Errorf("tunnel: start session with %s: %w", conn.RemoteAddr(), err)
 	}
-	s := &Session{y: y, cfg: cfg, wc: wc}
+	s := &Session{y: y, cfg: cfg, wc: wc, cc: co}
 	if ic != nil {
 		s.idle = watchIdle(y, ic, cfg.IdleTimeout)
 	}
@@ -224,13 +233,20 @@ func (s *Session) Open(ctx context.Context, k protocol.Kind, params any) (*yamux
 }
 
 // OpenGated is Open with the header held back until gate returns: the
-// stream is opened at once (the peer accepts it while gate runs), and its
-// header, which is what makes the peer act on it, is written only once
-// gate returned nil. On gate's error the stream is closed without a
+// stream is opened at once (waiting, if need be, for room in the peer's
+// accept backlog while gate's work is under way), and its header, which
+// is what makes the peer act on it, is written only once gate returned
+// nil. On gate's error the stream is closed without a
 // header (the peer's ReadHeader fails; it acts on nothing) and that error
 // is returned, as is ctx's error when ctx ended while gate ran. gate runs
 // in the caller's goroutine after the stream opened, outside ctx's bound
 // (it bounds itself); nil means none.
+//
+// The stream's SYN waits for the next frame the session writes (at the
+// latest the header, or the close that replaces it), so that the SYN and
+// the header usually leave in one write: the peer accepts the stream when
+// it can act on it, one write and one wake-up earlier on each side
+// (issue 12).
 func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, gate func() error) (*yamux.Stream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -239,23 +255,42 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 		st  *yamux.Stream
 		err error
 	}
-	// OpenStream blocks only while the peer's accept backlog is full; run
-	// it aside so ctx can win.
-	ch := make(chan result, 1)
-	go func() {
+	// OpenStream blocks while the peer's accept backlog is full: then it
+	// runs aside so ctx can win; while the backlog surely has room it
+	// runs here (no goroutine, no hand-off). Every stream it returns is
+	// followed by a frame of its own (header or close, here or in the
+	// cleanup below), which releases a held SYN.
+	open := func(hold bool) (*yamux.Stream, error) {
+		if hold && s.cc != nil {
+			s.cc.armSYNHold()
+		}
 		st, err := s.y.OpenStream()
-		ch <- result{st, err}
-	}()
+		if err != nil && hold && s.cc != nil {
+			s.cc.disarmSYNHold()
+		}
+		return st, err
+	}
 	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
+	if s.roomToOpen() {
+		r.st, r.err = open(true)
+		s.opening.Add(-1)
+	} else {
+		ch := make(chan result, 1)
 		go func() {
-			if r := <-ch; r.st != nil {
-				r.st.Close()
-			}
+			defer s.opening.Add(-1)
+			st, err := open(true)
+			ch <- result{st, err}
 		}()
-		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), ctx.Err())
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			go func() {
+				if r := <-ch; r.st != nil {
+					r.st.Close()
+				}
+			}()
+			return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), ctx.Err())
+		}
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("tunnel: open %s stream to %s: %w", k, s.RemoteAddr(), r.err)
@@ -279,6 +314,19 @@ func (s *Session) OpenGated(ctx context.Context, k protocol.Kind, params any, ga
 	}
 	r.st.SetWriteDeadline(time.Time{})
 	return r.st, nil
+}
+
+// roomToOpen counts a call about to enter yamux's OpenStream (the caller
+// takes it back with opening.Add(-1) once OpenStream returned) and
+// reports whether OpenStream surely will not wait for its semaphore of
+// opens the peer has not acknowledged yet (AcceptBacklog of them): each
+// such open is an open stream or a call under way, so while those are
+// fewer than the backlog there is room. OpenStream then waits only for the
+// send loop to take its SYN (bounded by WriteTimeout; with the SYN held,
+// no write at all).
+func (s *Session) roomToOpen() bool {
+	n := s.opening.Add(1)
+	return int(n)+s.y.NumStreams() <= s.cfg.AcceptBacklog
 }
 
 // OpenRaw opens a stream without writing a header, for sessions whose
