@@ -259,7 +259,7 @@ const (
 	DefaultMaxHandshakesPerSource = 8
 	DefaultMaxJobs                = 1024
 	DefaultJobLostAfter           = time.Minute
-	DefaultMaxParallel            = 64
+	DefaultMaxParallel            = protocol.DefaultMaxParallel
 	DefaultDrainTimeout           = 10 * time.Second
 	DefaultCancelGrace            = 5 * time.Second
 	DefaultCertTTL                = 24 * time.Hour

@@ -2,6 +2,7 @@ package natsauth
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"io/fs"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 func TestCredsFiles(t *testing.T) {
@@ -117,5 +120,63 @@ func TestReadCredsFileError(t *testing.T) {
 	_, err = ReadCreds(junk)
 	if !errors.As(err, &fe) || !strings.HasPrefix(fe.Err.Error(), "not NATS user credentials: ") || strings.Count(err.Error(), "natsauth") != 1 {
 		t.Errorf("junk file: %v", err)
+	}
+}
+
+// TestParseCredsLeavesSignatureToServer: reading a .creds file checks the
+// seed against the JWT's subject but not the JWT's signature (an ed25519
+// verification, whose first use in a process costs about 0.5 ms; issue
+// 12): a file whose signature was damaged still parses, and the NATS
+// server, which verifies every JWT at connect, refuses it. A JWT that is
+// not a user's is still refused when read.
+func TestParseCredsLeavesSignatureToServer(t *testing.T) {
+	l := testLayout(t, Config{})
+	s := startServer(t, l)
+	alice := mintClient(t, l, "alice")
+	parts := strings.Split(alice.JWT, ".")
+	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig[0] ^= 0xff
+	parts[2] = base64.RawURLEncoding.EncodeToString(sig)
+	damaged := strings.Join(parts, ".")
+	if _, err := jwt.DecodeUserClaims(damaged); err == nil {
+		t.Fatal("the damaged JWT still verifies: the test damages nothing")
+	}
+	// jwt.FormatUserConfig would verify the JWT: swap it into a good file.
+	good, err := alice.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := bytes.Replace(good, []byte(alice.JWT), []byte(damaged), 1)
+	c, err := ParseCreds(file)
+	if err != nil {
+		t.Fatalf("ParseCreds of a damaged signature: %v (the server's check, not the reader's)", err)
+	}
+	if c.PublicKey() != alice.PublicKey() || c.Name() != "alice" {
+		t.Errorf("parsed user %s %q, want %s \"alice\"", c.PublicKey(), c.Name(), alice.PublicKey())
+	}
+	if nc, _, err := dial(s, c); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Errorf("connect with the damaged JWT: got %v, want %v", err, nats.ErrAuthorization)
+	}
+	if nc, _, err := dial(s, alice); err != nil {
+		t.Errorf("connect with the intact JWT: %v", err)
+	} else {
+		nc.Close()
+	}
+
+	// An account JWT with a user's seed is no user's credentials.
+	akp, _ := nkeys.CreateAccount()
+	apub, _ := akp.PublicKey()
+	tok, err := jwt.NewAccountClaims(apub).Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newCreds(tok, alice.Seed); err == nil {
+		t.Error("an account JWT read as user credentials")
 	}
 }

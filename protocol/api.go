@@ -212,6 +212,13 @@ func (t Target) String() string {
 	return "no target"
 }
 
+// DefaultMaxParallel is how many nodes of a fan-out a coordinator runs at
+// once when ExecRequest.MaxParallel is zero and its configuration names no
+// other bound. A constant of the API, not of the coordinator, so that a
+// client (the progress display of `tether exec`) need not link the
+// coordinator to know it.
+const DefaultMaxParallel = 64
+
 // ExecRequest is the body of a SubjectExec request.
 type ExecRequest struct {
 	// ID is an optional client-chosen job id (1–64 of [A-Za-z0-9-_.]), used to
@@ -235,7 +242,7 @@ type ExecRequest struct {
 	// Stdin is fed to the process (base64 in JSON); argv mode only.
 	Stdin []byte `json:"stdin,omitempty"`
 	// MaxParallel bounds how many nodes run at once; zero means the
-	// coordinator's default.
+	// coordinator's default (DefaultMaxParallel unless configured).
 	MaxParallel int `json:"max_parallel,omitempty"`
 	// OutputLimit caps each of stdout and stderr per node, in bytes; zero
 	// means the agent's default (64 MiB), OutputUnlimited means no cap.

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/tetherfleet/tether/client"
-	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -454,7 +453,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		}
 		maxPar := o.MaxParallel
 		if maxPar == 0 {
-			maxPar = coordinator.DefaultMaxParallel
+			maxPar = protocol.DefaultMaxParallel
 		}
 		prog = newProgress(e.stderr, total, maxPar)
 		stdout, stderr = prog.writer(e.stdout), prog.writer(e.stderr)
