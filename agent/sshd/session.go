@@ -499,14 +499,9 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		closeAll()
 		return nil, err
 	}
-	for _, f := range []*os.File{inW, outR} {
-		// Bigger pipes: fewer wake-ups per MiB. Through SyscallConn, not
-		// Fd, which would make the pipe blocking (no deadlines). Best
-		// effort: past /proc/sys/fs/pipe-max-size the kernel refuses.
-		if rc, err := f.SyscallConn(); err == nil {
-			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
-		}
-	}
+	// Bigger pipes: fewer wake-ups per MiB.
+	countcopy.GrowPipe(inW, countcopy.BulkPipe)
+	countcopy.GrowPipe(outR, countcopy.BulkPipe)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 	if err := cmd.Start(); err != nil {
 		closeAll()

@@ -44,6 +44,11 @@ const (
 	LargeBuf = 256 << 10
 )
 
+// BulkPipe is the size, in bytes, GrowPipe is asked for by the copies
+// that feed or drain a pipe (an SSH command's stdin and stdout, tether
+// ssh-proxy's stdin and stdout): four LargeBuf writes.
+const BulkPipe = 1 << 20
+
 var (
 	smallBufs = sync.Pool{New: func() any { b := make([]byte, SmallBuf); return &b }}
 	largeBufs = sync.Pool{New: func() any { b := make([]byte, LargeBuf); return &b }}
