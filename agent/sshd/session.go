@@ -518,7 +518,7 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer inW.Close()
-		pipeCopy(inW, countReader{s.ch, &s.in})
+		stdinCopy(inW, countReader{s.ch, &s.in})
 	}()
 	go func() {
 		defer p.wg.Done()
@@ -725,6 +725,14 @@ func winsize(cols, rows uint32) *pty.Winsize {
 // the channel a read, and a window adjust, per 128 KiB at most.
 func pipeCopy(dst io.Writer, src io.Reader) {
 	countcopy.CopyPooled(dst, src, nil)
+}
+
+// stdinCopy is pipeCopy from the channel to the command's stdin: under
+// bulk it reads the channel up to 1 MiB at once (the pipe holds as much,
+// countcopy.BulkPipe), so that the client gets a window adjust per MiB
+// rather than per 256 KiB (countcopy.CopyFromChannel).
+func stdinCopy(dst io.Writer, src io.Reader) {
+	countcopy.CopyFromChannel(dst, src, nil)
 }
 
 // countReader and countWriter count the bytes through them in n.
