@@ -74,9 +74,14 @@ func TestSSHBenchmark(t *testing.T) {
 		// BASE=path/to/old/tether).
 		cur := *tetherBin
 		*tetherBin = *baseBin
-		baseJump, _, basePIDs := startBenchFleet(t, key)
+		baseJump, baseProxy, basePIDs := startBenchFleet(t, key)
 		*tetherBin = cur
-		sides = append(sides, benchSide{name: "tether base", env: baseJump.Env, config: baseJump.Config, host: hostAlias("node-a"), servers: basePIDs, base: true})
+		sides = append(sides, benchSide{name: "tether base", env: baseJump.Env, config: baseJump.Config, host: hostAlias("node-a"), servers: basePIDs, base: true, of: 1})
+		if os.Getenv("SSHBENCH_PROXY") != "0" {
+			// Its ssh-proxy is the base build too (tether ssh-config
+			// names the binary that wrote it).
+			sides = append(sides, benchSide{name: "tether base ssh-proxy", env: baseProxy.Env, config: baseProxy.Config, host: hostAlias("node-a"), servers: basePIDs, base: true, of: len(sides) + 1})
+		}
 	}
 	if os.Getenv("SSHBENCH_PROXY") != "0" {
 		sides = append(sides, benchSide{name: "tether ssh-proxy", env: proxy.Env, config: proxy.Config, host: hostAlias("node-a"), servers: tetherPIDs})
@@ -217,12 +222,13 @@ func TestSSHBenchmark(t *testing.T) {
 		if !sides[base].base {
 			continue
 		}
-		fmt.Fprintf(&out, "tether / tether base (%s), median of per-round ratios (time: lower is better; rate: higher):\n", *baseBin)
+		of := sides[base].of
+		fmt.Fprintf(&out, "%s / %s (%s), median of per-round ratios (time: lower is better; rate: higher):\n", sides[of].name, sides[base].name, *baseBin)
 		for i, sc := range scenarios {
 			var ratios, cpuRatios []float64
 			for r := range rounds {
-				ratios = append(ratios, results[i][1][r]/results[i][base][r])
-				cpuRatios = append(cpuRatios, cpu[i][1][r]/cpu[i][base][r])
+				ratios = append(ratios, results[i][of][r]/results[i][base][r])
+				cpuRatios = append(cpuRatios, cpu[i][of][r]/cpu[i][base][r])
 			}
 			fmt.Fprintf(&out, "  %s: %.3fx (%s); CPU %.3fx (%s)\n", sc.name, median(ratios), fmtRatios(ratios), median(cpuRatios), fmtRatios(cpuRatios))
 		}
@@ -240,6 +246,7 @@ type benchSide struct {
 	env                []string
 	servers            []int // the server processes whose CPU counts (with their reaped children)
 	base               bool  // another build of tether (-tether-base-bin), for tether's ratio to it
+	of                 int   // a base side's counterpart: the index of the side of the build under test
 	perfed             map[int]bool
 }
 
