@@ -31,8 +31,16 @@ import (
 // Settings (environment): SSHBENCH_ROUNDS (default 5), SSHBENCH_BULK_MIB
 // (default 1024: the bulk copy's size), SSHBENCH_FILES (default 10000: the
 // rsync tree's files), SSHBENCH_FRESH (default 5: full handshakes per
-// round, averaged). The ratios are reported, not asserted: a loaded
-// machine moves them, and the targets are for an idle one.
+// round, averaged), SSHBENCH_CIPHERS (the only ciphers every client hop
+// offers, e.g. aes128-gcm@openssh.com, so that sshd and Tether's servers
+// use the same one), SSHBENCH_PROXY=0 (no tether ssh-proxy side),
+// SSHBENCH_SCENARIOS (a comma-separated subset of cm, fresh, bulk, rsync;
+// default all) and SSHBENCH_PERF (a directory: the whole machine is
+// recorded with perf record -a -g during each tether side's first round of
+// each scenario, into SIDE-SCENARIO.data there, for perf report --pid or
+// --comm; the servers' pids are logged; that round's numbers then carry
+// perf's cost). The ratios are reported, not asserted:
+// a loaded machine moves them, and the targets are for an idle one.
 var baseBin = flag.String("tether-base-bin", "", "make bench-ssh: another tether build to measure beside -tether-bin, in the same rounds")
 
 func TestSSHBenchmark(t *testing.T) {
@@ -66,9 +74,14 @@ func TestSSHBenchmark(t *testing.T) {
 		// BASE=path/to/old/tether).
 		cur := *tetherBin
 		*tetherBin = *baseBin
-		baseJump, _, basePIDs := startBenchFleet(t, key)
+		baseJump, baseProxy, basePIDs := startBenchFleet(t, key)
 		*tetherBin = cur
-		sides = append(sides, benchSide{name: "tether base", env: baseJump.Env, config: baseJump.Config, host: hostAlias("node-a"), servers: basePIDs, base: true})
+		sides = append(sides, benchSide{name: "tether base", env: baseJump.Env, config: baseJump.Config, host: hostAlias("node-a"), servers: basePIDs, base: true, of: 1})
+		if os.Getenv("SSHBENCH_PROXY") != "0" {
+			// Its ssh-proxy is the base build too (tether ssh-config
+			// names the binary that wrote it).
+			sides = append(sides, benchSide{name: "tether base ssh-proxy", env: baseProxy.Env, config: baseProxy.Config, host: hostAlias("node-a"), servers: basePIDs, base: true, of: len(sides) + 1})
+		}
 	}
 	if os.Getenv("SSHBENCH_PROXY") != "0" {
 		sides = append(sides, benchSide{name: "tether ssh-proxy", env: proxy.Env, config: proxy.Config, host: hostAlias("node-a"), servers: tetherPIDs})
@@ -88,7 +101,7 @@ func TestSSHBenchmark(t *testing.T) {
 	rand.Read(block)
 
 	scenarios := []benchScenario{
-		{name: "20 × ssh true via one ControlMaster", unit: "s", lowerBetter: true, target: 1.2, run: func(t *testing.T, s benchSide, round int) float64 {
+		{key: "cm", name: "20 × ssh true via one ControlMaster", unit: "s", lowerBetter: true, target: 1.2, run: func(t *testing.T, s benchSide, round int) float64 {
 			sock := filepath.Join(dir, fmt.Sprintf("cm-%s-%d", s.tag(), round))
 			s.mustSSH(t, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", s.host)
 			defer s.run(t, nil, "-o", "ControlPath="+sock, "-O", "exit", s.host)
@@ -98,14 +111,14 @@ func TestSSHBenchmark(t *testing.T) {
 			}
 			return time.Since(start).Seconds()
 		}},
-		{name: fmt.Sprintf("fresh ssh true, full handshake (mean of %d)", fresh), unit: "s", lowerBetter: true, target: 1.0, run: func(t *testing.T, s benchSide, round int) float64 {
+		{key: "fresh", name: fmt.Sprintf("fresh ssh true, full handshake (mean of %d)", fresh), unit: "s", lowerBetter: true, target: 1.0, run: func(t *testing.T, s benchSide, round int) float64 {
 			start := time.Now()
 			for range fresh {
 				s.mustSSH(t, "-o", "ControlMaster=no", "-o", "ControlPath=none", s.host, "true")
 			}
 			return time.Since(start).Seconds() / float64(fresh)
 		}},
-		{name: fmt.Sprintf("ssh 'cat > /dev/null' < %d MiB", bulkMiB), unit: "MiB/s", lowerBetter: false, target: 0.8, run: func(t *testing.T, s benchSide, round int) float64 {
+		{key: "bulk", name: fmt.Sprintf("ssh 'cat > /dev/null' < %d MiB", bulkMiB), unit: "MiB/s", lowerBetter: false, target: 0.8, run: func(t *testing.T, s benchSide, round int) float64 {
 			start := time.Now()
 			r := s.run(t, &repeatReader{block: block, left: int64(bulkMiB) << 20}, "-o", "ControlPath=none", s.host, "cat > /dev/null")
 			if r.Code != 0 {
@@ -113,7 +126,7 @@ func TestSSHBenchmark(t *testing.T) {
 			}
 			return float64(bulkMiB) / time.Since(start).Seconds()
 		}},
-		{name: fmt.Sprintf("rsync -az of %d files", nfiles), unit: "files/s", lowerBetter: false, target: 0.9, run: func(t *testing.T, s benchSide, round int) float64 {
+		{key: "rsync", name: fmt.Sprintf("rsync -az of %d files", nfiles), unit: "files/s", lowerBetter: false, target: 0.9, run: func(t *testing.T, s benchSide, round int) float64 {
 			dst := filepath.Join(dir, fmt.Sprintf("rsync-%s-%d", s.tag(), round))
 			start := time.Now()
 			r := runTool(t, bulkTimeout, nil, s.env, "", "rsync", "-az", "--delete", "-e", "ssh -o ControlPath=none -F "+shellQuote(s.config), tree+"/", s.host+":"+dst)
@@ -125,6 +138,15 @@ func TestSSHBenchmark(t *testing.T) {
 			return float64(nfiles) / el
 		}},
 	}
+
+	if only := os.Getenv("SSHBENCH_SCENARIOS"); only != "" {
+		keep := strings.Split(only, ",")
+		scenarios = slices.DeleteFunc(scenarios, func(sc benchScenario) bool { return !slices.Contains(keep, sc.key) })
+		if len(scenarios) == 0 {
+			t.Fatalf("SSHBENCH_SCENARIOS=%q: none of cm, fresh, bulk, rsync", only)
+		}
+	}
+	perfDir := os.Getenv("SSHBENCH_PERF")
 
 	results := make([][][]float64, len(scenarios)) // scenario → side → per-round values
 	cpu := make([][][]float64, len(scenarios))     // the same, CPU seconds of clients and servers
@@ -141,7 +163,15 @@ func TestSSHBenchmark(t *testing.T) {
 			for k := range sides {
 				side := (k + round) % len(sides)
 				before := benchCPU(t, sides[side].servers)
+				var stopPerf func()
+				if perfDir != "" && side != 0 && sides[side].perfDone(i) {
+					t.Logf("perf: %s %s, servers %v", sides[side].name, sc.key, sides[side].servers)
+					stopPerf = startPerf(t, filepath.Join(perfDir, sides[side].tag()+"-"+sc.key+".data"))
+				}
 				results[i][side] = append(results[i][side], sc.run(t, sides[side], round))
+				if stopPerf != nil {
+					stopPerf()
+				}
 				waitNoChildren(t, sides[side].servers) // their CPU is counted once they are reaped
 				after := benchCPU(t, sides[side].servers)
 				total := 0.0
@@ -192,12 +222,13 @@ func TestSSHBenchmark(t *testing.T) {
 		if !sides[base].base {
 			continue
 		}
-		fmt.Fprintf(&out, "tether / tether base (%s), median of per-round ratios (time: lower is better; rate: higher):\n", *baseBin)
+		of := sides[base].of
+		fmt.Fprintf(&out, "%s / %s (%s), median of per-round ratios (time: lower is better; rate: higher):\n", sides[of].name, sides[base].name, *baseBin)
 		for i, sc := range scenarios {
 			var ratios, cpuRatios []float64
 			for r := range rounds {
-				ratios = append(ratios, results[i][1][r]/results[i][base][r])
-				cpuRatios = append(cpuRatios, cpu[i][1][r]/cpu[i][base][r])
+				ratios = append(ratios, results[i][of][r]/results[i][base][r])
+				cpuRatios = append(cpuRatios, cpu[i][of][r]/cpu[i][base][r])
 			}
 			fmt.Fprintf(&out, "  %s: %.3fx (%s); CPU %.3fx (%s)\n", sc.name, median(ratios), fmtRatios(ratios), median(cpuRatios), fmtRatios(cpuRatios))
 		}
@@ -215,6 +246,38 @@ type benchSide struct {
 	env                []string
 	servers            []int // the server processes whose CPU counts (with their reaped children)
 	base               bool  // another build of tether (-tether-base-bin), for tether's ratio to it
+	of                 int   // a base side's counterpart: the index of the side of the build under test
+	perfed             map[int]bool
+}
+
+// perfDone reports whether scenario i of s is still to be recorded by
+// perf (SSHBENCH_PERF), and marks it recorded.
+func (s *benchSide) perfDone(i int) bool {
+	if s.perfed == nil {
+		s.perfed = map[int]bool{}
+	}
+	if s.perfed[i] {
+		return false
+	}
+	s.perfed[i] = true
+	return true
+}
+
+// startPerf runs perf record -a -g into file, and returns the function
+// that stops it and waits until it has written the file.
+func startPerf(t *testing.T, file string) func() {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(file), 0o755)
+	c := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", file)
+	c.Stdout, c.Stderr = io.Discard, io.Discard
+	if err := c.Start(); err != nil {
+		t.Fatalf("perf record: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond) // perf attaches
+	return func() {
+		c.Process.Signal(os.Interrupt)
+		c.Wait()
+	}
 }
 
 // tag is the side's name as a file name part.
@@ -234,6 +297,7 @@ func (s benchSide) mustSSH(t *testing.T, args ...string) {
 
 // benchScenario is one measurement; run returns a round's value in unit.
 type benchScenario struct {
+	key         string // its name in SSHBENCH_SCENARIOS
 	name, unit  string
 	lowerBetter bool    // a time (ratio tether/sshd <= target) or a rate (>= target)
 	target      float64 // the target ratio

@@ -499,14 +499,9 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		closeAll()
 		return nil, err
 	}
-	for _, f := range []*os.File{inW, outR} {
-		// Bigger pipes: fewer wake-ups per MiB. Through SyscallConn, not
-		// Fd, which would make the pipe blocking (no deadlines). Best
-		// effort: past /proc/sys/fs/pipe-max-size the kernel refuses.
-		if rc, err := f.SyscallConn(); err == nil {
-			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
-		}
-	}
+	// Bigger pipes: fewer wake-ups per MiB.
+	countcopy.GrowPipe(inW, countcopy.BulkPipe)
+	countcopy.GrowPipe(outR, countcopy.BulkPipe)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 	if err := cmd.Start(); err != nil {
 		closeAll()
@@ -523,7 +518,7 @@ func (s *session) startPipes(cmd *exec.Cmd) (*process, error) {
 		defer p.wg.Done()
 		defer s.c.cfg.Guard.Recover("ssh session relay", s.c.panicked)
 		defer inW.Close()
-		pipeCopy(inW, countReader{s.ch, &s.in})
+		stdinCopy(inW, countReader{s.ch, &s.in})
 	}()
 	go func() {
 		defer p.wg.Done()
@@ -730,6 +725,14 @@ func winsize(cols, rows uint32) *pty.Winsize {
 // the channel a read, and a window adjust, per 128 KiB at most.
 func pipeCopy(dst io.Writer, src io.Reader) {
 	countcopy.CopyPooled(dst, src, nil)
+}
+
+// stdinCopy is pipeCopy from the channel to the command's stdin: under
+// bulk it reads the channel up to 1 MiB at once (the pipe holds as much,
+// countcopy.BulkPipe), so that the client gets a window adjust per MiB
+// rather than per 256 KiB (countcopy.CopyFromChannel).
+func stdinCopy(dst io.Writer, src io.Reader) {
+	countcopy.CopyFromChannel(dst, src, nil)
 }
 
 // countReader and countWriter count the bytes through them in n.

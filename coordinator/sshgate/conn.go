@@ -473,7 +473,7 @@ func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop <-chan struct{}) (in
 	upDone := make(chan struct{})
 	go func() {
 		defer close(upDone)
-		n, e := copyCounting(conn, ch, inC)
+		n, e := copyFromChannel(conn, ch, inC)
 		in = n
 		record(e)
 		if e == nil && halfClose {
@@ -508,4 +508,13 @@ func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop <-chan struct{}) (in
 // channel is interactive or idle.
 func copyCounting(dst io.Writer, src io.Reader, c countcopy.Counter) (int64, error) {
 	return countcopy.CopyPooled(dst, src, c)
+}
+
+// copyFromChannel is copyCounting from the client's channel to the node's
+// stream: under bulk it reads the channel up to 1 MiB at once, so that
+// the client gets a window adjust (a packet encrypted, written and
+// decrypted) per MiB rather than per 256 KiB read, and writes the stream
+// in 256 KiB frames still (countcopy.CopyFromChannel).
+func copyFromChannel(dst io.Writer, src io.Reader, c countcopy.Counter) (int64, error) {
+	return countcopy.CopyFromChannel(dst, src, c)
 }

@@ -44,9 +44,24 @@ const (
 	LargeBuf = 256 << 10
 )
 
+// BulkPipe is the size, in bytes, GrowPipe is asked for by the copies
+// that feed or drain a pipe (an SSH command's stdin and stdout, tether
+// ssh-proxy's stdin and stdout): four LargeBuf writes.
+const BulkPipe = 1 << 20
+
+// HugeBuf is CopyFromChannel's read buffer under bulk, in bytes.
+const HugeBuf = 1 << 20
+
 var (
 	smallBufs = sync.Pool{New: func() any { b := make([]byte, SmallBuf); return &b }}
 	largeBufs = sync.Pool{New: func() any { b := make([]byte, LargeBuf); return &b }}
+	hugeBufs  = sync.Pool{New: func() any { b := make([]byte, HugeBuf); return &b }}
+)
+
+// tiers are the buffer pools of a pooled copy, smallest first.
+var (
+	pooledTiers  = []*sync.Pool{&smallBufs, &largeBufs}
+	channelTiers = []*sync.Pool{&smallBufs, &largeBufs, &hugeBufs}
 )
 
 // CopyPooled is Copy through pooled buffers whose size follows the
@@ -59,14 +74,36 @@ var (
 // while a copy waits for an idle peer it holds a small buffer only. c may
 // be nil (nothing counted). It returns what Copy returns.
 func CopyPooled(dst io.Writer, src io.Reader, c Counter) (int64, error) {
-	bp, pool := smallBufs.Get().(*[]byte), &smallBufs
-	defer func() { pool.Put(bp) }()
+	return copyTiers(dst, src, c, pooledTiers)
+}
+
+// CopyFromChannel is CopyPooled for a source whose reads each cost a
+// message back to its sender: an x/crypto/ssh channel answers a read
+// with a window adjust once more than 96 KiB of its 2 MiB window was
+// consumed, a packet the connection encrypts and writes, and the client
+// decrypts. Under bulk it reads up to HugeBuf at once (one adjust per MiB
+// instead of one per 256 KiB read), and still writes dst in pieces of at
+// most LargeBuf, so that a tunnel stream's frames stay what CopyPooled
+// makes them. c may be nil. It returns what Copy returns.
+func CopyFromChannel(dst io.Writer, src io.Reader, c Counter) (int64, error) {
+	return copyTiers(dst, src, c, channelTiers)
+}
+
+// copyTiers is the pooled copy: it reads into a buffer of tiers[k],
+// starting at k = 0, moves up a tier after a read that filled its buffer
+// and back to the first after a read shorter than SmallBuf, and writes at
+// most LargeBuf at a time.
+func copyTiers(dst io.Writer, src io.Reader, c Counter, tiers []*sync.Pool) (int64, error) {
+	k := 0
+	bp := tiers[0].Get().(*[]byte)
+	defer func() { tiers[k].Put(bp) }()
 	var total int64
 	for {
 		buf := *bp
 		n, rerr := src.Read(buf)
-		if n > 0 {
-			w, werr := dst.Write(buf[:n])
+		for off := 0; off < n; {
+			end := min(n, off+LargeBuf)
+			w, werr := dst.Write(buf[off:end])
 			total += int64(w)
 			if c != nil {
 				c.Add(float64(w))
@@ -74,6 +111,7 @@ func CopyPooled(dst io.Writer, src io.Reader, c Counter) (int64, error) {
 			if werr != nil {
 				return total, werr
 			}
+			off = end
 		}
 		if rerr == io.EOF {
 			return total, nil
@@ -82,12 +120,14 @@ func CopyPooled(dst io.Writer, src io.Reader, c Counter) (int64, error) {
 			return total, rerr
 		}
 		switch {
-		case n == len(buf) && pool == &smallBufs:
-			pool.Put(bp)
-			bp, pool = largeBufs.Get().(*[]byte), &largeBufs
-		case n < SmallBuf && pool == &largeBufs:
-			pool.Put(bp)
-			bp, pool = smallBufs.Get().(*[]byte), &smallBufs
+		case n == len(buf) && k+1 < len(tiers):
+			tiers[k].Put(bp)
+			k++
+			bp = tiers[k].Get().(*[]byte)
+		case n < SmallBuf && k > 0:
+			tiers[k].Put(bp)
+			k = 0
+			bp = tiers[0].Get().(*[]byte)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -120,5 +121,48 @@ func TestCopyPooledFollowsTheTraffic(t *testing.T) {
 		if w.sizes[i] != s {
 			t.Fatalf("mixed: writes %v, want to start with %v", w.sizes[:len(want)], want)
 		}
+	}
+}
+
+// readSizes records the size of every buffer Read was given.
+type readSizes struct {
+	r     io.Reader
+	sizes []int
+}
+
+func (r *readSizes) Read(p []byte) (int, error) {
+	r.sizes = append(r.sizes, len(p))
+	return r.r.Read(p)
+}
+
+// CopyFromChannel reads a bulk source up to HugeBuf at once (so a channel
+// sends a quarter of the window adjusts CopyPooled's reads cost), yet
+// writes at most LargeBuf at a time; it copies everything intact and counts
+// it, and goes back to the small buffer for a trickle.
+func TestCopyFromChannelReadsMoreWritesLargeBuf(t *testing.T) {
+	data := make([]byte, 8<<20)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	var w writeSizes
+	var c sum
+	r := &readSizes{r: &chunkReader{data: data, sizes: []int{2 << 20}}}
+	n, err := CopyFromChannel(&w, r, &c)
+	if err != nil || n != int64(len(data)) || !bytes.Equal(w.buf.Bytes(), data) || c.n != float64(len(data)) {
+		t.Fatalf("CopyFromChannel = %d, %v; intact=%v counted %v", n, err, bytes.Equal(w.buf.Bytes(), data), c.n)
+	}
+	if largest := slices.Max(r.sizes); largest != HugeBuf {
+		t.Fatalf("reads were given buffers of at most %d bytes, want %d", largest, HugeBuf)
+	}
+	if largest := slices.Max(w.sizes); largest != LargeBuf {
+		t.Fatalf("writes of up to %d bytes, want at most %d", largest, LargeBuf)
+	}
+	// A trickle after bulk goes back to SmallBuf reads.
+	r = &readSizes{r: &chunkReader{data: data[:4<<20], sizes: []int{2 << 20, 2 << 20, 2 << 20, 100, 100}}}
+	if _, err := CopyFromChannel(io.Discard, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.sizes[len(r.sizes)-1]; got != SmallBuf {
+		t.Fatalf("after a trickle, reads of %d bytes, want %d (sizes %v)", got, SmallBuf, r.sizes)
 	}
 }

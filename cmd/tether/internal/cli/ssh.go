@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
+	"github.com/tetherfleet/tether/internal/countcopy"
 	"github.com/tetherfleet/tether/internal/filetype"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -397,17 +398,29 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
 
 // joinStdio copies e's stdin to s (then half-closes it) and s to e's
 // stdout until s ends, then closes s. It returns when s's bytes ended (the
-// node closed), or ctx ended (exit 130/143).
+// node closed), or ctx ended (exit 130/143). The copies are
+// countcopy.CopyPooled, not io.Copy: io.Copy hands a pipe's bytes to
+// os.File's WriteTo and ReadFrom, which copy through 32 KiB, so a bulk
+// upload (ssh's ProxyCommand pipe) reached the stream in 32 KiB writes,
+// each a yamux frame, TLS records and a system call of its own; stdin and
+// stdout, when they are pipes, are grown to countcopy.BulkPipe so that
+// reads of them take up to 256 KiB.
 func joinStdio(ctx context.Context, e *env, s *client.Stream) error {
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
+	if f, ok := e.stdin.(*os.File); ok {
+		countcopy.GrowPipe(f, countcopy.BulkPipe)
+	}
+	if f, ok := e.stdout.(*os.File); ok {
+		countcopy.GrowPipe(f, countcopy.BulkPipe)
+	}
 	go func() {
-		if _, err := io.Copy(s, e.stdin); err == nil {
+		if _, err := stdioCopy(s, e.stdin); err == nil {
 			s.CloseWrite()
 		}
 	}()
-	_, err := io.Copy(e.stdout, s)
+	_, err := stdioCopy(e.stdout, s)
 	if ctx.Err() != nil {
 		return &exitError{code: interruptCode(ctx)}
 	}
@@ -415,4 +428,9 @@ func joinStdio(ctx context.Context, e *env, s *client.Stream) error {
 		return onNode(s.Node(), err)
 	}
 	return nil
+}
+
+// stdioCopy is joinStdio's copy, one direction.
+func stdioCopy(dst io.Writer, src io.Reader) (int64, error) {
+	return countcopy.CopyPooled(dst, src, nil)
 }
