@@ -16,17 +16,25 @@ import (
 // loss of any one server and keep a quorum.
 const Max = 3
 
-// attemptTimeout bounds one create call; a call that times out is made
-// again (after a jittered pause, see retryPause) while ctx lasts. Why:
-// when several coordinators create the same replicated stream at once on
-// a fresh cluster, nats-server (2.15) can leave every one of the
-// concurrent requests unanswered although the stream gets created (each
-// identical request is proposed to the meta group again, and only one
-// proposal's requester is answered, by the stream's leader once it has
-// one); the same request made again alone is answered at once. A create
-// or update of a stream to the configuration it has is a no-op, so
-// repeating one is safe.
+// attemptTimeout bounds one create call: the first at firstAttempt, each
+// next one twice the last, up to attemptTimeout. A call that times out is
+// followed by a look whether the store exists (Store.Exists) and, if not,
+// made again (after a jittered pause, see retryPause) while ctx lasts.
+// Why: when several coordinators create the same replicated stream at
+// once on a fresh cluster, nats-server (2.15.2) often leaves every one of
+// the concurrent requests unanswered although the stream gets created
+// within a second (each identical request is proposed to the meta group
+// again; TestClusterStartTogether sees it for most stores when three
+// creators open them in step); the same request made again alone, or a
+// look at the stream's info, is answered at once. Creators that found a
+// store together go on to the next together, so without the look each
+// store cost a whole unanswered call. A create or update of a stream to
+// the configuration it has is a no-op, so repeating one is safe.
 var attemptTimeout = 4 * time.Second
+
+// firstAttempt bounds the first create call of a store (see
+// attemptTimeout).
+const firstAttempt = time.Second
 
 // Store names a store for Create and says how to find it.
 type Store struct {
@@ -53,8 +61,11 @@ type Store struct {
 // succeeded. st.Replicas > 0 forces that count; 0 tries Max, then each
 // smaller count down to 1, moving on only while create's error says the
 // servers cannot place that many replicas (TooFewPeers). Each call gets a
-// context bounded by ctx and by attemptTimeout; a call that ran out of it,
-// or was answered Unavailable, is made again while ctx lasts, after a
+// context bounded by ctx and by a few seconds (1, then 2, then 4: see
+// attemptTimeout); a call that ran out of them is followed by a look at
+// the store (st.Exists, if set: one that exists with the count asked for
+// counts as created); a call that ran out of time, or was answered
+// Unavailable, is made again while ctx lasts, after a
 // jittered pause that grows with the attempts (so that coordinators that
 // started together stop asking in lockstep), and is logged (st.Log). Any
 // other error, or the error for the last count, is returned wrapped with
@@ -95,15 +106,16 @@ const existsTimeout = 2 * time.Second
 // looks whether the store exists with r replicas (st.Exists).
 func attempt(ctx context.Context, st *Store, r int, create func(ctx context.Context, replicas int) error) error {
 	start := time.Now()
-	for n := 1; ; n++ {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	bound := min(firstAttempt, attemptTimeout)
+	for n := 1; ; n, bound = n+1, min(2*bound, attemptTimeout) {
+		actx, cancel := context.WithTimeout(ctx, bound)
 		err := create(actx, r)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
 		if err == nil || !(timedOut || Unavailable(err)) {
 			return err
 		}
-		why := "unanswered within " + attemptTimeout.String()
+		why := "unanswered within " + bound.String()
 		if !timedOut {
 			why = err.Error()
 		}

@@ -371,3 +371,74 @@ func TestClusterOfThree(t *testing.T) {
 	}
 	t.Logf("new stream with one server of three down: %d replicas", r)
 }
+
+// TestClusterStartTogether: three coordinators starting at once on a
+// fresh 3-server cluster each open the same stores one after another (as
+// tether coordinator does: fleet, ledger, enrollment, audit, jobs), one
+// coordinator per server; every store opens with 3 replicas through each.
+// The warnings (each create call left unanswered) are logged with -v.
+func TestClusterStartTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-server JetStream cluster")
+	}
+	ctx := testContext(t)
+	var ports []int
+	var routes []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port))
+		ln.Close()
+	}
+	var srvs []*server.Server
+	for i := range 3 {
+		srvs = append(srvs, runServer(t, fmt.Sprintf("n%d", i), ports[i], routes))
+	}
+	// No wait for the meta leader: coordinators do not wait either.
+	logs := &logRecords{}
+	var wg sync.WaitGroup
+	errs := make([][]string, 3)
+	for i, s := range srvs {
+		js := connect(t, s)
+		wg.Go(func() {
+			for k := range 4 {
+				for _, open := range []func() (int, error){
+					func() (int, error) { return openBucketLogged(ctx, js, fmt.Sprintf("b%d", k), slog.New(logs)) },
+					func() (int, error) { return openStreamLogged(ctx, js, fmt.Sprintf("S%d", k), slog.New(logs)) },
+				} {
+					if r, err := open(); r != 3 || err != nil {
+						errs[i] = append(errs[i], fmt.Sprintf("store %d: replicas %d, %v", k, r, err))
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, e := range errs {
+		if len(e) > 0 {
+			t.Errorf("through server %d: %s; want 3 replicas each", i, strings.Join(e, "; "))
+		}
+	}
+	for _, l := range logs.all() {
+		t.Log(l)
+	}
+}
+
+func openStreamLogged(ctx context.Context, js jetstream.JetStream, name string, log *slog.Logger) (int, error) {
+	var st jetstream.Stream
+	return jsreplicas.Create(ctx, jsreplicas.Store{Name: "stream " + name, Log: log, Exists: jsreplicas.StreamExists(js, name, &st)}, func(ctx context.Context, r int) error {
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage, Replicas: r})
+		return err
+	})
+}
+
+func openBucketLogged(ctx context.Context, js jetstream.JetStream, name string, log *slog.Logger) (int, error) {
+	var kv jetstream.KeyValue
+	return jsreplicas.Create(ctx, jsreplicas.Store{Name: "bucket " + name, Log: log, Exists: jsreplicas.BucketExists(js, name, &kv)}, func(ctx context.Context, r int) error {
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Replicas: r})
+		return err
+	})
+}
