@@ -100,8 +100,9 @@ type ExecOptions struct {
 	// NodeResult receives each node's result as the node finishes.
 	NodeResult NodeResultHandler
 	// Rerun, if set, is told when an idempotent job that was lost with
-	// its coordinator is submitted again (as job next; why is the
-	// record's reason). Output and results of the new attempt follow.
+	// its coordinator (or never recorded: ErrNotRecorded) is submitted
+	// again (as job next; why is the record's reason, or "never
+	// recorded: …"). Output and results of the new attempt follow.
 	Rerun func(lost, next, why string)
 
 	reruns int // attempts submitted again so far (rerun)
@@ -252,11 +253,16 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 // with an error wrapping ctx.Err(). A gap in the replies' sequence numbers is
 // an error; the job is then cancelled too.
 //
-// After FateCheckAfter without a reply, ExecWith reads the job's record: a
-// job lost with its coordinator returns its nodes with the reason as
-// their error, or, when req.Idempotent, is submitted again (a new id, the
-// same idempotency key; req.ID is then the new attempt's), at most
-// MaxIdempotentReruns times.
+// After FateCheckAfter without a reply, ExecWith reads the job's record (as
+// its submitter: protocol.JobGetRequest.Mine): a job lost with its
+// coordinator returns its nodes with the reason as their error, or, when
+// req.Idempotent, is submitted again (a new id, the same idempotency key;
+// req.ID is then the new attempt's), at most MaxIdempotentReruns times. A
+// job of which no reply ever came and that has no record of this caller's,
+// twice NotRecordedConfirm apart (its coordinator died before recording
+// it, so it did not run), returns an error matching ErrNotRecorded, or,
+// when req.Idempotent, is submitted again likewise. A record the caller
+// may not see keeps it waiting.
 //
 // When no reply at all arrives for KeepAliveTimeout (the coordinator sends
 // keepalives to silent jobs), ExecWith asks for a cancel and returns an error
@@ -357,7 +363,7 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 				c.cancelJob(req.ID) // in case a coordinator is only very slow
 				nr := &notRecordedError{id: req.ID, silent: time.Since(sent)}
 				if req.Idempotent && opts.reruns < MaxIdempotentReruns {
-					return c.rerun(ctx, req, opts, &protocol.ExecResult{ID: req.ID, Results: []protocol.NodeResult{{Error: nr.Error()}}})
+					return c.rerun(ctx, req, opts, &protocol.ExecResult{ID: req.ID, Results: []protocol.NodeResult{{Error: "never recorded: its coordinator stopped before recording it, so it did not run"}}})
 				}
 				return nil, nr
 			}
