@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -116,6 +117,7 @@ func (j *job) startAccept() {
 	ending := j.c.ending[j.id]
 	j.c.mu.Unlock()
 	var wait func(context.Context) (*jobstore.Job, error)
+	begun := time.Now()
 	if ending == nil {
 		wait = s.Begin(sub)
 	}
@@ -130,9 +132,13 @@ func (j *job) startAccept() {
 			case <-ending:
 			case <-ctx.Done():
 			}
+			begun = time.Now()
 			wait = s.Begin(sub)
 		}
 		dj, err := wait(ctx)
+		if err == nil {
+			j.c.ends.observeWrite(time.Since(begun))
+		}
 		return j.accepted(dj, err) && j.recordDispatch()
 	})
 }
@@ -229,8 +235,9 @@ func (j *job) recordEnd(results []protocol.NodeResult) {
 }
 
 // endLinger is how long the first end record of a batch waits for others
-// before the batch is written: off the moment of the job's final reply
-// (whose delivery it would otherwise contend with, on the coordinator's
+// before the batch is written, while record writes are quick (see
+// endBatch.linger): off the moment of the job's final reply (whose
+// delivery it would otherwise contend with, on the coordinator's
 // connection and CPU), and long enough that jobs ending together share
 // one flush, one server read and one acknowledgement flush. It delays
 // what a job.get racing the reply sees (running) and a reuse of the id
@@ -249,7 +256,7 @@ type endWrite struct {
 }
 
 // endBatch gathers end records (recordEnd). The first job to add one to
-// an empty batch leads it: it waits endLinger, then writes what gathered,
+// an empty batch leads it: it waits (linger), then writes what gathered,
 // every write sent before any acknowledgement is awaited, and goes on
 // with what gathered meanwhile until none is left; the others wait for
 // their own write's end. It runs no goroutine of its own.
@@ -257,6 +264,31 @@ type endBatch struct {
 	mu      sync.Mutex
 	pending []*endWrite // guarded by mu
 	leading bool        // a job leads the batch (guarded by mu)
+	// writeNS is a moving average of the accept writes' round trips
+	// (startAccept), in nanoseconds.
+	writeNS atomic.Int64
+}
+
+// observeWrite adds the round trip d of an accept write to the average.
+func (b *endBatch) observeWrite(d time.Duration) {
+	old := b.writeNS.Load()
+	if old == 0 {
+		old = int64(d)
+	}
+	b.writeNS.Store(old + (int64(d)-old)/8) // racing updates lose one sample: harmless
+}
+
+// linger is how long a batch's first end record waits: endLinger while
+// the accept writes' average round trip is under half of it, else none.
+// A slow write is a store syncing each write to disk (sync_interval:
+// always, about a millisecond): there an end record held back lands on
+// the next job's accept, which then waits behind its sync, while at once
+// it costs the reply less than the wait would.
+func (b *endBatch) linger() time.Duration {
+	if time.Duration(b.writeNS.Load()) < endLinger/2 {
+		return endLinger
+	}
+	return 0
 }
 
 // add queues w and returns once it is written.
@@ -278,7 +310,9 @@ func (b *endBatch) add(c *Coordinator, w *endWrite) {
 			b.mu.Unlock()
 		}
 	}()
-	time.Sleep(endLinger)
+	if d := b.linger(); d > 0 {
+		time.Sleep(d)
+	}
 	for {
 		b.mu.Lock()
 		batch := b.pending[:min(len(b.pending), maxEndBatch)]
