@@ -381,7 +381,10 @@ func TestClusterStartTogether(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-server JetStream cluster")
 	}
-	ctx := testContext(t)
+	// Eight stores, each of which may cost an unanswered create or two
+	// on a loaded machine: more room than testContext's.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	var ports []int
 	var routes []string
 	for range 3 {
