@@ -39,6 +39,29 @@ const (
 // nothing at all arrived for a job for KeepAliveTimeout.
 var ErrCoordinatorSilent = errors.New("client: coordinator stopped answering")
 
+// ErrNotRecorded is matched (errors.Is) by the error ExecWith returns when
+// no reply came and the job store holds no record of the job submitted by
+// this caller, twice, NotRecordedConfirm apart: the coordinator that took
+// the request stopped before recording it, so the job did not run (a job
+// runs only once its record is stored) and may be submitted again.
+var ErrNotRecorded = errors.New("client: job was never recorded, so it did not run")
+
+// NotRecordedConfirm is how long after a fate check that found no record
+// of the job ExecWith checks again before it concludes ErrNotRecorded.
+const NotRecordedConfirm = time.Second
+
+// notRecordedError is the error of a job no coordinator recorded.
+type notRecordedError struct {
+	id     string
+	silent time.Duration
+}
+
+func (e *notRecordedError) Error() string {
+	return fmt.Sprintf("exec job %s: no reply for %v and no coordinator recorded the job: the coordinator that took the request stopped before recording it, so it did not run; it may be submitted again", e.id, e.silent.Round(time.Second))
+}
+
+func (e *notRecordedError) Is(target error) bool { return target == ErrNotRecorded }
+
 // silentError is the error of a job whose coordinator fell silent.
 type silentError struct{ id string }
 
@@ -77,8 +100,9 @@ type ExecOptions struct {
 	// NodeResult receives each node's result as the node finishes.
 	NodeResult NodeResultHandler
 	// Rerun, if set, is told when an idempotent job that was lost with
-	// its coordinator is submitted again (as job next; why is the
-	// record's reason). Output and results of the new attempt follow.
+	// its coordinator (or never recorded: ErrNotRecorded) is submitted
+	// again (as job next; why is the record's reason, or "never
+	// recorded: …"). Output and results of the new attempt follow.
 	Rerun func(lost, next, why string)
 
 	reruns int // attempts submitted again so far (rerun)
@@ -229,11 +253,16 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 // with an error wrapping ctx.Err(). A gap in the replies' sequence numbers is
 // an error; the job is then cancelled too.
 //
-// After FateCheckAfter without a reply, ExecWith reads the job's record: a
-// job lost with its coordinator returns its nodes with the reason as
-// their error, or, when req.Idempotent, is submitted again (a new id, the
-// same idempotency key; req.ID is then the new attempt's), at most
-// MaxIdempotentReruns times.
+// After FateCheckAfter without a reply, ExecWith reads the job's record (as
+// its submitter: protocol.JobGetRequest.Mine): a job lost with its
+// coordinator returns its nodes with the reason as their error, or, when
+// req.Idempotent, is submitted again (a new id, the same idempotency key;
+// req.ID is then the new attempt's), at most MaxIdempotentReruns times. A
+// job of which no reply ever came and that has no record of this caller's,
+// twice NotRecordedConfirm apart (its coordinator died before recording
+// it, so it did not run), returns an error matching ErrNotRecorded, or,
+// when req.Idempotent, is submitted again likewise. A record the caller
+// may not see keeps it waiting.
 //
 // When no reply at all arrives for KeepAliveTimeout (the coordinator sends
 // keepalives to silent jobs), ExecWith asks for a cancel and returns an error
@@ -293,14 +322,21 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 	r := execReader{id: req.ID, out: out, onResult: onResult, alive: c.heartbeat(req.ID)}
 	wait := ctx
 	var cause error                // ctx's error once the job was cancelled because of it
-	last := time.Now()             // when the last reply arrived
+	sent := time.Now()             // when the request was sent
+	last := sent                   // when the last reply arrived
 	var ended *protocol.ExecResult // the record's outcome, once it ended without a result reply
+	unrecorded := false            // the last fate check found no record of the job
+	replied := false               // a reply (of any kind) arrived
 	for {
 		// Wait for the next reply, or until the next fate check is due.
 		step := time.Until(last.Add(c.keepAliveTimeout()))
 		check := c.fateCheckAfter() > 0 && cause == nil
 		if check {
-			step = min(step, c.fateCheckAfter())
+			next := c.fateCheckAfter()
+			if unrecorded {
+				next = min(next, NotRecordedConfirm)
+			}
+			step = min(step, next)
 		}
 		mctx, mcancel := context.WithTimeout(wait, max(step, 0))
 		msg, err := sub.NextMsgWithContext(mctx)
@@ -314,17 +350,29 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 			if ended != nil {
 				return ended, nil // no result reply came after the record ended
 			}
-			var lost bool
-			if ended, lost = c.jobFate(ctx, req.ID); lost {
+			var lost, none bool
+			if ended, lost, none = c.jobFate(ctx, req.ID); lost {
 				if req.Idempotent && opts.reruns < MaxIdempotentReruns {
 					return c.rerun(ctx, req, opts, ended)
 				}
 				return ended, nil
 			}
+			if none && unrecorded && !replied {
+				// Twice no record, and no reply ever: its coordinator
+				// died before recording it (ErrNotRecorded).
+				c.cancelJob(req.ID) // in case a coordinator is only very slow
+				nr := &notRecordedError{id: req.ID, silent: time.Since(sent)}
+				if req.Idempotent && opts.reruns < MaxIdempotentReruns {
+					return c.rerun(ctx, req, opts, &protocol.ExecResult{ID: req.ID, Results: []protocol.NodeResult{{Error: "never recorded: its coordinator stopped before recording it, so it did not run"}}})
+				}
+				return nil, nr
+			}
+			unrecorded = none
 			continue
 		}
 		if err == nil {
 			last = time.Now()
+			unrecorded, replied = false, true
 		}
 		if err != nil {
 			switch {
@@ -416,14 +464,21 @@ const (
 // it returns this outcome. A job lost (its coordinator died, per the
 // coordinator that took it over; lost is true) reports each node with
 // the record's reason as its error, and ExecWith returns it at once.
-func (c *Client) jobFate(ctx context.Context, id string) (res *protocol.ExecResult, lost bool) {
+func (c *Client) jobFate(ctx context.Context, id string) (res *protocol.ExecResult, lost, none bool) {
 	// Bounded by the check interval too: replies (and the heartbeats
 	// they ask for) wait while it reads.
 	rctx, cancel := context.WithTimeout(ctx, min(c.requestTimeout(), c.fateCheckAfter()))
 	defer cancel()
-	rec, err := c.JobGet(rctx, id)
+	// Asked as its submitter: "no record of yours" (not_recorded) is
+	// told apart from a record this caller may not see (not_found).
+	var rec protocol.JobRecord
+	err := c.request(rctx, protocol.SubjectJobGet, protocol.JobGetRequest{ID: id, Mine: true}, &rec)
+	var ae *protocol.APIError
+	if errors.As(err, &ae) && ae.Code == protocol.ErrCodeNotRecorded {
+		return nil, false, true
+	}
 	if err != nil || !rec.State.Terminal() {
-		return nil, false
+		return nil, false, false
 	}
 	res = &protocol.ExecResult{ID: id, Nodes: len(rec.Nodes), Succeeded: rec.Succeeded, Failed: rec.Failed}
 	if len(rec.Results) > 0 && rec.State != protocol.JobStateLost {
@@ -432,7 +487,7 @@ func (c *Client) jobFate(ctx context.Context, id string) (res *protocol.ExecResu
 			res.Results[i].Truncated = res.Results[i].OutputTruncated()
 			res.Truncated = res.Truncated || res.Results[i].Truncated
 		}
-		return res, false
+		return res, false, false
 	}
 	why := rec.Error
 	if why == "" {
@@ -443,7 +498,7 @@ func (c *Client) jobFate(ctx context.Context, id string) (res *protocol.ExecResu
 		res.Results = append(res.Results, protocol.NodeResult{Node: n, ExitCode: -1, Cancelled: rec.State == protocol.JobCancelled,
 			Error: fmt.Sprintf("job %s %s: %s", id, rec.State, why)})
 	}
-	return res, rec.State == protocol.JobStateLost
+	return res, rec.State == protocol.JobStateLost, false
 }
 
 // cancelJob asks the coordinator to cancel job id, best effort: the caller

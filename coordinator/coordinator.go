@@ -83,6 +83,7 @@ type Coordinator struct {
 	// ending are the jobs that replied and whose final record is being
 	// written, by id: closed once it is (durable.go).
 	ending map[string]chan struct{}
+	ends   endBatch       // end records waiting for their write (durable.go)
 	connWG sync.WaitGroup // one per agent connection goroutine
 	jobWG  sync.WaitGroup // one per running job goroutine
 	relays relaySet       // running stream relays (relay.go)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -38,7 +39,8 @@ import (
 //     (another coordinator took the job over) refuses the job;
 //   - start and finish (recordEnd, just after the final reply, so that
 //     the client's round trip has one store write, not two; a job.get
-//     racing the reply may still see running): a detached
+//     racing the reply may still see running; batched with the end
+//     records of other jobs ending within endLinger): a detached
 //     job whose nodes all started it is running (its node settles it:
 //     its agent's exit report, jobexit.go, and job.get and
 //     reconciliation ask), any other job ends succeeded,
@@ -115,6 +117,7 @@ func (j *job) startAccept() {
 	ending := j.c.ending[j.id]
 	j.c.mu.Unlock()
 	var wait func(context.Context) (*jobstore.Job, error)
+	begun := time.Now()
 	if ending == nil {
 		wait = s.Begin(sub)
 	}
@@ -129,9 +132,13 @@ func (j *job) startAccept() {
 			case <-ending:
 			case <-ctx.Done():
 			}
+			begun = time.Now()
 			wait = s.Begin(sub)
 		}
 		dj, err := wait(ctx)
+		if err == nil {
+			j.c.ends.observeWrite(time.Since(begun))
+		}
 		return j.accepted(dj, err) && j.recordDispatch()
 	})
 }
@@ -216,41 +223,154 @@ func (j *job) recordDispatch() bool {
 }
 
 // recordEnd records how j's runs ended (see the package comment above).
+// It returns once the record is written (or the write failed, logged):
+// the job's goroutine, counted in jobWG, outlives its write, so a drain
+// waits for it. The write is batched (endBatch): the end records of jobs
+// ending within endLinger of each other go out together.
 func (j *job) recordEnd(results []protocol.NodeResult) {
 	if j.durable == nil {
 		return
 	}
+	j.c.ends.add(j.c, &endWrite{j: j, results: results, done: make(chan struct{})})
+}
+
+// endLinger is how long the first end record of a batch waits for others
+// before the batch is written, while record writes are quick (see
+// endBatch.linger): off the moment of the job's final reply (whose
+// delivery it would otherwise contend with, on the coordinator's
+// connection and CPU), and long enough that jobs ending together share
+// one flush, one server read and one acknowledgement flush. It delays
+// what a job.get racing the reply sees (running) and a reuse of the id
+// (ending) by as much.
+const endLinger = 2 * time.Millisecond
+
+// maxEndBatch bounds the writes of one batch in flight at once.
+const maxEndBatch = 256
+
+// endWrite is one job's end record on its way: done is closed once
+// written.
+type endWrite struct {
+	j       *job
+	results []protocol.NodeResult
+	done    chan struct{}
+}
+
+// endBatch gathers end records (recordEnd). The first job to add one to
+// an empty batch leads it: it waits (linger), then writes what gathered,
+// every write sent before any acknowledgement is awaited, and goes on
+// with what gathered meanwhile until none is left; the others wait for
+// their own write's end. It runs no goroutine of its own.
+type endBatch struct {
+	mu      sync.Mutex
+	pending []*endWrite // guarded by mu
+	leading bool        // a job leads the batch (guarded by mu)
+	// writeNS is a moving average of the accept writes' round trips
+	// (startAccept), in nanoseconds.
+	writeNS atomic.Int64
+}
+
+// observeWrite adds the round trip d of an accept write to the average.
+func (b *endBatch) observeWrite(d time.Duration) {
+	old := b.writeNS.Load()
+	if old == 0 {
+		old = int64(d)
+	}
+	b.writeNS.Store(old + (int64(d)-old)/8) // racing updates lose one sample: harmless
+}
+
+// linger is how long a batch's first end record waits: endLinger while
+// the accept writes' average round trip is under half of it, else none.
+// A slow write is a store syncing each write to disk (sync_interval:
+// always, about a millisecond): there an end record held back lands on
+// the next job's accept, which then waits behind its sync, while at once
+// it costs the reply less than the wait would.
+func (b *endBatch) linger() time.Duration {
+	if time.Duration(b.writeNS.Load()) < endLinger/2 {
+		return endLinger
+	}
+	return 0
+}
+
+// add queues w and returns once it is written.
+func (b *endBatch) add(c *Coordinator, w *endWrite) {
+	b.mu.Lock()
+	b.pending = append(b.pending, w)
+	lead := !b.leading
+	b.leading = true
+	b.mu.Unlock()
+	if !lead {
+		<-w.done
+		return
+	}
+	done := false
 	defer func() {
-		j.c.mu.Lock()
-		if ch := j.c.ending[j.id]; ch != nil {
-			delete(j.c.ending, j.id)
+		if !done { // a panic (contained by the job's guard): let the next add lead
+			b.mu.Lock()
+			b.leading = false
+			b.mu.Unlock()
+		}
+	}()
+	if d := b.linger(); d > 0 {
+		time.Sleep(d)
+	}
+	for {
+		b.mu.Lock()
+		batch := b.pending[:min(len(b.pending), maxEndBatch)]
+		b.pending = b.pending[len(batch):]
+		if len(batch) == 0 {
+			b.pending = nil
+			b.leading = false
+		}
+		b.mu.Unlock()
+		if len(batch) == 0 {
+			done = true
+			return
+		}
+		c.writeEnds(batch)
+	}
+}
+
+// writeEnds writes the end records of batch: each is sent (jobstore's
+// StartAsync or FinishAsync) before the first acknowledgement is awaited.
+// Each job's ending is cleared and its done closed once its write ended.
+func (c *Coordinator) writeEnds(batch []*endWrite) {
+	s := c.cfg.Jobs
+	waits := make([]func(context.Context) error, len(batch))
+	for i, w := range batch {
+		j := w.j
+		started, cancelled := 0, false
+		for i := range w.results {
+			if w.results[i].Detached {
+				started++
+			}
+			cancelled = cancelled || w.results[i].Cancelled
+		}
+		if j.params.Detach && started == len(w.results) {
+			waits[i] = s.StartAsync(j.durable)
+		} else {
+			waits[i] = s.FinishAsync(j.durable, w.results, cancelled, "")
+		}
+	}
+	for i, w := range batch {
+		j := w.j
+		ctx, cancel := j.storeCtx()
+		err := waits[i](ctx)
+		cancel()
+		switch {
+		case errors.Is(err, jobstore.ErrBackward) && j.params.Detach:
+			// A detached job quicker than this write: its node's exit
+			// report (jobexit.go) settled the record already.
+			c.log.Debug("record job end: already settled", "job_id", j.id, "err", err)
+		case err != nil:
+			c.log.Warn("record job end", "job_id", j.id, "err", err)
+		}
+		c.mu.Lock()
+		if ch := c.ending[j.id]; ch != nil {
+			delete(c.ending, j.id)
 			close(ch)
 		}
-		j.c.mu.Unlock()
-	}()
-	ctx, cancel := j.storeCtx()
-	defer cancel()
-	s := j.c.cfg.Jobs
-	started, cancelled := 0, false
-	for i := range results {
-		if results[i].Detached {
-			started++
-		}
-		cancelled = cancelled || results[i].Cancelled
-	}
-	var err error
-	if j.params.Detach && started == len(results) {
-		err = s.Start(ctx, j.durable)
-	} else {
-		err = s.Finish(ctx, j.durable, results, cancelled, "")
-	}
-	switch {
-	case errors.Is(err, jobstore.ErrBackward) && j.params.Detach:
-		// A detached job quicker than this write: its node's exit
-		// report (jobexit.go) settled the record already.
-		j.c.log.Debug("record job end: already settled", "job_id", j.id, "err", err)
-	case err != nil:
-		j.c.log.Warn("record job end", "job_id", j.id, "err", err)
+		c.mu.Unlock()
+		close(w.done)
 	}
 }
 
@@ -264,6 +384,13 @@ func (c *Coordinator) handleJobGet(req micro.Request) {
 	}
 	c.goStore(req, "job get", func(ctx context.Context, s *jobstore.Store) {
 		j, err := s.Get(ctx, r.ID)
+		if r.Mine && (errors.Is(err, jobstore.ErrNotFound) || err == nil && j.Owner != callerOwner(req)) {
+			// Asked as its submitter (protocol.JobGetRequest.Mine):
+			// another's record is answered as none.
+			c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotRecorded,
+				"no job %s submitted by you is recorded: no coordinator accepted it, so it did not run", protocol.Clip(r.ID)))
+			return
+		}
 		if err != nil {
 			c.replyStoreError(req, r.ID, err)
 			return
@@ -579,4 +706,13 @@ func shellJoin(argv []string) string {
 		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 	}
 	return strings.Join(out, " ")
+}
+
+// callerOwner is the owner a job submitted by req's caller is recorded
+// with (job.ownerString): the caller's identity, "" when unknown.
+func callerOwner(req micro.Request) string {
+	if id, ok := caller.Of(req); ok {
+		return id.String()
+	}
+	return ""
 }

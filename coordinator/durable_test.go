@@ -242,6 +242,54 @@ func TestDurablePolicy(t *testing.T) {
 	}
 }
 
+// TestDurableJobGetMine: job.get asked as the submitter (mine) answers
+// not_recorded when no record of that id names the caller, whether there
+// is none or another's (so it tells nothing of other callers' jobs), and
+// the record when it is the caller's; without mine both are not_found.
+func TestDurableJobGetMine(t *testing.T) {
+	store, _ := writePolicy(t, stagingPolicy)
+	h := newHarness(t, withStore(t, nil, func(c *coordinator.Config) { c.Policy = store }))
+	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}})
+	if r := execAs(t, h.as("alice"), protocol.ExecRequest{ID: "aj", Target: protocol.Target{Node: "n-a"}, Argv: []string{"ok"}}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	get := func(nc *nats.Conn, id string, mine bool) (*protocol.JobRecord, *protocol.APIError) {
+		t.Helper()
+		m, err := nc.Request(protocol.SubjectJobGet, mustJSON(t, protocol.JobGetRequest{ID: id, Mine: mine}), defaultTestTimeout)
+		if err != nil {
+			t.Fatalf("job.get %s: %v", id, err)
+		}
+		if m.Header.Get(micro.ErrorCodeHeader) != "" {
+			var e protocol.APIError
+			json.Unmarshal(m.Data, &e)
+			return nil, &e
+		}
+		var r protocol.JobRecord
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Fatalf("decode job record %q: %v", m.Data, err)
+		}
+		return &r, nil
+	}
+	if rec, e := get(h.as("alice"), "aj", true); e != nil || rec.ID != "aj" {
+		t.Fatalf("alice's own job, mine: %+v, %+v; want the record", rec, e)
+	}
+	for _, c := range []struct {
+		who, id string
+		mine    bool
+		code    string
+	}{
+		{"alice", "never-sent", true, protocol.ErrCodeNotRecorded},
+		{"bob", "aj", true, protocol.ErrCodeNotRecorded},
+		{"bob", "never-sent", true, protocol.ErrCodeNotRecorded},
+		{"bob", "aj", false, protocol.ErrCodeNotFound},
+		{"alice", "never-sent", false, protocol.ErrCodeNotFound},
+	} {
+		if rec, e := get(h.as(c.who), c.id, c.mine); e == nil || e.Status != 404 || e.Code != c.code {
+			t.Errorf("%s: job.get %s (mine %v) = %+v, %+v; want 404 %s", c.who, c.id, c.mine, rec, e, c.code)
+		}
+	}
+}
+
 // TestDurableReconcile: a restarted coordinator records the jobs its
 // predecessor left as lost (attached, or detached whose node never came
 // back within JobLostAfter) or as its node reports them.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -165,13 +166,13 @@ const (
 // forces that count. An existing bucket is updated to the count. Pass it
 // as Config.Fleet to every coordinator of the fleet. Errors name the
 // bucket.
-func OpenFleetBucket(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.KeyValue, error) {
+func OpenFleetBucket(ctx context.Context, nc *nats.Conn, replicas int, log *slog.Logger) (jetstream.KeyValue, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: fleet bucket %s: jetstream: %w", BucketNodes, err)
 	}
 	var kv jetstream.KeyValue
-	_, err = jsreplicas.Create(ctx, replicas, func(ctx context.Context, r int) error {
+	_, err = jsreplicas.Create(ctx, jsreplicas.Store{Name: "fleet bucket " + BucketNodes, Replicas: replicas, Log: log, Exists: jsreplicas.BucketExists(js, BucketNodes, &kv)}, func(ctx context.Context, r int) error {
 		var err error
 		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      BucketNodes,

@@ -188,7 +188,7 @@ func prefillRegistry(t *testing.T, cfg *coordinator.Config, owner string, n int)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	defer cancel()
-	kv, err := coordinator.OpenFleetBucket(ctx, cfg.NATS, 1)
+	kv, err := coordinator.OpenFleetBucket(ctx, cfg.NATS, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,7 +176,7 @@ func (e *stormEnv) startCoordinator(tb testing.TB, admitRate float64, burst int)
 	cfg.ID = "storm"
 	cfg.Token = testToken
 	nc := e.env.Coordinator(tb, nats.Name("storm"))
-	kv, err := coordinator.OpenFleetBucket(context.Background(), nc, 1)
+	kv, err := coordinator.OpenFleetBucket(context.Background(), nc, 1, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

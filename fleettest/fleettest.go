@@ -270,7 +270,7 @@ func Start(tb testing.TB, opts Options) *Fleet {
 		ccfg.ID = "fleettest"
 		if k > 1 {
 			ccfg.ID = fmt.Sprintf("fleettest-%d", ci)
-			kv, err := coordinator.OpenFleetBucket(context.Background(), cnc, 1)
+			kv, err := coordinator.OpenFleetBucket(context.Background(), cnc, 1, nil)
 			if err != nil {
 				tb.Fatal(err)
 			}

@@ -346,7 +346,7 @@ func TestMultiCoordinatorSSHInfo(t *testing.T) {
 // instances, and a live coordinator's records stay.
 func TestMultiCoordinatorStaleRecordsSwept(t *testing.T) {
 	f := startMulti(t, 2, 2)
-	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1)
+	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestMultiCoordinatorPartitionedCoordinatorShedsAgents(t *testing.T) {
 // that were connected.)
 func TestMultiCoordinatorLaggingRecordIsRetry(t *testing.T) {
 	f := startMulti(t, 2, 2)
-	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1)
+	kv, err := coordinator.OpenFleetBucket(context.Background(), f.CoordNCs[0], 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -510,6 +510,10 @@ const (
 	// ErrCodeRateLimited (429): the caller is over its policy limit of
 	// requests per second or concurrent jobs.
 	ErrCodeRateLimited = "rate_limited"
+	// ErrCodeNotRecorded (404): no durable record of the job submitted by
+	// the caller exists (job.get with JobGetRequest.Mine): no coordinator
+	// accepted the request, so it did not run.
+	ErrCodeNotRecorded = "not_recorded"
 )
 
 // NewAPIError builds an APIError with a formatted message.

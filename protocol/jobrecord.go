@@ -119,6 +119,14 @@ func (r *JobRecord) ExitCode() int {
 // JobGetRequest is the body of a SubjectJobGet request.
 type JobGetRequest struct {
 	ID string `json:"id"`
+	// Mine asks as the job's submitter (a client checking on a job it
+	// sent, which heard nothing): when no record of that id names the
+	// caller as its owner (none at all, or another's), the answer is 404
+	// ErrCodeNotRecorded, which tells the submitter that no coordinator
+	// accepted its request (a job runs only once its record is stored)
+	// and tells nothing of other callers' jobs. Without Mine, both are
+	// 404 ErrCodeNotFound.
+	Mine bool `json:"mine,omitempty"`
 }
 
 // Validate checks the id: 400 invalid_request if bad.

@@ -181,7 +181,7 @@ func New(ctx context.Context, cfg Config) (*Recorder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: JetStream: %w", err)
 	}
-	_, err = jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, replicas int) error {
+	_, err = jsreplicas.Create(ctx, jsreplicas.Store{Name: "audit stream " + cfg.Stream, Replicas: cfg.Replicas, Log: cfg.Logger, Exists: jsreplicas.StreamExists(r.js, cfg.Stream, &r.stream)}, func(ctx context.Context, replicas int) error {
 		var err error
 		r.stream, err = r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name:        cfg.Stream,

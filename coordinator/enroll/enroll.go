@@ -168,7 +168,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		{&s.nodes, BucketNodes, "Tether node identities: accepted certificate serials, bound labels, revocations"},
 	} {
 		var kv jetstream.KeyValue
-		_, err := jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
+		_, err := jsreplicas.Create(ctx, jsreplicas.Store{Name: "enrollment bucket " + b.name, Replicas: cfg.Replicas, Log: s.log, Exists: jsreplicas.BucketExists(js, b.name, &kv)}, func(ctx context.Context, r int) error {
 			var err error
 			kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.name, Description: b.desc, History: 1, Replicas: r})
 			return err

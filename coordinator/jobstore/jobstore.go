@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -92,6 +93,9 @@ type Config struct {
 	Replicas int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Logger receives the warnings of a slow start (a stream or bucket
+	// JetStream has not created yet). Nil discards them.
+	Logger *slog.Logger
 }
 
 // Store reads and writes job records. Its methods are safe for
@@ -132,7 +136,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("jobstore: jetstream: %w", err)
 	}
 	s := &Store{cfg: cfg, js: js, boot: rand.Text()[:12], pending: map[string]time.Time{}}
-	s.replicas, err = jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
+	s.replicas, err = jsreplicas.Create(ctx, jsreplicas.Store{Name: "job store stream " + StreamName, Replicas: cfg.Replicas, Log: cfg.Logger, Exists: jsreplicas.StreamExists(js, StreamName, &s.stream)}, func(ctx context.Context, r int) error {
 		var err error
 		s.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name:        StreamName,
@@ -149,13 +153,17 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jobstore: stream %s: %w", StreamName, err)
 	}
-	s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketName,
-		Description: "Tether job states",
-		History:     1,
-		TTL:         cfg.Retention,
-		Storage:     jetstream.FileStorage,
-		Replicas:    s.replicas,
+	_, err = jsreplicas.Create(ctx, jsreplicas.Store{Name: "job store bucket " + BucketName, Replicas: s.replicas, Log: cfg.Logger, Exists: jsreplicas.BucketExists(js, BucketName, &s.kv)}, func(ctx context.Context, r int) error {
+		var err error
+		s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      BucketName,
+			Description: "Tether job states",
+			History:     1,
+			TTL:         cfg.Retention,
+			Storage:     jetstream.FileStorage,
+			Replicas:    r,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jobstore: bucket %s (replicas %d): %w", BucketName, s.replicas, err)
@@ -736,7 +744,57 @@ const purgeAPI = "$JS.API.STREAM.PURGE." + StreamName
 
 // Start moves j to running.
 func (s *Store) Start(ctx context.Context, j *Job) error {
-	return s.transition(ctx, j, Running, func(r *Record) { r.StartedAt = s.now() })
+	return s.StartAsync(j)(ctx)
+}
+
+// StartAsync is Start begun: its write is sent before it returns, and
+// wait (to be called once, before j is used again) returns what Start
+// would. Several begun at once share their round trips (the coordinator
+// writes the end records of the jobs that ended together this way).
+func (s *Store) StartAsync(j *Job) (wait func(context.Context) error) {
+	return s.transitionAsync(j, Running, func(r *Record) { r.StartedAt = s.now() })
+}
+
+// transitionAsync is transition begun: the checks are made and the write
+// sent (compare-and-set on j's revision, as write's first try) before it
+// returns; wait returns transition's outcome. On a conflict wait falls
+// back to write, which rereads and retries as write does.
+func (s *Store) transitionAsync(j *Job, to State, change func(*Record)) (wait func(context.Context) error) {
+	if j.Coordinator != s.cfg.Coordinator || j.Boot != s.boot {
+		err := fmt.Errorf("jobstore: job %s held by coordinator %s (boot %s), not %s (boot %s): %w", j.ID, j.Coordinator, j.Boot, s.cfg.Coordinator, s.boot, ErrFenced)
+		return func(context.Context) error { return err }
+	}
+	if !forward(j.State, to) {
+		err := fmt.Errorf("jobstore: job %s: %s → %s: %w", j.ID, j.State, to, ErrBackward)
+		return func(context.Context) error { return err }
+	}
+	rec := j.Record
+	rec.State = to
+	if change != nil {
+		change(&rec)
+	}
+	m := nats.NewMsg(recordSubject(jobKey(j.ID)))
+	m.Data, _ = json.Marshal(&rec)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(j.rev, 10))
+	paf, perr := s.js.PublishMsgAsync(m)
+	return func(ctx context.Context) error {
+		if perr == nil {
+			select {
+			case ack := <-paf.Ok():
+				j.Record, j.rev = rec, ack.Sequence
+				return nil
+			case perr = <-paf.Err():
+			case <-ctx.Done():
+				return fmt.Errorf("jobstore: write job %s (%s): %w", j.ID, rec.State, ctx.Err())
+			}
+			if !isWrongLastSeq(perr) {
+				return fmt.Errorf("jobstore: write job %s (%s): %w", j.ID, rec.State, perr)
+			}
+		}
+		// Not sent, or another writer moved the record: the synchronous
+		// path, with its reread.
+		return s.write(ctx, j, rec)
+	}
 }
 
 // Finish moves j to its terminal state: cancelled if the job was
@@ -744,6 +802,14 @@ func (s *Store) Start(ctx context.Context, j *Job) error {
 // else failed. results are stored unless too large (counts only then).
 // errMsg, if set, is kept as Record.Error.
 func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResult, cancelled bool, errMsg string) error {
+	return s.FinishAsync(j, results, cancelled, errMsg)(ctx)
+}
+
+// FinishAsync is Finish begun: its record write is sent before it returns,
+// and wait (to be called once, before j is used again) returns what Finish
+// would, having acked the job's queue message (if any) after the write.
+// Several begun at once share their round trips.
+func (s *Store) FinishAsync(j *Job, results []protocol.NodeResult, cancelled bool, errMsg string) (wait func(context.Context) error) {
 	to := Succeeded
 	ok, bad := 0, 0
 	for i := range results {
@@ -759,7 +825,7 @@ func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResul
 	case bad > 0 || errMsg != "":
 		to = Failed
 	}
-	err := s.transition(ctx, j, to, func(r *Record) {
+	write := s.transitionAsync(j, to, func(r *Record) {
 		r.FinishedAt = s.now()
 		r.Succeeded, r.Failed, r.Error = ok, bad, errMsg
 		r.Results, r.ResultsOmitted = results, false
@@ -767,10 +833,12 @@ func (s *Store) Finish(ctx context.Context, j *Job, results []protocol.NodeResul
 			r.Results, r.ResultsOmitted = nil, true
 		}
 	})
-	if err != nil {
-		return err
+	return func(ctx context.Context) error {
+		if err := write(ctx); err != nil {
+			return err
+		}
+		return s.ackJob(ctx, j)
 	}
-	return s.ackJob(ctx, j)
 }
 
 // Lose ends j as lost with why.

@@ -613,3 +613,66 @@ func TestIdempotentRunsAgainAfterLost(t *testing.T) {
 		t.Errorf("repeat while the second attempt runs = %+v, %v; want ErrDuplicate naming it", j, err)
 	}
 }
+
+// TestFinishAsyncTogether: end records begun together (as the coordinator
+// batches them) are each written once their waits return: a handle stale
+// by revision only (another write of the same holder) is retried on the
+// fresh revision, one another coordinator claimed meanwhile is fenced and
+// written nothing, and the rest end as their results say.
+func TestFinishAsyncTogether(t *testing.T) {
+	env := natstest.Run(t)
+	s := open(t, env, "c1")
+	other := open(t, env, "c2")
+	ctx := testContext(t)
+	const n = 20
+	jobs := make([]*jobstore.Job, n)
+	for i := range jobs {
+		jobs[i] = submit(t, s, jobstore.Submission{ID: fmt.Sprintf("j%d", i), Nodes: []string{"n1"}, StartNow: true})
+	}
+	// j1: another handle of this holder moved the record on (a cancel's
+	// write, say): the batch's handle is stale by revision.
+	if h, err := s.Get(ctx, "j1"); err != nil {
+		t.Fatal(err)
+	} else if err := s.Finish(ctx, h, []protocol.NodeResult{{Node: "n1", ExitCode: 0}}, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	// j2: taken over by c2.
+	if h, err := other.Get(ctx, "j2"); err != nil {
+		t.Fatal(err)
+	} else if err := other.Claim(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	waits := make([]func(context.Context) error, n)
+	for i, j := range jobs {
+		code := 0
+		if i%2 == 1 {
+			code = 3
+		}
+		waits[i] = s.FinishAsync(j, []protocol.NodeResult{{Node: "n1", ExitCode: code}}, false, "")
+	}
+	for i, wait := range waits {
+		err := wait(ctx)
+		rec, gerr := s.Get(ctx, jobs[i].ID)
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		switch i {
+		case 1: // already cancelled by the other write: no backward move
+			if !errors.Is(err, jobstore.ErrBackward) || rec.State != jobstore.Cancelled {
+				t.Errorf("j1 (stale handle, record cancelled meanwhile): %v, record %s; want ErrBackward, cancelled", err, rec.State)
+			}
+		case 2:
+			if !errors.Is(err, jobstore.ErrFenced) || rec.State != jobstore.Running || rec.Coordinator != "c2" {
+				t.Errorf("j2 (claimed by c2): %v, record %s held by %s; want ErrFenced, running held by c2", err, rec.State, rec.Coordinator)
+			}
+		default:
+			want := jobstore.Succeeded
+			if i%2 == 1 {
+				want = jobstore.Failed
+			}
+			if err != nil || rec.State != want || jobs[i].State != want || jobs[i].Revision() != rec.Revision() {
+				t.Errorf("j%d: %v, record %s (rev %d), handle %s (rev %d); want %s, the handle current", i, err, rec.State, rec.Revision(), jobs[i].State, jobs[i].Revision(), want)
+			}
+		}
+	}
+}

@@ -240,7 +240,7 @@ func Open(ctx context.Context, cfg Config) (*Ledger, error) {
 		{&l.locks, BucketLocks, "Tether locks (reaper)"},
 	} {
 		var kv jetstream.KeyValue
-		_, err := jsreplicas.Create(ctx, cfg.Replicas, func(ctx context.Context, r int) error {
+		_, err := jsreplicas.Create(ctx, jsreplicas.Store{Name: "ledger bucket " + b.name, Replicas: cfg.Replicas, Log: l.log, Exists: jsreplicas.BucketExists(js, b.name, &kv)}, func(ctx context.Context, r int) error {
 			var err error
 			kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 				Bucket: b.name, Description: b.desc, History: 1, Replicas: r,

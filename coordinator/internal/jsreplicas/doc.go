@@ -17,10 +17,15 @@
 // is scaled up the next time a coordinator opens it on a cluster that has
 // room: nats-server moves a stream between replica counts in place.
 //
-// Each create call is bounded to a few seconds and made again when it runs
-// out of them: coordinators starting together on a fresh cluster create
-// the same replicated buckets at once, and nats-server can leave all of
-// those concurrent requests unanswered (see attemptTimeout).
+// Each create call is bounded (1 s, then 2 s, then 4 s) and, when it runs
+// out of time, followed by a look at the store (Store.Exists: one that
+// exists with the replica count asked for counts as created) and made
+// again: coordinators starting together on a fresh cluster create the
+// same replicated buckets at once, and nats-server can leave all of those
+// concurrent requests unanswered although it creates the store (see
+// attemptTimeout). Each call left unanswered or refused as unavailable is
+// logged as a warning naming the store and the attempt (Store.Log), so a
+// coordinator waiting for JetStream at start-up says what for.
 //
 // It runs no goroutines and imports only the standard library and
 // nats.go's jetstream package.

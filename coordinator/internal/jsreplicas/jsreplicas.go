@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -15,26 +16,68 @@ import (
 // loss of any one server and keep a quorum.
 const Max = 3
 
-// attemptTimeout bounds one create call; a call that times out is made
-// again (after a jittered pause) while ctx lasts. Why: when several
-// coordinators create the same replicated stream at once on a fresh
-// cluster, nats-server (2.15) can leave every one of the concurrent
-// requests unanswered although the stream gets created; the same request
-// made again is answered at once. A create or update of a stream to the
-// configuration it has is a no-op, so repeating one is safe.
-const attemptTimeout = 4 * time.Second
+// attemptTimeout bounds one create call: the first at firstAttempt, each
+// next one twice the last, up to attemptTimeout. A call that times out is
+// followed by a look whether the store exists (Store.Exists) and, if not,
+// made again (after a jittered pause, see retryPause) while ctx lasts.
+// Why: when several coordinators create the same replicated stream at
+// once on a fresh cluster, nats-server (2.15.2) often leaves every one of
+// the concurrent requests unanswered although the stream gets created
+// within a second (each identical request is proposed to the meta group
+// again; TestClusterStartTogether sees it for most stores when three
+// creators open them in step); the same request made again alone, or a
+// look at the stream's info, is answered at once. Creators that found a
+// store together go on to the next together, so without the look each
+// store cost a whole unanswered call. A create or update of a stream to
+// the configuration it has is a no-op, so repeating one is safe.
+var attemptTimeout = 4 * time.Second
+
+// firstAttempt bounds the first create call of a store (see
+// attemptTimeout).
+const firstAttempt = time.Second
+
+// Store names a store for Create and says how to find it.
+type Store struct {
+	// Name is the store in the operator's terms, for logs ("job store
+	// bucket tether_jobs").
+	Name string
+	// Replicas forces the replica count (1 to 5); 0 means min(Max,
+	// cluster size), found by trial.
+	Replicas int
+	// Log receives a warning for each create call that went unanswered
+	// or was refused as unavailable (the store, the replica count, the
+	// attempt and how long it has waited). Nil discards them.
+	Log *slog.Logger
+	// Replicas of the store as it exists, if it does (the stream's
+	// info; exists false when there is none). Optional: when set, a
+	// create call that went unanswered is followed by this look, and a
+	// store found with the replica count asked for counts as created (the
+	// create was applied; its answer is what got lost). The call gets a
+	// bounded context.
+	Exists func(ctx context.Context) (replicas int, exists bool, err error)
+}
 
 // Create calls create with a replica count and returns the count that
-// succeeded. want > 0 forces that count; want == 0 tries Max, then each
+// succeeded. st.Replicas > 0 forces that count; 0 tries Max, then each
 // smaller count down to 1, moving on only while create's error says the
 // servers cannot place that many replicas (TooFewPeers). Each call gets a
-// context bounded by ctx and by a few seconds; a call that ran out of its
-// few seconds is made again while ctx lasts. Any other error, or the
-// error for the last count, is returned wrapped with the count tried.
-// want must be 0 to 5. It blocks until a call succeeds or ctx ends.
-func Create(ctx context.Context, want int, create func(ctx context.Context, replicas int) error) (int, error) {
+// context bounded by ctx and by a few seconds (1, then 2, then 4: see
+// attemptTimeout); a call that ran out of them is followed by a look at
+// the store (st.Exists, if set: one that exists with the count asked for
+// counts as created); a call that ran out of time, or was answered
+// Unavailable, is made again while ctx lasts, after a
+// jittered pause that grows with the attempts (so that coordinators that
+// started together stop asking in lockstep), and is logged (st.Log). Any
+// other error, or the error for the last count, is returned wrapped with
+// the count tried. st.Replicas must be 0 to 5. It blocks until a call
+// succeeds or ctx ends.
+func Create(ctx context.Context, st Store, create func(ctx context.Context, replicas int) error) (int, error) {
+	want := st.Replicas
 	if want < 0 || want > 5 {
 		return 0, fmt.Errorf("replicas %d: want 0 (auto) to 5", want)
+	}
+	if st.Log == nil {
+		st.Log = slog.New(slog.DiscardHandler)
 	}
 	tries := []int{want}
 	if want == 0 {
@@ -44,7 +87,7 @@ func Create(ctx context.Context, want int, create func(ctx context.Context, repl
 		}
 	}
 	for _, r := range tries {
-		err := attempt(ctx, r, create)
+		err := attempt(ctx, &st, r, create)
 		if err == nil {
 			return r, nil
 		}
@@ -55,23 +98,51 @@ func Create(ctx context.Context, want int, create func(ctx context.Context, repl
 	return 0, errors.New("replicas: no count to try") // not reached: tries is never empty
 }
 
+// existsTimeout bounds one Store.Exists call.
+const existsTimeout = 2 * time.Second
+
 // attempt calls create for r until it answers within attemptTimeout, with
-// anything but Unavailable, or ctx ends.
-func attempt(ctx context.Context, r int, create func(ctx context.Context, replicas int) error) error {
-	for {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+// anything but Unavailable, or ctx ends; after each unanswered call it
+// looks whether the store exists with r replicas (st.Exists).
+func attempt(ctx context.Context, st *Store, r int, create func(ctx context.Context, replicas int) error) error {
+	start := time.Now()
+	bound := min(firstAttempt, attemptTimeout)
+	for n := 1; ; n, bound = n+1, min(2*bound, attemptTimeout) {
+		actx, cancel := context.WithTimeout(ctx, bound)
 		err := create(actx, r)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
 		if err == nil || !(timedOut || Unavailable(err)) {
 			return err
 		}
+		why := "unanswered within " + bound.String()
+		if !timedOut {
+			why = err.Error()
+		}
+		if timedOut && st.Exists != nil {
+			ectx, cancel := context.WithTimeout(ctx, existsTimeout)
+			have, ok, eerr := st.Exists(ectx)
+			cancel()
+			if eerr == nil && ok && have == r {
+				st.Log.Info("JetStream store found created although its create went unanswered", "store", st.Name, "replicas", r, "attempt", n, "waited", time.Since(start).Round(time.Millisecond))
+				return nil
+			}
+		}
+		st.Log.Warn("still waiting for JetStream to create a store; asking again", "store", st.Name, "replicas", r, "attempt", n, "waited", time.Since(start).Round(time.Millisecond), "why", why)
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(time.Duration(100+rand.IntN(400)) * time.Millisecond):
+		case <-time.After(retryPause(n)):
 		}
 	}
+}
+
+// retryPause is the pause before attempt n+1: random in [100 ms, 100 ms
+// + 500 ms·n), at most 3 s, so that creators that timed out together do
+// not ask again together.
+func retryPause(n int) time.Duration {
+	spread := min(500*time.Millisecond*time.Duration(n), 3*time.Second)
+	return 100*time.Millisecond + rand.N(spread)
 }
 
 // Unavailable reports whether err says the JetStream servers cannot answer
@@ -103,4 +174,45 @@ func TooFewPeers(err error) bool {
 	return strings.Contains(m, "replicas > 1 not supported") ||
 		strings.Contains(m, "no suitable peers") ||
 		strings.Contains(m, "insufficient resources")
+}
+
+// BucketExists is a Store.Exists for the KV bucket named bucket on js: it
+// reads the bucket's stream and, when the bucket exists, binds *kv to it
+// (as the create would have).
+func BucketExists(js jetstream.JetStream, bucket string, kv *jetstream.KeyValue) func(context.Context) (int, bool, error) {
+	return func(ctx context.Context) (int, bool, error) {
+		b, err := js.KeyValue(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		st, err := b.Status(ctx)
+		if err != nil {
+			return 0, false, err
+		}
+		bs, ok := st.(*jetstream.KeyValueBucketStatus)
+		if !ok || bs.StreamInfo() == nil {
+			return 0, false, fmt.Errorf("bucket %s: status without stream info", bucket)
+		}
+		*kv = b
+		return bs.StreamInfo().Config.Replicas, true, nil
+	}
+}
+
+// StreamExists is a Store.Exists for the stream named name on js: when it
+// exists, *st is bound to it (as the create would have).
+func StreamExists(js jetstream.JetStream, name string, st *jetstream.Stream) func(context.Context) (int, bool, error) {
+	return func(ctx context.Context) (int, bool, error) {
+		s, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		*st = s
+		return s.CachedInfo().Config.Replicas, true, nil
+	}
 }

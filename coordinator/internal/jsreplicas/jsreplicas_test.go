@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +22,104 @@ import (
 
 const defaultTestTimeout = 60 * time.Second
 
+// testLog is where the cluster tests' stores log (to the test's output
+// with -v).
+var testLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+// logRecords is a slog handler keeping each record's message and
+// attributes as one line.
+type logRecords struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	line := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "waited" {
+			line += " " + a.String()
+		}
+		return true
+	})
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+	return nil
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecords) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines)
+}
+
+// TestCreateLogsEachUnansweredCall: every create call that goes
+// unanswered (or is answered unavailable) is logged as a warning naming
+// the store, the replica count and the attempt, and asked again.
+func TestCreateLogsEachUnansweredCall(t *testing.T) {
+	defer jsreplicas.SetAttemptTimeout(jsreplicas.SetAttemptTimeout(50 * time.Millisecond))
+	logs := &logRecords{}
+	calls := 0
+	unavail := &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}
+	r, err := jsreplicas.Create(testContext(t), jsreplicas.Store{Name: "job store bucket tether_jobs", Replicas: 3, Log: slog.New(logs)}, func(ctx context.Context, r int) error {
+		calls++
+		switch calls {
+		case 1, 2: // unanswered
+			<-ctx.Done()
+			return ctx.Err()
+		case 3:
+			return unavail
+		}
+		return nil
+	})
+	got := logs.all()
+	want := []string{
+		"WARN still waiting for JetStream to create a store; asking again store=job store bucket tether_jobs replicas=3 attempt=1 why=unanswered within 50ms",
+		"WARN still waiting for JetStream to create a store; asking again store=job store bucket tether_jobs replicas=3 attempt=2 why=unanswered within 50ms",
+		"WARN still waiting for JetStream to create a store; asking again store=job store bucket tether_jobs replicas=3 attempt=3 why=" + unavail.Error(),
+	}
+	if r != 3 || err != nil || calls != 4 || !slices.Equal(got, want) {
+		t.Errorf("Create: %d, %v after %d calls, logs:\n%s\nwant 3 after 4 calls, logs:\n%s", r, err, calls, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestCreateFindsStoreWhoseCreateWentUnanswered: after a create call that
+// went unanswered, a store that exists with the replica count asked for
+// counts as created (its answer is what got lost: nats-server 2.15 with
+// concurrent creates); one with another count is asked for again.
+func TestCreateFindsStoreWhoseCreateWentUnanswered(t *testing.T) {
+	defer jsreplicas.SetAttemptTimeout(jsreplicas.SetAttemptTimeout(50 * time.Millisecond))
+	hang := func(ctx context.Context, _ int) error { <-ctx.Done(); return ctx.Err() }
+	logs := &logRecords{}
+	looks := 0
+	r, err := jsreplicas.Create(testContext(t), jsreplicas.Store{Name: "fleet bucket tether_nodes", Log: slog.New(logs), Exists: func(context.Context) (int, bool, error) {
+		looks++
+		return 3, true, nil
+	}}, hang)
+	if r != 3 || err != nil || looks != 1 {
+		t.Errorf("Create: %d, %v after %d looks; want 3 after one", r, err, looks)
+	}
+	if got := logs.all(); len(got) != 1 || !strings.HasPrefix(got[0], "INFO JetStream store found created although its create went unanswered store=fleet bucket tether_nodes replicas=3 attempt=1") {
+		t.Errorf("logs %q", got)
+	}
+
+	// Found with 1 replica while 3 are asked for (a scale-up whose answer
+	// is late): not taken for created.
+	ctx, cancel := context.WithTimeout(testContext(t), time.Second)
+	defer cancel()
+	looks = 0
+	_, err = jsreplicas.Create(ctx, jsreplicas.Store{Replicas: 3, Exists: func(context.Context) (int, bool, error) {
+		looks++
+		return 1, true, nil
+	}}, hang)
+	if err == nil || looks < 2 {
+		t.Errorf("store found with 1 replica of 3: %v after %d looks; want asked again until ctx ended", err, looks)
+	}
+}
+
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	t.Cleanup(cancel)
@@ -30,21 +131,21 @@ func testContext(t *testing.T) context.Context {
 func TestCreateStopsAtOtherErrors(t *testing.T) {
 	var tried []int
 	bad := errors.New("stream name already in use with a different configuration")
-	_, err := jsreplicas.Create(context.Background(), 0, func(_ context.Context, r int) error { tried = append(tried, r); return bad })
+	_, err := jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 0}, func(_ context.Context, r int) error { tried = append(tried, r); return bad })
 	if !errors.Is(err, bad) || !strings.Contains(err.Error(), "replicas 3") || fmt.Sprint(tried) != "[3]" {
 		t.Errorf("err %v after tries %v, want the error itself after [3]", err, tried)
 	}
 	tried = nil
 	few := &jetstream.APIError{Code: 500, ErrorCode: 10023, Description: "insufficient resources"}
-	_, err = jsreplicas.Create(context.Background(), 0, func(_ context.Context, r int) error { tried = append(tried, r); return few })
+	_, err = jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 0}, func(_ context.Context, r int) error { tried = append(tried, r); return few })
 	if !errors.Is(err, few) || fmt.Sprint(tried) != "[3 2 1]" {
 		t.Errorf("err %v after tries %v, want insufficient resources after [3 2 1]", err, tried)
 	}
 	tried = nil
-	if r, err := jsreplicas.Create(context.Background(), 2, func(_ context.Context, r int) error { tried = append(tried, r); return nil }); r != 2 || err != nil || fmt.Sprint(tried) != "[2]" {
+	if r, err := jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 2}, func(_ context.Context, r int) error { tried = append(tried, r); return nil }); r != 2 || err != nil || fmt.Sprint(tried) != "[2]" {
 		t.Errorf("forced 2: %d, %v after %v", r, err, tried)
 	}
-	if _, err := jsreplicas.Create(context.Background(), 6, func(context.Context, int) error { return nil }); err == nil {
+	if _, err := jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 6}, func(context.Context, int) error { return nil }); err == nil {
 		t.Error("replicas 6 accepted")
 	}
 }
@@ -55,7 +156,7 @@ func TestCreateStopsAtOtherErrors(t *testing.T) {
 func TestCreateWaitsWhileUnavailable(t *testing.T) {
 	var tried []int
 	unavail := &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}
-	r, err := jsreplicas.Create(testContext(t), 0, func(_ context.Context, r int) error {
+	r, err := jsreplicas.Create(testContext(t), jsreplicas.Store{}, func(_ context.Context, r int) error {
 		tried = append(tried, r)
 		if len(tried) < 3 {
 			return unavail
@@ -106,14 +207,16 @@ func connect(t *testing.T, s *server.Server) jetstream.JetStream {
 }
 
 func openStream(ctx context.Context, js jetstream.JetStream, name string, want int) (int, error) {
-	return jsreplicas.Create(ctx, want, func(ctx context.Context, r int) error {
+	var st jetstream.Stream
+	return jsreplicas.Create(ctx, jsreplicas.Store{Name: "stream " + name, Replicas: want, Log: testLog, Exists: jsreplicas.StreamExists(js, name, &st)}, func(ctx context.Context, r int) error {
 		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage, Replicas: r})
 		return err
 	})
 }
 
 func openBucket(ctx context.Context, js jetstream.JetStream, name string, want int) (int, error) {
-	return jsreplicas.Create(ctx, want, func(ctx context.Context, r int) error {
+	var kv jetstream.KeyValue
+	return jsreplicas.Create(ctx, jsreplicas.Store{Name: "bucket " + name, Replicas: want, Log: testLog, Exists: jsreplicas.BucketExists(js, name, &kv)}, func(ctx context.Context, r int) error {
 		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Replicas: r})
 		return err
 	})
@@ -267,4 +370,78 @@ func TestClusterOfThree(t *testing.T) {
 		t.Errorf("new stream with one server of three down: %v", err)
 	}
 	t.Logf("new stream with one server of three down: %d replicas", r)
+}
+
+// TestClusterStartTogether: three coordinators starting at once on a
+// fresh 3-server cluster each open the same stores one after another (as
+// tether coordinator does: fleet, ledger, enrollment, audit, jobs), one
+// coordinator per server; every store opens with 3 replicas through each.
+// The warnings (each create call left unanswered) are logged with -v.
+func TestClusterStartTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-server JetStream cluster")
+	}
+	// Eight stores, each of which may cost an unanswered create or two
+	// on a loaded machine: more room than testContext's.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var ports []int
+	var routes []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port))
+		ln.Close()
+	}
+	var srvs []*server.Server
+	for i := range 3 {
+		srvs = append(srvs, runServer(t, fmt.Sprintf("n%d", i), ports[i], routes))
+	}
+	// No wait for the meta leader: coordinators do not wait either.
+	logs := &logRecords{}
+	var wg sync.WaitGroup
+	errs := make([][]string, 3)
+	for i, s := range srvs {
+		js := connect(t, s)
+		wg.Go(func() {
+			for k := range 4 {
+				for _, open := range []func() (int, error){
+					func() (int, error) { return openBucketLogged(ctx, js, fmt.Sprintf("b%d", k), slog.New(logs)) },
+					func() (int, error) { return openStreamLogged(ctx, js, fmt.Sprintf("S%d", k), slog.New(logs)) },
+				} {
+					if r, err := open(); r != 3 || err != nil {
+						errs[i] = append(errs[i], fmt.Sprintf("store %d: replicas %d, %v", k, r, err))
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, e := range errs {
+		if len(e) > 0 {
+			t.Errorf("through server %d: %s; want 3 replicas each", i, strings.Join(e, "; "))
+		}
+	}
+	for _, l := range logs.all() {
+		t.Log(l)
+	}
+}
+
+func openStreamLogged(ctx context.Context, js jetstream.JetStream, name string, log *slog.Logger) (int, error) {
+	var st jetstream.Stream
+	return jsreplicas.Create(ctx, jsreplicas.Store{Name: "stream " + name, Log: log, Exists: jsreplicas.StreamExists(js, name, &st)}, func(ctx context.Context, r int) error {
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage, Replicas: r})
+		return err
+	})
+}
+
+func openBucketLogged(ctx context.Context, js jetstream.JetStream, name string, log *slog.Logger) (int, error) {
+	var kv jetstream.KeyValue
+	return jsreplicas.Create(ctx, jsreplicas.Store{Name: "bucket " + name, Log: log, Exists: jsreplicas.BucketExists(js, name, &kv)}, func(ctx context.Context, r int) error {
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Replicas: r})
+		return err
+	})
 }

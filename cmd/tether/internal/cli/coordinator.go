@@ -675,7 +675,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	octx, ocancel := context.WithTimeout(context.Background(), storeOpenTimeout)
-	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 0)
+	cs.fleet, err = coordinator.OpenFleetBucket(octx, cs.nc, 0, log)
 	ocancel()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
@@ -709,7 +709,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	undo = append(undo, func() { closeAudit(rec, log) })
 
 	jctx, jcancel := context.WithTimeout(context.Background(), storeOpenTimeout)
-	jobs, err := jobstore.Open(jctx, jobstore.Config{NATS: cs.nc, Coordinator: id, Retention: o.JobRetention})
+	jobs, err := jobstore.Open(jctx, jobstore.Config{NATS: cs.nc, Coordinator: id, Retention: o.JobRetention, Logger: log})
 	jcancel()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w (the job store needs JetStream file storage)", err)

@@ -464,7 +464,11 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	opts := client.ExecOptions{
 		Output: out.handle,
 		Rerun: func(lost, next, why string) {
-			fmt.Fprintf(stderr, "tether: job %s was lost (%s); it is idempotent: running it again as job %s\n", lost, why, next)
+			what := "was lost (" + why + ")"
+			if strings.HasPrefix(why, "never recorded") {
+				what = "was " + why
+			}
+			fmt.Fprintf(stderr, "tether: job %s %s; it is idempotent: running it again as job %s\n", lost, what, next)
 		},
 		NodeResult: func(r *protocol.NodeResult) {
 			if prog != nil {
