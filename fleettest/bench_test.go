@@ -234,83 +234,146 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 
 const idleAgents = 1000
 
+// BenchmarkIdleAgentMemory measures what an idle agent costs a coordinator
+// (a child process: its RSS is its own) against a bare TLS connection held
+// by a server with one goroutine blocked in Read. Each tether sub-benchmark
+// runs TETHER_IDLEBENCH_ROUNDS rounds (default 1), each measuring a fresh
+// bare-TLS child and then a fresh coordinator child, and reports the
+// medians over the rounds, x-bare-tls being the median of the per-round
+// ratios of RSS per agent (issue 12's target: <= 1.2).
 func BenchmarkIdleAgentMemory(b *testing.B) {
 	if testing.Short() {
 		b.Skip("starts 1000 agents")
 	}
 	b.Run("baseline=bare-tls", func(b *testing.B) {
-		child := startChild(b, "tls")
-		base := child.rss(b)
-		conns := make([]net.Conn, 0, idleAgents)
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		for i := 0; i < idleAgents; i++ {
-			c, err := tunnel.DialTLS(context.Background(), child.addr, child.tls)
-			if err != nil {
-				b.Fatal(err)
-			}
-			c.Write([]byte("x")) // make the server finish its side and block in Read
-			conns = append(conns, c)
-		}
-		child.waitCount(b, idleAgents)
-		reportPerConn(b, base, child.rss(b))
+		reportPerConn(b, []perConn{measureBareTLS(b)}, nil)
 	})
+	rounds := 1
+	if v, err := strconv.Atoi(os.Getenv("TETHER_IDLEBENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
 	for _, transport := range []string{agent.TransportTLS, agent.TransportWebSocket} {
 		name := "tether-coordinator"
 		if transport != agent.TransportTLS {
 			name += "-" + transport
 		}
-		b.Run(name, func(b *testing.B) { benchIdleCoordinator(b, transport) })
-	}
-}
-
-// benchIdleCoordinator measures a coordinator child's memory per idle
-// agent whose tunnel uses transport.
-func benchIdleCoordinator(b *testing.B, transport string) {
-	{
-		child := startChild(b, "coordinator")
-		creds, err := natsauth.ReadCreds(child.credsFile)
-		if err != nil {
-			b.Fatal(err)
-		}
-		nc, err := nats.Connect(child.natsURL, creds.Options()...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer nc.Close()
-		base := child.rss(b)
-		fleettest.DialWith(b, child.addr, child.tls, child.token, idleAgents, func(_ int, c *agent.Config) {
-			c.Transports = []string{transport}
+		b.Run(name, func(b *testing.B) {
+			// One sub-benchmark per round, so that its children and
+			// agents are gone before the next round starts.
+			var got, bare []perConn
+			for r := range rounds {
+				b.Run(fmt.Sprintf("round=%d", r+1), func(b *testing.B) {
+					bare = append(bare, measureBareTLS(b))
+					got = append(got, measureIdleCoordinator(b, transport))
+					reportPerConn(b, got[r:], bare[r:])
+				})
+			}
+			if len(got) == rounds {
+				b.Run("median", func(b *testing.B) { reportPerConn(b, got, bare) })
+			}
 		})
-		cl := client.New(nc)
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			nodes, err := cl.Nodes(context.Background(), "")
-			if err == nil && len(nodes) == idleAgents {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("only %d agents registered: %v", len(nodes), err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		// Let every agent finish its first heartbeat, then measure.
-		time.Sleep(2 * time.Second)
-		reportPerConn(b, base, child.rss(b))
 	}
 }
 
-// reportPerConn reports what each of the idleAgents connections added to
-// the child: RSS, goroutines, heap and stacks in use.
-func reportPerConn(b *testing.B, before, after usage) {
-	b.ReportMetric(float64(after.rss-before.rss)/idleAgents, "KiB/agent")
-	b.ReportMetric(float64(after.goroutines-before.goroutines)/idleAgents, "goroutines/agent")
-	b.ReportMetric(float64(after.heap-before.heap)/1024/idleAgents, "heap-KiB/agent")
-	b.ReportMetric(float64(after.stack-before.stack)/1024/idleAgents, "stack-KiB/agent")
-	b.ReportMetric(float64(after.rss), "RSS-KiB")
+// measureBareTLS measures a bare TLS server child holding idleAgents
+// connections.
+func measureBareTLS(b *testing.B) perConn {
+	child := startChild(b, "tls")
+	base := child.rss(b)
+	conns := make([]net.Conn, 0, idleAgents)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < idleAgents; i++ {
+		c, err := tunnel.DialTLS(context.Background(), child.addr, child.tls)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Write([]byte("x")) // make the server finish its side and block in Read
+		conns = append(conns, c)
+	}
+	child.waitCount(b, idleAgents)
+	// As for the coordinator: measured a moment after the last one.
+	time.Sleep(2 * time.Second)
+	return newPerConn(base, child.rss(b))
+}
+
+// measureIdleCoordinator measures a coordinator child's memory per idle
+// agent whose tunnel uses transport.
+func measureIdleCoordinator(b *testing.B, transport string) perConn {
+	child := startChild(b, "coordinator")
+	creds, err := natsauth.ReadCreds(child.credsFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nc, err := nats.Connect(child.natsURL, creds.Options()...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	base := child.rss(b)
+	fleettest.DialWith(b, child.addr, child.tls, child.token, idleAgents, func(_ int, c *agent.Config) {
+		c.Transports = []string{transport}
+	})
+	cl := client.New(nc)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		nodes, err := cl.Nodes(context.Background(), "")
+		if err == nil && len(nodes) == idleAgents {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("only %d agents registered: %v", len(nodes), err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Let every agent finish its first heartbeat, then measure.
+	time.Sleep(2 * time.Second)
+	return newPerConn(base, child.rss(b))
+}
+
+// perConn is what each of the idleAgents connections added to a child:
+// RSS, goroutines, heap and stacks in use (KiB, count, KiB, KiB), and the
+// child's RSS at the end (KiB).
+type perConn struct{ rss, goroutines, heap, stack, total float64 }
+
+func newPerConn(before, after usage) perConn {
+	return perConn{
+		rss:        float64(after.rss-before.rss) / idleAgents,
+		goroutines: float64(after.goroutines-before.goroutines) / idleAgents,
+		heap:       float64(after.heap-before.heap) / 1024 / idleAgents,
+		stack:      float64(after.stack-before.stack) / 1024 / idleAgents,
+		total:      float64(after.rss),
+	}
+}
+
+// reportPerConn reports the medians of got over its rounds, and with bare
+// (measured in the same rounds) the median of the per-round ratios of RSS
+// per connection as x-bare-tls.
+func reportPerConn(b *testing.B, got, bare []perConn) {
+	med := func(f func(perConn) float64, ps []perConn) float64 {
+		v := make([]float64, len(ps))
+		for i, p := range ps {
+			v[i] = f(p)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(med(func(p perConn) float64 { return p.rss }, got), "KiB/agent")
+	b.ReportMetric(med(func(p perConn) float64 { return p.goroutines }, got), "goroutines/agent")
+	b.ReportMetric(med(func(p perConn) float64 { return p.heap }, got), "heap-KiB/agent")
+	b.ReportMetric(med(func(p perConn) float64 { return p.stack }, got), "stack-KiB/agent")
+	b.ReportMetric(med(func(p perConn) float64 { return p.total }, got), "RSS-KiB")
+	if len(bare) == len(got) && len(bare) > 0 {
+		ratios := make([]perConn, len(got))
+		for i := range got {
+			ratios[i].rss = got[i].rss / bare[i].rss
+		}
+		b.ReportMetric(med(func(p perConn) float64 { return p.rss }, ratios), "x-bare-tls")
+		b.ReportMetric(med(func(p perConn) float64 { return p.rss }, bare), "bare-KiB/conn")
+	}
 	for i := 0; i < b.N; i++ {
 	}
 }
@@ -419,28 +482,47 @@ func rssKiB(b *testing.B, pid int) int64 {
 // serveChildCommands reads the parent's commands on stdin until EOF: "gc"
 // collects garbage and returns freed memory to the OS, then answers
 // "gc-done", so that both children are measured at their retained size, not
-// at wherever their garbage collector happened to be. It collects four
-// times because the runtime halves an idle goroutine's oversized stack at
-// most once per collection; a long-running coordinator gets there by itself.
+// at wherever their garbage collector happened to be (settle).
 func serveChildCommands() {
 	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
+	for n := 0; sc.Scan(); {
 		if sc.Text() == "gc" {
-			for i := 0; i < 4; i++ {
-				debug.FreeOSMemory()
-			}
+			n++
 			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
+			settle(&ms)
 			if path := os.Getenv("TETHER_FLEETTEST_HEAPPROFILE"); path != "" {
 				// For finding what an idle agent costs: the heap as of
-				// this point, written over at each "gc".
-				if f, err := os.Create(path); err == nil {
+				// this point, at each "gc" FILE.1, FILE.2, ... (the
+				// first is the child before any agent: pprof -base),
+				// and the goroutines beside it.
+				if f, err := os.Create(fmt.Sprintf("%s.%d", path, n)); err == nil {
 					pprof.Lookup("heap").WriteTo(f, 0)
+					f.Close()
+				}
+				if f, err := os.Create(fmt.Sprintf("%s.%d.goroutines", path, n)); err == nil {
+					pprof.Lookup("goroutine").WriteTo(f, 1)
 					f.Close()
 				}
 			}
 			fmt.Printf("gc-done %d %d %d\n", runtime.NumGoroutine(), ms.HeapInuse, ms.StackInuse)
 		}
+	}
+}
+
+// settle collects garbage and returns freed memory to the OS until the
+// goroutine stacks stop shrinking (the runtime halves an idle goroutine's
+// oversized stack at most once per collection, so a stack grown by a TLS
+// handshake takes several), at least four times and at most 16, and
+// leaves the last statistics in ms.
+func settle(ms *runtime.MemStats) {
+	prev := ^uint64(0)
+	for i := 0; i < 16; i++ {
+		debug.FreeOSMemory()
+		runtime.ReadMemStats(ms)
+		if i >= 3 && ms.StackInuse >= prev {
+			return
+		}
+		prev = ms.StackInuse
 	}
 }
 
@@ -512,6 +594,9 @@ func childCoordinator() {
 // blocked in Read per connection (the least any server holding idle clients
 // does), and prints the count of established connections.
 func childTLSServer() {
+	if os.Getenv("TETHER_FLEETTEST_HEAPPROFILE") != "" {
+		runtime.MemProfileRate = 1
+	}
 	srvTLS, _ := childPKI()
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", srvTLS)
 	if err != nil {
