@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -335,9 +336,10 @@ func measureIdleCoordinator(b *testing.B, transport string) perConn {
 }
 
 // perConn is what each of the idleAgents connections added to a child:
-// RSS, goroutines, heap and stacks in use (KiB, count, KiB, KiB), and the
-// child's RSS at the end (KiB).
-type perConn struct{ rss, goroutines, heap, stack, total float64 }
+// RSS, goroutines, heap and stacks in use, and the part of that heap that
+// holds no object (KiB, count, KiB, KiB, KiB), and the child's RSS at the
+// end (KiB).
+type perConn struct{ rss, goroutines, heap, stack, unused, total float64 }
 
 func newPerConn(before, after usage) perConn {
 	return perConn{
@@ -345,6 +347,7 @@ func newPerConn(before, after usage) perConn {
 		goroutines: float64(after.goroutines-before.goroutines) / idleAgents,
 		heap:       float64(after.heap-before.heap) / 1024 / idleAgents,
 		stack:      float64(after.stack-before.stack) / 1024 / idleAgents,
+		unused:     float64(after.unused-before.unused) / 1024 / idleAgents,
 		total:      float64(after.rss),
 	}
 }
@@ -365,6 +368,7 @@ func reportPerConn(b *testing.B, got, bare []perConn) {
 	b.ReportMetric(med(func(p perConn) float64 { return p.goroutines }, got), "goroutines/agent")
 	b.ReportMetric(med(func(p perConn) float64 { return p.heap }, got), "heap-KiB/agent")
 	b.ReportMetric(med(func(p perConn) float64 { return p.stack }, got), "stack-KiB/agent")
+	b.ReportMetric(med(func(p perConn) float64 { return p.unused }, got), "heap-unused-KiB/agent")
 	b.ReportMetric(med(func(p perConn) float64 { return p.total }, got), "RSS-KiB")
 	if len(bare) == len(got) && len(bare) > 0 {
 		ratios := make([]perConn, len(got))
@@ -441,9 +445,10 @@ func (c *child) waitCount(b *testing.B, n int) {
 	b.Fatal("TLS child stopped before reaching the connection count")
 }
 
-// usage is what a child holds: its VmRSS in KiB, its goroutines, and the
-// bytes of its heap and goroutine stacks in use.
-type usage struct{ rss, goroutines, heap, stack int64 }
+// usage is what a child holds: its VmRSS in KiB, its goroutines, the
+// bytes of its heap and goroutine stacks in use, and of the heap in use
+// that holds no object (free slots of spans in use: fragmentation).
+type usage struct{ rss, goroutines, heap, stack, unused int64 }
 
 // rss asks the child to collect and scavenge, then reads its VmRSS and
 // what the child reported of its goroutines, heap and stacks.
@@ -452,11 +457,12 @@ func (c *child) rss(b *testing.B) usage {
 	fmt.Fprintln(c.stdin, "gc")
 	for c.lines.Scan() {
 		f := strings.Fields(c.lines.Text())
-		if len(f) == 4 && f[0] == "gc-done" {
+		if len(f) == 5 && f[0] == "gc-done" {
 			u := usage{rss: rssKiB(b, c.pid)}
 			u.goroutines, _ = strconv.ParseInt(f[1], 10, 64)
 			u.heap, _ = strconv.ParseInt(f[2], 10, 64)
 			u.stack, _ = strconv.ParseInt(f[3], 10, 64)
+			u.unused, _ = strconv.ParseInt(f[4], 10, 64)
 			return u
 		}
 	}
@@ -504,7 +510,9 @@ func serveChildCommands() {
 					f.Close()
 				}
 			}
-			fmt.Printf("gc-done %d %d %d\n", runtime.NumGoroutine(), ms.HeapInuse, ms.StackInuse)
+			unused := []metrics.Sample{{Name: "/memory/classes/heap/unused:bytes"}}
+			metrics.Read(unused)
+			fmt.Printf("gc-done %d %d %d %d\n", runtime.NumGoroutine(), ms.HeapInuse, ms.StackInuse, unused[0].Value.Uint64())
 		}
 	}
 }

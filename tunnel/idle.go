@@ -3,9 +3,7 @@ package tunnel
 import (
 	"errors"
 	"fmt"
-	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -15,29 +13,15 @@ import (
 // because nothing arrived from the peer for Config.IdleTimeout.
 var ErrPeerSilent = errors.New("tunnel: nothing received from the peer")
 
-// idleConn notes when a Read last returned data. yamux reads through a
-// buffered reader, so this costs one clock reading per buffer fill, not per
-// frame.
-type idleConn struct {
-	net.Conn
-	start time.Time    // monotonic origin of last
-	last  atomic.Int64 // time since start of the last Read that returned data
-}
-
-func newIdleConn(c net.Conn) *idleConn { return &idleConn{Conn: c, start: time.Now()} }
-
-func (c *idleConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.last.Store(int64(time.Since(c.start)))
-	}
-	return n, err
-}
+// noteRead records, for the idle watch, that a Read returned data. yamux
+// reads through a buffered reader, so this costs one clock reading per
+// buffer fill, not per frame.
+func (c *watchConn) noteRead() { c.lastRead.Store(int64(time.Since(c.flow.epoch))) }
 
 // silentFor reports how long ago a Read last returned data (or the
 // connection was wrapped, if none did).
-func (c *idleConn) silentFor() time.Duration {
-	return time.Since(c.start) - time.Duration(c.last.Load())
+func (c *watchConn) silentFor() time.Duration {
+	return time.Since(c.flow.epoch) - time.Duration(c.lastRead.Load())
 }
 
 // idleWatch closes a session whose peer stayed silent for timeout. It runs
@@ -45,7 +29,7 @@ func (c *idleConn) silentFor() time.Duration {
 // would reach timeout, and closes the session when it has.
 type idleWatch struct {
 	y       *yamux.Session
-	conn    *idleConn
+	conn    *watchConn
 	timeout time.Duration
 
 	mu      sync.Mutex
@@ -54,7 +38,7 @@ type idleWatch struct {
 	cause   error // set when the watch closed the session
 }
 
-func watchIdle(y *yamux.Session, c *idleConn, timeout time.Duration) *idleWatch {
+func watchIdle(y *yamux.Session, c *watchConn, timeout time.Duration) *idleWatch {
 	w := &idleWatch{y: y, conn: c, timeout: timeout}
 	w.mu.Lock()
 	w.timer = time.AfterFunc(timeout, w.check)

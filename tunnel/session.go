@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -139,6 +141,37 @@ func (c *Config) yamux() *yamux.Config {
 	return yc
 }
 
+// yamuxConfigs holds the yamux configurations built by sharedYamux, at
+// most maxSharedConfigs of them: a process starts sessions with a few
+// distinct Configs (the coordinator one for its agents and one for its
+// direct clients, an agent one), and a yamux.Config (96 bytes) per
+// session is a measurable share of an idle agent's cost on a coordinator
+// (BenchmarkIdleAgentMemory). yamux only reads its Config.
+var yamuxConfigs struct {
+	sync.Mutex
+	keys []Config
+	vals []*yamux.Config
+}
+
+const maxSharedConfigs = 8
+
+// sharedYamux returns c's yamux configuration, the same one for every
+// equal Config while fewer than maxSharedConfigs distinct ones were seen,
+// and a fresh one beyond that.
+func (c *Config) sharedYamux() *yamux.Config {
+	yamuxConfigs.Lock()
+	defer yamuxConfigs.Unlock()
+	if i := slices.Index(yamuxConfigs.keys, *c); i >= 0 {
+		return yamuxConfigs.vals[i]
+	}
+	yc := c.yamux()
+	if len(yamuxConfigs.keys) < maxSharedConfigs {
+		yamuxConfigs.keys = append(yamuxConfigs.keys, *c)
+		yamuxConfigs.vals = append(yamuxConfigs.vals, yc)
+	}
+	return yc
+}
+
 // yamuxLogger bridges yamux's printf logger to slog at debug level.
 type yamuxLogger struct{ l *slog.Logger }
 
@@ -186,15 +219,13 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		return nil, err
 	}
 	var cc net.Conn = conn
-	var ic *idleConn
-	if cfg.IdleTimeout > 0 {
-		ic = newIdleConn(cc)
-		cc = ic
-	}
-	wc := &watchConn{Conn: cc}
+	// The session's clock origin, for the flow telemetry and the idle
+	// watch (silent from now on).
+	wc := &watchConn{Conn: cc, idle: cfg.IdleTimeout > 0}
+	wc.flow.epoch = time.Now()
 	var flow *flowState
 	if cfg.Flow != nil {
-		wc.flow.agg, wc.flow.epoch = cfg.Flow, time.Now()
+		wc.flow.agg = cfg.Flow
 		flow = &wc.flow
 	}
 	cc = wc
@@ -209,17 +240,17 @@ func newSession(conn net.Conn, cfg Config, client, coalesce bool) (*Session, err
 		err error
 	)
 	if client {
-		y, err = yamux.Client(cc, cfg.yamux())
+		y, err = yamux.Client(cc, cfg.sharedYamux())
 	} else {
-		y, err = yamux.Server(cc, cfg.yamux())
+		y, err = yamux.Server(cc, cfg.sharedYamux())
 	}
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("tunnel: start session with %s: %w", conn.RemoteAddr(), err)
 	}
 	s := &Session{y: y, cfg: cfg, wc: wc, cc: co}
-	if ic != nil {
-		s.idle = watchIdle(y, ic, cfg.IdleTimeout)
+	if wc.idle {
+		s.idle = watchIdle(y, wc, cfg.IdleTimeout)
 	}
 	return s, nil
 }

@@ -55,6 +55,12 @@ type watchConn struct {
 	// flow is the session's flow-control telemetry (flow.go): the frames
 	// read feed its window arithmetic when flow.agg is set.
 	flow flowState
+
+	// idle is set when the session has an idle watch (idle.go): each Read
+	// that returns data stores its time in lastRead, in nanoseconds since
+	// flow.epoch (the session's start, whether or not flow is tracked).
+	idle     bool
+	lastRead atomic.Int64
 }
 
 func (c *watchConn) Read(p []byte) (int, error) {
@@ -62,6 +68,9 @@ func (c *watchConn) Read(p []byte) (int, error) {
 		c.run.kick()
 	}
 	n, err := c.Conn.Read(p)
+	if n > 0 && c.idle {
+		c.noteRead()
+	}
 	if n > 0 && c.watched.Load() != 0 {
 		c.scan(p[:n])
 	} else if n > 0 {

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -229,4 +230,37 @@ func TestOnClose(t *testing.T) {
 	case <-time.After(defaultTestTimeout):
 		t.Fatal("OnClose registered after the close never ran")
 	}
+}
+
+// Sessions started with equal Configs share one yamux configuration (a
+// yamux.Config per session is a measurable share of an idle agent's cost
+// on a coordinator); distinct Configs get their own, and past the cache's
+// bound each session still gets a valid one.
+func TestSessionsShareYamuxConfig(t *testing.T) {
+	a := DefaultConfig()
+	a.AcceptBacklog = 3 // a Config no other test uses
+	b := a
+	if a.sharedYamux() != b.sharedYamux() {
+		t.Fatal("equal Configs got distinct yamux configurations")
+	}
+	c := a
+	c.AcceptBacklog = 4
+	if a.sharedYamux() == c.sharedYamux() {
+		t.Fatal("distinct Configs share a yamux configuration")
+	}
+	for i := range 2 * maxSharedConfigs {
+		d := a
+		d.AcceptBacklog = 100 + i
+		yc := d.sharedYamux()
+		if yc.AcceptBacklog != d.AcceptBacklog || yc.MaxStreamWindowSize != d.MaxStreamWindow {
+			t.Fatalf("config %d: yamux configuration %+v does not follow it", i, yc)
+		}
+	}
+	// A session over the shared configuration works.
+	c1, c2 := net.Pipe()
+	cs, ss := sessionPair(t, c1, c2, a)
+	if _, err := cs.Ping(); err != nil {
+		t.Fatalf("ping over a shared configuration: %v", err)
+	}
+	_ = ss
 }
