@@ -498,14 +498,17 @@ func serveChildCommands() {
 			settle(&ms)
 			if path := os.Getenv("TETHER_FLEETTEST_HEAPPROFILE"); path != "" {
 				// For finding what an idle agent costs: the heap as of
-				// this point, at each "gc" FILE.1, FILE.2, ... (the
-				// first is the child before any agent: pprof -base),
-				// and the goroutines beside it.
-				if f, err := os.Create(fmt.Sprintf("%s.%d", path, n)); err == nil {
+				// this point, at each "gc" FILE.ROLE.1, FILE.ROLE.2, ...
+				// (ROLE coordinator or tls; the first is the child
+				// before any connection: pprof -base), and the
+				// goroutines beside it. A later round writes over an
+				// earlier one's.
+				name := fmt.Sprintf("%s.%s.%d", path, os.Getenv("TETHER_FLEETTEST_CHILD"), n)
+				if f, err := os.Create(name); err == nil {
 					pprof.Lookup("heap").WriteTo(f, 0)
 					f.Close()
 				}
-				if f, err := os.Create(fmt.Sprintf("%s.%d.goroutines", path, n)); err == nil {
+				if f, err := os.Create(name + ".goroutines"); err == nil {
 					pprof.Lookup("goroutine").WriteTo(f, 1)
 					f.Close()
 				}
