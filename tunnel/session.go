@@ -146,7 +146,11 @@ func (c *Config) yamux() *yamux.Config {
 // distinct Configs (the coordinator one for its agents and one for its
 // direct clients, an agent one), and a yamux.Config (96 bytes) per
 // session is a measurable share of an idle agent's cost on a coordinator
-// (BenchmarkIdleAgentMemory). yamux only reads its Config.
+// (BenchmarkIdleAgentMemory). yamux only reads its Config. The first
+// maxSharedConfigs distinct ones are kept for the process's life (with the
+// Logger and FlowCounters they name); a process that makes more (tests
+// starting many coordinators) gets a fresh one for each session of the
+// others, as before.
 var yamuxConfigs struct {
 	sync.Mutex
 	keys []Config

@@ -237,6 +237,16 @@ func TestOnClose(t *testing.T) {
 // on a coordinator); distinct Configs get their own, and past the cache's
 // bound each session still gets a valid one.
 func TestSessionsShareYamuxConfig(t *testing.T) {
+	// Other tests of the package may have filled the cache: start empty.
+	yamuxConfigs.Lock()
+	keys, vals := yamuxConfigs.keys, yamuxConfigs.vals
+	yamuxConfigs.keys, yamuxConfigs.vals = nil, nil
+	yamuxConfigs.Unlock()
+	t.Cleanup(func() {
+		yamuxConfigs.Lock()
+		yamuxConfigs.keys, yamuxConfigs.vals = keys, vals
+		yamuxConfigs.Unlock()
+	})
 	a := DefaultConfig()
 	a.AcceptBacklog = 3 // a Config no other test uses
 	b := a
