@@ -30,7 +30,7 @@ func TestQuickstartAsWritten(t *testing.T) {
 		`export PATH="$PWD/bin:$PATH"`, // tether on PATH, or
 		"./bin/tether",                 // the path to write without it
 		"gcc",                          // -race's C compiler
-		"apt-get install gcc",
+		"apt-get install -y make gcc",  // the packages, gcc among them
 		"go install github.com/nats-io/natscli/nats@", // the nats CLI
 	} {
 		if !strings.Contains(qs, want) {
