@@ -92,6 +92,11 @@ type env struct {
 	// metrics on and serves (tests record what registers); nil is
 	// newRegistry.
 	registry func() metricsRegistry
+	// natsRefused ends the command's context (run) when its NATS server
+	// refused it a subscription or publish (natsOptions.connect): every
+	// wait ends then, and run reports the refusal instead of what the
+	// command saw. Nil outside run.
+	natsRefused context.CancelCauseFunc
 }
 
 // metricsRegistry returns the registry for `tether dev`: e.registry's, or
@@ -134,12 +139,22 @@ func usage(err error) error {
 }
 
 func run(ctx context.Context, args []string, e *env) int {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	e.natsRefused = cancel
 	root := newRootCmdFor(e, args)
 	root.SetArgs(args)
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	cmd, err := root.ExecuteContextC(ctx)
+	var refused *natsRefusedError
+	if errors.As(context.Cause(ctx), &refused) {
+		// What the command then saw (a request that ended, "interrupted")
+		// follows from this.
+		printError(e.stderr, refused)
+		return exitTether
+	}
 	if err == nil {
 		return exitOK
 	}

@@ -179,7 +179,7 @@ Exit codes:
 			if err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -437,7 +437,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	if apiErr := req.Validate(); apiErr != nil {
 		return usage(errors.New(apiErr.Message))
 	}
-	c, closeNC, err := o.NATS.connect(e.getenv)
+	c, closeNC, err := o.NATS.connect(e)
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ Examples:
 			if err != nil {
 				return err
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}
@@ -379,7 +379,7 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
 			if err := protocol.ValidNodeID(strings.TrimSuffix(args[0], protocol.SSHHostSuffix)); err != nil {
 				return usage(fmt.Errorf("node: %w", err))
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}
