@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 )
 
 // fakeNATS is a NATS server speaking just enough of the protocol for a
@@ -81,5 +85,37 @@ func TestClientPermissionViolation(t *testing.T) {
 	t.Logf("stderr: %s", r.stderr)
 	if n := strings.Count(strings.TrimSpace(r.stderr), "\n"); n != 0 {
 		t.Errorf("stderr has %d lines, want one error:\n%s", n+1, r.stderr)
+	}
+}
+
+// TestCoordinatorRefusesOldNATS: a coordinator given an external NATS server
+// older than nats-server 2.11.0 does not start (its clients would all be
+// refused their replies), naming the server's version and the minimum; the
+// version check itself takes suffixes and lets an unparsable version
+// through.
+func TestCoordinatorRefusesOldNATS(t *testing.T) {
+	for v, ok := range map[string]bool{"2.9.10": false, "2.10.29": false, "1.4.1": false, "2.11.0": true, "2.11.0-RC.2": true,
+		"2.15.2": true, "3.0.0": true, "v2.12.1": true, "main": true, "": true} {
+		if err := checkNATSVersion(v); (err == nil) != ok {
+			t.Errorf("checkNATSVersion(%q) = %v; want ok %v", v, err, ok)
+		}
+	}
+	url := fakeNATS(t, "2.9.10")
+	l := natsauthtest.NewLayout(t)
+	creds, err := l.MintCoordinator("coordinator-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	credsFile := filepath.Join(dir, "coordinator.creds")
+	if err := natsauth.WriteCreds(credsFile, creds); err != nil {
+		t.Fatal(err)
+	}
+	pol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:ops:\n    rules: [{operations: [admin]}]\n")
+	r := runCLI(testCtx(t), nil, "", "coordinator", "--data-dir", filepath.Join(dir, "data"), "--policy", pol,
+		"--nats-url", url, "--nats-creds", credsFile, "--insecure-nats",
+		"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	if r.code == 0 || !strings.Contains(r.stderr, "nats-server 2.9.10 is older than 2.11.0") {
+		t.Errorf("coordinator on nats-server 2.9.10: exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 }
