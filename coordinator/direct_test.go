@@ -202,7 +202,7 @@ func TestStreamAuditExitThenClientGone(t *testing.T) {
 		mode client.DirectMode
 	}{{"direct", client.DirectOnly}, {"nats", client.DirectOff}} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, _ := auditFleetOpts(t, fleettest.Options{Direct: true}, nil)
+			f, logs := auditFleetOpts(t, fleettest.Options{Direct: true}, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 			defer cancel()
 			hungUp := make(chan struct{})
@@ -252,6 +252,11 @@ func TestStreamAuditExitThenClientGone(t *testing.T) {
 					code = strconv.Itoa(*ev.ExitCode)
 				}
 				t.Errorf("audit event: result %q, exit_code %s (%+v); want ok, 0: the agent's exit status was relayed", ev.Result, code, ev)
+			}
+			// Nor is it an abort in the log: the operation ended, and
+			// the client closed after it, as every client does.
+			if strings.Contains(logs.String(), `"msg":"relay aborted"`) {
+				t.Errorf("a relay whose exit status was relayed logged as aborted:\n%s", logs.String())
 			}
 		})
 	}

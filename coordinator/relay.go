@@ -420,7 +420,13 @@ func (r *relay) run() {
 	st.Close()
 	if err := p.Err(); err != nil {
 		r.endErr = err
-		log.Info("relay aborted", "err", err)
+		if r.exit != nil || r.agentErr != nil || r.copyDone.Load() {
+			// The operation's end was relayed (what the audit records);
+			// a client closes its end after reading it.
+			log.Debug("relay finished; the client closed its end after the operation's end", "err", err)
+		} else {
+			log.Info("relay aborted", "err", err)
+		}
 	} else {
 		log.Debug("relay finished")
 	}
