@@ -68,7 +68,13 @@ func fakeNATS(t *testing.T, version string) string {
 // pass, F1).
 func TestClientPermissionViolation(t *testing.T) {
 	url := fakeNATS(t, "2.9.10")
-	r := runCLI(testCtx(t), nil, "", "nodes", "--nats-url", url)
+	for _, args := range [][]string{{"nodes", "--nats-url", url}, {"exec", "--nats-url", url, "--all", "-n", "--", "true"}} {
+		t.Run(args[0], func(t *testing.T) { checkRefused(t, args) })
+	}
+}
+
+func checkRefused(t *testing.T, args []string) {
+	r := runCLI(testCtx(t), nil, "", args...)
 	if r.code != exitTether {
 		t.Errorf("exit %d, want %d", r.code, exitTether)
 	}
