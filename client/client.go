@@ -250,8 +250,11 @@ func (c *Client) Exec(ctx context.Context, req *protocol.ExecRequest, out Output
 // why there is no reply timeout). When ctx ends first, Exec publishes a
 // protocol.CancelRequest for the job and keeps reading for up to
 // CancelGrace: it then returns the (cancelled) result, if it arrived, together
-// with an error wrapping ctx.Err(). A gap in the replies' sequence numbers is
-// an error; the job is then cancelled too.
+// with an error wrapping ctx.Err(). A ctx whose cause wraps
+// nats.ErrPermissionViolation (the server refused the connection its
+// replies) returns that cause at once, after the cancel: no result can
+// come. A gap in the replies' sequence numbers is an error; the job is
+// then cancelled too.
 //
 // After FateCheckAfter without a reply, ExecWith reads the job's record (as
 // its submitter: protocol.JobGetRequest.Mine): a job lost with its
@@ -383,6 +386,11 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 				return nil, &silentError{id: req.ID}
 			case silent:
 				return nil, fmt.Errorf("exec job %s: %w (cancel requested; no result within %v)", req.ID, cause, c.cancelGrace())
+			case cause == nil && ctx.Err() != nil && errors.Is(context.Cause(ctx), nats.ErrPermissionViolation):
+				// The caller gave up because the server refused this
+				// connection its replies: no report can come.
+				c.cancelJob(req.ID)
+				return nil, fmt.Errorf("exec job %s: %w", req.ID, context.Cause(ctx))
 			case cause == nil && ctx.Err() != nil:
 				// The caller gave up: cancel the job and give the
 				// coordinator a moment to report what it stopped.

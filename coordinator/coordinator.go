@@ -46,6 +46,10 @@ type Coordinator struct {
 	// protocol.ExecOnceMaxTimeout as exec.once's whole-job bound when
 	// positive, in nanoseconds.
 	onceBoundForTest atomic.Int64
+	// clientEndForTest, set only by tests (export_test.go), wraps the
+	// client's end of every relay (the NATS pipe or the direct stream)
+	// once it is open.
+	clientEndForTest atomic.Pointer[func(clientEnd) clientEnd]
 
 	// owners are the submitters of detached jobs (authz.go).
 	owners jobOwners

@@ -1,10 +1,14 @@
 package coordinator_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tetherfleet/tether/client"
@@ -181,5 +185,94 @@ func TestDirectAudit(t *testing.T) {
 	})
 	if ev.Status != 410 || ev.Result != protocol.AuditError {
 		t.Errorf("unredeemed ticket: event %+v", ev)
+	}
+}
+
+// TestStreamAuditExitThenClientGone: a streamed exec whose client read the
+// exit status and hung up at once is audited by that exit status (ok,
+// exit_code 0), though the write that carried it was reported failed: the
+// direct path's yamux write reports a frame it sent as failed when the
+// session ends before the write is confirmed, which a client that exits
+// right after the exit frame makes likely (about 1 run in 7 of `echo hi |
+// tether exec --node N -- cat` under load). The hook forces that order:
+// the exit frame is delivered, the client closes, then the write fails.
+func TestStreamAuditExitThenClientGone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mode client.DirectMode
+	}{{"direct", client.DirectOnly}, {"nats", client.DirectOff}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, logs := auditFleetOpts(t, fleettest.Options{Direct: true}, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			hungUp := make(chan struct{})
+			var (
+				mu   sync.Mutex
+				sent []byte // what the relay wrote to the client so far
+			)
+			coordinator.SetClientWriteForTest(f.Coordinator, func(w io.Writer, b []byte) (int, error) {
+				n, err := w.Write(b)
+				if err != nil {
+					return n, err
+				}
+				mu.Lock()
+				sent = append(sent, b...)
+				exit := hasFrame(sent, protocol.FrameExit)
+				mu.Unlock()
+				if !exit {
+					return n, nil
+				}
+				select {
+				case <-hungUp:
+				case <-ctx.Done():
+				}
+				return 0, errors.New("session shutdown (the write's confirmation came after the client hung up)")
+			})
+			c := &client.Client{NC: f.NC, Direct: tc.mode}
+			defer c.Close()
+			st, err := c.OpenStream(ctx, "node-0", protocol.KindExec, protocol.ExecParams{Argv: []string{"cat"}, Stdin: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Direct() != (tc.mode == client.DirectOnly) {
+				t.Fatalf("stream direct %v, want %v", st.Direct(), tc.mode == client.DirectOnly)
+			}
+			protocol.WriteFrame(st, protocol.FrameStdin, []byte("hi\n"))
+			protocol.WriteFrame(st, protocol.FrameStdinClose, nil)
+			if out, es := readExec(t, st); out != "hi\n" || es.ExitCode != 0 {
+				t.Fatalf("stdout %q, exit %+v", out, es)
+			}
+			st.Close()
+			c.Close()
+			close(hungUp)
+			ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "exec"}, func(e *protocol.AuditEvent) bool { return e.Subject == protocol.SubjectStream })
+			if ev.Result != protocol.AuditOK || ev.ExitCode == nil || *ev.ExitCode != 0 {
+				code := "none"
+				if ev.ExitCode != nil {
+					code = strconv.Itoa(*ev.ExitCode)
+				}
+				t.Errorf("audit event: result %q, exit_code %s (%+v); want ok, 0: the agent's exit status was relayed", ev.Result, code, ev)
+			}
+			// Nor is it an abort in the log: the operation ended, and
+			// the client closed after it, as every client does.
+			if strings.Contains(logs.String(), `"msg":"relay aborted"`) {
+				t.Errorf("a relay whose exit status was relayed logged as aborted:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// hasFrame reports whether b, a stream's frames from its start, holds a
+// whole frame of type typ.
+func hasFrame(b []byte, typ protocol.FrameType) bool {
+	fr := protocol.NewFrameReader(bytes.NewReader(b))
+	for {
+		f, err := fr.Next()
+		if err != nil {
+			return false
+		}
+		if f.Type == typ {
+			return true
+		}
 	}
 }

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"io"
 	"maps"
 	"time"
 
@@ -73,3 +74,23 @@ func SetExecOnceBoundForTest(c *Coordinator, d time.Duration) { c.onceBoundForTe
 func GoRequestForTest(c *Coordinator, req micro.Request, f func(life context.Context)) {
 	c.goRequest(req, "test request", f)
 }
+
+// SetClientWriteForTest makes every relay of c write the client's bytes
+// through f (w is the client's end: the NATS pipe or the direct stream)
+// instead of w.Write; nil removes it.
+func SetClientWriteForTest(c *Coordinator, f func(w io.Writer, b []byte) (int, error)) {
+	if f == nil {
+		c.clientEndForTest.Store(nil)
+		return
+	}
+	wrap := func(p clientEnd) clientEnd { return &writeHookEnd{clientEnd: p, write: f} }
+	c.clientEndForTest.Store(&wrap)
+}
+
+// writeHookEnd is a clientEnd whose writes go through write.
+type writeHookEnd struct {
+	clientEnd
+	write func(w io.Writer, b []byte) (int, error)
+}
+
+func (e *writeHookEnd) Write(b []byte) (int, error) { return e.write(e.clientEnd, b) }

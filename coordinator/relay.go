@@ -402,6 +402,9 @@ func (r *relay) run() {
 		}
 		p, name = np, np.LocalInbox()
 	}
+	if f := c.clientEndForTest.Load(); f != nil {
+		p = (*f)(p)
+	}
 	log := r.log.With("stream_id", st.StreamID(), "pipe", name)
 	log.Debug("relay started")
 	r.mu.Lock()
@@ -417,7 +420,13 @@ func (r *relay) run() {
 	st.Close()
 	if err := p.Err(); err != nil {
 		r.endErr = err
-		log.Info("relay aborted", "err", err)
+		if r.exit != nil || r.agentErr != nil || r.copyDone.Load() {
+			// The operation's end was relayed (what the audit records);
+			// a client closes its end after reading it.
+			log.Debug("relay finished; the client closed its end after the operation's end", "err", err)
+		} else {
+			log.Info("relay aborted", "err", err)
+		}
 	} else {
 		log.Debug("relay finished")
 	}
@@ -874,7 +883,8 @@ func (r *relay) abortIO(st *yamux.Stream, p clientEnd, reason error) {
 // the protocol's frame layout (type byte, uint32 length, payload), so the
 // relay knows whether it may inject a frame, and counts them. It does not
 // interpret frames, except that with keep it keeps the payload of the last
-// exit and error frame (at most maxKeptFrame bytes) for the audit log.
+// exit and error frame (at most maxKeptFrame bytes) for the audit log,
+// including one whose write failed (Write).
 type frameCursor struct {
 	w    io.Writer
 	err  error   // the first write error
@@ -911,7 +921,18 @@ const maxKeptFrame = 4 << 10
 func (f *frameCursor) Write(b []byte) (int, error) {
 	n, err := f.w.Write(b)
 	f.n += int64(n)
-	f.advance(b[:n])
+	if err != nil && f.keep {
+		// A failed write may have delivered more than it reports: on the
+		// direct path yamux reports a frame it sent as failed when the
+		// session ends before the write is confirmed, as it does when a
+		// client reads the exit status and exits at once. The frames
+		// are followed as the agent sent them, so its exit status (its
+		// last word, for the audit) is kept all the same; n counts only
+		// the bytes confirmed. Nothing is written after a failure.
+		f.advance(b)
+	} else {
+		f.advance(b[:n])
+	}
 	if err != nil && f.err == nil {
 		f.err = err
 	}

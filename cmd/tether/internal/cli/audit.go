@@ -137,7 +137,7 @@ Results are ok, failed, refused and error.`,
 			if err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -95,6 +95,11 @@ type env struct {
 	// natsDefaultDataDir, when set, is the nats commands' default
 	// --data-dir (tests; "" is the coordinator's, natsDataDir).
 	natsDefaultDataDir string
+	// natsRefused ends the command's context (run) when its NATS server
+	// refused it a subscription or publish (natsOptions.connect): every
+	// wait ends then, and run reports the refusal instead of what the
+	// command saw. Nil outside run.
+	natsRefused context.CancelCauseFunc
 }
 
 // metricsRegistry returns the registry for `tether dev`: e.registry's, or
@@ -137,6 +142,9 @@ func usage(err error) error {
 }
 
 func run(ctx context.Context, args []string, e *env) int {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	e.natsRefused = cancel
 	root := newRootCmdFor(e, args)
 	root.SetArgs(args)
 	root.SetIn(e.stdin)
@@ -144,6 +152,13 @@ func run(ctx context.Context, args []string, e *env) int {
 	root.SetErr(e.stderr)
 	e.initCompletionCmd(root, args)
 	cmd, err := root.ExecuteContextC(ctx)
+	var refused *natsRefusedError
+	if errors.As(context.Cause(ctx), &refused) {
+		// What the command then saw (a request that ended, "interrupted")
+		// follows from this.
+		printError(e.stderr, refused)
+		return exitTether
+	}
 	if err == nil {
 		return exitOK
 	}

@@ -35,6 +35,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tetherfleet/tether/policy"
 )
 
 // configEnv names the config file when --config is not given.
@@ -58,6 +60,11 @@ type configRole struct {
 	// validate checks opts as the command does before it starts; envSet
 	// tells which of the role's environment variables were set.
 	validate func(opts any, envSet func(string) bool) error
+	// load, if set, loads the files opts name that the command loads at
+	// start (a coordinator's policy), for tether config validate; cf is
+	// the config file, whose keys its errors name. Nil when there are
+	// none, or opts names none.
+	load func(opts any, cf *configFile) error
 	// envFirst maps a key to the environment variable that, when set,
 	// overrides it.
 	envFirst map[string]string
@@ -109,6 +116,17 @@ var coordinatorConfigRole = &configRole{
 	name: "coordinator",
 	validate: func(opts any, _ func(string) bool) error {
 		return opts.(*coordinatorOptions).Validate()
+	},
+	load: func(opts any, cf *configFile) error {
+		o := opts.(*coordinatorOptions)
+		if o.Policy == "" {
+			return nil // Validate says it is required
+		}
+		// As the coordinator loads it at start, and tether policy check.
+		if _, err := policy.Load(o.Policy); err != nil {
+			return cf.keyError("policy", errors.New(strings.TrimPrefix(err.Error(), "policy: ")))
+		}
+		return nil
 	},
 	envFirst:  map[string]string{"token-file": tokenEnv},
 	secretEnv: map[string]secretRef{"token": {tokenEnv, "token-file"}},
@@ -183,6 +201,24 @@ type configFile struct {
 type configKeyLine struct {
 	key  string
 	line int
+}
+
+// keyError is err as the error of the key that set flag: each of its
+// lines prefixed with "PATH:LINE: key KEY: ".
+func (f *configFile) keyError(flag string, err error) error {
+	where := f.path
+	key := flag
+	for _, v := range f.values {
+		if v.flag == flag {
+			where, key = fmt.Sprintf("%s:%d", f.path, v.line), v.key
+			break
+		}
+	}
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		lines[i] = fmt.Sprintf("%s: key %s: %s", where, key, l)
+	}
+	return errors.New(strings.Join(lines, "\n"))
 }
 
 // line returns the line of the key that set flag, or 0.

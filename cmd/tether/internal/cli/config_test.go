@@ -43,7 +43,7 @@ func TestConfigExampleValidates(t *testing.T) {
 					t.Errorf("example line %q has no default value", line)
 				}
 			}
-			path := writeConfig(t, res.stdout)
+			path := writeConfig(t, withTestPolicy(t, res.stdout))
 			if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 || !strings.Contains(res.stdout, "ok") {
 				t.Fatalf("config validate of the example: exit %d, stdout %q, stderr:\n%s", res.code, res.stdout, res.stderr)
 			}
@@ -64,18 +64,33 @@ func TestConfigExampleValidates(t *testing.T) {
 	// tether config example --role ROLE > deploy/examples/ROLE.yaml.
 	for _, r := range []string{"agent", "coordinator"} {
 		path := filepath.Join("..", "..", "..", "..", "deploy", "examples", r+".yaml")
-		if res := runCLI(testCtx(t), nil, "", "config", "validate", path); res.code != 0 {
-			t.Errorf("config validate %s: exit %d:\n%s", path, res.code, res.stderr)
-		}
 		data, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if res := runCLI(testCtx(t), nil, "", "config", "validate", writeConfig(t, withTestPolicy(t, string(data)))); res.code != 0 {
+			t.Errorf("config validate %s: exit %d:\n%s", path, res.code, res.stderr)
 		}
 		res := runCLI(testCtx(t), nil, "", "config", "example", "--role", r)
 		if res.stdout != string(data) {
 			t.Errorf("%s differs from tether config example --role %s: regenerate it", path, r)
 		}
 	}
+}
+
+// examplePolicy is the policy file the coordinator's example names.
+const examplePolicy = "policy: /etc/tether/policy.yaml\n"
+
+// withTestPolicy is the config file doc with the example's policy file
+// replaced by a valid one that exists (validate loads it, and the example's
+// is not on this machine).
+func withTestPolicy(t *testing.T, doc string) string {
+	t.Helper()
+	if !strings.Contains(doc, examplePolicy) {
+		return doc // the agent's
+	}
+	pol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:ops:\n    rules: [{operations: [admin]}]\n")
+	return strings.Replace(doc, examplePolicy, "policy: "+pol+"\n", 1)
 }
 
 // Bad files: each error names the file, the line and the key, and says
@@ -238,8 +253,15 @@ func TestConfigPrecedence(t *testing.T) {
 // tether config validate's exit codes: 0 and ok, 1 and the errors with
 // their lines for an invalid file, 2 for a usage error.
 func TestConfigValidateExitCodes(t *testing.T) {
-	good := writeConfig(t, "role: coordinator\npolicy: /etc/tether/policy.yaml\n")
-	noRole := writeConfig(t, "policy: /etc/tether/policy.yaml\n")
+	pol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:ops:\n    rules: [{operations: [admin]}]\n")
+	badPol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:x:\n    rules: [{operations: [bogus]}]\n")
+	good := writeConfig(t, "role: coordinator\npolicy: "+pol+"\n")
+	noRole := writeConfig(t, "policy: "+pol+"\n")
+	// The policy is loaded as the coordinator loads it at start (and
+	// tether policy check does): a missing or bad file is an error of
+	// the key, with its line, and the policy file's own lines.
+	noPolicy := writeConfig(t, "role: coordinator\npolicy: /nonexistent/policy.yaml\n")
+	badPolicy := writeConfig(t, "role: coordinator\n\npolicy: "+badPol+"\n")
 	bad := writeConfig(t, "role: coordinator\npolicy: /p\nlistne: :1\n")
 	dup := writeConfig(t, "role: agent\nlabels: a=b\nlabels: c=d\n")
 	tab := writeConfig(t, "role: agent\nlog:\n\tlevel: info\n")
@@ -253,6 +275,8 @@ func TestConfigValidateExitCodes(t *testing.T) {
 		{[]string{"config", "validate", good}, 0, good + ": ok (coordinator)", ""},
 		{[]string{"config", "validate", "--role", "coordinator", noRole}, 0, "ok (coordinator)", ""},
 		{[]string{"config", "validate", bad}, 1, "", bad + ":3: key listne: unknown key"},
+		{[]string{"config", "validate", noPolicy}, 1, "", noPolicy + ":2: key policy: open /nonexistent/policy.yaml: no such file or directory"},
+		{[]string{"config", "validate", badPolicy}, 1, "", badPolicy + ":3: key policy: " + badPol + `:4:27: identities["nats:x"].rules[0].operations[0]: unknown operation "bogus"`},
 		{[]string{"config", "validate", "--role", "agent", good}, 1, "", "this is a coordinator's config file, not an agent's"},
 		{[]string{"config", "validate", "/nonexistent.yaml", "--role", "agent"}, 1, "", "no such file"},
 		{[]string{"config", "validate", noRole}, 2, "", "names no role"},

@@ -60,7 +60,8 @@ would read ($` + tokenEnv + `, ...) count as they are set for this command.`,
 		Short: "Print a complete, commented config file for a role",
 		Long: `Example prints a config file with every key of the role: the ones a
 deployment sets, with example values, and every other one commented out with
-its default and its help. It passes tether config validate as printed.`,
+its default and its help. It passes tether config validate as printed once
+the files it names exist (validate loads the coordinator's policy).`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(_ *cobra.Command, _ []string) error {
 			r := configRoles[exRole]
@@ -130,7 +131,11 @@ func validateConfigFile(e *env, r *configRole, path string) error {
 		return err
 	}
 	s.file = cf
-	return cf.annotate(r.validate(opts, func(v string) bool { return s.getenv(e, v) != "" }))
+	err = cf.annotate(r.validate(opts, func(v string) bool { return s.getenv(e, v) != "" }))
+	if r.load != nil {
+		err = errors.Join(err, r.load(opts, cf))
+	}
+	return err
 }
 
 // exampleValues are the keys each role's example sets, with their values;

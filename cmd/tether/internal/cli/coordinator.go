@@ -671,6 +671,11 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		return nil, fmt.Errorf("coordinator: connect to NATS at %s: %w", url, err)
 	}
 	undo = append(undo, cs.nc.Close)
+	if o.NATSURL != "" {
+		if err := checkNATSVersion(cs.nc.ConnectedServerVersion()); err != nil {
+			return nil, fmt.Errorf("coordinator: NATS at %s: %w", cs.nc.ConnectedUrlRedacted(), err)
+		}
+	}
 	if err := checkDistinctCoordinator(cs.nc, id); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}

@@ -182,7 +182,7 @@ Exit codes:
 			if err := checkLocalSource(from); err != nil {
 				return err
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -436,7 +436,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	if apiErr := req.Validate(); apiErr != nil {
 		return usage(errors.New(apiErr.Message))
 	}
-	c, closeNC, err := o.NATS.connect(e.getenv)
+	c, closeNC, err := o.NATS.connect(e)
 	if err != nil {
 		return err
 	}
@@ -512,7 +512,13 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)
 	}
 	if o.multi() && !o.JSON {
-		if err := writeSummary(e.stderr, res, o.Timeout, o.Summary, e.now().Sub(start)); err != nil {
+		// A node the client's interrupt cancelled shows the code the
+		// process exits with (130, 143 after SIGTERM), as --node would.
+		cancelCode := exitInterrupted
+		if interrupted {
+			cancelCode = interruptCode(ctx)
+		}
+		if err := writeSummary(e.stderr, res, o.Timeout, o.Summary, e.now().Sub(start), cancelCode); err != nil {
 			return err
 		}
 	}

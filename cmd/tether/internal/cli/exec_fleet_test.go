@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,7 +87,7 @@ func TestWriteSummary(t *testing.T) {
 		{Node: "e", ExitCode: -1, ErrorCode: protocol.CodeCommandNotFound, Error: "nosuch: command not found"},
 	}}
 	var w bytes.Buffer
-	if err := writeSummary(&w, res, 0, false, 2*time.Second); err != nil {
+	if err := writeSummary(&w, res, 0, false, 2*time.Second, exitInterrupted); err != nil {
 		t.Fatal(err)
 	}
 	want := "NODE  EXIT  DURATION  RESULT\n" +
@@ -98,14 +100,14 @@ func TestWriteSummary(t *testing.T) {
 		t.Errorf("summary =\n%s\nwant\n%s", w.String(), want)
 	}
 	w.Reset()
-	writeSummary(&w, res, 0, true, time.Second)
+	writeSummary(&w, res, 0, true, time.Second, exitInterrupted)
 	if !strings.Contains(w.String(), "\na     0     10ms      ok\n") {
 		t.Errorf("--summary table lacks the ok node:\n%s", w.String())
 	}
 	// A detached fan-out's nodes started the job; none has succeeded yet.
 	w.Reset()
 	det := &protocol.ExecResult{Results: []protocol.NodeResult{{Node: "a", Detached: true}, {Node: "b", Detached: true}, {Node: "c", ExitCode: -1, Error: "tunnel lost"}}}
-	writeSummary(&w, det, 0, false, time.Second)
+	writeSummary(&w, det, 0, false, time.Second, exitInterrupted)
 	if !strings.HasSuffix(w.String(), "3 nodes: 2 started, 1 failed (1s)\n") {
 		t.Errorf("detached summary:\n%s", w.String())
 	}
@@ -261,5 +263,47 @@ func TestParseSizeTooLarge(t *testing.T) {
 	}
 	if _, err := parseSize("-99999999999999999999"); err == nil || strings.Contains(err.Error(), "too large") {
 		t.Errorf("a negative number: %v", err)
+	}
+}
+
+// TestFanOutSummaryAfterSignal: the fan-out table's EXIT column is the
+// code `--node` would exit with, so a node cancelled by the client's
+// SIGTERM shows 143, the code the process exits with, and one cancelled by
+// SIGINT 130 (issue 13's fresh-user pass, F11: the table said 130 after
+// SIGTERM).
+func TestFanOutSummaryAfterSignal(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Agents: 2})
+	url := f.NATS.ClientURL()
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGTERM, exitTerminated}, {syscall.SIGINT, exitInterrupted}} {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(testCtx(t))
+			defer cancel(nil)
+			var stdout, stderr syncBuffer
+			e := &env{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: testGetenv(nil), now: time.Now}
+			done := make(chan int, 1)
+			go func() {
+				done <- run(ctx, []string{"exec", "--nats-url", url, "--all", "-n", "--", "sh", "-c", "echo started; exec sleep 60"}, e)
+			}()
+			checkFor(t, defaultTestTimeout, func() error {
+				if n := strings.Count(stdout.String(), "started"); n < 2 {
+					return fmt.Errorf("%d of 2 nodes started; stdout %q", n, stdout.String())
+				}
+				return nil
+			})
+			cancel(SignalCause(tc.sig))
+			code := <-done
+			if code != tc.code {
+				t.Errorf("exit %d, want %d; stderr %q", code, tc.code, stderr.String())
+			}
+			for _, node := range []string{"node-0", "node-1"} {
+				row := regexp.MustCompile(`(?m)^` + node + ` +(\d+) `).FindStringSubmatch(stderr.String())
+				if row == nil || row[1] != strconv.Itoa(tc.code) {
+					t.Errorf("summary row of %s: %q, want EXIT %d (the process's code); stderr:\n%s", node, row, tc.code, stderr.String())
+				}
+			}
+		})
 	}
 }

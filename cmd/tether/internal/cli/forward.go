@@ -132,7 +132,7 @@ Examples:
 			if err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

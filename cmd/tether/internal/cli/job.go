@@ -114,7 +114,7 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 			if err := o.Validate(args); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}
@@ -428,7 +428,7 @@ func newJobListCmd(e *env) *cobra.Command {
 			if err := o.Req.Validate(); err != nil {
 				return usage(errors.New(err.Message))
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

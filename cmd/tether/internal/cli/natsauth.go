@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -173,4 +174,50 @@ func validClientCreds(l *natsauth.Layout, c *natsauth.Creds) bool {
 		return false
 	}
 	return uc.Expires == 0 || time.Now().Unix() < uc.Expires
+}
+
+// checkNATSVersion refuses an external NATS server older than
+// minNATSServer (its version as it announces it, "2.9.10"): it would accept
+// the coordinator but refuse every client user its replies. A version that
+// does not parse is let through (a build of the server's main branch).
+func checkNATSVersion(v string) error {
+	have, ok := parseVersion(v)
+	if !ok {
+		return nil
+	}
+	want, _ := parseVersion(minNATSServer)
+	for i := range want {
+		if have[i] != want[i] {
+			if have[i] < want[i] {
+				return fmt.Errorf("nats-server %s is older than %s, the oldest Tether works with: "+
+					"its client users' permissions come from the CLIENTS account's signing-key template, "+
+					"which servers before %s do not apply to them, so it would refuse every client its replies; upgrade the server",
+					v, minNATSServer, minNATSServer)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// parseVersion reads MAJOR.MINOR.PATCH from the start of v (a suffix such
+// as -RC.1 or +build is ignored).
+func parseVersion(v string) ([3]int, bool) {
+	var out [3]int
+	v = strings.TrimPrefix(v, "v")
+	if i := strings.IndexAny(v, "-+ "); i >= 0 {
+		v = v[:i]
+	}
+	parts := strings.Split(v, ".")
+	if len(parts) != 3 {
+		return out, false
+	}
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return out, false
+		}
+		out[i] = n
+	}
+	return out, true
 }

@@ -93,7 +93,13 @@ func (o *natsOptions) resolve(getenv func(string) string) (natsTarget, error) {
 // connect opens the NATS connection of a client command, as the user of
 // the resolved credentials with its private inbox prefix. The caller
 // closes it.
-func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(), error) {
+//
+// A permissions violation the server reports later (asynchronously: a
+// subscription to the client's reply inbox refused, a publish refused) ends
+// the command at once with a natsRefusedError (e.natsRefused), instead of
+// nats.go's raw line on stderr and every request waiting for its timeout.
+func (o *natsOptions) connect(e *env) (*client.Client, func(), error) {
+	getenv := e.getenv
 	// Before connecting: a mistyped $TETHER_DIRECT is a usage error, not
 	// a mode nobody asked for.
 	direct, err := directMode(getenv)
@@ -104,7 +110,14 @@ func (o *natsOptions) connect(getenv func(string) string) (*client.Client, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := []nats.Option{nats.Name("tether-cli " + version), nats.Timeout(5 * time.Second)}
+	opts := []nats.Option{nats.Name("tether-cli " + version), nats.Timeout(5 * time.Second),
+		nats.ErrorHandler(func(nc *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) && e.natsRefused != nil {
+				e.natsRefused(newNATSRefusedError(t, err))
+				return
+			}
+			fmt.Fprintf(e.stderr, "tether: NATS at %s: %v\n", t.url, err)
+		})}
 	if t.creds != "" {
 		c, err := natsauth.ReadCreds(t.creds)
 		if err != nil {
@@ -249,3 +262,54 @@ func credsFileError(err error, from string) error {
 	}
 	return fmt.Errorf("NATS credentials from %s: %w", from, err)
 }
+
+// minNATSServer is the oldest nats-server Tether works with: client users
+// get their permissions from the CLIENTS account's scoped signing key,
+// whose template grants each its reply inbox (natsauth.ClientSubscribeAllow,
+// a template inside a subject token), and servers before 2.11.0 expand a
+// template only when it is a whole token (nats-server #5981): they refuse
+// every client its replies.
+const minNATSServer = "2.11.0"
+
+// natsRefusedError is a permissions violation the NATS server reported to a
+// client command: what it refused, and why that may be.
+type natsRefusedError struct {
+	url, as string // the server, and the credentials (where from)
+	what    string // "its replies" or "publishing to SUBJECT"
+	err     error  // the violation (nats.ErrPermissionViolation)
+}
+
+// newNATSRefusedError describes err, a violation reported by t's server.
+func newNATSRefusedError(t natsTarget, err error) *natsRefusedError {
+	r := &natsRefusedError{url: t.url, as: "without credentials", what: "a subscription or publish", err: err}
+	if t.creds != "" {
+		r.as = fmt.Sprintf("with the credentials from %s (%s)", t.credsFrom, t.creds)
+	}
+	// The server's text: Permissions Violation for Subscription to "S"
+	// (or Publish to "S"), the subject quoted.
+	msg := err.Error()
+	if i := strings.Index(msg, "\""); i >= 0 {
+		if j := strings.Index(msg[i+1:], "\""); j >= 0 {
+			subj := msg[i+1 : i+1+j]
+			switch {
+			case strings.Contains(msg, "for Subscription"):
+				r.what = fmt.Sprintf("a subscription to %s", subj)
+				if strings.HasPrefix(subj, "_INBOX") {
+					r.what = "the subscription to its replies"
+				}
+			case strings.Contains(msg, "for Publish"):
+				r.what = fmt.Sprintf("publishing to %s", subj)
+			}
+		}
+	}
+	return r
+}
+
+func (e *natsRefusedError) Error() string {
+	return fmt.Sprintf("the NATS server at %s refused this client (connected %s) %s: a permissions violation. "+
+		"The server may be older than nats-server %s, which Tether needs (its client permissions come from the CLIENTS account's signing key), "+
+		"or the credentials lack the client permissions (`tether nats user create` mints ones that have them)",
+		e.url, e.as, e.what, minNATSServer)
+}
+
+func (e *natsRefusedError) Unwrap() error { return e.err }

@@ -36,7 +36,7 @@ agent with it. Needs the admin right in the coordinator's policy.`,
 			if err := protocol.ValidNodeID(args[0]); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := nats.connect(e.getenv)
+			c, closeNC, err := nats.connect(e)
 			if err != nil {
 				return err
 			}

@@ -51,7 +51,7 @@ func newNodesCmd(e *env) *cobra.Command {
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

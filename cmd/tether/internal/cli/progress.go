@@ -146,8 +146,10 @@ func firstLine(s string) string {
 
 // writeSummary prints the table of a fan-out job's failed nodes and those
 // whose output was truncated (every node when all is set) and the totals
-// line.
-func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, all bool, elapsed time.Duration) error {
+// line. cancelCode is the EXIT of a cancelled node (nodeOutcome's 130):
+// the client's interrupt code (130, or 143 after SIGTERM) when the client
+// was interrupted, as `--node` then exits with it.
+func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, all bool, elapsed time.Duration, cancelCode int) error {
 	rows := make([]protocol.NodeResult, 0, len(res.Results))
 	failed, truncated := 0, 0
 	for _, r := range res.Results {
@@ -173,6 +175,9 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 			// not found, 124 for a timeout, 255 when Tether failed), not
 			// the raw result's -1 for "no exit status".
 			code, _ := nodeOutcome(r, timeout)
+			if r.Cancelled && code == exitInterrupted {
+				code = cancelCode // not a command's own exit 130
+			}
 			fmt.Fprintf(tw, "%s\t%d\t%v\t%s\n", r.Node, code, d, summaryText(r, timeout))
 		}
 		if err := tw.Flush(); err != nil {

@@ -96,7 +96,7 @@ coordinator, the lease could not be opened).`,
 			} else if err := protocol.ValidRunID(o.Run); err != nil {
 				return usage(fmt.Errorf("run id from the environment: %w", err))
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -61,7 +61,7 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}
@@ -190,7 +190,7 @@ when it cannot yet (node unreachable, inventory incomplete).`,
 			if e := req.Validate(); e != nil {
 				return usage(errors.New(strings.Replace(e.Message, "run is required unless dry_run is set", "--run is required unless --dry-run is given", 1)))
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -187,7 +187,7 @@ or not at all, 130/143 when tether was interrupted, 2 for a usage error, and
 			if err := o.checkParams(args[1:], tty, e.getenv("TERM")); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -70,7 +70,7 @@ Examples:
 			if err != nil {
 				return err
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}
@@ -380,7 +380,7 @@ Example (~/.ssh/config; tether ssh-config --proxy-command writes it):
 			if err := checkNodeArg(strings.TrimSuffix(args[0], protocol.SSHHostSuffix)); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}

@@ -148,7 +148,7 @@ labels. Needs the admin right in the coordinator's policy.`,
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
-			c, closeNC, err := o.NATS.connect(e.getenv)
+			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
 			}
