@@ -60,10 +60,13 @@ import (
 //     always); on a failed or timed-out write the stream is closed
 //     without one, the job is cancelled (errNotAccepted) and its only
 //     reply is the refusal. Remote runs (runRemote) and fan-outs start
-//     only after the accept. (A write that timed out may still land: its
-//     record then says running for a job that never ran, until
-//     reconciliation by this coordinator's successor settles it lost, as
-//     before the overlap; it never makes a job run.)
+//     only after the accept. (A write whose answer was lost, timed out
+//     or cut by a reconnect, may still land: jobstore settles it by
+//     writing the record lost on the same revision, or finds it landed
+//     and accepts the job. Only when that write's answer is lost too can
+//     a record say running for a job that never ran, until
+//     reconciliation by this coordinator's successor settles it lost; it
+//     never makes a job run.)
 //   - fencing: the accept writes the record compare-and-set on the key
 //     having no revision (Nats-Expected-Last-Subject-Sequence 0, as KV
 //     Create), so it never overwrites another holder's live record

@@ -78,10 +78,12 @@ func (c *coalesceConn) disarmSYNHold() {
 }
 
 // takeSYNHold reports whether the window update p opening a stream may
-// be held, using up one arming.
+// be held, using up one arming. A SYN uses up its arming even when it
+// cannot be held (a SYN is held already, and leaves with it; a stock or
+// framing transport), so that no arming outlives its SYN and holds a
+// later one that no frame is promised to follow.
 func (c *coalesceConn) takeSYNHold(p []byte) bool {
-	if c.stock || c.frames != nil || c.holding || p[1] != yamuxTypeWindowUpdate ||
-		binary.BigEndian.Uint16(p[2:4])&yamuxFlagSYN == 0 {
+	if p[1] != yamuxTypeWindowUpdate || binary.BigEndian.Uint16(p[2:4])&yamuxFlagSYN == 0 {
 		return false
 	}
 	for {
@@ -90,7 +92,7 @@ func (c *coalesceConn) takeSYNHold(p []byte) bool {
 			return false
 		}
 		if c.synHolds.CompareAndSwap(n, n-1) {
-			return true
+			return !c.stock && c.frames == nil && !c.holding
 		}
 	}
 }

@@ -121,3 +121,24 @@ func TestCoalesceHoldsArmedSYN(t *testing.T) {
 		t.Fatalf("a stock coalescer held a SYN (%d writes)", n)
 	}
 }
+
+// TestCoalesceSYNArmingsDoNotOutliveTheirSYNs: an arming is used up by
+// its SYN even when that SYN cannot be held (another is held already: it
+// leaves with it), so no arming is left over for a later unarmed SYN,
+// which would then wait for a frame nobody promised.
+func TestCoalesceSYNArmingsDoNotOutliveTheirSYNs(t *testing.T) {
+	syn := func(id uint32) []byte { return yamuxHeader(yamuxTypeWindowUpdate, yamuxFlagSYN, id, 0) }
+	rc := &recordConn{}
+	c := &coalesceConn{Conn: rc}
+	c.armSYNHold()
+	c.armSYNHold()  // two opens under way at once
+	c.Write(syn(1)) // held
+	c.Write(syn(3)) // released with it
+	if len(rc.writes) != 1 {
+		t.Fatalf("two SYNs took %d writes, want 1", len(rc.writes))
+	}
+	c.Write(syn(5)) // nobody armed it: at once
+	if len(rc.writes) != 2 {
+		t.Fatalf("an unarmed SYN was held after two armed ones passed (%d writes, want 2)", len(rc.writes))
+	}
+}

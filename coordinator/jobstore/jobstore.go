@@ -388,12 +388,23 @@ func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error))
 			return j, nil
 		case err = <-paf.Err():
 		case <-ctx.Done():
-			return s.settleUnconfirmed(ctx, j, ctx.Err())
+			err = ctx.Err()
 		}
 		if isUnconfirmed(err) {
-			return s.settleUnconfirmed(ctx, j, err)
-		}
-		if !isWrongLastSeq(err) {
+			sctx, cancel := settleContext(ctx)
+			defer cancel()
+			rev, serr := s.settleUnconfirmed(sctx, j, 0, err)
+			if serr == nil {
+				j.rev = rev
+				return j, nil
+			}
+			if !isConflict(serr) {
+				return nil, serr
+			}
+			// The key held another record when the first write came,
+			// so it was refused: go on as below, in time of our own.
+			ctx = sctx
+		} else if !isWrongLastSeq(err) {
 			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
 		}
 		// The id has a record: create replaces it if it is terminal
@@ -408,61 +419,64 @@ func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error))
 // settleConfirmTimeout bounds settleUnconfirmed's own write and read.
 const settleConfirmTimeout = 5 * time.Second
 
+// settleContext is ctx's values with a time of settleConfirmTimeout of
+// its own: the caller's may be what ran out.
+func settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), settleConfirmTimeout)
+}
+
 // isUnconfirmed reports whether err leaves a record write's fate unknown:
-// its acknowledgement did not come in time, so it may still be stored.
+// its acknowledgement did not come in time, or the connection dropped
+// before it came (nats.go then fails a pending publish with
+// ErrDisconnected, and may send one still buffered after the reconnect),
+// so it may be stored.
 func isUnconfirmed(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrDisconnected) ||
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
-// settleUnconfirmed decides the fate of j's record write (Begin) whose
-// acknowledgement did not come (cause): under load, or across a NATS
-// reconnect, it may be stored after the caller gave up, leaving a record
-// that says running for a job that was refused and never runs (a retry
-// of its id then got 409; TestCluster saw it at load 40). It writes j's
-// record again, now lost, compare-and-set on the key having no revision:
-//   - stored: the first write will never be (it expected the same empty
-//     key), so the job is refused with a terminal record that a retry of
-//     the id replaces;
-//   - the key has a revision: if it is j's own first write (this holder
-//     and boot, the same submission time and state), the write landed
-//     late and j is accepted after all; if it is an earlier job's
-//     terminal record (the first write, expecting an empty key, failed),
-//     j's record replaces it as Begin would; else the id is another
-//     running job's (ErrExists);
-//   - this write fails too: the fate stays unknown, as before (an error
-//     wrapping cause).
-func (s *Store) settleUnconfirmed(ctx context.Context, j *Job, cause error) (*Job, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleConfirmTimeout)
-	defer cancel()
+// settleUnconfirmed decides the fate of j's record write, compare-and-set
+// on key revision last (0: none), whose acknowledgement did not come
+// (cause): under load, or across a NATS reconnect, it may be stored after
+// the caller gave up, leaving a record that says running for a job that
+// was refused and never runs (a retry of its id then got 409; TestCluster
+// saw it at load 40). ctx must have time of its own (settleContext). It
+// writes j's record again, now lost, compare-and-set on the same revision:
+//   - stored: the first write will never be (it expected the same
+//     revision), so the job is refused (an error wrapping cause) with a
+//     terminal record that a retry of the id replaces;
+//   - the key moved on: if to j's own first write (this holder and boot,
+//     the same submission time and state), the write landed late and j is
+//     accepted after all: its revision, nil; else the first write cannot
+//     land either, and the conflict (isConflict) is returned: the caller
+//     goes on as for a refused write (an ended job's record is replaced,
+//     a live one is ErrExists);
+//   - this write fails too: the fate stays unknown (an error wrapping
+//     cause).
+func (s *Store) settleUnconfirmed(ctx context.Context, j *Job, last uint64, cause error) (uint64, error) {
 	lost := j.Record
 	lost.State, lost.FinishedAt = Lost, s.now()
 	lost.Error = fmt.Sprintf("coordinator %s could not confirm the record in time (%v); the job did not run", s.cfg.Coordinator, cause)
 	b, _ := json.Marshal(&lost)
-	_, err := s.put(ctx, jobKey(j.ID), b, 0, "")
+	_, err := s.put(ctx, jobKey(j.ID), b, last, "")
 	if err == nil {
-		return nil, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w); recorded lost, not run", j.ID, cause)
+		return 0, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w); recorded lost, not run", j.ID, cause)
 	}
 	if !isConflict(err) {
-		return nil, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w), and its fate is unknown: %v", j.ID, cause, err)
+		return 0, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w), and its fate is unknown: %v", j.ID, cause, err)
 	}
-	old, err := s.Get(ctx, j.ID)
-	if err != nil {
-		return nil, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w), and its fate is unknown: %v", j.ID, cause, err)
+	old, gerr := s.Get(ctx, j.ID)
+	if errors.Is(gerr, ErrNotFound) {
+		return 0, err // a delete marker: not j's write
+	}
+	if gerr != nil {
+		return 0, fmt.Errorf("jobstore: submit job %s: record not confirmed in time (%w), and its fate is unknown: %v", j.ID, cause, gerr)
 	}
 	if old.Coordinator == j.Coordinator && old.Boot == j.Boot && old.State == j.State && old.SubmittedAt.Equal(j.SubmittedAt) {
-		j.rev = old.rev
-		return j, nil
+		return old.rev, nil
 	}
-	if old.State.Terminal() {
-		// An earlier job's record, which the first write (expecting an
-		// empty key) could not replace: replace it now, as Begin does.
-		if err := s.create(ctx, j, ""); err != nil {
-			return nil, err
-		}
-		return j, nil
-	}
-	return nil, fmt.Errorf("jobstore: submit job %s: %w (%s on coordinator %s)", j.ID, ErrExists, old.State, old.Coordinator)
+	return 0, err
 }
 
 // isWrongLastSeq reports whether err is the server's answer to a write
@@ -568,6 +582,15 @@ func (s *Store) put(ctx context.Context, key string, b []byte, last uint64, msgI
 func (s *Store) create(ctx context.Context, j *Job, msgID string) error {
 	b, _ := json.Marshal(&j.Record)
 	rev, err := s.put(ctx, jobKey(j.ID), b, 0, msgID)
+	if isUnconfirmed(err) {
+		var cancel context.CancelFunc
+		ctx, cancel = settleContext(ctx)
+		defer cancel()
+		rev, err = s.settleUnconfirmed(ctx, j, 0, err)
+		if err != nil && !isConflict(err) {
+			return err
+		}
+	}
 	if err == nil {
 		j.rev = rev
 		return nil
@@ -599,6 +622,14 @@ func (s *Store) create(ctx context.Context, j *Job, msgID string) error {
 		return fmt.Errorf("jobstore: submit job %s: %w (%s on coordinator %s)", j.ID, ErrExists, old.State, old.Coordinator)
 	}
 	rev, err = s.put(ctx, jobKey(j.ID), b, old.rev, msgID)
+	if isUnconfirmed(err) {
+		sctx, cancel := settleContext(ctx)
+		defer cancel()
+		rev, err = s.settleUnconfirmed(sctx, j, old.rev, err)
+		if err != nil && !isConflict(err) {
+			return err
+		}
+	}
 	if err != nil {
 		if isConflict(err) {
 			return fmt.Errorf("jobstore: submit job %s: %w (submitted concurrently)", j.ID, ErrExists)

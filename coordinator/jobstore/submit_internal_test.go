@@ -90,7 +90,7 @@ func TestSettleUnconfirmed(t *testing.T) {
 	// The write never arrived: the job is refused and recorded lost, and
 	// a retry of its id is accepted.
 	j := s.newJob(sub("never"))
-	if _, err := s.settleUnconfirmed(ctx, j, cause); err == nil || !errors.Is(err, cause) {
+	if _, err := s.settleUnconfirmed(ctx, j, 0, cause); err == nil || !errors.Is(err, cause) {
 		t.Errorf("never stored: %v, want an error wrapping %v", err, cause)
 	}
 	if rec, err := s.Get(ctx, "never"); err != nil || rec.State != Lost || !strings.Contains(rec.Error, "did not run") {
@@ -106,11 +106,12 @@ func TestSettleUnconfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev := j.rev
-	if got, err := s.settleUnconfirmed(ctx, j, cause); err != nil || got.rev != rev {
-		t.Errorf("landed late: %+v, %v; want accepted at revision %d", got, err, rev)
+	if got, err := s.settleUnconfirmed(ctx, j, 0, cause); err != nil || got != rev {
+		t.Errorf("landed late: revision %d, %v; want accepted at revision %d", got, err, rev)
 	}
 
-	// Another coordinator's running job has the id: ErrExists.
+	// Another coordinator's running job has the id: ErrExists (the
+	// first write, refused by the server, whose answer was lost).
 	other, err := Open(ctx, Config{NATS: env.Coordinator(t), Coordinator: "c2"})
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +119,8 @@ func TestSettleUnconfirmed(t *testing.T) {
 	if _, err := other.Submit(ctx, sub("taken")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.settleUnconfirmed(ctx, s.newJob(sub("taken")), cause); !errors.Is(err, ErrExists) {
+	s.js = &lostAckJS{JetStream: s.js, t: t, key: jobKey("taken"), expect: "0", err: cause, drop: true}
+	if _, err := s.Begin(sub("taken"))(ctx); !errors.Is(err, ErrExists) {
 		t.Errorf("another's running job: %v, want ErrExists", err)
 	}
 
@@ -130,7 +132,8 @@ func TestSettleUnconfirmed(t *testing.T) {
 	if err := other.Finish(ctx, done, nil, false, ""); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.settleUnconfirmed(ctx, s.newJob(sub("reused")), cause); err != nil {
+	s.js = &lostAckJS{JetStream: s.js.(*lostAckJS).JetStream, t: t, key: jobKey("reused"), expect: "0", err: cause, drop: true}
+	if got, err := s.Begin(sub("reused"))(ctx); err != nil {
 		t.Errorf("earlier terminal record: %v, want accepted", err)
 	} else if rec, err := s.Get(ctx, "reused"); err != nil || rec.State != Running || rec.Coordinator != "c1" || rec.rev != got.rev {
 		t.Errorf("earlier terminal record: now %+v, %v; want c1's running record", rec, err)

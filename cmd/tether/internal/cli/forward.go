@@ -48,7 +48,7 @@ func parseForwardArgs(args []string) (forwardArgs, error) {
 		errs = append(errs, err)
 	}
 	if err := protocol.ValidTargetName(a.Target); err != nil {
-		errs = append(errs, fmt.Errorf("TARGET %s: %s (a target the node serves, as openshell or opensandbox; tether nodes --json lists them)", protocol.Clip(a.Target), argProblem(err)))
+		errs = append(errs, fmt.Errorf("TARGET %s: %s (a target the node serves, as openshell or opensandbox; tether nodes --json lists them)", protocol.Clip(a.Target), argProblem(err, a.Target)))
 	}
 	if len(args) == 3 {
 		local := args[2]
@@ -75,11 +75,15 @@ func parseForwardArgs(args []string) (forwardArgs, error) {
 	return a, errors.Join(errs...)
 }
 
-// argProblem is what a protocol validation error says is wrong with a
-// value, without its lead ("target name X: "), which the caller replaces
-// with the argument's name and the value as typed.
-func argProblem(err error) string {
+// argProblem is what a protocol validation error of value says is wrong
+// with it, without its lead ("target name X: ", X the value as
+// protocol.Clip quotes it, which may itself hold ": "), which the caller
+// replaces with the argument's name and the value as typed.
+func argProblem(err error, value string) string {
 	msg := err.Error()
+	if i := strings.Index(msg, protocol.Clip(value)+": "); i >= 0 {
+		return msg[i+len(protocol.Clip(value))+2:]
+	}
 	if _, rest, ok := strings.Cut(msg, ": "); ok {
 		return rest
 	}
@@ -93,7 +97,7 @@ func checkNodeArg(node string) error {
 		return errors.New("NODE is empty: give a node id (tether nodes lists them)")
 	}
 	if err := protocol.ValidNodeID(node); err != nil {
-		return fmt.Errorf("NODE %s: %s (a node id, as tether nodes lists them)", protocol.Clip(node), argProblem(err))
+		return fmt.Errorf("NODE %s: %s (a node id, as tether nodes lists them)", protocol.Clip(node), argProblem(err, node))
 	}
 	return nil
 }

@@ -132,6 +132,10 @@ func TestForwardArgumentErrors(t *testing.T) {
 		{[]string{"forward", "n1", "bad:name"}, []string{`TARGET "bad:name"`, "lowercase letters, digits and '-'", "openshell"}},
 		{[]string{"forward", "n1", "Bad Target"}, []string{`TARGET "Bad Target"`}},
 		{[]string{"forward", "--", " ", "openshell"}, []string{`NODE " "`}},
+		// A value holding ": " is named once, and the problem follows
+		// it whole.
+		{[]string{"forward", "n1", "a: b"}, []string{`TARGET "a: b": want lowercase letters`}},
+		{[]string{"forward", "x: y", "openshell"}, []string{`NODE "x: y": must be 1-`}},
 	} {
 		r := runCLI(testCtx(t), nil, "", append([]string{tt.args[0], "--nats-url", unreachableNATS}, tt.args[1:]...)...)
 		if r.code != exitUsage {
