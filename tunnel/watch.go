@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -63,20 +64,60 @@ type watchConn struct {
 	lastRead atomic.Int64
 }
 
+// yamuxReadBuf is the size of the bufio.Reader yamux reads its connection
+// through (bufio's default). Reads of it into its own buffer ask for at
+// most this many bytes; larger reads come from a LimitedReader over one
+// frame's body (see Read).
+const yamuxReadBuf = 4096
+
+// Read reads from the connection beneath, following the frames.
+//
+// A read that asks for exactly the rest of a data frame's body, more than
+// yamuxReadBuf bytes, can only be yamux copying that body into its
+// stream's buffer (through bufio, which reads large requests straight into
+// the caller's slice, and an io.LimitedReader of the body's length): it is
+// read in full and answered with io.EOF beside the bytes. yamux copies a
+// body with io.Copy into a bytes.Buffer made for exactly the body's length,
+// and bytes.Buffer.ReadFrom, which stops only at an EOF, grows its buffer
+// before every read: without the EOF the read that finds the body's end
+// doubles the full buffer first (allocating, zeroing and copying twice the
+// frame, a seventh of a bulk stream's CPU on each receiving hop). bufio
+// hands the EOF on once and forgets it; the LimitedReader ends at it
+// anyway. yamux would block for the rest of the body regardless, holding
+// the stream's buffer, so reading it in full waits no longer.
 func (c *watchConn) Read(p []byte) (int, error) {
 	if c.pending.Load() && c.pending.Swap(false) {
 		c.run.kick()
 	}
-	n, err := c.Conn.Read(p)
-	if n > 0 && c.idle {
-		c.noteRead()
+	if len(p) > yamuxReadBuf && c.hn == 0 && c.skip == uint32(len(p)) {
+		n, err := io.ReadFull(c.Conn, p)
+		if n > 0 {
+			c.scanAll(p[:n])
+		}
+		if err == nil {
+			err = io.EOF // the body's end (c.skip is 0 now)
+		} else if err == io.ErrUnexpectedEOF {
+			err = io.EOF // the connection's own end
+		}
+		return n, err
 	}
-	if n > 0 && c.watched.Load() != 0 {
-		c.scan(p[:n])
-	} else if n > 0 {
-		c.scanQuiet(p[:n])
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.scanAll(p[:n])
 	}
 	return n, err
+}
+
+// scanAll is scan while a stream is watched, else scanQuiet.
+func (c *watchConn) scanAll(b []byte) {
+	if c.idle {
+		c.noteRead()
+	}
+	if c.watched.Load() != 0 {
+		c.scan(b)
+	} else {
+		c.scanQuiet(b)
+	}
 }
 
 // scan follows the frame boundaries through b, marking pending when a data
