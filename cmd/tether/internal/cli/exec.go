@@ -526,7 +526,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	interrupted := ctx.Err() != nil && errors.Is(err, ctx.Err())
 	if res == nil {
 		if interrupted {
-			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", err)}
+			return interruptedError(ctx)
 		}
 		return err
 	}
