@@ -168,7 +168,7 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 		return nil
 	})
 	r = runCLI(testCtx(t), vars, "", "node", "revoke", "--nats-url", url, "never-enrolled")
-	if r.code != exitTether || !strings.Contains(r.stderr, "not enrolled") {
+	if r.code != exitTether || !strings.Contains(r.stderr, "tether: node never-enrolled was never enrolled (or its enrollment record expired)") || strings.Contains(r.stderr, "not enrolled") {
 		t.Errorf("revoke unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
 	stopAgent()
