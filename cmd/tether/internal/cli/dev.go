@@ -322,6 +322,15 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 		}
 	}
 	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
+	// The URL beside each credentials file (credsURLFile): a client
+	// command given only those credentials finds this instance, also on a
+	// --nats-port 0 whose banner was lost.
+	for _, p := range []string{own, dc.path} {
+		if err := writeFileAtomic(credsURLFile(p), []byte(cs.info.NATSURL+"\n"), 0o600); err != nil {
+			cs.close()
+			return fmt.Errorf("dev: write the NATS URL beside %s: %w", p, err)
+		}
+	}
 	cs.info.CredsElsewhere = dc.path != devCredsFile(o, e.getenv)
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)

@@ -223,3 +223,30 @@ func TestTokenCreateOutputNotWrittenOnFailure(t *testing.T) {
 		t.Errorf("token create failed but %s exists (%v); want no file", out, err)
 	}
 }
+
+// TestDevURLBesideCreds: a dev on a random NATS port writes its URL beside
+// DATA-DIR/dev.creds, so a client command given only those credentials
+// reaches it (not nats://127.0.0.1:4222, another dev's or none), saying
+// where the URL came from when it cannot connect.
+func TestDevURLBesideCreds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack")
+	}
+	dir := t.TempDir()
+	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
+	url, _, _, stop := startDev(t, dir, vars)
+	defer stop()
+	creds := filepath.Join(dir, "dev.creds")
+	if b, err := os.ReadFile(filepath.Join(dir, "dev.url")); err != nil || strings.TrimSpace(string(b)) != url {
+		t.Fatalf("%s/dev.url: %q, %v; want %s", dir, b, err, url)
+	}
+	r := runCLI(testCtx(t), vars, "", "nodes", "--nats-creds", creds)
+	if r.code != 0 || !strings.Contains(r.stdout, devNodeID()) {
+		t.Fatalf("nodes --nats-creds %s (no URL): exit %d, stdout %q, stderr %q", creds, r.code, r.stdout, r.stderr)
+	}
+	stop()
+	r = runCLI(testCtx(t), vars, "", "nodes", "--nats-creds", creds)
+	if r.code != exitTether || !strings.Contains(r.stderr, "connect to NATS at "+url+" (from "+filepath.Join(dir, "dev.url")+")") {
+		t.Errorf("nodes after dev stopped: exit %d, stderr %q; want the URL from dev.url named", r.code, r.stderr)
+	}
+}
