@@ -210,6 +210,18 @@ func TestNATSURLPrecedence(t *testing.T) {
 	}
 }
 
+// TestAgentMissingTokenFile: a join token file not copied yet is named
+// with its setting (--token-file, token-file in a config file) and what to
+// do, once.
+func TestAgentMissingTokenFile(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "join-token")
+	r := runCLI(testCtx(t), nil, "", "agent", "--coordinator", "127.0.0.1:1", "--token-file", tokenFile, "--data-dir", t.TempDir())
+	want := "tether: --token-file " + tokenFile + ": file does not exist: copy the join token there (tether token create -o FILE writes one)\n"
+	if r.code != exitFailure || r.stderr != want {
+		t.Errorf("exit %d, stderr %q; want 1, %q", r.code, r.stderr, want)
+	}
+}
+
 func TestResolveToken(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "given")

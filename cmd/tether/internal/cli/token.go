@@ -23,12 +23,17 @@ const tokenEnv = "TETHER_TOKEN"
 // when it is given none.
 const joinTokenFile = "join-token"
 
-// readTokenFile reads a join token file, trimming whitespace. An empty token
-// is an error naming the file.
+// readTokenFile reads a join token file, trimming whitespace. An error
+// names the setting (--token-file, token-file in a config file) and the
+// file; a missing file (errors.Is os.ErrNotExist) says how to make one; an
+// empty token is an error too.
 func readTokenFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("--token-file %s: %w: copy the join token there (tether token create -o FILE writes one)", path, os.ErrNotExist)
+	}
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		return "", fmt.Errorf("--token-file %s: %w", path, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {
