@@ -150,6 +150,10 @@ func TestUsageErrors(t *testing.T) {
 		{"dev bad port", []string{"dev", "--nats-port", "70000"}, []string{"--nats-port 70000"}},
 		{"nodes bad selector", []string{"nodes", "--selector", "!"}, []string{"--selector"}},
 		{"version with args", []string{"version", "extra"}, []string{"unknown command"}},
+		{"int flag not a number", []string{"exec", "--all", "--max-parallel", "abc", "--", "true"}, []string{`tether: --max-parallel "abc": want a whole number` + "\n"}},
+		{"int flag a float", []string{"job", "list", "--limit", "1e3"}, []string{`--limit "1e3": want a whole number`}},
+		{"int flag out of range", []string{"token", "create", "--uses", "99999999999999999999"}, []string{`--uses "99999999999999999999": want a whole number from -9223372036854775808 to 9223372036854775807`}},
+		{"bool flag not a boolean", []string{"exec", "--all", "--summary=maybe", "--", "true"}, []string{`--summary "maybe": want a boolean (true or false)`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,6 +163,9 @@ func TestUsageErrors(t *testing.T) {
 			}
 			if !strings.HasPrefix(r.stderr, "tether: ") {
 				t.Errorf("stderr does not start with \"tether: \": %q", r.stderr)
+			}
+			if strings.Contains(r.stderr, "strconv.") {
+				t.Errorf("stderr names Go's strconv: %q", r.stderr)
 			}
 			for _, w := range tt.want {
 				if !strings.Contains(r.stderr, w) {
