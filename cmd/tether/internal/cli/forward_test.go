@@ -90,7 +90,7 @@ func TestForwardOnFleet(t *testing.T) {
 	}
 	// The agent's refusal of an unknown target reads as the CLI's own.
 	r = runCLI(ctx, nil, "", "forward", "--stdio", "--nats-url", url, "node-0", "ssh")
-	if r.code != 255 || !strings.Contains(r.stderr, `node node-0 has no target "ssh" (it serves: `) {
+	if r.code != 255 || r.stderr != "tether: node node-0 has no target \"ssh\" (it serves: down, echo) (unknown_target)\n" {
 		t.Errorf("--stdio unknown target: exit %d, stderr %q", r.code, r.stderr)
 	}
 
