@@ -27,7 +27,7 @@ type dialRefusedError struct {
 func (e *dialRefusedError) Error() string {
 	msg := strings.TrimPrefix(e.info.Message, "node "+e.node+": ")
 	msg = strings.TrimPrefix(msg, "dial target "+e.target+" at ") // the target is named already
-	if strings.HasPrefix(msg, "node "+e.node+" ") { // "node N has no target ...": names both itself
+	if strings.HasPrefix(msg, "node "+e.node+" ") {               // "node N has no target ...": names both itself
 		return fmt.Sprintf("%s (%s)", msg, e.info.Code)
 	}
 	return fmt.Sprintf("dial %s on node %s: %s (%s)", e.target, e.node, msg, e.info.Code)
