@@ -120,7 +120,7 @@ func TestUsageErrors(t *testing.T) {
 		{"coordinator ssh keys without ssh-addr", []string{"coordinator", "--ssh-authorized-keys", "/etc/keys"}, []string{"go with --ssh-addr"}},
 		{"coordinator bad ssh-addr", []string{"coordinator", "--ssh-addr", "nope", "--ssh-user-ca", "/ca"}, []string{"--ssh-addr: \"nope\" is not host:port"}},
 		{"dev bad ssh-addr", []string{"dev", "--ssh-addr", "x"}, []string{"--ssh-addr: \"x\" is not host:port"}},
-		{"ssh-proxy bad node", []string{"ssh-proxy", "a/b"}, []string{"node:"}},
+		{"ssh-proxy bad node", []string{"ssh-proxy", "a/b"}, []string{`NODE "a/b": must be`}},
 		{"ssh-proxy no node", []string{"ssh-proxy"}, []string{"accepts 1 arg"}},
 		{"forward stdio with local addr", []string{"forward", "--stdio", "n", "t", "8080"}, []string{"--stdio takes no LOCAL_ADDR"}},
 		{"nats user create bad ttl", []string{"nats", "user", "create", "x", "--ttl", "-1s"}, []string{"--ttl -1s is negative"}},
