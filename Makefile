@@ -254,7 +254,8 @@ dev: ## build (listing each package as it compiles), then run `tether dev` (coor
 	@echo ">> building $(BIN): go lists each package as it compiles it (the first build downloads the modules and takes minutes)"
 	@$(MAKE) --no-print-directory build BUILDFLAGS="-v $(BUILDFLAGS)"
 	@echo ">> built $(BIN); starting tether dev (Ctrl-C stops it)"
-	./$(BIN) dev $(DEV_FLAGS)
+	@# env -u: the jobs dev's agent runs must not inherit make's variables (a job's make would take itself for a sub-make)
+	env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEOVERRIDES -u MAKE_TERMOUT -u MAKE_TERMERR ./$(BIN) dev $(DEV_FLAGS)
 
 clean: ## remove build outputs
 	rm -rf bin build bench.txt

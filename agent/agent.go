@@ -290,6 +290,10 @@ func (a *Agent) advertisedTargets() []string {
 	return out
 }
 
+// errSoleCoordinatorDrained ends Run when the only coordinator
+// (Config.SoleCoordinator) drained the session.
+var errSoleCoordinatorDrained = errors.New("the agent's only coordinator drained its session")
+
 // serve runs one tunnel session over conn: handshake, heartbeats, streams. It
 // returns when the session ends or ctx is done, after every exec of the
 // session ended. It returns an error when the session could not be
@@ -341,6 +345,13 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		// A draining coordinator gets no more job reports: the next
 		// session's coordinator gets them.
 		a.setReportSession(nil)
+		if a.cfg.SoleCoordinator {
+			// No other coordinator to move to: Run waits for the drained
+			// session (a.drained), then the agent stops.
+			a.log.Info("coordinator is draining this session and there is no other: stopping once its streams finish",
+				"coordinator", addr, "message", clip(d.Message, 200))
+			return tunnel.Permanent(errSoleCoordinatorDrained)
+		}
 		a.log.Info("coordinator is draining this session: moving to another coordinator while its streams finish",
 			"coordinator", addr, "retry_after", d.RetryAfter(), "message", clip(d.Message, 200))
 		return tunnel.Moved(d.RetryAfter(), d.Coordinator)

@@ -92,6 +92,13 @@ type Config struct {
 	// a refused HTTP proxy is backed off from at once. Zero means tunnel's
 	// default (1 s); negative, no cap.
 	RefusedMax time.Duration
+	// SoleCoordinator says Coordinators is the only coordinator this agent
+	// will ever have (tether dev's own agent): when it drains the session
+	// there is no other to move to, so the agent serves the drained
+	// session until its streams end and the coordinator closes it, then
+	// stops (Run returns nil), instead of redialing a coordinator that is
+	// shutting down. False: a drain moves the agent to another coordinator.
+	SoleCoordinator bool
 	// Token is the join token (tether token create) the agent enrolls
 	// with when IdentityDir holds no valid certificate: then it is required.
 	// With SharedToken it is instead the deprecated shared token, sent in

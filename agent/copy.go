@@ -64,8 +64,17 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 	if len(p.Roots) > 0 {
 		eff := mirror.EffectiveRoots(roots, p.Roots)
 		if !localpolicy.Under(eff, path) {
-			a.refuseCopy(st, fmt.Sprintf("copy path %s is not under a path the coordinator's policy granted (%s) within the copy roots (%s)",
-				protocol.Clip(path), strings.Join(p.Roots, ", "), strings.Join(roots, ", ")))
+			// Say which of the two leaves the path out.
+			msg := fmt.Sprintf("copy path %s is not under a path the coordinator's policy granted (%s) within the copy roots (%s)",
+				protocol.Clip(path), strings.Join(p.Roots, ", "), strings.Join(roots, ", "))
+			switch granted, rooted := localpolicy.Under(p.Roots, path), localpolicy.Under(roots, path); {
+			case granted && !rooted:
+				msg = fmt.Sprintf("copy path %s is outside this node's copy roots (%s; the agent's --copy-root sets them); the policy grants %s",
+					protocol.Clip(path), strings.Join(roots, ", "), strings.Join(p.Roots, ", "))
+			case !granted && rooted:
+				msg = fmt.Sprintf("copy path %s is not under a path the coordinator's policy granted (%s)", protocol.Clip(path), strings.Join(p.Roots, ", "))
+			}
+			a.refuseCopy(st, msg)
 			return
 		}
 	}

@@ -58,7 +58,7 @@ func policyRootsCheck(t *testing.T, h *harness, base, user string, uid int) {
 		{"pull through a relative symlink", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(pub, "rel", "secret")}, "leads outside the copy root " + pub},
 		{"push through an absolute symlink", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(pub, "abs") + "/", Into: true}, "symlink abs points to " + outside},
 		{"push below a relative symlink", protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(pub, "rel", "x")}, "leads outside the copy root " + pub},
-		{"path outside the grant", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(outside, "secret")}, "is not under a path the coordinator's policy granted (" + pub + ") within the copy roots"},
+		{"path outside the grant", protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(outside, "secret")}, "is not under a path the coordinator's policy granted (" + pub + ")"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := copyErr(tc.p)
@@ -117,6 +117,14 @@ func policyRootsCheck(t *testing.T, h *harness, base, user string, uid int) {
 	roots = []string{filepath.Join(base, "away", "pub")}
 	if err := copyErr(protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(base, "away", "pub", "f")}); err == nil || !strings.Contains(err.Error(), "not under a copy root") {
 		t.Errorf("push into a granted directory behind a symlink out of the copy roots: %v, want a refusal", err)
+	}
+	// The policy grants the whole file system, the copy roots do not: the
+	// copy roots are named as what leaves the path out.
+	// (As another user, the local policy's copy_roots refuse it first.)
+	roots = []string{"/"}
+	if err := copyErr(protocol.CopyParams{Direction: protocol.CopyPull, Path: "/proc/self/status"}); user == "" && (err == nil ||
+		!strings.Contains(err.Error(), `copy path "/proc/self/status" is outside this node's copy roots (`) || !strings.Contains(err.Error(), "; the policy grants /")) {
+		t.Errorf("copy granted by the policy, outside the copy roots: %v, want the copy roots named", err)
 	}
 	// A grant that does not meet the copy roots.
 	roots = []string{"/nowhere/granted"}

@@ -79,12 +79,12 @@ func (a *Agent) serveDial(ctx context.Context, st *yamux.Stream, h protocol.Head
 		// The message names the configured targets, never their
 		// addresses.
 		a.m.dials.WithLabelValues(dialUnknownTarget).Inc()
-		known := "none"
+		known := "no targets"
 		if len(a.targetNames) > 0 {
 			known = strings.Join(a.targetNames, ", ")
 		}
 		log.Warn("dial refused: unknown target", "target", clip(p.Target, 100))
-		msg := fmt.Sprintf("node %s has no target %q (its targets: %s)", a.cfg.NodeID, clip(p.Target, 100), known)
+		msg := fmt.Sprintf("node %s has no target %q (it serves: %s)", a.cfg.NodeID, clip(p.Target, 100), known)
 		if p.Target == protocol.TargetOwnPorts {
 			msg += "; " + protocol.TargetOwnPorts + " is for port forwards inside an SSH connection (ssh -L), as your login"
 		}

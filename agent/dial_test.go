@@ -225,12 +225,12 @@ func TestDialRefusals(t *testing.T) {
 	tests := []struct {
 		target, code, msg string
 	}{
-		{"etcd", protocol.CodeUnknownTarget, `node node-a has no target "etcd" (its targets: gone, opensandbox, web)`},
-		{"openshell", protocol.CodeUnknownTarget, `node node-a has no target "openshell" (its targets: gone, opensandbox, web)`},
-		{"127.0.0.1:22", protocol.CodeUnknownTarget, `node node-a has no target "127.0.0.1:22" (its targets: gone, opensandbox, web)`},
-		{"own-ports", protocol.CodeUnknownTarget, `node node-a has no target "own-ports" (its targets: gone, opensandbox, web); own-ports is for port forwards inside an SSH connection (ssh -L), as your login`},
-		{"", protocol.CodeUnknownTarget, `node node-a has no target "" (its targets: gone, opensandbox, web)`},
-		{strings.Repeat("x", 200), protocol.CodeUnknownTarget, `node node-a has no target "` + strings.Repeat("x", 100) + `..." (its targets: gone, opensandbox, web)`},
+		{"etcd", protocol.CodeUnknownTarget, `node node-a has no target "etcd" (it serves: gone, opensandbox, web)`},
+		{"openshell", protocol.CodeUnknownTarget, `node node-a has no target "openshell" (it serves: gone, opensandbox, web)`},
+		{"127.0.0.1:22", protocol.CodeUnknownTarget, `node node-a has no target "127.0.0.1:22" (it serves: gone, opensandbox, web)`},
+		{"own-ports", protocol.CodeUnknownTarget, `node node-a has no target "own-ports" (it serves: gone, opensandbox, web); own-ports is for port forwards inside an SSH connection (ssh -L), as your login`},
+		{"", protocol.CodeUnknownTarget, `node node-a has no target "" (it serves: gone, opensandbox, web)`},
+		{strings.Repeat("x", 200), protocol.CodeUnknownTarget, `node node-a has no target "` + strings.Repeat("x", 100) + `..." (it serves: gone, opensandbox, web)`},
 		{"gone", protocol.CodeDialFailed, "node node-a: dial target gone at " + closed + ": connect: connection refused"},
 	}
 	for _, tt := range tests {
@@ -271,7 +271,7 @@ func TestDialNoTargetsConfigured(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
 	_, info := h.dial(t, "openshell")
-	want := &protocol.ErrorInfo{Code: protocol.CodeUnknownTarget, Message: `node node-a has no target "openshell" (its targets: none)`}
+	want := &protocol.ErrorInfo{Code: protocol.CodeUnknownTarget, Message: `node node-a has no target "openshell" (it serves: no targets)`}
 	if diff := cmp.Diff(want, info); diff != "" {
 		t.Errorf("error (-want +got):\n%s", diff)
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,6 +76,61 @@ func TestDrainMovesAgentWhileStreamsFinish(t *testing.T) {
 	e.finish(t)
 	if e.exit == nil || e.exit.ExitCode != 0 || !strings.Contains(e.stdout.String(), "finished") {
 		t.Fatalf("exec on the drained session: exit %+v, stdout %q, error %+v", e.exit, e.stdout.String(), e.errInfo)
+	}
+}
+
+// TestDrainStopsAgentOfSoleCoordinator: an agent whose coordinator is its
+// only one (tether dev's) does not redial it when it drains the session:
+// the exec in flight finishes and reports its exit, then, once the
+// coordinator closed the session, Run returns nil, after one dial.
+func TestDrainStopsAgentOfSoleCoordinator(t *testing.T) {
+	fc := startFakeCoordinator(t, "good-token")
+	var dials atomic.Int32
+	cfg := testConfig(t)
+	cfg.Coordinators = []string{fc.addr}
+	cfg.TLS = fc.clientTLS
+	cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return tunnel.DialTLS(ctx, addr, fc.clientTLS)
+	}
+	cfg.Token = "good-token"
+	cfg.SoleCoordinator = true
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- a.Run(context.Background()) }()
+	sess := recv(t, fc.sessions, "session")
+	recv(t, fc.hellos, "hello")
+	ctl := recv(t, fc.ctls, "control stream")
+	before := dials.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	st, err := sess.Open(ctx, protocol.KindExec, protocol.ExecParams{Script: "sleep 0.5; echo finished"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &execStream{st: st, fr: protocol.NewFrameReader(st)}
+	if err := protocol.WriteJSONFrame(ctl, protocol.FrameDrain, &protocol.Drain{RetryAfterMS: 0, Message: "coordinator dev is shutting down"}); err != nil {
+		t.Fatal(err)
+	}
+	sess.GoAway()
+	e.finish(t)
+	if e.exit == nil || e.exit.ExitCode != 0 || !strings.Contains(e.stdout.String(), "finished") {
+		t.Fatalf("exec on the drained session: exit %+v, stdout %q, error %+v", e.exit, e.stdout.String(), e.errInfo)
+	}
+	sess.Close()
+	select {
+	case err := <-runDone:
+		if err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the agent of a sole coordinator kept running after the drained session closed")
+	}
+	if n := dials.Load(); n != before {
+		t.Errorf("%d dials after the drain, want none", n-before)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -80,6 +81,10 @@ func TestEnrollRefusal(t *testing.T) {
 				}
 				if info := (*protocol.ErrorInfo)(nil); !errors.As(err, &info) || info.Code != c.code {
 					t.Errorf("Run's error %v does not carry the coordinator's reject %s", err, c.code)
+				}
+				// Said once: who refused, why, the code.
+				if msg := err.Error(); strings.Count(strings.TrimSuffix(msg, "("+c.code+")"), "refused") != 1 || !strings.Contains(msg, "enrollment refused by ") || !strings.HasSuffix(msg, "("+c.code+")") {
+					t.Errorf("Run's error %q: want \"agent N: enrollment refused by ADDR: REASON (%s)\", refused once", msg, c.code)
 				}
 				if n := dials.Load(); n != 1 {
 					t.Errorf("%d dials, want 1", n)

@@ -122,7 +122,7 @@ func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 			a.m.enrollments.WithLabelValues("refused").Inc()
 			a.log.Error("enrollment refused: no retry can succeed; stopping the agent: give it a new join token (tether token create) with --token-file, or, if the node id is enrolled already, revoke it first (tether node revoke)",
 				"coordinator", addr, "code", info.Code, "reason", info.Message, "exit_status", ExitEnrollRefused)
-			return tunnel.Permanent(fmt.Errorf("%w: %w", ErrEnrollRefused, err))
+			return tunnel.Permanent(&enrollRefusedError{node: a.cfg.NodeID, addr: addr, info: info})
 		}
 		return err
 	}
@@ -149,6 +149,21 @@ func (a *Agent) enroll(ctx context.Context, conn net.Conn, addr string) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(ctl, 64<<10))
 	return nil
 }
+
+// enrollRefusedError is a permanent enrollment refusal, said once:
+// "agent N: enrollment refused by ADDR: REASON (CODE)", not "enrollment
+// refused: agent N: enroll with ADDR: refused: CODE: REASON". It is
+// ErrEnrollRefused (errors.Is) and unwraps to the coordinator's reject.
+type enrollRefusedError struct {
+	node, addr string
+	info       *protocol.ErrorInfo
+}
+
+func (e *enrollRefusedError) Error() string {
+	return fmt.Sprintf("agent %s: enrollment refused by %s: %s (%s)", e.node, e.addr, e.info.Message, e.info.Code)
+}
+func (e *enrollRefusedError) Is(target error) bool { return target == ErrEnrollRefused }
+func (e *enrollRefusedError) Unwrap() error        { return e.info }
 
 // enrollEndWait is how long enroll waits, after storing its certificate,
 // for the coordinator to end the control stream.

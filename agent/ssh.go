@@ -205,6 +205,14 @@ func (a *Agent) sshDial(ctx context.Context, p *protocol.SSHParams, login *sshd.
 			return a.dialOwnPort(ctx, login, addrs, port)
 		}
 	}
+	if _, ok := a.targets[host]; target == "" && !ok && slices.Contains(p.Targets, host) {
+		// The policy grants it; this node has no such target.
+		serves := "no targets"
+		if len(a.targetNames) > 0 {
+			serves = strings.Join(a.targetNames, ", ")
+		}
+		return nil, "", fmt.Errorf("%w: node %s has no target %s (it serves: %s)", sshd.ErrForwardRefused, a.cfg.NodeID, protocol.Clip(host), serves)
+	}
 	if target == "" {
 		allowed := []string{}
 		for _, t := range p.Targets {

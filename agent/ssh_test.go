@@ -595,9 +595,17 @@ func TestSSHDirectTCPIP(t *testing.T) {
 	}()
 	addr := ln.Addr().String()
 	f := newSSHFixture(t, func(c *Config) { c.Targets = map[string]string{"web": addr, "db": "127.0.0.1:1"} })
-	c, err := f.dial(t, f.params(func(p *protocol.SSHParams) { p.Targets = []string{"web"} }), f.clientConfig())
+	c, err := f.dial(t, f.params(func(p *protocol.SSHParams) { p.Targets = []string{"web", "openshell"} }), f.clientConfig())
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Granted, but not a target of this node: that is the reason given,
+	// not the policy.
+	if conn, err := c.Dial("tcp", "openshell:8080"); err == nil {
+		conn.Close()
+		t.Error("forward to openshell:8080 allowed on a node without it")
+	} else if !strings.Contains(err.Error(), `node node-a has no target \"openshell\" (it serves: db, web)`) { // quoted by ssh's rejection
+		t.Errorf("forward to openshell:8080: %v, want the node's lack of it named", err)
 	}
 	for _, dest := range []string{addr, "web:9"} {
 		conn, err := c.Dial("tcp", dest)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -13,6 +14,26 @@ import (
 // but refused the dial: it has no such target (protocol.CodeUnknownTarget)
 // or could not reach it (protocol.CodeDialFailed, CodeBusy).
 var ErrDialRefused = errors.New("dial refused by the node")
+
+// dialRefusedError is the agent's refusal of a dial, with the node named
+// once: "dial T on node N: REASON (CODE)", the agent's own "node N: "
+// prefix dropped. It is ErrDialRefused (errors.Is) and unwraps to the
+// agent's *protocol.ErrorInfo.
+type dialRefusedError struct {
+	target, node string
+	info         *protocol.ErrorInfo
+}
+
+func (e *dialRefusedError) Error() string {
+	msg := strings.TrimPrefix(e.info.Message, "node "+e.node+": ")
+	msg = strings.TrimPrefix(msg, "dial target "+e.target+" at ") // the target is named already
+	if strings.HasPrefix(msg, "node "+e.node+" ") {               // "node N has no target ...": names both itself
+		return fmt.Sprintf("%s (%s)", msg, e.info.Code)
+	}
+	return fmt.Sprintf("dial %s on node %s: %s (%s)", e.target, e.node, msg, e.info.Code)
+}
+func (e *dialRefusedError) Is(target error) bool { return target == ErrDialRefused }
+func (e *dialRefusedError) Unwrap() error        { return e.info }
 
 // Dial opens a raw byte stream to target (an allow-listed name such as
 // "openshell") on node, through the coordinator and the node's tunnel (a
@@ -53,7 +74,7 @@ func (c *Client) Dial(ctx context.Context, node, target string) (*Stream, error)
 		if err := protocol.DecodeJSON(f.Payload, &ei); err != nil {
 			return nil, fmt.Errorf("dial %s on node %s: %w", target, node, err)
 		}
-		return nil, fmt.Errorf("dial %s on node %s: %w: %w", target, node, ErrDialRefused, &ei)
+		return nil, &dialRefusedError{target: target, node: node, info: &ei}
 	default:
 		s.Close()
 		return nil, fmt.Errorf("dial %s on node %s: %w: %s frame", target, node, protocol.ErrUnexpected, f.Type)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -80,6 +81,37 @@ func (o *OpenShell) List(ctx context.Context) ([]protocol.Sandbox, error) {
 	return out, nil
 }
 
+// unavailableError is a gRPC UNAVAILABLE status in a user's words (the
+// gateway could not be reached, and why); it unwraps to the status, so
+// status.FromError and status.Code still see UNAVAILABLE.
+type unavailableError struct {
+	msg string
+	err error
+}
+
+func (e *unavailableError) Error() string { return e.msg }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// callError words err, from a call to the gateway: an UNAVAILABLE status
+// becomes "gateway not reachable: dial tcp ADDR: connect: connection
+// refused" instead of grpc's `rpc error: code = Unavailable desc =
+// connection error: desc = "transport: Error while dialing: ..."`; other
+// errors are returned as they are.
+func callError(err error) error {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.Unavailable {
+		return err
+	}
+	why := s.Message()
+	const dialing = "Error while dialing: "
+	if i := strings.LastIndex(why, dialing); i >= 0 {
+		why = strings.TrimSuffix(why[i+len(dialing):], `"`)
+	} else {
+		why = strings.TrimPrefix(why, "connection error: ")
+	}
+	return &unavailableError{msg: "gateway not reachable: " + why, err: err}
+}
+
 // listWorkspace pages through one workspace (see openShellOverlap).
 func (o *OpenShell) listWorkspace(ctx context.Context, ws string) ([]protocol.Sandbox, error) {
 	var out []protocol.Sandbox
@@ -89,7 +121,10 @@ func (o *OpenShell) listWorkspace(ctx context.Context, ws string) ([]protocol.Sa
 		resp := new(openshell.ListSandboxesResponse)
 		req := &openshell.ListSandboxesRequest{Limit: openShellPage, Offset: offset, LabelSelector: o.Selector, Workspace: ws}
 		if err := o.Conn.Invoke(o.ctx(ctx), openshell.MethodListSandboxes, req, resp); err != nil {
-			return out, fmt.Errorf("offset %d: %w", offset, err)
+			if offset == 0 {
+				return out, callError(err)
+			}
+			return out, fmt.Errorf("page from row %d: %w", offset, callError(err))
 		}
 		page := resp.GetSandboxes()
 		start := 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -253,5 +254,31 @@ func TestOpenShellSandboxMapping(t *testing.T) {
 	}
 	if s := gateway.OpenShellSandbox(&openshell.Sandbox{}, "w"); s.Workspace != "w" || s.State != "SANDBOX_PHASE_UNSPECIFIED" {
 		t.Fatalf("%+v", s)
+	}
+}
+
+// TestOpenShellListUnreachableInUserTerms: a gateway that refuses the
+// connection is named as not reachable, with the dial's own error once,
+// not grpc's "rpc error: code = Unavailable desc = ... transport: Error
+// while dialing"; the error still carries the UNAVAILABLE status.
+func TestOpenShellListUnreachableInUserTerms(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = (&gateway.OpenShell{Conn: conn}).List(ctxFor(t))
+	want := "openshell: list workspace default: gateway not reachable: dial tcp " + addr + ": connect: connection refused"
+	if err == nil || err.Error() != want {
+		t.Fatalf("List of a closed port: %v; want %q", err, want)
+	}
+	if status.Code(errors.Unwrap(err)) != codes.Unavailable {
+		t.Errorf("List's error lost its UNAVAILABLE status: %v", status.Code(errors.Unwrap(err)))
 	}
 }

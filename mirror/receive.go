@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -958,6 +959,21 @@ func (r *receiver) newEntry(e *protocol.CopyEntry, parent *rdir, o *oldEntry) (*
 	return ref, w, nil
 }
 
+// stageError words err, from creating the stage (the copy's temporary
+// directory) in its parent: the directory named as the user knows it, and
+// why, without the receiver's word "stage". /proc and other virtual file
+// systems answer ENOENT for a directory that exists: said so.
+func (r *receiver) stageError(err error) error {
+	dir := filepath.Dir(r.dst) // the stage is beside the destination
+	if r.ddir != nil && r.stage.parent == int(r.ddir.Fd()) {
+		dir = r.dst // or in it, an existing directory
+	}
+	if errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("cannot create the copy's temporary directory in %s: %w (the file system there takes no new entries)", dir, err)
+	}
+	return fmt.Errorf("cannot create the copy's temporary directory in %s: %w", dir, err)
+}
+
 // inStage returns the stage directory, held, and a new name in it; the
 // stage is created on first use.
 func (r *receiver) inStage() (*dirRef, where, error) {
@@ -979,7 +995,7 @@ func (r *receiver) inStage() (*dirRef, where, error) {
 			err = unix.Mkdirat(st.parent, name, 0o700)
 		}
 		if err != nil {
-			return nil, where{}, fmt.Errorf("create stage: %w", err)
+			return nil, where{}, r.stageError(err)
 		}
 		st.name = name
 		fd, err := openBeneath(st.parent, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -1093,14 +1109,14 @@ func (r *receiver) startRoot(e *protocol.CopyEntry) error {
 	switch e.Type {
 	case protocol.EntryDir:
 		if err := unix.Mkdirat(ref.fd, w.name, 0o700); err != nil {
-			return fmt.Errorf("create stage: %w", err)
+			return fmt.Errorf("create the new directory in the copy's temporary directory: %w", err)
 		}
 		r.dirs["."] = &rdir{loc: w.loc}
 		r.dirMeta = append(r.dirMeta, dirMeta{rel: ".", mode: e.Mode, mtime: e.MtimeNS})
 	case protocol.EntryFile:
 		f, err := openAt(ref.fd, w.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 		if err != nil {
-			return fmt.Errorf("create stage: %w", err)
+			return fmt.Errorf("create the new file in the copy's temporary directory: %w", err)
 		}
 		r.cur = &incoming{e: *e, f: f, h: newFileHash()}
 	}

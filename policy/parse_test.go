@@ -233,6 +233,14 @@ func TestExampleFile(t *testing.T) {
 	if l := p.Limits(alice); l.MaxConcurrentJobs != 4 || l.RequestsPerSecond != 20 {
 		t.Errorf("alice's limits %+v", l)
 	}
+	// README "Running a fleet" mints nats:ops's credentials for token create.
+	ops := Identity{Kind: KindNATS, Name: "ops", Account: "CLIENTS"}
+	if _, err := p.Decide(ops, OpAdmin, Node{}, Object{}); err != nil {
+		t.Errorf("ops admin: %v", err)
+	}
+	if _, err := p.Decide(alice, OpAdmin, Node{}, Object{}); err == nil {
+		t.Error("alice may administer")
+	}
 }
 
 // A file owned by another uid than root or the process's own is refused

@@ -415,8 +415,9 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 		refusedFor = DefaultRefusedFor
 	}
 	// refusedSince is when the current streak of refused dials began
-	// (zero: none).
+	// (zero: none); refusedN counts its dials.
 	var refusedSince time.Time
+	refusedN := 0
 	log := r.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -453,9 +454,12 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 		)
 		refused := isRefused(err)
 		if !refused {
-			refusedSince = time.Time{}
-		} else if refusedSince.IsZero() {
-			refusedSince = time.Now()
+			refusedSince, refusedN = time.Time{}, 0
+		} else {
+			if refusedSince.IsZero() {
+				refusedSince = time.Now()
+			}
+			refusedN++
 		}
 		switch {
 		case errors.As(err, &moved):
@@ -493,6 +497,14 @@ func (r *Redialer) Run(ctx context.Context, serve func(ctx context.Context, conn
 			case err == nil:
 				// serve ended the session (the coordinator went away).
 				log.Info("tunnel session ended; redialing", "addr", ep.addr, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
+			case refused && refusedN&(refusedN-1) != 0:
+				// A streak of refused dials (no coordinator listening)
+				// warns at its 1st, 2nd, 4th, 8th... dial, not at each
+				// (several a second while RefusedMax caps the backoff).
+				log.Debug("tunnel dial refused; redialing", "addr", ep.addr, "err", err, "refused_in_a_row", refusedN, "delay", delay.Round(time.Millisecond))
+			case refused:
+				log.Warn("tunnel disconnected; redialing", "addr", ep.addr, "err", err, "refused_in_a_row", refusedN,
+					"refused_for", time.Since(refusedSince).Round(time.Second), "delay", delay.Round(time.Millisecond))
 			default:
 				log.Warn("tunnel disconnected; redialing", "addr", ep.addr, "err", err, "attempt", attempt+1, "delay", delay.Round(time.Millisecond))
 			}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -70,3 +71,51 @@ func TestRedialerHandoverIsQuiet(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestRedialerRefusedStreakLogsSparsely: a streak of refused dials (no
+// coordinator listening) warns at its 1st, 2nd, 4th, 8th and 16th dial,
+// not at each of the 20 (the rest are debug); a dial failing otherwise
+// still warns every time.
+func TestRedialerRefusedStreakLogsSparsely(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"refused", fmt.Errorf("dial tcp: %w", syscall.ECONNREFUSED), 5},
+		{"other failure", errors.New("no route to host"), 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var buf bytes.Buffer
+			log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return buf.Write(p)
+			}), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			dials := 0
+			r := &Redialer{
+				Addrs: []string{"a:1"},
+				Dial: func(context.Context, string) (net.Conn, error) {
+					if dials++; dials > 20 {
+						cancel()
+						return nil, context.Canceled
+					}
+					return nil, c.err
+				},
+				Backoff: Backoff{Base: time.Microsecond, Max: time.Microsecond},
+				Logger:  log,
+			}
+			if err := r.Run(ctx, func(context.Context, net.Conn, string) error { return nil }); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Run = %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if n := strings.Count(buf.String(), "level=WARN"); n != c.want {
+				t.Errorf("%d warnings for 20 failed dials, want %d:\n%s", n, c.want, buf.String())
+			}
+		})
+	}
+}

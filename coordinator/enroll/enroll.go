@@ -443,13 +443,23 @@ func (s *Store) Renew(ctx context.Context, node, serial string, cert Serial) err
 	})
 }
 
+// notEnrolledError is ErrNotEnrolled for one node, said once: "node N was
+// never enrolled (...)", not "node is not enrolled: no node N was ever
+// enrolled".
+type notEnrolledError struct{ node string }
+
+func (e *notEnrolledError) Error() string {
+	return "node " + e.node + " was never enrolled (or its enrollment record expired)"
+}
+func (e *notEnrolledError) Is(target error) bool { return target == ErrNotEnrolled }
+
 // Revoke refuses every certificate of node from now on and returns the
 // serials it refused. ErrNotEnrolled if node has no record.
 func (s *Store) Revoke(ctx context.Context, node string) ([]string, error) {
 	var refused []string
 	err := s.update(ctx, node, func(n *Node, exists bool) error {
 		if !exists {
-			return fmt.Errorf("%w: no node %s was ever enrolled (or its record expired)", ErrNotEnrolled, node)
+			return &notEnrolledError{node: node}
 		}
 		refused = refused[:0]
 		for _, x := range n.Serials {

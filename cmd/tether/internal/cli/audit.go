@@ -69,6 +69,9 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 				strings.TrimPrefix(err.Error(), fmt.Sprintf("unknown operation %q: ", o.Operation)), strings.Join(protocol.AuditOtherOperations(), ", ")))
 		}
 	}
+	if o.Result != "" && !slices.Contains(protocol.AuditResults(), o.Result) {
+		errs = append(errs, fmt.Errorf("--result %q: want one of %s", o.Result, strings.Join(protocol.AuditResults(), ", ")))
+	}
 	if o.Job != "" {
 		if err := protocol.ValidJobID(o.Job); err != nil {
 			errs = append(errs, fmt.Errorf("--job: %w", err))

@@ -57,7 +57,7 @@ func TestAuditOptions(t *testing.T) {
 		{"--operation", "frobnicate", `--operation "frobnicate": want one of exec, `},
 		{"--operation", "frobnicate", `admin, ssh, or stream, exec-alive`},
 		{"--job", "bad id!", `--job: job id "bad id!": must be`},
-		{"--result", "bogus", `result "bogus": want one of`},
+		{"--result", "bogus", `tether: --result "bogus": want one of ok, `},
 		// A number is seconds, as in every duration flag: out of range or
 		// NaN says so rather than "neither a duration nor a time".
 		{"--since", "1e10", `1e10 seconds is over the limit`},

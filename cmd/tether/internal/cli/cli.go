@@ -268,7 +268,7 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 				return usage(uerr)
 			}
 		}
-		return usage(suggestFlag(cmd, err))
+		return usage(suggestFlag(cmd, flagValueError(err)))
 	})
 	// `tether completion bash|zsh|fish|powershell` is cobra's own; the
 	// live candidates come from registerCompletions. --version prints

@@ -150,6 +150,10 @@ func TestUsageErrors(t *testing.T) {
 		{"dev bad port", []string{"dev", "--nats-port", "70000"}, []string{"--nats-port 70000"}},
 		{"nodes bad selector", []string{"nodes", "--selector", "!"}, []string{"--selector"}},
 		{"version with args", []string{"version", "extra"}, []string{"unknown command"}},
+		{"int flag not a number", []string{"exec", "--all", "--max-parallel", "abc", "--", "true"}, []string{`tether: --max-parallel "abc": want a whole number` + "\n"}},
+		{"int flag a float", []string{"job", "list", "--limit", "1e3"}, []string{`--limit "1e3": want a whole number`}},
+		{"int flag out of range", []string{"token", "create", "--uses", "99999999999999999999"}, []string{`--uses "99999999999999999999": want a whole number from -9223372036854775808 to 9223372036854775807`}},
+		{"bool flag not a boolean", []string{"exec", "--all", "--summary=maybe", "--", "true"}, []string{`--summary "maybe": want a boolean (true or false)`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,6 +163,9 @@ func TestUsageErrors(t *testing.T) {
 			}
 			if !strings.HasPrefix(r.stderr, "tether: ") {
 				t.Errorf("stderr does not start with \"tether: \": %q", r.stderr)
+			}
+			if strings.Contains(r.stderr, "strconv.") {
+				t.Errorf("stderr names Go's strconv: %q", r.stderr)
 			}
 			for _, w := range tt.want {
 				if !strings.Contains(r.stderr, w) {
@@ -207,6 +214,18 @@ func TestNATSURLPrecedence(t *testing.T) {
 	r := runCLI(testCtx(t), map[string]string{natsURLEnv: "nats://127.0.0.1:1"}, "", "nodes")
 	if r.code != exitTether || !strings.Contains(r.stderr, "connect to NATS at nats://127.0.0.1:1") {
 		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestAgentMissingTokenFile: a join token file not copied yet is named
+// with its setting (--token-file, token-file in a config file) and what to
+// do, once.
+func TestAgentMissingTokenFile(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "join-token")
+	r := runCLI(testCtx(t), nil, "", "agent", "--coordinator", "127.0.0.1:1", "--token-file", tokenFile, "--data-dir", t.TempDir())
+	want := "tether: --token-file " + tokenFile + ": file does not exist: copy the join token there (tether token create -o FILE writes one)\n"
+	if r.code != exitFailure || r.stderr != want {
+		t.Errorf("exit %d, stderr %q; want 1, %q", r.code, r.stderr, want)
 	}
 }
 

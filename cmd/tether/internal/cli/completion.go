@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -369,6 +370,35 @@ func suggestArgs(cmd *cobra.Command, args []string) error {
 		msg += "; did you mean " + strings.Join(quoteAll(s), " or ") + "?"
 	}
 	return errors.New(msg)
+}
+
+// flagValueError words pflag's refusal of a whole number, number or
+// boolean flag's value in a user's terms (`--max-parallel "abc": want a
+// whole number`), not with strconv's ("invalid argument "abc" for
+// "--max-parallel" flag: strconv.ParseInt: parsing "abc": invalid
+// syntax"). Other errors, among them the duration and size flags' own
+// messages, are returned as they are.
+func flagValueError(err error) error {
+	var ive *pflag.InvalidValueError
+	var ne *strconv.NumError
+	if !errors.As(err, &ive) || !errors.As(err, &ne) {
+		return err
+	}
+	f := ive.GetFlag()
+	typ := f.Value.Type()
+	if errors.Is(ne.Err, strconv.ErrRange) {
+		if bits := strings.TrimLeft(typ, "uint"); intTypes().MatchString(typ) {
+			n := 64
+			if bits != "" {
+				n, _ = strconv.Atoi(bits)
+			}
+			if strings.HasPrefix(typ, "u") {
+				return fmt.Errorf("--%s %q: want a whole number from 0 to %d", f.Name, ive.GetValue(), uint64(1)<<n-1)
+			}
+			return fmt.Errorf("--%s %q: want a whole number from %d to %d", f.Name, ive.GetValue(), -(int64(1) << (n - 1)), int64(1)<<(n-1)-1)
+		}
+	}
+	return fmt.Errorf("--%s %q: want %s", f.Name, ive.GetValue(), typeName(typ))
 }
 
 // suggestFlag adds "did you mean --timeout?" to err when it is pflag's

@@ -469,12 +469,9 @@ func (p *configParser) value(cv *configValue, f *pflag.Flag, v *yaml.Node) bool 
 	case typ == "string":
 		ok = v.Tag == "!!str"
 	case typ == "duration":
-		if v.Tag == "!!str" {
-			_, err := time.ParseDuration(v.Value)
-			ok = err == nil
-		} else {
-			ok = v.Tag == "!!int" && v.Value == "0"
-		}
+		// As on the command line (durationFlag): "30s", or a bare number
+		// of seconds ("30", "1.5"); scratchSet checks the value.
+		ok = v.Tag == "!!str" || v.Tag == "!!int" || v.Tag == "!!float"
 	case intTypes().MatchString(typ):
 		ok = v.Tag == "!!int"
 	case typ == "float64" || typ == "float32":
@@ -518,6 +515,9 @@ func cloneValue(v pflag.Value) pflag.Value {
 	case "string":
 		fs.String("x", "", "")
 	case "duration":
+		if df, ok := v.(durationFlag); ok {
+			return durationFlag{d: new(time.Duration), min: df.min, max: df.max}
+		}
 		fs.Duration("x", 0, "")
 	case "int":
 		fs.Int("x", 0, "")
@@ -543,7 +543,7 @@ func typeName(typ string) string {
 	case typ == "string":
 		return "a string"
 	case typ == "duration":
-		return "a duration with its unit, such as 30s, 5m or 1h30m"
+		return "a duration, such as 30s, 5m or 1h30m, or a number of seconds"
 	case intTypes().MatchString(typ):
 		return "a whole number"
 	case typ == "float64" || typ == "float32":

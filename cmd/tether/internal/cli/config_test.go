@@ -104,8 +104,10 @@ func TestConfigStrictErrors(t *testing.T) {
 			[]string{":2: key listen-addr: unknown key for the coordinator; did you mean listen?"}},
 		{"unknown key far from any", "agent", "frobnicate: 1\n",
 			[]string{":1: key frobnicate: unknown key for the agent (the keys are the flags of tether agent --help"}},
-		{"duration as a bare number", "coordinator", "exec-timeout: 30\n",
-			[]string{":1: key exec-timeout: want a duration with its unit, such as 30s, 5m or 1h30m, got the whole number 30"}},
+		{"duration that is no duration", "coordinator", "exec-timeout: soon\n",
+			[]string{":1: key exec-timeout: want a duration, such as 30s, 5m or 1h30m, or a number of seconds: "}},
+		{"duration NaN", "coordinator", "exec-timeout: .nan\n",
+			[]string{":1: key exec-timeout: want a duration, such as 30s, 5m or 1h30m, or a number of seconds: "}},
 		{"string for an int", "coordinator", "max-handshakes-per-source: many\n",
 			[]string{`:1: key max-handshakes-per-source: want a whole number, got the string "many"`}},
 		{"string for a bool", "coordinator", "no-reaper: \"yes\"\n",
@@ -162,6 +164,24 @@ func TestConfigStrictErrors(t *testing.T) {
 				t.Errorf("error shows the secret:\n%v", err)
 			}
 		})
+	}
+}
+
+// TestConfigDurationSeconds: a config file's duration takes a bare number
+// of seconds as every duration flag does (exec-timeout: 30 is 30s).
+func TestConfigDurationSeconds(t *testing.T) {
+	o := defaultCoordinatorOptions()
+	cmd := coordinatorCommand(testEnv(nil), &o)
+	path := writeConfig(t, "policy: /p.yaml\nexec-timeout: 30\nheartbeat: 1.5\n")
+	cmd.ParseFlags([]string{"--config", path})
+	if _, err := loadDaemonConfig(cmd, testEnv(nil), coordinatorConfigRole, &o.Log); err != nil {
+		t.Fatal(err)
+	}
+	if o.ExecTimeout != 30*time.Second || o.Heartbeat != 1500*time.Millisecond {
+		t.Fatalf("exec-timeout: 30, heartbeat: 1.5 gave %s and %s; want 30s and 1.5s", o.ExecTimeout, o.Heartbeat)
+	}
+	if err := validateConfigFile(testEnv(nil), coordinatorConfigRole, path); err != nil {
+		t.Errorf("validate: %v", err)
 	}
 }
 

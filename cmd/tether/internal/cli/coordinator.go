@@ -930,6 +930,11 @@ func (cs *coordinatorServer) reloadPolicy() (status string) {
 	}
 	p, err := cs.policy.Reload()
 	if err != nil {
+		// The file's problems only: Reload's error says "reload failed,
+		// the policy loaded before stays in force" as this line does.
+		if cause := errors.Unwrap(err); cause != nil {
+			err = cause
+		}
 		cs.log.Error("policy reload failed; the policy loaded before stays in force", "policy", cs.policy.Path(), "err", err)
 		return "policy reload failed (the policy loaded before stays in force): " + err.Error()
 	}

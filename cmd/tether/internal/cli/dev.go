@@ -249,8 +249,9 @@ func devNodeID() string {
 // coordinator first (drain: running jobs finish, or once its drain timeout
 // passed get the shutdown result, "coordinator dev is shutting down; job
 // cancelled", which needs the agent still serving to report them; then its
-// NATS connection and the embedded server), then the agent, which may try
-// once to redial the closed listener before it stops. o must be valid.
+// NATS connection and the embedded server), then the agent, which stops
+// by itself once the drained session closed (agent.Config.SoleCoordinator,
+// no redial). o must be valid.
 func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 	log := o.Log.logger(e.stderr)
 	co := defaultCoordinatorOptions()
@@ -321,6 +322,15 @@ func runDev(ctx context.Context, o *devOptions, e *env) (err error) {
 		}
 	}
 	cs.info.CredsFile, cs.info.CredsUser = dc.path, dc.creds.Name()
+	// The URL beside each credentials file (credsURLFile): a client
+	// command given only those credentials finds this instance, also on a
+	// --nats-port 0 whose banner was lost.
+	for _, p := range []string{own, dc.path} {
+		if err := writeFileAtomic(credsURLFile(p), []byte(cs.info.NATSURL+"\n"), 0o600); err != nil {
+			cs.close()
+			return fmt.Errorf("dev: write the NATS URL beside %s: %w", p, err)
+		}
+	}
 	cs.info.CredsElsewhere = dc.path != devCredsFile(o, e.getenv)
 
 	acfg, err := devAgentConfig(o, cs.info, log, e.getenv, reg)
@@ -391,6 +401,10 @@ func devAgentConfig(o *devOptions, info coordinatorInfo, log *slog.Logger, geten
 	cfg.NodeID = devNodeID()
 	cfg.Labels = map[string]string{"dev": "true"}
 	cfg.Coordinators = []string{dialAddr(info.TunnelAddr)}
+	// Dev's coordinator is its agent's only one: its drain at shutdown
+	// stops the agent once the jobs' results are reported, instead of
+	// redialing the closed listener until dev cancels it.
+	cfg.SoleCoordinator = true
 	cfg.TLS = tlsCfg
 	if len(o.Transports) > 0 {
 		cfg.Transports = o.Transports

@@ -14,7 +14,8 @@ import (
 // with the coordinator's shutdown result ("coordinator dev is shutting down;
 // job cancelled", error_code shutdown: exit 255 with --node, also with
 // stdin streamed through the stream relay, a failed node with --all), not
-// with a lost tunnel or a broken pipe.
+// with a lost tunnel or a broken pipe; then dev's agent stops, without
+// redialing.
 func TestDevShutdownReportsShutdown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a full dev stack")
@@ -107,6 +108,11 @@ func TestDevShutdownReportsShutdown(t *testing.T) {
 	case <-done:
 		if code != 0 {
 			t.Errorf("dev exit code %d; stderr:\n%s", code, stderr.String())
+		}
+		// Dev's agent stops with its coordinator: it does not redial the
+		// listener its coordinator closed at the drain.
+		if strings.Contains(stderr.String(), "redialing") {
+			t.Errorf("dev's agent redialed its stopping coordinator; stderr:\n%s", stderr.String())
 		}
 	case <-time.After(2 * defaultTestTimeout):
 		t.Fatal("dev did not stop")

@@ -7,9 +7,11 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
 	"github.com/tetherfleet/tether/client"
@@ -291,12 +293,41 @@ func classifyStdin(r io.Reader) stdinKind {
 	if term.IsTerminal(int(f.Fd())) {
 		return stdinTerminal
 	}
-	if fi.Mode()&os.ModeCharDevice != 0 {
-		if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
-			return stdinNone
-		}
+	if isNullDevice(fi) {
+		return stdinNone
 	}
 	return stdinPiped
+}
+
+// linuxNullRdev is the device number of Linux's null device (major 1,
+// minor 3), whichever mount or inode a /dev/null is on.
+var linuxNullRdev = unix.Mkdev(1, 3)
+
+// isNullDevice tells whether fi is a null device: a character device with
+// /dev/null's device number (1:3 on Linux), not only the inode this
+// process's /dev/null is. A docker exec's fd 0 is the host's /dev/null, a
+// char device 1:3 on another mount than the container's /dev/null.
+func isNullDevice(fi os.FileInfo) bool {
+	if fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	if err == nil && os.SameFile(fi, null) {
+		return true
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	if st.Rdev == linuxNullRdev {
+		return true
+	}
+	if err == nil {
+		if nst, ok := null.Sys().(*syscall.Stat_t); ok && nst.Rdev == st.Rdev {
+			return true
+		}
+	}
+	return false
 }
 
 // readLimited reads r fully, failing if it holds more than limit bytes.
@@ -498,7 +529,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	interrupted := ctx.Err() != nil && errors.Is(err, ctx.Err())
 	if res == nil {
 		if interrupted {
-			return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", err)}
+			return interruptedError(ctx)
 		}
 		return err
 	}

@@ -10,12 +10,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tetherfleet/tether/fleettest"
 )
@@ -358,5 +361,24 @@ func TestClassifyStdin(t *testing.T) {
 		if got := classifyStdin(tt.r); got != tt.want {
 			t.Errorf("%s: classifyStdin = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestClassifyStdinNullOfAnotherMount: a null device that is not this
+// process's /dev/null inode (docker exec hands a container the host's
+// /dev/null as fd 0) is still no standard input: the device number 1:3
+// decides, not the inode.
+func TestClassifyStdinNullOfAnotherMount(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "null")
+	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("cannot make a char device 1:3 here (needs root and a mount without nodev): %v", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Skipf("cannot open the char device (nodev mount?): %v", err)
+	}
+	defer f.Close()
+	if got := classifyStdin(f); got != stdinNone {
+		t.Errorf("classifyStdin(char device 1:3 at %s) = %v, want stdinNone", path, got)
 	}
 }

@@ -44,6 +44,10 @@ func checkExitRows(t *testing.T, rows []exitRow) {
 			if r.code != tt.code || !strings.Contains(r.stderr, tt.stderr) {
 				t.Errorf("tether %s: exit %d, want %d; stderr %q (want it to contain %q)", strings.Join(tt.args, " "), r.code, tt.code, r.stderr, tt.stderr)
 			}
+			// Go's own words for a cancelled request are no user's.
+			if strings.Contains(r.stderr, "context canceled") {
+				t.Errorf("tether %s: stderr %q names Go's context", strings.Join(tt.args, " "), r.stderr)
+			}
 			// The --help hint belongs to usage errors only.
 			if hint := strings.Contains(r.stderr, usageHint); hint != (r.code == exitUsage) {
 				t.Errorf("tether %s (exit %d): usage hint printed = %v; stderr %q", strings.Join(tt.args, " "), r.code, hint, r.stderr)
@@ -111,7 +115,7 @@ func TestExecExitCodes(t *testing.T) {
 		{name: "command not found", args: exec("--node", "node-0", "--", "no-such-command-tether-test"), code: 127, stderr: "(command_not_found)"},
 		{name: "path not found", args: exec("--node", "node-0", "--", "/no/such/program"), code: 127, stderr: "(command_not_found)"},
 		{name: "killed by a signal", args: exec("--node", "node-0", "-c", "kill -KILL $$"), code: 137, stderr: "killed by signal KILL"},
-		{name: "interrupted", args: exec("--node", "node-0", "--", "sleep", "60"), ctx: cancelledCtx(syscall.SIGINT), code: 130},
+		{name: "interrupted", args: exec("--node", "node-0", "--", "sleep", "60"), ctx: cancelledCtx(syscall.SIGINT), code: 130, stderr: "tether: interrupted\n"},
 		{name: "terminated", args: exec("--node", "node-0", "--", "sleep", "60"), ctx: cancelledCtx(syscall.SIGTERM), code: 143},
 		{name: "output truncated", args: exec("--node", "node-0", "--output-limit", "1KiB", "--", "head", "-c", "5000", "/dev/zero"), code: 254, stderr: "stdout was truncated"},
 		{name: "node not connected", args: exec("--node", "node-9", "--", "true"), code: 255, stderr: "unknown_node)"},
@@ -155,6 +159,7 @@ func TestClientCommandExitCodes(t *testing.T) {
 		{name: "shell coordinator unreachable", args: []string{"shell", "node-0", "--nats-url", unreachable}, code: 255, stderr: "connect to NATS"},
 		{name: "job unknown", args: []string{"job", "status", "--nats-url", url, "--node", "node-0", "nope"}, code: 255, stderr: "not_found"},
 		{name: "job node not connected", args: []string{"job", "logs", "--nats-url", url, "--node", "node-9", "nope"}, code: 255, stderr: "unknown_node"},
+		{name: "job logs --follow interrupted", args: []string{"job", "logs", "--follow", "--nats-url", url, "--node", "node-0", "nope"}, ctx: cancelledCtx(syscall.SIGINT), code: 130, stderr: "tether: interrupted\n"},
 		{name: "nodes coordinator unreachable", args: []string{"nodes", "--nats-url", unreachable}, code: 255, stderr: "connect to NATS"},
 		{name: "forward node not connected", args: []string{"forward", "--nats-url", url, "node-9", "openshell"}, code: 255, stderr: "not connected"},
 		{name: "run-lease command not found", args: []string{"run-lease", "--nats-url", url, "--", "/nonexistent/cmd"}, code: 127},

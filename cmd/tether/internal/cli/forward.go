@@ -165,14 +165,14 @@ func runForward(ctx context.Context, e *env, c *client.Client, a forwardArgs) er
 	}
 	i := slices.IndexFunc(nodes, func(n protocol.NodeInfo) bool { return n.ID == a.Node })
 	if i < 0 {
-		return fmt.Errorf("forward: node %q is not connected", a.Node)
+		return fmt.Errorf("node %q is not connected (%s; tether nodes lists those that are)", a.Node, protocol.ErrCodeUnknownNode)
 	}
 	if ts := nodes[i].Targets; !slices.Contains(ts, a.Target) {
 		serves := "no targets"
 		if len(ts) > 0 {
 			serves = strings.Join(ts, ", ")
 		}
-		return fmt.Errorf("forward: node %s has no target %q (it serves: %s)", a.Node, a.Target, serves)
+		return fmt.Errorf("node %s has no target %q (it serves: %s)", a.Node, a.Target, serves)
 	}
 	ln, err := net.Listen("tcp", a.Local)
 	if err != nil {

@@ -70,19 +70,36 @@ func echoServer(t *testing.T) string {
 // half-closes included; unknown targets are refused before listening.
 func TestForwardOnFleet(t *testing.T) {
 	echo := echoServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	ln.Close() // a target nothing listens on
 	f := startFleet(t, fleettest.Options{Agent: func(_ int, c *agent.Config) {
-		c.Targets = map[string]string{"echo": echo}
+		c.Targets = map[string]string{"echo": echo, "down": down}
 	}})
 	url := f.NATS.ClientURL()
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
 
-	r := runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-0", "ssh")
-	if r.code != 255 || !strings.Contains(r.stderr, `node node-0 has no target "ssh" (it serves: echo)`) {
+	// A refused dial names the node and the target once each.
+	r := runCLI(ctx, nil, "", "forward", "--stdio", "--nats-url", url, "node-0", "down")
+	if want := "tether: dial down on node node-0: " + down + ": connect: connection refused (dial_failed)\n"; r.code != 255 || r.stderr != want {
+		t.Errorf("refused dial: exit %d, stderr %q; want 255, %q", r.code, r.stderr, want)
+	}
+	// The agent's refusal of an unknown target reads as the CLI's own.
+	r = runCLI(ctx, nil, "", "forward", "--stdio", "--nats-url", url, "node-0", "ssh")
+	if r.code != 255 || r.stderr != "tether: node node-0 has no target \"ssh\" (it serves: down, echo) (unknown_target)\n" {
+		t.Errorf("--stdio unknown target: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	r = runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-0", "ssh")
+	if r.code != 255 || r.stderr != "tether: node node-0 has no target \"ssh\" (it serves: down, echo)\n" {
 		t.Errorf("unknown target: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "forward", "--nats-url", url, "node-9", "echo")
-	if r.code != 255 || !strings.Contains(r.stderr, `node "node-9" is not connected`) {
+	if r.code != 255 || !strings.HasPrefix(r.stderr, `tether: node "node-9" is not connected (unknown_node;`) {
 		t.Errorf("unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -123,13 +124,16 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
 	url, tunnelAddr, caFile, stopDev := startDev(t, dir, vars)
 
-	r := runCLI(testCtx(t), vars, "", "token", "create", "--nats-url", url, "--labels", "rack=r1", "--ttl", "10m")
-	if r.code != 0 || !strings.HasPrefix(r.stdout, "tjt_") || !strings.Contains(r.stderr, "1 use(s), labels rack=r1") {
-		t.Fatalf("token create: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-	}
 	tokenFile := filepath.Join(t.TempDir(), "join-token")
-	if err := os.WriteFile(tokenFile, []byte(r.stdout), 0o600); err != nil {
-		t.Fatal(err)
+	r := runCLI(testCtx(t), vars, "", "token", "create", "--nats-url", url, "--labels", "rack=r1", "--ttl", "10m", "-o", tokenFile)
+	if r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "1 use(s), labels rack=r1; written to "+tokenFile) {
+		t.Fatalf("token create -o: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if b, err := os.ReadFile(tokenFile); err != nil || !strings.HasPrefix(string(b), "tjt_") {
+		t.Fatalf("token file: %q, %v; want the token", b, err)
+	}
+	if fi, err := os.Stat(tokenFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("token file: %v, want mode 0600", err)
 	}
 	agentDir := t.TempDir()
 	actx, stopAgent := context.WithCancel(context.Background())
@@ -164,7 +168,7 @@ func TestTokenCreateAgentEnrollRevoke(t *testing.T) {
 		return nil
 	})
 	r = runCLI(testCtx(t), vars, "", "node", "revoke", "--nats-url", url, "never-enrolled")
-	if r.code != exitTether || !strings.Contains(r.stderr, "not enrolled") {
+	if r.code != exitTether || !strings.Contains(r.stderr, "tether: node never-enrolled was never enrolled (or its enrollment record expired)") || strings.Contains(r.stderr, "not enrolled") {
 		t.Errorf("revoke unknown node: exit %d, stderr %q", r.code, r.stderr)
 	}
 	stopAgent()
@@ -203,5 +207,46 @@ func TestIdentityUsageErrors(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d saying %q", r.code, r.stderr, exitUsage, tt.want)
 			}
 		})
+	}
+}
+
+// TestTokenCreateOutputNotWrittenOnFailure: `tether token create -o FILE`
+// that the coordinator does not answer leaves no FILE, where the README's
+// old '> join-token' left an empty one.
+func TestTokenCreateOutputNotWrittenOnFailure(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "join-token")
+	r := runCLI(testCtx(t), map[string]string{"XDG_CONFIG_HOME": t.TempDir()}, "", "token", "create", "--nats-url", "nats://127.0.0.1:1", "-o", out)
+	if r.code != exitTether {
+		t.Fatalf("token create -o against no NATS: exit %d, stderr %q; want %d", r.code, r.stderr, exitTether)
+	}
+	if _, err := os.Lstat(out); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("token create failed but %s exists (%v); want no file", out, err)
+	}
+}
+
+// TestDevURLBesideCreds: a dev on a random NATS port writes its URL beside
+// DATA-DIR/dev.creds, so a client command given only those credentials
+// reaches it (not nats://127.0.0.1:4222, another dev's or none), saying
+// where the URL came from when it cannot connect.
+func TestDevURLBesideCreds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a full dev stack")
+	}
+	dir := t.TempDir()
+	vars := map[string]string{"XDG_CONFIG_HOME": t.TempDir()}
+	url, _, _, stop := startDev(t, dir, vars)
+	defer stop()
+	creds := filepath.Join(dir, "dev.creds")
+	if b, err := os.ReadFile(filepath.Join(dir, "dev.url")); err != nil || strings.TrimSpace(string(b)) != url {
+		t.Fatalf("%s/dev.url: %q, %v; want %s", dir, b, err, url)
+	}
+	r := runCLI(testCtx(t), vars, "", "nodes", "--nats-creds", creds)
+	if r.code != 0 || !strings.Contains(r.stdout, devNodeID()) {
+		t.Fatalf("nodes --nats-creds %s (no URL): exit %d, stdout %q, stderr %q", creds, r.code, r.stdout, r.stderr)
+	}
+	stop()
+	r = runCLI(testCtx(t), vars, "", "nodes", "--nats-creds", creds)
+	if r.code != exitTether || !strings.Contains(r.stderr, "connect to NATS at "+url+" (from "+filepath.Join(dir, "dev.url")+")") {
+		t.Errorf("nodes after dev stopped: exit %d, stderr %q; want the URL from dev.url named", r.code, r.stderr)
 	}
 }

@@ -121,7 +121,7 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 			defer closeNC()
 			err = run(cmd.Context(), c, &o, args[0], e)
 			if err != nil && cmd.Context().Err() != nil {
-				return &exitError{code: interruptCode(cmd.Context()), err: fmt.Errorf("interrupted: %w", err)}
+				return interruptedError(cmd.Context())
 			}
 			return err
 		}),

@@ -303,6 +303,12 @@ never give them to a client.`,
 func withNATSLayout(dataDir string, create bool, w io.Writer, f func(*natsauth.Layout) error) error {
 	dir := natsAuthDir(dataDir)
 	_, err := os.Stat(filepath.Join(dir, "operator.nk"))
+	if errors.Is(err, fs.ErrPermission) {
+		// Not a missing layout (lockNATSDir would then say "mkdir ...
+		// permission denied" of a directory that exists): one we may not read.
+		return fmt.Errorf("cannot read the NATS layout in %s: permission denied reading %s; run this as the user the coordinator runs as (e.g. with sudo)",
+			dir, unreadableDir(dir))
+	}
 	fresh := errors.Is(err, fs.ErrNotExist)
 	if fresh && !create {
 		return fmt.Errorf("no NATS layout in %s: check --data-dir (a coordinator creates its layout on first start; tether dev's is in %s; a --data-dir given explicitly may be a new one, for a coordinator not started yet)",
@@ -321,6 +327,20 @@ func withNATSLayout(dataDir string, create bool, w io.Writer, f func(*natsauth.L
 		fmt.Fprintf(w, "tether: created a new NATS layout in %s (operator %s)\n", dir, l.OperatorKey())
 	}
 	return f(l)
+}
+
+// unreadableDir is the directory on the way to path that this process may
+// not search: the deepest ancestor of path it can stat (path's parent when
+// path itself can be stat'ed).
+func unreadableDir(path string) string {
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	for p := filepath.Dir(path); ; p = filepath.Dir(p) {
+		if _, err := os.Stat(p); err == nil || p == filepath.Dir(p) {
+			return p
+		}
+	}
 }
 
 // mayCreateLayout reports whether a layout command (cmd) may create a new

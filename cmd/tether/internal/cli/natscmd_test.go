@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -364,5 +366,65 @@ func TestNATSLayoutNotCreatedInTheDefaultDir(t *testing.T) {
 	r := runCLI(testCtx(t), nil, "", "nats", "user", "create", "alice", "--data-dir", dir, "-o", filepath.Join(t.TempDir(), "alice.creds"))
 	if r.code != 0 || !strings.Contains(r.stderr, "created a new NATS layout") {
 		t.Errorf("user create in an explicit new --data-dir: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestNATSLayoutUnreadable: a layout in a directory this user may not read
+// (a non-root user and the coordinator's /var/lib/tether, 0700 root) is
+// named as unreadable, not reported as "mkdir ...: permission denied" of a
+// directory that exists. As root (who reads everything), a copy of the test
+// binary runs as tether under the uid nobody.
+func TestNATSLayoutUnreadable(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "coord")
+	if r := runCLI(testCtx(t), nil, "", "nats", "server-config", "--data-dir", data); r.code != exitOK {
+		t.Fatalf("server-config making the layout: exit %d, stderr %q", r.code, r.stderr)
+	}
+	want := "tether: cannot read the NATS layout in " + filepath.Join(data, "nats-auth") + ": permission denied reading " + data + "; "
+	var code int
+	var stderr string
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(data, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Chmod(data, 0o700)
+		r := runCLI(testCtx(t), nil, "", "nats", "server-config", "--data-dir", data)
+		code, stderr = r.code, r.stderr
+	} else {
+		if err := os.Chmod(data, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for p := filepath.Dir(data); p != filepath.Dir(p); p = filepath.Dir(p) {
+			os.Chmod(p, 0o755) // t.TempDir's own directories are 0700
+		}
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(self)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin := filepath.Join(filepath.Dir(filepath.Dir(data)), "cli.test")
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for p := filepath.Dir(bin); p != filepath.Dir(p); p = filepath.Dir(p) {
+			if fi, err := os.Stat(p); err != nil || fi.Mode().Perm()&0o001 == 0 {
+				t.Skipf("nobody cannot reach %s: %s is not searchable", bin, p)
+			}
+		}
+		var errb strings.Builder
+		cmd := exec.Command(bin, "nats", "server-config", "--data-dir", data)
+		cmd.Dir = "/"
+		cmd.Env = []string{cliMainEnv + "=1", "PATH=/usr/bin:/bin", "HOME=/nonexistent"}
+		cmd.Stderr = &errb
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		if err := cmd.Run(); cmd.ProcessState == nil {
+			t.Fatal(err)
+		}
+		code, stderr = cmd.ProcessState.ExitCode(), errb.String()
+	}
+	if code != exitFailure || !strings.HasPrefix(stderr, want) || strings.Contains(stderr, "mkdir") {
+		t.Fatalf("server-config on an unreadable data dir: exit %d, stderr %q; want %d, %q...", code, stderr, exitFailure, want)
 	}
 }

@@ -27,8 +27,9 @@ const (
 // natsOptions are the connection flags of the client commands.
 type natsOptions struct {
 	// URL is the NATS server URL (comma-separated for several). Empty means
-	// $TETHER_NATS_URL, else the nats CLI context's url, else
-	// nats://127.0.0.1:4222.
+	// $TETHER_NATS_URL, else the nats CLI context's url, else the one in
+	// the file beside the credentials (credsURLFile: tether dev writes
+	// it), else nats://127.0.0.1:4222.
 	URL string
 	// Creds is a NATS credentials file. Empty means $TETHER_NATS_CREDS,
 	// else the nats CLI context's creds, else the file `tether dev` writes
@@ -41,7 +42,7 @@ type natsOptions struct {
 }
 
 func (o *natsOptions) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&o.URL, "nats-url", o.URL, "NATS server URL (default: $"+natsURLEnv+", else the nats context's, else "+defaultNATSURL+")")
+	cmd.Flags().StringVar(&o.URL, "nats-url", o.URL, "NATS server URL (default: $"+natsURLEnv+", else the nats context's, else the .url file beside the credentials tether dev writes, else "+defaultNATSURL+")")
 	cmd.Flags().StringVar(&o.Creds, "nats-creds", o.Creds, "NATS credentials file (default: $"+natsCredsEnv+", else the nats context's, else the one tether dev writes)")
 	cmd.Flags().StringVar(&o.Context, "nats-context", o.Context, "nats CLI context to take the url and credentials from (default: the selected one)")
 }
@@ -64,16 +65,6 @@ func (o *natsOptions) resolve(getenv func(string) string) (natsTarget, error) {
 		return t, err
 	}
 	switch {
-	case o.URL != "":
-		t.url, t.urlFrom = o.URL, "--nats-url"
-	case getenv(natsURLEnv) != "":
-		t.url, t.urlFrom = getenv(natsURLEnv), "$"+natsURLEnv
-	case ctx != nil && ctx.URL != "":
-		t.url, t.urlFrom = ctx.URL, "nats context "+ctxName
-	default:
-		t.url, t.urlFrom = defaultNATSURL, "the default"
-	}
-	switch {
 	case o.Creds != "":
 		t.creds, t.credsFrom = o.Creds, "--nats-creds"
 	case getenv(natsCredsEnv) != "":
@@ -87,7 +78,32 @@ func (o *natsOptions) resolve(getenv func(string) string) (natsTarget, error) {
 			}
 		}
 	}
+	switch {
+	case o.URL != "":
+		t.url, t.urlFrom = o.URL, "--nats-url"
+	case getenv(natsURLEnv) != "":
+		t.url, t.urlFrom = getenv(natsURLEnv), "$"+natsURLEnv
+	case ctx != nil && ctx.URL != "":
+		t.url, t.urlFrom = ctx.URL, "nats context "+ctxName
+	default:
+		t.url, t.urlFrom = defaultNATSURL, "the default"
+		if t.creds != "" {
+			f := credsURLFile(t.creds)
+			if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) != "" {
+				t.url, t.urlFrom = strings.TrimSpace(string(b)), f
+			}
+		}
+	}
 	return t, nil
+}
+
+// credsURLFile is the file beside the credentials file creds that names
+// the NATS URL they are for: X.url for X.creds (for a name not ending in
+// .creds, that name plus .url). tether dev writes it beside DATA-DIR/dev.creds and its
+// config-home copy; a client command with no URL given otherwise (flag,
+// $TETHER_NATS_URL, nats context) takes its URL from there, one line.
+func credsURLFile(creds string) string {
+	return strings.TrimSuffix(creds, ".creds") + ".url"
 }
 
 // connect opens the NATS connection of a client command, as the user of

@@ -24,7 +24,7 @@ func TestPolicyCheckExample(t *testing.T) {
 	if r.code != exitOK || r.stderr != "" {
 		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
 	}
-	if want := path + ": ok: 6 identities, 3 roles, 12 rules\n"; r.stdout != want {
+	if want := path + ": ok: 7 identities, 3 roles, 13 rules\n"; r.stdout != want {
 		t.Errorf("stdout %q, want %q", r.stdout, want)
 	}
 }

@@ -409,7 +409,7 @@ func (s *shellSession) run(ctx context.Context, sigCh <-chan os.Signal) error {
 		msg := strings.TrimPrefix(out.errInfo.Message, "node "+s.node+": ")
 		return &exitError{code: errorInfoCode(out.errInfo.Code), err: fmt.Errorf("node %s: %s (%s)", s.node, msg, out.errInfo.Code)}
 	case interrupted:
-		return &exitError{code: interruptCode(ctx), err: fmt.Errorf("interrupted: %w", ctx.Err())}
+		return interruptedError(ctx)
 	case out.err != nil:
 		return onNode(s.node, out.err)
 	default:

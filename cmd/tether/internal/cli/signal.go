@@ -33,6 +33,13 @@ func interruptCode(ctx context.Context) int {
 	return exitInterrupted
 }
 
+// interruptedError is what a client command returns when a signal ended
+// ctx (and with it the request): "interrupted", with interruptCode's exit
+// code; not the request's own error, which is Go's "context canceled".
+func interruptedError(ctx context.Context) error {
+	return &exitError{code: interruptCode(ctx), err: errors.New("interrupted")}
+}
+
 // keepServingOnBrokenPipe makes a daemon (dev, coordinator, agent) live on
 // when the reader of its standard output or error goes away (`tether dev
 // 2>&1 | head -1`, a log collector restarting): a write there then fails

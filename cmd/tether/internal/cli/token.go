@@ -23,12 +23,17 @@ const tokenEnv = "TETHER_TOKEN"
 // when it is given none.
 const joinTokenFile = "join-token"
 
-// readTokenFile reads a join token file, trimming whitespace. An empty token
-// is an error naming the file.
+// readTokenFile reads a join token file, trimming whitespace. An error
+// names the setting (--token-file, token-file in a config file) and the
+// file; a missing file (errors.Is os.ErrNotExist) says how to make one; an
+// empty token is an error too.
 func readTokenFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("--token-file %s: %w: copy the join token there (tether token create -o FILE writes one)", path, os.ErrNotExist)
+	}
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		return "", fmt.Errorf("--token-file %s: %w", path, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {
@@ -100,6 +105,10 @@ type tokenCreateOptions struct {
 	Labels string
 	// JSON prints the API's response instead of the bare token.
 	JSON bool
+	// Output is a file to write the token (or, with JSON, the response)
+	// to instead of stdout: mode 0600, written only once the coordinator
+	// has minted the token, replacing the file atomically. Empty: stdout.
+	Output string
 	// NATS says how to reach the API.
 	NATS natsOptions
 
@@ -135,14 +144,16 @@ func newTokenCmd(e *env) *cobra.Command {
 	}
 	o := tokenCreateOptions{TTL: protocol.DefaultTokenTTL, Uses: protocol.DefaultTokenUse}
 	create := &cobra.Command{
-		Use:   "create [--ttl D] [--uses N] [--labels k=v,...]",
+		Use:   "create [--ttl D] [--uses N] [--labels k=v,...] [-o FILE]",
 		Short: "Mint a join token for enrolling agents (shown once)",
 		Long: `Mint a join token. An agent given it (tether agent --token-file FILE)
 generates a key, sends a certificate request and receives a certificate
 naming its node id from the coordinator's node CA; from then on it
 authenticates by that certificate only. The token is printed once, on
 stdout; the coordinator keeps only its hash, expiry, remaining uses and
-labels. Needs the admin right in the coordinator's policy.`,
+labels. With --output FILE it is written to FILE (0600) instead, only
+once minted, so a refused request leaves no empty file. Needs the admin
+right in the coordinator's policy.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
@@ -161,18 +172,37 @@ labels. Needs the admin right in the coordinator's policy.`,
 			if err != nil {
 				return err
 			}
+			var out []byte
 			if o.JSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(resp)
+				out, err = json.MarshalIndent(resp, "", "  ")
+				if err != nil {
+					return err
+				}
+				out = append(out, '\n')
+			} else {
+				out = []byte(resp.Token + "\n")
 			}
 			n := fmt.Sprintf("%d use(s)", resp.Uses)
 			if resp.Uses < 0 {
 				n = "unlimited uses"
 			}
-			fmt.Fprintf(e.stderr, "join token %s: expires %s, %s, labels %s; shown only now: save it to a file (0600) for tether agent --token-file\n",
-				resp.ID, resp.ExpiresAt.Local().Format(time.RFC3339), n, formatLabels(resp.Labels))
-			_, err = fmt.Fprintln(e.stdout, resp.Token)
+			if o.Output != "" {
+				// Only now, with the token minted: a failed request
+				// leaves no empty or partial file behind.
+				if err := writeFileAtomic(o.Output, out, 0o600); err != nil {
+					return fmt.Errorf("join token %s minted but not saved: write --output %s: %w", resp.ID, o.Output, err)
+				}
+				if !o.JSON {
+					fmt.Fprintf(e.stderr, "join token %s: expires %s, %s, labels %s; written to %s (0600) for tether agent --token-file\n",
+						resp.ID, resp.ExpiresAt.Local().Format(time.RFC3339), n, formatLabels(resp.Labels), o.Output)
+				}
+				return nil
+			}
+			if !o.JSON {
+				fmt.Fprintf(e.stderr, "join token %s: expires %s, %s, labels %s; shown only now: save it to a file (0600) for tether agent --token-file, or use --output FILE\n",
+					resp.ID, resp.ExpiresAt.Local().Format(time.RFC3339), n, formatLabels(resp.Labels))
+			}
+			_, err = e.stdout.Write(out)
 			return err
 		}),
 	}
@@ -181,6 +211,7 @@ labels. Needs the admin right in the coordinator's policy.`,
 	f.IntVar(&o.Uses, "uses", o.Uses, "how many agents may enroll with it (0: unlimited within --ttl)")
 	f.StringVar(&o.Labels, "labels", o.Labels, "labels bound to the nodes enrolled with it, k=v,k2=v2 (override the agents' own)")
 	f.BoolVar(&o.JSON, "json", false, "print the API's JSON response")
+	f.StringVarP(&o.Output, "output", "o", "", "write the token to FILE (0600, only once it is minted: a failed request leaves no file) instead of stdout")
 	o.NATS.addFlags(create)
 	cmd.AddCommand(clientCommand(create))
 	return cmd
