@@ -89,7 +89,7 @@ func TestCoordinatorConfigReload(t *testing.T) {
 	f.sameSession(t)
 
 	// A broken file: nothing changes, the log names the line.
-	replaceFile(t, path, base+"max-handshakes-per-source: 9\nexec-timeout: 30\n")
+	replaceFile(t, path, base+"max-handshakes-per-source: 9\nexec-timeout: soon\n")
 	hup()
 	waitFor(t, func() error {
 		if !strings.Contains(logs.String(), "config reload failed") {
