@@ -172,7 +172,8 @@ func TestConfigStrictErrors(t *testing.T) {
 func TestConfigDurationSeconds(t *testing.T) {
 	o := defaultCoordinatorOptions()
 	cmd := coordinatorCommand(testEnv(nil), &o)
-	path := writeConfig(t, "policy: /p.yaml\nexec-timeout: 30\nheartbeat: 1.5\n")
+	pol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:ops:\n    rules: [{operations: [admin]}]\n")
+	path := writeConfig(t, "policy: "+pol+"\nexec-timeout: 30\nheartbeat: 1.5\n")
 	cmd.ParseFlags([]string{"--config", path})
 	if _, err := loadDaemonConfig(cmd, testEnv(nil), coordinatorConfigRole, &o.Log); err != nil {
 		t.Fatal(err)
