@@ -419,11 +419,20 @@ func (c *Coordinator) handleJobGet(req micro.Request) {
 	})
 }
 
-// refreshDetached asks the node of a single-node detached job recorded
-// dispatched or running for its status (through whichever coordinator
-// holds the node) and settles the record with it.
+// refreshDetached asks the node of a detached job recorded dispatched or
+// running for its status (through whichever coordinator holds the node)
+// and settles the record with it. A job of several nodes asks each node
+// that has no result recorded yet (jobstore.Store.SettleNodes) and ends
+// once every node has one; a node that is unreachable or does not know
+// the job (yet) is left for a later ask or reconciliation.
 func (c *Coordinator) refreshDetached(ctx context.Context, s *jobstore.Store, j *jobstore.Job) {
-	if !j.Detached || len(j.Nodes) != 1 || j.State.Terminal() || j.State == jobstore.Queued {
+	if !j.Detached || len(j.Nodes) == 0 || j.State.Terminal() || j.State == jobstore.Queued {
+		return
+	}
+	if len(j.Nodes) > 1 {
+		if _, err := s.SettleNodes(ctx, c, j, false, false); err != nil {
+			c.log.Debug("settle detached job's nodes", "job_id", j.ID, "err", err)
+		}
 		return
 	}
 	st, err := c.JobStatus(ctx, j.Nodes[0], j.ID)
