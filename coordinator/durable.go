@@ -348,9 +348,15 @@ func (c *Coordinator) writeEnds(batch []*endWrite) {
 			}
 			cancelled = cancelled || w.results[i].Cancelled
 		}
-		if j.params.Detach && started == len(w.results) {
+		switch {
+		case j.params.Detach && started == len(w.results):
 			waits[i] = s.StartAsync(j.durable)
-		} else {
+		case j.params.Detach && started > 0 && !cancelled && len(j.durable.Nodes) > 1:
+			// Some nodes started it and others did not: the record
+			// runs on, holding the others' results, and ends once the
+			// started nodes' runs end (their exit reports, job.get).
+			waits[i] = partialStart(s, j.durable, w.results)
+		default:
 			waits[i] = s.FinishAsync(j.durable, w.results, cancelled, "")
 		}
 	}
@@ -374,6 +380,27 @@ func (c *Coordinator) writeEnds(batch []*endWrite) {
 		}
 		c.mu.Unlock()
 		close(w.done)
+	}
+}
+
+// partialStart is the end record of a detached job on several nodes that
+// some nodes started (results[i].Detached) and others did not: running,
+// with the others' results (jobstore.Store.RecordResults), so that the
+// started nodes' results end it.
+func partialStart(s *jobstore.Store, dj *jobstore.Job, results []protocol.NodeResult) func(context.Context) error {
+	start := s.StartAsync(dj)
+	return func(ctx context.Context) error {
+		if err := start(ctx); err != nil && !errors.Is(err, jobstore.ErrBackward) {
+			return err
+		}
+		var failed []protocol.NodeResult
+		for i := range results {
+			if !results[i].Detached {
+				failed = append(failed, results[i])
+			}
+		}
+		_, err := s.RecordResults(ctx, dj, failed)
+		return err
 	}
 }
 

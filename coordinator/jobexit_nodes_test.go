@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
+
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/protocol"
@@ -95,4 +97,36 @@ func TestDetachedJobOnSeveralNodesEnds(t *testing.T) {
 	if n := h.metric("tether_coordinator_job_exit_reports_total", "result", "foreign"); n != 0 {
 		t.Errorf("%v reports refused as foreign, want 0", n)
 	}
+}
+
+// TestDetachedJobStartedOnSomeNodes: a detached job that one node could
+// not start runs on in its record, holding that node's error, until the
+// node that started it reports its exit; it then ends failed with both
+// results (it used to end at once, the started node's run unrecorded).
+func TestDetachedJobStartedOnSomeNodes(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, withStore(t, &st, nil))
+	var queries atomic.Int32
+	a1 := h.dialAgent(t, reportingAgent("n1", &queries))
+	h.dialAgent(t, agentOpts{id: "n2", handler: func(_ *fakeAgent, s *yamux.Stream, _ protocol.ExecParams) {
+		protocol.WriteJSONFrame(s, protocol.FrameError, &protocol.ErrorInfo{Code: protocol.CodeStartFailed, Message: "start bash: no such file"})
+	}})
+	h.exec(protocol.ExecRequest{ID: "half", Target: protocol.Target{All: true}, Script: "sleep 100", Detach: true})
+	checkFor(t, defaultTestTimeout, func() error {
+		j := recordState(t, st, "half")
+		if j.State != protocol.JobStateRunning || len(j.Results) != 1 || j.Results[0].Node != "n2" || j.Results[0].ErrorCode != protocol.CodeStartFailed {
+			return fmt.Errorf("job half %s with results %+v; want running with n2's start error", j.State, j.Results)
+		}
+		return nil
+	})
+	if err := protocol.WriteJSONFrame(a1.ctrl, protocol.FrameJobExit, exitReport("half", 0)); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		j := recordState(t, st, "half")
+		if j.State != protocol.JobFailed || len(j.Results) != 2 || j.Succeeded != 1 || j.Failed != 1 {
+			return fmt.Errorf("job half %s with results %+v; want failed with n1's exit and n2's error", j.State, j.Results)
+		}
+		return nil
+	})
 }

@@ -93,6 +93,23 @@ func (s *Store) LoseNodes(ctx context.Context, j *Job, nodes []string, why strin
 	})
 }
 
+// RecordResults adds results (of nodes of detached job j on several nodes
+// that ended their run, or never started it) to the record, as Observe
+// adds a node's: a node with a result already, or not of the job, is
+// skipped; the job ends once every node has one. It reports whether the
+// job is now terminal.
+func (s *Store) RecordResults(ctx context.Context, j *Job, results []protocol.NodeResult) (bool, error) {
+	return s.mergeNodes(ctx, j, func(rec *Record) bool {
+		changed := false
+		for _, res := range results {
+			if slices.Contains(rec.Nodes, res.Node) && addResult(rec, res) {
+				changed = true
+			}
+		}
+		return changed
+	})
+}
+
 // Unsettled are the nodes of j with no result recorded: for a detached
 // job on several nodes that runs, those still running (or not heard of).
 func Unsettled(r *Record) []string {
