@@ -46,6 +46,13 @@
 // the old handle's writes and its dispatch fail with ErrFenced: a stale
 // coordinator can neither ack nor finish a job it lost.
 //
+// A detached job on several nodes gathers one node result per node in
+// Record.Results as each node's run ends (Observe, RecordResults,
+// SettleNodes; nodes.go) and ends when every node has one. Those writes
+// are compare-and-set too, but merged: a writer that lost a race applies
+// its node's result to the record it reads again, so reports of several
+// nodes at once all land.
+//
 // # Idempotency
 //
 // A submission is at most once unless Submission.IdempotencyKey is set:
