@@ -63,6 +63,8 @@
 // (compare-and-set, so of two repeats one runs) and its record write gets
 // a Nats-Msg-Id of that generation.
 //
-// The package runs no goroutines; its methods are safe for concurrent use.
+// The package runs no goroutine that outlives the call that started it
+// (Active and SettleNodes read or ask concurrently); its methods are safe
+// for concurrent use.
 // It must not import the coordinator package or the agent.
 package jobstore

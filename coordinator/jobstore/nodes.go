@@ -69,8 +69,8 @@ func (s *Store) observeNode(ctx context.Context, j *Job, st *protocol.JobStatus)
 		if rec.StartedAt.IsZero() || st.StartedAt.Before(rec.StartedAt) && !st.StartedAt.IsZero() {
 			rec.StartedAt = st.StartedAt.UTC()
 		}
-		if st.FinishedAt != nil && st.FinishedAt.After(rec.FinishedAt) {
-			rec.FinishedAt = st.FinishedAt.UTC() // the latest node's end, once all ended
+		if rec.State.Terminal() && st.FinishedAt != nil {
+			rec.FinishedAt = st.FinishedAt.UTC() // the last node's end (else now)
 		}
 		return true
 	})

@@ -111,7 +111,7 @@ func TestObserveNodeForeignAndRepeat(t *testing.T) {
 		t.Errorf("repeat of n1 = %v, %v", done, err)
 	}
 	cur, _ := other.Get(ctx, "j")
-	if cur.Revision() != rev || cur.State != jobstore.Running || resultCodes(&cur.Record)["n1"] != 0 || len(cur.Results) != 1 {
+	if cur.Revision() != rev || cur.State != jobstore.Running || resultCodes(&cur.Record)["n1"] != 0 || len(cur.Results) != 1 || !cur.FinishedAt.IsZero() {
 		t.Errorf("after a repeat: revision %d (was %d), %s, %+v; want unchanged running, n1 0", cur.Revision(), rev, cur.State, cur.Results)
 	}
 	if done, err := other.Observe(ctx, cur, exited("j", "n2", 0)); err != nil || !done {
