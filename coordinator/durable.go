@@ -348,9 +348,15 @@ func (c *Coordinator) writeEnds(batch []*endWrite) {
 			}
 			cancelled = cancelled || w.results[i].Cancelled
 		}
-		if j.params.Detach && started == len(w.results) {
+		switch {
+		case j.params.Detach && started == len(w.results):
 			waits[i] = s.StartAsync(j.durable)
-		} else {
+		case j.params.Detach && started > 0 && !cancelled && len(j.durable.Nodes) > 1:
+			// Some nodes started it and others did not: the record
+			// runs on, holding the others' results, and ends once the
+			// started nodes' runs end (their exit reports, job.get).
+			waits[i] = partialStart(s, j.durable, w.results)
+		default:
 			waits[i] = s.FinishAsync(j.durable, w.results, cancelled, "")
 		}
 	}
@@ -374,6 +380,27 @@ func (c *Coordinator) writeEnds(batch []*endWrite) {
 		}
 		c.mu.Unlock()
 		close(w.done)
+	}
+}
+
+// partialStart is the end record of a detached job on several nodes that
+// some nodes started (results[i].Detached) and others did not: running,
+// with the others' results (jobstore.Store.RecordResults), so that the
+// started nodes' results end it.
+func partialStart(s *jobstore.Store, dj *jobstore.Job, results []protocol.NodeResult) func(context.Context) error {
+	start := s.StartAsync(dj)
+	return func(ctx context.Context) error {
+		if err := start(ctx); err != nil && !errors.Is(err, jobstore.ErrBackward) {
+			return err
+		}
+		var failed []protocol.NodeResult
+		for i := range results {
+			if !results[i].Detached {
+				failed = append(failed, results[i])
+			}
+		}
+		_, err := s.RecordResults(ctx, dj, failed)
+		return err
 	}
 }
 
@@ -419,11 +446,20 @@ func (c *Coordinator) handleJobGet(req micro.Request) {
 	})
 }
 
-// refreshDetached asks the node of a single-node detached job recorded
-// dispatched or running for its status (through whichever coordinator
-// holds the node) and settles the record with it.
+// refreshDetached asks the node of a detached job recorded dispatched or
+// running for its status (through whichever coordinator holds the node)
+// and settles the record with it. A job of several nodes asks each node
+// that has no result recorded yet (jobstore.Store.SettleNodes) and ends
+// once every node has one; a node that is unreachable or does not know
+// the job (yet) is left for a later ask or reconciliation.
 func (c *Coordinator) refreshDetached(ctx context.Context, s *jobstore.Store, j *jobstore.Job) {
-	if !j.Detached || len(j.Nodes) != 1 || j.State.Terminal() || j.State == jobstore.Queued {
+	if !j.Detached || len(j.Nodes) == 0 || j.State.Terminal() || j.State == jobstore.Queued {
+		return
+	}
+	if len(j.Nodes) > 1 {
+		if _, err := s.SettleNodes(ctx, c, j, false, false); err != nil {
+			c.log.Debug("settle detached job's nodes", "job_id", j.ID, "err", err)
+		}
 		return
 	}
 	st, err := c.JobStatus(ctx, j.Nodes[0], j.ID)

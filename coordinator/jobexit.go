@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/tetherfleet/tether/coordinator/jobstore"
@@ -39,7 +40,7 @@ const (
 	jobReportSettled   = "settled"   // the record moved to a terminal state
 	jobReportUnchanged = "unchanged" // the record was already terminal (a repeat), or queued
 	jobReportMalformed = "malformed" // the payload failed protocol.DecodeJobExit
-	jobReportForeign   = "foreign"   // the record is not a single-node detached job of the reporting node
+	jobReportForeign   = "foreign"   // the record is not a detached job of the reporting node
 	jobReportUnknown   = "unknown"   // no record of that id (expired, or never submitted here)
 	jobReportDropped   = "dropped"   // the queue was full, or the coordinator drains
 	jobReportError     = "error"     // the store failed
@@ -164,8 +165,9 @@ func (c *Coordinator) dropJobReports() {
 }
 
 // settleJobReport applies r to its job's record and returns the result
-// (a jobReport* value). Only a single-node detached job whose record names
-// r.node is settled. A write that lost a race (another writer of the
+// (a jobReport* value). Only a detached job whose record names r.node is
+// settled: a job of several nodes records r.node's result, and ends once
+// every node has one (jobstore.Store.Observe). A write that lost a race (another writer of the
 // record: the job's own coordinator recording it running, a job.get) is
 // retried once on a fresh read.
 func (c *Coordinator) settleJobReport(ctx context.Context, s *jobstore.Store, r jobReport) string {
@@ -180,8 +182,9 @@ func (c *Coordinator) settleJobReport(ctx context.Context, s *jobstore.Store, r 
 			log.Warn("job exit report: read the job's record", "err", err)
 			return jobReportError
 		}
-		if !j.Detached || len(j.Nodes) != 1 || j.Nodes[0] != r.node {
-			// An agent may settle its own node's detached jobs only.
+		if !j.Detached || !slices.Contains(j.Nodes, r.node) {
+			// An agent may settle its own node's detached jobs only (on
+			// a job of several nodes, its node's result).
 			c.preauth.Warn("job exit report dropped: the job is not a detached job of the reporting node",
 				"node_id", r.node, "job_id", r.st.ID, "job_nodes", j.Nodes, "detached", j.Detached)
 			return jobReportForeign
@@ -195,7 +198,7 @@ func (c *Coordinator) settleJobReport(ctx context.Context, s *jobstore.Store, r 
 			log.Debug("detached job settled from its node's exit report", "state", j.State)
 			return jobReportSettled
 		case err == nil:
-			return jobReportUnchanged
+			return jobReportUnchanged // running, or one node of several recorded
 		case errors.Is(err, jobstore.ErrBackward):
 			return jobReportUnchanged
 		case attempt == 0 && ctx.Err() == nil:

@@ -336,6 +336,10 @@ const (
 	// ResultCodeShutdown: the coordinator cancelled the job because it is
 	// shutting down.
 	ResultCodeShutdown = "shutdown"
+	// ResultCodeLost: how the node's run of a detached job ended is
+	// unknown (its agent lost the job, or the node stayed unreachable past
+	// the coordinator's JobLostAfter); ExitCode is -1.
+	ResultCodeLost = "lost"
 )
 
 // OK reports whether the node ran (or started, when detached) the job and

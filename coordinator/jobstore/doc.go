@@ -46,6 +46,13 @@
 // the old handle's writes and its dispatch fail with ErrFenced: a stale
 // coordinator can neither ack nor finish a job it lost.
 //
+// A detached job on several nodes gathers one node result per node in
+// Record.Results as each node's run ends (Observe, RecordResults,
+// SettleNodes; nodes.go) and ends when every node has one. Those writes
+// are compare-and-set too, but merged: a writer that lost a race applies
+// its node's result to the record it reads again, so reports of several
+// nodes at once all land.
+//
 // # Idempotency
 //
 // A submission is at most once unless Submission.IdempotencyKey is set:
@@ -56,6 +63,8 @@
 // (compare-and-set, so of two repeats one runs) and its record write gets
 // a Nats-Msg-Id of that generation.
 //
-// The package runs no goroutines; its methods are safe for concurrent use.
+// The package runs no goroutine that outlives the call that started it
+// (Active and SettleNodes read or ask concurrently); its methods are safe
+// for concurrent use.
 // It must not import the coordinator package or the agent.
 package jobstore

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -45,6 +47,10 @@ type Outcome struct {
 //   - queued: it never ran; lost (at most once) with that reason;
 //   - attached (dispatched or running): its exec stream ended with its
 //     coordinator, so the agent killed it; lost;
+//   - detached on several nodes: each node without a result is asked, as
+//     SettleNodes does; a node that does not know the job is lost at once,
+//     an unreachable one once the job has been pending loseAfter; the job
+//     ends when every node has a result;
 //   - detached on one node: its status is asked of the node; exited
 //     becomes succeeded (exit 0), failed or cancelled; running stays
 //     running under the new holder; a node that does not know it makes
@@ -109,8 +115,10 @@ func (s *Store) settleOrphan(ctx context.Context, q Querier, j *Job, lose bool) 
 	switch {
 	case j.State == Queued:
 		return true, s.Lose(ctx, j, "its coordinator stopped before dispatching it; it never ran")
-	case !j.Detached || len(j.Nodes) != 1:
+	case !j.Detached || len(j.Nodes) == 0:
 		return true, s.Lose(ctx, j, "its coordinator stopped while it ran; an attached job dies with its exec stream")
+	case len(j.Nodes) > 1:
+		return s.SettleNodes(ctx, q, j, true, lose)
 	}
 	st, err := q.JobStatus(ctx, j.Nodes[0], j.ID)
 	switch {
@@ -133,9 +141,19 @@ func (s *Store) settleOrphan(ctx context.Context, q Querier, j *Job, lose bool) 
 // compare-and-set on the handle's revision but not fenced by holder: the
 // node's own report is authoritative, so any coordinator that read the
 // record may settle it.
+//
+// A job on several nodes records st as st.Node's result instead (see
+// nodes.go), ending once every node has one; a status of a node the job
+// does not name is ErrNotInJob.
 func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bool, error) {
 	if j.State.Terminal() {
 		return true, nil
+	}
+	if len(j.Nodes) > 1 {
+		return s.observeNode(ctx, j, st)
+	}
+	if st.Node != "" && !slices.Contains(j.Nodes, st.Node) {
+		return false, fmt.Errorf("jobstore: observe job %s: node %s: %w (%s)", j.ID, protocol.Clip(st.Node), ErrNotInJob, strings.Join(j.Nodes, ","))
 	}
 	rec := j.Record
 	switch st.State {

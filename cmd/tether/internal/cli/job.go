@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -406,7 +407,34 @@ func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 	if rec.Error != "" {
 		fmt.Fprintf(w, "error:     %s\n", rec.Error)
 	}
+	if len(rec.Nodes) > 1 {
+		printNodeResults(w, rec)
+	}
 	return nil
+}
+
+// printNodeResults prints one "node:" line per node of a job on several
+// nodes: its exit code and error once its run ended, else "running" (or
+// the job's state, before it ran or once it ended without that node's
+// result).
+func printNodeResults(w io.Writer, rec *protocol.JobRecord) {
+	if rec.ResultsOmitted {
+		fmt.Fprintf(w, "nodes ok:  %d of %d (results too large to keep)\n", rec.Succeeded, rec.Succeeded+rec.Failed)
+		return
+	}
+	for _, n := range rec.Nodes {
+		i := slices.IndexFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
+		switch {
+		case i < 0 && rec.State == protocol.JobStateRunning:
+			fmt.Fprintf(w, "node:      %s running\n", n)
+		case i < 0:
+			fmt.Fprintf(w, "node:      %s %s\n", n, rec.State)
+		case rec.Results[i].Error != "":
+			fmt.Fprintf(w, "node:      %s exit %d: %s\n", n, rec.Results[i].ExitCode, rec.Results[i].Error)
+		default:
+			fmt.Fprintf(w, "node:      %s exit %d\n", n, rec.Results[i].ExitCode)
+		}
+	}
 }
 
 // jobListOptions are the flags of `tether job list`.

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// TestPrintJobRecordNodeResults: `job status` of a detached job on
+// several nodes shows each node's result, or that it still runs.
+func TestPrintJobRecordNodeResults(t *testing.T) {
+	rec := &protocol.JobRecord{ID: "fan", State: protocol.JobStateRunning, Nodes: []string{"n1", "n2", "n3"}, Detached: true,
+		Results: []protocol.NodeResult{
+			{Node: "n1", ExitCode: 0, Detached: true},
+			{Node: "n2", ExitCode: 3, Detached: true},
+		}}
+	var b strings.Builder
+	if err := printJobRecord(&b, rec, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"node:      n1 exit 0\n", "node:      n2 exit 3\n", "node:      n3 running\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("job status of a running fan-out:\n%s\nwant %q in it", b.String(), want)
+		}
+	}
+	rec.State, rec.Failed, rec.Succeeded = protocol.JobFailed, 2, 1
+	rec.Results = append(rec.Results, protocol.NodeResult{Node: "n3", ExitCode: -1, Error: "node n3 lost the job", ErrorCode: protocol.ResultCodeLost})
+	b.Reset()
+	if err := printJobRecord(&b, rec, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"exit:      1\n", "node:      n2 exit 3\n", "node:      n3 exit -1: node n3 lost the job\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("job status of a failed fan-out:\n%s\nwant %q in it", b.String(), want)
+		}
+	}
+	if err := jobRecordOutcome(rec); err == nil {
+		t.Errorf("job wait of a failed fan-out: no error, want exit 1")
+	} else if ee, ok := err.(*exitError); !ok || ee.code != 1 {
+		t.Errorf("job wait of a failed fan-out: %v, want exit 1", err)
+	}
+}

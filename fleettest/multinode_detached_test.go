@@ -1,0 +1,50 @@
+package fleettest_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// TestDetachedFanOutEnds: a detached job on both nodes of a fleet (real
+// agents, which report their jobs' exits) exits 0 on one node and 3 on
+// the other; its record ends failed with both results, and JobWait
+// returns it.
+func TestDetachedFanOutEnds(t *testing.T) { testDetachedFanOutEnds(t, 1) }
+
+// TestMultiCoordinatorDetachedFanOutEnds is TestDetachedFanOutEnds with
+// the nodes on two coordinators.
+func TestMultiCoordinatorDetachedFanOutEnds(t *testing.T) {
+	t.Skip("known gap: the fan-out's run on a node another coordinator holds (runRemote) starts the " +
+		"detached job there under a run id of its own, with a record of its own, so the node's " +
+		"result never reaches the fan-out's record (it stays running)")
+	testDetachedFanOutEnds(t, 2)
+}
+
+func testDetachedFanOutEnds(t *testing.T, coordinators int) {
+	f := fleettest.Start(t, fleettest.Options{Coordinators: coordinators, Agents: 2, HeartbeatInterval: time.Second, Jobs: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The node that claims the directory first exits 0, the other 3.
+	claim := filepath.Join(t.TempDir(), "claim")
+	res, err := f.Client.Exec(ctx, &protocol.ExecRequest{ID: "fan-det", Target: protocol.Target{All: true}, Detach: true,
+		Script: "sleep 0.2\nmkdir " + claim + " 2>/dev/null || exit 3"}, nil)
+	if err != nil || len(res.Results) != 2 || !res.Results[0].Detached || !res.Results[1].Detached {
+		t.Fatalf("detached exec on all: %+v, %v", res, err)
+	}
+	rec, err := f.Client.JobWait(ctx, "fan-det", 50*time.Millisecond)
+	if err != nil {
+		t.Fatalf("job wait: %v", err)
+	}
+	codes := map[string]int{}
+	for _, r := range rec.Results {
+		codes[r.Node] = r.ExitCode
+	}
+	if rec.State != protocol.JobFailed || rec.ExitCode() != 1 || len(codes) != 2 || codes["node-0"]+codes["node-1"] != 3 || rec.Succeeded != 1 || rec.Failed != 1 {
+		t.Errorf("record %s exit %d, results %v (%d succeeded, %d failed); want failed 1, one node 0 and the other 3", rec.State, rec.ExitCode(), codes, rec.Succeeded, rec.Failed)
+	}
+}
