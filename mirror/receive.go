@@ -140,6 +140,13 @@ type oldEntry struct {
 	mount bool // a directory on another device than its parent: a mount point
 }
 
+// lateMode is a directory of the stage whose final mode waits for the
+// renames: meta, and its index in receiver.staged.
+type lateMode struct {
+	meta dirMeta
+	i    int
+}
+
 // dirMeta is a directory's final mode and mtime, applied after its
 // children.
 type dirMeta struct {
@@ -268,8 +275,13 @@ type receiver struct {
 	touched map[string]bool // old directories holding a temporary entry beside its final one
 	fixes   []fix
 	dirMeta []dirMeta
-	skipped map[string]bool // paths the sender could not carry
-	cur     *incoming
+	// lateModes are the new directories moved from the stage to another
+	// parent whose final mode lacks u+w: moving a directory to another
+	// parent needs write permission on it (its ".." changes), so they
+	// stay u+w until every entry is in place.
+	lateModes []lateMode
+	skipped   map[string]bool // paths the sender could not carry
+	cur       *incoming
 
 	pool *writerPool // writes small files; nil until the first one
 
@@ -1304,16 +1316,89 @@ func (r *receiver) finish() error {
 			return fmt.Errorf("cannot replace %q with a %s: it is or holds a mount point", s.rel, s.typ)
 		}
 	}
+	moved := map[string]int{}
+	for i, s := range r.staged {
+		if s.inStage && s.typ == protocol.EntryDir {
+			moved[s.rel] = i
+		}
+	}
 	for i := len(r.dirMeta) - 1; i >= 0; i-- {
 		d := r.dirMeta[i]
 		if r.dirs[d.rel].old {
 			continue // at the commit
+		}
+		if i, ok := moved[d.rel]; ok && d.mode&0o200 == 0 {
+			r.lateModes = append(r.lateModes, lateMode{meta: d, i: i})
+			d.mode |= 0o200
 		}
 		if err := r.setDirMeta(d, false); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// applyLateModes gives the placed directories of lateModes their final
+// modes (and mtimes again: a rename leaves them, so this is harmless). It
+// goes on past a failure and returns the first.
+func (r *receiver) applyLateModes() error {
+	var first error
+	for _, l := range r.lateModes {
+		s := &r.staged[l.i]
+		if !s.placed {
+			continue // removed with the stage
+		}
+		dfd, name, err := r.placedAt(s)
+		if err == nil {
+			var fd int
+			if fd, err = openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0); err == nil {
+				err = fdMeta(fd, l.meta.mode, l.meta.mtime)
+				unix.Close(fd)
+			}
+		}
+		if err != nil && first == nil {
+			first = fmt.Errorf("entry %q: set mode %#o after the renames: %w", s.rel, l.meta.mode&0o7777, err)
+		}
+	}
+	return first
+}
+
+// writableToMove gives the old directory name in dfd u+w when the staged
+// entry s, from the stage, replaces it: the exchange moves it to another
+// parent. The function it returns puts the old mode back (with true: the
+// move failed) and releases the directory.
+func (r *receiver) writableToMove(s *staged, dfd int, name string) func(bool) {
+	nop := func(bool) {}
+	if !s.inStage || s.replaces != protocol.EntryDir {
+		return nop
+	}
+	fd, err := openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nop
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&0o200 != 0 || unix.Fchmod(fd, st.Mode&0o7777|0o200) != nil {
+		unix.Close(fd)
+		return nop
+	}
+	return func(failed bool) {
+		if failed {
+			unix.Fchmod(fd, st.Mode&0o7777)
+		}
+		unix.Close(fd)
+	}
+}
+
+// placedAt is the directory and name the staged entry s goes to.
+func (r *receiver) placedAt(s *staged) (int, string, error) {
+	if s.rel == "." {
+		return int(r.pdir.Fd()), r.name, nil
+	}
+	dfd, err := r.cache.fd(s.parent)
+	if err != nil {
+		return 0, "", err
+	}
+	return dfd, path.Base(s.rel), nil
 }
 
 // setDirMeta sets the directory d's mode and mtime (only where they
@@ -1347,27 +1432,23 @@ func (r *receiver) commit() error {
 	fail := func(err error) error {
 		if placed > 0 {
 			r.committed = true // nothing to roll back to; the error says what is where
+			if merr := r.applyLateModes(); merr != nil {
+				r.log.Warn("cannot set a directory's mode", "err", merr)
+			}
 			return fmt.Errorf("commit failed after %d of %d changed entries were put in place: %w", placed, len(r.staged), err)
 		}
 		return fmt.Errorf("commit: %w", err)
 	}
 	for i := range r.staged {
 		s := &r.staged[i]
-		dfd, name := int(0), r.name
-		if s.rel == "." {
-			dfd = int(r.pdir.Fd())
-		} else {
-			var err error
-			if dfd, err = r.cache.fd(s.parent); err != nil {
-				return fail(err)
-			}
-			name = path.Base(s.rel)
+		dfd, name, err := r.placedAt(s)
+		if err != nil {
+			return fail(err)
 		}
 		sfd := dfd
 		if s.inStage {
 			sfd = r.stage.ref.fd
 		}
-		var err error
 		switch {
 		case s.replaces == "":
 			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_NOREPLACE)
@@ -1378,8 +1459,12 @@ func (r *receiver) commit() error {
 			err = unix.Renameat(sfd, s.temp, dfd, name)
 		default:
 			// The old entry ends under the temporary name (removed with
-			// the stage, or below).
+			// the stage, or below). An old directory going to the stage
+			// needs u+w to move (its ".." changes); it is removed
+			// there, or gets its mode back if the exchange fails.
+			restore := r.writableToMove(s, dfd, name)
 			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_EXCHANGE)
+			restore(err != nil)
 			if err == unix.EINVAL || err == unix.ENOSYS {
 				// No renameat2 flags here: the old entry goes aside
 				// first, which leaves a moment without it.
@@ -1402,6 +1487,9 @@ func (r *receiver) commit() error {
 		placed++
 	}
 	r.committed = true
+	if err := r.applyLateModes(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
 	if r.opts.Delete {
 		for _, o := range r.deletions() {
 			fd, err := r.cache.fd(parentOf(o.rel))
