@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // nobodyID is the uid and gid the non-root tests run as when the test
@@ -108,4 +111,63 @@ func TestCopyReadOnlyDirsAsNonRoot(t *testing.T) {
 	writableOnCleanup(t, fresh)
 	mustCopy(t, src, fresh, Options{})
 	copyEqual(t, src, fresh)
+}
+
+// testFailedCommitRollsBack fails a commit at each of its renames in turn
+// and checks the destination is as before each time, with nothing staged
+// left: the renames already done are put back.
+func testFailedCommitRollsBack(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	writableOnCleanup(t, src)
+	richTree(t, src)
+	build(t, src, spec{"was-dir": "now a file", "was-file/x": "x", "keep": "new"})
+	oldTree := spec{"keep": "older", "a.txt": "old a.txt", "was-dir/x": "x", "was-file": "f", "ro/": "", "link-rel": "-> keep", "gone": "g"}
+	fatalErr := errors.New("injected failure")
+	for k := 1; ; k++ {
+		dst := filepath.Join(t.TempDir(), "dst")
+		writableOnCleanup(t, dst)
+		build(t, dst, oldTree)
+		fatalIf(t, os.Chmod(filepath.Join(dst, "was-dir"), 0o555))
+		fatalIf(t, os.Chmod(filepath.Join(dst, "ro"), 0o555))
+		before := digest(t, dst)
+		n := 0
+		commitHook = func(rel string) error {
+			if n++; n == k {
+				return fatalErr
+			}
+			return nil
+		}
+		_, r, _ := runCopy(t, src, dst, Options{Delete: true, Logger: testLogger(t)})
+		commitHook = nil
+		if n < k {
+			if r.err != nil {
+				t.Fatalf("copy without a failure: %v", r.err)
+			}
+			copyEqual(t, src, dst)
+			if k < 3 {
+				t.Fatalf("only %d renames: the test covers too little", n)
+			}
+			break
+		}
+		if r.err == nil || !errors.Is(r.err, fatalErr) {
+			t.Fatalf("commit failing at rename %d: %v, want the injected failure", k, r.err)
+		}
+		if k > 1 && !strings.Contains(r.err.Error(), "put back") {
+			t.Errorf("commit failing at rename %d: %v, want it to say the entries were put back", k, r.err)
+		}
+		if diff := cmp.Diff(before, digest(t, dst)); diff != "" {
+			t.Fatalf("commit failing at rename %d changed the destination (-before +after):\n%s", k, diff)
+		}
+		noStage(t, filepath.Dir(dst))
+	}
+}
+
+func TestFailedCommitRollsBack(t *testing.T) { testFailedCommitRollsBack(t) }
+
+// TestFailedCommitRollsBackAsNonRoot: the same as a normal user, whose
+// read-only directories must stay movable until the renames are undone.
+func TestFailedCommitRollsBackAsNonRoot(t *testing.T) {
+	if asNonRoot(t, "TestFailedCommitRollsBackAsNonRoot") {
+		testFailedCommitRollsBack(t)
+	}
 }

@@ -179,6 +179,11 @@ type staged struct {
 	typ      string // the new entry's type
 	replaces string // the old entry's type there, or ""
 	placed   bool
+	// undo, once placed, puts the old entry back and the new one at
+	// temp again, given the descriptors of the stage (or parent) and the
+	// parent, and the entry's name; nil where the old entry is gone (a
+	// plain rename over it, without renameat2 flags).
+	undo func(sfd, dfd int, name string) error
 }
 
 // stageDir is the directory a copy stages new and changed entries in:
@@ -1363,12 +1368,50 @@ func (r *receiver) applyLateModes() error {
 	return first
 }
 
+// commitHook, when set by a test, runs before the staged entry rel is put
+// in place; an error fails the commit there.
+var commitHook func(rel string) error
+
+// rollback undoes the renames of a commit that failed part-way, last
+// first, and marks the old directories whose mtimes the renames changed
+// for cleanup to put back. It stops at the first entry it cannot put back.
+func (r *receiver) rollback() error {
+	for i := len(r.staged) - 1; i >= 0; i-- {
+		s := &r.staged[i]
+		if !s.placed {
+			continue
+		}
+		if s.undo == nil {
+			return fmt.Errorf("entry %q replaced its old version for good", s.rel)
+		}
+		dfd, name, err := r.placedAt(s)
+		if err == nil {
+			sfd := dfd
+			if s.inStage {
+				sfd = r.stage.ref.fd
+			}
+			err = s.undo(sfd, dfd, name)
+		}
+		if err != nil {
+			return fmt.Errorf("put back %q: %w", s.rel, err)
+		}
+		s.placed = false
+		if s.rel != "." {
+			if r.touched == nil {
+				r.touched = map[string]bool{}
+			}
+			r.touched[s.parent] = true
+		}
+	}
+	return nil
+}
+
 // writableToMove gives the old directory name in dfd u+w when the staged
 // entry s, from the stage, replaces it: the exchange moves it to another
-// parent. The function it returns puts the old mode back (with true: the
-// move failed) and releases the directory.
-func (r *receiver) writableToMove(s *staged, dfd int, name string) func(bool) {
-	nop := func(bool) {}
+// parent. The function it returns puts the old mode back on the old
+// directory when it is at name in dfd (after a failed or undone exchange).
+func (r *receiver) writableToMove(s *staged, dfd int, name string) func(dfd int, name string) {
+	nop := func(int, string) {}
 	if !s.inStage || s.replaces != protocol.EntryDir {
 		return nop
 	}
@@ -1376,16 +1419,22 @@ func (r *receiver) writableToMove(s *staged, dfd int, name string) func(bool) {
 	if err != nil {
 		return nop
 	}
+	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&0o200 != 0 || unix.Fchmod(fd, st.Mode&0o7777|0o200) != nil {
-		unix.Close(fd)
 		return nop
 	}
-	return func(failed bool) {
-		if failed {
+	id := idOf(&st)
+	return func(dfd int, name string) {
+		fd, err := openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		var now unix.Stat_t
+		if unix.Fstat(fd, &now) == nil && idOf(&now) == id {
 			unix.Fchmod(fd, st.Mode&0o7777)
 		}
-		unix.Close(fd)
 	}
 }
 
@@ -1430,14 +1479,19 @@ func (r *receiver) commit() error {
 	var garbage []staged // old entries swapped out beside their names
 	placed := 0
 	fail := func(err error) error {
-		if placed > 0 {
-			r.committed = true // nothing to roll back to; the error says what is where
-			if merr := r.applyLateModes(); merr != nil {
-				r.log.Warn("cannot set a directory's mode", "err", merr)
-			}
-			return fmt.Errorf("commit failed after %d of %d changed entries were put in place: %w", placed, len(r.staged), err)
+		if placed == 0 {
+			return fmt.Errorf("commit: %w", err)
 		}
-		return fmt.Errorf("commit: %w", err)
+		if uerr := r.rollback(); uerr == nil {
+			return fmt.Errorf("commit: %w (the %d entries already put in place were put back: the destination is as before)", err, placed)
+		} else {
+			r.log.Warn("cannot undo the commit", "err", uerr)
+		}
+		r.committed = true // the error says what is where
+		if merr := r.applyLateModes(); merr != nil {
+			r.log.Warn("cannot set a directory's mode", "err", merr)
+		}
+		return fmt.Errorf("commit failed after %d of %d changed entries were put in place (the destination holds those new entries and the old others): %w", placed, len(r.staged), err)
 	}
 	for i := range r.staged {
 		s := &r.staged[i]
@@ -1449,23 +1503,46 @@ func (r *receiver) commit() error {
 		if s.inStage {
 			sfd = r.stage.ref.fd
 		}
+		if commitHook != nil {
+			if err := commitHook(s.rel); err != nil {
+				return fail(fmt.Errorf("put %q in place: %w", s.rel, err))
+			}
+		}
+		temp := s.temp
+		back := func(sfd, dfd int, name string) error { return unix.Renameat(dfd, name, sfd, temp) }
+		exchange := func(sfd, dfd int, name string) error {
+			return unix.Renameat2(sfd, temp, dfd, name, unix.RENAME_EXCHANGE)
+		}
 		switch {
 		case s.replaces == "":
 			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_NOREPLACE)
 			if err == unix.EINVAL || err == unix.ENOSYS {
 				err = unix.Renameat(sfd, s.temp, dfd, name)
 			}
-		case s.typ != protocol.EntryDir && s.replaces != protocol.EntryDir:
-			err = unix.Renameat(sfd, s.temp, dfd, name)
+			s.undo = back
 		default:
 			// The old entry ends under the temporary name (removed with
-			// the stage, or below). An old directory going to the stage
-			// needs u+w to move (its ".." changes); it is removed
-			// there, or gets its mode back if the exchange fails.
+			// the stage, or below), so that a failure later can put it
+			// back. An old directory going to the stage needs u+w to
+			// move (its ".." changes); it is removed there, or gets its
+			// mode back if the exchange fails or is undone.
 			restore := r.writableToMove(s, dfd, name)
-			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_EXCHANGE)
-			restore(err != nil)
-			if err == unix.EINVAL || err == unix.ENOSYS {
+			err = exchange(sfd, dfd, name)
+			if err != nil {
+				restore(dfd, name)
+			}
+			s.undo = func(sfd, dfd int, name string) error {
+				err := exchange(sfd, dfd, name)
+				if err == nil {
+					restore(dfd, name)
+				}
+				return err
+			}
+			switch {
+			case (err == unix.EINVAL || err == unix.ENOSYS) && s.typ != protocol.EntryDir && s.replaces != protocol.EntryDir:
+				err = unix.Renameat(sfd, s.temp, dfd, name)
+				s.undo = nil
+			case err == unix.EINVAL || err == unix.ENOSYS:
 				// No renameat2 flags here: the old entry goes aside
 				// first, which leaves a moment without it.
 				aside := r.tempName()
@@ -1474,9 +1551,15 @@ func (r *receiver) commit() error {
 						unix.Renameat(dfd, aside, dfd, name)
 					} else {
 						garbage = append(garbage, staged{rel: s.rel, parent: s.parent, temp: aside})
+						s.undo = func(sfd, dfd int, name string) error {
+							if err := back(sfd, dfd, name); err != nil {
+								return err
+							}
+							return unix.Renameat(dfd, aside, dfd, name)
+						}
 					}
 				}
-			} else if err == nil && !s.inStage {
+			case err == nil && !s.inStage:
 				garbage = append(garbage, *s)
 			}
 		}
