@@ -107,6 +107,18 @@ func TestCopyReadOnlyDirsAsNonRoot(t *testing.T) {
 	// Again, with nothing changed, and onto a new destination.
 	mustCopy(t, src, dst, Options{Delete: true})
 	copyEqual(t, src, dst)
+	// A changed file in a read-only directory the destination has, and
+	// one the source no longer has there.
+	fatalIf(t, os.Chmod(filepath.Join(dst, "ro2"), 0o755))
+	build(t, dst, spec{"ro2/extra": ""})
+	fatalIf(t, os.Chmod(filepath.Join(src, "ro"), 0o755))
+	fatalIf(t, os.Remove(filepath.Join(src, "ro/file")))
+	build(t, src, spec{"ro/file": "changed, longer"})
+	fatalIf(t, os.Chmod(filepath.Join(src, "ro"), 0o555))
+	fatalIf(t, os.Chmod(filepath.Join(dst, "ro2"), 0o555))
+	mustCopy(t, src, dst, Options{Delete: true})
+	copyEqual(t, src, dst)
+	noStage(t, filepath.Dir(dst))
 	fresh := filepath.Join(t.TempDir(), "fresh")
 	writableOnCleanup(t, fresh)
 	mustCopy(t, src, fresh, Options{})

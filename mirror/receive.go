@@ -1368,6 +1368,46 @@ func (r *receiver) applyLateModes() error {
 	return first
 }
 
+// writableParents gives u+w to the old directories the commit adds
+// entries to or removes entries from, where they lack it: a normal user
+// cannot change a read-only directory. The old directories' final modes
+// come after the renames (commit's last pass), and cleanup puts back the
+// old mode after a failure (they are marked touched).
+func (r *receiver) writableParents() error {
+	parents := map[string]bool{}
+	for _, s := range r.staged {
+		if s.rel != "." {
+			parents[s.parent] = true
+		}
+	}
+	if r.opts.Delete {
+		for _, o := range r.deletions() {
+			parents[parentOf(o.rel)] = true
+		}
+	}
+	for rel := range parents {
+		o, d := r.oldBy[rel], r.dirs[rel]
+		if o == nil || d == nil || !d.old || o.typ != protocol.EntryDir || o.mode&0o200 != 0 {
+			continue
+		}
+		base, p := r.loc(rel)
+		fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return fmt.Errorf("entry %q: open: %w", rel, err)
+		}
+		err = unix.Fchmod(fd, o.mode&0o7777|0o200)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("entry %q: make it writable for the commit: %w", rel, err)
+		}
+		if r.touched == nil {
+			r.touched = map[string]bool{}
+		}
+		r.touched[rel] = true
+	}
+	return nil
+}
+
 // commitHook, when set by a test, runs before the staged entry rel is put
 // in place; an error fails the commit there.
 var commitHook func(rel string) error
@@ -1492,6 +1532,9 @@ func (r *receiver) commit() error {
 			r.log.Warn("cannot set a directory's mode", "err", merr)
 		}
 		return fmt.Errorf("commit failed after %d of %d changed entries were put in place (the destination holds those new entries and the old others): %w", placed, len(r.staged), err)
+	}
+	if err := r.writableParents(); err != nil {
+		return fmt.Errorf("commit: %w", err)
 	}
 	for i := range r.staged {
 		s := &r.staged[i]
