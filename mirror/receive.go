@@ -1527,6 +1527,12 @@ func (r *receiver) commit() error {
 		} else {
 			r.log.Warn("cannot undo the commit", "err", uerr)
 		}
+		placed = 0 // what the rollback left
+		for _, s := range r.staged {
+			if s.placed {
+				placed++
+			}
+		}
 		r.committed = true // the error says what is where
 		if merr := r.applyLateModes(); merr != nil {
 			r.log.Warn("cannot set a directory's mode", "err", merr)
