@@ -123,6 +123,11 @@ func TestCopyReadOnlyDirsAsNonRoot(t *testing.T) {
 	writableOnCleanup(t, fresh)
 	mustCopy(t, src, fresh, Options{})
 	copyEqual(t, src, fresh)
+	// A read-only source root, onto a new destination.
+	fresh2 := filepath.Join(t.TempDir(), "fresh2")
+	writableOnCleanup(t, fresh2)
+	mustCopy(t, filepath.Join(src, "ro2"), fresh2, Options{})
+	copyEqual(t, filepath.Join(src, "ro2"), fresh2)
 }
 
 // testFailedCommitRollsBack fails a commit at each of its renames in turn
