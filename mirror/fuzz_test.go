@@ -45,6 +45,7 @@ func FuzzReceive(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		l := newEvilLayout(t)
+		writableOnCleanup(t, l.dst)
 		beforeTop := digest(t, l.top)
 		for p := range beforeTop {
 			if strings.HasPrefix(p, "p/dst") || p == "p" {

@@ -51,6 +51,8 @@ type result struct {
 // wrote.
 func runCopy(t testing.TB, src, dst string, opts Options) (send, recv result, sent int64) {
 	t.Helper()
+	writableOnCleanup(t, src)
+	writableOnCleanup(t, dst)
 	a, b := net.Pipe()
 	sc := &countConn{Conn: a}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
@@ -264,6 +266,7 @@ func encode(frames []frame) []byte {
 // the manifest, writes frames and returns Receive's outcome.
 func evilSend(t testing.TB, dst string, frames []frame) result {
 	t.Helper()
+	writableOnCleanup(t, dst)
 	a, b := net.Pipe()
 	defer a.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)

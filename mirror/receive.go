@@ -141,6 +141,13 @@ type oldEntry struct {
 	mount bool // a directory on another device than its parent: a mount point
 }
 
+// lateMode is a directory of the stage whose final mode waits for the
+// renames: meta, and its index in receiver.staged.
+type lateMode struct {
+	meta dirMeta
+	i    int
+}
+
 // dirMeta is a directory's final mode and mtime, applied after its
 // children.
 type dirMeta struct {
@@ -173,6 +180,11 @@ type staged struct {
 	typ      string // the new entry's type
 	replaces string // the old entry's type there, or ""
 	placed   bool
+	// undo, once placed, puts the old entry back and the new one at
+	// temp again, given the descriptors of the stage (or parent) and the
+	// parent, and the entry's name; nil where the old entry is gone (a
+	// plain rename over it, without renameat2 flags).
+	undo func(sfd, dfd int, name string) error
 }
 
 // stageDir is the directory a copy stages new and changed entries in:
@@ -269,8 +281,13 @@ type receiver struct {
 	touched map[string]bool // old directories holding a temporary entry beside its final one
 	fixes   []fix
 	dirMeta []dirMeta
-	skipped map[string]bool // paths the sender could not carry
-	cur     *incoming
+	// lateModes are the new directories moved from the stage to another
+	// parent whose final mode lacks u+w: moving a directory to another
+	// parent needs write permission on it (its ".." changes), so they
+	// stay u+w until every entry is in place.
+	lateModes []lateMode
+	skipped   map[string]bool // paths the sender could not carry
+	cur       *incoming
 
 	pool *writerPool // writes small files; nil until the first one
 
@@ -1320,16 +1337,173 @@ func (r *receiver) finish() error {
 			return fmt.Errorf("cannot replace %q with a %s: it is or holds a mount point", s.rel, s.typ)
 		}
 	}
+	moved := map[string]int{}
+	for i, s := range r.staged {
+		if s.inStage && s.typ == protocol.EntryDir {
+			moved[s.rel] = i
+		}
+	}
 	for i := len(r.dirMeta) - 1; i >= 0; i-- {
 		d := r.dirMeta[i]
 		if r.dirs[d.rel].old {
 			continue // at the commit
+		}
+		if i, ok := moved[d.rel]; ok && d.mode&0o200 == 0 {
+			r.lateModes = append(r.lateModes, lateMode{meta: d, i: i})
+			d.mode |= 0o200
 		}
 		if err := r.setDirMeta(d, false); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// applyLateModes gives the placed directories of lateModes their final
+// modes (and mtimes again: a rename leaves them, so this is harmless). It
+// goes on past a failure and returns the first.
+func (r *receiver) applyLateModes() error {
+	var first error
+	for _, l := range r.lateModes {
+		s := &r.staged[l.i]
+		if !s.placed {
+			continue // removed with the stage
+		}
+		dfd, name, err := r.placedAt(s)
+		if err == nil {
+			var fd int
+			if fd, err = openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0); err == nil {
+				err = fdMeta(fd, l.meta.mode, l.meta.mtime)
+				unix.Close(fd)
+			}
+		}
+		if err != nil && first == nil {
+			first = fmt.Errorf("entry %q: set mode %#o after the renames: %w", s.rel, l.meta.mode&0o7777, err)
+		}
+	}
+	return first
+}
+
+// writableParents gives u+w to the old directories the commit adds
+// entries to or removes entries from, where they lack it: a normal user
+// cannot change a read-only directory. The old directories' final modes
+// come after the renames (commit's last pass), and cleanup puts back the
+// old mode after a failure (they are marked touched).
+func (r *receiver) writableParents() error {
+	parents := map[string]bool{}
+	for _, s := range r.staged {
+		if s.rel != "." {
+			parents[s.parent] = true
+		}
+	}
+	if r.opts.Delete {
+		for _, o := range r.deletions() {
+			parents[parentOf(o.rel)] = true
+		}
+	}
+	for rel := range parents {
+		o, d := r.oldBy[rel], r.dirs[rel]
+		if o == nil || d == nil || !d.old || o.typ != protocol.EntryDir || o.mode&0o200 != 0 {
+			continue
+		}
+		base, p := r.loc(rel)
+		fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return fmt.Errorf("entry %q: open: %w", rel, err)
+		}
+		err = unix.Fchmod(fd, o.mode&0o7777|0o200)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("entry %q: make it writable for the commit: %w", rel, err)
+		}
+		if r.touched == nil {
+			r.touched = map[string]bool{}
+		}
+		r.touched[rel] = true
+	}
+	return nil
+}
+
+// commitHook, when set by a test, runs before the staged entry rel is put
+// in place; an error fails the commit there.
+var commitHook func(rel string) error
+
+// rollback undoes the renames of a commit that failed part-way, last
+// first, and marks the old directories whose mtimes the renames changed
+// for cleanup to put back. It stops at the first entry it cannot put back.
+func (r *receiver) rollback() error {
+	for i := len(r.staged) - 1; i >= 0; i-- {
+		s := &r.staged[i]
+		if !s.placed {
+			continue
+		}
+		if s.undo == nil {
+			return fmt.Errorf("entry %q replaced its old version for good", s.rel)
+		}
+		dfd, name, err := r.placedAt(s)
+		if err == nil {
+			sfd := dfd
+			if s.inStage {
+				sfd = r.stage.ref.fd
+			}
+			err = s.undo(sfd, dfd, name)
+		}
+		if err != nil {
+			return fmt.Errorf("put back %q: %w", s.rel, err)
+		}
+		s.placed = false
+		if s.rel != "." {
+			if r.touched == nil {
+				r.touched = map[string]bool{}
+			}
+			r.touched[s.parent] = true
+		}
+	}
+	return nil
+}
+
+// writableToMove gives the old directory name in dfd u+w when the staged
+// entry s, from the stage, replaces it: the exchange moves it to another
+// parent. The function it returns puts the old mode back on the old
+// directory when it is at name in dfd (after a failed or undone exchange).
+func (r *receiver) writableToMove(s *staged, dfd int, name string) func(dfd int, name string) {
+	nop := func(int, string) {}
+	if !s.inStage || s.replaces != protocol.EntryDir {
+		return nop
+	}
+	fd, err := openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nop
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&0o200 != 0 || unix.Fchmod(fd, st.Mode&0o7777|0o200) != nil {
+		return nop
+	}
+	id := idOf(&st)
+	return func(dfd int, name string) {
+		fd, err := openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		var now unix.Stat_t
+		if unix.Fstat(fd, &now) == nil && idOf(&now) == id {
+			unix.Fchmod(fd, st.Mode&0o7777)
+		}
+	}
+}
+
+// placedAt is the directory and name the staged entry s goes to.
+func (r *receiver) placedAt(s *staged) (int, string, error) {
+	if s.rel == "." {
+		return int(r.pdir.Fd()), r.name, nil
+	}
+	dfd, err := r.cache.fd(s.parent)
+	if err != nil {
+		return 0, "", err
+	}
+	return dfd, path.Base(s.rel), nil
 }
 
 // setDirMeta sets the directory d's mode and mtime (only where they
@@ -1361,42 +1535,79 @@ func (r *receiver) commit() error {
 	var garbage []staged // old entries swapped out beside their names
 	placed := 0
 	fail := func(err error) error {
-		if placed > 0 {
-			r.committed = true // nothing to roll back to; the error says what is where
-			return fmt.Errorf("commit failed after %d of %d changed entries were put in place: %w", placed, len(r.staged), err)
+		if placed == 0 {
+			return fmt.Errorf("commit: %w", err)
 		}
+		if uerr := r.rollback(); uerr == nil {
+			return fmt.Errorf("commit: %w (the %d entries already put in place were put back: the destination is as before)", err, placed)
+		} else {
+			r.log.Warn("cannot undo the commit", "err", uerr)
+		}
+		placed = 0 // what the rollback left
+		for _, s := range r.staged {
+			if s.placed {
+				placed++
+			}
+		}
+		r.committed = true // the error says what is where
+		if merr := r.applyLateModes(); merr != nil {
+			r.log.Warn("cannot set a directory's mode", "err", merr)
+		}
+		return fmt.Errorf("commit failed after %d of %d changed entries were put in place (the destination holds those new entries and the old others): %w", placed, len(r.staged), err)
+	}
+	if err := r.writableParents(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	for i := range r.staged {
 		s := &r.staged[i]
-		dfd, name := int(0), r.name
-		if s.rel == "." {
-			dfd = int(r.pdir.Fd())
-		} else {
-			var err error
-			if dfd, err = r.cache.fd(s.parent); err != nil {
-				return fail(err)
-			}
-			name = path.Base(s.rel)
+		dfd, name, err := r.placedAt(s)
+		if err != nil {
+			return fail(err)
 		}
 		sfd := dfd
 		if s.inStage {
 			sfd = r.stage.ref.fd
 		}
-		var err error
+		if commitHook != nil {
+			if err := commitHook(s.rel); err != nil {
+				return fail(fmt.Errorf("put %q in place: %w", s.rel, err))
+			}
+		}
+		temp := s.temp
+		back := func(sfd, dfd int, name string) error { return unix.Renameat(dfd, name, sfd, temp) }
+		exchange := func(sfd, dfd int, name string) error {
+			return unix.Renameat2(sfd, temp, dfd, name, unix.RENAME_EXCHANGE)
+		}
 		switch {
 		case s.replaces == "":
 			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_NOREPLACE)
 			if err == unix.EINVAL || err == unix.ENOSYS {
 				err = unix.Renameat(sfd, s.temp, dfd, name)
 			}
-		case s.typ != protocol.EntryDir && s.replaces != protocol.EntryDir:
-			err = unix.Renameat(sfd, s.temp, dfd, name)
+			s.undo = back
 		default:
 			// The old entry ends under the temporary name (removed with
-			// the stage, or below).
-			err = unix.Renameat2(sfd, s.temp, dfd, name, unix.RENAME_EXCHANGE)
-			if err == unix.EINVAL || err == unix.ENOSYS {
+			// the stage, or below), so that a failure later can put it
+			// back. An old directory going to the stage needs u+w to
+			// move (its ".." changes); it is removed there, or gets its
+			// mode back if the exchange fails or is undone.
+			restore := r.writableToMove(s, dfd, name)
+			err = exchange(sfd, dfd, name)
+			if err != nil {
+				restore(dfd, name)
+			}
+			s.undo = func(sfd, dfd int, name string) error {
+				err := exchange(sfd, dfd, name)
+				if err == nil {
+					restore(dfd, name)
+				}
+				return err
+			}
+			switch {
+			case (err == unix.EINVAL || err == unix.ENOSYS) && s.typ != protocol.EntryDir && s.replaces != protocol.EntryDir:
+				err = unix.Renameat(sfd, s.temp, dfd, name)
+				s.undo = nil
+			case err == unix.EINVAL || err == unix.ENOSYS:
 				// No renameat2 flags here: the old entry goes aside
 				// first, which leaves a moment without it.
 				aside := r.tempName()
@@ -1405,9 +1616,15 @@ func (r *receiver) commit() error {
 						unix.Renameat(dfd, aside, dfd, name)
 					} else {
 						garbage = append(garbage, staged{rel: s.rel, parent: s.parent, temp: aside})
+						s.undo = func(sfd, dfd int, name string) error {
+							if err := back(sfd, dfd, name); err != nil {
+								return err
+							}
+							return unix.Renameat(dfd, aside, dfd, name)
+						}
 					}
 				}
-			} else if err == nil && !s.inStage {
+			case err == nil && !s.inStage:
 				garbage = append(garbage, *s)
 			}
 		}
@@ -1418,6 +1635,9 @@ func (r *receiver) commit() error {
 		placed++
 	}
 	r.committed = true
+	if err := r.applyLateModes(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
 	if r.opts.Delete {
 		for _, o := range r.deletions() {
 			fd, err := r.cache.fd(parentOf(o.rel))

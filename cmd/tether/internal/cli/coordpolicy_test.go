@@ -132,13 +132,19 @@ identities:
 // is running stay up; a broken file keeps the policy in force and logs
 // every problem at FILE:LINE:COLUMN.
 func TestCoordinatorSIGHUPReloadsPolicy(t *testing.T) {
-	const allow = `version: 1
+	// The test's agent runs as the test's user, who may not run as
+	// anyone else unless root: the rule runs as that user.
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := `version: 1
 identities:
   nats:tester:
     rules:
       - nodes: "*"
         operations: [exec, nodes.list]
-        run_as: root
+        run_as: ` + u.Username + `
 `
 	const deny = `version: 1
 identities:
