@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/policy"
 )
 
 // What SIGHUP does with the config file: read it again under the same
@@ -22,10 +23,24 @@ import (
 // log lines).
 
 // reload is the coordinator's SIGHUP: the config file (when it runs with
-// one), then the policy, the SSH jump host's keys and CAs.
+// one), then the policy, the SSH jump host's keys and CAs. With a config
+// file it is all or nothing: a policy file that would be refused keeps
+// the config file's changes out, and a refused config file keeps the
+// policy (and the SSH keys) as they are.
 func (cs *coordinatorServer) reload() (status string) {
 	if cs.config != nil {
-		status = cs.reloadConfig() + "; "
+		if _, err := policy.Load(cs.policy.Path()); err != nil {
+			cs.log.Error("reload failed: the policy file is refused, so neither it nor the config file was applied; nothing changed",
+				"policy", cs.policy.Path(), "config", cs.config.path, "err", err)
+			return "reload failed (nothing changed): the policy file is refused: " + err.Error()
+		}
+		st, ok := cs.reloadConfig()
+		if !ok {
+			cs.log.Error("reload failed: the config file is refused, so the policy was not reloaded either; nothing changed",
+				"config", cs.config.path, "policy", cs.policy.Path())
+			return st + "; policy not reloaded (nothing changed)"
+		}
+		status = st + "; "
 	}
 	return status + cs.reloadPolicy()
 }
@@ -33,30 +48,31 @@ func (cs *coordinatorServer) reload() (status string) {
 // reloadConfig re-reads the coordinator's config file and applies the
 // limits (coordinator.Limits) and the log level it changes: the limits
 // first, so that a refusal of theirs leaves everything as it was.
-func (cs *coordinatorServer) reloadConfig() (status string) {
+// ok is false when the file was refused (and nothing changed).
+func (cs *coordinatorServer) reloadConfig() (status string, ok bool) {
 	src := cs.config
 	fresh, opts, live, fixed, err := src.reread()
 	if err != nil {
 		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
-		return "config reload failed (the settings in force stay): " + err.Error()
+		return "config reload failed (the settings in force stay): " + err.Error(), false
 	}
 	logFixed(cs.log, src, fixed)
 	if len(live) == 0 {
 		cs.log.Info("config reloaded; no setting that applies live changed", "config", src.path)
-		return reloadStatus(nil, fixed)
+		return reloadStatus(nil, fixed), true
 	}
 	o := opts.(*coordinatorOptions)
 	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread, AdmitRate: o.AdmitRate}
 	if err := cs.coord.SetLimits(l); err != nil {
 		err = src.limitsError(err, fresh.Flags())
 		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
-		return "config reload failed (the settings in force stay): " + err.Error()
+		return "config reload failed (the settings in force stay): " + err.Error(), false
 	}
 	src.commit(src.applyLogLevel(live))
 	l = cs.coord.Limits()
 	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
 		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", l.AdmitRate)
-	return reloadStatus(live, fixed)
+	return reloadStatus(live, fixed), true
 }
 
 // limitKeys are the config keys (flag names) that set each

@@ -240,7 +240,7 @@ func TestCoordinatorReloadLimitRefusalNamesKey(t *testing.T) {
 		{base + "exec-timeout: 5s\n", path + ": key admit-rate (not set: 0) would turn handshake pacing on"},
 	} {
 		replaceFile(t, path, tc.file)
-		status := cs.reloadConfig()
+		status, _ := cs.reloadConfig()
 		for _, out := range []string{status, logs.String()} {
 			if !strings.Contains(out, tc.want) || strings.Contains(out, "AdmitRate") {
 				t.Errorf("reload refused by the limits says:\n%s\nwant %q, not the Go field AdmitRate", out, tc.want)
@@ -249,5 +249,56 @@ func TestCoordinatorReloadLimitRefusalNamesKey(t *testing.T) {
 		if l := cs.coord.Limits(); l.AdmitRate >= 0 || l.DefaultTimeout != 0 {
 			t.Errorf("limits after a refused reload: %+v, want the ones in force (pacing off, no timeout)", l)
 		}
+	}
+}
+
+// TestCoordinatorReloadAllOrNothing: a SIGHUP whose config file is
+// refused reloads nothing, the policy included (it was reloaded anyway
+// before), and says so; a policy file that is refused keeps the config
+// file's changes out as well.
+func TestCoordinatorReloadAllOrNothing(t *testing.T) {
+	policyFile := writeTestPolicy(t, testAdminPolicy(t))
+	base := fmt.Sprintf("role: coordinator\npolicy: %s\nlisten: 127.0.0.1:0\nhttp-addr: 127.0.0.1:0\nnats-listen: 127.0.0.1:0\nopenshell-listen: \"\"\nopensandbox-listen: \"\"\nallow-shared-token: true\ndata-dir: %s\n", policyFile, t.TempDir())
+	path := writeConfig(t, base)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+	o := defaultCoordinatorOptions()
+	e := testEnv(nil)
+	cmd := coordinatorCommand(e, &o)
+	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.close()
+	cs.config = src
+	before := cs.policy.Policy()
+
+	// A bad config file, a good new policy: neither applies.
+	replaceFile(t, policyFile, testAdminPolicy(t)+"\n# changed\n")
+	replaceFile(t, path, base+"max-handshakes-per-source: -3\n")
+	status := cs.reload()
+	if cs.policy.Policy() != before {
+		t.Errorf("a refused config file reloaded the policy; status %q", status)
+	}
+	if strings.Contains(logs.String(), "policy reloaded") || !strings.Contains(status, "nothing changed") {
+		t.Errorf("status %q, logs:\n%s\nwant no policy reloaded and 'nothing changed'", status, logs.String())
+	}
+
+	// A good config file, a bad policy: the limits stay too.
+	replaceFile(t, policyFile, "not: [a policy\n")
+	replaceFile(t, path, base+"max-handshakes-per-source: 3\n")
+	status = cs.reload()
+	if l := cs.coord.Limits(); l.MaxHandshakesPerSource == 3 {
+		t.Errorf("a refused policy let the config's limits apply: %+v; status %q", l, status)
+	}
+	if cs.policy.Policy() != before || !strings.Contains(status, "nothing changed") {
+		t.Errorf("status %q; policy changed: %v", status, cs.policy.Policy() != before)
 	}
 }
