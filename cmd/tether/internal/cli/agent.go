@@ -318,6 +318,9 @@ func agentCommand(e *env, o *agentOptions) *cobra.Command {
 			// (flag > env > file) is still set.
 			src, err := loadDaemonConfig(cmd, e, agentConfigRole, &o.Log)
 			if err != nil {
+				if src != nil { // every problem at once
+					err = errors.Join(err, src.annotate(o.Validate(src.getenv(e, tokenEnv))))
+				}
 				return usage(err)
 			}
 			o.config = src

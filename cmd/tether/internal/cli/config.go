@@ -195,6 +195,10 @@ type configFile struct {
 	// envRefKeys are the keys (as written) and lines of those {env:}
 	// values, by the same variable.
 	envRefKeys map[string]configKeyLine
+	// refused are the flags whose key the file gives but whose value was
+	// refused (parseFile's errors): the checks made before start do not
+	// report them again from their defaults.
+	refused map[string]bool
 }
 
 // configKeyLine is a key as the file wrote it and its line.
@@ -244,7 +248,20 @@ func (f *configFile) value(flag string) (configValue, bool) {
 // given inline, a key set twice, a role: other than r's. An empty file is
 // a valid file that sets nothing.
 func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*configFile, error) {
-	cf := &configFile{path: path, envRefs: map[string]string{}, envRefKeys: map[string]configKeyLine{}}
+	cf, err := parseFile(path, data, fs, r)
+	if err != nil {
+		return nil, err
+	}
+	return cf, nil
+}
+
+// parseFile is parseConfig that, when the file is YAML (one mapping
+// document) of r's role, also returns the keys it accepted beside the
+// errors of the others, so that the checks made before start can run on
+// them and every problem is reported at once. cf is nil when there is
+// nothing to go on (bad YAML, another role).
+func parseFile(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*configFile, error) {
+	cf := &configFile{path: path, envRefs: map[string]string{}, envRefKeys: map[string]configKeyLine{}, refused: map[string]bool{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -274,7 +291,10 @@ func parseConfig(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*c
 		p.mapping(root, "", "")
 	}
 	if len(p.errs) > 0 {
-		return nil, errors.Join(p.errs...)
+		if p.otherRole || root.Kind != yaml.MappingNode {
+			return nil, errors.Join(p.errs...)
+		}
+		return cf, errors.Join(p.errs...)
 	}
 	return cf, nil
 }
@@ -285,6 +305,8 @@ type configParser struct {
 	r    *configRole
 	seen map[string]int // flag -> line that set it
 	errs []error
+	// otherRole: the file's role: is not r's.
+	otherRole bool
 }
 
 func (p *configParser) errf(n *yaml.Node, key, format string, args ...any) {
@@ -348,6 +370,7 @@ func (p *configParser) mapping(n *yaml.Node, prefix, keyPrefix string) {
 		p.seen[name] = k.Line
 		cv := configValue{key: key, flag: name, line: k.Line}
 		if !p.value(&cv, f, v) {
+			p.cf.refused[name] = true
 			continue
 		}
 		p.cf.values = append(p.cf.values, cv)
@@ -389,6 +412,7 @@ func (p *configParser) role(k, v *yaml.Node) {
 	}
 	p.cf.role = v.Value
 	if v.Value != p.r.name {
+		p.otherRole = true
 		p.errf(k, "role", "this is %s config file, not %s", possessive(v.Value), possessive(p.r.name))
 	}
 }
@@ -477,7 +501,12 @@ func (p *configParser) value(cv *configValue, f *pflag.Flag, v *yaml.Node) bool 
 	case typ == "float64" || typ == "float32":
 		if ok = v.Tag == "!!int" || v.Tag == "!!float"; ok {
 			x, err := strconv.ParseFloat(v.Value, 64)
-			ok = err == nil && !math.IsNaN(x) && !math.IsInf(x, 0)
+			// YAML's .nan and .inf (which ParseFloat does not read), or an overflow.
+			if err != nil && v.Tag == "!!float" || err == nil && (math.IsNaN(x) || math.IsInf(x, 0)) {
+				p.errf(v, cv.key, "want a finite number, got %s", v.Value)
+				return false
+			}
+			ok = err == nil
 		}
 	}
 	if !ok {
@@ -638,8 +667,15 @@ func (cf *configFile) annotate(err error) error {
 	named := map[string]bool{}
 	for _, line := range strings.Split(err.Error(), "\n") {
 		if m := flagRef().FindStringSubmatch(line); m != nil {
-			if l := cf.line(m[1]); l > 0 {
-				line = fmt.Sprintf("%s:%d: %s", cf.path, l, line)
+			if cf.refused[m[1]] {
+				continue // its own error says what is wrong with it
+			}
+			if v, ok := cf.value(m[1]); ok {
+				// "--flag VALUE PROBLEM" in the file's terms: "key KEY: VALUE PROBLEM".
+				if rest, ok := strings.CutPrefix(line, m[0]); ok && (rest == "" || rest[0] == ' ' || rest[0] == ':') {
+					line = "key " + v.key + ": " + strings.TrimLeft(strings.TrimPrefix(rest, ":"), " ")
+				}
+				line = fmt.Sprintf("%s:%d: %s", cf.path, v.line, line)
 			}
 		}
 		out = append(out, errors.New(line))
@@ -681,7 +717,9 @@ type configSource struct {
 
 // loadDaemonConfig applies the config file of cmd (--config, else
 // $TETHER_CONFIG; none: nil, nil) to cmd's flags under the precedence
-// above. Errors name the file and line. log are the running command's
+// above. Errors name the file and line. With an error in some keys it
+// returns the source as well (the others applied), for the caller to add
+// its own checks' errors (annotate) to the report. log are the running command's
 // logging options, whose level a re-read may change.
 func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole, log *logOptions) (*configSource, error) {
 	path := cmd.Flags().Lookup(configFlag).Value.String()
@@ -706,10 +744,14 @@ func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole, log *logOptions
 		s.envSet[v] = e.getenv(v) != ""
 	}
 	cf, err := s.read(cmd.Flags())
-	if err != nil {
+	if cf == nil {
 		return nil, err
 	}
 	s.file = cf
+	if err != nil {
+		// The caller adds the checks it makes before start (annotate).
+		return s, err
+	}
 	s.refSet = map[string]bool{}
 	for std := range cf.envRefs {
 		s.refSet[std] = s.getenv(e, std) != ""
@@ -717,20 +759,21 @@ func loadDaemonConfig(cmd *cobra.Command, e *env, r *configRole, log *logOptions
 	return s, nil
 }
 
-// read parses the file and applies it to fs.
+// read parses the file and applies it to fs. On an error in some keys
+// it still returns the file (nil: none to go on) with the others applied,
+// for the checks made before start (configFile.annotate drops what they
+// say of the refused keys).
 func (s *configSource) read(fs *pflag.FlagSet) (*configFile, error) {
 	data, err := readConfigFile(s.path)
 	if err != nil {
 		return nil, err
 	}
-	cf, err := parseConfig(s.path, data, fs, s.role)
-	if err != nil {
-		return nil, err
+	cf, perr := parseFile(s.path, data, fs, s.role)
+	if cf == nil {
+		return nil, perr
 	}
-	if _, err := cf.apply(fs, s.skip); err != nil {
-		return nil, err
-	}
-	return cf, nil
+	_, aerr := cf.apply(fs, s.skip)
+	return cf, errors.Join(perr, aerr)
 }
 
 // skip is why the file's flag is not applied: given on the command line,
@@ -806,10 +849,10 @@ func (s *configSource) reread() (fresh *cobra.Command, opts any, live, fixed []c
 		f.Changed = true
 	}
 	cf, err := s.read(fs)
-	if err != nil {
+	if cf == nil {
 		return nil, nil, nil, nil, err
 	}
-	if err := cf.annotate(s.role.validate(opts, func(v string) bool { return s.envSet[v] || s.refSet[v] })); err != nil {
+	if err := errors.Join(err, cf.annotate(s.role.validate(opts, func(v string) bool { return s.envSet[v] || s.refSet[v] }))); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	s.cmd.Flags().VisitAll(func(old *pflag.Flag) {

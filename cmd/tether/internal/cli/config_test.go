@@ -117,7 +117,7 @@ func TestConfigStrictErrors(t *testing.T) {
 		{"number for a string", "agent", "node-id: 7\n",
 			[]string{`:1: key node-id: want a string, got the whole number 7`}},
 		{"NaN", "coordinator", "admit-rate: .nan\n",
-			[]string{`:1: key admit-rate: want a number, got the number .nan`}},
+			[]string{`:1: key admit-rate: want a finite number, got .nan`}},
 		{"inline join token", "agent", "coordinator: [a:1]\ntoken: s3cret-value\n",
 			[]string{":2: key token: a secret is not accepted inline in a config file: give token-file: FILE, or token: {env: VARIABLE}, or set $TETHER_TOKEN"}},
 		{"inline NATS password", "coordinator", "nats:\n  url: nats://n:4222\n  password: hunter2\n",
@@ -143,7 +143,13 @@ func TestConfigStrictErrors(t *testing.T) {
 		{"bad YAML", "coordinator", "listen: [\n",
 			[]string{"config.yaml:"}},
 		{"semantic error names the key's line", "coordinator", "policy: /p.yaml\n\nlisten: nohostport\n",
-			[]string{`:3: --listen: "nohostport" is not host:port`}},
+			[]string{`:3: key listen: "nohostport" is not host:port`}},
+		// Type errors do not hide the checks made before start (F2 of fresh2).
+		{"type and range errors at once", "coordinator", "role: coordinator\nheartbeat: true\nmax-handshakes-per-source: -3\nadmit-rate: x\nlables: 1\n",
+			[]string{":2: key heartbeat: want a duration", ":3: key max-handshakes-per-source: -3 is negative: want 0 or more (0: the default, 8)",
+				":4: key admit-rate: want a number", ":5: key lables: unknown key", "--policy FILE is required"}},
+		{"negative duration names the key and what is allowed", "coordinator", "policy: /p.yaml\nexec-timeout: -5s\n",
+			[]string{":2: key exec-timeout: -5s is negative: want 0 (no timeout) or more"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -333,6 +339,14 @@ func TestDaemonConfigErrors(t *testing.T) {
 	res = runCLI(testCtx(t), map[string]string{configEnv: path}, "", "coordinator")
 	if res.code != exitUsage || !strings.Contains(res.stderr, path+":1: key coordinator: unknown key for the coordinator") {
 		t.Fatalf("coordinator with an agent's config: exit %d, stderr:\n%s", res.code, res.stderr)
+	}
+	// Start-up reports the type errors and its own checks at once (F2 of fresh2).
+	path = writeConfig(t, "heartbeat: true\nmax-handshakes-per-source: -3\n")
+	res = runCLI(testCtx(t), nil, "", "coordinator", "--config", path)
+	for _, w := range []string{path + ":1: key heartbeat: want a duration", path + ":2: key max-handshakes-per-source: -3 is negative", "--policy FILE is required"} {
+		if res.code != exitUsage || !strings.Contains(res.stderr, w) {
+			t.Errorf("coordinator with a bad config: exit %d, stderr:\n%s\nwant %q", res.code, res.stderr, w)
+		}
 	}
 }
 

@@ -127,11 +127,11 @@ func validateConfigFile(e *env, r *configRole, path string) error {
 		s.envSet[v] = e.getenv(v) != ""
 	}
 	cf, err := s.read(cmd.Flags())
-	if err != nil {
+	if cf == nil {
 		return err
 	}
 	s.file = cf
-	err = cf.annotate(r.validate(opts, func(v string) bool { return s.getenv(e, v) != "" }))
+	err = errors.Join(err, cf.annotate(r.validate(opts, func(v string) bool { return s.getenv(e, v) != "" })))
 	if r.load != nil {
 		err = errors.Join(err, r.load(opts, cf))
 	}

@@ -282,8 +282,14 @@ func TestCoordinatorReloadAllOrNothing(t *testing.T) {
 
 	// A bad config file, a good new policy: neither applies.
 	replaceFile(t, policyFile, testAdminPolicy(t)+"\n# changed\n")
-	replaceFile(t, path, base+"max-handshakes-per-source: -3\n")
+	replaceFile(t, path, base+"heartbeat: true\nmax-handshakes-per-source: -3\n")
 	status := cs.reload()
+	// Every problem at once, in the file's terms (F2, F3 of fresh2).
+	for _, w := range []string{path + ":10: key heartbeat: want a duration", path + ":11: key max-handshakes-per-source: -3 is negative: want 0 or more"} {
+		if !strings.Contains(status, w) {
+			t.Errorf("status %q\nwant %q", status, w)
+		}
+	}
 	if cs.policy.Policy() != before {
 		t.Errorf("a refused config file reloaded the policy; status %q", status)
 	}

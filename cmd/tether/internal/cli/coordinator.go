@@ -222,10 +222,10 @@ func (o *coordinatorOptions) Validate() error {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
 	}
 	if o.Heartbeat < 0 {
-		errs = append(errs, fmt.Errorf("--heartbeat %s is negative", humanDuration(o.Heartbeat)))
+		errs = append(errs, fmt.Errorf("--heartbeat %s is negative: want 0 (the default, 5s) or more", humanDuration(o.Heartbeat)))
 	}
 	if o.ExecTimeout < 0 {
-		errs = append(errs, fmt.Errorf("--exec-timeout %s is negative", humanDuration(o.ExecTimeout)))
+		errs = append(errs, fmt.Errorf("--exec-timeout %s is negative: want 0 (no timeout) or more", humanDuration(o.ExecTimeout)))
 	}
 	if o.DirectAddr != "" && !o.directOff() {
 		if err := coordinator.CheckDirectAddr(o.DirectAddr); err != nil {
@@ -233,7 +233,7 @@ func (o *coordinatorOptions) Validate() error {
 		}
 	}
 	if o.MaxHandshakesPerSource < 0 {
-		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative", o.MaxHandshakesPerSource))
+		errs = append(errs, fmt.Errorf("--max-handshakes-per-source %d is negative: want 0 or more (0: the default, %d)", o.MaxHandshakesPerSource, coordinator.DefaultMaxHandshakesPerSource))
 	}
 	if o.Policy == "" {
 		errs = append(errs, errNoPolicy)
@@ -351,6 +351,9 @@ that lets anonymous clients publish to tether.v1.> is refused unless
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			src, err := loadDaemonConfig(cmd, e, coordinatorConfigRole, &o.Log)
 			if err != nil {
+				if src != nil { // every problem at once
+					err = errors.Join(err, src.annotate(o.Validate()))
+				}
 				return usage(err)
 			}
 			if err := o.Validate(); err != nil {
