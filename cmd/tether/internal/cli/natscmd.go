@@ -39,6 +39,10 @@ type natsUserRecord struct {
 	Expires time.Time `json:"expires,omitzero"`
 }
 
+// minUserTTL is the shortest --ttl of tether nats user create: less
+// would expire before the file reached its user.
+const minUserTTL = time.Minute
+
 func newNATSCmd(e *env) *cobra.Command {
 	dataDir := e.natsDataDir()
 	cmd := &cobra.Command{
@@ -89,12 +93,22 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 			if ttl < 0 {
 				return usage(fmt.Errorf("--ttl %s is negative", humanDuration(ttl)))
 			}
+			if ttl > 0 && ttl < minUserTTL {
+				return usage(fmt.Errorf("--ttl %s is under the minimum, %s: the credentials would expire before they could be handed over; give e.g. --ttl 720h (0: no expiry)", humanDuration(ttl), humanDuration(minUserTTL)))
+			}
 			name := args[0]
 			if err := natsauth.CheckUserName(name); err != nil {
 				return usage(fmt.Errorf("user name: %w", err))
 			}
 			if out == "" {
 				out = name + ".creds"
+			}
+			if out != "-" {
+				if d := filepath.Dir(out); d != "" {
+					if _, err := os.Stat(d); errors.Is(err, fs.ErrNotExist) {
+						return fmt.Errorf("--output %s: directory %s does not exist", out, d)
+					}
+				}
 			}
 			if out != "-" && !force {
 				if _, err := os.Lstat(out); err == nil {
@@ -156,11 +170,14 @@ $TETHER_NATS_CREDS; the stock nats CLI needs --creds FILE and the
 					where = "stdout"
 				}
 				fmt.Fprintf(w, "client user %s (%s) written to %s\n  inbox prefix: %s\n", name, c.PublicKey(), where, c.InboxPrefix())
+				if ttl > 0 {
+					fmt.Fprintf(e.stderr, "tether: the credentials expire at %s (in %s)\n", rec.Expires.Format(time.RFC3339), humanDuration(ttl))
+				}
 				return nil
 			})
 		}),
 	}
-	durationVar(create.Flags(), &ttl, "ttl", 0, "how long the credentials are valid (0: no expiry)")
+	durationVar(create.Flags(), &ttl, "ttl", 0, "how long the credentials are valid, at least 1m (0: no expiry)")
 	create.Flags().BoolVar(&force, "force", false, "overwrite --output, and mint even if a user of that name exists (both then hold its grants)")
 	create.Flags().StringVarP(&out, "output", "o", "", `credentials file to write, 0600 (default NAME.creds; "-": stdout)`)
 

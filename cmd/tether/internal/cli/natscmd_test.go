@@ -428,3 +428,30 @@ func TestNATSLayoutUnreadable(t *testing.T) {
 		t.Fatalf("server-config on an unreadable data dir: exit %d, stderr %q; want %d, %q...", code, stderr, exitFailure, want)
 	}
 }
+
+// TestNATSUserCreateTTLAndOutputDir: a --ttl under a minute is refused
+// naming the minimum (it minted credentials that expired seconds later,
+// silently); a TTL's expiry is printed on stderr; -o into a directory
+// that does not exist names the user's path, not the temporary file
+// (F9, F10 of fresh2).
+func TestNATSUserCreateTTLAndOutputDir(t *testing.T) {
+	dir := t.TempDir()
+	out := t.TempDir()
+	r := runCLI(testCtx(t), nil, "", "nats", "user", "create", "u5", "--data-dir", dir, "-o", filepath.Join(out, "u5.creds"), "--ttl", "5")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--ttl 5s is under the minimum, 1m") {
+		t.Errorf("--ttl 5: exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(out, "u5.creds")); err == nil {
+		t.Error("--ttl 5 wrote credentials")
+	}
+	r = runCLI(testCtx(t), nil, "", "nats", "user", "create", "u1h", "--data-dir", dir, "-o", filepath.Join(out, "u1h.creds"), "--ttl", "1h")
+	if r.code != 0 || !strings.Contains(r.stderr, "the credentials expire at ") || !strings.Contains(r.stderr, "(in 1h)") {
+		t.Errorf("--ttl 1h: exit %d, stderr:\n%s\nwant the expiry", r.code, r.stderr)
+	}
+	missing := filepath.Join(out, "nodir", "f.creds")
+	r = runCLI(testCtx(t), nil, "", "nats", "user", "create", "f", "--data-dir", dir, "-o", missing)
+	want := "--output " + missing + ": directory " + filepath.Dir(missing) + " does not exist"
+	if r.code != 1 || !strings.Contains(r.stderr, want) || strings.Contains(r.stderr, ".tmp") {
+		t.Errorf("-o into a missing directory: exit %d, stderr:\n%s\nwant %q", r.code, r.stderr, want)
+	}
+}
