@@ -112,6 +112,7 @@ func TestUsageErrors(t *testing.T) {
 		{"exec bad env", []string{"exec", "--all", "--env", "NOEQUALS", "--", "true"}, []string{`--env "NOEQUALS": want KEY=VALUE`}},
 		{"exec bad selector", []string{"exec", "--selector", "a in (", "--", "true"}, []string{"--selector"}},
 		{"exec several problems", []string{"exec", "--timeout", "-1s"}, []string{"no target", "nothing to run", "--timeout -1s is negative"}},
+		{"exec --node twice", []string{"exec", "--node", "vm", "--node", "vm2", "--", "true"}, []string{`--node given 2 times ("vm", "vm2"): one node a command; --selector or --all run on several`}},
 		{"coordinator public facade without TLS", []string{"coordinator", "--openshell-listen", "0.0.0.0:7081"}, []string{"is not a loopback address", "--facade-tls-cert"}},
 		{"coordinator token file without TLS", []string{"coordinator", "--facade-token-file", tokenFile}, []string{"--facade-token-file needs --facade-tls-cert"}},
 		{"coordinator nats-url without creds", []string{"coordinator", "--nats-url", "nats://127.0.0.1:4222"}, []string{"--nats-url needs --nats-creds"}},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,9 @@ type execOptions struct {
 	Node     string
 	Selector string
 	All      bool
+	// nodes are the --node values as given, in order (more than one is
+	// a usage error).
+	nodes []string
 	// SelectorGiven is set when --selector was on the command line, so
 	// that an empty one is refused rather than taken as no target.
 	SelectorGiven bool
@@ -81,6 +85,9 @@ type execOptions struct {
 func (o *execOptions) Validate(argv []string) error {
 	var errs []error
 	targets := 0
+	if len(o.nodes) > 1 {
+		errs = append(errs, fmt.Errorf("--node given %d times (%s): one node a command; --selector or --all run on several", len(o.nodes), quotedList(o.nodes)))
+	}
 	if o.Node != "" {
 		targets++
 		if err := protocol.ValidNodeID(o.Node); err != nil {
@@ -424,7 +431,7 @@ coordinator); 2, 130 and 143 as above.`,
 	// without "--" too.
 	cmd.Flags().SetInterspersed(false)
 	f := cmd.Flags()
-	f.StringVar(&o.Node, "node", "", "run on this node")
+	f.Var(&repeatedString{p: &o.Node, all: &o.nodes}, "node", "run on this node")
 	f.StringVar(&o.Selector, "selector", "", "run on the nodes matching this label selector (k=v,k2!=v2,k3 in (a,b))")
 	f.BoolVar(&o.All, "all", false, "run on every connected node")
 	f.Var(durationFlag{d: &o.Timeout, max: maxTimeout}, "timeout", "kill the command on a node after this long: 30s, 5m or a number of seconds (default: the coordinator's)")
@@ -720,4 +727,35 @@ func execStream(ctx context.Context, c *client.Client, req *protocol.ExecRequest
 	defer in.close()
 	defer stop()
 	return c.ExecStream(ctx, req, in, opts)
+}
+
+// repeatedString is a string flag that keeps every value it is given
+// (all), for a command to refuse a second one; p holds the last.
+type repeatedString struct {
+	p   *string
+	all *[]string
+}
+
+func (r *repeatedString) String() string {
+	if r.p == nil {
+		return ""
+	}
+	return *r.p
+}
+
+func (r *repeatedString) Set(s string) error {
+	*r.p = s
+	*r.all = append(*r.all, s)
+	return nil
+}
+
+func (r *repeatedString) Type() string { return "string" }
+
+// quotedList is vs quoted and joined by ", ".
+func quotedList(vs []string) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = strconv.Quote(v)
+	}
+	return strings.Join(q, ", ")
 }
