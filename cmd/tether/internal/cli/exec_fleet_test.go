@@ -191,7 +191,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Errorf("job logs --follow: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", id)
-	if r.code != 0 || !strings.Contains(r.stdout, "state:    exited") || !strings.Contains(r.stdout, "exit:     0") {
+	if r.code != 0 || !strings.Contains(r.stdout, "state:    succeeded") || !strings.Contains(r.stdout, "exit:     0") {
 		t.Errorf("job status: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	// --follow ends with the job's own exit code.
@@ -246,6 +246,11 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	var st protocol.JobStatus
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || !st.Cancelled || st.State != protocol.JobExited {
 		t.Errorf("job cancel: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// A second cancel: the job had ended; said so, exit 0 (F8 of fresh2).
+	r = runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, "--node", "node-2", id)
+	if r.code != 0 || !strings.Contains(r.stderr, "job "+id+" had already ended (cancelled): nothing to cancel") || !strings.Contains(r.stdout, "state:    cancelled") {
+		t.Errorf("job cancel of an ended job: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", "nope")
 	if r.code != 255 || !strings.Contains(r.stderr, "not_found") {

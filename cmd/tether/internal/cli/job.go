@@ -187,11 +187,36 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 	if _, err := resolveNode(ctx, c, o, id); err != nil {
 		return err
 	}
+	// A job that ended is said to have, with how (exit 0: there is
+	// nothing left to cancel).
+	if st, err := c.JobStatus(ctx, o.Node, id); err == nil && st.State != protocol.JobRunning {
+		fmt.Fprintf(e.stderr, "tether: job %s had already ended (%s): nothing to cancel\n", id, jobStatusState(st))
+		return printJobStatus(e.stdout, st, o.JSON)
+	}
 	st, err := c.JobCancel(ctx, o.Node, id)
 	if err != nil {
 		return err
 	}
+	if !st.Cancelled && st.State != protocol.JobRunning {
+		fmt.Fprintf(e.stderr, "tether: job %s ended (%s) before the cancel reached it: nothing was cancelled\n", id, jobStatusState(st))
+	}
 	return printJobStatus(e.stdout, st, o.JSON)
+}
+
+// jobStatusState is a node's job status in the words of the job store
+// (tether job list, --state): a job that exited is succeeded, failed or
+// cancelled, as the coordinator records it (jobstore.Observe).
+func jobStatusState(st *protocol.JobStatus) string {
+	if st.State != protocol.JobExited {
+		return st.State
+	}
+	switch {
+	case st.Cancelled:
+		return string(protocol.JobCancelled)
+	case st.ExitCode != nil && *st.ExitCode == 0 && !st.TimedOut:
+		return string(protocol.JobSucceeded)
+	}
+	return string(protocol.JobFailed)
 }
 
 // printJobStatus prints st as JSON or as "key: value" lines.
@@ -199,7 +224,7 @@ func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(st)
 	}
-	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, st.State)
+	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, jobStatusState(st))
 	if st.ExitCode != nil {
 		fmt.Fprintf(w, "exit:     %d", *st.ExitCode)
 		switch {
