@@ -295,11 +295,11 @@ func TestExecOutcome(t *testing.T) {
 			[]string{"node a: cancelled"}},
 		{"single missing result", true, 0, nil, 255, []string{"job j: expected one node's result, got 0"}},
 		{"single truncated", true, 0, []protocol.NodeResult{{Node: "a", StdoutTruncated: true, StdoutBytes: 99}}, 254,
-			[]string{"node a: stdout was truncated at the output limit (99 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+			[]string{"node a: stdout was truncated at the output limit in force, the agent's (99 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
 		{"single truncated and failed", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: 3, StderrTruncated: true, StderrBytes: 9}}, 3,
-			[]string{"node a: stderr was truncated at the output limit (9 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+			[]string{"node a: stderr was truncated at the output limit in force, the agent's (9 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
 		{"multi truncated", false, 0, []protocol.NodeResult{ok, {Node: "b", Truncated: true, StdoutTruncated: true, StdoutBytes: 5}}, 254,
-			[]string{"node b: stdout was truncated at the output limit (5 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
+			[]string{"node b: stdout was truncated at the output limit in force, the agent's (5 bytes produced); raise --output-limit (1GiB, unlimited) to get it all"}},
 		{"multi ok", false, 0, []protocol.NodeResult{ok, {Node: "b"}}, 0, nil},
 		{"multi failures", false, time.Second, []protocol.NodeResult{
 			ok,
@@ -310,7 +310,7 @@ func TestExecOutcome(t *testing.T) {
 			{Node: "f", StderrTruncated: true, StderrBytes: 7},
 		}, 1, []string{
 			// The other failures are in the summary table.
-			"node f: stderr was truncated at the output limit (7 bytes produced); raise --output-limit (1GiB, unlimited) to get it all",
+			"node f: stderr was truncated at the output limit in force, the agent's (7 bytes produced); raise --output-limit (1GiB, unlimited) to get it all",
 		}},
 		{"single shutdown", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Cancelled: true,
 			Error: "coordinator c1 is shutting down; job cancelled", ErrorCode: protocol.ResultCodeShutdown}}, 255,
@@ -324,7 +324,7 @@ func TestExecOutcome(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, lines := execOutcome(tt.single, tt.timeout, &protocol.ExecResult{ID: "j", Results: tt.results})
+			code, lines := execOutcome(tt.single, tt.timeout, 0, &protocol.ExecResult{ID: "j", Results: tt.results})
 			if code != tt.wantCode {
 				t.Errorf("code = %d, want %d", code, tt.wantCode)
 			}

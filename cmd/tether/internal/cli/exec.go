@@ -519,6 +519,8 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 			if r.Failure != "" {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
+				// On a line of its own, after output cut mid-line.
+				out.EndLine(protocol.ReplyStderr)
 				fmt.Fprintf(stderr, "%s\n", shownFailure(req, r))
 			}
 		},
@@ -545,7 +547,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 			return fmt.Errorf("write result: %w", err)
 		}
 	}
-	code, lines := execOutcome(!o.multi(), o.Timeout, res)
+	code, lines := execOutcome(!o.multi(), o.Timeout, o.OutputLimit, res)
 	for _, l := range lines {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)
 	}
@@ -614,7 +616,14 @@ func stderrStreamed(r *protocol.NodeResult) bool { return r.StderrBytes > 0 && !
 // Single node: the node's code (nodeOutcome), or exitTruncated when it is 0
 // and an output was truncated. Several nodes: exitFailure when any node
 // failed, else exitTruncated when any output was truncated, else exitOK.
-func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (int, []string) {
+//
+// limit is --output-limit (0: the agent's default), named by the notes
+// of truncated outputs.
+func execOutcome(single bool, timeout time.Duration, limit int64, res *protocol.ExecResult) (int, []string) {
+	inForce := "the agent's"
+	if limit > 0 {
+		inForce = formatSize(limit)
+	}
 	if single && len(res.Results) != 1 {
 		return exitTether, []string{fmt.Sprintf("job %s: expected one node's result, got %d", res.ID, len(res.Results))}
 	}
@@ -629,7 +638,7 @@ func execOutcome(single bool, timeout time.Duration, res *protocol.ExecResult) (
 			n         int64
 		}{{"stdout", r.StdoutTruncated, r.StdoutBytes}, {"stderr", r.StderrTruncated, r.StderrBytes}} {
 			if s.truncated {
-				lines = append(lines, fmt.Sprintf("node %s: %s was truncated at the output limit (%d bytes produced); raise --output-limit (1GiB, unlimited) to get it all", r.Node, s.name, s.n))
+				lines = append(lines, fmt.Sprintf("node %s: %s was truncated at the output limit in force, %s (%d bytes produced); raise --output-limit (1GiB, unlimited) to get it all", r.Node, s.name, inForce, s.n))
 			}
 		}
 		truncated = truncated || r.OutputTruncated()

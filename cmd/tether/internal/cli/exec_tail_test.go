@@ -29,6 +29,14 @@ func TestExecFailedStderrPastLimit(t *testing.T) {
 	if !strings.Contains(block, "cut at the output limit") {
 		t.Errorf("the Command failed block does not say stderr was cut:\n%s", block)
 	}
+	// The block starts on its own line though the cut output did not end
+	// in one, and the note names the limit in force (F7 of fresh2).
+	if r.stderr[i-1] != '\n' {
+		t.Errorf("the Command failed block is glued to the output's last line:\n%s", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "stderr was truncated at the output limit in force, 100 bytes (5022 bytes produced)") {
+		t.Errorf("the truncation note does not name the limit:\n%s", r.stderr)
+	}
 	if !strings.HasPrefix(r.stderr, "FIRST-BYTES") {
 		t.Errorf("stderr's first bytes should reach the terminal once, streamed:\n%s", r.stderr)
 	}

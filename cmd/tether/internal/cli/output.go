@@ -86,7 +86,10 @@ type execOutput struct {
 	// chunk boundary cut, per node and stream, until the next chunk.
 	partial      map[[2]string][]byte
 	partialOrder [][2]string // first-seen order, for Flush
-	err          error
+	// midLine are the streams whose last byte written (unprefixed mode)
+	// was not a newline.
+	midLine map[string]bool
+	err     error
 }
 
 func newExecOutput(stdout, stderr io.Writer, prefix, asJSON bool) *execOutput {
@@ -173,7 +176,23 @@ func (o *execOutput) handle(node, stream string, data []byte) {
 		}
 		_, o.err = p.Write(data)
 	default:
+		if len(data) > 0 {
+			if o.midLine == nil {
+				o.midLine = map[string]bool{}
+			}
+			o.midLine[stream] = data[len(data)-1] != '\n'
+		}
 		_, o.err = o.writer(stream).Write(data)
+	}
+}
+
+// EndLine ends stream's line with a newline when its output (unprefixed
+// mode) stopped mid-line, so that what follows starts on a line of its
+// own.
+func (o *execOutput) EndLine(stream string) {
+	if o.err == nil && o.midLine[stream] {
+		_, o.err = io.WriteString(o.writer(stream), "\n")
+		o.midLine[stream] = false
 	}
 }
 
