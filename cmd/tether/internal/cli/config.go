@@ -671,8 +671,10 @@ func (cf *configFile) annotate(err error) error {
 				continue // its own error says what is wrong with it
 			}
 			if v, ok := cf.value(m[1]); ok {
-				// "--flag VALUE PROBLEM" in the file's terms: "key KEY: VALUE PROBLEM".
-				if rest, ok := strings.CutPrefix(line, m[0]); ok && (rest == "" || rest[0] == ' ' || rest[0] == ':') {
+				// "--flag VALUE PROBLEM" or "--flag: PROBLEM" in the file's
+				// terms: "key KEY: VALUE PROBLEM". A sentence about the flag
+				// ("--tls-cert and --tls-key go together") stays as it is.
+				if rest, ok := strings.CutPrefix(line, m[0]); ok && flagValueFollows(rest) {
 					line = "key " + v.key + ": " + strings.TrimLeft(strings.TrimPrefix(rest, ":"), " ")
 				}
 				line = fmt.Sprintf("%s:%d: %s", cf.path, v.line, line)
@@ -690,6 +692,20 @@ func (cf *configFile) annotate(err error) error {
 		}
 	}
 	return errors.Join(out...)
+}
+
+// flagValueFollows reports whether rest, what follows "--flag" in an
+// option error, is ": PROBLEM" or " VALUE ..." with a value that starts
+// with no letter (-3, -5s, "x"), rather than a sentence.
+func flagValueFollows(rest string) bool {
+	switch {
+	case strings.HasPrefix(rest, ":"):
+		return true
+	case strings.HasPrefix(rest, " ") && len(rest) > 1:
+		c := rest[1]
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z')
+	}
+	return false
 }
 
 // configSource is the config file a running daemon was started with, and

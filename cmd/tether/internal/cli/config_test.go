@@ -148,6 +148,8 @@ func TestConfigStrictErrors(t *testing.T) {
 		{"type and range errors at once", "coordinator", "role: coordinator\nheartbeat: true\nmax-handshakes-per-source: -3\nadmit-rate: x\nlables: 1\n",
 			[]string{":2: key heartbeat: want a duration", ":3: key max-handshakes-per-source: -3 is negative: want 0 or more (0: the default, 8)",
 				":4: key admit-rate: want a number", ":5: key lables: unknown key", "--policy FILE is required"}},
+		{"a sentence about two keys keeps the flags' names", "coordinator", "policy: /p.yaml\ntls-cert: /c.pem\n",
+			[]string{":2: --tls-cert and --tls-key go together"}},
 		{"negative duration names the key and what is allowed", "coordinator", "policy: /p.yaml\nexec-timeout: -5s\n",
 			[]string{":2: key exec-timeout: -5s is negative: want 0 (no timeout) or more"}},
 	}
