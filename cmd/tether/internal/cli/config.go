@@ -516,7 +516,14 @@ func (p *configParser) value(cv *configValue, f *pflag.Flag, v *yaml.Node) bool 
 	// Set checks what the tags cannot (an int's range, a custom type),
 	// on a scratch copy so that a bad value leaves nothing behind.
 	if err := scratchSet(f, v.Value); err != nil {
-		p.errf(v, cv.key, "want %s: %v", typeName(typ), err)
+		// A duration flag's own error says what it wants, or what is
+		// wrong with a value of the right kind (an overflow): no second
+		// "want" before it.
+		if typ == "duration" {
+			p.errf(v, cv.key, "%v", err)
+		} else {
+			p.errf(v, cv.key, "want %s: %v", typeName(typ), err)
+		}
 		return false
 	}
 	cv.scalar = v.Value
