@@ -60,7 +60,9 @@ type Store struct {
 // Create calls create with a replica count and returns the count that
 // succeeded. st.Replicas > 0 forces that count; 0 tries Max, then each
 // smaller count down to 1, moving on only while create's error says the
-// servers cannot place that many replicas (TooFewPeers). Each call gets a
+// servers cannot place that many replicas (TooFewPeers), and only when
+// st.Exists does not find the store with at least that many already (made
+// meanwhile by another creator: it is kept, and its count returned). Each call gets a
 // context bounded by ctx and by a few seconds (1, then 2, then 4: see
 // attemptTimeout); a call that ran out of them is followed by a look at
 // the store (st.Exists, if set: one that exists with the count asked for
@@ -93,6 +95,18 @@ func Create(ctx context.Context, st Store, create func(ctx context.Context, repl
 		}
 		if !TooFewPeers(err) || r == tries[len(tries)-1] {
 			return 0, fmt.Errorf("replicas %d: %w", r, err)
+		}
+		// Before asking for fewer: another coordinator creating the store
+		// at once may have placed r replicas while this one's request was
+		// refused (a peer not yet current on a fresh cluster); a create
+		// or update with fewer would scale that store down.
+		if st.Exists != nil {
+			lctx, cancel := context.WithTimeout(ctx, existsTimeout)
+			have, ok, lerr := st.Exists(lctx)
+			cancel()
+			if lerr == nil && ok && have >= r {
+				return have, nil
+			}
 		}
 	}
 	return 0, errors.New("replicas: no count to try") // not reached: tries is never empty
