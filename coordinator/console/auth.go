@@ -42,6 +42,11 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 		switch {
 		case errors.Is(err, errClearText):
 			n.reason = reasonClearText
+			if tok, ok := bearer(r); ok {
+				n.detail = h.clearTextDetail(r, tok, "bearer")
+			} else if ck, cerr := r.Cookie(cookieName); cerr == nil {
+				n.detail = h.clearTextDetail(r, ck.Value, "cookie")
+			}
 			h.render(sw, http.StatusForbidden, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
 		case err != nil:
 			n.reason = "unauthenticated"
@@ -271,6 +276,7 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 	}
 	if !privateChannel(r) {
 		n.reason = reasonClearText
+		n.detail = h.clearTextDetail(r, tok, "login")
 		h.render(w, http.StatusForbidden, "login", loginView{Error: "token login refused: the connection is neither TLS nor loopback, so the token would cross the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel", Next: next, TokensOn: true})
 		return true
 	}

@@ -932,3 +932,36 @@ func TestBadCookieNoLoopbackFallback(t *testing.T) {
 		t.Errorf("forged cookie on loopback: %d, want 401 without the loopback user:\n%s", rec.Code, rec.Body.String())
 	}
 }
+
+// The audit event of a clear-text refusal names where the credential came
+// from and whose it was (token name, never the token), so the operator
+// knows which token to replace; an unknown token is said to be unknown.
+func TestClearTextAuditNamesSourceAndCredential(t *testing.T) {
+	e := newEnv(t)
+	check := func(what string, wants ...string) {
+		t.Helper()
+		got := e.audit.take()
+		if len(got) != 1 || got[0].Reason != reasonClearText {
+			t.Fatalf("%s: events %+v, want one clear_text refusal", what, got)
+		}
+		for _, w := range append(wants, remoteAddr) {
+			if !strings.Contains(got[0].Error, w) {
+				t.Errorf("%s: event error %q does not name %q", what, got[0].Error, w)
+			}
+		}
+		if strings.Contains(got[0].Error, "-token-0123456789") {
+			t.Errorf("%s: event error %q holds the token", what, got[0].Error)
+		}
+	}
+	e.getFrom(t, "/console/nodes", "admin-token-0123456789", remoteAddr, false)
+	check("bearer", "token:admin")
+	e.getFrom(t, "/console/login?token=alice-token-0123456789", "", remoteAddr, false)
+	check("login", "token:alice")
+	e.getFrom(t, "/console/nodes", "wrong-token-0123456789", remoteAddr, false)
+	check("unknown bearer", "not a console token")
+	req := localRequest("GET", "/console/nodes", nil)
+	req.RemoteAddr = remoteAddr
+	req.AddCookie(&http.Cookie{Name: cookieName, Value: e.h.sealSession("alice")})
+	e.h.ServeHTTP(httptest.NewRecorder(), req)
+	check("cookie", "token:alice", "session cookie")
+}
