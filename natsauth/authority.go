@@ -592,3 +592,22 @@ func looksLikeUserKey(s string) bool {
 	}
 	return true
 }
+
+// ErrOtherLayout: coordinator credentials belong to another NATS layout
+// than the one the coordinator verifies its callers with.
+var ErrOtherLayout = errors.New("natsauth: the coordinator credentials are of another NATS layout")
+
+// CheckCoordinatorCreds checks that c is a user of this layout's TETHER
+// account, so that the server c connects to trusts this layout's accounts
+// and the callers it vouches for are in this layout's CLIENTS account. The
+// error wraps ErrOtherLayout and names both accounts and the layout's
+// directory. A coordinator whose credentials were minted from another
+// layout would join the fleet's queue group and refuse, as not a client,
+// every request from a client of the other layout that it is handed.
+func (l *Layout) CheckCoordinatorCreds(c *Creds) error {
+	if got, want := c.Account(), l.keys[AccountTether]; got != want {
+		return fmt.Errorf("%w: user %s (%q) is in account %s, but the layout in %s has %s account %s (and %s account %s): every coordinator of a fleet must share one layout",
+			ErrOtherLayout, c.PublicKey(), c.Name(), got, l.dir, AccountTether, want, AccountClients, l.keys[AccountClients])
+	}
+	return nil
+}

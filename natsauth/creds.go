@@ -177,3 +177,14 @@ func (c *Creds) Options() []nats.Option {
 		nats.CustomInboxPrefix(c.InboxPrefix()),
 	}
 }
+
+// Account is the public key ("A...") of the account the user belongs to:
+// the JWT's issuer account when a signing key issued it, else its issuer
+// (the account key itself). The claims are not verified here: the NATS
+// server checks them at connect.
+func (c *Creds) Account() string {
+	if c.claims.IssuerAccount != "" {
+		return c.claims.IssuerAccount
+	}
+	return c.claims.Issuer
+}

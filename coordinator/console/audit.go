@@ -30,6 +30,7 @@ type Auditor interface {
 // note is what a page learnt for its audit event.
 type note struct {
 	reason string // a refusal's reason (policy.Reason names, or "unauthenticated")
+	detail string // the event's Error: what a refusal was about (never a secret)
 	job    string
 	nodes  []string
 	skip   bool // a continuation of a recorded read
@@ -100,5 +101,36 @@ func (h *Handler) record(r *http.Request, op, page string, c caller, n *note, st
 	if status >= 400 {
 		ev.Status = status
 	}
+	if d := n.detail; d != "" {
+		if len(d) > protocol.MaxAuditErrorLen {
+			d = d[:protocol.MaxAuditErrorLen]
+		}
+		ev.Error = d
+	}
 	h.cfg.Auditor.Record(ev)
+}
+
+// clearTextDetail describes, for the audit, a credential refused because it
+// came over plain HTTP from another host: which credential (the token's
+// name when it is a console token, never the token) and the peer address,
+// so the operator knows which token to replace and which host sent it.
+// how is "bearer", "login" (a token given to the login exchange) or
+// "cookie" (tok is then the cookie's value).
+func (h *Handler) clearTextDetail(r *http.Request, tok, how string) string {
+	var what string
+	switch {
+	case how != "cookie":
+		what = "a " + how + " token that is not a console token"
+		if h.cfg.Tokens != nil {
+			if name, ok := h.cfg.Tokens(tok); ok {
+				what = "the console token " + policy.Identity{Kind: policy.KindToken, Name: name}.String() + " (" + how + ")"
+			}
+		}
+	default:
+		what = "a session cookie that is not valid here"
+		if name, ok := h.openSession(tok); ok {
+			what = "a session cookie of " + policy.Identity{Kind: policy.KindToken, Name: name}.String()
+		}
+	}
+	return what + " arrived from " + r.RemoteAddr + " over plain HTTP (neither TLS nor loopback): replace that token if others could see that network"
 }

@@ -11,6 +11,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/tetherfleet/tether/policy"
 )
@@ -41,6 +42,11 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 		switch {
 		case errors.Is(err, errClearText):
 			n.reason = reasonClearText
+			if tok, ok := bearer(r); ok {
+				n.detail = h.clearTextDetail(r, tok, "bearer")
+			} else if ck, cerr := r.Cookie(cookieName); cerr == nil {
+				n.detail = h.clearTextDetail(r, ck.Value, "cookie")
+			}
 			h.render(sw, http.StatusForbidden, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
 		case err != nil:
 			n.reason = "unauthenticated"
@@ -60,6 +66,11 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 // never falling back to a weaker identity.
 var errBadToken = errors.New("the bearer token is not a console token")
 
+// errBadSession: a session cookie that is forged, expired, of an earlier
+// process or ended by logout. Answered 401, never falling back to the
+// loopback user, as a bad bearer token is.
+var errBadSession = errors.New("the session cookie is not valid here (forged, expired, ended by logout, or from before a restart): sign in again, or open /console/logout to drop it")
+
 // errClearText: a credential (bearer token or session cookie) came over a
 // connection that is neither TLS nor loopback. Answered 403 before the
 // credential is even checked, as the login exchange is: whoever saw it on
@@ -75,7 +86,7 @@ const reasonClearText = "clear_text"
 // token is errBadToken; a bearer token or session cookie over a channel
 // that is neither TLS nor loopback is errClearText (checked first, so a
 // bad token over clear text says clear text); a bad or expired cookie is
-// ignored.
+// errBadSession.
 func (h *Handler) identify(r *http.Request) (caller, error) {
 	tok, hasBearer := bearer(r)
 	ck, ckErr := r.Cookie(cookieName)
@@ -91,9 +102,11 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		return caller{}, errBadToken
 	}
 	if ckErr == nil {
-		if name, ok := h.openSession(ck.Value); ok {
-			return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
+		name, ok := h.openSession(ck.Value)
+		if !ok {
+			return caller{}, errBadSession
 		}
+		return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
 	}
 	if h.cfg.Local != nil {
 		if id, ok := h.cfg.Local(r); ok {
@@ -125,7 +138,9 @@ func (h *Handler) sealSession(name string) string {
 }
 
 func (h *Handler) mac(body string) []byte {
+	h.keyMu.RLock()
 	m := hmac.New(sha256.New, h.key)
+	h.keyMu.RUnlock()
 	m.Write([]byte(body))
 	return m.Sum(nil)
 }
@@ -147,10 +162,69 @@ func (h *Handler) openSession(v string) (string, bool) {
 		return "", false
 	}
 	exp, err := strconv.ParseInt(body[j+1:], 10, 64)
-	if err != nil || h.cfg.now().Unix() >= exp {
+	if err != nil || h.cfg.now().Unix() >= exp || h.ended.has(sig, h.cfg.now().Unix()) {
 		return "", false
 	}
 	return body[:j], true
+}
+
+// maxRevocations bounds the sessions ended by logout that are remembered
+// at once (a few dozen bytes each). When it is reached with none expired,
+// the MAC key is replaced: every session ends, as on a restart.
+const maxRevocations = 1 << 16
+
+// revocations are the MACs of sessions ended by logout, each with its
+// cookie's expiry (Unix seconds), after which openSession refuses the
+// cookie anyway and the entry is dropped.
+type revocations struct {
+	mu  sync.Mutex
+	exp map[string]int64
+}
+
+func (rv *revocations) has(mac string, now int64) bool {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	exp, ok := rv.exp[mac]
+	return ok && now < exp
+}
+
+// add records mac until exp; it reports false when the set is full of
+// unexpired entries (the caller then replaces the key).
+func (rv *revocations) add(mac string, exp, now int64) bool {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if rv.exp == nil {
+		rv.exp = make(map[string]int64)
+	}
+	if len(rv.exp) >= maxRevocations {
+		for k, e := range rv.exp {
+			if now >= e {
+				delete(rv.exp, k)
+			}
+		}
+		if len(rv.exp) >= maxRevocations {
+			clear(rv.exp)
+			return false
+		}
+	}
+	rv.exp[mac] = exp
+	return true
+}
+
+// endSession revokes the session of cookie value v, if it is a valid one.
+func (h *Handler) endSession(v string) {
+	if _, ok := h.openSession(v); !ok {
+		return
+	}
+	i := strings.LastIndexByte(v, '.')
+	body, sig := v[:i], v[i+1:]
+	exp, _ := strconv.ParseInt(body[strings.LastIndexByte(body, '.')+1:], 10, 64)
+	if !h.ended.add(sig, exp, h.cfg.now().Unix()) {
+		h.keyMu.Lock()
+		h.key = newKey()
+		h.keyMu.Unlock()
+		h.log.Warn("console: more sessions ended by logout than can be remembered; replaced the session key, which ends every session", "max", maxRevocations)
+	}
 }
 
 // loginView is the login page's data.
@@ -202,6 +276,7 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 	}
 	if !privateChannel(r) {
 		n.reason = reasonClearText
+		n.detail = h.clearTextDetail(r, tok, "login")
 		h.render(w, http.StatusForbidden, "login", loginView{Error: "token login refused: the connection is neither TLS nor loopback, so the token would cross the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel", Next: next, TokensOn: true})
 		return true
 	}
@@ -225,8 +300,12 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 	return true
 }
 
-// logout clears the session cookie.
+// logout ends the session: its cookie is refused from now on, also a copy
+// of it elsewhere, and the browser is told to drop it.
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(cookieName); err == nil {
+		h.endSession(ck.Value)
+	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 }

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator/jobstore"
@@ -96,7 +97,9 @@ const DefaultSessionTTL = 8 * time.Hour
 type Handler struct {
 	cfg   Config
 	log   *slog.Logger
-	key   []byte // the session cookies' MAC key, random per process
+	key   []byte       // the session cookies' MAC key, random per process
+	keyMu sync.RWMutex // guards key, replaced when ended overflows
+	ended revocations  // sessions ended by logout, until their expiry
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 }
@@ -118,14 +121,11 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, key: make([]byte, 32)}
+	h := &Handler{cfg: cfg, log: cfg.Logger, key: newKey()}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.log = h.log.With("component", "console")
-	if _, err := rand.Read(h.key); err != nil {
-		return nil, fmt.Errorf("console: session key: %w", err)
-	}
 	var err error
 	if h.pages, err = parsePages(); err != nil {
 		return nil, err
@@ -177,4 +177,11 @@ func parsePages() (map[string]*template.Template, error) {
 		out[n] = t
 	}
 	return out, nil
+}
+
+// newKey returns a random session MAC key (crypto/rand never fails).
+func newKey() []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
 }

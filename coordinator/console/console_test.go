@@ -886,3 +886,82 @@ func TestNoNodeJobsAreTheSubmittersOnly(t *testing.T) {
 		}
 	}
 }
+
+// Logout ends the session on the server: a copy of the cookie taken before
+// it is refused afterwards, not only dropped by the browser that logged out.
+func TestLogoutRevokesSession(t *testing.T) {
+	e := newEnv(t)
+	v := e.h.sealSession("alice")
+	with := func(path string) *httptest.ResponseRecorder {
+		req := localRequest("GET", path, nil)
+		req.AddCookie(&http.Cookie{Name: cookieName, Value: v})
+		rec := httptest.NewRecorder()
+		e.h.ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := with("/console/jobs"); rec.Code != 200 {
+		t.Fatalf("before logout: %d, want 200", rec.Code)
+	}
+	if rec := with("/console/logout"); rec.Code != http.StatusSeeOther {
+		t.Fatalf("logout: %d, want 303", rec.Code)
+	}
+	if rec := with("/console/jobs"); rec.Code != http.StatusUnauthorized {
+		t.Errorf("the copied cookie after logout: %d, want 401", rec.Code)
+	}
+	// Other sessions of the same token live on.
+	e.nowMu.Lock()
+	e.now = e.now.Add(time.Second)
+	e.nowMu.Unlock()
+	v = e.h.sealSession("alice")
+	if rec := with("/console/jobs"); rec.Code != 200 {
+		t.Errorf("a later session of the same token: %d, want 200", rec.Code)
+	}
+}
+
+// A forged or stale session cookie is refused (401), as a wrong bearer
+// token is, not ignored in favour of the loopback local user.
+func TestBadCookieNoLoopbackFallback(t *testing.T) {
+	e := newEnv(t)
+	e.local = &policy.Identity{Kind: policy.KindToken, Name: "lister"}
+	parts := strings.Split(e.h.sealSession("alice"), ".")
+	req := localRequest("GET", "/console/nodes", nil)
+	req.AddCookie(&http.Cookie{Name: cookieName, Value: "admin." + parts[1] + "." + parts[2]})
+	rec := httptest.NewRecorder()
+	e.h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "token:lister") {
+		t.Errorf("forged cookie on loopback: %d, want 401 without the loopback user:\n%s", rec.Code, rec.Body.String())
+	}
+}
+
+// The audit event of a clear-text refusal names where the credential came
+// from and whose it was (token name, never the token), so the operator
+// knows which token to replace; an unknown token is said to be unknown.
+func TestClearTextAuditNamesSourceAndCredential(t *testing.T) {
+	e := newEnv(t)
+	check := func(what string, wants ...string) {
+		t.Helper()
+		got := e.audit.take()
+		if len(got) != 1 || got[0].Reason != reasonClearText {
+			t.Fatalf("%s: events %+v, want one clear_text refusal", what, got)
+		}
+		for _, w := range append(wants, remoteAddr) {
+			if !strings.Contains(got[0].Error, w) {
+				t.Errorf("%s: event error %q does not name %q", what, got[0].Error, w)
+			}
+		}
+		if strings.Contains(got[0].Error, "-token-0123456789") {
+			t.Errorf("%s: event error %q holds the token", what, got[0].Error)
+		}
+	}
+	e.getFrom(t, "/console/nodes", "admin-token-0123456789", remoteAddr, false)
+	check("bearer", "token:admin")
+	e.getFrom(t, "/console/login?token=alice-token-0123456789", "", remoteAddr, false)
+	check("login", "token:alice")
+	e.getFrom(t, "/console/nodes", "wrong-token-0123456789", remoteAddr, false)
+	check("unknown bearer", "not a console token")
+	req := localRequest("GET", "/console/nodes", nil)
+	req.RemoteAddr = remoteAddr
+	req.AddCookie(&http.Cookie{Name: cookieName, Value: e.h.sealSession("alice")})
+	e.h.ServeHTTP(httptest.NewRecorder(), req)
+	check("cookie", "token:alice", "session cookie")
+}

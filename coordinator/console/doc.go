@@ -52,7 +52,9 @@
 //     SameSite=Strict, Path=/console/, lasting Config.SessionTTL. Its value
 //     is the token's name and expiry, MACed (HMAC-SHA256) with the
 //     process's random key: it never holds the token, a restart ends every
-//     session, and a forged or expired cookie is ignored. The exchange is
+//     session, /console/logout ends one on the server (its MAC is refused
+//     until the cookie's expiry), and a forged, expired or ended cookie is
+//     401 (errBadSession), never the loopback user. The exchange is
 //     refused unless the connection is TLS or loopback (a token must not
 //     cross a network in clear text), and a POST whose Origin is another
 //     site's is refused. The pages themselves are GETs that change

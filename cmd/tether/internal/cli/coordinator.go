@@ -655,6 +655,15 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: %w", credsFileError(err, "--nats-creds"))
 		}
+		if o.NATSOperatorJWT == "" {
+			// Callers are verified against this layout: credentials of
+			// another one would let this coordinator join the fleet's queue
+			// group and refuse the other layout's clients as unidentified.
+			if err := cs.layout.CheckCoordinatorCreds(creds); err != nil {
+				return nil, fmt.Errorf("coordinator: --nats-creds %s: %w; copy DATA-DIR/nats-auth from the coordinator whose layout the NATS server has (`tether nats server-config`) to %s, then mint this coordinator's credentials from it (`tether nats coordinator-creds %s --data-dir DATA-DIR`)",
+					o.NATSCreds, err, cs.layout.Dir(), id)
+			}
+		}
 		natsOpts = append(natsOpts, nats.UserJWTAndSeed(creds.JWT, string(creds.Seed)))
 		if o.NATSOperatorJWT != "" {
 			if verifier, err = externalVerifier(o.NATSOperatorJWT, o.NATSClientsJWT); err != nil {

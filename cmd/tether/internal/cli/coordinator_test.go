@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +72,7 @@ func TestCoordinatorStartFailuresAreClean(t *testing.T) {
 		defer func() { cancel(); <-done }()
 		// Wait until the first one serves the API.
 		checkReady(t, first)
-		o := testCoordinatorOptions(t, t.TempDir())
+		o := testCoordinatorOptions(t, sharedLayoutDir(t, dir))
 		o.NATSURL = first.info.NATSURL
 		o.NATSCreds = natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, first.layout, "second"))
 		_, err := startCoordinator(o, "tok", log, prometheus.NewRegistry())
@@ -78,7 +80,7 @@ func TestCoordinatorStartFailuresAreClean(t *testing.T) {
 			t.Fatalf("err = %v, want a refusal naming the id in use", err)
 		}
 		// With its own id it starts and shares the fleet.
-		o = testCoordinatorOptions(t, t.TempDir())
+		o = testCoordinatorOptions(t, sharedLayoutDir(t, dir))
 		o.NATSURL = first.info.NATSURL
 		o.NATSCreds = natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, first.layout, "second"))
 		o.ID = "second"
@@ -88,6 +90,32 @@ func TestCoordinatorStartFailuresAreClean(t *testing.T) {
 		}
 		second.close()
 	})
+}
+
+// sharedLayoutDir returns a new data directory holding a copy of the NATS
+// layout in the data directory from, as a fleet's further coordinators
+// get it (README: "Several coordinators").
+func sharedLayoutDir(t *testing.T, from string) string {
+	t.Helper()
+	to := t.TempDir()
+	src, dst := natsAuthDir(from), natsAuthDir(to)
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		t.Fatalf("copy the NATS layout %s to %s: %v", src, dst, err)
+	}
+	// Keep the owner-only modes the layout insists on (os.CopyFS does not).
+	err := filepath.WalkDir(dst, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Chmod(p, 0o700)
+		}
+		return os.Chmod(p, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return to
 }
 
 func checkReady(t *testing.T, cs *coordinatorServer) {

@@ -555,6 +555,28 @@ func announceDev(ctx context.Context, w io.Writer, o *devOptions, info coordinat
 	fmt.Fprint(w, devBanner(o, info, creds.InboxPrefix(), nodeID, sshNote))
 }
 
+// devConsoleLine is the banner's console line for the admin listener at
+// addr (host:port). Dev has no console tokens, so the console knows only
+// loopback callers: a listener on a loopback or unspecified address is
+// reached through loopback; one on another address cannot be from a
+// browser on this machine either (its connection's source is that
+// address), so the line says how to get a loopback view of it.
+func devConsoleLine(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr + "/console/"
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case ip != nil && ip.IsLoopback():
+		return "http://" + addr + "/console/ (a browser on this machine)"
+	case host == "" || ip != nil && ip.IsUnspecified():
+		return "http://" + net.JoinHostPort("127.0.0.1", port) + "/console/ (a browser on this machine; the console admits loopback callers only)"
+	}
+	return "http://" + addr + "/console/ admits loopback callers only and dev has no console tokens, so no browser gets in there, not even on this machine; " +
+		"listen on loopback (--http-addr 127.0.0.1:" + port + ") and open it from afar through ssh -L " + port + ":127.0.0.1:" + port + " THIS-HOST"
+}
+
 // devBanner is what `tether dev` prints once it is ready.
 func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote string) string {
 	var b strings.Builder
@@ -571,7 +593,7 @@ func devBanner(o *devOptions, info coordinatorInfo, inboxPrefix, nodeID, sshNote
 	fmt.Fprintf(&b, "  NATS URL:    %s\n", info.NATSURL)
 	fmt.Fprintf(&b, "  tunnel:      %s (CA %s)\n", info.TunnelAddr, info.CAFile)
 	fmt.Fprintf(&b, "  admin:       http://%s/metrics\n", info.AdminAddr)
-	fmt.Fprintf(&b, "  console:     http://%s/console/ (a browser on this machine)\n", info.AdminAddr)
+	fmt.Fprintf(&b, "  console:     %s\n", devConsoleLine(info.AdminAddr))
 	if info.OpenShellAddr != "" {
 		fmt.Fprintf(&b, "  openshell:   %s (gRPC facade; point OPENSHELL_GATEWAY_ENDPOINT here)\n", info.OpenShellAddr)
 	}

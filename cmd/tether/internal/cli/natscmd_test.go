@@ -135,6 +135,42 @@ func TestExternalNATSWithServerConfig(t *testing.T) {
 	}
 }
 
+// A second coordinator whose data directory holds another NATS layout than
+// the server's refuses to start, naming both layouts and the fix, even with
+// credentials the server accepts (minted from the server's layout): it
+// would otherwise join the queue group and refuse the fleet's clients.
+func TestCoordinatorRefusesOtherLayout(t *testing.T) {
+	first := t.TempDir()
+	r := runCLI(testCtx(t), nil, "", "nats", "server-config", "--data-dir", first)
+	if r.code != 0 {
+		t.Fatalf("server-config: exit %d, stderr %q", r.code, r.stderr)
+	}
+	conf := "listen: 127.0.0.1:-1\njetstream { store_dir: " + strconv.Quote(filepath.Join(t.TempDir(), "js")) + " }\n" + r.stdout
+	path := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := runConfiguredServer(t, path)
+	coordCreds := filepath.Join(t.TempDir(), "c2.creds")
+	if r := runCLI(testCtx(t), nil, "", "nats", "coordinator-creds", "c2", "--data-dir", first, "-o", coordCreds); r.code != 0 {
+		t.Fatalf("coordinator-creds: exit %d, stderr %q", r.code, r.stderr)
+	}
+	second := t.TempDir() // a fresh data directory: a new layout
+	o := testCoordinatorOptions(t, second)
+	o.ID = "c2"
+	o.NATSURL, o.NATSCreds = ns.ClientURL(), coordCreds
+	cs, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err == nil {
+		cs.close()
+		t.Fatal("a coordinator with another layout than its credentials' started")
+	}
+	for _, want := range []string{natsAuthDir(second), coordCreds, "share one layout", "copy DATA-DIR/nats-auth"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+}
+
 func runConfiguredServer(t *testing.T, path string) *server.Server {
 	t.Helper()
 	opts, err := server.ProcessConfigFile(path)
@@ -167,10 +203,14 @@ func TestCoordinatorRefusesAnonymousNATS(t *testing.T) {
 	open := startNATSServer(t, &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
 		JetStream: true, StoreDir: t.TempDir()})
 	dir := t.TempDir()
-	creds := natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, natsauthtest.NewLayout(t), "c1"))
+	layout, err := natsauth.Load(natsAuthDir(dir), natsauth.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := natsauthtest.CredsFile(t, natsauthtest.CoordinatorCreds(t, layout, "c1"))
 	o := testCoordinatorOptions(t, dir)
 	o.NATSURL, o.NATSCreds = open.ClientURL(), creds
-	_, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	_, err = startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err == nil || !strings.Contains(err.Error(), "lets anonymous clients publish to tether.v1.>") || !strings.Contains(err.Error(), "--insecure-nats") {
 		t.Fatalf("coordinator on an open server: %v, want refused", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/tetherfleet/tether/natsauth"
-	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 )
 
 // fakeNATS is a NATS server speaking just enough of the protocol for a
@@ -107,12 +106,17 @@ func TestCoordinatorRefusesOldNATS(t *testing.T) {
 		}
 	}
 	url := fakeNATS(t, "2.9.10")
-	l := natsauthtest.NewLayout(t)
+	dir := t.TempDir()
+	// The coordinator's own layout mints its credentials (another layout's
+	// are refused before the server's version is looked at).
+	l, err := natsauth.Load(natsAuthDir(filepath.Join(dir, "data")), natsauth.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	creds, err := l.MintCoordinator("coordinator-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	credsFile := filepath.Join(dir, "coordinator.creds")
 	if err := natsauth.WriteCreds(credsFile, creds); err != nil {
 		t.Fatal(err)
