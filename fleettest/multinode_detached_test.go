@@ -19,9 +19,6 @@ func TestDetachedFanOutEnds(t *testing.T) { testDetachedFanOutEnds(t, 1) }
 // TestMultiCoordinatorDetachedFanOutEnds is TestDetachedFanOutEnds with
 // the nodes on two coordinators.
 func TestMultiCoordinatorDetachedFanOutEnds(t *testing.T) {
-	t.Skip("known gap: the fan-out's run on a node another coordinator holds (runRemote) starts the " +
-		"detached job there under a run id of its own, with a record of its own, so the node's " +
-		"result never reaches the fan-out's record (it stays running)")
 	testDetachedFanOutEnds(t, 2)
 }
 
