@@ -106,7 +106,9 @@ func (j *job) storeCtx() (context.Context, context.CancelFunc) {
 // j cancelled (errNotAccepted). Without a store j is accepted at once.
 func (j *job) startAccept() {
 	s := j.c.cfg.Jobs
-	if s == nil {
+	if s == nil || j.fanoutPart {
+		// A part of another coordinator's fan-out: that coordinator
+		// recorded the job before it forwarded the part here.
 		j.accept = func() bool { return true }
 		return
 	}

@@ -150,7 +150,24 @@ const (
 // headerFanoutRun marks a forwarded exec as one node's run of a fan-out
 // the forwarder runs (its value is the fan-out's job id): the caller's
 // job was counted there (policy's max_concurrent_jobs), not again here.
+// A detached fan-out's run carries the fan-out's id as its own (runRemote):
+// it is part of the forwarder's job, whose record the forwarder writes
+// (fanoutPartOf).
 const headerFanoutRun = "Tether-Fanout-Run"
+
+// fanoutPartOf reports whether req, an exec request for job id, is one
+// node's run of a detached fan-out another coordinator runs and records
+// under the same id (runRemote): then this coordinator writes no record
+// of its own for it, and the node's exit report, landing here, settles
+// the node's result into the fan-out's record (settleJobReport). Only a
+// request that came over a node subject counts: clients may not publish
+// there (natsauth.ClientPublishDeny), so a client cannot mark its own
+// request as such a part to run a job unrecorded.
+func fanoutPartOf(req micro.Request, id string, detached bool) bool {
+	return detached && id != "" && isForwarded(req) &&
+		strings.HasPrefix(req.Subject(), NodeSubjectPrefix) &&
+		req.Headers().Get(headerFanoutRun) == id
+}
 
 // forwardAckTimeout bounds the wait for the owner's acknowledgement;
 // runAckTimeout that of a job's runner (a cancel for a job nobody runs
@@ -1020,7 +1037,9 @@ func (c *Coordinator) abortRun(id string) {
 	c.mu.Lock()
 	j := c.jobs[id]
 	c.mu.Unlock()
-	if j != nil {
+	// Only a forwarded run: a detached fan-out's remote run has the
+	// fan-out's id, and the fan-out's coordinator hears its own abort.
+	if j != nil && j.header.Get(headerFanoutRun) != "" {
 		j.cancel(errRunAborted)
 	}
 }

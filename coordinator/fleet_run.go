@@ -16,7 +16,10 @@ import (
 
 // runRemote runs the job on node id, which coordinator owner holds: it
 // forwards a single-node exec of the job's request (its own run id, the
-// caller's headers) to the node's subject with an inbox of this
+// caller's headers; a detached job's run has the job's own id, so that
+// the node's job is the fan-out's: its exit report and job.status by id
+// reach the fan-out's record, which the owner then does not write a
+// record of its own for, see fanoutPartOf) to the node's subject with an inbox of this
 // coordinator as the reply subject, republishes the run's output chunks in
 // the job's sequence and returns its node result. Cancelling the job
 // aborts the run on the owner (RunSubjectPrefix+<run>+".abort"), which
@@ -35,6 +38,9 @@ func (j *job) runRemote(id, owner string, tail *stderrTail) (res protocol.NodeRe
 		return fail("re-decode the exec request for node %s: %s", id, apiErr.Message)
 	}
 	runID := rand.Text()
+	if j.params.Detach {
+		runID = j.id
+	}
 	r.ID = runID
 	r.Target = protocol.Target{Node: id}
 	r.MaxParallel = 0

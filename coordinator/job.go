@@ -47,6 +47,10 @@ type job struct {
 	// (runRemote).
 	request []byte
 	header  nats.Header
+	// fanoutPart: this job is one node's run of a detached fan-out that
+	// another coordinator runs and records under the same id
+	// (fanoutPartOf); it writes no record of its own.
+	fanoutPart bool
 	// sub is the job's run subscription (fleet.go), nil without a fleet.
 	sub     *nats.Subscription
 	id      string

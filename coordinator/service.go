@@ -223,6 +223,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		idempotent:     r.Idempotent,
 		idempotencyKey: r.IdempotencyKey,
 	}
+	j.fanoutPart = fanoutPartOf(req, r.ID, r.Detach)
 	if r.Target.Node == "" {
 		j.target = r.Target.String()
 	}

@@ -12,16 +12,13 @@ import (
 
 // TestDetachedFanOutEnds: a detached job on both nodes of a fleet (real
 // agents, which report their jobs' exits) exits 0 on one node and 3 on
-// the other; its record ends failed with both results, and JobWait
-// returns it.
+// the other; its record ends failed with both results, JobWait returns
+// it, and each node answers job.status by the fan-out's id.
 func TestDetachedFanOutEnds(t *testing.T) { testDetachedFanOutEnds(t, 1) }
 
 // TestMultiCoordinatorDetachedFanOutEnds is TestDetachedFanOutEnds with
 // the nodes on two coordinators.
 func TestMultiCoordinatorDetachedFanOutEnds(t *testing.T) {
-	t.Skip("known gap: the fan-out's run on a node another coordinator holds (runRemote) starts the " +
-		"detached job there under a run id of its own, with a record of its own, so the node's " +
-		"result never reaches the fan-out's record (it stays running)")
 	testDetachedFanOutEnds(t, 2)
 }
 
@@ -46,5 +43,13 @@ func testDetachedFanOutEnds(t *testing.T, coordinators int) {
 	}
 	if rec.State != protocol.JobFailed || rec.ExitCode() != 1 || len(codes) != 2 || codes["node-0"]+codes["node-1"] != 3 || rec.Succeeded != 1 || rec.Failed != 1 {
 		t.Errorf("record %s exit %d, results %v (%d succeeded, %d failed); want failed 1, one node 0 and the other 3", rec.State, rec.ExitCode(), codes, rec.Succeeded, rec.Failed)
+	}
+	// Each node's job has the fan-out's id, whichever coordinator holds
+	// the node.
+	for _, node := range []string{"node-0", "node-1"} {
+		st, err := f.Client.JobStatus(ctx, node, "fan-det")
+		if err != nil || st.State != protocol.JobExited || st.ExitCode == nil || *st.ExitCode != codes[node] {
+			t.Errorf("job status of fan-det on %s: %+v, %v; want exited %d", node, st, err, codes[node])
+		}
 	}
 }

@@ -51,7 +51,10 @@
 // SettleNodes; nodes.go) and ends when every node has one. Those writes
 // are compare-and-set too, but merged: a writer that lost a race applies
 // its node's result to the record it reads again, so reports of several
-// nodes at once all land.
+// nodes at once all land. Every node runs the job under the job's own id,
+// also a node another coordinator holds (which writes no record of its
+// own for it): whichever coordinator a node's exit report reaches settles
+// it into this one record.
 //
 // # Idempotency
 //
