@@ -654,6 +654,22 @@ identities:
 	if e, _ := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobCancel, status); e != nil {
 		t.Fatalf("alice cancels her job: %v", e)
 	}
+	// Until the job has ended its shim is waited for by the agent (a
+	// goroutine goleak would find after the tests, as CI did).
+	checkFor(t, defaultTestTimeout, func() error {
+		e, m := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobStatus, status)
+		if e != nil {
+			return e
+		}
+		var st protocol.JobStatus
+		if err := json.Unmarshal(m.Data, &st); err != nil {
+			return err
+		}
+		if st.State == protocol.JobRunning {
+			return errors.New("alice's job still running after her cancel")
+		}
+		return nil
+	})
 }
 
 // TestPolicyAdminRateLimited: the admin endpoints take each request from
