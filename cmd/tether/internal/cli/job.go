@@ -170,6 +170,11 @@ func resolveNode(ctx context.Context, c *client.Client, o *jobOptions, id string
 
 func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
 	rec, err := resolveNode(ctx, c, o, id)
+	if rec != nil && len(rec.Nodes) != 1 {
+		// A job on several nodes: its record holds each node's result
+		// (a node: line each); --node asks one node instead.
+		return printJobRecord(e.stdout, rec, o.JSON)
+	}
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -39,5 +40,32 @@ func TestPrintJobRecordNodeResults(t *testing.T) {
 		t.Errorf("job wait of a failed fan-out: no error, want exit 1")
 	} else if ee, ok := err.(*exitError); !ok || ee.code != 1 {
 		t.Errorf("job wait of a failed fan-out: %v, want exit 1", err)
+	}
+}
+
+// tether job status ID of a detached job on several nodes prints its
+// record, a node: line each, without --node (fresh-user pass: it was a
+// usage error, "ran on 3 nodes; give --node", though exec's own hint
+// points at it).
+func TestJobStatusOfFanOutWithoutNode(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Agents: 2, Jobs: true})
+	url := f.NATS.ClientURL()
+	ctx := testCtx(t)
+	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--all", "--detach", "--", "sh", "-c", "exit 3")
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || id == "" || strings.Contains(id, "\n") {
+		t.Fatalf("exec --all --detach: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(ctx, nil, "", "job", "wait", "--nats-url", url, id); r.code != 1 {
+		t.Fatalf("job wait: exit %d (stderr %q), want 1 (a node failed)", r.code, r.stderr)
+	}
+	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, id)
+	if r.code != 0 {
+		t.Fatalf("job status: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, want := range []string{"node:      node-0 exit 3\n", "node:      node-1 exit 3\n"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("job status lacks %q:\n%s", want, r.stdout)
+		}
 	}
 }
