@@ -94,7 +94,7 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		return caller{}, errClearText
 	}
 	if hasBearer {
-		if h.cfg.Tokens != nil {
+		if h.cfg.Tokens != nil && tok != "" {
 			if name, ok := h.cfg.Tokens(tok); ok {
 				return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "token"}, nil
 			}
@@ -116,12 +116,23 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 	return caller{}, nil
 }
 
-// bearer returns the token of an Authorization: Bearer header.
+// bearer returns the token of an Authorization: Bearer header, and
+// whether r carries any Authorization header: one that is not a single
+// bearer token with a value (empty, Basic, two headers) yields "", true,
+// so that it is refused as a bad token and never falls back to the
+// loopback user (fresh-user pass: "Bearer " and Basic were answered as
+// the loopback uid).
 func bearer(r *http.Request) (string, bool) {
-	v := r.Header.Get("Authorization")
-	scheme, tok, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+	vs := r.Header.Values("Authorization")
+	if len(vs) == 0 {
 		return "", false
+	}
+	if len(vs) > 1 {
+		return "", true
+	}
+	scheme, tok, ok := strings.Cut(vs[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", true
 	}
 	return strings.TrimSpace(tok), true
 }

@@ -965,3 +965,27 @@ func TestClearTextAuditNamesSourceAndCredential(t *testing.T) {
 	e.h.ServeHTTP(httptest.NewRecorder(), req)
 	check("cookie", "token:alice", "session cookie")
 }
+
+// An Authorization header that is no bearer token with a value (empty,
+// Basic, two of them) is refused (401) as a wrong token is, not ignored
+// in favour of the loopback local user.
+func TestMalformedAuthorizationNoLoopbackFallback(t *testing.T) {
+	e := newEnv(t)
+	e.local = &policy.Identity{Kind: policy.KindToken, Name: "lister"}
+	for name, values := range map[string][]string{
+		"empty bearer": {"Bearer "},
+		"basic":        {"Basic YWxpY2U6c2VjcmV0"},
+		"no scheme":    {"admin-token-0123456789"},
+		"two headers":  {"Bearer admin-token-0123456789", "Bearer other"},
+	} {
+		req := localRequest("GET", "/console/nodes", nil)
+		for _, v := range values {
+			req.Header.Add("Authorization", v)
+		}
+		rec := httptest.NewRecorder()
+		e.h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "token:lister") {
+			t.Errorf("%s on loopback: %d, want 401 without the loopback user:\n%s", name, rec.Code, rec.Body.String())
+		}
+	}
+}
