@@ -164,8 +164,8 @@ func (h *Handler) openSession(v string) (string, bool) {
 		return "", false
 	}
 	body, sig := v[:i], v[i+1:]
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, h.mac(body)) { // constant time
+	got, err := base64.RawURLEncoding.Strict().DecodeString(sig) // one spelling per MAC: the revoked set is keyed by it
+	if err != nil || !hmac.Equal(got, h.mac(body)) {             // constant time
 		return "", false
 	}
 	j := strings.LastIndexByte(body, '.')

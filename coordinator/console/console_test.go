@@ -989,3 +989,29 @@ func TestMalformedAuthorizationNoLoopbackFallback(t *testing.T) {
 		}
 	}
 }
+
+// A logged-out cookie respelled (the last base64 character's unused bits
+// changed, which a lenient decoder ignores) is still refused: each MAC
+// has one spelling (review: 4 spellings passed, one was revoked).
+func TestLogoutRevokesEverySpelling(t *testing.T) {
+	e := newEnv(t)
+	v := e.h.sealSession("alice")
+	get := func(path, cookie string) int {
+		req := localRequest("GET", path, nil)
+		req.AddCookie(&http.Cookie{Name: cookieName, Value: cookie})
+		rec := httptest.NewRecorder()
+		e.h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := get("/console/logout", v); code != http.StatusSeeOther {
+		t.Fatalf("logout: %d, want 303", code)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	last := strings.IndexByte(alphabet, v[len(v)-1])
+	for k := 1; k < 4; k++ {
+		respelled := v[:len(v)-1] + string(alphabet[last^k])
+		if code := get("/console/jobs", respelled); code != http.StatusUnauthorized {
+			t.Errorf("logged-out cookie respelled %q: %d, want 401", respelled[len(respelled)-4:], code)
+		}
+	}
+}
