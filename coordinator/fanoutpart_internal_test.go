@@ -37,3 +37,25 @@ func TestFanoutPartOf(t *testing.T) {
 		}
 	}
 }
+
+// A client's exec on the public subject loses the headers only
+// coordinators may set, so neither the forward to the node's holder (which
+// copies the request's headers onto a node subject) nor the job-slot
+// check takes it for a fan-out's part; a request that came over a node
+// subject keeps them (review: a forged Tether-Fanout-Run was forwarded
+// and ran unrecorded on the holder).
+func TestDropCoordinatorHeaders(t *testing.T) {
+	forged := func() nats.Header {
+		return nats.Header{HeaderForwardedBy: []string{"c1"}, HeaderForwardReply: []string{"_INBOX.x"}, headerFanoutRun: []string{"job-x"}, "Other": []string{"kept"}}
+	}
+	pub := &forwardedRequest{msg: &nats.Msg{Subject: protocol.SubjectExec, Header: forged()}}
+	dropCoordinatorHeaders(noReply{pub})
+	if h := pub.msg.Header; len(h) != 1 || h.Get("Other") != "kept" {
+		t.Errorf("public subject: headers left %v, want only Other", h)
+	}
+	node := &forwardedRequest{msg: &nats.Msg{Subject: nodeSubject("n1", "exec"), Header: forged()}}
+	dropCoordinatorHeaders(noReply{node})
+	if h := node.msg.Header; len(h) != 4 {
+		t.Errorf("node subject: headers left %v, want all 4", h)
+	}
+}

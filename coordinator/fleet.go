@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -861,6 +862,23 @@ func (c *Coordinator) forwardForNode(req micro.Request, id, endpoint string) boo
 	}
 	c.forward(req, nodeSubject(id, endpoint), owner, "node "+protocol.Clip(id), nil)
 	return true
+}
+
+// dropCoordinatorHeaders removes the headers only coordinators may set
+// (HeaderForwardedBy, HeaderForwardReply, headerFanoutRun) from req when
+// it did not come over a node subject, which clients may not publish to:
+// a client setting them on tether.v1.exec would otherwise have its job
+// taken for a fan-out's forwarded part (no record of its own once
+// forwarded, no job slot taken; review).
+func dropCoordinatorHeaders(req micro.Request) {
+	if strings.HasPrefix(req.Subject(), NodeSubjectPrefix) {
+		return
+	}
+	h := req.Headers()
+	for _, k := range []string{HeaderForwardedBy, HeaderForwardReply, headerFanoutRun} {
+		delete(h, k)
+		delete(h, http.CanonicalHeaderKey(k))
+	}
 }
 
 // isForwarded reports whether req came over a node or run subject from

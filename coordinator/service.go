@@ -147,6 +147,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		c.log.Debug("exec request without a reply subject ignored")
 		return
 	}
+	dropCoordinatorHeaders(req)
 	r, apiErr := protocol.DecodeExecRequest(req.Data())
 	if apiErr != nil {
 		c.refuseInvalid(req, apiErr)
