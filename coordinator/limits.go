@@ -78,24 +78,42 @@ func (c *Coordinator) Limits() Limits {
 	}
 }
 
-// SetLimits puts l in force at once. It is safe to call concurrently with
-// everything, also while serving; an invalid l changes nothing. Its
-// errors are *LimitError (Validate's, joined, or the one refusing to turn
-// pacing on or off).
-func (c *Coordinator) SetLimits(l Limits) error {
+// CheckLimits reports whether SetLimits would put l in force, with the
+// errors SetLimits would return, changing nothing: a caller that applies
+// the limits with other settings (a SIGHUP's config file and policy)
+// checks them all before it applies any.
+func (c *Coordinator) CheckLimits(l Limits) error {
+	_, err := c.checkLimits(l)
+	return err
+}
+
+// checkLimits is l with its defaults filled in, or SetLimits's refusal.
+func (c *Coordinator) checkLimits(l Limits) (Limits, error) {
 	if err := l.Validate(); err != nil {
-		return err
+		return l, err
 	}
 	if l.MaxHandshakesPerSource == 0 {
 		l.MaxHandshakesPerSource = DefaultMaxHandshakesPerSource
 	}
 	switch {
 	case c.pacer == nil && l.AdmitRate >= 0:
-		return &LimitError{"AdmitRate", l.AdmitRate, "would turn handshake pacing on: it is off (the rate was negative at start), and turning it on needs a restart"}
+		return l, &LimitError{"AdmitRate", l.AdmitRate, "would turn handshake pacing on: it is off (the rate was negative at start), and turning it on needs a restart"}
 	case c.pacer != nil && l.AdmitRate < 0:
-		return &LimitError{"AdmitRate", l.AdmitRate, "would turn handshake pacing off (a negative rate): it is on, and turning it off needs a restart"}
+		return l, &LimitError{"AdmitRate", l.AdmitRate, "would turn handshake pacing off (a negative rate): it is on, and turning it off needs a restart"}
 	case l.AdmitRate == 0:
 		l.AdmitRate = admission.RateFor(c.cfg.AdmitCPUShare)
+	}
+	return l, nil
+}
+
+// SetLimits puts l in force at once. It is safe to call concurrently with
+// everything, also while serving; an invalid l changes nothing. Its
+// errors are *LimitError (Validate's, joined, or the one refusing to turn
+// pacing on or off).
+func (c *Coordinator) SetLimits(l Limits) error {
+	l, err := c.checkLimits(l)
+	if err != nil {
+		return err
 	}
 	c.limitsMu.Lock()
 	defer c.limitsMu.Unlock()

@@ -23,7 +23,8 @@ type Metrics struct {
 //	tether_policy_refusals_total{operation, reason}  refused requests; operation
 //	    as policy files name it (or "unknown"), reason no_identity, no_rule,
 //	    bad_request, rate_limit or job_limit
-//	tether_policy_reloads_total{result}  Store.Reload calls, result ok or error
+//	tether_policy_reloads_total{result}  reloads (Store.Reload, or Check then Apply
+//	    or Keep), result ok or error (the policy in force was kept)
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -60,6 +60,28 @@ func (s *Store) Reload() (*Policy, error) {
 	return p, nil
 }
 
+// Check is the first half of a reload that the policy shares with other
+// files (the coordinator's SIGHUP, with its config file and SSH keys):
+// it reads and checks the file as Reload does (Load's errors), without
+// putting it in force. Once every file checked, the caller puts the
+// policy Check returned in force with Apply, or keeps the policy in
+// force with Keep. The file is read once, so the policy applied is the
+// one checked, whatever the file holds by then. The caller serialises
+// its Check and Apply pairs (as Reload's are).
+func (s *Store) Check() (*Policy, error) { return Load(s.path) }
+
+// Apply puts p, returned by Check, in force, as a Reload that succeeded.
+func (s *Store) Apply(p *Policy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.metrics.reloaded(true)
+	s.cur.Store(p)
+}
+
+// Keep counts a reload that kept the policy in force (as a Reload that
+// failed): the file, or another the reload needed, was refused.
+func (s *Store) Keep() { s.metrics.reloaded(false) }
+
 // Decide is Policy.Decide on the policy in force, counting refusals.
 func (s *Store) Decide(id Identity, op Operation, node Node, obj Object) (Grant, error) {
 	g, err := s.cur.Load().Decide(id, op, node, obj)

@@ -330,3 +330,36 @@ func TestStoreLimits(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestCheckThenApply: Check changes nothing; Apply puts in force the
+// policy Check read, whatever the file holds by then; Keep counts a
+// reload that kept the policy in force.
+func TestCheckThenApply(t *testing.T) {
+	s, path, reg := newTestStore(t, stagingOnly)
+	before := s.Policy()
+	writeFile(t, path, prodToo)
+	p, err := s.Check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Policy() != before {
+		t.Fatal("Check put the policy in force")
+	}
+	writeFile(t, path, "not: [a policy\n") // edited after the check
+	s.Apply(p)
+	if s.Policy() != p {
+		t.Fatal("Apply did not put the checked policy in force")
+	}
+	if _, err := s.Decide(alice, OpExec, nodeB, Object{}); err != nil {
+		t.Fatalf("exec on prod refused under the checked policy: %v", err)
+	}
+	s.Keep()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP tether_policy_reloads_total Policy reloads, by result (error: the old policy was kept).
+# TYPE tether_policy_reloads_total counter
+tether_policy_reloads_total{result="error"} 1
+tether_policy_reloads_total{result="ok"} 1
+`), "tether_policy_reloads_total"); err != nil {
+		t.Error(err)
+	}
+}

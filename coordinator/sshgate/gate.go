@@ -328,14 +328,40 @@ func (g *Gate) renewJumpCert(now time.Time) error {
 // authenticated before keep going, but a key that is no longer trusted
 // gets no new channel.
 func (g *Gate) Reload() error {
-	ks, err := loadKeySet(g.cfg.AuthorizedKeysFile, g.cfg.UserCAFiles)
+	k, err := g.ReadKeys()
 	if err != nil {
 		g.log.Warn("ssh key files not reloaded; the previous keys stay in force", "err", err)
 		return err
 	}
-	g.keys.Store(ks)
-	g.log.Info("ssh key files reloaded", "authorized_keys", len(ks.users), "user_cas", len(ks.cas))
+	g.SetKeys(k)
 	return nil
+}
+
+// Keys is the keys and user CAs of AuthorizedKeysFile and UserCAFiles,
+// read and checked by ReadKeys, not yet in force.
+type Keys struct{ ks *keySet }
+
+// Counts returns the number of authorized keys and of user CAs in k.
+func (k *Keys) Counts() (authorizedKeys, userCAs int) { return len(k.ks.users), len(k.ks.cas) }
+
+// ReadKeys is the first half of Reload, for a caller that reloads the
+// key files with others (the coordinator's SIGHUP, with its policy): it
+// reads and checks AuthorizedKeysFile and UserCAFiles, changing nothing.
+// The error names every problem, each with its file (and line). SetKeys
+// puts the keys read in force; each file is read once, so the keys
+// applied are the ones checked.
+func (g *Gate) ReadKeys() (*Keys, error) {
+	ks, err := loadKeySet(g.cfg.AuthorizedKeysFile, g.cfg.UserCAFiles)
+	if err != nil {
+		return nil, err
+	}
+	return &Keys{ks}, nil
+}
+
+// SetKeys puts k, from ReadKeys, in force (as Reload does) and logs it.
+func (g *Gate) SetKeys(k *Keys) {
+	g.keys.Store(k.ks)
+	g.log.Info("ssh key files reloaded", "authorized_keys", len(k.ks.users), "user_cas", len(k.ks.cas))
 }
 
 // HostCA returns the host CA the gate certifies node keys with.

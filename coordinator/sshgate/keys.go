@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"syscall"
@@ -127,6 +128,13 @@ func readKeyFile(path string, ca bool) (map[string]keyEntry, error) {
 	// below, instead of blocking the reload (and with it every later
 	// SIGHUP and the shutdown) until a writer comes.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		what := "authorized keys file"
+		if ca {
+			what = "user CA file"
+		}
+		return nil, fmt.Errorf("ssh gate: %s %s does not exist (deleted or renamed?)", what, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ssh gate: %w", err)
 	}

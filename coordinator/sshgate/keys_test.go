@@ -229,3 +229,34 @@ func TestReadKeyFileRefusesFIFOsAndWritableFiles(t *testing.T) {
 		t.Errorf("0644 key file: %v", err)
 	}
 }
+
+// TestReadKeysThenSet: ReadKeys changes nothing; SetKeys puts in force
+// the keys ReadKeys read; a key file that is gone is named as such.
+func TestReadKeysThenSet(t *testing.T) {
+	e := newEnv(t)
+	akPath := filepath.Join(e.dir, "authorized_keys")
+	if err := os.WriteFile(akPath, ssh.MarshalAuthorizedKey(e.mallory.signer.PublicKey()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := e.gate.ReadKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if users, _ := k.Counts(); users != 1 {
+		t.Fatalf("%d authorized keys read, want 1", users)
+	}
+	if c, err := e.dial(e.mallory.signer); err == nil {
+		c.Close()
+		t.Fatal("ReadKeys put the keys in force")
+	}
+	os.Remove(akPath)
+	if _, err := e.gate.ReadKeys(); err == nil || !strings.Contains(err.Error(), "authorized keys file "+akPath+" does not exist") {
+		t.Fatalf("ReadKeys without the file: %v", err)
+	}
+	e.gate.SetKeys(k)
+	if c, err := e.dial(e.mallory.signer); err != nil {
+		t.Fatalf("mallory refused after SetKeys: %v", err)
+	} else {
+		c.Close()
+	}
+}

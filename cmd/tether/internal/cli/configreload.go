@@ -3,13 +3,14 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"strings"
 
 	"github.com/spf13/pflag"
 
 	"github.com/tetherfleet/tether/coordinator"
-	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/coordinator/sshgate"
 )
 
 // What SIGHUP does with the config file: read it again under the same
@@ -23,56 +24,137 @@ import (
 // log lines).
 
 // reload is the coordinator's SIGHUP: the config file (when it runs with
-// one), then the policy, the SSH jump host's keys and CAs. With a config
-// file it is all or nothing: a policy file that would be refused keeps
-// the config file's changes out, and a refused config file keeps the
-// policy (and the SSH keys) as they are.
+// one), the policy, the SSH jump host's authorized keys and user CAs. It
+// is all or nothing. First every file is read, once, and checked, and
+// nothing changes: the config file (with the limits it sets, as the
+// running coordinator would take them), the policy, the key files. If
+// any is refused (a bad line, a file that is missing or unsafe), nothing
+// is applied, and the status and the log name every problem at once, each
+// with its file (and line where known). Otherwise what was checked is
+// applied, the same bytes: a file edited after its read waits for the
+// next SIGHUP.
 func (cs *coordinatorServer) reload() (status string) {
+	var problems []error
+	var cfg *configCheck
 	if cs.config != nil {
-		if _, err := policy.Load(cs.policy.Path()); err != nil {
-			cs.log.Error("reload failed: the policy file is refused, so neither it nor the config file was applied; nothing changed",
-				"policy", cs.policy.Path(), "config", cs.config.path, "err", err)
-			return "reload failed (nothing changed): the policy file is refused: " + err.Error()
+		var err error
+		if cfg, err = cs.checkConfig(); err != nil {
+			cs.log.Error("config reload failed; nothing was reloaded (the settings, the policy and the SSH keys in force stay)", "config", cs.config.path, "err", err)
+			problems = append(problems, err)
 		}
-		st, ok := cs.reloadConfig()
-		if !ok {
-			cs.log.Error("reload failed: the config file is refused, so the policy was not reloaded either; nothing changed",
-				"config", cs.config.path, "policy", cs.policy.Path())
-			return st + "; policy not reloaded (nothing changed)"
-		}
-		status = st + "; "
 	}
-	return status + cs.reloadPolicy()
+	p, err := cs.policy.Check()
+	if err != nil {
+		err = policyReloadError(cs.policy.Path(), err)
+		cs.log.Error("policy reload failed; nothing was reloaded (the policy loaded before, the settings and the SSH keys in force stay)", "policy", cs.policy.Path(), "err", err)
+		problems = append(problems, err)
+	}
+	var keys *sshgate.Keys
+	if cs.gate != nil {
+		if keys, err = cs.gate.ReadKeys(); err != nil {
+			cs.log.Error("ssh key files reload failed; nothing was reloaded (the SSH keys, the settings and the policy in force stay)", "err", err)
+			problems = append(problems, err)
+		}
+	}
+	if len(problems) != 0 {
+		cs.policy.Keep()
+		return reloadFailed(problems)
+	}
+
+	// Apply what was checked. The limits first: SetLimits takes what
+	// CheckLimits took, but should it refuse, nothing has changed yet.
+	var parts []string
+	if cfg != nil {
+		st, err := cs.applyConfig(cfg)
+		if err != nil {
+			cs.log.Error("config reload failed; nothing was reloaded (the settings, the policy and the SSH keys in force stay)", "config", cs.config.path, "err", err)
+			cs.policy.Keep()
+			return reloadFailed([]error{err})
+		}
+		parts = append(parts, st)
+	}
+	cs.policy.Apply(p)
+	logPolicy(cs.log, "policy reloaded", p)
+	parts = append(parts, "policy reloaded from "+cs.policy.Path())
+	if keys != nil {
+		cs.gate.SetKeys(keys)
+		users, cas := keys.Counts()
+		parts = append(parts, fmt.Sprintf("SSH keys reloaded (%d authorized keys, %d user CAs)", users, cas))
+	}
+	return strings.Join(parts, "; ")
 }
 
-// reloadConfig re-reads the coordinator's config file and applies the
-// limits (coordinator.Limits) and the log level it changes: the limits
-// first, so that a refusal of theirs leaves everything as it was.
-// ok is false when the file was refused (and nothing changed).
-func (cs *coordinatorServer) reloadConfig() (status string, ok bool) {
+// reloadFailed is the status of a reload that changed nothing: every
+// problem, one after the other on one line.
+func reloadFailed(problems []error) string {
+	var b strings.Builder
+	b.WriteString("reload failed (nothing changed: the settings, the policy and the SSH keys in force stay): ")
+	for i, err := range problems {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return b.String()
+}
+
+// policyReloadError is the policy Store's Check error at reload, in the
+// user's terms: a file that is gone is named as such.
+func policyReloadError(path string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("policy file %s does not exist (deleted or renamed?); the policy loaded before stays in force until it is back", path)
+	}
+	return err
+}
+
+// configCheck is a config file re-read and checked, not yet applied.
+type configCheck struct {
+	live, fixed []configChange
+	limits      *coordinator.Limits // nil: no live change beyond the log level
+}
+
+// checkConfig re-reads the coordinator's config file and checks it, the
+// limits (coordinator.Limits) it sets included, changing nothing. Its
+// errors name the file and the key's line.
+func (cs *coordinatorServer) checkConfig() (*configCheck, error) {
 	src := cs.config
 	fresh, opts, live, fixed, err := src.reread()
 	if err != nil {
-		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
-		return "config reload failed (the settings in force stay): " + err.Error(), false
+		return nil, err
 	}
-	logFixed(cs.log, src, fixed)
+	c := &configCheck{live: live, fixed: fixed}
 	if len(live) == 0 {
-		cs.log.Info("config reloaded; no setting that applies live changed", "config", src.path)
-		return reloadStatus(nil, fixed), true
+		return c, nil
 	}
 	o := opts.(*coordinatorOptions)
 	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread, AdmitRate: o.AdmitRate}
-	if err := cs.coord.SetLimits(l); err != nil {
-		err = src.limitsError(err, fresh.Flags())
-		cs.log.Error("config reload failed; the settings in force stay", "config", src.path, "err", err)
-		return "config reload failed (the settings in force stay): " + err.Error(), false
+	if err := cs.coord.CheckLimits(l); err != nil {
+		return nil, src.limitsError(err, fresh.Flags())
 	}
-	src.commit(src.applyLogLevel(live))
-	l = cs.coord.Limits()
-	cs.log.Info("config reloaded", "config", src.path, "applied", keys(live),
+	c.limits = &l
+	return c, nil
+}
+
+// applyConfig puts a checked config file in force: the limits first, so
+// that a refusal of theirs leaves everything as it was, then the log
+// level. It returns the status line.
+func (cs *coordinatorServer) applyConfig(c *configCheck) (status string, err error) {
+	src := cs.config
+	logFixed(cs.log, src, c.fixed)
+	if len(c.live) == 0 {
+		cs.log.Info("config reloaded; no setting that applies live changed", "config", src.path)
+		return reloadStatus(nil, c.fixed), nil
+	}
+	if c.limits != nil {
+		if err := cs.coord.SetLimits(*c.limits); err != nil {
+			return "", err // CheckLimits took them: not reached
+		}
+	}
+	src.commit(src.applyLogLevel(c.live))
+	l := cs.coord.Limits()
+	cs.log.Info("config reloaded", "config", src.path, "applied", keys(c.live),
 		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", l.AdmitRate)
-	return reloadStatus(live, fixed), true
+	return reloadStatus(c.live, c.fixed), nil
 }
 
 // limitKeys are the config keys (flag names) that set each

@@ -240,7 +240,7 @@ func TestCoordinatorReloadLimitRefusalNamesKey(t *testing.T) {
 		{base + "exec-timeout: 5s\n", path + ": key admit-rate (not set: 0) would turn handshake pacing on"},
 	} {
 		replaceFile(t, path, tc.file)
-		status, _ := cs.reloadConfig()
+		status := cs.reload()
 		for _, out := range []string{status, logs.String()} {
 			if !strings.Contains(out, tc.want) || strings.Contains(out, "AdmitRate") {
 				t.Errorf("reload refused by the limits says:\n%s\nwant %q, not the Go field AdmitRate", out, tc.want)

@@ -842,7 +842,8 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 		"ssh_addr", cs.info.SSHAddr,
 		"shared_token_from", cs.info.TokenFrom)
 
-	// SIGHUP reloads the policy; registered before anything serves, so a
+	// SIGHUP reloads the config file, the policy and the SSH keys
+	// (reload); registered before anything serves, so a
 	// SIGHUP never kills a coordinator that is up.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -930,28 +931,6 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	cs.unlock()
 	cs.log.Info("coordinator stopped")
 	return err
-}
-
-// reloadPolicy loads the policy file again (SIGHUP). A bad file keeps the
-// policy in force; the error names each problem as FILE:LINE:COLUMN.
-// Decisions already made, sessions and running jobs and streams stand.
-// It returns the outcome as a status line for systemd.
-func (cs *coordinatorServer) reloadPolicy() (status string) {
-	if cs.gate != nil {
-		cs.gate.Reload() // logs its own outcome; bad files keep the keys in force
-	}
-	p, err := cs.policy.Reload()
-	if err != nil {
-		// The file's problems only: Reload's error says "reload failed,
-		// the policy loaded before stays in force" as this line does.
-		if cause := errors.Unwrap(err); cause != nil {
-			err = cause
-		}
-		cs.log.Error("policy reload failed; the policy loaded before stays in force", "policy", cs.policy.Path(), "err", err)
-		return "policy reload failed (the policy loaded before stays in force): " + err.Error()
-	}
-	logPolicy(cs.log, "policy reloaded", p)
-	return "policy reloaded from " + cs.policy.Path()
 }
 
 // logPolicy logs a loaded policy's counts and its warnings.

@@ -53,7 +53,7 @@ func TestCoordinatorNotifiesReloads(t *testing.T) {
 
 	replaceFile(t, o.Policy, "version: 1\nbogus: true\n")
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	sock.Wait(t, defaultTestTimeout, "READY=1 after the refused reload", readyWith("policy reload failed (the policy loaded before stays in force): "+o.Policy+":"))
+	sock.Wait(t, defaultTestTimeout, "READY=1 after the refused reload", readyWith("reload failed (nothing changed: the settings, the policy and the SSH keys in force stay): "+o.Policy+":"))
 
 	cancel()
 	if err := <-done; err != nil {
