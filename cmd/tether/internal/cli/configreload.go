@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -120,6 +121,9 @@ func (cs *coordinatorServer) checkConfig() (*configCheck, error) {
 	src := cs.config
 	fresh, opts, live, fixed, err := src.reread()
 	if err != nil {
+		if _, serr := os.Stat(src.path); errors.Is(serr, fs.ErrNotExist) {
+			err = fmt.Errorf("config file %s does not exist (deleted or renamed?); the settings in force stay until it is back", src.path)
+		}
 		return nil, err
 	}
 	c := &configCheck{live: live, fixed: fixed}

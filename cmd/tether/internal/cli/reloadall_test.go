@@ -176,9 +176,34 @@ func TestReloadKeyFilesAllOrNothing(t *testing.T) {
 		}
 	}
 
-	// All good: all of it applies.
+	// The key files back, the policy file gone: nothing changes.
 	replaceFile(t, g.akFile, authorizedLine(g.bob))
 	replaceFile(t, g.caFile, "cert-authority "+authorizedLine(g.ca))
+	if err := os.Rename(g.policyFile, g.policyFile+".old"); err != nil {
+		t.Fatal(err)
+	}
+	status = cs.reload()
+	unchanged(status)
+	if w := "policy file " + g.policyFile + " does not exist (deleted or renamed?)"; !strings.Contains(status, w) {
+		t.Errorf("status %q\nwant %q", status, w)
+	}
+	// The config file gone: nothing changes either.
+	if err := os.Rename(g.policyFile+".old", g.policyFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(g.cfgPath, g.cfgPath+".old"); err != nil {
+		t.Fatal(err)
+	}
+	status = cs.reload()
+	unchanged(status)
+	if w := "config file " + g.cfgPath + " does not exist (deleted or renamed?)"; !strings.Contains(status, w) {
+		t.Errorf("status %q\nwant %q", status, w)
+	}
+	if err := os.Rename(g.cfgPath+".old", g.cfgPath); err != nil {
+		t.Fatal(err)
+	}
+
+	// All good: all of it applies.
 	status = cs.reload()
 	if cs.policy.Policy() == before || cs.coord.Limits().MaxHandshakesPerSource != 3 || !g.trusted(t, g.bob) || g.trusted(t, g.alice) {
 		t.Errorf("a good reload did not apply everything; status %q", status)
