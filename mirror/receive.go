@@ -1792,10 +1792,16 @@ func (r *receiver) commit() error {
 		}
 		if err != nil {
 			errs = append(errs, err)
-			continue
+			// Not left with the u+w writableParents gave it: its old
+			// mode, if that can be set.
+			if o := r.oldBy[d.rel]; o != nil && r.touched[d.rel] {
+				if rerr := r.setDirMeta(dirMeta{rel: d.rel, mode: o.mode, mtime: o.mtime}, true); rerr != nil {
+					errs = append(errs, fmt.Errorf("restore the mode of %q: %w", d.rel, rerr))
+				}
+			}
 		}
-		delete(r.touched, d.rel) // as requested
 	}
+	r.touched = map[string]bool{} // each has its final metadata, or its old one
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("commit: the new tree is in place, but: %w", err)
 	}
@@ -1916,8 +1922,8 @@ func (r *receiver) cleanup() error {
 	}
 	// Creating and removing temporary entries changed their directories'
 	// mtimes, and the commit made read-only ones writable: put them back
-	// (after a commit, only those whose final metadata could not be set
-	// are left here).
+	// (none are left once the commit passed its point of no return: it
+	// set their final metadata, or their old one).
 	for rel := range r.touched {
 		if o := r.oldBy[rel]; o != nil && o.typ == protocol.EntryDir && r.dirs[rel] != nil {
 			if err := r.setDirMeta(dirMeta{rel: rel, mode: o.mode, mtime: o.mtime}, true); err != nil {
