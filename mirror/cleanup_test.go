@@ -140,8 +140,16 @@ func testCommitFailuresCleanUp(t *testing.T) {
 					}
 					if p.also == "" {
 						copyEqual(t, src, dst)
-						noStage(t, filepath.Dir(dst))
+					} else {
+						// Every undo worked: as before.
+						if r.err == nil || !errors.Is(r.err, injected) || !strings.Contains(r.err.Error(), "were put back") {
+							t.Errorf("%s failing, every undo working: %v; want the failure, everything put back", p.also, r.err)
+						}
+						if diff := cmp.Diff(before, digest(t, dst)); diff != "" {
+							t.Errorf("%s failing, every undo working, changed the destination (-before +after):\n%s", p.also, diff)
+						}
 					}
+					noStage(t, filepath.Dir(dst))
 					if k == 1 {
 						t.Fatalf("step %s never ran: the test covers nothing", p.step)
 					}
