@@ -141,23 +141,30 @@ func (r *redirected) Error(code, description string, data []byte, opts ...micro.
 }
 
 // withBody is a request with its body replaced (the once endpoint's
-// default timeout written into it) and headerOnceBound set.
+// default timeout written into it) and its own headers: the request's,
+// with headerOnceBound set (newWithBody). Headers returns that one map
+// every time, so what handleExec changes in it (dropCoordinatorHeaders)
+// is what it and forward read afterwards; a fresh copy per call let a
+// client's forged coordinator headers through exec.once (review).
 type withBody struct {
 	micro.Request
-	body  []byte
-	bound time.Duration
+	body   []byte
+	header micro.Headers
+}
+
+// newWithBody wraps req with body and headerOnceBound set to bound.
+func newWithBody(req micro.Request, body []byte, bound time.Duration) *withBody {
+	h := micro.Headers{}
+	for k, v := range req.Headers() {
+		h[k] = slices.Clone(v)
+	}
+	nats.Header(h).Set(headerOnceBound, bound.String())
+	return &withBody{Request: req, body: body, header: h}
 }
 
 func (r *withBody) Data() []byte { return r.body }
 
-func (r *withBody) Headers() micro.Headers {
-	h := micro.Headers{}
-	for k, v := range r.Request.Headers() {
-		h[k] = slices.Clone(v)
-	}
-	nats.Header(h).Set(headerOnceBound, r.bound.String())
-	return h
-}
+func (r *withBody) Headers() micro.Headers { return r.header }
 
 // onceCollector gathers one job's streamed replies into an ExecOnceResult.
 type onceCollector struct {
@@ -263,6 +270,9 @@ func (c *Coordinator) handleExecOnce(req micro.Request) {
 		c.log.Debug("exec.once request without a reply subject ignored")
 		return
 	}
+	// As handleExec does, before the request is wrapped: a client may not
+	// set the headers only coordinators set.
+	dropCoordinatorHeaders(req)
 	cr, ok := req.(*caller.Request)
 	if !ok { // cannot happen: every endpoint is guarded
 		c.replyError(req, protocol.NewAPIError(500, protocol.ErrCodeInternal, "exec.once: request not identified"))
@@ -303,7 +313,7 @@ func (c *Coordinator) handleExecOnce(req micro.Request) {
 
 	// The job as exec runs it, for the same caller, its replies to inbox.
 	inner := &caller.Request{
-		Request:  &redirected{Request: &withBody{Request: cr.Request, body: body, bound: bound}, inbox: inbox, answered: col.finish},
+		Request:  &redirected{Request: newWithBody(cr.Request, body, bound), inbox: inbox, answered: col.finish},
 		Identity: cr.Identity,
 	}
 	c.handleExec(inner)

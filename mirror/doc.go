@@ -72,9 +72,19 @@
 // a free name with renameat2(RENAME_NOREPLACE); a non-directory over a
 // non-directory with rename(2), which replaces it atomically; otherwise
 // with renameat2(RENAME_EXCHANGE), the old entry ending under the
-// temporary name), removes what the source lacks (with Delete) and what the new entries
-// replaced, applies the mode and mtime changes of unchanged files, and
-// sets the directories' modes and mtimes, deepest first. This is the
+// temporary name), moves what the source lacks (with Delete) aside under
+// temporary names and gives new read-only directories their modes; a
+// failure up to there undoes it all, last first, and the destination is
+// as before. Past that point of no return it removes the old entries the
+// new ones replaced and the deleted ones, applies the mode and mtime
+// changes of unchanged files, and sets the directories' modes and mtimes,
+// deepest first, going on past failures and reporting them joined. On
+// every exit, success or failure, the receiver removes its temporary
+// entries and stage and puts back the modes of old directories it made
+// writable for the commit (a normal user cannot rename in a read-only
+// one), except when an undo itself fails part-way: then what the undo
+// still needs (the old versions of the entries left in place) is kept
+// under its temporary names and the error says so. This is the
 // window that remains, as with rsync --delay-updates: while the commit
 // runs (a rename per changed entry, not a byte of data), a reader may see
 // some entries old and others new, never a partial file; a copy killed

@@ -72,7 +72,14 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 	stop := c.watch(ctx)
 	res, err := r.run()
 	stop()
-	r.cleanup()
+	if cerr := r.cleanup(); cerr != nil {
+		if err == nil {
+			// Committed and reported done: the leftovers are logged.
+			r.log.Warn("copy committed, but its cleanup failed", "err", cerr)
+		} else {
+			err = fmt.Errorf("%w (cleanup: %w)", err, cerr)
+		}
+	}
 	if err != nil {
 		if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
 			err = fmt.Errorf("%w (%w)", err, cerr)
@@ -146,6 +153,13 @@ type oldEntry struct {
 type lateMode struct {
 	meta dirMeta
 	i    int
+}
+
+// aside is an old entry a deletion moved to temp in the directory parent
+// (its tree path), from rel.
+type aside struct {
+	rel, parent, temp string
+	back              bool // put back by a rollback
 }
 
 // dirMeta is a directory's final mode and mtime, applied after its
@@ -275,6 +289,18 @@ type receiver struct {
 	viaStage  map[string]bool // old directory -> its new entries go through the stage
 	rootType  string          // the source root's type
 	committed bool
+	// final: the commit passed its point of no return (every entry in
+	// place, deletions done): what is left is removing the old entries
+	// and setting old directories' metadata. Until then every failure
+	// rolls the commit back, and cleanup removes what it staged.
+	final bool
+	// stuck: a rollback stopped part-way; cleanup keeps what a rollback
+	// by hand still needs (the old versions of entries still in place).
+	stuck bool
+	// asides are the old entries the commit's deletions moved to a
+	// temporary name beside them (removed at the point of no return, put
+	// back by a rollback).
+	asides []aside
 
 	created map[string]string // path -> type, for every entry of the source
 	staged  []staged
@@ -1371,6 +1397,9 @@ func (r *receiver) applyLateModes() error {
 		}
 		dfd, name, err := r.placedAt(s)
 		if err == nil {
+			err = hook(stepLateMode, s.rel)
+		}
+		if err == nil {
 			var fd int
 			if fd, err = openFd(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0); err == nil {
 				err = fdMeta(fd, l.meta.mode, l.meta.mtime)
@@ -1406,6 +1435,9 @@ func (r *receiver) writableParents() error {
 		if o == nil || d == nil || !d.old || o.typ != protocol.EntryDir || o.mode&0o200 != 0 {
 			continue
 		}
+		if err := hook(stepWritable, rel); err != nil {
+			return fmt.Errorf("entry %q: make it writable for the commit: %w", rel, err)
+		}
 		base, p := r.loc(rel)
 		fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
@@ -1428,10 +1460,58 @@ func (r *receiver) writableParents() error {
 // in place; an error fails the commit there.
 var commitHook func(rel string) error
 
+// stepHook, when set by a test, runs before step (one of the step*
+// values) of the commit or its rollback on the entry rel; an error fails
+// that step there, as the file system would.
+var stepHook func(step, rel string) error
+
+// Steps of stepHook.
+const (
+	stepWritable = "writable" // writableParents, per directory
+	stepDelete   = "delete"   // a deletion (moving the old entry aside)
+	stepLateMode = "latemode" // applyLateModes, per directory
+	stepUndo     = "undo"     // rollback, per entry put back
+	stepRemove   = "remove"   // removing an old entry after the point of no return
+	stepFix      = "fix"      // a kept entry's metadata
+	stepDirMeta  = "dirmeta"  // an old directory's final metadata
+)
+
+// hook runs stepHook, if set.
+func hook(step, rel string) error {
+	if stepHook == nil {
+		return nil
+	}
+	return stepHook(step, rel)
+}
+
 // rollback undoes the renames of a commit that failed part-way, last
-// first, and marks the old directories whose mtimes the renames changed
-// for cleanup to put back. It stops at the first entry it cannot put back.
+// first: the deletions' (their old entries come back from aside), then
+// the staged entries' (the old entries come back, the new ones go to
+// their temporary names again). It marks the old directories whose mtimes
+// the renames changed for cleanup to put back, and stops at the first
+// entry it cannot put back.
 func (r *receiver) rollback() error {
+	for i := len(r.asides) - 1; i >= 0; i-- {
+		a := &r.asides[i]
+		if a.back {
+			continue
+		}
+		err := hook(stepUndo, a.rel)
+		if err == nil {
+			var fd int
+			if fd, err = r.cache.fd(a.parent); err == nil {
+				err = unix.Renameat2(fd, a.temp, fd, path.Base(a.rel), unix.RENAME_NOREPLACE)
+				if err == unix.EINVAL || err == unix.ENOSYS {
+					err = unix.Renameat(fd, a.temp, fd, path.Base(a.rel))
+				}
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("put back deleted %q: %w", a.rel, err)
+		}
+		a.back = true
+		r.touched[a.parent] = true
+	}
 	for i := len(r.staged) - 1; i >= 0; i-- {
 		s := &r.staged[i]
 		if !s.placed {
@@ -1440,22 +1520,23 @@ func (r *receiver) rollback() error {
 		if s.undo == nil {
 			return fmt.Errorf("entry %q replaced its old version for good", s.rel)
 		}
-		dfd, name, err := r.placedAt(s)
+		err := hook(stepUndo, s.rel)
 		if err == nil {
-			sfd := dfd
-			if s.inStage {
-				sfd = r.stage.ref.fd
+			var dfd int
+			var name string
+			if dfd, name, err = r.placedAt(s); err == nil {
+				sfd := dfd
+				if s.inStage {
+					sfd = r.stage.ref.fd
+				}
+				err = s.undo(sfd, dfd, name)
 			}
-			err = s.undo(sfd, dfd, name)
 		}
 		if err != nil {
 			return fmt.Errorf("put back %q: %w", s.rel, err)
 		}
 		s.placed = false
 		if s.rel != "." {
-			if r.touched == nil {
-				r.touched = map[string]bool{}
-			}
 			r.touched[s.parent] = true
 		}
 	}
@@ -1527,22 +1608,26 @@ func (r *receiver) setDirMeta(d dirMeta, onlyChanged bool) error {
 	return nil
 }
 
-// commit puts every staged entry in place, removes what the source lacks
-// (with Options.Delete) and what the new entries replaced, and applies the
-// metadata of kept entries and old directories, deepest first. A failure
-// here leaves the entries already placed in place.
+// commit puts every staged entry in place, moves aside what the source
+// lacks (with Options.Delete) and gives the placed directories their late
+// modes; a failure up to there rolls it all back (the destination is as
+// before) and leaves the rest to cleanup. Past that point of no return it
+// removes the old entries the new ones replaced or the deletions moved
+// aside and the stage, and applies the metadata of kept entries and old
+// directories, deepest first, going on past failures and returning them
+// joined (the destination holds the new tree).
 func (r *receiver) commit() error {
 	var garbage []staged // old entries swapped out beside their names
 	placed := 0
 	fail := func(err error) error {
-		if placed == 0 {
+		if placed == 0 && len(r.asides) == 0 {
 			return fmt.Errorf("commit: %w", err)
 		}
-		if uerr := r.rollback(); uerr == nil {
+		uerr := r.rollback()
+		if uerr == nil {
 			return fmt.Errorf("commit: %w (the %d entries already put in place were put back: the destination is as before)", err, placed)
-		} else {
-			r.log.Warn("cannot undo the commit", "err", uerr)
 		}
+		r.log.Warn("cannot undo the commit", "err", uerr)
 		placed = 0 // what the rollback left
 		for _, s := range r.staged {
 			if s.placed {
@@ -1550,10 +1635,12 @@ func (r *receiver) commit() error {
 			}
 		}
 		r.committed = true // the error says what is where
+		r.stuck = true
 		if merr := r.applyLateModes(); merr != nil {
 			r.log.Warn("cannot set a directory's mode", "err", merr)
+			uerr = errors.Join(uerr, merr)
 		}
-		return fmt.Errorf("commit failed after %d of %d changed entries were put in place (the destination holds those new entries and the old others): %w", placed, len(r.staged), err)
+		return fmt.Errorf("commit failed after %d of %d changed entries were put in place, and putting them back failed (the destination holds those new entries and the old others; the old versions of the new entries are kept under their temporary names beside them or in the stage): %w", placed, len(r.staged), errors.Join(err, uerr))
 	}
 	if err := r.writableParents(); err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -1634,40 +1721,64 @@ func (r *receiver) commit() error {
 		s.placed = true
 		placed++
 	}
-	r.committed = true
-	if err := r.applyLateModes(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
 	if r.opts.Delete {
+		// Moved aside, not removed: a failure up to the point of no
+		// return puts them back.
 		for _, o := range r.deletions() {
-			fd, err := r.cache.fd(parentOf(o.rel))
+			temp := r.tempName()
+			parent := parentOf(o.rel)
+			err := hook(stepDelete, o.rel)
 			if err == nil {
-				err = removeAt(fd, path.Base(o.rel))
+				var fd int
+				if fd, err = r.cache.fd(parent); err == nil {
+					err = unix.Renameat2(fd, path.Base(o.rel), fd, temp, unix.RENAME_NOREPLACE)
+					if err == unix.EINVAL || err == unix.ENOSYS {
+						err = unix.Renameat(fd, path.Base(o.rel), fd, temp)
+					}
+				}
 			}
 			if err != nil {
-				return fmt.Errorf("commit: delete %q: %w", o.rel, err)
+				return fail(fmt.Errorf("delete %q: %w", o.rel, err))
 			}
+			r.asides = append(r.asides, aside{rel: o.rel, parent: parent, temp: temp})
 		}
+	}
+	if err := r.applyLateModes(); err != nil {
+		return fail(err)
+	}
+
+	// The point of no return: the new tree is in place.
+	r.committed, r.final = true, true
+	var errs []error
+	for _, a := range r.asides {
+		garbage = append(garbage, staged{rel: a.rel, parent: a.parent, temp: a.temp})
 	}
 	for _, g := range garbage {
 		dfd := int(0)
+		err := hook(stepRemove, g.rel)
 		if g.rel == "." {
 			dfd = int(r.pdir.Fd())
-		} else {
-			var err error
-			if dfd, err = r.cache.fd(g.parent); err != nil {
-				r.log.Warn("cannot remove the replaced entry", "path", g.rel, "err", err)
-				continue
-			}
+		} else if err == nil {
+			dfd, err = r.cache.fd(g.parent)
 		}
-		if err := removeAt(dfd, g.temp); err != nil {
+		if err == nil {
+			err = removeAt(dfd, g.temp)
+		}
+		if err != nil {
 			r.log.Warn("cannot remove the replaced entry", "path", g.rel, "err", err)
+			errs = append(errs, fmt.Errorf("remove the old version of %q (%s): %w", g.rel, g.temp, err))
 		}
 	}
-	r.removeStage(r.ddir != nil && r.stageP)
+	if err := r.removeStage(r.ddir != nil && r.stageP); err != nil {
+		errs = append(errs, err)
+	}
 	for _, f := range r.fixes {
-		if err := r.applyFix(f); err != nil {
-			return fmt.Errorf("commit: %w", err)
+		err := hook(stepFix, f.rel)
+		if err == nil {
+			err = r.applyFix(f)
+		}
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	for i := len(r.dirMeta) - 1; i >= 0; i-- {
@@ -1675,9 +1786,24 @@ func (r *receiver) commit() error {
 		if !r.dirs[d.rel].old {
 			continue // set before the commit
 		}
-		if err := r.setDirMeta(d, true); err != nil {
-			return fmt.Errorf("commit: %w", err)
+		err := hook(stepDirMeta, d.rel)
+		if err == nil {
+			err = r.setDirMeta(d, true)
 		}
+		if err != nil {
+			errs = append(errs, err)
+			// Not left with the u+w writableParents gave it: its old
+			// mode, if that can be set.
+			if o := r.oldBy[d.rel]; o != nil && r.touched[d.rel] {
+				if rerr := r.setDirMeta(dirMeta{rel: d.rel, mode: o.mode, mtime: o.mtime}, true); rerr != nil {
+					errs = append(errs, fmt.Errorf("restore the mode of %q: %w", d.rel, rerr))
+				}
+			}
+		}
+	}
+	r.touched = map[string]bool{} // each has its final metadata, or its old one
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("commit: the new tree is in place, but: %w", err)
 	}
 	return nil
 }
@@ -1685,19 +1811,22 @@ func (r *receiver) commit() error {
 // removeStage removes the stage directory with what is left in it (the
 // entries the new tree replaced, or everything after a failure), and puts
 // back its parent's mtime when restore is set.
-func (r *receiver) removeStage(restore bool) {
+func (r *receiver) removeStage(restore bool) error {
 	st := &r.stage
 	if st.ref == nil {
-		return
+		return nil
 	}
 	st.ref.release()
 	st.ref = nil
-	if err := removeAt(st.parent, st.name); err != nil {
+	var err error
+	if err = removeAt(st.parent, st.name); err != nil {
 		r.log.Warn("cannot remove the copy's stage", "stage", st.name, "err", err)
+		err = fmt.Errorf("remove the copy's stage %s: %w", st.name, err)
 	}
 	if restore && st.mtime != 0 {
 		futimens(st.parent, st.mtime)
 	}
+	return err
 }
 
 // applyFix sets a kept entry's metadata in place.
@@ -1737,9 +1866,15 @@ func (r *receiver) applyFix(f fix) error {
 	return nil
 }
 
-// cleanup removes what a failed copy staged, restores the mtimes of the
-// old directories it staged in, and releases everything.
-func (r *receiver) cleanup() {
+// cleanup removes what a failed copy staged, restores the modes and
+// mtimes of the old directories it made writable or staged in, and
+// releases everything. It runs on every exit path, goes on past failures
+// and returns them joined. It never removes what a rollback by hand
+// still needs: after a rollback that stopped part-way (stuck), the old
+// versions of the entries still in place stay under their temporary names
+// (beside them, or in the stage, which then stays).
+func (r *receiver) cleanup() error {
+	var errs []error
 	if r.cur != nil {
 		if r.cur.f != nil {
 			r.cur.f.Close()
@@ -1754,9 +1889,19 @@ func (r *receiver) cleanup() {
 		r.pool.wait(true)
 		r.pool = nil
 	}
-	if !r.committed {
+	keepStage := false
+	if !r.final {
 		for i := len(r.staged) - 1; i >= 0; i-- {
 			s := r.staged[i]
+			if s.placed {
+				// Its old version is at its temporary name (or in the
+				// stage): kept.
+				keepStage = keepStage || s.inStage
+				if !s.inStage {
+					r.log.Warn("the old version of an entry the commit could not put back is kept", "path", s.rel, "as", s.temp)
+				}
+				continue
+			}
 			if s.inStage {
 				continue // removed with the stage
 			}
@@ -1766,16 +1911,33 @@ func (r *receiver) cleanup() {
 			}
 			if err != nil {
 				r.log.Warn("cannot remove a staged entry", "path", s.rel, "stage", s.temp, "err", err)
+				errs = append(errs, fmt.Errorf("remove the staged entry %q (%s): %w", s.rel, s.temp, err))
 			}
 		}
-		// Creating and removing temporary entries changed their
-		// directories' mtimes: put them back.
-		for rel := range r.touched {
-			if o := r.oldBy[rel]; o != nil && r.dirs[rel] != nil {
-				r.setDirMeta(dirMeta{rel: rel, mode: o.mode, mtime: o.mtime}, true)
+		for _, a := range r.asides {
+			if !a.back {
+				r.log.Warn("an entry the commit deleted and could not put back is kept", "path", a.rel, "as", a.temp)
 			}
 		}
 	}
-	r.removeStage(true)
+	// Creating and removing temporary entries changed their directories'
+	// mtimes, and the commit made read-only ones writable: put them back
+	// (none are left once the commit passed its point of no return: it
+	// set their final metadata, or their old one).
+	for rel := range r.touched {
+		if o := r.oldBy[rel]; o != nil && o.typ == protocol.EntryDir && r.dirs[rel] != nil {
+			if err := r.setDirMeta(dirMeta{rel: rel, mode: o.mode, mtime: o.mtime}, true); err != nil {
+				errs = append(errs, fmt.Errorf("restore the mode of %q: %w", rel, err))
+			}
+		}
+	}
+	if keepStage {
+		r.log.Warn("the copy's stage holds old versions the commit could not put back; kept", "stage", r.stage.name)
+		r.stage.ref.release()
+		r.stage.ref = nil
+	} else if err := r.removeStage(true); err != nil {
+		errs = append(errs, err)
+	}
 	r.release()
+	return errors.Join(errs...)
 }
