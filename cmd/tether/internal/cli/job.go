@@ -394,28 +394,50 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 	return jobRecordOutcome(rec)
 }
 
-// jobRecordOutcome is how `job wait` ends: with the job's exit code (its
-// one node's, or 1 when a node of a fan-out failed), exitTether when its
-// outcome is unknown (lost, or ended without a node result).
+// jobRecordOutcome is how `job wait` ends: as the `tether exec` that
+// submitted the job ends (without --detach), by the job's target, not by
+// how many nodes it matched. A --node job (rec.Target empty) exits with
+// its node's code (nodeOutcome: the command's own, 124 for its timeout,
+// 130 when cancelled, 126/127 for a command the node could not execute or
+// find, exitTether when Tether failed). A fan-out (--selector, --all),
+// also one that matched a single node, exits 0 when every node
+// succeeded and exitFailure when any node failed. A lost job, or one that
+// ended without a result, is exitTether.
 func jobRecordOutcome(rec *protocol.JobRecord) error {
-	code := rec.ExitCode()
-	if len(rec.Results) == 1 && rec.Results[0].Error != "" && rec.State != protocol.JobStateLost {
-		// The node said why (a command it could not find or execute, a
-		// bad cwd): exit as `tether exec` does for the same result.
-		code, why := nodeOutcome(&rec.Results[0], 0)
-		return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", rec.ID, rec.Results[0].Node, why)}
-	}
-	switch {
-	case rec.State == protocol.JobStateLost || code < 0:
+	lost := func() error {
 		why := rec.Error
 		if why == "" {
 			why = "no exit status recorded"
 		}
 		return &exitError{code: exitTether, err: fmt.Errorf("job %s is %s: %s", rec.ID, rec.State, why)}
-	case code != 0:
-		return &exitError{code: code}
 	}
-	return nil
+	if rec.State == protocol.JobStateLost {
+		return lost()
+	}
+	if rec.Target != "" || len(rec.Nodes) > 1 {
+		switch {
+		case rec.State == protocol.JobSucceeded:
+			return nil
+		case rec.Failed > 0 || slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool {
+			c, _ := nodeOutcome(&r, 0)
+			return c != exitOK
+		}):
+			return &exitError{code: exitFailure}
+		}
+		return lost()
+	}
+	if len(rec.Results) != 1 {
+		return lost()
+	}
+	r := &rec.Results[0]
+	code, why := nodeOutcome(r, 0)
+	if code == exitOK {
+		return nil
+	}
+	if r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == "" {
+		return &exitError{code: code} // a plain exit code speaks for itself
+	}
+	return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", rec.ID, r.Node, why)}
 }
 
 // printJobRecord prints rec as JSON or as "key: value" lines.
