@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tetherfleet/tether/policy"
 )
@@ -145,96 +146,187 @@ func bearer(r *http.Request) (string, bool) {
 func (h *Handler) sealSession(name string) string {
 	exp := strconv.FormatInt(h.cfg.now().Add(h.cfg.SessionTTL).Unix(), 10)
 	body := name + "." + exp
-	return body + "." + base64.RawURLEncoding.EncodeToString(h.mac(body))
+	h.sess.mu.RLock()
+	sig := base64.RawURLEncoding.EncodeToString(h.sess.mac(body))
+	h.sess.mu.RUnlock()
+	return body + "." + sig
 }
 
-func (h *Handler) mac(body string) []byte {
-	h.keyMu.RLock()
-	m := hmac.New(sha256.New, h.key)
-	h.keyMu.RUnlock()
+// sessionCookie is a cookie value split into its parts (parseSession).
+type sessionCookie struct {
+	body, sig, name string
+	mac             []byte // sig decoded
+	exp             int64
+}
+
+// parseSession splits v; false when it is malformed. It checks nothing
+// against the key.
+func parseSession(v string) (sessionCookie, bool) {
+	i := strings.LastIndexByte(v, '.')
+	if i <= 0 {
+		return sessionCookie{}, false
+	}
+	c := sessionCookie{body: v[:i], sig: v[i+1:]}
+	var err error
+	c.mac, err = base64.RawURLEncoding.Strict().DecodeString(c.sig) // one spelling per MAC: the revoked set is keyed by it
+	if err != nil {
+		return sessionCookie{}, false
+	}
+	j := strings.LastIndexByte(c.body, '.')
+	if j <= 0 {
+		return sessionCookie{}, false
+	}
+	if c.exp, err = strconv.ParseInt(c.body[j+1:], 10, 64); err != nil {
+		return sessionCookie{}, false
+	}
+	c.name = c.body[:j]
+	return c, true
+}
+
+// openSession checks a cookie value sealSession made and returns its
+// token name; false when forged, malformed, expired or ended by logout.
+func (h *Handler) openSession(v string) (string, bool) {
+	c, ok := parseSession(v)
+	if !ok {
+		return "", false
+	}
+	now := h.cfg.now().Unix()
+	h.sess.mu.RLock()
+	defer h.sess.mu.RUnlock()
+	if !h.sess.validLocked(c, now) {
+		return "", false
+	}
+	return c.name, true
+}
+
+// maxRevokedPerName bounds the sessions of one token name that logout
+// ended and that are remembered one by one (a few dozen bytes each).
+const maxRevokedPerName = 1024
+
+// sessions holds the session MAC key and what logout ended. One lock
+// guards both, and openSession holds it (read) from the MAC check to the
+// revocation check, so no validation ever sees a revoked set emptied
+// under a key that still signs its cookies (review: the set was cleared
+// under one lock and the key replaced under another, and a revoked cookie
+// passed in between).
+//
+// The design, against a login/logout flood (review: 65,536 rounds by any
+// token holder filled one global set, whose overflow replaced the key and
+// signed every user out):
+//
+//   - Revocations are kept per token name, each until its cookie's own
+//     expiry (a cookie past it is refused anyway), so the state holds
+//     only unexpired revoked sessions.
+//   - A name holds at most maxRevokedPerName of them. Past that, its
+//     entries are replaced by one cutoff: every cookie of that name
+//     expiring at or before the latest expiry among them, or than a
+//     session sealed now would have, is ended. All of them are covered (a
+//     revoked cookie never passes again while unexpired), and only the
+//     flooding name's other sessions end with them, never another name's:
+//     its holder signs in again.
+//   - The key is never replaced at run time. Memory is bounded by the
+//     token names (the operator's token file) times maxRevokedPerName.
+type sessions struct {
+	mu        sync.RWMutex
+	key       []byte // the cookies' MAC key, random per process
+	byName    map[string]*revokedName
+	nextSweep int64 // Unix seconds: when endSession next drops expired state
+}
+
+// revokedName is what logout ended of one token name's sessions.
+type revokedName struct {
+	macs   map[string]int64 // a cookie's MAC -> its expiry (Unix seconds)
+	cutoff int64            // cookies expiring at or before it are ended; 0: none
+}
+
+// mac is the MAC of body under the key; s.mu must be held.
+func (s *sessions) mac(body string) []byte {
+	m := hmac.New(sha256.New, s.key)
 	m.Write([]byte(body))
 	return m.Sum(nil)
 }
 
-// openSession checks a cookie value sealSession made and returns its
-// token name; false when forged, malformed or expired.
-func (h *Handler) openSession(v string) (string, bool) {
-	i := strings.LastIndexByte(v, '.')
-	if i <= 0 {
-		return "", false
+// validLocked reports whether c is a live session at now: its MAC under
+// the key (constant time), unexpired, not ended. s.mu must be held.
+func (s *sessions) validLocked(c sessionCookie, now int64) bool {
+	if !hmac.Equal(c.mac, s.mac(c.body)) || now >= c.exp {
+		return false
 	}
-	body, sig := v[:i], v[i+1:]
-	got, err := base64.RawURLEncoding.Strict().DecodeString(sig) // one spelling per MAC: the revoked set is keyed by it
-	if err != nil || !hmac.Equal(got, h.mac(body)) {             // constant time
-		return "", false
+	r := s.byName[c.name]
+	if r == nil {
+		return true
 	}
-	j := strings.LastIndexByte(body, '.')
-	if j <= 0 {
-		return "", false
+	if c.exp <= r.cutoff {
+		return false
 	}
-	exp, err := strconv.ParseInt(body[j+1:], 10, 64)
-	if err != nil || h.cfg.now().Unix() >= exp || h.ended.has(sig, h.cfg.now().Unix()) {
-		return "", false
-	}
-	return body[:j], true
+	_, ended := r.macs[c.sig]
+	return !ended
 }
 
-// maxRevocations bounds the sessions ended by logout that are remembered
-// at once (a few dozen bytes each). When it is reached with none expired,
-// the MAC key is replaced: every session ends, as on a restart.
-const maxRevocations = 1 << 16
-
-// revocations are the MACs of sessions ended by logout, each with its
-// cookie's expiry (Unix seconds), after which openSession refuses the
-// cookie anyway and the entry is dropped.
-type revocations struct {
-	mu  sync.Mutex
-	exp map[string]int64
-}
-
-func (rv *revocations) has(mac string, now int64) bool {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	exp, ok := rv.exp[mac]
-	return ok && now < exp
-}
-
-// add records mac until exp; it reports false when the set is full of
-// unexpired entries (the caller then replaces the key).
-func (rv *revocations) add(mac string, exp, now int64) bool {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	if rv.exp == nil {
-		rv.exp = make(map[string]int64)
-	}
-	if len(rv.exp) >= maxRevocations {
-		for k, e := range rv.exp {
-			if now >= e {
-				delete(rv.exp, k)
-			}
-		}
-		if len(rv.exp) >= maxRevocations {
-			clear(rv.exp)
-			return false
-		}
-	}
-	rv.exp[mac] = exp
-	return true
-}
-
-// endSession revokes the session of cookie value v, if it is a valid one.
+// endSession revokes the session of cookie value v, if it is a valid one
+// (sessions).
 func (h *Handler) endSession(v string) {
-	if _, ok := h.openSession(v); !ok {
+	c, ok := parseSession(v)
+	if !ok {
 		return
 	}
-	i := strings.LastIndexByte(v, '.')
-	body, sig := v[:i], v[i+1:]
-	exp, _ := strconv.ParseInt(body[strings.LastIndexByte(body, '.')+1:], 10, 64)
-	if !h.ended.add(sig, exp, h.cfg.now().Unix()) {
-		h.keyMu.Lock()
-		h.key = newKey()
-		h.keyMu.Unlock()
-		h.log.Warn("console: more sessions ended by logout than can be remembered; replaced the session key, which ends every session", "max", maxRevocations)
+	now := h.cfg.now().Unix()
+	s := &h.sess
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.validLocked(c, now) {
+		return
+	}
+	if now >= s.nextSweep {
+		s.sweepLocked(now)
+		s.nextSweep = now + 60
+	}
+	if s.byName == nil {
+		s.byName = make(map[string]*revokedName)
+	}
+	r := s.byName[c.name]
+	if r == nil {
+		r = &revokedName{macs: make(map[string]int64)}
+		s.byName[c.name] = r
+	}
+	if len(r.macs) >= maxRevokedPerName {
+		for k, e := range r.macs {
+			if now >= e {
+				delete(r.macs, k)
+			}
+		}
+	}
+	if len(r.macs) < maxRevokedPerName {
+		r.macs[c.sig] = c.exp
+		return
+	}
+	// Full of unexpired revocations: one cutoff covers them all, this one
+	// and every session of the name sealed until now (the clock may have
+	// stepped back, so the entries' own expiries count too).
+	cut := max(c.exp, now+int64(h.cfg.SessionTTL/time.Second))
+	for _, e := range r.macs {
+		cut = max(cut, e)
+	}
+	r.cutoff = max(r.cutoff, cut)
+	clear(r.macs)
+	h.log.Warn("console: a token's sessions ended by logout exceed what is remembered per token; ended all its sessions so far (its holder signs in again; other tokens' sessions live on)", "token", c.name, "max", maxRevokedPerName)
+}
+
+// sweepLocked drops revocations and cutoffs that expired (their cookies
+// are refused as expired anyway). s.mu must be held for writing.
+func (s *sessions) sweepLocked(now int64) {
+	for name, r := range s.byName {
+		for k, e := range r.macs {
+			if now >= e {
+				delete(r.macs, k)
+			}
+		}
+		if now >= r.cutoff {
+			r.cutoff = 0
+		}
+		if len(r.macs) == 0 && r.cutoff == 0 {
+			delete(s.byName, name)
+		}
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/tetherfleet/tether/coordinator/jobstore"
@@ -97,9 +96,7 @@ const DefaultSessionTTL = 8 * time.Hour
 type Handler struct {
 	cfg   Config
 	log   *slog.Logger
-	key   []byte       // the session cookies' MAC key, random per process
-	keyMu sync.RWMutex // guards key, replaced when ended overflows
-	ended revocations  // sessions ended by logout, until their expiry
+	sess  sessions // the session cookies' key and what logout ended (auth.go)
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 }
@@ -121,7 +118,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, key: newKey()}
+	h := &Handler{cfg: cfg, log: cfg.Logger, sess: sessions{key: newKey()}}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}

@@ -53,7 +53,9 @@
 //     is the token's name and expiry, MACed (HMAC-SHA256) with the
 //     process's random key: it never holds the token, a restart ends every
 //     session, /console/logout ends one on the server (its MAC is refused
-//     until the cookie's expiry), and a forged, expired or ended cookie is
+//     until the cookie's expiry; past 1024 ended sessions of one token
+//     that are unexpired, all of that token's sessions so far end, and no
+//     other token's), and a forged, expired or ended cookie is
 //     401 (errBadSession), never the loopback user. The exchange is
 //     refused unless the connection is TLS or loopback (a token must not
 //     cross a network in clear text), and a POST whose Origin is another
@@ -72,6 +74,7 @@
 // coordinator's host or an SSH tunnel. The admin address's other paths
 // (/metrics, /healthz, /readyz) take no credentials.
 //
-// Handler is safe for concurrent use; it holds no locks of its own beyond
-// the policy store's.
+// Handler is safe for concurrent use. Its one lock of its own, the
+// sessions' (auth.go: the MAC key and what logout ended, under one
+// lock), is never held while the policy store's is taken.
 package console

@@ -81,6 +81,13 @@ code, 'status' shows a detached job's state on its node (an attached job's
 record otherwise). Finished jobs' files are kept for the agent's job
 retention (24 h by default).
 
+A job on several nodes (exec --all or --selector) is reached by its id
+alone: 'status' shows a node: line each, 'logs' prints every node's
+output with each line prefixed "NODE | " (as exec prints a fan-out's),
+'cancel' cancels every node's run (a node: line each); --node narrows any
+of them to one node. 'wait' and 'logs --follow' of a fan-out end as exec
+of it does: 0 when every node succeeded, 1 when any failed.
+
 'logs --follow' keeps following while the node or the coordinator is
 unreachable (the job outlives its agent: a restart or upgrade of the agent
 loses no output), and ends with the job's exit code (124 when its timeout killed
@@ -188,24 +195,97 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 	return printJobStatus(e.stdout, st, o.JSON)
 }
 
+// jobNodes returns the nodes of job id: --node's, else every node its
+// record names (rec is nil with --node).
+func jobNodes(ctx context.Context, c *client.Client, o *jobOptions, id string) ([]string, *protocol.JobRecord, error) {
+	if o.Node != "" {
+		return []string{o.Node}, nil, nil
+	}
+	rec, err := c.JobGet(ctx, id)
+	var ae *protocol.APIError
+	if errors.As(err, &ae) && ae.Status == 404 {
+		return nil, nil, err // "no job ID" says it all
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up job %s (give --node to ask its node directly): %w", id, err)
+	}
+	if len(rec.Nodes) == 0 {
+		return nil, rec, fmt.Errorf("job %s has no nodes (it is %s)", id, rec.State)
+	}
+	return rec.Nodes, rec, nil
+}
+
+// runJobCancel cancels the job on its node, or on every node of a
+// fan-out (one node: line each; --node narrows to one).
 func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
-	if _, err := resolveNode(ctx, c, o, id); err != nil {
-		return err
-	}
-	// A job that ended is said to have, with how (exit 0: there is
-	// nothing left to cancel).
-	if st, err := c.JobStatus(ctx, o.Node, id); err == nil && st.State != protocol.JobRunning {
-		fmt.Fprintf(e.stderr, "tether: job %s had already ended (%s): nothing to cancel\n", id, jobStatusState(st))
-		return printJobStatus(e.stdout, st, o.JSON)
-	}
-	st, err := c.JobCancel(ctx, o.Node, id)
+	nodes, _, err := jobNodes(ctx, c, o, id)
 	if err != nil {
 		return err
 	}
-	if !st.Cancelled && st.State != protocol.JobRunning {
-		fmt.Fprintf(e.stderr, "tether: job %s ended (%s) before the cancel reached it: nothing was cancelled\n", id, jobStatusState(st))
+	if len(nodes) == 1 {
+		st, note, err := cancelOnNode(ctx, c, nodes[0], id)
+		if err != nil {
+			return err
+		}
+		if note != "" {
+			fmt.Fprintf(e.stderr, "tether: job %s %s\n", id, note)
+		}
+		return printJobStatus(e.stdout, st, o.JSON)
 	}
-	return printJobStatus(e.stdout, st, o.JSON)
+	if !o.JSON {
+		fmt.Fprintf(e.stdout, "job:       %s\n", id)
+	}
+	failed := 0
+	for _, n := range nodes {
+		st, note, err := cancelOnNode(ctx, c, n, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			failed++
+			fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, n, err)
+			if !o.JSON {
+				fmt.Fprintf(e.stdout, "node:      %s error\n", n)
+			}
+			continue
+		}
+		if o.JSON {
+			if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
+				return err
+			}
+			continue
+		}
+		what := "cancelled"
+		switch {
+		case note != "":
+			what = note
+		case !st.Cancelled && st.State == protocol.JobRunning:
+			what = "cancel sent (running)"
+		}
+		fmt.Fprintf(e.stdout, "node:      %s %s\n", n, what)
+	}
+	if failed > 0 {
+		return fmt.Errorf("job %s: the cancel failed on %d of %d nodes", id, failed, len(nodes))
+	}
+	return nil
+}
+
+// cancelOnNode cancels job id's run on node. note says, when nothing was
+// cancelled, why (it had ended, or ended before the cancel reached it).
+func cancelOnNode(ctx context.Context, c *client.Client, node, id string) (*protocol.JobStatus, string, error) {
+	// A job that ended is said to have, with how (exit 0: there is
+	// nothing left to cancel).
+	if st, err := c.JobStatus(ctx, node, id); err == nil && st.State != protocol.JobRunning {
+		return st, fmt.Sprintf("had already ended (%s): nothing to cancel", jobStatusState(st)), nil
+	}
+	st, err := c.JobCancel(ctx, node, id)
+	if err != nil {
+		return nil, "", err
+	}
+	if !st.Cancelled && st.State != protocol.JobRunning {
+		return st, fmt.Sprintf("ended (%s) before the cancel reached it: nothing was cancelled", jobStatusState(st)), nil
+	}
+	return st, "", nil
 }
 
 // jobStatusState is a node's job status in the words of the job store
@@ -258,9 +338,15 @@ func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
 
 // runJobLogs prints the job's stdout then its stderr; with --follow it
 // polls both, printing new bytes as they come, until the job exited and
-// both were read to the end, then exits with the job's exit code.
+// both were read to the end, then exits with the job's exit code. A job
+// on several nodes (without --node) prints every node's output, each line
+// prefixed "NODE | " as tether exec prints a fan-out's, node by node
+// (with --follow: as it comes), and --follow of a fan-out (by its target,
+// also one that matched a single node) ends as exec of it does (0, 1
+// when any node failed, 254 when all succeeded but an output was
+// truncated).
 func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
-	rec, err := resolveNode(ctx, c, o, id)
+	nodes, rec, err := jobNodes(ctx, c, o, id)
 	if err != nil {
 		return err
 	}
@@ -268,10 +354,37 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		// Its output went to the client that ran it; nothing kept it.
 		return fmt.Errorf("job %s was attached (%s): its output went to the tether exec that ran it and was not kept; only detached jobs (tether exec --detach) keep logs", id, rec.State)
 	}
-	offsets := map[string]int64{}
-	read := func(stream string, w io.Writer) (eof bool, err error) {
+	multi := len(nodes) > 1
+	// A fan-out's follow ends as exec of it does, by its target (also one
+	// that matched a single node); --node asks one node's code.
+	fanout := multi || (rec != nil && rec.Target != "")
+	type nodeLogs struct {
+		node           string
+		offsets        map[string]int64
+		stdout, stderr io.Writer
+		prefixers      []*linePrefixer
+		done, outage   bool
+	}
+	logs := make([]*nodeLogs, len(nodes))
+	for i, n := range nodes {
+		l := &nodeLogs{node: n, offsets: map[string]int64{}, stdout: e.stdout, stderr: e.stderr}
+		if multi {
+			po, pe := newLinePrefixer(e.stdout, n+" | "), newLinePrefixer(e.stderr, n+" | ")
+			l.stdout, l.stderr, l.prefixers = po, pe, []*linePrefixer{po, pe}
+		}
+		logs[i] = l
+	}
+	flush := func(l *nodeLogs) error {
+		for _, p := range l.prefixers {
+			if err := p.Flush(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	read := func(l *nodeLogs, stream string, w io.Writer) (eof bool, err error) {
 		for {
-			out, err := c.JobOutput(ctx, o.Node, id, stream, offsets[stream], 0)
+			out, err := c.JobOutput(ctx, l.node, id, stream, l.offsets[stream], 0)
 			if err != nil {
 				return false, err
 			}
@@ -279,51 +392,106 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 				if _, err := w.Write(out.Data); err != nil {
 					return false, err
 				}
-				offsets[stream] += int64(len(out.Data))
+				l.offsets[stream] += int64(len(out.Data))
 			}
-			if offsets[stream] >= out.Total || len(out.Data) == 0 {
+			if l.offsets[stream] >= out.Total || len(out.Data) == 0 {
 				return out.EOF, nil
 			}
 		}
 	}
 	if !o.Follow {
-		if _, err := read(protocol.ReplyStdout, e.stdout); err != nil {
-			return err
+		failed := 0
+		for _, l := range logs {
+			_, err := read(l, protocol.ReplyStdout, l.stdout)
+			if err == nil {
+				_, err = read(l, protocol.ReplyStderr, l.stderr)
+			}
+			if ferr := flush(l); err == nil {
+				err = ferr
+			}
+			if err != nil && (!multi || ctx.Err() != nil) {
+				return err
+			}
+			if err != nil {
+				failed++
+				fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, l.node, err)
+			}
 		}
-		_, err := read(protocol.ReplyStderr, e.stderr)
-		return err
+		if failed > 0 {
+			return fmt.Errorf("job %s: could not read the output of %d of %d nodes", id, failed, len(logs))
+		}
+		return nil
 	}
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
-	outage := false
 	for {
-		outEOF, err := read(protocol.ReplyStdout, e.stdout)
-		var errEOF bool
-		if err == nil {
-			errEOF, err = read(protocol.ReplyStderr, e.stderr)
-		}
-		switch {
-		case err != nil && followRetryable(ctx, err):
-			// The job outlives its agent (and the coordinator): keep
-			// following from the same offsets once the node is back.
-			if !outage {
-				outage = true
-				fmt.Fprintf(e.stderr, "tether: job %s: %v; still following, from the same offsets\n", id, err)
+		pending := 0
+		for _, l := range logs {
+			if l.done {
+				continue
 			}
-		case err != nil:
-			return err
-		case outage:
-			outage = false
-			fmt.Fprintf(e.stderr, "tether: job %s: node %s answers again; resuming\n", id, o.Node)
+			outEOF, err := read(l, protocol.ReplyStdout, l.stdout)
+			var errEOF bool
+			if err == nil {
+				errEOF, err = read(l, protocol.ReplyStderr, l.stderr)
+			}
+			switch {
+			case err != nil && followRetryable(ctx, err):
+				// The job outlives its agent (and the coordinator): keep
+				// following from the same offsets once the node is back.
+				if !l.outage {
+					l.outage = true
+					fmt.Fprintf(e.stderr, "tether: job %s: %v; still following, from the same offsets\n", id, err)
+				}
+			case err != nil:
+				return err
+			case l.outage:
+				l.outage = false
+				fmt.Fprintf(e.stderr, "tether: job %s: node %s answers again; resuming\n", id, l.node)
+			}
+			if err == nil && outEOF && errEOF {
+				if err := flush(l); err != nil {
+					return err
+				}
+				l.done = true
+				continue
+			}
+			pending++
 		}
-		if err == nil && outEOF && errEOF {
+		if pending == 0 {
 			// Like `tail --pid` plus wait: the follower ends with the
 			// job's own exit code, so scripts can branch on it.
-			st, err := c.JobStatus(ctx, o.Node, id)
-			if err != nil {
-				return err
+			if !fanout {
+				st, err := c.JobStatus(ctx, nodes[0], id)
+				if err != nil {
+					return err
+				}
+				return jobOutcome(e, st)
 			}
-			return jobOutcome(e, st)
+			code := exitOK
+			for _, n := range nodes {
+				st, err := c.JobStatus(ctx, n, id)
+				if err != nil {
+					return err
+				}
+				var ee *exitError
+				switch err := jobOutcome(e, st); {
+				case err == nil:
+				case errors.As(err, &ee) && ee.code == exitTruncated:
+					if code == exitOK {
+						code = exitTruncated
+					}
+				default:
+					if ee != nil && ee.err != nil {
+						fmt.Fprintf(e.stderr, "tether: %v\n", ee.err)
+					}
+					code = exitFailure
+				}
+			}
+			if code == exitOK {
+				return nil
+			}
+			return &exitError{code: code}
 		}
 		select {
 		case <-ctx.Done():
@@ -394,28 +562,50 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 	return jobRecordOutcome(rec)
 }
 
-// jobRecordOutcome is how `job wait` ends: with the job's exit code (its
-// one node's, or 1 when a node of a fan-out failed), exitTether when its
-// outcome is unknown (lost, or ended without a node result).
+// jobRecordOutcome is how `job wait` ends: as the `tether exec` that
+// submitted the job ends (without --detach), by the job's target, not by
+// how many nodes it matched. A --node job (rec.Target empty) exits with
+// its node's code (nodeOutcome: the command's own, 124 for its timeout,
+// 130 when cancelled, 126/127 for a command the node could not execute or
+// find, exitTether when Tether failed). A fan-out (--selector, --all),
+// also one that matched a single node, exits 0 when every node
+// succeeded and exitFailure when any node failed. A lost job, or one that
+// ended without a result, is exitTether.
 func jobRecordOutcome(rec *protocol.JobRecord) error {
-	code := rec.ExitCode()
-	if len(rec.Results) == 1 && rec.Results[0].Error != "" && rec.State != protocol.JobStateLost {
-		// The node said why (a command it could not find or execute, a
-		// bad cwd): exit as `tether exec` does for the same result.
-		code, why := nodeOutcome(&rec.Results[0], 0)
-		return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", rec.ID, rec.Results[0].Node, why)}
-	}
-	switch {
-	case rec.State == protocol.JobStateLost || code < 0:
+	lost := func() error {
 		why := rec.Error
 		if why == "" {
 			why = "no exit status recorded"
 		}
 		return &exitError{code: exitTether, err: fmt.Errorf("job %s is %s: %s", rec.ID, rec.State, why)}
-	case code != 0:
-		return &exitError{code: code}
 	}
-	return nil
+	if rec.State == protocol.JobStateLost {
+		return lost()
+	}
+	if rec.Target != "" || len(rec.Nodes) > 1 {
+		switch {
+		case rec.State == protocol.JobSucceeded:
+			return nil
+		case rec.Failed > 0 || slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool {
+			c, _ := nodeOutcome(&r, 0)
+			return c != exitOK
+		}):
+			return &exitError{code: exitFailure}
+		}
+		return lost()
+	}
+	if len(rec.Results) != 1 {
+		return lost()
+	}
+	r := &rec.Results[0]
+	code, why := nodeOutcome(r, 0)
+	if code == exitOK {
+		return nil
+	}
+	if r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == "" {
+		return &exitError{code: code} // a plain exit code speaks for itself
+	}
+	return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", rec.ID, r.Node, why)}
 }
 
 // printJobRecord prints rec as JSON or as "key: value" lines.

@@ -106,8 +106,9 @@ type tokenCreateOptions struct {
 	// JSON prints the API's response instead of the bare token.
 	JSON bool
 	// Output is a file to write the token (or, with JSON, the response)
-	// to instead of stdout: mode 0600, written only once the coordinator
-	// has minted the token, replacing the file atomically. Empty: stdout.
+	// to instead of stdout: mode 0600, checked before the token is asked
+	// for (a temporary file beside it), written only once the coordinator
+	// has minted it, replacing the file atomically. Empty: stdout.
 	Output string
 	// NATS says how to reach the API.
 	NATS natsOptions
@@ -152,12 +153,27 @@ naming its node id from the coordinator's node CA; from then on it
 authenticates by that certificate only. The token is printed once, on
 stdout; the coordinator keeps only its hash, expiry, remaining uses and
 labels. With --output FILE it is written to FILE (0600) instead, only
-once minted, so a refused request leaves no empty file. Needs the admin
-right in the coordinator's policy.`,
+once minted, so a refused request leaves no empty file; a FILE that
+cannot be written (no such directory, a directory, no permission) is
+refused before any token is minted. Needs the admin right in the
+coordinator's policy.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
 				return usage(err)
+			}
+			// The file is checked (a 0600 temporary beside it is created)
+			// before anything is minted: a token minted for a path that
+			// cannot be written would live on, unused, with nobody holding
+			// it (fresh-user pass).
+			var pending *pendingFile
+			if o.Output != "" {
+				p, err := newPendingFile(o.Output, 0o600)
+				if err != nil {
+					return fmt.Errorf("--output %s: %w; no token was minted", o.Output, err)
+				}
+				pending = p
+				defer pending.abort()
 			}
 			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
@@ -189,7 +205,7 @@ right in the coordinator's policy.`,
 			if o.Output != "" {
 				// Only now, with the token minted: a failed request
 				// leaves no empty or partial file behind.
-				if err := writeFileAtomic(o.Output, out, 0o600); err != nil {
+				if err := pending.commit(out); err != nil {
 					return fmt.Errorf("join token %s minted but not saved: write --output %s: %w", resp.ID, o.Output, err)
 				}
 				if !o.JSON {
@@ -215,4 +231,56 @@ right in the coordinator's policy.`,
 	o.NATS.addFlags(create)
 	cmd.AddCommand(clientCommand(create))
 	return cmd
+}
+
+// pendingFile is a file to be replaced atomically, its temporary created
+// up front (newPendingFile) so that a path that cannot be written is
+// known before the work whose result it is to hold.
+type pendingFile struct {
+	path string
+	tmp  *os.File
+}
+
+// newPendingFile creates a temporary file of mode beside path; it fails
+// when path is a directory or its directory cannot be written.
+func newPendingFile(path string, mode os.FileMode) (*pendingFile, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("%s is a directory", path)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return nil, err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return nil, err
+	}
+	return &pendingFile{path: path, tmp: tmp}, nil
+}
+
+// commit writes data to the temporary file and renames it onto the path.
+func (p *pendingFile) commit(data []byte) error {
+	if _, err := p.tmp.Write(data); err != nil {
+		return err
+	}
+	if err := p.tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(p.tmp.Name(), p.path); err != nil {
+		return err
+	}
+	p.tmp = nil
+	return nil
+}
+
+// abort removes the temporary file unless commit renamed it; safe to call
+// after commit.
+func (p *pendingFile) abort() {
+	if p.tmp == nil {
+		return
+	}
+	p.tmp.Close()
+	os.Remove(p.tmp.Name())
+	p.tmp = nil
 }
