@@ -390,10 +390,12 @@ func TestExecCancel(t *testing.T) {
 func TestExecCancelWithoutResult(t *testing.T) {
 	s := runServer(t)
 	f := newFake(t, s, func(f *fake, m *nats.Msg, req protocol.ExecRequest) {}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
 	req := echoReq()
 	c := &client.Client{NC: connect(t, s), CancelGrace: 100 * time.Millisecond}
+	// The deadline starts once connected: under load the connect alone can
+	// outlast it, and Exec then refuses before sending anything.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
 	res, err := c.Exec(ctx, req, nil)
 	if !errors.Is(err, context.DeadlineExceeded) || res != nil {
 		t.Fatalf("Exec = %+v, %v; want nil, deadline exceeded", res, err)
