@@ -137,7 +137,7 @@ func TestForwardBenchmark(t *testing.T) {
 	}
 
 	key := newSSHKey(t, t.TempDir(), "fwd")
-	sshd := startSSHD(t, key)
+	sshd := startSSHD(t, key, nestedShell)
 	sshL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	ssh := exec.Command("ssh", "-F", sshd.Config, "-N", "-o", "Ciphers=aes128-gcm@openssh.com", "-o", "ExitOnForwardFailure=yes",
 		"-L", sshL+":"+target, sshd.Host)

@@ -62,7 +62,7 @@ func TestSSHBenchmark(t *testing.T) {
 
 	dir := t.TempDir()
 	key := newSSHKey(t, dir, "bench")
-	sshd := startSSHD(t, key)
+	sshd := startSSHD(t, key, topLevelShell)
 	jump, proxy, tetherPIDs := startBenchFleet(t, key)
 	sides := []benchSide{
 		{name: "sshd", env: nil, config: sshd.Config, host: sshd.Host, servers: []int{sshd.PID}},

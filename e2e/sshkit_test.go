@@ -379,10 +379,30 @@ type sshdServer struct {
 	Host   string // "sshd-bench"
 }
 
+// sshdShell says which shells the sshd's sessions start.
+type sshdShell int
+
+const (
+	// nestedShell: sessions get SHLVL=1, so Debian's bash does not read
+	// ~/.bashrc for `ssh host CMD`. For baselines against a tether path
+	// that runs no shell at all (tether exec, tether forward): a heavy rc
+	// file (pyenv init takes 0.17-0.25 s on a dev box) would otherwise be
+	// timed as ssh's cost and flatter tether.
+	nestedShell sshdShell = iota
+	// topLevelShell: sessions start as a stock sshd's do (no SHLVL), so
+	// bash reads ~/.bashrc for a command, exactly as the agent's SSH
+	// server does (agent/sshd drops SHLVL and sets SSH_CLIENT). For
+	// like-for-like baselines of Tether's SSH path: with nestedShell the
+	// sshd side skipped the rc file and Tether's did not, which made the
+	// ControlMaster scenario read 35x (stop 22's note).
+	topLevelShell
+)
+
 // startSSHD runs /usr/sbin/sshd -D -e -f CONFIG -p PORT as the current user
 // with a generated host key, trusting client (whose private key the client
-// config names), until the test ends. No system daemon is touched.
-func startSSHD(t testing.TB, client sshKey) *sshdServer {
+// config names), until the test ends; shell says whether its sessions'
+// bash reads ~/.bashrc. No system daemon is touched.
+func startSSHD(t testing.TB, client sshKey, shell sshdShell) *sshdServer {
 	t.Helper()
 	needTools(t, "sshd", "ssh", "ssh-keygen")
 	dir := t.TempDir()
@@ -418,14 +438,13 @@ func startSSHD(t testing.TB, client sshKey) *sshdServer {
 		"MaxStartups 100:30:200",
 		"Subsystem sftp " + sftpServer,
 		"LogLevel ERROR",
+	}, "\n") + "\n"
+	if shell == nestedShell {
 		// Debian's bash reads ~/.bashrc for `ssh host CMD` (sshd runs
 		// `$SHELL -c CMD` with SSH_CLIENT set) unless SHLVL says it is
-		// nested: a heavy rc file (pyenv init takes 0.25 s on a dev box)
-		// would then be timed as ssh's cost and flatter tether, whose
-		// exec runs no shell.
-		"SetEnv SHLVL=1",
-		"",
-	}, "\n")
+		// nested.
+		conf += "SetEnv SHLVL=1\n"
+	}
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}

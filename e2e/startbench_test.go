@@ -42,7 +42,7 @@ func TestStartupBenchmark(t *testing.T) {
 
 	dir := t.TempDir()
 	key := newSSHKey(t, dir, "bench")
-	sshd := startSSHD(t, key)
+	sshd := startSSHD(t, key, nestedShell)
 	sock := filepath.Join(dir, "cm")
 	mustRun(t, "ssh", "-F", sshd.Config, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", sshd.Host)
 	// Every run below must reuse this master: without it, each would be a
