@@ -59,18 +59,24 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 		return
 	}
 	a.m.execsRunning.Inc()
-	// The stream closes after the slot is free (defers run last first):
-	// a client that waits for the end of one exec and then starts the
-	// next must not be refused as busy by the one that ended.
+	// The slot is free before the final frame is written (x.final), and
+	// at the latest before the stream closes (defers run last first): a
+	// client that starts its next exec once it read one's result, or once
+	// the stream ended, must not be refused as busy by the one that ended.
+	var freed sync.Once
+	release := func() {
+		freed.Do(func() {
+			a.running.Add(-1)
+			a.m.execsRunning.Dec()
+		})
+	}
 	defer st.Close()
-	defer func() {
-		a.running.Add(-1)
-		a.m.execsRunning.Dec()
-	}()
+	defer release()
 	broken := make(chan struct{})
 	x := &execution{
-		a:  a,
-		st: st,
+		a:       a,
+		release: release,
+		st:      st,
 		w: &frameWriter{st: st, finalTimeout: a.cfg.Tunnel.WriteTimeout, dataTimeout: a.dataWriteTimeout,
 			onBroken: func() { close(broken) }},
 		broken: broken,
@@ -103,10 +109,11 @@ func (a *Agent) serveExec(ctx context.Context, st *yamux.Stream, h protocol.Head
 // goroutine, except w (shared, locked) and the copiers' counters (written by
 // each copier, read by the handler after the copier returned).
 type execution struct {
-	a      *Agent
-	st     *yamux.Stream
-	w      *frameWriter
-	broken <-chan struct{} // closed when an output write failed and w closed st
+	a       *Agent
+	release func() // frees the exec's MaxExecs slot; idempotent
+	st      *yamux.Stream
+	w       *frameWriter
+	broken  <-chan struct{} // closed when an output write failed and w closed st
 	// crash records a panic contained in one of the exec's helper
 	// goroutines (copiers, frame reader, waiter, stdin feeder): the process
 	// group is killed and the exec answered with an internal error.
@@ -131,6 +138,7 @@ type outputCount struct {
 // fail writes the final error frame.
 func (x *execution) fail(code, msg string) {
 	x.log.Warn("exec failed", "code", code, "err", msg)
+	x.release()
 	if err := x.w.final(protocol.FrameError, &protocol.ErrorInfo{Code: code, Message: msg}); err != nil {
 		x.log.Debug("write error frame", "err", err)
 	}
@@ -301,6 +309,7 @@ func (x *execution) run(ctx context.Context) {
 		// The result first, the log line after: the coordinator and its
 		// client wait for the one, nobody for the other (a log write is
 		// a system call, more with journald).
+		x.release()
 		err := x.w.final(protocol.FrameExit, status)
 		x.log.Info("exec finished", "exit_code", status.ExitCode, "signal", status.Signal,
 			"timed_out", status.TimedOut, "cancelled", status.Cancelled, "duration_ms", status.DurationMS,

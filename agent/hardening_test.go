@@ -209,3 +209,21 @@ func TestStalledOutputWriteClosesStream(t *testing.T) {
 		t.Errorf("process group %d still has live members %v", pgid, pids)
 	}
 }
+
+// A client that starts its next exec as soon as it reads the previous one's
+// exit frame (not the stream's end, which comes later) is never refused as
+// busy on a MaxExecs=1 node: the slot is free before the exit frame leaves.
+// The coordinator publishes a result on the exit frame, so a tight loop of
+// `tether exec` against a one-slot node hit this.
+func TestExecSlotFreeBeforeExitFrame(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.MaxExecs = 1 })
+	for i := 0; i < 100; i++ {
+		e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}})
+		e.until(t, "the exit frame", func() bool { return e.exit != nil || e.errInfo != nil })
+		if e.errInfo != nil {
+			t.Fatalf("exec %d: error %+v; want exit 0 (the previous exec's slot was not yet free)", i, e.errInfo)
+		}
+		// The stream is left open here: its end is not what the next waits for.
+	}
+}

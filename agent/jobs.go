@@ -107,6 +107,7 @@ func (a *Agent) startDetached(x *execution) {
 		return
 	}
 	x.log.Info("detached job started", "job_id", p.JobID, "pid", pid)
+	x.release() // the job runs on in its shim, outside MaxExecs
 	if err := x.w.final(protocol.FrameExit, &protocol.ExitStatus{Detached: true}); err != nil {
 		x.log.Warn("detached job start not reported", "job_id", p.JobID, "err", err)
 	}
