@@ -216,11 +216,22 @@ func jobNodes(ctx context.Context, c *client.Client, o *jobOptions, id string) (
 }
 
 // runJobCancel cancels the job on its node, or on every node of a
-// fan-out (one node: line each; --node narrows to one).
+// fan-out (one node: line each; --node narrows to one). An attached job
+// (one a tether exec runs) is cancelled through its coordinator instead
+// (tether.v1.cancel): the agent keeps no detached record of it.
 func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
-	nodes, _, err := jobNodes(ctx, c, o, id)
+	nodes, rec, err := jobNodes(ctx, c, o, id)
 	if err != nil {
 		return err
+	}
+	if rec == nil {
+		// --node: the record still tells an attached job from a detached
+		// one. Without one (none, or not ours to read) the node is asked,
+		// as it knows its detached jobs.
+		rec, _ = c.JobGet(ctx, id)
+	}
+	if rec != nil && !rec.Detached {
+		return cancelAttached(ctx, c, o, rec, e)
 	}
 	if len(nodes) == 1 {
 		st, note, err := cancelOnNode(ctx, c, nodes[0], id)
@@ -267,6 +278,39 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 	if failed > 0 {
 		return fmt.Errorf("job %s: the cancel failed on %d of %d nodes", id, failed, len(nodes))
 	}
+	return nil
+}
+
+// cancelAttached cancels the attached job rec: as a whole, since its
+// coordinator runs it as one (--node may name only its one node). One
+// that has ended says so and how, as a detached job's cancel does.
+func cancelAttached(ctx context.Context, c *client.Client, o *jobOptions, rec *protocol.JobRecord, e *env) error {
+	id := rec.ID
+	if o.Node != "" && (len(rec.Nodes) != 1 || rec.Nodes[0] != o.Node) {
+		return usage(fmt.Errorf("job %s is attached and ran on %s: it is cancelled as a whole; drop --node %s", id, strings.Join(rec.Nodes, ", "), o.Node))
+	}
+	ended := func(rec *protocol.JobRecord) error {
+		fmt.Fprintf(e.stderr, "tether: job %s had already ended (%s): nothing to cancel\n", id, rec.State)
+		return printJobRecord(e.stdout, rec, o.JSON)
+	}
+	if rec.State.Terminal() {
+		return ended(rec)
+	}
+	resp, err := c.Cancel(ctx, id)
+	var ae *protocol.APIError
+	if errors.As(err, &ae) && ae.Status == 404 {
+		// It may have ended between the two requests.
+		if now, gerr := c.JobGet(ctx, id); gerr == nil && now.State.Terminal() {
+			return ended(now)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cancel attached job %s: %w", id, err)
+	}
+	if o.JSON {
+		return json.NewEncoder(e.stdout).Encode(resp)
+	}
+	fmt.Fprintf(e.stdout, "job:       %s\nstate:     cancel sent (attached: the tether exec running it ends, exit %d)\n", id, exitInterrupted)
 	return nil
 }
 
