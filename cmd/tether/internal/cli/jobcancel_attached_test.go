@@ -19,7 +19,9 @@ func TestJobCancelOfAttachedJob(t *testing.T) {
 	ctx := testCtx(t)
 	for _, withNode := range []bool{false, true} {
 		done := make(chan result, 1)
-		go func() { done <- runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--", "sleep", "60") }()
+		go func() {
+			done <- runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--", "sleep", "60")
+		}()
 		var id string
 		for id == "" {
 			r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--state", "running")
