@@ -64,7 +64,10 @@
 // and the record write carries the key as Nats-Msg-Id. A repeat of a job
 // whose attempt ended lost runs (at least once): the key is moved to it
 // (compare-and-set, so of two repeats one runs) and its record write gets
-// a Nats-Msg-Id of that generation.
+// a Nats-Msg-Id of that generation. A key whose write was stored but not
+// acknowledged (timed out, or cut by a reconnect) names a job that was
+// refused and has no record: the submission reads it back, and so does
+// its repeat, which runs the job in its place, once (Store.claimKey).
 //
 // The package runs no goroutine that outlives the call that started it
 // (Active and SettleNodes read or ask concurrently); its methods are safe
