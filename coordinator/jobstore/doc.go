@@ -28,7 +28,11 @@
 // record of a dead holder, whatever its queue holds), and the idempotency
 // key goes with the record write as Nats-Msg-Id instead, so the bucket's
 // stream drops a repeat as the queue would. A job submitted queued gets
-// its queue message too, written concurrently with its record.
+// its queue message too, written concurrently with its record, under a
+// Nats-Msg-Id of that submission's own (its idempotency key's generation
+// for an idempotent job): a message whose PubAck was lost is sent again
+// and the stream's duplicate window (at least 2 minutes) drops the
+// resend, so the job is accepted with one message.
 //
 // The server's sync setting (sync_interval: always, which the embedded
 // coordinator server sets) decides whether an accepted record survives a

@@ -35,6 +35,12 @@ const (
 	DefaultDedupeWindow = 10 * time.Minute
 )
 
+// minDedupeWindow is the shortest duplicate window Open configures: well
+// past the span of one submission's writes and resends (its caller's
+// deadline plus settleConfirmTimeout, seconds), so the server drops a
+// resend of a queue message or record whose acknowledgement was lost.
+const minDedupeWindow = 2 * time.Minute
+
 // maxResultsBytes bounds the encoded node results a record keeps; past it
 // only the counts are kept (Record.ResultsOmitted), so a record of a wide
 // fan-out stays well under NATS's payload limit.
@@ -86,7 +92,9 @@ type Config struct {
 	// which they expire. Zero means DefaultRetention.
 	Retention time.Duration
 	// DedupeWindow is the stream's Nats-Msg-Id duplicate window. Zero
-	// means DefaultDedupeWindow; at most Retention.
+	// means DefaultDedupeWindow; at least 2 minutes (the span of a
+	// submission's resends after a lost acknowledgement), at most
+	// Retention.
 	DedupeWindow time.Duration
 	// Replicas forces the replica count (1 to 5); zero means min(3,
 	// cluster size).
@@ -127,7 +135,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.DedupeWindow <= 0 {
 		cfg.DedupeWindow = DefaultDedupeWindow
 	}
-	cfg.DedupeWindow = min(cfg.DedupeWindow, cfg.Retention)
+	// The window must outlast a submission's resends (minDedupeWindow);
+	// the server refuses one longer than the max age.
+	cfg.DedupeWindow = min(max(cfg.DedupeWindow, minDedupeWindow), cfg.Retention)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -284,9 +294,14 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	j.queued = true
 	m := nats.NewMsg(SubjectPrefix + sub.ID)
 	m.Data, _ = json.Marshal(&j.Record)
-	if sub.Idempotent {
-		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	// Every submission's message has a Nats-Msg-Id of its own (an
+	// idempotent one's: its key's generation, as its record write), so
+	// the stream drops a resend of it (below) as a duplicate.
+	qmsgID := recordMsgID
+	if qmsgID == "" {
+		qmsgID = "job." + sub.ID + "/" + rand.Text()
 	}
+	m.Header.Set(jetstream.MsgIDHeader, qmsgID)
 	paf, perr := s.js.PublishMsgAsync(m)
 	cerr := s.create(ctx, j, "")
 	var seq uint64
@@ -299,6 +314,24 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 		case perr = <-paf.Err():
 		case <-ctx.Done():
 			perr = ctx.Err()
+		}
+	}
+	if isUnconfirmed(perr) {
+		// The message may be stored with its PubAck lost (timed out, or
+		// cut by a reconnect): send it again under the same Nats-Msg-Id.
+		// The stream stores it (the first never came) or drops it as
+		// the first's duplicate and answers with the first's sequence:
+		// one message either way.
+		sctx, cancel := settleContext(ctx)
+		ack, err := s.js.PublishMsg(sctx, m)
+		cancel()
+		if err != nil {
+			perr = fmt.Errorf("%w (sent again: %v)", perr, err)
+		} else {
+			perr = nil
+			if !ack.Duplicate || !sub.Idempotent { // a plain one's id is this submission's alone
+				seq = ack.Sequence
+			}
 		}
 	}
 	switch {
