@@ -28,7 +28,11 @@
 // record of a dead holder, whatever its queue holds), and the idempotency
 // key goes with the record write as Nats-Msg-Id instead, so the bucket's
 // stream drops a repeat as the queue would. A job submitted queued gets
-// its queue message too, written concurrently with its record.
+// its queue message too, written concurrently with its record, under a
+// Nats-Msg-Id of that submission's own (its idempotency key's generation
+// for an idempotent job): a message whose PubAck was lost is sent again
+// and the stream's duplicate window (at least 2 minutes) drops the
+// resend, so the job is accepted with one message.
 //
 // The server's sync setting (sync_interval: always, which the embedded
 // coordinator server sets) decides whether an accepted record survives a
@@ -64,7 +68,10 @@
 // and the record write carries the key as Nats-Msg-Id. A repeat of a job
 // whose attempt ended lost runs (at least once): the key is moved to it
 // (compare-and-set, so of two repeats one runs) and its record write gets
-// a Nats-Msg-Id of that generation.
+// a Nats-Msg-Id of that generation. A key whose write was stored but not
+// acknowledged (timed out, or cut by a reconnect) names a job that was
+// refused and has no record: the submission reads it back, and so does
+// its repeat, which runs the job in its place, once (Store.claimKey).
 //
 // The package runs no goroutine that outlives the call that started it
 // (Active and SettleNodes read or ask concurrently); its methods are safe

@@ -35,6 +35,12 @@ const (
 	DefaultDedupeWindow = 10 * time.Minute
 )
 
+// minDedupeWindow is the shortest duplicate window Open configures: well
+// past the span of one submission's writes and resends (its caller's
+// deadline plus settleConfirmTimeout, seconds), so the server drops a
+// resend of a queue message or record whose acknowledgement was lost.
+const minDedupeWindow = 2 * time.Minute
+
 // maxResultsBytes bounds the encoded node results a record keeps; past it
 // only the counts are kept (Record.ResultsOmitted), so a record of a wide
 // fan-out stays well under NATS's payload limit.
@@ -86,7 +92,9 @@ type Config struct {
 	// which they expire. Zero means DefaultRetention.
 	Retention time.Duration
 	// DedupeWindow is the stream's Nats-Msg-Id duplicate window. Zero
-	// means DefaultDedupeWindow; at most Retention.
+	// means DefaultDedupeWindow; at least 2 minutes (the span of a
+	// submission's resends after a lost acknowledgement), at most
+	// Retention.
 	DedupeWindow time.Duration
 	// Replicas forces the replica count (1 to 5); zero means min(3,
 	// cluster size).
@@ -127,7 +135,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.DedupeWindow <= 0 {
 		cfg.DedupeWindow = DefaultDedupeWindow
 	}
-	cfg.DedupeWindow = min(cfg.DedupeWindow, cfg.Retention)
+	// The window must outlast a submission's resends (minDedupeWindow);
+	// the server refuses one longer than the max age.
+	cfg.DedupeWindow = min(max(cfg.DedupeWindow, minDedupeWindow), cfg.Retention)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -260,29 +270,10 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	recordMsgID := "" // the record write's Nats-Msg-Id
 	if sub.Idempotent {
 		msgID = idemKey(sub.Owner, key)
-		recordMsgID = msgID
+		var first *Job
 		var err error
-		if idemRev, err = s.kv.Create(ctx, msgID, []byte(sub.ID)); err != nil {
-			if !errors.Is(err, jetstream.ErrKeyExists) {
-				return nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
-			}
-			first, rev, err := s.firstOf(ctx, sub.ID, msgID)
-			if !errors.Is(err, ErrDuplicate) || first.State != Lost {
-				return first, err
-			}
-			// At least once: the first attempt was lost (its coordinator
-			// died), so this repeat runs, once: the key names it from
-			// now on (compare-and-set: of two repeats one wins), and its
-			// record write is deduplicated under a Nats-Msg-Id of its own
-			// generation.
-			if idemRev, err = s.kv.Update(ctx, msgID, []byte(sub.ID), rev); err != nil {
-				if isConflict(err) {
-					f, _, ferr := s.firstOf(ctx, sub.ID, msgID)
-					return f, ferr
-				}
-				return nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
-			}
-			recordMsgID = fmt.Sprintf("%s/%d", msgID, idemRev)
+		if idemRev, recordMsgID, first, err = s.claimKey(ctx, sub, msgID); err != nil {
+			return first, err
 		}
 	}
 	j := s.newJob(sub)
@@ -303,9 +294,14 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 	j.queued = true
 	m := nats.NewMsg(SubjectPrefix + sub.ID)
 	m.Data, _ = json.Marshal(&j.Record)
-	if sub.Idempotent {
-		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	// Every submission's message has a Nats-Msg-Id of its own (an
+	// idempotent one's: its key's generation, as its record write), so
+	// the stream drops a resend of it (below) as a duplicate.
+	qmsgID := recordMsgID
+	if qmsgID == "" {
+		qmsgID = "job." + sub.ID + "/" + rand.Text()
 	}
+	m.Header.Set(jetstream.MsgIDHeader, qmsgID)
 	paf, perr := s.js.PublishMsgAsync(m)
 	cerr := s.create(ctx, j, "")
 	var seq uint64
@@ -318,6 +314,24 @@ func (s *Store) Submit(ctx context.Context, sub Submission) (*Job, error) {
 		case perr = <-paf.Err():
 		case <-ctx.Done():
 			perr = ctx.Err()
+		}
+	}
+	if isUnconfirmed(perr) {
+		// The message may be stored with its PubAck lost (timed out, or
+		// cut by a reconnect): send it again under the same Nats-Msg-Id.
+		// The stream stores it (the first never came) or drops it as
+		// the first's duplicate and answers with the first's sequence:
+		// one message either way.
+		sctx, cancel := settleContext(ctx)
+		ack, err := s.js.PublishMsg(sctx, m)
+		cancel()
+		if err != nil {
+			perr = fmt.Errorf("%w (sent again: %v)", perr, err)
+		} else {
+			perr = nil
+			if !ack.Duplicate || !sub.Idempotent { // a plain one's id is this submission's alone
+				seq = ack.Sequence
+			}
 		}
 	}
 	switch {
@@ -486,14 +500,138 @@ func isWrongLastSeq(err error) bool {
 	return errors.As(err, &ae) && (ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// first returns the handle of the job the idempotency key idem (written
-// by an earlier submission) names, and ErrDuplicate.
-func (s *Store) first(ctx context.Context, id, idem string) (*Job, error) {
-	j, _, err := s.firstOf(ctx, id, idem)
-	return j, err
+// claimKeyTries bounds claimKey's rereads after losing a race for the key.
+const claimKeyTries = 3
+
+// claimKey takes the idempotency key idem (of sub's owner and key) for
+// sub's job and returns the key's revision and the Nats-Msg-Id the job's
+// record write carries: the key itself for the key's first submission;
+// idem/REV for a repeat that runs in place of an earlier attempt: REV is
+// the key revision this repeat writes when that attempt was lost, and the
+// one that attempt wrote when it is half made (below: the Nats-Msg-Id its
+// own record write would carry, were it a rerun itself). When the key
+// names an earlier submission's job that is not lost, it returns that job
+// and ErrDuplicate.
+//
+// A repeat runs in place of
+//   - an attempt that ended lost (its coordinator died): at least once;
+//   - an attempt that stored the key but never its record (half made):
+//     the key's write was stored but its acknowledgement was lost (timed
+//     out, or cut by a reconnect), so that submission was refused. Its
+//     repeat (the client's, typically with the same job id) reads the
+//     key back and runs the job, once, instead of failing on a key that
+//     names no record. A repeat with another job id first writes the
+//     attempt's record lost (compare-and-set on none, under the attempt's
+//     Nats-Msg-Id), so that the attempt's record write, should it still
+//     come, cannot land as a second job.
+//
+// The key is moved compare-and-set on the revision read, so of two
+// repeats at once one runs and the other gets the first's job. A half-made
+// attempt is taken for refused only after firstOf's wait for its record;
+// one still writing it after that, with the repeat's job id, is refused by
+// the record's compare-and-set (ErrExists) while the repeat's job runs.
+//
+// A create whose acknowledgement is lost is settled by the same read
+// back (a create of its own that landed is a half-made key naming sub's
+// id); while the key cannot be read the submission is refused with an
+// error wrapping the cause, and its repeat settles it.
+func (s *Store) claimKey(ctx context.Context, sub Submission, idem string) (uint64, string, *Job, error) {
+	rev, err := s.kv.Create(ctx, idem, []byte(sub.ID))
+	if err == nil {
+		return rev, idem, nil, nil
+	}
+	if isUnconfirmed(err) {
+		var cancel context.CancelFunc
+		ctx, cancel = settleContext(ctx)
+		defer cancel()
+	} else if !errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, "", nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
+	}
+	for range claimKeyTries {
+		first, krev, err := s.firstOf(ctx, sub.ID, idem)
+		var half *halfMadeError
+		lost := errors.Is(err, ErrDuplicate)
+		switch {
+		case lost && first.State != Lost:
+			return 0, "", first, err
+		case lost:
+			// At least once: the first attempt was lost (its coordinator
+			// died), so this repeat runs, once.
+		case errors.As(err, &half):
+			if half.id != sub.ID {
+				if err := s.fenceHalfMade(ctx, sub, half.id, idem); isConflict(err) {
+					continue // its record came: read again
+				} else if err != nil {
+					return 0, "", nil, err
+				}
+			}
+		default:
+			return 0, "", nil, err
+		}
+		// The key names this job from now on (compare-and-set: of two
+		// repeats one wins), and its record write is deduplicated under
+		// a Nats-Msg-Id of the attempt it replaces.
+		rev, err := s.kv.Update(ctx, idem, []byte(sub.ID), krev)
+		if isConflict(err) {
+			continue // another repeat moved it: read again
+		}
+		if err != nil {
+			return 0, "", nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
+		}
+		if lost {
+			krev = rev // the generation this write starts
+		}
+		return rev, fmt.Sprintf("%s/%d", idem, krev), nil, nil
+	}
+	return 0, "", nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w (moved by %d concurrent submissions)", sub.ID, jetstream.ErrKeyRevisionMismatch, claimKeyTries)
 }
 
-// firstOf is first with the key's revision.
+// fenceHalfMade writes the record of job id, whose submission stored the
+// idempotency key idem and not its record, as lost, compare-and-set on
+// none and under the Nats-Msg-Id that submission's record write carries
+// (the key's first), so that write, should it still come, is refused or
+// dropped: sub runs in its place. A conflict (isConflict) means id's
+// record came meanwhile.
+func (s *Store) fenceHalfMade(ctx context.Context, sub Submission, id, idem string) error {
+	now := s.now()
+	rec := Record{
+		ID: id, State: Lost, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
+		Idempotent: true, SubmittedAt: now, FinishedAt: now,
+		Error: fmt.Sprintf("its idempotency key was stored but not its record; not run (job %s, a repeat, runs in its place)", sub.ID),
+	}
+	b, _ := json.Marshal(&rec)
+	_, err := s.put(ctx, jobKey(id), b, 0, idem)
+	if de := (*duplicateError)(nil); errors.As(err, &de) {
+		// An earlier record write with the key's Nats-Msg-Id (the key's
+		// first job, when id is a rerun): id's own may have come.
+		if _, gerr := s.Get(ctx, id); gerr == nil {
+			return fmt.Errorf("jobstore: submit job %s: %w (job %s was recorded meanwhile)", sub.ID, jetstream.ErrKeyExists, id)
+		} else if !errors.Is(gerr, ErrNotFound) {
+			return fmt.Errorf("jobstore: submit job %s: read job %s: %w", sub.ID, id, gerr)
+		}
+		return nil
+	}
+	if err != nil && !isConflict(err) {
+		return fmt.Errorf("jobstore: submit job %s: end job %s, never recorded: %w", sub.ID, id, err)
+	}
+	return err
+}
+
+// halfMadeError: the idempotency key names job id (at key revision rev),
+// which has no record, even after firstOf's wait.
+type halfMadeError struct {
+	id  string
+	rev uint64
+}
+
+func (e *halfMadeError) Error() string {
+	return fmt.Sprintf("its idempotency key names job %s, which has no record", e.id)
+}
+
+// firstOf returns the handle of the job the idempotency key idem (written
+// by an earlier submission) names, the key's revision and ErrDuplicate;
+// an error wrapping ErrNotFound and a *halfMadeError when that job has no
+// record.
 func (s *Store) firstOf(ctx context.Context, id, idem string) (*Job, uint64, error) {
 	e, err := s.kv.Get(ctx, idem)
 	if err != nil {
@@ -508,6 +646,9 @@ func (s *Store) firstOf(ctx context.Context, id, idem string) (*Job, uint64, err
 		case <-time.After(wait):
 		}
 		first, err = s.Get(ctx, string(e.Value()))
+	}
+	if errors.Is(err, ErrNotFound) {
+		return nil, e.Revision(), fmt.Errorf("jobstore: submit job %s: first submission %s: %w (%w)", id, e.Value(), err, &halfMadeError{id: string(e.Value()), rev: e.Revision()})
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, e.Value(), err)

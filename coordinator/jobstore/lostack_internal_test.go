@@ -14,22 +14,28 @@ import (
 )
 
 // lostAckJS stores (unless drop: loses) the first record write of key
-// whose expected last sequence is expect (any, with expect "") and then
+// (the first publish to subject, when set) whose expected last sequence
+// is expect (any, with expect "") and then
 // answers as if their acknowledgement never came: the synchronous publish
 // with err, the asynchronous one with a future failing with err. Every
 // other call goes through.
 type lostAckJS struct {
 	jetstream.JetStream
-	t      *testing.T
-	key    string
-	expect string
-	err    error
-	drop   bool
-	hit    int
+	t       *testing.T
+	key     string
+	subject string
+	expect  string
+	err     error
+	drop    bool
+	hit     int
 }
 
 func (f *lostAckJS) matches(m *nats.Msg) bool {
-	if m.Subject != recordSubject(f.key) || f.hit > 0 {
+	want := recordSubject(f.key)
+	if f.subject != "" {
+		want = f.subject
+	}
+	if m.Subject != want || f.hit > 0 {
 		return false
 	}
 	if f.expect != "" && m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) != f.expect {
