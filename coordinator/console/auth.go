@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/policy"
 )
 
@@ -40,7 +42,12 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 		sw := &statusWriter{ResponseWriter: w}
 		n := &note{}
 		c, err := h.identify(r)
+		var misdirected *hostcheck.RefusedError
 		switch {
+		case errors.As(err, &misdirected):
+			n.reason = "host"
+			n.detail = err.Error()
+			h.fail(sw, caller{}, http.StatusMisdirectedRequest, err.Error())
 		case errors.Is(err, errClearText):
 			n.reason = reasonClearText
 			if tok, ok := bearer(r); ok {
@@ -111,10 +118,41 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 	}
 	if h.cfg.Local != nil {
 		if id, ok := h.cfg.Local(r); ok {
+			if err := h.loopbackHost(r); err != nil {
+				return caller{}, err
+			}
 			return caller{ID: id, Identified: true, Via: "loopback"}, nil
 		}
 	}
 	return caller{}, nil
+}
+
+// hostsHint ends the refusal of a Host that is no name of the console.
+const hostsHint = "the console answers a loopback caller without credentials only under these names (a web page whose own name resolves to 127.0.0.1 must not read it); if browsers really use that name, add it to --facade-allowed-hosts"
+
+// loopbackHost checks the Host of a request that would get the Local
+// identity (no credentials): localhost, 127.0.0.0/8, ::1, the
+// connection's local IP or a Config.AllowedHosts name, else a
+// *hostcheck.RefusedError (answered 421). Against DNS rebinding: a page
+// on evil.example whose name resolves to 127.0.0.1 reaches the console
+// over loopback, and its browser sends Host: evil.example (review F4).
+func (h *Handler) loopbackHost(r *http.Request) error {
+	err := h.hosts.Host("Host", r.Host)
+	if err == nil {
+		return nil
+	}
+	// The local IP a caller connected to is a name of the console too
+	// (a loopback one is accepted already).
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		if host, _, serr := net.SplitHostPort(a.String()); serr == nil {
+			if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() && !ip.IsUnspecified() {
+				if p, perr := hostcheck.New(hostcheck.Config{Listen: "127.0.0.1", Allowed: append(slices.Clip(h.cfg.AllowedHosts), ip.String()), Hint: hostsHint}); perr == nil {
+					err = p.Host("Host", r.Host)
+				}
+			}
+		}
+	}
+	return err
 }
 
 // bearer returns the token of an Authorization: Bearer header, and

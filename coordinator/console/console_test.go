@@ -213,7 +213,8 @@ type env struct {
 	server *httptest.Server
 }
 
-func newEnv(t *testing.T) *env {
+// newEnv returns a console over fakes; opts adjust its Config before New.
+func newEnv(t *testing.T, opts ...func(*Config)) *env {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(path, []byte(testPolicy), 0o600); err != nil {
@@ -255,7 +256,7 @@ func newEnv(t *testing.T) *env {
 		{Identity: "token:alice", Operation: "exec", Result: protocol.AuditOK, Nodes: []string{"prod-1"}},
 		{Identity: "nats:bob", Operation: "exec", Result: protocol.AuditRefused, Nodes: []string{"dev-1"}, Error: xss},
 	}}
-	e.h, err = New(Config{
+	cfg := Config{
 		Policy:  store,
 		Fleet:   e.fleet,
 		Jobs:    jobs,
@@ -270,7 +271,11 @@ func newEnv(t *testing.T) *env {
 			return *e.local, true
 		},
 		now: func() time.Time { e.nowMu.Lock(); defer e.nowMu.Unlock(); return e.now },
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e.h, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,10 +292,15 @@ const loopbackAddr = "127.0.0.1:40000"
 // remoteAddr is a caller on another host.
 const remoteAddr = "192.0.2.7:5000"
 
-// localRequest is httptest.NewRequest from loopbackAddr.
+// loopbackHost is the Host of the tests' loopback requests, as a
+// browser on the coordinator's host sends it.
+const loopbackHost = "127.0.0.1:8081"
+
+// localRequest is httptest.NewRequest from loopbackAddr to loopbackHost.
 func localRequest(method, target string, body io.Reader) *http.Request {
 	req := httptest.NewRequest(method, target, body)
 	req.RemoteAddr = loopbackAddr
+	req.Host = loopbackHost
 	return req
 }
 

@@ -64,7 +64,15 @@
 //     requests.
 //  3. The local user of a loopback caller without credentials
 //     (Config.Local: the uid owning the caller's socket, as the facades on
-//     loopback name it, token:loopback-uid-UID).
+//     loopback name it, token:loopback-uid-UID), when its Host names the
+//     console: localhost, 127.0.0.0/8, ::1, the connection's local IP or
+//     a Config.AllowedHosts name (--facade-allowed-hosts; the facades'
+//     checker, coordinator/facade/hostcheck). Any other Host is 421
+//     Misdirected Request (audit reason host), never the identity: a web
+//     page on evil.example whose name resolves to 127.0.0.1 (DNS
+//     rebinding) reaches the console over loopback from a browser on
+//     this host, and its browser sends Host: evil.example. A credential
+//     names the console by any Host (a rebinding page has none).
 //
 // Credentials travel only over TLS or loopback. A bearer token or session
 // cookie on a plain-HTTP connection from another host is refused with 403

@@ -57,7 +57,9 @@ func (o *consoleOptions) tokens() (func(string) (string, bool), error) {
 // adminHandler is the admin address's handler: the coordinator's admin
 // endpoints, and the console under console.Prefix unless it is off. The
 // server must use peeruid.ConnContext for the console's loopback callers.
-func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coordinator, cs *coordinatorServer, jobs *jobstore.Store, local func(uint32) policy.Identity, log *slog.Logger) (http.Handler, error) {
+// allowedHosts (--facade-allowed-hosts) are the further names a loopback
+// caller without credentials may name in Host (console.Config).
+func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coordinator, cs *coordinatorServer, jobs *jobstore.Store, local func(uint32) policy.Identity, allowedHosts []string, log *slog.Logger) (http.Handler, error) {
 	if o.Off {
 		return admin, nil
 	}
@@ -66,11 +68,12 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 		return nil, err
 	}
 	cfg := console.Config{
-		Policy: cs.policy,
-		Fleet:  coord,
-		Jobs:   jobs,
-		Tokens: tokens,
-		Logger: log,
+		Policy:       cs.policy,
+		Fleet:        coord,
+		Jobs:         jobs,
+		Tokens:       tokens,
+		Logger:       log,
+		AllowedHosts: allowedHosts,
 		Local: func(r *http.Request) (policy.Identity, bool) {
 			uid, err := peeruid.FromContext(r.Context())
 			if err != nil {
