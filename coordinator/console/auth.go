@@ -2,6 +2,7 @@ package console
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
@@ -176,49 +177,70 @@ func bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(tok), true
 }
 
-// sealSession returns the cookie value naming token name until the
-// session's end: "NAME.EXPIRY.MAC", EXPIRY in Unix seconds, MAC the
-// base64url HMAC-SHA256 of "NAME.EXPIRY" under the process's key. A token
-// name may hold dots ([A-Za-z0-9._-]), so openSession splits at the last
-// two; neither the expiry nor the MAC holds one.
+// Session cookie shape (sealSession, parseSession): four fields joined by
+// ".", each of one spelling only, so that the revocation state keyed by
+// the session id can never be side-stepped by a respelling.
+const (
+	sidBytes     = 12 // 96 random bits per login
+	macBytes     = sha256.Size
+	maxNameBytes = 64 // a token name's longest (cli validTokenName)
+)
+
+// sealSession returns the cookie value of a new session of token name
+// until the session's end: "NAME.SID.EXPIRY.MAC". NAME is the name in raw
+// base64url (a name may hold dots), SID 12 bytes from crypto/rand in raw
+// base64url, EXPIRY decimal Unix seconds, MAC the raw base64url
+// HMAC-SHA256 of "NAME.SID.EXPIRY" under the process's key. Each login
+// is its own session (review F3: logins in one second shared a cookie,
+// and signing in again after logout handed back the revoked one).
 func (h *Handler) sealSession(name string) string {
+	sid := make([]byte, sidBytes)
+	rand.Read(sid) // never fails
 	exp := strconv.FormatInt(h.cfg.now().Add(h.cfg.SessionTTL).Unix(), 10)
-	body := name + "." + exp
+	body := b64.EncodeToString([]byte(name)) + "." + b64.EncodeToString(sid) + "." + exp
 	h.sess.mu.RLock()
-	sig := base64.RawURLEncoding.EncodeToString(h.sess.mac(body))
+	sig := b64.EncodeToString(h.sess.mac(body))
 	h.sess.mu.RUnlock()
 	return body + "." + sig
 }
 
+// b64 is the cookie fields' encoding: raw (unpadded) base64url, strict
+// (the unused bits of a last character must be zero: one spelling).
+var b64 = base64.RawURLEncoding.Strict()
+
 // sessionCookie is a cookie value split into its parts (parseSession).
 type sessionCookie struct {
-	body, sig, name string
-	mac             []byte // sig decoded
+	body, name, sid string // sid: the field as sent (one spelling)
+	mac             []byte
 	exp             int64
 }
 
-// parseSession splits v; false when it is malformed. It checks nothing
-// against the key.
+// parseSession splits v; false unless it is exactly NAME.SID.EXPIRY.MAC
+// of sealSession's shape: four fields, NAME 1-64 bytes, SID 12 bytes and
+// MAC 32 bytes in strict raw base64url, EXPIRY a positive decimal without
+// sign or leading zero. It checks nothing against the key.
 func parseSession(v string) (sessionCookie, bool) {
-	i := strings.LastIndexByte(v, '.')
-	if i <= 0 {
+	f := strings.Split(v, ".")
+	if len(f) != 4 {
 		return sessionCookie{}, false
 	}
-	c := sessionCookie{body: v[:i], sig: v[i+1:]}
-	var err error
-	c.mac, err = base64.RawURLEncoding.Strict().DecodeString(c.sig) // one spelling per MAC: the revoked set is keyed by it
-	if err != nil {
+	name, err := b64.DecodeString(f[0])
+	if err != nil || len(name) == 0 || len(name) > maxNameBytes {
 		return sessionCookie{}, false
 	}
-	j := strings.LastIndexByte(c.body, '.')
-	if j <= 0 {
+	sid, err := b64.DecodeString(f[1])
+	if err != nil || len(sid) != sidBytes {
 		return sessionCookie{}, false
 	}
-	if c.exp, err = strconv.ParseInt(c.body[j+1:], 10, 64); err != nil {
+	exp, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || exp <= 0 || strconv.FormatInt(exp, 10) != f[2] {
 		return sessionCookie{}, false
 	}
-	c.name = c.body[:j]
-	return c, true
+	mac, err := b64.DecodeString(f[3])
+	if err != nil || len(mac) != macBytes {
+		return sessionCookie{}, false
+	}
+	return sessionCookie{body: v[:len(v)-len(f[3])-1], name: string(name), sid: f[1], mac: mac, exp: exp}, true
 }
 
 // openSession checks a cookie value sealSession made and returns its
@@ -252,9 +274,10 @@ const maxRevokedPerName = 1024
 // token holder filled one global set, whose overflow replaced the key and
 // signed every user out):
 //
-//   - Revocations are kept per token name, each until its cookie's own
-//     expiry (a cookie past it is refused anyway), so the state holds
-//     only unexpired revoked sessions.
+//   - Revocations are kept per token name, one per session id (each
+//     login's own, so logout ends that session only), each until its
+//     cookie's own expiry (a cookie past it is refused anyway), so the
+//     state holds only unexpired revoked sessions.
 //   - A name holds at most maxRevokedPerName of them. Past that, its
 //     entries are replaced by one cutoff: every cookie of that name
 //     expiring at or before the latest expiry among them, or than a
@@ -273,7 +296,7 @@ type sessions struct {
 
 // revokedName is what logout ended of one token name's sessions.
 type revokedName struct {
-	macs   map[string]int64 // a cookie's MAC -> its expiry (Unix seconds)
+	sids   map[string]int64 // a session's id (cookie field) -> its expiry (Unix seconds)
 	cutoff int64            // cookies expiring at or before it are ended; 0: none
 }
 
@@ -297,12 +320,12 @@ func (s *sessions) validLocked(c sessionCookie, now int64) bool {
 	if c.exp <= r.cutoff {
 		return false
 	}
-	_, ended := r.macs[c.sig]
+	_, ended := r.sids[c.sid]
 	return !ended
 }
 
-// endSession revokes the session of cookie value v, if it is a valid one
-// (sessions).
+// endSession revokes the session of cookie value v (its session id), if
+// it is a valid one (sessions); the token's other sessions live on.
 func (h *Handler) endSession(v string) {
 	c, ok := parseSession(v)
 	if !ok {
@@ -324,29 +347,29 @@ func (h *Handler) endSession(v string) {
 	}
 	r := s.byName[c.name]
 	if r == nil {
-		r = &revokedName{macs: make(map[string]int64)}
+		r = &revokedName{sids: make(map[string]int64)}
 		s.byName[c.name] = r
 	}
-	if len(r.macs) >= maxRevokedPerName {
-		for k, e := range r.macs {
+	if len(r.sids) >= maxRevokedPerName {
+		for k, e := range r.sids {
 			if now >= e {
-				delete(r.macs, k)
+				delete(r.sids, k)
 			}
 		}
 	}
-	if len(r.macs) < maxRevokedPerName {
-		r.macs[c.sig] = c.exp
+	if len(r.sids) < maxRevokedPerName {
+		r.sids[c.sid] = c.exp
 		return
 	}
 	// Full of unexpired revocations: one cutoff covers them all, this one
 	// and every session of the name sealed until now (the clock may have
 	// stepped back, so the entries' own expiries count too).
 	cut := max(c.exp, now+int64(h.cfg.SessionTTL/time.Second))
-	for _, e := range r.macs {
+	for _, e := range r.sids {
 		cut = max(cut, e)
 	}
 	r.cutoff = max(r.cutoff, cut)
-	clear(r.macs)
+	clear(r.sids)
 	h.log.Warn("console: a token's sessions ended by logout exceed what is remembered per token; ended all its sessions so far (its holder signs in again; other tokens' sessions live on)", "token", c.name, "max", maxRevokedPerName)
 }
 
@@ -354,15 +377,15 @@ func (h *Handler) endSession(v string) {
 // are refused as expired anyway). s.mu must be held for writing.
 func (s *sessions) sweepLocked(now int64) {
 	for name, r := range s.byName {
-		for k, e := range r.macs {
+		for k, e := range r.sids {
 			if now >= e {
-				delete(r.macs, k)
+				delete(r.sids, k)
 			}
 		}
 		if now >= r.cutoff {
 			r.cutoff = 0
 		}
-		if len(r.macs) == 0 && r.cutoff == 0 {
+		if len(r.sids) == 0 && r.cutoff == 0 {
 			delete(s.byName, name)
 		}
 	}

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
@@ -588,7 +589,8 @@ func TestLoginExchange(t *testing.T) {
 	}
 	// Another name under the same MAC, or a changed expiry, is refused.
 	parts := strings.Split(ck.Value, ".")
-	for _, forged := range []string{"admin." + parts[1] + "." + parts[2], parts[0] + ".9999999999." + parts[2], ck.Value + "x", "admin.9999999999.", ""} {
+	admin := base64.RawURLEncoding.EncodeToString([]byte("admin"))
+	for _, forged := range []string{admin + "." + parts[1] + "." + parts[2] + "." + parts[3], parts[0] + "." + parts[1] + ".9999999999." + parts[3], ck.Value + "x", admin + "." + parts[1] + ".9999999999.", ""} {
 		if code := withCookie(forged); code != http.StatusUnauthorized {
 			t.Errorf("forged cookie %q: %d, want 401", forged, code)
 		}
@@ -935,7 +937,7 @@ func TestBadCookieNoLoopbackFallback(t *testing.T) {
 	e.local = &policy.Identity{Kind: policy.KindToken, Name: "lister"}
 	parts := strings.Split(e.h.sealSession("alice"), ".")
 	req := localRequest("GET", "/console/nodes", nil)
-	req.AddCookie(&http.Cookie{Name: cookieName, Value: "admin." + parts[1] + "." + parts[2]})
+	req.AddCookie(&http.Cookie{Name: cookieName, Value: base64.RawURLEncoding.EncodeToString([]byte("admin")) + "." + parts[1] + "." + parts[2] + "." + parts[3]})
 	rec := httptest.NewRecorder()
 	e.h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "token:lister") {

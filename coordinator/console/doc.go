@@ -50,9 +50,12 @@
 //     token) checks the token (constant time, Config.Tokens) and answers
 //     303 to the console with a cookie tether_console: HttpOnly, Secure,
 //     SameSite=Strict, Path=/console/, lasting Config.SessionTTL. Its value
-//     is the token's name and expiry, MACed (HMAC-SHA256) with the
-//     process's random key: it never holds the token, a restart ends every
-//     session, /console/logout ends one on the server (its MAC is refused
+//     is NAME.SID.EXPIRY.MAC: the token's name, a 96-bit random session id
+//     of this login, the expiry, MACed (HMAC-SHA256) with the process's
+//     random key, read strictly (four fields, raw base64url, exact
+//     lengths, else 401): it never holds the token, each login is its own
+//     session, a restart ends every session, /console/logout ends that
+//     one on the server (its session id is refused
 //     until the cookie's expiry; past 1024 ended sessions of one token
 //     that are unexpired, all of that token's sessions so far end, and no
 //     other token's), and a forged, expired or ended cookie is
