@@ -75,14 +75,19 @@
 //     page on evil.example whose name resolves to 127.0.0.1 (DNS
 //     rebinding) reaches the console over loopback from a browser on
 //     this host, and its browser sends Host: evil.example. A credential
-//     names the console by any Host (a rebinding page has none).
+//     names the console by any Host (a rebinding page has none). A
+//     request carrying Forwarded, X-Forwarded-For, -Host, -Proto,
+//     X-Real-IP or Via never gets it (401): a proxy on the coordinator's
+//     host connects over loopback for every caller it forwards. A nil
+//     Local (the coordinator's --console-no-loopback) turns it off.
 //
 // Credentials travel only over TLS or loopback. A bearer token or session
 // cookie on a plain-HTTP connection from another host is refused with 403
 // (audit reason clear_text) before it is checked, exactly as the login
 // exchange refuses a token there: the admin listener serves plain HTTP,
 // so a remote browser reaches the console through a TLS proxy on the
-// coordinator's host or an SSH tunnel. The admin address's other paths
+// coordinator's host (one that adds X-Forwarded-For, or with
+// --console-no-loopback: Identities, 3) or an SSH tunnel. The admin address's other paths
 // (/metrics, /healthz, /readyz) take no credentials.
 //
 // Handler is safe for concurrent use. Its one lock of its own, the

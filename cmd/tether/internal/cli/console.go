@@ -24,6 +24,11 @@ type consoleOptions struct {
 	// holder is identity token:NAME. Empty: no token login; loopback
 	// callers are named by their uid only.
 	TokenFile string
+	// NoLoopback gives a loopback caller without credentials no identity
+	// (--console-no-loopback): for a coordinator behind a proxy on its
+	// host that does not add X-Forwarded-For, whose every caller then
+	// arrives from loopback.
+	NoLoopback bool
 }
 
 func (o *consoleOptions) addFlags(f interface {
@@ -31,6 +36,7 @@ func (o *consoleOptions) addFlags(f interface {
 	StringVar(p *string, name string, value string, usage string)
 }) {
 	f.BoolVar(&o.Off, "no-console", o.Off, "serve no web console under /console/ on the admin address")
+	f.BoolVar(&o.NoLoopback, "console-no-loopback", o.NoLoopback, "give a loopback caller without credentials no console identity (its socket's local user otherwise); for a proxy on this host that adds no X-Forwarded-For")
 	f.StringVar(&o.TokenFile, "console-token-file", o.TokenFile, "tokens of the web console (--facade-token-file's format; holders are token:NAME); default: none, loopback callers only")
 }
 
@@ -82,6 +88,9 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 			id := local(uid)
 			return id, id.Kind.Valid()
 		},
+	}
+	if o.NoLoopback {
+		cfg.Local = nil
 	}
 	if cs.sbx != nil {
 		cfg.Ledger = cs.sbx.Ledger()
