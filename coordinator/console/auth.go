@@ -2,18 +2,22 @@ package console
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/policy"
 )
 
@@ -40,7 +44,12 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 		sw := &statusWriter{ResponseWriter: w}
 		n := &note{}
 		c, err := h.identify(r)
+		var misdirected *hostcheck.RefusedError
 		switch {
+		case errors.As(err, &misdirected):
+			n.reason = "host"
+			n.detail = err.Error()
+			h.fail(sw, caller{}, http.StatusMisdirectedRequest, err.Error())
 		case errors.Is(err, errClearText):
 			n.reason = reasonClearText
 			if tok, ok := bearer(r); ok {
@@ -110,11 +119,62 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
 	}
 	if h.cfg.Local != nil {
+		if hd := proxyHeader(r); hd != "" {
+			return caller{}, fmt.Errorf("sign in: this request came through a proxy (it carries %s), so its sender is not the local user of the loopback connection; a proxied request needs a console token or session", hd)
+		}
 		if id, ok := h.cfg.Local(r); ok {
+			if err := h.loopbackHost(r); err != nil {
+				return caller{}, err
+			}
 			return caller{ID: id, Identified: true, Via: "loopback"}, nil
 		}
 	}
 	return caller{}, nil
+}
+
+// proxyHeaders are the headers proxies add to what they forward.
+var proxyHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
+
+// proxyHeader returns the first of proxyHeaders r carries (even empty),
+// "" for none. A request with one never gets the Local identity: a proxy
+// on the coordinator's host connects over loopback for every caller it
+// forwards (review F13: behind a root TLS forwarder each remote caller
+// was the root user).
+func proxyHeader(r *http.Request) string {
+	for _, k := range proxyHeaders {
+		if _, ok := r.Header[k]; ok {
+			return k
+		}
+	}
+	return ""
+}
+
+// hostsHint ends the refusal of a Host that is no name of the console.
+const hostsHint = "the console answers a loopback caller without credentials only under these names (a web page whose own name resolves to 127.0.0.1 must not read it); if browsers really use that name, add it to --facade-allowed-hosts"
+
+// loopbackHost checks the Host of a request that would get the Local
+// identity (no credentials): localhost, 127.0.0.0/8, ::1, the
+// connection's local IP or a Config.AllowedHosts name, else a
+// *hostcheck.RefusedError (answered 421). Against DNS rebinding: a page
+// on evil.example whose name resolves to 127.0.0.1 reaches the console
+// over loopback, and its browser sends Host: evil.example (review F4).
+func (h *Handler) loopbackHost(r *http.Request) error {
+	err := h.hosts.Host("Host", r.Host)
+	if err == nil {
+		return nil
+	}
+	// The local IP a caller connected to is a name of the console too
+	// (a loopback one is accepted already).
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		if host, _, serr := net.SplitHostPort(a.String()); serr == nil {
+			if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() && !ip.IsUnspecified() {
+				if p, perr := hostcheck.New(hostcheck.Config{Listen: "127.0.0.1", Allowed: append(slices.Clip(h.cfg.AllowedHosts), ip.String()), Hint: hostsHint}); perr == nil {
+					err = p.Host("Host", r.Host)
+				}
+			}
+		}
+	}
+	return err
 }
 
 // bearer returns the token of an Authorization: Bearer header, and
@@ -138,49 +198,70 @@ func bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(tok), true
 }
 
-// sealSession returns the cookie value naming token name until the
-// session's end: "NAME.EXPIRY.MAC", EXPIRY in Unix seconds, MAC the
-// base64url HMAC-SHA256 of "NAME.EXPIRY" under the process's key. A token
-// name may hold dots ([A-Za-z0-9._-]), so openSession splits at the last
-// two; neither the expiry nor the MAC holds one.
+// Session cookie shape (sealSession, parseSession): four fields joined by
+// ".", each of one spelling only, so that the revocation state keyed by
+// the session id can never be side-stepped by a respelling.
+const (
+	sidBytes     = 12 // 96 random bits per login
+	macBytes     = sha256.Size
+	maxNameBytes = 64 // a token name's longest (cli validTokenName)
+)
+
+// sealSession returns the cookie value of a new session of token name
+// until the session's end: "NAME.SID.EXPIRY.MAC". NAME is the name in raw
+// base64url (a name may hold dots), SID 12 bytes from crypto/rand in raw
+// base64url, EXPIRY decimal Unix seconds, MAC the raw base64url
+// HMAC-SHA256 of "NAME.SID.EXPIRY" under the process's key. Each login
+// is its own session (review F3: logins in one second shared a cookie,
+// and signing in again after logout handed back the revoked one).
 func (h *Handler) sealSession(name string) string {
+	sid := make([]byte, sidBytes)
+	rand.Read(sid) // never fails
 	exp := strconv.FormatInt(h.cfg.now().Add(h.cfg.SessionTTL).Unix(), 10)
-	body := name + "." + exp
+	body := b64.EncodeToString([]byte(name)) + "." + b64.EncodeToString(sid) + "." + exp
 	h.sess.mu.RLock()
-	sig := base64.RawURLEncoding.EncodeToString(h.sess.mac(body))
+	sig := b64.EncodeToString(h.sess.mac(body))
 	h.sess.mu.RUnlock()
 	return body + "." + sig
 }
 
+// b64 is the cookie fields' encoding: raw (unpadded) base64url, strict
+// (the unused bits of a last character must be zero: one spelling).
+var b64 = base64.RawURLEncoding.Strict()
+
 // sessionCookie is a cookie value split into its parts (parseSession).
 type sessionCookie struct {
-	body, sig, name string
-	mac             []byte // sig decoded
+	body, name, sid string // sid: the field as sent (one spelling)
+	mac             []byte
 	exp             int64
 }
 
-// parseSession splits v; false when it is malformed. It checks nothing
-// against the key.
+// parseSession splits v; false unless it is exactly NAME.SID.EXPIRY.MAC
+// of sealSession's shape: four fields, NAME 1-64 bytes, SID 12 bytes and
+// MAC 32 bytes in strict raw base64url, EXPIRY a positive decimal without
+// sign or leading zero. It checks nothing against the key.
 func parseSession(v string) (sessionCookie, bool) {
-	i := strings.LastIndexByte(v, '.')
-	if i <= 0 {
+	f := strings.Split(v, ".")
+	if len(f) != 4 {
 		return sessionCookie{}, false
 	}
-	c := sessionCookie{body: v[:i], sig: v[i+1:]}
-	var err error
-	c.mac, err = base64.RawURLEncoding.Strict().DecodeString(c.sig) // one spelling per MAC: the revoked set is keyed by it
-	if err != nil {
+	name, err := b64.DecodeString(f[0])
+	if err != nil || len(name) == 0 || len(name) > maxNameBytes {
 		return sessionCookie{}, false
 	}
-	j := strings.LastIndexByte(c.body, '.')
-	if j <= 0 {
+	sid, err := b64.DecodeString(f[1])
+	if err != nil || len(sid) != sidBytes {
 		return sessionCookie{}, false
 	}
-	if c.exp, err = strconv.ParseInt(c.body[j+1:], 10, 64); err != nil {
+	exp, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || exp <= 0 || strconv.FormatInt(exp, 10) != f[2] {
 		return sessionCookie{}, false
 	}
-	c.name = c.body[:j]
-	return c, true
+	mac, err := b64.DecodeString(f[3])
+	if err != nil || len(mac) != macBytes {
+		return sessionCookie{}, false
+	}
+	return sessionCookie{body: v[:len(v)-len(f[3])-1], name: string(name), sid: f[1], mac: mac, exp: exp}, true
 }
 
 // openSession checks a cookie value sealSession made and returns its
@@ -214,9 +295,10 @@ const maxRevokedPerName = 1024
 // token holder filled one global set, whose overflow replaced the key and
 // signed every user out):
 //
-//   - Revocations are kept per token name, each until its cookie's own
-//     expiry (a cookie past it is refused anyway), so the state holds
-//     only unexpired revoked sessions.
+//   - Revocations are kept per token name, one per session id (each
+//     login's own, so logout ends that session only), each until its
+//     cookie's own expiry (a cookie past it is refused anyway), so the
+//     state holds only unexpired revoked sessions.
 //   - A name holds at most maxRevokedPerName of them. Past that, its
 //     entries are replaced by one cutoff: every cookie of that name
 //     expiring at or before the latest expiry among them, or than a
@@ -235,7 +317,7 @@ type sessions struct {
 
 // revokedName is what logout ended of one token name's sessions.
 type revokedName struct {
-	macs   map[string]int64 // a cookie's MAC -> its expiry (Unix seconds)
+	sids   map[string]int64 // a session's id (cookie field) -> its expiry (Unix seconds)
 	cutoff int64            // cookies expiring at or before it are ended; 0: none
 }
 
@@ -259,12 +341,12 @@ func (s *sessions) validLocked(c sessionCookie, now int64) bool {
 	if c.exp <= r.cutoff {
 		return false
 	}
-	_, ended := r.macs[c.sig]
+	_, ended := r.sids[c.sid]
 	return !ended
 }
 
-// endSession revokes the session of cookie value v, if it is a valid one
-// (sessions).
+// endSession revokes the session of cookie value v (its session id), if
+// it is a valid one (sessions); the token's other sessions live on.
 func (h *Handler) endSession(v string) {
 	c, ok := parseSession(v)
 	if !ok {
@@ -286,29 +368,29 @@ func (h *Handler) endSession(v string) {
 	}
 	r := s.byName[c.name]
 	if r == nil {
-		r = &revokedName{macs: make(map[string]int64)}
+		r = &revokedName{sids: make(map[string]int64)}
 		s.byName[c.name] = r
 	}
-	if len(r.macs) >= maxRevokedPerName {
-		for k, e := range r.macs {
+	if len(r.sids) >= maxRevokedPerName {
+		for k, e := range r.sids {
 			if now >= e {
-				delete(r.macs, k)
+				delete(r.sids, k)
 			}
 		}
 	}
-	if len(r.macs) < maxRevokedPerName {
-		r.macs[c.sig] = c.exp
+	if len(r.sids) < maxRevokedPerName {
+		r.sids[c.sid] = c.exp
 		return
 	}
 	// Full of unexpired revocations: one cutoff covers them all, this one
 	// and every session of the name sealed until now (the clock may have
 	// stepped back, so the entries' own expiries count too).
 	cut := max(c.exp, now+int64(h.cfg.SessionTTL/time.Second))
-	for _, e := range r.macs {
+	for _, e := range r.sids {
 		cut = max(cut, e)
 	}
 	r.cutoff = max(r.cutoff, cut)
-	clear(r.macs)
+	clear(r.sids)
 	h.log.Warn("console: a token's sessions ended by logout exceed what is remembered per token; ended all its sessions so far (its holder signs in again; other tokens' sessions live on)", "token", c.name, "max", maxRevokedPerName)
 }
 
@@ -316,15 +398,15 @@ func (h *Handler) endSession(v string) {
 // are refused as expired anyway). s.mu must be held for writing.
 func (s *sessions) sweepLocked(now int64) {
 	for name, r := range s.byName {
-		for k, e := range r.macs {
+		for k, e := range r.sids {
 			if now >= e {
-				delete(r.macs, k)
+				delete(r.sids, k)
 			}
 		}
 		if now >= r.cutoff {
 			r.cutoff = 0
 		}
-		if len(r.macs) == 0 && r.cutoff == 0 {
+		if len(r.sids) == 0 && r.cutoff == 0 {
 			delete(s.byName, name)
 		}
 	}
@@ -446,7 +528,8 @@ func sameOrigin(origin string, r *http.Request) bool {
 // privateChannel reports whether r came over TLS or from loopback: the
 // only connections a credential may travel on (identify, the login
 // exchange). The admin listener serves plain HTTP, so off this host only
-// a TLS proxy on the host (which connects over loopback) or an SSH tunnel
+// a TLS proxy on the host (which connects over loopback, and must add
+// X-Forwarded-For so its callers get no loopback identity) or an SSH tunnel
 // reaches the console with credentials.
 func privateChannel(r *http.Request) bool {
 	if r.TLS != nil {

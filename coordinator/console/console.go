@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/policy"
@@ -81,6 +82,12 @@ type Config struct {
 	// its socket (the connection must be served with
 	// peeruid.ConnContext); nil leaves such callers unidentified.
 	Local func(r *http.Request) (policy.Identity, bool)
+	// AllowedHosts are further names (host names, IPs, *.domain; as
+	// --facade-allowed-hosts) a caller given the Local identity may name
+	// in Host, besides localhost, 127.0.0.0/8, ::1 and the connection's
+	// local IP (package doc, DNS rebinding). An entry that is no name is
+	// New's error.
+	AllowedHosts []string
 	// SessionTTL is how long a login cookie lasts; zero means 8 hours.
 	SessionTTL time.Duration
 	// Logger receives the console's errors; nil discards.
@@ -94,9 +101,13 @@ const DefaultSessionTTL = 8 * time.Hour
 
 // Handler serves the console (New).
 type Handler struct {
-	cfg   Config
-	log   *slog.Logger
-	sess  sessions // the session cookies' key and what logout ended (auth.go)
+	cfg  Config
+	log  *slog.Logger
+	sess sessions // the session cookies' key and what logout ended (auth.go)
+	// hosts are the names a caller given the Local identity may name in
+	// Host (auth.go, loopbackHost): localhost, 127.0.0.0/8, ::1 and
+	// Config.AllowedHosts; always checking.
+	hosts *hostcheck.Policy
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 }
@@ -118,12 +129,17 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, sess: sessions{key: newKey()}}
+	// Listen 127.0.0.1: the policy checks whatever address the admin
+	// listener has, since the identity it guards is a loopback one.
+	hosts, err := hostcheck.New(hostcheck.Config{Listen: "127.0.0.1", Allowed: cfg.AllowedHosts, Hint: hostsHint})
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger, sess: sessions{key: newKey()}, hosts: hosts}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.log = h.log.With("component", "console")
-	var err error
 	if h.pages, err = parsePages(); err != nil {
 		return nil, err
 	}

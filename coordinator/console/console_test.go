@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
@@ -213,7 +214,8 @@ type env struct {
 	server *httptest.Server
 }
 
-func newEnv(t *testing.T) *env {
+// newEnv returns a console over fakes; opts adjust its Config before New.
+func newEnv(t *testing.T, opts ...func(*Config)) *env {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(path, []byte(testPolicy), 0o600); err != nil {
@@ -255,7 +257,7 @@ func newEnv(t *testing.T) *env {
 		{Identity: "token:alice", Operation: "exec", Result: protocol.AuditOK, Nodes: []string{"prod-1"}},
 		{Identity: "nats:bob", Operation: "exec", Result: protocol.AuditRefused, Nodes: []string{"dev-1"}, Error: xss},
 	}}
-	e.h, err = New(Config{
+	cfg := Config{
 		Policy:  store,
 		Fleet:   e.fleet,
 		Jobs:    jobs,
@@ -270,7 +272,11 @@ func newEnv(t *testing.T) *env {
 			return *e.local, true
 		},
 		now: func() time.Time { e.nowMu.Lock(); defer e.nowMu.Unlock(); return e.now },
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e.h, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,10 +293,15 @@ const loopbackAddr = "127.0.0.1:40000"
 // remoteAddr is a caller on another host.
 const remoteAddr = "192.0.2.7:5000"
 
-// localRequest is httptest.NewRequest from loopbackAddr.
+// loopbackHost is the Host of the tests' loopback requests, as a
+// browser on the coordinator's host sends it.
+const loopbackHost = "127.0.0.1:8081"
+
+// localRequest is httptest.NewRequest from loopbackAddr to loopbackHost.
 func localRequest(method, target string, body io.Reader) *http.Request {
 	req := httptest.NewRequest(method, target, body)
 	req.RemoteAddr = loopbackAddr
+	req.Host = loopbackHost
 	return req
 }
 
@@ -578,7 +589,8 @@ func TestLoginExchange(t *testing.T) {
 	}
 	// Another name under the same MAC, or a changed expiry, is refused.
 	parts := strings.Split(ck.Value, ".")
-	for _, forged := range []string{"admin." + parts[1] + "." + parts[2], parts[0] + ".9999999999." + parts[2], ck.Value + "x", "admin.9999999999.", ""} {
+	admin := base64.RawURLEncoding.EncodeToString([]byte("admin"))
+	for _, forged := range []string{admin + "." + parts[1] + "." + parts[2] + "." + parts[3], parts[0] + "." + parts[1] + ".9999999999." + parts[3], ck.Value + "x", admin + "." + parts[1] + ".9999999999.", ""} {
 		if code := withCookie(forged); code != http.StatusUnauthorized {
 			t.Errorf("forged cookie %q: %d, want 401", forged, code)
 		}
@@ -925,7 +937,7 @@ func TestBadCookieNoLoopbackFallback(t *testing.T) {
 	e.local = &policy.Identity{Kind: policy.KindToken, Name: "lister"}
 	parts := strings.Split(e.h.sealSession("alice"), ".")
 	req := localRequest("GET", "/console/nodes", nil)
-	req.AddCookie(&http.Cookie{Name: cookieName, Value: "admin." + parts[1] + "." + parts[2]})
+	req.AddCookie(&http.Cookie{Name: cookieName, Value: base64.RawURLEncoding.EncodeToString([]byte("admin")) + "." + parts[1] + "." + parts[2] + "." + parts[3]})
 	rec := httptest.NewRecorder()
 	e.h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "token:lister") {

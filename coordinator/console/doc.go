@@ -50,9 +50,12 @@
 //     token) checks the token (constant time, Config.Tokens) and answers
 //     303 to the console with a cookie tether_console: HttpOnly, Secure,
 //     SameSite=Strict, Path=/console/, lasting Config.SessionTTL. Its value
-//     is the token's name and expiry, MACed (HMAC-SHA256) with the
-//     process's random key: it never holds the token, a restart ends every
-//     session, /console/logout ends one on the server (its MAC is refused
+//     is NAME.SID.EXPIRY.MAC: the token's name, a 96-bit random session id
+//     of this login, the expiry, MACed (HMAC-SHA256) with the process's
+//     random key, read strictly (four fields, raw base64url, exact
+//     lengths, else 401): it never holds the token, each login is its own
+//     session, a restart ends every session, /console/logout ends that
+//     one on the server (its session id is refused
 //     until the cookie's expiry; past 1024 ended sessions of one token
 //     that are unexpired, all of that token's sessions so far end, and no
 //     other token's), and a forged, expired or ended cookie is
@@ -64,14 +67,27 @@
 //     requests.
 //  3. The local user of a loopback caller without credentials
 //     (Config.Local: the uid owning the caller's socket, as the facades on
-//     loopback name it, token:loopback-uid-UID).
+//     loopback name it, token:loopback-uid-UID), when its Host names the
+//     console: localhost, 127.0.0.0/8, ::1, the connection's local IP or
+//     a Config.AllowedHosts name (--facade-allowed-hosts; the facades'
+//     checker, coordinator/facade/hostcheck). Any other Host is 421
+//     Misdirected Request (audit reason host), never the identity: a web
+//     page on evil.example whose name resolves to 127.0.0.1 (DNS
+//     rebinding) reaches the console over loopback from a browser on
+//     this host, and its browser sends Host: evil.example. A credential
+//     names the console by any Host (a rebinding page has none). A
+//     request carrying Forwarded, X-Forwarded-For, -Host, -Proto,
+//     X-Real-IP or Via never gets it (401): a proxy on the coordinator's
+//     host connects over loopback for every caller it forwards. A nil
+//     Local (the coordinator's --console-no-loopback) turns it off.
 //
 // Credentials travel only over TLS or loopback. A bearer token or session
 // cookie on a plain-HTTP connection from another host is refused with 403
 // (audit reason clear_text) before it is checked, exactly as the login
 // exchange refuses a token there: the admin listener serves plain HTTP,
 // so a remote browser reaches the console through a TLS proxy on the
-// coordinator's host or an SSH tunnel. The admin address's other paths
+// coordinator's host (one that adds X-Forwarded-For, or with
+// --console-no-loopback: Identities, 3) or an SSH tunnel. The admin address's other paths
 // (/metrics, /healthz, /readyz) take no credentials.
 //
 // Handler is safe for concurrent use. Its one lock of its own, the

@@ -72,7 +72,7 @@ func TestLogoutFloodSignsOutOnlyTheFlooder(t *testing.T) {
 			t.Fatalf("logged-out cookie %s passes again", v)
 		}
 	}
-	if r := e.h.sess.byName["alice"]; r == nil || len(r.macs) > maxRevokedPerName {
+	if r := e.h.sess.byName["alice"]; r == nil || len(r.sids) > maxRevokedPerName {
 		t.Errorf("alice's remembered revocations: %v, want at most %d", r, maxRevokedPerName)
 	}
 	if v := e.h.sealSession("alice"); !func() bool { _, ok := e.h.openSession(v); return ok }() {

@@ -24,6 +24,11 @@ type consoleOptions struct {
 	// holder is identity token:NAME. Empty: no token login; loopback
 	// callers are named by their uid only.
 	TokenFile string
+	// NoLoopback gives a loopback caller without credentials no identity
+	// (--console-no-loopback): for a coordinator behind a proxy on its
+	// host that does not add X-Forwarded-For, whose every caller then
+	// arrives from loopback.
+	NoLoopback bool
 }
 
 func (o *consoleOptions) addFlags(f interface {
@@ -31,6 +36,7 @@ func (o *consoleOptions) addFlags(f interface {
 	StringVar(p *string, name string, value string, usage string)
 }) {
 	f.BoolVar(&o.Off, "no-console", o.Off, "serve no web console under /console/ on the admin address")
+	f.BoolVar(&o.NoLoopback, "console-no-loopback", o.NoLoopback, "give a loopback caller without credentials no console identity (its socket's local user otherwise); for a proxy on this host that adds no X-Forwarded-For")
 	f.StringVar(&o.TokenFile, "console-token-file", o.TokenFile, "tokens of the web console (--facade-token-file's format; holders are token:NAME); default: none, loopback callers only")
 }
 
@@ -57,7 +63,9 @@ func (o *consoleOptions) tokens() (func(string) (string, bool), error) {
 // adminHandler is the admin address's handler: the coordinator's admin
 // endpoints, and the console under console.Prefix unless it is off. The
 // server must use peeruid.ConnContext for the console's loopback callers.
-func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coordinator, cs *coordinatorServer, jobs *jobstore.Store, local func(uint32) policy.Identity, log *slog.Logger) (http.Handler, error) {
+// allowedHosts (--facade-allowed-hosts) are the further names a loopback
+// caller without credentials may name in Host (console.Config).
+func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coordinator, cs *coordinatorServer, jobs *jobstore.Store, local func(uint32) policy.Identity, allowedHosts []string, log *slog.Logger) (http.Handler, error) {
 	if o.Off {
 		return admin, nil
 	}
@@ -66,11 +74,12 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 		return nil, err
 	}
 	cfg := console.Config{
-		Policy: cs.policy,
-		Fleet:  coord,
-		Jobs:   jobs,
-		Tokens: tokens,
-		Logger: log,
+		Policy:       cs.policy,
+		Fleet:        coord,
+		Jobs:         jobs,
+		Tokens:       tokens,
+		Logger:       log,
+		AllowedHosts: allowedHosts,
 		Local: func(r *http.Request) (policy.Identity, bool) {
 			uid, err := peeruid.FromContext(r.Context())
 			if err != nil {
@@ -79,6 +88,9 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 			id := local(uid)
 			return id, id.Kind.Valid()
 		},
+	}
+	if o.NoLoopback {
+		cfg.Local = nil
 	}
 	if cs.sbx != nil {
 		cfg.Ledger = cs.sbx.Ledger()

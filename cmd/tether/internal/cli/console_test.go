@@ -1,10 +1,19 @@
 package cli
 
 import (
+	"io"
+	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/tetherfleet/tether/policy"
 )
 
 // TestConsoleTokens: --console-token-file takes the facade token file's
@@ -52,5 +61,43 @@ func TestConsoleTokens(t *testing.T) {
 	o.TokenFile = filepath.Join(dir, "missing")
 	if _, err := o.tokens(); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("a missing file: %v", err)
+	}
+}
+
+// TestConsoleNoLoopback: --console-no-loopback gives a loopback caller
+// without credentials no identity at all (401), for a coordinator behind
+// a proxy on its host that adds no X-Forwarded-For (review F13); without
+// it the same caller is the local user (here: admin).
+func TestConsoleNoLoopback(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("peer uids are learnt on Linux only")
+	}
+	for _, off := range []bool{false, true} {
+		o := testCoordinatorOptions(t, t.TempDir())
+		if off {
+			fs := pflag.NewFlagSet("coordinator", pflag.ContinueOnError)
+			o.Console.addFlags(fs)
+			if err := fs.Parse([]string{"--console-no-loopback"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o.Sandbox.local = func(uint32) policy.Identity { return policy.Identity{Kind: policy.KindNATS, Name: "tester"} }
+		cs, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveCoordinator(t, cs)
+		resp, err := http.Get("http://" + cs.info.AdminAddr + "/console/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case off && (resp.StatusCode != http.StatusUnauthorized || strings.Contains(string(body), "nats:tester")):
+			t.Errorf("--console-no-loopback, a loopback caller without credentials: %d, want 401 without an identity:\n%s", resp.StatusCode, body)
+		case !off && !strings.Contains(string(body), "nats:tester"):
+			t.Errorf("a loopback caller without credentials: %d, want the local user nats:tester:\n%s", resp.StatusCode, body)
+		}
 	}
 }

@@ -50,8 +50,9 @@ type devOptions struct {
 	// OpenShellListen and OpenSandboxListen are the facades' addresses on
 	// loopback ("" turns one off). Defaults 127.0.0.1:7081 and :7082.
 	OpenShellListen, OpenSandboxListen string
-	// AllowedHosts are further names the facades answer to (the
-	// coordinator's --facade-allowed-hosts).
+	// AllowedHosts are further names the facades, and the console to a
+	// loopback caller, answer to (the coordinator's
+	// --facade-allowed-hosts).
 	AllowedHosts []string
 	// OpenShell and OpenSandbox are the local agent's gateways (host:port),
 	// reached through the facades; "" means none.

@@ -119,7 +119,7 @@ const allowedHostsHint = "if callers really use that name, add it to --facade-al
 // addAllowedHostsFlag adds --facade-allowed-hosts to cmd.
 func addAllowedHostsFlag(cmd *cobra.Command, hosts *[]string) {
 	cmd.Flags().StringSliceVar(hosts, "facade-allowed-hosts", *hosts,
-		"further names the facades answer to (Host, :authority, Origin): host names, IPs, *.domain; comma-separated or repeated. "+
+		"further names the facades answer to (Host, :authority, Origin), and the web console to a loopback caller without credentials (Host): host names, IPs, *.domain; comma-separated or repeated. "+
 			"Default: on loopback only localhost, 127.0.0.0/8, ::1; on another address any name")
 }
 
