@@ -821,3 +821,76 @@ identities:
 		}
 	}
 }
+
+// TestPolicyCancelOfAnothersIsMissing: tether.v1.cancel (Ctrl-C of
+// tether exec) of another identity's running job, on a fleet of two
+// coordinators, is answered byte for byte as the cancel of a job that
+// does not exist, whichever coordinator takes it. (Before, the holder of
+// the job said "is running on coordinator C" and a missing job was "is
+// running in the fleet": an oracle of which ids run.)
+func TestPolicyCancelOfAnothersIsMissing(t *testing.T) {
+	self := runAsSelf(t)
+	pol := `version: 1
+roles:
+  runner:
+    - nodes: "*"
+      operations: [exec, job.status, job.logs, job.cancel]
+      run_as: ` + self + `
+identities:
+  nats:alice:
+    roles: [runner]
+  nats:bob:
+    roles: [runner]
+`
+	store, _ := writePolicy(t, pol)
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinators: 2, Jobs: true, Coordinator: func(c *coordinator.Config) {
+		c.Policy = store
+	}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, _ := execRaw(fleetAs(t, f, "alice"), mustJSON(t, protocol.ExecRequest{ID: "run-a", Target: protocol.Target{Node: "node-0"}, Argv: []string{"sleep", "60"}}))
+		done <- r
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		e, m := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobGet, protocol.JobGetRequest{ID: "run-a"})
+		if e != nil {
+			return e
+		}
+		var rec protocol.JobRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			return err
+		}
+		if rec.State != "running" {
+			return fmt.Errorf("alice's job is %s", rec.State)
+		}
+		return nil
+	})
+	raw := func(m *nats.Msg, id string) string {
+		var b strings.Builder
+		keys := make([]string, 0, len(m.Header))
+		for k := range m.Header {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s: %q\n", k, m.Header[k])
+		}
+		b.WriteString("\n")
+		b.Write(m.Data)
+		return strings.ReplaceAll(b.String(), id, "ID")
+	}
+	for i := 0; i < 6; i++ {
+		e, other := requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "run-a"})
+		_, none := requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "run-z"})
+		if e == nil || e.Status != 404 {
+			t.Fatalf("bob cancels alice's job: %v %s, want 404", e, other.Data)
+		}
+		if got, want := raw(other, "run-a"), raw(none, "run-z"); got != want {
+			t.Fatalf("bob's cancel of alice's job is answered\n%s\nand of a job that does not exist\n%s", got, want)
+		}
+	}
+	if e, _ := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectCancel, protocol.CancelRequest{ID: "run-a"}); e != nil {
+		t.Fatalf("alice cancels her job: %v", e)
+	}
+	<-done
+}
