@@ -296,11 +296,32 @@ func (c *Coordinator) goJobOp(req micro.Request, nodeID string, p *protocol.JobP
 		return
 	}
 	obj := policy.Object{Owner: c.jobOwner(nodeID, p.ID)}
-	if _, e := c.authorizer().Authorize(req, jobOps[p.Op], []policy.Node{n.policyNode()}, obj); e != nil {
-		c.replyError(req, e)
+	op, pn := jobOps[p.Op], n.policyNode()
+	a := c.authorizer()
+	if _, e := a.Authorize(req, op, []policy.Node{pn}, obj); e != nil {
+		c.replyError(req, c.jobRefusal(a, req, op, pn, p.ID, e))
 		return
 	}
 	c.goRequest(req, "job "+p.Op, func(life context.Context) { c.runJobOp(life, req, n, p) })
+}
+
+// jobRefusal is the answer to a job operation op on node of job id that
+// Authorize refused with e, the same whether the job is another
+// identity's or does not exist (or has no owner this coordinator knows),
+// so that ids are no oracle: a caller granted op on its own jobs there
+// gets 404 not_found, one granted op on none of them the refusal of its
+// own job (the same 403 for every id). Other refusals (401, 400, 429) are
+// e. The second decision is not counted: e was.
+func (c *Coordinator) jobRefusal(a caller.Authorizer, req micro.Request, op policy.Operation, node policy.Node, id string, e *protocol.APIError) *protocol.APIError {
+	who, ok := caller.Of(req)
+	if e.Status != 403 || !ok || a.Policy == nil {
+		return e
+	}
+	if _, err := a.Policy.Policy().Decide(who, op, node, policy.Object{Owner: who.String()}); err != nil {
+		return caller.RefusalError(err)
+	}
+	return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "node %s: no job %s that %s may %s (a job of another identity needs scope: any)",
+		node.ID, protocol.Clip(id), who, op)
 }
 
 // runJobOp opens a job stream to n with p and replies with its answer.

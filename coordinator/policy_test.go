@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -588,9 +589,10 @@ func runAsSelf(t *testing.T) string {
 
 // TestPolicyDetachedJobOwner: a detached job's status, output and cancel
 // are decided by who submitted it, recorded when the node started it:
-// another identity is refused each (the issue's "any client may read or
-// cancel any job"), one with scope any is not, and reusing the id of a
-// job still on the node does not take it over.
+// another identity is refused each, as if there were no such job (the
+// issue's "any client may read or cancel any job"), one with scope any
+// is not, and reusing the id of a job still on the node does not take it
+// over.
 func TestPolicyDetachedJobOwner(t *testing.T) {
 	self := runAsSelf(t)
 	pol := `version: 1
@@ -622,11 +624,11 @@ identities:
 	output := protocol.JobOutputRequest{Node: "node-0", ID: "alice-1", Stream: "stdout"}
 
 	e, _ := requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobStatus, status)
-	wantRefused(t, "bob's status", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.status", "another identity's job", "node-0")
+	wantRefused(t, "bob's status", e, 404, protocol.ErrCodeNotFound, `no job "alice-1"`, "node-0")
 	e, _ = requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobOutput, output)
-	wantRefused(t, "bob's output", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.logs")
+	wantRefused(t, "bob's output", e, 404, protocol.ErrCodeNotFound, `no job "alice-1"`)
 	e, _ = requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobCancel, status)
-	wantRefused(t, "bob's cancel", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel")
+	wantRefused(t, "bob's cancel", e, 404, protocol.ErrCodeNotFound, `no job "alice-1"`)
 	// bob reuses the id: the agent refuses it (the job is still there),
 	// and alice stays the owner.
 	r = execAs(t, fleetAs(t, f, "bob"), protocol.ExecRequest{ID: "alice-1", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"true"}})
@@ -634,7 +636,7 @@ identities:
 		t.Fatalf("bob started a second job alice-1: %+v", r.result)
 	}
 	e, _ = requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectJobCancel, status)
-	wantRefused(t, "bob's cancel after reusing the id", e, 403, protocol.ErrCodeForbidden, "nats:bob", "job.cancel")
+	wantRefused(t, "bob's cancel after reusing the id", e, 404, protocol.ErrCodeNotFound, `no job "alice-1"`)
 
 	for _, who := range []string{"alice", "ops"} {
 		e, m := requestAs(t, fleetAs(t, f, who), protocol.SubjectJobStatus, status)
@@ -733,4 +735,162 @@ identities:
 		e, _ = requestAs(t, ih.as("outsider"), ep.subject, ep.body)
 		wantRefused(t, "outsider past its burst on "+ep.subject, e, 429, protocol.ErrCodeRateLimited, "nats:outsider", "burst 2")
 	}
+}
+
+// TestPolicyAnothersJobIsMissing: a caller who may see only its own jobs
+// gets, for another identity's job, a reply byte for byte the one it gets
+// for a job that does not exist (status, code, message, headers), on each
+// way of asking: job.status, job.output and job.cancel on the node (what
+// tether job status|logs|cancel --node send, and send for each node
+// after the record), and job.get by id alone (tether job status|wait ID).
+// A caller holding the operation in no rule is refused 403 alike for
+// both. (Before, the node's answers were two different 403s: "another
+// identity's job" and "a job with no recorded owner", an oracle of which
+// ids are someone's job.)
+func TestPolicyAnothersJobIsMissing(t *testing.T) {
+	self := runAsSelf(t)
+	pol := `version: 1
+roles:
+  runner:
+    - nodes: "*"
+      operations: [exec, job.status, job.logs, job.cancel]
+      run_as: ` + self + `
+identities:
+  nats:alice:
+    roles: [runner]
+  nats:bob:
+    roles: [runner]
+  nats:eve:
+    rules:
+      - nodes: "*"
+        operations: [nodes.list]
+`
+	store, _ := writePolicy(t, pol)
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Jobs: true, Coordinator: func(c *coordinator.Config) {
+		c.Policy = store
+	}})
+	r := execAs(t, fleetAs(t, f, "alice"), protocol.ExecRequest{ID: "job-a", Target: protocol.Target{Node: "node-0"}, Detach: true, Argv: []string{"sleep", "60"}})
+	if r.err != nil || r.result == nil || !r.result.Results[0].Detached {
+		t.Fatalf("alice's detached job: %+v %+v", r.err, r.result)
+	}
+	t.Cleanup(func() {
+		requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobCancel, protocol.JobRequest{Node: "node-0", ID: "job-a"})
+	})
+	// The same length as job-a's id, so that a reply naming either is
+	// comparable once the id is swapped.
+	const missing = "job-z"
+	asks := []struct {
+		subject string
+		body    func(id string) any
+	}{
+		{protocol.SubjectJobStatus, func(id string) any { return protocol.JobRequest{Node: "node-0", ID: id} }},
+		{protocol.SubjectJobOutput, func(id string) any {
+			return protocol.JobOutputRequest{Node: "node-0", ID: id, Stream: "stdout"}
+		}},
+		{protocol.SubjectJobCancel, func(id string) any { return protocol.JobRequest{Node: "node-0", ID: id} }},
+		{protocol.SubjectJobGet, func(id string) any { return protocol.JobGetRequest{ID: id} }},
+	}
+	raw := func(m *nats.Msg, id string) string {
+		var b strings.Builder
+		keys := make([]string, 0, len(m.Header))
+		for k := range m.Header {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s: %q\n", k, m.Header[k])
+		}
+		b.WriteString("\n")
+		b.Write(m.Data)
+		return strings.ReplaceAll(b.String(), id, "ID")
+	}
+	for _, who := range []string{"bob", "eve"} {
+		for _, a := range asks {
+			e, other := requestAs(t, fleetAs(t, f, who), a.subject, a.body("job-a"))
+			if e == nil {
+				t.Errorf("%s %s of alice's job: answered %s", who, a.subject, other.Data)
+				continue
+			}
+			_, none := requestAs(t, fleetAs(t, f, who), a.subject, a.body(missing))
+			if got, want := raw(other, "job-a"), raw(none, missing); got != want {
+				t.Errorf("%s %s: alice's job is answered\n%s\nand a job that does not exist\n%s", who, a.subject, got, want)
+			}
+			if who == "bob" && e.Status != 404 {
+				t.Errorf("bob %s of alice's job: %d %s, want 404", a.subject, e.Status, e.Message)
+			}
+		}
+	}
+}
+
+// TestPolicyCancelOfAnothersIsMissing: tether.v1.cancel (Ctrl-C of
+// tether exec) of another identity's running job, on a fleet of two
+// coordinators, is answered byte for byte as the cancel of a job that
+// does not exist, whichever coordinator takes it. (Before, the holder of
+// the job said "is running on coordinator C" and a missing job was "is
+// running in the fleet": an oracle of which ids run.)
+func TestPolicyCancelOfAnothersIsMissing(t *testing.T) {
+	self := runAsSelf(t)
+	pol := `version: 1
+roles:
+  runner:
+    - nodes: "*"
+      operations: [exec, job.status, job.logs, job.cancel]
+      run_as: ` + self + `
+identities:
+  nats:alice:
+    roles: [runner]
+  nats:bob:
+    roles: [runner]
+`
+	store, _ := writePolicy(t, pol)
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinators: 2, Jobs: true, Coordinator: func(c *coordinator.Config) {
+		c.Policy = store
+	}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, _ := execRaw(fleetAs(t, f, "alice"), mustJSON(t, protocol.ExecRequest{ID: "run-a", Target: protocol.Target{Node: "node-0"}, Argv: []string{"sleep", "60"}}))
+		done <- r
+	}()
+	checkFor(t, defaultTestTimeout, func() error {
+		e, m := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectJobGet, protocol.JobGetRequest{ID: "run-a"})
+		if e != nil {
+			return e
+		}
+		var rec protocol.JobRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			return err
+		}
+		if rec.State != "running" {
+			return fmt.Errorf("alice's job is %s", rec.State)
+		}
+		return nil
+	})
+	raw := func(m *nats.Msg, id string) string {
+		var b strings.Builder
+		keys := make([]string, 0, len(m.Header))
+		for k := range m.Header {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s: %q\n", k, m.Header[k])
+		}
+		b.WriteString("\n")
+		b.Write(m.Data)
+		return strings.ReplaceAll(b.String(), id, "ID")
+	}
+	for i := 0; i < 6; i++ {
+		e, other := requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "run-a"})
+		_, none := requestAs(t, fleetAs(t, f, "bob"), protocol.SubjectCancel, protocol.CancelRequest{ID: "run-z"})
+		if e == nil || e.Status != 404 {
+			t.Fatalf("bob cancels alice's job: %v %s, want 404", e, other.Data)
+		}
+		if got, want := raw(other, "run-a"), raw(none, "run-z"); got != want {
+			t.Fatalf("bob's cancel of alice's job is answered\n%s\nand of a job that does not exist\n%s", got, want)
+		}
+	}
+	if e, _ := requestAs(t, fleetAs(t, f, "alice"), protocol.SubjectCancel, protocol.CancelRequest{ID: "run-a"}); e != nil {
+		t.Fatalf("alice cancels her job: %v", e)
+	}
+	<-done
 }

@@ -477,6 +477,17 @@ func (c *Coordinator) listNodes(req micro.Request, r *protocol.NodesRequest) {
 	c.replyJSON(req, resp, fmt.Sprintf("%d nodes", to-from), "ask for fewer with a smaller limit")
 }
 
+// cancelNotFound is handleCancel's 404 for job id: the same whether no
+// job id runs in the fleet or one runs that the caller may not cancel,
+// on whichever coordinator (it names none), so that ids are no oracle.
+func cancelNotFound(req micro.Request, id string) *protocol.APIError {
+	who := ""
+	if c, known := caller.Of(req); known {
+		who = " that " + c.String() + " may cancel"
+	}
+	return protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s%s is running", protocol.Clip(id), who)
+}
+
 // handleCancel cancels a running job: each of its nodes is sent a cancel and
 // reports its exit status in the job's final result.
 //
@@ -512,12 +523,7 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 	if !ok && c.fl != nil && !isForwarded(req) {
 		// Another coordinator may run it: the one subscribed to its run
 		// subject answers; nobody is the same 404 as here.
-		who := ""
-		if id, known := caller.Of(req); known {
-			who = " that " + id.String() + " may cancel"
-		}
-		c.forward(req, runSubject(r.ID, "cancel"), "(any)", "job "+protocol.Clip(r.ID),
-			protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s%s is running in the fleet", protocol.Clip(r.ID), who))
+		c.forward(req, runSubject(r.ID, "cancel"), "(any)", "job "+protocol.Clip(r.ID), cancelNotFound(req, r.ID))
 		return
 	}
 	if ok {
@@ -533,11 +539,7 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 		}
 	}
 	if !ok {
-		who := ""
-		if id, known := caller.Of(req); known {
-			who = " that " + id.String() + " may cancel"
-		}
-		c.replyError(req, protocol.NewAPIError(404, protocol.ErrCodeNotFound, "no job %s%s is running on coordinator %s", protocol.Clip(r.ID), who, c.cfg.ID))
+		c.replyError(req, cancelNotFound(req, r.ID))
 		return
 	}
 	j.cancel(nil)

@@ -13,7 +13,9 @@ import (
 // keeps the old one when the file is bad, so a SIGHUP with a broken file
 // changes nothing. Safe for concurrent use.
 type Store struct {
-	path    string
+	// path is the file the Store loads: the one NewStore loaded, or the
+	// one the last ApplyPath named.
+	path    atomic.Pointer[string]
 	metrics *Metrics
 	limiter *Limiter
 	cur     atomic.Pointer[Policy]
@@ -29,13 +31,15 @@ func NewStore(path string, m *Metrics) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{path: path, metrics: m, limiter: NewLimiter(m)}
+	s := &Store{metrics: m, limiter: NewLimiter(m)}
+	s.path.Store(&path)
 	s.cur.Store(p)
 	return s, nil
 }
 
-// Path returns the file the Store loads.
-func (s *Store) Path() string { return s.path }
+// Path returns the file the Store loads: the one NewStore loaded, or the
+// one the last ApplyPath put in force.
+func (s *Store) Path() string { return *s.path.Load() }
 
 // Policy returns the policy in force.
 func (s *Store) Policy() *Policy { return s.cur.Load() }
@@ -51,7 +55,7 @@ func (s *Store) Limiter() *Limiter { return s.limiter }
 func (s *Store) Reload() (*Policy, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, err := Load(s.path)
+	p, err := Load(s.Path())
 	s.metrics.reloaded(err == nil)
 	if err != nil {
 		return nil, fmt.Errorf("policy reload failed, the policy loaded before stays in force: %w", err)
@@ -68,7 +72,23 @@ func (s *Store) Reload() (*Policy, error) {
 // force with Keep. The file is read once, so the policy applied is the
 // one checked, whatever the file holds by then. The caller serialises
 // its Check and Apply pairs (as Reload's are).
-func (s *Store) Check() (*Policy, error) { return Load(s.path) }
+func (s *Store) Check() (*Policy, error) { return Load(s.Path()) }
+
+// CheckPath is Check of the file at path instead of the Store's (the
+// coordinator's config file names another policy file now). Its errors
+// are Load's, naming path. Put the policy it returns in force with
+// ApplyPath, or keep the one in force with Keep.
+func (s *Store) CheckPath(path string) (*Policy, error) { return Load(path) }
+
+// ApplyPath puts p, returned by CheckPath(path), in force, as Apply does,
+// and makes path the Store's file (Path, Check, Reload) from then on.
+func (s *Store) ApplyPath(path string, p *Policy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.metrics.reloaded(true)
+	s.path.Store(&path)
+	s.cur.Store(p)
+}
 
 // Apply puts p, returned by Check, in force, as a Reload that succeeded.
 func (s *Store) Apply(p *Policy) {

@@ -77,8 +77,9 @@ type configRole struct {
 	// instead (only one of the two may be given).
 	secretEnv map[string]secretRef
 	// live are the keys a running daemon applies when SIGHUP re-reads
-	// the file; a change of any other key is logged and waits for a
-	// restart.
+	// the file. A change of any other key refuses a coordinator's reload
+	// (it cannot change at run time); an agent logs it, and it waits for
+	// a restart.
 	live map[string]bool
 }
 
@@ -148,6 +149,7 @@ var coordinatorConfigRole = &configRole{
 		"drain-spread":              true,
 		"admit-rate":                true,
 		"log-level":                 true,
+		"policy":                    true,
 	},
 }
 

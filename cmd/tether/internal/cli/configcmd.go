@@ -164,6 +164,16 @@ var exampleValues = map[string][][2]string{
 	},
 }
 
+// reloadNote is what the example of each role says SIGHUP does with
+// the keys not marked live.
+var reloadNote = map[string]string{
+	"agent": `SIGHUP re-reads the file; keys marked "live" apply at once, the others at
+# the next restart.`,
+	"coordinator": `SIGHUP re-reads the file; keys marked "live" apply at once. A change of
+# any other key cannot apply at run time: the reload is refused, naming
+# it, and nothing changes; restart the coordinator to apply it.`,
+}
+
 // configExample is the commented example config file of role r: every key
 // of its command (flags in the order the command defines them), the ones
 // of exampleValues set, the others commented out with their defaults.
@@ -182,10 +192,9 @@ func configExample(e *env, r *configRole) string {
 # that carry secrets. Secrets never go in this file: give the path of the
 # file that holds each one (the *-file keys), or the environment variable
 # that does (token: {env: VARIABLE}).
-# SIGHUP re-reads the file; keys marked "live" apply at once, the others at
-# the next restart.
+# %s
 role: %s
-`, r.name, r.name, configEnv, r.name, r.name)
+`, r.name, r.name, configEnv, r.name, reloadNote[r.name], r.name)
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.VisitAll(func(f *pflag.Flag) {

@@ -12,14 +12,17 @@ import (
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/sshgate"
+	"github.com/tetherfleet/tether/policy"
 )
 
 // What SIGHUP does with the config file: read it again under the same
 // precedence (the command line's flags, then the environment as it was at
 // start, then the file), validate the whole result, then apply the keys
-// that can change without dropping a session (configRole.live) and log a
-// warning naming each other key that changed: it waits for a restart, and
-// the running value stays. Any error keeps the settings in force.
+// that can change without dropping a session (configRole.live). A change
+// of any other key refuses a coordinator's reload, naming the key (it
+// cannot change at run time: restart), and is logged as a warning by an
+// agent, which keeps the running value until a restart. Any error keeps
+// the settings in force.
 //
 // Each step returns a one-line status (for systemd's STATUS= beside the
 // log lines).
@@ -33,7 +36,9 @@ import (
 // is applied, and the status and the log name every problem at once, each
 // with its file (and line where known). Otherwise what was checked is
 // applied, the same bytes: a file edited after its read waits for the
-// next SIGHUP.
+// next SIGHUP. When the config file's policy key names another file, that
+// file is the one read, checked and applied (and reloaded from then on);
+// a change of a key that cannot apply at run time is a problem too.
 func (cs *coordinatorServer) reload() (status string) {
 	var problems []error
 	var cfg *configCheck
@@ -44,10 +49,18 @@ func (cs *coordinatorServer) reload() (status string) {
 			problems = append(problems, err)
 		}
 	}
-	p, err := cs.policy.Check()
+	policyPath := cs.policy.Path()
+	var p *policy.Policy
+	var err error
+	if cfg != nil && cfg.policyPath != "" {
+		policyPath = cfg.policyPath
+		p, err = cs.policy.CheckPath(policyPath)
+	} else {
+		p, err = cs.policy.Check()
+	}
 	if err != nil {
-		err = policyReloadError(cs.policy.Path(), err)
-		cs.log.Error("policy reload failed; nothing was reloaded (the policy loaded before, the settings and the SSH keys in force stay)", "policy", cs.policy.Path(), "err", err)
+		err = policyReloadError(policyPath, cs.policy.Path(), err)
+		cs.log.Error("policy reload failed; nothing was reloaded (the policy loaded before, the settings and the SSH keys in force stay)", "policy", policyPath, "err", err)
 		problems = append(problems, err)
 	}
 	var keys *sshgate.Keys
@@ -74,7 +87,11 @@ func (cs *coordinatorServer) reload() (status string) {
 		}
 		parts = append(parts, st)
 	}
-	cs.policy.Apply(p)
+	if policyPath != cs.policy.Path() {
+		cs.policy.ApplyPath(policyPath, p)
+	} else {
+		cs.policy.Apply(p)
+	}
 	logPolicy(cs.log, "policy reloaded", p)
 	parts = append(parts, "policy reloaded from "+cs.policy.Path())
 	if keys != nil {
@@ -100,18 +117,26 @@ func reloadFailed(problems []error) string {
 }
 
 // policyReloadError is the policy Store's Check error at reload, in the
-// user's terms: a file that is gone is named as such.
-func policyReloadError(path string, err error) error {
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("policy file %s does not exist (deleted or renamed?); the policy loaded before stays in force until it is back", path)
+// user's terms: a file that is gone is named as such. path is the file
+// read, inForce the one the policy in force was loaded from (they differ
+// when the config file's policy key names another file now).
+func policyReloadError(path, inForce string, err error) error {
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
-	return err
+	if path != inForce {
+		return fmt.Errorf("policy file %s does not exist (the config file's policy key names it now); the policy loaded before, from %s, stays in force", path, inForce)
+	}
+	return fmt.Errorf("policy file %s does not exist (deleted or renamed?); the policy loaded before stays in force until it is back", path)
 }
 
 // configCheck is a config file re-read and checked, not yet applied.
 type configCheck struct {
-	live, fixed []configChange
-	limits      *coordinator.Limits // nil: no live change beyond the log level
+	live   []configChange
+	limits *coordinator.Limits // nil: no live change beyond the log level
+	// policyPath is the policy file the policy key names now, when it
+	// changed; empty when it did not.
+	policyPath string
 }
 
 // checkConfig re-reads the coordinator's config file and checks it, the
@@ -126,11 +151,23 @@ func (cs *coordinatorServer) checkConfig() (*configCheck, error) {
 		}
 		return nil, err
 	}
-	c := &configCheck{live: live, fixed: fixed}
+	if len(fixed) > 0 {
+		errs := make([]error, len(fixed))
+		for i, c := range fixed {
+			errs[i] = src.file.keyError(c.key, fmt.Errorf("cannot change at run time; restart the coordinator (running: %s; now: %s)", c.from, c.to))
+		}
+		return nil, errors.Join(errs...)
+	}
+	c := &configCheck{live: live}
 	if len(live) == 0 {
 		return c, nil
 	}
 	o := opts.(*coordinatorOptions)
+	for _, ch := range live {
+		if ch.key == "policy" {
+			c.policyPath = o.Policy
+		}
+	}
 	l := coordinator.Limits{MaxHandshakesPerSource: o.MaxHandshakesPerSource, DefaultTimeout: o.ExecTimeout, DrainSpread: o.DrainSpread, AdmitRate: o.AdmitRate}
 	if err := cs.coord.CheckLimits(l); err != nil {
 		return nil, src.limitsError(err, fresh.Flags())
@@ -144,10 +181,9 @@ func (cs *coordinatorServer) checkConfig() (*configCheck, error) {
 // level. It returns the status line.
 func (cs *coordinatorServer) applyConfig(c *configCheck) (status string, err error) {
 	src := cs.config
-	logFixed(cs.log, src, c.fixed)
 	if len(c.live) == 0 {
 		cs.log.Info("config reloaded; no setting that applies live changed", "config", src.path)
-		return reloadStatus(nil, c.fixed), nil
+		return reloadStatus(nil, nil), nil
 	}
 	if c.limits != nil {
 		if err := cs.coord.SetLimits(*c.limits); err != nil {
@@ -158,7 +194,7 @@ func (cs *coordinatorServer) applyConfig(c *configCheck) (status string, err err
 	l := cs.coord.Limits()
 	cs.log.Info("config reloaded", "config", src.path, "applied", keys(c.live),
 		"max_handshakes_per_source", l.MaxHandshakesPerSource, "exec_timeout", l.DefaultTimeout, "drain_spread", l.DrainSpread, "admit_rate", l.AdmitRate)
-	return reloadStatus(c.live, c.fixed), nil
+	return reloadStatus(c.live, nil), nil
 }
 
 // limitKeys are the config keys (flag names) that set each

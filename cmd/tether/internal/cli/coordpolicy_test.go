@@ -111,7 +111,7 @@ identities:
 	}{
 		{[]string{"exec", "--nats-url", url, "--node", "node-0", "--", "true"}, []string{"nats:fleettest may not exec on node-0", `"index=1"`}},
 		{[]string{"cp", "--nats-url", url, src, "node-0:/tmp/f"}, []string{`nats:fleettest may not cp.write "/tmp/f" on node-0`}},
-		{[]string{"job", "status", "--nats-url", url, "--node", "node-0", "job-1"}, []string{"nats:fleettest may not job.status a job with no recorded owner on node-0"}},
+		{[]string{"job", "status", "--nats-url", url, "--node", "node-0", "job-1"}, []string{"nats:fleettest may not job.status its own job on node-0"}},
 	} {
 		r := runCLI(testCtx(t), nil, "", tt.args...)
 		lines := strings.Split(strings.TrimSpace(r.stderr), "\n")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tetherfleet/tether/internal/sdnotify"
 	"github.com/tetherfleet/tether/internal/sdnotify/sdnotifytest"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -352,4 +353,116 @@ func TestReloadMissingPolicy(t *testing.T) {
 		before = f.cs.policy.Policy()
 	}
 	f.st.CloseWrite()
+}
+
+// newbie is an identity that testAdminPolicy does not know.
+var newbie = policy.Identity{Kind: policy.KindToken, Name: "newbie"}
+
+// TestReloadPolicyPathChange: a SIGHUP after the config file's policy:
+// key names another file reads that file, checks it with the rest and
+// puts it in force, all or nothing: a broken or missing new file changes
+// nothing (the policy in force and its path stay) and the status names
+// the new file. (Before, the change was only logged as waiting for a
+// restart: the old file was reloaded and the new one never read, so a
+// broken one was taken and the next restart failed.)
+func TestReloadPolicyPathChange(t *testing.T) {
+	g := startGateReload(t, true)
+	cs := g.cs
+	oldPath := g.policyFile
+	newPath := filepath.Join(t.TempDir(), "new-policy.yaml")
+	naming := func(path string) string {
+		return strings.Replace(g.base, "policy: "+oldPath+"\n", "policy: "+path+"\n", 1)
+	}
+	before := cs.policy.Policy()
+	refused := func(status, want string) {
+		t.Helper()
+		if !strings.HasPrefix(status, "reload failed (nothing changed") || !strings.Contains(status, want) {
+			t.Errorf("status %q\nwant it to say nothing changed and %q", status, want)
+		}
+		if cs.policy.Policy() != before || cs.policy.Path() != oldPath {
+			t.Errorf("the policy in force changed (now from %s); status %q", cs.policy.Path(), status)
+		}
+		if cs.policy.Holds(newbie, policy.OpAdmin) == nil {
+			t.Errorf("%s holds admin after a refused reload", newbie)
+		}
+		if l := cs.coord.Limits().MaxHandshakesPerSource; l == 3 {
+			t.Errorf("the config file's limits applied after a refused reload; status %q", status)
+		}
+	}
+	if cs.policy.Holds(newbie, policy.OpAdmin) == nil {
+		t.Fatalf("%s holds admin under the first policy", newbie)
+	}
+
+	// A broken new file: refused, naming it (and its line).
+	replaceFile(t, newPath, "version: 1\nbogus: true\n")
+	replaceFile(t, g.cfgPath, naming(newPath)+"max-handshakes-per-source: 3\n")
+	refused(cs.reload(), newPath+":2:")
+
+	// A new file that does not exist: refused, naming it.
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	replaceFile(t, g.cfgPath, naming(missing)+"max-handshakes-per-source: 3\n")
+	refused(cs.reload(), "policy file "+missing+" does not exist")
+
+	// A good new file: applied with the rest.
+	replaceFile(t, newPath, testAdminPolicy(t)+"  "+newbie.String()+":\n    rules:\n      - operations: [admin]\n")
+	replaceFile(t, g.cfgPath, naming(newPath)+"max-handshakes-per-source: 3\n")
+	status := cs.reload()
+	if !strings.Contains(status, "policy reloaded from "+newPath) || strings.Contains(status, "restart") {
+		t.Errorf("status %q, want the policy reloaded from %s", status, newPath)
+	}
+	if err := cs.policy.Holds(newbie, policy.OpAdmin); err != nil {
+		t.Errorf("%s refused admin under the new policy: %v; status %q", newbie, err, status)
+	}
+	if cs.policy.Path() != newPath || cs.coord.Limits().MaxHandshakesPerSource != 3 {
+		t.Errorf("after the reload: policy from %s, limits %+v; status %q", cs.policy.Path(), cs.coord.Limits(), status)
+	}
+
+	// The next SIGHUP reloads the new file, not the old one.
+	replaceFile(t, oldPath, "version: 1\nbogus: true\n")
+	replaceFile(t, newPath, testAdminPolicy(t))
+	status = cs.reload()
+	if !strings.Contains(status, "policy reloaded from "+newPath) || cs.policy.Holds(newbie, policy.OpAdmin) == nil {
+		t.Errorf("the reload after: status %q, %s still holds admin: %v", status, newbie, cs.policy.Holds(newbie, policy.OpAdmin) == nil)
+	}
+}
+
+// TestReloadRefusesNonReloadableKey: a SIGHUP after a change of a config
+// key the running coordinator cannot apply (a listener, a directory,
+// NATS, TLS files, ...) is refused, naming each such key and its line:
+// nothing changes, not the limits, not the policy, and the status says
+// to restart. Set back, the next SIGHUP applies the rest. (Before, the
+// change was logged as waiting for a restart and the rest applied: the
+// file no longer said what was running.)
+func TestReloadRefusesNonReloadableKey(t *testing.T) {
+	g := startGateReload(t, true)
+	cs := g.cs
+	before := cs.policy.Policy()
+	limits := cs.coord.Limits()
+	changed := strings.Replace(g.base, "listen: 127.0.0.1:0\n", "listen: 127.0.0.1:1\n", 1)
+	changed = strings.Replace(changed, "nats-listen: 127.0.0.1:0\n", "", 1) // back to its default
+	replaceFile(t, g.cfgPath, changed+"max-handshakes-per-source: 3\ntls-host: [x.example]\n")
+	replaceFile(t, g.policyFile, testAdminPolicy(t)+"\n# changed\n")
+	status := cs.reload()
+	if !strings.HasPrefix(status, "reload failed (nothing changed") {
+		t.Errorf("status %q, want it to say nothing changed", status)
+	}
+	for _, w := range []string{
+		g.cfgPath + ":3: key listen: cannot change at run time; restart the coordinator",
+		g.cfgPath + ":13: key tls-host: cannot change at run time; restart the coordinator",
+		g.cfgPath + ": key nats-listen: cannot change at run time; restart the coordinator",
+	} {
+		if !strings.Contains(status, w) {
+			t.Errorf("status %q\nwant %q", status, w)
+		}
+	}
+	if cs.policy.Policy() != before || cs.coord.Limits() != limits {
+		t.Errorf("a refused reload changed the policy (%v) or the limits (%+v); status %q", cs.policy.Policy() != before, cs.coord.Limits(), status)
+	}
+
+	// Set back: the rest applies.
+	replaceFile(t, g.cfgPath, g.base+"max-handshakes-per-source: 3\n")
+	status = cs.reload()
+	if cs.policy.Policy() == before || cs.coord.Limits().MaxHandshakesPerSource != 3 || strings.Contains(status, "failed") {
+		t.Errorf("the reload once set back did not apply; status %q", status)
+	}
 }
