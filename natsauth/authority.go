@@ -600,14 +600,29 @@ var ErrOtherLayout = errors.New("natsauth: the coordinator credentials are of an
 // CheckCoordinatorCreds checks that c is a user of this layout's TETHER
 // account, so that the server c connects to trusts this layout's accounts
 // and the callers it vouches for are in this layout's CLIENTS account. The
-// error wraps ErrOtherLayout and names both accounts and the layout's
-// directory. A coordinator whose credentials were minted from another
+// error wraps ErrClientCreds for a client user of this layout (CLIENTS),
+// else ErrOtherLayout, naming both accounts and the layout's directory. A coordinator whose credentials were minted from another
 // layout would join the fleet's queue group and refuse, as not a client,
 // every request from a client of the other layout that it is handed.
 func (l *Layout) CheckCoordinatorCreds(c *Creds) error {
+	if c.Account() == l.keys[AccountClients] {
+		return clientCredsError(c, AccountClients, l.keys[AccountClients])
+	}
 	if got, want := c.Account(), l.keys[AccountTether]; got != want {
 		return fmt.Errorf("%w: user %s (%q) is in account %s, but the layout in %s has %s account %s (and %s account %s): every coordinator of a fleet must share one layout",
 			ErrOtherLayout, c.PublicKey(), c.Name(), got, l.dir, AccountTether, want, AccountClients, l.keys[AccountClients])
 	}
 	return nil
+}
+
+// ErrClientCreds: credentials given where a coordinator's are expected are
+// a client user's (of a client account such as CLIENTS), which have neither
+// JetStream nor the service's subjects. Make coordinator credentials with
+// `tether nats coordinator-creds NAME` (Layout.MintCoordinator).
+var ErrClientCreds = errors.New("natsauth: these are client credentials, not a coordinator's; make coordinator credentials with `tether nats coordinator-creds NAME`")
+
+// clientCredsError is the error, wrapping ErrClientCreds, for client
+// credentials c of the account named account (key accountKey).
+func clientCredsError(c *Creds, account, accountKey string) error {
+	return fmt.Errorf("%w (user %s (%q) is in the client account %s, %s)", ErrClientCreds, c.PublicKey(), c.Name(), account, accountKey)
 }
