@@ -120,7 +120,7 @@ func checkFile(path string, fi fs.FileInfo, secret bool) error {
 		if t, err := filepath.EvalSymlinks(path); err == nil {
 			target = t
 		}
-		link = ", a symlink to " + target
+		link = "; it is a symlink to " + target
 	}
 	perm := fi.Mode().Perm()
 	euid := os.Geteuid()
@@ -131,21 +131,21 @@ func checkFile(path string, fi fs.FileInfo, secret bool) error {
 			if euid == 0 {
 				fix += fmt.Sprintf(", or run this as uid %d, its owner", uid)
 			}
-			problems = append(problems, fmt.Sprintf("it is owned by uid %d (mode %04o%s): it must be owned by root or by the uid this runs as (%d), or its owner could replace it (%s)", uid, perm, link, euid, fix))
+			problems = append(problems, fmt.Sprintf("it is owned by uid %d (mode %04o): it must be owned by root or by the uid this runs as (%d), or its owner could replace it (%s)", uid, perm, euid, fix))
 		}
 	} else {
 		problems = append(problems, "cannot tell its owner")
 	}
 	switch {
 	case secret && perm&0o077 != 0:
-		problems = append(problems, fmt.Sprintf("mode %04o lets the group or others access it%s; it must be readable by its owner only (chmod 600 %s)", perm, link, target))
+		problems = append(problems, fmt.Sprintf("mode %04o lets the group or others access it; it must be readable by its owner only (chmod 600 %s)", perm, target))
 	case perm&0o022 != 0:
-		problems = append(problems, fmt.Sprintf("mode %04o lets the group or others write it%s, so they could replace it; it must be writable by its owner only (chmod go-w %s)", perm, link, target))
+		problems = append(problems, fmt.Sprintf("mode %04o lets the group or others write it, so they could replace it; it must be writable by its owner only (chmod go-w %s)", perm, target))
 	}
 	if len(problems) == 0 {
 		return nil
 	}
-	return errors.New(strings.Join(problems, "; "))
+	return errors.New(strings.Join(problems, "; ") + link)
 }
 
 // pathErrReason is the reason of a *fs.PathError (the errno, without the
