@@ -35,7 +35,8 @@ type Config struct {
 // signed from them. Load creates or loads it. Its methods are safe for
 // concurrent use.
 //
-// Files in the directory (mode 0700; every file 0600):
+// Files in the directory (mode 0700; every file 0600; see Load for what
+// it refuses):
 //
 //	operator.nk              operator seed (signs the account JWTs)
 //	account-SYS.nk           SYS account seed
@@ -75,6 +76,15 @@ const (
 func accountSeedFile(name string) string { return "account-" + name + ".nk" }
 func accountJWTFile(name string) string  { return "account-" + name + ".jwt" }
 
+// jwtFiles lists the account JWT files, in accountNames' order.
+func jwtFiles() []string {
+	var out []string
+	for _, a := range accountNames {
+		out = append(out, accountJWTFile(a))
+	}
+	return out
+}
+
 // seedFiles lists every seed file of the layout, in creation order, with
 // the key type each must hold.
 func seedFiles() []struct {
@@ -98,9 +108,13 @@ func seedFiles() []struct {
 // generating every key on first use; later calls load the same keys, so
 // credentials minted earlier stay valid. A directory with some but not all
 // seed files is refused (naming the missing ones) rather than completed:
-// new keys would silently invalidate every credential already issued. Seed
-// files must be regular files of mode 0600 (no group or other access);
-// otherwise the error names the file and its mode. Load then signs the
+// new keys would silently invalidate every credential already issued.
+// The directory and every file in it (seeds, JWTs) must be owned by root or
+// by the uid this runs as and writable by their owner only; seed files must
+// be regular files the group and others cannot access at all (0600 or
+// 0400). Symlinks are followed: the target is checked. Otherwise the error,
+// a *FileError, names the path, a symlink's target, its mode and owner, and
+// the chmod or chown that fixes it. Load then signs the
 // operator and account JWTs afresh (keeping the CLIENTS revocations found
 // in account-CLIENTS.jwt, if that file is signed by this operator) and
 // rewrites the .jwt files.
@@ -110,6 +124,9 @@ func Load(dir string, cfg Config) (*Layout, error) {
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("natsauth: key directory: %w", err)
+	}
+	if err := checkPath(dir, "layout directory", true); err != nil {
+		return nil, err
 	}
 	files := seedFiles()
 	var present, missing []string
@@ -146,6 +163,13 @@ func Load(dir string, cfg Config) (*Layout, error) {
 			l.clientSigner = kp
 		default:
 			l.accounts[strings.TrimSuffix(strings.TrimPrefix(f.name, "account-"), ".nk")] = kp
+		}
+	}
+	// The JWTs are rewritten below, but one written by someone else may
+	// already have been read (a coordinator's reload of the revocations).
+	for _, name := range append([]string{operatorJWTFile}, jwtFiles()...) {
+		if err := checkPath(filepath.Join(dir, name), "layout file", false); err != nil {
+			return nil, err
 		}
 	}
 	for name, kp := range l.accounts {
@@ -286,12 +310,12 @@ func validate(c jwt.Claims) error {
 // Load or Revoke wrote, if it was signed by this operator for this account.
 func (l *Layout) storedRevocations() (jwt.RevocationList, error) {
 	path := filepath.Join(l.dir, accountJWTFile(AccountClients))
-	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
+	b, err := readChecked(path, "layout file", false)
+	if errors.Is(err, fs.ErrNotExist) {
 		return jwt.RevocationList{}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: %w", err)
+		return nil, err
 	}
 	ac, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b)))
 	if err != nil {
@@ -600,14 +624,29 @@ var ErrOtherLayout = errors.New("natsauth: the coordinator credentials are of an
 // CheckCoordinatorCreds checks that c is a user of this layout's TETHER
 // account, so that the server c connects to trusts this layout's accounts
 // and the callers it vouches for are in this layout's CLIENTS account. The
-// error wraps ErrOtherLayout and names both accounts and the layout's
-// directory. A coordinator whose credentials were minted from another
+// error wraps ErrClientCreds for a client user of this layout (CLIENTS),
+// else ErrOtherLayout, naming both accounts and the layout's directory. A coordinator whose credentials were minted from another
 // layout would join the fleet's queue group and refuse, as not a client,
 // every request from a client of the other layout that it is handed.
 func (l *Layout) CheckCoordinatorCreds(c *Creds) error {
+	if c.Account() == l.keys[AccountClients] {
+		return clientCredsError(c, AccountClients, l.keys[AccountClients])
+	}
 	if got, want := c.Account(), l.keys[AccountTether]; got != want {
 		return fmt.Errorf("%w: user %s (%q) is in account %s, but the layout in %s has %s account %s (and %s account %s): every coordinator of a fleet must share one layout",
 			ErrOtherLayout, c.PublicKey(), c.Name(), got, l.dir, AccountTether, want, AccountClients, l.keys[AccountClients])
 	}
 	return nil
+}
+
+// ErrClientCreds: credentials given where a coordinator's are expected are
+// a client user's (of a client account such as CLIENTS), which have neither
+// JetStream nor the service's subjects. Make coordinator credentials with
+// `tether nats coordinator-creds NAME` (Layout.MintCoordinator).
+var ErrClientCreds = errors.New("natsauth: these are client credentials, not a coordinator's; make coordinator credentials with `tether nats coordinator-creds NAME`")
+
+// clientCredsError is the error, wrapping ErrClientCreds, for client
+// credentials c of the account named account (key accountKey).
+func clientCredsError(c *Creds, account, accountKey string) error {
+	return fmt.Errorf("%w (user %s (%q) is in the client account %s, %s)", ErrClientCreds, c.PublicKey(), c.Name(), account, accountKey)
 }

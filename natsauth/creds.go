@@ -113,9 +113,12 @@ func parseCreds(data []byte) (*Creds, error) {
 	return newCreds(token, seed)
 }
 
-// ReadCreds reads and parses a .creds file. It refuses a file the group or
-// others may access (mode & 0077 != 0) or that is not a regular file.
-// Errors are *FileError, naming the file and what is wrong with it.
+// ReadCreds reads and parses a .creds file, following symlinks (the target
+// is checked). It refuses a file that is not a regular file, that the group
+// or others may access (mode & 0077 != 0), or that is owned by neither root
+// nor the uid this runs as. Errors are *FileError, naming the file (and a
+// symlink's target), what is wrong with it and the chmod or chown that
+// fixes it.
 func ReadCreds(path string) (*Creds, error) {
 	b, err := readSecret(path, "creds file")
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/tetherfleet/tether/internal/filetype"
 
@@ -18,13 +20,14 @@ import (
 // .creds file is about 1 KiB, a seed 58 bytes.
 const maxSecretFile = 64 << 10
 
-// FileError is a file of secrets (a .creds or seed file) that could not be
-// read or used. Error is "natsauth: WHAT PATH: ERR"; a caller that knows
+// FileError is a file of secrets (a .creds or seed file), or a file or the
+// directory of a layout, that could not be read or used. Error is "natsauth: WHAT PATH: ERR"; a caller that knows
 // where the path came from (a flag, a variable) can say so and print What,
 // Path and Err in its own words. Unwrap is Err, so errors.Is(err,
 // fs.ErrNotExist) holds for a missing file.
 type FileError struct {
-	// What the file is: "creds file" or "seed file".
+	// What the file is: "creds file", "seed file", "layout file" (a
+	// JWT of the layout) or "layout directory".
 	What string
 	// Path is the file as given.
 	Path string
@@ -40,12 +43,20 @@ func (e *FileError) Error() string {
 }
 func (e *FileError) Unwrap() error { return e.Err }
 
-// readSecret reads a file that holds a secret (a seed or .creds). It
-// refuses anything but a regular file and any mode that gives the group or
-// others access, the way ssh treats private keys: a secret others can read
-// is already leaked, and one they can write may have been replaced. Errors
-// are *FileError.
+// readSecret reads a file that holds a secret (a seed or .creds), following
+// symlinks: the file checked is the target. It refuses anything but a
+// regular file, a file owned by neither root nor the uid this runs as
+// (euid), and any mode that gives the group or others access, the way ssh
+// treats private keys: a secret others can read is already leaked, and one
+// they can write, or own, may have been replaced. Errors are *FileError.
 func readSecret(path, what string) ([]byte, error) {
+	return readChecked(path, what, true)
+}
+
+// readChecked reads a file (a secret, or another file of the layout) after
+// checkFile's checks of the open file: the target of a symlink. Errors
+// are *FileError.
+func readChecked(path, what string, secret bool) ([]byte, error) {
 	fail := func(err error) error { return &FileError{What: what, Path: path, Err: err} }
 	f, err := os.Open(path)
 	if err != nil {
@@ -59,8 +70,8 @@ func readSecret(path, what string) ([]byte, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fail(fmt.Errorf("not a regular file (%s)", filetype.Of(fi.Mode())))
 	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fail(fmt.Errorf("mode %04o lets the group or others access it; it must be readable by its owner only (chmod 600 %s)", perm, path))
+	if err := checkFile(path, fi, secret); err != nil {
+		return nil, fail(err)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
 	if err != nil {
@@ -70,6 +81,71 @@ func readSecret(path, what string) ([]byte, error) {
 		return nil, fail(fmt.Errorf("over %d bytes: not a %s", maxSecretFile, what))
 	}
 	return b, nil
+}
+
+// checkPath stats path, following symlinks, and applies checkFile; dir says
+// whether it must be a directory, else a regular file. Errors are
+// *FileError; a missing path is not checked (nil).
+func checkPath(path, what string, dir bool) error {
+	fail := func(err error) error { return &FileError{What: what, Path: path, Err: err} }
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fail(pathErrReason(err))
+	}
+	if dir && !fi.IsDir() {
+		return fail(fmt.Errorf("not a directory (%s)", filetype.Of(fi.Mode())))
+	}
+	if !dir && !fi.Mode().IsRegular() {
+		return fail(fmt.Errorf("not a regular file (%s)", filetype.Of(fi.Mode())))
+	}
+	if err := checkFile(path, fi, false); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// checkFile reports what is wrong with fi, the file (or directory) at path
+// after following symlinks: an owner other than root and the uid this runs
+// as (euid), who could replace it; a mode that lets the group or others
+// write it; for a secret, a mode that lets them read it (or anything).
+// The error (nil if none) names the mode, the owner, a symlink's target,
+// and the chown or chmod line that fixes each problem; not path, which
+// the caller's *FileError names.
+func checkFile(path string, fi fs.FileInfo, secret bool) error {
+	target, link := path, ""
+	if lfi, err := os.Lstat(path); err == nil && lfi.Mode()&fs.ModeSymlink != 0 {
+		if t, err := filepath.EvalSymlinks(path); err == nil {
+			target = t
+		}
+		link = "; it is a symlink to " + target
+	}
+	perm := fi.Mode().Perm()
+	euid := os.Geteuid()
+	var problems []string
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		if uid := int(st.Uid); uid != 0 && uid != euid {
+			fix := fmt.Sprintf("chown %d %s", euid, target)
+			if euid == 0 {
+				fix += fmt.Sprintf(", or run this as uid %d, its owner", uid)
+			}
+			problems = append(problems, fmt.Sprintf("it is owned by uid %d (mode %04o): it must be owned by root or by the uid this runs as (%d), or its owner could replace it (%s)", uid, perm, euid, fix))
+		}
+	} else {
+		problems = append(problems, "cannot tell its owner")
+	}
+	switch {
+	case secret && perm&0o077 != 0:
+		problems = append(problems, fmt.Sprintf("mode %04o lets the group or others access it; it must be readable by its owner only (chmod 600 %s)", perm, target))
+	case perm&0o022 != 0:
+		problems = append(problems, fmt.Sprintf("mode %04o lets the group or others write it, so they could replace it; it must be writable by its owner only (chmod go-w %s)", perm, target))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(problems, "; ") + link)
 }
 
 // pathErrReason is the reason of a *fs.PathError (the errno, without the

@@ -170,6 +170,17 @@ func (v *Verifier) SetAccounts(accountJWTs ...string) error {
 	return nil
 }
 
+// CheckNotClient returns an error wrapping ErrClientCreds, naming the user
+// and the account, if c is a user of one of the trusted client accounts:
+// credentials that must be a coordinator's (whose account the Verifier
+// does not know) are then a client's. Otherwise nil.
+func (v *Verifier) CheckNotClient(c *Creds) error {
+	if ca, ok := v.state.Load().accounts[c.Account()]; ok {
+		return clientCredsError(c, ca.name, c.Account())
+	}
+	return nil
+}
+
 // Identify returns the identity the NATS server stamped on a request that
 // crossed the import into TETHER: h is the request's headers (a
 // micro.Request's Headers() converts with nats.Header(...)). The header

@@ -659,7 +659,12 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 			// Callers are verified against this layout: credentials of
 			// another one would let this coordinator join the fleet's queue
 			// group and refuse the other layout's clients as unidentified.
-			if err := cs.layout.CheckCoordinatorCreds(creds); err != nil {
+			err := cs.layout.CheckCoordinatorCreds(creds)
+			if errors.Is(err, natsauth.ErrClientCreds) {
+				return nil, fmt.Errorf("coordinator: --nats-creds %s: %w; for this coordinator: `tether nats coordinator-creds %s --data-dir %s -o FILE`",
+					o.NATSCreds, err, id, o.DataDir)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("coordinator: --nats-creds %s: %w; copy DATA-DIR/nats-auth from the coordinator whose layout the NATS server has (`tether nats server-config`) to %s, then mint this coordinator's credentials from it (`tether nats coordinator-creds %s --data-dir DATA-DIR`)",
 					o.NATSCreds, err, cs.layout.Dir(), id)
 			}
@@ -668,6 +673,10 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 		if o.NATSOperatorJWT != "" {
 			if verifier, err = externalVerifier(o.NATSOperatorJWT, o.NATSClientsJWT); err != nil {
 				return nil, fmt.Errorf("coordinator: %w", err)
+			}
+			if err := verifier.CheckNotClient(creds); err != nil {
+				return nil, fmt.Errorf("coordinator: --nats-creds %s: %w; for this coordinator: `tether nats coordinator-creds %s --data-dir DATA-DIR -o FILE` from the layout, or a user of the coordinators' account (nsc add user)",
+					o.NATSCreds, err, id)
 			}
 		}
 		if err := checkNoAnonymous(url); err != nil {

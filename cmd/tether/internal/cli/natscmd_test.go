@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -168,6 +169,48 @@ func TestCoordinatorRefusesOtherLayout(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
+	}
+}
+
+// Client credentials given to a coordinator as its own (--nats-creds) are
+// refused as client credentials, naming the file and the command that makes
+// coordinator credentials, not as another layout's (whose advice, copying
+// nats-auth over, would break a correct layout); with the layout's JWTs
+// given as files (nsc-managed) too. The refusal comes before any connect.
+func TestCoordinatorRefusesClientCreds(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(t.TempDir(), "bob.creds")
+	if r := runCLI(testCtx(t), nil, "", "nats", "user", "create", "bob", "--data-dir", dir, "-o", creds); r.code != 0 {
+		t.Fatalf("user create: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, nsc := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nsc=%v", nsc), func(t *testing.T) {
+			o := testCoordinatorOptions(t, dir)
+			o.ID = "c1"
+			o.NATSURL, o.NATSCreds = "nats://127.0.0.1:1", creds
+			if nsc {
+				o.NATSOperatorJWT = filepath.Join(natsAuthDir(dir), "operator.jwt")
+				o.NATSClientsJWT = filepath.Join(natsAuthDir(dir), "account-CLIENTS.jwt")
+			}
+			cs, err := startCoordinator(o, "tok", slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+			if err == nil {
+				cs.close()
+				t.Fatal("a coordinator with client credentials started")
+			}
+			if !errors.Is(err, natsauth.ErrClientCreds) {
+				t.Errorf("error %q: not ErrClientCreds", err)
+			}
+			for _, want := range []string{creds, "--nats-creds", "client credentials", "tether nats coordinator-creds c1"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+			for _, bad := range []string{"another", "copy DATA-DIR/nats-auth"} {
+				if strings.Contains(err.Error(), bad) {
+					t.Errorf("error %q says %q", err, bad)
+				}
+			}
+		})
 	}
 }
 
