@@ -401,6 +401,8 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 	multi := len(nodes) > 1
 	// A fan-out's follow ends as exec of it does, by its target (also one
 	// that matched a single node); --node asks one node's code.
+	// Its lines are prefixed "NODE | " as exec printed them: every
+	// fan-out's, also one that matched a single node.
 	fanout := multi || (rec != nil && rec.Target != "")
 	type nodeLogs struct {
 		node           string
@@ -412,7 +414,7 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 	logs := make([]*nodeLogs, len(nodes))
 	for i, n := range nodes {
 		l := &nodeLogs{node: n, offsets: map[string]int64{}, stdout: e.stdout, stderr: e.stderr}
-		if multi {
+		if fanout {
 			po, pe := newLinePrefixer(e.stdout, n+" | "), newLinePrefixer(e.stderr, n+" | ")
 			l.stdout, l.stderr, l.prefixers = po, pe, []*linePrefixer{po, pe}
 		}
