@@ -415,6 +415,9 @@ func (c *Config) Validate() error {
 	for _, r := range c.CopyRoots {
 		if !filepath.IsAbs(r) {
 			errs = append(errs, fmt.Errorf("agent config: CopyRoots: %q is not an absolute path", r))
+		} else if slices.Contains(strings.Split(r, "/"), "..") {
+			// As the policies: /srv/../etc would be /etc under another name.
+			errs = append(errs, fmt.Errorf("agent config: CopyRoots: %q has a \"..\" component (it names %s; write that)", r, filepath.Clean(r)))
 		}
 	}
 	errs = append(errs, c.validateTargets()...)

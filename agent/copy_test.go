@@ -164,6 +164,10 @@ func TestCopyRootsConfig(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "relative/dir") {
 		t.Errorf("Validate = %v, want an error naming the relative root", err)
 	}
+	cfg.CopyRoots = []string{"/srv/../etc"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `"/srv/../etc" has a ".." component (it names /etc`) {
+		t.Errorf("Validate = %v, want an error naming the root with \"..\"", err)
+	}
 	cfg = testConfig(t)
 	a, err := New(cfg)
 	if err != nil {

@@ -59,6 +59,9 @@ func TestParseErrorsNameLines(t *testing.T) {
 		{"no version", "exec: true\n", []string{`p.yaml:1:1: version: missing`}},
 		{"bad version", "version: 2\n", []string{`p.yaml:1:10: version: version 2 is not supported`}},
 		{"relative root", "version: 1\ncopy_roots: [srv]\n", []string{`p.yaml:2:14: copy_roots: "srv" is not an absolute path`}},
+		// As the coordinator's policy: a ".." component would silently name
+		// another directory (/srv/../etc is /etc). Fresh-user pass.
+		{"dotdot root", "version: 1\ncopy_roots: [/srv/../etc]\n", []string{`p.yaml:2:14: copy_roots: "/srv/../etc" has a ".." component (it names /etc; write that)`}},
 		{"two of name uid", "version: 1\nusers:\n  - name: a\n    uid: 3\n", []string{`p.yaml:3:5: users: an entry names exactly one of name, uid and group`}},
 		{"bad name", "version: 1\nusers:\n  - name: a/b\n", []string{`p.yaml:3:11: users: name: "a/b": not a user or group name`}},
 		{"uid not number", "version: 1\nusers:\n  - uid: -4\n", []string{`p.yaml:3:10: users: uid: must be a number`}},

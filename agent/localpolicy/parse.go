@@ -187,12 +187,19 @@ func (ps *parser) strings(n *yaml.Node, field string) []string {
 	return out
 }
 
-// roots returns a list of absolute directories, cleaned.
+// roots returns a list of absolute directories, cleaned. A ".." component
+// is refused, as in the coordinator's policy: /srv/../etc would grant /etc
+// under a name that reads as /srv.
 func (ps *parser) roots(n *yaml.Node, field string) []string {
 	var out []string
 	for i, s := range ps.strings(n, field) {
+		at := n.Content[min(i, len(n.Content)-1)]
 		if !filepath.IsAbs(s) || strings.ContainsRune(s, 0) {
-			ps.errf(n.Content[min(i, len(n.Content)-1)], field, "%q is not an absolute path", clip(s))
+			ps.errf(at, field, "%q is not an absolute path", clip(s))
+			continue
+		}
+		if slices.Contains(strings.Split(s, "/"), "..") {
+			ps.errf(at, field, "%q has a \"..\" component (it names %s; write that)", clip(s), clip(filepath.Clean(s)))
 			continue
 		}
 		out = append(out, filepath.Clean(s))
