@@ -79,8 +79,9 @@ Examples:
 			if err != nil {
 				return err
 			}
-			known := o.KnownHosts
+			known, mkdir := o.KnownHosts, false
 			if known == "" {
+				mkdir = true // ~/.config/tether may not exist yet
 				home := configHome(e.getenv)
 				if home == "" {
 					return errors.New("ssh-config: no home directory for the known_hosts file; give --known-hosts FILE")
@@ -119,7 +120,7 @@ Examples:
 			if err != nil {
 				return err
 			}
-			if err := writeKnownHosts(known, knownText); err != nil {
+			if err := writeKnownHosts(known, knownText, mkdir); err != nil {
 				return err
 			}
 			_, err = io.WriteString(e.stdout, text)
@@ -324,14 +325,20 @@ func sshQuote(s string) string {
 // known_hosts given by mistake.
 const knownHostsMarker = "# Written by tether ssh-config for coordinator"
 
-// writeKnownHosts writes text to path (0600; its directory 0700 when
-// created), through a temporary file and a rename; a symlink's target is
-// written, the link kept. An existing file is replaced only when
-// ssh-config wrote it (it starts with knownHostsMarker); any other, and
-// anything but a regular file, is refused, naming it.
-func writeKnownHosts(path, text string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("ssh-config: known_hosts: %w", err)
+// writeKnownHosts writes text to path (0600), through a temporary file
+// and a rename; a symlink's target is written, the link kept. With mkdir
+// (the default path) a missing directory is created (0700); a path given
+// with --known-hosts must be in a directory that exists, so a mistyped one
+// makes no directories. An existing file is replaced only when ssh-config
+// wrote it (it starts with knownHostsMarker); any other, and anything but a
+// regular file, is refused, naming it.
+func writeKnownHosts(path, text string, mkdir bool) error {
+	if mkdir {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return fmt.Errorf("ssh-config: known_hosts: %w", err)
+		}
+	} else if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
+		return fmt.Errorf("ssh-config: --known-hosts %s: its directory %s does not exist (a typo?); create it first", path, filepath.Dir(path))
 	}
 	// A symlink is written through (the rename would replace the link
 	// and leave its target stale); a dangling one is replaced.

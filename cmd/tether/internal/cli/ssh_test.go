@@ -32,7 +32,7 @@ func TestWriteKnownHostsKeepsForeignFiles(t *testing.T) {
 	ours := filepath.Join(dir, "sub", "known_hosts")
 	text := knownHostsMarker + " c1; rewritten by every run\n@cert-authority *.tether ssh-ed25519 AAAA\n"
 	for range 2 { // created, then replaced
-		if err := writeKnownHosts(ours, text); err != nil {
+		if err := writeKnownHosts(ours, text, true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -41,7 +41,7 @@ func TestWriteKnownHostsKeepsForeignFiles(t *testing.T) {
 	}
 	theirs := filepath.Join(dir, "known_hosts")
 	os.WriteFile(theirs, []byte("github.com ssh-ed25519 AAAA\n"), 0o644)
-	err := writeKnownHosts(theirs, text)
+	err := writeKnownHosts(theirs, text, true)
 	if err == nil || !strings.Contains(err.Error(), "was not written by tether ssh-config") {
 		t.Fatalf("writing over a user's known_hosts: %v", err)
 	}
@@ -549,7 +549,7 @@ func TestWriteKnownHostsOddFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{fifo, dir} {
-		if err := writeKnownHosts(p, text); err == nil || !strings.Contains(err.Error(), "not a regular file but a") || !strings.Contains(err.Error(), p) {
+		if err := writeKnownHosts(p, text, true); err == nil || !strings.Contains(err.Error(), "not a regular file but a") || !strings.Contains(err.Error(), p) {
 			t.Errorf("known_hosts %s: %v, want not a regular file", p, err)
 		}
 	}
@@ -561,7 +561,7 @@ func TestWriteKnownHostsOddFiles(t *testing.T) {
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeKnownHosts(link, text); err != nil {
+	if err := writeKnownHosts(link, text, true); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
@@ -662,5 +662,24 @@ func TestSSHConfigCaseCollision(t *testing.T) {
 	}
 	if !strings.Contains(cfg, "\nHost big.tether\n") {
 		t.Errorf("node Big has no lowercase Host block:\n%s", cfg)
+	}
+}
+
+// TestWriteKnownHostsMakesNoDirectoriesForAGivenPath: a --known-hosts
+// path in a directory that does not exist is refused, naming it, and no
+// directory is made (fresh-user pass: /nonexistent/dir/kh made
+// /nonexistent/dir); only the default's ~/.config/tether is created.
+func TestWriteKnownHostsMakesNoDirectoriesForAGivenPath(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "typo", "dir")
+	err := writeKnownHosts(filepath.Join(missing, "kh"), knownHostsMarker+" c1\n", false)
+	if err == nil || !strings.Contains(err.Error(), missing+" does not exist") {
+		t.Fatalf("a path in a missing directory: %v; want a refusal naming %s", err, missing)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "typo")); !os.IsNotExist(err) {
+		t.Errorf("a directory was made: %v", err)
+	}
+	if err := writeKnownHosts(filepath.Join(dir, "kh"), knownHostsMarker+" c1\n", false); err != nil {
+		t.Errorf("a path in an existing directory: %v", err)
 	}
 }
