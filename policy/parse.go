@@ -245,10 +245,15 @@ func (p *parser) number(n *yaml.Node, fieldPath string, max float64) (float64, b
 }
 
 // pair is one key and value of a mapping.
-type pair struct{ k, v *yaml.Node }
+// pair is a mapping entry; dup marks a repeated key (refused already), kept
+// so that its value's own errors are reported too.
+type pair struct {
+	k, v *yaml.Node
+	dup  bool
+}
 
 // pairs returns n's entries in file order, refusing non-string keys, merge
-// keys and repeated keys.
+// keys and repeated keys (a repeated one is returned marked dup).
 func (p *parser) pairs(n *yaml.Node, fieldPath string) ([]pair, bool) {
 	if !p.plain(n, fieldPath) {
 		return nil, false
@@ -274,10 +279,11 @@ func (p *parser) pairs(n *yaml.Node, fieldPath string) ([]pair, bool) {
 		}
 		if first, dup := seen[k.Value]; dup {
 			p.errf(k, fieldPath, "key %q appears twice (first at line %d, column %d)", k.Value, first.Line, first.Column)
+			out = append(out, pair{k, v, true})
 			continue
 		}
 		seen[k.Value] = k
-		out = append(out, pair{k, v})
+		out = append(out, pair{k: k, v: v})
 	}
 	return out, true
 }
@@ -291,6 +297,9 @@ func (p *parser) fields(n *yaml.Node, fieldPath string, known ...string) (map[st
 	}
 	out := make(map[string]*yaml.Node, len(ps))
 	for _, kv := range ps {
+		if kv.dup {
+			continue
+		}
 		if !contains(known, kv.k.Value) {
 			p.errf(kv.k, fieldPath, "unknown field %q (known: %s)", kv.k.Value, strings.Join(known, ", "))
 			continue
@@ -500,8 +509,11 @@ func (p *parser) roles(n *yaml.Node, doc *fileDoc) map[string][]fileRule {
 	for _, kv := range ps {
 		name := kv.k.Value
 		rp := child("roles", name)
-		if err := checkRoleName(name); err != nil {
-			p.errf(kv.k, "roles", "%v", err)
+		if err := checkRoleName(name); err != nil || kv.dup {
+			if err != nil {
+				p.errf(kv.k, "roles", "%v", err)
+			}
+			p.rules(kv.v, rp) // its own errors too; it is not defined
 			continue
 		}
 		doc.rolePos[name] = p.pos(kv.k)
@@ -563,15 +575,18 @@ func (p *parser) rule(n *yaml.Node, rp string) (fileRule, bool) {
 		}
 		return s, err
 	})
-	if r.ops == 0 {
-		return r, false
-	}
+	// With no operation known, which keys the rule needs is unknown: their
+	// values are still checked, so one run reports every error.
+	unknownOps := r.ops == 0
 	all := func(opInfo) bool { return true }
 
 	// Each of these keys is required when some operation needs it, and
 	// refused when none does: a key that grants nothing is a mistake.
 	need := func(key string, needs func(opInfo) bool, why string) (*yaml.Node, bool) {
 		v, present := f[key]
+		if unknownOps {
+			return v, present
+		}
 		switch wanted := r.ops.any(needs); {
 		case wanted && !present:
 			p.errf(n, rp, "%s is missing: %s %s", key, r.ops.names(needs), why)
@@ -612,7 +627,7 @@ func (p *parser) rule(n *yaml.Node, rp string) (fileRule, bool) {
 		}
 	}
 	if v, ok := f["scope"]; ok {
-		if !r.ops.any(func(o opInfo) bool { return o.scoped }) {
+		if !unknownOps && !r.ops.any(func(o opInfo) bool { return o.scoped }) {
 			p.errf(v, rp+".scope", "none of the rule's operations (%s) has a scope: scope is for job.* and sandboxes.*", r.ops.names(all))
 		} else if s, ok := p.str(v, rp+".scope"); ok {
 			if s != "own" && s != "any" {
@@ -663,10 +678,12 @@ func (p *parser) identities(n *yaml.Node, doc *fileDoc, refs map[string][]ref) {
 		key, err := parseEntryKey(kv.k.Value)
 		if err != nil {
 			p.errf(kv.k, "identities", "%v", err)
-			continue
 		}
 		e := fileEntry{key: key, pos: p.pos(kv.k)}
 		before := len(p.errs)
+		if err != nil || kv.dup {
+			before = -1 // its body is checked, never kept
+		}
 		if f, ok := p.fields(kv.v, ip, "roles", "rules", "limits"); ok {
 			if v, ok := f["roles"]; ok {
 				e.Roles = p.strings(v, ip+".roles", func(s string) (string, error) { return s, checkRoleName(s) })

@@ -144,6 +144,56 @@ identities:
 	}
 }
 
+// TestParseErrorsOfBrokenEntries: an entry whose key is wrong (repeated,
+// of an unknown kind), a role of a bad name and a rule whose operations are
+// all unknown still have their bodies checked, so one run reports every
+// error (fresh-user pass: each hid the rest of its entry).
+func TestParseErrorsOfBrokenEntries(t *testing.T) {
+	_, err := Parse("p.yaml", []byte(`version: 1
+roles:
+  bad-:
+    - operations: [exec]
+      nodes: "a,,b"
+      run_as: 1000
+identities:
+  nats:a:
+    rules:
+      - nodes: "a,,b"
+        operations: [execc]
+        run_as: 1000
+  nats:a:
+    roles: [nope]
+    limits: {burst: -5}
+  bogus:x:
+    limits: {burst: -5}
+`))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		`p.yaml:3:3: roles: role name "bad-" must end with a letter or digit`,
+		`p.yaml:5:14: roles.bad-[0].nodes: selector "a,,b": empty term`,
+		`p.yaml:6:15: roles.bad-[0].run_as: want a string`,
+		`p.yaml:10:16: identities["nats:a"].rules[0].nodes: selector "a,,b": empty term`,
+		`p.yaml:11:22: identities["nats:a"].rules[0].operations[0]: unknown operation "execc"`,
+		`p.yaml:12:17: identities["nats:a"].rules[0].run_as: want a string`,
+		`p.yaml:13:3: identities: key "nats:a" appears twice (first at line 8, column 3)`,
+		`p.yaml:14:13: identities["nats:a"].roles[0]: role "nope" is not defined`,
+		`p.yaml:15:21: identities["nats:a"].limits.burst: -5 is out of range`,
+		`p.yaml:16:3: identities: identity "bogus:x": unknown kind "bogus"`,
+		`p.yaml:17:21: identities["bogus:x"].limits.burst: -5 is out of range`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%s", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("error %d = %q, want prefix %q", i, lines[i], w)
+		}
+	}
+}
+
 // TestParseErrorCap: a file with very many errors reports the first ones
 // and a count of the rest.
 func TestParseErrorCap(t *testing.T) {
