@@ -159,6 +159,13 @@ func (o *agentOptions) Validate(envToken string) error {
 	if o.PipeWait < 0 || o.JobRetention < 0 {
 		errs = append(errs, errors.New("--pipe-wait and --job-retention must not be negative"))
 	}
+	if o.LocalPolicy != "" {
+		// Reported with the other problems, not only once they are fixed
+		// (it is loaded again at start; this is the check).
+		if _, err := localpolicy.Load(o.LocalPolicy); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if o.TokenFile == "" && envToken == "" && !o.enrolled() {
 		errs = append(errs, fmt.Errorf("a join token is required until the agent has enrolled (no certificate in %s): create one with `tether token create`, then give --token-file or set %s", o.identityDir(), tokenEnv))
 	}

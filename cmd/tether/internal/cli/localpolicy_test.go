@@ -197,3 +197,30 @@ func TestShellOnTerminalRefusedByLocalPolicy(t *testing.T) {
 	}
 	tm.waitScreen(t, `tether: node node-0: refused by the local policy /etc/tether/agent-policy.yaml: shell \(pty\) is not allowed \(no "shell: true" rule\) \(forbidden\)`)
 }
+
+// TestLocalPolicyCheckedWithOtherOptions: a bad local policy is reported
+// with the agent's other option errors (here: no join token), not only once
+// they are fixed; tether policy check --local checks one on its own, and
+// tether policy check of one says what it is instead of calling every key
+// unknown (fresh-user pass F-P3).
+func TestLocalPolicyCheckedWithOtherOptions(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("version: 1\nexec: yes\n"), 0o600)
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("version: 1\nusers:\n  - name: root\ncopy_roots: [/srv]\nexec: true\n"), 0o600)
+	ctx := testCtx(t)
+	r := runCLI(ctx, nil, "", "agent", "--coordinator", "127.0.0.1:1", "--data-dir", filepath.Join(dir, "data"), "--local-policy", bad)
+	if r.code != exitUsage || !strings.Contains(r.stderr, bad+`:2:7: exec: must be true or false`) || !strings.Contains(r.stderr, "a join token is required") {
+		t.Errorf("agent without a token, bad local policy: exit %d, stderr %q; want both problems", r.code, r.stderr)
+	}
+	if r := runCLI(ctx, nil, "", "policy", "check", "--local", good); r.code != 0 || r.stdout != good+": ok: a local policy, 1 user entry, 1 copy root\n" {
+		t.Errorf("policy check --local good: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(ctx, nil, "", "policy", "check", "--local", bad); r.code != 1 || !strings.Contains(r.stderr, bad+`:2:7: exec:`) {
+		t.Errorf("policy check --local bad: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(ctx, nil, "", "policy", "check", good); r.code != 1 || !strings.Contains(r.stderr, "is a node's local policy, not the coordinator's; check it with tether policy check --local") {
+		t.Errorf("policy check of a local policy: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
