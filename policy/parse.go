@@ -7,14 +7,13 @@ import (
 	"io"
 	"math"
 	"path"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tetherfleet/tether/internal/yamlerr"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -384,10 +383,6 @@ func child(fieldPath, key string) string {
 
 func index(fieldPath string, i int) string { return fieldPath + "[" + strconv.Itoa(i) + "]" }
 
-// yamlLine matches the position yaml.v3 puts in its syntax errors; compiled
-// on the first syntax error, not at start-up.
-var yamlLine = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^yaml: line (\d+): `) })
-
 // decode parses data into a fileDoc, checking everything the format says.
 func decode(file string, data []byte) (*fileDoc, error) {
 	if len(data) > MaxFileSize {
@@ -399,12 +394,12 @@ func decode(file string, data []byte) (*fileDoc, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: the file is empty: a policy needs at least \"version: 1\" and \"identities:\"", file)
 		}
-		return nil, syntaxError(file, err)
+		return nil, yamlerr.Syntax(file, data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err != nil {
-			return nil, syntaxError(file, err)
+			return nil, yamlerr.Syntax(file, data, err)
 		}
 		return nil, fmt.Errorf("%s:%d:%d: a second YAML document: a policy file holds one", file, extra.Line, extra.Column)
 	}
@@ -414,16 +409,6 @@ func decode(file string, data []byte) (*fileDoc, error) {
 		return nil, err
 	}
 	return doc, nil
-}
-
-// syntaxError places a yaml.v3 error in the file: "FILE:LINE: ..." when it
-// says a line, "FILE: ..." otherwise.
-func syntaxError(file string, err error) error {
-	msg := err.Error()
-	if m := yamlLine().FindStringSubmatch(msg); m != nil {
-		return fmt.Errorf("%s:%s: %s", file, m[1], strings.TrimPrefix(msg, m[0]))
-	}
-	return fmt.Errorf("%s: %s", file, strings.TrimPrefix(msg, "yaml: "))
 }
 
 func (p *parser) document(root *yaml.Node) *fileDoc {

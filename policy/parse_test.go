@@ -28,6 +28,8 @@ func TestParseErrors(t *testing.T) {
 		{"version string", "version: \"1\"\nidentities: {}\n", []string{`policy.yaml:1:10: version: want an integer, got the string "1"`}},
 		{"no identities", "version: 1\n", []string{"policy.yaml:1:1: identities is missing"}},
 		{"unknown top-level key", "version: 1\nidentity: {}\nidentities: {}\n", []string{`policy.yaml:2:1: unknown field "identity" (known: version, defaults, roles, identities)`}},
+		{"not UTF-8", "version: 1\nidentities:\n  nats:\xffx: {}\n", []string{`policy.yaml:3:8: not UTF-8 text (byte 0xff)`}},
+		{"tab indent", "version: 1\nidentities:\n\tnats:x: {}\n", []string{`(a tab: YAML indents with spaces only)`}},
 		{"duplicate top-level key", "version: 1\nidentities: {}\nversion: 1\n", []string{`policy.yaml:3:1: key "version" appears twice (first at line 1, column 1)`}},
 		{"duplicate identity", `version: 1
 identities:

@@ -67,7 +67,7 @@ func TestParseErrorsNameLines(t *testing.T) {
 		{"uid not number", "version: 1\nusers:\n  - uid: -4\n", []string{`p.yaml:3:10: users: uid: must be a number`}},
 		{"two documents", "version: 1\n---\nversion: 1\n", []string{`p.yaml:2:1: a second YAML document`}},
 		{"not a mapping", "- a\n", []string{`p.yaml:1:1: must be a mapping, not a list`}},
-		{"syntax", "version: 1\nexec: [\n", []string{`p.yaml: line`}},
+		{"syntax", "version: 1\nexec: [\n", []string{`p.yaml:2: did not find expected node content`}},
 		{"empty", "", []string{`p.yaml: empty file`}},
 		{"alias", "version: 1\ncopy_roots: &r [/a]\nusers:\n  - name: a\n    copy_roots: *r\n", []string{`p.yaml:2:13: anchor &r`, `p.yaml:5:17: alias *r`}},
 		{"several", "version: 1\nfoo: 1\nbar: 2\n", []string{`p.yaml:2:1: unknown key "foo"`, `p.yaml:3:1: unknown key "bar"`}},

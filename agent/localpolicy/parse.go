@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tetherfleet/tether/internal/yamlerr"
 )
 
 // maxErrors bounds the errors one Parse reports.
@@ -30,13 +32,13 @@ func Parse(file string, data []byte) (*Policy, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: empty file: a local policy needs at least \"version: %d\"", file, Version)
 		}
-		return nil, fmt.Errorf("%s: %s", file, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, yamlerr.Syntax(file, data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		ps.errf(&extra, "", "a second YAML document; a local policy is one document")
 	} else if !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: %s", file, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, yamlerr.Syntax(file, data, err)
 	}
 	ps.noAliases(&doc)
 	if len(ps.errs) > 0 {

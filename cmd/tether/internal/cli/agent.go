@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -162,7 +163,8 @@ func (o *agentOptions) Validate(envToken string) error {
 	if o.LocalPolicy != "" {
 		// Reported with the other problems, not only once they are fixed
 		// (it is loaded again at start; this is the check).
-		if _, err := localpolicy.Load(o.LocalPolicy); err != nil {
+		// (A missing file is said at start, where it is looked up.)
+		if _, err := localpolicy.Load(o.LocalPolicy); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tetherfleet/tether/internal/yamlerr"
 	"github.com/tetherfleet/tether/policy"
 )
 
@@ -270,12 +271,12 @@ func parseFile(path string, data []byte, fs *pflag.FlagSet, r *configRole) (*con
 		if errors.Is(err, io.EOF) {
 			return cf, nil
 		}
-		return nil, yamlSyntaxError(path, data, err)
+		return nil, yamlerr.Syntax(path, data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err != nil { // the second document's own syntax error, at its line
-			return nil, yamlSyntaxError(path, data, err)
+			return nil, yamlerr.Syntax(path, data, err)
 		}
 		return nil, fmt.Errorf("%s:%d: one YAML document expected, found more (the --- line)", path, extra.Line)
 	}
@@ -960,26 +961,4 @@ func possessive(role string) string {
 		return "an " + role + "'s"
 	}
 	return "a " + role + "'s"
-}
-
-// yamlLineErr is the YAML library's "yaml: line N: problem".
-var yamlLineErr = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`) })
-
-// yamlSyntaxError is err, a YAML syntax error in data, as PATH:LINE:
-// problem like every other config error; a tab at the start of the line
-// it names is said to be the cause (YAML indents with spaces only, and the
-// library's words do not say tab).
-func yamlSyntaxError(path string, data []byte, err error) error {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	m := yamlLineErr().FindStringSubmatch(msg)
-	if m == nil {
-		return fmt.Errorf("%s: %s", path, msg)
-	}
-	n, _ := strconv.Atoi(m[1])
-	if lines := strings.Split(string(data), "\n"); n >= 1 && n <= len(lines) {
-		if indent := lines[n-1][:len(lines[n-1])-len(strings.TrimLeft(lines[n-1], " \t"))]; strings.Contains(indent, "\t") {
-			m[2] += " (a tab: YAML indents with spaces only)"
-		}
-	}
-	return fmt.Errorf("%s:%s: %s", path, m[1], m[2])
 }

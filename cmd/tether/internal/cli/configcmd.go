@@ -9,6 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tetherfleet/tether/internal/yamlerr"
 )
 
 func newConfigCmd(e *env) *cobra.Command {
@@ -97,7 +99,7 @@ func configRoleFor(flag, path string) (*configRole, error) {
 	// and everything else a full parse then reports with its line.
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, yamlSyntaxError(path, data, err)
+		return nil, yamlerr.Syntax(path, data, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
