@@ -119,7 +119,9 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
 	}
 	if h.cfg.Local != nil {
-		if hd := proxyHeader(r); hd != "" {
+		if hd := hostcheck.Proxied(r.Header); hd != "" {
+			// review F13: behind a root TLS forwarder each remote caller
+			// was the root user.
 			return caller{}, fmt.Errorf("sign in: this request came through a proxy (it carries %s), so its sender is not the local user of the loopback connection; a proxied request needs a console token or session", hd)
 		}
 		if id, ok := h.cfg.Local(r); ok {
@@ -130,23 +132,6 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		}
 	}
 	return caller{}, nil
-}
-
-// proxyHeaders are the headers proxies add to what they forward.
-var proxyHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
-
-// proxyHeader returns the first of proxyHeaders r carries (even empty),
-// "" for none. A request with one never gets the Local identity: a proxy
-// on the coordinator's host connects over loopback for every caller it
-// forwards (review F13: behind a root TLS forwarder each remote caller
-// was the root user).
-func proxyHeader(r *http.Request) string {
-	for _, k := range proxyHeaders {
-		if _, ok := r.Header[k]; ok {
-			return k
-		}
-	}
-	return ""
 }
 
 // hostsHint ends the refusal of a Host that is no name of the console.
