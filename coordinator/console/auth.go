@@ -52,12 +52,19 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 			h.fail(sw, caller{}, http.StatusMisdirectedRequest, err.Error())
 		case errors.Is(err, errClearText):
 			n.reason = reasonClearText
+			msg := err.Error()
 			if tok, ok := bearer(r); ok {
 				n.detail = h.clearTextDetail(r, tok, "bearer")
 			} else if ck, cerr := r.Cookie(cookieName); cerr == nil {
 				n.detail = h.clearTextDetail(r, ck.Value, "cookie")
 			}
-			h.render(sw, http.StatusForbidden, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
+			// A session cookie seen on the wire is revoked on sight
+			// (review F5: it stayed valid for use from loopback).
+			if ck, cerr := r.Cookie(cookieName); cerr == nil && h.endSession(ck.Value) {
+				msg += "; " + revokedExposed
+				n.detail += "; the session was revoked"
+			}
+			h.render(sw, http.StatusForbidden, "login", loginView{Error: msg, Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
 		case err != nil:
 			n.reason = "unauthenticated"
 			h.render(sw, http.StatusUnauthorized, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
@@ -87,6 +94,10 @@ var errBadSession = errors.New("the session cookie is not valid here (forged, ex
 // the wire must not be able to use it here, and the caller learns to
 // reach the console another way.
 var errClearText = errors.New("credentials refused: the connection is neither TLS nor loopback, so the token or session cookie crossed the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel (ssh -L), and replace the token if others could see that network")
+
+// revokedExposed ends errClearText's message when the request's session
+// cookie was a live session, now revoked.
+const revokedExposed = "that session cookie has been revoked, since others could have read it: sign in again over TLS or loopback"
 
 // reasonClearText is the audit reason of a refusal by errClearText.
 const reasonClearText = "clear_text"
@@ -300,7 +311,8 @@ type sessions struct {
 	nextSweep int64 // Unix seconds: when endSession next drops expired state
 }
 
-// revokedName is what logout ended of one token name's sessions.
+// revokedName is what logout (or a refusal in clear text, which revokes
+// the exposed session) ended of one token name's sessions.
 type revokedName struct {
 	sids   map[string]int64 // a session's id (cookie field) -> its expiry (Unix seconds)
 	cutoff int64            // cookies expiring at or before it are ended; 0: none
@@ -331,18 +343,19 @@ func (s *sessions) validLocked(c sessionCookie, now int64) bool {
 }
 
 // endSession revokes the session of cookie value v (its session id), if
-// it is a valid one (sessions); the token's other sessions live on.
-func (h *Handler) endSession(v string) {
+// it is a valid one (sessions); the token's other sessions live on. It
+// reports whether v was a valid session (now ended).
+func (h *Handler) endSession(v string) bool {
 	c, ok := parseSession(v)
 	if !ok {
-		return
+		return false
 	}
 	now := h.cfg.now().Unix()
 	s := &h.sess
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.validLocked(c, now) {
-		return
+		return false
 	}
 	if now >= s.nextSweep {
 		s.sweepLocked(now)
@@ -365,7 +378,7 @@ func (h *Handler) endSession(v string) {
 	}
 	if len(r.sids) < maxRevokedPerName {
 		r.sids[c.sid] = c.exp
-		return
+		return true
 	}
 	// Full of unexpired revocations: one cutoff covers them all, this one
 	// and every session of the name sealed until now (the clock may have
@@ -377,6 +390,7 @@ func (h *Handler) endSession(v string) {
 	r.cutoff = max(r.cutoff, cut)
 	clear(r.sids)
 	h.log.Warn("console: a token's sessions ended by logout exceed what is remembered per token; ended all its sessions so far (its holder signs in again; other tokens' sessions live on)", "token", c.name, "max", maxRevokedPerName)
+	return true
 }
 
 // sweepLocked drops revocations and cutoffs that expired (their cookies

@@ -84,7 +84,9 @@
 // Credentials travel only over TLS or loopback. A bearer token or session
 // cookie on a plain-HTTP connection from another host is refused with 403
 // (audit reason clear_text) before it is checked, exactly as the login
-// exchange refuses a token there: the admin listener serves plain HTTP,
+// exchange refuses a token there; a live session cookie refused so is
+// revoked on sight (whoever saw it on the wire must not use it later from
+// loopback either), and the refusal says so. The admin listener serves plain HTTP,
 // so a remote browser reaches the console through a TLS proxy on the
 // coordinator's host (one that adds X-Forwarded-For, or with
 // --console-no-loopback: Identities, 3) or an SSH tunnel. The admin address's other paths
