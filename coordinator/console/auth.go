@@ -421,7 +421,8 @@ type loginView struct {
 // login serves the login exchange: GET with ?token= or POST with the
 // form field token sets the session cookie and redirects to next (a path
 // under Prefix, default the console's front page); GET without a token
-// shows the form.
+// shows the form. A login with a token (either method) or any POST from a
+// page of another site (crossSite) is refused with 403.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	start := h.cfg.now()
 	sw := &statusWriter{ResponseWriter: w}
@@ -439,16 +440,17 @@ const opLogin = "console.login"
 // token (and so is recorded), setting who on success.
 func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, who *caller) bool {
 	next := safeNext(r.FormValue("next"))
-	if r.Method == http.MethodPost {
-		// A cross-site form post could sign a victim's browser in as the
-		// attacker's token; only this origin's form may post.
-		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+	tok := r.FormValue("token")
+	if r.Method == http.MethodPost || tok != "" {
+		// A cross-site form post or link (GET ?token= signs in too) could
+		// sign a victim's browser in as the attacker's token (review F5);
+		// only this origin's pages, or a typed URL, may.
+		if why := crossSite(r); why != "" {
 			n.reason = "origin"
-			h.render(w, http.StatusForbidden, "login", loginView{Error: "login refused: the form was posted from another site (" + o + ")", Next: next, TokensOn: h.cfg.Tokens != nil})
+			h.render(w, http.StatusForbidden, "login", loginView{Error: "login refused: the request came from another site (" + why + "); open " + Prefix + "login yourself", Next: next, TokensOn: h.cfg.Tokens != nil})
 			return true
 		}
 	}
-	tok := r.FormValue("token")
 	if tok == "" {
 		h.render(w, http.StatusOK, "login", loginView{Next: next, TokensOn: h.cfg.Tokens != nil})
 		return false
@@ -485,8 +487,15 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 }
 
 // logout ends the session: its cookie is refused from now on, also a copy
-// of it elsewhere, and the browser is told to drop it.
+// of it elsewhere, and the browser is told to drop it. A request from a
+// page of another site (crossSite) is refused with 403 and ends nothing.
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	// A GET that ends a session: a page of another site must not make a
+	// browser sign out (review F5).
+	if why := crossSite(r); why != "" {
+		h.render(w, http.StatusForbidden, "login", loginView{Error: "sign out refused: the request came from another site (" + why + "); use the console's own sign out link", Next: Prefix, TokensOn: h.cfg.Tokens != nil})
+		return
+	}
 	if ck, err := r.Cookie(cookieName); err == nil {
 		h.endSession(ck.Value)
 	}
@@ -522,6 +531,31 @@ func sameOrigin(origin string, r *http.Request) bool {
 		scheme = "https"
 	}
 	return u.Scheme == scheme && strings.EqualFold(u.Host, r.Host)
+}
+
+// crossSite returns why r, a state-changing request (a login with a
+// token, a logout), came from a page of another site, "" when it did not.
+// A browser marks each request with Sec-Fetch-Site, which a page cannot
+// set: only same-origin and none (a typed URL, a bookmark) pass. An Origin
+// must be r's own (sameOrigin) in any case. Without Sec-Fetch-Site (an
+// older browser) a Referer must be r's own too. A client that sends none
+// of them (curl, a script) is no browser a page can drive, and passes.
+func crossSite(r *http.Request) string {
+	site := r.Header.Get("Sec-Fetch-Site")
+	if site != "" && site != "same-origin" && site != "none" {
+		return "Sec-Fetch-Site: " + site
+	}
+	if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+		return "Origin: " + o
+	}
+	if ref := r.Header.Get("Referer"); site == "" && ref != "" && !sameOrigin(ref, r) {
+		u, err := url.Parse(ref)
+		if err != nil || u.Host == "" {
+			return "an unreadable Referer"
+		}
+		return "Referer: " + u.Scheme + "://" + u.Host
+	}
+	return ""
 }
 
 // privateChannel reports whether r came over TLS or from loopback: the
