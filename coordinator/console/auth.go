@@ -52,12 +52,19 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 			h.fail(sw, caller{}, http.StatusMisdirectedRequest, err.Error())
 		case errors.Is(err, errClearText):
 			n.reason = reasonClearText
+			msg := err.Error()
 			if tok, ok := bearer(r); ok {
 				n.detail = h.clearTextDetail(r, tok, "bearer")
 			} else if ck, cerr := r.Cookie(cookieName); cerr == nil {
 				n.detail = h.clearTextDetail(r, ck.Value, "cookie")
 			}
-			h.render(sw, http.StatusForbidden, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
+			// A session cookie seen on the wire is revoked on sight
+			// (review F5: it stayed valid for use from loopback).
+			if ck, cerr := r.Cookie(cookieName); cerr == nil && h.endSession(ck.Value) {
+				msg += "; " + revokedExposed
+				n.detail += "; the session was revoked"
+			}
+			h.render(sw, http.StatusForbidden, "login", loginView{Error: msg, Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
 		case err != nil:
 			n.reason = "unauthenticated"
 			h.render(sw, http.StatusUnauthorized, "login", loginView{Error: err.Error(), Next: r.URL.RequestURI(), TokensOn: h.cfg.Tokens != nil})
@@ -87,6 +94,10 @@ var errBadSession = errors.New("the session cookie is not valid here (forged, ex
 // the wire must not be able to use it here, and the caller learns to
 // reach the console another way.
 var errClearText = errors.New("credentials refused: the connection is neither TLS nor loopback, so the token or session cookie crossed the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel (ssh -L), and replace the token if others could see that network")
+
+// revokedExposed ends errClearText's message when the request's session
+// cookie was a live session, now revoked.
+const revokedExposed = "that session cookie has been revoked, since others could have read it: sign in again over TLS or loopback"
 
 // reasonClearText is the audit reason of a refusal by errClearText.
 const reasonClearText = "clear_text"
@@ -119,7 +130,9 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "session"}, nil
 	}
 	if h.cfg.Local != nil {
-		if hd := proxyHeader(r); hd != "" {
+		if hd := hostcheck.Proxied(r.Header); hd != "" {
+			// review F13: behind a root TLS forwarder each remote caller
+			// was the root user.
 			return caller{}, fmt.Errorf("sign in: this request came through a proxy (it carries %s), so its sender is not the local user of the loopback connection; a proxied request needs a console token or session", hd)
 		}
 		if id, ok := h.cfg.Local(r); ok {
@@ -130,23 +143,6 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		}
 	}
 	return caller{}, nil
-}
-
-// proxyHeaders are the headers proxies add to what they forward.
-var proxyHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "Via"}
-
-// proxyHeader returns the first of proxyHeaders r carries (even empty),
-// "" for none. A request with one never gets the Local identity: a proxy
-// on the coordinator's host connects over loopback for every caller it
-// forwards (review F13: behind a root TLS forwarder each remote caller
-// was the root user).
-func proxyHeader(r *http.Request) string {
-	for _, k := range proxyHeaders {
-		if _, ok := r.Header[k]; ok {
-			return k
-		}
-	}
-	return ""
 }
 
 // hostsHint ends the refusal of a Host that is no name of the console.
@@ -315,7 +311,8 @@ type sessions struct {
 	nextSweep int64 // Unix seconds: when endSession next drops expired state
 }
 
-// revokedName is what logout ended of one token name's sessions.
+// revokedName is what logout (or a refusal in clear text, which revokes
+// the exposed session) ended of one token name's sessions.
 type revokedName struct {
 	sids   map[string]int64 // a session's id (cookie field) -> its expiry (Unix seconds)
 	cutoff int64            // cookies expiring at or before it are ended; 0: none
@@ -346,18 +343,19 @@ func (s *sessions) validLocked(c sessionCookie, now int64) bool {
 }
 
 // endSession revokes the session of cookie value v (its session id), if
-// it is a valid one (sessions); the token's other sessions live on.
-func (h *Handler) endSession(v string) {
+// it is a valid one (sessions); the token's other sessions live on. It
+// reports whether v was a valid session (now ended).
+func (h *Handler) endSession(v string) bool {
 	c, ok := parseSession(v)
 	if !ok {
-		return
+		return false
 	}
 	now := h.cfg.now().Unix()
 	s := &h.sess
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.validLocked(c, now) {
-		return
+		return false
 	}
 	if now >= s.nextSweep {
 		s.sweepLocked(now)
@@ -380,7 +378,7 @@ func (h *Handler) endSession(v string) {
 	}
 	if len(r.sids) < maxRevokedPerName {
 		r.sids[c.sid] = c.exp
-		return
+		return true
 	}
 	// Full of unexpired revocations: one cutoff covers them all, this one
 	// and every session of the name sealed until now (the clock may have
@@ -392,6 +390,7 @@ func (h *Handler) endSession(v string) {
 	r.cutoff = max(r.cutoff, cut)
 	clear(r.sids)
 	h.log.Warn("console: a token's sessions ended by logout exceed what is remembered per token; ended all its sessions so far (its holder signs in again; other tokens' sessions live on)", "token", c.name, "max", maxRevokedPerName)
+	return true
 }
 
 // sweepLocked drops revocations and cutoffs that expired (their cookies
@@ -422,7 +421,8 @@ type loginView struct {
 // login serves the login exchange: GET with ?token= or POST with the
 // form field token sets the session cookie and redirects to next (a path
 // under Prefix, default the console's front page); GET without a token
-// shows the form.
+// shows the form. A login with a token (either method) or any POST from a
+// page of another site (crossSite) is refused with 403.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	start := h.cfg.now()
 	sw := &statusWriter{ResponseWriter: w}
@@ -440,16 +440,17 @@ const opLogin = "console.login"
 // token (and so is recorded), setting who on success.
 func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, who *caller) bool {
 	next := safeNext(r.FormValue("next"))
-	if r.Method == http.MethodPost {
-		// A cross-site form post could sign a victim's browser in as the
-		// attacker's token; only this origin's form may post.
-		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+	tok := r.FormValue("token")
+	if r.Method == http.MethodPost || tok != "" {
+		// A cross-site form post or link (GET ?token= signs in too) could
+		// sign a victim's browser in as the attacker's token (review F5);
+		// only this origin's pages, or a typed URL, may.
+		if why := crossSite(r); why != "" {
 			n.reason = "origin"
-			h.render(w, http.StatusForbidden, "login", loginView{Error: "login refused: the form was posted from another site (" + o + ")", Next: next, TokensOn: h.cfg.Tokens != nil})
+			h.render(w, http.StatusForbidden, "login", loginView{Error: "login refused: the request came from another site (" + why + "); open " + Prefix + "login yourself", Next: next, TokensOn: h.cfg.Tokens != nil})
 			return true
 		}
 	}
-	tok := r.FormValue("token")
 	if tok == "" {
 		h.render(w, http.StatusOK, "login", loginView{Next: next, TokensOn: h.cfg.Tokens != nil})
 		return false
@@ -486,8 +487,15 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 }
 
 // logout ends the session: its cookie is refused from now on, also a copy
-// of it elsewhere, and the browser is told to drop it.
+// of it elsewhere, and the browser is told to drop it. A request from a
+// page of another site (crossSite) is refused with 403 and ends nothing.
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	// A GET that ends a session: a page of another site must not make a
+	// browser sign out (review F5).
+	if why := crossSite(r); why != "" {
+		h.render(w, http.StatusForbidden, "login", loginView{Error: "sign out refused: the request came from another site (" + why + "); use the console's own sign out link", Next: Prefix, TokensOn: h.cfg.Tokens != nil})
+		return
+	}
 	if ck, err := r.Cookie(cookieName); err == nil {
 		h.endSession(ck.Value)
 	}
@@ -523,6 +531,31 @@ func sameOrigin(origin string, r *http.Request) bool {
 		scheme = "https"
 	}
 	return u.Scheme == scheme && strings.EqualFold(u.Host, r.Host)
+}
+
+// crossSite returns why r, a state-changing request (a login with a
+// token, a logout), came from a page of another site, "" when it did not.
+// A browser marks each request with Sec-Fetch-Site, which a page cannot
+// set: only same-origin and none (a typed URL, a bookmark) pass. An Origin
+// must be r's own (sameOrigin) in any case. Without Sec-Fetch-Site (an
+// older browser) a Referer must be r's own too. A client that sends none
+// of them (curl, a script) is no browser a page can drive, and passes.
+func crossSite(r *http.Request) string {
+	site := r.Header.Get("Sec-Fetch-Site")
+	if site != "" && site != "same-origin" && site != "none" {
+		return "Sec-Fetch-Site: " + site
+	}
+	if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
+		return "Origin: " + o
+	}
+	if ref := r.Header.Get("Referer"); site == "" && ref != "" && !sameOrigin(ref, r) {
+		u, err := url.Parse(ref)
+		if err != nil || u.Host == "" {
+			return "an unreadable Referer"
+		}
+		return "Referer: " + u.Scheme + "://" + u.Host
+	}
+	return ""
 }
 
 // privateChannel reports whether r came over TLS or from loopback: the

@@ -61,8 +61,11 @@
 //     other token's), and a forged, expired or ended cookie is
 //     401 (errBadSession), never the loopback user. The exchange is
 //     refused unless the connection is TLS or loopback (a token must not
-//     cross a network in clear text), and a POST whose Origin is another
-//     site's is refused. The pages themselves are GETs that change
+//     cross a network in clear text), and a login with a token (either
+//     method), any POST to it and a /console/logout that a page of
+//     another site sent (Sec-Fetch-Site other than same-origin or none; an
+//     Origin, or without Sec-Fetch-Site a Referer, of another origin) is
+//     refused with 403 (login CSRF). The pages themselves are GETs that change
 //     nothing, and SameSite=Strict keeps the cookie off other sites'
 //     requests.
 //  3. The local user of a loopback caller without credentials
@@ -84,7 +87,9 @@
 // Credentials travel only over TLS or loopback. A bearer token or session
 // cookie on a plain-HTTP connection from another host is refused with 403
 // (audit reason clear_text) before it is checked, exactly as the login
-// exchange refuses a token there: the admin listener serves plain HTTP,
+// exchange refuses a token there; a live session cookie refused so is
+// revoked on sight (whoever saw it on the wire must not use it later from
+// loopback either), and the refusal says so. The admin listener serves plain HTTP,
 // so a remote browser reaches the console through a TLS proxy on the
 // coordinator's host (one that adds X-Forwarded-For, or with
 // --console-no-loopback: Identities, 3) or an SSH tunnel. The admin address's other paths

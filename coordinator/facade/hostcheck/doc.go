@@ -26,6 +26,11 @@
 // Clients such as NeMo Gym's send Host (or :authority) = the address they
 // dialed and no Origin, and pass.
 //
+// Proxied tells a request a proxy forwarded (it carries Forwarded,
+// X-Forwarded-For, -Host, -Proto, X-Real-IP or Via): the console and the
+// facades give such a request no loopback identity, since a proxy on the
+// coordinator's host connects over loopback for every caller.
+//
 // The package has no state and starts no goroutines; a Policy is
 // immutable and safe for concurrent use. It imports only the standard
 // library.

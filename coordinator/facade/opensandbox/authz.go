@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/policy"
@@ -16,7 +17,8 @@ import (
 // Every request is attributed to an identity: cert:CN for a verified
 // client certificate, token:NAME for a Tether-Token (Config.TokenName),
 // on a facade that checks neither Config.Local of the uid owning the
-// caller's socket (peeruid; unknown: unidentified). Then:
+// caller's socket (peeruid; unknown, or a request carrying a header
+// proxies add, hostcheck.Proxied: unidentified). Then:
 //   - a request a node serves needs forward to target opensandbox on that
 //     node; a create placed by load or selector goes only to nodes the
 //     caller may reach, and a list asks only those;
@@ -59,6 +61,11 @@ func (f *Facade) identify(r *http.Request) (policy.Identity, bool) {
 		return policy.Identity{}, false
 	}
 	if f.cfg.Local == nil {
+		return policy.Identity{}, false
+	}
+	if hd := hostcheck.Proxied(r.Header); hd != "" {
+		// A proxy on this host connects over loopback for every caller.
+		f.log.Debug("caller unidentified: a proxy forwarded its request, so its socket's uid is the proxy's", "remote", r.RemoteAddr, "header", hd)
 		return policy.Identity{}, false
 	}
 	uid, err := peeruid.FromContext(r.Context())

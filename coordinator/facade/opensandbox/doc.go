@@ -71,7 +71,9 @@
 //
 // Every request is attributed to an identity (cert:CN, token:NAME through
 // Config.TokenName, or Config.Local of the uid owning the caller's
-// socket: package peeruid) and decided by Config.Authorizer's
+// socket: package peeruid, never for a request carrying Forwarded,
+// X-Forwarded-For, -Host, -Proto, X-Real-IP or Via, which a proxy on
+// this host forwarded for someone else) and decided by Config.Authorizer's
 // policy: forward to target opensandbox on the node, the sandbox's owner
 // for the requests on one sandbox, the run's owner for a create; a list
 // shows the caller's own sandboxes (authz.go). A refusal is 403

@@ -139,9 +139,11 @@ type Config struct {
 	// once per connection: serve the facade with HTTPServer, whose
 	// ConnContext records it), e.g. the dev user's identity for the dev
 	// process's uid and peeruid.Identity for any other. A zero Identity, a
-	// caller whose uid cannot be learnt (not Linux, not loopback) and a
-	// nil Local leave the caller unidentified (refused once a policy is in
-	// force).
+	// caller whose uid cannot be learnt (not Linux, not loopback), a
+	// request carrying a header proxies add (hostcheck.Proxied:
+	// Forwarded, X-Forwarded-For, ...; a proxy on this host connects over
+	// loopback for every caller) and a nil Local leave the caller
+	// unidentified (refused once a policy is in force).
 	Local func(uid uint32) policy.Identity
 	// Authorizer decides every request by policy (authz.go); its zero
 	// value allows everything.

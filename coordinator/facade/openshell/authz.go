@@ -3,6 +3,7 @@ package openshell
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
@@ -18,7 +20,8 @@ import (
 // Authorization (Config.Authorizer). Every call is attributed to an
 // identity: cert:CN for a verified client certificate, token:NAME for a
 // tether-token (Config.TokenName), on a facade that checks neither
-// Config.Local of the uid owning the caller's socket (peeruid; unknown:
+// Config.Local of the uid owning the caller's socket (peeruid; unknown, or
+// a call whose metadata carries a header proxies add, hostcheck.Proxied:
 // unidentified). Then:
 //   - every call a node's gateway serves needs forward to target openshell
 //     on that node; a call that fans out asks only the nodes the caller
@@ -62,6 +65,12 @@ func (s *Server) identify(ctx context.Context, md metadata.MD) (policy.Identity,
 		return policy.Identity{}, false
 	}
 	if s.cfg.Local == nil || p == nil {
+		return policy.Identity{}, false
+	}
+	if hd := hostcheck.Proxied(md); hd != "" {
+		// A gRPC proxy on this host (Envoy, ...) connects over loopback
+		// for every caller.
+		s.log.Debug("caller unidentified: a proxy forwarded its call, so its socket's uid is the proxy's", "remote", p.Addr.String(), "metadata", strings.ToLower(hd))
 		return policy.Identity{}, false
 	}
 	uid, err := peerUID(p.AuthInfo)

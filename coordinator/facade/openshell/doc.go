@@ -114,7 +114,9 @@
 //
 // Every call is attributed to an identity (cert:CN, token:NAME through
 // Config.TokenName, or Config.Local of the uid owning the caller's
-// socket: package peeruid) and decided by Config.Authorizer's
+// socket: package peeruid, never for a call whose metadata carries
+// forwarded, x-forwarded-for, -host, -proto, x-real-ip or via, which a
+// proxy on this host forwarded for someone else) and decided by Config.Authorizer's
 // policy: forward to target openshell on each node it reaches, the
 // sandbox's owner for calls on one sandbox, the run's owner for a create;
 // a list shows the caller's own sandboxes (authz.go). A refusal is

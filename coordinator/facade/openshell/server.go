@@ -163,8 +163,11 @@ type Config struct {
 	// the caller's socket (coordinator/facade/peeruid, looked up once per
 	// connection), e.g. the dev user's identity for the dev process's uid
 	// and peeruid.Identity for any other. A zero Identity, a caller whose
-	// uid cannot be learnt (not Linux, not loopback) and a nil Local leave
-	// the caller unidentified (refused once a policy is in force).
+	// uid cannot be learnt (not Linux, not loopback), a call whose
+	// metadata carries a header proxies add (hostcheck.Proxied:
+	// forwarded, x-forwarded-for, ...; a gRPC proxy on this host connects
+	// over loopback for every caller) and a nil Local leave the caller
+	// unidentified (refused once a policy is in force).
 	Local func(uid uint32) policy.Identity
 	// Authorizer decides every call by policy (authz.go); its zero value
 	// allows everything.
