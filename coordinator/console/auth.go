@@ -520,7 +520,8 @@ func safeNext(next string) string {
 	return next
 }
 
-// sameOrigin reports whether origin is r's own (scheme and Host).
+// sameOrigin reports whether origin is r's own (scheme and Host; https for
+// plain HTTP from loopback, as a TLS proxy on the host forwards it).
 func sameOrigin(origin string, r *http.Request) bool {
 	u, err := url.Parse(origin)
 	if err != nil {
@@ -530,7 +531,11 @@ func sameOrigin(origin string, r *http.Request) bool {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	return u.Scheme == scheme && strings.EqualFold(u.Host, r.Host)
+	// A TLS proxy on the coordinator's host (README, "Signing in") serves
+	// the console's pages as https and reaches it in clear text over
+	// loopback: its pages' origin is https. Never the other way round.
+	proxied := r.TLS == nil && u.Scheme == "https" && privateChannel(r)
+	return (u.Scheme == scheme || proxied) && strings.EqualFold(u.Host, r.Host)
 }
 
 // crossSite returns why r, a state-changing request (a login with a

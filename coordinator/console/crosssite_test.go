@@ -22,12 +22,16 @@ func TestLoginAndLogoutCrossSiteRefused(t *testing.T) {
 		"same-site":    {"Sec-Fetch-Site": "same-site"},
 		"foreign ref":  {"Referer": "http://evil.example/page"},
 		"foreign orig": {"Origin": "http://evil.example"},
+		"foreign tls":  {"Origin": "https://evil.example"},
 	}
 	same := map[string]map[string]string{
 		"same-origin": {"Sec-Fetch-Site": "same-origin"},
 		"typed":       {"Sec-Fetch-Site": "none"},
 		"own referer": {"Referer": "http://" + loopbackHost + "/console/"},
 		"no headers":  {},
+		// A TLS proxy on the host (README): the browser's page is https,
+		// the console sees plain HTTP over loopback.
+		"tls proxy": {"Origin": "https://" + loopbackHost, "Sec-Fetch-Site": "same-origin"},
 	}
 	do := func(method, target string, hdr map[string]string, cookie string) *httptest.ResponseRecorder {
 		var req *http.Request
