@@ -256,9 +256,16 @@ func (s *sender) walk() error {
 			// one: never data of the source.
 			return errSkipDir
 		}
-		if what, ok := prot[fi.id]; ok {
+		if k, what := prot.match(fi.id, fi.Mode().IsRegular(), fi.nlink); k != notProtected {
 			s.log.Debug("skipping protected entry", "path", rel, "protected", what)
-			if err := s.skip(rel, "the agent's own state: never copied"); err != nil {
+			reason := "the agent's own state: never copied"
+			switch {
+			case k == maybeProtected:
+				reason = "has other hard links, and cannot be told apart from the agent's own state (" + what + "): never copied"
+			case prot.byID(fi.id) == "":
+				reason = "the agent's own state (a hard link to " + what + "): never copied"
+			}
+			if err := s.skip(rel, reason); err != nil {
 				return err
 			}
 			return errSkipDir
