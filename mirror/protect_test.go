@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/tetherfleet/tether/protocol"
 )
 
 // protectedLinks lays out a protected directory state (the agent's state:
@@ -148,5 +146,3 @@ func mustStat(t *testing.T, p string) os.FileInfo {
 	fatalIf(t, err)
 	return fi
 }
-
-var _ = protocol.CopySkip{}
