@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -145,4 +147,50 @@ func mustStat(t *testing.T, p string) os.FileInfo {
 	fi, err := os.Stat(p)
 	fatalIf(t, err)
 	return fi
+}
+
+// TestProtectedLinkSwappedInAfterWalk: a source file replaced, between the
+// walk and its reading, by a hard link to a file inside a protected
+// directory is skipped, not sent (small files, read ahead, and big ones,
+// streamed).
+func TestProtectedLinkSwappedInAfterWalk(t *testing.T) {
+	state, _, key := protectedLinks(t)
+	src := t.TempDir()
+	build(t, src, spec{"small": "s", "zbig": strings.Repeat("b", chunkSize+1), "other": "o"})
+	swap := func(rel string) {
+		p := filepath.Join(src, rel)
+		fatalIf(t, os.Remove(p))
+		fatalIf(t, os.Link(key, p))
+	}
+	smallIOHook = func(op, rel string) error {
+		if op == "open" && rel == "small" {
+			swap(rel)
+		}
+		return nil
+	}
+	t.Cleanup(func() { smallIOHook = nil })
+	// The big file, sent last, is swapped once a file has been sent: the
+	// walk is over and the sender has not opened it yet.
+	var once sync.Once
+	opts := Options{Protected: []string{state}, Progress: func(Progress) { once.Do(func() { swap("zbig") }) }}
+	dst := filepath.Join(t.TempDir(), "dst")
+	res, _ := mustCopy(t, src, dst, opts)
+	var skipped []string
+	for _, sk := range res.SkippedEntries {
+		if strings.Contains(sk.Reason, "the agent's own state") {
+			skipped = append(skipped, sk.Path)
+		}
+	}
+	slices.Sort(skipped)
+	if strings.Join(skipped, ",") != "small,zbig" {
+		t.Errorf("skipped %+v, want small and zbig skipped as the agent's own state", res.SkippedEntries)
+	}
+	for _, n := range []string{"small", "zbig"} {
+		if b, err := os.ReadFile(filepath.Join(dst, n)); err == nil && strings.Contains(string(b), "PRIVATE KEY") {
+			t.Errorf("%s: the protected file's content was copied", n)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "other")); err != nil || string(b) != "o" {
+		t.Errorf("other: %q, %v", b, err)
+	}
 }
