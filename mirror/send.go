@@ -100,12 +100,12 @@ type sender struct {
 	log  *slog.Logger
 	prog progress
 
-	src    string // as named
-	name   string // its base name, for a file copied into a directory
-	base   int    // the source directory, or -1 for a file source
-	prot   *protection
-	fileFd int      // the source file, or -1 for a directory source
-	dirs   dirCache // directories below base
+	src    string      // as named
+	name   string      // its base name, for a file copied into a directory
+	base   int         // the source directory, or -1 for a file source
+	prot   *protection // Options.Protected, for the walk and each file opened
+	fileFd int         // the source file, or -1 for a directory source
+	dirs   dirCache    // directories below base
 
 	entries []srcEntry
 	skips   []protocol.CopySkip // found by the walk, sent after the entries
