@@ -194,3 +194,18 @@ func TestProtectedLinkSwappedInAfterWalk(t *testing.T) {
 		t.Errorf("other: %q, %v", b, err)
 	}
 }
+
+// TestProtectedLinkIntoState: a file outside that also has a name inside a
+// protected directory (a hard link made in there) is part of the agent's
+// state too: refused, naming the name inside.
+func TestProtectedLinkIntoState(t *testing.T) {
+	state, work, _ := protectedLinks(t)
+	b := filepath.Join(work, "b")
+	fatalIf(t, os.WriteFile(b, []byte("b"), 0o644))
+	inside := filepath.Join(state, "jobs", "j1", "b_link")
+	fatalIf(t, os.Link(b, inside))
+	s, _, _ := runCopy(t, b, filepath.Join(t.TempDir(), "b"), Options{Protected: []string{state}})
+	if s.err == nil || !strings.Contains(s.err.Error(), inside) {
+		t.Errorf("pull of a file also named inside the state: %v, want a refusal naming %s", s.err, inside)
+	}
+}
