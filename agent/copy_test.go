@@ -344,3 +344,55 @@ func TestCopyPathNotUTF8(t *testing.T) {
 		t.Errorf("pulled %q, want %q", got, want)
 	}
 }
+
+// TestCopyRefusesHardLinksToAgentState: a hard link under a copy root to a
+// file inside the agent's identity directory is the agent's own state: a
+// pull of it is refused naming the file, a pull of a tree holding it skips
+// it, a push onto it is refused, and the file is unchanged.
+func TestCopyRefusesHardLinksToAgentState(t *testing.T) {
+	h := newHarness(t, nil)
+	data := h.a.cfg.DataDir
+	key := filepath.Join(h.a.cfg.IdentityDir, "node.pem")
+	if err := os.MkdirAll(h.a.cfg.IdentityDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, []byte("PRIVATE KEY"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	work := filepath.Join(data, "work")
+	writeTree(t, work, map[string]string{"a": "a"})
+	if err := os.Link(key, filepath.Join(work, "node_hl")); err != nil {
+		t.Fatal(err)
+	}
+
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(work, "node_hl")})
+	_, err := mirror.Receive(copyCtx(t), filepath.Join(t.TempDir(), "n"), s.st, mirror.Options{})
+	var pe *mirror.PeerError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Info.Message, "the agent's own state") || !strings.Contains(pe.Info.Message, key) {
+		t.Errorf("pull of the hard link: %v, want a refusal naming %s", err, key)
+	}
+
+	out := filepath.Join(t.TempDir(), "w")
+	s = h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: work})
+	res, err := mirror.Receive(copyCtx(t), out, s.st, mirror.Options{})
+	if err != nil {
+		t.Fatalf("pull of the tree: %v", err)
+	}
+	if res.Skipped != 1 || len(res.SkippedEntries) != 1 || res.SkippedEntries[0].Path != "node_hl" {
+		t.Errorf("pull of the tree skipped %+v, want node_hl", res.SkippedEntries)
+	}
+	if got := readTree(t, out); !equalMaps(got, map[string]string{"a": "a"}) {
+		t.Errorf("pull of the tree copied %v, want only a", got)
+	}
+
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"node_hl": "ATTACKER KEY"})
+	s = h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: filepath.Join(work, "node_hl")})
+	_, err = mirror.Send(copyCtx(t), filepath.Join(src, "node_hl"), s.st, mirror.Options{})
+	if !errors.As(err, &pe) || !strings.Contains(pe.Info.Message, "the agent's own state") {
+		t.Errorf("push onto the hard link: %v, want a refusal naming the agent's own state", err)
+	}
+	if b, err := os.ReadFile(key); err != nil || string(b) != "PRIVATE KEY" {
+		t.Errorf("identity file now %q (%v)", b, err)
+	}
+}

@@ -527,3 +527,48 @@ func TestCopyAsUserNeverTouchesAgentState(t *testing.T) {
 		t.Errorf("the secret file was changed: %q", b)
 	}
 }
+
+// TestCopyAsUserRefusesHardLinksToAgentState: in a copy as another account
+// (the helper, given the protected directories as descriptors), a hard link
+// under the account's copy root to a file inside the jobs directory that
+// the account may read is the agent's own state: a pull of it is refused
+// naming the file by its real path, a pull of its directory skips it.
+func TestCopyAsUserRefusesHardLinksToAgentState(t *testing.T) {
+	u := newTestUser(t)
+	data := filepath.Join(u.base, "data")
+	jobOut := filepath.Join(data, "jobs", "j1", "out")
+	os.MkdirAll(filepath.Dir(jobOut), 0o755)
+	for _, d := range []string{data, filepath.Join(data, "jobs"), filepath.Dir(jobOut)} {
+		os.Chmod(d, 0o755)
+	}
+	if err := os.WriteFile(jobOut, []byte("job output"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *Config) {
+		withPolicy(t, fmt.Sprintf("version: 1\nusers:\n  - name: %s\ncopy_roots: [%s]\n", u.name, u.base))(c)
+		c.DataDir = data
+	})
+	work := filepath.Join(u.base, "work")
+	os.MkdirAll(work, 0o755)
+	os.WriteFile(filepath.Join(work, "a"), []byte("a"), 0o644)
+	if err := os.Link(jobOut, filepath.Join(work, "hl")); err != nil {
+		t.Fatal(err)
+	}
+	s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: filepath.Join(work, "hl"), User: u.name})
+	_, err := mirror.Receive(copyCtx(t), filepath.Join(t.TempDir(), "got"), s.st, mirror.Options{})
+	if err == nil || !strings.Contains(err.Error(), "the agent's own state") || !strings.Contains(err.Error(), jobOut) {
+		t.Errorf("pull of the hard link as %s: %v, want a refusal naming %s", u.name, err, jobOut)
+	}
+	out := filepath.Join(t.TempDir(), "w")
+	s = h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPull, Path: work, User: u.name})
+	res, err := mirror.Receive(copyCtx(t), out, s.st, mirror.Options{})
+	if err != nil {
+		t.Fatalf("pull of the tree as %s: %v", u.name, err)
+	}
+	if res.Skipped != 1 || len(res.SkippedEntries) != 1 || res.SkippedEntries[0].Path != "hl" {
+		t.Errorf("pull of the tree skipped %+v, want hl", res.SkippedEntries)
+	}
+	if got := readTree(t, out); !equalMaps(got, map[string]string{"a": "a"}) {
+		t.Errorf("pull of the tree copied %v, want only a", got)
+	}
+}

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -106,7 +104,10 @@ type Options struct {
 	// below one is refused, a source below one too, and a source holding
 	// one skips it (named in SkippedEntries). They are identified by
 	// device and inode when the copy starts (a missing one is ignored), so
-	// a hard link or another path to them is caught as well.
+	// a hard link or another path to them is caught as well; so are hard
+	// links, anywhere, to the files below a protected directory (the
+	// directories are listed when the copy first meets a file with more
+	// than one link; see protection).
 	Protected []string
 	// Progress, if set, is called from the copying goroutine at most every
 	// 100 ms and once at the end of a successful copy.
@@ -134,19 +135,9 @@ func (o *Options) resolver() *resolver {
 	return newResolver(o.Roots, o.Within)
 }
 
-// protected returns the identities of o.Protected.
-func (o *Options) protected() map[fileID]string {
-	if len(o.Protected) == 0 {
-		return nil
-	}
-	ids := make(map[fileID]string, len(o.Protected))
-	for _, p := range o.Protected {
-		var st unix.Stat_t
-		if err := unix.Stat(p, &st); err == nil {
-			ids[idOf(&st)] = p
-		}
-	}
-	return ids
+// protected returns the protection of o.Protected (nil without).
+func (o *Options) protected() *protection {
+	return newProtection(o.Protected, o.logger())
 }
 
 func (o *Options) logger() *slog.Logger {

@@ -35,7 +35,8 @@
 // itself a root, opened by resolving it beneath that root, so the same
 // rules keep symlinks inside the grant. Options.Protected (the agent's own state) is
 // refused as a destination and as a source, at, above or below it, and
-// skipped inside a source, by device and inode. Nothing is reopened by
+// skipped inside a source, by device and inode; so is another name (a
+// hard link) of a file below a protected directory (see protection). Nothing is reopened by
 // name later, so a directory swapped for a symlink during the copy cannot
 // redirect it: later lookups are openat2(RESOLVE_BENEATH |
 // RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) from the resolved

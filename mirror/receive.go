@@ -261,7 +261,7 @@ type receiver struct {
 	log  *slog.Logger
 	prog progress
 	rsv  *resolver
-	prot map[fileID]string
+	prot *protection
 	id   string // random: this copy's temporary names carry it
 	seq  int
 
@@ -619,8 +619,11 @@ func (r *receiver) scanOld() error {
 				}
 				return errSkipDir
 			}
-			if p, ok := r.prot[fi.id]; ok {
+			switch k, p := r.prot.match(fi.id, fi.Mode().IsRegular(), fi.nlink); k {
+			case isProtected:
 				return refusef("copy destination %s holds the agent's own state (%s at %q): never copied onto", r.dst, p, rel)
+			case maybeProtected:
+				return refusef("copy destination %s holds %q, which has other hard links and cannot be told apart from the agent's own state (%s): never copied onto", r.dst, rel, p)
 			}
 			add(rel, fi, devs[parentOf(rel)])
 			if fi.IsDir() {

@@ -50,7 +50,7 @@ type resolver struct {
 	names string     // the roots, for messages
 	// prot, if set, are protected files (Options.Protected): the walk
 	// creates no directory in or below one.
-	prot map[fileID]string
+	prot *protection
 }
 
 // copyRoot is one copy root.
@@ -481,28 +481,32 @@ func (r *resolver) result(stack []int, name string) (target, error) {
 }
 
 // checkProtected refuses a copy whose end (the entry name in the directory
-// dfd, or dfd itself when name is "") is one of the protected files, or
-// lies below one. Identities are compared on descriptors.
-func checkProtected(dfd int, name string, prot map[fileID]string, what string) error {
-	if len(prot) == 0 {
+// dfd, or dfd itself when name is "") is one of the protected files or
+// another name of one (protection.match), or lies below one. Identities
+// are compared on descriptors.
+func checkProtected(dfd int, name string, prot *protection, what string) error {
+	if prot == nil {
 		return nil
 	}
 	if name != "" {
 		var st unix.Stat_t
 		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
-			if p, ok := prot[idOf(&st)]; ok {
+			switch k, p := prot.match(idOf(&st), st.Mode&unix.S_IFMT == unix.S_IFREG, uint64(st.Nlink)); k {
+			case isProtected:
 				return refusef("%s is the agent's own state (%s): never copied", what, p)
+			case maybeProtected:
+				return refusef("%s has other hard links, and cannot be told apart from the agent's own state (%s): never copied", what, p)
 			}
 		}
 	}
 	if name == "" {
-		if id, err := fdID(dfd); err == nil && prot[id] != "" {
-			return refusef("%s is the agent's own state (%s): never copied", what, prot[id])
+		if id, err := fdID(dfd); err == nil && prot.byID(id) != "" {
+			return refusef("%s is the agent's own state (%s): never copied", what, prot.byID(id))
 		}
 	}
 	var found string
 	if err := walkUp(dfd, func(id fileID) bool {
-		found = prot[id]
+		found = prot.byID(id)
 		return found != ""
 	}); err != nil {
 		return fmt.Errorf("%s: check its parents: %w", what, err)

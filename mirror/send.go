@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -99,11 +100,12 @@ type sender struct {
 	log  *slog.Logger
 	prog progress
 
-	src    string   // as named
-	name   string   // its base name, for a file copied into a directory
-	base   int      // the source directory, or -1 for a file source
-	fileFd int      // the source file, or -1 for a directory source
-	dirs   dirCache // directories below base
+	src    string      // as named
+	name   string      // its base name, for a file copied into a directory
+	base   int         // the source directory, or -1 for a file source
+	prot   *protection // Options.Protected, for the walk and each file opened
+	fileFd int         // the source file, or -1 for a directory source
+	dirs   dirCache    // directories below base
 
 	entries []srcEntry
 	skips   []protocol.CopySkip // found by the walk, sent after the entries
@@ -214,6 +216,7 @@ func (s *sender) walk() error {
 	defer t.dir.Close()
 	s.name = path.Base(path.Clean(filepath.ToSlash(s.src)))
 	prot := s.opts.protected()
+	s.prot = prot
 	if err := checkProtected(int(t.dir.Fd()), t.name, prot, "copy source "+s.src); err != nil {
 		return err
 	}
@@ -256,9 +259,9 @@ func (s *sender) walk() error {
 			// one: never data of the source.
 			return errSkipDir
 		}
-		if what, ok := prot[fi.id]; ok {
+		if k, what := prot.match(fi.id, fi.Mode().IsRegular(), fi.nlink); k != notProtected {
 			s.log.Debug("skipping protected entry", "path", rel, "protected", what)
-			if err := s.skip(rel, "the agent's own state: never copied"); err != nil {
+			if err := s.skip(rel, protReason(k, what, prot.byID(fi.id) != "")); err != nil {
 				return err
 			}
 			return errSkipDir
@@ -287,6 +290,41 @@ func (s *sender) walk() error {
 	}
 	dirsFirst(s.entries)
 	return nil
+}
+
+// protReason is why a source entry matched as k (protection.match, with
+// what) is skipped; direct says it is a Protected entry itself.
+func protReason(k matchKind, what string, direct bool) string {
+	switch {
+	case k == maybeProtected:
+		return "has other hard links, and cannot be told apart from the agent's own state (" + what + "): never copied"
+	case !direct:
+		return "the agent's own state (a hard link to " + what + "): never copied"
+	}
+	return "the agent's own state: never copied"
+}
+
+// protectedNow checks the source file rel, opened to be sent, with
+// identity id and nlink links, against the protection once more: a name
+// swapped for a hard link to the agent's state since the walk is caught.
+// A protected file fails a single-file copy, or a strict one, and is
+// skipped (the receiver told) otherwise; skipped says so.
+func (s *sender) protectedNow(rel string, id fileID, nlink uint64) (skipped bool, err error) {
+	k, what := s.prot.match(id, true, nlink)
+	if k == notProtected {
+		return false, nil
+	}
+	reason := protReason(k, what, s.prot.byID(id) != "")
+	switch {
+	case s.fileFd >= 0:
+		s.local = true
+		return true, refusef("copy source %s changed while copying: %s", s.src, reason)
+	case s.opts.Strict:
+		s.local = true
+		return true, fmt.Errorf("cannot copy %q: %s (a strict copy is all or nothing: nothing was changed)", rel, reason)
+	}
+	s.log.Warn("skipping source entry", "path", rel, "reason", reason)
+	return true, s.writeSkip(protocol.CopySkip{Path: rel, Reason: reason})
 }
 
 // openSource opens the source entry name in dfd for reading, without
@@ -654,6 +692,9 @@ func (s *sender) sendRead(e *srcEntry, j *readJob) error {
 	if j.big {
 		return s.sendFile(e)
 	}
+	if skipped, err := s.protectedNow(e.Path, idOf(&j.st), uint64(j.st.Nlink)); skipped {
+		return err
+	}
 	ce := e.CopyEntry
 	ce.Mode, ce.MtimeNS, ce.Size = modeBits(newStatInfo("", &j.st).Mode()), j.st.Mtim.Nano(), j.st.Size
 	if err := s.writeEntry(ce); err != nil {
@@ -698,6 +739,12 @@ func (s *sender) sendFile(e *srcEntry) error {
 			return fmt.Errorf("source file %q changed while copying (no longer a regular file)", e.Path)
 		}
 		return s.skipLate(e.Path, errNotRegular)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok {
+		s.local = true
+		return fmt.Errorf("stat %q: no device and inode", e.Path)
+	} else if skipped, err := s.protectedNow(e.Path, fileID{uint64(st.Dev), uint64(st.Ino)}, uint64(st.Nlink)); skipped {
+		return err
 	}
 	ce := e.CopyEntry
 	ce.Mode, ce.MtimeNS, ce.Size = modeBits(fi.Mode()), fi.ModTime().UnixNano(), fi.Size()

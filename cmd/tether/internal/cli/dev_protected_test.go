@@ -70,4 +70,38 @@ func TestDevAgentNeverCopiesCoordinatorState(t *testing.T) {
 	if r := runCLI(testCtx(t), devVars, "", "cp", "--nats-url", url, node+":"+mine, filepath.Join(local, "mine.txt")); r.code != 0 {
 		t.Errorf("cp of a user's file in the data dir: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// Hard links, under a copy root, to the fleet CA's key and to the
+	// files of the node's identity are refused alone and skipped in a
+	// tree.
+	work := filepath.Join(local, "work")
+	os.MkdirAll(work, 0o755)
+	os.WriteFile(filepath.Join(work, "mine"), []byte("mine\n"), 0o600)
+	links := map[string]string{"ca_hl": filepath.Join(dir, "pki", "ca.key")}
+	ids, _ := os.ReadDir(filepath.Join(dir, "agent", "identity"))
+	for _, e := range ids {
+		if e.Type().IsRegular() {
+			links["id_"+e.Name()] = filepath.Join(dir, "agent", "identity", e.Name())
+		}
+	}
+	if len(links) < 2 {
+		t.Fatalf("the dev agent's identity directory holds no file: %v", ids)
+	}
+	for name, target := range links {
+		if err := os.Link(target, filepath.Join(work, name)); err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(local, "got", name)
+		r := runCLI(testCtx(t), devVars, "", "cp", "--nats-url", url, node+":"+filepath.Join(work, name), dst)
+		if r.code == 0 || !strings.Contains(r.stderr, "the agent's own state") || !strings.Contains(r.stderr, target) {
+			t.Errorf("cp of a hard link to %s: exit %d, stderr %q; want a refusal naming it", target, r.code, r.stderr)
+		}
+		if _, err := os.Lstat(dst); err == nil {
+			t.Errorf("cp of a hard link to %s copied it", target)
+		}
+	}
+	tree := filepath.Join(local, "gotwork")
+	r := runCLI(testCtx(t), devVars, "", "cp", "--nats-url", url, node+":"+work, tree)
+	if got, err := os.ReadDir(tree); err != nil || len(got) != 1 || got[0].Name() != "mine" {
+		t.Errorf("cp of a tree holding hard links to the agent's state: exit %d, stderr %q, copied %v (%v); want only mine", r.code, r.stderr, got, err)
+	}
 }
