@@ -58,7 +58,7 @@ type copyEnd struct {
 // the path quoted when it holds what a terminal would not show as it is
 // (quoteName).
 func (c copyEnd) String() string {
-	p := quoteName(c.path)
+	p := clipMiddle(quoteName(c.path))
 	if c.node == "" {
 		return p
 	}
@@ -230,7 +230,7 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	}
 	// What the agent would refuse is found before anything is sent.
 	if err := params.Validate(); err != nil {
-		return usage(fmt.Errorf("cp %s to %s: the path on the node: %s", from, to, printable(strings.TrimPrefix(err.Error(), "path: "))))
+		return usage(fmt.Errorf("cp %s to %s: the path on the node: %s", from, to, clipWords(printable(strings.TrimPrefix(err.Error(), "path: ")))))
 	}
 	opened, err := op.OpenStream(ctx, node, protocol.KindCopy, &params)
 	if err != nil {
@@ -315,7 +315,42 @@ const copyEndWait = 5 * time.Second
 // cpError is a failed copy's error: "cp SRC TO DST: msg", ending Run with
 // code. msg must be printable already.
 func cpError(code int, from, to copyEnd, msg string) error {
-	return &exitError{code: code, err: fmt.Errorf("cp %s to %s: %s", from, to, msg)}
+	return &exitError{code: code, err: fmt.Errorf("cp %s to %s: %s", from, to, clipWords(msg))}
+}
+
+// maxShown bounds a path (or any word) in cp's messages: a path of
+// kilobytes (up to PATH_MAX, and named two or three times in one error)
+// would fill the terminal. Its start and end are kept.
+const maxShown = 200
+
+// clipMiddle shortens s past maxShown bytes to its start, "…", and its
+// end, cut at UTF-8 boundaries.
+func clipMiddle(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	head, tail := maxShown*2/3, maxShown/4
+	for head > 0 && !utf8.RuneStart(s[head]) {
+		head--
+	}
+	t := len(s) - tail
+	for t < len(s) && !utf8.RuneStart(s[t]) {
+		t++
+	}
+	return s[:head] + "…(" + strconv.Itoa(len(s)) + " bytes)…" + s[t:]
+}
+
+// clipWords is clipMiddle of each space-separated word of msg (a node's
+// message names paths inside it).
+func clipWords(msg string) string {
+	if len(msg) <= maxShown {
+		return msg
+	}
+	words := strings.Split(msg, " ")
+	for i, w := range words {
+		words[i] = clipMiddle(w)
+	}
+	return strings.Join(words, " ")
 }
 
 // cpOutcome is the exit code and message of a copy that failed with err,
