@@ -83,7 +83,7 @@ type Coordinator struct {
 	stopRequests context.CancelFunc
 	conns        map[*agentConn]struct{} // every live agent connection, registered or not
 	nodes        map[string]*node        // registered sessions by node id
-	jobs         map[string]*job         // running jobs by id
+	jobs         runSet                  // running jobs by id and part node (runkey.go)
 	// ending are the jobs that replied and whose final record is being
 	// written, by id: closed once it is (durable.go).
 	ending map[string]chan struct{}
@@ -161,7 +161,6 @@ func New(cfg Config) (*Coordinator, error) {
 		guard:     panics.New(reg, log.With("component", "coordinator", "coordinator_id", cfg.ID), "coordinator"),
 		conns:     map[*agentConn]struct{}{},
 		nodes:     map[string]*node{},
-		jobs:      map[string]*job{},
 		ending:    map[string]chan struct{}{},
 
 		admit:   admission.New(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
@@ -262,7 +261,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 	for _, n := range c.nodes {
 		sessions = append(sessions, n)
 	}
-	jobs := len(c.jobs)
+	jobs := c.jobs.len()
 	c.mu.Unlock()
 	stopNotify(fmt.Sprintf("draining: moving %d agents, %d jobs running", len(sessions), jobs))
 	c.log.Info("draining", "agents", len(sessions))
@@ -288,10 +287,7 @@ func (c *Coordinator) drain(ln net.Listener, acceptDone <-chan error, kill conte
 		t.Stop()
 	case <-t.C:
 		c.mu.Lock()
-		running := make([]*job, 0, len(c.jobs))
-		for _, j := range c.jobs {
-			running = append(running, j)
-		}
+		running := c.jobs.all()
 		c.mu.Unlock()
 		c.log.Warn("cancelling jobs still running after drain timeout", "jobs", len(running), "drain_timeout", c.cfg.DrainTimeout)
 		for _, j := range running {

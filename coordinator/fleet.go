@@ -1024,7 +1024,7 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 		case "alive":
 			c.guardHandler("exec-alive", micro.HandlerFunc(c.handleExecAlive)).Handle(req)
 		case "abort":
-			c.abortRun(strings.ReplaceAll(part, "~", "."))
+			c.abortRun(strings.ReplaceAll(part, "~", "."), m.Header.Get(protocol.HeaderNode))
 		}
 		return
 	}
@@ -1049,15 +1049,17 @@ func (c *Coordinator) dispatch(m *nats.Msg) {
 	c.guardHandler(name, handlers[name]).Handle(req)
 }
 
-// abortRun cancels the exec job id, a run another coordinator's fan-out
-// forwarded here and now gives up on.
-func (c *Coordinator) abortRun(id string) {
+// abortRun cancels the exec job id's node runs that another coordinator's
+// fan-out forwarded here and now gives up on: node's (the abort's
+// protocol.HeaderNode, runRemote sets it), or all of them when node is "".
+// Only forwarded runs (runKey with a node): a detached fan-out's remote
+// runs have the fan-out's id, and the fan-out's coordinator hears its own
+// abort.
+func (c *Coordinator) abortRun(id, node string) {
 	c.mu.Lock()
-	j := c.jobs[id]
+	parts := c.jobs.parts(id, node)
 	c.mu.Unlock()
-	// Only a forwarded run: a detached fan-out's remote run has the
-	// fan-out's id, and the fan-out's coordinator hears its own abort.
-	if j != nil && j.header.Get(headerFanoutRun) != "" {
+	for _, j := range parts {
 		j.cancel(errRunAborted)
 	}
 }

@@ -96,8 +96,7 @@ func (j *job) runRemote(id, owner string, tail *stderrTail) (res protocol.NodeRe
 				// Cancelled here: stop the run there and wait for its
 				// result a little.
 				aborted, acked = true, true // wait on the grace below, acknowledged or not
-				ah := nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}
-				nc.PublishMsg(&nats.Msg{Subject: runSubject(runID, "abort"), Header: ah})
+				nc.PublishMsg(&nats.Msg{Subject: runSubject(runID, "abort"), Header: abortHeader(c.cfg.ID, id)})
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(context.Background(), c.cfg.CancelGrace+c.cfg.Tunnel.WriteTimeout)
 				defer cancel()
@@ -133,7 +132,7 @@ func (j *job) runRemote(id, owner string, tail *stderrTail) (res protocol.NodeRe
 			}
 			if err := j.publishOutput(id, typ, m.Data); err != nil {
 				// Stop the run there too: nobody reads it.
-				nc.PublishMsg(&nats.Msg{Subject: runSubject(runID, "abort"), Header: nats.Header{HeaderForwardedBy: []string{c.cfg.ID}}})
+				nc.PublishMsg(&nats.Msg{Subject: runSubject(runID, "abort"), Header: abortHeader(c.cfg.ID, id)})
 				return fail("output reply lost, giving up: %v", err)
 			}
 		case protocol.ReplyNodeResult:
@@ -158,4 +157,14 @@ func (j *job) runRemote(id, owner string, tail *stderrTail) (res protocol.NodeRe
 			return res
 		}
 	}
+}
+
+// abortHeader is the header of coordinator by's abort of node's run
+// (RunSubjectPrefix+<run>+".abort"): it names the node, since a detached
+// fan-out's runs on one coordinator share the fan-out's id (runKey) and
+// giving up on one node must not stop the others.
+func abortHeader(by, node string) nats.Header {
+	h := nats.Header{HeaderForwardedBy: []string{by}}
+	h.Set(protocol.HeaderNode, node)
+	return h
 }

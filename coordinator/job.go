@@ -51,6 +51,10 @@ type job struct {
 	// another coordinator runs and records under the same id
 	// (fanoutPartOf); it writes no record of its own.
 	fanoutPart bool
+	// key is the job's key among the coordinator's running jobs
+	// (runkey.go): its id, and its node when it is one node's run of
+	// another coordinator's fan-out.
+	key runKey
 	// sub is the job's run subscription (fleet.go), nil without a fleet.
 	sub     *nats.Subscription
 	id      string
@@ -245,8 +249,7 @@ func (j *job) fanOut(results []protocol.NodeResult) {
 func (j *job) forget() {
 	j.c.mu.Lock()
 	var sub *nats.Subscription
-	if j.c.jobs[j.id] == j {
-		delete(j.c.jobs, j.id)
+	if j.c.jobs.remove(j.key, j) {
 		sub, j.sub = j.sub, nil
 	}
 	j.c.mu.Unlock()

@@ -154,10 +154,15 @@ func (c *Coordinator) handleExecAlive(req micro.Request) {
 		return
 	}
 	sender, ok := caller.Of(req)
+	// The job run whole here, else the node runs of another
+	// coordinator's fan-out of that id (runKey).
 	c.mu.Lock()
-	j := c.jobs[id]
+	js := c.jobs.parts(id, "")
+	if j := c.jobs.whole(id); j != nil {
+		js = []*job{j}
+	}
 	c.mu.Unlock()
-	if j == nil && c.fl != nil && !isForwarded(req) {
+	if len(js) == 0 && c.fl != nil && !isForwarded(req) {
 		// To the coordinator running it, if another one does.
 		h := nats.Header{}
 		for k, v := range req.Headers() {
@@ -169,11 +174,16 @@ func (c *Coordinator) handleExecAlive(req micro.Request) {
 		}
 		return
 	}
-	if j == nil || !ok || !j.ownerKnown || sender.Kind != j.owner.Kind || sender.Key != j.owner.Key || sender.Account != j.owner.Account {
+	if !ok {
 		return
 	}
-	j.heard.Store(true)
-	j.alive.Store(true)
+	for _, j := range js {
+		if !j.ownerKnown || sender.Kind != j.owner.Kind || sender.Key != j.owner.Key || sender.Account != j.owner.Account {
+			continue
+		}
+		j.heard.Store(true)
+		j.alive.Store(true)
+	}
 }
 
 // startKeeper starts the job's keeper goroutine and returns the function

@@ -89,7 +89,7 @@ func (c *Coordinator) runNotify(ctx context.Context) {
 // notifyStatus is the STATUS= line: what the coordinator serves.
 func (c *Coordinator) notifyStatus() string {
 	c.mu.Lock()
-	agents, jobs := len(c.nodes), len(c.jobs)
+	agents, jobs := len(c.nodes), c.jobs.len()
 	c.mu.Unlock()
 	nats := "NATS " + c.cfg.NATS.ConnectedUrlRedacted()
 	if !c.cfg.NATS.IsConnected() {

@@ -180,7 +180,8 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	// A fan-out's node run forwarded here holds one of the caller's jobs
 	// on the coordinator that runs the fan-out already.
 	release := func() {}
-	if req.Headers().Get(headerFanoutRun) == "" || !isForwarded(req) {
+	fanoutRun := req.Headers().Get(headerFanoutRun) != "" && isForwarded(req)
+	if !fanoutRun {
 		release, apiErr = c.authorizer().Acquire(req, policy.OpExec)
 		if apiErr != nil {
 			c.replyError(req, apiErr)
@@ -225,6 +226,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		idempotencyKey: r.IdempotencyKey,
 	}
 	j.fanoutPart = fanoutPartOf(req, r.ID, r.Detach)
+	j.key = runKeyOf(id, ids, fanoutRun)
 	if r.Target.Node == "" {
 		j.target = r.Target.String()
 	}
@@ -235,13 +237,13 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		c.replyError(req, c.unavailable())
 		return
 	}
-	if len(c.jobs) >= c.cfg.MaxJobs {
+	if c.jobs.len() >= c.cfg.MaxJobs {
 		c.mu.Unlock()
 		c.log.Warn("exec request refused: too many jobs in flight", "max_jobs", c.cfg.MaxJobs)
 		c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s has %d jobs in flight", c.cfg.ID, c.cfg.MaxJobs))
 		return
 	}
-	if _, dup := c.jobs[id]; dup {
+	if c.jobs.get(j.key) != nil {
 		c.mu.Unlock()
 		c.replyError(req, protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s is already running", protocol.Clip(id)))
 		return
@@ -251,7 +253,7 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	if bound > 0 {
 		stopBound = time.AfterFunc(bound, func() { j.cancel(&onceBoundError{bound: bound}) }).Stop
 	}
-	c.jobs[id] = j
+	c.jobs.add(j.key, j)
 	if c.fl != nil {
 		// Cancels and heartbeats landing on other coordinators come here.
 		if s, err := c.cfg.NATS.ChanSubscribe(RunSubjectPrefix+subjectPart(id)+".*", c.fl.in); err != nil {
@@ -517,16 +519,25 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 		c.replyError(req, e)
 		return
 	}
+	// The job run whole here, else the node runs of another
+	// coordinator's fan-out of that id (runKey), each cancelled.
 	c.mu.Lock()
-	j, ok := c.jobs[r.ID]
+	js := c.jobs.parts(r.ID, "")
+	if j := c.jobs.whole(r.ID); j != nil {
+		js = []*job{j}
+	}
 	c.mu.Unlock()
+	ok := len(js) > 0
 	if !ok && c.fl != nil && !isForwarded(req) {
 		// Another coordinator may run it: the one subscribed to its run
 		// subject answers; nobody is the same 404 as here.
 		c.forward(req, runSubject(r.ID, "cancel"), "(any)", "job "+protocol.Clip(r.ID), cancelNotFound(req, r.ID))
 		return
 	}
-	if ok {
+	for _, j := range js {
+		if !ok {
+			break
+		}
 		for _, id := range j.targets {
 			if _, e := az.Decide(req, policy.OpJobCancel, c.nodeOrID(id), policy.Object{Owner: j.ownerString()}); e != nil {
 				if e.Status != 403 {
@@ -542,7 +553,9 @@ func (c *Coordinator) handleCancel(req micro.Request) {
 		c.replyError(req, cancelNotFound(req, r.ID))
 		return
 	}
-	j.cancel(nil)
+	for _, j := range js {
+		j.cancel(nil)
+	}
 	c.log.Info("job cancelled by request", "job_id", r.ID)
 	c.replyJSON(req, protocol.CancelResponse{ID: r.ID, Cancelled: true}, "a cancel response", "raise the server's max_payload")
 }
