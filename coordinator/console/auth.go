@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/coordinator/authlimit"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/policy"
 )
@@ -45,7 +46,11 @@ func (h *Handler) authed(op, page string, serve func(http.ResponseWriter, *http.
 		n := &note{}
 		c, err := h.identify(r)
 		var misdirected *hostcheck.RefusedError
+		var throttled *throttledError
 		switch {
+		case errors.As(err, &throttled):
+			n.reason = reasonThrottled
+			h.throttledAnswer(sw, throttled.wait, r.URL.RequestURI())
 		case errors.As(err, &misdirected):
 			n.reason = "host"
 			n.detail = err.Error()
@@ -102,6 +107,26 @@ const revokedExposed = "that session cookie has been revoked, since others could
 // reasonClearText is the audit reason of a refusal by errClearText.
 const reasonClearText = "clear_text"
 
+// reasonThrottled is the audit reason of a credential refused unchecked
+// because its source IP failed too often (throttledError).
+const reasonThrottled = "throttled"
+
+// throttledError: the request's source IP failed authentication too
+// often (authlimit); its bearer token or login token is refused without
+// being checked, a correct one too, for wait. Answered 429.
+type throttledError struct{ wait time.Duration }
+
+func (e *throttledError) Error() string {
+	return fmt.Sprintf("too many failed sign-ins from this address: credentials from it are refused unchecked for %d s (Retry-After); at most %d failures at once, then one a second", int64(e.wait/time.Second), authlimit.DefaultBurst)
+}
+
+// throttledAnswer answers 429 with Retry-After (whole seconds) and the
+// login form saying why.
+func (h *Handler) throttledAnswer(w http.ResponseWriter, wait time.Duration, next string) {
+	w.Header().Set("Retry-After", strconv.FormatInt(int64(wait/time.Second), 10))
+	h.render(w, http.StatusTooManyRequests, "login", loginView{Error: (&throttledError{wait}).Error(), Next: next, TokensOn: h.cfg.Tokens != nil})
+}
+
 // identify returns the caller of r: by bearer token, by session cookie,
 // or as its loopback local user (package doc, Identities). A bad bearer
 // token is errBadToken; a bearer token or session cookie over a channel
@@ -115,11 +140,16 @@ func (h *Handler) identify(r *http.Request) (caller, error) {
 		return caller{}, errClearText
 	}
 	if hasBearer {
+		src := authlimit.Key(r.RemoteAddr)
+		if wait, ok := h.limit.Check(src); !ok {
+			return caller{}, &throttledError{wait}
+		}
 		if h.cfg.Tokens != nil && tok != "" {
 			if name, ok := h.cfg.Tokens(tok); ok {
 				return caller{ID: policy.Identity{Kind: policy.KindToken, Name: name}, Identified: true, Via: "token"}, nil
 			}
 		}
+		h.limit.Fail(src)
 		return caller{}, errBadToken
 	}
 	if ckErr == nil {
@@ -466,8 +496,15 @@ func (h *Handler) loginAttempt(w http.ResponseWriter, r *http.Request, n *note, 
 		h.render(w, http.StatusForbidden, "login", loginView{Error: "token login refused: the connection is neither TLS nor loopback, so the token would cross the network in clear text; reach the console through a TLS proxy on the coordinator's host or an SSH tunnel", Next: next, TokensOn: true})
 		return true
 	}
+	src := authlimit.Key(r.RemoteAddr)
+	if wait, ok := h.limit.Check(src); !ok {
+		n.reason = reasonThrottled
+		h.throttledAnswer(w, wait, next)
+		return true
+	}
 	name, ok := h.cfg.Tokens(tok)
 	if !ok {
+		h.limit.Fail(src)
 		n.reason = "unauthenticated"
 		h.render(w, http.StatusUnauthorized, "login", loginView{Error: "that is not a console token", Next: next, TokensOn: true})
 		return true

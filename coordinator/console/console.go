@@ -12,6 +12,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherfleet/tether/coordinator/authlimit"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -92,6 +95,9 @@ type Config struct {
 	SessionTTL time.Duration
 	// Logger receives the console's errors; nil discards.
 	Logger *slog.Logger
+	// Registerer receives tether_auth_throttled_total{listener="console"}
+	// (authlimit); nil registers it in a private registry.
+	Registerer prometheus.Registerer
 	// now is the clock (tests); nil means time.Now.
 	now func() time.Time
 }
@@ -110,6 +116,9 @@ type Handler struct {
 	hosts *hostcheck.Policy
 	pages map[string]*template.Template
 	mux   *http.ServeMux
+	// limit throttles failed bearer tokens and login tokens per source
+	// IP (authlimit; auth.go).
+	limit *authlimit.Limiter
 }
 
 var _ http.Handler = (*Handler)(nil)
@@ -138,6 +147,14 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{cfg: cfg, log: cfg.Logger, sess: sessions{key: newKey()}, hosts: hosts}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.limit = authlimit.New(authlimit.Config{Listener: "console", Logger: h.log, Now: cfg.now})
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if err := h.limit.Register(reg); err != nil {
+		return nil, fmt.Errorf("console: registering tether_auth_throttled_total: %w", err)
 	}
 	h.log = h.log.With("component", "console")
 	if h.pages, err = parsePages(); err != nil {

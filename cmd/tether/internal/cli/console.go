@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/console"
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
@@ -64,8 +66,9 @@ func (o *consoleOptions) tokens() (func(string) (string, bool), error) {
 // endpoints, and the console under console.Prefix unless it is off. The
 // server must use peeruid.ConnContext for the console's loopback callers.
 // allowedHosts (--facade-allowed-hosts) are the further names a loopback
-// caller without credentials may name in Host (console.Config).
-func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coordinator, cs *coordinatorServer, jobs *jobstore.Store, local func(uint32) policy.Identity, allowedHosts []string, log *slog.Logger) (http.Handler, error) {
+// caller without credentials may name in Host (console.Config); reg
+// receives the console's metrics.
+func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coordinator, cs *coordinatorServer, jobs *jobstore.Store, local func(uint32) policy.Identity, allowedHosts []string, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
 	if o.Off {
 		return admin, nil
 	}
@@ -79,6 +82,7 @@ func (o *consoleOptions) adminHandler(admin http.Handler, coord *coordinator.Coo
 		Jobs:         jobs,
 		Tokens:       tokens,
 		Logger:       log,
+		Registerer:   reg,
 		AllowedHosts: allowedHosts,
 		Local: func(r *http.Request) (policy.Identity, bool) {
 			uid, err := peeruid.FromContext(r.Context())

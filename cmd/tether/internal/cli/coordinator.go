@@ -825,7 +825,7 @@ func startCoordinator(o coordinatorOptions, envToken string, log *slog.Logger, r
 	if local == nil {
 		local = loopbackIdentity
 	}
-	adminH, err := o.Console.adminHandler(cs.coord.AdminHandler(reg), cs.coord, cs, jobs, local, o.Sandbox.AllowedHosts, log)
+	adminH, err := o.Console.adminHandler(cs.coord.AdminHandler(reg), cs.coord, cs, jobs, local, o.Sandbox.AllowedHosts, reg, log)
 	if err != nil {
 		return nil, err
 	}
