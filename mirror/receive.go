@@ -45,7 +45,12 @@ const (
 // identity (its inode: working directories, open descriptors, bind mounts
 // and mount points on it keep working); anything else is replaced by the
 // source's type (a directory over a non-directory only with
-// Options.Delete). Below dst nothing is ever followed.
+// Options.Delete). Inside the tree, as rsync -a does, an entry of another
+// type replaces a file, a symlink or an empty directory (counted in
+// CopyResult.Replaced), but a non-empty directory only with
+// Options.Delete: without it the source's file or symlink is skipped
+// (CopyResult.Skipped, or a failure with Options.Strict) and the directory
+// kept. Below dst nothing is ever followed.
 //
 // On any failure before the commit (including ctx ending, the peer's
 // FrameError or FrameCancel, and the stream ending early) dst is left as it
