@@ -82,10 +82,15 @@ func TestWithoutDeleteKeepsExtras(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "dst")
 	build(t, dst, spec{"keep.txt": "old", "extra.txt": "x", "extradir/f": "f", "sub/old.txt": "o", "sub/link": "-> x", "typechange/inner": "i"})
 	before := digest(t, dst)
-	mustCopy(t, src, dst, Options{})
+	res, _ := mustCopy(t, src, dst, Options{})
 	got := digest(t, dst)
 	want := digest(t, src)
-	for _, p := range []string{"extra.txt", "extradir", "extradir/f", "sub/old.txt", "sub/link"} {
+	// A file does not replace the non-empty directory typechange without
+	// Delete (its entries would go): it is skipped, as rsync -a does.
+	if res.Skipped != 1 || len(res.SkippedEntries) != 1 || res.SkippedEntries[0].Path != "typechange" {
+		t.Errorf("skipped %+v, want typechange", res.SkippedEntries)
+	}
+	for _, p := range []string{"extra.txt", "extradir", "extradir/f", "sub/old.txt", "sub/link", "typechange", "typechange/inner"} {
 		want[p] = before[p]
 	}
 	// The source's directory mtimes win, as rsync's do.

@@ -45,7 +45,12 @@ const (
 // identity (its inode: working directories, open descriptors, bind mounts
 // and mount points on it keep working); anything else is replaced by the
 // source's type (a directory over a non-directory only with
-// Options.Delete). Below dst nothing is ever followed.
+// Options.Delete). Inside the tree, as rsync -a does, an entry of another
+// type replaces a file, a symlink or an empty directory (counted in
+// CopyResult.Replaced), but a non-empty directory only with
+// Options.Delete: without it the source's file or symlink is skipped
+// (CopyResult.Skipped, or a failure with Options.Strict) and the directory
+// kept. Below dst nothing is ever followed.
 //
 // On any failure before the commit (including ctx ending, the peer's
 // FrameError or FrameCancel, and the stream ending early) dst is left as it
@@ -312,8 +317,15 @@ type receiver struct {
 	// parent needs write permission on it (its ".." changes), so they
 	// stay u+w until every entry is in place.
 	lateModes []lateMode
-	skipped   map[string]bool // paths the sender could not carry
-	cur       *incoming
+	skipped   map[string]bool // paths the sender could not carry, or the receiver refused
+	// refused are the source entries the receiver skipped: a file or
+	// symlink whose destination is a non-empty directory, without
+	// Options.Delete (see refuse).
+	refused map[string]bool
+	// parents are the old directories holding entries; built on first
+	// use by holdsEntries.
+	parents map[string]bool
+	cur     *incoming
 
 	pool *writerPool // writes small files; nil until the first one
 
@@ -334,6 +346,7 @@ type incoming struct {
 	name    string
 	h       *xxh3.Hasher
 	written int64
+	discard bool // a refused file: its data is verified, not written
 }
 
 func (r *receiver) run() (*protocol.CopyResult, error) {
@@ -842,7 +855,7 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		}
 	}
 	r.entries++
-	if _, dup := r.created[e.Path]; dup {
+	if _, dup := r.created[e.Path]; dup || r.refused[e.Path] {
 		return violationf("entry %q: duplicate", e.Path)
 	}
 	if r.rootType == "" {
@@ -864,11 +877,14 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		// stops a symlink the sender made from being traversed.
 		return violationf("entry %q: parent %q is not a directory of this copy", e.Path, parentOf(e.Path))
 	}
-	r.created[e.Path] = e.Type
 	var o *oldEntry
 	if parent.old {
 		o = r.oldBy[e.Path]
 	}
+	if e.Type != protocol.EntryDir && o != nil && o.typ == protocol.EntryDir && !r.opts.Delete && r.holdsEntries(o.rel) {
+		return r.refuse(e)
+	}
+	r.created[e.Path] = e.Type
 	name := path.Base(e.Path)
 	switch e.Type {
 	case protocol.EntryDir:
@@ -937,6 +953,46 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 			return fmt.Errorf("entry %q: create: %w", e.Path, err)
 		}
 		r.cur = &incoming{e: *e, f: f, h: newFileHash()}
+	}
+	return nil
+}
+
+// holdsEntries reports whether the old directory rel holds entries.
+func (r *receiver) holdsEntries(rel string) bool {
+	if r.parents == nil {
+		r.parents = make(map[string]bool)
+		for i := range r.old {
+			if o := &r.old[i]; o.rel != "." {
+				r.parents[parentOf(o.rel)] = true
+			}
+		}
+	}
+	return r.parents[rel]
+}
+
+// refuse skips the source entry e, a file or symlink whose destination
+// is a non-empty directory, as rsync -a does without --delete: replacing
+// the directory would delete the entries it holds, which the source
+// lacks. The directory stays whole, e is reported as skipped (a partial
+// copy), and a file's data is received and verified but not written. With
+// Options.Strict the copy fails instead.
+func (r *receiver) refuse(e *protocol.CopyEntry) error {
+	why := "the destination has a non-empty directory there; replacing it with a " + e.Type + " needs --delete"
+	if r.opts.Strict {
+		return fmt.Errorf("entry %q: %s", e.Path, why)
+	}
+	if r.refused == nil {
+		r.refused = make(map[string]bool)
+	}
+	r.refused[e.Path] = true
+	r.skipped[e.Path] = true
+	r.res.Skipped++
+	if len(r.res.SkippedEntries) < protocol.MaxReportedSkips {
+		r.res.SkippedEntries = append(r.res.SkippedEntries, protocol.CopySkip{Path: e.Path, Reason: why})
+	}
+	r.log.Info("skipped an entry that would replace a non-empty directory", "path", e.Path, "type", e.Type)
+	if e.Type == protocol.EntryFile && !e.Keep {
+		r.cur = &incoming{e: *e, h: newFileHash(), discard: true}
 	}
 	return nil
 }
@@ -1249,7 +1305,9 @@ func (r *receiver) data(p []byte) error {
 	if c.written+int64(len(p)) > c.e.Size {
 		return violationf("entry %q: more data than its size %d", c.e.Path, c.e.Size)
 	}
-	if c.buf != nil {
+	if c.discard {
+		// a refused file: nothing is written
+	} else if c.buf != nil {
 		c.buf = append(c.buf, p...)
 	} else if _, err := c.f.Write(p); err != nil {
 		return fmt.Errorf("entry %q: write: %w", c.e.Path, err)
@@ -1275,6 +1333,11 @@ func (r *receiver) entryEnd(end *protocol.EntryEnd) error {
 		return violationf("entry %q: checksum mismatch: received data hashes to %s, sender says %s", c.e.Path, sum, end.XXH128)
 	}
 	r.cur = nil
+	if c.discard {
+		r.prog.p.Files++
+		r.prog.tick(false)
+		return nil
+	}
 	if c.buf != nil {
 		r.pool.submit(writeJob{rel: c.e.Path, dir: c.dir, name: c.name, data: c.buf, mode: c.e.Mode, mtime: c.e.MtimeNS})
 	} else if err := r.setFileMeta(c.e.Path, c.f, c.e.Mode, c.e.MtimeNS); err != nil {
@@ -1337,7 +1400,13 @@ func (r *receiver) deletions() []*oldEntry {
 			}
 		}
 	}
-	r.res.Entries, r.res.Deleted = entries, deleted
+	replaced := 0
+	for _, s := range r.staged {
+		if s.replaces != "" && s.replaces != s.typ {
+			replaced++
+		}
+	}
+	r.res.Entries, r.res.Deleted, r.res.Replaced = entries, deleted, replaced
 	return del
 }
 

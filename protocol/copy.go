@@ -395,6 +395,11 @@ type CopyResult struct {
 	FilesKept    int   `json:"files_kept"`    // files unchanged, not sent
 	BytesWritten int64 `json:"bytes_written"`
 	Deleted      int   `json:"deleted"` // destination entries removed (--delete)
+	// Replaced counts the destination entries replaced by a source entry
+	// of another type (a file by a directory, an empty directory by a
+	// file, ...); the entries a replaced directory held are counted in
+	// Deleted.
+	Replaced int `json:"replaced,omitempty"`
 	// Skipped counts the source entries the sender could not carry: a
 	// copy with Skipped > 0 is partial. SkippedEntries names the first
 	// MaxReportedSkips of them, in walk order.

@@ -275,9 +275,13 @@ func runCp(ctx context.Context, o *cpOptions, from, to copyEnd, e *env, op strea
 	}
 	if !o.Quiet {
 		el := time.Since(start)
-		fmt.Fprintf(e.stderr, "copied %s to %s: %d %s written (%s), %d unchanged, %d deleted in %s (%s/s)\n",
+		replaced := ""
+		if res.Replaced > 0 {
+			replaced = fmt.Sprintf(", %d replaced by another type", res.Replaced)
+		}
+		fmt.Fprintf(e.stderr, "copied %s to %s: %d %s written (%s), %d unchanged, %d deleted%s in %s (%s/s)\n",
 			from, to, res.FilesWritten, plural(res.FilesWritten, "file", "files"), humanBytes(res.BytesWritten), res.FilesKept, res.Deleted,
-			el.Round(time.Millisecond), humanBytes(int64(float64(res.BytesWritten)/max(el.Seconds(), 1e-3))))
+			replaced, el.Round(time.Millisecond), humanBytes(int64(float64(res.BytesWritten)/max(el.Seconds(), 1e-3))))
 	}
 	if res.Skipped > 0 {
 		return &exitError{code: exitPartial, err: fmt.Errorf("cp %s to %s: partial copy: %d %s could not be copied (named above; what %s had there is kept); everything else was copied",
