@@ -123,8 +123,8 @@ func rules(mod string) []rule {
 		{"agent", "the agent must not know the coordinator or NATS", func(dep string) bool {
 			return under(dep, p("coordinator")) || nats(dep)
 		}},
-		{"agent/localpolicy", "the local policy is a file format: the standard library, the YAML parser and the stdlib-only internal/filetype only", func(dep string) bool {
-			return !isStd(dep) && !under(dep, p("agent/localpolicy")) && !under(dep, "go.yaml.in/yaml/v3") && dep != p("internal/filetype")
+		{"agent/localpolicy", "the local policy is a file format: the standard library, the YAML parser and the stdlib-only internal/filetype and internal/yamlerr only", func(dep string) bool {
+			return !isStd(dep) && !under(dep, p("agent/localpolicy")) && !under(dep, "go.yaml.in/yaml/v3") && dep != p("internal/filetype") && dep != p("internal/yamlerr")
 		}},
 		{"protocol", "protocol is pure encode/decode: the standard library (and the protobuf runtime) only", func(dep string) bool {
 			return !isStd(dep) && !under(dep, p("protocol")) && !under(dep, "google.golang.org/protobuf")
