@@ -37,7 +37,7 @@ type auditNote struct {
 	op      policy.Operation // the sandbox operation decided; zero: forward
 	sandbox string
 	refused bool   // policy refused a decision: Observe recorded it
-	reason  string // a refusal before policy: "host", "origin", "unauthenticated"
+	reason  string // a refusal before policy: "host", "origin", "unauthenticated", "throttled"
 }
 
 func (n *auditNote) node(ids ...string) {

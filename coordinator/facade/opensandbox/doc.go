@@ -63,7 +63,14 @@
 // The lifecycle servers behind the facade trust loopback. When
 // Config.CheckToken is set, every request must carry a Tether-Token header
 // that it accepts or arrive over TLS with a verified client certificate;
-// else 401 TETHER::UNAUTHENTICATED. Tether-* headers never reach a node.
+// else 401 TETHER::UNAUTHENTICATED. Wrong tokens are throttled per source
+// IP (coordinator/authlimit: the TCP peer, never X-Forwarded-For, so
+// callers behind one proxy share a bucket): past 10 at once, then one a
+// second, every request of that IP with a Tether-Token, WebSocket upgrades
+// included, is answered 429 TETHER::AUTH_THROTTLED with Retry-After (whole
+// seconds), its token unchecked (a correct one too: the answer must not
+// tell a hit from a miss). A verified client certificate and a request
+// without a token are never throttled. Tether-* headers never reach a node.
 // OPEN-SANDBOX-API-KEY and Authorization pass through untouched: they
 // belong to the node's server, which strips them on its proxy route.
 //

@@ -49,6 +49,11 @@ const (
 	// CodeForbiddenOrigin (403): the request carries the Origin of a page
 	// of another site (a cross-site WebSocket or POST from a browser).
 	CodeForbiddenOrigin = "TETHER::FORBIDDEN_ORIGIN"
+	// CodeAuthThrottled (429 Too Many Requests, with Retry-After in whole
+	// seconds): the request's source IP failed authentication too often
+	// (coordinator/authlimit), so its Tether-Token was refused without
+	// being checked.
+	CodeAuthThrottled = "TETHER::AUTH_THROTTLED"
 )
 
 // Target is the node target the facade dials: the node's OpenSandbox

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/coordinator/authlimit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/facade/peeruid"
@@ -117,8 +118,10 @@ type Config struct {
 	Ledger Ledger
 	// Logger receives the facade's logs. Nil discards them.
 	Logger *slog.Logger
-	// Registerer receives the facade's metrics. Nil registers them in a
-	// private registry (never prometheus.DefaultRegisterer).
+	// Registerer receives the facade's metrics, among them
+	// tether_auth_throttled_total{listener="opensandbox"} (authlimit). Nil
+	// registers them in a private registry (never
+	// prometheus.DefaultRegisterer).
 	Registerer prometheus.Registerer
 	// ExternalHost is the "host[:port]" (no scheme, no path) callers reach
 	// the facade at, used in rewritten endpoints and Location headers
@@ -127,7 +130,12 @@ type Config struct {
 	// CheckToken, when set, makes the facade an authentication boundary:
 	// every request needs a Tether-Token header it accepts, or a TLS
 	// connection with a verified client certificate. Nil: no check (the
-	// facade is bound to loopback).
+	// facade is bound to loopback). Failed tokens are throttled per source
+	// IP (authlimit; the connection's remote address, never
+	// X-Forwarded-For): past the burst, every request of that IP with a
+	// Tether-Token is answered 429 CodeAuthThrottled with Retry-After,
+	// its token unchecked. A verified client certificate is never
+	// throttled.
 	CheckToken func(token string) bool
 	// TokenName names the caller of a request whose Tether-Token
 	// CheckToken accepted, for policy (identity token:NAME). Nil names
@@ -156,6 +164,9 @@ type Config struct {
 	// names). Nil: hostcheck.Loopback(), the names of a facade on
 	// loopback.
 	Hosts *hostcheck.Policy
+	// authNow is the clock of the failed-authentication limiter (tests);
+	// nil means time.Now.
+	authNow func() time.Time
 }
 
 // Validate reports every problem of c.
@@ -197,6 +208,9 @@ type Facade struct {
 	// cutLog and refusedLog rate-limit the warnings about cut answers and
 	// refused names.
 	cutLog, refusedLog logEvery
+	// limit throttles failed Tether-Tokens per source IP (authlimit;
+	// authenticate).
+	limit *authlimit.Limiter
 }
 
 var _ http.Handler = (*Facade)(nil)
@@ -224,6 +238,10 @@ func New(cfg Config) (*Facade, error) {
 		return nil, err
 	}
 	f.m = m
+	f.limit = authlimit.New(authlimit.Config{Listener: "opensandbox", Logger: f.log, Now: cfg.authNow})
+	if err := f.limit.Register(reg); err != nil {
+		return nil, fmt.Errorf("opensandbox facade: registering tether_auth_throttled_total: %w", err)
+	}
 	f.guard = panics.New(reg, f.log, "facade_opensandbox")
 	f.tr = newTransports(cfg.Fleet)
 	f.tr.guard = f.guard
@@ -386,7 +404,13 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, CodeShuttingDown, "the OpenSandbox facade is shutting down")
 		return
 	}
-	if !f.authenticated(r) {
+	if wait, ok := f.authenticate(r); !ok {
+		if wait > 0 {
+			st.note.reason = reasonThrottled
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(wait/time.Second), 10))
+			writeError(w, http.StatusTooManyRequests, CodeAuthThrottled, throttledMessage(wait))
+			return
+		}
 		f.m.authFailures.Inc()
 		st.note.reason = "unauthenticated"
 		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the Tether OpenSandbox facade needs a Tether-Token header or a verified client certificate")
@@ -446,16 +470,44 @@ func routeClass(rt osb.Route, ok bool, method string) string {
 	return classOther
 }
 
-// authenticated reports whether r passes the authentication boundary.
-func (f *Facade) authenticated(r *http.Request) bool {
+// reasonThrottled is the audit reason of a request whose Tether-Token
+// was refused unchecked because its source IP failed too often.
+const reasonThrottled = "throttled"
+
+// authenticate reports whether r passes the authentication boundary. When
+// it does not, wait > 0 says its source IP is throttled (authlimit) and
+// for how long (whole seconds, the Retry-After): its token was not
+// checked, since refusing a correct token alike is what keeps the answer
+// from telling a hit from a miss. A wrong token counts a failure; a
+// verified client certificate is never throttled (it cannot be guessed),
+// nor is a request without a token (it guesses nothing).
+func (f *Facade) authenticate(r *http.Request) (wait time.Duration, ok bool) {
 	if f.cfg.CheckToken == nil {
-		return true
+		return 0, true
 	}
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
-		return true
+		return 0, true
 	}
 	tok := r.Header.Get(HeaderToken)
-	return tok != "" && f.cfg.CheckToken(tok)
+	if tok == "" {
+		return 0, false
+	}
+	// The TCP peer, never X-Forwarded-For: a guesser could name any
+	// address there. Callers behind one proxy share its bucket.
+	src := authlimit.Key(r.RemoteAddr)
+	if wait, ok := f.limit.Check(src); !ok {
+		return wait, false
+	}
+	if f.cfg.CheckToken(tok) {
+		return 0, true
+	}
+	f.limit.Fail(src)
+	return 0, false
+}
+
+// throttledMessage is the message of a CodeAuthThrottled answer.
+func throttledMessage(wait time.Duration) string {
+	return fmt.Sprintf("too many failed Tether-Tokens from this address: its tokens are refused unchecked for %d s (Retry-After); at most %d failures at once, then one a second", int64(wait/time.Second), authlimit.DefaultBurst)
 }
 
 // externalHost is the host[:port] callers reach the facade at.

@@ -36,7 +36,7 @@ type auditNote struct {
 	op      policy.Operation // the sandbox operation decided; zero: forward
 	sandbox string
 	refused bool   // policy refused a decision: Observe recorded it
-	reason  string // a refusal before policy: "unauthenticated", "host"
+	reason  string // a refusal before policy: "unauthenticated", "throttled", "host"
 }
 
 func (c *call) noteNode(id string) {

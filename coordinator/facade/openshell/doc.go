@@ -109,6 +109,13 @@
 // that it accepts, or come over TLS with a verified client certificate;
 // other calls get UNAUTHENTICATED "tether: missing or invalid tether-token".
 // The gateway's own "authorization" header is not the facade's business.
+// Wrong tokens are throttled per source IP (coordinator/authlimit: the TCP
+// peer, never x-forwarded-for, so callers behind one proxy share a
+// bucket): past 10 at once, then one a second, every call of that IP with
+// a tether-token gets RESOURCE_EXHAUSTED with a retry-after trailer (whole
+// seconds), its token unchecked (a correct one too: the answer must not
+// tell a hit from a miss). A verified client certificate and a call
+// without a token are never throttled.
 //
 // # Authorization
 //

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/coordinator/authlimit"
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/coordinator/facade/hostcheck"
 	"github.com/tetherfleet/tether/coordinator/ledger"
@@ -141,8 +143,9 @@ type Config struct {
 	Ledger Ledger
 	// Logger receives the facade's logs; nil discards them.
 	Logger *slog.Logger
-	// Registerer receives the facade's metrics; nil means a private
-	// registry nobody scrapes.
+	// Registerer receives the facade's metrics, among them
+	// tether_auth_throttled_total{listener="openshell"} (authlimit); nil
+	// means a private registry nobody scrapes.
 	Registerer prometheus.Registerer
 	// DefaultTTL is the TTL recorded for a sandbox created without
 	// metadata tether-ttl. 0 means none.
@@ -152,7 +155,11 @@ type Config struct {
 	// or arrive over TLS with a verified client certificate; anything else
 	// gets UNAUTHENTICATED. Nil accepts every call (loopback binding).
 	// It runs on every call, concurrently; it should compare in constant
-	// time.
+	// time. Failed tokens are throttled per source IP (authlimit; the TCP
+	// peer, never x-forwarded-for): past the burst, every call of that IP
+	// with a tether-token gets RESOURCE_EXHAUSTED with a retry-after
+	// trailer, its token unchecked. A verified client certificate is never
+	// throttled.
 	CheckToken func(token string) bool
 	// TokenName names the caller of a call whose tether-token CheckToken
 	// accepted, for policy (identity token:NAME). Nil names every token
@@ -204,6 +211,10 @@ type Config struct {
 	// resets the count); callers behind load balancers often ping every
 	// 10-30 s.
 	MinPingInterval time.Duration
+
+	// authNow is the clock of the failed-authentication limiter (tests);
+	// nil means time.Now.
+	authNow func() time.Time
 }
 
 // Server is the OpenShell facade: a gRPC server that looks like one
@@ -223,6 +234,9 @@ type Server struct {
 
 	// refusedLog rate-limits the warnings about refused :authority values.
 	refusedLog logEvery
+	// limit throttles failed tether-tokens per source IP (authlimit;
+	// authorize).
+	limit *authlimit.Limiter
 
 	// wg tracks the goroutines that relay a caller's messages to a
 	// gateway; they end when their stream ends (see relay).
@@ -273,6 +287,10 @@ func New(cfg Config) (*Server, error) {
 		guard:    panics.New(reg, log, "facade_openshell"),
 	}
 	s.pool.guard = s.guard
+	s.limit = authlimit.New(authlimit.Config{Listener: "openshell", Logger: s.log, Now: cfg.authNow})
+	if err := s.limit.Register(reg); err != nil {
+		return nil, fmt.Errorf("openshell facade: registering tether_auth_throttled_total: %w", err)
+	}
 	if s.hosts == nil {
 		s.hosts = hostcheck.Loopback()
 	}
@@ -403,8 +421,11 @@ func (s *Server) serve(c *call) error {
 		c.note.reason = "host"
 		return err
 	}
-	if err := s.authorize(ctx, md); err != nil {
+	if err := s.authorize(c, md); err != nil {
 		c.note.reason = "unauthenticated"
+		if status.Code(err) == codes.ResourceExhausted {
+			c.note.reason = reasonThrottled
+		}
 		return err
 	}
 	c.who, c.identified = s.identify(ctx, md)
@@ -445,22 +466,54 @@ func (s *Server) checkAuthority(ctx context.Context, md metadata.MD) error {
 	return status.Error(codes.PermissionDenied, "tether: "+err.Error())
 }
 
-// authorize enforces Config.CheckToken (see there).
-func (s *Server) authorize(ctx context.Context, md metadata.MD) error {
+// reasonThrottled is the audit reason of a call whose tether-token was
+// refused unchecked because its source IP failed too often.
+const reasonThrottled = "throttled"
+
+// authorize enforces Config.CheckToken (see there): UNAUTHENTICATED for a
+// missing or wrong token, RESOURCE_EXHAUSTED with a retry-after trailer
+// (whole seconds) while the call's source IP is throttled (authlimit). A
+// throttled call's token is not checked: refusing a correct one alike is
+// what keeps the answer from telling a hit from a miss. A wrong token
+// counts a failure; a verified client certificate is never throttled (it
+// cannot be guessed), nor is a call without a token (it guesses nothing).
+func (s *Server) authorize(c *call, md metadata.MD) error {
 	if s.cfg.CheckToken == nil {
 		return nil
 	}
-	if p, ok := peer.FromContext(ctx); ok {
+	// The TCP peer, never x-forwarded-for: a guesser could name any
+	// address there. Callers behind one proxy share its bucket.
+	src := ""
+	if p, ok := peer.FromContext(c.ctx); ok {
 		if ti, ok := tlsInfo(p.AuthInfo); ok && len(ti.State.VerifiedChains) > 0 {
 			return nil
 		}
+		if p.Addr != nil {
+			src = authlimit.Key(p.Addr.String())
+		}
 	}
-	if v := md.Get(MetaToken); len(v) == 1 && v[0] != "" && s.cfg.CheckToken(v[0]) {
+	v := md.Get(MetaToken)
+	if !slices.ContainsFunc(v, func(t string) bool { return t != "" }) {
+		s.m.authFailures.Inc()
+		return errBadToken
+	}
+	if wait, ok := s.limit.Check(src); !ok {
+		secs := int64(wait / time.Second)
+		// The trailer goes out with the status, trailers-only when
+		// nothing was sent: grpc-go clients read it with grpc.Trailer.
+		c.ss.SetTrailer(metadata.Pairs("retry-after", strconv.FormatInt(secs, 10)))
+		return status.Errorf(codes.ResourceExhausted, "tether: too many failed tether-tokens from this address: its tokens are refused unchecked for %d s (retry-after); at most %d failures at once, then one a second", secs, authlimit.DefaultBurst)
+	}
+	if len(v) == 1 && s.cfg.CheckToken(v[0]) {
 		return nil
 	}
+	s.limit.Fail(src)
 	s.m.authFailures.Inc()
-	return status.Error(codes.Unauthenticated, "tether: missing or invalid tether-token")
+	return errBadToken
 }
+
+// errBadToken is the status of a call without an accepted tether-token.
+var errBadToken = status.Error(codes.Unauthenticated, "tether: missing or invalid tether-token")
 
 // cleanMD returns md without the keys that must not cross the facade: the
 // facade's own tether-* keys, HTTP/2 pseudo-headers and the transport's
