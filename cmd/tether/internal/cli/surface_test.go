@@ -1215,6 +1215,17 @@ func (fc facadeCreds) tls(base *tls.Config, caller string) *tls.Config {
 	return c
 }
 
+// badTokenSource returns the source address of the wrong-token caller's
+// n-th facade probe (n >= 0; all of 127.0.0.0/8 is loopback on Linux):
+// each probe has its own, so that no address fails twice and each cell
+// shows what one wrong token gets, not the 429 of an address past the
+// facades' burst of failures (authlimit, per source IP; the facades'
+// Test*TokenGuessesThrottled test that).
+func badTokenSource(n int) *net.TCPAddr {
+	n++
+	return &net.TCPAddr{IP: net.IPv4(127, 1, byte(n>>8), byte(n))}
+}
+
 // clientCert issues a client certificate with common name cn from ca.
 func clientCert(t *testing.T, ca *tunnel.NodeCA, cn string) tls.Certificate {
 	t.Helper()
@@ -1260,7 +1271,7 @@ func probeOpenSandbox(t *testing.T, cs *coordinatorServer, caFile string, fc fac
 		defer tr.CloseIdleConnections()
 		clients[c] = &http.Client{Timeout: defaultTestTimeout, Transport: tr}
 	}
-	for _, p := range openSandboxProbes {
+	for i, p := range openSandboxProbes {
 		e := p.method + " " + p.path
 		entries = append(entries, e)
 		for _, c := range callers {
@@ -1278,7 +1289,13 @@ func probeOpenSandbox(t *testing.T, cs *coordinatorServer, caFile string, fc fac
 			if tok := fc.token(c); tok != "" {
 				req.Header.Set(opensandbox.HeaderToken, tok)
 			}
-			resp, err := clients[c].Do(req)
+			hc := clients[c]
+			if c == "bad-token" {
+				d := &net.Dialer{LocalAddr: badTokenSource(i)}
+				tr := &http.Transport{TLSClientConfig: fc.tls(tlsCfg, c), DialContext: d.DialContext, DisableKeepAlives: true}
+				hc = &http.Client{Timeout: defaultTestTimeout, Transport: tr}
+			}
+			resp, err := hc.Do(req)
 			if err != nil {
 				// No HTTP answer at all: the TLS handshake was refused
 				// (the alert or the reset that follows it, whichever
@@ -1363,7 +1380,7 @@ func probeOpenShell(t *testing.T, cs *coordinatorServer, caFile string, fc facad
 	for c, conn := range conns {
 		refused[c] = !grpcConnects(t, conn)
 	}
-	for _, m := range methods {
+	for i, m := range methods {
 		entries = append(entries, m.full)
 		for _, c := range callers {
 			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
@@ -1376,6 +1393,16 @@ func probeOpenShell(t *testing.T, cs *coordinatorServer, caFile string, fc facad
 				ctx = metadata.AppendToOutgoingContext(ctx, openshell.MetaToken, tok)
 			}
 			conn := conns[c]
+			if c == "bad-token" {
+				d := &net.Dialer{LocalAddr: badTokenSource(i)}
+				bc, err := grpc.NewClient(cs.info.OpenShellAddr, grpc.WithTransportCredentials(credentials.NewTLS(fc.tls(tlsCfg, c))),
+					grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer bc.Close()
+				conn = bc
+			}
 			in := dynamicpb.NewMessage(m.in)
 			var err error
 			if !m.client && !m.server {
