@@ -235,8 +235,10 @@ var ErrClosed = errors.New("ssh gate: closed")
 // Serve, end it with Shutdown or Close. It is safe for concurrent use.
 //
 // Goroutines: one per Serve (the accept loop), one per connection (its
-// handshake, then its channel loop), one for its global requests, and per
-// direct-tcpip channel one opening the stream and two copying bytes. Each
+// handshake, then its channel loop), one for its global requests, per
+// direct-tcpip channel one opening the stream and two copying bytes, and
+// for a certificate's connection a timer at its expiry (recheckConn),
+// stopped when the connection ends. Each
 // connection's goroutines are contained by a panics.Guard: a panic costs
 // that connection only. Locks: mu and each connection's connState.mu are
 // leaves, never held together.
