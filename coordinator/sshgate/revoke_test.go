@@ -236,7 +236,7 @@ func TestRecheckClosesRevokedChannels(t *testing.T) {
 func TestCertificateExpiryClosesConnection(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.ClockSkew = -1 })
 	cert := certTemplate(e.carol.signer.PublicKey(), "carol")
-	cert.ValidBefore = uint64(time.Now().Add(3 * time.Second).Unix())
+	cert.ValidBefore = uint64(time.Now().Add(5 * time.Second).Unix())
 	signRaw(t, cert, e.userCA, nil)
 	signer := certSigner(t, cert, e.carol.signer)
 	c, err := e.dial(signer)
