@@ -485,8 +485,9 @@ type closeWriter interface{ CloseWrite() error }
 // ends, since the client sends EOF only when it is done. When stop is
 // closed (the client connection ended, or the gate closes) or cut is (the
 // channel was revoked) both ends are closed at once, so that a node that
-// does not close after a half-close cannot hold the splice. It closes both ends before returning, and
-// returns the first error that was not an end of file or a close.
+// does not close after a half-close cannot hold the splice. It closes both
+// ends before returning, and returns the first error that was not an end
+// of file or a close.
 func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop, cut <-chan struct{}) (in, out int64, err error) {
 	finished := make(chan struct{})
 	defer close(finished)
