@@ -438,6 +438,10 @@ func (r *relay) recordAudit() {
 	// done, not failed.
 	var pe *panics.Error
 	switch es, ei, err := r.exit, r.agentErr, r.endErr; {
+	case r.revoked.Load() != nil:
+		// Aborted by RecheckSSH: it ran, until a reload took its grant.
+		ev.Result, ev.Reason, ev.ErrorCode = protocol.AuditFailed, protocol.AuditReasonRevoked, protocol.ErrCodeForbidden
+		ev.Error = protocol.ClipUTF8(*r.revoked.Load(), protocol.MaxAuditErrorLen)
 	case errors.As(err, &pe):
 		ev.Result, ev.Status, ev.ErrorCode = protocol.AuditError, 500, protocol.ErrCodeInternal
 	case r.copyDone.Load():

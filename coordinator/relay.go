@@ -256,15 +256,20 @@ func (s *relaySet) done(r *relay) {
 // shutdownAll ends every running relay because the coordinator is
 // shutting down (relay.shutdown).
 func (s *relaySet) shutdownAll() {
+	for _, r := range s.list() {
+		r.shutdown()
+	}
+}
+
+// list returns the running relays.
+func (s *relaySet) list() []*relay {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	rs := make([]*relay, 0, len(s.m))
 	for r := range s.m {
 		rs = append(rs, r)
 	}
-	s.mu.Unlock()
-	for _, r := range rs {
-		r.shutdown()
-	}
+	return rs
 }
 
 // wait blocks until every relay returned.
@@ -297,6 +302,9 @@ type relay struct {
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
+	// revoked is why RecheckSSH aborted an ssh stream whose grant a
+	// reload took away (audited with reason revoked).
+	revoked atomic.Pointer[string]
 
 	// agentEOF is set when the agent closed its side of the stream: its
 	// operation is over, and there is nothing left to cancel.
@@ -363,6 +371,13 @@ func (r *relay) run() {
 			return
 		}
 		defer c.ssh.end(r.ssh.Session, c.cfg.SSH.SessionGrace)
+		// A reload that applied a new policy after this stream's decision
+		// and rechecked (RecheckSSH) before it was in c.relays did not see
+		// it: decide it again here.
+		if why := c.sshRevoked(r); why != "" {
+			r.refuse(protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%s", why))
+			return
+		}
 	}
 	octx, ocancel := context.WithTimeout(r.ctx, c.cfg.Tunnel.WriteTimeout)
 	st, err := r.n.sess.Open(octx, r.kind, r.params)

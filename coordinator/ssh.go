@@ -620,3 +620,78 @@ func (c *Coordinator) handleSSHInfo(req micro.Request) {
 	}
 	c.replyJSON(req, info, fmt.Sprintf("%d SSH nodes", len(info.Nodes)), "ask the operator to narrow your nodes.list rules")
 }
+
+// RecheckSSH decides every running ssh stream of tether.v1.stream
+// (tether ssh-proxy, relayed or direct) again under the policy in force,
+// for a caller that reloaded it (the coordinator's SIGHUP, after the
+// policy's Apply). A stream whose caller the policy no longer grants ssh
+// on its node, or no longer as every login (or to every forward target)
+// its SSHParams named, is aborted: the agent's SSH server serves the
+// params of the open for the connection's life, every session an OpenSSH
+// ControlMaster multiplexes over it included. The client reads a 403
+// naming what went away; the log has one line per stream (caller, node,
+// why) and the audit its connect event with reason revoked
+// (protocol.AuditReasonRevoked). The jump host's own channels are its
+// (sshgate.Gate.Recheck). It does not block on the streams. Safe for
+// concurrent use.
+func (c *Coordinator) RecheckSSH() {
+	for _, r := range c.relays.list() {
+		if r.ssh == nil {
+			continue
+		}
+		why := c.sshRevoked(r)
+		if why == "" || !r.revoked.CompareAndSwap(nil, &why) {
+			continue
+		}
+		r.log.Warn("ssh stream closed: its grant was revoked", "session", r.ssh.Session, "why", why)
+		r.abort(protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%s", why))
+	}
+}
+
+// sshRevoked returns why the policy in force no longer grants the caller
+// of ssh relay r what its SSHParams were given at the open (ssh on the
+// node, each login, each forward target), or "". The node is decided with
+// its labels now when it is still connected, with those of the open
+// otherwise.
+func (c *Coordinator) sshRevoked(r *relay) string {
+	id, ok := caller.Of(r.req)
+	if c.cfg.Policy == nil || !ok {
+		return "" // not reached: such a stream is refused at its open
+	}
+	c.mu.Lock()
+	n := c.nodes[r.n.id]
+	c.mu.Unlock()
+	if n == nil {
+		n = r.n
+	}
+	pn := n.policyNode()
+	p := c.cfg.Policy.Policy()
+	grants, err := p.Grants(id, policy.OpSSH, pn)
+	if err != nil {
+		return fmt.Sprintf("the policy no longer grants ssh on %s: %v", pn.ID, err)
+	}
+	var logins []string
+	for _, g := range grants {
+		logins = append(logins, g.RunAs)
+	}
+	for _, l := range r.ssh.Logins {
+		if !slices.Contains(logins, l) {
+			return fmt.Sprintf("the policy no longer grants %s ssh on %s as login %s", id, pn.ID, l)
+		}
+	}
+	if len(r.ssh.Targets) == 0 {
+		return ""
+	}
+	var targets []string
+	if fw, err := p.Grants(id, policy.OpForward, pn); err == nil {
+		for _, g := range fw {
+			targets = append(targets, g.Targets...)
+		}
+	}
+	for _, t := range r.ssh.Targets {
+		if !slices.Contains(targets, t) {
+			return fmt.Sprintf("the policy no longer grants %s forwarding to %s on %s", id, t, pn.ID)
+		}
+	}
+	return ""
+}

@@ -12,11 +12,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
+	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -442,5 +444,88 @@ func TestSSHNodeCaseFolded(t *testing.T) {
 	}
 	if got := nodes.HostKey("gpu-07"); string(got) != "key-GPU-07" {
 		t.Errorf("HostKey(gpu-07) = %q", got)
+	}
+}
+
+// TestSSHStreamRevoked: an ssh stream (tether ssh-proxy) whose caller the
+// reloaded policy no longer grants ssh on its node is aborted by
+// RecheckSSH, the client reading why, and audited as revoked; the same
+// caller's stream to a node still granted as its logins keeps relaying.
+func TestSSHStreamRevoked(t *testing.T) {
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	store, path := writePolicy(t, sshPolicy)
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.Policy = store
+		c.Logger = log
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			rec.Close(ctx)
+		})
+		c.Audit = rec
+	})
+	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, features: sshFeatures, stream: sshAgent(nil, nil)})
+	h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, features: sshFeatures, stream: sshAgent(nil, nil)})
+	pipes := map[string]*natspipe.Pipe{}
+	for _, node := range []string{"n-a", "n-b"} {
+		e, p := streamAs(t, h.as("alice"), node, protocol.KindSSH, nil)
+		if e != nil {
+			t.Fatalf("%s: %v", node, e)
+		}
+		readDialOK(t, p)
+		pipes[node] = p
+	}
+	// alice keeps ssh as nobody on prod nodes only.
+	replacePolicy(t, path, `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "env=prod"
+        operations: [ssh]
+        run_as: nobody
+`)
+	if _, err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	h.c.RecheckSSH()
+
+	read := make(chan error, 1)
+	go func() { _, err := io.ReadAll(pipes["n-a"]); read <- err }()
+	select {
+	case err := <-read:
+		if err == nil || !strings.Contains(err.Error(), "no longer grants ssh") {
+			t.Errorf("n-a's stream ended with %v, want the revocation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("n-a's stream still open 10 s after the reload")
+	}
+	b := pipes["n-b"]
+	if _, err := b.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	b.CloseWrite()
+	if got, err := io.ReadAll(b); err != nil || string(got) != "still here" {
+		t.Errorf("n-b's stream after the reload: %q, %v", got, err)
+	}
+	var ev map[string]any
+	checkFor(t, defaultTestTimeout, func() error {
+		for _, l := range auditLines(t, logs) {
+			if l["operation"] == "ssh" && l["method"] == "connect" && l["nodes"] == "n-a" {
+				ev = l
+				return nil
+			}
+		}
+		return errors.New("no connect event for n-a")
+	})
+	if ev["result"] != protocol.AuditFailed || ev["reason"] != protocol.AuditReasonRevoked || ev["identity"] != "nats:alice" ||
+		!strings.Contains(fmt.Sprint(ev["error"]), "no longer grants ssh on n-a") {
+		t.Errorf("n-a's connect event: %v", ev)
 	}
 }

@@ -682,12 +682,32 @@ func TestSSHEndToEnd(t *testing.T) {
 			}
 			return nil
 		})
-		// alice's key, removed, is refused.
+		// alice's ControlMaster, opened while her key is trusted, serves
+		// commands...
+		sock := filepath.Join(s.dir, "revoke-%C")
+		if m := s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-o", "ControlPath="+sock, "-N", a); m.Code != 0 {
+			t.Fatalf("master: %v", m)
+		}
+		defer s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlPath="+sock, "-O", "exit", a)
+		viaMaster := func() toolRun {
+			return s.alice.ssh(t, defaultTestTimeout, nil, "-o", "ControlMaster=no", "-o", "ControlPath="+sock, "-o", "ProxyCommand=false", a, "echo via-master")
+		}
+		if r := viaMaster(); r.Code != 0 || r.Stdout != "via-master\n" {
+			t.Fatalf("through the master before the reload: %v", r)
+		}
+		// ...and her key, removed, is refused, the master's connection
+		// closed by the reload included.
 		authorize("mallory")
 		checkFor(t, defaultTestTimeout, func() error {
 			r := s.alice.ssh(t, defaultTestTimeout, nil, a, "echo must-not-run")
 			if r.Code != 255 || r.Stdout != "" || !strings.Contains(r.Stderr, "Permission denied") {
 				return fmt.Errorf("alice after her key was removed: want Permission denied; %v", r)
+			}
+			return nil
+		})
+		checkFor(t, defaultTestTimeout, func() error {
+			if r := viaMaster(); r.Code == 0 || r.Stdout != "" {
+				return fmt.Errorf("through the master after alice's key was removed: want a failure; %v", r)
 			}
 			return nil
 		})

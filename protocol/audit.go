@@ -77,6 +77,14 @@ const (
 // names the node, the local policy file and the rule missing.
 const AuditReasonLocalPolicy = "local_policy"
 
+// AuditReasonRevoked is the Reason of an SSH connection or channel (the
+// jump host's, or an ssh-proxy stream) the coordinator closed while it
+// ran because a reload took away what let it in: its key or its user CA,
+// its certificate expired, or the policy no longer grants ssh on the
+// node as a login the stream was vouched. Its Result is AuditFailed, its
+// Error says what went away.
+const AuditReasonRevoked = "revoked"
+
 // ErrCodeCopyPartial is the ErrorCode of a copy the receiver committed
 // with entries the sender skipped (protocol.CopySkip; tether cp's exit
 // 23): its Result is AuditFailed.
@@ -172,7 +180,8 @@ type AuditEvent struct {
 	Status    int    `json:"status,omitempty"`
 	// Reason is a refusal's reason: unauthenticated, the policy's
 	// (no_identity, no_rule, bad_request, rate_limit, job_limit), or
-	// local_policy (AuditReasonLocalPolicy) for the node's own.
+	// local_policy (AuditReasonLocalPolicy) for the node's own; or, for an
+	// SSH connection closed while it ran, revoked (AuditReasonRevoked).
 	Reason string `json:"reason,omitempty"`
 	// Error is a refusal's message (which identity, which operation, which
 	// rule is missing), clipped to MaxAuditErrorLen bytes. Other errors

@@ -43,6 +43,10 @@ type connState struct {
 	channels    atomic.Int32
 	wg          sync.WaitGroup // the channel goroutines
 	done        chan struct{}  // closed when the client connection ended
+	revoked     atomic.Bool    // Recheck closed it: its key is no longer trusted
+
+	mu   sync.Mutex            // guards live; a leaf
+	live map[*channel]struct{} // the channels joined to a node, for Recheck
 }
 
 // serve runs the connection: admission, handshake, then its channels until
@@ -111,6 +115,12 @@ func (cs *connState) serve() {
 	g.mu.Unlock()
 	g.m.connections.WithLabelValues(connOK).Inc()
 	g.log.Debug("ssh client authenticated", "remote", cs.remote, "identity", pr.id.String(), "user", cs.user)
+	// A reload that put new keys in force during the handshake rechecked
+	// the connections authenticated then, not this one: check it here.
+	g.recheckConn(cs)
+	if stop := g.expiry(cs); stop != nil {
+		defer stop()
+	}
 
 	cs.wg.Add(1)
 	go func() {
@@ -194,6 +204,15 @@ type channel struct {
 	start time.Time
 	ev    protocol.AuditEvent
 	done  bool // answered and audited
+
+	// What the stream to the node was vouched at the open, set before the
+	// channel is registered for Recheck (cs.live) and read-only then.
+	node    policy.Node
+	logins  []string // SSHParams.Logins
+	targets []string // SSHParams.Targets
+	// cut is closed by revoke: the splice then closes both ends.
+	cut     chan struct{}
+	revoked atomic.Pointer[string] // why revoke cut it
 }
 
 // run decides, opens and splices the channel, and audits it.
@@ -326,8 +345,21 @@ func (ch *channel) run() {
 		return
 	}
 	go ssh.DiscardRequests(reqs)
-	in, out, err := splice(sch, conn, g.m, cs.done)
+	ch.node, ch.logins, ch.targets, ch.cut = node, logins, params.Targets, make(chan struct{})
+	cs.track(ch)
+	defer cs.untrack(ch)
+	// A reload that applied a new policy after this channel's decision
+	// and rechecked before it was tracked did not see it: check it here.
+	g.recheckChannel(ch)
+	in, out, err := splice(sch, conn, g.m, cs.done, ch.cut)
 	ch.ev.BytesIn, ch.ev.BytesOut = in, out
+	if why := ch.revoked.Load(); why != nil {
+		ch.ev.Reason = protocol.AuditReasonRevoked
+		ch.ev.ErrorCode = protocol.ErrCodeForbidden
+		ch.ev.Error = clipAudit(*why)
+		ch.finish(chanRevoked, protocol.AuditFailed)
+		return
+	}
 	if err != nil {
 		g.log.Debug("ssh splice ended with an error", "node", name, "session", params.Session, "err", err)
 		ch.fail(chanError, protocol.ErrCodeUnavailable, "")
@@ -391,16 +423,22 @@ func loginsOf(grants []policy.Grant) (logins, rules []string) {
 // targetsOf returns the forward grants' targets, sorted, without repeats,
 // at most protocol.MaxSSHTargets.
 func targetsOf(grants []policy.Grant) []string {
+	out := allTargets(grants)
+	if len(out) > protocol.MaxSSHTargets {
+		out = out[:protocol.MaxSSHTargets]
+	}
+	return out
+}
+
+// allTargets returns the forward grants' targets, sorted, without
+// repeats.
+func allTargets(grants []policy.Grant) []string {
 	var out []string
 	for _, gr := range grants {
 		out = append(out, gr.Targets...)
 	}
 	slices.Sort(out)
-	out = slices.Compact(out)
-	if len(out) > protocol.MaxSSHTargets {
-		out = out[:protocol.MaxSSHTargets]
-	}
-	return out
+	return slices.Compact(out)
 }
 
 // newSession returns 32 random lowercase hex digits.
@@ -445,16 +483,20 @@ type closeWriter interface{ CloseWrite() error }
 // where the far side can take one (the channel's EOF; CloseWrite on the
 // stream); a stream that cannot half-close is closed when the client's side
 // ends, since the client sends EOF only when it is done. When stop is
-// closed (the client connection ended, or the gate closes) both ends are
-// closed at once, so that a node that does not close after a half-close
-// cannot hold the splice. It closes both ends before returning, and
-// returns the first error that was not an end of file or a close.
-func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop <-chan struct{}) (in, out int64, err error) {
+// closed (the client connection ended, or the gate closes) or cut is (the
+// channel was revoked) both ends are closed at once, so that a node that
+// does not close after a half-close cannot hold the splice. It closes both
+// ends before returning, and returns the first error that was not an end
+// of file or a close.
+func splice(ch ssh.Channel, conn net.Conn, m *metrics, stop, cut <-chan struct{}) (in, out int64, err error) {
 	finished := make(chan struct{})
 	defer close(finished)
 	go func() {
 		select {
 		case <-stop:
+			conn.Close()
+			ch.Close()
+		case <-cut:
 			conn.Close()
 			ch.Close()
 		case <-finished:

@@ -46,15 +46,17 @@ type Nodes interface {
 type Policy interface {
 	Grants(id policy.Identity, op policy.Operation, node policy.Node) ([]policy.Grant, error)
 	// Peek is Grants without counting a refusal: the gate asks it for a
-	// connection's forward targets, which most callers have none of.
+	// connection's forward targets, which most callers have none of, and
+	// for the decisions of Gate.Recheck, which refuse no request.
 	Peek(id policy.Identity, op policy.Operation, node policy.Node) ([]policy.Grant, error)
 }
 
 // Auditor records audit events (*audit.Recorder has it). The gate records
 // one event per connection refused before a channel (auth failures are
 // counted, not each audited: see Metrics) and one per direct-tcpip
-// channel: operation "ssh", method "connect", result ok/refused/error,
-// identity, node, logins, bytes both ways, duration, Session.
+// channel: operation "ssh", method "connect", result ok/refused/error
+// (or failed, reason revoked: closed by Gate.Recheck), identity, node,
+// logins, bytes both ways, duration, Session.
 type Auditor interface {
 	Record(ev *protocol.AuditEvent)
 }

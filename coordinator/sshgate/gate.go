@@ -54,8 +54,16 @@ import (
 //     (method auth, reason unauthenticated, the client's address in
 //     Error). Connections that offered no key (scanners, timeouts, floods)
 //     and session or other channel types are counted, not audited.
-//   - A key removed by Reload (or a certificate that expired) keeps its
-//     open channels but gets no new one.
+//   - A reload takes effect on live connections too (Recheck, which
+//     SetKeys runs): a connection whose key is no longer trusted (removed
+//     from the authorized keys, its CA removed, its certificate expired:
+//     checked at ValidBefore too, without a reload) is closed with all its
+//     channels; a channel whose node the policy no longer grants the
+//     identity ssh on, or no longer as one of the logins (or forward
+//     targets) its stream was vouched, is closed alone: the node's SSH
+//     server holds the SSHParams of the open and would go on serving them,
+//     every session an OpenSSH ControlMaster multiplexes included. Each is
+//     logged, counted and audited (reason revoked).
 //   - A node host key the CA cannot certify is logged and the stream opens
 //     without a HostCertificate (clients that check by the CA then refuse
 //     the node, which is what they should do).
@@ -227,10 +235,13 @@ var ErrClosed = errors.New("ssh gate: closed")
 // Serve, end it with Shutdown or Close. It is safe for concurrent use.
 //
 // Goroutines: one per Serve (the accept loop), one per connection (its
-// handshake, then its channel loop), one for its global requests, and per
-// direct-tcpip channel one opening the stream and two copying bytes. Each
+// handshake, then its channel loop), one for its global requests, per
+// direct-tcpip channel one opening the stream and two copying bytes, and
+// for a certificate's connection a timer at its expiry (recheckConn),
+// stopped when the connection ends. Each
 // connection's goroutines are contained by a panics.Guard: a panic costs
-// that connection only. Locks: mu is a leaf.
+// that connection only. Locks: mu and each connection's connState.mu are
+// leaves, never held together.
 type Gate struct {
 	cfg     Config
 	log     *slog.Logger
@@ -324,9 +335,9 @@ func (g *Gate) renewJumpCert(now time.Time) error {
 }
 
 // Reload rereads AuthorizedKeysFile and UserCAFiles. On an error the keys
-// in force stay and the error names every bad line. Connections
-// authenticated before keep going, but a key that is no longer trusted
-// gets no new channel.
+// in force stay and the error names every bad line. Otherwise the new
+// keys are put in force as SetKeys does, which closes the live
+// connections whose key is no longer trusted (Recheck).
 func (g *Gate) Reload() error {
 	k, err := g.ReadKeys()
 	if err != nil {
@@ -358,10 +369,42 @@ func (g *Gate) ReadKeys() (*Keys, error) {
 	return &Keys{ks}, nil
 }
 
-// SetKeys puts k, from ReadKeys, in force (as Reload does) and logs it.
+// SetKeys puts k, from ReadKeys, in force (as Reload does), logs it, then
+// runs Recheck: a connection whose key k no longer trusts is closed, as is
+// a channel the policy in force no longer grants. A caller that reloads
+// the policy too (the coordinator's SIGHUP) applies it first, so that one
+// SetKeys rechecks both.
 func (g *Gate) SetKeys(k *Keys) {
 	g.keys.Store(k.ks)
 	g.log.Info("ssh key files reloaded", "authorized_keys", len(k.ks.users), "user_cas", len(k.ks.cas))
+	g.Recheck()
+}
+
+// Recheck decides every live connection again under the keys and the
+// policy in force now, for a caller that changed either (SetKeys runs
+// it): a connection whose key is no longer trusted (stillTrusted: removed,
+// its CA removed, its certificate expired) is closed with its channels;
+// a direct-tcpip channel whose identity the policy no longer grants ssh on
+// its node, or no longer as every login (or to every forward target) its
+// stream was vouched at its open, is closed. Each closed connection and
+// channel is logged (identity, node, why), counted
+// (tether_ssh_connections_revoked_total, tether_ssh_channels_total
+// result revoked) and its channels audited with reason revoked. The
+// decisions are Peek's: they count no refusal. Recheck does not block on
+// the connections; they end in their own goroutines. Safe for concurrent
+// use.
+func (g *Gate) Recheck() {
+	g.mu.Lock()
+	live := make([]*connState, 0, len(g.conns))
+	for _, cs := range g.conns {
+		if cs.authed {
+			live = append(live, cs)
+		}
+	}
+	g.mu.Unlock()
+	for _, cs := range live {
+		g.recheckConn(cs)
+	}
 }
 
 // HostCA returns the host CA the gate certifies node keys with.

@@ -573,3 +573,12 @@ func identityLines(paths []string) string {
 	}
 	return b.String()
 }
+
+// revokedConns is tether_ssh_connections_revoked_total, all reasons.
+func (e *env) revokedConns() float64 {
+	var n float64
+	for _, r := range revokeReasons {
+		n += testutil.ToFloat64(e.gate.m.revoked.WithLabelValues(r))
+	}
+	return n
+}

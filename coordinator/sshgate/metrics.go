@@ -35,9 +35,14 @@ const (
 	chanSession     = "session"     // a session channel (ssh to the gate itself), rejected
 	chanUnsupported = "unsupported" // any other channel type, rejected
 	chanLimit       = "limit"       // MaxChannelsPerConn channels were open
+	chanRevoked     = "revoked"     // closed while open: its key, certificate or grant went away (Recheck)
 )
 
-var chanResults = []string{chanOK, chanError, chanRefused, chanBadTarget, chanSession, chanUnsupported, chanLimit}
+var chanResults = []string{chanOK, chanError, chanRefused, chanBadTarget, chanSession, chanUnsupported, chanLimit, chanRevoked}
+
+// Reasons of tether_ssh_connections_revoked_total: why a live connection's
+// key stopped being trusted (the auth failure reasons of stillTrusted).
+var revokeReasons = []string{reasonUnknownKey, reasonUnknownCA, reasonExpired}
 
 // metrics are the gate's Prometheus collectors, named tether_ssh_*.
 type metrics struct {
@@ -47,6 +52,7 @@ type metrics struct {
 	channels     *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
 	globalReqs   prometheus.Counter
+	revoked      *prometheus.CounterVec
 }
 
 // newMetrics builds the collectors, registers them with reg (nil: not
@@ -77,6 +83,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tether_ssh_global_requests_refused_total",
 			Help: "Global requests (tcpip-forward, keepalives...) the SSH jump host answered with a failure.",
 		}),
+		revoked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_ssh_connections_revoked_total",
+			Help: "Authenticated connections the SSH jump host closed because their key or certificate was no longer trusted (a reload removed it or its CA, or the certificate expired), by reason.",
+		}, []string{"reason"}),
 	}
 	for _, r := range connResults {
 		m.connections.WithLabelValues(r)
@@ -87,10 +97,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range chanResults {
 		m.channels.WithLabelValues(r)
 	}
+	for _, r := range revokeReasons {
+		m.revoked.WithLabelValues(r)
+	}
 	m.bytes.WithLabelValues("in")
 	m.bytes.WithLabelValues("out")
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connections, m.open, m.authFailures, m.channels, m.bytes, m.globalReqs} {
+		for _, c := range []prometheus.Collector{m.connections, m.open, m.authFailures, m.channels, m.bytes, m.globalReqs, m.revoked} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("ssh gate: registering metrics: %w", err)
 			}

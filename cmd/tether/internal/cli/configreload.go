@@ -39,6 +39,8 @@ import (
 // next SIGHUP. When the config file's policy key names another file, that
 // file is the one read, checked and applied (and reloaded from then on);
 // a change of a key that cannot apply at run time is a problem too.
+// Once applied, the SSH connections, channels and ssh-proxy streams whose
+// key or grant is gone are closed (Gate.SetKeys, Coordinator.RecheckSSH).
 func (cs *coordinatorServer) reload() (status string) {
 	var problems []error
 	var cfg *configCheck
@@ -95,10 +97,15 @@ func (cs *coordinatorServer) reload() (status string) {
 	logPolicy(cs.log, "policy reloaded", p)
 	parts = append(parts, "policy reloaded from "+cs.policy.Path())
 	if keys != nil {
+		// After the policy's Apply: SetKeys rechecks the jump host's live
+		// connections and channels under both (sshgate.Gate.Recheck).
 		cs.gate.SetKeys(keys)
 		users, cas := keys.Counts()
 		parts = append(parts, fmt.Sprintf("SSH keys reloaded (%d authorized keys, %d user CAs)", users, cas))
 	}
+	// The ssh-proxy streams whose grant the new policy took away end now,
+	// not when their client disconnects.
+	cs.coord.RecheckSSH()
 	return strings.Join(parts, "; ")
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/crypto/ssh"
@@ -464,5 +465,34 @@ func TestReloadRefusesNonReloadableKey(t *testing.T) {
 	status = cs.reload()
 	if cs.policy.Policy() == before || cs.coord.Limits().MaxHandshakesPerSource != 3 || strings.Contains(status, "failed") {
 		t.Errorf("the reload once set back did not apply; status %q", status)
+	}
+}
+
+// TestReloadClosesRemovedKeyConnection: the SIGHUP reload closes a live
+// jump host connection whose key left the authorized keys file (before,
+// it stayed open, and an OpenSSH ControlMaster kept reaching its node).
+func TestReloadClosesRemovedKeyConnection(t *testing.T) {
+	g := startGateReload(t, false)
+	c, err := ssh.Dial("tcp", g.cs.sshLn.Addr().String(), &ssh.ClientConfig{
+		User: "x", Auth: []ssh.AuthMethod{ssh.PublicKeys(g.alice)},
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: defaultTestTimeout,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	replaceFile(t, g.akFile, authorizedLine(g.bob))
+	if status := g.cs.reload(); !strings.Contains(status, "SSH keys reloaded") {
+		t.Fatalf("reload: %s", status)
+	}
+	closed := make(chan struct{})
+	go func() { c.Wait(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("alice's connection still open 10 s after the reload removed her key")
+	}
+	if !strings.Contains(g.logs.String(), "ssh connection closed: its key is no longer trusted") {
+		t.Error("the closed connection was not logged")
 	}
 }
