@@ -281,6 +281,11 @@ Start everything locally with 'tether dev', then try 'tether exec --all -- uname
 		for _, c := range topCommands {
 			if c.name == args[0] {
 				root.AddCommand(c.build(e))
+				// Nor cobra's completion command, which only the whole
+				// tree reaches (`completion` is not in topCommands):
+				// Execute would build it, its four shells' subcommands
+				// and their help text on every run.
+				root.CompletionOptions.DisableDefaultCmd = true
 				return root
 			}
 		}

@@ -38,6 +38,18 @@ func TestLazyTreeBuildsOnlyTheCommand(t *testing.T) {
 		if len(names) != 1 || names[0] != args[0] {
 			t.Errorf("tree for %q holds %q, want only %q", args, names, args[0])
 		}
+		// cobra's completion command (four subcommands with their help
+		// text, built on every run that wants it) is reachable only
+		// through the whole tree: `tether completion` is no top-level
+		// name of ours.
+		root.SetArgs(args)
+		e.initCompletionCmd(root, args)
+		root.InitDefaultCompletionCmd(args...) // what Execute does
+		for _, c := range root.Commands() {
+			if c.Name() == "completion" {
+				t.Errorf("tree for %q builds cobra's completion command", args)
+			}
+		}
 	}
 	for _, args := range [][]string{nil, {"--help"}, {"help", "exec"}, {"exce"}, {"__complete", "ex"}} {
 		if got, want := len(newRootCmdFor(e, args).Commands()), len(topCommands); got != want {
