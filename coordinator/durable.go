@@ -70,7 +70,8 @@ import (
 //   - fencing: the accept writes the record compare-and-set on the key
 //     having no revision (Nats-Expected-Last-Subject-Sequence 0, as KV
 //     Create), so it never overwrites another holder's live record
-//     (ErrExists); every later write (recordEnd) is a compare-and-set on
+//     (ErrExists), nor any record of another owner (ErrNotOwner: the id
+//     is that owner's, errIDInUse); every later write (recordEnd) is a compare-and-set on
 //     the revision it wrote, checked against holder, boot and epoch, so a
 //     coordinator that lost the job gets ErrFenced and writes nothing.
 //   - idempotency: an idempotent submission goes the synchronous way
