@@ -70,7 +70,8 @@ import (
 //   - fencing: the accept writes the record compare-and-set on the key
 //     having no revision (Nats-Expected-Last-Subject-Sequence 0, as KV
 //     Create), so it never overwrites another holder's live record
-//     (ErrExists); every later write (recordEnd) is a compare-and-set on
+//     (ErrExists), nor any record of another owner (ErrNotOwner: the id
+//     is that owner's, errIDInUse); every later write (recordEnd) is a compare-and-set on
 //     the revision it wrote, checked against holder, boot and epoch, so a
 //     coordinator that lost the job gets ErrFenced and writes nothing.
 //   - idempotency: an idempotent submission goes the synchronous way
@@ -184,6 +185,8 @@ func (j *job) accepted(dj *jobstore.Job, err error) bool {
 	switch {
 	case errors.Is(err, jobstore.ErrDuplicate):
 		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s repeats idempotent job %s (%s); its result: tether job wait %s", j.id, dj.ID, dj.State, dj.ID))
+	case errors.Is(err, jobstore.ErrNotOwner):
+		j.publishError(errIDInUse(j.id))
 	case errors.Is(err, jobstore.ErrExists):
 		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s: %v", protocol.Clip(j.id), err))
 	default:
@@ -191,6 +194,15 @@ func (j *job) accepted(dj *jobstore.Job, err error) bool {
 		j.publishError(protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s: cannot record job %s before running it: %v", j.c.cfg.ID, j.id, err))
 	}
 	return false
+}
+
+// errIDInUse refuses an exec request whose job id is another caller's
+// (its record's owner is another identity, the job live or ended): 409
+// duplicate_job, the same text whatever that job is, so that the caller
+// learns only that the id is taken. A job id is its record's owner's
+// until the record expires (jobstore, "Owners").
+func errIDInUse(id string) *protocol.APIError {
+	return protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job ID %s is already in use; choose another", protocol.Clip(id))
 }
 
 // command is the first line of what j runs, for listings.

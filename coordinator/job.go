@@ -154,8 +154,8 @@ func (j *job) run() {
 	stopKeeper()
 
 	// Forget the job and free its slot before the final reply, so a client
-	// may reuse its id, or submit its next job, as soon as it sees the
-	// result.
+	// may reuse its id (its own: another caller's reuse is refused, see
+	// errIDInUse), or submit its next job, as soon as it sees the result.
 	j.forget()
 	if j.release != nil {
 		j.release()

@@ -243,8 +243,14 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		c.replyError(req, protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "coordinator %s has %d jobs in flight", c.cfg.ID, c.cfg.MaxJobs))
 		return
 	}
-	if c.jobs.get(j.key) != nil {
+	if old := c.jobs.get(j.key); old != nil {
 		c.mu.Unlock()
+		if old.ownerString() != j.ownerString() {
+			// Another caller's: refused as the job store refuses it
+			// (durable.go), telling nothing of that job.
+			c.replyError(req, errIDInUse(id))
+			return
+		}
 		c.replyError(req, protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s is already running", protocol.Clip(id)))
 		return
 	}

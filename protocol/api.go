@@ -223,7 +223,12 @@ const DefaultMaxParallel = 64
 type ExecRequest struct {
 	// ID is an optional client-chosen job id (1–64 of [A-Za-z0-9-_.]), used to
 	// cancel the job through SubjectCancel. The coordinator picks one if empty
-	// and reports it in HeaderJob.
+	// and reports it in HeaderJob. With a job store an id is its record's
+	// owner's (the submitting identity) until the record expires: the owner
+	// may reuse it once the job ended; while the job runs, 409
+	// duplicate_job. Another caller's request under it, the job live or
+	// ended, is refused with 409 duplicate_job "job ID ... is already in
+	// use", a text that tells nothing of that job, and changes nothing.
 	ID     string `json:"id,omitempty"`
 	Target Target `json:"target"`
 	// Script runs through `bash -s` (NeMo Gym's SSH run semantics); Argv runs
@@ -254,7 +259,8 @@ type ExecRequest struct {
 	Detach bool `json:"detach,omitempty"`
 	// Idempotent marks a job that may run more than once: a repeat of
 	// its submission (same caller, same IdempotencyKey, or same ID when
-	// the key is empty) within the job store's retention is refused with
+	// the key is empty; keys are per caller, so another caller's equal
+	// key is another job's) within the job store's retention is refused with
 	// 409 duplicate_job naming the first job, instead of running again,
 	// unless that job was lost (its coordinator died while it ran): then
 	// the repeat runs (at least once; client.ExecWith repeats it itself).

@@ -73,6 +73,16 @@
 // refused and has no record: the submission reads it back, and so does
 // its repeat, which runs the job in its place, once (Store.claimKey).
 //
+// # Owners
+//
+// A job id is the owner's of its record (Record.Owner, the submitter's
+// identity) for as long as the record is kept: the owner may submit a new
+// job under it once the job ended, which replaces the record; another
+// owner's submission under it is refused (ErrNotOwner, also ErrExists),
+// live or ended, and writes nothing. Idempotency keys are per owner (the
+// key's KV key hashes owner and key), and a key never answers with a job
+// of another owner.
+//
 // The package runs no goroutine that outlives the call that started it
 // (Active and SettleNodes read or ask concurrently); its methods are safe
 // for concurrent use.

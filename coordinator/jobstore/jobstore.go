@@ -52,6 +52,9 @@ var (
 	ErrNotFound = errors.New("jobstore: job not found")
 	// ErrExists: a job with that id is queued, dispatched or running.
 	ErrExists = errors.New("jobstore: job id in use")
+	// ErrNotOwner: the id's record, live or ended, is another owner's
+	// (Record.Owner); an error wrapping it wraps ErrExists too.
+	ErrNotOwner = errors.New("jobstore: job id in use by another owner")
 	// ErrDuplicate: an idempotent submission repeated one already
 	// accepted; Submit returns the first job with it.
 	ErrDuplicate = errors.New("jobstore: duplicate idempotent submission")
@@ -248,8 +251,10 @@ func command(script string) string {
 
 // Submit records sub as queued (running, when sub.StartNow; dispatched,
 // when sub.DispatchNow), held by this coordinator. The record fails with
-// ErrExists if a job with that id is not terminal; a terminal record of
-// the same id is replaced (ids may be reused once a job ended). A job
+// an error wrapping ErrNotOwner and ErrExists if the id's record, live or
+// ended, is another owner's, and with ErrExists if the owner's own job of
+// that id is not terminal; a terminal record of the same id and owner is
+// replaced (an owner may reuse its id once its job ended). A job
 // recorded queued also gets its queue message, written concurrently with
 // the record; a job started or dispatched at once gets none (see
 // "Accept" in the package doc). An idempotent submission seen before
@@ -421,8 +426,9 @@ func (s *Store) Begin(sub Submission) (wait func(context.Context) (*Job, error))
 		} else if !isWrongLastSeq(err) {
 			return nil, fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
 		}
-		// The id has a record: create replaces it if it is terminal
-		// (ids are reused), else refuses with ErrExists.
+		// The id has a record: create replaces it if it is terminal and
+		// sub.Owner's (ids are reused by their owner), else refuses with
+		// ErrExists (ErrNotOwner: another owner's).
 		if err := s.create(ctx, j, ""); err != nil {
 			return nil, err
 		}
@@ -524,6 +530,9 @@ const claimKeyTries = 3
 //     attempt's record lost (compare-and-set on none, under the attempt's
 //     Nats-Msg-Id), so that the attempt's record write, should it still
 //     come, cannot land as a second job.
+//   - an attempt refused because its id's record is another owner's
+//     (ErrNotOwner), which left the key naming that id: the key is this
+//     owner's, so it never answers with the other owner's job.
 //
 // The key is moved compare-and-set on the revision read, so of two
 // repeats at once one runs and the other gets the first's job. A half-made
@@ -548,7 +557,7 @@ func (s *Store) claimKey(ctx context.Context, sub Submission, idem string) (uint
 		return 0, "", nil, fmt.Errorf("jobstore: submit job %s: idempotency key: %w", sub.ID, err)
 	}
 	for range claimKeyTries {
-		first, krev, err := s.firstOf(ctx, sub.ID, idem)
+		first, krev, err := s.firstOf(ctx, sub, idem)
 		var half *halfMadeError
 		lost := errors.Is(err, ErrDuplicate)
 		switch {
@@ -558,7 +567,10 @@ func (s *Store) claimKey(ctx context.Context, sub Submission, idem string) (uint
 			// At least once: the first attempt was lost (its coordinator
 			// died), so this repeat runs, once.
 		case errors.As(err, &half):
-			if half.id != sub.ID {
+			// A key naming another owner's record was left by a
+			// submission refused for that (ErrNotOwner), whose record
+			// write can never land there: nothing to fence.
+			if half.id != sub.ID && !half.foreign {
 				if err := s.fenceHalfMade(ctx, sub, half.id, idem); isConflict(err) {
 					continue // its record came: read again
 				} else if err != nil {
@@ -618,21 +630,30 @@ func (s *Store) fenceHalfMade(ctx context.Context, sub Submission, id, idem stri
 }
 
 // halfMadeError: the idempotency key names job id (at key revision rev),
-// which has no record, even after firstOf's wait.
+// which has no record, even after firstOf's wait, or (foreign) whose
+// record is another owner's.
 type halfMadeError struct {
-	id  string
-	rev uint64
+	id      string
+	rev     uint64
+	foreign bool
 }
 
 func (e *halfMadeError) Error() string {
+	if e.foreign {
+		return fmt.Sprintf("its idempotency key names job %s, which has no record of this owner", e.id)
+	}
 	return fmt.Sprintf("its idempotency key names job %s, which has no record", e.id)
 }
 
-// firstOf returns the handle of the job the idempotency key idem (written
-// by an earlier submission) names, the key's revision and ErrDuplicate;
-// an error wrapping ErrNotFound and a *halfMadeError when that job has no
-// record.
-func (s *Store) firstOf(ctx context.Context, id, idem string) (*Job, uint64, error) {
+// firstOf returns the handle of the job the idempotency key idem (of
+// sub's owner and key, written by an earlier submission) names, the key's
+// revision and ErrDuplicate; an error wrapping ErrNotFound and a
+// *halfMadeError when that job has no record, and a foreign
+// *halfMadeError when its record is another owner's (a submission under
+// the key was refused, ErrNotOwner): sub is never answered with another
+// owner's job.
+func (s *Store) firstOf(ctx context.Context, sub Submission, idem string) (*Job, uint64, error) {
+	id := sub.ID
 	e, err := s.kv.Get(ctx, idem)
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobstore: submit job %s: read idempotency key: %w", id, err)
@@ -652,6 +673,9 @@ func (s *Store) firstOf(ctx context.Context, id, idem string) (*Job, uint64, err
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, e.Value(), err)
+	}
+	if first.Owner != sub.Owner {
+		return nil, e.Revision(), fmt.Errorf("jobstore: submit job %s: first submission %s: %w", id, e.Value(), &halfMadeError{id: first.ID, rev: e.Revision(), foreign: true})
 	}
 	return first, e.Revision(), ErrDuplicate
 }
@@ -719,7 +743,10 @@ func (s *Store) put(ctx context.Context, key string, b []byte, last uint64, msgI
 }
 
 // create writes j's record as new, replacing a terminal record of the same
-// id; msgID, if set, goes with the write as Nats-Msg-Id.
+// id and owner; msgID, if set, goes with the write as Nats-Msg-Id. A
+// record of the id with another owner, live or ended, refuses it with an
+// error wrapping ErrNotOwner (and ErrExists); a live one of the same owner
+// with ErrExists.
 func (s *Store) create(ctx context.Context, j *Job, msgID string) error {
 	b, _ := json.Marshal(&j.Record)
 	rev, err := s.put(ctx, jobKey(j.ID), b, 0, msgID)
@@ -759,6 +786,14 @@ func (s *Store) create(ctx context.Context, j *Job, msgID string) error {
 	if err != nil {
 		return fmt.Errorf("jobstore: submit job %s: %w", j.ID, err)
 	}
+	if old.Owner != j.Owner {
+		// The id is the record's owner's until the record expires: a
+		// terminal record is replaced only by its owner's submission,
+		// else another caller could take its results (or be taken for
+		// its owner). The refusal tells nothing of the record, not even
+		// whether its job still runs.
+		return &notOwnerError{id: j.ID}
+	}
 	if !old.State.Terminal() {
 		return fmt.Errorf("jobstore: submit job %s: %w (%s on coordinator %s)", j.ID, ErrExists, old.State, old.Coordinator)
 	}
@@ -783,6 +818,16 @@ func (s *Store) create(ctx context.Context, j *Job, msgID string) error {
 	j.rev = rev
 	return nil
 }
+
+// notOwnerError: the record of job id is another owner's (ErrNotOwner,
+// ErrExists).
+type notOwnerError struct{ id string }
+
+func (e *notOwnerError) Error() string {
+	return fmt.Sprintf("jobstore: submit job %s: job id in use by another owner", protocol.Clip(e.id))
+}
+
+func (e *notOwnerError) Is(target error) bool { return target == ErrNotOwner || target == ErrExists }
 
 func isConflict(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
