@@ -100,9 +100,13 @@ type JobRecord struct {
 	Error string `json:"error,omitempty"`
 }
 
-// ExitCode is the job's exit status for `tether job wait`: the exit code
-// of its one node (-1 if it has none), 0 when every node of a fan-out
-// succeeded, else 1; lost or cancelled jobs without a result are -1.
+// ExitCode is the job's raw exit status as recorded: the exit code of
+// its one node's result (-1 if it has none, as for a command the node
+// could not start), 0 when every node of a fan-out succeeded, else 1;
+// lost or cancelled jobs without a result are -1. It is not what `tether
+// job wait` exits with: the CLI maps a result's error code, timeout and
+// cancel to its exit codes (127, 126, 124, 130, 255) and a fan-out of one
+// node by its target.
 func (r *JobRecord) ExitCode() int {
 	if len(r.Results) == 1 {
 		return r.Results[0].ExitCode

@@ -608,50 +608,67 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 	return jobRecordOutcome(rec)
 }
 
-// jobRecordOutcome is how `job wait` ends: as the `tether exec` that
-// submitted the job ends (without --detach), by the job's target, not by
-// how many nodes it matched. A --node job (rec.Target empty) exits with
-// its node's code (nodeOutcome: the command's own, 124 for its timeout,
-// 130 when cancelled, 126/127 for a command the node could not execute or
-// find, exitTether when Tether failed). A fan-out (--selector, --all),
-// also one that matched a single node, exits 0 when every node
-// succeeded and exitFailure when any node failed. A lost job, or one that
-// ended without a result, is exitTether.
+// jobRecordOutcome is how `job wait` ends: with recordOutcome's code, an
+// error saying why unless the code is 0 or a --node job's plain exit
+// code, which speaks for itself.
 func jobRecordOutcome(rec *protocol.JobRecord) error {
-	lost := func() error {
+	code, why, _ := recordOutcome(rec)
+	switch {
+	case code == exitOK:
+		return nil
+	case why == "":
+		return &exitError{code: code}
+	}
+	return &exitError{code: code, err: errors.New(why)}
+}
+
+// recordOutcome is the exit code of the job rec records, as the `tether
+// exec` that submitted it ends (without --detach, not interrupted): by the
+// job's target, not by how many nodes it matched. It is the one mapping
+// behind `job wait`'s exit code and the EXIT that `job list` and `job
+// status` show. A --node job (rec.Target empty) has its node's code
+// (nodeOutcome: the command's own, 124 for its timeout, 130 when
+// cancelled, 126/127 for a command the node could not execute or find,
+// exitTether when Tether failed). A fan-out (--selector, --all), also one
+// that matched a single node, has 0 when every node succeeded and
+// exitFailure when any node did not.
+//
+// why says what went wrong, naming the job and node ("" for success and
+// for a --node job's plain exit code). known is false, with exitTether,
+// when the record holds no exit status: the job is lost, has not ended,
+// or ended without a result.
+func recordOutcome(rec *protocol.JobRecord) (code int, why string, known bool) {
+	unknown := func() (int, string, bool) {
 		why := rec.Error
 		if why == "" {
 			why = "no exit status recorded"
 		}
-		return &exitError{code: exitTether, err: fmt.Errorf("job %s is %s: %s", rec.ID, rec.State, why)}
+		return exitTether, fmt.Sprintf("job %s is %s: %s", rec.ID, rec.State, why), false
 	}
-	if rec.State == protocol.JobStateLost {
-		return lost()
+	if rec.State == protocol.JobStateLost || !rec.State.Terminal() {
+		return unknown()
 	}
 	if rec.Target != "" || len(rec.Nodes) > 1 {
 		switch {
 		case rec.State == protocol.JobSucceeded:
-			return nil
+			return exitOK, "", true
 		case rec.Failed > 0 || slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool {
 			c, _ := nodeOutcome(&r, 0)
 			return c != exitOK
 		}):
-			return &exitError{code: exitFailure}
+			return exitFailure, "", true
 		}
-		return lost()
+		return unknown()
 	}
 	if len(rec.Results) != 1 {
-		return lost()
+		return unknown()
 	}
 	r := &rec.Results[0]
-	code, why := nodeOutcome(r, 0)
-	if code == exitOK {
-		return nil
+	code, msg := nodeOutcome(r, 0)
+	if code == exitOK || r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == "" {
+		return code, "", true
 	}
-	if r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == "" {
-		return &exitError{code: code} // a plain exit code speaks for itself
-	}
-	return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", rec.ID, r.Node, why)}
+	return code, fmt.Sprintf("job %s on node %s: %s", rec.ID, r.Node, msg), true
 }
 
 // printJobRecord prints rec as JSON or as "key: value" lines.
@@ -660,8 +677,8 @@ func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 		return json.NewEncoder(w).Encode(rec)
 	}
 	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", rec.ID, strings.Join(rec.Nodes, ","), rec.State)
-	if rec.State.Terminal() && rec.ExitCode() >= 0 {
-		fmt.Fprintf(w, "exit:      %d\n", rec.ExitCode())
+	if code, _, known := recordOutcome(rec); known {
+		fmt.Fprintf(w, "exit:      %d\n", code)
 	}
 	if rec.Owner != "" {
 		fmt.Fprintf(w, "owner:     %s\n", rec.Owner)
@@ -680,7 +697,8 @@ func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 }
 
 // printNodeResults prints one "node:" line per node of a job on several
-// nodes: its exit code and error once its run ended, else "running" (or
+// nodes: its exit code (nodeOutcome's, as the EXIT of `tether exec`'s
+// summary table) and error once its run ended, else "running" (or
 // the job's state, before it ran or once it ended without that node's
 // result).
 func printNodeResults(w io.Writer, rec *protocol.JobRecord) {
@@ -696,9 +714,11 @@ func printNodeResults(w io.Writer, rec *protocol.JobRecord) {
 		case i < 0:
 			fmt.Fprintf(w, "node:      %s %s\n", n, rec.State)
 		case rec.Results[i].Error != "":
-			fmt.Fprintf(w, "node:      %s exit %d: %s\n", n, rec.Results[i].ExitCode, rec.Results[i].Error)
+			code, _ := nodeOutcome(&rec.Results[i], 0)
+			fmt.Fprintf(w, "node:      %s exit %d: %s\n", n, code, rec.Results[i].Error)
 		default:
-			fmt.Fprintf(w, "node:      %s exit %d\n", n, rec.Results[i].ExitCode)
+			code, _ := nodeOutcome(&rec.Results[i], 0)
+			fmt.Fprintf(w, "node:      %s exit %d\n", n, code)
 		}
 	}
 }
@@ -738,9 +758,9 @@ func newJobListCmd(e *env) *cobra.Command {
 			fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")
 			for i := range resp.Jobs {
 				r := &resp.Jobs[i]
-				exit := "-"
-				if r.State.Terminal() && r.ExitCode() >= 0 {
-					exit = fmt.Sprint(r.ExitCode())
+				exit := "-" // no exit status recorded (lost, not ended)
+				if code, _, known := recordOutcome(r); known {
+					exit = fmt.Sprint(code)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, exit, strings.Join(r.Nodes, ","), r.Owner, r.SubmittedAt.Format(time.RFC3339), r.Command)
 			}

@@ -31,7 +31,7 @@ func TestPrintJobRecordNodeResults(t *testing.T) {
 	if err := printJobRecord(&b, rec, false); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"exit:      1\n", "node:      n2 exit 3\n", "node:      n3 exit -1: node n3 lost the job\n"} {
+	for _, want := range []string{"exit:      1\n", "node:      n2 exit 3\n", "node:      n3 exit 255: node n3 lost the job\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("job status of a failed fan-out:\n%s\nwant %q in it", b.String(), want)
 		}
