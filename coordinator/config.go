@@ -181,7 +181,15 @@ type Config struct {
 	// by three HeartbeatIntervals. AcceptBacklog is always set to 1: the
 	// coordinator accepts only the control stream, and yamux resets any
 	// stream an agent opens past the backlog instead of buffering up to a
-	// receive window (256 KiB) for each.
+	// receive window (256 KiB) for each. yamux sizes its semaphore of
+	// the session's own opens not yet acknowledged by the peer from the
+	// same number, so the coordinator has at most one open in flight per
+	// agent: each waits for the previous one's acknowledgement (the
+	// agent's accept, one round trip), and a stream an agent neither
+	// accepts nor closes holds every later open to its node until that
+	// open's deadline. Agents therefore accept every stream at once and
+	// read its header in the stream's own goroutine (a stream closed
+	// without one, a refused job's, is closed again: tunnel.ErrNoHeader).
 	Tunnel tunnel.Config
 	// Pipe tunes the NATS pipes of stream relays (tether.v1.stream): window,
 	// message size and keepalive. The zero value selects natspipe's

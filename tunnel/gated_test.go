@@ -3,6 +3,7 @@ package tunnel
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -89,5 +90,39 @@ func TestOpenGated(t *testing.T) {
 	}
 	if _, err := server.ReadHeader(st); err == nil {
 		t.Error("the peer read a header though ctx ended in the gate")
+	}
+}
+
+// A stream its opener closed without a header (a gate that refused) is an
+// error of that stream only: Accept's io.EOF means the session ended, and
+// a caller that stops accepting on it must not stop here. It did: the
+// error wrapped the header read's io.EOF, so the coordinator test
+// harness's fake agent stopped accepting after one refused exec, and
+// every later stream the coordinator opened waited in yamux for an
+// acknowledgement that never came (TestRefusedAcceptsStallNode in
+// package coordinator).
+func TestAcceptHeaderlessStreamIsNotEOF(t *testing.T) {
+	c, s := net.Pipe()
+	client, server := sessionPair(t, c, s, testConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	refused := errors.New("refused")
+	params := protocol.ExecParams{Argv: []string{"true"}}
+	if _, err := client.OpenGated(ctx, protocol.KindExec, params, func() error { return refused }); !errors.Is(err, refused) {
+		t.Fatalf("refused open = %v, want the gate's error", err)
+	}
+	st, _, err := server.Accept(ctx)
+	if err == nil || st != nil || errors.Is(err, io.EOF) || server.IsClosed() {
+		t.Fatalf("Accept of a headerless stream = %v, %v (session closed: %v); want a stream error, not io.EOF", st, err, server.IsClosed())
+	}
+	go func() {
+		if st, err := client.Open(ctx, protocol.KindExec, params); err == nil {
+			st.Close()
+		}
+	}()
+	if st, h, err := server.Accept(ctx); err != nil || h.Kind != protocol.KindExec {
+		t.Fatalf("Accept after the headerless stream = %v, %v", h.Kind, err)
+	} else {
+		st.Close()
 	}
 }

@@ -399,9 +399,10 @@ func (s *Session) OpenRaw(ctx context.Context) (*yamux.Stream, error) {
 
 // Accept waits for the peer to open a stream and reads its header, waiting at
 // most Config.HeaderTimeout for it: AcceptRaw followed by ReadHeader. It
-// returns io.EOF once the session is closed. A stream whose header is
-// malformed is answered with an error frame and closed, and the error is
-// returned together with a nil stream; callers log it and keep accepting.
+// returns io.EOF once the session is closed, and only then. A stream whose
+// header is missing or malformed is answered with an error frame and
+// closed, and the error is returned together with a nil stream; callers
+// log it and keep accepting.
 //
 // Accept blocks the caller while it waits for the header, so a peer that
 // opens a stream and sends nothing holds up the next Accept for up to
@@ -437,16 +438,31 @@ func (s *Session) AcceptRaw(ctx context.Context) (*yamux.Stream, error) {
 	return st, nil
 }
 
+// ErrNoHeader is wrapped by the error of Accept and ReadHeader for a
+// stream its opener closed before writing a header (an open given up on,
+// see OpenGated). Such an error never wraps io.EOF: that is Accept's word
+// for the session's end.
+var ErrNoHeader = errors.New("tunnel: stream without a header")
+
 // ReadHeader reads the header of a stream returned by AcceptRaw, waiting at
 // most Config.HeaderTimeout for it. If the header is missing or malformed it
 // answers with an error frame (code version_mismatch, unsupported_kind or
 // bad_request), closes st and returns the error (wrapping the protocol
-// sentinel); the caller must not use st then. It is safe to call from any
-// goroutine, one call per stream.
+// sentinel, or ErrNoHeader for a stream closed before its header); the
+// caller must not use st then. It is safe to call from any goroutine, one
+// call per stream.
 func (s *Session) ReadHeader(st *yamux.Stream) (protocol.Header, error) {
 	st.SetReadDeadline(time.Now().Add(s.cfg.HeaderTimeout))
 	h, err := protocol.ReadHeader(st)
 	st.SetReadDeadline(time.Time{})
+	if errors.Is(err, io.EOF) {
+		// The opener closed the stream before its header (an open it gave
+		// up on: OpenGated's refused gate). That ends this stream only;
+		// io.EOF from Accept means the session ended, and a caller that
+		// stopped accepting on this one would leave every later stream
+		// unacknowledged, each holding one of the opener's backlog slots.
+		err = fmt.Errorf("%w: stream closed before its header: %w", ErrNoHeader, io.ErrUnexpectedEOF)
+	}
 	if err != nil {
 		code := protocol.CodeBadRequest
 		if errors.Is(err, protocol.ErrVersion) {
