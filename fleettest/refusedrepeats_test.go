@@ -55,11 +55,6 @@ func TestRefusedRepeatsLeaveNodeUsable(t *testing.T) {
 		if err != nil || res == nil || res.Succeeded != 1 || strings.Contains(why, "context deadline exceeded") {
 			t.Fatalf("%s after the refusals, %v: %+v, %v (node error %q); want it run", id, time.Since(start), res, err, why)
 		}
-		// Far below the open's deadline (Tunnel.WriteTimeout plus the
-		// record write's bound, 15 s): the open did not wait for a slot.
-		if d := time.Since(start); d > 5*time.Second {
-			t.Errorf("%s took %v: its stream's open waited", id, d)
-		}
 	}
 	for rejected.n.Load() < 3 && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
