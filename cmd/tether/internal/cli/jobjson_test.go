@@ -80,3 +80,43 @@ func TestJobJSONIsTheRecord(t *testing.T) {
 		t.Errorf("job cancel --json of a fan-out: state %q, nodes %v, results %+v; want cancelled, 2 results", rec.State, rec.Nodes, rec.Results)
 	}
 }
+
+// TestExecDetachJSONSaysStarted: `exec --detach --json` says each node's
+// run started and is running: "state": "running", no exit code (it has not
+// exited), and the result counts "started" nodes, not "succeeded" ones.
+// Fresh-user pass 17: it printed "exit_code": 0 and "succeeded": 1 for a
+// job that had only started.
+func TestExecDetachJSONSaysStarted(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Agents: 1, Jobs: true})
+	url := f.NATS.ClientURL()
+	ctx := testCtx(t)
+	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--detach", "--json", "--", "sleep", "60")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 2 {
+		t.Fatalf("exec --detach --json: exit %d, stdout %q, stderr %q; want a node_result line and the result", r.code, r.stdout, r.stderr)
+	}
+	var nr struct {
+		NodeResult map[string]any `json:"node_result"`
+	}
+	var res map[string]any
+	if json.Unmarshal([]byte(lines[0]), &nr) != nil || json.Unmarshal([]byte(lines[1]), &res) != nil || nr.NodeResult == nil {
+		t.Fatalf("exec --detach --json: stdout %q", r.stdout)
+	}
+	started := func(what string, m map[string]any) {
+		if _, ok := m["exit_code"]; ok || m["state"] != "running" || m["detached"] != true || m["node"] != "node-0" {
+			t.Errorf("%s: %v; want node-0, state running, detached, no exit_code", what, m)
+		}
+	}
+	started("node_result", nr.NodeResult)
+	if _, ok := res["succeeded"]; ok || res["started"] != float64(1) || res["failed"] != float64(0) || res["nodes"] != float64(1) || res["id"] == "" {
+		t.Errorf("result: %v; want id, nodes 1, started 1, failed 0, no succeeded", res)
+	}
+	if rs, _ := res["results"].([]any); len(rs) != 1 {
+		t.Errorf("result: results %v, want one", res["results"])
+	} else {
+		m, _ := rs[0].(map[string]any)
+		started("result's results[0]", m)
+	}
+	id, _ := res["id"].(string)
+	runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, id)
+}
