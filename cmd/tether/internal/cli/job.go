@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -195,7 +194,7 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 	if o.JSON {
 		return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
 	}
-	return printJobStatus(e.stdout, st, false)
+	return printJobStatus(e.stdout, st)
 }
 
 // jobNodes returns the nodes of job id: --node's, else every node its
@@ -247,7 +246,7 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 		if o.JSON {
 			return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
 		}
-		return printJobStatus(e.stdout, st, false)
+		return printJobStatus(e.stdout, st)
 	}
 	if !o.JSON {
 		fmt.Fprintf(e.stdout, "job:       %s\n", id)
@@ -474,11 +473,9 @@ func applyStatus(r *protocol.JobRecord, st *protocol.JobStatus) {
 	}
 }
 
-// printJobStatus prints st as JSON or as "key: value" lines.
-func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
-	if asJSON {
-		return json.NewEncoder(w).Encode(st)
-	}
+// printJobStatus prints st as "key: value" lines (--json prints the
+// job's record instead: statusRecord).
+func printJobStatus(w io.Writer, st *protocol.JobStatus) error {
 	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, jobStatusState(st))
 	if st.ExitCode != nil {
 		fmt.Fprintf(w, "exit:     %d", *st.ExitCode)
@@ -727,7 +724,7 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		return err
 	}
 	if o.JSON {
-		if err := json.NewEncoder(e.stdout).Encode(rec); err != nil {
+		if err := writeJSON(e.stdout, rec); err != nil {
 			return err
 		}
 	}
@@ -783,7 +780,7 @@ func jobRecordOutcome(rec *protocol.JobRecord) error {
 // printJobRecord prints rec as JSON or as "key: value" lines.
 func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 	if asJSON {
-		return json.NewEncoder(w).Encode(rec)
+		return writeJSON(w, rec)
 	}
 	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", rec.ID, strings.Join(rec.Nodes, ","), rec.State)
 	if rec.State.Terminal() && rec.ExitCode() >= 0 {
@@ -858,7 +855,7 @@ func newJobListCmd(e *env) *cobra.Command {
 				return err
 			}
 			if o.JSON {
-				return json.NewEncoder(e.stdout).Encode(resp)
+				return writeJSON(e.stdout, resp)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")

@@ -196,6 +196,18 @@ func (o *execOutput) EndLine(stream string) {
 	}
 }
 
+// writeJSON writes v as the --json output of a command that is not a
+// stream (every one but exec and audit, which write JSON lines): one JSON
+// document, indented by two spaces, HTML characters unescaped (a
+// command's && stays readable), a newline after it. A list is written as
+// an object naming it ({"nodes": […]}), never bare.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
 // nodeResultLine is a node's result in --json mode: a
 // *protocol.NodeResult, or a startedResult of a detached job.
 type nodeResultLine struct {
