@@ -78,7 +78,9 @@ accepted (when the coordinator keeps one): 'list' lists those records,
 'wait' waits for a job (attached or detached) to end and exits with its exit
 code, 'status' shows a detached job's state on its node (an attached job's
 record otherwise). Finished jobs' files are kept for the agent's job
-retention (24 h by default).
+retention (24 h by default). With --json, status, wait and cancel print the
+job's record, in the words of 'list' (succeeded, failed, cancelled, lost…):
+one JSON object with its nodes and, once they ended, their results.
 
 A job on several nodes (exec --all or --selector) is reached by its id
 alone: 'status' shows a node: line each, 'logs' prints every node's
