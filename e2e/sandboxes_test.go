@@ -699,12 +699,12 @@ func TestChaosCoordinatorKilledMidCreate(t *testing.T) {
 	// The CLI shows the same: one live record of the sandbox, with the
 	// gateway's id.
 	out, errOut, code := runCLI(t, f.natsURL, "", "sandboxes", "--run", run, "--json")
-	var shown []protocol.SandboxInfo
-	if code != 0 || json.Unmarshal([]byte(out), &shown) != nil {
+	var listed protocol.SandboxesListResponse
+	if code != 0 || json.Unmarshal([]byte(out), &listed) != nil {
 		t.Fatalf("tether sandboxes --run %s --json: code %d, stdout %q, stderr %q", run, code, out, errOut)
 	}
 	var mine []protocol.SandboxInfo
-	for _, r := range shown {
+	for _, r := range listed.Sandboxes {
 		if r.Name == name || r.ID == committed.ID {
 			mine = append(mine, r)
 		}

@@ -383,7 +383,10 @@ exited; what it wrote later was lost).
 With --detach the job is started on each node under a supervisor of its own
 (in a transient systemd scope where the node has systemd), its output kept
 in files there; it survives the tunnel and a restart of the agent, and is
-queried with 'tether job'.
+queried with 'tether job'. With --json a node that started it reports
+{"node_result": {"node", "state": "running", "detached": true}} (no exit
+code: it has not exited), and the result counts "started" nodes in place
+of "succeeded" ones ("failed": those that could not start it).
 
 Standard input, as with ssh: with --node and a command after --, a standard
 input that is not a terminal (a pipe, a redirected file) is streamed to the
@@ -543,7 +546,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		return err
 	}
 	if o.JSON {
-		if err := out.json.Encode(res); err != nil {
+		if err := out.json.Encode(jsonExecResult(res, o.Detach)); err != nil {
 			return fmt.Errorf("write result: %w", err)
 		}
 	}

@@ -243,8 +243,8 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	r = runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-2", "--detach", "--", "sleep", "60")
 	id = regexp.MustCompile(`job (\S+) started`).FindStringSubmatch(r.stderr)[1]
 	r = runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, "--node", "node-2", "--json", id)
-	var st protocol.JobStatus
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || !st.Cancelled || st.State != protocol.JobExited {
+	var st protocol.JobRecord
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || len(st.Results) != 1 || !st.Results[0].Cancelled || st.State != protocol.JobCancelled {
 		t.Errorf("job cancel: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	// A second cancel: the job had ended; said so, exit 0 (F8 of fresh2).

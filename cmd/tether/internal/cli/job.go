@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +22,7 @@ type jobOptions struct {
 	// Node is the node the detached job runs on; empty means look it up
 	// in the coordinators' job store by the job id.
 	Node string
-	// JSON prints the status as JSON (status, cancel).
+	// JSON prints the job record as JSON (status, cancel, wait).
 	JSON bool
 	// Follow keeps polling the output until the job exited (logs).
 	Follow bool
@@ -79,7 +78,9 @@ accepted (when the coordinator keeps one): 'list' lists those records,
 'wait' waits for a job (attached or detached) to end and exits with its exit
 code, 'status' shows a detached job's state on its node (an attached job's
 record otherwise). Finished jobs' files are kept for the agent's job
-retention (24 h by default).
+retention (24 h by default). With --json, status, wait and cancel print the
+job's record, in the words of 'list' (succeeded, failed, cancelled, lost…):
+one JSON object with its nodes and, once they ended, their results.
 
 A job on several nodes (exec --all or --selector) is reached by its id
 alone: 'status' shows a node: line each, 'logs' prints every node's
@@ -141,7 +142,7 @@ func newJobSubCmd(e *env, name, short string, run func(ctx context.Context, c *c
 		f.BoolVar(&o.JSON, "json", false, "print the job's final record as JSON")
 		boundedDurationVar(f, &o.Poll, "poll", o.Poll, 0, maxPoll, "how often to poll the job's record (at most "+humanDuration(maxPoll)+")")
 	case "status", "cancel":
-		f.BoolVar(&o.JSON, "json", false, "print the status as JSON")
+		f.BoolVar(&o.JSON, "json", false, "print the job's record as JSON (as job wait and job list do)")
 	case "logs":
 		f.BoolVar(&o.Follow, "follow", false, "keep printing new output until the job exited")
 		boundedDurationVar(f, &o.Poll, "poll", o.Poll, 0, maxPoll, "how often --follow polls (at most "+humanDuration(maxPoll)+")")
@@ -192,7 +193,10 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 	if err != nil {
 		return err
 	}
-	return printJobStatus(e.stdout, st, o.JSON)
+	if o.JSON {
+		return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
+	}
+	return printJobStatus(e.stdout, st)
 }
 
 // jobNodes returns the nodes of job id: --node's, else every node its
@@ -241,12 +245,16 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 		if note != "" {
 			fmt.Fprintf(e.stderr, "tether: job %s %s\n", id, note)
 		}
-		return printJobStatus(e.stdout, st, o.JSON)
+		if o.JSON {
+			return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
+		}
+		return printJobStatus(e.stdout, st)
 	}
 	if !o.JSON {
 		fmt.Fprintf(e.stdout, "job:       %s\n", id)
 	}
 	failed := 0
+	var sts []*protocol.JobStatus
 	for _, n := range nodes {
 		st, note, err := cancelOnNode(ctx, c, n, id)
 		if err != nil {
@@ -261,9 +269,7 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 			continue
 		}
 		if o.JSON {
-			if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
-				return err
-			}
+			sts = append(sts, st)
 			continue
 		}
 		what := "cancelled"
@@ -274,6 +280,13 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 			what = "cancel sent (running)"
 		}
 		fmt.Fprintf(e.stdout, "node:      %s %s\n", n, what)
+	}
+	if o.JSON {
+		// The record, with what the nodes answered, also when some
+		// failed (those keep the record's word).
+		if err := printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, sts...), true); err != nil {
+			return err
+		}
 	}
 	if failed > 0 {
 		return fmt.Errorf("job %s: the cancel failed on %d of %d nodes", id, failed, len(nodes))
@@ -296,7 +309,7 @@ func cancelAttached(ctx context.Context, c *client.Client, o *jobOptions, rec *p
 	if rec.State.Terminal() {
 		return ended(rec)
 	}
-	resp, err := c.Cancel(ctx, id)
+	_, err := c.Cancel(ctx, id)
 	var ae *protocol.APIError
 	if errors.As(err, &ae) && ae.Status == 404 {
 		// It may have ended between the two requests.
@@ -308,7 +321,12 @@ func cancelAttached(ctx context.Context, c *client.Client, o *jobOptions, rec *p
 		return fmt.Errorf("cancel attached job %s: %w", id, err)
 	}
 	if o.JSON {
-		return json.NewEncoder(e.stdout).Encode(resp)
+		// The record, as every job command prints it: still running
+		// (the tether exec running it ends it, cancelled).
+		if now, gerr := c.JobGet(ctx, id); gerr == nil {
+			rec = now
+		}
+		return printJobRecord(e.stdout, rec, true)
 	}
 	fmt.Fprintf(e.stdout, "job:       %s\nstate:     cancel sent (attached: the tether exec running it ends, exit %d)\n", id, exitInterrupted)
 	return nil
@@ -348,11 +366,118 @@ func jobStatusState(st *protocol.JobStatus) string {
 	return string(protocol.JobFailed)
 }
 
-// printJobStatus prints st as JSON or as "key: value" lines.
-func printJobStatus(w io.Writer, st *protocol.JobStatus, asJSON bool) error {
-	if asJSON {
-		return json.NewEncoder(w).Encode(st)
+// statusRecord is the record of detached job id as `job status --json`
+// and `job cancel --json` print it: rec (the job store's, read when nil;
+// one of just id, detached, and the nodes of sts when there is none: no
+// job store, or not ours to read) brought up to date with what its nodes
+// answered (sts), as the coordinator records those answers (the job
+// store's Observe): the record may lag its nodes by the agent's report.
+// A record that ended is not changed: it already holds the nodes' word.
+func statusRecord(ctx context.Context, c *client.Client, id string, rec *protocol.JobRecord, sts ...*protocol.JobStatus) *protocol.JobRecord {
+	if rec == nil {
+		if got, err := c.JobGet(ctx, id); err == nil {
+			rec = got
+		}
 	}
+	var r protocol.JobRecord
+	if rec != nil {
+		r = *rec
+		r.Results = slices.Clone(rec.Results)
+		r.Nodes = slices.Clone(rec.Nodes)
+	} else {
+		r = protocol.JobRecord{ID: id, Detached: true}
+		for _, st := range sts {
+			r.Nodes = append(r.Nodes, st.Node)
+		}
+		slices.Sort(r.Nodes)
+	}
+	for _, st := range sts {
+		applyStatus(&r, st)
+	}
+	return &r
+}
+
+// applyStatus applies st, a node's status of the detached job r, to r as
+// the job store does: running moves a job not yet running to running;
+// exited or lost adds the node's result and, once every node has one,
+// ends the job: succeeded when every node's result is OK; else cancelled
+// when a node's run was cancelled; lost when every node lost it (one
+// node: lost, with no result); else failed.
+func applyStatus(r *protocol.JobRecord, st *protocol.JobStatus) {
+	if r.State.Terminal() || !slices.Contains(r.Nodes, st.Node) {
+		return
+	}
+	if r.StartedAt.IsZero() || (!st.StartedAt.IsZero() && st.StartedAt.Before(r.StartedAt)) {
+		r.StartedAt = st.StartedAt.UTC()
+	}
+	if r.State == "" || r.State == protocol.JobQueued || r.State == protocol.JobDispatched {
+		r.State = protocol.JobStateRunning // a node started it
+	}
+	var res protocol.NodeResult
+	switch st.State {
+	case protocol.JobExited:
+		res = protocol.NodeResult{Node: st.Node, Detached: true, ExitCode: -1, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
+			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated,
+			Truncated: st.StdoutTruncated || st.StderrTruncated}
+		if st.ExitCode != nil {
+			res.ExitCode = *st.ExitCode
+		}
+		if st.FinishedAt != nil {
+			res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
+		}
+		if st.TimedOut && res.ExitCode == 0 {
+			res.ExitCode = exitTimedOut
+		}
+	case protocol.JobLost:
+		why := fmt.Sprintf("node %s lost the job: its outcome is unknown", st.Node)
+		if len(r.Nodes) == 1 {
+			r.State, r.Error, r.FinishedAt = protocol.JobStateLost, why, time.Now().UTC()
+			return
+		}
+		res = protocol.NodeResult{Node: st.Node, Detached: true, ExitCode: -1, Error: why, ErrorCode: protocol.ResultCodeLost}
+	default:
+		return // running, or a state this client does not know
+	}
+	i, found := slices.BinarySearchFunc(r.Results, st.Node, func(x protocol.NodeResult, n string) int { return strings.Compare(x.Node, n) })
+	if found {
+		return
+	}
+	r.Results = slices.Insert(r.Results, i, res)
+	if len(r.Results) < len(r.Nodes) {
+		return
+	}
+	ok, lost, cancelled := 0, 0, 0
+	for i := range r.Results {
+		switch x := &r.Results[i]; {
+		case x.OK() && !x.TimedOut:
+			ok++
+		case x.ErrorCode == protocol.ResultCodeLost:
+			lost++
+		case x.Cancelled:
+			cancelled++
+		}
+	}
+	r.Succeeded, r.Failed = ok, len(r.Results)-ok
+	switch {
+	case lost == len(r.Results):
+		r.State, r.Error = protocol.JobStateLost, "every node lost the job"
+	case cancelled > 0:
+		r.State = protocol.JobCancelled
+	case ok < len(r.Results):
+		r.State = protocol.JobFailed
+	default:
+		r.State = protocol.JobSucceeded
+	}
+	if st.FinishedAt != nil {
+		r.FinishedAt = st.FinishedAt.UTC()
+	} else {
+		r.FinishedAt = time.Now().UTC()
+	}
+}
+
+// printJobStatus prints st as "key: value" lines (--json prints the
+// job's record instead: statusRecord).
+func printJobStatus(w io.Writer, st *protocol.JobStatus) error {
 	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, jobStatusState(st))
 	if st.ExitCode != nil {
 		fmt.Fprintf(w, "exit:     %d", *st.ExitCode)
@@ -601,7 +726,7 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		return err
 	}
 	if o.JSON {
-		if err := json.NewEncoder(e.stdout).Encode(rec); err != nil {
+		if err := writeJSON(e.stdout, rec); err != nil {
 			return err
 		}
 	}
@@ -674,7 +799,7 @@ func recordOutcome(rec *protocol.JobRecord) (code int, why string, known bool) {
 // printJobRecord prints rec as JSON or as "key: value" lines.
 func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 	if asJSON {
-		return json.NewEncoder(w).Encode(rec)
+		return writeJSON(w, rec)
 	}
 	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", rec.ID, strings.Join(rec.Nodes, ","), rec.State)
 	if code, _, known := recordOutcome(rec); known {
@@ -752,7 +877,7 @@ func newJobListCmd(e *env) *cobra.Command {
 				return err
 			}
 			if o.JSON {
-				return json.NewEncoder(e.stdout).Encode(resp)
+				return writeJSON(e.stdout, resp)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")

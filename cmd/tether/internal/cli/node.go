@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -46,9 +45,7 @@ agent with it. Needs the admin right in the coordinator's policy.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(resp)
+				return writeJSON(e.stdout, resp)
 			}
 			session := "it had no session on this coordinator"
 			if resp.SessionClosed {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -64,9 +63,7 @@ func newNodesCmd(e *env) *cobra.Command {
 				if nodes == nil {
 					nodes = []protocol.NodeInfo{}
 				}
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(protocol.NodesResponse{Nodes: nodes, Total: len(nodes)})
+				return writeJSON(e.stdout, protocol.NodesResponse{Nodes: nodes, Total: len(nodes)})
 			}
 			return writeNodesTable(e.stdout, nodes, e.now())
 		}),

@@ -196,9 +196,22 @@ func (o *execOutput) EndLine(stream string) {
 	}
 }
 
-// nodeResultLine is a node's result in --json mode.
+// writeJSON writes v as the --json output of a command that is not a
+// stream (every one but exec and audit, which write JSON lines): one JSON
+// document, indented by two spaces, HTML characters unescaped (a
+// command's && stays readable), a newline after it. A list is written as
+// an object naming it ({"nodes": […]}), never bare.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// nodeResultLine is a node's result in --json mode: a
+// *protocol.NodeResult, or a startedResult of a detached job.
 type nodeResultLine struct {
-	NodeResult *protocol.NodeResult `json:"node_result"`
+	NodeResult any `json:"node_result"`
 }
 
 // nodeResult writes one --json node result line, after the node's held-back
@@ -206,8 +219,60 @@ type nodeResultLine struct {
 func (o *execOutput) nodeResult(r *protocol.NodeResult) {
 	o.FlushNode(r.Node)
 	if o.err == nil && o.json != nil {
-		o.err = o.json.Encode(nodeResultLine{r})
+		o.err = o.json.Encode(nodeResultLine{jsonNodeResult(r)})
 	}
+}
+
+// startedResult is, in --json mode, the result of a node that started a
+// detached job (NodeResult.Detached): it has not exited, so it has no exit
+// code, duration or output sizes yet; `tether job status ID` has them.
+type startedResult struct {
+	Node     string `json:"node"`
+	State    string `json:"state"` // protocol.JobRunning
+	Detached bool   `json:"detached"`
+}
+
+// jsonNodeResult is r as --json prints it: a startedResult when r is of a
+// node that started a detached job, else r.
+func jsonNodeResult(r *protocol.NodeResult) any {
+	if r.Detached {
+		return startedResult{Node: r.Node, State: protocol.JobRunning, Detached: true}
+	}
+	return r
+}
+
+// detachedExecResult is, in --json mode, the result of exec --detach:
+// protocol.ExecResult with Started (the nodes that started the job, whose
+// results are startedResults) in place of Succeeded, as no node's run has
+// ended yet. Failed counts the nodes that could not start it.
+type detachedExecResult struct {
+	ID             string `json:"id"`
+	Results        []any  `json:"results"`
+	ResultsOmitted bool   `json:"results_omitted,omitempty"`
+	Nodes          int    `json:"nodes"`
+	Started        int    `json:"started"`
+	Failed         int    `json:"failed"`
+}
+
+// jsonExecResult is res as --json prints it: a detachedExecResult for
+// exec --detach, else res.
+func jsonExecResult(res *protocol.ExecResult, detach bool) any {
+	if !detach {
+		return res
+	}
+	d := detachedExecResult{ID: res.ID, Results: make([]any, len(res.Results)), ResultsOmitted: res.ResultsOmitted, Nodes: res.Nodes, Failed: res.Failed}
+	for i := range res.Results {
+		r := &res.Results[i]
+		if r.Detached {
+			d.Started++
+		}
+		d.Results[i] = jsonNodeResult(r)
+	}
+	if len(res.Results) == 0 && res.ResultsOmitted {
+		// No results to count: every node that did not fail started it.
+		d.Started = res.Nodes - res.Failed
+	}
+	return d
 }
 
 // FlushNode completes node's partial lines (or, in --json mode, writes its

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -87,9 +86,9 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 				if sbs == nil {
 					sbs = []protocol.SandboxInfo{}
 				}
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(sbs)
+				// Named, as every list is ({"sandboxes": […]}, the
+				// API's shape); a whole list, so no next cursor.
+				return writeJSON(e.stdout, protocol.SandboxesListResponse{Sandboxes: sbs})
 			}
 			return writeSandboxesTable(e.stdout, sbs, e.now())
 		}),
@@ -99,7 +98,7 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 	f.StringVar(&o.Node, "node", "", "only sandboxes on this node")
 	f.StringVar(&o.State, "state", "", "only sandboxes in this state (live, deleting, deleted, lost, leaked)")
 	f.StringVar(&o.Provider, "provider", "", "only sandboxes of this provider (openshell, opensandbox)")
-	f.BoolVar(&o.JSON, "json", false, "print the records as JSON")
+	f.BoolVar(&o.JSON, "json", false, "print the records as JSON: {\"sandboxes\": [...]}")
 	f.BoolVar(&o.Sync, "sync", false, "have every node list its gateways first (the ledger is refreshed every 30s anyway)")
 	o.NATS.addFlags(cmd)
 	cmd.AddCommand(newSandboxesReapCmd(e))
@@ -200,9 +199,7 @@ when it cannot yet (node unreachable, inventory incomplete).`,
 				return err
 			}
 			if o.JSON {
-				enc := json.NewEncoder(e.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(resp)
+				return writeJSON(e.stdout, resp)
 			}
 			return writeReapTable(e.stdout, resp)
 		}),

@@ -1,9 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -190,11 +190,11 @@ coordinator's policy.`,
 			}
 			var out []byte
 			if o.JSON {
-				out, err = json.MarshalIndent(resp, "", "  ")
-				if err != nil {
+				var b bytes.Buffer
+				if err := writeJSON(&b, resp); err != nil {
 					return err
 				}
-				out = append(out, '\n')
+				out = b.Bytes()
 			} else {
 				out = []byte(resp.Token + "\n")
 			}
