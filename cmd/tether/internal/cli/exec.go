@@ -498,6 +498,8 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		prog.start()
 	}
 	out := newExecOutput(stdout, stderr, o.multi(), o.JSON)
+	// Whether a notice on stderr would land right after stdout's bytes.
+	same := sameStream(e.stdout, e.stderr)
 	start := e.now()
 	opts := client.ExecOptions{
 		Output: out.handle,
@@ -520,7 +522,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
 				// On a line of its own, after output cut mid-line.
-				out.EndLine(protocol.ReplyStderr)
+				out.EndLines(same)
 				fmt.Fprintf(stderr, "%s\n", shownFailure(req, r))
 			}
 		},
@@ -548,6 +550,9 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		}
 	}
 	code, lines := execOutcome(!o.multi(), o.Timeout, o.OutputLimit, res)
+	if len(lines) > 0 && !o.JSON {
+		out.EndLines(same)
+	}
 	for _, l := range lines {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"os"
+	"reflect"
 	"unicode/utf8"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -194,6 +196,36 @@ func (o *execOutput) EndLine(stream string) {
 		_, o.err = io.WriteString(o.writer(stream), "\n")
 		o.midLine[stream] = false
 	}
+}
+
+// EndLines prepares for a notice on stderr: it ends stderr's line when that
+// stopped mid-line and, when same (stdout and stderr are one stream: a
+// terminal, 2>&1), also ends stdout's, with a newline on stderr, so the
+// notice is not glued to output such as a truncated last line. Separate
+// streams get nothing extra: stdout's bytes stay exactly what the node
+// produced.
+func (o *execOutput) EndLines(same bool) {
+	o.EndLine(protocol.ReplyStderr)
+	if o.err == nil && same && o.midLine[protocol.ReplyStdout] {
+		_, o.err = io.WriteString(o.stderr, "\n")
+		o.midLine[protocol.ReplyStdout] = false
+	}
+}
+
+// sameStream reports whether a and b write to one place: the same open
+// file, pipe or terminal (os.SameFile), or the same writer value.
+func sameStream(a, b io.Writer) bool {
+	fa, okA := a.(*os.File)
+	fb, okB := b.(*os.File)
+	if okA && okB {
+		sa, errA := fa.Stat()
+		sb, errB := fb.Stat()
+		return errA == nil && errB == nil && os.SameFile(sa, sb)
+	}
+	if okA != okB || a == nil || b == nil || !reflect.TypeOf(a).Comparable() {
+		return false
+	}
+	return a == b
 }
 
 // nodeResultLine is a node's result in --json mode.
