@@ -660,7 +660,9 @@ func execOutcome(single bool, timeout time.Duration, limit int64, res *protocol.
 		// text was printed), as with ssh.
 		plainExit := r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == ""
 		if single && msg != "" && !plainExit {
-			lines = append(lines, fmt.Sprintf("node %s: %s", r.Node, msg))
+			// printable: the message may repeat the client's bytes (a
+			// cwd, a program name) unquoted, from an older agent.
+			lines = append(lines, fmt.Sprintf("node %s: %s", r.Node, printable(msg)))
 		}
 		switch {
 		case single:
