@@ -212,6 +212,25 @@ func (o *execOutput) EndLines(same bool) {
 	}
 }
 
+// lineTracker passes writes to w and remembers whether the last byte
+// written was not a newline, for a notice that follows to start on a line
+// of its own.
+type lineTracker struct {
+	w   io.Writer
+	mid bool
+}
+
+func (t *lineTracker) Write(p []byte) (int, error) {
+	n, err := t.w.Write(p)
+	if n > 0 {
+		t.mid = p[n-1] != '\n'
+	}
+	return n, err
+}
+
+// midLine reports whether the output stopped mid-line.
+func (t *lineTracker) midLine() bool { return t != nil && t.mid }
+
 // sameStream reports whether a and b write to one place: the same open
 // file, pipe or terminal (os.SameFile), or the same writer value.
 func sameStream(a, b io.Writer) bool {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // countingWriter records each Write as one element.
@@ -193,5 +195,21 @@ func TestSameStream(t *testing.T) {
 		if got := sameStream(tc.a, tc.b); got != tc.want {
 			t.Errorf("%s: sameStream = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// job logs --follow's note about a truncated output starts on a line of
+// its own after output that ended mid-line, on one stream (as exec's).
+func TestJobOutcomeNoteAfterPartialLine(t *testing.T) {
+	var both bytes.Buffer
+	e := &env{stdout: &both, stderr: &both}
+	out := &lineTracker{w: &both}
+	out.Write([]byte("hello worl"))
+	st := &protocol.JobStatus{ID: "j", Node: "vm", State: protocol.JobExited, ExitCode: new(int), StdoutTruncated: true, StdoutBytes: 10}
+	if err := jobOutcome(e, st, out.midLine()); err == nil {
+		t.Fatal("no error for a truncated output")
+	}
+	if got := both.String(); !strings.HasPrefix(got, "hello worl\ntether: job j: stdout was truncated") {
+		t.Errorf("got %q, want the note on a line of its own", got)
 	}
 }
