@@ -129,6 +129,10 @@ func TestExecCwdErrors(t *testing.T) {
 	for _, tt := range []struct{ cwd, want string }{
 		{"/nonexistent/dir", "node node-a: cwd /nonexistent/dir: no such file or directory"},
 		{file, "node node-a: cwd " + file + ": not a directory"},
+		// A name a terminal would not show as it is (a newline, an
+		// escape) is quoted, so it cannot forge lines of the error.
+		{"/tmp\nx", `node node-a: cwd "/tmp\nx": no such file or directory`},
+		{"/tmp/\x1b[2J", `node node-a: cwd "/tmp/\x1b[2J": no such file or directory`},
 	} {
 		e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Cwd: tt.cwd})
 		e.finish(t)
@@ -136,7 +140,13 @@ func TestExecCwdErrors(t *testing.T) {
 			t.Errorf("cwd %s: error %+v, want %q", tt.cwd, e.errInfo, tt.want)
 		}
 	}
-	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Env: map[string]string{"A": "b\x00"}})
+	// The program's name, likewise.
+	e := h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"/no/such\nprog"}})
+	e.finish(t)
+	if want := `node node-a: start "/no/such\nprog": no such file or directory`; e.errInfo == nil || e.errInfo.Message != want {
+		t.Errorf("argv[0] with a newline: error %+v, want %q", e.errInfo, want)
+	}
+	e = h.open(t, protocol.KindExec, protocol.ExecParams{Argv: []string{"true"}, Env: map[string]string{"A": "b\x00"}})
 	e.finish(t)
 	if e.errInfo == nil || e.errInfo.Code != protocol.CodeBadRequest || !strings.Contains(e.errInfo.Message, "NUL") {
 		t.Errorf("NUL in env value: error %+v", e.errInfo)

@@ -178,15 +178,15 @@ func (a *Agent) workDir(acct *account, cwd string) (string, error) {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("cwd %s: no such file or directory", dir)
+		return "", fmt.Errorf("cwd %s: no such file or directory", quoteName(dir))
 	case err != nil:
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return "", fmt.Errorf("cwd %s: %v", dir, err)
+		return "", fmt.Errorf("cwd %s: %v", quoteName(dir), err)
 	case !fi.IsDir():
-		return "", fmt.Errorf("cwd %s: not a directory", dir)
+		return "", fmt.Errorf("cwd %s: not a directory", quoteName(dir))
 	}
 	return dir, nil
 }

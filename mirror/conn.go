@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -49,6 +50,49 @@ func (e *Error) Error() string { return fmt.Sprintf("mirror: %s %s: %v", e.Op, e
 
 // Unwrap returns Err.
 func (e *Error) Unwrap() error { return e.Err }
+
+// WriteError is a receiver's failure to write an entry's copy: to create
+// it (a file, a directory, a symlink), write its data or close it. Those
+// writes go to the copy's temporary directory before anything is
+// committed, so the destination is as it was. Path is where the entry was
+// being copied to (the destination, or a path under it: never the
+// temporary name); Err is the system's reason, an errno such as ENOSPC
+// for a full disk or EDQUOT for a quota. It reads "PATH: REASON (the
+// destination is unchanged)", PATH quoted when a terminal would not show it
+// as it is.
+type WriteError struct {
+	Path string
+	Err  error
+}
+
+func (e *WriteError) Error() string {
+	return quoteName(e.Path) + ": " + e.Err.Error() + " (the destination is unchanged)"
+}
+
+// Unwrap returns Err.
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// writeError is err, from writing the copy of the entry copied to path, as
+// a *WriteError: without the operation and the temporary name an
+// *fs.PathError carries ("write 1").
+func writeError(path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return &WriteError{Path: path, Err: err}
+}
+
+// quoteName returns name as it is when a terminal shows it faithfully,
+// else quoted as strconv.Quote quotes it (a newline, an escape sequence,
+// a byte that is not UTF-8; a quote or backslash, so that a quoted name is
+// never mistaken for a plain one), as tether cp shows names.
+func quoteName(name string) string {
+	if q := strconv.Quote(name); q[1:len(q)-1] != name {
+		return q
+	}
+	return name
+}
 
 // PeerError is the error the peer reported with FrameError.
 type PeerError struct {

@@ -85,6 +85,7 @@ func (b *budget) release(n int64) {
 // a directory this copy created.
 type writeJob struct {
 	rel   string
+	path  string // where rel is copied to, for errors (receiver.destPath)
 	dir   *dirRef
 	name  string
 	data  []byte
@@ -118,7 +119,7 @@ func (p *writerPool) work() {
 	for j := range p.jobs {
 		if !p.failed.Load() {
 			if err := writeSmall(&j); err != nil {
-				p.fail(fmt.Errorf("entry %q: %w", j.rel, err))
+				p.fail(err)
 			}
 		}
 		j.dir.release()
@@ -161,15 +162,17 @@ func (p *writerPool) wait(abort bool) error {
 
 // writeSmall creates j's file (never opening an existing one or following
 // a symlink), writes it, and sets its mode and mtime on the open file.
+// Failing to create, write or close it is a *WriteError.
 func writeSmall(j *writeJob) error {
-	if smallIOHook != nil {
-		if err := smallIOHook("write", j.rel); err != nil {
-			return err
-		}
-	}
 	fd, err := openFd(j.dir.fd, j.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("create: %w", err)
+		return writeError(j.path, err)
+	}
+	if smallIOHook != nil {
+		if err := smallIOHook("write", j.rel); err != nil {
+			unix.Close(fd)
+			return writeError(j.path, err)
+		}
 	}
 	for b := j.data; len(b) > 0; {
 		n, err := unix.Write(fd, b)
@@ -178,16 +181,16 @@ func writeSmall(j *writeJob) error {
 		}
 		if err != nil {
 			unix.Close(fd)
-			return fmt.Errorf("write: %w", err)
+			return writeError(j.path, err)
 		}
 		b = b[n:]
 	}
 	if err := fdMeta(fd, j.mode, j.mtime); err != nil {
 		unix.Close(fd)
-		return err
+		return fmt.Errorf("entry %q: %w", j.rel, err)
 	}
 	if err := unix.Close(fd); err != nil {
-		return fmt.Errorf("close: %w", err)
+		return writeError(j.path, err)
 	}
 	return nil
 }

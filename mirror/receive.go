@@ -900,7 +900,7 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		err = unix.Mkdirat(ref.fd, at.name, 0o700)
 		ref.release()
 		if err != nil {
-			return fmt.Errorf("entry %q: mkdir: %w", e.Path, err)
+			return writeError(r.destPath(e.Path), err)
 		}
 		r.dirs[e.Path] = &rdir{loc: at.loc}
 	case protocol.EntrySymlink:
@@ -922,7 +922,7 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		}
 		defer ref.release()
 		if err := unix.Symlinkat(e.Link, ref.fd, at.name); err != nil {
-			return fmt.Errorf("entry %q: symlink: %w", e.Path, err)
+			return writeError(r.destPath(e.Path), err)
 		}
 		if err := setMtimeAt(ref.fd, at.name, e.MtimeNS); err != nil {
 			return fmt.Errorf("entry %q: set symlink mtime: %w", e.Path, err)
@@ -950,7 +950,7 @@ func (r *receiver) entry(e *protocol.CopyEntry) error {
 		f, err := openAt(ref.fd, at.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 		ref.release()
 		if err != nil {
-			return fmt.Errorf("entry %q: create: %w", e.Path, err)
+			return writeError(r.destPath(e.Path), err)
 		}
 		r.cur = &incoming{e: *e, f: f, h: newFileHash()}
 	}
@@ -1287,13 +1287,40 @@ func (r *receiver) keep(e *protocol.CopyEntry, o *oldEntry) error {
 // it.
 func (r *receiver) setFileMeta(rel string, f *os.File, mode uint32, mtime int64) error {
 	err := fdMeta(int(f.Fd()), mode, mtime)
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("close: %w", cerr)
-	}
+	cerr := f.Close()
 	if err != nil {
 		return fmt.Errorf("entry %q: %w", rel, err)
 	}
+	if cerr != nil {
+		// A file system that delays its writes (NFS) reports a full
+		// disk at close.
+		return writeError(r.destPath(rel), cerr)
+	}
 	return nil
+}
+
+// dataWriteHook, when set by a test, runs before data of the streamed file
+// rel is written: an error fails the write.
+var dataWriteHook func(rel string) error
+
+// write writes p to c's staged file.
+func (r *receiver) write(c *incoming, p []byte) error {
+	if dataWriteHook != nil {
+		if err := dataWriteHook(c.e.Path); err != nil {
+			return err
+		}
+	}
+	_, err := c.f.Write(p)
+	return err
+}
+
+// destPath is the path the entry rel of the copy is copied to: the
+// destination itself for the root, else a path under it.
+func (r *receiver) destPath(rel string) string {
+	if rel == "." {
+		return r.dst
+	}
+	return strings.TrimSuffix(r.dst, "/") + "/" + rel
 }
 
 // data appends a data frame to the current file.
@@ -1309,8 +1336,8 @@ func (r *receiver) data(p []byte) error {
 		// a refused file: nothing is written
 	} else if c.buf != nil {
 		c.buf = append(c.buf, p...)
-	} else if _, err := c.f.Write(p); err != nil {
-		return fmt.Errorf("entry %q: write: %w", c.e.Path, err)
+	} else if err := r.write(c, p); err != nil {
+		return writeError(r.destPath(c.e.Path), err)
 	}
 	c.h.Write(p)
 	c.written += int64(len(p))
@@ -1339,7 +1366,7 @@ func (r *receiver) entryEnd(end *protocol.EntryEnd) error {
 		return nil
 	}
 	if c.buf != nil {
-		r.pool.submit(writeJob{rel: c.e.Path, dir: c.dir, name: c.name, data: c.buf, mode: c.e.Mode, mtime: c.e.MtimeNS})
+		r.pool.submit(writeJob{rel: c.e.Path, path: r.destPath(c.e.Path), dir: c.dir, name: c.name, data: c.buf, mode: c.e.Mode, mtime: c.e.MtimeNS})
 	} else if err := r.setFileMeta(c.e.Path, c.f, c.e.Mode, c.e.MtimeNS); err != nil {
 		return err
 	}

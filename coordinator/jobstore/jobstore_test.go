@@ -441,6 +441,40 @@ func TestObserve(t *testing.T) {
 	}
 }
 
+// TestObserveLostSaysWhatWasSeen: a node's "lost" says that the job's
+// supervisor on the node (its shim) ended while it ran, which is all the
+// node knows; not that the agent restarted, which does not lose detached
+// jobs (fresh17 item 7: a kill -9 of the shim read "its agent restarted").
+func TestObserveLostSaysWhatWasSeen(t *testing.T) {
+	env := natstest.Run(t)
+	s := open(t, env, "c1")
+	ctx := testContext(t)
+	want := "node n1 lost the job: its supervisor on the node (the job shim) ended while the job ran, without recording how the job ended (killed? the node rebooted?); the job's main process was killed with it"
+	for _, nodes := range [][]string{{"n1"}, {"n1", "n2"}} {
+		id := fmt.Sprintf("j%d", len(nodes))
+		j := submit(t, s, jobstore.Submission{ID: id, Nodes: nodes, Detached: true})
+		if err := s.Start(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Observe(ctx, j, &protocol.JobStatus{ID: id, Node: "n1", State: protocol.JobLost, StartedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		cur, _ := s.Get(ctx, id)
+		got := cur.Error
+		if len(nodes) > 1 {
+			got = ""
+			for _, r := range cur.Results {
+				if r.Node == "n1" {
+					got = r.Error
+				}
+			}
+		}
+		if got != want {
+			t.Errorf("%d nodes: the lost node's error %q, want %q", len(nodes), got, want)
+		}
+	}
+}
+
 // TestSurvivesServerRestart: an accepted job is on disk: a server
 // restarted on the same store still has its record and queue message.
 func TestSurvivesServerRestart(t *testing.T) {

@@ -140,6 +140,11 @@ func defaultAgentOptions() agentOptions {
 // and a pong back) that no proxy's idle timer needs.
 const minWebSocketPing = time.Second
 
+// joinTokenRequired starts the error of an agent that has neither a
+// certificate nor a join token (a config file's errors name its key,
+// configFile.missingKey).
+const joinTokenRequired = "a join token is required"
+
 // Validate reports every invalid option; envToken is $TETHER_TOKEN.
 func (o *agentOptions) Validate(envToken string) error {
 	var errs []error
@@ -169,7 +174,7 @@ func (o *agentOptions) Validate(envToken string) error {
 		}
 	}
 	if o.TokenFile == "" && envToken == "" && !o.enrolled() {
-		errs = append(errs, fmt.Errorf("a join token is required until the agent has enrolled (no certificate in %s): create one with `tether token create`, then give --token-file or set %s", o.identityDir(), tokenEnv))
+		errs = append(errs, fmt.Errorf(joinTokenRequired+" until the agent has enrolled (no certificate in %s): create one with `tether token create`, then give --token-file or set %s", o.identityDir(), tokenEnv))
 	}
 	if o.SharedToken && o.TokenFile == "" && envToken == "" {
 		errs = append(errs, fmt.Errorf("--shared-token needs the token: give --token-file or set %s", tokenEnv))

@@ -287,6 +287,10 @@ func TestExecOutcome(t *testing.T) {
 			[]string{"node a: node a is running 64 execs, its limit (busy)"}},
 		{"single bad cwd", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "cwd /x: no such file or directory", ErrorCode: protocol.CodeStartFailed}}, 255,
 			[]string{"node a: cwd /x: no such file or directory (start_failed)"}},
+		// A message from an agent that did not quote a name shows its
+		// control bytes escaped: it cannot forge lines on the terminal.
+		{"single bad cwd with a newline", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "cwd /tmp\nx\x1b[2J: no such file or directory", ErrorCode: protocol.CodeStartFailed}}, 255,
+			[]string{`node a: cwd /tmp\nx\x1b[2J: no such file or directory (start_failed)`}},
 		{"single not found", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "start x: not found", ErrorCode: protocol.CodeCommandNotFound}}, 127,
 			[]string{"node a: start x: not found (command_not_found)"}},
 		{"single not executable", true, 0, []protocol.NodeResult{{Node: "a", ExitCode: -1, Error: "start x: permission denied", ErrorCode: protocol.CodeNotExecutable}}, 126,

@@ -688,6 +688,8 @@ func (cf *configFile) annotate(err error) error {
 					line = "key " + v.key + ": " + strings.TrimLeft(strings.TrimPrefix(rest, ":"), " ")
 				}
 				line = fmt.Sprintf("%s:%d: %s", cf.path, v.line, line)
+			} else {
+				line = cf.missingKey(line)
 			}
 		}
 		out = append(out, errors.New(line))
@@ -702,6 +704,31 @@ func (cf *configFile) annotate(err error) error {
 		}
 	}
 	return errors.Join(out...)
+}
+
+// requiredRef matches an option error that a required flag is missing:
+// "--FLAG is required", "--FLAG FILE is required: why".
+var requiredRef = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^--([a-z0-9][a-z0-9-]*)(?: [A-Z]+)? is required\b`)
+})
+
+// missingKey returns line, an option error about a value the file does
+// not set, in the file's terms when it says that a required value is
+// missing, so that the operator is told which key to add: "--coordinator
+// is required" becomes "PATH: key coordinator: required (or
+// --coordinator)", and the agent's join token error names token-file
+// (unless the file names the token another way, whose own error follows).
+// Any other line is returned as it is.
+func (cf *configFile) missingKey(line string) string {
+	if m := requiredRef().FindStringSubmatch(line); m != nil {
+		return fmt.Sprintf("%s: key %s: required (or --%s)%s", cf.path, m[1], m[1], line[len(m[0]):])
+	}
+	if strings.HasPrefix(line, joinTokenRequired) {
+		if _, named := cf.envRefKeys[tokenEnv]; !named {
+			return fmt.Sprintf("%s: key token-file: %s", cf.path, line)
+		}
+	}
+	return line
 }
 
 // flagValueFollows reports whether rest, what follows "--flag" in an

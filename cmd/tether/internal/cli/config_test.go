@@ -147,7 +147,7 @@ func TestConfigStrictErrors(t *testing.T) {
 		// Type errors do not hide the checks made before start (F2 of fresh2).
 		{"type and range errors at once", "coordinator", "role: coordinator\nheartbeat: true\nmax-handshakes-per-source: -3\nadmit-rate: x\nlables: 1\n",
 			[]string{":2: key heartbeat: want a duration", ":3: key max-handshakes-per-source: -3 is negative: want 0 or more (0: the default, 8)",
-				":4: key admit-rate: want a number", ":5: key lables: unknown key", "--policy FILE is required"}},
+				":4: key admit-rate: want a number", ":5: key lables: unknown key", ": key policy: required (or --policy)"}},
 		{"a duration flag's own error is not wrapped in a second want", "coordinator", "heartbeat: .nan\nexec-timeout: 999999999h\n",
 			[]string{`:1: key heartbeat: ".nan" is not a duration: want a duration like 30s`, ":2: key exec-timeout: 999999999h is over the limit"}},
 		{"a sentence about two keys keeps the flags' names", "coordinator", "policy: /p.yaml\ntls-cert: /c.pem\n",
@@ -201,7 +201,7 @@ func TestConfigDurationSeconds(t *testing.T) {
 func TestConfigGroupsAndEmpty(t *testing.T) {
 	for name, file := range map[string]string{"empty": "", "comments only": "# nothing\n"} {
 		t.Run(name, func(t *testing.T) {
-			if err := validateConfigFile(testEnv(nil), coordinatorConfigRole, writeConfig(t, file)); err == nil || !strings.Contains(err.Error(), "--policy FILE is required") {
+			if err := validateConfigFile(testEnv(nil), coordinatorConfigRole, writeConfig(t, file)); err == nil || !strings.Contains(err.Error(), ": key policy: required (or --policy)") {
 				t.Fatalf("err = %v, want only the coordinator's own missing --policy", err)
 			}
 		})
@@ -347,7 +347,7 @@ func TestDaemonConfigErrors(t *testing.T) {
 	// Start-up reports the type errors and its own checks at once (F2 of fresh2).
 	path = writeConfig(t, "heartbeat: true\nmax-handshakes-per-source: -3\n")
 	res = runCLI(testCtx(t), nil, "", "coordinator", "--config", path)
-	for _, w := range []string{path + ":1: key heartbeat: want a duration", path + ":2: key max-handshakes-per-source: -3 is negative", "--policy FILE is required"} {
+	for _, w := range []string{path + ":1: key heartbeat: want a duration", path + ":2: key max-handshakes-per-source: -3 is negative", path + ": key policy: required (or --policy)"} {
 		if res.code != exitUsage || !strings.Contains(res.stderr, w) {
 			t.Errorf("coordinator with a bad config: exit %d, stderr:\n%s\nwant %q", res.code, res.stderr, w)
 		}
@@ -471,5 +471,33 @@ func TestConfigSecretEnvUnsetNamed(t *testing.T) {
 	res = runCLI(testCtx(t), map[string]string{"NOPE_NOT_SET": "tok"}, "", "config", "validate", "--role", "agent", path)
 	if strings.Contains(res.stderr, "NOPE_NOT_SET") || strings.Contains(res.stderr, "join token is required") {
 		t.Fatalf("validate with the variable set: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
+
+// A required value the file does not give is named by the file's key, with
+// the file, not only by its flag (fresh17 item 11: an agent file without
+// coordinator: read "--coordinator is required", and the join token's
+// error named no file).
+func TestConfigValidateNamesMissingKeys(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	agent := writeConfig(t, "role: agent\ndata-dir: "+t.TempDir()+"\n")
+	res := runCLI(testCtx(t), nil, "", "config", "validate", agent)
+	for _, want := range []string{
+		agent + ": key coordinator: required (or --coordinator)\n",
+		agent + ": key token-file: a join token is required until the agent has enrolled",
+	} {
+		if res.code != 1 || !strings.Contains(res.stderr, want) {
+			t.Errorf("validate an agent file without coordinator or token: exit %d, stderr %q; want 1 and %q", res.code, res.stderr, want)
+		}
+	}
+	coord := writeConfig(t, "role: coordinator\n")
+	res = runCLI(testCtx(t), nil, "", "config", "validate", coord)
+	if want := coord + ": key policy: required (or --policy): the coordinator refuses everything"; res.code != 1 || !strings.Contains(res.stderr, want) {
+		t.Errorf("validate a coordinator file without policy: exit %d, stderr %q; want 1 and %q", res.code, res.stderr, want)
+	}
+	// On the command line, without a file, the flags are named.
+	res = runCLI(testCtx(t), nil, "", "agent", "--data-dir", t.TempDir())
+	if res.code != exitUsage || !strings.Contains(res.stderr, "--coordinator is required") || strings.Contains(res.stderr, "key coordinator") {
+		t.Errorf("agent without --coordinator: exit %d, stderr %q", res.code, res.stderr)
 	}
 }

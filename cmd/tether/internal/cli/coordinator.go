@@ -203,6 +203,9 @@ func (o *coordinatorOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--nats-listen: %w", err))
 		}
 	}
+	if err := checkNATSURL(o.NATSURL); err != nil {
+		errs = append(errs, fmt.Errorf("--nats-url: %w", err))
+	}
 	if o.NATSURL != "" && o.NATSCreds == "" {
 		errs = append(errs, errors.New("--nats-url needs --nats-creds: the coordinator's credentials (a TETHER account user; see `tether nats --help`)"))
 	}

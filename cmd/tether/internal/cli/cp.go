@@ -377,13 +377,20 @@ func clipWords(msg string) string {
 //
 // The message is the agent's or the coordinator's own reason where there
 // is one, without the layers it travelled through (mirror, the stream, the
-// pipe) and without repeating the node, which the cp prefix names.
+// pipe). A failure on the node's files (copy_failed) is "node NODE: ..."
+// as a local one is "local source ..." or "local destination ...", so that
+// a full disk says which side is full; other messages do not repeat the
+// node, which the cp prefix names.
 func cpOutcome(err error, st *watchedStream, node, local string) (int, string) {
 	var pe *mirror.PeerError
 	if errors.As(err, &pe) {
 		msg := printable(trimNodePrefix(node, pe.Info.Message))
 		switch pe.Info.Code {
-		case protocol.CodeBadRequest, protocol.CodeCopyFailed, protocol.CodeForbidden, protocol.CodeUnknownUser:
+		case protocol.CodeCopyFailed:
+			// A failure on the node's files: say whose they are, as a
+			// local one says "local source" or "local destination".
+			return exitFailure, "node " + node + ": " + msg
+		case protocol.CodeBadRequest, protocol.CodeForbidden, protocol.CodeUnknownUser:
 			return exitFailure, msg
 		}
 		return exitTether, msg + " (" + printable(pe.Info.Code) + ")"
@@ -429,6 +436,10 @@ func localMessage(err error, end string) string {
 	var me *mirror.Error
 	if errors.As(err, &me) {
 		err = me.Err
+	}
+	var we *mirror.WriteError
+	if errors.As(err, &we) && err == error(we) {
+		return end + " " + quoteName(we.Path) + ": " + printable(we.Err.Error()) + " (the destination is unchanged)"
 	}
 	var pe *os.PathError
 	if errors.As(err, &pe) && err == error(pe) {

@@ -243,12 +243,15 @@ func TestCpOutcome(t *testing.T) {
 			"cp /src to node-0:/srv/dst: coordinator c1 is shutting down; copy stream cancelled (shutdown)"},
 		{"agent busy", peer(protocol.CodeBusy, "node node-0 is running 8 copies, its limit"), quiet, 255,
 			"cp /src to node-0:/srv/dst: node node-0 is running 8 copies, its limit (busy)"},
+		// A copy failure on the node's files says whose files they are.
 		{"copy failed on the node", peer(protocol.CodeCopyFailed, "/srv/dst: \"srv\": permission denied"), quiet, 1,
-			"cp /src to node-0:/srv/dst: /srv/dst: \"srv\": permission denied"},
+			"cp /src to node-0:/srv/dst: node node-0: /srv/dst: \"srv\": permission denied"},
+		{"the node's disk is full", peer(protocol.CodeCopyFailed, "/srv/dst/big: no space left on device (the destination is unchanged)"), quiet, 1,
+			"cp /src to node-0:/srv/dst: node node-0: /srv/dst/big: no space left on device (the destination is unchanged)"},
 		{"refused", peer(protocol.CodeBadRequest, "node node-0: copy params: path: must be absolute"), quiet, 1,
 			"cp /src to node-0:/srv/dst: copy params: path: must be absolute"},
 		{"a control character from the node", peer(protocol.CodeCopyFailed, "/srv/dst/a\nb\x1b[2J: permission denied"), quiet, 1,
-			`cp /src to node-0:/srv/dst: /srv/dst/a\nb\x1b[2J: permission denied`},
+			`cp /src to node-0:/srv/dst: node node-0: /srv/dst/a\nb\x1b[2J: permission denied`},
 		{"agent cancelled", &mirror.Error{Op: "send", Path: "/src", Err: mirror.ErrCanceled}, quiet, 255,
 			"cp /src to node-0:/srv/dst: the agent cancelled the copy (is it shutting down?)"},
 		{"coordinator closed the stream", &mirror.Error{Op: "send", Path: "/src", Err: errors.New("x")},
@@ -267,6 +270,14 @@ func TestCpOutcome(t *testing.T) {
 				t.Errorf("shown as %q, exit %d; want %q, exit %d", err, code, tc.want, tc.code)
 			}
 		})
+	}
+
+	// A pull onto a full local disk says it is the local destination,
+	// and where, not the stage file's name (fresh17 item 8).
+	full := &mirror.Error{Op: "receive", Path: "/dst", Err: &mirror.WriteError{Path: "/dst/big", Err: syscall.ENOSPC}}
+	code, msg := cpOutcome(full, quiet, "node-0", "local destination")
+	if want := "local destination /dst/big: no space left on device (the destination is unchanged)"; code != 1 || msg != want {
+		t.Errorf("local disk full: %q, exit %d; want %q, exit 1", msg, code, want)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -193,18 +194,34 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 	}
 	if o.Script != "" {
 		var r io.Reader = stdin
-		name := "standard input"
+		name := "-"
+		// One form for every failure to read the file: "--script FILE:
+		// is a directory", "--script FILE: no such file or directory"
+		// (the path is the user's own; the operation adds nothing).
+		scriptErr := func(err error) error {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return usage(fmt.Errorf("--script %s: %w", quoteName(o.Script), err))
+		}
 		if o.Script != "-" {
 			f, err := os.Open(o.Script)
 			if err != nil {
-				return nil, usage(fmt.Errorf("--script: %w", err))
+				return nil, scriptErr(err)
 			}
 			defer f.Close()
-			r, name = f, o.Script
+			r, name = f, quoteName(o.Script)
 		}
-		b, err := readLimited(r, protocol.MaxScriptSize, "script "+name)
+		b, err := io.ReadAll(io.LimitReader(r, protocol.MaxScriptSize+1))
 		if err != nil {
-			return nil, usage(err)
+			if o.Script == "-" {
+				return nil, usage(fmt.Errorf("--script -: read standard input: %w", err))
+			}
+			return nil, scriptErr(err)
+		}
+		if len(b) > protocol.MaxScriptSize {
+			return nil, usage(fmt.Errorf("--script %s: the script is over the %d byte limit", name, protocol.MaxScriptSize))
 		}
 		if len(b) == 0 {
 			// Say it in the user's words: the API's would name its
@@ -212,7 +229,7 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 			if o.Script == "-" {
 				return nil, usage(errors.New("--script -: the script on standard input is empty: nothing to run (pipe the script in, or give its file)"))
 			}
-			return nil, usage(fmt.Errorf("--script %s: the script file is empty: nothing to run", o.Script))
+			return nil, usage(fmt.Errorf("--script %s: the script file is empty: nothing to run", name))
 		}
 		req.Script = string(b)
 	}
@@ -335,18 +352,6 @@ func isNullDevice(fi os.FileInfo) bool {
 		}
 	}
 	return false
-}
-
-// readLimited reads r fully, failing if it holds more than limit bytes.
-func readLimited(r io.Reader, limit int, what string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", what, err)
-	}
-	if len(b) > limit {
-		return nil, fmt.Errorf("%s is over the %d byte limit", what, limit)
-	}
-	return b, nil
 }
 
 func newExecCmd(e *env) *cobra.Command {
@@ -501,6 +506,8 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		prog.start()
 	}
 	out := newExecOutput(stdout, stderr, o.multi(), o.JSON)
+	// Whether a notice on stderr would land right after stdout's bytes.
+	same := sameStream(e.stdout, e.stderr)
 	start := e.now()
 	opts := client.ExecOptions{
 		Output: out.handle,
@@ -523,7 +530,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
 				// On a line of its own, after output cut mid-line.
-				out.EndLine(protocol.ReplyStderr)
+				out.EndLines(same)
 				fmt.Fprintf(stderr, "%s\n", shownFailure(req, r))
 			}
 		},
@@ -551,6 +558,9 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 		}
 	}
 	code, lines := execOutcome(!o.multi(), o.Timeout, o.OutputLimit, res)
+	if len(lines) > 0 && !o.JSON {
+		out.EndLines(same)
+	}
 	for _, l := range lines {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)
 	}
@@ -653,7 +663,9 @@ func execOutcome(single bool, timeout time.Duration, limit int64, res *protocol.
 		// text was printed), as with ssh.
 		plainExit := r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == ""
 		if single && msg != "" && !plainExit {
-			lines = append(lines, fmt.Sprintf("node %s: %s", r.Node, msg))
+			// printable: the message may repeat the client's bytes (a
+			// cwd, a program name) unquoted, from an older agent.
+			lines = append(lines, fmt.Sprintf("node %s: %s", r.Node, printable(msg)))
 		}
 		switch {
 		case single:

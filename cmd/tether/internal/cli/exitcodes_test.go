@@ -108,7 +108,7 @@ func TestExecExitCodes(t *testing.T) {
 		{name: "remote exit 1", args: exec("--node", "node-0", "-c", "exit 1"), code: 1},
 		{name: "remote exit code", args: exec("--node", "node-0", "--", "sh", "-c", "exit 3"), code: 3},
 		{name: "usage", args: exec("--", "true"), code: 2, stderr: "no target"},
-		{name: "usage: no script file", args: exec("--node", "node-0", "--script", "/nonexistent/job.sh"), code: 2, stderr: "--script: open /nonexistent/job.sh"},
+		{name: "usage: no script file", args: exec("--node", "node-0", "--script", "/nonexistent/job.sh"), code: 2, stderr: "--script /nonexistent/job.sh: no such file or directory"},
 		{name: "timed out", args: exec("--node", "node-0", "--timeout", "1", "--", "sleep", "10"), code: 124, stderr: "timed out after 1s"},
 		{name: "not executable", args: exec("--node", "node-0", "--", "./plain.txt"), code: 126, stderr: "(not_executable)"},
 		{name: "directory is not executable", args: exec("--node", "node-0", "--", "/"), code: 126, stderr: "(not_executable)"},

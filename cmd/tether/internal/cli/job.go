@@ -537,8 +537,15 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		done, outage   bool
 	}
 	logs := make([]*nodeLogs, len(nodes))
+	// One node's output is shown as it is: whether it ended mid-line is
+	// tracked for the notes that may follow it (jobOutcome).
+	var outTrack, errTrack *lineTracker
 	for i, n := range nodes {
 		l := &nodeLogs{node: n, offsets: map[string]int64{}, stdout: e.stdout, stderr: e.stderr}
+		if !fanout {
+			outTrack, errTrack = &lineTracker{w: e.stdout}, &lineTracker{w: e.stderr}
+			l.stdout, l.stderr = outTrack, errTrack
+		}
 		if fanout {
 			po, pe := newLinePrefixer(e.stdout, n+" | "), newLinePrefixer(e.stderr, n+" | ")
 			l.stdout, l.stderr, l.prefixers = po, pe, []*linePrefixer{po, pe}
@@ -637,7 +644,7 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 				if err != nil {
 					return err
 				}
-				return jobOutcome(e, st)
+				return jobOutcome(e, st, errTrack.midLine() || (outTrack.midLine() && sameStream(e.stdout, e.stderr)))
 			}
 			code := exitOK
 			for _, n := range nodes {
@@ -646,7 +653,7 @@ func runJobLogs(ctx context.Context, c *client.Client, o *jobOptions, id string,
 					return err
 				}
 				var ee *exitError
-				switch err := jobOutcome(e, st); {
+				switch err := jobOutcome(e, st, false); {
 				case err == nil:
 				case errors.As(err, &ee) && ee.code == exitTruncated:
 					if code == exitOK {
@@ -693,7 +700,10 @@ func followRetryable(ctx context.Context, err error) bool {
 // 128+N when signal N did), exitTruncated when it exited 0 but output past
 // the output limit was dropped, and exitTether when its outcome is unknown
 // (the job is lost).
-func jobOutcome(e *env, st *protocol.JobStatus) error {
+//
+// midLine is set when the job's output shown last stopped mid-line where
+// a note on stderr would follow it: the notes then start on a new line.
+func jobOutcome(e *env, st *protocol.JobStatus, midLine bool) error {
 	var notes []string
 	for _, s := range []struct {
 		name      string
@@ -703,6 +713,9 @@ func jobOutcome(e *env, st *protocol.JobStatus) error {
 		if s.truncated {
 			notes = append(notes, fmt.Sprintf("job %s: %s was truncated at the output limit (%d bytes produced); start the job with a larger --output-limit to keep it all", st.ID, s.name, s.n))
 		}
+	}
+	if len(notes) > 0 && midLine {
+		fmt.Fprintln(e.stderr)
 	}
 	for _, n := range notes {
 		fmt.Fprintf(e.stderr, "tether: %s\n", n)

@@ -538,3 +538,38 @@ func TestNATSUserCreateTTLAndOutputDir(t *testing.T) {
 		t.Errorf("-o into a missing directory: exit %d, stderr:\n%s\nwant %q", r.code, r.stderr, want)
 	}
 }
+
+// A NATS URL with a scheme nats.go does not know (it would dial it as
+// plain TCP, looking its host up) is a usage error naming where the URL
+// came from and the schemes it takes (fresh17 item 10).
+func TestNATSURLScheme(t *testing.T) {
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"nats://h:4222", true}, {"tls://h:4222", true}, {"ws://h:80", true}, {"wss://h:443", true},
+		{"NATS://h", true}, {"h:4222", true}, {"nats://a:1, tls://b:2", true},
+		{"bogus://x", false}, {"nats://a:1,http://b:2", false}, {"://x", false},
+	} {
+		if err := checkNATSURL(tc.url); (err == nil) != tc.ok {
+			t.Errorf("checkNATSURL(%q) = %v, want ok %v", tc.url, err, tc.ok)
+		}
+	}
+
+	want := `unknown scheme "bogus" in bogus://x: want nats, tls, ws or wss`
+	r := runCLI(testCtx(t), nil, "", "exec", "--nats-url", "bogus://x", "--node", "vm", "--", "true")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "tether: --nats-url: "+want) {
+		t.Errorf("--nats-url bogus://x: exit %d, stderr %q; want 2 and %q", r.code, r.stderr, want)
+	}
+	r = runCLI(testCtx(t), map[string]string{natsURLEnv: "bogus://x"}, "", "nodes")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "tether: $"+natsURLEnv+": "+want) {
+		t.Errorf("$%s=bogus://x: exit %d, stderr %q; want 2 and %q", natsURLEnv, r.code, r.stderr, want)
+	}
+
+	pol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:ops:\n    rules: [{operations: [admin]}]\n")
+	cfg := writeConfig(t, "role: coordinator\npolicy: "+pol+"\nnats-creds: /c.creds\nnats-url: bogus://x\n")
+	r = runCLI(testCtx(t), nil, "", "config", "validate", cfg)
+	if r.code != 1 || !strings.Contains(r.stderr, cfg+":4: key nats-url: "+want) {
+		t.Errorf("config validate with nats-url: bogus://x: exit %d, stderr %q; want 1 and %q", r.code, r.stderr, cfg+":4: key nats-url: "+want)
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -94,7 +96,35 @@ func (o *natsOptions) resolve(getenv func(string) string) (natsTarget, error) {
 			}
 		}
 	}
+	if err := checkNATSURL(t.url); err != nil {
+		return t, usage(fmt.Errorf("%s: %w", t.urlFrom, err))
+	}
 	return t, nil
+}
+
+// natsSchemes are the URL schemes nats.go connects with: plain, TLS,
+// WebSocket and WebSocket over TLS. It takes any other scheme as plain TCP,
+// so a mistyped one would go unnoticed.
+var natsSchemes = []string{"nats", "tls", "ws", "wss"}
+
+// checkNATSURL checks each URL of a comma-separated NATS server list, as
+// nats.go splits it, for a scheme nats.go knows (none, host:port, is
+// nats). It returns an error naming the first bad URL.
+func checkNATSURL(urls string) error {
+	for _, s := range strings.Split(urls, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" || !strings.Contains(s, "://") {
+			continue
+		}
+		u, err := url.Parse(s)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(natsSchemes, u.Scheme) {
+			return fmt.Errorf("unknown scheme %q in %s: want nats, tls, ws or wss", u.Scheme, quoteName(s))
+		}
+	}
+	return nil
 }
 
 // credsURLFile is the file beside the credentials file creds that names

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"os"
+	"reflect"
 	"unicode/utf8"
 
 	"github.com/tetherfleet/tether/protocol"
@@ -206,6 +208,55 @@ func writeJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
+}
+
+// EndLines prepares for a notice on stderr: it ends stderr's line when that
+// stopped mid-line and, when same (stdout and stderr are one stream: a
+// terminal, 2>&1), also ends stdout's, with a newline on stderr, so the
+// notice is not glued to output such as a truncated last line. Separate
+// streams get nothing extra: stdout's bytes stay exactly what the node
+// produced.
+func (o *execOutput) EndLines(same bool) {
+	o.EndLine(protocol.ReplyStderr)
+	if o.err == nil && same && o.midLine[protocol.ReplyStdout] {
+		_, o.err = io.WriteString(o.stderr, "\n")
+		o.midLine[protocol.ReplyStdout] = false
+	}
+}
+
+// lineTracker passes writes to w and remembers whether the last byte
+// written was not a newline, for a notice that follows to start on a line
+// of its own.
+type lineTracker struct {
+	w   io.Writer
+	mid bool
+}
+
+func (t *lineTracker) Write(p []byte) (int, error) {
+	n, err := t.w.Write(p)
+	if n > 0 {
+		t.mid = p[n-1] != '\n'
+	}
+	return n, err
+}
+
+// midLine reports whether the output stopped mid-line.
+func (t *lineTracker) midLine() bool { return t != nil && t.mid }
+
+// sameStream reports whether a and b write to one place: the same open
+// file, pipe or terminal (os.SameFile), or the same writer value.
+func sameStream(a, b io.Writer) bool {
+	fa, okA := a.(*os.File)
+	fb, okB := b.(*os.File)
+	if okA && okB {
+		sa, errA := fa.Stat()
+		sb, errB := fb.Stat()
+		return errA == nil && errB == nil && os.SameFile(sa, sb)
+	}
+	if okA != okB || a == nil || b == nil || !reflect.TypeOf(a).Comparable() {
+		return false
+	}
+	return a == b
 }
 
 // nodeResultLine is a node's result in --json mode: a

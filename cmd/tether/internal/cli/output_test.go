@@ -2,8 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // countingWriter records each Write as one element.
@@ -130,5 +135,81 @@ func TestExecOutputJSONNonUTF8(t *testing.T) {
 `
 	if got := b.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
+
+// A notice printed after output that stopped mid-line starts on a line of
+// its own when stdout and stderr are one stream (a terminal, 2>&1), and
+// adds nothing when they are not (fresh17 item 6: "hello worltether: ...").
+func TestExecOutputNoticeAfterPartialStdout(t *testing.T) {
+	var both bytes.Buffer
+	o := newExecOutput(&both, &both, false, false)
+	o.handle("vm", "stdout", []byte("hello worl"))
+	o.EndLines(true)
+	both.WriteString("tether: note\n")
+	if got, want := both.String(), "hello worl\ntether: note\n"; got != want {
+		t.Errorf("same stream: got %q, want %q", got, want)
+	}
+
+	var out, errw bytes.Buffer
+	o = newExecOutput(&out, &errw, false, false)
+	o.handle("vm", "stdout", []byte("hello worl"))
+	o.EndLines(false)
+	if out.String() != "hello worl" || errw.Len() != 0 {
+		t.Errorf("separate streams: stdout %q, stderr %q; want %q and nothing", out.String(), errw.String(), "hello worl")
+	}
+
+	// A partial stderr line is ended either way, on stderr.
+	errw.Reset()
+	o = newExecOutput(&out, &errw, false, false)
+	o.handle("vm", "stderr", []byte("warn"))
+	o.EndLines(false)
+	if errw.String() != "warn\n" {
+		t.Errorf("partial stderr: got %q, want %q", errw.String(), "warn\n")
+	}
+}
+
+func TestSameStream(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var buf bytes.Buffer
+	for _, tc := range []struct {
+		name string
+		a, b io.Writer
+		want bool
+	}{
+		{"one pipe", w, w, true},
+		{"pipe and file", w, f, false},
+		{"one buffer", &buf, &buf, true},
+		{"buffer and pipe", &buf, w, false},
+	} {
+		if got := sameStream(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: sameStream = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// job logs --follow's note about a truncated output starts on a line of
+// its own after output that ended mid-line, on one stream (as exec's).
+func TestJobOutcomeNoteAfterPartialLine(t *testing.T) {
+	var both bytes.Buffer
+	e := &env{stdout: &both, stderr: &both}
+	out := &lineTracker{w: &both}
+	out.Write([]byte("hello worl"))
+	st := &protocol.JobStatus{ID: "j", Node: "vm", State: protocol.JobExited, ExitCode: new(int), StdoutTruncated: true, StdoutBytes: 10}
+	if err := jobOutcome(e, st, out.midLine()); err == nil {
+		t.Fatal("no error for a truncated output")
+	}
+	if got := both.String(); !strings.HasPrefix(got, "hello worl\ntether: job j: stdout was truncated") {
+		t.Errorf("got %q, want the note on a line of its own", got)
 	}
 }

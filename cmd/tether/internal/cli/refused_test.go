@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -101,6 +104,33 @@ func TestEmptyScriptMessages(t *testing.T) {
 			r := runCLI(testCtx(t), nil, "", tt.args...)
 			if r.code != exitUsage || !strings.Contains(r.stderr, tt.want) || strings.Contains(r.stderr, "argv or commands") {
 				t.Errorf("exit %d, stderr %q; want 2 and %q", r.code, r.stderr, tt.want)
+			}
+		})
+	}
+}
+
+// Every failure to read --script's file has one form, "--script FILE:
+// REASON", with no operation named twice (fresh17 item 9: "read script
+// /etc: read /etc: is a directory"), and a usage error's code.
+func TestScriptFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.sh")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("#"), protocol.MaxScriptSize+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nl := filepath.Join(dir, "a\nb.sh")
+	for _, tt := range []struct {
+		name, path, want string
+	}{
+		{"directory", dir, "tether: --script " + dir + ": is a directory\n"},
+		{"missing", filepath.Join(dir, "nope.sh"), "tether: --script " + filepath.Join(dir, "nope.sh") + ": no such file or directory\n"},
+		{"too big", big, fmt.Sprintf("tether: --script %s: the script is over the %d byte limit\n", big, protocol.MaxScriptSize)},
+		{"newline in the name", nl, "tether: --script " + strconv.Quote(nl) + ": no such file or directory\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCLI(testCtx(t), nil, "", "exec", "--nats-url", unreachableNATS, "--node", "n1", "--script", tt.path)
+			if r.code != exitUsage || !strings.HasPrefix(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and a stderr starting %q", r.code, r.stderr, tt.want)
 			}
 		})
 	}
