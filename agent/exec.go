@@ -178,15 +178,15 @@ func (a *Agent) workDir(acct *account, cwd string) (string, error) {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("cwd %s: no such file or directory", quoteName(dir))
+		return "", fmt.Errorf("cwd %s: no such file or directory", protocol.QuoteName(dir))
 	case err != nil:
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return "", fmt.Errorf("cwd %s: %v", quoteName(dir), err)
+		return "", fmt.Errorf("cwd %s: %v", protocol.QuoteName(dir), err)
 	case !fi.IsDir():
-		return "", fmt.Errorf("cwd %s: not a directory", quoteName(dir))
+		return "", fmt.Errorf("cwd %s: not a directory", protocol.QuoteName(dir))
 	}
 	return dir, nil
 }

@@ -165,7 +165,7 @@ func (s *ptySession) run(ctx context.Context) {
 	start := time.Now()
 	m, err := startPTY(cmd, s.acct, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
-		s.fail(startFailCode(err, cmd.Dir), fmt.Sprintf("node %s: %s (on a pty, in %s)", a.cfg.NodeID, startFailure(name, err, cmd.Dir), quoteName(cmd.Dir)))
+		s.fail(startFailCode(err, cmd.Dir), fmt.Sprintf("node %s: %s (on a pty, in %s)", a.cfg.NodeID, startFailure(name, err, cmd.Dir), protocol.QuoteName(cmd.Dir)))
 		return
 	}
 	s.sid = cmd.Process.Pid

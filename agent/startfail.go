@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -98,12 +97,12 @@ func explainStart(err error, dir string) error {
 	}
 	if interp, ok := shebangInterpreter(path); ok {
 		if interp == "" {
-			return &startError{fmt.Sprintf("%s: its #! line names no interpreter", quoteName(path)), err}
+			return &startError{fmt.Sprintf("%s: its #! line names no interpreter", protocol.QuoteName(path)), err}
 		}
-		return &startError{fmt.Sprintf("%s: bad interpreter: no such file or directory (named by the #! line of %s)", quoteName(interp), quoteName(path)), err}
+		return &startError{fmt.Sprintf("%s: bad interpreter: no such file or directory (named by the #! line of %s)", protocol.QuoteName(interp), protocol.QuoteName(path)), err}
 	}
 	if interp := elfInterpreter(path); interp != "" {
-		return &startError{fmt.Sprintf("%s: bad ELF interpreter: no such file or directory (the dynamic loader %s needs)", quoteName(interp), quoteName(path)), err}
+		return &startError{fmt.Sprintf("%s: bad ELF interpreter: no such file or directory (the dynamic loader %s needs)", protocol.QuoteName(interp), protocol.QuoteName(path)), err}
 	}
 	return err
 }
@@ -120,7 +119,7 @@ func explainStart(err error, dir string) error {
 // It names the program once, quoted when a terminal would not show it as it
 // is (quoteName); the caller adds the node.
 func startFailure(name string, err error, dir string) string {
-	name = quoteName(name)
+	name = protocol.QuoteName(name)
 	var ee *exec.Error
 	if errors.As(err, &ee) {
 		if errors.Is(ee.Err, exec.ErrNotFound) {
@@ -193,17 +192,4 @@ func elfInterpreter(path string) string {
 		return strings.TrimRight(string(b), "\x00")
 	}
 	return ""
-}
-
-// quoteName returns name (a path, a program name: the client's bytes) as it
-// is when a terminal shows it faithfully, else quoted as strconv.Quote
-// quotes it, so that a name holding a newline or an escape sequence cannot
-// forge lines or terminal output in the error that repeats it. A name with a
-// quote or backslash is quoted too, so that a quoted name is never mistaken
-// for a plain one. (The same rule as tether cp's messages.)
-func quoteName(name string) string {
-	if q := strconv.Quote(name); q[1:len(q)-1] != name {
-		return q
-	}
-	return name
 }

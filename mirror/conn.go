@@ -10,7 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -66,7 +65,7 @@ type WriteError struct {
 }
 
 func (e *WriteError) Error() string {
-	return quoteName(e.Path) + ": " + e.Err.Error() + " (the destination is unchanged)"
+	return protocol.QuoteName(e.Path) + ": " + e.Err.Error() + " (the destination is unchanged)"
 }
 
 // Unwrap returns Err.
@@ -81,17 +80,6 @@ func writeError(path string, err error) error {
 		err = pe.Err
 	}
 	return &WriteError{Path: path, Err: err}
-}
-
-// quoteName returns name as it is when a terminal shows it faithfully,
-// else quoted as strconv.Quote quotes it (a newline, an escape sequence,
-// a byte that is not UTF-8; a quote or backslash, so that a quoted name is
-// never mistaken for a plain one), as tether cp shows names.
-func quoteName(name string) string {
-	if q := strconv.Quote(name); q[1:len(q)-1] != name {
-		return q
-	}
-	return name
 }
 
 // PeerError is the error the peer reported with FrameError.

@@ -147,6 +147,22 @@ func Clip(s string) string {
 	return strconv.Quote(s[:ClipLen]) + "…"
 }
 
+// QuoteName returns name (a path, a program name: a client's bytes) as it
+// is when a terminal shows it faithfully, else quoted as strconv.Quote
+// quotes it: a name holding a control character (a newline, an escape
+// sequence), a character that is not printable (a bidirectional
+// override), a byte that is not UTF-8, or a quote or backslash (so that a
+// name shown quoted is never mistaken for one shown as it is). An error
+// repeating such a name thus cannot forge lines or terminal output. It is
+// the one rule of every Tether message that names a file or program (the
+// agent's, the copy's, the CLI's).
+func QuoteName(name string) string {
+	if q := strconv.Quote(name); q[1:len(q)-1] != name {
+		return q
+	}
+	return name
+}
+
 // Duration is a time.Duration that encodes as a Go duration string ("1m30s")
 // and decodes from either such a string or a JSON number of seconds.
 type Duration time.Duration

@@ -58,7 +58,7 @@ type copyEnd struct {
 // the path quoted when it holds what a terminal would not show as it is
 // (quoteName).
 func (c copyEnd) String() string {
-	p := clipMiddle(quoteName(c.path))
+	p := clipMiddle(protocol.QuoteName(c.path))
 	if c.node == "" {
 		return p
 	}
@@ -439,11 +439,11 @@ func localMessage(err error, end string) string {
 	}
 	var we *mirror.WriteError
 	if errors.As(err, &we) && err == error(we) {
-		return end + " " + quoteName(we.Path) + ": " + printable(we.Err.Error()) + " (the destination is unchanged)"
+		return end + " " + protocol.QuoteName(we.Path) + ": " + printable(we.Err.Error()) + " (the destination is unchanged)"
 	}
 	var pe *os.PathError
 	if errors.As(err, &pe) && err == error(pe) {
-		return end + " " + quoteName(pe.Path) + ": " + printable(pe.Err.Error())
+		return end + " " + protocol.QuoteName(pe.Path) + ": " + printable(pe.Err.Error())
 	}
 	return printable(err.Error())
 }
@@ -509,19 +509,6 @@ func skippedPath(from copyEnd, rel string) string {
 		p = strings.TrimSuffix(p, "/") + "/" + rel
 	}
 	return copyEnd{node: from.node, path: p}.String()
-}
-
-// quoteName returns name as it is when a terminal shows it faithfully,
-// else quoted as strconv.Quote quotes it: a name holding a control
-// character (a newline, an escape sequence), a character that is not
-// printable (a bidirectional override), a byte that is not UTF-8, or a
-// quote or backslash (so that a name shown quoted is never mistaken for
-// one shown as it is). Names may hold any bytes but '/' and NUL.
-func quoteName(name string) string {
-	if q := strconv.Quote(name); q[1:len(q)-1] != name {
-		return q
-	}
-	return name
 }
 
 // printable returns text (a message from the node, the coordinator or the

@@ -295,8 +295,8 @@ func TestCpQuotesNames(t *testing.T) {
 		"/srv/\u202eevil":  `"/srv/\u202eevil"`,
 		`/srv/say "hi"`:    `"/srv/say \"hi\""`,
 	} {
-		if got := quoteName(in); got != want {
-			t.Errorf("quoteName(%q) = %s, want %s", in, got, want)
+		if got := protocol.QuoteName(in); got != want {
+			t.Errorf("protocol.QuoteName(%q) = %s, want %s", in, got, want)
 		}
 	}
 	if got := printable("a\nb\x1b[2J\xffc \"q\" ü"); got != `a\nb\x1b[2J\xffc "q" ü` {

@@ -203,7 +203,7 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 			if errors.As(err, &pe) {
 				err = pe.Err
 			}
-			return usage(fmt.Errorf("--script %s: %w", quoteName(o.Script), err))
+			return usage(fmt.Errorf("--script %s: %w", protocol.QuoteName(o.Script), err))
 		}
 		if o.Script != "-" {
 			f, err := os.Open(o.Script)
@@ -211,7 +211,7 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 				return nil, scriptErr(err)
 			}
 			defer f.Close()
-			r, name = f, quoteName(o.Script)
+			r, name = f, protocol.QuoteName(o.Script)
 		}
 		b, err := io.ReadAll(io.LimitReader(r, protocol.MaxScriptSize+1))
 		if err != nil {

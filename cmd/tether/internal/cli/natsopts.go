@@ -17,6 +17,7 @@ import (
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/natsauth"
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // Where client commands find NATS and their credentials when no flag says.
@@ -121,7 +122,7 @@ func checkNATSURL(urls string) error {
 			return err
 		}
 		if !slices.Contains(natsSchemes, u.Scheme) {
-			return fmt.Errorf("unknown scheme %q in %s: want nats, tls, ws or wss", u.Scheme, quoteName(s))
+			return fmt.Errorf("unknown scheme %q in %s: want nats, tls, ws or wss", u.Scheme, protocol.QuoteName(s))
 		}
 	}
 	return nil
