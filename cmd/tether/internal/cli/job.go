@@ -196,7 +196,7 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 	if o.JSON {
 		return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
 	}
-	return printJobStatus(e.stdout, st)
+	return printJobStatus(e.stdout, st, statusRecord(ctx, c, id, rec, st))
 }
 
 // jobNodes returns the nodes of job id: --node's, else every node its
@@ -248,7 +248,7 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 		if o.JSON {
 			return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
 		}
-		return printJobStatus(e.stdout, st)
+		return printJobStatus(e.stdout, st, statusRecord(ctx, c, id, rec, st))
 	}
 	if !o.JSON {
 		fmt.Fprintf(e.stdout, "job:       %s\n", id)
@@ -475,19 +475,40 @@ func applyStatus(r *protocol.JobRecord, st *protocol.JobStatus) {
 	}
 }
 
-// printJobStatus prints st as "key: value" lines (--json prints the
-// job's record instead: statusRecord).
-func printJobStatus(w io.Writer, st *protocol.JobStatus) error {
+// printJobStatus prints st, a node's status of the detached job rec (the
+// job's record brought up to date with st: statusRecord), as "key: value"
+// lines (--json prints rec instead). Its exit: line is the code `tether
+// job wait` exits with (recordOutcome, as job list's EXIT), followed by
+// what the process really got when that differs (a cancelled job's
+// SIGTERM, exit code 143: 130 for a --node job, 1 for a fan-out's).
+func printJobStatus(w io.Writer, st *protocol.JobStatus, rec *protocol.JobRecord) error {
 	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, jobStatusState(st))
 	if st.ExitCode != nil {
-		fmt.Fprintf(w, "exit:     %d", *st.ExitCode)
+		code, _, known := recordOutcome(rec)
+		if !known {
+			code = *st.ExitCode
+		}
+		fmt.Fprintf(w, "exit:     %d", code)
+		var raw string
+		if code != *st.ExitCode {
+			raw = fmt.Sprintf("exit code %d", *st.ExitCode)
+		}
+		if st.Signal != "" {
+			raw = fmt.Sprintf("signal %s, exit code %d", st.Signal, *st.ExitCode)
+		}
 		switch {
 		case st.TimedOut:
-			fmt.Fprint(w, " (timed out)")
+			fmt.Fprint(w, " (timed out")
 		case st.Cancelled:
-			fmt.Fprint(w, " (cancelled)")
-		case st.Signal != "":
-			fmt.Fprintf(w, " (signal %s)", st.Signal)
+			fmt.Fprint(w, " (cancelled")
+		case raw != "":
+			fmt.Fprint(w, " (")
+		}
+		switch {
+		case raw != "" && (st.TimedOut || st.Cancelled):
+			fmt.Fprintf(w, ": %s)", raw)
+		case raw != "" || st.TimedOut || st.Cancelled:
+			fmt.Fprintf(w, "%s)", raw)
 		}
 		fmt.Fprintln(w)
 	}
