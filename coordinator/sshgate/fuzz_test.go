@@ -10,7 +10,7 @@ import (
 
 // FuzzParseKeyFile: the key file loader never panics, and what it accepts
 // is what it says: every key parses back, no certificate, and an error
-// means no keys.
+// means no keys (no keys without an error is a file without key lines).
 func FuzzParseKeyFile(f *testing.F) {
 	f.Add([]byte("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN9hvUAdych7n6Te3aMn6fexm3ETu3ySnx1D010IXrAo alice@example\n"), false)
 	f.Add([]byte("cert-authority ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN9hvUAdych7n6Te3aMn6fexm3ETu3ySnx1D010IXrAo ca\n"), true)
@@ -26,9 +26,6 @@ func FuzzParseKeyFile(f *testing.F) {
 				t.Fatalf("error %v with %d keys", err, len(keys))
 			}
 			return
-		}
-		if len(keys) == 0 {
-			t.Fatal("no error and no keys")
 		}
 		for wire, e := range keys {
 			k, err := ssh.ParsePublicKey([]byte(wire))

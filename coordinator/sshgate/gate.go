@@ -31,9 +31,11 @@ import (
 //     refused at load with FILE:LINE errors, not ignored: the gate cannot
 //     honour them (it runs nothing and only forwards), and ignoring one
 //     would let a key do more than its line says. A CA file accepts the
-//     cert-authority option only, so one line can serve both files. A file
-//     with no key is an error (a configured file that lets nobody in is a
-//     mistake), as is a certificate in either file.
+//     cert-authority option only, so one line can serve both files. A
+//     certificate in either file is an error. A file with no key (empty,
+//     or comments only) is not: emptying it and reloading revokes every key
+//     it held, live connections included; the gate warns when that leaves
+//     no key and no CA, so that nobody can log in.
 //   - Of a user certificate's critical options only source-address is
 //     honoured (checked by the gate and again by the SSH library);
 //     force-command, verify-required and unknown ones refuse the
@@ -305,6 +307,7 @@ func New(cfg Config) (*Gate, error) {
 		return nil, err
 	}
 	g.keys.Store(ks)
+	g.warnIfLocked(ks)
 	if len(cfg.HostNames) != 0 {
 		if err := g.renewJumpCert(cfg.Now()); err != nil {
 			return nil, err
@@ -377,7 +380,17 @@ func (g *Gate) ReadKeys() (*Keys, error) {
 func (g *Gate) SetKeys(k *Keys) {
 	g.keys.Store(k.ks)
 	g.log.Info("ssh key files reloaded", "authorized_keys", len(k.ks.users), "user_cas", len(k.ks.cas))
+	g.warnIfLocked(k.ks)
 	g.Recheck()
+}
+
+// warnIfLocked warns when ks trusts no key and no CA: no one can log in
+// at the jump host until a key file that holds one is loaded.
+func (g *Gate) warnIfLocked(ks *keySet) {
+	if len(ks.users) == 0 && len(ks.cas) == 0 {
+		g.log.Warn("ssh key files hold no authorized key and no user CA: no one can log in at the jump host until one is added and the coordinator reloaded (SIGHUP)",
+			"authorized_keys_file", g.cfg.AuthorizedKeysFile, "user_ca_files", g.cfg.UserCAFiles)
+	}
 }
 
 // Recheck decides every live connection again under the keys and the

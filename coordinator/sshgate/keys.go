@@ -51,8 +51,10 @@ const optCertAuthority = "cert-authority"
 // With ca set the lines are user CA keys: cert-authority is the one option
 // allowed, and a certificate is refused (a CA is a plain key). Every
 // problem is reported, each as "NAME:LINE: what", joined; then the keys
-// returned are nil. A file with no key at all is an error too: it would
-// let nobody in, which is never what a configured file means.
+// returned are nil. A file with no key at all (empty, or comments only)
+// is no error: it is how an operator revokes every key of the file at a
+// reload (refusing it kept the old keys, and their live connections, in
+// force); the gate warns when no key and no CA is left (warnIfLocked).
 func parseKeyFile(name string, data []byte, ca bool) (map[string]keyEntry, error) {
 	if len(data) > maxKeysFileSize {
 		return nil, fmt.Errorf("%s: %d bytes, over %d: not a key file", name, len(data), maxKeysFileSize)
@@ -115,9 +117,6 @@ func parseKeyFile(name string, data []byte, ca bool) (map[string]keyEntry, error
 	}
 	if len(errs) != 0 {
 		return nil, errors.Join(errs...)
-	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("%s: no %s in the file", name, what)
 	}
 	return keys, nil
 }

@@ -121,9 +121,14 @@ func revokedEvent(t *testing.T, e *env, node string) protocol.AuditEvent {
 func TestReloadClosesUntrustedConnections(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, why string
+		empty           bool // the file keeps no key at all
 	}{
 		{name: "key removed", file: "authorized_keys", why: "no longer an authorized key"},
 		{name: "CA removed", file: "user_ca.pub", why: "no longer trusted"},
+		// Emptying the file is how an operator revokes every key in it
+		// (the fresh-user pass fresh17b: the reload failed, "no
+		// authorized key in the file", and the keys stayed in force).
+		{name: "file emptied", file: "authorized_keys", why: "no longer an authorized key", empty: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -146,6 +151,9 @@ func TestReloadClosesUntrustedConnections(t *testing.T) {
 			line := ssh.MarshalAuthorizedKey(keep.PublicKey())
 			if tc.file == "user_ca.pub" {
 				line = append([]byte("cert-authority "), line...)
+			}
+			if tc.empty {
+				line = []byte("# revoked\n")
 			}
 			if err := os.WriteFile(filepath.Join(e.dir, tc.file), line, 0o600); err != nil {
 				t.Fatal(err)
