@@ -546,13 +546,18 @@ func TestRelayRawStreamClientEndAudited(t *testing.T) {
 		// stream (on the direct path its session ends; on NATS the
 		// stream is closed as tether ssh-proxy's deferred Close does).
 		exits bool
+		// lost: the agent's tunnel is lost after the echo, a failure
+		// that the client's close after it does not make ok.
+		lost bool
 	}{
-		{"ssh agent closes first", protocol.KindSSH, true, false},
-		{"ssh client closes first", protocol.KindSSH, false, false},
-		{"ssh client exits", protocol.KindSSH, true, true},
-		{"dial agent closes first", protocol.KindDial, true, false},
-		{"dial client closes first", protocol.KindDial, false, false},
-		{"dial client exits", protocol.KindDial, false, true},
+		{"ssh agent closes first", protocol.KindSSH, true, false, false},
+		{"ssh client closes first", protocol.KindSSH, false, false, false},
+		{"ssh client exits", protocol.KindSSH, true, true, false},
+		{"ssh tunnel lost", protocol.KindSSH, false, false, true},
+		{"dial agent closes first", protocol.KindDial, true, false, false},
+		{"dial client closes first", protocol.KindDial, false, false, false},
+		{"dial client exits", protocol.KindDial, false, true, false},
+		{"dial tunnel lost", protocol.KindDial, false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logs := &lockedBuffer{}
@@ -574,7 +579,7 @@ func TestRelayRawStreamClientEndAudited(t *testing.T) {
 			})
 			// The agent answers dial-ok, echoes "hello", then hangs up
 			// (agentCloses) or waits for the client's end.
-			h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, features: sshFeatures,
+			agent := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, features: sshFeatures,
 				stream: func(a *fakeAgent, st *yamux.Stream, hd protocol.Header) {
 					defer st.Close()
 					if err := protocol.WriteFrame(st, protocol.FrameDialOK, nil); err != nil {
@@ -615,6 +620,12 @@ func TestRelayRawStreamClientEndAudited(t *testing.T) {
 			if _, err := io.ReadFull(s, b); err != nil || string(b) != "hello" {
 				t.Fatalf("echo = %q, %v", b, err)
 			}
+			if tc.lost {
+				agent.close()
+				if _, err := s.Read(b); err == nil || err == io.EOF {
+					t.Fatalf("read after the tunnel's loss = %v, want an error", err)
+				}
+			}
 			if tc.agentCloses {
 				if n, err := s.Read(b); n != 0 || err != io.EOF {
 					t.Fatalf("read after the agent's close = %d, %v; want EOF", n, err)
@@ -635,6 +646,12 @@ func TestRelayRawStreamClientEndAudited(t *testing.T) {
 				}
 				return errors.New("no event for the stream")
 			})
+			if tc.lost {
+				if ev["result"] != protocol.AuditFailed || ev["bytes_in"] != float64(5) {
+					t.Errorf("event %v; want result failed, 5 bytes in", ev)
+				}
+				return
+			}
 			if ev["result"] != protocol.AuditOK || ev["error"] != nil || ev["reason"] != nil ||
 				ev["bytes_in"] != float64(5) || ev["bytes_out"] == nil || ev["bytes_out"].(float64) < 5 {
 				t.Errorf("event %v; want result ok, no error, 5 bytes in, dial-ok and 5 bytes out", ev)
