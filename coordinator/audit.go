@@ -435,7 +435,8 @@ func (r *relay) recordAudit() {
 	// be the client; a dial's or ssh stream's first frame, its refusal);
 	// without one (a dial that connected), how the pipe ended. A client
 	// closing its end after the exit frame or the copy's FrameCopyDone is
-	// done, not failed.
+	// done, not failed, and so is a raw stream's client closing its end
+	// (clientEnded: that is how ssh-proxy and forward end).
 	var pe *panics.Error
 	switch es, ei, err := r.exit, r.agentErr, r.endErr; {
 	case r.revoked.Load() != nil:
@@ -460,7 +461,7 @@ func (r *relay) recordAudit() {
 		localRefusal(ev, ei.Message)
 	case ei != nil:
 		ev.Result, ev.ErrorCode = protocol.AuditFailed, ei.Code
-	case err != nil:
+	case err != nil && !r.clientEnded():
 		ev.Result = protocol.AuditFailed
 	default:
 		ev.Result = protocol.AuditOK

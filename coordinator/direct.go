@@ -412,7 +412,7 @@ func (cs *clientSession) serve(ctx context.Context) {
 	cs.sess.Close()
 	<-read
 	cs.wg.Wait()
-	gone := fmt.Errorf("direct session of client %s ended", cs.remote)
+	var gone error = directGone(cs.remote)
 	if err := cs.sess.Err(); err != nil {
 		gone = fmt.Errorf("%w: %w", gone, err)
 	}
@@ -733,7 +733,15 @@ func (cs *clientSession) goneErr() error {
 	if cs.gone != nil {
 		return cs.gone
 	}
-	return fmt.Errorf("direct session of client %s ended", cs.remote)
+	return directGone(cs.remote)
+}
+
+// directGone is why a direct stream ended with its client's session
+// (serve, goneErr); it may wrap the session's error (tunnel.Session.Err).
+type directGone string
+
+func (g directGone) Error() string {
+	return fmt.Sprintf("direct session of client %s ended", string(g))
 }
 
 // peerReset is the client's cancel: WriteTo stops now, dropping what the

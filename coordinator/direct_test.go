@@ -69,6 +69,7 @@ func TestDirectRelaySemantics(t *testing.T) {
 		{"SendsCancelStreamToAgentsThatTakeIt", TestRelaySendsCancelStreamToAgentsThatTakeIt},
 		{"StreamedExecShutdownResult", TestStreamedExecShutdownResult},
 		{"ShutdownMidFrame", TestRelayShutdownMidFrame},
+		{"RawStreamClientEndAudited", TestRelayRawStreamClientEndAudited},
 	} {
 		t.Run(tc.name, tc.test)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
+	"github.com/tetherfleet/tether/tunnel"
 )
 
 // relayKinds are the stream kinds a client may open through SubjectStream.
@@ -338,6 +339,9 @@ type relay struct {
 	copySkips atomic.Int64
 	exit      *protocol.ExitStatus
 	agentErr  *protocol.ErrorInfo
+	// rawOpen: a raw stream's first frame (the agent's dial-ok, or its
+	// error: agentErr) reached the client.
+	rawOpen atomic.Bool
 }
 
 // run opens the tunnel stream and the pipe, relays until both directions
@@ -439,12 +443,41 @@ func (r *relay) run() {
 			// The operation's end was relayed (what the audit records);
 			// a client closes its end after reading it.
 			log.Debug("relay finished; the client closed its end after the operation's end", "err", err)
+		} else if r.clientEnded() {
+			log.Debug("relay finished; the client closed its end of the raw stream", "err", err)
 		} else {
 			log.Info("relay aborted", "err", err)
 		}
 	} else {
 		log.Debug("relay finished")
 	}
+}
+
+// clientEnded reports whether a raw stream (dial, ssh) that the agent
+// opened (its dial-ok) ended because the client closed its end: that is
+// how such a stream normally ends (ssh exits, then tether ssh-proxy closes
+// the stream or its process ends; tether forward's connection closed), so
+// it is audited ok. The client's end is its close without a reason (the
+// NATS pipe's close, the direct path's FrameDirectClose) or the end of its
+// direct session, unless that session went silent. Any failure that came
+// first (the tunnel lost, a shutdown, RecheckSSH's revoke) is endErr
+// instead, as the pipe keeps the first error.
+func (r *relay) clientEnded() bool {
+	err := r.endErr
+	if !rawKind(r.kind) || !r.rawOpen.Load() || r.agentErr != nil || err == nil || r.revoked.Load() != nil {
+		return false
+	}
+	var pe *natspipe.Error
+	var gone directGone
+	switch {
+	case errors.As(err, &pe) && errors.Is(pe.Kind, natspipe.ErrPeerClosed):
+		return pe.Reason == ""
+	case errors.Is(err, errClientClosed):
+		return true
+	case errors.As(err, &gone):
+		return !errors.Is(err, tunnel.ErrPeerSilent)
+	}
+	return false
 }
 
 // openPipe opens the relay's NATS pipe to the client, which answers the
@@ -713,7 +746,12 @@ func (r *relay) streamToPipe(st *yamux.Stream, p clientEnd) {
 	// A dial or ssh stream's first frame (dial-ok, or the agent's error)
 	// is kept too; what follows it is raw bytes, not frames.
 	out := &frameCursor{w: p, keep: true, rawAfterFirst: rawKind(r.kind), copy: r.kind == protocol.KindCopy}
-	defer func() { r.bytesOut.Store(out.n); r.exit, r.agentErr = out.ends(); r.noteCopy(out, true) }()
+	defer func() {
+		r.bytesOut.Store(out.n)
+		r.exit, r.agentErr = out.ends()
+		r.noteCopy(out, true)
+		r.rawOpen.Store(out.rawAfterFirst && out.frames > 0)
+	}()
 	var graceEnd time.Time // set once the stop found a frame under way
 loop:
 	for {

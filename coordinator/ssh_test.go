@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/natspipe"
@@ -528,4 +529,147 @@ identities:
 		!strings.Contains(fmt.Sprint(ev["error"]), "no longer grants ssh on n-a") {
 		t.Errorf("n-a's connect event: %v", ev)
 	}
+}
+
+// TestRelayRawStreamClientEndAudited: an ssh or dial stream (tether
+// ssh-proxy, tether forward) ends when the client closes its end: after
+// the agent closed its side (ssh exits once sshd hung up), or while the
+// agent's side is still open (the forwarded connection was closed). That
+// is the stream's normal end, audited ok with the bytes relayed, not
+// failed (a fresh user's every ssh login was audited failed).
+func TestRelayRawStreamClientEndAudited(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		kind        protocol.Kind
+		agentCloses bool
+		// exits: the client's process exits instead of closing the
+		// stream (on the direct path its session ends; on NATS the
+		// stream is closed as tether ssh-proxy's deferred Close does).
+		exits bool
+		// lost: the agent's tunnel is lost after the echo, a failure
+		// that the client's close after it does not make ok.
+		lost bool
+	}{
+		{"ssh agent closes first", protocol.KindSSH, true, false, false},
+		{"ssh client closes first", protocol.KindSSH, false, false, false},
+		{"ssh client exits", protocol.KindSSH, true, true, false},
+		{"ssh tunnel lost", protocol.KindSSH, false, false, true},
+		{"dial agent closes first", protocol.KindDial, true, false, false},
+		{"dial client closes first", protocol.KindDial, false, false, false},
+		{"dial client exits", protocol.KindDial, false, true, false},
+		{"dial tunnel lost", protocol.KindDial, false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &lockedBuffer{}
+			log := slog.New(slog.NewJSONHandler(logs, nil))
+			h, _ := newPolicyHarness(t, sshPolicy, func(c *coordinator.Config) {
+				c.Logger = log
+				ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+				defer cancel()
+				rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+					defer cancel()
+					rec.Close(ctx)
+				})
+				c.Audit = rec
+			})
+			// The agent answers dial-ok, echoes "hello", then hangs up
+			// (agentCloses) or waits for the client's end.
+			agent := h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, features: sshFeatures,
+				stream: func(a *fakeAgent, st *yamux.Stream, hd protocol.Header) {
+					defer st.Close()
+					if err := protocol.WriteFrame(st, protocol.FrameDialOK, nil); err != nil {
+						return
+					}
+					b := make([]byte, 5)
+					if _, err := io.ReadFull(st, b); err != nil {
+						return
+					}
+					st.Write(b)
+					if !tc.agentCloses {
+						io.Copy(io.Discard, st)
+					}
+				}})
+			cl := client.New(h.as("alice"))
+			if directRun {
+				cl.Direct = client.DirectOnly
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+			defer cancel()
+			var (
+				s   *client.Stream
+				err error
+			)
+			if tc.kind == protocol.KindSSH {
+				s, err = cl.SSH(ctx, "n-a")
+			} else {
+				s, err = cl.Dial(ctx, "n-a", "openshell")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Write([]byte("hello")); err != nil {
+				t.Fatal(err)
+			}
+			b := make([]byte, 5)
+			if _, err := io.ReadFull(s, b); err != nil || string(b) != "hello" {
+				t.Fatalf("echo = %q, %v", b, err)
+			}
+			if tc.lost {
+				agent.close()
+				if _, err := s.Read(b); err == nil || err == io.EOF {
+					t.Fatalf("read after the tunnel's loss = %v, want an error", err)
+				}
+			}
+			if tc.agentCloses {
+				if n, err := s.Read(b); n != 0 || err != io.EOF {
+					t.Fatalf("read after the agent's close = %d, %v; want EOF", n, err)
+				}
+			}
+			if tc.exits && directRun {
+				cl.Close()
+			} else {
+				s.Close() // as tether ssh-proxy does once its stdout copy ended
+			}
+			var ev map[string]any
+			checkFor(t, defaultTestTimeout, func() error {
+				for _, e := range auditLines(t, logs) {
+					if e["operation"] == relayOpName(tc.kind) && e["nodes"] == "n-a" {
+						ev = e
+						return nil
+					}
+				}
+				return errors.New("no event for the stream")
+			})
+			if tc.lost {
+				if ev["result"] != protocol.AuditFailed || ev["bytes_in"] != float64(5) {
+					t.Errorf("event %v; want result failed, 5 bytes in", ev)
+				}
+				return
+			}
+			if ev["result"] != protocol.AuditOK || ev["error"] != nil || ev["reason"] != nil ||
+				ev["bytes_in"] != float64(5) || ev["bytes_out"] == nil || ev["bytes_out"].(float64) < 5 {
+				t.Errorf("event %v; want result ok, no error, 5 bytes in, dial-ok and 5 bytes out", ev)
+			}
+			if tc.kind == protocol.KindSSH && ev["method"] != "connect" {
+				t.Errorf("method %v, want connect", ev["method"])
+			}
+			if strings.Contains(logs.String(), "relay aborted") {
+				t.Error(`the client's end was logged as "relay aborted"`)
+			}
+		})
+	}
+}
+
+// relayOpName is the audit operation of a stream of kind k.
+func relayOpName(k protocol.Kind) string {
+	if k == protocol.KindDial {
+		return "forward"
+	}
+	return k.String()
 }
