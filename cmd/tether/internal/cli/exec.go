@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -157,11 +158,48 @@ func (o *execOptions) Validate(argv []string) error {
 		errs = append(errs, fmt.Errorf("--max-parallel %d is negative", o.MaxParallel))
 	}
 	for _, kv := range o.Env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+		k, v, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok || k == "":
 			errs = append(errs, fmt.Errorf("--env %q: want KEY=VALUE", kv))
+		case badUTF8(k) > 0:
+			errs = append(errs, fmt.Errorf("--env %s: name not valid UTF-8 at byte %d", protocol.QuoteName(k), badUTF8(k)))
+		case badUTF8(v) > 0:
+			errs = append(errs, fmt.Errorf("--env %s: value not valid UTF-8 at byte %d", protocol.QuoteName(k), badUTF8(v)))
 		}
 	}
+	for i, a := range argv {
+		if n := badUTF8(a); n > 0 {
+			errs = append(errs, fmt.Errorf("argument %d: not valid UTF-8 at byte %d", i+1, n))
+		}
+	}
+	for i, c := range o.Commands {
+		if n := badUTF8(c); n > 0 {
+			errs = append(errs, fmt.Errorf("-c command %d: not valid UTF-8 at byte %d", i+1, n))
+		}
+	}
+	if n := badUTF8(o.Cwd); n > 0 {
+		errs = append(errs, fmt.Errorf("--cwd: not valid UTF-8 at byte %d", n))
+	}
 	return errors.Join(errs...)
+}
+
+// badUTF8 returns the position, counting from 1 as cmp does, of the first
+// byte of s that is not valid UTF-8, or 0 when s is valid UTF-8. Strings
+// that exec sends go as JSON strings, where such a byte would become
+// U+FFFD: the node would run something else, so the CLI refuses them.
+func badUTF8(s string) int {
+	if utf8.ValidString(s) {
+		return 0
+	}
+	for i, r := range s {
+		if r == utf8.RuneError {
+			if _, size := utf8.DecodeRuneInString(s[i:]); size == 1 {
+				return i + 1
+			}
+		}
+	}
+	return 0
 }
 
 // multi reports whether the target may be several nodes.
@@ -230,6 +268,9 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 				return nil, usage(errors.New("--script -: the script on standard input is empty: nothing to run (pipe the script in, or give its file)"))
 			}
 			return nil, usage(fmt.Errorf("--script %s: the script file is empty: nothing to run", name))
+		}
+		if n := badUTF8(string(b)); n > 0 {
+			return nil, usage(fmt.Errorf("--script %s: not valid UTF-8 at byte %d (Tether sends commands as UTF-8 text; convert the file, e.g. with iconv)", name, n))
 		}
 		req.Script = string(b)
 	}
