@@ -158,30 +158,40 @@ func (o *execOptions) Validate(argv []string) error {
 		errs = append(errs, fmt.Errorf("--max-parallel %d is negative", o.MaxParallel))
 	}
 	for _, kv := range o.Env {
-		k, v, ok := strings.Cut(kv, "=")
-		switch {
-		case !ok || k == "":
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			errs = append(errs, fmt.Errorf("--env %q: want KEY=VALUE", kv))
-		case badUTF8(k) > 0:
-			errs = append(errs, fmt.Errorf("--env %s: name not valid UTF-8 at byte %d", protocol.QuoteName(k), badUTF8(k)))
-		case badUTF8(v) > 0:
-			errs = append(errs, fmt.Errorf("--env %s: value not valid UTF-8 at byte %d", protocol.QuoteName(k), badUTF8(v)))
 		}
 	}
-	for i, a := range argv {
-		if n := badUTF8(a); n > 0 {
-			errs = append(errs, fmt.Errorf("argument %d: not valid UTF-8 at byte %d", i+1, n))
-		}
-	}
+	errs = append(errs, utf8Errs(argv, o.Env, o.Cwd)...)
 	for i, c := range o.Commands {
 		if n := badUTF8(c); n > 0 {
 			errs = append(errs, fmt.Errorf("-c command %d: not valid UTF-8 at byte %d", i+1, n))
 		}
 	}
-	if n := badUTF8(o.Cwd); n > 0 {
+	return errors.Join(errs...)
+}
+
+// utf8Errs reports each of argv (the command after --), env (--env K=V
+// flags) and cwd (--cwd) that is not valid UTF-8 (see badUTF8).
+func utf8Errs(argv, env []string, cwd string) []error {
+	var errs []error
+	for i, a := range argv {
+		if n := badUTF8(a); n > 0 {
+			errs = append(errs, fmt.Errorf("argument %d: not valid UTF-8 at byte %d", i+1, n))
+		}
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if n := badUTF8(k); n > 0 {
+			errs = append(errs, fmt.Errorf("--env %s: name not valid UTF-8 at byte %d", protocol.QuoteName(k), n))
+		} else if n := badUTF8(v); n > 0 {
+			errs = append(errs, fmt.Errorf("--env %s: value not valid UTF-8 at byte %d", protocol.QuoteName(k), n))
+		}
+	}
+	if n := badUTF8(cwd); n > 0 {
 		errs = append(errs, fmt.Errorf("--cwd: not valid UTF-8 at byte %d", n))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // badUTF8 returns the position, counting from 1 as cmp does, of the first

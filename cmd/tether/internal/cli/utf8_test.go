@@ -41,3 +41,29 @@ func TestExecRefusesInvalidUTF8(t *testing.T) {
 		})
 	}
 }
+
+// tether shell sends argv, env and cwd as JSON strings too.
+func TestShellRefusesInvalidUTF8(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"argv", []string{"--", "ls", "/tmp/\xff"}, "argument 2: not valid UTF-8 at byte 6"},
+		{"env value", []string{"--env", "X=caf\xe9"}, "--env X: value not valid UTF-8 at byte 4"},
+		{"cwd", []string{"--cwd", "/tmp/\xff"}, "--cwd: not valid UTF-8 at byte 6"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"shell", "--nats-url", unreachableNATS}
+			if tt.args[0] == "--" {
+				args = append(append(args, "n1"), tt.args...)
+			} else {
+				args = append(append(args, tt.args...), "n1")
+			}
+			r := runCLI(testCtx(t), nil, "", args...)
+			if r.code != exitUsage || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", r.code, clipForLog(r.stderr), exitUsage, tt.want)
+			}
+		})
+	}
+}
