@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tetherfleet/tether/fleettest"
 )
 
 // Bytes that are not UTF-8 in what exec sends as JSON strings (script,
@@ -65,5 +70,24 @@ func TestShellRefusesInvalidUTF8(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", r.code, clipForLog(r.stderr), exitUsage, tt.want)
 			}
 		})
+	}
+}
+
+// Standard input is bytes, not a JSON string: bytes that are not UTF-8
+// reach the command unchanged, streamed (--node) and buffered (--stdin on
+// several nodes: base64 in the request).
+func TestExecBinaryStdinUnchanged(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Agents: 2})
+	url := f.NATS.ClientURL()
+	data := []byte("caf\xe9 \xff\xfe\x80\n")
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	r := runCLIWith(testCtx(t), nil, bytes.NewReader(data), "exec", "--nats-url", url, "--node", "node-0", "--", "sha256sum")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, want) {
+		t.Errorf("--node: exit %d, stdout %q, want %s; stderr %q", r.code, r.stdout, want, r.stderr)
+	}
+	r = runCLIWith(testCtx(t), nil, bytes.NewReader(data), "exec", "--nats-url", url, "--all", "--stdin", "--", "sha256sum")
+	if r.code != 0 || strings.Count(r.stdout, want) != 2 {
+		t.Errorf("--all --stdin: exit %d, stdout %q, want %s twice; stderr %q", r.code, r.stdout, want, r.stderr)
 	}
 }
