@@ -67,11 +67,16 @@ func (o *shellOptions) ptyParams(argv []string, termName string) *protocol.PTYPa
 
 // checkParams refuses, before anything is sent, the params the agent (or
 // the coordinator) would refuse, with their own rules: the kind's Validate
-// (an empty argv[0], NUL, too many arguments or variables) and the stream
+// (an empty argv[0], NUL, too many arguments or variables), strings that
+// are not valid UTF-8 (utf8Errs) and the stream
 // header limit (protocol.CheckHeaderSize). terminal says which mode runs.
 func (o *shellOptions) checkParams(argv []string, terminal bool, termName string) error {
 	if len(argv) > 0 && argv[0] == "" {
 		return errors.New("the command after -- is empty")
+	}
+	// JSON would send bytes that are not UTF-8 as U+FFFD: another command.
+	if errs := utf8Errs(argv, o.Env, o.Cwd); len(errs) > 0 {
+		return errors.Join(errs...)
 	}
 	if terminal {
 		p := o.ptyParams(argv, termName)
