@@ -38,6 +38,24 @@ func auditFleet(t *testing.T, mutate func(*coordinator.Config)) (*fleettest.Flee
 	return auditFleetOpts(t, fleettest.Options{}, mutate)
 }
 
+// withAudit gives c an audit recorder on its NATS server that logs to
+// log, closed when the test ends.
+func withAudit(t *testing.T, c *coordinator.Config, log *slog.Logger) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec.Close(ctx)
+	})
+	c.Audit = rec
+}
+
 // auditFleetOpts is auditFleet with more fleet options.
 func auditFleetOpts(t *testing.T, opts fleettest.Options, mutate func(*coordinator.Config)) (*fleettest.Fleet, *lockedBuffer) {
 	t.Helper()
@@ -46,18 +64,7 @@ func auditFleetOpts(t *testing.T, opts fleettest.Options, mutate func(*coordinat
 	opts.Logger = testLogger(t)
 	opts.Coordinator = func(c *coordinator.Config) {
 		c.Logger = log
-		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-		defer cancel()
-		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-			defer cancel()
-			rec.Close(ctx)
-		})
-		c.Audit = rec
+		withAudit(t, c, log)
 		if mutate != nil {
 			mutate(c)
 		}

@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator"
-	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/natspipe"
@@ -698,18 +697,7 @@ identities:
 	store, _ := writePolicy(t, pol)
 	ih := newIDHarness(t, false, func(c *coordinator.Config) {
 		c.Policy = store
-		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-		defer cancel()
-		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: testLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-			defer cancel()
-			rec.Close(ctx)
-		})
-		c.Audit = rec
+		withAudit(t, c, testLogger(t))
 	})
 	endpoints := []struct {
 		subject string

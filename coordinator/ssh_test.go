@@ -18,7 +18,6 @@ import (
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
-	"github.com/tetherfleet/tether/coordinator/audit"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -294,18 +293,7 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	h, _ := newPolicyHarness(t, sshPolicy, func(c *coordinator.Config) {
 		c.Logger = log
-		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-		defer cancel()
-		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-			defer cancel()
-			rec.Close(ctx)
-		})
-		c.Audit = rec
+		withAudit(t, c, log)
 	})
 	const otherSession = "0123456789abcdef0123456789abcdef"
 	// n-a reports, for each connection: its channel naming another
@@ -459,18 +447,7 @@ func TestSSHStreamRevoked(t *testing.T) {
 	h := newHarness(t, func(c *coordinator.Config) {
 		c.Policy = store
 		c.Logger = log
-		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-		defer cancel()
-		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-			defer cancel()
-			rec.Close(ctx)
-		})
-		c.Audit = rec
+		withAudit(t, c, log)
 	})
 	h.dialAgent(t, agentOpts{id: "n-a", labels: map[string]string{"env": "staging"}, features: sshFeatures, stream: sshAgent(nil, nil)})
 	h.dialAgent(t, agentOpts{id: "n-b", labels: map[string]string{"env": "prod"}, features: sshFeatures, stream: sshAgent(nil, nil)})
@@ -564,18 +541,7 @@ func TestRelayRawStreamClientEndAudited(t *testing.T) {
 			log := slog.New(slog.NewJSONHandler(logs, nil))
 			h, _ := newPolicyHarness(t, sshPolicy, func(c *coordinator.Config) {
 				c.Logger = log
-				ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-				defer cancel()
-				rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID, Logger: log})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-					defer cancel()
-					rec.Close(ctx)
-				})
-				c.Audit = rec
+				withAudit(t, c, log)
 			})
 			// The agent answers dial-ok, echoes "hello", then hangs up
 			// (agentCloses) or waits for the client's end.
