@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -33,7 +34,7 @@ func TestJobStatusExitIsWaits(t *testing.T) {
 			st := tc.st
 			st.ID, st.Node, st.StartedAt, st.FinishedAt = "j1", "n1", fin.Add(-time.Second), &fin
 			rec := &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, Target: tc.target, State: protocol.JobStateRunning}
-			applyStatus(rec, &st)
+			jobstore.ApplyStatus(rec, &st, fin)
 			var b strings.Builder
 			if err := printJobStatus(&b, &st, rec); err != nil {
 				t.Fatal(err)
