@@ -71,9 +71,10 @@ import (
 //     having no revision (Nats-Expected-Last-Subject-Sequence 0, as KV
 //     Create), so it never overwrites another holder's live record
 //     (ErrExists), nor any record of another owner (ErrNotOwner: the id
-//     is that owner's, errIDInUse); every later write (recordEnd) is a compare-and-set on
-//     the revision it wrote, checked against holder, boot and epoch, so a
-//     coordinator that lost the job gets ErrFenced and writes nothing.
+//     is that owner's, errIDInUse); every later write (recordEnd) is a
+//     compare-and-set on the revision it wrote, checked against holder,
+//     boot and epoch, so a coordinator that lost the job gets ErrFenced
+//     and writes nothing.
 //   - idempotency: an idempotent submission goes the synchronous way
 //     (its key is created first; a repeat gets ErrDuplicate and runs
 //     nothing), and its record write carries the key as Nats-Msg-Id.
