@@ -57,7 +57,9 @@ const optCertAuthority = "cert-authority"
 // force); the gate warns when no key and no CA is left (warnIfLocked).
 func parseKeyFile(name string, data []byte, ca bool) (map[string]keyEntry, error) {
 	if len(data) > maxKeysFileSize {
-		return nil, fmt.Errorf("%s: %d bytes, over %d: not a key file", name, len(data), maxKeysFileSize)
+		// data is cut at maxKeysFileSize+1 by readKeyFile: its length is
+		// not the file's size.
+		return nil, fmt.Errorf("%s: over %d bytes (%d MiB): not a key file", name, maxKeysFileSize, maxKeysFileSize>>20)
 	}
 	what := "authorized key"
 	if ca {

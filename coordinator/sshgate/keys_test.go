@@ -44,6 +44,9 @@ func TestParseKeyFile(t *testing.T) {
 		{"garbage, every line reported", "ssh-ed25519 AAAA\n" + k1 + "nonsense\n", false, []string{"ak:1: not an authorized key line", "ak:3: not an authorized key line"}},
 		{"empty: no keys, no error (a reload that revokes them all)", "# nothing\n", false, nil},
 		{"empty CA file", "", true, nil},
+		// The size named is the limit, never the length read (cut at the
+		// limit): a 10 MB file was said to be 4194305 bytes.
+		{"over the size limit", strings.Repeat("#", 10<<20), false, []string{"ak: over 4194304 bytes (4 MiB): not a key file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseKeyFile("ak", []byte(tc.data), tc.ca)
