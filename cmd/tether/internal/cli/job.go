@@ -407,6 +407,15 @@ func statusRecord(ctx context.Context, c *client.Client, id string, rec *protoco
 // SIGTERM, exit code 143: 130 for a --node job, 1 for a fan-out's).
 func printJobStatus(w io.Writer, st *protocol.JobStatus, rec *protocol.JobRecord) error {
 	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, jobStatusState(st))
+	if st.State == protocol.JobLost {
+		// No exit status: `-`, as job list's EXIT, and why (the record's
+		// word, or the node's).
+		why := rec.Error
+		if why == "" {
+			why = "its outcome is unknown"
+		}
+		fmt.Fprintf(w, "exit:     - (lost: %s)\n", why)
+	}
 	if st.ExitCode != nil {
 		code, _, known := recordOutcome(rec)
 		if !known {

@@ -29,6 +29,8 @@ func TestJobStatusExitIsWaits(t *testing.T) {
 		{"exit 3", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(3)}, "exit:     3\n"},
 		{"exit 3 in a fan-out", "all", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(3)}, "exit:     1 (exit code 3)\n"},
 		{"killed", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(137), Signal: "KILL"}, "exit:     137 (signal KILL, exit code 137)\n"},
+		// A lost job had no exit: line at all (fresh-user pass fresh17c).
+		{"lost", "", protocol.JobStatus{State: protocol.JobLost}, "exit:     - (lost: node n1 lost the job: its supervisor on the node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st
