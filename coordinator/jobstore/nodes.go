@@ -51,55 +51,38 @@ const maxMergeAttempts = 64
 // running; exited or lost records the node's result, and ends the job if
 // it was the last node without one.
 func (s *Store) observeNode(ctx context.Context, j *Job, st *protocol.JobStatus) (bool, error) {
-	res, err := nodeResultOf(st)
-	if err != nil {
-		return false, fmt.Errorf("jobstore: observe job %s: %w", j.ID, err)
+	var res protocol.NodeResult
+	switch st.State {
+	case protocol.JobRunning:
+	case protocol.JobExited:
+		res = exitResult(st)
+	case protocol.JobLost:
+		res = lostResult(st.Node, lostMessage(st.Node))
+	default:
+		return false, fmt.Errorf("jobstore: observe job %s: unknown node state %s", j.ID, protocol.Clip(st.State))
 	}
 	if !slices.Contains(j.Nodes, st.Node) {
 		return j.State.Terminal(), fmt.Errorf("jobstore: observe job %s: node %s: %w (%s)", j.ID, protocol.Clip(st.Node), ErrNotInJob, strings.Join(j.Nodes, ","))
 	}
-	return s.mergeNodes(ctx, j, func(rec *Record) bool { return applyNode(rec, st, res) })
-}
-
-// nodeResultOf is the result st, a node's status of a detached job on
-// several nodes, gives that node: its exit, or its loss; none (the zero
-// result) while it runs. A state it does not know is an error.
-func nodeResultOf(st *protocol.JobStatus) (protocol.NodeResult, error) {
-	switch st.State {
-	case protocol.JobRunning:
-		return protocol.NodeResult{}, nil
-	case protocol.JobExited:
-		return exitResult(st), nil
-	case protocol.JobLost:
-		return lostResult(st.Node, lostMessage(st.Node)), nil
-	}
-	return protocol.NodeResult{}, fmt.Errorf("unknown node state %s", protocol.Clip(st.State))
-}
-
-// applyNode applies st, with res its nodeResultOf, to rec, a detached job
-// on several nodes: running starts a job not yet running; an end adds the
-// node's result (addResult, which ends the job once every node has one),
-// the job starting when its earliest node did and finishing when its last
-// did (mergeNodes stamps now when that node gave no end). It reports
-// whether rec changed.
-func applyNode(rec *Record, st *protocol.JobStatus, res protocol.NodeResult) bool {
-	if st.State == protocol.JobRunning {
-		if rec.State != Dispatched && rec.State != Queued {
+	return s.mergeNodes(ctx, j, func(rec *Record) bool {
+		if st.State == protocol.JobRunning {
+			if rec.State != Dispatched && rec.State != Queued {
+				return false
+			}
+			rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
+			return true
+		}
+		if !addResult(rec, res) {
 			return false
 		}
-		rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
+		if rec.StartedAt.IsZero() || st.StartedAt.Before(rec.StartedAt) && !st.StartedAt.IsZero() {
+			rec.StartedAt = st.StartedAt.UTC()
+		}
+		if rec.State.Terminal() && st.FinishedAt != nil {
+			rec.FinishedAt = st.FinishedAt.UTC() // the last node's end (else now)
+		}
 		return true
-	}
-	if !addResult(rec, res) {
-		return false
-	}
-	if rec.StartedAt.IsZero() || st.StartedAt.Before(rec.StartedAt) && !st.StartedAt.IsZero() {
-		rec.StartedAt = st.StartedAt.UTC()
-	}
-	if rec.State.Terminal() && st.FinishedAt != nil {
-		rec.FinishedAt = st.FinishedAt.UTC() // the last node's end (else now)
-	}
-	return true
+	})
 }
 
 // LoseNodes records each of nodes (of detached job j on several nodes)

@@ -156,44 +156,27 @@ func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bo
 		return false, fmt.Errorf("jobstore: observe job %s: node %s: %w (%s)", j.ID, protocol.Clip(st.Node), ErrNotInJob, strings.Join(j.Nodes, ","))
 	}
 	rec := j.Record
-	ok, err := applyOne(&rec, st, s.now())
-	if err != nil {
-		return false, fmt.Errorf("jobstore: observe job %s: %w", j.ID, err)
-	}
-	if !ok {
-		return rec.State.Terminal(), nil
-	}
-	if err := s.write(ctx, j, rec); err != nil {
-		return false, err
-	}
-	if !rec.State.Terminal() {
-		return false, nil // its queue message stays until it ends
-	}
-	return true, s.ack(ctx, j.ID)
-}
-
-// applyOne applies st, the status of the one node of detached job rec, to
-// rec as Observe records it: running starts it, lost ends it lost (the
-// node's word, lostMessage), exited ends it cancelled, succeeded or
-// failed with st as its one result (finished when the node says, else at
-// now). It reports whether that moves rec forward (only then is rec's
-// change to be kept); a state it does not know is an error.
-func applyOne(rec *Record, st *protocol.JobStatus, now time.Time) (bool, error) {
-	from := rec.State
 	switch st.State {
 	case protocol.JobRunning:
-		if from == Running {
+		if j.State == Running {
 			return false, nil
 		}
 		rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
 	case protocol.JobLost:
-		rec.State, rec.FinishedAt, rec.Error = Lost, now, lostMessage(st.Node)
+		rec.State, rec.FinishedAt, rec.Error = Lost, s.now(), lostMessage(st.Node)
 	case protocol.JobExited:
-		res := exitResult(st)
+		res := protocol.NodeResult{Node: st.Node, Detached: true, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
+			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated}
+		if st.ExitCode != nil {
+			res.ExitCode = *st.ExitCode
+		} else {
+			res.ExitCode = -1
+		}
 		if st.FinishedAt != nil {
 			rec.FinishedAt = st.FinishedAt.UTC()
+			res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
 		} else {
-			rec.FinishedAt = now
+			rec.FinishedAt = s.now()
 		}
 		rec.Results = []protocol.NodeResult{res}
 		rec.Succeeded, rec.Failed = 0, 0
@@ -206,40 +189,21 @@ func applyOne(rec *Record, st *protocol.JobStatus, now time.Time) (bool, error) 
 			rec.State, rec.Failed = Failed, 1
 		}
 	default:
-		return false, fmt.Errorf("unknown node state %s", protocol.Clip(st.State))
+		return false, fmt.Errorf("jobstore: observe job %s: unknown node state %s", j.ID, protocol.Clip(st.State))
 	}
 	if rec.StartedAt.IsZero() {
 		rec.StartedAt = st.StartedAt.UTC()
 	}
-	return forward(from, rec.State), nil
-}
-
-// ApplyStatus brings rec, a detached job's record as read, up to date with
-// st, a status its node st.Node answered, by the rules Observe records
-// it with, without writing anything: for a reader that asked the nodes
-// and shows what they said before their reports reached the record. now
-// stamps the end of a job whose node gave none. It reports whether rec
-// changed; a terminal record, a node the job does not name, or a state
-// this store does not know leave it as it is.
-func ApplyStatus(rec *Record, st *protocol.JobStatus, now time.Time) bool {
-	if rec.State.Terminal() || !slices.Contains(rec.Nodes, st.Node) {
-		return false
+	if !forward(j.State, rec.State) {
+		return rec.State.Terminal(), nil
 	}
-	r := *rec
-	r.Results = slices.Clone(rec.Results)
-	if len(rec.Nodes) > 1 {
-		res, err := nodeResultOf(st)
-		if err != nil || !applyNode(&r, st, res) {
-			return false
-		}
-		if r.State.Terminal() && r.FinishedAt.IsZero() {
-			r.FinishedAt = now
-		}
-	} else if ok, err := applyOne(&r, st, now); err != nil || !ok {
-		return false
+	if err := s.write(ctx, j, rec); err != nil {
+		return false, err
 	}
-	*rec = r
-	return true
+	if !rec.State.Terminal() {
+		return false, nil // its queue message stays until it ends
+	}
+	return true, s.ack(ctx, j.ID)
 }
 
 func (s *Store) isPending(id string) bool {

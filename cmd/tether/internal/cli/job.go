@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
-	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -386,17 +385,94 @@ func statusRecord(ctx context.Context, c *client.Client, id string, rec *protoco
 		r.Results = slices.Clone(rec.Results)
 		r.Nodes = slices.Clone(rec.Nodes)
 	} else {
-		// Its nodes answered, so it was dispatched to them.
-		r = protocol.JobRecord{ID: id, Detached: true, State: protocol.JobDispatched}
+		r = protocol.JobRecord{ID: id, Detached: true}
 		for _, st := range sts {
 			r.Nodes = append(r.Nodes, st.Node)
 		}
 		slices.Sort(r.Nodes)
 	}
 	for _, st := range sts {
-		jobstore.ApplyStatus(&r, st, time.Now().UTC())
+		applyStatus(&r, st)
 	}
 	return &r
+}
+
+// applyStatus applies st, a node's status of the detached job r, to r as
+// the job store does: running moves a job not yet running to running;
+// exited or lost adds the node's result and, once every node has one,
+// ends the job: succeeded when every node's result is OK; else cancelled
+// when a node's run was cancelled; lost when every node lost it (one
+// node: lost, with no result); else failed.
+func applyStatus(r *protocol.JobRecord, st *protocol.JobStatus) {
+	if r.State.Terminal() || !slices.Contains(r.Nodes, st.Node) {
+		return
+	}
+	if r.StartedAt.IsZero() || (!st.StartedAt.IsZero() && st.StartedAt.Before(r.StartedAt)) {
+		r.StartedAt = st.StartedAt.UTC()
+	}
+	if r.State == "" || r.State == protocol.JobQueued || r.State == protocol.JobDispatched {
+		r.State = protocol.JobStateRunning // a node started it
+	}
+	var res protocol.NodeResult
+	switch st.State {
+	case protocol.JobExited:
+		res = protocol.NodeResult{Node: st.Node, Detached: true, ExitCode: -1, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
+			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated,
+			Truncated: st.StdoutTruncated || st.StderrTruncated}
+		if st.ExitCode != nil {
+			res.ExitCode = *st.ExitCode
+		}
+		if st.FinishedAt != nil {
+			res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
+		}
+		if st.TimedOut && res.ExitCode == 0 {
+			res.ExitCode = exitTimedOut
+		}
+	case protocol.JobLost:
+		why := fmt.Sprintf("node %s lost the job: its outcome is unknown", st.Node)
+		if len(r.Nodes) == 1 {
+			r.State, r.Error, r.FinishedAt = protocol.JobStateLost, why, time.Now().UTC()
+			return
+		}
+		res = protocol.NodeResult{Node: st.Node, Detached: true, ExitCode: -1, Error: why, ErrorCode: protocol.ResultCodeLost}
+	default:
+		return // running, or a state this client does not know
+	}
+	i, found := slices.BinarySearchFunc(r.Results, st.Node, func(x protocol.NodeResult, n string) int { return strings.Compare(x.Node, n) })
+	if found {
+		return
+	}
+	r.Results = slices.Insert(r.Results, i, res)
+	if len(r.Results) < len(r.Nodes) {
+		return
+	}
+	ok, lost, cancelled := 0, 0, 0
+	for i := range r.Results {
+		switch x := &r.Results[i]; {
+		case x.OK() && !x.TimedOut:
+			ok++
+		case x.ErrorCode == protocol.ResultCodeLost:
+			lost++
+		case x.Cancelled:
+			cancelled++
+		}
+	}
+	r.Succeeded, r.Failed = ok, len(r.Results)-ok
+	switch {
+	case lost == len(r.Results):
+		r.State, r.Error = protocol.JobStateLost, "every node lost the job"
+	case cancelled > 0:
+		r.State = protocol.JobCancelled
+	case ok < len(r.Results):
+		r.State = protocol.JobFailed
+	default:
+		r.State = protocol.JobSucceeded
+	}
+	if st.FinishedAt != nil {
+		r.FinishedAt = st.FinishedAt.UTC()
+	} else {
+		r.FinishedAt = time.Now().UTC()
+	}
 }
 
 // printJobStatus prints st, a node's status of the detached job rec (the

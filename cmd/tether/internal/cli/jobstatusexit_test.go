@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/coordinator/jobstore"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -36,7 +35,7 @@ func TestJobStatusExitIsWaits(t *testing.T) {
 			st := tc.st
 			st.ID, st.Node, st.StartedAt, st.FinishedAt = "j1", "n1", fin.Add(-time.Second), &fin
 			rec := &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, Target: tc.target, State: protocol.JobStateRunning}
-			jobstore.ApplyStatus(rec, &st, fin)
+			applyStatus(rec, &st)
 			var b strings.Builder
 			if err := printJobStatus(&b, &st, rec); err != nil {
 				t.Fatal(err)
