@@ -40,6 +40,17 @@ const (
 	JobLost = "lost"
 )
 
+// JobLostError is the error recorded for node's run of a detached job
+// that node reported JobLost (a JobRecord's Error, or its NodeResult's):
+// what the node saw, which is that the job's shim ended without recording
+// the job's end; the shim's parent-death signal kills the job's main
+// process with it. It does not say "the agent restarted": a detached job
+// outlives its agent. The job store records it and the CLI, bringing a
+// record that lags its nodes up to date, says the same.
+func JobLostError(node string) string {
+	return fmt.Sprintf("node %s lost the job: its supervisor on the node (the job shim) ended while the job ran, without recording how the job ended (killed? the node rebooted?); the job's main process was killed with it", node)
+}
+
 // JobParams are the params of a job stream's header.
 type JobParams struct {
 	Op string `json:"op"`

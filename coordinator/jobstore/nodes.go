@@ -32,15 +32,6 @@ import (
 // ErrNotInJob: the status is of a node the job does not run on.
 var ErrNotInJob = errors.New("jobstore: node is not one of the job's nodes")
 
-// lostMessage is the error of a job that node reported lost
-// (protocol.JobLost): what the node saw, which is that the job's shim
-// ended without recording the job's end; the shim's parent-death signal
-// kills the job's main process with it. It does not say "the agent
-// restarted": a detached job outlives its agent.
-func lostMessage(node string) string {
-	return fmt.Sprintf("node %s lost the job: its supervisor on the node (the job shim) ended while the job ran, without recording how the job ended (killed? the node rebooted?); the job's main process was killed with it", node)
-}
-
 // maxMergeAttempts bounds the compare-and-set retries of one node result
 // write. Each conflict is another writer's success, so a job on N nodes
 // reporting at once needs at most N attempts.
@@ -57,7 +48,7 @@ func (s *Store) observeNode(ctx context.Context, j *Job, st *protocol.JobStatus)
 	case protocol.JobExited:
 		res = exitResult(st)
 	case protocol.JobLost:
-		res = lostResult(st.Node, lostMessage(st.Node))
+		res = lostResult(st.Node, protocol.JobLostError(st.Node))
 	default:
 		return false, fmt.Errorf("jobstore: observe job %s: unknown node state %s", j.ID, protocol.Clip(st.State))
 	}

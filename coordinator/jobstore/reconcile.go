@@ -163,7 +163,7 @@ func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bo
 		}
 		rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
 	case protocol.JobLost:
-		rec.State, rec.FinishedAt, rec.Error = Lost, s.now(), lostMessage(st.Node)
+		rec.State, rec.FinishedAt, rec.Error = Lost, s.now(), protocol.JobLostError(st.Node)
 	case protocol.JobExited:
 		res := protocol.NodeResult{Node: st.Node, Detached: true, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
 			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated}

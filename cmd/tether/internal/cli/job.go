@@ -429,7 +429,7 @@ func applyStatus(r *protocol.JobRecord, st *protocol.JobStatus) {
 			res.ExitCode = exitTimedOut
 		}
 	case protocol.JobLost:
-		why := fmt.Sprintf("node %s lost the job: its outcome is unknown", st.Node)
+		why := protocol.JobLostError(st.Node)
 		if len(r.Nodes) == 1 {
 			r.State, r.Error, r.FinishedAt = protocol.JobStateLost, why, time.Now().UTC()
 			return
