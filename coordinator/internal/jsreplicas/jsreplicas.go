@@ -60,9 +60,14 @@ type Store struct {
 // Create calls create with a replica count and returns the count that
 // succeeded. st.Replicas > 0 forces that count; 0 tries Max, then each
 // smaller count down to 1, moving on only while create's error says the
-// servers cannot place that many replicas (TooFewPeers), and only when
-// st.Exists does not find the store with at least that many already (made
-// meanwhile by another creator: it is kept, and its count returned). Each call gets a
+// servers cannot place that many replicas (TooFewPeers; a cluster's
+// refusal, 10005 or 10023, is first asked again once after a pause, as a
+// peer of a cluster that just started may not be current yet), and only
+// when st.Exists does not find the store with at least that many already
+// (made meanwhile by another creator: it is kept, and its count returned;
+// the same look follows a smaller count's create refused because the name
+// is in use, 10058, which is that creator's store landing between the look
+// and the create). Each call gets a
 // context bounded by ctx and by a few seconds (1, then 2, then 4: see
 // attemptTimeout); a call that ran out of them is followed by a look at
 // the store (st.Exists, if set: one that exists with the count asked for
@@ -88,10 +93,33 @@ func Create(ctx context.Context, st Store, create func(ctx context.Context, repl
 			tries = append(tries, r)
 		}
 	}
-	for _, r := range tries {
+	for i, r := range tries {
 		err := attempt(ctx, &st, r, create)
+		for n := 1; n <= placementRetries && r > 1 && placementRefused(err); n++ {
+			// A cluster that just started refuses placement while a peer
+			// is not yet current; asked again a moment later it places
+			// them. Stepping down at once would give this creator fewer
+			// replicas than the others starting with it.
+			select {
+			case <-ctx.Done():
+				return 0, fmt.Errorf("replicas %d: %w", r, err)
+			case <-time.After(retryPause(n)):
+			}
+			err = attempt(ctx, &st, r, create)
+		}
 		if err == nil {
 			return r, nil
+		}
+		if i > 0 && NameInUse(err) && st.Exists != nil {
+			// Stepped down while another creator placed the store with
+			// more replicas: its create landed between this one's look and
+			// this one's create, so the name is taken with another count.
+			lctx, cancel := context.WithTimeout(ctx, existsTimeout)
+			have, ok, lerr := st.Exists(lctx)
+			cancel()
+			if lerr == nil && ok && have >= r {
+				return have, nil
+			}
 		}
 		if !TooFewPeers(err) || r == tries[len(tries)-1] {
 			return 0, fmt.Errorf("replicas %d: %w", r, err)
@@ -168,6 +196,26 @@ func retryPause(n int) time.Duration {
 func Unavailable(err error) bool {
 	var ae *jetstream.APIError
 	return errors.As(err, &ae) && ae.ErrorCode == 10008
+}
+
+// placementRetries is how many times a count refused for want of peers
+// (placementRefused) is asked for again before Create steps down.
+const placementRetries = 1
+
+// placementRefused reports whether err is a cluster's refusal to place
+// that many replicas now (10005 no suitable peers, 10023 insufficient
+// resources), which a peer catching up can end; not 10074 (a server
+// outside any cluster), which is final.
+func placementRefused(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && (ae.ErrorCode == 10005 || ae.ErrorCode == 10023)
+}
+
+// NameInUse reports whether err says a stream of that name exists with
+// another configuration (10058, "stream name already in use").
+func NameInUse(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamNameInUse
 }
 
 // TooFewPeers reports whether err says the JetStream servers cannot place

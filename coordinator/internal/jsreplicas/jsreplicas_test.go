@@ -138,8 +138,14 @@ func TestCreateStopsAtOtherErrors(t *testing.T) {
 	tried = nil
 	few := &jetstream.APIError{Code: 500, ErrorCode: 10023, Description: "insufficient resources"}
 	_, err = jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 0}, func(_ context.Context, r int) error { tried = append(tried, r); return few })
-	if !errors.Is(err, few) || fmt.Sprint(tried) != "[3 2 1]" {
-		t.Errorf("err %v after tries %v, want insufficient resources after [3 2 1]", err, tried)
+	if !errors.Is(err, few) || fmt.Sprint(tried) != "[3 3 2 2 1]" {
+		t.Errorf("err %v after tries %v, want insufficient resources after [3 3 2 2 1] (a cluster's refusal asked again once)", err, tried)
+	}
+	tried = nil
+	notCluster := &jetstream.APIError{Code: 500, ErrorCode: 10074, Description: "replicas > 1 not supported in non-clustered mode"}
+	_, err = jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 0}, func(_ context.Context, r int) error { tried = append(tried, r); return notCluster })
+	if !errors.Is(err, notCluster) || fmt.Sprint(tried) != "[3 2 1]" {
+		t.Errorf("err %v after tries %v, want not clustered after [3 2 1] (no count asked twice)", err, tried)
 	}
 	tried = nil
 	if r, err := jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 2}, func(_ context.Context, r int) error { tried = append(tried, r); return nil }); r != 2 || err != nil || fmt.Sprint(tried) != "[2]" {
@@ -147,6 +153,48 @@ func TestCreateStopsAtOtherErrors(t *testing.T) {
 	}
 	if _, err := jsreplicas.Create(context.Background(), jsreplicas.Store{Replicas: 6}, func(context.Context, int) error { return nil }); err == nil {
 		t.Error("replicas 6 accepted")
+	}
+}
+
+// TestCreateRacingCreators: coordinators starting together on a fresh
+// cluster. One is refused placement for 3 replicas (a peer not current
+// yet) while another's create of 3 lands: asked again, the first gets 3
+// too instead of stepping down (it used to create or find the store with
+// 2, or fail); and one that stepped down anyway and finds the name taken
+// (10058: the other's store landed between its look and its create) keeps
+// the other's store and says 3. CI saw TestClusterOfThree fail this way.
+func TestCreateRacingCreators(t *testing.T) {
+	noPeers := &jetstream.APIError{Code: 500, ErrorCode: 10005, Description: "no suitable peers for placement"}
+	var tried []int
+	r, err := jsreplicas.Create(testContext(t), jsreplicas.Store{Exists: func(context.Context) (int, bool, error) { return 0, false, nil }}, func(_ context.Context, r int) error {
+		tried = append(tried, r)
+		if len(tried) == 1 {
+			return noPeers
+		}
+		return nil
+	})
+	if r != 3 || err != nil || fmt.Sprint(tried) != "[3 3]" {
+		t.Errorf("refused once: %d, %v after tries %v; want 3 after [3 3]", r, err, tried)
+	}
+
+	inUse := &jetstream.APIError{Code: 400, ErrorCode: 10058, Description: "stream name already in use with a different configuration"}
+	tried = nil
+	looks := 0
+	r, err = jsreplicas.Create(testContext(t), jsreplicas.Store{Exists: func(context.Context) (int, bool, error) {
+		looks++
+		if looks == 1 { // the look after 3 was refused: not there yet
+			return 0, false, nil
+		}
+		return 3, true, nil
+	}}, func(_ context.Context, r int) error {
+		tried = append(tried, r)
+		if r == 3 {
+			return noPeers
+		}
+		return inUse
+	})
+	if r != 3 || err != nil || fmt.Sprint(tried) != "[3 3 2]" {
+		t.Errorf("stepped down into the other's store: %d, %v after tries %v; want 3 after [3 3 2]", r, err, tried)
 	}
 }
 
