@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nkeys"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // Kind is what proved an identity: the kind part of KIND:VALUE.
@@ -231,7 +233,7 @@ func checkName(v string, max int, extra string) error {
 			return fmt.Errorf("name %q must start with a letter or digit", v)
 		}
 		if !alnum && strings.IndexByte(extra, c) < 0 {
-			return fmt.Errorf("name %q: character %q is not allowed (letters, digits and %q only)", v, c, extra)
+			return fmt.Errorf("name %q: %s is not allowed (letters, digits and %q only)", v, protocol.CharAt(v, i), extra)
 		}
 	}
 	return nil
@@ -279,7 +281,7 @@ func checkUser(v string) error {
 			return fmt.Errorf("user name %q must start with a letter or '_'", v)
 		}
 		if !letter && !(c >= '0' && c <= '9') && c != '.' && c != '-' {
-			return fmt.Errorf("user name %q: character %q is not allowed (letters, digits, '.', '_' and '-' only)", v, c)
+			return fmt.Errorf("user name %q: %s is not allowed (letters, digits, '.', '_' and '-' only)", v, protocol.CharAt(v, i))
 		}
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The NATS micro service. `nats micro ls` lists it as ServiceName.
@@ -161,6 +162,17 @@ func QuoteName(name string) string {
 		return q
 	}
 	return name
+}
+
+// CharAt names what starts at byte i of s, for an error that refuses it:
+// "character 'é'" for a UTF-8 character (the whole character, not its
+// first byte read as Latin-1), "byte 0xff (not UTF-8)" for a byte that
+// starts none. i must be within s.
+func CharAt(s string, i int) string {
+	if r, n := utf8.DecodeRuneInString(s[i:]); r != utf8.RuneError || n > 1 {
+		return fmt.Sprintf("character %q", r)
+	}
+	return fmt.Sprintf("byte %#02x (not UTF-8)", s[i])
 }
 
 // Duration is a time.Duration that encodes as a Go duration string ("1m30s")

@@ -93,6 +93,23 @@ func TestSelectorEmptyTerms(t *testing.T) {
 	}
 }
 
+// TestSelectorNamesTheCharacter: a character a key or value may not hold
+// is named as the character it is ('é', not the 'Ã' of its first byte),
+// and a byte that is not UTF-8 as that byte (0xff, not 'ÿ').
+func TestSelectorNamesTheCharacter(t *testing.T) {
+	for _, tt := range []struct{ sel, want string }{
+		{"gpu\xff", "at offset 3: byte 0xff (not UTF-8) is not allowed"},
+		{"zone=caf\u00e9", "at offset 8: character 'é' is not allowed"},
+		{"a*b", "at offset 1: character '*' is not allowed"},
+		{"a in (x,\u00fcber)", "at offset 8: character 'ü' is not allowed"},
+	} {
+		_, err := protocol.ParseSelector(tt.sel)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseSelector(%q) = %v, want an error containing %q", tt.sel, err, tt.want)
+		}
+	}
+}
+
 func TestParseLabels(t *testing.T) {
 	m, err := protocol.ParseLabels("gpu=a100, zone=x,")
 	if err != nil || len(m) != 2 || m["gpu"] != "a100" || m["zone"] != "x" {

@@ -286,11 +286,12 @@ func labelValue(t term) (string, error) {
 }
 
 // atOffset places err, about t, in the selector: at the first byte of t
-// that ok refuses, naming it, else at t's start.
+// that ok refuses, naming the character it starts (or the byte, when it
+// starts no UTF-8 character), else at t's start.
 func atOffset(t term, err error, ok func(byte) bool) error {
 	for i := 0; i < len(t.s); i++ {
 		if !ok(t.s[i]) {
-			return fmt.Errorf("at offset %d: character %q is not allowed: %w", t.off+i, t.s[i], err)
+			return fmt.Errorf("at offset %d: %s is not allowed: %w", t.off+i, CharAt(t.s, i), err)
 		}
 	}
 	return fmt.Errorf("at offset %d: %w", t.off, err)
