@@ -39,7 +39,7 @@ func TestDevSurvivesClosedLogPipe(t *testing.T) {
 	dir := t.TempDir()
 	httpAddr := freeLoopbackAddr(t)
 	cmd := exec.Command(exe, "dev", "--data-dir", filepath.Join(dir, "dev"), "--nats-port", "0",
-		"--tunnel-addr", "127.0.0.1:0", "--http-addr", httpAddr,
+		"--listen", "127.0.0.1:0", "--http-addr", httpAddr,
 		"--openshell-listen=", "--opensandbox-listen=", "--ssh-addr=")
 	cmd.Env = append(os.Environ(), cliMainEnv+"=1", "HOME="+dir, "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
 	r, w, err := os.Pipe()

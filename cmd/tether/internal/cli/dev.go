@@ -72,12 +72,12 @@ type devOptions struct {
 	SSHAddr string
 	// DirectAddr is the coordinator's --direct-addr: the tunnel listener
 	// as clients reach it for their streams' direct data path. Default ""
-	// (--tunnel-addr's host and bound port); "off" relays streams over
+	// (--listen's host and bound port); "off" relays streams over
 	// NATS, as for a client that can reach only NATS.
 	DirectAddr string
 	// Transports and WebSocketPing are the local agent's --transport and
 	// --websocket-ping (default tls; "wss" or "wss,tls" tries the
-	// WebSocket transport the coordinator serves on --tunnel-addr too).
+	// WebSocket transport the coordinator serves on --listen too).
 	Transports    []string
 	WebSocketPing time.Duration
 	// transportGiven and pingGiven record whether --transport and
@@ -138,7 +138,7 @@ func (o *devOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--nats-port %d: want 0-65535", o.NATSPort))
 	}
 	if err := checkHostPort(o.TunnelAddr); err != nil {
-		errs = append(errs, fmt.Errorf("--tunnel-addr: %w", err))
+		errs = append(errs, fmt.Errorf("--listen: %w", err))
 	}
 	if err := checkHostPort(o.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr: %w", err))
@@ -150,7 +150,7 @@ func (o *devOptions) Validate() error {
 	}
 	if o.DirectAddr != "" && !strings.EqualFold(o.DirectAddr, "off") {
 		if err := coordinator.CheckDirectAddr(o.DirectAddr); err != nil {
-			errs = append(errs, fmt.Errorf("--direct-addr: %w (want HOST:PORT as clients reach --tunnel-addr, or off)", err))
+			errs = append(errs, fmt.Errorf("--direct-addr: %w (want HOST:PORT as clients reach --listen, or off)", err))
 		}
 	}
 	errs = append(errs, checkTransports(o.Transports, o.transportGiven, o.WebSocketPing, o.pingGiven)...)
@@ -208,6 +208,12 @@ To run several side by side, give each its own --data-dir and ports.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			o.transportGiven, o.pingGiven = cmd.Flags().Changed("transport"), cmd.Flags().Changed("websocket-ping")
+			if cmd.Flags().Changed("tunnel-addr") {
+				if cmd.Flags().Changed("listen") {
+					return usage(errors.New("--tunnel-addr is --listen's old name: give only --listen"))
+				}
+				fmt.Fprintln(e.stderr, "tether: --tunnel-addr is deprecated: use --listen, as tether coordinator does")
+			}
 			if err := o.Validate(); err != nil {
 				return usage(err)
 			}
@@ -218,7 +224,14 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f := cmd.Flags()
 	f.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory for the dev PKI, token, NATS store and agent")
 	f.IntVar(&o.NATSPort, "nats-port", o.NATSPort, "embedded NATS port on 127.0.0.1 (0: any free port)")
-	f.StringVar(&o.TunnelAddr, "tunnel-addr", o.TunnelAddr, "tunnel listen address")
+	f.StringVar(&o.TunnelAddr, "listen", o.TunnelAddr, "agent tunnel listen address (TLS; also WebSocket), as tether coordinator's --listen")
+	// --tunnel-addr was this flag's name before it took the coordinator's;
+	// kept, hidden, so that scripts written for it still run. Not
+	// MarkDeprecated: cobra prints that notice on stdout.
+	f.StringVar(&o.TunnelAddr, "tunnel-addr", o.TunnelAddr, "agent tunnel listen address")
+	if err := f.MarkHidden("tunnel-addr"); err != nil {
+		panic(err) // the flag is defined just above
+	}
 	f.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "admin listen address (/metrics, /healthz, /readyz, the web console under /console/)")
 	f.StringVar(&o.OpenShellListen, "openshell-listen", o.OpenShellListen, `OpenShell gRPC facade address on loopback ("" turns it off)`)
 	f.StringVar(&o.OpenSandboxListen, "opensandbox-listen", o.OpenSandboxListen, `OpenSandbox HTTP facade address on loopback ("" turns it off)`)
@@ -230,8 +243,8 @@ To run several side by side, give each its own --data-dir and ports.`,
 	f.StringSliceVar(&o.CopyRoots, "copy-root", nil, "directory the local agent's copies may write to and read from (repeatable or comma-separated; default: / when not root, so anywhere you can write; as root: the data dir, the working directory and the temporary directory)")
 	durationVar(f, &o.InventoryInterval, "inventory-interval", o.InventoryInterval, "how often the agent's gateways are listed")
 	f.StringVar(&o.SSHAddr, "ssh-addr", o.SSHAddr, `SSH jump host address, accepting your ~/.ssh/*.pub keys ("" turns it off; tether ssh-proxy works without)`)
-	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --tunnel-addr address as clients reach it, for their streams' direct data path (HOST:PORT; default: --tunnel-addr's host and bound port; "off": streams are relayed over NATS)`)
-	f.StringSliceVar(&o.Transports, "transport", o.Transports, "how the local agent reaches the coordinator, in the order tried: tls (raw TLS), wss (WebSocket over TLS on --tunnel-addr, path "+tunnel.WebSocketPath+"); default tls")
+	f.StringVar(&o.DirectAddr, "direct-addr", o.DirectAddr, `the --listen address as clients reach it, for their streams' direct data path (HOST:PORT; default: --listen's host and bound port; "off": streams are relayed over NATS)`)
+	f.StringSliceVar(&o.Transports, "transport", o.Transports, "how the local agent reaches the coordinator, in the order tried: tls (raw TLS), wss (WebSocket over TLS on --listen, path "+tunnel.WebSocketPath+"); default tls")
 	durationVar(f, &o.WebSocketPing, "websocket-ping", o.WebSocketPing, "with --transport wss only: the local agent's WebSocket ping interval (at least 1s; default and 0: 15s; negative: no pings)")
 	o.Log.addFlags(cmd)
 	return cmd

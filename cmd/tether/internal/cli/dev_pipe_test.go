@@ -32,7 +32,7 @@ func TestDevSurvivesClosedPipes(t *testing.T) {
 	dir := t.TempDir()
 	home := t.TempDir()
 	cmd := exec.Command(exe, "dev", "--data-dir", dir, "--nats-port", "0",
-		"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "",
+		"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "",
 		"--openshell-listen", "", "--opensandbox-listen", "", "--log-level", "debug")
 	cmd.Env = append(os.Environ(), cliMainEnv+"=1", "HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, ".config"))
 	stdout, err := cmd.StdoutPipe()

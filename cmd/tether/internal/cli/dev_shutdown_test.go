@@ -30,7 +30,7 @@ func TestDevShutdownReportsShutdown(t *testing.T) {
 	go func() {
 		defer close(done)
 		code = run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0",
-			"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
+			"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
 			"--openshell-listen", "", "--opensandbox-listen", ""}, e)
 	}()
 	t.Cleanup(func() {

@@ -33,7 +33,7 @@ func TestDevTransportFlagsRefused(t *testing.T) {
 }
 
 // `tether dev --transport wss` connects the local agent over WebSocket
-// (the coordinator serves it on --tunnel-addr), and the node record says
+// (the coordinator serves it on --listen), and the node record says
 // so; jobs run through it. --direct-addr off starts dev with streams
 // relayed over NATS.
 func TestDevTransportWebSocket(t *testing.T) {

@@ -39,7 +39,7 @@ func runDevT(t *testing.T, dir string, getenv func(string) string, extra ...stri
 	var code int
 	done := make(chan struct{})
 	args := append([]string{"dev", "--data-dir", dir, "--nats-port", "0",
-		"--tunnel-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
+		"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ssh-addr", "127.0.0.1:0", "--log-level", "warn",
 		"--openshell-listen", "", "--opensandbox-listen", ""}, extra...)
 	go func() {
 		defer close(done)

@@ -236,7 +236,7 @@ func runDevRecording(t *testing.T) *recordingRegistry {
 		registry: func() metricsRegistry { return reg }}
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0", "--tunnel-addr", "127.0.0.1:0",
+		done <- run(ctx, []string{"dev", "--data-dir", dir, "--nats-port", "0", "--listen", "127.0.0.1:0",
 			"--http-addr", "127.0.0.1:0", "--ssh-addr", "", "--log-level", "warn",
 			"--openshell-listen", "127.0.0.1:0", "--opensandbox-listen", "127.0.0.1:0"}, e)
 	}()
