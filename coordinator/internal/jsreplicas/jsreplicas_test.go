@@ -391,6 +391,13 @@ func TestClusterOfThree(t *testing.T) {
 		t.Fatalf("R1 bucket reopened: replicas %d, %v; want scaled to 3", r, err)
 	}
 
+	// A scale-up is applied in the background: the stream's config says
+	// 3 at once, but its new peers join and catch up later. Until they
+	// have, the one server holding the data is all of it, and shutting
+	// that one down leaves the stream offline (10118) until it returns,
+	// as nats-server means it to. Wait for three current peers.
+	waitCurrentPeers(t, ctx, js, "OLD", 3)
+
 	// One server of three down.
 	srvs[2].Shutdown()
 	srvs[2].WaitForShutdown()
@@ -418,6 +425,41 @@ func TestClusterOfThree(t *testing.T) {
 		t.Errorf("new stream with one server of three down: %v", err)
 	}
 	t.Logf("new stream with one server of three down: %d replicas", r)
+}
+
+// waitCurrentPeers waits until stream name has a leader and want-1
+// other peers, all current.
+func waitCurrentPeers(t *testing.T, ctx context.Context, js jetstream.JetStream, name string, want int) {
+	t.Helper()
+	var last string
+	for deadline := time.Now().Add(defaultTestTimeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		c := info.Cluster
+		if c == nil || c.Leader == "" {
+			last = "no leader"
+			continue
+		}
+		current := 1
+		for _, p := range c.Replicas {
+			if p.Current {
+				current++
+			}
+		}
+		if current >= want {
+			return
+		}
+		last = fmt.Sprintf("leader %s and %d current peers of %d", c.Leader, current-1, len(c.Replicas))
+	}
+	t.Fatalf("stream %s never had %d current peers: %s", name, want, last)
 }
 
 // TestClusterStartTogether: three coordinators starting at once on a
