@@ -2,8 +2,9 @@
 // console's login form and bearer tokens, and the sandbox facades'
 // tether-token (review F15: 600 wrong guesses went through in 0.35 s).
 //
-// Each source IP (the connection's remote address; X-Forwarded-For and
-// other proxy headers are never read) has a token bucket of Burst
+// Each source IP (the connection's remote address, an IPv6 one taken as
+// its /64: see Key; X-Forwarded-For and other proxy headers are never
+// read) has a token bucket of Burst
 // failures, refilled at one failure per Every. A failed credential check
 // takes one; while the bucket holds less than one, every request of that
 // IP carrying a credential is refused (HTTP 429 with Retry-After, gRPC
@@ -22,12 +23,15 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
+
+	"github.com/tetherfleet/tether/internal/admission"
 )
 
 // The defaults (Config's zero values): 10 failures at once, then one a
@@ -111,14 +115,28 @@ func (l *Limiter) Register(reg prometheus.Registerer) error {
 	return reg.Register(l.throttled)
 }
 
-// Key returns the source IP of a connection's remote address
-// ("host:port", as http.Request.RemoteAddr or a gRPC peer's Addr): the
-// host without port, or remote itself when it has no port.
+// Key returns the source a connection's remote address ("host:port", as
+// http.Request.RemoteAddr or a gRPC peer's Addr) is throttled as: its
+// IPv4 address ("192.0.2.1", also for an IPv4-mapped IPv6 address), or
+// the /64 of its IPv6 address ("2001:db8::/64"), as the tunnel's
+// handshake limit counts sources (admission.SourcePrefix): one IPv6 host
+// is routinely given a whole /64, and keyed per address a guesser would
+// have 2^64 buckets. A remote that is no IP address (a Unix socket's "@"
+// or "") is returned as it is, its host part if it has a port.
 func Key(remote string) string {
-	if host, _, err := net.SplitHostPort(remote); err == nil {
+	host := remote
+	if h, _, err := net.SplitHostPort(remote); err == nil {
+		host = h
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
 		return host
 	}
-	return remote
+	p := admission.SourcePrefix(ip)
+	if p.Addr().Is4() {
+		return p.Addr().String()
+	}
+	return p.String()
 }
 
 // Check reports whether ip may have its credential checked now. When it

@@ -90,8 +90,22 @@ func TestLimiterMemoryBound(t *testing.T) {
 	}
 }
 
+// TestKey: one bucket per IPv4 address, and per IPv6 /64 (one host is
+// routinely given a whole /64: keyed per address, a guesser with one
+// would get 2^64 fresh buckets); an IPv4-mapped IPv6 address is its IPv4
+// address; a remote that is no IP (a Unix socket) is itself.
 func TestKey(t *testing.T) {
-	for in, want := range map[string]string{"192.0.2.1:5555": "192.0.2.1", "[2001:db8::1]:80": "2001:db8::1", "@": "@"} {
+	for in, want := range map[string]string{
+		"192.0.2.1:5555":               "192.0.2.1",
+		"[2001:db8::1]:80":             "2001:db8::/64",
+		"[2001:db8:0:0:ffff:1:2:3]:80": "2001:db8::/64",
+		"[2001:db8:0:1::1]:80":         "2001:db8:0:1::/64",
+		"[fe80::1%eth0]:80":            "fe80::/64",
+		"[::ffff:192.0.2.7]:443":       "192.0.2.7",
+		"@":                            "@",
+		"":                             "",
+		"not an address":               "not an address",
+	} {
 		if got := authlimit.Key(in); got != want {
 			t.Errorf("Key(%q) = %q, want %q", in, got, want)
 		}

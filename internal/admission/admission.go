@@ -181,6 +181,15 @@ func SourceOf(addr net.Addr) netip.Prefix {
 		}
 		ip = ap.Addr()
 	}
+	return SourcePrefix(ip)
+}
+
+// SourcePrefix is SourceOf's rule for an IP: its IPv4 address as a /32
+// (also when written IPv4-mapped), else the /64 of its IPv6 address,
+// without zone; the zero Prefix for an invalid address. The auth
+// throttle (coordinator/authlimit) keys on it too, so that a guesser with
+// a /64 has one bucket, not 2^64.
+func SourcePrefix(ip netip.Addr) netip.Prefix {
 	ip = ip.Unmap()
 	if !ip.IsValid() {
 		return netip.Prefix{}
