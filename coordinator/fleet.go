@@ -758,26 +758,54 @@ func (c *Coordinator) remoteInventoried(id string) (string, protocol.NodeInfo, b
 // (held by any coordinator, this one included), or had one until less
 // than nodeMovingGrace ago.
 func (c *Coordinator) registered(id string) bool {
-	if c.fl == nil {
-		return false
-	}
-	c.fl.mu.Lock()
-	defer c.fl.mu.Unlock()
-	if _, ok := c.fl.recs[id]; ok {
-		return true
-	}
-	left, ok := c.fl.left[id]
-	return ok && time.Since(left) < nodeMovingGrace
+	_, _, ok := c.whereabouts(id)
+	return ok
 }
 
 // notConnected is the error for a request for node id, which this
 // coordinator does not hold and cannot forward: 503 (retry) for a node
 // the fleet knows (registered), 404 unknown_node for any other.
+//
+// The 503's message says which case it is: a record naming a holder (the
+// node is moving, or this coordinator's view lags), or a record removed
+// some time ago (the node left the fleet: an agent moving between
+// coordinators is back within seconds, so one gone for longer is down,
+// and the caller can tell from the age; it used to be told the node was
+// moving for the whole grace).
 func (c *Coordinator) notConnected(id string) *protocol.APIError {
-	if c.registered(id) {
-		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s is registered in the fleet but not connected to coordinator %s (it is moving between coordinators, or this coordinator's view of the fleet is catching up); retry", protocol.Clip(id), c.cfg.ID)
+	if holder, ago, ok := c.whereabouts(id); ok {
+		if holder == c.cfg.ID {
+			return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s is registered to coordinator %s, which holds no tunnel of it (its record lags a reconnect or a partition); retry", protocol.Clip(id), holder)
+		}
+		if holder != "" {
+			return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s is registered to coordinator %s but not connected to coordinator %s (it is moving between coordinators, or this coordinator's view of the fleet is catching up); retry", protocol.Clip(id), holder, c.cfg.ID)
+		}
+		return protocol.NewAPIError(503, protocol.ErrCodeUnavailable, "node %s left the fleet %s ago and has not come back to any coordinator (an agent moving between coordinators is back within seconds; one away longer is down or cut off); retry", protocol.Clip(id), ago.Round(time.Second))
 	}
 	return protocol.NewAPIError(404, protocol.ErrCodeUnknownNode, "node %s is not connected to coordinator %s", protocol.Clip(id), c.cfg.ID)
+}
+
+// whereabouts is registered with what it found: the coordinator the
+// node's record names (holder, possibly empty in a malformed record), or
+// how long ago the record was removed (holder "").
+func (c *Coordinator) whereabouts(id string) (holder string, ago time.Duration, ok bool) {
+	if c.fl == nil {
+		return "", 0, false
+	}
+	c.fl.mu.Lock()
+	defer c.fl.mu.Unlock()
+	if r, ok := c.fl.recs[id]; ok {
+		holder = r.info.Coordinator
+		if holder == "" {
+			holder = "(none named)"
+		}
+		return holder, 0, true
+	}
+	left, ok := c.fl.left[id]
+	if !ok || time.Since(left) >= nodeMovingGrace {
+		return "", 0, false
+	}
+	return "", time.Since(left), true
 }
 
 // nodeMovingGrace is how long a node whose record was removed counts as

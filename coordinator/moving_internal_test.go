@@ -1,8 +1,11 @@
 package coordinator
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // A node whose fleet record was removed less than nodeMovingGrace ago is
@@ -13,13 +16,20 @@ func TestNotConnectedWhileMoving(t *testing.T) {
 	if e := c.notConnected("n1"); e.Status != 404 {
 		t.Fatalf("never registered: %+v, want 404", e)
 	}
-	c.fl.recs["n2"] = fleetRec{}
-	if e := c.notConnected("n2"); e.Status != 503 {
-		t.Errorf("registered elsewhere: %+v, want 503", e)
+	c.fl.recs["n2"] = fleetRec{info: protocol.NodeInfo{ID: "n2", Coordinator: "c1"}}
+	if e := c.notConnected("n2"); e.Status != 503 || !strings.Contains(e.Message, `node "n2" is registered to coordinator c1 but not connected to coordinator c0`) {
+		t.Errorf("registered elsewhere: %+v, want 503 naming the holder", e)
+	}
+	c.fl.recs["n4"] = fleetRec{info: protocol.NodeInfo{ID: "n4", Coordinator: "c0"}}
+	if e := c.notConnected("n4"); e.Status != 503 || !strings.Contains(e.Message, `node "n4" is registered to coordinator c0, which holds no tunnel of it`) {
+		t.Errorf("a lagging record naming this coordinator: %+v, want 503 saying so", e)
 	}
 	c.fl.noteLeft("n1")
-	if e := c.notConnected("n1"); e.Status != 503 {
-		t.Errorf("record removed just now: %+v, want 503", e)
+	c.fl.left["n1"] = time.Now().Add(-12 * time.Second)
+	// A dead agent is not said to be moving: how long it has been gone
+	// lets the caller tell a move (seconds) from a node that is down.
+	if e := c.notConnected("n1"); e.Status != 503 || !strings.Contains(e.Message, `node "n1" left the fleet 12s ago and has not come back to any coordinator`) {
+		t.Errorf("record removed 12 s ago: %+v, want 503 saying when it left", e)
 	}
 	c.fl.left["n1"] = time.Now().Add(-nodeMovingGrace)
 	if e := c.notConnected("n1"); e.Status != 404 {
