@@ -340,8 +340,6 @@ func TestReconcile(t *testing.T) {
 	env := natstest.Run(t)
 	dead := open(t, env, "dead")
 	ctx := testContext(t)
-	started := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	finished := started.Add(time.Minute)
 	code := 2
 	mk := func(id, node string, detached bool, to jobstore.State) {
 		j := submit(t, dead, jobstore.Submission{ID: id, Nodes: []string{node}, Detached: detached})
@@ -367,6 +365,10 @@ func TestReconcile(t *testing.T) {
 	live := open(t, env, "live")
 	submit(t, live, jobstore.Submission{ID: "theirs", Nodes: []string{"n1"}})
 
+	// The node's clock: its end is after the record's start (an end
+	// before it would be recorded as the start).
+	started := time.Now().UTC()
+	finished := started.Add(time.Minute)
 	nodes := fakeNodes{"n1": {
 		"exited": {ID: "exited", Node: "n1", State: protocol.JobExited, ExitCode: &code, StartedAt: started, FinishedAt: &finished},
 		"still":  {ID: "still", Node: "n1", State: protocol.JobRunning, StartedAt: started},

@@ -14,14 +14,15 @@ import (
 )
 
 // TestApplyStatus: `job status --json`'s refresh of a detached job's
-// record that lags its nodes (applyStatus) makes of a node's status the
-// record the job store makes of it (Observe), so that job status --json
-// and job wait or job list, which read the store's record once the node's
-// report reached it, tell one story. The CLI had its own copy of the rule
-// and lowered a one-node job's started_at to the node's start, where the
-// store keeps its own (stamped when the node confirmed the start, some
-// milliseconds later); and the store recorded a job that failed at once
-// as finished (the node's clock) before it started (the coordinator's).
+// record that lags its nodes (refreshRecord; applyStatus before) makes of
+// a node's status the record the job store makes of it (Observe), so that
+// job status --json and job wait or job list, which read the store's
+// record once the node's report reached it, tell one story. The CLI had
+// its own copy of the rule and lowered a one-node job's started_at to the
+// node's start, where the store keeps its own (stamped when the node
+// confirmed the start, some milliseconds later); and the store recorded a
+// job that failed at once as finished (the node's clock) before it
+// started (the coordinator's).
 func TestApplyStatus(t *testing.T) {
 	env := natsauthtest.Run(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -90,8 +91,7 @@ func TestApplyStatus(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cli := lag.Record
-			applyStatus(&cli, st)
+			cli := refreshRecord(id, &lag.Record, start.Add(2*time.Second), st)
 			if _, err := s.Observe(ctx, lag, st); err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestApplyStatus(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(stored.Record, cli); diff != "" {
+			if diff := cmp.Diff(&stored.Record, cli); diff != "" {
 				t.Errorf("the CLI's refresh of the record (+) is not the store's (-):\n%s", diff)
 			}
 			if r := stored.Record; !r.FinishedAt.IsZero() && r.FinishedAt.Before(r.StartedAt) {
