@@ -47,6 +47,11 @@ const MaxJobResultsBytes = 256 << 10
 // node's when that is earlier, its end the end of the node that ended it
 // (now if that node gave none).
 //
+// Either way the times are stored UTC and the end is never before the
+// start (an earlier end, from the node's clock, is recorded as the start);
+// a record with no state yet (one a reader made of a job the store does
+// not hold) counts as dispatched.
+//
 // It reports whether r changed: a terminal r, a status that does not move
 // r forward and a repeat of a node's result change nothing. A status of a
 // node r does not name or in a state it does not know is an error naming
