@@ -50,7 +50,10 @@ var (
 // deadline is bounded by RequestTimeout. A request the coordinator refuses
 // (unknown node, bad kind or params, the policy) returns its
 // *protocol.APIError; no coordinator at all returns an error wrapping
-// nats.ErrNoResponders.
+// nats.ErrNoResponders. Exec or pty params holding a string that is not
+// UTF-8 are refused before anything is sent, with the 400 invalid_request
+// *protocol.APIError the coordinator answers bad params with (JSON would
+// carry U+FFFD in their place).
 //
 // By Direct's mode, the stream goes over the direct path (the
 // coordinator's tunnel listener, direct.go) when the coordinator holding
@@ -60,6 +63,9 @@ var (
 func (c *Client) OpenStream(ctx context.Context, node string, kind protocol.Kind, params any) (*Stream, error) {
 	if c.NC == nil {
 		return nil, errors.New("client: open stream: nil NATS connection")
+	}
+	if err := checkParamsUTF8(node, kind, params); err != nil {
+		return nil, err
 	}
 	raw, err := protocol.MarshalJSON(params)
 	if err != nil {

@@ -71,7 +71,9 @@
 //     ([JobStatus], at most [MaxJobExitSize] bytes; [FeatureJobExit]) is
 //     one: the agent reports each detached job of its node that exited
 //     or was found lost, and the coordinator settles the job's durable
-//     record, so that job listings are current (jobexit.go).
+//     record, so that job listings are current (jobexit.go). How a
+//     node's word changes that record is one pure rule, the job store's
+//     and the CLI's (ObserveJob, AddJobResult: jobobserve.go).
 //   - exec: the coordinator sends [FrameStdin]* then [FrameStdinClose], and
 //     may send [FrameCancel] at any time; the agent sends [FrameStdout] and
 //     [FrameStderr] as output is produced, then exactly one [FrameExit] or

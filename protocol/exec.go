@@ -77,8 +77,9 @@ const MaxScriptSize = 48 << 10
 // leaves nothing to start. A whitespace-only command is a valid no-op, as
 // in bash. Nothing that reaches a process as a C string or through bash
 // (an argument, a command, the script, an environment key or value, the
-// cwd) may contain NUL: bash would drop it and run something else. Problems
-// of size match ErrTooLarge.
+// cwd) may contain NUL: bash would drop it and run something else; nor a
+// byte that is not UTF-8 (CheckUTF8): JSON would carry U+FFFD instead.
+// Problems of size match ErrTooLarge.
 func (p *ExecParams) Validate() error {
 	var errs []error
 	n := 0
@@ -136,6 +137,9 @@ func (p *ExecParams) Validate() error {
 	}
 	if p.OutputLimit < 0 {
 		errs = append(errs, fmt.Errorf("output_limit %d is negative", p.OutputLimit))
+	}
+	if err := p.CheckUTF8(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

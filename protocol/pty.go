@@ -32,8 +32,9 @@ type PTYParams struct {
 // Validate reports every problem with p, joined: the agent checks every
 // pty header with it before it starts anything. Argv (when set) has a
 // non-empty argv[0]; nothing that becomes a C string of the process (an
-// argument, an environment key or value, the cwd, the term) contains NUL;
-// argv and env are bounded by MaxArgs and MaxEnv.
+// argument, an environment key or value, the cwd, the term) contains NUL
+// or a byte that is not UTF-8 (CheckUTF8); argv and env are bounded by
+// MaxArgs and MaxEnv.
 func (p *PTYParams) Validate() error {
 	var errs []error
 	if len(p.Argv) > 0 && p.Argv[0] == "" {
@@ -44,6 +45,9 @@ func (p *PTYParams) Validate() error {
 	errs = append(errs, checkNoNUL("cwd", p.Cwd)...)
 	errs = append(errs, checkUser(p.User)...)
 	errs = append(errs, checkNoNUL("term", p.Term)...)
+	if err := p.CheckUTF8(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

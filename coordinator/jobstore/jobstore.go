@@ -43,8 +43,9 @@ const minDedupeWindow = 2 * time.Minute
 
 // maxResultsBytes bounds the encoded node results a record keeps; past it
 // only the counts are kept (Record.ResultsOmitted), so a record of a wide
-// fan-out stays well under NATS's payload limit.
-const maxResultsBytes = 256 << 10
+// fan-out stays well under NATS's payload limit. It is the bound of
+// protocol.AddJobResult's, which ends the jobs of several nodes.
+const maxResultsBytes = protocol.MaxJobResultsBytes
 
 // Errors callers branch on (errors.Is).
 var (

@@ -340,8 +340,6 @@ func TestReconcile(t *testing.T) {
 	env := natstest.Run(t)
 	dead := open(t, env, "dead")
 	ctx := testContext(t)
-	started := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	finished := started.Add(time.Minute)
 	code := 2
 	mk := func(id, node string, detached bool, to jobstore.State) {
 		j := submit(t, dead, jobstore.Submission{ID: id, Nodes: []string{node}, Detached: detached})
@@ -367,6 +365,10 @@ func TestReconcile(t *testing.T) {
 	live := open(t, env, "live")
 	submit(t, live, jobstore.Submission{ID: "theirs", Nodes: []string{"n1"}})
 
+	// The node's clock: its end is after the record's start (an end
+	// before it would be recorded as the start).
+	started := time.Now().UTC()
+	finished := started.Add(time.Minute)
 	nodes := fakeNodes{"n1": {
 		"exited": {ID: "exited", Node: "n1", State: protocol.JobExited, ExitCode: &code, StartedAt: started, FinishedAt: &finished},
 		"still":  {ID: "still", Node: "n1", State: protocol.JobRunning, StartedAt: started},
@@ -708,5 +710,44 @@ func TestFinishAsyncTogether(t *testing.T) {
 				t.Errorf("j%d: %v, record %s (rev %d), handle %s (rev %d); want %s, the handle current", i, err, rec.State, rec.Revision(), jobs[i].State, jobs[i].Revision(), want)
 			}
 		}
+	}
+}
+
+// TestObserveFinishedNotBeforeStarted: a detached job that fails at once
+// is recorded finished no earlier than it started. Its start is the
+// coordinator's clock (stamped when the node confirmed it), its end the
+// node's (the exit report), and a job quicker than that confirmation was
+// recorded as finishing about 9 ms before it started.
+func TestObserveFinishedNotBeforeStarted(t *testing.T) {
+	env := natstest.Run(t)
+	start := time.Date(2026, 12, 6, 1, 0, 0, 0, time.UTC) // the node's clock
+	var mu sync.Mutex
+	clock := start
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	ctx := testContext(t)
+	s, err := jobstore.Open(ctx, jobstore.Config{NATS: env.Coordinator(t), Coordinator: "c1", Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := submit(t, s, jobstore.Submission{ID: "j", Nodes: []string{"n1"}, Detached: true, DispatchNow: true})
+	mu.Lock()
+	clock = start.Add(9 * time.Millisecond) // the node's start confirmed
+	mu.Unlock()
+	if err := s.Start(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	one, fin := 1, start.Add(5*time.Millisecond)
+	if _, err := s.Observe(ctx, j, &protocol.JobStatus{ID: "j", Node: "n1", State: protocol.JobExited, ExitCode: &one, StartedAt: start, FinishedAt: &fin}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Get(ctx, "j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != jobstore.Failed || r.FinishedAt.Before(r.StartedAt) {
+		t.Errorf("record %s, started %v, finished %v: want failed, finished no earlier than started", r.State, r.StartedAt, r.FinishedAt)
+	}
+	if len(r.Results) != 1 || r.Results[0].DurationMS != 5 {
+		t.Errorf("results %+v: want the node's run of 5 ms", r.Results)
 	}
 }

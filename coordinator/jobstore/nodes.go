@@ -21,7 +21,9 @@ import (
 // succeeded when all are OK; lost when every node was lost; cancelled when
 // one was cancelled; else failed. A node's result is written once: a
 // repeat of it, or a status of a node the job does not name, changes
-// nothing.
+// nothing. The rule is protocol.ObserveJob's and protocol.AddJobResult's
+// (the CLI applies it too, to a record that lags its nodes); this file
+// writes what it makes.
 //
 // The writers are many and independent (one per reporting node, on any
 // coordinator), so a write that loses a compare-and-set race reads the
@@ -38,42 +40,23 @@ var ErrNotInJob = errors.New("jobstore: node is not one of the job's nodes")
 const maxMergeAttempts = 64
 
 // observeNode applies st, node st.Node's status of detached job j on
-// several nodes (Observe's contract): running moves a dispatched job to
-// running; exited or lost records the node's result, and ends the job if
-// it was the last node without one.
+// several nodes (Observe's contract; protocol.ObserveJob's rule): running
+// moves a dispatched job to running; exited or lost records the node's
+// result, and ends the job if it was the last node without one.
 func (s *Store) observeNode(ctx context.Context, j *Job, st *protocol.JobStatus) (bool, error) {
-	var res protocol.NodeResult
-	switch st.State {
-	case protocol.JobRunning:
-	case protocol.JobExited:
-		res = exitResult(st)
-	case protocol.JobLost:
-		res = lostResult(st.Node, protocol.JobLostError(st.Node))
-	default:
-		return false, fmt.Errorf("jobstore: observe job %s: unknown node state %s", j.ID, protocol.Clip(st.State))
-	}
 	if !slices.Contains(j.Nodes, st.Node) {
 		return j.State.Terminal(), fmt.Errorf("jobstore: observe job %s: node %s: %w (%s)", j.ID, protocol.Clip(st.Node), ErrNotInJob, strings.Join(j.Nodes, ","))
 	}
-	return s.mergeNodes(ctx, j, func(rec *Record) bool {
-		if st.State == protocol.JobRunning {
-			if rec.State != Dispatched && rec.State != Queued {
-				return false
-			}
-			rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
-			return true
-		}
-		if !addResult(rec, res) {
-			return false
-		}
-		if rec.StartedAt.IsZero() || st.StartedAt.Before(rec.StartedAt) && !st.StartedAt.IsZero() {
-			rec.StartedAt = st.StartedAt.UTC()
-		}
-		if rec.State.Terminal() && st.FinishedAt != nil {
-			rec.FinishedAt = st.FinishedAt.UTC() // the last node's end (else now)
-		}
-		return true
+	var err error
+	done, merr := s.mergeNodes(ctx, j, func(rec *Record) bool {
+		var changed bool
+		changed, err = protocol.ObserveJob(rec, st, s.now())
+		return changed
 	})
+	if err != nil {
+		return false, fmt.Errorf("jobstore: observe job %s: %w", j.ID, err)
+	}
+	return done, merr
 }
 
 // LoseNodes records each of nodes (of detached job j on several nodes)
@@ -85,7 +68,7 @@ func (s *Store) LoseNodes(ctx context.Context, j *Job, nodes []string, why strin
 	return s.mergeNodes(ctx, j, func(rec *Record) bool {
 		changed := false
 		for _, n := range nodes {
-			if slices.Contains(rec.Nodes, n) && addResult(rec, lostResult(n, why)) {
+			if protocol.AddJobResult(rec, protocol.JobLostResult(n, why), s.now()) {
 				changed = true
 			}
 		}
@@ -102,7 +85,7 @@ func (s *Store) RecordResults(ctx context.Context, j *Job, results []protocol.No
 	return s.mergeNodes(ctx, j, func(rec *Record) bool {
 		changed := false
 		for _, res := range results {
-			if slices.Contains(rec.Nodes, res.Node) && addResult(rec, res) {
+			if protocol.AddJobResult(rec, res, s.now()) {
 				changed = true
 			}
 		}
@@ -122,52 +105,6 @@ func Unsettled(r *Record) []string {
 	return out
 }
 
-// addResult adds res to rec.Results (kept sorted by node) unless its node
-// has one, and ends rec when every node has one. It reports whether rec
-// changed.
-func addResult(rec *Record, res protocol.NodeResult) bool {
-	i, found := slices.BinarySearchFunc(rec.Results, res.Node, func(r protocol.NodeResult, n string) int { return strings.Compare(r.Node, n) })
-	if found {
-		return false
-	}
-	rec.Results = slices.Insert(slices.Clip(rec.Results), i, res)
-	if rec.State == Queued || rec.State == Dispatched {
-		rec.State = Running // a node ended its run, so it ran
-	}
-	if len(rec.Results) < len(rec.Nodes) {
-		return true
-	}
-	ok, bad, lost, cancelled := 0, 0, 0, 0
-	for i := range rec.Results {
-		r := &rec.Results[i]
-		switch {
-		case r.OK():
-			ok++
-			continue
-		case r.ErrorCode == protocol.ResultCodeLost:
-			lost++
-		case r.Cancelled:
-			cancelled++
-		}
-		bad++
-	}
-	rec.Succeeded, rec.Failed = ok, bad
-	switch {
-	case lost == len(rec.Results):
-		rec.State, rec.Error = Lost, "every node lost the job"
-	case cancelled > 0:
-		rec.State = Cancelled
-	case bad > 0:
-		rec.State = Failed
-	default:
-		rec.State = Succeeded
-	}
-	if b, _ := json.Marshal(rec.Results); len(b) > maxResultsBytes {
-		rec.Results, rec.ResultsOmitted = nil, true
-	}
-	return true
-}
-
 // mergeNodes applies change to j's record and writes it, compare-and-set
 // on j's revision; on a conflict it reads the record again and applies
 // change to that. change reports whether it changed the record (false:
@@ -182,9 +119,6 @@ func (s *Store) mergeNodes(ctx context.Context, j *Job, change func(*Record) boo
 		rec.Results = slices.Clone(j.Results)
 		if !change(&rec) {
 			return false, nil
-		}
-		if rec.State.Terminal() && rec.FinishedAt.IsZero() {
-			rec.FinishedAt = s.now()
 		}
 		b, _ := json.Marshal(&rec)
 		rev, err := s.kv.Update(ctx, jobKey(j.ID), b, j.rev)
@@ -212,30 +146,6 @@ func (s *Store) mergeNodes(ctx context.Context, j *Job, change func(*Record) boo
 		}
 		j.Record, j.rev = cur.Record, cur.rev
 	}
-}
-
-// exitResult is the result of a node whose run exited (st.State
-// JobExited).
-func exitResult(st *protocol.JobStatus) protocol.NodeResult {
-	res := protocol.NodeResult{Node: st.Node, Detached: true, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
-		StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated,
-		Truncated: st.StdoutTruncated || st.StderrTruncated}
-	res.ExitCode = -1
-	if st.ExitCode != nil {
-		res.ExitCode = *st.ExitCode
-	}
-	if st.FinishedAt != nil {
-		res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
-	}
-	if st.TimedOut && res.ExitCode == 0 {
-		res.ExitCode = 124
-	}
-	return res
-}
-
-// lostResult is the result of a node whose run's end is unknown.
-func lostResult(node, why string) protocol.NodeResult {
-	return protocol.NodeResult{Node: node, Detached: true, ExitCode: -1, Error: why, ErrorCode: protocol.ResultCodeLost}
 }
 
 // settleQueryConcurrency bounds the node queries of one SettleNodes call.
@@ -300,7 +210,7 @@ func (s *Store) SettleNodes(ctx context.Context, q Querier, j *Job, unknownLost,
 		if _, err := s.mergeNodes(ctx, j, func(rec *Record) bool {
 			changed := false
 			for n, why := range lost {
-				if addResult(rec, lostResult(n, why)) {
+				if protocol.AddJobResult(rec, protocol.JobLostResult(n, why), s.now()) {
 					changed = true
 				}
 			}

@@ -135,9 +135,11 @@ func (s *Store) settleOrphan(ctx context.Context, q Querier, j *Job, lose bool) 
 }
 
 // Observe applies a detached job's status, as its node reported it, to
-// the record: running moves a dispatched job to running; exited or lost
-// ends it (a zero exit code succeeded, a cancel cancelled, else failed; lost
-// lost). It reports whether the job is now terminal. The write is
+// the record by protocol.ObserveJob's rule (the CLI's too, for a record
+// that lags its nodes): running moves a dispatched job to running; exited
+// or lost ends it (a zero exit code succeeded, a cancel cancelled, else
+// failed; lost lost), finished no earlier than it started. It reports
+// whether the job is now terminal. The write is
 // compare-and-set on the handle's revision but not fenced by holder: the
 // node's own report is authoritative, so any coordinator that read the
 // record may settle it.
@@ -156,45 +158,11 @@ func (s *Store) Observe(ctx context.Context, j *Job, st *protocol.JobStatus) (bo
 		return false, fmt.Errorf("jobstore: observe job %s: node %s: %w (%s)", j.ID, protocol.Clip(st.Node), ErrNotInJob, strings.Join(j.Nodes, ","))
 	}
 	rec := j.Record
-	switch st.State {
-	case protocol.JobRunning:
-		if j.State == Running {
-			return false, nil
-		}
-		rec.State, rec.StartedAt = Running, st.StartedAt.UTC()
-	case protocol.JobLost:
-		rec.State, rec.FinishedAt, rec.Error = Lost, s.now(), protocol.JobLostError(st.Node)
-	case protocol.JobExited:
-		res := protocol.NodeResult{Node: st.Node, Detached: true, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
-			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated}
-		if st.ExitCode != nil {
-			res.ExitCode = *st.ExitCode
-		} else {
-			res.ExitCode = -1
-		}
-		if st.FinishedAt != nil {
-			rec.FinishedAt = st.FinishedAt.UTC()
-			res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
-		} else {
-			rec.FinishedAt = s.now()
-		}
-		rec.Results = []protocol.NodeResult{res}
-		rec.Succeeded, rec.Failed = 0, 0
-		switch {
-		case st.Cancelled:
-			rec.State, rec.Failed = Cancelled, 1
-		case res.ExitCode == 0 && !st.TimedOut:
-			rec.State, rec.Succeeded = Succeeded, 1
-		default:
-			rec.State, rec.Failed = Failed, 1
-		}
-	default:
-		return false, fmt.Errorf("jobstore: observe job %s: unknown node state %s", j.ID, protocol.Clip(st.State))
+	changed, err := protocol.ObserveJob(&rec, st, s.now())
+	if err != nil {
+		return false, fmt.Errorf("jobstore: observe job %s: %w", j.ID, err)
 	}
-	if rec.StartedAt.IsZero() {
-		rec.StartedAt = st.StartedAt.UTC()
-	}
-	if !forward(j.State, rec.State) {
+	if !changed {
 		return rec.State.Terminal(), nil
 	}
 	if err := s.write(ctx, j, rec); err != nil {

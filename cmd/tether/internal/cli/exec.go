@@ -11,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -164,7 +163,7 @@ func (o *execOptions) Validate(argv []string) error {
 	}
 	errs = append(errs, utf8Errs(argv, o.Env, o.Cwd)...)
 	for i, c := range o.Commands {
-		if n := badUTF8(c); n > 0 {
+		if n := protocol.InvalidUTF8At(c); n > 0 {
 			errs = append(errs, fmt.Errorf("-c command %d: not valid UTF-8 at byte %d", i+1, n))
 		}
 	}
@@ -172,44 +171,29 @@ func (o *execOptions) Validate(argv []string) error {
 }
 
 // utf8Errs reports each of argv (the command after --), env (--env K=V
-// flags) and cwd (--cwd) that is not valid UTF-8 (see badUTF8).
+// flags) and cwd (--cwd) that is not valid UTF-8 (protocol.InvalidUTF8At),
+// in the CLI's words (package client refuses them too, in the API's).
+// Strings that exec sends go as JSON strings, where such a byte would
+// become U+FFFD: the node would run something else.
 func utf8Errs(argv, env []string, cwd string) []error {
 	var errs []error
 	for i, a := range argv {
-		if n := badUTF8(a); n > 0 {
+		if n := protocol.InvalidUTF8At(a); n > 0 {
 			errs = append(errs, fmt.Errorf("argument %d: not valid UTF-8 at byte %d", i+1, n))
 		}
 	}
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
-		if n := badUTF8(k); n > 0 {
+		if n := protocol.InvalidUTF8At(k); n > 0 {
 			errs = append(errs, fmt.Errorf("--env %s: name not valid UTF-8 at byte %d", protocol.QuoteName(k), n))
-		} else if n := badUTF8(v); n > 0 {
+		} else if n := protocol.InvalidUTF8At(v); n > 0 {
 			errs = append(errs, fmt.Errorf("--env %s: value not valid UTF-8 at byte %d", protocol.QuoteName(k), n))
 		}
 	}
-	if n := badUTF8(cwd); n > 0 {
+	if n := protocol.InvalidUTF8At(cwd); n > 0 {
 		errs = append(errs, fmt.Errorf("--cwd: not valid UTF-8 at byte %d", n))
 	}
 	return errs
-}
-
-// badUTF8 returns the position, counting from 1 as cmp does, of the first
-// byte of s that is not valid UTF-8, or 0 when s is valid UTF-8. Strings
-// that exec sends go as JSON strings, where such a byte would become
-// U+FFFD: the node would run something else, so the CLI refuses them.
-func badUTF8(s string) int {
-	if utf8.ValidString(s) {
-		return 0
-	}
-	for i, r := range s {
-		if r == utf8.RuneError {
-			if _, size := utf8.DecodeRuneInString(s[i:]); size == 1 {
-				return i + 1
-			}
-		}
-	}
-	return 0
 }
 
 // multi reports whether the target may be several nodes.
@@ -279,7 +263,7 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 			}
 			return nil, usage(fmt.Errorf("--script %s: the script file is empty: nothing to run", name))
 		}
-		if n := badUTF8(string(b)); n > 0 {
+		if n := protocol.InvalidUTF8At(string(b)); n > 0 {
 			return nil, usage(fmt.Errorf("--script %s: not valid UTF-8 at byte %d (Tether sends commands as UTF-8 text; convert the file, e.g. with iconv)", name, n))
 		}
 		req.Script = string(b)

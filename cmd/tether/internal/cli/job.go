@@ -367,112 +367,45 @@ func jobStatusState(st *protocol.JobStatus) string {
 }
 
 // statusRecord is the record of detached job id as `job status --json`
-// and `job cancel --json` print it: rec (the job store's, read when nil;
-// one of just id, detached, and the nodes of sts when there is none: no
-// job store, or not ours to read) brought up to date with what its nodes
-// answered (sts), as the coordinator records those answers (the job
-// store's Observe): the record may lag its nodes by the agent's report.
-// A record that ended is not changed: it already holds the nodes' word.
+// and `job cancel --json` print it: rec (the job store's, read when nil)
+// brought up to date with what its nodes answered (sts) by
+// refreshRecord, at the client's clock.
 func statusRecord(ctx context.Context, c *client.Client, id string, rec *protocol.JobRecord, sts ...*protocol.JobStatus) *protocol.JobRecord {
 	if rec == nil {
 		if got, err := c.JobGet(ctx, id); err == nil {
 			rec = got
 		}
 	}
+	return refreshRecord(id, rec, time.Now().UTC(), sts...)
+}
+
+// refreshRecord is a copy of rec, the record of detached job id (one of
+// just id, detached, dispatched, and the nodes of sts when there is none:
+// no job store, or not ours to read), brought up to date with what its
+// nodes answered (sts) by the rule the job store records those answers
+// with (protocol.ObserveJob): the record may lag its nodes by the agent's
+// report. now stamps the end of a run its node gave no end time (lost).
+// A record that ended is not changed: it already holds the nodes' word.
+func refreshRecord(id string, rec *protocol.JobRecord, now time.Time, sts ...*protocol.JobStatus) *protocol.JobRecord {
 	var r protocol.JobRecord
 	if rec != nil {
 		r = *rec
 		r.Results = slices.Clone(rec.Results)
 		r.Nodes = slices.Clone(rec.Nodes)
 	} else {
-		r = protocol.JobRecord{ID: id, Detached: true}
+		// Its nodes answered, so it was dispatched to them.
+		r = protocol.JobRecord{ID: id, Detached: true, State: protocol.JobDispatched}
 		for _, st := range sts {
 			r.Nodes = append(r.Nodes, st.Node)
 		}
 		slices.Sort(r.Nodes)
 	}
 	for _, st := range sts {
-		applyStatus(&r, st)
+		// A status the rule refuses (a node the record does not name, a
+		// state this client does not know) leaves the record as it is.
+		_, _ = protocol.ObserveJob(&r, st, now)
 	}
 	return &r
-}
-
-// applyStatus applies st, a node's status of the detached job r, to r as
-// the job store does: running moves a job not yet running to running;
-// exited or lost adds the node's result and, once every node has one,
-// ends the job: succeeded when every node's result is OK; else cancelled
-// when a node's run was cancelled; lost when every node lost it (one
-// node: lost, with no result); else failed.
-func applyStatus(r *protocol.JobRecord, st *protocol.JobStatus) {
-	if r.State.Terminal() || !slices.Contains(r.Nodes, st.Node) {
-		return
-	}
-	if r.StartedAt.IsZero() || (!st.StartedAt.IsZero() && st.StartedAt.Before(r.StartedAt)) {
-		r.StartedAt = st.StartedAt.UTC()
-	}
-	if r.State == "" || r.State == protocol.JobQueued || r.State == protocol.JobDispatched {
-		r.State = protocol.JobStateRunning // a node started it
-	}
-	var res protocol.NodeResult
-	switch st.State {
-	case protocol.JobExited:
-		res = protocol.NodeResult{Node: st.Node, Detached: true, ExitCode: -1, Signal: st.Signal, TimedOut: st.TimedOut, Cancelled: st.Cancelled,
-			StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes, StdoutTruncated: st.StdoutTruncated, StderrTruncated: st.StderrTruncated,
-			Truncated: st.StdoutTruncated || st.StderrTruncated}
-		if st.ExitCode != nil {
-			res.ExitCode = *st.ExitCode
-		}
-		if st.FinishedAt != nil {
-			res.DurationMS = float64(st.FinishedAt.Sub(st.StartedAt).Milliseconds())
-		}
-		if st.TimedOut && res.ExitCode == 0 {
-			res.ExitCode = exitTimedOut
-		}
-	case protocol.JobLost:
-		why := protocol.JobLostError(st.Node)
-		if len(r.Nodes) == 1 {
-			r.State, r.Error, r.FinishedAt = protocol.JobStateLost, why, time.Now().UTC()
-			return
-		}
-		res = protocol.NodeResult{Node: st.Node, Detached: true, ExitCode: -1, Error: why, ErrorCode: protocol.ResultCodeLost}
-	default:
-		return // running, or a state this client does not know
-	}
-	i, found := slices.BinarySearchFunc(r.Results, st.Node, func(x protocol.NodeResult, n string) int { return strings.Compare(x.Node, n) })
-	if found {
-		return
-	}
-	r.Results = slices.Insert(r.Results, i, res)
-	if len(r.Results) < len(r.Nodes) {
-		return
-	}
-	ok, lost, cancelled := 0, 0, 0
-	for i := range r.Results {
-		switch x := &r.Results[i]; {
-		case x.OK() && !x.TimedOut:
-			ok++
-		case x.ErrorCode == protocol.ResultCodeLost:
-			lost++
-		case x.Cancelled:
-			cancelled++
-		}
-	}
-	r.Succeeded, r.Failed = ok, len(r.Results)-ok
-	switch {
-	case lost == len(r.Results):
-		r.State, r.Error = protocol.JobStateLost, "every node lost the job"
-	case cancelled > 0:
-		r.State = protocol.JobCancelled
-	case ok < len(r.Results):
-		r.State = protocol.JobFailed
-	default:
-		r.State = protocol.JobSucceeded
-	}
-	if st.FinishedAt != nil {
-		r.FinishedAt = st.FinishedAt.UTC()
-	} else {
-		r.FinishedAt = time.Now().UTC()
-	}
 }
 
 // printJobStatus prints st, a node's status of the detached job rec (the

@@ -34,8 +34,7 @@ func TestJobStatusExitIsWaits(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st
 			st.ID, st.Node, st.StartedAt, st.FinishedAt = "j1", "n1", fin.Add(-time.Second), &fin
-			rec := &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, Target: tc.target, State: protocol.JobStateRunning}
-			applyStatus(rec, &st)
+			rec := refreshRecord("j1", &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, Target: tc.target, State: protocol.JobStateRunning}, fin, &st)
 			var b strings.Builder
 			if err := printJobStatus(&b, &st, rec); err != nil {
 				t.Fatal(err)

@@ -16,14 +16,12 @@ func TestApplyStatusLostSaysWhatStoreSays(t *testing.T) {
 	want := "node n1 lost the job: its supervisor on the node (the job shim) ended while the job ran, without recording how the job ended (killed? the node rebooted?); the job's main process was killed with it"
 	st := protocol.JobStatus{ID: "j1", Node: "n1", State: protocol.JobLost, StartedAt: time.Now()}
 
-	one := &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, State: protocol.JobStateRunning}
-	applyStatus(one, &st)
+	one := refreshRecord("j1", &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, State: protocol.JobStateRunning}, time.Now(), &st)
 	if one.State != protocol.JobStateLost || one.Error != want {
 		t.Errorf("one node: state %s, error %q; want lost, %q", one.State, one.Error, want)
 	}
 
-	two := &protocol.JobRecord{ID: "j1", Nodes: []string{"n1", "n2"}, Detached: true, Target: "all", State: protocol.JobStateRunning}
-	applyStatus(two, &st)
+	two := refreshRecord("j1", &protocol.JobRecord{ID: "j1", Nodes: []string{"n1", "n2"}, Detached: true, Target: "all", State: protocol.JobStateRunning}, time.Now(), &st)
 	if len(two.Results) != 1 || two.Results[0].Error != want || two.Results[0].ErrorCode != protocol.ResultCodeLost {
 		t.Errorf("two nodes: results %+v; want n1's error %q", two.Results, want)
 	}
