@@ -664,34 +664,5 @@ func (c *Coordinator) sshRevoked(r *relay) string {
 	if n == nil {
 		n = r.n
 	}
-	pn := n.policyNode()
-	p := c.cfg.Policy.Policy()
-	grants, err := p.Grants(id, policy.OpSSH, pn)
-	if err != nil {
-		return fmt.Sprintf("the policy no longer grants ssh on %s: %v", pn.ID, err)
-	}
-	var logins []string
-	for _, g := range grants {
-		logins = append(logins, g.RunAs)
-	}
-	for _, l := range r.ssh.Logins {
-		if !slices.Contains(logins, l) {
-			return fmt.Sprintf("the policy no longer grants %s ssh on %s as login %s", id, pn.ID, l)
-		}
-	}
-	if len(r.ssh.Targets) == 0 {
-		return ""
-	}
-	var targets []string
-	if fw, err := p.Grants(id, policy.OpForward, pn); err == nil {
-		for _, g := range fw {
-			targets = append(targets, g.Targets...)
-		}
-	}
-	for _, t := range r.ssh.Targets {
-		if !slices.Contains(targets, t) {
-			return fmt.Sprintf("the policy no longer grants %s forwarding to %s on %s", id, t, pn.ID)
-		}
-	}
-	return ""
+	return policy.SSHGrantLost(c.cfg.Policy.Peek, id, n.policyNode(), r.ssh.Logins, r.ssh.Targets)
 }

@@ -2,7 +2,6 @@ package sshgate
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -113,34 +112,7 @@ func (g *Gate) channelRevoked(ch *channel) string {
 	if n, ok := g.cfg.Nodes.Node(node.ID); ok && n.ID == node.ID {
 		node = n
 	}
-	grants, err := g.cfg.Policy.Peek(id, policy.OpSSH, node)
-	if err != nil {
-		var r *policy.Refusal
-		if errors.As(err, &r) {
-			return fmt.Sprintf("the policy no longer grants ssh on %s: %s", node.ID, r.Error())
-		}
-		// Fail closed: what cannot be decided is not granted.
-		return fmt.Sprintf("the policy could not decide ssh on %s: %v", node.ID, err)
-	}
-	logins, _ := loginsOf(grants)
-	for _, l := range ch.logins {
-		if !slices.Contains(logins, l) {
-			return fmt.Sprintf("the policy no longer grants ssh on %s as login %s", node.ID, l)
-		}
-	}
-	if len(ch.targets) == 0 {
-		return ""
-	}
-	var targets []string
-	if fwd, err := g.cfg.Policy.Peek(id, policy.OpForward, node); err == nil {
-		targets = allTargets(fwd)
-	}
-	for _, t := range ch.targets {
-		if !slices.Contains(targets, t) {
-			return fmt.Sprintf("the policy no longer grants forwarding to %s on %s", t, node.ID)
-		}
-	}
-	return ""
+	return policy.SSHGrantLost(g.cfg.Policy.Peek, id, node, ch.logins, ch.targets)
 }
 
 // expiry arms the check of cs at its certificate's end (ValidBefore plus
