@@ -183,6 +183,15 @@ func (j *job) accepted(dj *jobstore.Job, err error) bool {
 		return true
 	}
 	j.cancel(errNotAccepted)
+	// Unregister the id and free the slot before the refusal goes out:
+	// the caller may submit again the moment it reads it, and must then
+	// meet what it met now (the record), not this refused job, still
+	// registered until its goroutine unwinds ("already running"), nor its
+	// slot (429). Both are idempotent; run's deferred calls do nothing.
+	j.forget()
+	if j.release != nil {
+		j.release()
+	}
 	switch {
 	case errors.Is(err, jobstore.ErrDuplicate):
 		j.publishError(protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job %s repeats idempotent job %s (%s); its result: tether job wait %s", j.id, dj.ID, dj.State, dj.ID))

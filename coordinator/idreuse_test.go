@@ -121,6 +121,23 @@ func TestIDReuseOnlyByOwner(t *testing.T) {
 		t.Errorf("refusal %q does not say the id is in use", first)
 	}
 
+	// Back to back: a refused fan-out leaves nothing behind that the
+	// next attempt could meet. (The refused job used to stay registered
+	// until its goroutine unwound, after its 409 went out, so the very
+	// next attempt was told "job ... is already running": mallory's own
+	// refused job, not alice's, but another text.)
+	for i := range 30 {
+		for _, req := range []protocol.ExecRequest{
+			{ID: "build-1", Target: protocol.Target{All: true}, Argv: []string{"ok"}},
+			{ID: "build-1", Target: protocol.Target{Node: "n1"}, Argv: []string{"ok"}},
+		} {
+			r := execAs(t, mallory, req)
+			if r.err == nil || r.err.Status != 409 || strings.ReplaceAll(r.err.Message, "build-1", "ID") != first {
+				t.Fatalf("back-to-back attempt %d (%+v) = %+v; want 409 %q", i, req.Target, r.err, first)
+			}
+		}
+	}
+
 	// Alice reuses her own ended id.
 	if r := execAs(t, alice, protocol.ExecRequest{ID: "build-1", Target: protocol.Target{Node: "n5"}, Argv: []string{"ok"}}); r.err != nil || r.result == nil || r.result.Succeeded != 1 {
 		t.Fatalf("alice's reuse of build-1: %+v, %+v", r.err, r.result)

@@ -206,14 +206,17 @@ func TestDuplicateNodeFromAnotherAgentIsRefused(t *testing.T) {
 }
 
 func TestDuplicateNodeReplacesStaleSession(t *testing.T) {
-	h := newHarness(t, func(c *coordinator.Config) { c.HeartbeatInterval = 50 * time.Millisecond })
+	// 300 ms, not less: the tunnel's idle timeout is three intervals,
+	// and at 50 ms a loaded machine closed a1 before its welcome was
+	// read (CI: "read welcome: EOF").
+	h := newHarness(t, func(c *coordinator.Config) { c.HeartbeatInterval = 300 * time.Millisecond })
 	// a1 sends no heartbeats after its hello: once two intervals passed,
 	// another agent process may take the node id over.
 	a1 := h.dialAgent(t, agentOpts{id: "node-a", instance: "one"})
 	if a1.reject != nil {
 		t.Fatal(a1.reject)
 	}
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	a2 := h.dialAgent(t, agentOpts{id: "node-a", heartbeat: true, instance: "two"})
 	if a2.reject != nil {
 		t.Fatalf("takeover of a silent session refused: %v", a2.reject)
