@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
 )
 
 // countingListener counts the reads of its connections, and the bytes
@@ -83,4 +84,128 @@ func TestBulkReadsAreLarge(t *testing.T) {
 		t.Fatalf("%d bytes of a bulk upload took %d reads of the client's socket, %d bytes each on average; want more than 24 KiB", got, reads, avg)
 	}
 	t.Logf("%d bytes in %d reads", got, reads)
+}
+
+// tcpPair is a connected loopback TCP pair: the accepted end (whose
+// receive buffer holds 4 MiB), then the dialled one.
+func tcpPair(t *testing.T) (server, client net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	client, err = net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	server.(*net.TCPConn).SetReadBuffer(4 << 20)
+	return server, client
+}
+
+// queued waits until the socket c has n bytes to read (FIONREAD), however
+// long a loaded machine takes to deliver them.
+func queued(t *testing.T, c net.Conn, n int) {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q := 0; q < n; {
+		rc.Control(func(fd uintptr) { q, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+		if q < n {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// Under bulk, an authenticated connection's reads take everything the
+// socket holds (up to clientReadAhead) in one read-ahead, and serve the
+// transport's small reads from it; once drained, the buffer goes back, so
+// a connection waiting for its client holds none; every byte arrives once,
+// in order.
+func TestReadAheadUnderBulkAndNoneWhenIdle(t *testing.T) {
+	server, client := tcpPair(t)
+	rb := &readBuffered{Conn: server}
+	rb.buffer()
+	if rb.rc == nil {
+		t.Fatal("a TCP connection got no read-ahead")
+	}
+	const burst = 200 << 10
+	sent := make([]byte, burst)
+	for i := range sent {
+		sent[i] = byte(i * 7)
+	}
+	go client.Write(sent)
+	queued(t, server, burst)
+	var got []byte
+	p := make([]byte, 4096) // x/crypto/ssh's bufio fill
+	n, err := rb.Read(p)
+	if err != nil || n != len(p) {
+		t.Fatalf("first read = %d, %v", n, err)
+	}
+	got = append(got, p[:n]...)
+	big := make([]byte, 32<<10) // the rest of a packet
+	n, err = rb.Read(big)
+	if err != nil || n != len(big) {
+		t.Fatalf("second read = %d, %v", n, err)
+	}
+	got = append(got, big[:n]...)
+	if rb.buf == nil || rb.end != burst-4096 {
+		t.Fatalf("the read-ahead took %d bytes of the %d waiting; want all of them", rb.end, burst-4096)
+	}
+	for len(got) < burst {
+		n, err := rb.Read(big)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, big[:n]...)
+	}
+	if !bytes.Equal(got, sent) {
+		t.Fatal("the bytes read differ from the bytes sent")
+	}
+	if rb.buf != nil {
+		t.Fatal("a drained read-ahead still holds its buffer")
+	}
+	// Idle: the next read waits in a plain read, holding no buffer.
+	done := make(chan []byte)
+	go func() {
+		n, err := rb.Read(big)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- big[:n]
+	}()
+	client.Write([]byte("x"))
+	if b := <-done; string(b) != "x" {
+		t.Fatalf("read after idle = %q, want x", b)
+	}
+	if rb.buf != nil {
+		t.Fatal("a connection that waited for its client holds a read-ahead buffer")
+	}
+}
+
+// A connection without a file descriptor (a wrapped listener's) reads
+// through a clientReadBuf buffer once authenticated.
+func TestReadBufferedWithoutDescriptor(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	rb := &readBuffered{Conn: a}
+	rb.buffer()
+	if rb.r.Load() == nil || rb.rc != nil {
+		t.Fatal("a net.Pipe end got no fallback buffer")
+	}
+	go b.Write([]byte("hello"))
+	p := make([]byte, 16)
+	n, err := rb.Read(p)
+	if err != nil || string(p[:n]) != "hello" {
+		t.Fatalf("read = %q, %v", p[:n], err)
+	}
 }
