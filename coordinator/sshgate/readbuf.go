@@ -31,14 +31,15 @@ var readAheadPool = sync.Pool{New: func() any { b := make([]byte, clientReadAhea
 // and the packets are served from memory; a read-ahead that finds nothing
 // gives the buffer back and waits in a plain read, so a connection waiting
 // for its client holds no buffer (a ControlMaster's idle connection costs
-// no read memory). Only authenticated connections read ahead. A connection
-// without a file descriptor (a wrapped listener's) gets a clientReadBuf
+// no read memory). Only authenticated connections read ahead, and only
+// on a plain TCP or Unix socket: any other connection (a listener's
+// wrapper, which may hold bytes of its own) gets a clientReadBuf
 // bufio.Reader instead, which it holds until it ends (at most
 // Config.MaxConnections of them).
 type readBuffered struct {
 	net.Conn
 	on atomic.Bool
-	r  atomic.Pointer[bufio.Reader] // the fallback without a descriptor
+	r  atomic.Pointer[bufio.Reader] // the fallback for any other connection
 	// The read-ahead: touched only by the transport's reading goroutine
 	// (x/crypto/ssh reads a connection from one goroutine).
 	rc       syscall.RawConn
@@ -94,7 +95,17 @@ func (c *readBuffered) Read(p []byte) (int, error) {
 // next one reads ahead (or takes the fallback buffer, which starts empty),
 // so no byte is lost or read twice.
 func (c *readBuffered) buffer() {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
+	// Only a plain socket: a wrapper that offers its descriptor may hold
+	// bytes of its own (a peeked header) that a read of the descriptor
+	// would skip.
+	var sc syscall.Conn
+	switch conn := c.Conn.(type) {
+	case *net.TCPConn:
+		sc = conn
+	case *net.UnixConn:
+		sc = conn
+	}
+	if sc != nil {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
 			c.on.Store(true)

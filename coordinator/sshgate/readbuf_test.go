@@ -191,8 +191,9 @@ func TestReadAheadUnderBulkAndNoneWhenIdle(t *testing.T) {
 	}
 }
 
-// A connection without a file descriptor (a wrapped listener's) reads
-// through a clientReadBuf buffer once authenticated.
+// A connection that is not a plain socket (net.Pipe here; a listener's
+// wrapper) reads through a clientReadBuf buffer once authenticated, never
+// ahead on a descriptor beneath it.
 func TestReadBufferedWithoutDescriptor(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
@@ -207,5 +208,20 @@ func TestReadBufferedWithoutDescriptor(t *testing.T) {
 	n, err := rb.Read(p)
 	if err != nil || string(p[:n]) != "hello" {
 		t.Fatalf("read = %q, %v", p[:n], err)
+	}
+}
+
+// peekedConn is a listener's wrapper that offers its socket's descriptor
+// (it embeds the *net.TCPConn) but may hold bytes of its own.
+type peekedConn struct{ *net.TCPConn }
+
+// A wrapper that offers a descriptor is still not read ahead on: a read of
+// the descriptor would skip the bytes the wrapper holds.
+func TestReadBufferedWrapperNotReadAhead(t *testing.T) {
+	server, _ := tcpPair(t)
+	rb := &readBuffered{Conn: peekedConn{server.(*net.TCPConn)}}
+	rb.buffer()
+	if rb.rc != nil || rb.r.Load() == nil {
+		t.Fatal("a wrapped socket is read ahead on its descriptor; want the fallback buffer")
 	}
 }
