@@ -17,11 +17,8 @@ import (
 // buffer back and waits in a plain read into TLS's own buffer, so a session
 // waiting for its peer holds no read-ahead buffer.
 
-// readAheadMax is the size of a read-ahead buffer: corkMax, so that one
-// read takes the whole burst a peer's cork wrote in one system call (a 256
-// KiB frame's records). A 256 KiB buffer left the burst's last 8 KiB or so
-// in the socket for a second read, and often an EAGAIN after it, per frame.
-const readAheadMax = corkMax
+// readAheadMax is the size of a read-ahead buffer.
+const readAheadMax = 256 << 10
 
 var readAheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadMax); return &b }}
 
