@@ -10,7 +10,8 @@ package main
 // ssh-proxy, ...). tether ssh-proxy, which lives for one connection,
 // starts its profile at once; every other command starts one each time it
 // receives SIGUSR1, so that a long-running coordinator or agent is profiled
-// during the transfer only:
+// during the transfer only. A process that exits before its seconds are up
+// leaves an empty file (give ssh-proxy a transfer that outlasts them):
 //
 //	go build -tags sshbenchprof -o /tmp/tether-prof ./cmd/tether
 //	TETHER_CPUPROFILE_DIR=/tmp/prof make bench-ssh ...   # then kill -USR1 PID
