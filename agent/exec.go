@@ -372,7 +372,9 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 
+	forked := bracketFork()
 	err = cmd.Start()
+	ft := forked()
 	// The child holds its own copies now.
 	outW.Close()
 	errW.Close()
@@ -389,7 +391,7 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	log := x.log.With("pid", pgid)
 	log.Debug("exec started", "cmd", spec.name)
 	// Removed last, once the group is over (the defers below run first).
-	defer a.recordGroup(pgid)()
+	defer a.recordStartedGroup(pgid, ft)()
 
 	var wg sync.WaitGroup
 	procDone := make(chan struct{}) // closed when this process's run ends
