@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // A group recorded from the clock read around its fork (recordStartedGroup)
@@ -74,4 +77,29 @@ func TestRecordStartedGroupMatchesProc(t *testing.T) {
 	pid, ft = start()
 	ft.before, ft.after = ft.before+1000, ft.before+1000
 	check(pid, ft) // /proc again, not the wrong tick
+}
+
+// An exec's processes leave their group records (and pipes) until its
+// final frame is written, but a fail-fast batch clears each process's
+// record before the next starts: one exec holds one record slot, so the
+// slot file stays within MaxExecs slots, and none is left once the stream
+// ended.
+func TestExecBatchHoldsOneRecordSlot(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	e := h.open(t, protocol.KindExec, protocol.ExecParams{Commands: []string{"true", "true", "true", "true"}, FailFast: true})
+	e.finish(t)
+	if e.errInfo != nil || e.exit == nil || e.exit.ExitCode != 0 {
+		t.Fatalf("exit %+v, error %+v", e.exit, e.errInfo)
+	}
+	fi, err := os.Stat(h.a.slots.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != slotSize {
+		t.Errorf("slot file of a 4-process batch is %d bytes, want one %d-byte slot", fi.Size(), slotSize)
+	}
+	if recs := slotRecords(t, h.a); len(recs) != 0 {
+		t.Errorf("records left after the exec's stream ended: %+v", recs)
+	}
 }
