@@ -5,7 +5,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // yamux frame header layout (hashicorp/yamux spec.md): version uint8,
@@ -33,10 +32,9 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, coalesceMax); return
 // header with a non-zero length is always followed, by the same goroutine,
 // by a Write of exactly that body. Every other write passes through.
 //
-// It is used by the yamux send loop, a single goroutine, and by the timer
-// that writes a held ACK (ackHoldMax); mu orders the two.
+// It is used only by the yamux send loop, which is a single goroutine, so it
+// needs no lock.
 type coalesceConn struct {
-	mu sync.Mutex
 	net.Conn
 	cork    *corkConn   // the transport beneath the TLS, if made with Cork; else nil
 	frames  frameWriter // the transport writes a frame itself (WebSocket); else nil
@@ -61,76 +59,6 @@ type coalesceConn struct {
 	synHolds atomic.Int32
 	syn      [yamuxHeaderSize]byte
 	holding  bool
-
-	// ackHolds counts the accepts whose ACK may wait for the next frame
-	// (Session.AcceptRaw arms one while it waits for a stream): the
-	// window update acknowledging an accepted stream is then held in
-	// syn, like a held SYN, and leaves in front of the next frame, which
-	// is mostly the accepted stream's own first reply (an exec's exit
-	// frame): one write, one TLS record and one wake-up of the peer's
-	// reader less per stream, and the accept does not wait for a write
-	// of its own. Nothing in the protocol waits for the ACK (the opener
-	// writes its header and data without it), but it holds one of the
-	// opener's AcceptBacklog slots and carries the stream's window beyond
-	// its initial 256 KiB, so no ACK is held longer than ackHoldMax:
-	// ackTimer writes it then.
-	ackHolds atomic.Int32
-	ackTimer *time.Timer
-}
-
-// ackHoldMax bounds how long an accepted stream's ACK waits for a frame to
-// ride with: about the round trip of a short exec (/bin/true), the reply
-// that mostly follows; a stream that stays silent longer gets its ACK then.
-const ackHoldMax = 2 * time.Millisecond
-
-// yamuxFlagACK is the flag of a window update that acknowledges a stream
-// (hashicorp/yamux spec.md).
-const yamuxFlagACK = 0x2
-
-// armACKHold lets the next stream ACK wait for the frame after it, for at
-// most ackHoldMax; disarmACKHold takes an unused arming back.
-func (c *coalesceConn) armACKHold() { c.ackHolds.Add(1) }
-
-// disarmACKHold takes back one arming that no ACK used, if any is left.
-func (c *coalesceConn) disarmACKHold() {
-	for {
-		n := c.ackHolds.Load()
-		if n <= 0 || c.ackHolds.CompareAndSwap(n, n-1) {
-			return
-		}
-	}
-}
-
-// takeACKHold reports whether the window update p, acknowledging a
-// stream, may be held, using up one arming (also when it cannot be held,
-// as takeSYNHold does).
-func (c *coalesceConn) takeACKHold(p []byte) bool {
-	if p[1] != yamuxTypeWindowUpdate || binary.BigEndian.Uint16(p[2:4])&yamuxFlagACK == 0 {
-		return false
-	}
-	for {
-		n := c.ackHolds.Load()
-		if n <= 0 {
-			return false
-		}
-		if c.ackHolds.CompareAndSwap(n, n-1) {
-			return !c.stock && c.frames == nil && !c.holding
-		}
-	}
-}
-
-// releaseHeld is ackTimer's function: it writes what is still held, unless
-// a data header is pending (its body, which the send loop writes next,
-// takes the held frame along). A write error is the send loop's to see on
-// its next write.
-func (c *coalesceConn) releaseHeld() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.holding || c.pending {
-		return
-	}
-	c.holding = false
-	c.Conn.Write(c.syn[:])
 }
 
 // armSYNHold lets the next stream SYN wait for the frame after it. The
@@ -190,8 +118,6 @@ func (c *coalesceConn) release(p []byte) (int, error) {
 }
 
 func (c *coalesceConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.pending {
 		c.pending = false
 		n, err := c.writeBody(p)
@@ -209,16 +135,6 @@ func (c *coalesceConn) Write(p []byte) (int, error) {
 	if c.takeSYNHold(p) {
 		copy(c.syn[:], p)
 		c.holding = true
-		return len(p), nil
-	}
-	if c.takeACKHold(p) {
-		copy(c.syn[:], p)
-		c.holding = true
-		if c.ackTimer == nil {
-			c.ackTimer = time.AfterFunc(ackHoldMax, c.releaseHeld)
-		} else {
-			c.ackTimer.Reset(ackHoldMax)
-		}
 		return len(p), nil
 	}
 	if p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {

@@ -425,14 +425,7 @@ func (s *Session) Accept(ctx context.Context) (*yamux.Stream, protocol.Header, e
 // It returns io.EOF once the session is closed, and ctx's error when ctx
 // ends first.
 func (s *Session) AcceptRaw(ctx context.Context) (*yamux.Stream, error) {
-	// The stream's ACK may wait for the stream's first frame (coalesce.go).
-	if s.cc != nil {
-		s.cc.armACKHold()
-	}
 	st, err := s.y.AcceptStreamWithContext(ctx)
-	if err != nil && s.cc != nil {
-		s.cc.disarmACKHold()
-	}
 	if err != nil {
 		// yamux reports a dead session in several ways (shutdown,
 		// keepalive timeout, connection error); callers only need to know
