@@ -55,6 +55,10 @@ type Agent struct {
 	// slots is the file recording the process groups of running execs
 	// (orphans.go).
 	slots groupSlots
+	// bootClock says whether CLOCK_BOOTTIME read around a fork names its
+	// child's /proc start time (orphans.go, startTicks): 0 not known yet,
+	// 1 it does, -1 it does not (every record then reads /proc).
+	bootClock atomic.Int32
 	// systemdRunPath, set only by tests, replaces the detection of
 	// systemd-run for detached jobs' scopes (jobScope).
 	systemdRunPath func() string

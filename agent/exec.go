@@ -126,6 +126,20 @@ type execution struct {
 	// stdout and stderr count the output of every process of the exec
 	// (fail-fast batches run several); the limit applies to the sum.
 	stdout, stderr outputCount
+
+	// after is what the exec's processes leave to do once the final frame
+	// is written (runAfter): closing their output pipes' read ends and
+	// clearing their group records (orphans.go), which nobody waiting for
+	// the result needs first. Owned by the handler goroutine.
+	after []func()
+}
+
+// runAfter runs and forgets x.after, in the order it was added.
+func (x *execution) runAfter() {
+	for _, f := range x.after {
+		f()
+	}
+	x.after = nil
 }
 
 // outputCount is what the copiers of one output stream saw.
@@ -232,6 +246,7 @@ func (x *execution) run(ctx context.Context) {
 	}
 	specs := x.processes()
 	a.hook("exec", &x.p)
+	defer x.runAfter() // after the final frame, however the exec ends
 
 	var wg sync.WaitGroup
 	done := make(chan struct{}) // closed when the handler is finishing
@@ -311,6 +326,7 @@ func (x *execution) run(ctx context.Context) {
 		// a system call, more with journald).
 		x.release()
 		err := x.w.final(protocol.FrameExit, status)
+		x.runAfter()
 		x.log.Info("exec finished", "exit_code", status.ExitCode, "signal", status.Signal,
 			"timed_out", status.TimedOut, "cancelled", status.Cancelled, "duration_ms", status.DurationMS,
 			"output_cut", status.OutputCut)
@@ -326,6 +342,9 @@ func (x *execution) run(ctx context.Context) {
 // the process could not be started.
 func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runState, stdinCh <-chan []byte) (procResult, error) {
 	a := x.a
+	// The previous process's leftovers first: an exec holds one record
+	// slot at a time (the slot file stays within MaxExecs slots).
+	x.runAfter()
 	cmd := exec.Command(spec.argv[0], spec.argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = a.procEnv(x.acct, x.p.Env, dir)
@@ -352,13 +371,16 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	if err != nil {
 		return procResult{}, fmt.Errorf("stdout pipe: %w", err)
 	}
-	defer outR.Close()
+	// Closed once the exec's final frame is written (a group of
+	// fail-fast's processes' pipes at once): its copiers are done by
+	// then, and nobody waits for the close.
+	x.after = append(x.after, func() { outR.Close() })
 	errR, errW, err := childPipe(false)
 	if err != nil {
 		outW.Close()
 		return procResult{}, fmt.Errorf("stderr pipe: %w", err)
 	}
-	defer errR.Close()
+	x.after = append(x.after, func() { errR.Close() })
 	var inR, inW *os.File
 	if spec.script != "" || spec.stdin {
 		if inW, inR, err = childPipe(true); err != nil {
@@ -372,7 +394,9 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 
+	forked := bracketFork()
 	err = cmd.Start()
+	ft := forked()
 	// The child holds its own copies now.
 	outW.Close()
 	errW.Close()
@@ -388,8 +412,12 @@ func (x *execution) runProcess(spec procSpec, dir string, limit int64, rs *runSt
 	pgid := cmd.Process.Pid
 	log := x.log.With("pid", pgid)
 	log.Debug("exec started", "cmd", spec.name)
-	// Removed last, once the group is over (the defers below run first).
-	defer a.recordGroup(pgid)()
+	// Cleared once the exec's final frame is written (x.after), the
+	// group being over by then (the defers below run first and this
+	// function returns only then); an agent killed in between leaves a
+	// record of a group that is over, which the next agent leaves alone.
+	unrecord := a.recordStartedGroup(pgid, ft)
+	x.after = append(x.after, unrecord)
 
 	var wg sync.WaitGroup
 	procDone := make(chan struct{}) // closed when this process's run ends

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Attached execs that lost their agent. An attached exec's process group
@@ -37,7 +39,11 @@ import (
 // A slot is written whole by one pwrite; one cut short by a crash is only
 // unparseable, and skipped, for a group that was microseconds old. Records
 // in DataDir/execs/PGID-START.json files (what earlier agents wrote, one
-// file per exec) are read and ended the same way.
+// file per exec) are read and ended the same way. The leader's start time
+// comes from the boot clock read just before and after its fork when both
+// readings fall in one clock tick (startTicks), not from /proc/PID/stat,
+// whose read, while the child execs, cost an exec of /bin/true a tenth of
+// its round trip; the value is the same, so records are as before.
 //
 // A recorded pgid may by then name another group: the original emptied
 // and the pid was reused. The group is killed only if it still is the
@@ -154,8 +160,59 @@ var zeroSlot [slotSize]byte
 // over. A group that cannot be recorded (its leader exited already, the
 // data directory is not writable) is logged and not recorded.
 func (a *Agent) recordGroup(pgid int) (remove func()) {
-	nop := func() {}
+	return a.recordStartedGroup(pgid, forkTicks{})
+}
+
+// forkTicks brackets a fork in bootTicks: read just before the fork
+// (before) and once its child was started (after). The child's start time
+// lies between them. The zero value brackets nothing.
+type forkTicks struct {
+	before, after uint64
+	ok            bool
+}
+
+// bracketFork returns the bootTicks before a fork and the function that
+// completes the bracket once the child was started.
+func bracketFork() func() forkTicks {
+	before, ok := bootTicks()
+	return func() forkTicks {
+		after, ok2 := bootTicks()
+		return forkTicks{before: before, after: after, ok: ok && ok2 && before <= after}
+	}
+}
+
+// startTicks returns the start time of pgid, the child just forked
+// within ft, and its session: when ft's two readings are the same tick,
+// that tick is the child's start time, and its session is getsid's, with
+// no read of /proc/PID/stat (which costs more than any other step of an
+// exec's start: the kernel reads the child's state while it execs). The
+// clock is trusted once a /proc read agreed with it (a.bootClock);
+// otherwise, and when the bracket spans a tick, /proc tells. err is
+// non-nil when the process is gone (exited and reaped) or cannot be read.
+func (a *Agent) startTicks(pgid int, ft forkTicks) (start uint64, sid int, err error) {
+	if ft.ok && ft.before == ft.after && a.bootClock.Load() > 0 {
+		sid, err := unix.Getsid(pgid)
+		return ft.before, sid, err
+	}
 	ps, err := readProcStatus(pgid)
+	if err != nil {
+		return 0, 0, err
+	}
+	if ft.ok && a.bootClock.Load() == 0 {
+		if ft.before <= ps.start && ps.start <= ft.after {
+			a.bootClock.CompareAndSwap(0, 1)
+		} else {
+			a.bootClock.Store(-1)
+		}
+	}
+	return ps.start, ps.sid, nil
+}
+
+// recordStartedGroup is recordGroup of a group whose leader was forked
+// within ft (see startTicks).
+func (a *Agent) recordStartedGroup(pgid int, ft forkTicks) (remove func()) {
+	nop := func() {}
+	start, sid, err := a.startTicks(pgid, ft)
 	if err != nil {
 		return nop // exited already
 	}
@@ -164,7 +221,7 @@ func (a *Agent) recordGroup(pgid int) (remove func()) {
 		a.log.Warn("record exec process group", "pgid", pgid, "err", err)
 		return nop
 	}
-	rec := groupRecord{Version: groupRecordVersion, Leader: procIdentity{PID: pgid, Start: ps.start}, SID: ps.sid, Agent: self}
+	rec := groupRecord{Version: groupRecordVersion, Leader: procIdentity{PID: pgid, Start: start}, SID: sid, Agent: self}
 	var buf [slotSize]byte
 	b, err := json.Marshal(rec)
 	if err == nil && len(b) >= slotSize {

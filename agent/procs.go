@@ -87,6 +87,24 @@ func liveProcs(keep func(procInfo) bool) (procs []procInfo, ok bool) {
 	return procs, true
 }
 
+// userHZ is the unit of /proc's clock ticks (USER_HZ, sysconf(_SC_CLK_TCK)):
+// 100 per second on every architecture Go builds for Linux except alpha and
+// ia64. startTicks is checked against /proc before it is trusted, so a
+// different unit only costs the /proc reads it saves.
+const userHZ = 100
+
+// bootTicks returns CLOCK_BOOTTIME in the clock ticks of /proc/PID/stat's
+// start time (field 22): the kernel takes a process's start time from that
+// clock when it forks it, and shows it in the reader's time namespace, as
+// clock_gettime does. ok is false when the clock cannot be read.
+func bootTicks() (ticks uint64, ok bool) {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0, false
+	}
+	return uint64(ts.Nano()) / (uint64(time.Second) / userHZ), true
+}
+
 // procStatus is what /proc/PID/stat says of one process.
 type procStatus struct {
 	state byte // R, S, D, Z, X, ...
