@@ -258,7 +258,7 @@ func (c *Coordinator) observeDecision(d caller.Decision) {
 		return // a request the guard did not wrap: not one of ours
 	}
 	ev := &protocol.AuditEvent{Result: protocol.AuditRefused, Status: d.Err.Status, ErrorCode: d.Err.Code,
-		Error: protocol.ClipUTF8(d.Err.Message, protocol.MaxAuditErrorLen)}
+		Error: protocol.ClipUTF8(d.Err.Message, protocol.MaxAuditErrorLen), Source: d.Source}
 	if d.Identified {
 		ev.Identity, ev.IdentityKey, ev.Account = d.Identity.String(), d.Identity.Key, d.Identity.Account
 	}

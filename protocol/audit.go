@@ -118,6 +118,21 @@ type AuditEvent struct {
 	// IdentityKey is a NATS caller's user public key; Account its account.
 	IdentityKey string `json:"identity_key,omitempty"`
 	Account     string `json:"account,omitempty"`
+	// Source is where the call came from, as the coordinator's end of the
+	// connection saw it; never what the caller wrote (X-Forwarded-For,
+	// Forwarded, X-Real-IP, gRPC metadata), which names any address its
+	// sender likes, so a refused guesser could blame another host. On a
+	// coordinator listener (the OpenSandbox and OpenShell facades, the SSH
+	// jump host, the web console) it is the TCP peer's IP and port,
+	// "IP:PORT" ("[IPv6]:PORT"); a caller behind a proxy shows the proxy's.
+	// For a NATS API request it is the client's IP alone, as the NATS
+	// server saw its connection: the host of the Nats-Request-Info header
+	// the server stamps on a request crossing the clients' service import
+	// (share: true; a client cannot set it there), which has no port; a
+	// client on a leafnode shows the leafnode's. Empty when nothing
+	// vouches for one: a NATS request without that header, a decision
+	// nobody gave an address, events recorded before this field.
+	Source string `json:"source,omitempty"`
 	// Operation is the policy operation (exec, cp.read, cp.write, shell,
 	// forward, job.status, job.logs, job.cancel, sandboxes.list,
 	// sandboxes.register, sandboxes.lease, sandboxes.reap, nodes.list,
