@@ -56,7 +56,9 @@ type Policy interface {
 // counted, not each audited: see Metrics) and one per direct-tcpip
 // channel: operation "ssh", method "connect", result ok/refused/error
 // (or failed, reason revoked: closed by Gate.Recheck), identity, node,
-// logins, bytes both ways, duration, Session.
+// logins, bytes both ways, duration, Session, and Source: the TCP peer
+// as the gate's listener accepted it, never an address the client names
+// (a direct-tcpip's originator fields are the client's to write).
 type Auditor interface {
 	Record(ev *protocol.AuditEvent)
 }
