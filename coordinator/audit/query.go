@@ -103,6 +103,8 @@ func (p *page) matches(ev *protocol.AuditEvent) bool {
 		return false
 	case q.Result != "" && q.Result != ev.Result:
 		return false
+	case q.Source != "" && !protocol.AuditSourceMatches(q.Source, ev.Source):
+		return false
 	}
 	return true
 }
