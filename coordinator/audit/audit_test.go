@@ -321,6 +321,7 @@ func TestQueryRefusesBadRequests(t *testing.T) {
 		{Since: now, Until: now.Add(-time.Hour)},
 		{Source: "example.com"},
 		{Source: "127.0.0.7:port"},
+		{Source: "1.2.3.4.5"}, // its characters pass Validate: Query parses it
 	} {
 		_, err := f.r.Query(context.Background(), q, 0)
 		var e *protocol.APIError
