@@ -69,7 +69,7 @@ func (r *Recorder) Query(ctx context.Context, q protocol.AuditQueryRequest, maxB
 type page struct {
 	q    protocol.AuditQueryRequest
 	resp *protocol.AuditQueryResponse
-	room int // bytes left for events; -1 unbounded
+	room int    // bytes left for events; -1 unbounded
 	src  source // q.Source, parsed
 }
 
