@@ -325,7 +325,8 @@ func (ch *channel) run() {
 		return
 	}
 	// The open ends early when the gate closes or the client goes away.
-	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.OpenTimeout)
+	// Its ctx names the client for the node's channel events (SourceOf).
+	ctx, cancel := context.WithTimeout(WithSource(g.ctx, cs.source()), g.cfg.OpenTimeout)
 	go func() {
 		select {
 		case <-cs.done:
