@@ -129,9 +129,11 @@ type AuditEvent struct {
 	// server saw its connection: the host of the Nats-Request-Info header
 	// the server stamps on a request crossing the clients' service import
 	// (share: true; a client cannot set it there), which has no port; a
-	// client on a leafnode shows the leafnode's. Empty when nothing
-	// vouches for one: a NATS request without that header, a decision
-	// nobody gave an address, events recorded before this field.
+	// client on a leafnode shows the leafnode's. An agent's SSH channel
+	// event carries its connection's (the jump host's client, or the ssh
+	// stream's NATS client), never one the agent names. Empty when nothing
+	// vouches for one: a NATS request without that header, events
+	// recorded before this field.
 	Source string `json:"source,omitempty"`
 	// Operation is the policy operation (exec, cp.read, cp.write, shell,
 	// forward, job.status, job.logs, job.cancel, sandboxes.list,
