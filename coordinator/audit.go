@@ -10,10 +10,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
 	"github.com/tetherfleet/tether/internal/panics"
+	"github.com/tetherfleet/tether/natsauth"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -41,6 +43,12 @@ import (
 //     no trace. A decision about a caller that is not a NATS request (a
 //     facade call) is recorded when it refuses; the facades record their
 //     other calls themselves (AuditLog, their Config.Audit).
+//
+// A NATS request's Source is the client's IP the NATS server stamped in
+// Nats-Request-Info (natsauth.RequestHost: the server overwrites that
+// header on every request crossing the clients' import, and only
+// coordinators publish inside TETHER); never an address from the body. A
+// facade's refusal carries the TCP peer its DecideAs was given.
 
 // endpointOps maps request subjects to the operation they are audited
 // under: a policy operation, or one of protocol.AuditOtherOperations for
@@ -201,6 +209,7 @@ func (a *auditReq) event() *protocol.AuditEvent {
 	ev := &protocol.AuditEvent{
 		Operation:  a.endpoint,
 		Subject:    a.Subject(),
+		Source:     natsauth.RequestHost(nats.Header(a.Headers())), // what the server stamped
 		DurationMS: float64(time.Since(a.start)) / float64(time.Millisecond),
 	}
 	if op, ok := endpointOps[a.Subject()]; ok {
@@ -258,7 +267,7 @@ func (c *Coordinator) observeDecision(d caller.Decision) {
 		return // a request the guard did not wrap: not one of ours
 	}
 	ev := &protocol.AuditEvent{Result: protocol.AuditRefused, Status: d.Err.Status, ErrorCode: d.Err.Code,
-		Error: protocol.ClipUTF8(d.Err.Message, protocol.MaxAuditErrorLen)}
+		Error: protocol.ClipUTF8(d.Err.Message, protocol.MaxAuditErrorLen), Source: d.Source}
 	if d.Identified {
 		ev.Identity, ev.IdentityKey, ev.Account = d.Identity.String(), d.Identity.Key, d.Identity.Account
 	}

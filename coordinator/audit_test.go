@@ -300,10 +300,12 @@ func TestAuditRefusalWithoutRequest(t *testing.T) {
 	}
 	id := policy.Identity{Kind: policy.KindCert, Name: "ops.example.com"}
 	obs(caller.Decision{Identity: id, Identified: true, Op: policy.OpForward, Node: policy.Node{ID: "node-0"},
-		Object: policy.Object{Target: "openshell"}, Err: protocol.NewAPIError(403, protocol.ErrCodeForbidden, "cert:ops.example.com may not forward")})
+		Object: policy.Object{Target: "openshell"}, Err: protocol.NewAPIError(403, protocol.ErrCodeForbidden, "cert:ops.example.com may not forward"),
+		Source: "127.0.0.7:4100"})
 	obs(caller.Decision{Identity: id, Identified: true, Op: policy.OpForward}) // allowed: no event
 	ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"}, func(*protocol.AuditEvent) bool { return true })
-	if ev.Operation != "forward" || ev.Result != protocol.AuditRefused || ev.Target != "openshell" || len(ev.Nodes) != 1 || ev.Nodes[0] != "node-0" || ev.Status != 403 {
+	if ev.Operation != "forward" || ev.Result != protocol.AuditRefused || ev.Target != "openshell" || len(ev.Nodes) != 1 || ev.Nodes[0] != "node-0" || ev.Status != 403 ||
+		ev.Source != "127.0.0.7:4100" {
 		t.Errorf("event %+v", ev)
 	}
 	resp, err := auditQuery(f.NC, nil, protocol.AuditQueryRequest{Identity: "cert:ops.example.com"})

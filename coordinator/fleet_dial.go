@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -211,11 +212,15 @@ func (a pipeAddr) String() string  { return string(a) }
 // sshForward is the body of a forwarded ssh open.
 type sshForward struct {
 	Params protocol.SSHParams `json:"params"`
+	// Source is the jump host's client (sshgate.SourceOf), for the
+	// owner's audit of the node's channel events; an owner that predates
+	// it ignores it.
+	Source string `json:"source,omitempty"`
 }
 
 // sshRemote opens the ssh stream to node id through coordinator owner.
 func (c *Coordinator) sshRemote(ctx context.Context, id string, params *protocol.SSHParams, owner string) (net.Conn, error) {
-	body, err := json.Marshal(sshForward{Params: *params})
+	body, err := json.Marshal(sshForward{Params: *params, Source: sshgate.SourceOf(ctx)})
 	if err != nil {
 		return nil, fmt.Errorf("open ssh stream to node %s via coordinator %s: %w", id, owner, err)
 	}
@@ -251,6 +256,6 @@ func (c *Coordinator) serveSSH(m *nats.Msg, nodeID string) {
 		return
 	}
 	c.serveForwardedConn(m, "ssh to node "+nodeID, func(ctx context.Context) (net.Conn, error) {
-		return c.openSSH(ctx, nodeID, &r.Params, &sshSession{identity: r.Params.Identity, forwarded: true})
+		return c.openSSH(ctx, nodeID, &r.Params, &sshSession{identity: r.Params.Identity, source: protocol.ClipUTF8(r.Source, 64), forwarded: true})
 	})
 }

@@ -366,7 +366,7 @@ func (r *relay) run() {
 	if r.ssh != nil {
 		// The agent's channel events of this connection are audited under
 		// the caller's identity (ssh.go).
-		rec := &sshSession{node: r.n.id, start: time.Now()}
+		rec := &sshSession{node: r.n.id, start: time.Now(), source: natsauth.RequestHost(nats.Header(r.req.Headers()))}
 		if id, ok := caller.Of(r.req); ok {
 			rec.identity, rec.key, rec.account = id.String(), id.Key, id.Account
 		}

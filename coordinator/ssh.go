@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
+	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -87,6 +88,10 @@ type sshSession struct {
 	// forwarded: opened for another coordinator's jump host (fleet_dial.go);
 	// never forwarded again.
 	forwarded bool
+	// source is where the connection came from (AuditEvent.Source): the
+	// jump host's client (sshgate.SourceOf), or the NATS client an ssh
+	// stream's request came from (natsauth.RequestHost).
+	source string
 }
 
 // sshSessions maps SSHParams.Session to the connection's record. Safe for
@@ -249,9 +254,10 @@ func (c *Coordinator) sshCanonical(id string) string {
 // The agent's refusal is returned as an error wrapping its
 // *protocol.ErrorInfo. The connection's identity (params.Identity, which
 // the caller proved) is remembered for its channel events until
-// SessionGrace after the conn was closed.
+// SessionGrace after the conn was closed, and so is the client's address
+// the jump host put in ctx (sshgate.SourceOf).
 func (s SSHNodes) OpenSSH(ctx context.Context, node string, params protocol.SSHParams) (net.Conn, error) {
-	return s.c.openSSH(ctx, node, &params, &sshSession{identity: params.Identity})
+	return s.c.openSSH(ctx, node, &params, &sshSession{identity: params.Identity, source: sshgate.SourceOf(ctx)})
 }
 
 // openSSH opens the ssh stream (SSHNodes.OpenSSH) with rec as the
@@ -485,6 +491,7 @@ func sshAuditEvent(node string, rec *sshSession, ev *protocol.SSHChannelEvent) *
 		Identity:    rec.identity,
 		IdentityKey: rec.key,
 		Account:     rec.account,
+		Source:      rec.source,
 		Operation:   policy.OpSSH.String(),
 		Method:      ev.Type,
 		Nodes:       []string{node},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/sshgate"
 	"github.com/tetherfleet/tether/natspipe"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -320,7 +321,7 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 	// Through the jump host's path...
 	jp := protocol.SSHParams{Session: strings.Repeat("1", 32), Identity: "ssh-key:SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU",
 		Logins: []string{"deploy"}, Auth: protocol.SSHAuthPublicKey, PublicKey: []byte("k")}
-	conn, err := h.c.SSHNodes().OpenSSH(ctx, "n-a", jp)
+	conn, err := h.c.SSHNodes().OpenSSH(sshgate.WithSource(ctx, "127.0.0.7:4022"), "n-a", jp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,8 +348,10 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 		return nil
 	})
 	ids := map[string]bool{}
+	sources := map[string]any{}
 	for _, ev := range events {
 		ids[fmt.Sprint(ev["identity"])] = true
+		sources[fmt.Sprint(ev["identity"])] = ev["source"]
 		if ev["nodes"] != "n-a" || ev["run_as"] != "deploy" || ev["exit_code"] != float64(3) || ev["result"] != protocol.AuditFailed ||
 			ev["bytes_in"] != float64(10) || ev["bytes_out"] != float64(20) || ev["command_program"] != "bash" || ev["session"] == "" {
 			t.Errorf("event %v", ev)
@@ -356,6 +359,12 @@ func TestSSHChannelEventsAudited(t *testing.T) {
 	}
 	if !ids[jp.Identity] || !ids["nats:alice"] || ids["nats:mallory"] || len(events) != 2 {
 		t.Errorf("audited identities %v, want the jump host's and nats:alice's, once each", ids)
+	}
+	// Each names where its connection came from: the jump host's client
+	// (sshgate.WithSource), the ssh stream's NATS client as the server
+	// stamped it.
+	if sources[jp.Identity] != "127.0.0.7:4022" || sources["nats:alice"] != "127.0.0.1" {
+		t.Errorf("audited sources %v, want the jump host's client 127.0.0.7:4022 and nats:alice's 127.0.0.1", sources)
 	}
 	// n-b naming n-a's session is dropped like an unknown one.
 	ev := protocol.SSHChannelEvent{Session: <-sessions, Type: protocol.SSHChannelShell, Result: protocol.AuditOK}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -372,4 +373,31 @@ func RequestUser(h nats.Header) (account, user string, err error) {
 		return "", "", err
 	}
 	return ri.Account, ri.User, nil
+}
+
+// RequestHost returns the client's IP address from the Nats-Request-Info
+// header of a request that crossed the import: the host of the
+// connection the NATS server received it on (its TCP peer, or what a
+// PROXY protocol header the server was configured to trust named; for a
+// client behind a leafnode, the leafnode's), never a value the client
+// chose, since the server writes the header itself on every request
+// crossing a service import with share: true. The server stamps no
+// port. It returns "" when h carries no such header, more than one, or a
+// host that is not an IP address.
+func RequestHost(h nats.Header) string {
+	vals := h[server.ClientInfoHdr]
+	if len(vals) != 1 {
+		return ""
+	}
+	var ci struct {
+		Host string `json:"host"`
+	}
+	if json.Unmarshal([]byte(vals[0]), &ci) != nil {
+		return ""
+	}
+	ip, err := netip.ParseAddr(ci.Host)
+	if err != nil {
+		return ""
+	}
+	return ip.String()
 }

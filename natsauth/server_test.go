@@ -548,3 +548,29 @@ func TestNoExportUnderAuditPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestHost: the client's IP from the header the server stamped;
+// nothing from a missing, doubled or malformed header or a host that is
+// not an IP.
+func TestRequestHost(t *testing.T) {
+	for _, tt := range []struct {
+		vals []string
+		want string
+	}{
+		{[]string{`{"acc":"A","user":"U","host":"127.0.0.7","id":4}`}, "127.0.0.7"},
+		{[]string{`{"host":"::1"}`}, "::1"},
+		{nil, ""},
+		{[]string{`{"host":"127.0.0.7"}`, `{"host":"127.0.0.8"}`}, ""},
+		{[]string{`{"host":`}, ""},
+		{[]string{`{"host":"evil.example"}`}, ""},
+		{[]string{`{"host":"127.0.0.7:4222"}`}, ""},
+	} {
+		h := nats.Header{}
+		if tt.vals != nil {
+			h["Nats-Request-Info"] = tt.vals
+		}
+		if got := RequestHost(h); got != tt.want {
+			t.Errorf("RequestHost(%q) = %q, want %q", tt.vals, got, tt.want)
+		}
+	}
+}

@@ -118,6 +118,23 @@ type AuditEvent struct {
 	// IdentityKey is a NATS caller's user public key; Account its account.
 	IdentityKey string `json:"identity_key,omitempty"`
 	Account     string `json:"account,omitempty"`
+	// Source is where the call came from, as the coordinator's end of the
+	// connection saw it; never what the caller wrote (X-Forwarded-For,
+	// Forwarded, X-Real-IP, gRPC metadata), which names any address its
+	// sender likes, so a refused guesser could blame another host. On a
+	// coordinator listener (the OpenSandbox and OpenShell facades, the SSH
+	// jump host, the web console) it is the TCP peer's IP and port,
+	// "IP:PORT" ("[IPv6]:PORT"); a caller behind a proxy shows the proxy's.
+	// For a NATS API request it is the client's IP alone, as the NATS
+	// server saw its connection: the host of the Nats-Request-Info header
+	// the server stamps on a request crossing the clients' service import
+	// (share: true; a client cannot set it there), which has no port; a
+	// client on a leafnode shows the leafnode's. An agent's SSH channel
+	// event carries its connection's (the jump host's client, or the ssh
+	// stream's NATS client), never one the agent names. Empty when nothing
+	// vouches for one: a NATS request without that header, events
+	// recorded before this field.
+	Source string `json:"source,omitempty"`
 	// Operation is the policy operation (exec, cp.read, cp.write, shell,
 	// forward, job.status, job.logs, job.cancel, sandboxes.list,
 	// sandboxes.register, sandboxes.lease, sandboxes.reap, nodes.list,
@@ -397,6 +414,13 @@ type AuditQueryRequest struct {
 	Result    string `json:"result,omitempty"`
 	// JobID matches AuditEvent.JobID.
 	JobID string `json:"job_id,omitempty"`
+	// Source matches AuditEvent.Source: an IP address matches every event
+	// from it, whatever the port (a NATS request's source has none);
+	// IP:PORT ("[IPv6]:PORT") matches that one connection's. An
+	// IPv4-mapped IPv6 address is its IPv4 one. Anything else is refused
+	// with 400 invalid_request; a coordinator older than this field
+	// refuses it too (unknown field).
+	Source string `json:"source,omitempty"`
 	// Limit bounds the events returned, 1 to MaxAuditLimit; 0 means
 	// DefaultAuditLimit.
 	Limit int `json:"limit,omitempty"`
@@ -431,6 +455,11 @@ func (r *AuditQueryRequest) Validate() *APIError {
 		if err := ValidJobID(r.JobID); err != nil {
 			errs = append(errs, "job_id: "+err.Error())
 		}
+	}
+	if r.Source != "" && (len(r.Source) > 64 || strings.Trim(r.Source, "0123456789abcdefABCDEF.:[]") != "") {
+		// The coordinator parses it (an address or not); here, its
+		// characters only (protocol opens no sockets, so no net/netip).
+		errs = append(errs, fmt.Sprintf("source %s: want an IP address, or IP:PORT ([IPv6]:PORT)", Clip(r.Source)))
 	}
 	for _, f := range []struct{ name, v string }{{"identity", r.Identity}, {"node", r.Node}, {"operation", r.Operation}} {
 		if len(f.v) > 256 {

@@ -110,3 +110,30 @@ func FuzzAuditQuery(f *testing.F) {
 		}
 	})
 }
+
+// TestAuditSourceCompatible: an event stored before AuditEvent.Source
+// decodes (Source empty), and an event without a source encodes as
+// before (no "source" key), so old and new coordinators share one stream.
+func TestAuditSourceCompatible(t *testing.T) {
+	old := `{"v":1,"id":"e1","time":"2026-01-02T03:04:05Z","coordinator":"c1","identity":"nats:alice","operation":"exec","result":"ok","duration_ms":1.5}`
+	var ev protocol.AuditEvent
+	if err := json.Unmarshal([]byte(old), &ev); err != nil {
+		t.Fatalf("an event without source: %v", err)
+	}
+	if ev.Source != "" || ev.Identity != "nats:alice" || ev.Operation != "exec" {
+		t.Errorf("decoded %+v", ev)
+	}
+	b, err := json.Marshal(&ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), `"source"`) {
+		t.Errorf("an event without a source encodes a source key: %s", b)
+	}
+	ev.Source = "127.0.0.7:40000"
+	b, _ = json.Marshal(&ev)
+	var back protocol.AuditEvent
+	if err := json.Unmarshal(b, &back); err != nil || back.Source != ev.Source {
+		t.Errorf("round trip of %s: source %q, %v", b, back.Source, err)
+	}
+}

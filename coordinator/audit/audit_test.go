@@ -270,6 +270,45 @@ func TestQueryPages(t *testing.T) {
 	}
 }
 
+// TestQuerySource: the source filter matches an event's address: an IP
+// every port of it (and a NATS request's source, which has none), IP:PORT
+// that one; the log line names the source too.
+func TestQuerySource(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, ev := range []protocol.AuditEvent{
+		{JobID: "a1", Source: "127.0.0.7:4001"},
+		{JobID: "a2", Source: "127.0.0.7:4002"},
+		{JobID: "a3", Source: "127.0.0.7"},
+		{JobID: "b1", Source: "127.0.0.8:4001"},
+		{JobID: "c1", Source: "[::1]:4001"},
+		{JobID: "none"},
+	} {
+		ev.Operation, ev.Result = "exec", protocol.AuditRefused
+		f.r.Record(&ev)
+	}
+	f.waitStored(t, 6)
+	for _, tt := range []struct {
+		q    string
+		want []string
+	}{
+		{"127.0.0.7", []string{"a3", "a2", "a1"}},
+		{"127.0.0.7:4001", []string{"a1"}},
+		{"127.0.0.8", []string{"b1"}},
+		{"::1", []string{"c1"}},
+		{"[::1]:4001", []string{"c1"}},
+		{"::ffff:127.0.0.8", []string{"b1"}},
+		{"192.0.2.1", []string{}},
+	} {
+		resp := f.query(t, protocol.AuditQueryRequest{Source: tt.q})
+		if got := ids(resp.Events); strings.Join(got, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("source %s: got %v, want %v", tt.q, got, tt.want)
+		}
+	}
+	if !strings.Contains(f.log.String(), `"source":"127.0.0.8:4001"`) {
+		t.Errorf("the log lacks the source:\n%s", f.log.String())
+	}
+}
+
 func TestQueryRefusesBadRequests(t *testing.T) {
 	f := newFixture(t, nil)
 	now := time.Now()
@@ -280,6 +319,9 @@ func TestQueryRefusesBadRequests(t *testing.T) {
 		{Result: "maybe"},
 		{Operation: "exec.>"},
 		{Since: now, Until: now.Add(-time.Hour)},
+		{Source: "example.com"},
+		{Source: "127.0.0.7:port"},
+		{Source: "1.2.3.4.5"}, // its characters pass Validate: Query parses it
 	} {
 		_, err := f.r.Query(context.Background(), q, 0)
 		var e *protocol.APIError

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -32,6 +33,12 @@ func (r *Recorder) Query(ctx context.Context, q protocol.AuditQueryRequest, maxB
 		q.Limit = protocol.DefaultAuditLimit
 	}
 	pg := &page{q: q, resp: &protocol.AuditQueryResponse{Events: []protocol.AuditEvent{}}, room: maxBytes - eventRoom}
+	if q.Source != "" {
+		var ok bool
+		if pg.src, ok = parseSource(q.Source); !ok {
+			return nil, protocol.NewAPIError(400, protocol.ErrCodeInvalid, "source %s: want an IP address, or IP:PORT ([IPv6]:PORT)", protocol.Clip(q.Source))
+		}
+	}
 	if maxBytes <= 0 {
 		pg.room = -1
 	}
@@ -62,7 +69,35 @@ func (r *Recorder) Query(ctx context.Context, q protocol.AuditQueryRequest, maxB
 type page struct {
 	q    protocol.AuditQueryRequest
 	resp *protocol.AuditQueryResponse
-	room int // bytes left for events; -1 unbounded
+	room int    // bytes left for events; -1 unbounded
+	src  source // q.Source, parsed
+}
+
+// source is an AuditEvent.Source or AuditQueryRequest.Source, parsed:
+// an IP, and a port when port is true.
+type source struct {
+	ap   netip.AddrPort
+	port bool
+}
+
+// parseSource reads "IP" or "IP:PORT" ("[IPv6]:PORT"); an IPv4-mapped
+// IPv6 address is taken as its IPv4 one, as listeners name it.
+func parseSource(s string) (source, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return source{ap: netip.AddrPortFrom(a.Unmap(), 0)}, true
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return source{}, false
+	}
+	return source{ap: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), port: true}, true
+}
+
+// matches reports whether an event's Source is from the filter's address
+// (and port, when the filter names one).
+func (f source) matches(evSource string) bool {
+	s, ok := parseSource(evSource)
+	return ok && s.ap.Addr() == f.ap.Addr() && (!f.port || s.ap.Port() == f.ap.Port())
 }
 
 // take looks at the stream message of sequence seq stored at ts: it adds
@@ -102,6 +137,8 @@ func (p *page) matches(ev *protocol.AuditEvent) bool {
 	case q.Operation != "" && q.Operation != ev.Operation:
 		return false
 	case q.Result != "" && q.Result != ev.Result:
+		return false
+	case q.Source != "" && !p.src.matches(ev.Source):
 		return false
 	}
 	return true

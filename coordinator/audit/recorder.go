@@ -338,6 +338,7 @@ func attrs(ev *protocol.AuditEvent) []slog.Attr {
 	str("event_id", ev.ID)
 	str("identity", ev.Identity)
 	str("identity_key", ev.IdentityKey)
+	str("source", ev.Source)
 	str("operation", ev.Operation)
 	str("result", ev.Result)
 	str("subject", ev.Subject)

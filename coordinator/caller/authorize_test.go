@@ -117,17 +117,31 @@ func TestFilterScopeAcquire(t *testing.T) {
 func TestDecideAs(t *testing.T) {
 	a := Authorizer{Policy: authorizeStore(t)}
 	alice := policy.Identity{Kind: policy.KindNATS, Name: "alice"}
-	if _, err := a.DecideAs(alice, true, policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: "nats:alice"}); err != nil {
+	if _, err := a.DecideAs(alice, true, "", policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: "nats:alice"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.DecideAs(alice, true, policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: "nats:bob"}); !errors.Is(err, policy.ErrRefused) {
+	if _, err := a.DecideAs(alice, true, "", policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: "nats:bob"}); !errors.Is(err, policy.ErrRefused) {
 		t.Fatalf("another's: %v", err)
 	}
-	if _, err := a.DecideAs(policy.Identity{}, false, policy.OpSandboxesList, policy.Node{}, policy.Object{}); !errors.Is(err, ErrUnidentified) {
+	if _, err := a.DecideAs(policy.Identity{}, false, "", policy.OpSandboxesList, policy.Node{}, policy.Object{}); !errors.Is(err, ErrUnidentified) {
 		t.Fatalf("unidentified: %v", err)
 	}
-	if _, err := (Authorizer{}).DecideAs(policy.Identity{}, false, policy.OpExec, policy.Node{}, policy.Object{}); err != nil {
+	if _, err := (Authorizer{}).DecideAs(policy.Identity{}, false, "", policy.OpExec, policy.Node{}, policy.Object{}); err != nil {
 		t.Fatalf("no policy: %v", err)
+	}
+}
+
+// TestDecideAsSource: Observe sees the source DecideAs was given (the
+// facade call's TCP peer), refused with or without an identity, for the
+// audit event of the refusal.
+func TestDecideAsSource(t *testing.T) {
+	var seen []Decision
+	a := Authorizer{Policy: authorizeStore(t), Observe: func(d Decision) { seen = append(seen, d) }}
+	alice := policy.Identity{Kind: policy.KindNATS, Name: "alice"}
+	a.DecideAs(alice, true, "127.0.0.7:4001", policy.OpSandboxesList, policy.Node{}, policy.Object{Owner: "nats:bob"})
+	a.DecideAs(policy.Identity{}, false, "[::1]:4002", policy.OpSandboxesList, policy.Node{}, policy.Object{})
+	if len(seen) != 2 || seen[0].Err == nil || seen[0].Source != "127.0.0.7:4001" || seen[1].Err == nil || seen[1].Source != "[::1]:4002" {
+		t.Fatalf("decisions seen: %+v", seen)
 	}
 }
 

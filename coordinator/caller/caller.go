@@ -103,6 +103,11 @@ type Decision struct {
 	Err *protocol.APIError
 	// Refusal is the policy's refusal behind Err (nil for a 401).
 	Refusal *policy.Refusal
+	// Source is the caller's address for the audit log
+	// (protocol.AuditEvent.Source) as DecideAs was given it: a facade
+	// call's TCP peer, "IP:PORT". Empty for a NATS request (its event takes
+	// the address from what the NATS server stamped on Request).
+	Source string
 }
 
 func (a Authorizer) observe(d Decision) {
@@ -359,18 +364,20 @@ var ErrUnidentified = errors.New("the call carries no identity (no verified clie
 // Grant, or the error to refuse with: ErrUnidentified when identified is
 // false, else the policy's *policy.Refusal (naming the identity, the
 // operation and the rule missing). A nil Policy allows everything.
-// Observe sees the decision, with a nil Request.
-func (a Authorizer) DecideAs(id policy.Identity, identified bool, op policy.Operation, node policy.Node, obj policy.Object) (policy.Grant, error) {
+// Observe sees the decision, with a nil Request and source, the call's
+// TCP peer as the facade's listener saw it ("IP:PORT"; never an address
+// the caller wrote in a header), as its Source.
+func (a Authorizer) DecideAs(id policy.Identity, identified bool, source string, op policy.Operation, node policy.Node, obj policy.Object) (policy.Grant, error) {
 	if a.Policy == nil {
 		return policy.Grant{}, nil
 	}
 	if !identified {
 		e := protocol.NewAPIError(401, protocol.ErrCodeUnauthenticated, "%s: %v", op, ErrUnidentified)
-		a.observe(Decision{Op: op, Node: node, Object: obj, Err: e})
+		a.observe(Decision{Op: op, Node: node, Object: obj, Err: e, Source: source})
 		return policy.Grant{}, fmt.Errorf("%s: %w", op, ErrUnidentified)
 	}
 	g, err := a.Policy.Decide(id, op, node, obj)
-	d := Decision{Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g}
+	d := Decision{Identity: id, Identified: true, Op: op, Node: node, Object: obj, Grant: g, Source: source}
 	if err != nil {
 		d.Err = RefusalError(err)
 		errors.As(err, &d.Refusal)

@@ -16,7 +16,9 @@ import (
 // the front page), the job and nodes it was about, and how it ended. The
 // output endpoint's polls past offset 0 continue a read already recorded
 // (its first poll, or the job's page) and are not recorded again, as
-// `tether audit -f`'s polls are not.
+// `tether audit -f`'s polls are not. Source is the TCP peer
+// (http.Request.RemoteAddr), never X-Forwarded-For or another header a
+// browser or proxy writes.
 
 // Facade is the AuditEvent.Facade of the console's events.
 const Facade = "console"
@@ -77,6 +79,7 @@ func (h *Handler) record(r *http.Request, op, page string, c caller, n *note, st
 		Facade:     Facade,
 		Method:     r.Method + " " + page,
 		JobID:      n.job,
+		Source:     r.RemoteAddr, // net/http's: the TCP peer, never a header
 		DurationMS: float64(h.cfg.now().Sub(start).Microseconds()) / 1000,
 	}
 	if c.Identified {

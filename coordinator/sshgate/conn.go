@@ -142,9 +142,9 @@ func (cs *connState) serve() {
 
 // auditAuthFailure records the one audit event of a connection that
 // offered keys and had none accepted: no identity, reason
-// unauthenticated, the client's address and the last key's refusal as the
-// error. (Connections that offered no key — scanners, timeouts, floods —
-// are counted only.)
+// unauthenticated, the client's address (Source, and in the error) and
+// the last key's refusal as the error. (Connections that offered no key —
+// scanners, timeouts, floods — are counted only.)
 func (cs *connState) auditAuthFailure() {
 	why := cs.lastRefusal
 	if why == "" {
@@ -155,8 +155,18 @@ func (cs *connState) auditAuthFailure() {
 		Method:    "auth",
 		Result:    protocol.AuditRefused,
 		Reason:    "unauthenticated",
+		Source:    cs.source(),
 		Error:     clipAudit(fmt.Sprintf("from %s: %s", cs.remote, why)),
 	})
+}
+
+// source is the connection's AuditEvent.Source: the TCP peer as the
+// gate's listener accepted it ("IP:PORT"), "" when unknown.
+func (cs *connState) source() string {
+	if cs.remote == nil {
+		return ""
+	}
+	return cs.remote.String()
 }
 
 // dispatch answers one channel open.
@@ -222,6 +232,7 @@ func (ch *channel) run() {
 		Operation: policy.OpSSH.String(),
 		Method:    "connect",
 		Identity:  cs.proven.id.String(),
+		Source:    cs.source(),
 	}
 	var req directTCPIP
 	if err := ssh.Unmarshal(ch.nc.ExtraData(), &req); err != nil {
@@ -314,7 +325,8 @@ func (ch *channel) run() {
 		return
 	}
 	// The open ends early when the gate closes or the client goes away.
-	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.OpenTimeout)
+	// Its ctx names the client for the node's channel events (SourceOf).
+	ctx, cancel := context.WithTimeout(WithSource(g.ctx, cs.source()), g.cfg.OpenTimeout)
 	go func() {
 		select {
 		case <-cs.done:

@@ -39,7 +39,28 @@ type Nodes interface {
 	// stream. The coordinator remembers params.Session → params.Identity
 	// so that the agent's SSHChannelEvents are audited under the identity
 	// the gate proved, never one the agent names.
+	// ctx carries the SSH client's address (SourceOf), so that those
+	// events name where the connection came from too.
 	OpenSSH(ctx context.Context, node string, params protocol.SSHParams) (net.Conn, error)
+}
+
+// sourceKey is the context key of SourceOf.
+type sourceKey struct{}
+
+// WithSource returns ctx carrying source (SourceOf), the SSH client's
+// address as the gate's listener accepted it: the ctx the gate gives
+// Nodes.OpenSSH (and a test of a Nodes gives it).
+func WithSource(ctx context.Context, source string) context.Context {
+	return context.WithValue(ctx, sourceKey{}, source)
+}
+
+// SourceOf returns the address of the SSH client a Nodes.OpenSSH call
+// opens a stream for, from its ctx: the connection's TCP peer as the
+// gate's listener accepted it ("IP:PORT", protocol.AuditEvent.Source),
+// never an address the client names. "" for a ctx the gate did not give.
+func SourceOf(ctx context.Context) string {
+	s, _ := ctx.Value(sourceKey{}).(string)
+	return s
 }
 
 // Policy is the part of the policy the gate uses (*policy.Store has it).
@@ -56,7 +77,9 @@ type Policy interface {
 // counted, not each audited: see Metrics) and one per direct-tcpip
 // channel: operation "ssh", method "connect", result ok/refused/error
 // (or failed, reason revoked: closed by Gate.Recheck), identity, node,
-// logins, bytes both ways, duration, Session.
+// logins, bytes both ways, duration, Session, and Source: the TCP peer
+// as the gate's listener accepted it, never an address the client names
+// (a direct-tcpip's originator fields are the client's to write).
 type Auditor interface {
 	Record(ev *protocol.AuditEvent)
 }

@@ -26,8 +26,10 @@ type Auditor interface {
 // result (by the answer's status) and the duration. A request that policy
 // refused is recorded by the Authorizer's Observe (it sees the refusal),
 // so the facade adds no second event; one refused before policy (a foreign
-// Host or Origin, no valid token) is recorded here as refused. Never in an
-// event: headers (tokens), bodies, query strings.
+// Host or Origin, no valid token) is recorded here as refused. Source is
+// the TCP peer (http.Request.RemoteAddr), never X-Forwarded-For or another
+// header a caller writes. Never in an event: headers (tokens), bodies,
+// query strings.
 
 // auditNote is what a request learns for its event as it goes (mu: a
 // fan-out's goroutines may write it).
@@ -85,6 +87,7 @@ func (f *Facade) audit(r *http.Request, st *reqState, status int, start time.Tim
 		Target:     Target,
 		Facade:     Target,
 		Method:     r.Method + " " + st.class,
+		Source:     st.source,
 		Sandbox:    protocol.ClipUTF8(sandbox, protocol.MaxAuditErrorLen),
 		DurationMS: float64(time.Since(start).Microseconds()) / 1000,
 	}

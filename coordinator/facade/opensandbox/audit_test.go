@@ -1,10 +1,14 @@
 package opensandbox_test
 
 import (
+	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -125,6 +129,74 @@ func TestLocalNamesTheCallerByItsUID(t *testing.T) {
 	for _, ev := range evs {
 		if ev.Identity != want || ev.Result != protocol.AuditOK {
 			t.Errorf("event %+v, want identity %s, ok", ev, want)
+		}
+	}
+}
+
+// sourceClient returns an HTTP client whose connections leave from ip (a
+// loopback IP other than 127.0.0.1), and a function returning the local
+// address of its last connection: what the facade sees as the TCP peer.
+func sourceClient(t *testing.T, ip string) (*http.Client, func() string) {
+	t.Helper()
+	var mu sync.Mutex
+	last := ""
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			mu.Lock()
+			last = c.LocalAddr().String()
+			mu.Unlock()
+		}
+		return c, err
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}, func() string { mu.Lock(); defer mu.Unlock(); return last }
+}
+
+// TestAuditSourceIsTheTCPPeer: a refused call's event names where it came
+// from, the client's IP and port as the facade's listener saw them, for a
+// wrong token (unauthenticated) and a throttled one alike; an
+// X-Forwarded-For the caller wrote is not it.
+func TestAuditSourceIsTheTCPPeer(t *testing.T) {
+	const good = "good-token-0123456789"
+	rec := &auditEvents{}
+	clk := &testClock{t: time.Unix(1_000_000, 0)}
+	e := newFacadeEnv(t, func(c *opensandbox.Config) {
+		c.CheckToken = func(tok string) bool { return tok == good }
+		c.Audit = rec
+		opensandbox.SetAuthClock(c, clk.now)
+	})
+	cl, local := sourceClient(t, "127.0.0.7")
+	for i := range 11 {
+		req, err := http.NewRequestWithContext(context.Background(), "GET", e.url+"/v1/sandboxes", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(opensandbox.HeaderToken, "wrong-"+strconv.Itoa(i))
+		req.Header.Set("X-Forwarded-For", "203.0.113.9")
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	evs := rec.wait(11)
+	if len(evs) != 11 {
+		t.Fatalf("%d events, want 11: %+v", len(evs), evs)
+	}
+	want := local()
+	if !strings.HasPrefix(want, "127.0.0.7:") {
+		t.Fatalf("the client's local address is %q, want 127.0.0.7:PORT", want)
+	}
+	for i, ev := range evs {
+		wantReason := "unauthenticated"
+		if i == 10 {
+			wantReason = "throttled"
+		}
+		if ev.Reason != wantReason || ev.Source != want {
+			t.Errorf("event %d: reason %q, source %q; want %q from %q", i, ev.Reason, ev.Source, wantReason, want)
 		}
 	}
 }

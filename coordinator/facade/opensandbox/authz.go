@@ -79,7 +79,7 @@ func (f *Facade) identify(r *http.Request) (policy.Identity, bool) {
 
 // decide asks policy for the request's caller.
 func (f *Facade) decide(st *reqState, op policy.Operation, node policy.Node, obj policy.Object) error {
-	_, err := f.cfg.Authorizer.DecideAs(st.who, st.identified, op, node, obj)
+	_, err := f.cfg.Authorizer.DecideAs(st.who, st.identified, st.source, op, node, obj)
 	st.note.decision(op, err)
 	if err == nil && node.ID != "" {
 		st.note.node(node.ID)

@@ -320,6 +320,8 @@ type reqState struct {
 	// who is the caller, identified false when it has none (authz.go).
 	who        policy.Identity
 	identified bool
+	// source is the TCP peer (http.Request.RemoteAddr), for the audit.
+	source string
 	// cands are the nodes a create placed by load may move to when the
 	// dial to node fails (nil: it may not; see nextNode), and tried the
 	// nodes it was tried on.
@@ -352,7 +354,7 @@ func (f *Facade) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	w := &statusWriter{ResponseWriter: rw}
 	route, ok := osb.ParsePath(r.URL.Path)
-	st := &reqState{route: route, class: routeClass(route, ok, r.Method), host: f.externalHost(r), scheme: "http"}
+	st := &reqState{route: route, class: routeClass(route, ok, r.Method), host: f.externalHost(r), scheme: "http", source: r.RemoteAddr}
 	if r.TLS != nil {
 		st.scheme = "https"
 	}

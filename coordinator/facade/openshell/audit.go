@@ -1,10 +1,12 @@
 package openshell
 
 import (
+	"context"
 	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/policy"
@@ -26,8 +28,10 @@ type Auditor interface {
 // the duration. A call that policy refused is recorded by the
 // Authorizer's Observe (it sees the refusal), so the facade does not add a
 // second event; a call refused before policy (no valid token, a foreign
-// :authority) is recorded here as refused. Never in an event: metadata
-// (tokens), messages, the gateway's error text (only its code).
+// :authority) is recorded here as refused. Source is the TCP peer
+// (peerAddr), never x-forwarded-for or other metadata a caller writes.
+// Never in an event: metadata (tokens), messages, the gateway's error text
+// (only its code).
 
 // auditNote is what a call learns for its event as it goes; a fan-out
 // writes it from several goroutines (mu).
@@ -83,6 +87,7 @@ func (s *Server) audit(c *call, start time.Time, err error) {
 		Target:     protocol.TargetOpenShell,
 		Facade:     protocol.TargetOpenShell,
 		Method:     methodLabel(c.method),
+		Source:     c.source,
 		Sandbox:    protocol.ClipUTF8(n.sandbox, protocol.MaxAuditErrorLen),
 		DurationMS: float64(time.Since(start).Microseconds()) / 1000,
 	}
@@ -112,4 +117,14 @@ func (s *Server) audit(c *call, start time.Time, err error) {
 		ev.ErrorCode = code.String()
 	}
 	s.cfg.Audit.Record(ev)
+}
+
+// peerAddr is the TCP peer of the call of ctx as gRPC's transport saw
+// it ("IP:PORT"; peer.FromContext), "" when unknown. Never metadata: a
+// caller can write any address there.
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
 }

@@ -3,14 +3,18 @@ package openshell_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -117,6 +121,64 @@ func TestLocalNamesTheCallerByItsUID(t *testing.T) {
 	for _, ev := range rec.all() {
 		if ev.Identity != want || ev.Result != protocol.AuditOK {
 			t.Errorf("event %+v, want identity %s, ok", ev, want)
+		}
+	}
+}
+
+// TestAuditSourceIsTheTCPPeer: a refused call's event names where it came
+// from, the client's IP and port as the facade's listener saw them
+// (peer.FromContext), for a wrong token (UNAUTHENTICATED) and a throttled
+// one alike; an x-forwarded-for the caller sent is not it.
+func TestAuditSourceIsTheTCPPeer(t *testing.T) {
+	const good = "good-token-0123456789"
+	rec := &events{}
+	clk := &testClock{t: time.Unix(1_000_000, 0)}
+	e := newEnv(t, envConfig{cfg: func(c *facade.Config) {
+		c.CheckToken = func(tok string) bool { return tok == good }
+		c.Audit = rec
+		facade.SetAuthClock(c, clk.now)
+	}})
+	var mu sync.Mutex
+	local := ""
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.7")}}
+	cc := dialFacade(t, e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				mu.Lock()
+				local = c.LocalAddr().String()
+				mu.Unlock()
+			}
+			return c, err
+		}))
+	for i := range 11 {
+		ctx := testCtx(t, facade.MetaToken, "wrong-"+strconv.Itoa(i), "x-forwarded-for", "203.0.113.9")
+		_, err := unary[osh.ListSandboxesResponse](ctx, cc, osh.MethodListSandboxes, &osh.ListSandboxesRequest{})
+		want := codes.Unauthenticated
+		if i == 10 {
+			want = codes.ResourceExhausted
+		}
+		if status.Code(err) != want {
+			t.Fatalf("call %d: %v, want %v", i, err, want)
+		}
+	}
+	mu.Lock()
+	want := local
+	mu.Unlock()
+	if !strings.HasPrefix(want, "127.0.0.7:") {
+		t.Fatalf("the client's local address is %q, want 127.0.0.7:PORT", want)
+	}
+	evs := rec.all()
+	if len(evs) != 11 {
+		t.Fatalf("%d events, want 11: %+v", len(evs), evs)
+	}
+	for i, ev := range evs {
+		wantReason := "unauthenticated"
+		if i == 10 {
+			wantReason = "throttled"
+		}
+		if ev.Reason != wantReason || ev.Source != want {
+			t.Errorf("event %d: reason %q, source %q; want %q from %q", i, ev.Reason, ev.Source, wantReason, want)
 		}
 	}
 }

@@ -85,7 +85,7 @@ func (s *Server) identify(ctx context.Context, md metadata.MD) (policy.Identity,
 // decide asks policy for the call's caller; a refusal is PERMISSION_DENIED
 // (UNAUTHENTICATED without an identity) with the policy's message.
 func (c *call) decide(op policy.Operation, node policy.Node, obj policy.Object) error {
-	_, err := c.s.cfg.Authorizer.DecideAs(c.who, c.identified, op, node, obj)
+	_, err := c.s.cfg.Authorizer.DecideAs(c.who, c.identified, c.source, op, node, obj)
 	c.noteDecision(op, err)
 	switch {
 	case err == nil:

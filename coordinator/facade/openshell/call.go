@@ -33,6 +33,8 @@ type call struct {
 	// (authz.go).
 	who        policy.Identity
 	identified bool
+	// source is the TCP peer (grpc peer.FromContext), for the audit.
+	source string
 	// amu guards note, what the call's audit event learns (audit.go).
 	amu  sync.Mutex
 	note auditNote

@@ -395,7 +395,7 @@ func (s *Server) handle(_ any, ss grpc.ServerStream) error {
 	start := time.Now()
 	full, _ := grpc.MethodFromServerStream(ss)
 	label := methodLabel(full)
-	c := &call{s: s, ss: ss, ctx: ss.Context(), method: full}
+	c := &call{s: s, ss: ss, ctx: ss.Context(), method: full, source: peerAddr(ss.Context())}
 	err := s.serve(c)
 	s.m.calls.WithLabelValues(label, status.Code(err).String()).Inc()
 	s.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,10 +25,11 @@ type auditOptions struct {
 	// Since and Until bound the events' time: a duration back from now
 	// ("1h", "30m") or an RFC 3339 time. Empty is unbounded.
 	Since, Until string
-	// Identity, Node, Operation, Result and Job filter the events (see
-	// protocol.AuditQueryRequest). An identity without "KIND:" is a NATS
-	// user: alice is nats:alice.
-	Identity, Node, Operation, Result, Job string
+	// Identity, Node, Operation, Result, Job and Source filter the events
+	// (see protocol.AuditQueryRequest). An identity without "KIND:" is a
+	// NATS user: alice is nats:alice. Source is an IP (every port) or
+	// IP:PORT.
+	Identity, Node, Operation, Result, Job, Source string
 	// Limit is how many of the newest matching events to print. Default
 	// 50.
 	Limit int
@@ -59,7 +61,7 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 	if q.Identity != "" && !strings.Contains(q.Identity, ":") {
 		q.Identity = "nats:" + q.Identity
 	}
-	q.Node, q.Operation, q.Result, q.JobID = o.Node, o.Operation, o.Result, o.Job
+	q.Node, q.Operation, q.Result, q.JobID, q.Source = o.Node, o.Operation, o.Result, o.Job, o.Source
 	// A filter no event can match is a mistake, not "no matching events".
 	// The names are the coordinator's: policy operations, and the audit
 	// operations of requests no policy operation covers.
@@ -75,6 +77,12 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 	if o.Job != "" {
 		if err := protocol.ValidJobID(o.Job); err != nil {
 			errs = append(errs, fmt.Errorf("--job: %w", err))
+		}
+	}
+	if o.Source != "" {
+		_, err := netip.ParseAddr(o.Source)
+		if _, perr := netip.ParseAddrPort(o.Source); err != nil && perr != nil {
+			errs = append(errs, fmt.Errorf("--source %q: want an IP address, or IP:PORT ([IPv6]:PORT)", o.Source))
 		}
 	}
 	if o.Limit < 1 || o.Limit > maxAuditPrint {
@@ -123,7 +131,7 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 func newAuditCmd(e *env) *cobra.Command {
 	o := auditOptions{Limit: 50, Poll: time.Second}
 	cmd := &cobra.Command{
-		Use:   "audit [--since D|T] [--identity ID] [--node N] [--operation OP] [--json] [-f]",
+		Use:   "audit [--since D|T] [--identity ID] [--node N] [--operation OP] [--source IP] [--json] [-f]",
 		Short: "Show the audit log: who did what, where, and how it ended",
 		Long: `Show the newest events of the coordinators' audit log, oldest first: every
 operation (exec, cp, shell, forward, job, sandbox and node requests) and every
@@ -133,7 +141,10 @@ bytes. Reading it needs the policy's admin operation.
 
 --since and --until take a duration back from now (1h, 30m) or an RFC 3339
 time. An identity without KIND: is a NATS user (alice means nats:alice).
-Results are ok, failed, refused and error.`,
+Results are ok, failed, refused and error. SOURCE is where the call came
+from as the coordinator saw it: the TCP peer IP:PORT of a facade, console
+or jump host call, the client's IP the NATS server vouched for on a NATS
+request; never an address a client wrote in a header.`,
 		Args: cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
 			q, err := o.query(e.now())
@@ -156,6 +167,7 @@ Results are ok, failed, refused and error.`,
 	f.StringVar(&o.Operation, "operation", "", "only this operation: a policy operation (exec, cp.read, cp.write, shell, forward, job.status, admin, ...), or stream or exec-alive")
 	f.StringVar(&o.Result, "result", "", "only this result: ok, failed, refused or error")
 	f.StringVar(&o.Job, "job", "", "only events of this job id")
+	f.StringVar(&o.Source, "source", "", "only events from this address: an IP (any port) or IP:PORT")
 	f.IntVar(&o.Limit, "limit", o.Limit, "print at most this many of the newest matching events")
 	f.BoolVar(&o.JSON, "json", false, "print one JSON event per line")
 	f.BoolVarP(&o.Follow, "follow", "f", false, "keep printing new events until interrupted")
@@ -248,7 +260,7 @@ func (p *auditPrinter) print(evs []protocol.AuditEvent) error {
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
 	if !p.header {
-		fmt.Fprintln(tw, "TIME\tIDENTITY\tOPERATION\tNODES\tRESULT\tEXIT\tDURATION\tDETAIL")
+		fmt.Fprintln(tw, "TIME\tIDENTITY\tSOURCE\tOPERATION\tNODES\tRESULT\tEXIT\tDURATION\tDETAIL")
 		p.header = true
 	}
 	for i := range evs {
@@ -257,8 +269,8 @@ func (p *auditPrinter) print(evs []protocol.AuditEvent) error {
 		if ev.ExitCode != nil {
 			exit = strconv.Itoa(*ev.ExitCode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			ev.Time.Local().Format("2006-01-02 15:04:05"), dash(ev.Identity), ev.Operation, auditNodes(ev),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			ev.Time.Local().Format("2006-01-02 15:04:05"), dash(ev.Identity), dash(ev.Source), ev.Operation, auditNodes(ev),
 			ev.Result, exit, formatMS(ev.DurationMS), auditDetail(ev))
 	}
 	return tw.Flush()

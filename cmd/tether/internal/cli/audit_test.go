@@ -34,13 +34,14 @@ func TestAuditOptions(t *testing.T) {
 		{Limit: 5, Operation: "frobnicate", Poll: time.Second},
 		{Limit: 5, Job: "bad id!", Poll: time.Second},
 		{Limit: 5, Job: "-leading-dash", Poll: time.Second},
+		{Limit: 5, Source: "gate.example", Poll: time.Second},
 	} {
 		if _, err := bad.query(now); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
 	}
-	good := auditOptions{Limit: 5, Operation: "cp.read", Job: "job-1.a_b", Poll: time.Second}
-	if q, err := good.query(now); err != nil || q.Operation != "cp.read" || q.JobID != "job-1.a_b" {
+	good := auditOptions{Limit: 5, Operation: "cp.read", Job: "job-1.a_b", Source: "127.0.0.7", Poll: time.Second}
+	if q, err := good.query(now); err != nil || q.Operation != "cp.read" || q.JobID != "job-1.a_b" || q.Source != "127.0.0.7" {
 		t.Errorf("%+v: %v, query %+v", good, err, q)
 	}
 	// Every operation the coordinator records events under is accepted:
@@ -58,6 +59,7 @@ func TestAuditOptions(t *testing.T) {
 		{"--operation", "frobnicate", `admin, ssh, or stream, exec-alive`},
 		{"--job", "bad id!", `--job: job id "bad id!": must be`},
 		{"--result", "bogus", `tether: --result "bogus": want one of ok, `},
+		{"--source", "gate.example", `tether: --source "gate.example": want an IP address, or IP:PORT`},
 		// A number is seconds, as in every duration flag: out of range or
 		// NaN says so rather than "neither a duration nor a time".
 		{"--since", "1e10", `1e10 seconds is over the limit`},
@@ -118,7 +120,8 @@ func TestAuditCommand(t *testing.T) {
 	}
 	row := strings.Fields(lines[len(lines)-1])
 	// TIME is two fields: date and clock.
-	if row[3] != "exec" || row[4] != "node-0" || row[5] != protocol.AuditFailed || row[6] != "4" || !strings.Contains(lines[len(lines)-1], "sh sha256:") {
+	// SOURCE is the client's IP, as the NATS server saw its connection.
+	if row[3] != "127.0.0.1" || row[4] != "exec" || row[5] != "node-0" || row[6] != protocol.AuditFailed || row[7] != "4" || !strings.Contains(lines[len(lines)-1], "sh sha256:") {
 		t.Errorf("audit table row: %q", lines[len(lines)-1])
 	}
 	r = runCLI(ctx, nil, "", "audit", "--nats-url", url, "--identity", "nats:nobody")
