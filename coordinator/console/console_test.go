@@ -255,7 +255,7 @@ func newEnv(t *testing.T, opts ...func(*Config)) *env {
 	}
 	e.audit = &fakeAudit{events: []protocol.AuditEvent{
 		{Identity: "token:alice", Operation: "exec", Result: protocol.AuditOK, Nodes: []string{"prod-1"}},
-		{Identity: "nats:bob", Operation: "exec", Result: protocol.AuditRefused, Nodes: []string{"dev-1"}, Error: xss},
+		{Identity: "nats:bob", Operation: "exec", Result: protocol.AuditRefused, Nodes: []string{"dev-1"}, Error: xss, Source: "192.0.2.9:40100"},
 	}}
 	cfg := Config{
 		Policy:  store,
@@ -519,12 +519,16 @@ func TestSandboxesFollowScope(t *testing.T) {
 
 func TestAuditFilters(t *testing.T) {
 	e := newEnv(t)
-	_, body := e.get(t, "/console/audit?identity=nats:bob&node=dev-1", "admin-token-0123456789")
+	_, body := e.get(t, "/console/audit?identity=nats:bob&node=dev-1&source=192.0.2.9", "admin-token-0123456789")
 	e.audit.mu.Lock()
 	q := e.audit.last
 	e.audit.mu.Unlock()
-	if q.Identity != "nats:bob" || q.Node != "dev-1" {
-		t.Errorf("query %+v, want identity nats:bob node dev-1", q)
+	if q.Identity != "nats:bob" || q.Node != "dev-1" || q.Source != "192.0.2.9" {
+		t.Errorf("query %+v, want identity nats:bob node dev-1 source 192.0.2.9", q)
+	}
+	// Where the call came from is shown (the event's source).
+	if !strings.Contains(body, "<td>192.0.2.9:40100</td>") || !strings.Contains(body, `name="source" value="192.0.2.9"`) {
+		t.Errorf("audit page lacks the event's source or the source filter:\n%s", body)
 	}
 	if strings.Contains(body, "<td>token:alice</td>") {
 		t.Errorf("filtered page shows alice's event:\n%s", body)

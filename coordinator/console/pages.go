@@ -555,9 +555,9 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // auditView is the audit page's data.
 type auditView struct {
-	NoAudit                           bool
-	Identity, Node, Operation, Result string
-	Events                            []protocol.AuditEvent
+	NoAudit                                   bool
+	Identity, Node, Operation, Result, Source string
+	Events                                    []protocol.AuditEvent
 }
 
 func (h *Handler) audit(w http.ResponseWriter, r *http.Request, c caller) {
@@ -572,13 +572,13 @@ func (h *Handler) audit(w http.ResponseWriter, r *http.Request, c caller) {
 		h.fail(w, c, http.StatusForbidden, err.Error())
 		return
 	}
-	v := auditView{Identity: r.FormValue("identity"), Node: r.FormValue("node"), Operation: r.FormValue("operation"), Result: r.FormValue("result")}
+	v := auditView{Identity: r.FormValue("identity"), Node: r.FormValue("node"), Operation: r.FormValue("operation"), Result: r.FormValue("result"), Source: r.FormValue("source")}
 	if h.cfg.Audit == nil {
 		v.NoAudit = true
 		h.render(w, http.StatusOK, "audit", page{Title: "Audit log", Nav: "audit", Caller: c, Data: v})
 		return
 	}
-	q := protocol.AuditQueryRequest{Identity: v.Identity, Node: v.Node, Operation: v.Operation, Result: v.Result, Limit: auditLimit}
+	q := protocol.AuditQueryRequest{Identity: v.Identity, Node: v.Node, Operation: v.Operation, Result: v.Result, Source: v.Source, Limit: auditLimit}
 	if e := q.Validate(); e != nil {
 		h.fail(w, c, http.StatusBadRequest, e.Message)
 		return
