@@ -313,7 +313,10 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 		return nil, fmt.Errorf("exec job %s: %w", req.ID, err)
 	}
 	defer sub.Close()
-	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: sub.subject(), Data: body}); err != nil {
+	// Heartbeats promised: the coordinator expects them from the start,
+	// so that a client killed before the first keepalive is noticed.
+	hdr := nats.Header{protocol.HeaderHeartbeats: {"1"}}
+	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: sub.subject(), Data: body, Header: hdr}); err != nil {
 		return nil, fmt.Errorf("exec job %s: publish request: %w", req.ID, err)
 	}
 	// No flush round trip before the replies: the first reply (the

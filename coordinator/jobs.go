@@ -133,7 +133,9 @@ func shortenFailure(f string, n int) string {
 // (handleExecAlive). Once a job got a heartbeat from its sender, the
 // coordinator expects one per interval: clientGoneIntervals intervals in a
 // row without one cancel the job (cause errClientGone). A job whose client
-// never sent one (an older client, the nats CLI) is never cancelled so.
+// never sent one (an older client, the nats CLI) is never cancelled so,
+// unless its request promised heartbeats (protocol.HeaderHeartbeats): it
+// is then watched from its start.
 //
 // Heartbeats replace probing the reply subject for a 503 "no responders"
 // status, which never comes across the NATS import clients call through

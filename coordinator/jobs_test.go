@@ -196,6 +196,59 @@ func TestExecClientGoneCancelsJob(t *testing.T) {
 	}
 }
 
+// A client that says it will send heartbeats (protocol.HeaderHeartbeats,
+// as the client package does) and vanishes before the first keepalive
+// has its job cancelled too: it used to count as a client that never
+// sends any (the nats CLI), so `tether exec` killed in its first seconds
+// left its job running to its timeout. One that does not say so (the
+// nats CLI) is left running, as before.
+func TestExecClientGoneBeforeFirstHeartbeat(t *testing.T) {
+	for _, promised := range []bool{true, false} {
+		t.Run(fmt.Sprintf("promised=%v", promised), func(t *testing.T) {
+			h := newHarness(t, func(c *coordinator.Config) { c.KeepAliveInterval = 30 * time.Millisecond })
+			cancelled := make(chan struct{})
+			h.dialAgent(t, agentOpts{id: "n1", handler: func(_ *fakeAgent, st *yamux.Stream, _ protocol.ExecParams) {
+				fr := protocol.NewFrameReader(st)
+				for {
+					f, err := fr.Next()
+					if err != nil {
+						return
+					}
+					if f.Type == protocol.FrameCancel {
+						close(cancelled)
+						protocol.WriteJSONFrame(st, protocol.FrameExit, &protocol.ExitStatus{ExitCode: 137, Cancelled: true})
+						return
+					}
+				}
+			}})
+			body := mustJSON(t, protocol.ExecRequest{ID: "early", Target: protocol.Target{Node: "n1"}, Argv: []string{"x"}})
+			msg := &nats.Msg{Subject: protocol.SubjectExec, Reply: h.client.NewInbox(), Data: body, Header: nats.Header{}}
+			if promised {
+				msg.Header.Set(protocol.HeaderHeartbeats, "1")
+			}
+			// Nobody reads the replies or sends a heartbeat: the client
+			// died right after its request.
+			if err := h.client.PublishMsg(msg); err != nil {
+				t.Fatal(err)
+			}
+			wait := defaultTestTimeout
+			if !promised {
+				wait = 30 * 30 * time.Millisecond // 30 keepalive intervals
+			}
+			select {
+			case <-cancelled:
+				if !promised {
+					t.Fatal("the job of a client that never promised heartbeats was cancelled")
+				}
+			case <-time.After(wait):
+				if promised {
+					t.Fatal("the job of a client that vanished before its first heartbeat was not cancelled")
+				}
+			}
+		})
+	}
+}
+
 // A coordinator that shuts down says so in the results of the jobs it
 // cancels.
 func TestShutdownResultSaysWhy(t *testing.T) {

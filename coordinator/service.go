@@ -227,6 +227,15 @@ func (c *Coordinator) handleExec(req micro.Request) {
 	}
 	j.fanoutPart = fanoutPartOf(req, r.ID, r.Detach)
 	j.key = runKeyOf(id, ids, fanoutRun)
+	if ownerKnown && !r.Detach && j.header.Get(protocol.HeaderHeartbeats) == "1" && j.header.Get(headerFanoutRun) == "" {
+		// Its client promised heartbeats: watched from the start, as
+		// if the first one had come (jobs.go, "Liveness"), so that one
+		// dying before the first keepalive does not leave the job
+		// running to its timeout. A fan-out's run here gets no client
+		// heartbeats (its coordinator reads them).
+		j.heard.Store(true)
+		j.alive.Store(true)
+	}
 	if r.Target.Node == "" {
 		j.target = r.Target.String()
 	}

@@ -95,6 +95,13 @@ const (
 	HeaderType = "Tether-Type" // one of the Reply* values
 	HeaderNode = "Tether-Node" // the node an output chunk or node result is about
 	HeaderSeq  = "Tether-Seq"  // decimal sequence number, from 0, across the job's replies
+	// HeaderHeartbeats is "1" on an exec request whose client answers
+	// every keepalive and probe with a heartbeat (SubjectExecAlive), as
+	// package client does: the coordinator then expects heartbeats from
+	// the job's start, so a client that dies before its first keepalive
+	// (5 s) is noticed too. Without it (the nats CLI, older clients) a
+	// job is watched only once a first heartbeat came.
+	HeaderHeartbeats = "Tether-Heartbeats"
 )
 
 // Values of HeaderType.
