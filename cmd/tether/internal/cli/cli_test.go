@@ -375,7 +375,7 @@ func TestExecRequest(t *testing.T) {
 			if err := tt.opts.Validate(tt.argv); err != nil {
 				t.Fatalf("Validate: %v", err)
 			}
-			got, err := tt.opts.request(tt.argv, strings.NewReader(tt.stdin))
+			got, err := tt.opts.request(context.Background(), tt.argv, strings.NewReader(tt.stdin))
 			if err != nil {
 				t.Fatalf("request: %v", err)
 			}

@@ -202,7 +202,14 @@ func (o *execOptions) multi() bool { return o.Node == "" }
 // request builds the ExecRequest, reading the script from stdin (--script -)
 // and, with o.Stdin on several nodes, the stdin bytes to send (buffered).
 // o must be valid.
-func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecRequest, error) {
+//
+// The script is read while ctx lasts: a script that never comes (a FIFO
+// nobody writes, `--script <(sleep 1h)`, a terminal on `--script -`) ends
+// with ctx, so Ctrl-C and SIGTERM stop it (interruptedError: 130, 143);
+// before, the read held the command past every signal but SIGKILL. A
+// file is opened without blocking, so a FIFO without a writer reads as
+// empty instead of waiting in open for one.
+func (o *execOptions) request(ctx context.Context, argv []string, stdin io.Reader) (*protocol.ExecRequest, error) {
 	req := &protocol.ExecRequest{
 		Target:      protocol.Target{Node: o.Node, Selector: o.Selector, All: o.All},
 		Argv:        argv,
@@ -238,14 +245,17 @@ func (o *execOptions) request(argv []string, stdin io.Reader) (*protocol.ExecReq
 			return usage(fmt.Errorf("--script %s: %w", protocol.QuoteName(o.Script), err))
 		}
 		if o.Script != "-" {
-			f, err := os.Open(o.Script)
+			f, err := os.OpenFile(o.Script, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 			if err != nil {
 				return nil, scriptErr(err)
 			}
 			defer f.Close()
 			r, name = f, protocol.QuoteName(o.Script)
 		}
-		b, err := io.ReadAll(io.LimitReader(r, protocol.MaxScriptSize+1))
+		b, err := readAllCtx(ctx, io.LimitReader(r, protocol.MaxScriptSize+1))
+		if ctx.Err() != nil {
+			return nil, interruptedError(ctx)
+		}
 		if err != nil {
 			if o.Script == "-" {
 				return nil, usage(fmt.Errorf("--script -: read standard input: %w", err))
@@ -496,6 +506,26 @@ coordinator); 2, 130 and 143 as above.`,
 	return cmd
 }
 
+// readAllCtx is io.ReadAll of r, given up when ctx ends (its error then
+// ctx's): the read goes on in a goroutine that the command's exit ends.
+func readAllCtx(ctx context.Context, r io.Reader) ([]byte, error) {
+	type result struct {
+		b   []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b, err := io.ReadAll(r)
+		done <- result{b, err}
+	}()
+	select {
+	case res := <-done:
+		return res.b, res.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // maxTimeout is the longest --timeout: what the API accepts
 // (protocol.MaxTimeoutMS).
 const maxTimeout = time.Duration(protocol.MaxTimeoutMS) * time.Millisecond
@@ -508,7 +538,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	if warn != "" {
 		fmt.Fprintf(e.stderr, "tether: warning: %s\n", warn)
 	}
-	req, err := o.request(argv, e.stdin)
+	req, err := o.request(ctx, argv, e.stdin)
 	if err != nil {
 		return err
 	}

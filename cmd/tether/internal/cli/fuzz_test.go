@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"math"
 	"net"
 	"path"
@@ -76,7 +77,7 @@ func FuzzExecFlags(f *testing.F) {
 			short("exec", err)
 			return
 		}
-		req, err := o.request(argv, strings.NewReader(""))
+		req, err := o.request(context.Background(), argv, strings.NewReader(""))
 		if err != nil {
 			t.Fatalf("valid options, no request: %v", err)
 		}
