@@ -156,7 +156,7 @@ request; never an address a client wrote in a header.`,
 				return err
 			}
 			defer closeNC()
-			return runAudit(cmd.Context(), c, q, &o, e.stdout)
+			return runAudit(cmd.Context(), c, q, &o, e.stdout, e.stderr)
 		}),
 	}
 	f := cmd.Flags()
@@ -178,7 +178,7 @@ request; never an address a client wrote in a header.`,
 
 // runAudit prints the newest o.Limit events matching q, oldest first, then
 // with o.Follow the new ones as they come until ctx ends.
-func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryRequest, o *auditOptions, w io.Writer) error {
+func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryRequest, o *auditOptions, w, notices io.Writer) error {
 	var evs []protocol.AuditEvent
 	var last uint64 // the newest event in the log when we began
 	q.Order = protocol.AuditNewestFirst
@@ -204,7 +204,9 @@ func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryReques
 	}
 	if !o.Follow {
 		if len(evs) == 0 && !o.JSON {
-			fmt.Fprintln(w, "no matching audit events")
+			// A notice, not data: on stderr, so that a script reading
+			// the events reads none.
+			fmt.Fprintln(notices, "tether: no matching audit events")
 		}
 		return nil
 	}

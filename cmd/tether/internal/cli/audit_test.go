@@ -125,8 +125,9 @@ func TestAuditCommand(t *testing.T) {
 		t.Errorf("audit table row: %q", lines[len(lines)-1])
 	}
 	r = runCLI(ctx, nil, "", "audit", "--nats-url", url, "--identity", "nats:nobody")
-	if r.code != 0 || !strings.Contains(r.stdout, "no matching audit events") {
-		t.Errorf("no match: exit %d, stdout %q", r.code, r.stdout)
+	// The notice goes to stderr: stdout holds only events.
+	if r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "tether: no matching audit events") {
+		t.Errorf("no match: exit %d, stdout %q, stderr %q; want exit 0, nothing on stdout, the notice on stderr", r.code, r.stdout, r.stderr)
 	}
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -275,6 +276,9 @@ func (o *execOptions) request(ctx context.Context, argv []string, stdin io.Reade
 		}
 		if n := protocol.InvalidUTF8At(string(b)); n > 0 {
 			return nil, usage(fmt.Errorf("--script %s: not valid UTF-8 at byte %d (Tether sends commands as UTF-8 text; convert the file, e.g. with iconv)", name, n))
+		}
+		if i := bytes.IndexByte(b, 0); i >= 0 {
+			return nil, usage(fmt.Errorf("--script %s: a NUL byte at byte %d (a script is text; bash would drop it)", name, i+1))
 		}
 		req.Script = string(b)
 	}

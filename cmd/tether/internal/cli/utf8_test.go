@@ -29,6 +29,7 @@ func TestExecRefusesInvalidUTF8(t *testing.T) {
 	}{
 		{"script file", []string{"--script", script}, "", "--script " + script + ": not valid UTF-8 at byte 9 (Tether sends commands as UTF-8 text; convert the file, e.g. with iconv)"},
 		{"script stdin", []string{"--script", "-"}, "echo caf\xe9\n", "--script -: not valid UTF-8 at byte 9"},
+		{"script with NUL", []string{"--script", "-"}, "echo a\x00b\n", "--script -: a NUL byte at byte 7 (a script is text; bash would drop it)"},
 		{"-c", []string{"-c", "true", "-c", "echo caf\xe9"}, "", "-c command 2: not valid UTF-8 at byte 9"},
 		{"argv", []string{"--", "ls", "/tmp/\xff"}, "", "argument 2: not valid UTF-8 at byte 6"},
 		{"env value", []string{"--env", "X=caf\xe9", "--", "true"}, "", "--env X: value not valid UTF-8 at byte 4"},
