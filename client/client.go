@@ -50,11 +50,6 @@ var ErrNotRecorded = errors.New("client: job was never recorded, so it did not r
 // of the job ExecWith checks again before it concludes ErrNotRecorded.
 const NotRecordedConfirm = time.Second
 
-// flushCheckAfter is how long ExecWith waits for the first reply to a
-// request before it flushes the connection to learn whether the request
-// could be sent (most replies come far sooner; see ExecWith).
-const flushCheckAfter = 100 * time.Millisecond
-
 // notRecordedError is the error of a job no coordinator recorded.
 type notRecordedError struct {
 	id     string
@@ -319,21 +314,15 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 	if err := c.NC.PublishMsg(&nats.Msg{Subject: protocol.SubjectExec, Reply: sub.subject(), Data: body, Header: hdr}); err != nil {
 		return nil, fmt.Errorf("exec job %s: publish request: %w", req.ID, err)
 	}
-	// No flush round trip before the replies: the first reply (the
-	// server's 503 "no responders" status too) shows the request reached
-	// the server. Only when none came within flushCheckAfter is the
-	// connection flushed, and its failure cancels the job, as a flush
-	// right after the publish did (its PING, in the request's write, cost
-	// the server and the client work while the request was on its way).
-	flushed := false
-	flush := func() error {
-		fctx, fcancel := context.WithTimeout(ctx, c.requestTimeout())
-		defer fcancel()
-		if err := c.NC.FlushWithContext(fctx); err != nil && ctx.Err() == nil {
-			c.cancelJob(req.ID)
-			return fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.serverName(), err)
-		}
-		return nil
+	// The flush round trip orders a possible 503 "no responders" status
+	// ahead of its PONG, so after it the status (if any) is already queued
+	// on sub and the loop below sees it first.
+	fctx, fcancel := context.WithTimeout(ctx, c.requestTimeout())
+	err = c.NC.FlushWithContext(fctx)
+	fcancel()
+	if err != nil && ctx.Err() == nil {
+		c.cancelJob(req.ID)
+		return nil, fmt.Errorf("exec job %s: flush request to %s: %w", req.ID, c.serverName(), err)
 	}
 
 	r := execReader{id: req.ID, out: out, onResult: onResult, alive: c.heartbeat(req.ID)}
@@ -355,22 +344,12 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 			}
 			step = min(step, next)
 		}
-		if !flushed {
-			step = min(step, time.Until(sent.Add(flushCheckAfter)))
-		}
 		mctx, mcancel := context.WithTimeout(wait, max(step, 0))
 		msg, err := sub.NextMsgWithContext(mctx)
 		silent := mctx.Err() != nil && wait.Err() == nil && time.Since(last) >= c.keepAliveTimeout()
 		timedOut := mctx.Err() != nil && wait.Err() == nil
 		mcancel()
 		if err != nil && timedOut && !silent {
-			if !flushed && time.Since(sent) >= flushCheckAfter {
-				flushed = true
-				if err := flush(); err != nil {
-					return nil, err
-				}
-				continue
-			}
 			if !check {
 				continue
 			}
@@ -399,7 +378,7 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 		}
 		if err == nil {
 			last = time.Now()
-			unrecorded, replied, flushed = false, true, true
+			unrecorded, replied = false, true
 		}
 		if err != nil {
 			switch {

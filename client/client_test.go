@@ -502,19 +502,3 @@ func TestNodesPages(t *testing.T) {
 		t.Errorf("requests (-want +got):\n%s", diff)
 	}
 }
-
-// An exec request that cannot reach the server (its connection lost it
-// and is reconnecting) still ends in the flush's error, and the job's
-// cancel: the flush that checks the request could be sent now comes only
-// when no reply came first, but it comes.
-func TestExecUnsentRequestFailsTheFlush(t *testing.T) {
-	s := runServer(t)
-	nc := connect(t, s)
-	c := client.New(nc)
-	c.RequestTimeout = 200 * time.Millisecond
-	s.Server.Shutdown()
-	_, err := c.Exec(testCtx(t), echoReq(), nil)
-	if err == nil || !strings.Contains(err.Error(), "flush request to") {
-		t.Fatalf("error = %v, want the flush's error", err)
-	}
-}
