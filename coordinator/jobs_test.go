@@ -127,13 +127,11 @@ func TestExecKeepAlive(t *testing.T) {
 	checkSeq(t, execReply{msgs: seqd})
 }
 
-// A client whose heartbeats stop (its reply subscription gone) gets its
-// job cancelled; heartbeats for the job from another user do not keep it
-// alive.
-func TestExecClientGoneCancelsJob(t *testing.T) {
-	h := newHarness(t, func(c *coordinator.Config) { c.KeepAliveInterval = 30 * time.Millisecond })
-	cancelled := make(chan struct{})
-	h.dialAgent(t, agentOpts{id: "n1", handler: func(_ *fakeAgent, st *yamux.Stream, _ protocol.ExecParams) {
+// untilCancel is a fake agent's exec handler for a job that runs until
+// it is cancelled: it closes cancelled when the cancel frame comes, then
+// exits 137 cancelled.
+func untilCancel(cancelled chan struct{}) func(*fakeAgent, *yamux.Stream, protocol.ExecParams) {
+	return func(_ *fakeAgent, st *yamux.Stream, _ protocol.ExecParams) {
 		fr := protocol.NewFrameReader(st)
 		for {
 			f, err := fr.Next()
@@ -146,7 +144,16 @@ func TestExecClientGoneCancelsJob(t *testing.T) {
 				return
 			}
 		}
-	}})
+	}
+}
+
+// A client whose heartbeats stop (its reply subscription gone) gets its
+// job cancelled; heartbeats for the job from another user do not keep it
+// alive.
+func TestExecClientGoneCancelsJob(t *testing.T) {
+	h := newHarness(t, func(c *coordinator.Config) { c.KeepAliveInterval = 30 * time.Millisecond })
+	cancelled := make(chan struct{})
+	h.dialAgent(t, agentOpts{id: "n1", handler: untilCancel(cancelled)})
 	inbox := h.client.NewInbox()
 	sub, err := h.client.SubscribeSync(inbox)
 	if err != nil {
@@ -207,20 +214,7 @@ func TestExecClientGoneBeforeFirstHeartbeat(t *testing.T) {
 		t.Run(fmt.Sprintf("promised=%v", promised), func(t *testing.T) {
 			h := newHarness(t, func(c *coordinator.Config) { c.KeepAliveInterval = 30 * time.Millisecond })
 			cancelled := make(chan struct{})
-			h.dialAgent(t, agentOpts{id: "n1", handler: func(_ *fakeAgent, st *yamux.Stream, _ protocol.ExecParams) {
-				fr := protocol.NewFrameReader(st)
-				for {
-					f, err := fr.Next()
-					if err != nil {
-						return
-					}
-					if f.Type == protocol.FrameCancel {
-						close(cancelled)
-						protocol.WriteJSONFrame(st, protocol.FrameExit, &protocol.ExitStatus{ExitCode: 137, Cancelled: true})
-						return
-					}
-				}
-			}})
+			h.dialAgent(t, agentOpts{id: "n1", handler: untilCancel(cancelled)})
 			body := mustJSON(t, protocol.ExecRequest{ID: "early", Target: protocol.Target{Node: "n1"}, Argv: []string{"x"}})
 			msg := &nats.Msg{Subject: protocol.SubjectExec, Reply: h.client.NewInbox(), Data: body, Header: nats.Header{}}
 			if promised {
