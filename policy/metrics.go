@@ -1,3 +1,5 @@
+//go:build !tetherclient
+
 package policy
 
 import (
