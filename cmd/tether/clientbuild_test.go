@@ -30,6 +30,9 @@ var heavyPackages = []string{
 	"github.com/tetherfleet/tether/agent",
 	"github.com/tetherfleet/tether/gateway",
 	"github.com/tetherfleet/tether/internal/sdnotify",
+	// Not the daemons' alone, but what a client does not use of it is
+	// costly to initialise: micro compiles regular expressions.
+	"github.com/nats-io/nats.go/micro",
 }
 
 // deps lists the packages ./ (cmd/tether) links with the build tags.
