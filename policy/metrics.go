@@ -1,5 +1,3 @@
-//go:build !tetherclient
-
 package policy
 
 import (

@@ -33,6 +33,10 @@ var heavyPackages = []string{
 	// Not the daemons' alone, but what a client does not use of it is
 	// costly to initialise: micro compiles regular expressions.
 	"github.com/nats-io/nats.go/micro",
+	// policy's parser and YAML (a client needs only its operations'
+	// names, in protocol).
+	"github.com/tetherfleet/tether/policy",
+	"go.yaml.in/yaml/",
 }
 
 // deps lists the packages ./ (cmd/tether) links with the build tags.
