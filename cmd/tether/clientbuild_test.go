@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // daemonOnly are the top-level commands only the full build links.
@@ -104,10 +106,15 @@ type result struct {
 
 // runBin runs bin with args, no stdin, an empty environment but HOME and
 // PATH (no NATS to reach: a client command that would connect fails the
-// same way in both builds).
+// same way in both builds). A process still running after 20 s (a daemon
+// that a broken client build really started) is killed: its result has
+// code -1.
 func runBin(t *testing.T, bin string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.WaitDelay = time.Second
 	cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=/usr/bin:/bin", "TETHER_NATS_URL=nats://127.0.0.1:1"}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -245,8 +252,11 @@ func TestClientBuildRuns(t *testing.T) {
 		}
 	}
 
+	// Each of these fails fast in the full build (no --policy, no
+	// --coordinator, an unknown flag): a broken client build starts no
+	// daemon on the ports other tests use.
 	for _, args := range [][]string{
-		{"coordinator"}, {"coordinator", "--help"}, {"agent", "--token-file", "x"}, {"dev"},
+		{"coordinator"}, {"coordinator", "--help"}, {"agent", "--token-file", "x"}, {"dev", "--no-such-flag"},
 		{"policy", "check", "p.yaml"}, {"config", "example", "--role", "agent"}, {"nats", "user", "list"},
 	} {
 		r := runBin(t, client, args...)
