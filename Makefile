@@ -13,6 +13,8 @@ GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/tetherfleet/tether/cmd/tether/internal/cli.version=$(VERSION)
 BIN       := bin/tether
+# The client-only build (-tags tetherclient): the client commands, none of the daemons.
+CLIENT_BIN := bin/tether-client
 
 # Extra flags for every `go test` (e.g. GOTESTFLAGS=-v or -run=TestFoo).
 GOTESTFLAGS ?=
@@ -42,7 +44,7 @@ DOCKER_CTX  := build/docker
 # Set DEBOOTSTRAP=0 to force the host-assembled agent base even when debootstrap exists.
 DEBOOTSTRAP ?= auto
 
-.PHONY: help build race-cc test test-unit test-e2e fuzz bench vet fmt-check generate \
+.PHONY: help build build-client race-cc test test-unit test-e2e fuzz bench vet fmt-check generate \
         bench-ssh bench-forward bench-startup bench-reconnect monitoring-check docker docker-context docker-base docker-coordinator docker-agent opensandbox-fake nats-server compose-test ci-compose k8s-check k8s-smoke systemd-verify systemd-security dev clean
 
 help: ## list the targets
@@ -56,6 +58,9 @@ BUILDFLAGS ?=
 
 build: ## build the static binary bin/tether (VERSION=... to override the version)
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tether
+
+build-client: ## build bin/tether-client: the client commands only (-tags tetherclient), for machines that only submit jobs; no coordinator, agent, dev, policy, config or nats
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -trimpath -tags tetherclient -ldflags "$(LDFLAGS)" -o $(CLIENT_BIN) ./cmd/tether
 
 # -race needs cgo, which needs a C compiler: say which, instead of go's
 # "-race requires cgo" after minutes of module downloads.
@@ -129,10 +134,10 @@ bench-forward: build ## tether forward (direct, NATS) vs ssh -L aes128-gcm vs a 
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestForwardBenchmark$$' -v \
 		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
 
-bench-startup: build ## whole processes: tether version vs /bin/true, tether exec vs ssh through a ControlMaster (STARTBENCH_ROUNDS, STARTBENCH_RUNS; BASE=old/tether adds it beside)
+bench-startup: build build-client ## whole processes: tether and tether-client version vs /bin/true, their exec vs ssh through a ControlMaster (STARTBENCH_ROUNDS, STARTBENCH_RUNS; BASE=old/tether adds it beside)
 	@# Not in `make test`: it measures. Needs Debian's openssh-client and openssh-server.
 	$(GO) test -count=1 -timeout $(SSHBENCH_TIMEOUT) -tags 'e2e sshbench' -run '^TestStartupBenchmark$$' -v \
-		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
+		./e2e/ -args -tether-bin=$(CURDIR)/$(BIN) -tether-client-bin=$(CURDIR)/$(CLIENT_BIN) $(if $(BASE),-tether-base-bin=$(abspath $(BASE)))
 
 # `make bench-reconnect` settings (see README, Development).
 RECONNECT_TIMEOUT ?= 30m

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -603,23 +602,33 @@ func (r *execReader) handle(msg *nats.Msg) (*protocol.ExecResult, error) {
 	return nil, nil
 }
 
+// The headers of a NATS micro service's error reply (micro.ErrorCodeHeader
+// and micro.ErrorHeader), spelt here: package micro compiles three regular
+// expressions when it is initialised, at the start of every client process
+// that links it, and a client needs only these names (issue 12;
+// TestMicroErrorHeaders checks they agree).
+const (
+	microErrorCodeHeader = "Nats-Service-Error-Code"
+	microErrorHeader     = "Nats-Service-Error"
+)
+
 // apiError returns the micro error carried by msg, or nil if msg is not an
 // error reply.
 func apiError(msg *nats.Msg) *protocol.APIError {
-	code := msg.Header.Get(micro.ErrorCodeHeader)
+	code := msg.Header.Get(microErrorCodeHeader)
 	if code == "" {
 		return nil
 	}
 	var e protocol.APIError
 	if err := json.Unmarshal(msg.Data, &e); err == nil && e.Code != "" {
 		if e.Message == "" {
-			e.Message = msg.Header.Get(micro.ErrorHeader)
+			e.Message = msg.Header.Get(microErrorHeader)
 		}
 		return &e
 	}
 	// Not one of ours (e.g. a plain micro error): keep what the headers say.
 	status, _ := strconv.Atoi(code)
-	return &protocol.APIError{Status: status, Code: "unknown", Message: msg.Header.Get(micro.ErrorHeader)}
+	return &protocol.APIError{Status: status, Code: "unknown", Message: msg.Header.Get(microErrorHeader)}
 }
 
 // Nodes lists the connected nodes matching selector (empty: all), sorted by

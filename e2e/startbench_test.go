@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,16 +15,21 @@ import (
 	"time"
 )
 
+var clientBin = flag.String("tether-client-bin", "", "make bench-startup: the client-only build (-tags tetherclient) to measure beside -tether-bin (default: build one)")
+
 // TestStartupBenchmark measures whole processes, as a user's shell runs
 // them (issue 12, item 4): `tether version` against /bin/true, and
 // `tether exec --node node-a -- true` against `ssh host true` through an
-// OpenSSH ControlMaster to a loopback sshd. Every side runs
+// OpenSSH ControlMaster to a loopback sshd, for the full build and for the
+// client-only build (-tether-client-bin; built with -tags tetherclient
+// when not given). Every side runs
 // STARTBENCH_RUNS (default 30) times in a row per round, for
 // STARTBENCH_ROUNDS (default 7) rounds, the order of the sides reversed
 // every other round; it prints each side's median per-run time and the
 // median of the per-round ratios, of wall time and of CPU time (the
 // processes' user + system time, from their rusage: much steadier than wall
 // time on a loaded, shared machine, and what start-up work costs).
+// It also prints the client build's ratios to the full build's.
 // -tether-base-bin adds another build beside (its ratios to the current
 // one too). Run it with
 // `make bench-startup`. Nothing is asserted: a loaded machine moves the
@@ -78,7 +84,17 @@ func TestStartupBenchmark(t *testing.T) {
 	// same page faults (seen on this machine), and only the current build
 	// is fresh: copying both puts them on equal terms, as installed
 	// binaries are.
+	client := *clientBin
+	if client == "" {
+		client = filepath.Join(dir, "tether-client-built")
+		if out, err := exec.Command("go", "build", "-tags", "tetherclient", "-o", client, "../cmd/tether").CombinedOutput(); err != nil {
+			t.Fatalf("build the client-only tether: %v: %s", err, out)
+		}
+	}
+	const full, clientAt = 2, 4 // the first side of each build
 	sides = append(sides, tetherSides(copyBinary(t, *tetherBin, filepath.Join(dir, "tether")), "tether")...)
+	sides = append(sides, tetherSides(copyBinary(t, client, filepath.Join(dir, "tether-client")), "tether-client")...)
+	baseAt := len(sides)
 	if *baseBin != "" {
 		sides = append(sides, tetherSides(copyBinary(t, *baseBin, filepath.Join(dir, "tether-base")), "base")...)
 	}
@@ -143,10 +159,16 @@ func TestStartupBenchmark(t *testing.T) {
 		fmt.Fprintln(tw, line+cpuLine)
 	}
 	tw.Flush()
+	for i := range 2 {
+		a, b := clientAt+i, full+i
+		rs, cs := ratio(a, b), ratioOf(cpu, a, b)
+		fmt.Fprintf(&out, "%s / %s: %.3fx (%s); CPU %.3fx (%s)\n", sides[a].name, sides[b].name, median(rs), fmtRatios(rs), median(cs), fmtRatios(cs))
+	}
 	if *baseBin != "" {
-		for i := 2; i < 4; i++ {
-			rs, cs := ratio(i, i+2), ratioOf(cpu, i, i+2)
-			fmt.Fprintf(&out, "%s / base: %.3fx (%s); CPU %.3fx (%s)\n", sides[i].name, median(rs), fmtRatios(rs), median(cs), fmtRatios(cs))
+		for i := range 2 {
+			a, b := full+i, baseAt+i
+			rs, cs := ratio(a, b), ratioOf(cpu, a, b)
+			fmt.Fprintf(&out, "%s / base: %.3fx (%s); CPU %.3fx (%s)\n", sides[a].name, median(rs), fmtRatios(rs), median(cs), fmtRatios(cs))
 		}
 	}
 	fmt.Print(out.String())

@@ -148,5 +148,9 @@
 // goroutines. Layout.mu guards the CLIENTS claims and the JWTs; Verifier.mu
 // guards its caches (never held while decoding). natsauth imports protocol,
 // nats.go, nats-server, jwt and nkeys; it must not import agent,
-// coordinator, client or tunnel.
+// coordinator, client or tunnel. Built with -tags tetherclient (the
+// client-only tether, which reads .creds files and links no nats-server)
+// it lacks Layout.ConfigureServer and Layout.UpdateServer (server.go), and
+// with them its nats-server import; what calls them (the coordinator, its
+// tests) does not build with that tag.
 package natsauth

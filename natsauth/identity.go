@@ -10,10 +10,15 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
+
+// clientInfoHdr is the header in which the NATS server stamps a service
+// import's requestor (nats-server's server.ClientInfoHdr, spelt here so
+// that the client-only build links no nats-server; TestClientInfoHdr
+// checks they agree).
+const clientInfoHdr = "Nats-Request-Info"
 
 // KindNATS is Identity.Kind for a NATS user (policy's "nats" kind).
 const KindNATS = "nats"
@@ -52,7 +57,7 @@ var (
 	// user sent it, and no API caller should hold TETHER credentials (an
 	// administrator uses a CLIENTS user that policy makes admin, and is
 	// then named in the audit log).
-	ErrNoRequestInfo = errors.New("natsauth: request carries no " + server.ClientInfoHdr + " header")
+	ErrNoRequestInfo = errors.New("natsauth: request carries no " + clientInfoHdr + " header")
 	// ErrUntrusted: the header or the user JWT in it does not prove a
 	// client identity (malformed, not a client account, not issued by a
 	// client signing key, bearer token, bad name).
@@ -297,7 +302,7 @@ func (v *Verifier) judge(pi *parsedInfo, st *verifierState) *verdict {
 // parse returns the decoded Nats-Request-Info of h, from the cache if this
 // exact value was seen.
 func (v *Verifier) parse(h nats.Header) (*parsedInfo, error) {
-	vals := h[server.ClientInfoHdr]
+	vals := h[clientInfoHdr]
 	if len(vals) == 1 {
 		v.mu.Lock()
 		pi := v.headers[vals[0]]
@@ -343,20 +348,20 @@ func (v *Verifier) decode(token string) (*jwt.UserClaims, error) {
 
 // parseRequestInfo decodes the one Nats-Request-Info header of h.
 func parseRequestInfo(h nats.Header) (requestInfo, error) {
-	vals := h[server.ClientInfoHdr]
+	vals := h[clientInfoHdr]
 	switch len(vals) {
 	case 0:
 		return requestInfo{}, fmt.Errorf("%w: it did not cross the import from a client account (a caller inside account %s, with coordinator credentials, is not identified)", ErrNoRequestInfo, AccountTether)
 	case 1:
 	default:
-		return requestInfo{}, fmt.Errorf("%w: %d %s headers", ErrUntrusted, len(vals), server.ClientInfoHdr)
+		return requestInfo{}, fmt.Errorf("%w: %d %s headers", ErrUntrusted, len(vals), clientInfoHdr)
 	}
 	var ri requestInfo
 	if err := json.Unmarshal([]byte(vals[0]), &ri); err != nil {
-		return requestInfo{}, fmt.Errorf("%w: %s header: %v", ErrUntrusted, server.ClientInfoHdr, err)
+		return requestInfo{}, fmt.Errorf("%w: %s header: %v", ErrUntrusted, clientInfoHdr, err)
 	}
 	if ri.Account == "" || ri.User == "" {
-		return requestInfo{}, fmt.Errorf("%w: %s header names no account or user (the import must share the requestor's identity: share: true)", ErrUntrusted, server.ClientInfoHdr)
+		return requestInfo{}, fmt.Errorf("%w: %s header names no account or user (the import must share the requestor's identity: share: true)", ErrUntrusted, clientInfoHdr)
 	}
 	return ri, nil
 }
@@ -385,7 +390,7 @@ func RequestUser(h nats.Header) (account, user string, err error) {
 // port. It returns "" when h carries no such header, more than one, or a
 // host that is not an IP address.
 func RequestHost(h nats.Header) string {
-	vals := h[server.ClientInfoHdr]
+	vals := h[clientInfoHdr]
 	if len(vals) != 1 {
 		return ""
 	}

@@ -574,3 +574,10 @@ func TestRequestHost(t *testing.T) {
 		}
 	}
 }
+
+// The header Identify reads is the one the server stamps.
+func TestClientInfoHdr(t *testing.T) {
+	if clientInfoHdr != server.ClientInfoHdr {
+		t.Fatalf("clientInfoHdr is %q, nats-server stamps %q", clientInfoHdr, server.ClientInfoHdr)
+	}
+}

@@ -48,6 +48,16 @@ const (
 // operations, in a fixed order.
 func AuditOtherOperations() []string { return []string{AuditOpStream, AuditOpExecAlive} }
 
+// PolicyOperations lists the names of the policy's operations (policy
+// files' names, policy.Operations' String), in policy's declaration order:
+// the audit operations beside AuditOtherOperations. A client checks names
+// with it without linking policy and its YAML parser (issue 12);
+// policy's TestOperationNamesInProtocol keeps the two lists equal.
+func PolicyOperations() []string {
+	return []string{"exec", "cp.read", "cp.write", "shell", "forward", "job.status", "job.logs", "job.cancel",
+		"sandboxes.list", "sandboxes.register", "sandboxes.lease", "sandboxes.reap", "nodes.list", "admin", "ssh"}
+}
+
 // AuditVersion is the version of AuditEvent's shape (AuditEvent.Version).
 // Fields may be added within a version; a reader skips fields it does not
 // know.

@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/client"
-	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -66,9 +65,9 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 	// The names are the coordinator's: policy operations, and the audit
 	// operations of requests no policy operation covers.
 	if o.Operation != "" {
-		if _, err := policy.ParseOperation(o.Operation); err != nil && !slices.Contains(protocol.AuditOtherOperations(), o.Operation) {
-			errs = append(errs, fmt.Errorf("--operation %q: %s, or %s", o.Operation,
-				strings.TrimPrefix(err.Error(), fmt.Sprintf("unknown operation %q: ", o.Operation)), strings.Join(protocol.AuditOtherOperations(), ", ")))
+		if !slices.Contains(protocol.PolicyOperations(), o.Operation) && !slices.Contains(protocol.AuditOtherOperations(), o.Operation) {
+			errs = append(errs, fmt.Errorf("--operation %q: want one of %s, or %s", o.Operation,
+				strings.Join(protocol.PolicyOperations(), ", "), strings.Join(protocol.AuditOtherOperations(), ", ")))
 		}
 	}
 	if o.Result != "" && !slices.Contains(protocol.AuditResults(), o.Result) {

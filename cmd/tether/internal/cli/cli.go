@@ -7,13 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"regexp"
 	"runtime"
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 )
 
@@ -100,15 +97,6 @@ type env struct {
 	// wait ends then, and run reports the refusal instead of what the
 	// command saw. Nil outside run.
 	natsRefused context.CancelCauseFunc
-}
-
-// metricsRegistry returns the registry for `tether dev`: e.registry's, or
-// a newRegistry.
-func (e *env) metricsRegistry() metricsRegistry {
-	if e.registry != nil {
-		return e.registry()
-	}
-	return newRegistry()
 }
 
 // exitError ends Run with code. A nil err prints nothing (the command has
@@ -248,7 +236,7 @@ func newRootCmdFor(e *env, args []string) *cobra.Command {
 their agents dial out to a coordinator. Jobs are submitted through NATS, with
 this CLI or any NATS client.
 
-Start everything locally with 'tether dev', then try 'tether exec --all -- uname -a'.`,
+Start everything locally with 'tether dev', then try 'tether exec --all -- uname -a'.` + rootBuildNote,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
@@ -355,18 +343,4 @@ func (o *logOptions) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, ho))
 	}
 	return slog.New(slog.NewTextHandler(w, ho))
-}
-
-// newRegistry returns the registry a daemon serves on /metrics: its
-// components' metrics plus the Go runtime and process collectors. Beside
-// the Go collector's defaults it serves go_gc_heap_live_bytes (the heap the
-// last collection found live: what the daemon holds, without the garbage
-// go_memstats_heap_inuse_bytes also counts).
-func newRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
-			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
 }

@@ -9,11 +9,12 @@ import (
 )
 
 // TestClientFilesImportNoDaemon: the files of the client commands import
-// neither the coordinator nor the agent (nor their sub-packages). The one
-// binary links the daemons anyway, so this is no start-up gain by itself;
-// it keeps the client's code from depending on daemon internals (a
-// constant the client needs lives in protocol), which is what would let
-// the client commands move behind a lighter build later (issue 12).
+// neither the coordinator nor the agent (nor their sub-packages). The full
+// binary links the daemons anyway; this keeps the client's code from
+// depending on daemon internals (a constant the client needs lives in
+// protocol), which is what lets the client-only build (-tags tetherclient,
+// build_client.go) compile these files without the daemons (issue 12;
+// cmd/tether's TestClientBuildLinksNoDaemon checks what it links).
 func TestClientFilesImportNoDaemon(t *testing.T) {
 	clientFiles := []string{
 		"cp.go", "exec.go", "forward.go", "job.go", "natsopts.go", "node.go", "nodeerr.go",

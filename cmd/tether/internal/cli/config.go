@@ -1,3 +1,5 @@
+//go:build !tetherclient
+
 package cli
 
 // The daemons' config file (--config FILE, $TETHER_CONFIG): one strict YAML
@@ -460,9 +462,6 @@ func (p *configParser) suggest(name string) string {
 	return "; did you mean " + best + "?"
 }
 
-// intTypes are the pflag types of whole numbers.
-var intTypes = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^u?int(8|16|32|64)?$`) })
-
 // value checks v against the flag's type and fills cv; false after an error.
 func (p *configParser) value(cv *configValue, f *pflag.Flag, v *yaml.Node) bool {
 	typ := f.Value.Type()
@@ -574,25 +573,6 @@ func cloneValue(v pflag.Value) pflag.Value {
 	return fs.Lookup("x").Value
 }
 
-// typeName is a pflag type in words.
-func typeName(typ string) string {
-	switch {
-	case typ == "bool":
-		return "a boolean (true or false)"
-	case typ == "string":
-		return "a string"
-	case typ == "duration":
-		return "a duration, such as 30s, 5m or 1h30m, or a number of seconds"
-	case intTypes().MatchString(typ):
-		return "a whole number"
-	case typ == "float64" || typ == "float32":
-		return "a number"
-	case typ == "stringSlice" || typ == "stringArray":
-		return "a list of strings"
-	}
-	return "a " + typ
-}
-
 // nodeKind describes what a YAML node holds, for type errors.
 func nodeKind(n *yaml.Node) string {
 	switch n.Kind {
@@ -616,27 +596,6 @@ func nodeKind(n *yaml.Node) string {
 		return "no value"
 	}
 	return fmt.Sprintf("%q (%s)", n.Value, strings.TrimPrefix(n.Tag, "!!"))
-}
-
-// editDistance is the Levenshtein distance of a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // apply sets fs's flags from cf, except those for which skip returns a

@@ -1,3 +1,5 @@
+//go:build !tetherclient
+
 package cli
 
 import (

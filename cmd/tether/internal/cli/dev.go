@@ -1,3 +1,5 @@
+//go:build !tetherclient
+
 package cli
 
 import (
@@ -708,28 +710,6 @@ func devRunAs(getenv func(string) string) string {
 		return u.Username
 	}
 	return getenv("USER")
-}
-
-// writeFileAtomic writes data to path through a temporary file beside it
-// and a rename, so a reader never sees half a file.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // devPolicy is the policy tether dev writes: role admin (every operation

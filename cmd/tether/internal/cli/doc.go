@@ -5,6 +5,11 @@
 // mapping of outcomes to exit codes; the behaviour itself lives in those
 // packages.
 //
+// The client-only build (-tags tetherclient, build_client.go) compiles the
+// same command tree without the files marked //go:build !tetherclient:
+// the daemons, config, policy and nats commands are then hidden stand-ins
+// that refuse with exit code 2, and none of their packages is linked.
+//
 // Run is the whole program: main only builds a signal context and exits with
 // Run's code. Run is testable in-process: it takes its arguments, standard
 // streams and context as parameters, and there are no package-level flag
