@@ -16,7 +16,7 @@ import (
 // the client commands move behind a lighter build later (issue 12).
 func TestClientFilesImportNoDaemon(t *testing.T) {
 	clientFiles := []string{
-		"cp.go", "exec.go", "forward.go", "job.go", "natsopts.go", "node.go", "nodeerr.go",
+		"cp.go", "exec.go", "filterflags.go", "forward.go", "job.go", "natsopts.go", "node.go", "nodeerr.go",
 		"nodes.go", "output.go", "progress.go", "shell.go", "ssh.go", "token.go",
 	}
 	const mod = "github.com/tetherfleet/tether/"

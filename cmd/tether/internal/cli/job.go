@@ -831,17 +831,42 @@ type jobListOptions struct {
 	NATS natsOptions
 }
 
+// request fills o.Req from the flags --state and --owner (o.Req holds
+// the others) and checks it, as the API would and by the rules `tether
+// audit` reads the same filters with (identityFilter, nodeFilter,
+// limitFlag), so that nothing is sent when it would be refused.
+func (o *jobListOptions) request(state, owner string) error {
+	var errs []error
+	o.Req.State = protocol.JobState(state)
+	var err error
+	if o.Req.Owner, err = identityFilter("--owner", owner); err != nil {
+		errs = append(errs, err)
+	}
+	if err := nodeFilter(o.Req.Node); err != nil {
+		errs = append(errs, err)
+	}
+	if err := limitFlag(o.Req.Limit, protocol.MaxJobList); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if e := o.Req.Validate(); e != nil {
+		return errors.New(e.Message)
+	}
+	return nil
+}
+
 func newJobListCmd(e *env) *cobra.Command {
 	var o jobListOptions
-	var state string
+	var state, owner string
 	cmd := &cobra.Command{
 		Use:   "list [--state STATE] [--node NODE] [--owner IDENTITY]",
 		Short: "List the jobs recorded in the job store that you may see, newest first",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			o.Req.State = protocol.JobState(state)
-			if err := o.Req.Validate(); err != nil {
-				return usage(errors.New(err.Message))
+			if err := o.request(state, owner); err != nil {
+				return usage(err)
 			}
 			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
@@ -877,8 +902,8 @@ func newJobListCmd(e *env) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&state, "state", "", "only jobs in this state (queued, dispatched, running, succeeded, failed, cancelled, lost)")
 	f.StringVar(&o.Req.Node, "node", "", "only jobs on this node")
-	f.StringVar(&o.Req.Owner, "owner", "", "only jobs submitted by this identity (e.g. nats:alice)")
-	f.IntVar(&o.Req.Limit, "limit", 100, "at most this many jobs")
+	f.StringVar(&owner, "owner", "", "only jobs submitted by this identity (KIND:NAME; a bare name is nats:NAME)")
+	f.IntVar(&o.Req.Limit, "limit", 100, fmt.Sprintf("at most this many jobs (1 to %d)", protocol.MaxJobList))
 	f.BoolVar(&o.JSON, "json", false, "print the list as JSON")
 	o.NATS.addFlags(cmd)
 	return cmd
