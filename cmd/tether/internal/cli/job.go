@@ -199,13 +199,16 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 			// keeps no detached record of it).
 			return printJobRecord(e.stdout, rec, o.JSON)
 		}
-		nodes = slices.DeleteFunc(slices.Clone(nodes), func(n string) bool {
-			return len(rec.Nodes) > 1 && slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
-		})
+		if len(rec.Nodes) > 1 {
+			// A fan-out's nodes with a result have nothing to add.
+			nodes = slices.DeleteFunc(slices.Clone(nodes), func(n string) bool {
+				return slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
+			})
+		}
 	}
 	sts, errs := jobStatuses(ctx, c, id, nodes)
-	if len(nodes) == 1 && errs[0] != nil {
-		return errs[0]
+	if one := rec == nil || len(rec.Nodes) == 1; one && errs[0] != nil {
+		return errs[0] // as a --node job's status always said it
 	}
 	failed := 0
 	for i, err := range errs {
