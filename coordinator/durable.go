@@ -215,7 +215,9 @@ func errIDInUse(id string) *protocol.APIError {
 	return protocol.NewAPIError(409, protocol.ErrCodeDuplicateJob, "job ID %s is already in use; choose another", protocol.Clip(id))
 }
 
-// command is the first line of what j runs, for listings.
+// command is what j runs, for its record's Command (jobstore keeps the
+// first line, and how many follow): its script, its argv shell-joined,
+// or its commands a line each.
 func (j *job) command() string {
 	switch {
 	case j.params.Script != "":
@@ -223,7 +225,8 @@ func (j *job) command() string {
 	case len(j.params.Argv) > 0:
 		return shellJoin(j.params.Argv)
 	case len(j.params.Commands) > 0:
-		return j.params.Commands[0]
+		// A line each: the record's command says how many follow.
+		return strings.Join(j.params.Commands, "\n")
 	}
 	return ""
 }

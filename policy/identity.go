@@ -178,6 +178,23 @@ func parseEntryKey(s string) (entryKey, error) {
 	return entryKey{kind: kind, value: value}, nil
 }
 
+// ValidIdentity checks s, a caller's identity as Identity.String writes it
+// and job owners and audit events record it: KIND:NAME or KIND:KEY, by
+// the rules of a policy file's identities entries (the kinds of Kinds but
+// nats-account, which names every user of an account, never one caller).
+// The error quotes s and says what is wrong: an unknown kind, a value too
+// long, or the first character its kind does not allow.
+func ValidIdentity(s string) error {
+	k, err := parseEntryKey(s)
+	if err != nil {
+		return err
+	}
+	if k.kind == KindNATSAccount {
+		return fmt.Errorf("identity %q: %s names every user of an account in a policy, never one caller: give nats:USER", s, KindNATSAccount)
+	}
+	return nil
+}
+
 func kindList() string {
 	names := make([]string, 0, numKinds-1)
 	for _, k := range Kinds() {

@@ -466,12 +466,18 @@ func (r *AuditQueryRequest) Validate() *APIError {
 			errs = append(errs, "job_id: "+err.Error())
 		}
 	}
+	if r.Node != "" {
+		// As job.list's node: no event is on a node of another name.
+		if err := ValidNodeID(r.Node); err != nil {
+			errs = append(errs, "node: "+err.Error())
+		}
+	}
 	if r.Source != "" && (len(r.Source) > 64 || strings.Trim(r.Source, "0123456789abcdefABCDEF.:[]") != "") {
 		// The coordinator parses it (an address or not); here, its
 		// characters only (protocol opens no sockets, so no net/netip).
 		errs = append(errs, fmt.Sprintf("source %s: want an IP address, or IP:PORT ([IPv6]:PORT)", Clip(r.Source)))
 	}
-	for _, f := range []struct{ name, v string }{{"identity", r.Identity}, {"node", r.Node}, {"operation", r.Operation}} {
+	for _, f := range []struct{ name, v string }{{"identity", r.Identity}, {"operation", r.Operation}} {
 		if len(f.v) > 256 {
 			errs = append(errs, fmt.Sprintf("%s is %d bytes, over 256", f.name, len(f.v)))
 		}

@@ -72,6 +72,17 @@ func TestAuditQueryJobID(t *testing.T) {
 	}
 }
 
+// An audit query's node follows the node id rule (ValidNodeID), as
+// job.list's does: one no node can have is refused.
+func TestAuditQueryNode(t *testing.T) {
+	for node, ok := range map[string]bool{"node-0": true, "gpu.07_a": true, "bad node": false, "-x": false, strings.Repeat("n", protocol.MaxNodeIDLen+1): false} {
+		q := protocol.AuditQueryRequest{Node: node}
+		if e := q.Validate(); (e == nil) != ok || (e != nil && !strings.Contains(e.Message, "node: node id")) {
+			t.Errorf("node %q: %v", node, e)
+		}
+	}
+}
+
 // FuzzAuditQuery: a query body is decoded strictly and validated; what is
 // accepted is a valid query that survives a round trip, what is refused
 // gets a short 400 or 413.

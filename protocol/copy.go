@@ -159,20 +159,40 @@ func (p *CopyParams) Validate() error {
 		errs = append(errs, fmt.Errorf("path: %w", err))
 	case !path.IsAbs(np):
 		errs = append(errs, fmt.Errorf("path %s: must be absolute", Clip(np)))
-	case strings.ContainsRune(np, 0) || len(np) > MaxCopyPathLen:
-		errs = append(errs, fmt.Errorf("path: contains NUL or is longer than %d bytes", MaxCopyPathLen))
+	default:
+		if err := checkCopyPath(np); err != nil {
+			errs = append(errs, fmt.Errorf("path: %w", err))
+		}
 	}
 	errs = append(errs, checkUser(p.User)...)
 	if len(p.Roots) > MaxCopyRoots {
 		errs = append(errs, fmt.Errorf("roots: %d, at most %d", len(p.Roots), MaxCopyRoots))
 	} else {
 		for i, r := range p.Roots {
-			if !path.IsAbs(r) || path.Clean(r) != r || strings.ContainsRune(r, 0) || len(r) > MaxCopyPathLen {
-				errs = append(errs, fmt.Errorf("roots[%d] %s: must be absolute, clean, without NUL and at most %d bytes", i, Clip(r), MaxCopyPathLen))
+			switch err := checkCopyPath(r); {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("roots[%d]: %w", i, err))
+			case !path.IsAbs(r):
+				errs = append(errs, fmt.Errorf("roots[%d] %s: must be absolute", i, Clip(r)))
+			case path.Clean(r) != r:
+				errs = append(errs, fmt.Errorf("roots[%d] %s: must be clean (%s)", i, Clip(r), path.Clean(r)))
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkCopyPath says which of a copy path's bounds p breaks, if any: its
+// length (at most MaxCopyPathLen bytes) or a NUL byte (its 1-based byte
+// position), which no system call takes.
+func checkCopyPath(p string) error {
+	if len(p) > MaxCopyPathLen {
+		return fmt.Errorf("%d bytes, over the limit of %d", len(p), MaxCopyPathLen)
+	}
+	if i := strings.IndexByte(p, 0); i >= 0 {
+		return fmt.Errorf("a NUL byte at byte %d of %d", i+1, len(p))
+	}
+	return nil
 }
 
 // PutName returns the wire form of a name (see "Names" above): (name, "")

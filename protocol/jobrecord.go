@@ -84,7 +84,10 @@ type JobRecord struct {
 	Target     string `json:"target,omitempty"`
 	Detached   bool   `json:"detached,omitempty"`
 	Idempotent bool   `json:"idempotent,omitempty"`
-	// Command is the script's (or argv's) first line, at most 120 bytes.
+	// Command is the first line of the job's script (or argv, or its
+	// batch's commands, a line each), at most 120 bytes, marking what it
+	// leaves out: "…" where the line was cut, and " … (N lines)" when the
+	// N lines of the whole go on past it.
 	Command      string    `json:"command,omitempty"`
 	SubmittedAt  time.Time `json:"submitted_at"`
 	DispatchedAt time.Time `json:"dispatched_at,omitzero"`

@@ -46,6 +46,15 @@ func TestParamsRefuseWhatTheAgentCannotRun(t *testing.T) {
 		{"pty: NUL in an argument", &protocol.PTYParams{Argv: []string{"sh", "\x00"}}, "argv[1] contains NUL"},
 		{"pty: too many env vars", &protocol.PTYParams{Env: manyEnv}, "env has"},
 		{"pty: login shell", &protocol.PTYParams{}, ""},
+		// Which of the two a path breaks, and where (it said "contains NUL
+		// or is longer than 4096 bytes" for either).
+		{"copy: NUL in the path", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv/a\x00b"}, "path: a NUL byte at byte 7 of 8"},
+		{"copy: path too long", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/" + strings.Repeat("p", protocol.MaxCopyPathLen)}, "path: 4097 bytes, over the limit of 4096"},
+		{"copy: NUL in a root", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv", Roots: []string{"/srv", "/a\x00"}}, "roots[1]: a NUL byte at byte 3 of 3"},
+		{"copy: root too long", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv", Roots: []string{"/" + strings.Repeat("r", protocol.MaxCopyPathLen)}}, "roots[0]: 4097 bytes, over the limit of 4096"},
+		{"copy: relative root", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv", Roots: []string{"srv"}}, `roots[0] "srv": must be absolute`},
+		{"copy: unclean root", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv", Roots: []string{"/srv/../etc"}}, `roots[0] "/srv/../etc": must be clean (/etc)`},
+		{"copy: ok", &protocol.CopyParams{Direction: protocol.CopyPush, Path: "/srv", Roots: []string{"/srv"}}, ""},
 		{"sandbox op: id '..' would leave the sandboxes path", &protocol.SandboxOpParams{Op: "delete", Provider: "opensandbox", ID: ".."}, "id"},
 		{"sandbox op: id with a slash", &protocol.SandboxOpParams{Op: "delete", Provider: "opensandbox", ID: "a/../../v1"}, "id"},
 		{"sandbox op: NUL in a name", &protocol.SandboxOpParams{Op: "delete", Provider: "openshell", Name: "a\x00"}, "name"},

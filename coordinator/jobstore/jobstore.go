@@ -242,12 +242,25 @@ func idemKey(owner, key string) string {
 	return "idem." + hex.EncodeToString(h[:16])
 }
 
-// command is the first line of a script, clipped to 120 bytes.
+// maxCommand bounds a record's Command, in bytes.
+const maxCommand = 120
+
+// command is a record's Command: the first line of script (blank lines
+// and space around it trimmed), at most maxCommand bytes, saying what it
+// leaves out: "…" where the line was cut (protocol.ClipUTF8), and when
+// more lines follow, the script's count of them ("make … (3 lines)").
 func command(script string) string {
-	if i := strings.IndexByte(script, '\n'); i >= 0 {
-		script = script[:i]
+	script = strings.TrimSpace(script)
+	first, rest, more := strings.Cut(script, "\n")
+	first = strings.TrimSpace(first)
+	if !more {
+		return protocol.ClipUTF8(first, maxCommand)
 	}
-	return protocol.ClipUTF8(strings.TrimSpace(script), 120)
+	tail := fmt.Sprintf(" (%d lines)", 2+strings.Count(rest, "\n"))
+	if clipped := protocol.ClipUTF8(first, maxCommand-len(tail)-len(" …")); clipped != first {
+		return clipped + tail // cut: ClipUTF8's "…" marks it
+	}
+	return first + " …" + tail
 }
 
 // Submit records sub as queued (running, when sub.StartNow; dispatched,

@@ -77,7 +77,7 @@ func TestLifecycleForwardOnly(t *testing.T) {
 	s := open(t, env, "c1")
 	ctx := testContext(t)
 	j := submit(t, s, jobstore.Submission{ID: "j1", Owner: "nats:alice", Nodes: []string{"n2", "n1"}, Script: "echo hi\necho more", Detached: true})
-	if j.State != jobstore.Queued || j.Coordinator != "c1" || j.Command != "echo hi" || j.Nodes[0] != "n1" {
+	if j.State != jobstore.Queued || j.Coordinator != "c1" || j.Command != "echo hi … (2 lines)" || j.Nodes[0] != "n1" {
 		t.Fatalf("submitted record = %+v", j.Record)
 	}
 	if n, err := s.Queued(ctx); err != nil || n != 1 {

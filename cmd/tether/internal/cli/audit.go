@@ -56,9 +56,11 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 	if q.Until, err = parseWhen(o.Until, now); err != nil {
 		errs = append(errs, fmt.Errorf("--until: %w", err))
 	}
-	q.Identity = o.Identity
-	if q.Identity != "" && !strings.Contains(q.Identity, ":") {
-		q.Identity = "nats:" + q.Identity
+	if q.Identity, err = identityFilter("--identity", o.Identity); err != nil {
+		errs = append(errs, err)
+	}
+	if err := nodeFilter(o.Node); err != nil {
+		errs = append(errs, err)
 	}
 	q.Node, q.Operation, q.Result, q.JobID, q.Source = o.Node, o.Operation, o.Result, o.Job, o.Source
 	// A filter no event can match is a mistake, not "no matching events".
@@ -84,8 +86,8 @@ func (o *auditOptions) query(now time.Time) (protocol.AuditQueryRequest, error) 
 			errs = append(errs, fmt.Errorf("--source %q: want an IP address, or IP:PORT ([IPv6]:PORT)", o.Source))
 		}
 	}
-	if o.Limit < 1 || o.Limit > maxAuditPrint {
-		errs = append(errs, fmt.Errorf("--limit %d: want 1 to %d", o.Limit, maxAuditPrint))
+	if err := limitFlag(o.Limit, maxAuditPrint); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Follow && o.Until != "" {
 		errs = append(errs, errors.New("--follow and --until do not go together"))

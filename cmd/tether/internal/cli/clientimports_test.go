@@ -17,7 +17,7 @@ import (
 // cmd/tether's TestClientBuildLinksNoDaemon checks what it links).
 func TestClientFilesImportNoDaemon(t *testing.T) {
 	clientFiles := []string{
-		"cp.go", "exec.go", "forward.go", "job.go", "natsopts.go", "node.go", "nodeerr.go",
+		"cp.go", "exec.go", "filterflags.go", "forward.go", "job.go", "natsopts.go", "node.go", "nodeerr.go",
 		"nodes.go", "output.go", "progress.go", "shell.go", "ssh.go", "token.go",
 	}
 	const mod = "github.com/tetherfleet/tether/"

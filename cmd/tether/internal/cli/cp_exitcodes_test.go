@@ -53,7 +53,7 @@ func TestCpExitCodes(t *testing.T) {
 
 		{name: "usage: one argument", args: cp(file), code: 2, stderr: "want SRC and DST, got 1 argument\n"},
 		{name: "usage: no node", args: cp(file, local), code: 2, stderr: "NODE:PATH"},
-		{name: "usage: path too long for the node", args: cp(file, "node-0:/"+strings.Repeat("a", protocol.MaxCopyPathLen)), code: 2, stderr: "longer than 4096 bytes"},
+		{name: "usage: path too long for the node", args: cp(file, "node-0:/"+strings.Repeat("a", protocol.MaxCopyPathLen)), code: 2, stderr: "4097 bytes, over the limit of 4096"},
 
 		{name: "local source missing", args: cp(filepath.Join(local, "missing"), "node-0:"+root+"/x"), code: 1, stderr: "no such file or directory"},
 		{name: "remote source missing", args: cp("node-0:"+root+"/missing", filepath.Join(local, "y")), code: 1, stderr: "no such file or directory"},

@@ -191,7 +191,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Errorf("job logs --follow: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", id)
-	if r.code != 0 || !strings.Contains(r.stdout, "state:    succeeded") || !strings.Contains(r.stdout, "exit:     0") {
+	if r.code != 0 || !strings.Contains(r.stdout, "state:     succeeded") || !strings.Contains(r.stdout, "exit:      0") {
 		t.Errorf("job status: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	// --follow ends with the job's own exit code.
@@ -207,7 +207,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 		t.Errorf("job wait of a job that exited 6: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, id6)
-	if r.code != 0 || !strings.Contains(r.stdout, "node:     node-2") || !strings.Contains(r.stdout, "exit:     6") {
+	if r.code != 0 || !strings.Contains(r.stdout, "node:      node-2 exit 6") || !strings.Contains(r.stdout, "exit:      6") {
 		t.Errorf("job status without --node: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	// An unknown id is said once, in one line with one prefix.
@@ -249,7 +249,7 @@ func TestExecAndJobCommandsOnFleet(t *testing.T) {
 	}
 	// A second cancel: the job had ended; said so, exit 0 (F8 of fresh2).
 	r = runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, "--node", "node-2", id)
-	if r.code != 0 || !strings.Contains(r.stderr, "job "+id+" had already ended (cancelled): nothing to cancel") || !strings.Contains(r.stdout, "state:    cancelled") {
+	if r.code != 0 || !strings.Contains(r.stderr, "job "+id+" had already ended (cancelled): nothing to cancel") || !strings.Contains(r.stdout, "state:     cancelled") {
 		t.Errorf("job cancel of an ended job: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, "--node", "node-2", "nope")

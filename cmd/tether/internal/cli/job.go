@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -76,8 +77,8 @@ tunnel. These commands reach it by job id; without --node they look its node
 up in the coordinators' job store, which records every job the exec API
 accepted (when the coordinator keeps one): 'list' lists those records,
 'wait' waits for a job (attached or detached) to end and exits with its exit
-code, 'status' shows a detached job's state on its node (an attached job's
-record otherwise). Finished jobs' files are kept for the agent's job
+code, 'status' shows its record, a node: line each with its exit code and
+output sizes (a detached job's nodes asked for what the record lacks). Finished jobs' files are kept for the agent's job
 retention (24 h by default). With --json, status, wait and cancel print the
 job's record, in the words of 'list' (succeeded, failed, cancelled, lost…):
 one JSON object with its nodes and, once they ended, their results.
@@ -176,27 +177,80 @@ func resolveNode(ctx context.Context, c *client.Client, o *jobOptions, id string
 	return rec, nil
 }
 
+// runJobStatus prints job id's status in one layout whatever the job
+// (printJobView): its record's lines, then a node: line for each node.
+// A detached job's nodes that have no result in the record yet are asked
+// (tether.v1.job.status, a few at a time), and the record is brought up to
+// date with their answers (statusRecord), as --json prints it; with
+// --node only that node is asked and shown. A node that cannot be asked
+// is named on stderr and the command exits 255 after printing the rest;
+// with --node (or a job on one node) its error is the command's.
 func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
-	rec, err := resolveNode(ctx, c, o, id)
-	if rec != nil && len(rec.Nodes) != 1 {
-		// A job on several nodes: its record holds each node's result
-		// (a node: line each); --node asks one node instead.
-		return printJobRecord(e.stdout, rec, o.JSON)
+	var rec *protocol.JobRecord
+	nodes := []string{o.Node}
+	if o.Node == "" {
+		var err error
+		nodes, rec, err = jobNodes(ctx, c, o, id)
+		if rec == nil {
+			return err
+		}
+		if !rec.Detached || len(rec.Nodes) == 0 {
+			// An attached job: its record is all there is (the agent
+			// keeps no detached record of it).
+			return printJobRecord(e.stdout, rec, o.JSON)
+		}
+		if len(rec.Nodes) > 1 {
+			// A fan-out's nodes with a result have nothing to add.
+			nodes = slices.DeleteFunc(slices.Clone(nodes), func(n string) bool {
+				return slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
+			})
+		}
 	}
-	if err != nil {
-		return err
+	sts, errs := jobStatuses(ctx, c, id, nodes)
+	if one := rec == nil || len(rec.Nodes) == 1; one && errs[0] != nil {
+		return errs[0] // as a --node job's status always said it
 	}
-	if rec != nil && !rec.Detached {
-		return printJobRecord(e.stdout, rec, o.JSON)
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			failed++
+			fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, nodes[i], err)
+		}
 	}
-	st, err := c.JobStatus(ctx, o.Node, id)
-	if err != nil {
-		return err
-	}
+	sts = slices.DeleteFunc(sts, func(st *protocol.JobStatus) bool { return st == nil })
+	view := statusRecord(ctx, c, id, rec, sts...)
+	var err error
 	if o.JSON {
-		return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
+		err = printJobRecord(e.stdout, view, true)
+	} else {
+		err = printJobView(e.stdout, view, sts, o.Node)
 	}
-	return printJobStatus(e.stdout, st, statusRecord(ctx, c, id, rec, st))
+	if err == nil && failed > 0 {
+		err = fmt.Errorf("job %s: the status of %d of %d nodes could not be read", id, failed, len(nodes))
+	}
+	return err
+}
+
+// jobStatuses asks each of nodes for job id's status, at most 16 at a
+// time: sts[i] (nil on an error) and errs[i] are node i's.
+func jobStatuses(ctx context.Context, c *client.Client, id string, nodes []string) (sts []*protocol.JobStatus, errs []error) {
+	sts, errs = make([]*protocol.JobStatus, len(nodes)), make([]error, len(nodes))
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			sts[i], errs[i] = c.JobStatus(ctx, n, id)
+		}()
+	}
+	wg.Wait()
+	return sts, errs
 }
 
 // jobNodes returns the nodes of job id: --node's, else every node its
@@ -245,10 +299,11 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 		if note != "" {
 			fmt.Fprintf(e.stderr, "tether: job %s %s\n", id, note)
 		}
+		view := statusRecord(ctx, c, id, rec, st)
 		if o.JSON {
-			return printJobRecord(e.stdout, statusRecord(ctx, c, id, rec, st), true)
+			return printJobRecord(e.stdout, view, true)
 		}
-		return printJobStatus(e.stdout, st, statusRecord(ctx, c, id, rec, st))
+		return printJobView(e.stdout, view, []*protocol.JobStatus{st}, o.Node)
 	}
 	if !o.JSON {
 		fmt.Fprintf(e.stdout, "job:       %s\n", id)
@@ -406,66 +461,6 @@ func refreshRecord(id string, rec *protocol.JobRecord, now time.Time, sts ...*pr
 		_, _ = protocol.ObserveJob(&r, st, now)
 	}
 	return &r
-}
-
-// printJobStatus prints st, a node's status of the detached job rec (the
-// job's record brought up to date with st: statusRecord), as "key: value"
-// lines (--json prints rec instead). Its exit: line is the code `tether
-// job wait` exits with (recordOutcome, as job list's EXIT), followed by
-// what the process really got when that differs (a cancelled job's
-// SIGTERM, exit code 143: 130 for a --node job, 1 for a fan-out's).
-func printJobStatus(w io.Writer, st *protocol.JobStatus, rec *protocol.JobRecord) error {
-	fmt.Fprintf(w, "job:      %s\nnode:     %s\nstate:    %s\n", st.ID, st.Node, jobStatusState(st))
-	if st.State == protocol.JobLost {
-		// No exit status: `-`, as job list's EXIT, and why (the record's
-		// word, or the node's).
-		why := rec.Error
-		if why == "" {
-			why = "its outcome is unknown"
-		}
-		fmt.Fprintf(w, "exit:     - (lost: %s)\n", why)
-	}
-	if st.ExitCode != nil {
-		code, _, known := recordOutcome(rec)
-		if !known {
-			code = *st.ExitCode
-		}
-		fmt.Fprintf(w, "exit:     %d", code)
-		var raw string
-		if code != *st.ExitCode {
-			raw = fmt.Sprintf("exit code %d", *st.ExitCode)
-		}
-		if st.Signal != "" {
-			raw = fmt.Sprintf("signal %s, exit code %d", st.Signal, *st.ExitCode)
-		}
-		switch {
-		case st.TimedOut:
-			fmt.Fprint(w, " (timed out")
-		case st.Cancelled:
-			fmt.Fprint(w, " (cancelled")
-		case raw != "":
-			fmt.Fprint(w, " (")
-		}
-		switch {
-		case raw != "" && (st.TimedOut || st.Cancelled):
-			fmt.Fprintf(w, ": %s)", raw)
-		case raw != "" || st.TimedOut || st.Cancelled:
-			fmt.Fprintf(w, "%s)", raw)
-		}
-		fmt.Fprintln(w)
-	}
-	fmt.Fprintf(w, "started:  %s\n", st.StartedAt.Format(time.RFC3339))
-	if st.FinishedAt != nil {
-		fmt.Fprintf(w, "finished: %s (%v)\n", st.FinishedAt.Format(time.RFC3339), st.FinishedAt.Sub(st.StartedAt).Round(time.Millisecond))
-	}
-	trunc := func(b bool) string {
-		if b {
-			return " (truncated)"
-		}
-		return ""
-	}
-	_, err := fmt.Fprintf(w, "stdout:   %d bytes%s\nstderr:   %d bytes%s\n", st.StdoutBytes, trunc(st.StdoutTruncated), st.StderrBytes, trunc(st.StderrTruncated))
-	return err
 }
 
 // runJobLogs prints the job's stdout then its stderr; with --follow it
@@ -772,56 +767,135 @@ func recordOutcome(rec *protocol.JobRecord) (code int, why string, known bool) {
 	return code, fmt.Sprintf("job %s on node %s: %s", rec.ID, r.Node, msg), true
 }
 
-// printJobRecord prints rec as JSON or as "key: value" lines.
+// printJobRecord prints rec as JSON or, as printJobView does, as
+// "key: value" lines.
 func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, rec)
 	}
+	return printJobView(w, rec, nil, "")
+}
+
+// printJobView prints the job rec as `tether job status` shows every job,
+// attached or detached, on one node or several, as "key: value" lines:
+// the record's (job, nodes, state, exit, owner, held by, submitted,
+// started, finished, error), then a node: line for each of its nodes
+// (only node's, when not ""). The exit: line is the code `tether job
+// wait` exits with (recordOutcome, as job list's EXIT), followed, for a
+// job on one node, by what the process really got when that differs (a
+// cancelled job's SIGTERM, exit code 143: 130 for a --node job, 1 for a
+// fan-out's); "-" with why, for a lost job. Each node: line says the
+// node's exit code (nodeOutcome's, as the EXIT of `tether exec`'s summary
+// table) with the same detail and its error, or "running", and the
+// sizes of its stdout and stderr when known: from its result, else from
+// its status in sts (a detached job's node, asked).
+func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatus, node string) error {
 	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", rec.ID, strings.Join(rec.Nodes, ","), rec.State)
-	if code, _, known := recordOutcome(rec); known {
-		fmt.Fprintf(w, "exit:      %d\n", code)
+	switch code, _, known := recordOutcome(rec); {
+	case known:
+		detail := ""
+		if len(rec.Nodes) == 1 && len(rec.Results) == 1 {
+			detail = resultDetail(code, &rec.Results[0])
+		}
+		fmt.Fprintf(w, "exit:      %d%s\n", code, detail)
+	case rec.State == protocol.JobStateLost:
+		why := rec.Error
+		if why == "" {
+			why = "its outcome is unknown"
+		}
+		fmt.Fprintf(w, "exit:      - (lost: %s)\n", why)
 	}
 	if rec.Owner != "" {
 		fmt.Fprintf(w, "owner:     %s\n", rec.Owner)
 	}
 	fmt.Fprintf(w, "held by:   %s\nsubmitted: %s\n", rec.Coordinator, rec.SubmittedAt.Format(time.RFC3339))
-	if !rec.FinishedAt.IsZero() {
-		fmt.Fprintf(w, "finished:  %s\n", rec.FinishedAt.Format(time.RFC3339))
+	if !rec.StartedAt.IsZero() {
+		fmt.Fprintf(w, "started:   %s\n", rec.StartedAt.Format(time.RFC3339))
 	}
-	if rec.Error != "" {
+	if !rec.FinishedAt.IsZero() {
+		fmt.Fprintf(w, "finished:  %s", rec.FinishedAt.Format(time.RFC3339))
+		if !rec.StartedAt.IsZero() {
+			fmt.Fprintf(w, " (%v)", rec.FinishedAt.Sub(rec.StartedAt).Round(time.Millisecond))
+		}
+		fmt.Fprintln(w)
+	}
+	if rec.Error != "" && rec.State != protocol.JobStateLost {
 		fmt.Fprintf(w, "error:     %s\n", rec.Error)
 	}
-	if len(rec.Nodes) > 1 {
-		printNodeResults(w, rec)
+	if rec.ResultsOmitted {
+		_, err := fmt.Fprintf(w, "nodes ok:  %d of %d (results too large to keep)\n", rec.Succeeded, rec.Succeeded+rec.Failed)
+		return err
+	}
+	trunc := func(b bool) string {
+		if b {
+			return " (truncated)"
+		}
+		return ""
+	}
+	sizes := func(out, errb int64, outT, errT bool) string {
+		return fmt.Sprintf(", stdout %d bytes%s, stderr %d bytes%s", out, trunc(outT), errb, trunc(errT))
+	}
+	for _, n := range rec.Nodes {
+		if node != "" && n != node {
+			continue
+		}
+		i := slices.IndexFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
+		j := slices.IndexFunc(sts, func(st *protocol.JobStatus) bool { return st.Node == n })
+		var err error
+		switch {
+		case i >= 0:
+			r := &rec.Results[i]
+			code, _ := nodeOutcome(r, 0)
+			line := fmt.Sprintf("exit %d%s", code, resultDetail(code, r))
+			if r.Error != "" {
+				line += ": " + r.Error
+			}
+			_, err = fmt.Fprintf(w, "node:      %s %s%s\n", n, line, sizes(r.StdoutBytes, r.StderrBytes, r.StdoutTruncated, r.StderrTruncated))
+		case j >= 0 && sts[j].State == protocol.JobRunning:
+			st := sts[j]
+			_, err = fmt.Fprintf(w, "node:      %s running%s\n", n, sizes(st.StdoutBytes, st.StderrBytes, st.StdoutTruncated, st.StderrTruncated))
+		case j >= 0:
+			_, err = fmt.Fprintf(w, "node:      %s %s\n", n, jobStatusState(sts[j]))
+		case rec.State == protocol.JobStateRunning:
+			_, err = fmt.Fprintf(w, "node:      %s running\n", n)
+		default:
+			_, err = fmt.Fprintf(w, "node:      %s %s\n", n, rec.State)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// printNodeResults prints one "node:" line per node of a job on several
-// nodes: its exit code (nodeOutcome's, as the EXIT of `tether exec`'s
-// summary table) and error once its run ended, else "running" (or
-// the job's state, before it ran or once it ended without that node's
-// result).
-func printNodeResults(w io.Writer, rec *protocol.JobRecord) {
-	if rec.ResultsOmitted {
-		fmt.Fprintf(w, "nodes ok:  %d of %d (results too large to keep)\n", rec.Succeeded, rec.Succeeded+rec.Failed)
-		return
+// resultDetail is what a node's result r says beside code, the exit code
+// shown for it, when they differ or it was ended: " (timed out: signal
+// TERM, exit code 143)", " (cancelled: …)", " (signal KILL, exit code
+// 137)", " (exit code 3)" (a fan-out's 1); "" when code says it all.
+func resultDetail(code int, r *protocol.NodeResult) string {
+	var raw string
+	if code != r.ExitCode && r.ExitCode >= 0 {
+		raw = fmt.Sprintf("exit code %d", r.ExitCode)
 	}
-	for _, n := range rec.Nodes {
-		i := slices.IndexFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
-		switch {
-		case i < 0 && rec.State == protocol.JobStateRunning:
-			fmt.Fprintf(w, "node:      %s running\n", n)
-		case i < 0:
-			fmt.Fprintf(w, "node:      %s %s\n", n, rec.State)
-		case rec.Results[i].Error != "":
-			code, _ := nodeOutcome(&rec.Results[i], 0)
-			fmt.Fprintf(w, "node:      %s exit %d: %s\n", n, code, rec.Results[i].Error)
-		default:
-			code, _ := nodeOutcome(&rec.Results[i], 0)
-			fmt.Fprintf(w, "node:      %s exit %d\n", n, code)
-		}
+	if r.Signal != "" {
+		raw = fmt.Sprintf("signal %s, exit code %d", r.Signal, r.ExitCode)
 	}
+	what := ""
+	switch {
+	case r.TimedOut:
+		what = "timed out"
+	case r.Cancelled:
+		what = "cancelled"
+	}
+	switch {
+	case what != "" && raw != "":
+		return " (" + what + ": " + raw + ")"
+	case what != "":
+		return " (" + what + ")"
+	case raw != "":
+		return " (" + raw + ")"
+	}
+	return ""
 }
 
 // jobListOptions are the flags of `tether job list`.
@@ -831,17 +905,42 @@ type jobListOptions struct {
 	NATS natsOptions
 }
 
+// request fills o.Req from the flags --state and --owner (o.Req holds
+// the others) and checks it, as the API would and by the rules `tether
+// audit` reads the same filters with (identityFilter, nodeFilter,
+// limitFlag), so that nothing is sent when it would be refused.
+func (o *jobListOptions) request(state, owner string) error {
+	var errs []error
+	o.Req.State = protocol.JobState(state)
+	var err error
+	if o.Req.Owner, err = identityFilter("--owner", owner); err != nil {
+		errs = append(errs, err)
+	}
+	if err := nodeFilter(o.Req.Node); err != nil {
+		errs = append(errs, err)
+	}
+	if err := limitFlag(o.Req.Limit, protocol.MaxJobList); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if e := o.Req.Validate(); e != nil {
+		return errors.New(e.Message)
+	}
+	return nil
+}
+
 func newJobListCmd(e *env) *cobra.Command {
 	var o jobListOptions
-	var state string
+	var state, owner string
 	cmd := &cobra.Command{
 		Use:   "list [--state STATE] [--node NODE] [--owner IDENTITY]",
 		Short: "List the jobs recorded in the job store that you may see, newest first",
 		Args:  cobra.NoArgs,
 		RunE: e.runE(func(cmd *cobra.Command, _ []string) error {
-			o.Req.State = protocol.JobState(state)
-			if err := o.Req.Validate(); err != nil {
-				return usage(errors.New(err.Message))
+			if err := o.request(state, owner); err != nil {
+				return usage(err)
 			}
 			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
@@ -877,8 +976,8 @@ func newJobListCmd(e *env) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&state, "state", "", "only jobs in this state (queued, dispatched, running, succeeded, failed, cancelled, lost)")
 	f.StringVar(&o.Req.Node, "node", "", "only jobs on this node")
-	f.StringVar(&o.Req.Owner, "owner", "", "only jobs submitted by this identity (e.g. nats:alice)")
-	f.IntVar(&o.Req.Limit, "limit", 100, "at most this many jobs")
+	f.StringVar(&owner, "owner", "", "only jobs submitted by this identity (KIND:NAME; a bare name is nats:NAME)")
+	f.IntVar(&o.Req.Limit, "limit", 100, fmt.Sprintf("at most this many jobs (1 to %d)", protocol.MaxJobList))
 	f.BoolVar(&o.JSON, "json", false, "print the list as JSON")
 	o.NATS.addFlags(cmd)
 	return cmd

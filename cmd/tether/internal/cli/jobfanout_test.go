@@ -70,7 +70,7 @@ func TestJobLogsAndCancelOfFanOutWithoutNode(t *testing.T) {
 		t.Errorf("job wait of the cancelled fan-out: exit %d, stderr %q; want %d", r.code, r.stderr, exitFailure)
 	}
 	r = runCLI(ctx, nil, "", "job", "cancel", "--nats-url", url, "--node", "node-0", id)
-	if r.code != 0 || !strings.Contains(r.stdout, "node:     node-0\n") || !strings.Contains(r.stderr, "had already ended (cancelled)") {
+	if r.code != 0 || !strings.Contains(r.stdout, "node:      node-0 exit 130 (cancelled: signal TERM, exit code 143)") || strings.Contains(r.stdout, "node:      node-1") || !strings.Contains(r.stderr, "had already ended (cancelled)") {
 		t.Errorf("job cancel --node node-0 of the ended job: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }

@@ -56,7 +56,7 @@ func TestJobListExitMatchesExec(t *testing.T) {
 				t.Errorf("job list: EXIT %q, want %s (what tether exec exited with)", got, want)
 			}
 			r = runCLI(ctx, nil, "", "job", "status", "--nats-url", url, res.ID)
-			if !regexp.MustCompile(`(?m)^exit: +` + want + `$`).MatchString(r.stdout) {
+			if !regexp.MustCompile(`(?m)^exit: +` + want + `( \(.*\))?$`).MatchString(r.stdout) {
 				t.Errorf("job status: exit %d, stdout %q, want exit: %s", r.code, r.stdout, want)
 			}
 			r = runCLI(ctx, nil, "", "job", "wait", "--nats-url", url, "--poll", "50ms", res.ID)

@@ -20,7 +20,7 @@ func TestPrintJobRecordNodeResults(t *testing.T) {
 	if err := printJobRecord(&b, rec, false); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"node:      n1 exit 0\n", "node:      n2 exit 3\n", "node:      n3 running\n"} {
+	for _, want := range []string{"node:      n1 exit 0, stdout 0 bytes, stderr 0 bytes\n", "node:      n2 exit 3, stdout 0 bytes, stderr 0 bytes\n", "node:      n3 running\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("job status of a running fan-out:\n%s\nwant %q in it", b.String(), want)
 		}
@@ -31,7 +31,7 @@ func TestPrintJobRecordNodeResults(t *testing.T) {
 	if err := printJobRecord(&b, rec, false); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"exit:      1\n", "node:      n2 exit 3\n", "node:      n3 exit 255: node n3 lost the job\n"} {
+	for _, want := range []string{"exit:      1\n", "node:      n2 exit 3, stdout", "node:      n3 exit 255: node n3 lost the job, stdout 0 bytes, stderr 0 bytes\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("job status of a failed fan-out:\n%s\nwant %q in it", b.String(), want)
 		}
@@ -63,7 +63,7 @@ func TestJobStatusOfFanOutWithoutNode(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("job status: exit %d, stderr %q", r.code, r.stderr)
 	}
-	for _, want := range []string{"node:      node-0 exit 3\n", "node:      node-1 exit 3\n"} {
+	for _, want := range []string{"node:      node-0 exit 3, stdout 0 bytes, stderr 0 bytes\n", "node:      node-1 exit 3, stdout 0 bytes, stderr 0 bytes\n"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("job status lacks %q:\n%s", want, r.stdout)
 		}

@@ -22,21 +22,21 @@ func TestJobStatusExitIsWaits(t *testing.T) {
 		st     protocol.JobStatus
 		want   string
 	}{
-		{"cancelled", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(143), Signal: "TERM", Cancelled: true}, "exit:     130 (cancelled: signal TERM, exit code 143)\n"},
-		{"cancelled fan-out of one node", "all", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(143), Signal: "TERM", Cancelled: true}, "exit:     1 (cancelled: signal TERM, exit code 143)\n"},
-		{"timed out", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(143), Signal: "TERM", TimedOut: true}, "exit:     124 (timed out: signal TERM, exit code 143)\n"},
-		{"exit 3", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(3)}, "exit:     3\n"},
-		{"exit 3 in a fan-out", "all", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(3)}, "exit:     1 (exit code 3)\n"},
-		{"killed", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(137), Signal: "KILL"}, "exit:     137 (signal KILL, exit code 137)\n"},
+		{"cancelled", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(143), Signal: "TERM", Cancelled: true}, "exit:      130 (cancelled: signal TERM, exit code 143)\n"},
+		{"cancelled fan-out of one node", "all", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(143), Signal: "TERM", Cancelled: true}, "exit:      1 (cancelled: signal TERM, exit code 143)\n"},
+		{"timed out", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(143), Signal: "TERM", TimedOut: true}, "exit:      124 (timed out: signal TERM, exit code 143)\n"},
+		{"exit 3", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(3)}, "exit:      3\n"},
+		{"exit 3 in a fan-out", "all", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(3)}, "exit:      1 (exit code 3)\n"},
+		{"killed", "", protocol.JobStatus{State: protocol.JobExited, ExitCode: code(137), Signal: "KILL"}, "exit:      137 (signal KILL, exit code 137)\n"},
 		// A lost job had no exit: line at all (fresh-user pass fresh17c).
-		{"lost", "", protocol.JobStatus{State: protocol.JobLost}, "exit:     - (lost: node n1 lost the job: its supervisor on the node"},
+		{"lost", "", protocol.JobStatus{State: protocol.JobLost}, "exit:      - (lost: node n1 lost the job: its supervisor on the node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st
 			st.ID, st.Node, st.StartedAt, st.FinishedAt = "j1", "n1", fin.Add(-time.Second), &fin
 			rec := refreshRecord("j1", &protocol.JobRecord{ID: "j1", Nodes: []string{"n1"}, Detached: true, Target: tc.target, State: protocol.JobStateRunning}, fin, &st)
 			var b strings.Builder
-			if err := printJobStatus(&b, &st, rec); err != nil {
+			if err := printJobView(&b, rec, []*protocol.JobStatus{&st}, ""); err != nil {
 				t.Fatal(err)
 			}
 			if !strings.Contains(b.String(), "\n"+tc.want) {

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -70,6 +71,19 @@ Examples:
 			if err != nil {
 				return err
 			}
+			// The paths first: what is refused about them is refused
+			// before anything is asked.
+			known, mkdir, err := o.knownHostsPath(e.getenv)
+			if err != nil {
+				return err
+			}
+			identity, err := o.identityPath(e.getenv)
+			if err != nil {
+				return err
+			}
+			if err := checkKnownHosts(known, mkdir); err != nil {
+				return err
+			}
 			c, closeNC, err := o.NATS.connect(e)
 			if err != nil {
 				return err
@@ -78,37 +92,6 @@ Examples:
 			info, err := c.SSHInfo(cmd.Context())
 			if err != nil {
 				return err
-			}
-			known, mkdir := o.KnownHosts, false
-			if known == "" {
-				mkdir = true // ~/.config/tether may not exist yet
-				home := configHome(e.getenv)
-				if home == "" {
-					return errors.New("ssh-config: no home directory for the known_hosts file; give --known-hosts FILE")
-				}
-				known = filepath.Join(home, "tether", "known_hosts")
-			}
-			if known, err = homePath(known, e.getenv); err != nil {
-				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
-			}
-			if known, err = filepath.Abs(known); err != nil {
-				return fmt.Errorf("ssh-config: --known-hosts: %w", err)
-			}
-			identity := o.Identity
-			if identity != "" {
-				if identity, err = homePath(identity, e.getenv); err != nil {
-					return usage(fmt.Errorf("--identity: %w", err))
-				}
-				if identity, err = filepath.Abs(identity); err != nil {
-					return fmt.Errorf("ssh-config: --identity: %w", err)
-				}
-				// OpenSSH would only warn at every connection, then
-				// offer nothing (IdentitiesOnly): say it now.
-				if fi, err := os.Stat(identity); err != nil {
-					return usage(fmt.Errorf("--identity: %w", err))
-				} else if !fi.Mode().IsRegular() {
-					return usage(fmt.Errorf("--identity %s: not a regular file but %s", identity, filetype.Of(fi.Mode())))
-				}
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -133,6 +116,90 @@ Examples:
 	f.StringVar(&o.KnownHosts, "known-hosts", "", "known_hosts file to write the fleet's host keys to (default: ~/.config/tether/known_hosts)")
 	o.NATS.addFlags(cmd)
 	return cmd
+}
+
+// knownHostsPath is the absolute path of the known_hosts file to write:
+// --known-hosts, else CONFIG-HOME/tether/known_hosts (mkdir: its
+// directory may be made). A path OpenSSH's config cannot name
+// (configPath) is a usage error.
+func (o *sshConfigOptions) knownHostsPath(getenv func(string) string) (path string, mkdir bool, err error) {
+	path = o.KnownHosts
+	if path == "" {
+		mkdir = true // ~/.config/tether may not exist yet
+		home := configHome(getenv)
+		if home == "" {
+			return "", false, errors.New("ssh-config: no home directory for the known_hosts file; give --known-hosts FILE")
+		}
+		path = filepath.Join(home, "tether", "known_hosts")
+	} else if err := configPath("--known-hosts", o.KnownHosts, o.KnownHosts); err != nil {
+		return "", false, err
+	}
+	if path, err = homePath(path, getenv); err != nil {
+		return "", false, fmt.Errorf("ssh-config: --known-hosts: %w", err)
+	}
+	if path, err = filepath.Abs(path); err != nil {
+		return "", false, fmt.Errorf("ssh-config: --known-hosts: %w", err)
+	}
+	flag := "--known-hosts"
+	if o.KnownHosts == "" {
+		flag = "known_hosts (the default; give --known-hosts FILE)"
+	}
+	if err := configPath(flag, o.KnownHosts, path); err != nil {
+		return "", false, err
+	}
+	return path, mkdir, nil
+}
+
+// identityPath is the absolute path of --identity ("" without it), a
+// regular file whose path OpenSSH's config can name (configPath);
+// otherwise a usage error.
+func (o *sshConfigOptions) identityPath(getenv func(string) string) (string, error) {
+	if o.Identity == "" {
+		return "", nil
+	}
+	if err := configPath("--identity", o.Identity, o.Identity); err != nil {
+		return "", err
+	}
+	identity, err := homePath(o.Identity, getenv)
+	if err != nil {
+		return "", usage(fmt.Errorf("--identity: %w", err))
+	}
+	if identity, err = filepath.Abs(identity); err != nil {
+		return "", fmt.Errorf("ssh-config: --identity: %w", err)
+	}
+	if err := configPath("--identity", o.Identity, identity); err != nil {
+		return "", err
+	}
+	// OpenSSH would only warn at every connection, then offer nothing
+	// (IdentitiesOnly): say it now.
+	if fi, err := os.Stat(identity); err != nil {
+		return "", usage(fmt.Errorf("--identity: %w", err))
+	} else if !fi.Mode().IsRegular() {
+		return "", usage(fmt.Errorf("--identity %s: not a regular file but %s", identity, filetype.Of(fi.Mode())))
+	}
+	return identity, nil
+}
+
+// configPath refuses, as a usage error naming flag, a path (p: the flag's
+// value given, or what it resolved to) with a control character: an
+// OpenSSH config line cannot hold one (a quoted argument takes no
+// escapes, so "\n" would name another file). The position is the
+// character's 1-based byte in p.
+func configPath(flag, given, p string) error {
+	for i, r := range p {
+		if !unicode.IsControl(r) {
+			continue
+		}
+		what := fmt.Sprintf("%s %q", flag, given)
+		switch {
+		case given == "":
+			what = fmt.Sprintf("%s %q", flag, p)
+		case p != given:
+			what = fmt.Sprintf("%s %q (%q)", flag, given, p)
+		}
+		return usage(fmt.Errorf("%s: a control character %q at byte %d: an ssh config cannot name such a path; rename it, or give a link to it from a path without one", what, r, i+1))
+	}
+	return nil
 }
 
 // homePath returns p with a leading "~" or "~/" replaced by the home
@@ -337,29 +404,51 @@ func writeKnownHosts(path, text string, mkdir bool) error {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return fmt.Errorf("ssh-config: known_hosts: %w", err)
 		}
-	} else if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
-		return fmt.Errorf("ssh-config: --known-hosts %s: its directory %s does not exist (a typo?); create it first", path, filepath.Dir(path))
+	}
+	if err := checkKnownHosts(path, mkdir); err != nil {
+		return err
 	}
 	// A symlink is written through (the rename would replace the link
 	// and leave its target stale); a dangling one is replaced.
 	if real, err := filepath.EvalSymlinks(path); err == nil {
 		path = real
 	}
+	if err := writeFileAtomic(path, []byte(text), 0o600); err != nil {
+		return fmt.Errorf("ssh-config: write known_hosts %s: %w", path, err)
+	}
+	return nil
+}
+
+// checkKnownHosts is writeKnownHosts's refusals, before anything is
+// written: with --known-hosts (!dflt) a path in a directory that does not
+// exist; a path that is not a regular file; a file ssh-config did not
+// write. Each is a usage error (exit 2) saying why and what to do.
+func checkKnownHosts(path string, dflt bool) error {
+	what := "--known-hosts " + path
+	if dflt {
+		what = "known_hosts " + path + " (the default)"
+	} else if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
+		return usage(fmt.Errorf("ssh-config: %s: its directory %s does not exist (a typo?); create it first", what, filepath.Dir(path)))
+	}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
 	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
-		return fmt.Errorf("ssh-config: --known-hosts %s is not a regular file but %s; give a file", path, filetype.Of(fi.Mode()))
+		return usage(fmt.Errorf("ssh-config: %s is not a regular file but %s; give a file", what, filetype.Of(fi.Mode())))
 	}
 	if f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
 		head := make([]byte, len(knownHostsMarker))
 		n, _ := io.ReadFull(f, head)
 		f.Close()
 		if string(head[:n]) != knownHostsMarker {
-			return fmt.Errorf("ssh-config: --known-hosts %s exists and was not written by tether ssh-config: it is not replaced (its host keys would be lost); give another file, or remove it first", path)
+			how := "give another file, or remove it first"
+			if dflt {
+				how = "give another file with --known-hosts FILE, or remove it first"
+			}
+			return usage(fmt.Errorf("ssh-config: %s exists and was not written by tether ssh-config: it is not replaced (its host keys would be lost); %s", what, how))
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("ssh-config: known_hosts %s: %w", path, err)
-	}
-	if err := writeFileAtomic(path, []byte(text), 0o600); err != nil {
-		return fmt.Errorf("ssh-config: write known_hosts %s: %w", path, err)
 	}
 	return nil
 }

@@ -683,3 +683,61 @@ func TestWriteKnownHostsMakesNoDirectoriesForAGivenPath(t *testing.T) {
 		t.Errorf("a path in an existing directory: %v", err)
 	}
 }
+
+// TestSSHConfigRefusesUnusablePaths: what ssh-config refuses about its
+// paths is a usage error (exit 2), with nothing written and the reason
+// and the way out in the message: a --known-hosts FILE it did not write
+// (it exited 255), and an --identity or --known-hosts path with a control
+// character, which OpenSSH's config cannot hold (a newline was written
+// escaped, "\n", naming another file; fresh-user pass cliux19).
+func TestSSHConfigRefusesUnusablePaths(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	f := fleettest.Start(t, fleettest.Options{Agents: 1})
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	foreign := write("known_hosts", "gate.example ssh-ed25519 AAAA\n")
+	key := write("id_ok", "key")
+	nlKey := write("id\nx", "key")
+	tabKey := write("id\tx", "key")
+	nlDir := filepath.Join(dir, "a\nb")
+	if err := os.Mkdir(nlDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"foreign known_hosts", []string{"--known-hosts", foreign}, []string{"--known-hosts " + foreign + " exists and was not written by tether ssh-config", "give another file, or remove it first"}},
+		{"newline in --identity", []string{"--identity", nlKey, "--known-hosts", filepath.Join(dir, "kh1")}, []string{"--identity", fmt.Sprintf(`control character '\n' at byte %d`, len(dir)+4)}},
+		{"tab in --identity", []string{"--identity", tabKey, "--known-hosts", filepath.Join(dir, "kh2")}, []string{"--identity", fmt.Sprintf(`control character '\t' at byte %d`, len(dir)+4)}},
+		{"newline in --known-hosts", []string{"--identity", key, "--known-hosts", filepath.Join(nlDir, "kh")}, []string{"--known-hosts", fmt.Sprintf(`control character '\n' at byte %d`, len(dir)+3)}},
+	} {
+		r := runCLI(testCtx(t), nil, "", append([]string{"ssh-config", "--nats-url", f.NATS.ClientURL(), "--nats-creds", f.CredsFile}, c.args...)...)
+		if r.code != exitUsage || r.stdout != "" {
+			t.Errorf("%s: exit %d (want %d), stdout %q, stderr %q", c.name, r.code, exitUsage, r.stdout, r.stderr)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("%s: stderr %q, want %q", c.name, r.stderr, w)
+			}
+		}
+	}
+	if b, _ := os.ReadFile(foreign); string(b) != "gate.example ssh-ed25519 AAAA\n" {
+		t.Errorf("the foreign known_hosts changed: %q", b)
+	}
+	for _, kh := range []string{filepath.Join(dir, "kh1"), filepath.Join(dir, "kh2"), filepath.Join(nlDir, "kh")} {
+		if _, err := os.Stat(kh); !os.IsNotExist(err) {
+			t.Errorf("%q was written: %v", kh, err)
+		}
+	}
+}
