@@ -10,6 +10,7 @@ import (
 // argv as a shell would take it back: each argument that is not one plain
 // word single-quoted, not Go's [a b c] slice syntax, which cannot tell
 // `sh -c 'a b'` from `sh -c a b`.
+// A batch is its commands a line each.
 func TestJobCommandQuotesArgv(t *testing.T) {
 	for _, tt := range []struct {
 		p    protocol.ExecParams
@@ -20,7 +21,7 @@ func TestJobCommandQuotesArgv(t *testing.T) {
 		{protocol.ExecParams{Argv: []string{"echo", "it's", ""}}, `echo 'it'\''s' ''`},
 		{protocol.ExecParams{Argv: []string{"ls", "/srv/app", "a=b,c:d@e+f%"}}, "ls /srv/app a=b,c:d@e+f%"},
 		{protocol.ExecParams{Script: "make test\n"}, "make test\n"},
-		{protocol.ExecParams{Commands: []string{"make deps", "make test"}}, "make deps"},
+		{protocol.ExecParams{Commands: []string{"make deps", "make test"}}, "make deps\nmake test"}, // a line each; jobstore marks the lines it leaves out
 	} {
 		j := &job{params: tt.p}
 		if got := j.command(); got != tt.want {

@@ -203,5 +203,6 @@
 // A *Policy is immutable and safe for concurrent use. Store and Limiter are
 // safe for concurrent use; each holds one mutex, taken by nothing else
 // while held. The package starts no goroutines. It imports protocol (the
-// selector and name rules) and no other tether package.
+// selector and name rules), internal/identity (the KIND:VALUE syntax, shared
+// with the client build) and no other tether package but leaves.
 package policy

@@ -3,12 +3,8 @@ package policy
 import (
 	"fmt"
 	"slices"
-	"strings"
-	"unicode"
-	"unicode/utf8"
 
-	"github.com/nats-io/nkeys"
-
+	"github.com/tetherfleet/tether/internal/identity"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -41,12 +37,12 @@ const (
 )
 
 var kindNames = [numKinds]string{
-	KindNATS:         "nats",
-	KindNATSAccount:  "nats-account",
-	KindCert:         "cert",
-	KindToken:        "token",
-	KindSSHKey:       "ssh-key",
-	KindSSHPrincipal: "ssh-principal",
+	KindNATS:         identity.NATS,
+	KindNATSAccount:  identity.NATSAccount,
+	KindCert:         identity.Cert,
+	KindToken:        identity.Token,
+	KindSSHKey:       identity.SSHKey,
+	KindSSHPrincipal: identity.SSHPrincipal,
 }
 
 // Kinds lists every identity kind, in declaration order.
@@ -139,143 +135,18 @@ type entryKey struct {
 	value string
 }
 
-// Bounds of identity values, in bytes.
-const (
-	maxNATSName = 128
-	maxName     = 64 // account, token and certificate common names (X.509's ub-common-name)
-	nkeyLen     = 56
-)
-
 // parseEntryKey parses and checks KIND:VALUE, the key of an identities
-// entry.
+// entry, by identity.Parse's rule.
 func parseEntryKey(s string) (entryKey, error) {
-	kindText, value, ok := strings.Cut(s, ":")
-	if !ok {
-		return entryKey{}, fmt.Errorf("identity %q: want KIND:VALUE, KIND one of %s", s, kindList())
+	kindText, value, err := identity.Parse(s)
+	if err != nil {
+		return entryKey{}, err
 	}
 	kind, ok := parseKind(kindText)
-	if !ok {
-		return entryKey{}, fmt.Errorf("identity %q: unknown kind %q: want one of %s", s, kindText, kindList())
-	}
-	var err error
-	switch kind {
-	case KindNATS:
-		err = checkNKeyOrName(value, 'U', "user", maxNATSName, "._@+-")
-	case KindNATSAccount:
-		err = checkNKeyOrName(value, 'A', "account", maxName, "._-")
-	case KindCert:
-		err = checkCommonName(value)
-	case KindToken:
-		err = checkName(value, maxName, "._-")
-	case KindSSHKey:
-		err = CheckSSHFingerprint(value)
-	case KindSSHPrincipal:
-		err = CheckSSHPrincipal(value)
-	}
-	if err != nil {
-		return entryKey{}, fmt.Errorf("identity %q: %w", s, err)
+	if !ok { // identity.Kinds and kindNames are kept equal (TestKindNamesInProtocol)
+		return entryKey{}, fmt.Errorf("identity %q: unknown kind %q", s, kindText)
 	}
 	return entryKey{kind: kind, value: value}, nil
-}
-
-// ValidIdentity checks s, a caller's identity as Identity.String writes it
-// and job owners and audit events record it: KIND:NAME or KIND:KEY, by
-// the rules of a policy file's identities entries (the kinds of Kinds but
-// nats-account, which names every user of an account, never one caller).
-// The error quotes s and says what is wrong: an unknown kind, a value too
-// long, or the first character its kind does not allow.
-func ValidIdentity(s string) error {
-	k, err := parseEntryKey(s)
-	if err != nil {
-		return err
-	}
-	if k.kind == KindNATSAccount {
-		return fmt.Errorf("identity %q: %s names every user of an account in a policy, never one caller: give nats:USER", s, KindNATSAccount)
-	}
-	return nil
-}
-
-func kindList() string {
-	names := make([]string, 0, numKinds-1)
-	for _, k := range Kinds() {
-		names = append(names, k.String())
-	}
-	return strings.Join(names, ", ")
-}
-
-// looksLikeNKey reports whether s has the shape of an NKey public key with
-// the given prefix byte: 56 characters of base32 (A-Z, 2-7).
-func looksLikeNKey(s string, prefix byte) bool {
-	if len(s) != nkeyLen || s[0] != prefix {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= 'A' && c <= 'Z' || c >= '2' && c <= '7') {
-			return false
-		}
-	}
-	return true
-}
-
-// checkNKeyOrName accepts a valid public key of the given kind, or a name.
-// A value shaped like a key must be a valid one: a typo in a key must not
-// silently become a name that matches nobody.
-func checkNKeyOrName(v string, prefix byte, what string, max int, extra string) error {
-	if looksLikeNKey(v, prefix) {
-		valid := nkeys.IsValidPublicUserKey(v)
-		if prefix == 'A' {
-			valid = nkeys.IsValidPublicAccountKey(v)
-		}
-		if !valid {
-			return fmt.Errorf("%q has the shape of a NATS %s public key but is not one (bad checksum)", v, what)
-		}
-		return nil
-	}
-	return checkName(v, max, extra)
-}
-
-// checkName checks a name: 1 to max bytes of ASCII letters, digits and the
-// extra characters, starting with a letter or digit.
-func checkName(v string, max int, extra string) error {
-	if v == "" {
-		return fmt.Errorf("the name is empty")
-	}
-	if len(v) > max {
-		return fmt.Errorf("name is %d bytes, over %d", len(v), max)
-	}
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if i == 0 && !alnum {
-			return fmt.Errorf("name %q must start with a letter or digit", v)
-		}
-		if !alnum && strings.IndexByte(extra, c) < 0 {
-			return fmt.Errorf("name %q: %s is not allowed (letters, digits and %q only)", v, protocol.CharAt(v, i), extra)
-		}
-	}
-	return nil
-}
-
-// checkCommonName checks a certificate common name: 1 to 64 bytes of valid
-// UTF-8, every character printable (unicode.IsPrint: the only space is
-// U+0020), with no leading or trailing space.
-func checkCommonName(v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("the common name is empty")
-	case len(v) > maxName:
-		return fmt.Errorf("common name is %d bytes, over %d", len(v), maxName)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("common name %q is not valid UTF-8", v)
-	case strings.TrimSpace(v) != v:
-		return fmt.Errorf("common name %q has leading or trailing space", v)
-	}
-	for _, r := range v {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("common name %q has the unprintable character %U", v, r)
-		}
-	}
-	return nil
 }
 
 // maxUser bounds a run_as user name, in bytes (useradd's default).
@@ -302,48 +173,4 @@ func checkUser(v string) error {
 		}
 	}
 	return nil
-}
-
-// sshFingerprintLen is the length of "SHA256:" and the 43 characters of
-// unpadded base64 of a SHA-256 digest.
-const sshFingerprintLen = len("SHA256:") + 43
-
-// CheckSSHFingerprint checks an ssh-key: value: an SSH key's SHA-256
-// fingerprint as ssh-keygen -l and golang.org/x/crypto/ssh's
-// FingerprintSHA256 write it, "SHA256:" then 43 characters of unpadded
-// standard base64 (the last one of the 16 that end a 256-bit value).
-func CheckSSHFingerprint(v string) error {
-	if len(v) != sshFingerprintLen || !strings.HasPrefix(v, "SHA256:") {
-		return fmt.Errorf("SSH key fingerprint %q: want SHA256: and 43 base64 characters, as ssh-keygen -lf KEY prints it", clip(v))
-	}
-	b := v[len("SHA256:"):]
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/') {
-			return fmt.Errorf("SSH key fingerprint %q: character %q is not base64", clip(v), c)
-		}
-	}
-	// 43 characters carry 258 bits; the last one's low 2 bits are zero.
-	if strings.IndexByte("AEIMQUYcgkosw048", b[len(b)-1]) < 0 {
-		return fmt.Errorf("SSH key fingerprint %q: not the encoding of a SHA-256 digest (bad last character)", clip(v))
-	}
-	return nil
-}
-
-// maxPrincipal bounds an ssh-principal: value, in bytes.
-const maxPrincipal = 128
-
-// CheckSSHPrincipal checks an ssh-principal: value: 1 to 128 bytes of
-// [A-Za-z0-9._@+-], starting with a letter or digit (user names, e-mail
-// addresses and host names; a certificate principal outside this set
-// never matches an entry).
-func CheckSSHPrincipal(v string) error {
-	return checkName(v, maxPrincipal, "._@+-")
-}
-
-func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
 }

@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tetherfleet/tether/internal/identity"
 	"github.com/tetherfleet/tether/internal/yamlerr"
 	"github.com/tetherfleet/tether/protocol"
 )
@@ -514,7 +515,7 @@ func (p *parser) roles(n *yaml.Node, doc *fileDoc) map[string][]fileRule {
 // checkRoleName checks a role name: 1-63 bytes of [A-Za-z0-9._-], starting
 // and ending with a letter or digit.
 func checkRoleName(s string) error {
-	if err := checkName(s, 63, "._-"); err != nil {
+	if err := identity.CheckName(s, 63, "._-"); err != nil {
 		return fmt.Errorf("role %w", err)
 	}
 	if c := s[len(s)-1]; c == '.' || c == '_' || c == '-' {

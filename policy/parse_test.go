@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tetherfleet/tether/internal/identity"
 )
 
 // TestParseErrors: each bad file is refused with FILE:LINE:COLUMN and the
@@ -520,25 +522,17 @@ func TestComposePolicyFile(t *testing.T) {
 	}
 }
 
-// TestValidIdentity: an identity as callers are named (job owners, audit
-// events) is checked by the rules of a policy's identities entries, and
-// nats-account, which names no single caller, is refused.
-func TestValidIdentity(t *testing.T) {
-	for s, want := range map[string]string{
-		"nats:alice":           "",
-		"cert:build bot":       "",
-		"token:ci-1":           "",
-		"nats:bob smith":       `character ' '`,
-		"robot:x":              `unknown kind "robot"`,
-		"alice":                "want KIND:VALUE",
-		"nats:":                "the name is empty",
-		"nats-account:ops":     "give nats:USER",
-		"ssh-principal:deploy": "",
-		"token:" + "t\x00":     "not allowed",
-	} {
-		err := ValidIdentity(s)
-		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
-			t.Errorf("ValidIdentity(%q) = %v, want %q", s, err, want)
+// TestKindNamesInProtocol: every kind protocol names parses to a Kind
+// that writes it back, and every Kind is one of them, in order.
+func TestKindNamesInProtocol(t *testing.T) {
+	kinds := Kinds()
+	if len(kinds) != len(identity.Kinds) {
+		t.Fatalf("policy has %d kinds, identity.Kinds %d", len(kinds), len(identity.Kinds))
+	}
+	for i, name := range identity.Kinds {
+		k, ok := parseKind(name)
+		if !ok || k != kinds[i] || k.String() != name {
+			t.Errorf("protocol kind %q: parseKind = %v, %v; want %v", name, k, ok, kinds[i])
 		}
 	}
 }

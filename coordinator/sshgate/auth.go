@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/tetherfleet/tether/internal/identity"
 	"github.com/tetherfleet/tether/policy"
 )
 
@@ -134,7 +135,7 @@ func checkCert(keys *keySet, cert *ssh.Certificate, remote net.Addr, now time.Ti
 	}
 	var principals []string
 	for _, p := range cert.ValidPrincipals {
-		if policy.CheckSSHPrincipal(p) == nil && !slices.Contains(principals, p) {
+		if identity.CheckSSHPrincipal(p) == nil && !slices.Contains(principals, p) {
 			principals = append(principals, p)
 			if len(principals) == policy.MaxPrincipals {
 				break

@@ -41,7 +41,7 @@ import (
 //     force-command, verify-required and unknown ones refuse the
 //     certificate. Its extensions (permit-pty...) are ignored: the node
 //     decides those. Principals that no policy entry could name
-//     (policy.CheckSSHPrincipal) are dropped; a certificate left with none
+//     (identity.CheckSSHPrincipal) are dropped; a certificate left with none
 //     is refused (no_principals).
 //   - The SSH user name sent to the jump host is ignored; the login is
 //     chosen on the inner connection among SSHParams.Logins.

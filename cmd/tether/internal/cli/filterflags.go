@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/tetherfleet/tether/policy"
+	"github.com/tetherfleet/tether/internal/identity"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -15,7 +15,7 @@ import (
 // identityFilter returns the identity that flag's value s names, as job
 // owners and audit events record it: KIND:NAME, a bare NAME (no colon)
 // being the NATS user nats:NAME. "" stays "" (no filter). A value no
-// caller can have is refused by policy.ValidIdentity's rule, naming flag
+// caller can have is refused by identity.CheckCaller's rule (a policy's identities entries), naming flag
 // and the first bad character: it would match nothing, silently.
 func identityFilter(flag, s string) (string, error) {
 	if s == "" {
@@ -23,9 +23,9 @@ func identityFilter(flag, s string) (string, error) {
 	}
 	id := s
 	if !strings.Contains(id, ":") {
-		id = policy.KindNATS.String() + ":" + id
+		id = identity.NATS + ":" + id
 	}
-	if err := policy.ValidIdentity(id); err != nil {
+	if err := identity.CheckCaller(id); err != nil {
 		return "", fmt.Errorf("%s %q: %w", flag, s, err)
 	}
 	return id, nil
