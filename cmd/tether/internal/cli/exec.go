@@ -489,7 +489,8 @@ Exit codes, with --node:
   124      the timeout killed the command
   126      the command exists on the node but cannot be executed
   127      the command was not found on the node
-  130/143  interrupted by SIGINT/SIGTERM: the job was cancelled
+  130/143  interrupted by SIGINT/SIGTERM (129 SIGHUP, 141 stdout's
+           reader gone): the job was cancelled
   254      the command exited 0 but its output is incomplete: output past
            --output-limit was dropped, or the agent's --pipe-wait cut it
            (a process left behind held it open; "output_cut")
