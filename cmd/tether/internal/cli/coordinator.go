@@ -860,6 +860,7 @@ func (cs *coordinatorServer) serve(ctx context.Context) error {
 	// (reload); registered before anything serves, so a
 	// SIGHUP never kills a coordinator that is up.
 	hup := make(chan os.Signal, 1)
+	reloadsOnHangup()
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	hupDone := make(chan struct{})

@@ -133,6 +133,7 @@ func (o *execOptions) Validate(argv []string) error {
 	if o.IdempotencyKeyGiven && o.IdempotencyKey == "" {
 		errs = append(errs, errors.New(`--idempotency-key is empty: give a key, or leave the flag out (--idempotent alone keys the job by its id)`))
 	}
+	errs = append(errs, idempotencyKeyErr(o.IdempotencyKey)...)
 	if o.FailFast && len(o.Commands) == 0 {
 		errs = append(errs, errors.New("--fail-fast needs -c commands"))
 	}
@@ -157,9 +158,19 @@ func (o *execOptions) Validate(argv []string) error {
 	if o.MaxParallel < 0 {
 		errs = append(errs, fmt.Errorf("--max-parallel %d is negative", o.MaxParallel))
 	}
+	seen := make(map[string]string, len(o.Env))
 	for _, kv := range o.Env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
 			errs = append(errs, fmt.Errorf("--env %q: want KEY=VALUE", kv))
+			continue
+		}
+		// The request's env is a map: a second value would replace the
+		// first without a word. The same value twice loses nothing.
+		if first, dup := seen[k]; dup && first != v {
+			errs = append(errs, fmt.Errorf("--env %s is given twice, with different values (not shown: an env value may be a secret): give it once", protocol.QuoteName(k)))
+		} else if !dup {
+			seen[k] = v
 		}
 	}
 	errs = append(errs, utf8Errs(argv, o.Env, o.Cwd)...)
@@ -169,6 +180,26 @@ func (o *execOptions) Validate(argv []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// idempotencyKeyErr checks --idempotency-key by the API's rule
+// (protocol.ExecRequest.Validate: at most MaxIdempotencyKeyLen bytes, no
+// control character) and as UTF-8, which JSON would turn into U+FFFD, a
+// different key; in the flag's words, with 1-based byte positions as the
+// CLI's other errors give them.
+func idempotencyKeyErr(key string) []error {
+	if len(key) > protocol.MaxIdempotencyKeyLen {
+		return []error{fmt.Errorf("--idempotency-key: %d bytes, at most %d", len(key), protocol.MaxIdempotencyKeyLen)}
+	}
+	if n := protocol.InvalidUTF8At(key); n > 0 {
+		return []error{fmt.Errorf("--idempotency-key: not valid UTF-8 at byte %d", n)}
+	}
+	for i, c := range key {
+		if c < 0x20 || c == 0x7f {
+			return []error{fmt.Errorf("--idempotency-key: a control character %q at byte %d", c, i+1)}
+		}
+	}
+	return nil
 }
 
 // utf8Errs reports each of argv (the command after --), env (--env K=V
@@ -458,7 +489,8 @@ Exit codes, with --node:
   124      the timeout killed the command
   126      the command exists on the node but cannot be executed
   127      the command was not found on the node
-  130/143  interrupted by SIGINT/SIGTERM: the job was cancelled
+  130/143  interrupted by SIGINT/SIGTERM (129 SIGHUP, 141 stdout's
+           reader gone): the job was cancelled
   254      the command exited 0 but its output is incomplete: output past
            --output-limit was dropped, or the agent's --pipe-wait cut it
            (a process left behind held it open; "output_cut")

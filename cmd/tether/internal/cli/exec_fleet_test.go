@@ -36,6 +36,8 @@ func TestInterruptCode(t *testing.T) {
 	}{
 		{SignalCause(syscall.SIGTERM), 143},
 		{SignalCause(syscall.SIGINT), 130},
+		{SignalCause(syscall.SIGHUP), 129},
+		{SignalCause(syscall.SIGPIPE), 141},
 		{nil, 130},
 	} {
 		ctx, cancel := context.WithCancelCause(context.Background())

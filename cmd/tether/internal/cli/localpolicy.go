@@ -54,6 +54,7 @@ func watchLocalPolicy(ctx context.Context, a *agent.Agent, path, flag string, no
 // ready; nil notify sends nothing.
 func watchAgentReload(ctx context.Context, a *agent.Agent, path, flag string, src *configSource, notify *sdnotify.Notifier, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
+	reloadsOnHangup()
 	signal.Notify(hup, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -5,11 +5,27 @@ import (
 	"errors"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 )
 
-// exitTerminated is the exit code after SIGTERM (128+15), as shells report.
-const exitTerminated = 143
+// Exit codes after a signal ended the command, 128+N as shells report.
+const (
+	exitTerminated = 143 // SIGTERM
+	exitHangup     = 129 // SIGHUP
+	exitBrokenPipe = 141 // SIGPIPE
+)
+
+// hangupReloads and pipeKeepsServing tell Main's signal handler that the
+// running daemon has claimed SIGHUP for its reload (reloadsOnHangup) and
+// lives on through a closed log pipe (keepServingOnBrokenPipe), so that
+// neither cancels it.
+var hangupReloads, pipeKeepsServing atomic.Bool
+
+// reloadsOnHangup says the command reloads on SIGHUP (the coordinator's
+// config and policy, the agent's local policy) rather than stopping; call
+// it before registering the reload's own signal.Notify.
+func reloadsOnHangup() { hangupReloads.Store(true) }
 
 // signalError is the cause main gives the command context when a signal
 // arrives (SignalCause), so commands can exit 130 for SIGINT and 143 for
@@ -23,12 +39,19 @@ func (e *signalError) Error() string { return "received signal " + e.sig.String(
 func SignalCause(sig os.Signal) error { return &signalError{sig: sig} }
 
 // interruptCode is the exit code of a command stopped because ctx ended:
-// 143 after SIGTERM, else 130 (SIGINT, or a context cancelled without a
-// signal).
+// 143 after SIGTERM, 129 after SIGHUP, 141 after SIGPIPE, else 130
+// (SIGINT, or a context cancelled without a signal).
 func interruptCode(ctx context.Context) int {
 	var se *signalError
-	if errors.As(context.Cause(ctx), &se) && se.sig == syscall.SIGTERM {
-		return exitTerminated
+	if errors.As(context.Cause(ctx), &se) {
+		switch se.sig {
+		case syscall.SIGTERM:
+			return exitTerminated
+		case syscall.SIGHUP:
+			return exitHangup
+		case syscall.SIGPIPE:
+			return exitBrokenPipe
+		}
 	}
 	return exitInterrupted
 }
@@ -37,7 +60,11 @@ func interruptCode(ctx context.Context) int {
 // ctx (and with it the request): "interrupted", with interruptCode's exit
 // code; not the request's own error, which is Go's "context canceled".
 func interruptedError(ctx context.Context) error {
-	return &exitError{code: interruptCode(ctx), err: errors.New("interrupted")}
+	code := interruptCode(ctx)
+	if code == exitBrokenPipe {
+		return &exitError{code: code} // the reader left: no one to tell
+	}
+	return &exitError{code: code, err: errors.New("interrupted")}
 }
 
 // keepServingOnBrokenPipe makes a daemon (dev, coordinator, agent) live on
@@ -50,6 +77,7 @@ func interruptedError(ctx context.Context) error {
 // starts, and `yes | head` in a job would then never end. Client commands
 // keep the default: `tether exec ... | head` ends as any Unix filter does.
 func keepServingOnBrokenPipe() {
+	pipeKeepsServing.Store(true)
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGPIPE)
 	go func() {
