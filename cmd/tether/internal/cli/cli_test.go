@@ -76,6 +76,18 @@ func runCLIWith(ctx context.Context, vars map[string]string, stdin io.Reader, ar
 	return result{code, stdout.String(), stderr.String()}
 }
 
+// startDetached runs argv detached on node-0 of the fleet at url and
+// returns the job id exec printed alone on stdout.
+func startDetached(ctx context.Context, t testing.TB, url string, argv ...string) string {
+	t.Helper()
+	r := runCLI(ctx, nil, "", append([]string{"exec", "--nats-url", url, "--node", "node-0", "--detach", "--"}, argv...)...)
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || id == "" {
+		t.Fatalf("exec --detach: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	return id
+}
+
 func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 	t.Cleanup(cancel)

@@ -49,11 +49,7 @@ func TestJobListOwnerAsAuditIdentity(t *testing.T) {
 	f := startFleet(t, fleettest.Options{Agents: 1, Jobs: true})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
-	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--detach", "--", "true")
-	id := strings.TrimSpace(r.stdout)
-	if r.code != 0 || id == "" {
-		t.Fatalf("exec --detach: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-	}
+	id := startDetached(ctx, t, url, "true")
 	row := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(id) + ` .* nats:fleettest `)
 	for _, owner := range []string{"fleettest", "nats:fleettest"} {
 		r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--owner", owner)
@@ -61,7 +57,7 @@ func TestJobListOwnerAsAuditIdentity(t *testing.T) {
 			t.Errorf("job list --owner %s: exit %d, stdout %q, stderr %q; want the row of %s", owner, r.code, r.stdout, r.stderr, id)
 		}
 	}
-	r = runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--owner", "someone-else")
+	r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--owner", "someone-else")
 	if r.code != 0 || strings.Contains(r.stdout, id) {
 		t.Errorf("job list --owner someone-else: exit %d, stdout %q; want no row of %s", r.code, r.stdout, id)
 	}

@@ -19,11 +19,7 @@ func TestJSONOutputsOneStyle(t *testing.T) {
 	f := startFleet(t, fleettest.Options{Agents: 1, Jobs: true, Gateways: &fleettest.GatewayOptions{}})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
-	r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--detach", "--", "true")
-	id := strings.TrimSpace(r.stdout)
-	if r.code != 0 || id == "" {
-		t.Fatalf("exec --detach: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-	}
+	id := startDetached(ctx, t, url, "true")
 	for _, tt := range []struct {
 		args []string
 		key  string // the named list, if any
