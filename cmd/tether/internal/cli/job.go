@@ -954,17 +954,7 @@ func newJobListCmd(e *env) *cobra.Command {
 			if o.JSON {
 				return writeJSON(e.stdout, resp)
 			}
-			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")
-			for i := range resp.Jobs {
-				r := &resp.Jobs[i]
-				exit := "-" // no exit status recorded (lost, not ended)
-				if code, _, known := recordOutcome(r); known {
-					exit = fmt.Sprint(code)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, exit, strings.Join(r.Nodes, ","), r.Owner, r.SubmittedAt.Format(time.RFC3339), r.Command)
-			}
-			if err := tw.Flush(); err != nil {
+			if err := writeJobsTable(e.stdout, resp.Jobs); err != nil {
 				return err
 			}
 			if resp.More {
@@ -981,4 +971,19 @@ func newJobListCmd(e *env) *cobra.Command {
 	f.BoolVar(&o.JSON, "json", false, "print the list as JSON")
 	o.NATS.addFlags(cmd)
 	return cmd
+}
+
+// writeJobsTable prints job list's table of jobs.
+func writeJobsTable(w io.Writer, jobs []protocol.JobRecord) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")
+	for i := range jobs {
+		r := &jobs[i]
+		exit := "-" // no exit status recorded (lost, not ended)
+		if code, _, known := recordOutcome(r); known {
+			exit = fmt.Sprint(code)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, exit, strings.Join(r.Nodes, ","), r.Owner, r.SubmittedAt.Format(time.RFC3339), r.Command)
+	}
+	return tw.Flush()
 }
