@@ -60,8 +60,8 @@ func TestPrintable(t *testing.T) {
 }
 
 // TestHumanOutputEscapesControls: every table and line `tether audit`,
-// `job list`, `job status`, `nodes`, `sandboxes` and `sandboxes reap`
-// print shows what other users and agents wrote (commands, paths,
+// `job list`, `job status`, `nodes`, `sandboxes`, `sandboxes reap` and
+// exec's summary table print shows what other users and agents wrote (commands, paths,
 // identities, node ids, labels, errors) escaped, as printable does: a job
 // command or copy path holding an OSC 52 clipboard write, a clear screen,
 // a \r or a bidi override reached the terminal of whoever listed it
@@ -101,6 +101,12 @@ func TestHumanOutputEscapesControls(t *testing.T) {
 			return printJobView(w, &protocol.JobRecord{
 				ID: "j1", State: protocol.JobStateLost, Nodes: []string{"n1", hostile}, Coordinator: "c1", SubmittedAt: now, Error: hostile,
 			}, []*protocol.JobStatus{{Node: hostile, State: protocol.JobRunning}}, "")
+		}},
+		{"exec summary", func(w *bytes.Buffer) error {
+			return writeSummary(w, &protocol.ExecResult{Results: []protocol.NodeResult{
+				{Node: "n1" + hostile, ExitCode: -1, Error: hostile, ErrorCode: "start_failed"},
+				{Node: "n2", ExitCode: 3, Failure: "Command failed (exec on n2) with exit code 3:\n  " + hostile + "\n"},
+			}}, 0, false, time.Second, exitInterrupted)
 		}},
 		{"nodes", func(w *bytes.Buffer) error {
 			return writeNodesTable(w, []protocol.NodeInfo{{
