@@ -197,7 +197,7 @@ func withRefusal(ev *protocol.AuditEvent, d *caller.Decision) {
 		ev.Nodes = []string{d.Node.ID}
 	}
 	if d.Object.Path != "" {
-		ev.Paths = []string{protocol.ClipUTF8(d.Object.Path, protocol.MaxAuditErrorLen)}
+		ev.Paths = []string{protocol.AuditPath(d.Object.Path)}
 	}
 	if d.Object.Target != "" {
 		ev.Target = protocol.ClipUTF8(d.Object.Target, protocol.MaxAuditProgramLen)
@@ -426,7 +426,7 @@ func (r *relay) recordAudit() {
 	case protocol.KindCopy:
 		var p protocol.CopyParams
 		if json.Unmarshal(r.params, &p) == nil {
-			ev.Paths, ev.RunAs = []string{protocol.ClipUTF8(p.Path, protocol.MaxAuditErrorLen)}, p.User
+			ev.Paths, ev.RunAs = []string{protocol.AuditPath(p.Path)}, p.User
 		}
 	case protocol.KindDial:
 		var p protocol.DialParams

@@ -11,6 +11,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -565,5 +566,35 @@ func TestAuditEndpointOperations(t *testing.T) {
 		if _, err := policy.ParseOperation(op); err != nil && !slices.Contains(protocol.AuditOtherOperations(), op) {
 			t.Errorf("%s is audited as %q: neither a policy operation nor in protocol.AuditOtherOperations", subject, op)
 		}
+	}
+}
+
+// TestAuditCopyPathNotUTF8: a copy path that is not UTF-8 is recorded
+// with its bytes, quoted as protocol.AuditPath quotes (it was recorded
+// with U+FFFD for each such byte, so the audit could not tell which file
+// was touched: /srv/caf\xe9 and /srv/caf\xe8 were the same path there).
+func TestAuditCopyPathNotUTF8(t *testing.T) {
+	f, _ := auditFleet(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.WriteFile(src, []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(f.DataDir("node-0"), "caf\xe9")
+	st, err := f.Client.OpenStream(ctx, "node-0", protocol.KindCopy, &protocol.CopyParams{Direction: protocol.CopyPush, Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mirror.Send(ctx, src, st, mirror.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	st.CloseWrite()
+	io.Copy(io.Discard, st)
+	st.Close()
+	want := strconv.Quote(path)
+	ev := auditEvents(t, f.NC, nil, protocol.AuditQueryRequest{Operation: "cp.write"}, func(*protocol.AuditEvent) bool { return true })
+	if len(ev.Paths) != 1 || ev.Paths[0] != want {
+		t.Errorf("paths = %q, want [%s]", ev.Paths, want)
 	}
 }

@@ -177,7 +177,14 @@ type AuditEvent struct {
 	// Command describes what an exec or shell ran; nil for other
 	// operations.
 	Command *AuditCommand `json:"command,omitempty"`
-	// Paths are the node paths of a copy.
+	// Paths are the node paths of a copy, each as AuditPath records it:
+	// as it is, or, when it holds a byte that is not UTF-8, a control or
+	// other unprintable character, a double quote or a backslash, quoted
+	// as Go's strconv.Quote quotes (the path /srv/caf and byte 0xe9 is
+	// the text "/srv/caf\xe9", quotes included), so every byte is kept.
+	// Only a quoted path starts with a double quote. Clipped to
+	// MaxAuditErrorLen bytes, ending in "…" when clipped. (Events
+	// recorded before this rule have U+FFFD for each byte not UTF-8.)
 	Paths []string `json:"paths,omitempty"`
 	// RunAs is the local user the operation ran as on the node (the policy
 	// rule's run_as, which replaces the user a request names); empty when
@@ -366,6 +373,17 @@ func envKeys(env map[string]string) []string {
 		keys = append(keys[:maxAuditEnvKeys], fmt.Sprintf("(%d more)", len(keys)-maxAuditEnvKeys))
 	}
 	return keys
+}
+
+// AuditPath is how an event records a copy path (AuditEvent.Paths):
+// QuoteName's form, clipped to MaxAuditErrorLen bytes. p is as it is when
+// strconv.Quote would change nothing inside its quotes, else quoted, so a
+// path of bytes that are not UTF-8 keeps them ("/srv/caf\xe9" in Go's
+// notation, where ClipUTF8 would write U+FFFD for each) and a reader
+// strconv.Unquote's a recorded path that starts with a double quote; an
+// unquoted one never does (a double quote in it is escaped).
+func AuditPath(p string) string {
+	return ClipUTF8(QuoteName(p), MaxAuditErrorLen)
 }
 
 // ClipUTF8 returns s cut to at most max bytes at a UTF-8 boundary, "…"

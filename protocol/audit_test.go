@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -146,5 +147,41 @@ func TestAuditSourceCompatible(t *testing.T) {
 	var back protocol.AuditEvent
 	if err := json.Unmarshal(b, &back); err != nil || back.Source != ev.Source {
 		t.Errorf("round trip of %s: source %q, %v", b, back.Source, err)
+	}
+}
+
+// TestAuditPath: an event keeps a copy path's bytes (they said U+FFFD for
+// every byte not UTF-8, so the audit could not tell which file was
+// touched): a path that needs it is quoted as strconv.Quote quotes, and
+// only such a path starts with a double quote.
+func TestAuditPath(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"/srv/app/a.txt", "/srv/app/a.txt"},
+		{"/srv/café/日本", "/srv/café/日本"},
+		{"/srv/caf\xe9", `"/srv/caf\xe9"`},
+		{"/srv/caf\xc3", `"/srv/caf\xc3"`},
+		{"/srv/a\nb\x1b[2J\u202e", `"/srv/a\nb\x1b[2J\u202e"`},
+		{`/srv/"q"`, `"/srv/\"q\""`},
+		{`/srv/a\xe9`, `"/srv/a\\xe9"`}, // a backslash: not to be read as the byte
+	} {
+		got := protocol.AuditPath(tt.in)
+		if got != tt.want {
+			t.Errorf("AuditPath(%q) = %q, want %q", tt.in, got, tt.want)
+			continue
+		}
+		back := got
+		if strings.HasPrefix(got, `"`) {
+			var err error
+			if back, err = strconv.Unquote(got); err != nil {
+				t.Errorf("AuditPath(%q) = %q: %v", tt.in, got, err)
+			}
+		}
+		if back != tt.in {
+			t.Errorf("AuditPath(%q) = %q reads back as %q", tt.in, got, back)
+		}
+	}
+	long := "/srv/" + strings.Repeat("\xff", 4000)
+	if got := protocol.AuditPath(long); len(got) > protocol.MaxAuditErrorLen || !strings.HasPrefix(got, `"/srv/\xff`) || !strings.HasSuffix(got, "…") {
+		t.Errorf("AuditPath of a long path = %q (%d bytes), want at most %d, ending in …", got, len(got), protocol.MaxAuditErrorLen)
 	}
 }

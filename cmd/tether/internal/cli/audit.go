@@ -241,7 +241,8 @@ func runAudit(ctx context.Context, c *client.Client, q protocol.AuditQueryReques
 	}
 }
 
-// auditPrinter prints events as a table (its header once) or JSON lines.
+// auditPrinter prints events as a table (its header once), every cell
+// printable, or JSON lines.
 type auditPrinter struct {
 	w      io.Writer
 	json   bool
@@ -272,8 +273,7 @@ func (p *auditPrinter) print(evs []protocol.AuditEvent) error {
 		if ev.ExitCode != nil {
 			exit = strconv.Itoa(*ev.ExitCode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			ev.Time.Local().Format("2006-01-02 15:04:05"), dash(ev.Identity), dash(ev.Source), ev.Operation, auditNodes(ev),
+		writeRow(tw, ev.Time.Local().Format("2006-01-02 15:04:05"), dash(ev.Identity), dash(ev.Source), ev.Operation, auditNodes(ev),
 			ev.Result, exit, formatMS(ev.DurationMS), auditDetail(ev))
 	}
 	return tw.Flush()

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -174,5 +177,61 @@ func TestAuditFollow(t *testing.T) {
 		if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.ExitCode == nil || *ev.ExitCode != i+1 {
 			t.Errorf("line %d: %v %s", i, err, l)
 		}
+	}
+}
+
+// TestListingsEscapeWhatOthersRan: through a real fleet, a job whose
+// argv holds an OSC 52 clipboard write, a clear screen, a \r and a bidi
+// override is listed by `tether job list` and `tether audit` with those
+// escaped, and a copy to a path that is not UTF-8 is shown by `tether
+// audit` with its bytes (it was U+FFFD; fresh-user security pass
+// termesc20).
+func TestListingsEscapeWhatOthersRan(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Jobs: true, Coordinator: func(c *coordinator.Config) {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+		defer cancel()
+		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close(context.Background()) })
+		c.Audit = rec
+	}})
+	url := f.NATS.ClientURL()
+	ctx := testCtx(t)
+	const evil = "x\x1b]52;c;ZXZpbA==\x07\x1b[2J\r\u202e"
+	const shown = `x\x1b]52;c;ZXZpbA==\a\x1b[2J\r\u202e`
+	if r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--detach", "--", "true", evil); r.code != 0 {
+		t.Fatalf("exec: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// The audit records an argv's program: one no node has.
+	if r := runCLI(ctx, nil, "", "exec", "--nats-url", url, "--node", "node-0", "--", evil); r.code != 127 {
+		t.Fatalf("exec %q: exit %d, stderr %q", evil, r.code, r.stderr)
+	}
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, []byte("hi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(f.DataDir("node-0"), "caf\xe9")
+	if r := runCLI(ctx, nil, "", "cp", "--nats-url", url, src, "node-0:"+dst); r.code != 0 {
+		t.Fatalf("cp: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url)
+	checkTerminalSafe(t, "job list", r.stdout)
+	if r.code != 0 || !strings.Contains(r.stdout, "true '"+shown+"'") {
+		t.Errorf("job list: exit %d, stdout %q, want the command shown as %s", r.code, r.stdout, shown)
+	}
+	wantPath := strconv.Quote(dst)
+	deadline := time.Now().Add(defaultTestTimeout)
+	for {
+		r = runCLI(ctx, nil, "", "audit", "--nats-url", url)
+		if r.code == 0 && strings.Contains(r.stdout, "cp.write") && strings.Contains(r.stdout, "exec") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	checkTerminalSafe(t, "audit", r.stdout)
+	if r.code != 0 || !strings.Contains(r.stdout, shown+" sha256:") || !strings.Contains(r.stdout, wantPath) {
+		t.Errorf("audit: exit %d, stdout %q, stderr %q; want the program as %s and the path as %s", r.code, r.stdout, r.stderr, shown, wantPath)
 	}
 }

@@ -511,30 +511,6 @@ func skippedPath(from copyEnd, rel string) string {
 	return copyEnd{node: from.node, path: p}.String()
 }
 
-// printable returns text (a message from the node, the coordinator or the
-// file system, which may quote names holding any bytes) with every rune
-// strconv.Quote would escape for not being printable, and every byte that
-// is not UTF-8, replaced by that escape (\n, \x1b, \u202e, \xff), and the
-// rest as it is, so that it cannot inject lines or escape sequences into
-// the terminal.
-func printable(text string) string {
-	var b strings.Builder
-	for i := 0; i < len(text); {
-		r, size := utf8.DecodeRuneInString(text[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, text[i])
-		case strconv.IsPrint(r):
-			b.WriteString(text[i : i+size])
-		default:
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-		}
-		i += size
-	}
-	return b.String()
-}
-
 // copyProgress draws a progress line on stderr once a copy ran for
 // progressDelay, at most every 100 ms (mirror's own pace).
 type copyProgress struct {

@@ -63,6 +63,15 @@
 // as a string; invalid UTF-8 is replaced), then the protocol.ExecResult as
 // the last line; the exit code is computed as without --json.
 //
+// # Human output
+//
+// Tables and "key: value" lines show every field other users, agents or
+// gateways wrote (commands, copy paths, identities, node ids and labels,
+// sandbox names, errors) through printable (termsafe.go; writeRow for a
+// table row): controls, bidi and other unprintable characters and bytes
+// that are not UTF-8 are escaped in Go's notation, so that they cannot
+// act on the terminal of whoever reads them. --json is exact.
+//
 // # Goroutines
 //
 // The daemon commands run the coordinator, agent, embedded NATS server and

@@ -217,7 +217,7 @@ func runJobStatus(ctx context.Context, c *client.Client, o *jobOptions, id strin
 				return err
 			}
 			failed++
-			fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, nodes[i], err)
+			fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, printable(nodes[i]), err)
 		}
 	}
 	sts = slices.DeleteFunc(sts, func(st *protocol.JobStatus) bool { return st == nil })
@@ -317,9 +317,9 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 				return err
 			}
 			failed++
-			fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, n, err)
+			fmt.Fprintf(e.stderr, "tether: job %s on node %s: %v\n", id, printable(n), err)
 			if !o.JSON {
-				fmt.Fprintf(e.stdout, "node:      %s error\n", n)
+				fmt.Fprintf(e.stdout, "node:      %s error\n", printable(n))
 			}
 			continue
 		}
@@ -334,7 +334,7 @@ func runJobCancel(ctx context.Context, c *client.Client, o *jobOptions, id strin
 		case !st.Cancelled && st.State == protocol.JobRunning:
 			what = "cancel sent (running)"
 		}
-		fmt.Fprintf(e.stdout, "node:      %s %s\n", n, what)
+		fmt.Fprintf(e.stdout, "node:      %s %s\n", printable(n), printable(what))
 	}
 	if o.JSON {
 		// The record, with what the nodes answered, also when some
@@ -788,14 +788,15 @@ func printJobRecord(w io.Writer, rec *protocol.JobRecord, asJSON bool) error {
 // node's exit code (nodeOutcome's, as the EXIT of `tether exec`'s summary
 // table) with the same detail and its error, or "running", and the
 // sizes of its stdout and stderr when known: from its result, else from
-// its status in sts (a detached job's node, asked).
+// its status in sts (a detached job's node, asked). What the record's
+// fields hold (ids, owner, errors) is shown printable.
 func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatus, node string) error {
-	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", rec.ID, strings.Join(rec.Nodes, ","), rec.State)
+	fmt.Fprintf(w, "job:       %s\nnodes:     %s\nstate:     %s\n", printable(rec.ID), printable(strings.Join(rec.Nodes, ",")), printable(string(rec.State)))
 	switch code, _, known := recordOutcome(rec); {
 	case known:
 		detail := ""
 		if len(rec.Nodes) == 1 && len(rec.Results) == 1 {
-			detail = resultDetail(code, &rec.Results[0])
+			detail = printable(resultDetail(code, &rec.Results[0])) // the signal is the agent's
 		}
 		fmt.Fprintf(w, "exit:      %d%s\n", code, detail)
 	case rec.State == protocol.JobStateLost:
@@ -803,12 +804,12 @@ func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatu
 		if why == "" {
 			why = "its outcome is unknown"
 		}
-		fmt.Fprintf(w, "exit:      - (lost: %s)\n", why)
+		fmt.Fprintf(w, "exit:      - (lost: %s)\n", printable(why))
 	}
 	if rec.Owner != "" {
-		fmt.Fprintf(w, "owner:     %s\n", rec.Owner)
+		fmt.Fprintf(w, "owner:     %s\n", printable(rec.Owner))
 	}
-	fmt.Fprintf(w, "held by:   %s\nsubmitted: %s\n", rec.Coordinator, rec.SubmittedAt.Format(time.RFC3339))
+	fmt.Fprintf(w, "held by:   %s\nsubmitted: %s\n", printable(rec.Coordinator), rec.SubmittedAt.Format(time.RFC3339))
 	if !rec.StartedAt.IsZero() {
 		fmt.Fprintf(w, "started:   %s\n", rec.StartedAt.Format(time.RFC3339))
 	}
@@ -820,7 +821,7 @@ func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatu
 		fmt.Fprintln(w)
 	}
 	if rec.Error != "" && rec.State != protocol.JobStateLost {
-		fmt.Fprintf(w, "error:     %s\n", rec.Error)
+		fmt.Fprintf(w, "error:     %s\n", printable(rec.Error))
 	}
 	if rec.ResultsOmitted {
 		_, err := fmt.Fprintf(w, "nodes ok:  %d of %d (results too large to keep)\n", rec.Succeeded, rec.Succeeded+rec.Failed)
@@ -839,6 +840,7 @@ func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatu
 		if node != "" && n != node {
 			continue
 		}
+		shown := printable(n)
 		i := slices.IndexFunc(rec.Results, func(r protocol.NodeResult) bool { return r.Node == n })
 		j := slices.IndexFunc(sts, func(st *protocol.JobStatus) bool { return st.Node == n })
 		var err error
@@ -846,20 +848,20 @@ func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatu
 		case i >= 0:
 			r := &rec.Results[i]
 			code, _ := nodeOutcome(r, 0)
-			line := fmt.Sprintf("exit %d%s", code, resultDetail(code, r))
+			line := fmt.Sprintf("exit %d%s", code, printable(resultDetail(code, r)))
 			if r.Error != "" {
-				line += ": " + r.Error
+				line += ": " + printable(r.Error)
 			}
-			_, err = fmt.Fprintf(w, "node:      %s %s%s\n", n, line, sizes(r.StdoutBytes, r.StderrBytes, r.StdoutTruncated, r.StderrTruncated))
+			_, err = fmt.Fprintf(w, "node:      %s %s%s\n", shown, line, sizes(r.StdoutBytes, r.StderrBytes, r.StdoutTruncated, r.StderrTruncated))
 		case j >= 0 && sts[j].State == protocol.JobRunning:
 			st := sts[j]
-			_, err = fmt.Fprintf(w, "node:      %s running%s\n", n, sizes(st.StdoutBytes, st.StderrBytes, st.StdoutTruncated, st.StderrTruncated))
+			_, err = fmt.Fprintf(w, "node:      %s running%s\n", shown, sizes(st.StdoutBytes, st.StderrBytes, st.StdoutTruncated, st.StderrTruncated))
 		case j >= 0:
-			_, err = fmt.Fprintf(w, "node:      %s %s\n", n, jobStatusState(sts[j]))
+			_, err = fmt.Fprintf(w, "node:      %s %s\n", shown, printable(jobStatusState(sts[j])))
 		case rec.State == protocol.JobStateRunning:
-			_, err = fmt.Fprintf(w, "node:      %s running\n", n)
+			_, err = fmt.Fprintf(w, "node:      %s running\n", shown)
 		default:
-			_, err = fmt.Fprintf(w, "node:      %s %s\n", n, rec.State)
+			_, err = fmt.Fprintf(w, "node:      %s %s\n", shown, printable(string(rec.State)))
 		}
 		if err != nil {
 			return err
@@ -954,17 +956,7 @@ func newJobListCmd(e *env) *cobra.Command {
 			if o.JSON {
 				return writeJSON(e.stdout, resp)
 			}
-			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")
-			for i := range resp.Jobs {
-				r := &resp.Jobs[i]
-				exit := "-" // no exit status recorded (lost, not ended)
-				if code, _, known := recordOutcome(r); known {
-					exit = fmt.Sprint(code)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, exit, strings.Join(r.Nodes, ","), r.Owner, r.SubmittedAt.Format(time.RFC3339), r.Command)
-			}
-			if err := tw.Flush(); err != nil {
+			if err := writeJobsTable(e.stdout, resp.Jobs); err != nil {
 				return err
 			}
 			if resp.More {
@@ -981,4 +973,20 @@ func newJobListCmd(e *env) *cobra.Command {
 	f.BoolVar(&o.JSON, "json", false, "print the list as JSON")
 	o.NATS.addFlags(cmd)
 	return cmd
+}
+
+// writeJobsTable prints job list's table of jobs, every cell printable
+// (COMMAND is what its owner ran).
+func writeJobsTable(w io.Writer, jobs []protocol.JobRecord) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tEXIT\tNODES\tOWNER\tSUBMITTED\tCOMMAND")
+	for i := range jobs {
+		r := &jobs[i]
+		exit := "-" // no exit status recorded (lost, not ended)
+		if code, _, known := recordOutcome(r); known {
+			exit = fmt.Sprint(code)
+		}
+		writeRow(tw, r.ID, string(r.State), exit, strings.Join(r.Nodes, ","), r.Owner, r.SubmittedAt.Format(time.RFC3339), r.Command)
+	}
+	return tw.Flush()
 }

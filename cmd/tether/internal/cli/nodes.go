@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -74,7 +75,9 @@ func newNodesCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// writeNodesTable prints nodes as an aligned table; ages are relative to now.
+// writeNodesTable prints nodes as an aligned table, every cell printable
+// (what an agent reports: its id, labels, GPU model); ages are relative
+// to now.
 // STALLS is the session's window stalls and their total time, in both
 // directions (a stream's writes waited for the other end to read: a slow
 // link, a slow node or a slow client downstream), QUEUED the bytes of the
@@ -84,8 +87,7 @@ func writeNodesTable(w io.Writer, nodes []protocol.NodeInfo, now time.Time) erro
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tLABELS\tCPUS\tMEMORY\tGPUS\tRTT\tSTALLS\tQUEUED\tCONNECTED\tLAST SEEN\tCOORDINATOR")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			n.ID, formatLabels(n.Labels), n.Capacity.CPUs, formatBytes(n.Capacity.MemoryBytes),
+		writeRow(tw, n.ID, formatLabels(n.Labels), strconv.Itoa(n.Capacity.CPUs), formatBytes(n.Capacity.MemoryBytes),
 			formatGPUs(n.Capacity), formatRTT(n.RTTMicros), formatStalls(n.WindowStalls+n.AgentWindowStalls, n.WindowStallSeconds+n.AgentWindowStallSeconds),
 			formatQueued(n.SendQueuedBytes+n.AgentSendQueuedBytes), formatAge(now, n.ConnectedAt), formatAge(now, n.LastHeartbeat), n.Coordinator)
 	}

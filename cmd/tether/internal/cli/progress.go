@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -178,7 +179,9 @@ func writeSummary(w io.Writer, res *protocol.ExecResult, timeout time.Duration, 
 			if r.Cancelled && code == exitInterrupted {
 				code = cancelCode // not a command's own exit 130
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%v\t%s\n", r.Node, code, d, summaryText(r, timeout))
+			// printable: the node's id, error and stderr line are the
+			// agent's and the command's words.
+			writeRow(tw, r.Node, strconv.Itoa(code), d.String(), summaryText(r, timeout))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

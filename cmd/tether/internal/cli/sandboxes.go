@@ -75,7 +75,7 @@ lost (node unreachable too long), leaked (the reaper gave up; look at it).`,
 					if p.Target != "" {
 						where += " gateway " + p.Target
 					}
-					fmt.Fprintf(e.stderr, "tether: warning: sync: %s not listed: %s\n", where, p.Error)
+					fmt.Fprintf(e.stderr, "tether: warning: sync: %s not listed: %s\n", printable(where), printable(p.Error)) // a gateway's words
 				}
 			}
 			sbs, err := c.Sandboxes(cmd.Context(), protocol.SandboxesListRequest{Run: o.Run, Node: o.Node, State: o.State, Provider: o.Provider})
@@ -122,8 +122,7 @@ func writeSandboxesTable(w io.Writer, sbs []protocol.SandboxInfo, now time.Time)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tPROVIDER\tSANDBOX\tRUN\tSTATE\tAGE\tEXPIRES\tLAST SEEN")
 	for _, s := range sbs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			s.Node, s.Provider, sandboxName(s), dash(runOf(s)), s.State,
+		writeRow(tw, s.Node, s.Provider, sandboxName(s), dash(runOf(s)), s.State,
 			formatAge(now, s.CreatedAt), formatExpiry(now, s), formatAge(now, s.LastSeen))
 	}
 	return tw.Flush()
@@ -227,7 +226,7 @@ func writeReapTable(w io.Writer, resp *protocol.ReapResponse) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACTION\tNODE\tPROVIDER\tSANDBOX\tRUN\tREASON\tWAITING FOR")
 	for _, c := range resp.Candidates {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", verb, c.Sandbox.Node, c.Sandbox.Provider,
+		writeRow(tw, verb, c.Sandbox.Node, c.Sandbox.Provider,
 			sandboxName(c.Sandbox), dash(runOf(c.Sandbox)), c.Reason, dash(c.Blocked))
 	}
 	if err := tw.Flush(); err != nil {
