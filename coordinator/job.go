@@ -392,7 +392,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 			c.log.Debug("send cancel", "job_id", j.id, "node_id", n.id, "err", err)
 		}
-		st.SetReadDeadline(time.Now().Add(c.cfg.CancelGrace))
+		st.SetReadDeadline(time.Now().Add(j.cancelGrace()))
 	})
 	defer func() {
 		if !stopWatch() {
@@ -417,7 +417,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			switch {
 			case cancelSent.Load() && isTimeout(err):
 				res.Cancelled = j.ctx.Err() != nil
-				return fail("no exit status within %v of cancelling job %s", c.cfg.CancelGrace, j.id)
+				return fail("no exit status within %v of cancelling job %s", j.cancelGrace(), j.id)
 			case errors.Is(err, io.EOF), errors.Is(err, yamux.ErrConnectionReset), n.sess.IsClosed():
 				// The stream or the whole session ended between frames,
 				// or the session died mid-frame.
@@ -493,6 +493,17 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			return protoErr("unexpected %s frame: %v", f.Type, protocol.ErrUnexpected)
 		}
 	}
+}
+
+// cancelGrace is how long a cancelled node run waits for its exit status:
+// Config.CancelGrace, at most revokeGrace for a job whose caller's access
+// was revoked (RecheckCallers).
+func (j *job) cancelGrace() time.Duration {
+	g := j.c.cfg.CancelGrace
+	if errors.As(context.Cause(j.ctx), new(*revokedError)) {
+		g = min(g, revokeGrace)
+	}
+	return g
 }
 
 // detachedConfirmWait bounds how long a detached job whose tunnel was

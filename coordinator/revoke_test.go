@@ -1,0 +1,200 @@
+package coordinator_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// TestRevokedCallerJobCancelled: an attached job whose caller a reloaded
+// policy no longer grants exec on its node is cancelled by RecheckCallers
+// (not left to run to its end): the client gets the node's result with
+// error_code revoked within a few seconds, the process is killed, and
+// the job's audit event has reason revoked. Before, the job ran on.
+func TestRevokedCallerJobCancelled(t *testing.T) {
+	self := runAsSelf(t)
+	pol := `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "*"
+        operations: [exec]
+        run_as: ` + self + `
+`
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	store, path := writePolicy(t, pol)
+	f := fleettest.Start(t, fleettest.Options{Logger: log, Coordinator: func(c *coordinator.Config) {
+		c.Policy = store
+		withAudit(t, c, log)
+	}})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	body := mustJSON(t, protocol.ExecRequest{ID: "revoked-1", Target: protocol.Target{Node: "node-0"},
+		Argv: []string{"sh", "-c", `echo $$ > "$1"; exec sleep 60`, "sh", pidFile}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, err := execRaw(fleetAs(t, f, "alice"), body)
+		if err != nil {
+			r.err = &protocol.APIError{Code: "test_transport", Message: err.Error()}
+		}
+		done <- r
+	}()
+	var pid int
+	checkFor(t, defaultTestTimeout, func() error {
+		b, err := os.ReadFile(pidFile)
+		if err != nil || !strings.HasSuffix(string(b), "\n") {
+			return fmt.Errorf("no pid yet: %v", err)
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err
+	})
+
+	replacePolicy(t, path, "version: 1\nidentities:\n  nats:bob:\n    rules:\n      - nodes: \"*\"\n        operations: [exec]\n        run_as: "+self+"\n")
+	if _, err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	f.Coordinator.RecheckCallers()
+
+	var r execReply
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the revoked caller's job still running 10 s after the recheck")
+	}
+	t.Logf("job ended %v after the recheck", time.Since(start))
+	if r.err != nil || r.result == nil || len(r.result.Results) != 1 {
+		t.Fatalf("job's end: %+v %+v", r.err, r.result)
+	}
+	res := r.result.Results[0]
+	if res.ErrorCode != protocol.ResultCodeRevoked || !res.Cancelled || !strings.Contains(res.Error, "access revoked") ||
+		!strings.Contains(res.Error, "no longer grants") {
+		t.Errorf("node result %+v, want error_code %s, cancelled, access revoked", res, protocol.ResultCodeRevoked)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("process %d still there (kill 0: %v)", pid, err)
+		}
+		return nil
+	})
+	checkFor(t, defaultTestTimeout, func() error {
+		for _, l := range auditLines(t, logs) {
+			if l["operation"] == "exec" && l["job_id"] == "revoked-1" {
+				if l["reason"] != protocol.AuditReasonRevoked || l["result"] != protocol.AuditFailed || l["error_code"] != protocol.ResultCodeRevoked {
+					return fmt.Errorf("exec event %v, want reason revoked", l)
+				}
+				return nil
+			}
+		}
+		return errors.New("no exec event for revoked-1")
+	})
+}
+
+// dialEcho is a fake agent's stream handler: a dial stream answers
+// dial-ok, then echoes.
+func dialEcho(a *fakeAgent, st *yamux.Stream, h protocol.Header) {
+	defer st.Close()
+	if h.Kind != protocol.KindDial {
+		return
+	}
+	if err := protocol.WriteFrame(st, protocol.FrameDialOK, nil); err != nil {
+		return
+	}
+	io.Copy(st, st)
+}
+
+// TestRevokedCallerStreamClosed: an open forward stream (tether forward)
+// whose caller a reloaded policy no longer grants forwarding to its
+// target is closed by RecheckCallers, the client reading "access
+// revoked", and audited as revoked; the same stream of a caller still
+// granted keeps relaying. Before, only ssh streams were rechecked.
+func TestRevokedCallerStreamClosed(t *testing.T) {
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	pol := `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "*"
+        operations: [forward]
+        targets: [openshell]
+  nats:bob:
+    rules:
+      - nodes: "*"
+        operations: [forward]
+        targets: [openshell]
+`
+	store, path := writePolicy(t, pol)
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.Policy = store
+		c.Logger = log
+		withAudit(t, c, log)
+	})
+	h.dialAgent(t, agentOpts{id: "n-a", stream: dialEcho})
+	e, alice := streamAs(t, h.as("alice"), "n-a", protocol.KindDial, protocol.DialParams{Target: "openshell"})
+	if e != nil {
+		t.Fatal(e)
+	}
+	readDialOK(t, alice)
+	e, bob := streamAs(t, h.as("bob"), "n-a", protocol.KindDial, protocol.DialParams{Target: "openshell"})
+	if e != nil {
+		t.Fatal(e)
+	}
+	readDialOK(t, bob)
+
+	replacePolicy(t, path, `version: 1
+identities:
+  nats:bob:
+    rules:
+      - nodes: "*"
+        operations: [forward]
+        targets: [openshell]
+`)
+	if _, err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	h.c.RecheckCallers()
+
+	read := make(chan error, 1)
+	go func() { _, err := io.ReadAll(alice); read <- err }()
+	select {
+	case err := <-read:
+		if err == nil || !strings.Contains(err.Error(), "access revoked") || !strings.Contains(err.Error(), "forward") {
+			t.Errorf("alice's stream ended with %v, want access revoked", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("alice's stream still open 10 s after the recheck")
+	}
+	if _, err := bob.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	bob.CloseWrite()
+	if got, err := io.ReadAll(bob); err != nil || string(got) != "still here" {
+		t.Errorf("bob's stream after the reload: %q, %v", got, err)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		for _, l := range auditLines(t, logs) {
+			if l["operation"] == "forward" && l["identity"] == "nats:alice" {
+				if l["reason"] != protocol.AuditReasonRevoked || l["result"] != protocol.AuditFailed {
+					return fmt.Errorf("alice's forward event %v, want reason revoked", l)
+				}
+				return nil
+			}
+		}
+		return errors.New("no forward event for alice")
+	})
+}
