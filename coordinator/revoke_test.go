@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"github.com/nats-io/nats.go"
 
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
+	"github.com/tetherfleet/tether/natsauth/natsauthtest"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -42,12 +44,40 @@ identities:
 		c.Policy = store
 		withAudit(t, c, log)
 	}})
+	done, pid := startSleepJob(t, fleetAs(t, f, "alice"), "revoked-1")
+
+	replacePolicy(t, path, "version: 1\nidentities:\n  nats:bob:\n    rules:\n      - nodes: \"*\"\n        operations: [exec]\n        run_as: "+self+"\n")
+	if _, err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	f.Coordinator.RecheckCallers()
+
+	wantRevokedJob(t, done, pid, start, "no longer grants")
+	checkFor(t, defaultTestTimeout, func() error {
+		for _, l := range auditLines(t, logs) {
+			if l["operation"] == "exec" && l["job_id"] == "revoked-1" {
+				if l["reason"] != protocol.AuditReasonRevoked || l["result"] != protocol.AuditFailed || l["error_code"] != protocol.ResultCodeRevoked {
+					return fmt.Errorf("exec event %v, want reason revoked", l)
+				}
+				return nil
+			}
+		}
+		return errors.New("no exec event for revoked-1")
+	})
+}
+
+// startSleepJob runs an attached job id of `sleep 60` on node-0 as nc's
+// user and returns the channel of its replies and the process's pid, once
+// it started.
+func startSleepJob(t *testing.T, nc *nats.Conn, id string) (<-chan execReply, int) {
+	t.Helper()
 	pidFile := filepath.Join(t.TempDir(), "pid")
-	body := mustJSON(t, protocol.ExecRequest{ID: "revoked-1", Target: protocol.Target{Node: "node-0"},
+	body := mustJSON(t, protocol.ExecRequest{ID: id, Target: protocol.Target{Node: "node-0"},
 		Argv: []string{"sh", "-c", `echo $$ > "$1"; exec sleep 60`, "sh", pidFile}})
 	done := make(chan execReply, 1)
 	go func() {
-		r, err := execRaw(fleetAs(t, f, "alice"), body)
+		r, err := execRaw(nc, body)
 		if err != nil {
 			r.err = &protocol.APIError{Code: "test_transport", Message: err.Error()}
 		}
@@ -62,14 +92,14 @@ identities:
 		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err
 	})
+	return done, pid
+}
 
-	replacePolicy(t, path, "version: 1\nidentities:\n  nats:bob:\n    rules:\n      - nodes: \"*\"\n        operations: [exec]\n        run_as: "+self+"\n")
-	if _, err := store.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	f.Coordinator.RecheckCallers()
-
+// wantRevokedJob waits for the job of done to end revoked (its node's
+// error_code revoked, cancelled, "access revoked" and why), and its
+// process pid to be gone.
+func wantRevokedJob(t *testing.T, done <-chan execReply, pid int, start time.Time, why string) {
+	t.Helper()
 	var r execReply
 	select {
 	case r = <-done:
@@ -82,8 +112,8 @@ identities:
 	}
 	res := r.result.Results[0]
 	if res.ErrorCode != protocol.ResultCodeRevoked || !res.Cancelled || !strings.Contains(res.Error, "access revoked") ||
-		!strings.Contains(res.Error, "no longer grants") {
-		t.Errorf("node result %+v, want error_code %s, cancelled, access revoked", res, protocol.ResultCodeRevoked)
+		!strings.Contains(res.Error, why) {
+		t.Errorf("node result %+v, want error_code %s, cancelled, access revoked: %s", res, protocol.ResultCodeRevoked, why)
 	}
 	checkFor(t, defaultTestTimeout, func() error {
 		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
@@ -91,17 +121,27 @@ identities:
 		}
 		return nil
 	})
-	checkFor(t, defaultTestTimeout, func() error {
-		for _, l := range auditLines(t, logs) {
-			if l["operation"] == "exec" && l["job_id"] == "revoked-1" {
-				if l["reason"] != protocol.AuditReasonRevoked || l["result"] != protocol.AuditFailed || l["error_code"] != protocol.ResultCodeRevoked {
-					return fmt.Errorf("exec event %v, want reason revoked", l)
-				}
-				return nil
-			}
-		}
-		return errors.New("no exec event for revoked-1")
-	})
+}
+
+// TestRevokedCredentialsJobCancelled: an attached job whose caller's NATS
+// user was revoked (tether nats user revoke: natsauth.Layout.Revoke) is
+// cancelled by RecheckCallers, though the policy still grants it. Before,
+// it ran on.
+func TestRevokedCredentialsJobCancelled(t *testing.T) {
+	self := runAsSelf(t)
+	store, _ := writePolicy(t, "version: 1\nidentities:\n  nats:carol:\n    rules:\n      - nodes: \"*\"\n        operations: [exec]\n        run_as: "+self+"\n")
+	f := fleettest.Start(t, fleettest.Options{Logger: testLogger(t), Coordinator: func(c *coordinator.Config) {
+		c.Policy = store
+	}})
+	creds := natsauthtest.ClientCreds(t, f.Layout, "carol")
+	nc := natsauthtest.Connect(t, f.NATS.ClientURL(), creds)
+	done, pid := startSleepJob(t, nc, "revoked-creds")
+	if err := f.Layout.Revoke(creds.PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	f.Coordinator.RecheckCallers()
+	wantRevokedJob(t, done, pid, start, "NATS credentials")
 }
 
 // dialEcho is a fake agent's stream handler: a dial stream answers
