@@ -72,7 +72,11 @@ func (c *Coordinator) RecheckCallers() {
 		if why == "" || !r.revoked.CompareAndSwap(nil, &why) {
 			continue
 		}
-		r.log.Warn("stream closed: its caller's access was revoked", "why", why)
+		if r.ssh != nil {
+			r.log.Warn("ssh stream closed: its grant was revoked", "session", r.ssh.Session, "why", why)
+		} else {
+			r.log.Warn("stream closed: its caller's access was revoked", "why", why)
+		}
 		r.abort(protocol.NewAPIError(403, protocol.ErrCodeForbidden, "access revoked: %s", why))
 	}
 }
