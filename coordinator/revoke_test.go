@@ -1,6 +1,7 @@
 package coordinator_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tetherfleet/tether/client"
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
@@ -237,4 +239,53 @@ identities:
 		}
 		return errors.New("no forward event for alice")
 	})
+}
+
+// TestRevokedCallerDirectStreamClosed: the same on the direct data path:
+// alice's forward stream on the coordinator's listener is closed by
+// RecheckCallers once the policy no longer grants it, and she reads
+// "access revoked".
+func TestRevokedCallerDirectStreamClosed(t *testing.T) {
+	store, path := writePolicy(t, `version: 1
+identities:
+  nats:alice:
+    rules:
+      - nodes: "*"
+        operations: [forward]
+        targets: [openshell]
+`)
+	h := newHarness(t, withDirect(func(c *coordinator.Config) { c.Policy = store }))
+	h.dialAgent(t, agentOpts{id: "n-a", stream: dialEcho})
+	c := client.New(h.as("alice"))
+	c.Direct = client.DirectOnly
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
+	defer cancel()
+	s, err := c.Dial(ctx, "n-a", "openshell")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo: %q, %v", buf, err)
+	}
+	replacePolicy(t, path, "version: 1\nidentities:\n  nats:bob:\n    rules:\n      - nodes: \"*\"\n        operations: [forward]\n        targets: [openshell]\n")
+	if _, err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	h.c.RecheckCallers()
+	read := make(chan error, 1)
+	go func() { _, err := io.ReadAll(s); read <- err }()
+	select {
+	case err := <-read:
+		if err == nil || !strings.Contains(err.Error(), "access revoked") {
+			t.Errorf("alice's direct stream ended with %v, want access revoked", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("alice's direct stream still open 10 s after the recheck")
+	}
 }
