@@ -46,10 +46,14 @@ func (e *revokedError) Error() string { return "access revoked: " + e.why }
 // revokeGrace to report their exit, and its audit event has reason
 // revoked. A stream whose caller is no longer identified or granted its
 // operation on its node (with its path, target, user or, for ssh, each
-// login and forward target) is aborted: the client reads a 403 "access
-// revoked: …", and the audit its event with reason revoked. The log has
-// one line for each. Detached jobs already started run on (see README).
-// It does not block on the jobs or streams. Safe for concurrent use.
+// login and forward target: the agent's SSH server serves the params of
+// the open for the connection's life, every session an OpenSSH
+// ControlMaster multiplexes over it included) is aborted: the client
+// reads a 403 "access revoked: …", and the audit its event with reason
+// revoked. The log has one line for each. The jump host's own channels
+// are its (sshgate.Gate.Recheck); detached jobs already started run on
+// (see README). It does not block on the jobs or streams. Safe for
+// concurrent use.
 func (c *Coordinator) RecheckCallers() {
 	c.mu.Lock()
 	jobs := c.jobs.all()
@@ -63,12 +67,7 @@ func (c *Coordinator) RecheckCallers() {
 		j.cancel(&revokedError{why})
 	}
 	for _, r := range c.relays.list() {
-		var why string
-		if r.ssh != nil {
-			why = c.sshRevoked(r)
-		} else {
-			why = c.streamRevoked(r)
-		}
+		why := c.streamRevoked(r)
 		if why == "" || !r.revoked.CompareAndSwap(nil, &why) {
 			continue
 		}
@@ -151,8 +150,8 @@ func (c *Coordinator) jobRevoked(j *job) string {
 	return ""
 }
 
-// streamRevoked returns why the caller of the open non-ssh stream r lost
-// the right to it (see RecheckCallers), or "".
+// streamRevoked returns why the caller of the open stream r lost the
+// right to it (see RecheckCallers), or "".
 func (c *Coordinator) streamRevoked(r *relay) string {
 	id, ok := caller.Of(r.req)
 	if !ok {
@@ -160,6 +159,9 @@ func (c *Coordinator) streamRevoked(r *relay) string {
 	}
 	if why := c.unidentified(id, nats.Header(r.req.Headers())); why != "" {
 		return why
+	}
+	if r.ssh != nil {
+		return c.sshRevoked(r)
 	}
 	if c.cfg.Policy == nil {
 		return ""

@@ -628,10 +628,6 @@ func (c *Coordinator) handleSSHInfo(req micro.Request) {
 	c.replyJSON(req, info, fmt.Sprintf("%d SSH nodes", len(info.Nodes)), "ask the operator to narrow your nodes.list rules")
 }
 
-// RecheckSSH is RecheckCallers, its name from when only ssh streams were
-// rechecked.
-func (c *Coordinator) RecheckSSH() { c.RecheckCallers() }
-
 // sshRevoked returns why the policy in force no longer grants the caller
 // of ssh relay r what its SSHParams were given at the open (ssh on the
 // node, each login, each forward target), or "". The node is decided with
