@@ -289,3 +289,51 @@ identities:
 		t.Fatal("alice's direct stream still open 10 s after the recheck")
 	}
 }
+
+// TestRevokedJobGraceBounded: a revoked job whose node does not report
+// its exit after the cancel ends within revokeGrace (2 s), not the
+// coordinator's CancelGrace (10 s here), still as revoked.
+func TestRevokedJobGraceBounded(t *testing.T) {
+	store, path := writePolicy(t, "version: 1\nidentities:\n  nats:alice:\n    rules:\n      - nodes: \"*\"\n        operations: [exec]\n        run_as: deploy\n")
+	h := newHarness(t, func(c *coordinator.Config) {
+		c.Policy = store
+		c.CancelGrace = 10 * time.Second
+	})
+	started := make(chan struct{}, 1)
+	h.dialAgent(t, agentOpts{id: "n-a", handler: func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams) {
+		started <- struct{}{}
+		io.Copy(io.Discard, st) // deaf to the cancel: never reports
+	}})
+	body := mustJSON(t, protocol.ExecRequest{ID: "deaf-1", Target: protocol.Target{Node: "n-a"}, Argv: []string{"sleep", "60"}})
+	done := make(chan execReply, 1)
+	go func() {
+		r, err := execRaw(h.as("alice"), body)
+		if err != nil {
+			r.err = &protocol.APIError{Code: "test_transport", Message: err.Error()}
+		}
+		done <- r
+	}()
+	select {
+	case <-started:
+	case <-time.After(defaultTestTimeout):
+		t.Fatal("the job did not start")
+	}
+	replacePolicy(t, path, "version: 1\nidentities:\n  nats:bob:\n    rules:\n      - nodes: \"*\"\n        operations: [exec]\n        run_as: deploy\n")
+	if _, err := store.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	h.c.RecheckCallers()
+	select {
+	case r := <-done:
+		d := time.Since(start)
+		if d > 3*time.Second {
+			t.Errorf("the job ended %v after the recheck, want within about 2 s", d)
+		}
+		if r.result == nil || len(r.result.Results) != 1 || r.result.Results[0].ErrorCode != protocol.ResultCodeRevoked {
+			t.Errorf("job's end: %+v %+v, want error_code revoked", r.err, r.result)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the revoked job still running 10 s after the recheck")
+	}
+}
