@@ -126,6 +126,12 @@ func (j *job) run() {
 	stopKeeper := sync.OnceFunc(j.startKeeper())
 	defer stopKeeper()
 	defer j.forget()
+	// A reload (or revocation) applied after the request's decision and
+	// rechecked (RecheckCallers) before the job was among the running
+	// did not see it: decide it again now that it is.
+	if why := j.c.jobRevoked(j); why != "" {
+		j.cancel(&revokedError{why})
+	}
 	// The job's record is being written (startAccept, in handleExec) while
 	// its exec stream opens; the agent starts nothing before the record is
 	// stored (durable.go). Whatever failed before a refused accept
