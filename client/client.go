@@ -70,6 +70,18 @@ func (e *silentError) Error() string {
 
 func (e *silentError) Is(target error) bool { return target == ErrCoordinatorSilent }
 
+// connClosedError is Exec's error when its NATS connection was closed
+// while it waited for the job's replies: it matches
+// nats.ErrConnectionClosed.
+type connClosedError struct{ id string }
+
+func (e *connClosedError) Error() string {
+	return fmt.Sprintf("exec job %s: %v while waiting for its result (the NATS server disconnects a user whose credentials were revoked or expired); "+
+		"its outcome is unknown here: tether job status %s", e.id, nats.ErrConnectionClosed, e.id)
+}
+
+func (e *connClosedError) Unwrap() error { return nats.ErrConnectionClosed }
+
 // Reply subscription limits of Exec. Output is drained as fast as the
 // OutputHandler accepts it; the limits only matter when the handler blocks
 // (a paused terminal, a full pipe), and they are generous so that a burst of
@@ -383,6 +395,11 @@ func (c *Client) ExecWith(ctx context.Context, req *protocol.ExecRequest, opts E
 			switch {
 			case errors.Is(err, nats.ErrNoResponders):
 				return nil, c.noCoordinator(protocol.SubjectExec)
+			case errors.Is(err, nats.ErrConnectionClosed):
+				// No reply can come, nor a cancel go: the server closed
+				// the connection (a revoked or expired user is
+				// disconnected and refused) or its owner did.
+				return nil, &connClosedError{id: req.ID}
 			case silent && cause == nil:
 				c.cancelJob(req.ID)
 				return nil, &silentError{id: req.ID}

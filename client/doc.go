@@ -30,7 +30,10 @@
 // a coordinator that died mid-job (or a final result lost while the NATS
 // connection was reconnecting) is noticed after Client.KeepAliveTimeout
 // without any reply: Exec then fails with an error matching
-// ErrCoordinatorSilent. Exec answers each keepalive and probe with a
+// ErrCoordinatorSilent. A connection that is closed while Exec waits (the
+// server disconnects a user whose credentials were revoked, and it cannot
+// reconnect) fails the wait at once, with an error matching
+// nats.ErrConnectionClosed. Exec answers each keepalive and probe with a
 // heartbeat (protocol.SubjectExecAlive), by which the coordinator knows
 // this client still waits and cancels the job once heartbeats stop (lost output replies are noticed sooner, as a
 // sequence gap once the next reply arrives). Node results stream in as each

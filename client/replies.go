@@ -27,9 +27,23 @@ type replyMux struct {
 	err    error  // from the subscribe, for every request after it
 	prefix string // "INBOX." (with the trailing dot)
 
+	// closed is closed when the subscription ended: the connection was
+	// closed (nats.go closes every subscription then, and does not
+	// reconnect). Each queue's wait ends with closedErr.
+	closed chan struct{}
+
 	mu     sync.Mutex
 	next   uint64
 	queues map[string]*replyQueue // by the token after prefix
+}
+
+// closedErr is the error of a request whose replies can no longer come
+// (closed): nats.ErrConnectionClosed when the connection was closed.
+func (m *replyMux) closedErr() error {
+	if m.nc.IsClosed() {
+		return nats.ErrConnectionClosed
+	}
+	return nats.ErrBadSubscription
 }
 
 // open subscribes on first use and returns a new request's queue, whose
@@ -42,8 +56,10 @@ func (m *replyMux) open(maxBytes int) (*replyQueue, error) {
 		inbox := nc.NewInbox()
 		m.prefix = inbox + "."
 		m.queues = map[string]*replyQueue{}
+		m.closed = make(chan struct{})
 		sub, err := nc.Subscribe(m.prefix+"*", m.deliver)
 		if err == nil {
+			sub.SetClosedHandler(func(string) { close(m.closed) })
 			// deliver never blocks, and each queue has its own
 			// bound: nats.go's default bound (64 MiB) would instead
 			// drop replies of every request when one has a lot.
@@ -55,6 +71,11 @@ func (m *replyMux) open(maxBytes int) (*replyQueue, error) {
 	})
 	if m.err != nil {
 		return nil, m.err
+	}
+	select {
+	case <-m.closed:
+		return nil, fmt.Errorf("replies on %s*: %w", m.prefix, m.closedErr())
+	default:
 	}
 	m.mu.Lock()
 	m.next++
@@ -131,8 +152,9 @@ func (q *replyQueue) push(msg *nats.Msg) {
 
 // NextMsgWithContext returns the next reply, waiting until ctx ends. Like
 // a subscription's, it returns nats.ErrNoResponders for the server's
-// "no responders" status and nats.ErrSlowConsumer once replies beyond the
-// byte limit were dropped.
+// "no responders" status, nats.ErrSlowConsumer once replies beyond the
+// byte limit were dropped, and nats.ErrConnectionClosed, once the replies
+// that came are read, when the connection was closed.
 func (q *replyQueue) NextMsgWithContext(ctx context.Context) (*nats.Msg, error) {
 	for {
 		q.mu.Lock()
@@ -161,6 +183,13 @@ func (q *replyQueue) NextMsgWithContext(ctx context.Context) (*nats.Msg, error) 
 		q.mu.Unlock()
 		select {
 		case <-q.ready:
+		case <-q.mux.closed:
+			q.mu.Lock()
+			more := len(q.msgs) > 0 || q.overrun
+			q.mu.Unlock()
+			if !more {
+				return nil, q.mux.closedErr()
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

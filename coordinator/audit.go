@@ -348,6 +348,13 @@ func (j *job) recordAudit() {
 			ev.ErrorCode = r.ErrorCode
 		}
 	}
+	var rev *revokedError
+	if errors.As(context.Cause(j.ctx), &rev) {
+		// Cancelled by RecheckCallers: it ran, until its caller lost
+		// the right.
+		ev.Result, ev.Reason, ev.ErrorCode = protocol.AuditFailed, protocol.AuditReasonRevoked, protocol.ResultCodeRevoked
+		ev.Error = protocol.ClipUTF8(rev.Error(), protocol.MaxAuditErrorLen)
+	}
 	j.c.cfg.Audit.Record(ev)
 }
 
@@ -449,7 +456,8 @@ func (r *relay) recordAudit() {
 	var pe *panics.Error
 	switch es, ei, err := r.exit, r.agentErr, r.endErr; {
 	case r.revoked.Load() != nil:
-		// Aborted by RecheckSSH: it ran, until a reload took its grant.
+		// Aborted by RecheckCallers: it ran, until its caller lost the
+		// right to it.
 		ev.Result, ev.Reason, ev.ErrorCode = protocol.AuditFailed, protocol.AuditReasonRevoked, protocol.ErrCodeForbidden
 		ev.Error = protocol.ClipUTF8(*r.revoked.Load(), protocol.MaxAuditErrorLen)
 	case errors.As(err, &pe):

@@ -126,6 +126,12 @@ func (j *job) run() {
 	stopKeeper := sync.OnceFunc(j.startKeeper())
 	defer stopKeeper()
 	defer j.forget()
+	// A reload (or revocation) applied after the request's decision and
+	// rechecked (RecheckCallers) before the job was among the running
+	// did not see it: decide it again now that it is.
+	if why := j.c.jobRevoked(j); why != "" {
+		j.cancel(&revokedError{why})
+	}
 	// The job's record is being written (startAccept, in handleExec) while
 	// its exec stream opens; the agent starts nothing before the record is
 	// stored (durable.go). Whatever failed before a refused accept
@@ -392,7 +398,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 		if err := protocol.WriteFrame(st, protocol.FrameCancel, nil); err != nil {
 			c.log.Debug("send cancel", "job_id", j.id, "node_id", n.id, "err", err)
 		}
-		st.SetReadDeadline(time.Now().Add(c.cfg.CancelGrace))
+		st.SetReadDeadline(time.Now().Add(j.cancelGrace()))
 	})
 	defer func() {
 		if !stopWatch() {
@@ -417,7 +423,7 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			switch {
 			case cancelSent.Load() && isTimeout(err):
 				res.Cancelled = j.ctx.Err() != nil
-				return fail("no exit status within %v of cancelling job %s", c.cfg.CancelGrace, j.id)
+				return fail("no exit status within %v of cancelling job %s", j.cancelGrace(), j.id)
 			case errors.Is(err, io.EOF), errors.Is(err, yamux.ErrConnectionReset), n.sess.IsClosed():
 				// The stream or the whole session ended between frames,
 				// or the session died mid-frame.
@@ -493,6 +499,17 @@ func (j *job) runNode(id string) (res protocol.NodeResult) {
 			return protoErr("unexpected %s frame: %v", f.Type, protocol.ErrUnexpected)
 		}
 	}
+}
+
+// cancelGrace is how long a cancelled node run waits for its exit status:
+// Config.CancelGrace, at most revokeGrace for a job whose caller's access
+// was revoked (RecheckCallers).
+func (j *job) cancelGrace() time.Duration {
+	g := j.c.cfg.CancelGrace
+	if errors.As(context.Cause(j.ctx), new(*revokedError)) {
+		g = min(g, revokeGrace)
+	}
+	return g
 }
 
 // detachedConfirmWait bounds how long a detached job whose tunnel was

@@ -55,6 +55,9 @@ func (j *job) cancelReason(r *protocol.NodeResult) {
 	case errors.As(cause, new(*onceBoundError)):
 		r.Error = cause.Error()
 		r.ErrorCode = protocol.ResultCodeExecOnceBound
+	case errors.As(cause, new(*revokedError)):
+		r.Error = cause.Error() + "; job cancelled"
+		r.ErrorCode = protocol.ResultCodeRevoked
 	case errors.Is(cause, errClientGone):
 		r.Error = "the client disappeared; job cancelled"
 	case errors.As(cause, new(*panics.Error)):

@@ -303,8 +303,8 @@ type relay struct {
 
 	abortOnce sync.Once
 	aborted   chan struct{} // closed by abort, after the pipe was closed
-	// revoked is why RecheckSSH aborted an ssh stream whose grant a
-	// reload took away (audited with reason revoked).
+	// revoked is why RecheckCallers aborted a stream whose caller lost
+	// the right to it (audited with reason revoked).
 	revoked atomic.Pointer[string]
 
 	// agentEOF is set when the agent closed its side of the stream: its
@@ -375,13 +375,13 @@ func (r *relay) run() {
 			return
 		}
 		defer c.ssh.end(r.ssh.Session, c.cfg.SSH.SessionGrace)
-		// A reload that applied a new policy after this stream's decision
-		// and rechecked (RecheckSSH) before it was in c.relays did not see
-		// it: decide it again here.
-		if why := c.sshRevoked(r); why != "" {
-			r.refuse(protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%s", why))
-			return
-		}
+	}
+	// A reload that applied a new policy (or revocations) after this
+	// stream's decision and rechecked (RecheckCallers) before it was in
+	// c.relays did not see it: decide it again here.
+	if why := c.streamRevoked(r); why != "" {
+		r.refuse(protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%s", why))
+		return
 	}
 	octx, ocancel := context.WithTimeout(r.ctx, c.cfg.Tunnel.WriteTimeout)
 	st, err := r.n.sess.Open(octx, r.kind, r.params)
@@ -460,7 +460,7 @@ func (r *relay) run() {
 // it is audited ok. The client's end is its close without a reason (the
 // NATS pipe's close, the direct path's FrameDirectClose) or the end of its
 // direct session, unless that session went silent. Any failure that came
-// first (the tunnel lost, a shutdown, RecheckSSH's revoke) is endErr
+// first (the tunnel lost, a shutdown, RecheckCallers' revoke) is endErr
 // instead, as the pipe keeps the first error.
 func (r *relay) clientEnded() bool {
 	err := r.endErr

@@ -628,33 +628,6 @@ func (c *Coordinator) handleSSHInfo(req micro.Request) {
 	c.replyJSON(req, info, fmt.Sprintf("%d SSH nodes", len(info.Nodes)), "ask the operator to narrow your nodes.list rules")
 }
 
-// RecheckSSH decides every running ssh stream of tether.v1.stream
-// (tether ssh-proxy, relayed or direct) again under the policy in force,
-// for a caller that reloaded it (the coordinator's SIGHUP, after the
-// policy's Apply). A stream whose caller the policy no longer grants ssh
-// on its node, or no longer as every login (or to every forward target)
-// its SSHParams named, is aborted: the agent's SSH server serves the
-// params of the open for the connection's life, every session an OpenSSH
-// ControlMaster multiplexes over it included. The client reads a 403
-// naming what went away; the log has one line per stream (caller, node,
-// why) and the audit its connect event with reason revoked
-// (protocol.AuditReasonRevoked). The jump host's own channels are its
-// (sshgate.Gate.Recheck). It does not block on the streams. Safe for
-// concurrent use.
-func (c *Coordinator) RecheckSSH() {
-	for _, r := range c.relays.list() {
-		if r.ssh == nil {
-			continue
-		}
-		why := c.sshRevoked(r)
-		if why == "" || !r.revoked.CompareAndSwap(nil, &why) {
-			continue
-		}
-		r.log.Warn("ssh stream closed: its grant was revoked", "session", r.ssh.Session, "why", why)
-		r.abort(protocol.NewAPIError(403, protocol.ErrCodeForbidden, "%s", why))
-	}
-}
-
 // sshRevoked returns why the policy in force no longer grants the caller
 // of ssh relay r what its SSHParams were given at the open (ssh on the
 // node, each login, each forward target), or "". The node is decided with

@@ -447,7 +447,7 @@ func TestSSHNodeCaseFolded(t *testing.T) {
 
 // TestSSHStreamRevoked: an ssh stream (tether ssh-proxy) whose caller the
 // reloaded policy no longer grants ssh on its node is aborted by
-// RecheckSSH, the client reading why, and audited as revoked; the same
+// RecheckCallers, the client reading why, and audited as revoked; the same
 // caller's stream to a node still granted as its logins keeps relaying.
 func TestSSHStreamRevoked(t *testing.T) {
 	logs := &lockedBuffer{}
@@ -481,7 +481,7 @@ identities:
 	if _, err := store.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	h.c.RecheckSSH()
+	h.c.RecheckCallers()
 
 	read := make(chan error, 1)
 	go func() { _, err := io.ReadAll(pipes["n-a"]); read <- err }()

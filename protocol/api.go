@@ -381,6 +381,12 @@ const (
 	// unknown (its agent lost the job, or the node stayed unreachable past
 	// the coordinator's JobLostAfter); ExitCode is -1.
 	ResultCodeLost = "lost"
+	// ResultCodeRevoked: the coordinator cancelled the job while it ran
+	// because its caller lost the right to run it there: a policy reload
+	// no longer grants the caller exec on the node (as the user it ran
+	// as), or the caller's NATS credentials were revoked (or expired).
+	// Cancelled is set; Error says what went away ("access revoked: …").
+	ResultCodeRevoked = "revoked"
 )
 
 // OK reports whether the node ran (or started, when detached) the job and

@@ -87,12 +87,15 @@ const (
 // names the node, the local policy file and the rule missing.
 const AuditReasonLocalPolicy = "local_policy"
 
-// AuditReasonRevoked is the Reason of an SSH connection or channel (the
-// jump host's, or an ssh-proxy stream) the coordinator closed while it
-// ran because a reload took away what let it in: its key or its user CA,
-// its certificate expired, or the policy no longer grants ssh on the
-// node as a login the stream was vouched. Its Result is AuditFailed, its
-// Error says what went away.
+// AuditReasonRevoked is the Reason of what the coordinator ended while it
+// ran because what let it in went away: an SSH connection or channel (the
+// jump host's, or an ssh-proxy stream) whose key or user CA a reload
+// removed, whose certificate expired, or whose ssh grant (as a login the
+// stream was vouched) the policy no longer holds; an attached exec job
+// (its ErrorCode ResultCodeRevoked) or a stream of another kind whose
+// caller the reloaded policy no longer grants the operation on its node,
+// or whose NATS user was revoked. Its Result is AuditFailed, its Error
+// says what went away.
 const AuditReasonRevoked = "revoked"
 
 // ErrCodeCopyPartial is the ErrorCode of a copy the receiver committed
@@ -215,7 +218,8 @@ type AuditEvent struct {
 	// Reason is a refusal's reason: unauthenticated, the policy's
 	// (no_identity, no_rule, bad_request, rate_limit, job_limit), or
 	// local_policy (AuditReasonLocalPolicy) for the node's own; or, for an
-	// SSH connection closed while it ran, revoked (AuditReasonRevoked).
+	// SSH connection, a job or a stream ended while it ran because its
+	// grant or credentials went away, revoked (AuditReasonRevoked).
 	Reason string `json:"reason,omitempty"`
 	// Error is a refusal's message (which identity, which operation, which
 	// rule is missing), clipped to MaxAuditErrorLen bytes. Other errors

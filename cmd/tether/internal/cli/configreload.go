@@ -41,8 +41,9 @@ import (
 // next SIGHUP. When the config file's policy key names another file, that
 // file is the one read, checked and applied (and reloaded from then on);
 // a change of a key that cannot apply at run time is a problem too.
-// Once applied, the SSH connections, channels and ssh-proxy streams whose
-// key or grant is gone are closed (Gate.SetKeys, Coordinator.RecheckSSH).
+// Once applied, the SSH connections and channels whose key or grant is
+// gone are closed (Gate.SetKeys), and so are the attached jobs and
+// streams whose caller lost the grant (Coordinator.RecheckCallers).
 func (cs *coordinatorServer) reload() (status string) {
 	var problems []error
 	var cfg *configCheck
@@ -105,9 +106,9 @@ func (cs *coordinatorServer) reload() (status string) {
 		users, cas := keys.Counts()
 		parts = append(parts, fmt.Sprintf("SSH keys reloaded (%d authorized keys, %d user CAs)", users, cas))
 	}
-	// The ssh-proxy streams whose grant the new policy took away end now,
-	// not when their client disconnects.
-	cs.coord.RecheckSSH()
+	// The jobs and streams (ssh-proxy's too) whose grant the new policy
+	// took away end now, not when they would have.
+	cs.coord.RecheckCallers()
 	return strings.Join(parts, "; ")
 }
 

@@ -963,8 +963,9 @@ const natsRevocationPoll = 2 * time.Second
 
 // watchRevocations applies, every interval until ctx ends, the revocations
 // another process recorded in the layout's directory: the coordinator's
-// verifier refuses the revoked users at once, and the embedded server (if
-// any) disconnects and refuses them (natsauth.Layout.UpdateServer). An
+// verifier refuses the revoked users at once, their running attached jobs
+// and open streams are cancelled (Coordinator.RecheckCallers), and the
+// embedded server (if any) disconnects and refuses them (natsauth.Layout.UpdateServer). An
 // external server needs the new layout from its operator (tether nats
 // server-config), which the log says.
 func (cs *coordinatorServer) watchRevocations(ctx context.Context, interval time.Duration) {
@@ -983,18 +984,24 @@ func (cs *coordinatorServer) watchRevocations(ctx context.Context, interval time
 		}
 		changed, err := cs.layout.ReloadRevocations()
 		unlock()
-		switch {
-		case err != nil:
+		if err != nil {
 			cs.log.Warn("NATS revocations not reloaded", "err", err)
-		case !changed:
-		case cs.ns != nil:
-			if err := cs.layout.UpdateServer(cs.ns); err != nil {
-				cs.log.Error("revoked NATS users not cut off on the embedded server", "err", err)
-			} else {
-				cs.log.Info("revoked NATS users cut off")
-			}
-		default:
+			continue
+		}
+		if !changed {
+			continue
+		}
+		// The revoked users' attached jobs and open streams end now,
+		// whatever the server does.
+		cs.coord.RecheckCallers()
+		if cs.ns == nil {
 			cs.log.Warn("revoked NATS users are refused by this coordinator; give the external NATS server the new layout (tether nats server-config) so it disconnects them")
+			continue
+		}
+		if err := cs.layout.UpdateServer(cs.ns); err != nil {
+			cs.log.Error("revoked NATS users not cut off on the embedded server", "err", err)
+		} else {
+			cs.log.Info("revoked NATS users cut off")
 		}
 	}
 }

@@ -128,9 +128,10 @@ identities:
 }
 
 // TestCoordinatorSIGHUPReloadsPolicy: SIGHUP reloads the policy file: a
-// decision changes at once, while the agent's session and a stream that
-// is running stay up; a broken file keeps the policy in force and logs
-// every problem at FILE:LINE:COLUMN.
+// decision changes at once, and a stream that is running and that the
+// new policy no longer grants is closed ("access revoked"), while the
+// agent's session stays up; a broken file keeps the policy in force and
+// logs every problem at FILE:LINE:COLUMN.
 func TestCoordinatorSIGHUPReloadsPolicy(t *testing.T) {
 	// The test's agent runs as the test's user, who may not run as
 	// anyone else unless root: the rule runs as that user.
@@ -182,7 +183,25 @@ identities:
 		}
 		return nil
 	})
-	f.echo(t, "after\n")
+	// The stream the new policy no longer grants is closed at the
+	// reload (Coordinator.RecheckCallers), not left to run on.
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := f.fr.Next(); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-ended:
+		if !strings.Contains(err.Error(), "access revoked") {
+			t.Errorf("the running stream ended with %v, want access revoked", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the running stream still open 10 s after the reload took its grant")
+	}
 	f.sameSession(t)
 
 	// A broken file: the deny policy stays, the log names the line.
@@ -203,8 +222,7 @@ identities:
 	if err := exec(); !errors.As(err, &ae) || ae.Code != protocol.ErrCodeForbidden {
 		t.Fatalf("exec after a broken reload: %v, want still refused", err)
 	}
-	f.echo(t, "still\n")
-	f.st.CloseWrite()
+	f.sameSession(t)
 }
 
 func replaceFile(t *testing.T, path, data string) {

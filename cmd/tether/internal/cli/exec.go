@@ -785,11 +785,14 @@ func execOutcome(single bool, timeout time.Duration, limit int64, res *protocol.
 // and a description when it did not succeed (without the node's name): the
 // command's own code, 124 for a timeout, 130 for a cancel, 126 and 127 for
 // a command the node could not execute or find, and exitTether when Tether
-// failed (the coordinator shut down, the tunnel was lost, a bad cwd, an
-// internal error).
+// failed or refused (the coordinator shut down, the caller's access was
+// revoked while it ran, the tunnel was lost, a bad cwd, an internal
+// error).
 func nodeOutcome(r *protocol.NodeResult, timeout time.Duration) (int, string) {
 	switch {
-	case r.ErrorCode == protocol.ResultCodeShutdown:
+	case r.ErrorCode == protocol.ResultCodeShutdown, r.ErrorCode == protocol.ResultCodeRevoked:
+		// Tether stopped it (a shutdown; the caller's access revoked
+		// while it ran), not the user.
 		return exitTether, r.Error
 	case r.TimedOut:
 		d := timeout
