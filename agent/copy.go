@@ -106,19 +106,26 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 }
 
 // copyProtected lists the agent's own state, which no copy may write or
-// read whatever the copy roots: the detached jobs' directory and the
-// identity directory (created now if missing, so that they are protected
-// by identity before any copy could make them) and Config.SecretFiles. The data dir itself holds the jobs'
-// directory, so a push onto it (or onto any directory above it) is
-// refused too.
+// read whatever the copy roots: the detached jobs' directory, the exec
+// process group records' directory (a record planted there would name a
+// group the next agent kills at its start, orphans.go) and the identity
+// directory (created now if missing, so that they are protected by
+// identity before any copy could make them), the SSH host key and
+// Config.SecretFiles. The data dir itself holds them, so a push onto it
+// (or onto any directory above it) is refused too. stateDirs lists every
+// entry the agent keeps in the data dir (TestCopyProtectsAllAgentState).
 func (a *Agent) copyProtected() []string {
-	if err := os.MkdirAll(a.jobsDir(), 0o700); err != nil {
-		a.log.Warn("cannot create the jobs directory", "dir", a.jobsDir(), "err", err)
+	for _, dir := range a.stateDirs() {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			a.log.Warn("cannot create a state directory", "dir", dir, "err", err)
+		}
 	}
-	if err := os.MkdirAll(a.cfg.IdentityDir, 0o700); err != nil {
-		a.log.Warn("cannot create the identity directory", "dir", a.cfg.IdentityDir, "err", err)
-	}
-	return append([]string{a.jobsDir(), a.cfg.IdentityDir, a.cfg.SSHHostKeyFile}, a.cfg.SecretFiles...)
+	return append(append(a.stateDirs(), a.cfg.SSHHostKeyFile), a.cfg.SecretFiles...)
+}
+
+// stateDirs are the agent's state directories (see copyProtected).
+func (a *Agent) stateDirs() []string {
+	return []string{a.jobsDir(), a.execsDir(), a.cfg.IdentityDir}
 }
 
 // copyRoots are the roots a copy of path as acct is confined to: with a
