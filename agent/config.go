@@ -175,8 +175,9 @@ type Config struct {
 	// set, the policy's copy roots for the copy's account are used
 	// instead (one file says what a node allows). Whatever the
 	// roots, a copy never writes or reads the agent's own state (the
-	// detached jobs' files under DataDir/jobs, so not the data dir as a
-	// whole either, and SecretFiles).
+	// detached jobs' files under DataDir/jobs, the exec process group
+	// records under DataDir/execs, IdentityDir, SSHHostKeyFile, so not
+	// the data dir as a whole either, and SecretFiles).
 	CopyRoots []string
 	// LocalPolicy, if set, is the node's local policy (package
 	// localpolicy, loaded with localpolicy.Load), enforced on every exec,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -78,15 +79,25 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 			return
 		}
 	}
+	protected := a.copyProtected()
+	// A first look, by name and as the agent: a clear refusal before any
+	// helper starts, whichever account the copy runs as (one that cannot
+	// search the state directory would otherwise be refused only by the
+	// kernel, with an unrelated message). mirror's check on descriptors
+	// stays what holds against races.
+	if p := insideProtected(path, protected); p != "" {
+		a.refuseCopy(st, fmt.Sprintf("copy path %s is the agent's own state or inside it (%s): never copied", protocol.Clip(path), p))
+		return
+	}
 	log.Info("copy started", "user", acct.Name, "delete", p.Delete, "checksum", p.Checksum, "strict", p.Strict)
 	start := time.Now()
 	var res *protocol.CopyResult
 	if !acct.self {
-		res, err = a.copyAs(ctx, st, acct, &p, roots, a.copyProtected(), log)
+		res, err = a.copyAs(ctx, st, acct, &p, roots, protected, log)
 	} else {
 		opts := mirror.Options{
 			Delete: p.Delete, Checksum: p.Checksum, Into: p.Into, Strict: p.Strict, Logger: log,
-			Roots: roots, Within: p.Roots, Protected: a.copyProtected(),
+			Roots: roots, Within: p.Roots, Protected: protected,
 		}
 		if p.Direction == protocol.CopyPush {
 			res, err = mirror.Receive(ctx, path, st, opts)
@@ -106,19 +117,70 @@ func (a *Agent) serveCopy(ctx context.Context, st *yamux.Stream, h protocol.Head
 }
 
 // copyProtected lists the agent's own state, which no copy may write or
-// read whatever the copy roots: the detached jobs' directory and the
-// identity directory (created now if missing, so that they are protected
-// by identity before any copy could make them) and Config.SecretFiles. The data dir itself holds the jobs'
-// directory, so a push onto it (or onto any directory above it) is
-// refused too.
+// read whatever the copy roots: the detached jobs' directory, the exec
+// process group records' directory (a record planted there would name a
+// group the next agent kills at its start, orphans.go) and the identity
+// directory (created now if missing, so that they are protected by
+// identity before any copy could make them), the SSH host key and
+// Config.SecretFiles. The data dir itself holds them, so a push onto it
+// (or onto any directory above it) is refused too. stateDirs lists every
+// entry the agent keeps in the data dir (TestCopyProtectsAllAgentState).
 func (a *Agent) copyProtected() []string {
-	if err := os.MkdirAll(a.jobsDir(), 0o700); err != nil {
-		a.log.Warn("cannot create the jobs directory", "dir", a.jobsDir(), "err", err)
+	for _, dir := range a.stateDirs() {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			a.log.Warn("cannot create a state directory", "dir", dir, "err", err)
+		}
 	}
-	if err := os.MkdirAll(a.cfg.IdentityDir, 0o700); err != nil {
-		a.log.Warn("cannot create the identity directory", "dir", a.cfg.IdentityDir, "err", err)
+	return append(append(a.stateDirs(), a.cfg.SSHHostKeyFile), a.cfg.SecretFiles...)
+}
+
+// stateDirs are the agent's state directories (see copyProtected).
+func (a *Agent) stateDirs() []string {
+	return []string{a.jobsDir(), a.execsDir(), a.cfg.IdentityDir}
+}
+
+// insideProtected returns the protected entry that path is or lies
+// inside, by name: the path as given and with the symlinks of its existing
+// part resolved (as the agent sees them), against each protected path and
+// its own resolved form; "" when none.
+func insideProtected(path string, protected []string) string {
+	cands := []string{filepath.Clean(path)}
+	if r := resolveExisting(path); r != cands[0] {
+		cands = append(cands, r)
 	}
-	return append([]string{a.jobsDir(), a.cfg.IdentityDir, a.cfg.SSHHostKeyFile}, a.cfg.SecretFiles...)
+	for _, p := range protected {
+		if p == "" {
+			continue
+		}
+		ps := []string{filepath.Clean(p)}
+		if r := resolveExisting(p); r != ps[0] {
+			ps = append(ps, r)
+		}
+		for _, c := range cands {
+			for _, q := range ps {
+				if c == q || strings.HasPrefix(c, strings.TrimSuffix(q, "/")+"/") {
+					return p
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// resolveExisting is path with the symlinks of its longest existing
+// prefix resolved, the rest appended as given.
+func resolveExisting(path string) string {
+	path = filepath.Clean(path)
+	rest := ""
+	for dir := path; ; dir = filepath.Dir(dir) {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(r, rest)
+		}
+		if dir == "/" || dir == "." {
+			return path
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+	}
 }
 
 // copyRoots are the roots a copy of path as acct is confined to: with a

@@ -195,6 +195,9 @@ func runJobShim(in, out, errw *os.File) int {
 		return 2
 	}
 	s.sigs = sigs
+	if err := s.reserveStatus(); err != nil {
+		log.Warn("reserve space for the job's final status", "err", err)
+	}
 	// Cut the last ties to the agent: its pipes.
 	if err := detachStdio(in, out); err != nil {
 		log.Warn("detach from the agent's pipes", "err", err)
@@ -236,7 +239,82 @@ type jobShim struct {
 
 	mu     sync.Mutex
 	counts jobCounts
-	dirty  bool // counts changed since live.json was written
+	dirty  bool      // counts changed since live.json was written
+	errs   [2]string // the first write error of each output file
+}
+
+// jobFileReserve is the space the shim reserves at the job's start for its
+// final status (reserveStatus): on a file system that filled up meanwhile,
+// status.json is written into it rather than not at all (which would make
+// the job lost, with a false explanation).
+const (
+	jobFileReserve = "status.reserve"
+	reserveSize    = 8 << 10
+)
+
+// reserveStatus writes the reserve file (reserveSize bytes of spaces).
+func (s *jobShim) reserveStatus() error {
+	b := make([]byte, reserveSize)
+	for i := range b {
+		b[i] = ' '
+	}
+	return os.WriteFile(filepath.Join(s.spec.Dir, jobFileReserve), b, 0o600)
+}
+
+// writeStatus writes st to status.json; when that fails (ENOSPC, EIO), it
+// writes it, with the failure in st.Error, over the reserve file's
+// allocated bytes and renames that to status.json.
+func (s *jobShim) writeStatus(st protocol.JobStatus) error {
+	path := filepath.Join(s.spec.Dir, jobFileStatus)
+	reserve := filepath.Join(s.spec.Dir, jobFileReserve)
+	err := writeJSONFile(path, st)
+	if err == nil {
+		os.Remove(reserve)
+		return nil
+	}
+	st.Error = joinErr(st.Error, fmt.Sprintf("write %s: %v (written into the space reserved at the job's start)", path, errnoText(err)))
+	b, jerr := json.Marshal(st)
+	if jerr != nil || len(b) > reserveSize {
+		return err
+	}
+	f, oerr := os.OpenFile(reserve, os.O_WRONLY, 0)
+	if oerr != nil {
+		return errors.Join(err, oerr)
+	}
+	_, werr := f.WriteAt(b, 0)
+	if werr == nil {
+		werr = f.Truncate(int64(len(b)))
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(reserve, path)
+	}
+	if werr != nil {
+		return errors.Join(err, werr)
+	}
+	return nil
+}
+
+// joinErr joins two error texts with "; ".
+func joinErr(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// errnoText is err with its errno's name: "no space left on device
+// (ENOSPC)".
+func errnoText(err error) string {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		if name := unix.ErrnoName(en); name != "" {
+			return fmt.Sprintf("%v (%s)", err, name)
+		}
+	}
+	return err.Error()
 }
 
 // startShimJob creates the output files, starts the job and writes
@@ -462,13 +540,18 @@ func (s *jobShim) supervise() {
 // to status.json.
 func (s *jobShim) finish(st protocol.JobStatus) {
 	s.mu.Lock()
-	c := s.counts
+	c, errs := s.counts, s.errs
 	s.mu.Unlock()
 	st.StdoutBytes, st.StderrBytes = c.StdoutBytes, c.StderrBytes
 	st.StdoutTruncated, st.StderrTruncated = c.StdoutTruncated, c.StderrTruncated
+	for _, e := range errs {
+		if e != "" {
+			st.Error = joinErr(st.Error, e)
+		}
+	}
 	now := time.Now().UTC()
 	st.FinishedAt = &now
-	if err := writeJSONFile(filepath.Join(s.spec.Dir, jobFileStatus), st); err != nil {
+	if err := s.writeStatus(st); err != nil {
 		s.log.Error("write detached job status", "err", err)
 	}
 }
@@ -501,8 +584,13 @@ func (s *jobShim) copyToFile(i int) {
 			keep := max(min(int64(n), s.spec.Limit-kept), 0)
 			if keep > 0 && !writeFailed {
 				if _, werr := f.Write(buf[:keep]); werr != nil {
-					s.log.Warn("write detached job output", "err", werr)
+					// Recorded in the job's final status: the output
+					// kept is incomplete from here on.
+					s.log.Warn("write detached job output", "file", f.Name(), "err", werr)
 					writeFailed = true
+					s.mu.Lock()
+					s.errs[i] = fmt.Sprintf("write %s: %s; output from byte %d on was dropped", f.Name(), errnoText(werr), kept)
+					s.mu.Unlock()
 				}
 				kept += keep
 			}

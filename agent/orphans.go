@@ -69,9 +69,28 @@ type groupRecord struct {
 	SID    int          `json:"sid"`
 	// Agent is the agent process that started the group.
 	Agent procIdentity `json:"agent"`
+	// Boot is the kernel's boot id (/proc/sys/kernel/random/boot_id)
+	// when the record was written: start times count clock ticks since
+	// boot, so a record of another boot names nothing. Version 2 on;
+	// a version 1 record has none and is not checked for it.
+	Boot string `json:"boot,omitempty"`
 }
 
-const groupRecordVersion = 1
+// groupRecordVersion is the version the agent writes; it reads
+// minGroupRecordVersion up to it.
+const (
+	groupRecordVersion    = 2
+	minGroupRecordVersion = 1
+)
+
+// bootID returns the kernel's boot id, or "" if it cannot be read.
+var bootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+})
 
 // slotSize is the size of one record slot in bytes: a record's JSON
 // (under 150 bytes with 20-digit numbers), padded with spaces, then a
@@ -221,7 +240,7 @@ func (a *Agent) recordStartedGroup(pgid int, ft forkTicks) (remove func()) {
 		a.log.Warn("record exec process group", "pgid", pgid, "err", err)
 		return nop
 	}
-	rec := groupRecord{Version: groupRecordVersion, Leader: procIdentity{PID: pgid, Start: start}, SID: sid, Agent: self}
+	rec := groupRecord{Version: groupRecordVersion, Leader: procIdentity{PID: pgid, Start: start}, SID: sid, Agent: self, Boot: bootID()}
 	var buf [slotSize]byte
 	b, err := json.Marshal(rec)
 	if err == nil && len(b) >= slotSize {
@@ -269,7 +288,7 @@ func readSlots(b []byte) []groupRecord {
 			continue
 		}
 		var rec groupRecord
-		if json.Unmarshal(s, &rec) == nil && rec.Version == groupRecordVersion {
+		if json.Unmarshal(s, &rec) == nil && rec.Version >= minGroupRecordVersion && rec.Version <= groupRecordVersion {
 			recs = append(recs, rec)
 		}
 	}
@@ -300,32 +319,58 @@ func (a *Agent) selfIdentity() (procIdentity, error) {
 // killOrphanGroups ends the process groups that execs of a previous agent
 // process left (see the top of this file) and removes their records. It
 // returns once they are dead, at most the kill grace after it started.
+//
+// Only records the agent could have written are acted on: the execs
+// directory and each record file must be owned by the agent's uid and
+// not writable by its group or others (checked on descriptors, opened
+// without following symlinks); a record of another boot (version 2 on)
+// or whose leader's pid now has another start time is removed with a
+// warning naming it. Such a record kills nothing; an untrusted directory
+// is left as it is and nothing in it is read.
 func (a *Agent) killOrphanGroups() {
-	entries, err := os.ReadDir(a.execsDir())
+	dir := a.execsDir()
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			a.log.Warn("read exec process group records", "dir", a.execsDir(), "err", err)
+		if !errors.Is(err, unix.ENOENT) {
+			a.log.Warn("read exec process group records", "dir", dir, "err", err)
 		}
+		return
+	}
+	dirf := os.NewFile(uintptr(dfd), dir)
+	defer dirf.Close()
+	if why := untrustedState(dfd); why != "" {
+		a.log.Warn("exec process group records directory is not the agent's: no process group killed, nothing removed",
+			"dir", dir, "why", why, "fix", fmt.Sprintf("chown %d %s; chmod go-w %s", os.Geteuid(), dir, dir))
+		return
+	}
+	entries, err := dirf.ReadDir(-1)
+	if err != nil {
+		a.log.Warn("read exec process group records", "dir", dir, "err", err)
 		return
 	}
 	if len(entries) == 0 {
 		return
 	}
+	remove := func(name string) error { return unix.Unlinkat(dfd, name, 0) }
 	members := procsByGroup()
 	var killed []int
 	// end kills rec's group if it still is the recorded one and its agent
 	// is dead; it reports whether the record may go.
-	end := func(rec groupRecord) bool {
+	end := func(rec groupRecord, path string) bool {
 		if rec.Agent.alive() {
 			return false // a live agent's: not ours to end
 		}
 		pgid := rec.Leader.PID
+		if boot := bootID(); rec.Boot != "" && boot != "" && rec.Boot != boot {
+			a.log.Warn("exec process group record of another boot; removing it, killing nothing", "record", path, "pgid", pgid, "boot", rec.Boot, "this_boot", boot)
+			return true
+		}
 		if why := orphanGroupMismatch(rec, members[pgid]); why != "" {
 			if len(members[pgid]) > 0 {
-				a.log.Info("exec process group record names another group now; leaving it", "pgid", pgid, "why", why)
+				a.log.Warn("exec process group record names another group now; removing it, killing nothing", "record", path, "pgid", pgid, "why", why)
 			}
 		} else if len(members[pgid]) > 0 {
-			a.log.Warn("killing the process group of an exec whose agent died", "pgid", pgid, "members", len(members[pgid]))
+			a.log.Warn("killing the process group of an exec whose agent died", "pgid", pgid, "members", len(members[pgid]), "record", path)
 			if err := syscall.Kill(-pgid, syscall.SIGTERM); err == nil {
 				killed = append(killed, pgid)
 			}
@@ -333,7 +378,7 @@ func (a *Agent) killOrphanGroups() {
 		return true
 	}
 	for _, e := range entries {
-		path := filepath.Join(a.execsDir(), e.Name())
+		path := filepath.Join(dir, e.Name())
 		if !e.Type().IsRegular() {
 			// The agent writes only regular files here: a symlink (to
 			// records elsewhere, or to /dev/zero), a FIFO or a directory
@@ -341,11 +386,30 @@ func (a *Agent) killOrphanGroups() {
 			a.log.Warn("exec process group records: not a regular file; ignoring it", "path", path, "type", e.Type().String())
 			continue
 		}
-		if strings.HasPrefix(e.Name(), slotPrefix) {
+		isSlots := strings.HasPrefix(e.Name(), slotPrefix)
+		if !isSlots && !strings.HasSuffix(e.Name(), ".json") {
+			remove(e.Name()) // a temporary file of an interrupted write
+			continue
+		}
+		if isSlots {
 			if owner, ok := slotOwner(e.Name()); ok && owner.alive() {
 				continue // a live agent process's file, in use
 			}
-			b, size, err := readSlotFile(path, a.slotFileCap())
+		}
+		f, err := openRecord(dfd, e.Name())
+		var ue untrustedError
+		if errors.As(err, &ue) {
+			a.log.Warn("exec process group record the agent did not write; removing it, killing nothing", "record", path, "why", string(ue))
+			remove(e.Name())
+			continue
+		}
+		if err != nil {
+			a.log.Warn("read exec process group records", "path", path, "err", err)
+			continue
+		}
+		if isSlots {
+			b, size, err := readSlotsFrom(f, a.slotFileCap())
+			f.Close()
 			if err != nil {
 				a.log.Warn("read exec process group records", "path", path, "err", err)
 				continue
@@ -355,27 +419,28 @@ func (a *Agent) killOrphanGroups() {
 					"path", path, "bytes", size, "read", len(b), "max_execs", a.cfg.MaxExecs, "slot_size", slotSize)
 			}
 			for _, rec := range readSlots(b) {
-				end(rec)
+				end(rec, path)
 			}
-			if err := os.Remove(path); err != nil {
+			if err := remove(e.Name()); err != nil {
 				a.log.Warn("remove exec process group records", "path", path, "err", err)
 			}
 			continue
 		}
-		if !strings.HasSuffix(e.Name(), ".json") {
-			os.Remove(path) // a temporary file of an interrupted write
-			continue
-		}
 		var rec groupRecord
-		if err := readJSONFile(path, &rec); err != nil || rec.Version != groupRecordVersion {
+		b, err := io.ReadAll(io.LimitReader(f, 64<<10))
+		f.Close()
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err != nil || rec.Version < minGroupRecordVersion || rec.Version > groupRecordVersion {
 			a.log.Warn("unreadable exec process group record; removing it", "path", path, "err", err)
-			os.Remove(path)
+			remove(e.Name())
 			continue
 		}
-		if !end(rec) {
+		if !end(rec, path) {
 			continue
 		}
-		if err := os.Remove(path); err != nil {
+		if err := remove(e.Name()); err != nil {
 			a.log.Warn("remove exec process group record", "path", path, "err", err)
 		}
 	}
@@ -389,6 +454,44 @@ func (a *Agent) killOrphanGroups() {
 			syscall.Kill(-pgid, syscall.SIGKILL)
 		}
 	}
+}
+
+// untrustedError says why a record file is not the agent's.
+type untrustedError string
+
+func (e untrustedError) Error() string { return string(e) }
+
+// untrustedState returns why the file open at fd cannot be the agent's
+// own state (owned by another uid, or writable by its group or others),
+// or "".
+func untrustedState(fd int) string {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err.Error()
+	}
+	if euid := os.Geteuid(); int(st.Uid) != euid {
+		return fmt.Sprintf("owned by uid %d, not the agent's uid %d", st.Uid, euid)
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Sprintf("mode %04o: writable by its group or others", st.Mode&0o7777)
+	}
+	return ""
+}
+
+// openRecord opens the record file name in the directory dfd without
+// following a final symlink nor blocking on a FIFO; an untrustedError
+// when it is not the agent's (untrustedState).
+func openRecord(dfd int, name string) (*os.File, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if why := untrustedState(fd); why != "" {
+		f.Close()
+		return nil, untrustedError(why)
+	}
+	return f, nil
 }
 
 // slotFileCap is the most bytes of a slot file killOrphanGroups reads:
@@ -410,12 +513,17 @@ func readSlotFile(path string, limit int64) ([]byte, int64, error) {
 		return nil, 0, err
 	}
 	defer f.Close()
+	return readSlotsFrom(f, limit)
+}
+
+// readSlotsFrom is readSlotFile of the open file f.
+func readSlotsFrom(f *os.File, limit int64) ([]byte, int64, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, 0, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, 0, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+		return nil, 0, fmt.Errorf("%s: not a regular file (%s)", f.Name(), fi.Mode().Type())
 	}
 	b, err := io.ReadAll(io.LimitReader(f, limit))
 	if err != nil {
@@ -441,7 +549,7 @@ func orphanGroupMismatch(rec groupRecord, members []procMember) string {
 		return ""
 	}
 	if ps, err := readProcStatus(pgid); err == nil && ps.start != rec.Leader.Start {
-		return "its pid belongs to another process"
+		return fmt.Sprintf("its pid belongs to another process (start time %d, the record says %d)", ps.start, rec.Leader.Start)
 	}
 	for _, m := range members {
 		if m.sid != rec.SID {

@@ -509,7 +509,9 @@ func TestCopyAsUserNeverTouchesAgentState(t *testing.T) {
 	src := t.TempDir()
 	os.Chmod(src, 0o755)
 	writeTree(t, src, map[string]string{"pwned": "x"})
-	for _, dst := range []string{filepath.Join(data, "jobs", "x"), filepath.Join(data, "jobs"), secret} {
+	// execs/ too: a record planted there names a group the next agent kills.
+	for _, dst := range []string{filepath.Join(data, "jobs", "x"), filepath.Join(data, "jobs"), secret,
+		filepath.Join(data, "execs"), filepath.Join(data, "execs", "slots-1-1-x")} {
 		s := h.open(t, protocol.KindCopy, protocol.CopyParams{Direction: protocol.CopyPush, Path: dst, User: u.name})
 		_, err := mirror.Send(copyCtx(t), src, s.st, mirror.Options{})
 		if err == nil || !strings.Contains(err.Error(), "the agent's own state") {
@@ -522,6 +524,9 @@ func TestCopyAsUserNeverTouchesAgentState(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(data, "jobs")); len(ents) != 0 {
 		t.Errorf("the jobs directory got %v", ents)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(data, "execs")); len(ents) != 0 {
+		t.Errorf("the execs directory got %v", ents)
 	}
 	if b, _ := os.ReadFile(secret); string(b) != "s3cret" {
 		t.Errorf("the secret file was changed: %q", b)

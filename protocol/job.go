@@ -116,6 +116,12 @@ type JobStatus struct {
 	StderrBytes     int64      `json:"stderr_bytes"`
 	StdoutTruncated bool       `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool       `json:"stderr_truncated,omitempty"`
+	// Error, set by the node, says what went wrong on the node beside the
+	// job's own exit: an output file it could not write (naming the file
+	// and the errno: the output kept is then incomplete), a status it
+	// could not write where it belongs. An exited job with an Error is a
+	// failed result (JobExitResult).
+	Error string `json:"error,omitempty"`
 }
 
 // JobOutputEnd ends an op output answer.

@@ -74,7 +74,11 @@ func ObserveJob(r *JobRecord, st *JobStatus, now time.Time) (bool, error) {
 		res = JobExitResult(st)
 		res.Node = node
 	case JobLost:
-		res = JobLostResult(node, JobLostError(node))
+		why := JobLostError(node)
+		if st.Error != "" {
+			why += "; the node says: " + st.Error
+		}
+		res = JobLostResult(node, why)
 	default:
 		return false, fmt.Errorf("unknown node state %s", Clip(st.State))
 	}
@@ -216,6 +220,9 @@ func JobExitResult(st *JobStatus) NodeResult {
 	}
 	if st.TimedOut && res.ExitCode == 0 {
 		res.ExitCode = 124 // as a timeout's kill reads (coreutils timeout)
+	}
+	if st.Error != "" {
+		res.Error = fmt.Sprintf("node %s: %s", Clip(st.Node), st.Error)
 	}
 	return res
 }
