@@ -627,7 +627,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 				out.nodeResult(r)
 				return
 			}
-			if r.Failure != "" {
+			if r.Failure != "" && !brokenStdout(ctx, nil) {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
 				// On a line of its own, after output cut mid-line.
@@ -661,6 +661,11 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	code, lines := execOutcome(!o.multi(), o.Timeout, o.OutputLimit, res)
 	if len(lines) > 0 && !o.JSON {
 		out.EndLines(same)
+	}
+	if interrupted && brokenStdout(ctx, nil) {
+		// The reader of stdout left (SIGPIPE): a filter has nothing
+		// more to say, as one the signal killed would not.
+		return &exitError{code: exitBrokenPipe}
 	}
 	for _, l := range lines {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)
