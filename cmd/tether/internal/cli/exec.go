@@ -165,6 +165,10 @@ func (o *execOptions) Validate(argv []string) error {
 			errs = append(errs, fmt.Errorf("--env %q: want KEY=VALUE", kv))
 			continue
 		}
+		if err := protocol.CheckEnvName(k); err != nil {
+			errs = append(errs, fmt.Errorf("--env: %w", err))
+			continue
+		}
 		// The request's env is a map: a second value would replace the
 		// first without a word. The same value twice loses nothing.
 		if first, dup := seen[k]; dup && first != v {
