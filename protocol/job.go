@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -95,6 +96,11 @@ func (p *JobParams) Validate() error {
 func ValidJobID(id string) error {
 	if !validSegment(id, MaxJobIDLen) {
 		return fmt.Errorf("job id %s: must be 1-%d characters of [A-Za-z0-9-_.], starting and ending with a letter or digit", Clip(id), MaxJobIDLen)
+	}
+	// The id is a token of the job store's keys (job.<id>) and of
+	// subjects, where an empty token is no key at all.
+	if i := strings.Index(id, ".."); i >= 0 {
+		return fmt.Errorf("job id %s: two dots in a row at byte %d (the job store's keys have no empty part)", Clip(id), i+1)
 	}
 	return nil
 }

@@ -67,11 +67,25 @@ func checkEnv(env map[string]string) []error {
 	for k, v := range env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			errs = append(errs, fmt.Errorf("env key %s is invalid (empty, or contains '=' or NUL)", Clip(k)))
+		} else if err := CheckEnvName(k); err != nil {
+			errs = append(errs, err)
 		} else if strings.IndexByte(v, 0) >= 0 {
 			errs = append(errs, fmt.Errorf("env %s: value contains NUL", Clip(k)))
 		}
 	}
 	return errs
+}
+
+// CheckEnvName refuses an environment variable name holding a space or a
+// control character (C0, DEL), naming it and its 1-based byte: no shell
+// can read such a name, and it would carry escapes into logs and
+// listings. Other names outside the shell's [A-Za-z_][A-Za-z0-9_]*
+// (npm_config_a-b) pass; empty names and '=' are checkEnv's.
+func CheckEnvName(k string) error {
+	if i := strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+		return fmt.Errorf("env name %s: %s at byte %d (a space or a control; a name a shell reads is letters, digits and _)", QuoteName(k), CharAt(k, i), i+1)
+	}
+	return nil
 }
 
 // checkNoNUL reports a field that becomes a C string (a path, an

@@ -150,6 +150,9 @@ func run(ctx context.Context, args []string, e *env) int {
 	if err == nil {
 		return exitOK
 	}
+	if brokenStdout(ctx, err) {
+		return exitBrokenPipe
+	}
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {

@@ -165,6 +165,10 @@ func (o *execOptions) Validate(argv []string) error {
 			errs = append(errs, fmt.Errorf("--env %q: want KEY=VALUE", kv))
 			continue
 		}
+		if err := protocol.CheckEnvName(k); err != nil {
+			errs = append(errs, fmt.Errorf("--env: %w", err))
+			continue
+		}
 		// The request's env is a map: a second value would replace the
 		// first without a word. The same value twice loses nothing.
 		if first, dup := seen[k]; dup && first != v {
@@ -627,7 +631,7 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 				out.nodeResult(r)
 				return
 			}
-			if r.Failure != "" {
+			if r.Failure != "" && !brokenStdout(ctx, nil) {
 				// Complete this node's partial lines first.
 				out.FlushNode(r.Node)
 				// On a line of its own, after output cut mid-line.
@@ -661,6 +665,11 @@ func runExec(ctx context.Context, o *execOptions, argv []string, e *env) error {
 	code, lines := execOutcome(!o.multi(), o.Timeout, o.OutputLimit, res)
 	if len(lines) > 0 && !o.JSON {
 		out.EndLines(same)
+	}
+	if interrupted && brokenStdout(ctx, nil) {
+		// The reader of stdout left (SIGPIPE): a filter has nothing
+		// more to say, as one the signal killed would not.
+		return &exitError{code: exitBrokenPipe}
 	}
 	for _, l := range lines {
 		fmt.Fprintf(e.stderr, "tether: %s\n", l)

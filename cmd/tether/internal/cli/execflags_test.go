@@ -19,6 +19,8 @@ func TestExecFlagsRefusedInTheCLIsWords(t *testing.T) {
 		{"key control char", execOptions{Node: "n1", IdempotencyKey: "ab\x1bc", IdempotencyKeyGiven: true}, `--idempotency-key: a control character '\x1b' at byte 3`},
 		{"key not UTF-8", execOptions{Node: "n1", IdempotencyKey: "a\xffb", IdempotencyKeyGiven: true}, "--idempotency-key: not valid UTF-8 at byte 2"},
 		{"key too long", execOptions{Node: "n1", IdempotencyKey: strings.Repeat("k", 1000), IdempotencyKeyGiven: true}, "--idempotency-key: 1000 bytes, at most"},
+		{"env name with a space", execOptions{Node: "n1", Env: []string{"A B=2"}}, `--env: env name A B: character ' ' at byte 2`},
+		{"env name with an escape", execOptions{Node: "n1", Env: []string{"X\x1b]0;T\a=1"}}, `character '\x1b' at byte 2`},
 		{"env twice", execOptions{Node: "n1", Env: []string{"A=1", "B=2", "A=3"}}, `--env A is given twice, with different values`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

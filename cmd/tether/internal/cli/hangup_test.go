@@ -2,8 +2,12 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -63,6 +67,11 @@ func TestExecHangupAndBrokenPipeCancelTheJob(t *testing.T) {
 			if ws.Signaled() || cmd.ProcessState.ExitCode() != tc.code {
 				t.Fatalf("tether exec after %v: %v (signaled %v), want exit %d; stderr %q", tc.sig, cmd.ProcessState, ws.Signaled(), tc.code, stderr.String())
 			}
+			if tc.sig == syscall.SIGPIPE && stderr.String() != "" {
+				// As a filter SIGPIPE killed: nothing to say (it said
+				// "node node-0: cancelled"; fresh-user pass fresh20).
+				t.Errorf("tether exec after its reader left printed %q, want nothing", stderr.String())
+			}
 			checkFor(t, defaultTestTimeout, func() error {
 				r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url, "--json", "--limit", "1")
 				var list struct{ Jobs []protocol.JobRecord }
@@ -81,5 +90,32 @@ func TestExecHangupAndBrokenPipeCancelTheJob(t *testing.T) {
 				return nil
 			})
 		})
+	}
+}
+
+// A write to a standard output or error whose reader left ends the
+// command quietly with 141 (`tether audit -f | head -1` printed "write
+// /dev/stdout: broken pipe" and exited 255); other EPIPEs (a socket) are
+// errors as before.
+func TestBrokenStdoutIsQuiet(t *testing.T) {
+	bg := context.Background()
+	sigpipe, cancel := context.WithCancelCause(bg)
+	cancel(SignalCause(syscall.SIGPIPE))
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"stdout", bg, fmt.Errorf("write result: %w", &fs.PathError{Op: "write", Path: "/dev/stdout", Err: syscall.EPIPE}), true},
+		{"stderr", bg, &fs.PathError{Op: "write", Path: "/dev/stderr", Err: syscall.EPIPE}, true},
+		{"after SIGPIPE", sigpipe, errors.New("interrupted"), true},
+		{"socket", bg, &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}, false},
+		{"a file", bg, &fs.PathError{Op: "write", Path: "/tmp/x", Err: syscall.EPIPE}, false},
+		{"stdout, other error", bg, &fs.PathError{Op: "write", Path: "/dev/stdout", Err: syscall.ENOSPC}, false},
+	} {
+		if got := brokenStdout(tc.ctx, tc.err); got != tc.want {
+			t.Errorf("%s: brokenStdout = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -678,11 +678,19 @@ func jobOutcome(e *env, st *protocol.JobStatus, midLine bool) error {
 	for _, n := range notes {
 		fmt.Fprintf(e.stderr, "tether: %s\n", n)
 	}
-	switch {
-	case st.ExitCode == nil:
+	if st.ExitCode == nil {
 		return &exitError{code: exitTether, err: fmt.Errorf("job %s on node %s is %s: its exit status is unknown", st.ID, st.Node, st.State)}
-	case *st.ExitCode != 0:
-		return &exitError{code: *st.ExitCode}
+	}
+	// nodeOutcome, as job wait and job list's EXIT: 130 for a cancelled
+	// job (not its SIGTERM's 143), 124 for a timeout, 255 for the node's
+	// own error.
+	r := protocol.JobExitResult(st)
+	code, msg := nodeOutcome(&r, 0)
+	switch {
+	case code != exitOK && r.Error != "":
+		return &exitError{code: code, err: fmt.Errorf("job %s on node %s: %s", st.ID, st.Node, printable(msg))}
+	case code != exitOK:
+		return &exitError{code: code}
 	case len(notes) > 0:
 		return &exitError{code: exitTruncated}
 	}
@@ -746,6 +754,8 @@ func recordOutcome(rec *protocol.JobRecord) (code int, why string, known bool) {
 	}
 	if rec.Target != "" || len(rec.Nodes) > 1 {
 		switch {
+		case rec.State == protocol.JobSucceeded && slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool { return r.OutputTruncated() }):
+			return exitTruncated, fmt.Sprintf("job %s: output was truncated at the output limit", rec.ID), true
 		case rec.State == protocol.JobSucceeded:
 			return exitOK, "", true
 		case rec.Failed > 0 || slices.ContainsFunc(rec.Results, func(r protocol.NodeResult) bool {
@@ -761,6 +771,10 @@ func recordOutcome(rec *protocol.JobRecord) (code int, why string, known bool) {
 	}
 	r := &rec.Results[0]
 	code, msg := nodeOutcome(r, 0)
+	if code == exitOK && r.OutputTruncated() {
+		// As tether exec exits for it.
+		return exitTruncated, fmt.Sprintf("job %s on node %s: output was truncated at the output limit", rec.ID, r.Node), true
+	}
 	if code == exitOK || r.Error == "" && !r.TimedOut && !r.Cancelled && r.Signal == "" {
 		return code, "", true
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -167,6 +168,11 @@ func TestRecordOutcome(t *testing.T) {
 		{"start failed", one(protocol.JobFailed, protocol.NodeResult{ExitCode: -1, Error: "cwd", ErrorCode: "start_failed"}), exitTether, true},
 		{"timed out", one(protocol.JobFailed, protocol.NodeResult{ExitCode: 143, Signal: "TERM", TimedOut: true}), exitTimedOut, true},
 		{"cancelled", one(protocol.JobCancelled, protocol.NodeResult{ExitCode: 143, Signal: "TERM", Cancelled: true}), exitInterrupted, true},
+		// exec exits 254 for a job that exited 0 with output dropped; wait
+		// exited 0 for it (fresh-user pass fresh20).
+		{"truncated", one(protocol.JobSucceeded, protocol.NodeResult{StdoutTruncated: true, Truncated: true}), exitTruncated, true},
+		{"fan-out truncated", fan(one(protocol.JobSucceeded, protocol.NodeResult{StderrTruncated: true, Truncated: true})), exitTruncated, true},
+		{"truncated, exit 3", one(protocol.JobFailed, protocol.NodeResult{ExitCode: 3, StdoutTruncated: true, Truncated: true}), 3, true},
 		{"fan-out of one, exit 3", fan(one(protocol.JobFailed, protocol.NodeResult{ExitCode: 3})), exitFailure, true},
 		{"fan-out of one, ok", fan(one(protocol.JobSucceeded, protocol.NodeResult{})), 0, true},
 		{"fan-out, counts only", &protocol.JobRecord{ID: "j", State: protocol.JobFailed, Target: "all nodes", Nodes: []string{"a", "b"}, ResultsOmitted: true, Succeeded: 1, Failed: 1}, exitFailure, true},
@@ -178,6 +184,45 @@ func TestRecordOutcome(t *testing.T) {
 			code, _, known := recordOutcome(tc.rec)
 			if code != tc.code || known != tc.known {
 				t.Errorf("recordOutcome: %d, known %v; want %d, %v", code, known, tc.code, tc.known)
+			}
+		})
+	}
+}
+
+// job logs --follow ends with the code job wait and job list's EXIT give
+// the same job (nodeOutcome): a cancelled job 130, not its SIGTERM's 143
+// (fresh-user pass fresh20); a timed-out one 124; a node's own error
+// (an output file it could not write) 255.
+func TestJobOutcomeAsWait(t *testing.T) {
+	code := func(n int) *int { return &n }
+	for _, tc := range []struct {
+		name string
+		st   protocol.JobStatus
+		want int
+	}{
+		{"exit 0", protocol.JobStatus{ExitCode: code(0)}, exitOK},
+		{"exit 3", protocol.JobStatus{ExitCode: code(3)}, 3},
+		{"cancelled", protocol.JobStatus{ExitCode: code(143), Signal: "TERM", Cancelled: true}, exitInterrupted},
+		{"timed out", protocol.JobStatus{ExitCode: code(143), Signal: "TERM", TimedOut: true}, exitTimedOut},
+		{"killed", protocol.JobStatus{ExitCode: code(137), Signal: "KILL"}, 137},
+		{"truncated", protocol.JobStatus{ExitCode: code(0), StdoutTruncated: true}, exitTruncated},
+		{"node error", protocol.JobStatus{ExitCode: code(0), Error: "write stdout: no space left on device"}, exitTether},
+		{"unknown", protocol.JobStatus{State: protocol.JobLost}, exitTether},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := tc.st
+			st.ID, st.Node = "j", "n"
+			var stderr syncBuffer
+			err := jobOutcome(&env{stderr: &stderr}, &st, false)
+			got := exitOK
+			var ee *exitError
+			if errors.As(err, &ee) {
+				got = ee.code
+			} else if err != nil {
+				t.Fatalf("jobOutcome: %v", err)
+			}
+			if got != tc.want {
+				t.Errorf("jobOutcome = %d (%v), want %d", got, err, tc.want)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -84,4 +85,19 @@ func keepServingOnBrokenPipe() {
 		for range ch {
 		}
 	}()
+}
+
+// brokenStdout reports whether err ended the command because the reader
+// of its standard output or error left: a write there failed with EPIPE
+// (os.Stdout's and os.Stderr's names are /dev/stdout and /dev/stderr),
+// or Main's SIGPIPE, which the runtime raises for such a write, ended ctx.
+// Run then exits 141 without a word, as a filter SIGPIPE killed does;
+// an EPIPE from a socket or a file is an error as any other.
+func brokenStdout(ctx context.Context, err error) bool {
+	var se *signalError
+	if errors.As(context.Cause(ctx), &se) && se.sig == syscall.SIGPIPE {
+		return true
+	}
+	var pe *fs.PathError
+	return errors.As(err, &pe) && (pe.Path == "/dev/stdout" || pe.Path == "/dev/stderr") && errors.Is(pe.Err, syscall.EPIPE)
 }
