@@ -124,7 +124,7 @@ func TestCoordinatorRefusesOldNATS(t *testing.T) {
 	pol := writeTestPolicy(t, "version: 1\nidentities:\n  nats:ops:\n    rules: [{operations: [admin]}]\n")
 	r := runCLI(testCtx(t), nil, "", "coordinator", "--data-dir", filepath.Join(dir, "data"), "--policy", pol,
 		"--nats-url", url, "--nats-creds", credsFile, "--insecure-nats",
-		"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+		"--listen", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--openshell-listen", "", "--opensandbox-listen", "")
 	if r.code == 0 || !strings.Contains(r.stderr, "nats-server 2.9.10 is older than 2.11.0") {
 		t.Errorf("coordinator on nats-server 2.9.10: exit %d, stderr:\n%s", r.code, r.stderr)
 	}
