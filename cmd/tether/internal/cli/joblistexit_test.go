@@ -135,14 +135,26 @@ func TestJobRecordOfInterruptedExec(t *testing.T) {
 }
 
 // listedExit is the EXIT column of job id's row in `tether job list`.
+//
+// The record's final write follows the exec's reply (durable.go: the
+// client waits for no store), so a list right after exec may still show
+// the job running, EXIT "-": it asks again until the record has ended.
 func listedExit(ctx context.Context, t *testing.T, url, id string) string {
 	t.Helper()
-	r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(id) + ` +\S+ +(\S+) `).FindStringSubmatch(r.stdout)
-	if r.code != 0 || m == nil {
-		t.Fatalf("job list: exit %d, no row of %s; stdout %q, stderr %q", r.code, id, r.stdout, r.stderr)
-	}
-	return m[1]
+	var exit string
+	checkFor(t, defaultTestTimeout, func() error {
+		r := runCLI(ctx, nil, "", "job", "list", "--nats-url", url)
+		m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(id) + ` +(\S+) +(\S+) `).FindStringSubmatch(r.stdout)
+		if r.code != 0 || m == nil {
+			t.Fatalf("job list: exit %d, no row of %s; stdout %q, stderr %q", r.code, id, r.stdout, r.stderr)
+		}
+		exit = m[2]
+		if !protocol.JobState(m[1]).Terminal() {
+			return fmt.Errorf("job %s is still %s", id, m[1])
+		}
+		return nil
+	})
+	return exit
 }
 
 // TestRecordOutcome: the one mapping from a record to its exit code, as
