@@ -1,0 +1,169 @@
+package coordinator_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/tetherfleet/tether/coordinator"
+	"github.com/tetherfleet/tether/coordinator/jobstore"
+	"github.com/tetherfleet/tether/protocol"
+)
+
+// runLog counts the detached runs an agent started, by job id.
+type runLog struct {
+	mu   sync.Mutex
+	runs []string
+}
+
+func (l *runLog) add(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.runs = append(l.runs, id)
+}
+
+func (l *runLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.runs...)
+}
+
+// rerunAgent is reportingAgent that logs each detached run it starts.
+func rerunAgent(id string, labels map[string]string, log *runLog) agentOpts {
+	var queries atomic.Int32
+	o := reportingAgent(id, &queries)
+	o.labels = labels
+	inner := o.handler
+	o.handler = func(a *fakeAgent, st *yamux.Stream, p protocol.ExecParams) {
+		log.add(p.JobID)
+		inner(a, st, p)
+	}
+	return o
+}
+
+// loseOn has the agent report detached job id lost (its process is gone).
+func loseOn(t *testing.T, a *fakeAgent, id string) {
+	t.Helper()
+	if err := protocol.WriteJSONFrame(a.ctrl, protocol.FrameJobExit, &protocol.JobStatus{ID: id, State: protocol.JobLost, StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitState(t *testing.T, st *jobstore.Store, id string, want protocol.JobState) *jobstore.Job {
+	t.Helper()
+	checkFor(t, defaultTestTimeout, func() error {
+		if s := stateOf(st, id); s != want {
+			return fmt.Errorf("job %s %q, want %s", id, s, want)
+		}
+		return nil
+	})
+	return recordState(t, st, id)
+}
+
+// TestAgentLostIdempotentJobRunsAgain: a detached idempotent job whose
+// agent reports its process lost runs again, server side, with no client
+// asking: the lost record links to its re-run (attempt 2), which runs on
+// the same node and ends succeeded.
+func TestAgentLostIdempotentJobRunsAgain(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, withStore(t, &st, nil))
+	var runs runLog
+	a := h.dialAgent(t, rerunAgent("n1", nil, &runs))
+	if r := h.exec(protocol.ExecRequest{ID: "idem", Target: protocol.Target{Node: "n1"}, Script: "make deploy", Detach: true, Idempotent: true}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	waitState(t, st, "idem", protocol.JobStateRunning)
+	loseOn(t, a, "idem")
+	first := waitState(t, st, "idem", protocol.JobStateLost)
+	checkFor(t, defaultTestTimeout, func() error {
+		if first = recordState(t, st, "idem"); first.RerunAs == "" {
+			return fmt.Errorf("lost record %+v names no re-run", first.Record)
+		}
+		return nil
+	})
+	if first.Attempt != 1 {
+		t.Errorf("first attempt %d, want 1", first.Attempt)
+	}
+	next := waitState(t, st, first.RerunAs, protocol.JobStateRunning)
+	if next.Attempt != 2 || next.RerunOf != "idem" || len(next.Nodes) != 1 || next.Nodes[0] != "n1" || !next.Idempotent {
+		t.Fatalf("re-run record %+v, want attempt 2 of idem on n1", next.Record)
+	}
+	if got := runs.all(); len(got) != 2 || got[0] != "idem" || got[1] != first.RerunAs {
+		t.Fatalf("agent ran %v, want idem then %s", got, first.RerunAs)
+	}
+	if err := protocol.WriteJSONFrame(a.ctrl, protocol.FrameJobExit, exitReport(first.RerunAs, 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, st, first.RerunAs, protocol.JobSucceeded)
+	// job.get shows both attempts.
+	rec, e := jobGet(t, h.client, first.RerunAs)
+	if e != nil || rec.Attempt != 2 || rec.RerunOf != "idem" {
+		t.Errorf("job.get of the re-run: %+v %v", rec, e)
+	}
+}
+
+// TestLostNonIdempotentJobStaysLost: a job that did not say it is
+// idempotent runs at most once: lost stays lost, nothing runs again.
+func TestLostNonIdempotentJobStaysLost(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, withStore(t, &st, nil))
+	var runs runLog
+	a := h.dialAgent(t, rerunAgent("n1", nil, &runs))
+	if r := h.exec(protocol.ExecRequest{ID: "once", Target: protocol.Target{Node: "n1"}, Script: "make deploy", Detach: true}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	waitState(t, st, "once", protocol.JobStateRunning)
+	loseOn(t, a, "once")
+	waitState(t, st, "once", protocol.JobStateLost)
+	time.Sleep(500 * time.Millisecond)
+	if j := recordState(t, st, "once"); j.RerunAs != "" || j.State != protocol.JobStateLost {
+		t.Errorf("record %+v, want lost with no re-run", j.Record)
+	}
+	if got := runs.all(); len(got) != 1 {
+		t.Errorf("agent ran %v, want once", got)
+	}
+}
+
+// TestLostIdempotentJobRerunReauthorized: the re-run is authorized again
+// as its owner against the policy in force: an owner whose exec grant was
+// revoked since gets no re-run, and the lost record says why.
+func TestLostIdempotentJobRerunReauthorized(t *testing.T) {
+	var st *jobstore.Store
+	h, path := newPolicyHarness(t, stagingPolicy, withStore(t, &st, nil))
+	var runs runLog
+	a := h.dialAgent(t, rerunAgent("n1", map[string]string{"env": "staging"}, &runs))
+	r := execAs(t, h.as("alice"), protocol.ExecRequest{ID: "rev", Target: protocol.Target{Node: "n1"}, Script: "make deploy", Detach: true, Idempotent: true})
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	waitState(t, st, "rev", protocol.JobStateRunning)
+	replacePolicy(t, path, strings.Replace(stagingPolicy, "operations: [exec, job.status, job.logs, job.cancel, nodes.list]", "operations: [job.status, job.logs, job.cancel, nodes.list]", 1))
+	checkFor(t, defaultTestTimeout, func() error {
+		if r := execAs(t, h.as("alice"), protocol.ExecRequest{Target: protocol.Target{Node: "n1"}, Argv: []string{"true"}}); r.err == nil {
+			return fmt.Errorf("alice may still exec")
+		}
+		return nil
+	})
+	loseOn(t, a, "rev")
+	waitState(t, st, "rev", protocol.JobStateLost)
+	var j *jobstore.Job
+	checkFor(t, defaultTestTimeout, func() error {
+		if j = recordState(t, st, "rev"); !strings.Contains(j.Error, "not re-run") {
+			return fmt.Errorf("record %+v does not say why it was not re-run", j.Record)
+		}
+		return nil
+	})
+	if !strings.Contains(j.Error, "nats:alice") || !strings.Contains(j.Error, "exec") {
+		t.Errorf("record error %q, want the refusal of nats:alice's exec", j.Error)
+	}
+	if got := runs.all(); len(got) != 1 {
+		t.Errorf("agent ran %v, want once", got)
+	}
+}
+
+var _ = coordinator.Config{}
