@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,12 +83,17 @@ func (c *Coordinator) onJobEnd(rec *jobstore.Record) {
 	}()
 }
 
-// nextAttemptID is the id of the attempt after rec's: its first
-// attempt's id with ".N" (shortened to fit protocol.MaxJobIDLen).
-func nextAttemptID(rec *jobstore.Record) string {
+// nextAttemptID is the id of the attempt after rec's on a run of its
+// own: base (rec's first attempt's id; for one node of a job on several,
+// that job's id and ".n<index of the node>") with ".N", N the attempt,
+// shortened to fit protocol.MaxJobIDLen.
+func nextAttemptID(rec *jobstore.Record, part int) string {
 	n := max(rec.Attempt, 1) + 1
 	base := rec.ID
-	if rec.RerunOf != "" {
+	switch {
+	case part >= 0:
+		base += ".n" + strconv.Itoa(part)
+	case rec.RerunOf != "":
 		if i := strings.LastIndexByte(base, '.'); i > 0 {
 			base = base[:i]
 		}
@@ -97,6 +103,27 @@ func nextAttemptID(rec *jobstore.Record) string {
 		base = strings.TrimRight(base[:protocol.MaxJobIDLen-len(suffix)], "-_.")
 	}
 	return base + suffix
+}
+
+// rerunPart is one run of a re-run: a node and the job id it runs under.
+type rerunPart struct{ node, id string }
+
+// rerunParts are the runs that re-run lost job rec: on one node, the
+// next attempt there; on several, one run per lost node, on that node
+// only.
+func rerunParts(rec *jobstore.Record) []rerunPart {
+	if len(rec.Nodes) <= 1 {
+		node := ""
+		if len(rec.Nodes) == 1 {
+			node = rec.Nodes[0]
+		}
+		return []rerunPart{{node, nextAttemptID(rec, -1)}}
+	}
+	var out []rerunPart
+	for _, n := range jobstore.LostNodes(rec) {
+		out = append(out, rerunPart{n, nextAttemptID(rec, slices.Index(rec.Nodes, n))})
+	}
+	return out
 }
 
 // rerun runs lost job id again, if it still may be and this coordinator
@@ -109,8 +136,12 @@ func (c *Coordinator) rerun(id string) {
 	if err != nil || !jobstore.Rerunnable(&lost.Record) {
 		return
 	}
-	next := nextAttemptID(&lost.Record)
-	if err := s.ClaimRerun(ctx, lost, next); err != nil {
+	parts := rerunParts(&lost.Record)
+	ids := make([]string, len(parts))
+	for i, p := range parts {
+		ids[i] = p.id
+	}
+	if err := s.ClaimRerun(ctx, lost, strings.Join(ids, ",")); err != nil {
 		if errors.Is(err, jobstore.ErrAttemptsExhausted) {
 			c.log.Warn("lost idempotent job not re-run: attempts exhausted", "job_id", id, "attempts", lost.Attempt)
 		} else {
@@ -118,39 +149,61 @@ func (c *Coordinator) rerun(id string) {
 		}
 		return
 	}
-	refuse := func(why string) {
-		c.log.Warn("lost idempotent job not re-run", "job_id", id, "rerun_as", next, "why", why)
-		rctx, rcancel := context.WithTimeout(context.Background(), durableWriteTimeout)
-		defer rcancel()
-		if err := s.RefuseRerun(rctx, lost, why); err != nil {
-			c.log.Warn("record a refused re-run", "job_id", id, "err", err)
+	var started, whys []string
+	spec, err := c.readSpec(ctx, id)
+	if err != nil {
+		whys = append(whys, err.Error())
+	} else {
+		for _, p := range parts {
+			if why := c.rerunOn(lost, spec, p); why != "" {
+				whys = append(whys, why)
+			} else {
+				started = append(started, p.id)
+			}
 		}
 	}
-	b, err := s.Spec(ctx, id)
-	if err != nil {
-		refuse(fmt.Sprintf("its spec cannot be read: %v", err))
+	if len(whys) == 0 {
 		return
+	}
+	why := strings.Join(whys, "; ")
+	c.log.Warn("lost idempotent job not re-run", "job_id", id, "rerun_as", strings.Join(started, ","), "why", why)
+	rctx, rcancel := context.WithTimeout(context.Background(), durableWriteTimeout)
+	defer rcancel()
+	if err := s.RefuseRerun(rctx, lost, strings.Join(started, ","), why); err != nil {
+		c.log.Warn("record a refused re-run", "job_id", id, "err", err)
+	}
+}
+
+// readSpec is job id's stored spec.
+func (c *Coordinator) readSpec(ctx context.Context, id string) (*jobSpec, error) {
+	b, err := c.cfg.Jobs.Spec(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("its spec cannot be read: %v", err)
 	}
 	var spec jobSpec
-	var r protocol.ExecRequest
 	if err := json.Unmarshal(b, &spec); err != nil {
-		refuse(fmt.Sprintf("its spec cannot be decoded: %v", err))
-		return
+		return nil, fmt.Errorf("its spec cannot be decoded: %v", err)
 	}
+	return &spec, nil
+}
+
+// rerunOn submits spec's request again as p (its node, its id), as the
+// spec's owner, through handleExec, and returns why it did not start
+// ("" when it did, or nothing was heard: its record tells its fate).
+func (c *Coordinator) rerunOn(lost *jobstore.Job, spec *jobSpec, p rerunPart) string {
+	var r protocol.ExecRequest
 	if err := json.Unmarshal(spec.Request, &r); err != nil {
-		refuse(fmt.Sprintf("its spec cannot be decoded: %v", err))
-		return
+		return fmt.Sprintf("its spec cannot be decoded: %v", err)
 	}
-	r.ID = next
-	if len(lost.Nodes) == 1 {
-		r.Target = protocol.Target{Node: lost.Nodes[0]} // its own node, whatever a selector matches now
+	r.ID = p.id
+	if p.node != "" {
+		r.Target = protocol.Target{Node: p.node} // its own node, whatever a selector matches now
 	}
 	body, _ := json.Marshal(&r)
-	rr := &rerunRequest{body: body, reply: c.cfg.NATS.NewInbox(), attempt: max(lost.Attempt, 1) + 1, of: id}
+	rr := &rerunRequest{body: body, reply: c.cfg.NATS.NewInbox(), attempt: max(lost.Attempt, 1) + 1, of: lost.ID}
 	replies, err := c.cfg.NATS.SubscribeSync(rr.reply)
 	if err != nil {
-		refuse(fmt.Sprintf("cannot subscribe to its replies: %v", err))
-		return
+		return fmt.Sprintf("cannot subscribe to the replies of %s: %v", p.id, err)
 	}
 	defer replies.Unsubscribe()
 	var req micro.Request = rr
@@ -158,21 +211,21 @@ func (c *Coordinator) rerun(id string) {
 		req = &caller.Request{Request: rr, Identity: spec.Identity}
 	}
 	c.m.reruns.Inc()
-	c.log.Info("re-running a lost idempotent job", "job_id", id, "rerun_as", next, "attempt", rr.attempt, "owner", lost.Owner)
+	c.log.Info("re-running a lost idempotent job", "job_id", lost.ID, "rerun_as", p.id, "node", p.node, "attempt", rr.attempt, "owner", lost.Owner)
 	c.handleExec(req)
 	if why := rr.refusal(); why != "" {
-		refuse(why)
-		return
+		return fmt.Sprintf("re-run as %s %s", p.id, why)
 	}
 	// The first reply says whether it started, or why it did not (a
 	// refusal by the coordinator holding the node, or a refused record).
 	m, err := replies.NextMsg(rerunReplyWait)
 	if err != nil {
-		return // the re-run's record tells its fate
+		return ""
 	}
 	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
-		refuse(fmt.Sprintf("re-run as %s refused (%s): %s", next, code, errorText(m.Data, m.Header.Get(micro.ErrorHeader))))
+		return fmt.Sprintf("re-run as %s refused (%s): %s", p.id, code, errorText(m.Data, m.Header.Get(micro.ErrorHeader)))
 	}
+	return ""
 }
 
 // errorText is an error reply's message.
@@ -203,7 +256,7 @@ func (r *rerunRequest) Error(code, desc string, data []byte, _ ...micro.RespondO
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err == "" {
-		r.err = fmt.Sprintf("re-run refused (%s): %s", code, errorText(data, desc))
+		r.err = fmt.Sprintf("refused (%s): %s", code, errorText(data, desc))
 	}
 	return nil
 }

@@ -166,3 +166,42 @@ func TestLostIdempotentJobRerunReauthorized(t *testing.T) {
 		t.Errorf("agent ran %v, want once", got)
 	}
 }
+
+// TestLostFanoutPartRunsAgainOnItsNode: of a detached idempotent job on
+// several nodes, the node that lost its run runs it again, alone; the
+// nodes that finished run nothing again.
+func TestLostFanoutPartRunsAgainOnItsNode(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, withStore(t, &st, nil))
+	var runs1, runs2 runLog
+	a1 := h.dialAgent(t, rerunAgent("n1", nil, &runs1))
+	a2 := h.dialAgent(t, rerunAgent("n2", nil, &runs2))
+	if r := h.exec(protocol.ExecRequest{ID: "fan", Target: protocol.Target{All: true}, Script: "make deploy", Detach: true, Idempotent: true}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	waitState(t, st, "fan", protocol.JobStateRunning)
+	if err := protocol.WriteJSONFrame(a1.ctrl, protocol.FrameJobExit, exitReport("fan", 0)); err != nil {
+		t.Fatal(err)
+	}
+	loseOn(t, a2, "fan")
+	var j *jobstore.Job
+	checkFor(t, defaultTestTimeout, func() error {
+		if j = recordState(t, st, "fan"); j.RerunAs == "" {
+			return fmt.Errorf("record %+v names no re-run", j.Record)
+		}
+		return nil
+	})
+	if j.RerunAs != "fan.n1.2" {
+		t.Fatalf("re-run %q, want fan.n1.2 (n2, index 1)", j.RerunAs)
+	}
+	part := waitState(t, st, "fan.n1.2", protocol.JobStateRunning)
+	if len(part.Nodes) != 1 || part.Nodes[0] != "n2" || part.Attempt != 2 || part.RerunOf != "fan" {
+		t.Errorf("part record %+v, want attempt 2 of fan on n2", part.Record)
+	}
+	if got := runs1.all(); len(got) != 1 {
+		t.Errorf("n1 ran %v, want once", got)
+	}
+	if got := runs2.all(); len(got) != 2 || got[1] != "fan.n1.2" {
+		t.Errorf("n2 ran %v, want fan then fan.n1.2", got)
+	}
+}

@@ -61,16 +61,43 @@ func (s *Store) Spec(ctx context.Context, id string) ([]byte, error) {
 }
 
 // Rerunnable reports whether r is a lost detached idempotent job whose
-// re-run nobody claimed or refused yet.
+// re-run nobody claimed or refused yet: on one node, ended lost; on
+// several, ended with some node lost (LostNodes: those re-run, each on
+// its own).
 func Rerunnable(r *Record) bool {
-	return r.State == Lost && r.Detached && r.Idempotent && r.RerunAs == "" && r.NoRerun == ""
+	return lostRun(r) && r.RerunAs == "" && r.NoRerun == ""
+}
+
+// lostRun reports whether r is a detached idempotent job that ended with
+// a run lost.
+func lostRun(r *Record) bool {
+	if !r.Detached || !r.Idempotent || !r.State.Terminal() {
+		return false
+	}
+	if len(r.Nodes) > 1 {
+		return len(LostNodes(r)) > 0
+	}
+	return r.State == Lost
+}
+
+// LostNodes are the nodes of a job on several nodes whose result says
+// lost.
+func LostNodes(r *Record) []string {
+	var out []string
+	for i := range r.Results {
+		if r.Results[i].ErrorCode == protocol.ResultCodeLost {
+			out = append(out, r.Results[i].Node)
+		}
+	}
+	return out
 }
 
 // attempt is r's attempt, 1-based.
 func attempt(r *Record) int { return max(r.Attempt, 1) }
 
 // ClaimRerun claims the re-run of lost job j (read by Get, or as written)
-// as job next: compare-and-set on j's revision, so that of several
+// as job next (for a job on several nodes, the re-runs of its lost nodes,
+// comma-separated): compare-and-set on j's revision, so that of several
 // claimers exactly one wins; the others get ErrFenced (or, read again,
 // ErrRerunClaimed). A job that ran MaxAttempts times is not claimed: its
 // record says its attempts were exhausted, and ClaimRerun returns
@@ -78,7 +105,7 @@ func attempt(r *Record) int { return max(r.Attempt, 1) }
 // and any coordinator that saw it end may run it again.
 func (s *Store) ClaimRerun(ctx context.Context, j *Job, next string) error {
 	switch {
-	case j.State != Lost || !j.Detached || !j.Idempotent:
+	case !lostRun(&j.Record):
 		return fmt.Errorf("jobstore: re-run job %s (%s): %w", j.ID, j.State, ErrNotRerunnable)
 	case j.RerunAs != "" || j.NoRerun != "":
 		return fmt.Errorf("jobstore: re-run job %s: %w (%s%s)", j.ID, ErrRerunClaimed, j.RerunAs, j.NoRerun)
@@ -95,13 +122,15 @@ func (s *Store) ClaimRerun(ctx context.Context, j *Job, next string) error {
 }
 
 // RefuseRerun records on lost job j, whose re-run this coordinator
-// claimed (ClaimRerun), that it was not run again, and why: the record
-// names no re-run any more, and is never claimed again.
-func (s *Store) RefuseRerun(ctx context.Context, j *Job, why string) error {
-	if j.State != Lost {
+// claimed (ClaimRerun), that it was not run again (or, of a job on
+// several nodes, not on every lost node: started are the re-runs that
+// did start, comma-separated), and why; the record is never claimed
+// again.
+func (s *Store) RefuseRerun(ctx context.Context, j *Job, started, why string) error {
+	if !lostRun(&j.Record) {
 		return fmt.Errorf("jobstore: refuse re-run of job %s (%s): %w", j.ID, j.State, ErrNotRerunnable)
 	}
-	return s.markRerun(ctx, j, j.Record, "", why)
+	return s.markRerun(ctx, j, j.Record, started, why)
 }
 
 // markRerun writes rec with RerunAs next, or NoRerun why (added to its
