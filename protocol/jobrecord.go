@@ -116,6 +116,11 @@ type JobRecord struct {
 	NoRerun string `json:"no_rerun,omitempty"`
 }
 
+// MaxJobAttempts bounds the runs of one idempotent detached job: its
+// first and the re-runs coordinators make when a run is lost
+// (JobRecord.Attempt).
+const MaxJobAttempts = 3
+
 // ExitCode is the job's raw exit status as recorded: the exit code of
 // its one node's result (-1 if it has none, as for a command the node
 // could not start), 0 when every node of a fan-out succeeded, else 1;

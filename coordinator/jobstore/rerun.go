@@ -24,7 +24,7 @@ import (
 
 // MaxAttempts bounds the runs of one idempotent job: the first and its
 // re-runs.
-const MaxAttempts = 3
+const MaxAttempts = protocol.MaxJobAttempts
 
 // Errors of ClaimRerun.
 var (
