@@ -1,6 +1,8 @@
 package coordinator_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -203,5 +205,54 @@ func TestLostFanoutPartRunsAgainOnItsNode(t *testing.T) {
 	}
 	if got := runs2.all(); len(got) != 2 || got[1] != "fan.n1.2" {
 		t.Errorf("n2 ran %v, want fan then fan.n1.2", got)
+	}
+}
+
+// TestTakenOverIdempotentJobRunsAgain: a coordinator that takes over the
+// record of a detached idempotent job from its dead predecessor, and
+// finds that the node lost the job, runs it again from its stored spec.
+func TestTakenOverIdempotentJobRunsAgain(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, func(c *coordinator.Config) {
+		// The predecessor: same coordinator id, another process.
+		prev, err := jobstore.Open(context.Background(), jobstore.Config{NATS: c.NATS, Coordinator: c.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if _, err := prev.Submit(ctx, jobstore.Submission{ID: "ido", Nodes: []string{"n1"}, Detached: true, Idempotent: true, DispatchNow: true, Script: "make deploy"}); err != nil {
+			t.Fatal(err)
+		}
+		req := mustJSON(t, protocol.ExecRequest{ID: "ido", Target: protocol.Target{Node: "n1"}, Script: "make deploy", Detach: true, Idempotent: true})
+		if err := prev.PutSpec(ctx, "ido", mustJSON(t, map[string]any{"request": json.RawMessage(req)})); err != nil {
+			t.Fatal(err)
+		}
+		withStore(t, &st, nil)(c)
+	})
+	var runs runLog
+	o := rerunAgent("n1", nil, &runs)
+	inner := o.stream
+	o.stream = func(a *fakeAgent, s *yamux.Stream, hd protocol.Header) {
+		var p protocol.JobParams
+		if hd.Kind == protocol.KindJob && hd.DecodeParams(&p) == nil && p.ID == "ido" {
+			defer s.Close()
+			protocol.WriteJSONFrame(s, protocol.FrameError, &protocol.ErrorInfo{Code: "job_not_found", Message: "no such job"})
+			return
+		}
+		inner(a, s, hd)
+	}
+	h.dialAgent(t, o)
+	checkFor(t, defaultTestTimeout, func() error {
+		if j := recordState(t, st, "ido"); j.State != protocol.JobStateLost || j.RerunAs != "ido.2" {
+			return fmt.Errorf("record %+v, want lost, re-run as ido.2", j.Record)
+		}
+		return nil
+	})
+	next := waitState(t, st, "ido.2", protocol.JobStateRunning)
+	if next.Attempt != 2 || next.RerunOf != "ido" {
+		t.Errorf("re-run %+v", next.Record)
+	}
+	if got := runs.all(); len(got) != 1 || got[0] != "ido.2" {
+		t.Errorf("agent ran %v, want ido.2", got)
 	}
 }
