@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/tetherfleet/tether/coordinator/caller"
@@ -45,7 +46,16 @@ type jobSpec struct {
 	// none (no policy).
 	Identity policy.Identity `json:"identity"`
 	Known    bool            `json:"known,omitempty"`
+	// RequestInfo is the request's Nats-Request-Info header, the NATS
+	// server's stamp of its sender: a re-run carries it, so that
+	// Config.Identify names the owner again (its credentials not expired
+	// nor revoked since), here or on the coordinator holding the node.
+	RequestInfo []string `json:"request_info,omitempty"`
 }
+
+// requestInfoHeader is the header the NATS server stamps a request's
+// sender in (natsauth), looked up by its exact name.
+const requestInfoHeader = "Nats-Request-Info"
 
 // storeSpec stores j's spec when j may be re-run: detached, idempotent,
 // recorded by this coordinator.
@@ -59,7 +69,7 @@ func (j *job) storeSpec() {
 	}
 	r.ID = j.id
 	req, _ := json.Marshal(&r)
-	b, _ := json.Marshal(jobSpec{Request: req, Identity: j.owner, Known: j.ownerKnown})
+	b, _ := json.Marshal(jobSpec{Request: req, Identity: j.owner, Known: j.ownerKnown, RequestInfo: j.header[requestInfoHeader]})
 	ctx, cancel := j.storeCtx()
 	defer cancel()
 	if err := j.c.cfg.Jobs.PutSpec(ctx, j.id, b); err != nil {
@@ -200,15 +210,24 @@ func (c *Coordinator) rerunOn(lost *jobstore.Job, spec *jobSpec, p rerunPart) st
 		r.Target = protocol.Target{Node: p.node} // its own node, whatever a selector matches now
 	}
 	body, _ := json.Marshal(&r)
-	rr := &rerunRequest{body: body, reply: c.cfg.NATS.NewInbox(), attempt: max(lost.Attempt, 1) + 1, of: lost.ID}
+	rr := &rerunRequest{body: body, reply: c.cfg.NATS.NewInbox(), attempt: max(lost.Attempt, 1) + 1, of: lost.ID, header: micro.Headers{}}
+	id, known := spec.Identity, spec.Known
+	if len(spec.RequestInfo) > 0 {
+		rr.header[requestInfoHeader] = spec.RequestInfo
+		got, err := c.cfg.Identify(nats.Header(rr.header))
+		if err != nil {
+			return fmt.Sprintf("re-run as %s refused: its owner %s is no longer identified: %v", p.id, lost.Owner, err)
+		}
+		id, known = got, true
+	}
 	replies, err := c.cfg.NATS.SubscribeSync(rr.reply)
 	if err != nil {
 		return fmt.Sprintf("cannot subscribe to the replies of %s: %v", p.id, err)
 	}
 	defer replies.Unsubscribe()
 	var req micro.Request = rr
-	if spec.Known {
-		req = &caller.Request{Request: rr, Identity: spec.Identity}
+	if known {
+		req = &caller.Request{Request: rr, Identity: id}
 	}
 	c.m.reruns.Inc()
 	c.log.Info("re-running a lost idempotent job", "job_id", lost.ID, "rerun_as", p.id, "node", p.node, "attempt", rr.attempt, "owner", lost.Owner)
@@ -245,6 +264,7 @@ type rerunRequest struct {
 	reply   string
 	attempt int
 	of      string
+	header  micro.Headers
 
 	mu  sync.Mutex
 	err string // guarded by mu
@@ -261,7 +281,7 @@ func (r *rerunRequest) Error(code, desc string, data []byte, _ ...micro.RespondO
 	return nil
 }
 func (r *rerunRequest) Data() []byte           { return r.body }
-func (r *rerunRequest) Headers() micro.Headers { return micro.Headers{} }
+func (r *rerunRequest) Headers() micro.Headers { return r.header }
 func (r *rerunRequest) Subject() string        { return protocol.SubjectExec }
 func (r *rerunRequest) Reply() string          { return r.reply }
 

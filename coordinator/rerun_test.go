@@ -80,6 +80,12 @@ func TestAgentLostIdempotentJobRunsAgain(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	waitState(t, st, "idem", protocol.JobStateRunning)
+	// Its spec keeps the server's stamp of its sender, so that a re-run
+	// identifies its owner again.
+	spec, err := st.Spec(context.Background(), "idem")
+	if err != nil || !strings.Contains(string(spec), `"request_info"`) || !strings.Contains(string(spec), `"make deploy"`) {
+		t.Fatalf("spec %s %v, want the request with its request info", spec, err)
+	}
 	loseOn(t, a, "idem")
 	first := waitState(t, st, "idem", protocol.JobStateLost)
 	checkFor(t, defaultTestTimeout, func() error {
