@@ -262,3 +262,29 @@ func TestTakenOverIdempotentJobRunsAgain(t *testing.T) {
 		t.Errorf("agent ran %v, want ido.2", got)
 	}
 }
+
+// TestLostIdempotentJobAttemptsExhausted: a job lost on every attempt
+// runs jobstore.MaxAttempts times in all, then stays lost, saying so.
+func TestLostIdempotentJobAttemptsExhausted(t *testing.T) {
+	var st *jobstore.Store
+	h := newHarness(t, withStore(t, &st, nil))
+	var runs runLog
+	a := h.dialAgent(t, rerunAgent("n1", nil, &runs))
+	if r := h.exec(protocol.ExecRequest{ID: "flaky", Target: protocol.Target{Node: "n1"}, Script: "make deploy", Detach: true, Idempotent: true}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	for _, id := range []string{"flaky", "flaky.2", "flaky.3"} {
+		waitState(t, st, id, protocol.JobStateRunning)
+		loseOn(t, a, id)
+		waitState(t, st, id, protocol.JobStateLost)
+	}
+	checkFor(t, defaultTestTimeout, func() error {
+		if j := recordState(t, st, "flaky.3"); !strings.Contains(j.Error, "not re-run: attempts exhausted (3 of 3)") || j.RerunAs != "" {
+			return fmt.Errorf("last attempt %+v, want lost, attempts exhausted", j.Record)
+		}
+		return nil
+	})
+	if got := runs.all(); len(got) != 3 {
+		t.Errorf("agent ran %v, want 3 attempts", got)
+	}
+}

@@ -3,6 +3,7 @@ package jobstore_test
 import (
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tetherfleet/tether/coordinator/internal/natstest"
@@ -33,8 +34,12 @@ func TestClaimRerunOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ea := a.ClaimRerun(ctx, ja, "r1.2")
-	eb := b.ClaimRerun(ctx, jb, "r1.2")
+	var ea, eb error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); ea = a.ClaimRerun(ctx, ja, "r1.2") }()
+	go func() { defer wg.Done(); eb = b.ClaimRerun(ctx, jb, "r1.2") }()
+	wg.Wait()
 	if (ea == nil) == (eb == nil) {
 		t.Fatalf("claims: a %v, b %v; want exactly one to win", ea, eb)
 	}
