@@ -705,12 +705,17 @@ func (c *Coordinator) startReconcile(ctx context.Context) {
 	c.jobWG.Add(1)
 	go func() {
 		defer c.jobWG.Done()
+		nextScan := time.Now().Add(strandedAfter) // rerun.go: agents are back by then
 		for {
+			if !time.Now().Before(nextScan) {
+				c.rerunStranded(ctx, s)
+				nextScan = time.Now().Add(strandedScanInterval)
+			}
 			wait := reconcileSafetyInterval
 			if c.reconcilePass(ctx, s) > 0 {
 				wait = reconcileInterval
 			}
-			t := time.NewTimer(wait)
+			t := time.NewTimer(max(0, min(wait, time.Until(nextScan))))
 			select {
 			case <-ctx.Done():
 				t.Stop()

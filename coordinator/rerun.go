@@ -160,19 +160,33 @@ func (c *Coordinator) rerun(id string) {
 		return
 	}
 	var started, whys []string
+	transient := len(parts) == 1
 	spec, err := c.readSpec(ctx, id)
 	if err != nil {
-		whys = append(whys, err.Error())
+		whys, transient = append(whys, err.Error()), false
 	} else {
 		for _, p := range parts {
-			if why := c.rerunOn(lost, spec, p); why != "" {
+			why, again := c.rerunOn(lost, spec, p)
+			if why != "" {
 				whys = append(whys, why)
+				transient = transient && again
 			} else {
 				started = append(started, p.id)
 			}
 		}
 	}
 	if len(whys) == 0 {
+		return
+	}
+	if transient {
+		// Refused for the moment (503): release the claim, for a later
+		// scan (rerunStranded) to run it.
+		c.log.Info("lost idempotent job's re-run put off", "job_id", id, "why", whys[0])
+		rctx, rcancel := context.WithTimeout(context.Background(), durableWriteTimeout)
+		defer rcancel()
+		if err := s.RefuseRerun(rctx, lost, "", ""); err != nil {
+			c.log.Warn("release a put-off re-run", "job_id", id, "err", err)
+		}
 		return
 	}
 	why := strings.Join(whys, "; ")
@@ -199,11 +213,18 @@ func (c *Coordinator) readSpec(ctx context.Context, id string) (*jobSpec, error)
 
 // rerunOn submits spec's request again as p (its node, its id), as the
 // spec's owner, through handleExec, and returns why it did not start
-// ("" when it did, or nothing was heard: its record tells its fate).
-func (c *Coordinator) rerunOn(lost *jobstore.Job, spec *jobSpec, p rerunPart) string {
+// ("" when it did, or nothing was heard: its record tells its fate) and
+// whether the refusal was for the moment (503 unavailable).
+func (c *Coordinator) rerunOn(lost *jobstore.Job, spec *jobSpec, p rerunPart) (string, bool) {
+	why, status := c.rerunOnce(lost, spec, p)
+	return why, status == 503
+}
+
+// rerunOnce is rerunOn, with the refusal's status (0 if none).
+func (c *Coordinator) rerunOnce(lost *jobstore.Job, spec *jobSpec, p rerunPart) (string, int) {
 	var r protocol.ExecRequest
 	if err := json.Unmarshal(spec.Request, &r); err != nil {
-		return fmt.Sprintf("its spec cannot be decoded: %v", err)
+		return fmt.Sprintf("its spec cannot be decoded: %v", err), 0
 	}
 	r.ID = p.id
 	if p.node != "" {
@@ -216,35 +237,35 @@ func (c *Coordinator) rerunOn(lost *jobstore.Job, spec *jobSpec, p rerunPart) st
 		rr.header[requestInfoHeader] = spec.RequestInfo
 		got, err := c.cfg.Identify(nats.Header(rr.header))
 		if err != nil {
-			return fmt.Sprintf("re-run as %s refused: its owner %s is no longer identified: %v", p.id, lost.Owner, err)
+			return fmt.Sprintf("re-run as %s refused: its owner %s is no longer identified: %v", p.id, lost.Owner, err), 0
 		}
 		id, known = got, true
 	}
 	replies, err := c.cfg.NATS.SubscribeSync(rr.reply)
 	if err != nil {
-		return fmt.Sprintf("cannot subscribe to the replies of %s: %v", p.id, err)
+		return fmt.Sprintf("cannot subscribe to the replies of %s: %v", p.id, err), 503
 	}
 	defer replies.Unsubscribe()
 	var req micro.Request = rr
 	if known {
 		req = &caller.Request{Request: rr, Identity: id}
 	}
-	c.m.reruns.Inc()
 	c.log.Info("re-running a lost idempotent job", "job_id", lost.ID, "rerun_as", p.id, "node", p.node, "attempt", rr.attempt, "owner", lost.Owner)
 	c.handleExec(req)
-	if why := rr.refusal(); why != "" {
-		return fmt.Sprintf("re-run as %s %s", p.id, why)
+	if why, status := rr.refusal(); why != "" {
+		return fmt.Sprintf("re-run as %s %s", p.id, why), status
 	}
 	// The first reply says whether it started, or why it did not (a
 	// refusal by the coordinator holding the node, or a refused record).
 	m, err := replies.NextMsg(rerunReplyWait)
-	if err != nil {
-		return ""
+	if err == nil {
+		if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+			status, _ := strconv.Atoi(code)
+			return fmt.Sprintf("re-run as %s refused (%s): %s", p.id, code, errorText(m.Data, m.Header.Get(micro.ErrorHeader))), status
+		}
 	}
-	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
-		return fmt.Sprintf("re-run as %s refused (%s): %s", p.id, code, errorText(m.Data, m.Header.Get(micro.ErrorHeader)))
-	}
-	return ""
+	c.m.reruns.Inc()
+	return "", 0
 }
 
 // errorText is an error reply's message.
@@ -266,8 +287,9 @@ type rerunRequest struct {
 	of      string
 	header  micro.Headers
 
-	mu  sync.Mutex
-	err string // guarded by mu
+	mu     sync.Mutex
+	err    string // guarded by mu
+	status int    // err's status (guarded by mu)
 }
 
 func (r *rerunRequest) Respond([]byte, ...micro.RespondOpt) error  { return nil }
@@ -277,6 +299,7 @@ func (r *rerunRequest) Error(code, desc string, data []byte, _ ...micro.RespondO
 	defer r.mu.Unlock()
 	if r.err == "" {
 		r.err = fmt.Sprintf("refused (%s): %s", code, errorText(data, desc))
+		r.status, _ = strconv.Atoi(code)
 	}
 	return nil
 }
@@ -285,10 +308,10 @@ func (r *rerunRequest) Headers() micro.Headers { return r.header }
 func (r *rerunRequest) Subject() string        { return protocol.SubjectExec }
 func (r *rerunRequest) Reply() string          { return r.reply }
 
-func (r *rerunRequest) refusal() string {
+func (r *rerunRequest) refusal() (string, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.err
+	return r.err, r.status
 }
 
 // rerunOf is req's re-run, nil for a client's request.
@@ -298,4 +321,42 @@ func rerunOf(req micro.Request) *rerunRequest {
 	}
 	rr, _ := req.(*rerunRequest)
 	return rr
+}
+
+// strandedAfter is how long a lost idempotent job may wait unclaimed
+// before rerunStranded takes it for stranded (the coordinator that wrote
+// it lost claims its re-run at once), and how long after its start a
+// coordinator first scans for them (its agents are back by then);
+// strandedScanInterval is the pause between later scans. Variables for
+// tests (export_test.go).
+var (
+	strandedAfter        = 30 * time.Second
+	strandedScanInterval = 5 * time.Minute
+)
+
+// rerunStranded re-runs the lost idempotent jobs that nobody claimed
+// (their coordinator stopped between writing the record lost and
+// claiming the re-run) or whose re-run was refused for the moment (503:
+// a coordinator shutting down or without its store): the claims are
+// compare-and-set, so coordinators scanning together run each once. It
+// reads every record, so the reconcile loop runs it strandedAfter after
+// the start and then every strandedScanInterval, not every pass.
+func (c *Coordinator) rerunStranded(ctx context.Context, s *jobstore.Store) {
+	defer c.guard.Recover("job re-run scan", nil)
+	lctx, cancel := context.WithTimeout(ctx, jobAnswerTimeout)
+	defer cancel()
+	now := time.Now()
+	js, err := s.List(lctx, jobstore.Filter{State: jobstore.Lost}, func(r *jobstore.Record) bool {
+		return jobstore.Rerunnable(r) && !strings.HasPrefix(r.Error, "not run:") && now.Sub(r.FinishedAt) >= strandedAfter
+	}, 0)
+	if err != nil {
+		c.log.Debug("list lost idempotent jobs", "err", err)
+		return
+	}
+	for _, j := range js {
+		if ctx.Err() != nil {
+			return
+		}
+		c.rerun(j.ID)
+	}
 }

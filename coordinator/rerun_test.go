@@ -288,3 +288,42 @@ func TestLostIdempotentJobAttemptsExhausted(t *testing.T) {
 		t.Errorf("agent ran %v, want 3 attempts", got)
 	}
 }
+
+// TestStrandedLostIdempotentJobRunsAgain: a lost idempotent job whose
+// re-run nobody claimed (its coordinator stopped right after writing it
+// lost) is run again by the next coordinator to start.
+func TestStrandedLostIdempotentJobRunsAgain(t *testing.T) {
+	t.Cleanup(coordinator.SetStrandedScanForTest(time.Second, 500*time.Millisecond))
+	var st *jobstore.Store
+	h := newHarness(t, func(c *coordinator.Config) {
+		prev, err := jobstore.Open(context.Background(), jobstore.Config{NATS: c.NATS, Coordinator: "gone", Now: func() time.Time { return time.Now().Add(-time.Minute) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		j, err := prev.Submit(ctx, jobstore.Submission{ID: "strand", Nodes: []string{"n1"}, Detached: true, Idempotent: true, DispatchNow: true, Script: "make deploy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := mustJSON(t, protocol.ExecRequest{ID: "strand", Target: protocol.Target{Node: "n1"}, Script: "make deploy", Detach: true, Idempotent: true})
+		if err := prev.PutSpec(ctx, "strand", mustJSON(t, map[string]any{"request": json.RawMessage(req)})); err != nil {
+			t.Fatal(err)
+		}
+		if err := prev.Lose(ctx, j, "node n1 lost the job"); err != nil {
+			t.Fatal(err)
+		}
+		withStore(t, &st, nil)(c)
+	})
+	var runs runLog
+	h.dialAgent(t, rerunAgent("n1", nil, &runs))
+	checkFor(t, defaultTestTimeout, func() error {
+		if j := recordState(t, st, "strand"); j.RerunAs != "strand.2" {
+			return fmt.Errorf("record %+v: no re-run claimed", j.Record)
+		}
+		return nil
+	})
+	waitState(t, st, "strand.2", protocol.JobStateRunning)
+	if got := runs.all(); len(got) != 1 || got[0] != "strand.2" {
+		t.Errorf("agent ran %v, want strand.2 once", got)
+	}
+}

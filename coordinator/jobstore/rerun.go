@@ -125,9 +125,10 @@ func (s *Store) ClaimRerun(ctx context.Context, j *Job, next string) error {
 // claimed (ClaimRerun), that it was not run again (or, of a job on
 // several nodes, not on every lost node: started are the re-runs that
 // did start, comma-separated), and why; the record is never claimed
-// again.
+// again. With started and why empty it releases the claim instead: the
+// job may be claimed again (a re-run put off).
 func (s *Store) RefuseRerun(ctx context.Context, j *Job, started, why string) error {
-	if !lostRun(&j.Record) {
+	if !lostRun(&j.Record) || j.NoRerun != "" {
 		return fmt.Errorf("jobstore: refuse re-run of job %s (%s): %w", j.ID, j.State, ErrNotRerunnable)
 	}
 	return s.markRerun(ctx, j, j.Record, started, why)
