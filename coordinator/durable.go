@@ -119,6 +119,7 @@ func (j *job) startAccept() {
 		Detached: j.params.Detach, Script: j.command(),
 		Idempotent: j.idempotent, IdempotencyKey: j.idempotencyKey,
 		StartNow: !j.params.Detach, DispatchNow: j.params.Detach,
+		Attempt: j.attempt, RerunOf: j.rerunOf,
 	}
 	j.c.mu.Lock()
 	ending := j.c.ending[j.id]
@@ -146,7 +147,11 @@ func (j *job) startAccept() {
 		if err == nil {
 			j.c.ends.observeWrite(time.Since(begun))
 		}
-		return j.accepted(dj, err) && j.recordDispatch()
+		if !j.accepted(dj, err) || !j.recordDispatch() {
+			return false
+		}
+		j.storeSpec() // rerun.go
+		return true
 	})
 }
 
@@ -696,15 +701,21 @@ func (c *Coordinator) startReconcile(ctx context.Context) {
 	if s == nil {
 		return
 	}
+	s.OnEnd(c.onJobEnd) // rerun.go
 	c.jobWG.Add(1)
 	go func() {
 		defer c.jobWG.Done()
+		nextScan := time.Now().Add(strandedAfter) // rerun.go: agents are back by then
 		for {
+			if !time.Now().Before(nextScan) {
+				c.rerunStranded(ctx, s)
+				nextScan = time.Now().Add(strandedScanInterval)
+			}
 			wait := reconcileSafetyInterval
 			if c.reconcilePass(ctx, s) > 0 {
 				wait = reconcileInterval
 			}
-			t := time.NewTimer(wait)
+			t := time.NewTimer(max(0, min(wait, time.Until(nextScan))))
 			select {
 			case <-ctx.Done():
 				t.Stop()

@@ -94,3 +94,13 @@ type writeHookEnd struct {
 }
 
 func (e *writeHookEnd) Write(b []byte) (int, error) { return e.write(e.clientEnd, b) }
+
+// SetStrandedScanForTest sets when a coordinator first scans for lost
+// idempotent jobs nobody claimed (and how old they must be), and the
+// pause between scans (rerun.go), until restore is called. Call it
+// before the coordinator starts, and restore once it stopped.
+func SetStrandedScanForTest(after, every time.Duration) (restore func()) {
+	a, e := strandedAfter, strandedScanInterval
+	strandedAfter, strandedScanInterval = after, every
+	return func() { strandedAfter, strandedScanInterval = a, e }
+}

@@ -100,6 +100,10 @@ type job struct {
 	accept         func() bool
 	idempotent     bool
 	idempotencyKey string
+	// attempt and rerunOf: a re-run's (rerun.go) attempt and the lost
+	// job it runs again; zero for a client's job.
+	attempt int
+	rerunOf string
 	// moved: the node's tunnel here was closing when the job was to be
 	// sent there (a drain handing the agent to another coordinator): the
 	// job did not run there (runNode), and a single-node job is refused

@@ -79,6 +79,9 @@ type metrics struct {
 	// takenOver counts the jobs this coordinator took over from a gone
 	// holder (holders.go).
 	takenOver prometheus.Counter
+	// reruns counts the lost idempotent jobs this coordinator ran again
+	// (rerun.go).
+	reruns prometheus.Counter
 	// jobReports counts the agents' job exit reports (jobexit.go), by
 	// result.
 	jobReports *prometheus.CounterVec
@@ -112,6 +115,10 @@ func newMetrics(reg prometheus.Registerer, flow *tunnel.FlowCounters) (*metrics,
 		takenOver: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_coordinator_jobs_taken_over_total",
 			Help: "Jobs taken over (claimed, then settled) from a coordinator that was gone, or from this coordinator's predecessor.",
+		}),
+		reruns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_coordinator_job_reruns_total",
+			Help: "Lost idempotent detached jobs this coordinator ran again (claimed and submitted as their owner).",
 		}),
 		agentsConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tether_coordinator_agents_connected",
@@ -188,7 +195,7 @@ func newMetrics(reg prometheus.Registerer, flow *tunnel.FlowCounters) (*metrics,
 	for _, r := range []string{enrollOK, enrollBadToken, enrollTokenExpired, enrollTokenUsed, enrollAlreadyEnrolled, enrollRevokedNode, enrollBadRequest, enrollError, enrollRenewed, enrollRenewRefused} {
 		m.enrollments.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.outputBytes, m.enrollments, m.sshEvents, m.jobReports, m.directRefusals, m.directStreams} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.takenOver, m.reruns, m.agentsConnected, m.reconnects, m.authFailures, m.streamsOpened, m.execDuration, m.execResults, m.outputBytes, m.enrollments, m.sshEvents, m.jobReports, m.directRefusals, m.directStreams} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -225,6 +225,9 @@ func (c *Coordinator) handleExec(req micro.Request) {
 		idempotent:     r.Idempotent,
 		idempotencyKey: r.IdempotencyKey,
 	}
+	if rr := rerunOf(req); rr != nil {
+		j.attempt, j.rerunOf = rr.attempt, rr.of
+	}
 	j.fanoutPart = fanoutPartOf(req, r.ID, r.Detach)
 	j.key = runKeyOf(id, ids, fanoutRun)
 	if ownerKnown && !r.Detach && j.header.Get(protocol.HeaderHeartbeats) == "1" && j.header.Get(headerFanoutRun) == "" {

@@ -99,9 +99,27 @@ type JobRecord struct {
 	ResultsOmitted bool         `json:"results_omitted,omitempty"`
 	Succeeded      int          `json:"succeeded,omitempty"`
 	Failed         int          `json:"failed,omitempty"`
-	// Error says why the job was lost, or failed without a node result.
+	// Error says why the job was lost, or failed without a node result
+	// (and, for an idempotent job lost, why it was not run again).
 	Error string `json:"error,omitempty"`
+	// Attempt is which run of an idempotent job this record is (1-based;
+	// 0 in records written before attempts were counted, read as 1).
+	// RerunOf is the lost record this attempt runs again; RerunAs the
+	// record of the attempt that runs this lost one again, set when a
+	// coordinator claimed the re-run (at most one does).
+	Attempt int    `json:"attempt,omitempty"`
+	RerunOf string `json:"rerun_of,omitempty"`
+	RerunAs string `json:"rerun_as,omitempty"`
+	// NoRerun says why a lost idempotent job was not run again
+	// (attempts exhausted, its owner no longer authorized...); set, it
+	// is never claimed for a re-run.
+	NoRerun string `json:"no_rerun,omitempty"`
 }
+
+// MaxJobAttempts bounds the runs of one idempotent detached job: its
+// first and the re-runs coordinators make when a run is lost
+// (JobRecord.Attempt).
+const MaxJobAttempts = 3
 
 // ExitCode is the job's raw exit status as recorded: the exit code of
 // its one node's result (-1 if it has none, as for a command the node

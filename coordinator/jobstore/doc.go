@@ -14,7 +14,8 @@
 // purge of the job's subject, sent without waiting for the answer. The KV
 // bucket tether_jobs (history 1, TTL Config.Retention) holds a Record per
 // job under job.<id> and, for idempotent jobs, the job id under
-// idem.<hash of owner and key>. Both have replicas min(3, cluster size): Open tries 3, then 2, then 1, while
+// idem.<hash of owner and key>, and for detached idempotent jobs the
+// spec a re-run needs under spec.<id> (rerun.go). Both have replicas min(3, cluster size): Open tries 3, then 2, then 1, while
 // the server answers that it cannot place that many.
 //
 // # Accept
@@ -72,6 +73,13 @@
 // acknowledged (timed out, or cut by a reconnect) names a job that was
 // refused and has no record: the submission reads it back, and so does
 // its repeat, which runs the job in its place, once (Store.claimKey).
+//
+// A detached idempotent job whose run is lost is run again by the
+// coordinators (rerun.go): ClaimRerun marks the lost record, compare-and-
+// set, with the id of the next attempt (Record.RerunAs; the new record
+// has RerunOf and Attempt), so that of several coordinators that saw the
+// loss one runs it, at most MaxAttempts runs in all; Store.OnEnd tells the
+// coordinator of each record its writes end.
 //
 // # Owners
 //

@@ -122,6 +122,7 @@ type Store struct {
 	replicas int
 
 	mu      sync.Mutex
+	onEnd   func(*Record)        // OnEnd's hook (guarded by mu)
 	pending map[string]time.Time // jobs Reconcile claimed and left running → since when (guarded by mu)
 }
 
@@ -229,6 +230,10 @@ type Submission struct {
 	// StartNow records the job as running at once (dispatched and
 	// started): an attached job, whose exec streams open right away.
 	StartNow bool
+	// Attempt is which run of an idempotent job this is (0 means 1);
+	// RerunOf the lost record it runs again (Store.ClaimRerun).
+	Attempt int
+	RerunOf string
 	// DispatchNow records the job as dispatched at once: a detached job
 	// its coordinator starts on its nodes right away (one write on its
 	// path instead of two). Ignored with StartNow.
@@ -380,6 +385,7 @@ func (s *Store) newJob(sub Submission) *Job {
 		ID: sub.ID, State: Queued, Owner: sub.Owner, Coordinator: s.cfg.Coordinator, Boot: s.boot,
 		Nodes: nodes, Target: sub.Target, Detached: sub.Detached, Idempotent: sub.Idempotent,
 		Command: command(sub.Script), SubmittedAt: now,
+		Attempt: max(sub.Attempt, 1), RerunOf: sub.RerunOf,
 	}}
 	switch {
 	case sub.StartNow:
@@ -878,6 +884,7 @@ func (s *Store) write(ctx context.Context, j *Job, rec Record) error {
 		rev, err := s.kv.Update(ctx, jobKey(j.ID), b, j.rev)
 		if err == nil {
 			j.Record, j.rev = rec, rev
+			s.ended(&rec)
 			return nil
 		}
 		if !isConflict(err) || attempt > 0 {
@@ -1013,6 +1020,7 @@ func (s *Store) transitionAsync(j *Job, to State, change func(*Record)) (wait fu
 			select {
 			case ack := <-paf.Ok():
 				j.Record, j.rev = rec, ack.Sequence
+				s.ended(&rec)
 				return nil
 			case perr = <-paf.Err():
 			case <-ctx.Done():

@@ -127,6 +127,7 @@ func (s *Store) mergeNodes(ctx context.Context, j *Job, change func(*Record) boo
 			if !rec.State.Terminal() {
 				return false, nil // its queue message stays until it ends
 			}
+			s.ended(&rec)
 			return true, s.ack(ctx, j.ID)
 		}
 		if !isConflict(err) || attempt+1 >= maxMergeAttempts {

@@ -700,7 +700,12 @@ func jobOutcome(e *env, st *protocol.JobStatus, midLine bool) error {
 // runJobWait polls the job's record until it ended, then exits with its
 // exit code (jobRecordOutcome).
 func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string, e *env) error {
-	rec, err := c.JobWait(ctx, id, o.Poll)
+	wait := func(ctx context.Context, id string) (*protocol.JobRecord, error) { return c.JobWait(ctx, id, o.Poll) }
+	rec, err := wait(ctx, id)
+	if err != nil {
+		return err
+	}
+	rec, err = followReruns(ctx, rec, c.JobGet, wait, o.Poll, e.stderr)
 	if err != nil {
 		return err
 	}
@@ -710,6 +715,54 @@ func runJobWait(ctx context.Context, c *client.Client, o *jobOptions, id string,
 		}
 	}
 	return jobRecordOutcome(rec)
+}
+
+// rerunClaimWait is how long `job wait` waits, for a lost idempotent
+// job whose record names no re-run yet, for a coordinator to claim one.
+const rerunClaimWait = 10 * time.Second
+
+// followReruns follows lost job rec to the final state of its re-runs
+// (Record.RerunAs, attempt after attempt), saying so on stderr, and
+// returns the last record. A lost idempotent detached job whose record
+// names neither a re-run nor why there is none (NoRerun) is read again
+// (get) every poll for up to rerunClaimWait: its coordinator claims the
+// re-run just after it wrote the record lost. A fan-out's re-runs (one
+// per lost node) are named, not followed: its record stays its outcome.
+func followReruns(ctx context.Context, rec *protocol.JobRecord, get, wait func(context.Context, string) (*protocol.JobRecord, error), poll time.Duration, stderr io.Writer) (*protocol.JobRecord, error) {
+	for range protocol.MaxJobAttempts {
+		if !rec.Detached || !rec.Idempotent || rec.NoRerun != "" {
+			return rec, nil
+		}
+		if len(rec.Nodes) > 1 {
+			if rec.RerunAs != "" {
+				fmt.Fprintf(stderr, "tether: job %s: its lost nodes run again as %s (tether job wait ID)\n", rec.ID, rec.RerunAs)
+			}
+			return rec, nil
+		}
+		if rec.State != protocol.JobStateLost {
+			return rec, nil
+		}
+		for deadline := time.Now().Add(rerunClaimWait); rec.RerunAs == "" && rec.NoRerun == "" && time.Now().Before(deadline); {
+			select {
+			case <-ctx.Done():
+				return rec, nil
+			case <-time.After(poll):
+			}
+			if r, err := get(ctx, rec.ID); err == nil {
+				rec = r
+			}
+		}
+		if rec.RerunAs == "" {
+			return rec, nil
+		}
+		fmt.Fprintf(stderr, "tether: job %s was lost (attempt %d of %d); following its re-run %s\n", rec.ID, max(rec.Attempt, 1), protocol.MaxJobAttempts, rec.RerunAs)
+		next, err := wait(ctx, rec.RerunAs)
+		if err != nil {
+			return nil, err
+		}
+		rec = next
+	}
+	return rec, nil
 }
 
 // jobRecordOutcome is how `job wait` ends: with recordOutcome's code, an
@@ -819,6 +872,16 @@ func printJobView(w io.Writer, rec *protocol.JobRecord, sts []*protocol.JobStatu
 			why = "its outcome is unknown"
 		}
 		fmt.Fprintf(w, "exit:      - (lost: %s)\n", printable(why))
+	}
+	if rec.Attempt > 1 || rec.RerunAs != "" || rec.NoRerun != "" {
+		line := fmt.Sprintf("%d of %d", max(rec.Attempt, 1), protocol.MaxJobAttempts)
+		if rec.RerunOf != "" {
+			line += ", re-runs " + rec.RerunOf
+		}
+		if rec.RerunAs != "" {
+			line += ", re-run as " + rec.RerunAs
+		}
+		fmt.Fprintf(w, "attempt:   %s\n", line)
 	}
 	if rec.Owner != "" {
 		fmt.Fprintf(w, "owner:     %s\n", printable(rec.Owner))
