@@ -56,7 +56,9 @@ const (
 // FrameError or FrameCancel, and the stream ending early) dst is left as it
 // was, every temporary entry is removed, and a FrameError is sent unless
 // the peer aborted or the stream is gone. The commit itself renames one
-// entry after another (see the package documentation for that window).
+// entry after another (see the package documentation for that window); a
+// failure during or after it is sent as a FrameError too, saying where the
+// destination stands.
 // Receive blocks until the copy is committed or failed; it does not close
 // conn.
 func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) (*protocol.CopyResult, error) {
