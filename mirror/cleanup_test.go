@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tetherfleet/tether/protocol"
 )
 
 // cleanupTrees builds the source and the old destination of the cleanup
@@ -240,5 +242,58 @@ func TestCommitFailuresCleanUp(t *testing.T) { testCommitFailuresCleanUp(t) }
 func TestCommitFailuresCleanUpAsNonRoot(t *testing.T) {
 	if asNonRoot(t, "TestCommitFailuresCleanUpAsNonRoot") {
 		testCommitFailuresCleanUp(t)
+	}
+}
+
+// TestCommitFailureReachesSender: a commit that fails past its point of no
+// return (removing an old version, a kept entry's or an old directory's
+// metadata), or whose rollback stops part-way, is reported to the sender
+// with FrameError (copy_failed), naming the entry and the cause and saying
+// where the destination stands, as every other failure is: the receiver
+// only logged it and ended the stream, which the sender (tether cp) took
+// for the agent stopping (fresh21: exit 255, "the stream from the node
+// ended before the copy did").
+func TestCommitFailureReachesSender(t *testing.T) {
+	injected := errors.New("injected failure")
+	for _, tc := range []struct {
+		name, step, also, want string
+	}{
+		{"remove", stepRemove, "", "the new tree is in place"},
+		{"fix", stepFix, "", "the new tree is in place"},
+		{"dirmeta", stepDirMeta, "", "the new tree is in place"},
+		{"undo", stepUndo, stepLateMode, "putting them back failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, dst := cleanupTrees(t)
+			var rel string
+			calls := map[string]int{}
+			stepHook = func(step, r string) error {
+				calls[step]++
+				if step == tc.step && calls[step] == 1 {
+					rel = r
+				} else if step != tc.also || calls[step] != 1 {
+					return nil
+				}
+				return fmt.Errorf("%s: %w", step, injected)
+			}
+			t.Cleanup(func() { stepHook = nil })
+			s, r, _ := runCopy(t, src, dst, Options{Delete: true})
+			stepHook = nil
+			if rel == "" {
+				t.Fatalf("step %s never ran", tc.step)
+			}
+			if !errors.Is(r.err, injected) {
+				t.Fatalf("receive: %v; want the injected failure", r.err)
+			}
+			var pe *PeerError
+			if !errors.As(s.err, &pe) {
+				t.Fatalf("send: %v; want the receiver's error frame", s.err)
+			}
+			if pe.Info.Code != protocol.CodeCopyFailed || !strings.Contains(pe.Info.Message, fmt.Sprintf("%q", rel)) ||
+				!strings.Contains(pe.Info.Message, injected.Error()) || !strings.Contains(pe.Info.Message, tc.want) ||
+				strings.Contains(pe.Info.Message, "\n") {
+				t.Errorf("error frame %+v; want one line, copy_failed, naming %q, the cause and %q", pe.Info, rel, tc.want)
+			}
+		})
 	}
 }

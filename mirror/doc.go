@@ -79,7 +79,13 @@
 // as before. Past that point of no return it removes the old entries the
 // new ones replaced and the deleted ones, applies the mode and mtime
 // changes of unchanged files, and sets the directories' modes and mtimes,
-// deepest first, going on past failures and reporting them joined. On
+// deepest first, going on past failures and reporting them joined, to the
+// peer too (FrameError, copy_failed: "the new tree is in place, but: ...",
+// one line naming each entry and the errno), as every failure is unless
+// FrameCopyDone is already out. An old directory that another account owns
+// (the kernel refuses its chmod or utimes to the copy's account: EPERM,
+// owner not the euid) keeps its mode and mtime: the copy only puts entries
+// into it, as cp -r src/. dir/ and cp file dir/ do. On
 // every exit, success or failure, the receiver removes its temporary
 // entries and stage and puts back the modes of old directories it made
 // writable for the commit (a normal user cannot rename in a read-only

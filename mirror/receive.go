@@ -56,7 +56,9 @@ const (
 // FrameError or FrameCancel, and the stream ending early) dst is left as it
 // was, every temporary entry is removed, and a FrameError is sent unless
 // the peer aborted or the stream is gone. The commit itself renames one
-// entry after another (see the package documentation for that window).
+// entry after another (see the package documentation for that window); a
+// failure during or after it is sent as a FrameError too, saying where the
+// destination stands.
 // Receive blocks until the copy is committed or failed; it does not close
 // conn.
 func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) (*protocol.CopyResult, error) {
@@ -90,7 +92,11 @@ func Receive(ctx context.Context, dst string, conn io.ReadWriter, opts Options) 
 			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
 		err = &Error{Op: "receive", Path: dst, Err: err}
-		if !r.committed && !isPeerAbort(err) {
+		// Every failure is reported, a commit's past its point of no
+		// return too (the message says the new tree is in place): only a
+		// copy-done already on its way, or the peer's own abort, is not
+		// followed by an error frame.
+		if !r.doneSent && !isPeerAbort(err) {
 			if ctx.Err() != nil {
 				c.final(protocol.FrameCancel, nil)
 			} else {
@@ -287,13 +293,15 @@ type receiver struct {
 	oldBy   map[string]*oldEntry
 	mounts  []string // old directories that are mount points
 
-	base      int              // the destination directory's descriptor, in place
-	dirs      map[string]*rdir // directories of the new tree
-	cache     dirCache         // directories of the new tree
-	stage     stageDir
-	viaStage  map[string]bool // old directory -> its new entries go through the stage
-	rootType  string          // the source root's type
-	committed bool
+	base     int              // the destination directory's descriptor, in place
+	dirs     map[string]*rdir // directories of the new tree
+	cache    dirCache         // directories of the new tree
+	stage    stageDir
+	viaStage map[string]bool // old directory -> its new entries go through the stage
+	rootType string          // the source root's type
+	// doneSent: FrameCopyDone is written (or being written): no error
+	// frame may follow it.
+	doneSent bool
 	// final: the commit passed its point of no return (every entry in
 	// place, deletions done): what is left is removing the old entries
 	// and setting old directories' metadata. Until then every failure
@@ -385,6 +393,7 @@ func (r *receiver) run() (*protocol.CopyResult, error) {
 	r.prog.tick(true)
 	wire := res
 	wire.EncodeNames()
+	r.doneSent = true
 	if err := r.c.writeJSON(protocol.FrameCopyDone, &wire); err != nil {
 		return &res, fmt.Errorf("committed, but sending copy-done failed: %w", err)
 	}
@@ -1543,7 +1552,13 @@ func (r *receiver) writableParents() error {
 			return fmt.Errorf("entry %q: open: %w", rel, err)
 		}
 		err = unix.Fchmod(fd, o.mode&0o7777|0o200)
+		foreign := err != nil && r.notOurs(rel, fd, err)
 		unix.Close(fd)
+		if foreign {
+			// Another account's: its group or other bits decide, as
+			// the renames will tell.
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("entry %q: make it writable for the commit: %w", rel, err)
 		}
@@ -1687,7 +1702,8 @@ func (r *receiver) placedAt(s *staged) (int, string, error) {
 }
 
 // setDirMeta sets the directory d's mode and mtime (only where they
-// differ, with onlyChanged).
+// differ, with onlyChanged). An old directory that another account owns
+// keeps them (see notOurs).
 func (r *receiver) setDirMeta(d dirMeta, onlyChanged bool) error {
 	base, p := r.loc(d.rel)
 	fd, err := openBeneath(base, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -1702,9 +1718,31 @@ func (r *receiver) setDirMeta(d dirMeta, onlyChanged bool) error {
 		}
 	}
 	if err := fdMeta(fd, d.mode, d.mtime); err != nil {
+		if r.notOurs(d.rel, fd, err) {
+			r.log.Debug("an existing directory of another account keeps its mode and mtime", "path", d.rel)
+			return nil
+		}
 		return fmt.Errorf("entry %q: %w", d.rel, err)
 	}
 	return nil
+}
+
+// notOurs reports whether err, from changing the metadata of the
+// directory rel (open as fd), is the kernel refusing it to a non-owner: an
+// old directory (not one this copy created) owned by another account than
+// the one the copy runs as. Such a directory, a shared one such as root's
+// 0777 or 1777 directory that the copy only writes into, keeps its mode
+// and mtime, as `cp -r src/. dir/` and `cp file dir/` leave it: only its
+// owner could change them, and the entries are what the copy is for.
+func (r *receiver) notOurs(rel string, fd int, err error) bool {
+	if !errors.Is(err, unix.EPERM) {
+		return false
+	}
+	if d := r.dirs[rel]; d == nil || !d.old {
+		return false
+	}
+	var st unix.Stat_t
+	return unix.Fstat(fd, &st) == nil && int(st.Uid) != os.Geteuid()
 }
 
 // commit puts every staged entry in place, moves aside what the source
@@ -1733,13 +1771,12 @@ func (r *receiver) commit() error {
 				placed++
 			}
 		}
-		r.committed = true // the error says what is where
 		r.stuck = true
 		if merr := r.applyLateModes(); merr != nil {
 			r.log.Warn("cannot set a directory's mode", "err", merr)
-			uerr = errors.Join(uerr, merr)
+			uerr = joinErrors(uerr, merr)
 		}
-		return fmt.Errorf("commit failed after %d of %d changed entries were put in place, and putting them back failed (the destination holds those new entries and the old others; the old versions of the new entries are kept under their temporary names beside them or in the stage): %w", placed, len(r.staged), errors.Join(err, uerr))
+		return fmt.Errorf("commit failed after %d of %d changed entries were put in place, and putting them back failed (the destination holds those new entries and the old others; the old versions of the new entries are kept under their temporary names beside them or in the stage): %w", placed, len(r.staged), joinErrors(err, uerr))
 	}
 	if err := r.writableParents(); err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -1847,7 +1884,7 @@ func (r *receiver) commit() error {
 	}
 
 	// The point of no return: the new tree is in place.
-	r.committed, r.final = true, true
+	r.final = true
 	var errs []error
 	for _, a := range r.asides {
 		garbage = append(garbage, staged{rel: a.rel, parent: a.parent, temp: a.temp})
@@ -1873,7 +1910,9 @@ func (r *receiver) commit() error {
 	}
 	for _, f := range r.fixes {
 		err := hook(stepFix, f.rel)
-		if err == nil {
+		if err != nil {
+			err = fmt.Errorf("entry %q: %w", f.rel, err) // as applyFix names it
+		} else {
 			err = r.applyFix(f)
 		}
 		if err != nil {
@@ -1886,7 +1925,9 @@ func (r *receiver) commit() error {
 			continue // set before the commit
 		}
 		err := hook(stepDirMeta, d.rel)
-		if err == nil {
+		if err != nil {
+			err = fmt.Errorf("entry %q: %w", d.rel, err) // as setDirMeta names it
+		} else {
 			err = r.setDirMeta(d, true)
 		}
 		if err != nil {
@@ -1901,7 +1942,7 @@ func (r *receiver) commit() error {
 		}
 	}
 	r.touched = map[string]bool{} // each has its final metadata, or its old one
-	if err := errors.Join(errs...); err != nil {
+	if err := joinErrors(errs...); err != nil {
 		return fmt.Errorf("commit: the new tree is in place, but: %w", err)
 	}
 	return nil
@@ -2038,5 +2079,38 @@ func (r *receiver) cleanup() error {
 		errs = append(errs, err)
 	}
 	r.release()
-	return errors.Join(errs...)
+	return joinErrors(errs...)
+}
+
+// joinedErrors is errors.Join on one line: the errors apart by "; ", for a
+// message the peer shows as one (an error frame's).
+type joinedErrors []error
+
+func (e joinedErrors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+// Unwrap gives errors.Is and errors.As every error.
+func (e joinedErrors) Unwrap() []error { return e }
+
+// joinErrors joins the non-nil errs as errors.Join does, on one line; nil
+// if none, the error itself if only one.
+func joinErrors(errs ...error) error {
+	var out joinedErrors
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	switch len(out) {
+	case 0:
+		return nil
+	case 1:
+		return out[0]
+	}
+	return out
 }

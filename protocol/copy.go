@@ -35,7 +35,8 @@ import (
 //  3. The receiver verifies every checksum, stages every new or changed
 //     entry under a temporary name, puts them all in place at the end, and
 //     answers FrameCopyDone (or FrameError). A copy that ends any other way
-//     leaves the destination as it was.
+//     leaves the destination as it was. A FrameError after the renames
+//     (CodeCopyFailed) says so: "the new tree is in place, but: ...".
 //
 // Either side may send FrameError (and the client FrameCancel) at any time
 // to abort: with CodeBadRequest for a copy that is not allowed (outside the

@@ -248,6 +248,10 @@ func TestCpOutcome(t *testing.T) {
 			"cp /src to node-0:/srv/dst: node node-0: /srv/dst: \"srv\": permission denied"},
 		{"the node's disk is full", peer(protocol.CodeCopyFailed, "/srv/dst/big: no space left on device (the destination is unchanged)"), quiet, 1,
 			"cp /src to node-0:/srv/dst: node node-0: /srv/dst/big: no space left on device (the destination is unchanged)"},
+		// A commit that failed past its point of no return (fresh21):
+		// the agent's frame names the entry and the errno, exit 1.
+		{"commit failed after the renames", peer(protocol.CodeCopyFailed, `commit: the new tree is in place, but: entry "same": chmod: operation not permitted`), quiet, 1,
+			`cp /src to node-0:/srv/dst: node node-0: commit: the new tree is in place, but: entry "same": chmod: operation not permitted`},
 		{"refused", peer(protocol.CodeBadRequest, "node node-0: copy params: path: must be absolute"), quiet, 1,
 			"cp /src to node-0:/srv/dst: copy params: path: must be absolute"},
 		{"a control character from the node", peer(protocol.CodeCopyFailed, "/srv/dst/a\nb\x1b[2J: permission denied"), quiet, 1,
