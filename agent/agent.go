@@ -294,6 +294,14 @@ func (a *Agent) advertisedTargets() []string {
 	return out
 }
 
+// shutdownSlack is what a stopping agent's session waits, beyond
+// Config.KillGrace, for its streams' final frames (see serve).
+const shutdownSlack = 2 * time.Second
+
+// shutdownWait bounds how long a stopping agent keeps a session up for
+// its streams to end: the kill grace of their processes and shutdownSlack.
+func (a *Agent) shutdownWait() time.Duration { return a.cfg.KillGrace + shutdownSlack }
+
 // errSoleCoordinatorDrained ends Run when the only coordinator
 // (Config.SoleCoordinator) drained the session.
 var errSoleCoordinatorDrained = errors.New("the agent's only coordinator drained its session")
@@ -315,11 +323,34 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 	if err != nil {
 		return fmt.Errorf("agent %s: tunnel to %s: %w", a.cfg.NodeID, addr, err)
 	}
-	// Closing the session when ctx ends unblocks every read and write on it.
+	// Closing the session when ctx ends unblocks every read and write on
+	// it. Once the session is up, an agent stopping gracefully first lets
+	// its streams end (each exec is killed and says so in a final frame,
+	// serveStreams): the session goroutine closes the session when they
+	// did, and this closes it only when they take longer than
+	// shutdownWait. Closing it at once lost those frames, and the clients
+	// saw "tunnel lost during exec: unexpected EOF".
 	closed := make(chan struct{})
+	up := make(chan struct{})   // closed once the session goroutine runs
+	done := make(chan struct{}) // closed when it returned
 	stop := context.AfterFunc(ctx, func() {
+		defer close(closed)
+		select {
+		case <-up:
+		default:
+			sess.Close() // the handshake: nothing in flight to wait for
+			return
+		}
+		sess.GoAway() // the coordinator opens nothing more
+		t := time.NewTimer(a.shutdownWait())
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-sess.Done(): // also when the session goroutine's release closed it
+		case <-t.C:
+			a.log.Warn("streams still open after the shutdown wait: closing the session", "wait", a.shutdownWait(), "streams", sess.NumStreams())
+		}
 		sess.Close()
-		close(closed)
 	})
 	release := func() {
 		sess.Close()
@@ -333,8 +364,8 @@ func (a *Agent) serve(ctx context.Context, conn net.Conn, addr string, hello *pr
 		return err
 	}
 	drains := make(chan protocol.Drain, 1)
-	done := make(chan struct{})
 	a.drained.Add(1)
+	close(up)
 	go func() {
 		defer a.drained.Done()
 		defer close(done)
@@ -396,6 +427,9 @@ func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux
 	// Also when a panic unwinds the session: nothing of it outlives serve.
 	defer func() {
 		cancel()
+		if ctx.Err() != nil {
+			lingerStreams(sess)
+		}
 		sess.Close()
 		wg.Wait()
 	}()
@@ -417,6 +451,26 @@ func (a *Agent) runSession(ctx context.Context, sess *tunnel.Session, ctl *yamux
 	}
 	a.serveStreams(sctx, sess)
 	log.Info("disconnected from coordinator")
+}
+
+// streamLinger bounds lingerStreams.
+const streamLinger = time.Second
+
+// lingerStreams waits, at most streamLinger, until the coordinator closed
+// its side of every stream of sess but the control stream (yamux forgets a
+// stream closed both ways), or sess ended. A stopping agent calls it after
+// its streams' handlers wrote their final frames and closed their side:
+// closing the connection while the coordinator may still send (a window
+// update, a ping) can reset it, and a reset can take the final frames
+// still unread on the coordinator's side with it.
+func lingerStreams(sess *tunnel.Session) {
+	deadline := time.Now().Add(streamLinger)
+	for sess.NumStreams() > 1 && !sess.IsClosed() && time.Now().Before(deadline) {
+		select {
+		case <-sess.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // handshake opens the control stream, sends hello and waits for welcome.
