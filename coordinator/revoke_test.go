@@ -21,6 +21,7 @@ import (
 	"github.com/tetherfleet/tether/coordinator"
 	"github.com/tetherfleet/tether/fleettest"
 	"github.com/tetherfleet/tether/natsauth/natsauthtest"
+	"github.com/tetherfleet/tether/policy"
 	"github.com/tetherfleet/tether/protocol"
 )
 
@@ -198,29 +199,7 @@ identities:
 	}
 	readDialOK(t, bob)
 
-	replacePolicy(t, path, `version: 1
-identities:
-  nats:bob:
-    rules:
-      - nodes: "*"
-        operations: [forward]
-        targets: [openshell]
-`)
-	if _, err := store.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	h.c.RecheckCallers()
-
-	read := make(chan error, 1)
-	go func() { _, err := io.ReadAll(alice); read <- err }()
-	select {
-	case err := <-read:
-		if err == nil || !strings.Contains(err.Error(), "access revoked") || !strings.Contains(err.Error(), "forward") {
-			t.Errorf("alice's stream ended with %v, want access revoked", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("alice's stream still open 10 s after the recheck")
-	}
+	revokeAliceForward(t, h, store, path, alice, "stream")
 	if _, err := bob.Write([]byte("still here")); err != nil {
 		t.Fatal(err)
 	}
@@ -273,20 +252,28 @@ identities:
 	if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "ping" {
 		t.Fatalf("echo: %q, %v", buf, err)
 	}
+	revokeAliceForward(t, h, store, path, s, "direct stream")
+}
+
+// revokeAliceForward reloads a policy that leaves forward to bob alone,
+// rechecks the callers, and wants alice's open stream (what names it)
+// ended with access revoked, naming the operation.
+func revokeAliceForward(t *testing.T, h *harness, store *policy.Store, path string, alice io.Reader, what string) {
+	t.Helper()
 	replacePolicy(t, path, "version: 1\nidentities:\n  nats:bob:\n    rules:\n      - nodes: \"*\"\n        operations: [forward]\n        targets: [openshell]\n")
 	if _, err := store.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	h.c.RecheckCallers()
 	read := make(chan error, 1)
-	go func() { _, err := io.ReadAll(s); read <- err }()
+	go func() { _, err := io.ReadAll(alice); read <- err }()
 	select {
 	case err := <-read:
-		if err == nil || !strings.Contains(err.Error(), "access revoked") {
-			t.Errorf("alice's direct stream ended with %v, want access revoked", err)
+		if err == nil || !strings.Contains(err.Error(), "access revoked") || !strings.Contains(err.Error(), "forward") {
+			t.Errorf("alice's %s ended with %v, want access revoked", what, err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("alice's direct stream still open 10 s after the recheck")
+		t.Fatalf("alice's %s still open 10 s after the recheck", what)
 	}
 }
 

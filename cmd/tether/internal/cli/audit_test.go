@@ -76,8 +76,10 @@ func TestAuditOptions(t *testing.T) {
 	}
 }
 
-func TestAuditCommand(t *testing.T) {
-	f := startFleet(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
+// withAudit gives a test fleet's coordinator an audit recorder, as tether
+// coordinator has, so tether audit can read its events.
+func withAudit(t *testing.T) func(*coordinator.Config) {
+	return func(c *coordinator.Config) {
 		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
 		defer cancel()
 		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
@@ -86,7 +88,11 @@ func TestAuditCommand(t *testing.T) {
 		}
 		t.Cleanup(func() { rec.Close(context.Background()) })
 		c.Audit = rec
-	}})
+	}
+}
+
+func TestAuditCommand(t *testing.T) {
+	f := startFleet(t, fleettest.Options{Coordinator: withAudit(t)})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
 	const secret = "pa55-in-env"
@@ -135,16 +141,7 @@ func TestAuditCommand(t *testing.T) {
 }
 
 func TestAuditFollow(t *testing.T) {
-	f := startFleet(t, fleettest.Options{Coordinator: func(c *coordinator.Config) {
-		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-		defer cancel()
-		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rec.Close(context.Background()) })
-		c.Audit = rec
-	}})
+	f := startFleet(t, fleettest.Options{Coordinator: withAudit(t)})
 	url := f.NATS.ClientURL()
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
@@ -187,16 +184,7 @@ func TestAuditFollow(t *testing.T) {
 // audit` with its bytes (it was U+FFFD; fresh-user security pass
 // termesc20).
 func TestListingsEscapeWhatOthersRan(t *testing.T) {
-	f := startFleet(t, fleettest.Options{Jobs: true, Coordinator: func(c *coordinator.Config) {
-		ctx, cancel := context.WithTimeout(context.Background(), defaultTestTimeout)
-		defer cancel()
-		rec, err := audit.New(ctx, audit.Config{NATS: c.NATS, Coordinator: c.ID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rec.Close(context.Background()) })
-		c.Audit = rec
-	}})
+	f := startFleet(t, fleettest.Options{Jobs: true, Coordinator: withAudit(t)})
 	url := f.NATS.ClientURL()
 	ctx := testCtx(t)
 	const evil = "x\x1b]52;c;ZXZpbA==\x07\x1b[2J\r\u202e"
