@@ -1762,7 +1762,11 @@ func (r *receiver) commit() error {
 		}
 		uerr := r.rollback()
 		if uerr == nil {
-			return fmt.Errorf("commit: %w (the %d entries already put in place were put back: the destination is as before)", err, placed)
+			what := fmt.Sprintf("the %d entries already put in place were", placed)
+			if placed == 1 {
+				what = "the entry already put in place was"
+			}
+			return fmt.Errorf("commit: %w (%s put back: the destination is as before)", err, what)
 		}
 		r.log.Warn("cannot undo the commit", "err", uerr)
 		placed = 0 // what the rollback left
