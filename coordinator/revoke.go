@@ -170,13 +170,7 @@ func (c *Coordinator) streamRevoked(r *relay) string {
 	if e != nil {
 		return "" // not reached: such a stream is refused at its open
 	}
-	c.mu.Lock()
-	n := c.nodes[r.n.id]
-	c.mu.Unlock()
-	if n == nil {
-		n = r.n
-	}
-	node := n.policyNode()
+	node := c.relayPolicyNode(r)
 	if op == policy.OpExec || op == policy.OpShell {
 		var p struct {
 			User string `json:"user"`
@@ -188,4 +182,16 @@ func (c *Coordinator) streamRevoked(r *relay) string {
 		return fmt.Sprintf("the policy no longer grants %s on %s: %v", op, node.ID, err)
 	}
 	return ""
+}
+
+// relayPolicyNode is the node of relay r as a recheck judges it: with its
+// labels now while it is still connected, with those of the open otherwise.
+func (c *Coordinator) relayPolicyNode(r *relay) policy.Node {
+	c.mu.Lock()
+	n := c.nodes[r.n.id]
+	c.mu.Unlock()
+	if n == nil {
+		n = r.n
+	}
+	return n.policyNode()
 }

@@ -638,11 +638,5 @@ func (c *Coordinator) sshRevoked(r *relay) string {
 	if c.cfg.Policy == nil || !ok {
 		return "" // not reached: such a stream is refused at its open
 	}
-	c.mu.Lock()
-	n := c.nodes[r.n.id]
-	c.mu.Unlock()
-	if n == nil {
-		n = r.n
-	}
-	return policy.SSHGrantLost(c.cfg.Policy.Peek, id, n.policyNode(), r.ssh.Logins, r.ssh.Targets)
+	return policy.SSHGrantLost(c.cfg.Policy.Peek, id, c.relayPolicyNode(r), r.ssh.Logins, r.ssh.Targets)
 }
